@@ -1,0 +1,109 @@
+//! The API actions and their documented default quotas.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// One ECI OpenAPI action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Action {
+    /// CreateContainerGroup.
+    CreateContainerGroup,
+    /// DescribeContainerGroups.
+    DescribeContainerGroups,
+    /// DescribeContainerGroupStatus.
+    DescribeContainerGroupStatus,
+    /// DeleteContainerGroup.
+    DeleteContainerGroup,
+    /// UpdateContainerGroup.
+    UpdateContainerGroup,
+    /// RestartContainerGroup.
+    RestartContainerGroup,
+    /// DescribeContainerLog.
+    DescribeContainerLog,
+    /// ExecContainerCommand.
+    ExecContainerCommand,
+    /// DescribeContainerGroupMetric.
+    DescribeContainerGroupMetric,
+    /// DescribeMultiContainerGroupMetric.
+    DescribeMultiContainerGroupMetric,
+}
+
+impl Action {
+    /// Every action.
+    pub const ALL: [Action; 10] = [
+        Action::CreateContainerGroup,
+        Action::DescribeContainerGroups,
+        Action::DescribeContainerGroupStatus,
+        Action::DeleteContainerGroup,
+        Action::UpdateContainerGroup,
+        Action::RestartContainerGroup,
+        Action::DescribeContainerLog,
+        Action::ExecContainerCommand,
+        Action::DescribeContainerGroupMetric,
+        Action::DescribeMultiContainerGroupMetric,
+    ];
+
+    /// The action's name in the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::CreateContainerGroup => "CreateContainerGroup",
+            Action::DescribeContainerGroups => "DescribeContainerGroups",
+            Action::DescribeContainerGroupStatus => "DescribeContainerGroupStatus",
+            Action::DeleteContainerGroup => "DeleteContainerGroup",
+            Action::UpdateContainerGroup => "UpdateContainerGroup",
+            Action::RestartContainerGroup => "RestartContainerGroup",
+            Action::DescribeContainerLog => "DescribeContainerLog",
+            Action::ExecContainerCommand => "ExecContainerCommand",
+            Action::DescribeContainerGroupMetric => "DescribeContainerGroupMetric",
+            Action::DescribeMultiContainerGroupMetric => "DescribeMultiContainerGroupMetric",
+        }
+    }
+
+    /// Calls per minute per account and region, from the published quotas.
+    pub fn default_per_minute(self) -> u32 {
+        match self {
+            Action::CreateContainerGroup | Action::DeleteContainerGroup => 1_000,
+            Action::DescribeContainerGroups
+            | Action::DescribeContainerGroupMetric
+            | Action::DescribeMultiContainerGroupMetric => 2_000,
+            Action::DescribeContainerGroupStatus => 10_000,
+            Action::UpdateContainerGroup
+            | Action::RestartContainerGroup
+            | Action::DescribeContainerLog
+            | Action::ExecContainerCommand => 500,
+        }
+    }
+
+    /// Whether the action changes state (and so the state file).
+    pub fn mutates(self) -> bool {
+        matches!(
+            self,
+            Action::CreateContainerGroup
+                | Action::DeleteContainerGroup
+                | Action::UpdateContainerGroup
+                | Action::RestartContainerGroup
+        )
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Action {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Action::ALL
+            .into_iter()
+            .find(|action| action.name() == text)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Action::ALL.iter().map(|a| a.name()).collect();
+                format!("unknown action {text:?}; use one of {}", names.join(", "))
+            })
+    }
+}

@@ -1,0 +1,75 @@
+//! The admin HTTP endpoint: health, Prometheus metrics, run-time switches and test hooks.
+//!
+//! | method and path | what it does |
+//! | --- | --- |
+//! | `GET /healthz` | `ok` |
+//! | `GET /metrics` | Prometheus text exposition |
+//! | `GET /admin/controls` | the switches as JSON |
+//! | `PATCH /admin/controls` | change switches: `{"outage": true}`, `{"rate_limits_enabled": false}`, `{"faults": {"*": {"error_rate": 0.5, "error_code": "InternalError", "latency_ms": 20}}}`, `{"rate_limits": {"CreateContainerGroup": {"per_minute": 60, "burst": 5}}}`, `{"no_stock": true}`, `{"max_groups": 10}` (`null` removes the cap) |
+//! | `GET /admin/groups` | every group as DescribeContainerGroups shows it, events included |
+//! | `POST /admin/groups/{id}/vanish` | the group disappears out of band |
+//! | `POST /admin/groups/{id}/expire` | the group is reclaimed and ends `Expired` |
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use eci_proto::EciError;
+
+use crate::controls::ControlsPatch;
+use crate::service::MockEci;
+
+/// The admin routes.
+pub fn router(mock: MockEci) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
+        .route("/admin/controls", get(controls).patch(patch_controls))
+        .route("/admin/groups", get(groups))
+        .route("/admin/groups/{id}/vanish", post(vanish))
+        .route("/admin/groups/{id}/expire", post(expire))
+        .with_state(mock)
+}
+
+async fn metrics(State(mock): State<MockEci>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        mock.render_metrics(),
+    )
+        .into_response()
+}
+
+async fn controls(State(mock): State<MockEci>) -> Response {
+    Json(mock.controls()).into_response()
+}
+
+async fn patch_controls(State(mock): State<MockEci>, Json(patch): Json<ControlsPatch>) -> Response {
+    match mock.patch_controls(&patch) {
+        Ok(view) => {
+            tracing::info!(?patch, "controls changed");
+            Json(view).into_response()
+        }
+        Err(message) => (StatusCode::BAD_REQUEST, message).into_response(),
+    }
+}
+
+async fn groups(State(mock): State<MockEci>) -> Response {
+    Json(mock.groups()).into_response()
+}
+
+async fn vanish(State(mock): State<MockEci>, Path(id): Path<String>) -> Response {
+    answer(mock.vanish(&id))
+}
+
+async fn expire(State(mock): State<MockEci>, Path(id): Path<String>) -> Response {
+    answer(mock.expire(&id))
+}
+
+fn answer(result: Result<(), EciError>) -> Response {
+    match result {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(error) if error.is_not_found() => (StatusCode::NOT_FOUND, error.message).into_response(),
+        Err(error) => (StatusCode::CONFLICT, format!("{}: {}", error.code, error.message)).into_response(),
+    }
+}

@@ -1,0 +1,834 @@
+//! The simulated ECI service: every action as a pure function of the state, the request and the
+//! time. The gRPC layer ([`crate::service`]) adds request ids, throttling and faults around it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::ops::Bound;
+
+use eci_proto::EciError;
+use eci_proto::error::codes;
+use eci_proto::status::{GroupStatus, RestartPolicy};
+use eci_proto::v20180808::{
+    ContainerGroup, CreateContainerGroupRequest, DeleteContainerGroupRequest, DescribeContainerGroupMetricRequest,
+    DescribeContainerGroupMetricResponse, DescribeContainerGroupStatusRequest, DescribeContainerGroupStatusResponse,
+    DescribeContainerGroupsRequest, DescribeContainerGroupsResponse, DescribeContainerLogRequest,
+    DescribeContainerLogResponse, DescribeMultiContainerGroupMetricRequest, DescribeMultiContainerGroupMetricResponse,
+    ExecContainerCommandRequest, ExecContainerCommandResponse, MonitorData, RestartContainerGroupRequest,
+    UpdateContainerGroupRequest,
+};
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{Millis, parse_rfc3339};
+use crate::group::{Cx, Group, RunState, Which};
+use crate::logs::{self, LogQuery};
+use crate::rng;
+use crate::settings::Settings;
+use crate::timers::{Timer, TimerKind, Timers};
+use crate::{exec, render, usage, validate};
+
+/// Version of the state file format.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// Everything needed to rebuild an engine: what `--state-file` holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Format version.
+    pub version: u32,
+    /// When it was taken.
+    pub taken_at: Millis,
+    /// Groups created so far (for unique ids).
+    pub id_counter: u64,
+    /// The groups.
+    pub groups: Vec<Group>,
+    /// The agenda.
+    pub timers: Vec<Timer>,
+}
+
+/// Hands out intranet IPs from a CIDR block, lowest free first.
+#[derive(Debug)]
+struct IpPool {
+    cidr: crate::settings::Cidr,
+    next_unused: u32,
+    released: BTreeSet<u32>,
+    in_use: usize,
+}
+
+impl IpPool {
+    fn new(cidr: crate::settings::Cidr) -> Self {
+        Self {
+            cidr,
+            next_unused: 0,
+            released: BTreeSet::new(),
+            in_use: 0,
+        }
+    }
+
+    fn allocate(&mut self) -> Option<Ipv4Addr> {
+        let offset = if let Some(offset) = self.released.pop_first() {
+            offset
+        } else if self.next_unused < self.cidr.host_count() {
+            self.next_unused += 1;
+            self.next_unused - 1
+        } else {
+            return None;
+        };
+        self.in_use += 1;
+        Some(self.cidr.host(offset))
+    }
+
+    fn release(&mut self, ip: Ipv4Addr) {
+        if let Some(offset) = self.cidr.offset_of(ip) {
+            if offset < self.next_unused && self.released.insert(offset) {
+                self.in_use = self.in_use.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Rebuilds the pool from the addresses restored groups hold.
+    fn restore(cidr: crate::settings::Cidr, held: impl Iterator<Item = Ipv4Addr>) -> Self {
+        let offsets: BTreeSet<u32> = held.filter_map(|ip| cidr.offset_of(ip)).collect();
+        let next_unused = offsets.last().map_or(0, |last| last + 1);
+        Self {
+            cidr,
+            next_unused,
+            released: (0..next_unused).filter(|offset| !offsets.contains(offset)).collect(),
+            in_use: offsets.len(),
+        }
+    }
+}
+
+/// The state of the simulated service.
+#[derive(Debug)]
+pub struct Engine {
+    settings: Settings,
+    groups: BTreeMap<String, Group>,
+    tokens: HashMap<String, String>,
+    /// (last change, id): the index behind `SinceSecond`.
+    changes: BTreeSet<(Millis, String)>,
+    timers: Timers,
+    ips: IpPool,
+    id_counter: u64,
+}
+
+impl Engine {
+    /// An empty service.
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            ips: IpPool::new(settings.ip_cidr),
+            settings,
+            groups: BTreeMap::new(),
+            tokens: HashMap::new(),
+            changes: BTreeSet::new(),
+            timers: Timers::default(),
+            id_counter: 0,
+        }
+    }
+
+    /// A service continuing from a snapshot.
+    pub fn restore(settings: Settings, snapshot: Snapshot) -> Self {
+        let ips = IpPool::restore(
+            settings.ip_cidr,
+            snapshot.groups.iter().filter(|g| g.holds_capacity).filter_map(|g| g.ip),
+        );
+        let mut engine = Self {
+            ips,
+            settings,
+            groups: BTreeMap::new(),
+            tokens: HashMap::new(),
+            changes: BTreeSet::new(),
+            timers: Timers::from_vec(snapshot.timers),
+            id_counter: snapshot.id_counter,
+        };
+        for group in snapshot.groups {
+            engine.index(&group);
+            engine.groups.insert(group.id.clone(), group);
+        }
+        engine
+    }
+
+    /// The current state as a snapshot.
+    pub fn snapshot(&self, now: Millis) -> Snapshot {
+        Snapshot {
+            version: SNAPSHOT_VERSION,
+            taken_at: now,
+            id_counter: self.id_counter,
+            groups: self.groups.values().cloned().collect(),
+            timers: self.timers.to_vec(),
+        }
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Switches "no stock" on or off for groups scheduled from now on.
+    pub fn set_no_stock(&mut self, no_stock: bool) {
+        self.settings.no_stock = no_stock;
+    }
+
+    /// Sets the cap on groups holding capacity, for groups scheduled from now on.
+    pub fn set_max_groups(&mut self, max_groups: Option<usize>) {
+        self.settings.max_groups = max_groups;
+    }
+
+    /// Number of groups per status.
+    pub fn count_by_status(&self) -> BTreeMap<GroupStatus, usize> {
+        let mut counts = BTreeMap::new();
+        for group in self.groups.values() {
+            *counts.entry(group.status).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// Number of groups.
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// No groups.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// Every group in full (admin view, tests).
+    pub fn all_groups(&mut self, now: Millis) -> Vec<ContainerGroup> {
+        self.advance(now);
+        self.groups
+            .values()
+            .map(|group| render::container_group(group, &self.settings, true))
+            .collect()
+    }
+
+    fn index(&mut self, group: &Group) {
+        self.changes.insert((group.changed_at, group.id.clone()));
+        if !group.request.client_token.is_empty() {
+            self.tokens.insert(group.request.client_token.clone(), group.id.clone());
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(group) = self.groups.remove(id) {
+            self.changes.remove(&(group.changed_at, group.id.clone()));
+            if !group.request.client_token.is_empty() {
+                self.tokens.remove(&group.request.client_token);
+            }
+            if group.holds_capacity {
+                if let Some(ip) = group.ip {
+                    self.ips.release(ip);
+                }
+            }
+        }
+    }
+
+    /// Runs `change` on group `id` and keeps the indexes in step with what it did.
+    fn with_group<T>(&mut self, id: &str, now: Millis, change: impl FnOnce(&mut Group, &mut Cx<'_>) -> T) -> Option<T> {
+        let group = self.groups.get_mut(id)?;
+        let changed_before = group.changed_at;
+        let mut cx = Cx {
+            settings: &self.settings,
+            timers: &mut self.timers,
+            now,
+        };
+        let out = change(group, &mut cx);
+        if group.changed_at != changed_before {
+            self.changes.remove(&(changed_before, group.id.clone()));
+            self.changes.insert((group.changed_at, group.id.clone()));
+        }
+        if group.status.is_final() && group.holds_capacity {
+            group.holds_capacity = false;
+            if let Some(ip) = group.ip {
+                self.ips.release(ip);
+            }
+        }
+        Some(out)
+    }
+
+    /// Applies every transition due by `now`, each at its own time.
+    pub fn advance(&mut self, now: Millis) {
+        while let Some(timer) = self.timers.pop_due(now) {
+            self.fire(timer);
+        }
+    }
+
+    fn fire(&mut self, timer: Timer) {
+        let Some(group) = self.groups.get(&timer.group) else {
+            return;
+        };
+        if group.epoch != timer.epoch {
+            return;
+        }
+        let at = timer.at;
+        let which = |init: bool| if init { Which::Init } else { Which::Regular };
+        match timer.kind {
+            TimerKind::BeginScheduling => {
+                let outcome = self.claim_capacity(&timer.group);
+                self.with_group(&timer.group, at, |group, cx| group.begin_scheduling(outcome, cx));
+            }
+            TimerKind::Provisioned => {
+                self.with_group(&timer.group, at, |group, cx| group.provisioned(cx));
+            }
+            TimerKind::Exit { init, index, run } => {
+                self.with_group(&timer.group, at, |group, cx| group.exit(which(init), index, run, cx));
+            }
+            TimerKind::Restart { init, index, run } => {
+                self.with_group(&timer.group, at, |group, cx| group.restart(which(init), index, run, cx));
+            }
+            TimerKind::Ready { index, run } => {
+                self.with_group(&timer.group, at, |group, _| group.ready(index, run, at));
+            }
+            TimerKind::PullBackOff { init, index } => {
+                self.with_group(&timer.group, at, |group, _| group.pull_backoff(which(init), index, at));
+            }
+            TimerKind::Deadline => {
+                self.with_group(&timer.group, at, |group, cx| group.deadline(cx));
+            }
+            TimerKind::RestartDone => {
+                self.with_group(&timer.group, at, |group, cx| group.restart_done(None, cx));
+            }
+            TimerKind::UpdateDone => {
+                let init_duration = self.settings.init_duration_ms;
+                self.with_group(&timer.group, at, |group, cx| {
+                    // The spec was validated when the update was accepted.
+                    let behaviours = validate::create(&group.request, &cx.settings.region, init_duration)
+                        .map(|valid| valid.behaviours)
+                        .ok();
+                    group.restart_done(behaviours, cx);
+                });
+            }
+            TimerKind::TerminationDone | TimerKind::Retire => self.remove(&timer.group),
+        }
+    }
+
+    /// Capacity for a group entering scheduling: an IP, or why there is none.
+    fn claim_capacity(&mut self, id: &str) -> Result<Ipv4Addr, (&'static str, String)> {
+        let zone = self
+            .groups
+            .get(id)
+            .map(|group| group.zone(&self.settings).to_owned())
+            .unwrap_or_default();
+        if self.settings.no_stock {
+            return Err((
+                "NoStock",
+                format!("The resource is out of stock in zone {zone}; try another zone or instance specification."),
+            ));
+        }
+        if let Some(max) = self.settings.max_groups {
+            if self.ips.in_use >= max {
+                return Err((
+                    "QuotaExceeded",
+                    format!("{max} container groups already hold capacity, the most this service allows (--max-groups)."),
+                ));
+            }
+        }
+        let vswitch = self
+            .groups
+            .get(id)
+            .map(|group| group.request.v_switch_id.clone())
+            .unwrap_or_default();
+        self.ips.allocate().ok_or_else(|| {
+            (
+                "VSwitchIpNotEnough",
+                format!(
+                    "The vSwitch {vswitch} has no free IP address: all {} addresses of {} are in use.",
+                    self.settings.ip_cidr.host_count(),
+                    self.settings.ip_cidr
+                ),
+            )
+        })
+    }
+
+    fn group(&self, id: &str) -> Result<&Group, EciError> {
+        if id.is_empty() {
+            return Err(validate::missing("ContainerGroupId"));
+        }
+        self.groups.get(id).ok_or_else(|| not_found(id))
+    }
+
+    /// CreateContainerGroup.
+    pub fn create(&mut self, request: CreateContainerGroupRequest, now: Millis) -> Result<String, EciError> {
+        self.advance(now);
+        let valid = validate::create(&request, &self.settings.region, self.settings.init_duration_ms)?;
+        let fingerprint = fingerprint(&request);
+        if !request.client_token.is_empty() {
+            if let Some(existing) = self.tokens.get(&request.client_token).and_then(|id| self.groups.get(id)) {
+                if existing.fingerprint != fingerprint {
+                    return Err(EciError::new(
+                        codes::IDEMPOTENT_PARAMETER_MISMATCH,
+                        format!(
+                            "ClientToken {:?} was already used by a request with different parameters (group {}).",
+                            request.client_token, existing.id
+                        ),
+                    ));
+                }
+                return Ok(existing.id.clone());
+            }
+        }
+        if request.dry_run {
+            return Err(EciError::new(codes::DRY_RUN_SUCCESS, "Request validation has been passed with DryRun flag set."));
+        }
+        self.id_counter += 1;
+        let id = format!(
+            "eci-{}{}",
+            self.settings.region.chars().filter(char::is_ascii_alphabetic).take(2).collect::<String>(),
+            rng::base36(rng::mix(self.id_counter ^ rng::mix(self.settings.seed)), 13)
+        );
+        let mut cx = Cx {
+            settings: &self.settings,
+            timers: &mut self.timers,
+            now,
+        };
+        let group = Group::new(id.clone(), request, valid, fingerprint, &mut cx);
+        self.index(&group);
+        self.groups.insert(id.clone(), group);
+        Ok(id)
+    }
+
+    /// DescribeContainerGroups.
+    pub fn describe_groups(&mut self, request: &DescribeContainerGroupsRequest, now: Millis) -> Result<DescribeContainerGroupsResponse, EciError> {
+        self.advance(now);
+        validate::region(&request.region_id, &self.settings.region)?;
+        validate::ids(&request.container_group_ids)?;
+        validate::tags(&request.tag, "Tag")?;
+        if !request.status.is_empty() && request.status.parse::<GroupStatus>().is_err() {
+            return Err(validate::invalid("Status", format!("{:?} is not a container group status", request.status)));
+        }
+        let limit = validate::limit(request.limit, validate::DESCRIBE_GROUPS_MAX_LIMIT)?;
+        let after = validate::next_token(&request.next_token)?;
+        let ids: HashSet<&str> = request.container_group_ids.iter().map(String::as_str).collect();
+        let matches = |group: &Group| {
+            (ids.is_empty() || ids.contains(group.id.as_str()))
+                && (request.status.is_empty() || group.status.as_str() == request.status)
+                && render::has_tags(&group.request.tag, &request.tag)
+                && (request.container_group_name.is_empty() || group.request.container_group_name == request.container_group_name)
+                && (request.v_switch_id.is_empty() || group.request.v_switch_id.split(',').any(|v| v == request.v_switch_id))
+                && (request.security_group_id.is_empty() || group.request.security_group_id == request.security_group_id)
+                && (request.zone_id.is_empty() || group.zone(&self.settings) == request.zone_id)
+                && (request.resource_group_id.is_empty() || group.request.resource_group_id == request.resource_group_id)
+        };
+        let (page, next_token, total) = paginate(&self.groups, after, limit, matches);
+        Ok(DescribeContainerGroupsResponse {
+            request_id: String::new(),
+            container_groups: page
+                .into_iter()
+                .map(|group| render::container_group(group, &self.settings, request.with_event))
+                .collect(),
+            next_token,
+            total_count: i32::try_from(total).unwrap_or(i32::MAX),
+        })
+    }
+
+    /// DescribeContainerGroupStatus.
+    pub fn describe_status(&mut self, request: &DescribeContainerGroupStatusRequest, now: Millis) -> Result<DescribeContainerGroupStatusResponse, EciError> {
+        self.advance(now);
+        validate::region(&request.region_id, &self.settings.region)?;
+        validate::ids(&request.container_group_ids)?;
+        validate::tags(&request.tag, "Tag")?;
+        let limit = validate::limit(request.limit, validate::DESCRIBE_STATUS_MAX_LIMIT)?;
+        let after = validate::next_token(&request.next_token)?;
+        let ids: HashSet<&str> = request.container_group_ids.iter().map(String::as_str).collect();
+        let matches = |group: &Group| {
+            (ids.is_empty() || ids.contains(group.id.as_str()))
+                && render::has_tags(&group.request.tag, &request.tag)
+                && (request.zone_id.is_empty() || group.zone(&self.settings) == request.zone_id)
+                && (request.resource_group_id.is_empty() || group.request.resource_group_id == request.resource_group_id)
+        };
+        let (page, next_token, total) = match request.since_second {
+            None => paginate(&self.groups, after, limit, matches),
+            Some(seconds) if seconds > 0 => {
+                // Only the groups changed in the window: read them off the change index, then
+                // page through them in id order like any other listing.
+                let since = now - i64::from(seconds) * 1_000;
+                let changed: BTreeMap<&str, &Group> = self
+                    .changes
+                    .range((since, String::new())..)
+                    .filter_map(|(_, id)| self.groups.get_key_value(id))
+                    .map(|(id, group)| (id.as_str(), group))
+                    .collect();
+                paginate_refs(&changed, after, limit, matches)
+            }
+            Some(seconds) => {
+                return Err(validate::invalid("SinceSecond", format!("{seconds} must be positive")));
+            }
+        };
+        Ok(DescribeContainerGroupStatusResponse {
+            request_id: String::new(),
+            data: page.into_iter().map(render::container_group_status).collect(),
+            next_token,
+            total_count: i32::try_from(total).unwrap_or(i32::MAX),
+        })
+    }
+
+    /// DeleteContainerGroup.
+    pub fn delete(&mut self, request: &DeleteContainerGroupRequest, now: Millis) -> Result<(), EciError> {
+        self.advance(now);
+        validate::region(&request.region_id, &self.settings.region)?;
+        validate::client_token(&request.client_token)?;
+        self.group(&request.container_group_id)?;
+        let force = request.force;
+        let gone_now = self
+            .with_group(&request.container_group_id, now, |group, cx| group.begin_termination(force, cx))
+            .unwrap_or(true);
+        if gone_now {
+            self.remove(&request.container_group_id);
+        }
+        Ok(())
+    }
+
+    /// RestartContainerGroup.
+    pub fn restart(&mut self, request: &RestartContainerGroupRequest, now: Millis) -> Result<(), EciError> {
+        self.advance(now);
+        validate::region(&request.region_id, &self.settings.region)?;
+        let group = self.group(&request.container_group_id)?;
+        if group.status != GroupStatus::Running {
+            return Err(incorrect_status(group, "restarted", "Running"));
+        }
+        self.with_group(&request.container_group_id, now, |group, cx| group.begin_restart(cx));
+        Ok(())
+    }
+
+    /// UpdateContainerGroup.
+    pub fn update(&mut self, request: &UpdateContainerGroupRequest, now: Millis) -> Result<(), EciError> {
+        self.advance(now);
+        validate::region(&request.region_id, &self.settings.region)?;
+        let group = self.group(&request.container_group_id)?;
+        if !matches!(group.status, GroupStatus::Running | GroupStatus::Pending) {
+            return Err(incorrect_status(group, "updated", "Running or Pending"));
+        }
+        let mut updated = group.request.clone();
+        if !request.tag.is_empty() {
+            validate::tags(&request.tag, "Tag")?;
+            updated.tag.clone_from(&request.tag);
+        }
+        if !request.restart_policy.is_empty() {
+            updated.restart_policy.clone_from(&request.restart_policy);
+        }
+        if request.cpu.is_some() || request.memory.is_some() {
+            updated.cpu = request.cpu;
+            updated.memory = request.memory;
+        }
+        let incremental = match request.update_type.as_str() {
+            "" | "RenewUpdate" => false,
+            "IncrementalUpdate" => true,
+            other => return Err(validate::invalid("UpdateType", format!("{other:?}; use RenewUpdate or IncrementalUpdate"))),
+        };
+        let containers_changed = !request.container.is_empty() || !request.volume.is_empty();
+        if !request.container.is_empty() {
+            if incremental {
+                for change in &request.container {
+                    let slot = updated
+                        .container
+                        .iter_mut()
+                        .find(|existing| existing.name == change.name)
+                        .ok_or_else(|| validate::invalid("Container.Name", format!("the group has no container {:?}", change.name)))?;
+                    *slot = change.clone();
+                }
+            } else {
+                updated.container.clone_from(&request.container);
+            }
+        }
+        if !request.volume.is_empty() {
+            updated.volume.clone_from(&request.volume);
+        }
+        if let Some(dns) = &request.dns_config {
+            updated.dns_config = Some(dns.clone());
+        }
+        if !request.image_registry_credential.is_empty() {
+            updated.image_registry_credential.clone_from(&request.image_registry_credential);
+        }
+        let valid = validate::create(&updated, &self.settings.region, self.settings.init_duration_ms)?;
+        self.with_group(&request.container_group_id, now, move |group, cx| {
+            group.request = updated;
+            group.restart_policy = valid.restart_policy;
+            group.cpu = valid.cpu;
+            group.memory = valid.memory;
+            if containers_changed && group.status == GroupStatus::Running {
+                group.begin_update(cx);
+            } else {
+                group.touch(cx.now);
+            }
+        });
+        Ok(())
+    }
+
+    /// DescribeContainerLog.
+    pub fn log(&mut self, request: &DescribeContainerLogRequest, now: Millis) -> Result<DescribeContainerLogResponse, EciError> {
+        self.advance(now);
+        validate::region(&request.region_id, &self.settings.region)?;
+        let group = self.group(&request.container_group_id)?;
+        if request.container_name.is_empty() {
+            return Err(validate::missing("ContainerName"));
+        }
+        let (spec, run) = group
+            .find_container(&request.container_name)
+            .ok_or_else(|| unknown_container(group, &request.container_name))?;
+        let tail = match request.tail {
+            None => 500,
+            Some(tail) if (1..=2000).contains(&tail) => usize::try_from(tail).unwrap_or(500),
+            Some(tail) => return Err(validate::invalid("Tail", format!("{tail} is out of range; use 1 to 2000"))),
+        };
+        let limit_bytes = match request.limit_bytes {
+            None => None,
+            Some(bytes) if (1..=1_048_576).contains(&bytes) => usize::try_from(bytes).ok(),
+            Some(bytes) => return Err(validate::invalid("LimitBytes", format!("{bytes} is out of range; use 1 to 1048576"))),
+        };
+        let mut since = request
+            .since_seconds
+            .map(|seconds| {
+                if seconds > 0 {
+                    Ok(now - i64::from(seconds) * 1_000)
+                } else {
+                    Err(validate::invalid("SinceSeconds", format!("{seconds} must be positive")))
+                }
+            })
+            .transpose()?;
+        if !request.start_time.is_empty() {
+            let start = parse_rfc3339(&request.start_time)
+                .ok_or_else(|| validate::invalid("StartTime", format!("{:?} is not an RFC 3339 time", request.start_time)))?;
+            since = Some(since.map_or(start, |s| s.max(start)));
+        }
+        let state: &RunState = if request.last_time {
+            run.previous.as_ref().ok_or_else(|| {
+                validate::invalid(
+                    "LastTime",
+                    format!("container {:?} has not restarted, so it has no previous log", request.container_name),
+                )
+            })?
+        } else {
+            &run.state
+        };
+        let content = logs::render(
+            &spec.name,
+            &spec.image,
+            state,
+            run.behaviour.log_interval_ms,
+            now,
+            LogQuery {
+                since,
+                tail,
+                limit_bytes,
+                timestamps: request.timestamps,
+            },
+        );
+        Ok(DescribeContainerLogResponse {
+            request_id: String::new(),
+            container_name: spec.name.clone(),
+            content,
+        })
+    }
+
+    /// ExecContainerCommand.
+    pub fn exec(&mut self, request: &ExecContainerCommandRequest, now: Millis) -> Result<ExecContainerCommandResponse, EciError> {
+        self.advance(now);
+        validate::region(&request.region_id, &self.settings.region)?;
+        let group = self.group(&request.container_group_id)?;
+        if request.command.is_empty() {
+            return Err(validate::missing("Command"));
+        }
+        if request.command.len() > 20 || request.command.iter().any(|part| part.chars().count() > 256) {
+            return Err(validate::invalid("Command", "give at most 20 items of at most 256 characters"));
+        }
+        let (spec, run) = group
+            .find_container(&request.container_name)
+            .ok_or_else(|| unknown_container(group, &request.container_name))?;
+        if !run.state.is_running() {
+            return Err(EciError::new(
+                codes::INCORRECT_STATUS,
+                format!("Container {:?} of {} is not running, so no command can run in it.", spec.name, group.id),
+            ));
+        }
+        let session = format!("{:016x}", rng::stable_hash(format!("{}/{}/{now}", group.id, spec.name).as_bytes()));
+        let sync_response = if request.sync {
+            let ip = group.ip.map(|ip| ip.to_string()).unwrap_or_default();
+            exec::run(
+                &request.command,
+                exec::ExecContext {
+                    container: spec,
+                    hostname: &group.request.container_group_name,
+                    pod_ip: &ip,
+                    now,
+                },
+            )
+        } else {
+            String::new()
+        };
+        Ok(ExecContainerCommandResponse {
+            request_id: String::new(),
+            web_socket_uri: format!("wss://eci-exec.{}.mock-eci.invalid/exec/{session}", self.settings.region),
+            http_url: format!("https://eci-exec.{}.mock-eci.invalid/exec/{session}", self.settings.region),
+            sync_response,
+        })
+    }
+
+    /// DescribeContainerGroupMetric.
+    pub fn metric(&mut self, request: &DescribeContainerGroupMetricRequest, now: Millis) -> Result<DescribeContainerGroupMetricResponse, EciError> {
+        self.advance(now);
+        validate::region(&request.region_id, &self.settings.region)?;
+        let group = self.group(&request.container_group_id)?;
+        let period = match request.period {
+            None => 60,
+            Some(period @ (15 | 60 | 600 | 3600)) => period,
+            Some(other) => return Err(validate::invalid("Period", format!("{other}; use 15, 60, 600 or 3600"))),
+        };
+        let period_ms = i64::from(period) * 1_000;
+        let time = |text: &str, param: &str| {
+            parse_rfc3339(text).ok_or_else(|| validate::invalid(param, format!("{text:?} is not an RFC 3339 time")))
+        };
+        let end = if request.end_time.is_empty() { now } else { time(&request.end_time, "EndTime")? };
+        let start = if request.start_time.is_empty() { end - 5 * 60_000 } else { time(&request.start_time, "StartTime")? };
+        if start > end {
+            return Err(validate::invalid("StartTime", "must not be after EndTime"));
+        }
+        // Records exist while the group runs: from its start to its end or now.
+        let running_from = group.provisioned_at.filter(|at| *at <= now);
+        let running_until = group.succeeded_at.or(group.failed_at).or(group.expired_at).unwrap_or(now);
+        let mut records = Vec::new();
+        if let Some(from) = running_from {
+            let mut at = start.max(from) / period_ms * period_ms;
+            if at < start.max(from) {
+                at += period_ms;
+            }
+            while at <= end.min(running_until) && records.len() < 1_440 {
+                records.push(usage::record(group, at, period_ms, true));
+                at += period_ms;
+            }
+        }
+        Ok(DescribeContainerGroupMetricResponse {
+            request_id: String::new(),
+            container_group_id: group.id.clone(),
+            records,
+        })
+    }
+
+    /// DescribeMultiContainerGroupMetric.
+    pub fn multi_metric(&mut self, request: &DescribeMultiContainerGroupMetricRequest, now: Millis) -> Result<DescribeMultiContainerGroupMetricResponse, EciError> {
+        self.advance(now);
+        validate::region(&request.region_id, &self.settings.region)?;
+        if request.container_group_ids.is_empty() {
+            return Err(validate::missing("ContainerGroupIds"));
+        }
+        validate::ids(&request.container_group_ids)?;
+        let with_containers = match request.metric_type.as_str() {
+            "" | "summary" => false,
+            "all" => true,
+            other => return Err(validate::invalid("MetricType", format!("{other:?}; use summary or all"))),
+        };
+        let monitor_datas = request
+            .container_group_ids
+            .iter()
+            .filter_map(|id| self.groups.get(id))
+            .map(|group| MonitorData {
+                container_group_id: group.id.clone(),
+                records: if group.status == GroupStatus::Running {
+                    vec![usage::record(group, now / 60_000 * 60_000, 60_000, with_containers)]
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect();
+        Ok(DescribeMultiContainerGroupMetricResponse {
+            request_id: String::new(),
+            monitor_datas,
+        })
+    }
+
+    /// Out-of-band removal (a test switch): the group vanishes as if deleted elsewhere.
+    pub fn vanish(&mut self, id: &str, now: Millis) -> Result<(), EciError> {
+        self.advance(now);
+        self.group(id)?;
+        self.remove(id);
+        Ok(())
+    }
+
+    /// Spot reclaim (a test switch): the group ends `Expired`.
+    pub fn expire(&mut self, id: &str, now: Millis) -> Result<(), EciError> {
+        self.advance(now);
+        let group = self.group(id)?;
+        if group.status.is_final() || group.status == GroupStatus::Terminating {
+            return Err(incorrect_status(group, "expired", "a non-final status"));
+        }
+        self.with_group(id, now, |group, cx| group.expire(cx));
+        Ok(())
+    }
+
+    /// The restart policy of a group (tests).
+    pub fn restart_policy(&self, id: &str) -> Option<RestartPolicy> {
+        self.groups.get(id).map(|group| group.restart_policy)
+    }
+}
+
+fn fingerprint(request: &CreateContainerGroupRequest) -> u64 {
+    rng::stable_hash(&request.encode_to_vec())
+}
+
+fn not_found(id: &str) -> EciError {
+    EciError::new(codes::CONTAINER_GROUP_NOT_FOUND, format!("The container group {id:?} does not exist."))
+}
+
+fn incorrect_status(group: &Group, action: &str, allowed: &str) -> EciError {
+    EciError::new(
+        codes::INCORRECT_STATUS,
+        format!("The container group {} is {} and cannot be {action}; it must be {allowed}.", group.id, group.status),
+    )
+}
+
+fn unknown_container(group: &Group, name: &str) -> EciError {
+    let names: Vec<&str> = group
+        .request
+        .container
+        .iter()
+        .chain(&group.request.init_container)
+        .map(|c| c.name.as_str())
+        .collect();
+    validate::invalid(
+        "ContainerName",
+        format!("the group {} has no container {name:?} (it has {})", group.id, names.join(", ")),
+    )
+}
+
+/// One page of the groups after `after` that match, the token for the next page, and the number
+/// of matches overall.
+fn paginate<'a>(
+    groups: &'a BTreeMap<String, Group>,
+    after: Option<&str>,
+    limit: usize,
+    matches: impl Fn(&Group) -> bool,
+) -> (Vec<&'a Group>, String, usize) {
+    let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.to_owned()));
+    let page: Vec<&Group> = groups
+        .range((start, Bound::Unbounded))
+        .map(|(_, group)| group)
+        .filter(|group| matches(group))
+        .take(limit + 1)
+        .collect();
+    let total = groups.values().filter(|group| matches(group)).count();
+    finish_page(page, limit, total)
+}
+
+fn paginate_refs<'a>(
+    groups: &BTreeMap<&str, &'a Group>,
+    after: Option<&str>,
+    limit: usize,
+    matches: impl Fn(&Group) -> bool,
+) -> (Vec<&'a Group>, String, usize) {
+    let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+    let page: Vec<&Group> = groups
+        .range::<&str, _>((start, Bound::Unbounded))
+        .map(|(_, group)| *group)
+        .filter(|group| matches(group))
+        .take(limit + 1)
+        .collect();
+    let total = groups.values().filter(|group| matches(group)).count();
+    finish_page(page, limit, total)
+}
+
+fn finish_page(mut page: Vec<&Group>, limit: usize, total: usize) -> (Vec<&Group>, String, usize) {
+    let next_token = if page.len() > limit {
+        page.truncate(limit);
+        page.last().map(|group| group.id.clone()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    (page, next_token, total)
+}

@@ -1,0 +1,661 @@
+//! A container group and its lifecycle: the state machine of one ECI instance.
+//!
+//! Every transition takes the time it happens at and schedules the next ones on the agenda
+//! ([`Timers`]); nothing here reads a clock or does I/O.
+
+use std::net::Ipv4Addr;
+
+use eci_proto::status::{GroupStatus, RestartPolicy};
+use eci_proto::v20180808::{Container, CreateContainerGroupRequest};
+use serde::{Deserialize, Serialize};
+
+use crate::behaviour::{Behaviour, Readiness};
+use crate::clock::Millis;
+use crate::settings::Settings;
+use crate::timers::{TimerKind, Timers};
+
+/// How long `ErrImagePull` shows before `ImagePullBackOff`.
+const PULL_BACKOFF_MS: Millis = 5_000;
+/// How long RestartContainerGroup and UpdateContainerGroup keep the group busy.
+pub const RESTART_DURATION_MS: Millis = 1_000;
+/// Events kept per group (oldest dropped first).
+const MAX_EVENTS: usize = 50;
+/// Exit code of a container killed by SIGKILL.
+const SIGKILL_EXIT: i32 = 137;
+
+/// The state of one run of a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunState {
+    /// Not running: not started yet, backing off, or failing to pull.
+    Waiting {
+        /// e.g. `ContainerCreating`, `CrashLoopBackOff`, `ImagePullBackOff`.
+        reason: String,
+        /// Details.
+        message: String,
+    },
+    /// Running since `started_at`.
+    Running {
+        /// Start time.
+        started_at: Millis,
+    },
+    /// Ended.
+    Terminated {
+        /// Exit code.
+        exit_code: i32,
+        /// e.g. `Completed`, `Error`.
+        reason: String,
+        /// Details.
+        message: String,
+        /// Signal that ended it, if any.
+        signal: Option<i32>,
+        /// Start time.
+        started_at: Millis,
+        /// End time.
+        finished_at: Millis,
+    },
+}
+
+impl RunState {
+    fn waiting(reason: &str, message: impl Into<String>) -> Self {
+        RunState::Waiting {
+            reason: reason.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// Whether the container is running.
+    pub fn is_running(&self) -> bool {
+        matches!(self, RunState::Running { .. })
+    }
+
+    /// The exit code, when terminated.
+    pub fn exit_code(&self) -> Option<i32> {
+        match self {
+            RunState::Terminated { exit_code, .. } => Some(*exit_code),
+            _ => None,
+        }
+    }
+
+    /// When the current (or ended) run started.
+    pub fn started_at(&self) -> Option<Millis> {
+        match self {
+            RunState::Running { started_at } | RunState::Terminated { started_at, .. } => Some(*started_at),
+            RunState::Waiting { .. } => None,
+        }
+    }
+}
+
+/// The runtime state of one container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerRun {
+    /// What the container does.
+    pub behaviour: Behaviour,
+    /// Its current state.
+    pub state: RunState,
+    /// The state of its previous run, once it restarted.
+    pub previous: Option<RunState>,
+    /// Passing readiness.
+    pub ready: bool,
+    /// Started (and not restarted since).
+    pub started: bool,
+    /// Restarts so far; also the index of the current run.
+    pub restart_count: u32,
+    /// Waiting for a back-off to end before its next run.
+    pub backing_off: bool,
+}
+
+impl ContainerRun {
+    fn new(behaviour: Behaviour) -> Self {
+        Self {
+            behaviour,
+            state: RunState::waiting("ContainerCreating", ""),
+            previous: None,
+            ready: false,
+            started: false,
+            restart_count: 0,
+            backing_off: false,
+        }
+    }
+
+    /// Ended and never starting again.
+    fn is_done(&self) -> bool {
+        matches!(self.state, RunState::Terminated { .. }) && !self.backing_off
+    }
+}
+
+/// One event on a group, deduplicated by type, reason and message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupEvent {
+    /// How often it happened.
+    pub count: i32,
+    /// `Normal` or `Warning`.
+    pub kind: String,
+    /// Short machine-readable reason.
+    pub reason: String,
+    /// Details.
+    pub message: String,
+    /// First occurrence.
+    pub first: Millis,
+    /// Last occurrence.
+    pub last: Millis,
+}
+
+/// One ECI container group.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Group {
+    /// `eci-…`.
+    pub id: String,
+    /// The creation request, normalised (defaults filled in).
+    pub request: CreateContainerGroupRequest,
+    /// Restart policy.
+    pub restart_policy: RestartPolicy,
+    /// Group vCPU.
+    pub cpu: f64,
+    /// Group GiB.
+    pub memory: f64,
+    /// The termination grace period asked for.
+    pub grace_seconds: i64,
+    /// Status.
+    pub status: GroupStatus,
+    /// Intranet IP, once scheduled.
+    pub ip: Option<Ipv4Addr>,
+    /// The IP (and the capacity slot) is still claimed.
+    pub holds_capacity: bool,
+    /// Creation time.
+    pub created_at: Millis,
+    /// When provisioning takes (took) place.
+    pub provisioned_at: Option<Millis>,
+    /// When it succeeded.
+    pub succeeded_at: Option<Millis>,
+    /// When it failed (or failed to schedule).
+    pub failed_at: Option<Millis>,
+    /// When it expired.
+    pub expired_at: Option<Millis>,
+    /// Last change of anything DescribeContainerGroupStatus returns.
+    pub changed_at: Millis,
+    /// Init containers, in order.
+    pub init: Vec<ContainerRun>,
+    /// Init containers completed so far.
+    pub init_done: usize,
+    /// Containers.
+    pub containers: Vec<ContainerRun>,
+    /// Events.
+    pub events: Vec<GroupEvent>,
+    /// Bumped whenever pending timers must be forgotten (deletion, restart, final state).
+    pub epoch: u32,
+    /// Hash of the creation request, to detect a reused ClientToken.
+    pub fingerprint: u64,
+}
+
+/// Borrowed context of a transition: settings, the agenda and the time.
+#[derive(Debug)]
+pub struct Cx<'a> {
+    /// Engine settings.
+    pub settings: &'a Settings,
+    /// The agenda.
+    pub timers: &'a mut Timers,
+    /// When the transition happens.
+    pub now: Millis,
+}
+
+/// Which list a container is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// `InitContainer.N`.
+    Init,
+    /// `Container.N`.
+    Regular,
+}
+
+impl Group {
+    /// A new, pending group. Schedules the start of scheduling.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: String,
+        request: CreateContainerGroupRequest,
+        valid: crate::validate::ValidCreate,
+        fingerprint: u64,
+        cx: &mut Cx<'_>,
+    ) -> Self {
+        let mut group = Self {
+            id,
+            request,
+            restart_policy: valid.restart_policy,
+            cpu: valid.cpu,
+            memory: valid.memory,
+            grace_seconds: valid.grace_seconds,
+            status: GroupStatus::Pending,
+            ip: None,
+            holds_capacity: false,
+            created_at: cx.now,
+            provisioned_at: None,
+            succeeded_at: None,
+            failed_at: None,
+            expired_at: None,
+            changed_at: cx.now,
+            init: valid.init_behaviours.into_iter().map(ContainerRun::new).collect(),
+            init_done: 0,
+            containers: valid.behaviours.into_iter().map(ContainerRun::new).collect(),
+            events: Vec::new(),
+            epoch: 0,
+            fingerprint,
+        };
+        cx.timers.set(
+            cx.now + cx.settings.scheduling_delay_ms,
+            &group.id,
+            group.epoch,
+            TimerKind::BeginScheduling,
+        );
+        if let Some(deadline) = group.deadline_at() {
+            cx.timers.set(deadline, &group.id, group.epoch, TimerKind::Deadline);
+        }
+        group.touch(cx.now);
+        group
+    }
+
+    /// The container specs of a list.
+    pub fn specs(&self, which: Which) -> &[Container] {
+        match which {
+            Which::Init => &self.request.init_container,
+            Which::Regular => &self.request.container,
+        }
+    }
+
+    /// The runs of a list.
+    pub fn runs(&self, which: Which) -> &[ContainerRun] {
+        match which {
+            Which::Init => &self.init,
+            Which::Regular => &self.containers,
+        }
+    }
+
+    fn runs_mut(&mut self, which: Which) -> &mut Vec<ContainerRun> {
+        match which {
+            Which::Init => &mut self.init,
+            Which::Regular => &mut self.containers,
+        }
+    }
+
+    /// Finds a container of either list by name.
+    pub fn find_container(&self, name: &str) -> Option<(&Container, &ContainerRun)> {
+        [Which::Regular, Which::Init].into_iter().find_map(|which| {
+            self.specs(which)
+                .iter()
+                .zip(self.runs(which))
+                .find(|(spec, _)| spec.name == name)
+        })
+    }
+
+    /// The zone the group is in.
+    pub fn zone<'a>(&'a self, settings: &'a Settings) -> &'a str {
+        if self.request.zone_id.is_empty() {
+            &settings.zone
+        } else {
+            &self.request.zone_id
+        }
+    }
+
+    /// When `ActiveDeadlineSeconds` ends the group, if set.
+    pub fn deadline_at(&self) -> Option<Millis> {
+        self.request
+            .active_deadline_seconds
+            .map(|seconds| self.created_at + seconds.saturating_mul(1_000))
+    }
+
+    /// Records that the visible status changed.
+    pub fn touch(&mut self, now: Millis) {
+        self.changed_at = self.changed_at.max(now);
+    }
+
+    /// Adds an event, folding it into an identical earlier one.
+    pub fn event(&mut self, now: Millis, kind: &str, reason: &str, message: impl Into<String>) {
+        let message = message.into();
+        if let Some(existing) = self
+            .events
+            .iter_mut()
+            .find(|event| event.kind == kind && event.reason == reason && event.message == message)
+        {
+            existing.count += 1;
+            existing.last = now;
+        } else {
+            if self.events.len() == MAX_EVENTS {
+                self.events.remove(0);
+            }
+            self.events.push(GroupEvent {
+                count: 1,
+                kind: kind.to_owned(),
+                reason: reason.to_owned(),
+                message,
+                first: now,
+                last: now,
+            });
+        }
+        self.touch(now);
+    }
+
+    /// Pending → Scheduling, with an IP (`Some`) or a reason scheduling failed (`Err`).
+    pub fn begin_scheduling(&mut self, outcome: Result<Ipv4Addr, (&str, String)>, cx: &mut Cx<'_>) {
+        match outcome {
+            Ok(ip) => {
+                self.ip = Some(ip);
+                self.holds_capacity = true;
+                self.status = GroupStatus::Scheduling;
+                let provisioned = self.created_at + cx.settings.provisioning.pick(&self.id, cx.settings.seed);
+                let provisioned = provisioned.max(cx.now);
+                self.provisioned_at = Some(provisioned);
+                cx.timers.set(provisioned, &self.id, self.epoch, TimerKind::Provisioned);
+                self.touch(cx.now);
+            }
+            Err((reason, message)) => {
+                self.event(cx.now, "Warning", reason, message);
+                self.finish(GroupStatus::ScheduleFailed, cx);
+            }
+        }
+    }
+
+    /// Scheduling → init containers (status Pending) or containers (Running).
+    pub fn provisioned(&mut self, cx: &mut Cx<'_>) {
+        let zone = self.zone(cx.settings).to_owned();
+        self.event(
+            cx.now,
+            "Normal",
+            "Scheduled",
+            format!("Successfully assigned {} to {zone}", self.request.container_group_name),
+        );
+        if self.init.is_empty() {
+            self.start_containers(cx);
+        } else {
+            self.status = GroupStatus::Pending;
+            self.start_run(Which::Init, 0, cx);
+        }
+    }
+
+    fn start_containers(&mut self, cx: &mut Cx<'_>) {
+        for index in 0..self.containers.len() {
+            self.start_run(Which::Regular, index, cx);
+        }
+        self.refresh_running_status();
+    }
+
+    /// Running once every container has started at least once; Pending while any waits for
+    /// its image.
+    fn refresh_running_status(&mut self) {
+        if matches!(self.status, GroupStatus::Pending | GroupStatus::Scheduling | GroupStatus::Running) {
+            let waiting_for_image = self.containers.iter().any(|run| {
+                matches!(&run.state, RunState::Waiting { reason, .. } if reason == "ErrImagePull" || reason == "ImagePullBackOff")
+            });
+            self.status = if waiting_for_image {
+                GroupStatus::Pending
+            } else {
+                GroupStatus::Running
+            };
+        }
+    }
+
+    /// Starts the current run of a container (or fails its image pull).
+    fn start_run(&mut self, which: Which, index: usize, cx: &mut Cx<'_>) {
+        let now = cx.now;
+        let (id, epoch) = (self.id.clone(), self.epoch);
+        let spec_name = self.specs(which)[index].name.clone();
+        let image = self.specs(which)[index].image.clone();
+        let run = &mut self.runs_mut(which)[index];
+        run.backing_off = false;
+        if run.behaviour.pull_fails {
+            run.state = RunState::waiting(
+                "ErrImagePull",
+                format!("failed to pull image {image:?}: the image does not exist or the registry denied access"),
+            );
+            run.started = false;
+            cx.timers.set(now + PULL_BACKOFF_MS, &id, epoch, TimerKind::PullBackOff { init: which == Which::Init, index });
+            self.event(now, "Warning", "Failed", format!("Failed to pull image {image:?}"));
+            return;
+        }
+        run.state = RunState::Running { started_at: now };
+        run.started = true;
+        run.ready = false;
+        let run_index = run.restart_count;
+        if let Some(exit) = run.behaviour.exit_for_run(run_index) {
+            cx.timers.set(
+                now + exit.after_ms,
+                &id,
+                epoch,
+                TimerKind::Exit { init: which == Which::Init, index, run: run_index },
+            );
+        }
+        if which == Which::Regular {
+            match run.behaviour.readiness {
+                Readiness::After(0) => run.ready = true,
+                Readiness::After(delay) => cx.timers.set(now + delay, &id, epoch, TimerKind::Ready { index, run: run_index }),
+                Readiness::Never => {}
+            }
+        }
+        self.event(now, "Normal", "Started", format!("Started container {spec_name}"));
+    }
+
+    /// A timer: the container's planned exit.
+    pub fn exit(&mut self, which: Which, index: usize, run_index: u32, cx: &mut Cx<'_>) {
+        let run = &self.runs(which)[index];
+        if run.restart_count != run_index || !run.state.is_running() {
+            return;
+        }
+        let Some(exit) = run.behaviour.exit_for_run(run_index).cloned() else {
+            return;
+        };
+        self.terminate(which, index, exit.code, &exit.reason, "", None, cx);
+        self.after_exit(which, index, exit.code, cx);
+    }
+
+    /// Marks a running container terminated.
+    #[allow(clippy::too_many_arguments)]
+    fn terminate(&mut self, which: Which, index: usize, exit_code: i32, reason: &str, message: &str, signal: Option<i32>, cx: &Cx<'_>) {
+        let run = &mut self.runs_mut(which)[index];
+        let started_at = run.state.started_at().unwrap_or(cx.now);
+        run.state = RunState::Terminated {
+            exit_code,
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            signal,
+            started_at,
+            finished_at: cx.now,
+        };
+        run.ready = which == Which::Init && exit_code == 0;
+        self.touch(cx.now);
+    }
+
+    /// What follows an exit: the next init container, a restart, or the end of the group.
+    fn after_exit(&mut self, which: Which, index: usize, exit_code: i32, cx: &mut Cx<'_>) {
+        let name = self.specs(which)[index].name.clone();
+        if which == Which::Init && exit_code == 0 {
+            self.init_done = index + 1;
+            if self.init_done < self.init.len() {
+                self.start_run(Which::Init, self.init_done, cx);
+            } else {
+                self.start_containers(cx);
+            }
+            return;
+        }
+        if self.restart_policy.restarts(exit_code) {
+            let run = &mut self.runs_mut(which)[index];
+            let backoff = cx.settings.restart_backoff(run.restart_count);
+            run.backing_off = true;
+            run.previous = Some(run.state.clone());
+            run.state = RunState::waiting(
+                "CrashLoopBackOff",
+                format!("back-off {}s restarting failed container={name}", backoff / 1_000),
+            );
+            let run_index = run.restart_count;
+            cx.timers.set(
+                cx.now + backoff,
+                &self.id,
+                self.epoch,
+                TimerKind::Restart { init: which == Which::Init, index, run: run_index },
+            );
+            self.event(cx.now, "Warning", "BackOff", format!("Back-off restarting failed container {name}"));
+            return;
+        }
+        if which == Which::Init {
+            // A failed init container under restartPolicy Never fails the whole group.
+            self.event(cx.now, "Warning", "InitContainerFailed", format!("Init container {name} exited with code {exit_code}"));
+            self.finish(GroupStatus::Failed, cx);
+            return;
+        }
+        if self.containers.iter().all(ContainerRun::is_done) {
+            let all_zero = self.containers.iter().all(|run| run.state.exit_code() == Some(0));
+            self.finish(if all_zero { GroupStatus::Succeeded } else { GroupStatus::Failed }, cx);
+        }
+    }
+
+    /// A timer: a back-off ended.
+    pub fn restart(&mut self, which: Which, index: usize, run_index: u32, cx: &mut Cx<'_>) {
+        let run = &mut self.runs_mut(which)[index];
+        if run.restart_count != run_index || !run.backing_off {
+            return;
+        }
+        run.restart_count += 1;
+        self.start_run(which, index, cx);
+    }
+
+    /// A timer: readiness passed.
+    pub fn ready(&mut self, index: usize, run_index: u32, now: Millis) {
+        let run = &mut self.containers[index];
+        if run.restart_count == run_index && run.state.is_running() && !run.ready {
+            run.ready = true;
+            self.touch(now);
+        }
+    }
+
+    /// A timer: `ErrImagePull` becomes `ImagePullBackOff`.
+    pub fn pull_backoff(&mut self, which: Which, index: usize, now: Millis) {
+        let image = self.specs(which)[index].image.clone();
+        let run = &mut self.runs_mut(which)[index];
+        if matches!(&run.state, RunState::Waiting { reason, .. } if reason == "ErrImagePull") {
+            run.state = RunState::waiting("ImagePullBackOff", format!("Back-off pulling image {image:?}"));
+            self.event(now, "Normal", "BackOff", format!("Back-off pulling image {image:?}"));
+        }
+    }
+
+    /// A timer: the active deadline passed.
+    pub fn deadline(&mut self, cx: &mut Cx<'_>) {
+        if self.status.is_final() || self.status == GroupStatus::Terminating {
+            return;
+        }
+        self.kill_running(SIGKILL_EXIT, "DeadlineExceeded", cx);
+        self.event(cx.now, "Warning", "DeadlineExceeded", "Pod was active on the node longer than the specified deadline");
+        self.finish(GroupStatus::Failed, cx);
+    }
+
+    fn kill_running(&mut self, exit_code: i32, reason: &str, cx: &Cx<'_>) {
+        for which in [Which::Init, Which::Regular] {
+            for index in 0..self.runs(which).len() {
+                if self.runs(which)[index].state.is_running() {
+                    self.terminate(which, index, exit_code, reason, "", Some(9), cx);
+                }
+            }
+        }
+    }
+
+    /// Enters a final status: forgets pending timers and schedules the end of retention.
+    pub fn finish(&mut self, status: GroupStatus, cx: &mut Cx<'_>) {
+        self.status = status;
+        match status {
+            GroupStatus::Succeeded => self.succeeded_at = Some(cx.now),
+            GroupStatus::Expired => self.expired_at = Some(cx.now),
+            _ => self.failed_at = Some(cx.now),
+        }
+        for run in self.init.iter_mut().chain(self.containers.iter_mut()) {
+            run.backing_off = false;
+            run.ready = false;
+        }
+        self.epoch += 1;
+        cx.timers.set(cx.now + cx.settings.retention_ms, &self.id, self.epoch, TimerKind::Retire);
+        self.touch(cx.now);
+    }
+
+    /// Spot reclaim: the group ends `Expired`.
+    pub fn expire(&mut self, cx: &mut Cx<'_>) {
+        self.kill_running(SIGKILL_EXIT, "Expired", cx);
+        self.event(cx.now, "Warning", "SpotToBeReleased", "The spot instance was reclaimed by the cloud provider");
+        self.finish(GroupStatus::Expired, cx);
+    }
+
+    /// Starts a deletion. Returns `true` when the group must disappear at once (forced, nothing
+    /// running, or no grace); otherwise it is `Terminating` until the grace period ends.
+    pub fn begin_termination(&mut self, force: bool, cx: &mut Cx<'_>) -> bool {
+        if self.status == GroupStatus::Terminating && !force {
+            return false;
+        }
+        let grace = (self.grace_seconds.saturating_mul(1_000)).min(cx.settings.max_grace_ms);
+        let stop_after = self
+            .init
+            .iter()
+            .chain(&self.containers)
+            .filter(|run| run.state.is_running())
+            .map(|run| run.behaviour.stop_after_ms.map_or(grace, |stop| stop.min(grace)))
+            .max();
+        let Some(stop_after) = stop_after.filter(|stop| !force && *stop > 0) else {
+            return true;
+        };
+        for which in [Which::Init, Which::Regular] {
+            for index in 0..self.runs(which).len() {
+                if self.runs(which)[index].state.is_running() {
+                    let name = self.specs(which)[index].name.clone();
+                    self.event(cx.now, "Normal", "Killing", format!("Stopping container {name}"));
+                }
+            }
+        }
+        self.status = GroupStatus::Terminating;
+        self.epoch += 1;
+        cx.timers.set(cx.now + stop_after, &self.id, self.epoch, TimerKind::TerminationDone);
+        self.touch(cx.now);
+        false
+    }
+
+    /// RestartContainerGroup: every container stops, then starts again.
+    pub fn begin_restart(&mut self, cx: &mut Cx<'_>) {
+        self.kill_running(0, "Restarted", cx);
+        self.status = GroupStatus::Restarting;
+        self.rearm(cx);
+        cx.timers.set(cx.now + RESTART_DURATION_MS, &self.id, self.epoch, TimerKind::RestartDone);
+        self.event(cx.now, "Normal", "Restarting", "Restarting the container group");
+    }
+
+    /// UpdateContainerGroup with new containers: they are replaced after a short while.
+    pub fn begin_update(&mut self, cx: &mut Cx<'_>) {
+        self.status = GroupStatus::Updating;
+        self.rearm(cx);
+        cx.timers.set(cx.now + RESTART_DURATION_MS, &self.id, self.epoch, TimerKind::UpdateDone);
+        self.event(cx.now, "Normal", "Updating", "Updating the container group");
+    }
+
+    /// New epoch (old timers stale) with the deadline kept.
+    fn rearm(&mut self, cx: &mut Cx<'_>) {
+        self.epoch += 1;
+        if let Some(deadline) = self.deadline_at() {
+            cx.timers.set(deadline.max(cx.now), &self.id, self.epoch, TimerKind::Deadline);
+        }
+        self.touch(cx.now);
+    }
+
+    /// A timer: a restart or an update finished; containers run again (behaviours from
+    /// `behaviours` when the spec changed).
+    pub fn restart_done(&mut self, behaviours: Option<Vec<Behaviour>>, cx: &mut Cx<'_>) {
+        if let Some(behaviours) = behaviours {
+            let previous = std::mem::take(&mut self.containers);
+            self.containers = behaviours.into_iter().map(ContainerRun::new).collect();
+            // A container in the same position keeps its restart history.
+            for (run, old) in self.containers.iter_mut().zip(previous) {
+                run.restart_count = old.restart_count;
+                run.previous = old.previous;
+                run.state = old.state;
+            }
+        }
+        for run in &mut self.containers {
+            if matches!(run.state, RunState::Terminated { .. }) {
+                run.previous = Some(run.state.clone());
+                run.restart_count += 1;
+            }
+        }
+        self.status = GroupStatus::Running;
+        self.start_containers(cx);
+    }
+}

@@ -1,0 +1,199 @@
+//! Serving: the gRPC API, the admin endpoint and the state-file writer, stopped together.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::{info, warn};
+
+use crate::admin;
+use crate::config::MockConfig;
+use crate::persist::{self, PersistError};
+use crate::service::MockEci;
+
+/// Starting or running the servers failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A listening address could not be bound.
+    #[error("cannot listen on {addr} (set by {flag}); choose another address or free the port: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The flag that set it.
+        flag: &'static str,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The state file could not be loaded.
+    #[error(transparent)]
+    State(#[from] PersistError),
+    /// The gRPC server failed.
+    #[error("the gRPC server failed: {0}")]
+    Grpc(#[source] tonic::transport::Error),
+    /// The admin server failed.
+    #[error("the admin server failed: {0}")]
+    Admin(#[source] io::Error),
+    /// A server task panicked or was cancelled.
+    #[error("a server task ended abnormally: {0}")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// A mock-eci serving in the background of this process (tests, embedded mode).
+#[derive(Debug)]
+pub struct MockServer {
+    grpc_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    mock: MockEci,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl MockServer {
+    /// Binds `config.listen` (and `config.admin_listen`) and starts serving.
+    pub async fn start(config: MockConfig) -> Result<Self, ServeError> {
+        config.check().map_err(ServeError::Config)?;
+        let mock = MockEci::new(&config)?;
+        let grpc = bind(config.listen, "--listen").await?;
+        let admin = match config.admin_listen {
+            Some(addr) => Some(bind(addr, "--admin-listen").await?),
+            None => None,
+        };
+        Self::start_on(grpc, admin, mock, &config)
+    }
+
+    /// Serves `mock` on listeners bound by the caller.
+    pub fn start_on(grpc: TcpListener, admin: Option<TcpListener>, mock: MockEci, config: &MockConfig) -> Result<Self, ServeError> {
+        let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, flag: "--listen", source })?;
+        let admin_addr = admin.as_ref().and_then(|listener| listener.local_addr().ok());
+        let (shutdown, signal) = watch::channel(false);
+        let state = config.state_file.clone().map(|path| (path, config.state_flush_interval));
+        let task = tokio::spawn(serve(grpc, admin, mock.clone(), state, signal));
+        info!(grpc = %grpc_addr, admin = ?admin_addr, region = %config.region, "mock-eci serving");
+        Ok(Self {
+            grpc_addr,
+            admin_addr,
+            mock,
+            shutdown,
+            task,
+        })
+    }
+
+    /// Where the gRPC API listens.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// The gRPC endpoint as a URL (`http://127.0.0.1:PORT`).
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.grpc_addr)
+    }
+
+    /// Where the admin endpoint listens, when enabled.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The mock itself, to inspect or steer it in-process.
+    pub fn mock(&self) -> &MockEci {
+        &self.mock
+    }
+
+    /// Stops serving and writes the state file one last time.
+    pub async fn stop(self) -> Result<(), ServeError> {
+        let _ = self.shutdown.send(true);
+        self.task.await.map_err(ServeError::Task)?
+    }
+
+    /// Serves until `signal` completes, then stops.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<(), ServeError> {
+        let mut task = self.task;
+        tokio::select! {
+            () = signal => {
+                info!("shutting down");
+                let _ = self.shutdown.send(true);
+                task.await.map_err(ServeError::Task)?
+            }
+            // A server that ends on its own is a failure: report it rather than hang.
+            result = &mut task => result.map_err(ServeError::Task)?,
+        }
+    }
+}
+
+async fn bind(addr: SocketAddr, flag: &'static str) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, flag, source })
+}
+
+async fn stopped(mut signal: watch::Receiver<bool>) {
+    // A dropped sender also means stop.
+    let _ = signal.wait_for(|stop| *stop).await;
+}
+
+async fn serve(
+    grpc: TcpListener,
+    admin: Option<TcpListener>,
+    mock: MockEci,
+    state: Option<(PathBuf, Duration)>,
+    signal: watch::Receiver<bool>,
+) -> Result<(), ServeError> {
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(mock.grpc_service())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(signal.clone()));
+    let grpc_server = async { grpc_server.await.map_err(ServeError::Grpc) };
+    let admin_server = async {
+        match admin {
+            Some(listener) => axum::serve(listener, admin::router(mock.clone()))
+                .with_graceful_shutdown(stopped(signal.clone()))
+                .await
+                .map_err(ServeError::Admin),
+            None => Ok(()),
+        }
+    };
+    let writer = async {
+        if let Some((path, interval)) = &state {
+            write_state_until(&mock, path, *interval, signal.clone()).await;
+        }
+        Ok(())
+    };
+    tokio::try_join!(grpc_server, admin_server, writer)?;
+    if let Some((path, _)) = &state {
+        save(&mock, path).await?;
+    }
+    Ok(())
+}
+
+/// Writes the state file shortly after each change, until told to stop.
+async fn write_state_until(mock: &MockEci, path: &PathBuf, interval: Duration, signal: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            () = mock.changed() => {}
+            () = stopped(signal.clone()) => return,
+        }
+        // Coalesce a burst of changes into one write.
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = stopped(signal.clone()) => return,
+        }
+        if let Err(error) = save(mock, path).await {
+            warn!(%error, "could not write the state file; groups may not survive a restart");
+        }
+    }
+}
+
+async fn save(mock: &MockEci, path: &PathBuf) -> Result<(), PersistError> {
+    let snapshot = mock.snapshot();
+    let path = path.clone();
+    let target = path.clone();
+    tokio::task::spawn_blocking(move || persist::save(&path, &snapshot))
+        .await
+        .unwrap_or_else(|error| Err(PersistError::Io { path: target, source: io::Error::other(error) }))
+}

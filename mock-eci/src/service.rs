@@ -1,0 +1,347 @@
+//! The gRPC face of the engine: request ids, injected faults, throttling and metrics around
+//! every action, then the action itself under one lock.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use eci_proto::v20180808::eci_server::{Eci, EciServer};
+use eci_proto::v20180808::{
+    ContainerGroup, CreateContainerGroupRequest, CreateContainerGroupResponse, DeleteContainerGroupRequest,
+    DeleteContainerGroupResponse, DescribeContainerGroupMetricRequest, DescribeContainerGroupMetricResponse,
+    DescribeContainerGroupStatusRequest, DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest,
+    DescribeContainerGroupsResponse, DescribeContainerLogRequest, DescribeContainerLogResponse,
+    DescribeMultiContainerGroupMetricRequest, DescribeMultiContainerGroupMetricResponse, ExecContainerCommandRequest,
+    ExecContainerCommandResponse, RestartContainerGroupRequest, RestartContainerGroupResponse,
+    UpdateContainerGroupRequest, UpdateContainerGroupResponse,
+};
+use eci_proto::{EciError, REQUEST_ID_METADATA_KEY};
+use tokio::sync::Notify;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status};
+use tracing::debug;
+
+use crate::actions::Action;
+use crate::clock::{Clock, Millis};
+use crate::config::MockConfig;
+use crate::controls::{Controls, ControlsPatch, ControlsView, Verdict};
+use crate::engine::{Engine, Snapshot};
+use crate::persist::{self, PersistError};
+use crate::telemetry::Telemetry;
+
+/// Responses carry the request id in a field as well as in metadata.
+trait WithRequestId {
+    fn set_request_id(&mut self, request_id: String);
+}
+
+macro_rules! with_request_id {
+    ($($response:ty),+ $(,)?) => {
+        $(impl WithRequestId for $response {
+            fn set_request_id(&mut self, request_id: String) {
+                self.request_id = request_id;
+            }
+        })+
+    };
+}
+
+with_request_id!(
+    CreateContainerGroupResponse,
+    DescribeContainerGroupsResponse,
+    DescribeContainerGroupStatusResponse,
+    DeleteContainerGroupResponse,
+    UpdateContainerGroupResponse,
+    RestartContainerGroupResponse,
+    DescribeContainerLogResponse,
+    ExecContainerCommandResponse,
+    DescribeContainerGroupMetricResponse,
+    DescribeMultiContainerGroupMetricResponse,
+);
+
+#[derive(Debug)]
+struct Shared {
+    engine: Mutex<Engine>,
+    controls: Mutex<Controls>,
+    clock: Clock,
+    telemetry: Telemetry,
+    /// Woken after every change worth persisting.
+    dirty: Notify,
+}
+
+/// A running mock-eci: cheap to clone, shared by the gRPC service and the admin endpoint.
+#[derive(Debug, Clone)]
+pub struct MockEci {
+    shared: Arc<Shared>,
+}
+
+impl MockEci {
+    /// A mock configured by `config`, continuing from its state file when there is one.
+    pub fn new(config: &MockConfig) -> Result<Self, PersistError> {
+        let snapshot = match &config.state_file {
+            Some(path) => persist::load(path)?,
+            None => None,
+        };
+        Ok(Self::from_parts(config, snapshot))
+    }
+
+    fn from_parts(config: &MockConfig, snapshot: Option<Snapshot>) -> Self {
+        let settings = config.settings();
+        let engine = match snapshot {
+            Some(snapshot) => Engine::restore(settings, snapshot),
+            None => Engine::new(settings),
+        };
+        let controls = Controls::new(!config.no_rate_limits, &config.rate_limit_overrides(), config.fault_map(), config.seed);
+        Self {
+            shared: Arc::new(Shared {
+                engine: Mutex::new(engine),
+                controls: Mutex::new(controls),
+                clock: Clock::new(),
+                telemetry: Telemetry::new(),
+                dirty: Notify::new(),
+            }),
+        }
+    }
+
+    /// The tonic service to mount on a server.
+    pub fn grpc_service(&self) -> EciServer<Self> {
+        EciServer::new(self.clone())
+    }
+
+    /// The mock's clock (follows tokio's, so paused-time tests control it).
+    pub fn now(&self) -> Millis {
+        self.shared.clock.now()
+    }
+
+    fn engine(&self) -> MutexGuard<'_, Engine> {
+        // A panic while holding the lock is a bug; the state is still the best we have.
+        self.shared.engine.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn controls_lock(&self) -> MutexGuard<'_, Controls> {
+        self.shared.controls.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The run-time switches.
+    pub fn controls(&self) -> ControlsView {
+        let mut view = self.controls_lock().view();
+        let engine = self.engine();
+        view.no_stock = engine.settings().no_stock;
+        view.max_groups = engine.settings().max_groups;
+        view
+    }
+
+    /// Changes run-time switches; nothing changes when the patch is invalid.
+    pub fn patch_controls(&self, patch: &ControlsPatch) -> Result<ControlsView, String> {
+        self.controls_lock().apply(patch)?;
+        {
+            let mut engine = self.engine();
+            if let Some(no_stock) = patch.no_stock {
+                engine.set_no_stock(no_stock);
+            }
+            if let Some(max_groups) = patch.max_groups {
+                engine.set_max_groups(max_groups);
+            }
+        }
+        Ok(self.controls())
+    }
+
+    /// Every group in full, finished ones included.
+    pub fn groups(&self) -> Vec<ContainerGroup> {
+        let now = self.now();
+        self.engine().all_groups(now)
+    }
+
+    /// Number of groups.
+    pub fn group_count(&self) -> usize {
+        self.engine().len()
+    }
+
+    /// Removes a group out of band, as if someone deleted it in the console.
+    pub fn vanish(&self, id: &str) -> Result<(), EciError> {
+        let now = self.now();
+        self.engine().vanish(id, now)?;
+        self.shared.dirty.notify_one();
+        Ok(())
+    }
+
+    /// Reclaims a group as a spot instance would be: it ends `Expired`.
+    pub fn expire(&self, id: &str) -> Result<(), EciError> {
+        let now = self.now();
+        self.engine().expire(id, now)?;
+        self.shared.dirty.notify_one();
+        Ok(())
+    }
+
+    /// A snapshot of the whole state.
+    pub fn snapshot(&self) -> Snapshot {
+        let now = self.now();
+        let mut engine = self.engine();
+        engine.advance(now);
+        engine.snapshot(now)
+    }
+
+    /// Waits until a change is worth persisting.
+    pub async fn changed(&self) {
+        self.shared.dirty.notified().await;
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render_metrics(&self) -> String {
+        let counts = {
+            let now = self.now();
+            let mut engine = self.engine();
+            engine.advance(now);
+            engine.count_by_status()
+        };
+        self.shared
+            .telemetry
+            .render(counts.into_iter().map(|(status, count)| (status.as_str(), count)))
+    }
+
+    async fn call<Req, Resp>(
+        &self,
+        action: Action,
+        request: Request<Req>,
+        serve: impl FnOnce(&mut Engine, Req, Millis) -> Result<Resp, EciError>,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Resp: WithRequestId,
+    {
+        let started = Instant::now();
+        let request_id = uuid::Uuid::new_v4().to_string().to_uppercase();
+        let verdict = self.controls_lock().admit(action, self.now());
+        let (latency_ms, injected) = match verdict {
+            Verdict::Serve { latency_ms } => (latency_ms, None),
+            Verdict::Fail { error, latency_ms } => (latency_ms, Some(error)),
+        };
+        if latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(latency_ms)).await;
+        }
+        let result = match injected {
+            Some(error) => Err(error),
+            None => {
+                let now = self.now();
+                let result = serve(&mut self.engine(), request.into_inner(), now);
+                if result.is_ok() && action.mutates() {
+                    self.shared.dirty.notify_one();
+                }
+                result
+            }
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        match result {
+            Ok(mut body) => {
+                self.shared.telemetry.record(action, "ok", seconds);
+                body.set_request_id(request_id.clone());
+                let mut response = Response::new(body);
+                if let Ok(value) = MetadataValue::try_from(request_id.as_str()) {
+                    response.metadata_mut().insert(REQUEST_ID_METADATA_KEY, value);
+                }
+                Ok(response)
+            }
+            Err(error) => {
+                self.shared.telemetry.record(action, &error.code, seconds);
+                debug!(action = %action, request_id = %request_id, code = %error.code, message = %error.message, "call failed");
+                Err(error.with_request_id(request_id).into_status())
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Eci for MockEci {
+    async fn create_container_group(
+        &self,
+        request: Request<CreateContainerGroupRequest>,
+    ) -> Result<Response<CreateContainerGroupResponse>, Status> {
+        self.call(Action::CreateContainerGroup, request, |engine, request, now| {
+            let container_group_id = engine.create(request, now)?;
+            Ok(CreateContainerGroupResponse {
+                request_id: String::new(),
+                container_group_id,
+            })
+        })
+        .await
+    }
+
+    async fn describe_container_groups(
+        &self,
+        request: Request<DescribeContainerGroupsRequest>,
+    ) -> Result<Response<DescribeContainerGroupsResponse>, Status> {
+        self.call(Action::DescribeContainerGroups, request, |engine, request, now| engine.describe_groups(&request, now))
+            .await
+    }
+
+    async fn describe_container_group_status(
+        &self,
+        request: Request<DescribeContainerGroupStatusRequest>,
+    ) -> Result<Response<DescribeContainerGroupStatusResponse>, Status> {
+        self.call(Action::DescribeContainerGroupStatus, request, |engine, request, now| {
+            engine.describe_status(&request, now)
+        })
+        .await
+    }
+
+    async fn delete_container_group(
+        &self,
+        request: Request<DeleteContainerGroupRequest>,
+    ) -> Result<Response<DeleteContainerGroupResponse>, Status> {
+        self.call(Action::DeleteContainerGroup, request, |engine, request, now| {
+            engine.delete(&request, now)?;
+            Ok(DeleteContainerGroupResponse::default())
+        })
+        .await
+    }
+
+    async fn update_container_group(
+        &self,
+        request: Request<UpdateContainerGroupRequest>,
+    ) -> Result<Response<UpdateContainerGroupResponse>, Status> {
+        self.call(Action::UpdateContainerGroup, request, |engine, request, now| {
+            engine.update(&request, now)?;
+            Ok(UpdateContainerGroupResponse::default())
+        })
+        .await
+    }
+
+    async fn restart_container_group(
+        &self,
+        request: Request<RestartContainerGroupRequest>,
+    ) -> Result<Response<RestartContainerGroupResponse>, Status> {
+        self.call(Action::RestartContainerGroup, request, |engine, request, now| {
+            engine.restart(&request, now)?;
+            Ok(RestartContainerGroupResponse::default())
+        })
+        .await
+    }
+
+    async fn describe_container_log(
+        &self,
+        request: Request<DescribeContainerLogRequest>,
+    ) -> Result<Response<DescribeContainerLogResponse>, Status> {
+        self.call(Action::DescribeContainerLog, request, |engine, request, now| engine.log(&request, now)).await
+    }
+
+    async fn exec_container_command(
+        &self,
+        request: Request<ExecContainerCommandRequest>,
+    ) -> Result<Response<ExecContainerCommandResponse>, Status> {
+        self.call(Action::ExecContainerCommand, request, |engine, request, now| engine.exec(&request, now)).await
+    }
+
+    async fn describe_container_group_metric(
+        &self,
+        request: Request<DescribeContainerGroupMetricRequest>,
+    ) -> Result<Response<DescribeContainerGroupMetricResponse>, Status> {
+        self.call(Action::DescribeContainerGroupMetric, request, |engine, request, now| engine.metric(&request, now))
+            .await
+    }
+
+    async fn describe_multi_container_group_metric(
+        &self,
+        request: Request<DescribeMultiContainerGroupMetricRequest>,
+    ) -> Result<Response<DescribeMultiContainerGroupMetricResponse>, Status> {
+        self.call(Action::DescribeMultiContainerGroupMetric, request, |engine, request, now| {
+            engine.multi_metric(&request, now)
+        })
+        .await
+    }
+}
