@@ -34,7 +34,10 @@ pub fn router(mock: MockEci) -> Router {
 
 async fn metrics(State(mock): State<MockEci>) -> Response {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         mock.render_metrics(),
     )
         .into_response()
@@ -69,7 +72,13 @@ async fn expire(State(mock): State<MockEci>, Path(id): Path<String>) -> Response
 fn answer(result: Result<(), EciError>) -> Response {
     match result {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(error) if error.is_not_found() => (StatusCode::NOT_FOUND, error.message).into_response(),
-        Err(error) => (StatusCode::CONFLICT, format!("{}: {}", error.code, error.message)).into_response(),
+        Err(error) if error.is_not_found() => {
+            (StatusCode::NOT_FOUND, error.message).into_response()
+        }
+        Err(error) => (
+            StatusCode::CONFLICT,
+            format!("{}: {}", error.code, error.message),
+        )
+            .into_response(),
     }
 }

@@ -110,7 +110,10 @@ pub struct BehaviourError {
 
 /// Reads the behaviour of `container`. `default_exit_after` applies to init containers, which
 /// finish by themselves unless told otherwise.
-pub fn parse(container: &Container, default_exit_after: Option<Millis>) -> Result<Behaviour, BehaviourError> {
+pub fn parse(
+    container: &Container,
+    default_exit_after: Option<Millis>,
+) -> Result<Behaviour, BehaviourError> {
     let env = |key: &str| {
         container
             .environment_var
@@ -178,7 +181,8 @@ pub fn parse(container: &Container, default_exit_after: Option<Millis>) -> Resul
         Some("fail") => Readiness::Never,
         Some(other) if !other.is_empty() => return Err(fail(READINESS, other, "fail")),
         _ => Readiness::After(
-            duration(READY_AFTER)?.unwrap_or_else(|| probe_delay(container.readiness_probe.as_ref())),
+            duration(READY_AFTER)?
+                .unwrap_or_else(|| probe_delay(container.readiness_probe.as_ref())),
         ),
     };
 
@@ -203,7 +207,9 @@ pub fn default_reason(code: i32) -> &'static str {
 }
 
 fn probe_delay(probe: Option<&Probe>) -> Millis {
-    probe.map_or(0, |probe| Millis::from(probe.initial_delay_seconds.max(0)) * 1_000)
+    probe.map_or(0, |probe| {
+        Millis::from(probe.initial_delay_seconds.max(0)) * 1_000
+    })
 }
 
 /// The registry host of an image reference (`docker.io` when none is given).
@@ -250,12 +256,18 @@ mod tests {
     #[test]
     fn exit_code_and_delay() {
         let behaviour = parse(
-            &mk_container("busybox", &[(EXIT_CODE, "3"), (EXIT_AFTER, "5s"), (EXIT_RUNS, "2")]),
+            &mk_container(
+                "busybox",
+                &[(EXIT_CODE, "3"), (EXIT_AFTER, "5s"), (EXIT_RUNS, "2")],
+            ),
             None,
         )
         .unwrap();
         let exit = behaviour.exit.clone().unwrap();
-        assert_eq!((exit.code, exit.after_ms, exit.reason.as_str()), (3, 5_000, "Error"));
+        assert_eq!(
+            (exit.code, exit.after_ms, exit.reason.as_str()),
+            (3, 5_000, "Error")
+        );
         assert!(behaviour.exit_for_run(1).is_some());
         assert!(behaviour.exit_for_run(2).is_none());
     }
@@ -264,14 +276,29 @@ mod tests {
     fn init_containers_finish_by_default() {
         let behaviour = parse(&mk_container("busybox", &[]), Some(1_000)).unwrap();
         let exit = behaviour.exit.unwrap();
-        assert_eq!((exit.code, exit.after_ms, exit.reason.as_str()), (0, 1_000, "Completed"));
+        assert_eq!(
+            (exit.code, exit.after_ms, exit.reason.as_str()),
+            (0, 1_000, "Completed")
+        );
     }
 
     #[test]
     fn pull_failure_by_variable_or_registry() {
-        assert!(parse(&mk_container("nginx", &[(PULL_FAIL, "true")]), None).unwrap().pull_fails);
-        assert!(parse(&mk_container("pull-fail.mock-eci.invalid/app:1", &[]), None).unwrap().pull_fails);
-        assert!(!parse(&mk_container("registry.example.com/app:1", &[]), None).unwrap().pull_fails);
+        assert!(
+            parse(&mk_container("nginx", &[(PULL_FAIL, "true")]), None)
+                .unwrap()
+                .pull_fails
+        );
+        assert!(
+            parse(&mk_container("pull-fail.mock-eci.invalid/app:1", &[]), None)
+                .unwrap()
+                .pull_fails
+        );
+        assert!(
+            !parse(&mk_container("registry.example.com/app:1", &[]), None)
+                .unwrap()
+                .pull_fails
+        );
     }
 
     #[test]
@@ -281,7 +308,10 @@ mod tests {
             initial_delay_seconds: 4,
             ..Probe::default()
         });
-        assert_eq!(parse(&container, None).unwrap().readiness, Readiness::After(4_000));
+        assert_eq!(
+            parse(&container, None).unwrap().readiness,
+            Readiness::After(4_000)
+        );
         let never = parse(&mk_container("nginx", &[(READINESS, "fail")]), None).unwrap();
         assert_eq!(never.readiness, Readiness::Never);
         let later = parse(&mk_container("nginx", &[(READY_AFTER, "2s")]), None).unwrap();
@@ -292,7 +322,10 @@ mod tests {
     fn malformed_values_are_rejected_with_the_variable_named() {
         let error = parse(&mk_container("nginx", &[(EXIT_AFTER, "soon")]), None).unwrap_err();
         assert_eq!(error.key, EXIT_AFTER);
-        assert!(error.to_string().contains("MOCK_ECI_EXIT_AFTER=\"soon\""), "{error}");
+        assert!(
+            error.to_string().contains("MOCK_ECI_EXIT_AFTER=\"soon\""),
+            "{error}"
+        );
         assert!(parse(&mk_container("nginx", &[(EXIT_CODE, "x")]), None).is_err());
         assert!(parse(&mk_container("nginx", &[(READINESS, "maybe")]), None).is_err());
     }

@@ -159,7 +159,8 @@ impl MockConfig {
         }
         for (name, latency) in &self.latency {
             for action in expand(name) {
-                faults.entry(action).or_default().latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+                faults.entry(action).or_default().latency_ms =
+                    u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
             }
         }
         faults
@@ -185,14 +186,15 @@ fn action_or_star(name: &str) -> Result<String, String> {
     if name == "*" {
         Ok(name.to_owned())
     } else {
-        name.parse::<Action>().map(|action| action.name().to_owned())
+        name.parse::<Action>()
+            .map(|action| action.name().to_owned())
     }
 }
 
 fn parse_rate_limit(text: &str) -> Result<(Action, RateLimit), String> {
-    let (action, limit) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?}: write Action=PER_MINUTE[/BURST], e.g. CreateContainerGroup=100/10"))?;
+    let (action, limit) = text.split_once('=').ok_or_else(|| {
+        format!("{text:?}: write Action=PER_MINUTE[/BURST], e.g. CreateContainerGroup=100/10")
+    })?;
     let action: Action = action.parse()?;
     let (per_minute, burst) = match limit.split_once('/') {
         Some((per_minute, burst)) => (per_minute, Some(burst)),
@@ -215,10 +217,12 @@ fn parse_rate_limit(text: &str) -> Result<(Action, RateLimit), String> {
 }
 
 fn parse_fault(text: &str) -> Result<(String, f64, String), String> {
-    let (action, rest) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?}: write Action=RATE[:CODE], e.g. CreateContainerGroup=0.1:InternalError"))?;
-    let (rate, code) = rest.split_once(':').unwrap_or((rest, eci_proto::error::codes::SERVICE_UNAVAILABLE));
+    let (action, rest) = text.split_once('=').ok_or_else(|| {
+        format!("{text:?}: write Action=RATE[:CODE], e.g. CreateContainerGroup=0.1:InternalError")
+    })?;
+    let (rate, code) = rest
+        .split_once(':')
+        .unwrap_or((rest, eci_proto::error::codes::SERVICE_UNAVAILABLE));
     let rate: f64 = rate
         .parse()
         .ok()
@@ -231,7 +235,8 @@ fn parse_latency(text: &str) -> Result<(String, Duration), String> {
     let (action, duration) = text
         .split_once('=')
         .ok_or_else(|| format!("{text:?}: write Action=DURATION, e.g. *=50ms"))?;
-    let duration = humantime::parse_duration(duration).map_err(|error| format!("{text:?}: {error}"))?;
+    let duration =
+        humantime::parse_duration(duration).map_err(|error| format!("{text:?}: {error}"))?;
     Ok((action_or_star(action)?, duration))
 }
 
@@ -260,21 +265,37 @@ mod tests {
         ]);
         assert_eq!(
             config.rate_limit_overrides()[&Action::CreateContainerGroup],
-            RateLimit { per_minute: 100, burst: 5 }
+            RateLimit {
+                per_minute: 100,
+                burst: 5
+            }
         );
         let faults = config.fault_map();
         assert_eq!(faults.len(), 10);
-        assert_eq!(faults[&Action::DeleteContainerGroup].error_code, "InternalError");
+        assert_eq!(
+            faults[&Action::DeleteContainerGroup].error_code,
+            "InternalError"
+        );
         assert_eq!(faults[&Action::DescribeContainerGroups].latency_ms, 20);
     }
 
     #[test]
     fn rejects_bad_values_with_the_fix() {
-        let error = MockConfig::try_parse_from(["mock-eci", "--rate-limit", "Create=1"]).unwrap_err();
-        assert!(error.to_string().contains("unknown action \"Create\""), "{error}");
+        let error =
+            MockConfig::try_parse_from(["mock-eci", "--rate-limit", "Create=1"]).unwrap_err();
+        assert!(
+            error.to_string().contains("unknown action \"Create\""),
+            "{error}"
+        );
         assert!(MockConfig::try_parse_from(["mock-eci", "--fault", "*=2"]).is_err());
         assert!(MockConfig::try_parse_from(["mock-eci", "--ip-cidr", "10.0.0.0"]).is_err());
-        let config = MockConfig::parse_from(["mock-eci", "--provisioning-delay", "100ms", "--scheduling-delay", "1s"]);
+        let config = MockConfig::parse_from([
+            "mock-eci",
+            "--provisioning-delay",
+            "100ms",
+            "--scheduling-delay",
+            "1s",
+        ]);
         assert!(config.check().unwrap_err().contains("--scheduling-delay"));
     }
 }

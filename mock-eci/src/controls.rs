@@ -94,11 +94,16 @@ pub struct ControlsPatch {
 mod double_option {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(value: &Option<Option<usize>>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(
+        value: &Option<Option<usize>>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         value.serialize(serializer)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Option<usize>>, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Option<usize>>, D::Error> {
         Option::<usize>::deserialize(deserializer).map(Some)
     }
 }
@@ -139,9 +144,16 @@ pub enum Verdict {
 
 impl Controls {
     /// Controls with the given limits and faults.
-    pub fn new(rate_limits_enabled: bool, overrides: &BTreeMap<Action, RateLimit>, faults: BTreeMap<Action, Fault>, seed: u64) -> Self {
-        let mut rate_limits: BTreeMap<Action, RateLimit> =
-            Action::ALL.into_iter().map(|action| (action, RateLimit::default_for(action))).collect();
+    pub fn new(
+        rate_limits_enabled: bool,
+        overrides: &BTreeMap<Action, RateLimit>,
+        faults: BTreeMap<Action, Fault>,
+        seed: u64,
+    ) -> Self {
+        let mut rate_limits: BTreeMap<Action, RateLimit> = Action::ALL
+            .into_iter()
+            .map(|action| (action, RateLimit::default_for(action)))
+            .collect();
         rate_limits.extend(overrides.iter().map(|(action, limit)| (*action, *limit)));
         Self {
             rate_limits_enabled,
@@ -159,13 +171,19 @@ impl Controls {
         let latency_ms = fault.latency_ms;
         if self.outage {
             return Verdict::Fail {
-                error: EciError::new(codes::SERVICE_UNAVAILABLE, "The service is temporarily unavailable (simulated outage)."),
+                error: EciError::new(
+                    codes::SERVICE_UNAVAILABLE,
+                    "The service is temporarily unavailable (simulated outage).",
+                ),
                 latency_ms,
             };
         }
         if fault.error_rate > 0.0 && self.rng.next_f64() < fault.error_rate {
             return Verdict::Fail {
-                error: EciError::new(fault.error_code.clone(), format!("Injected failure of {action} (simulated).")),
+                error: EciError::new(
+                    fault.error_code,
+                    format!("Injected failure of {action} (simulated)."),
+                ),
                 latency_ms,
             };
         }
@@ -173,7 +191,10 @@ impl Controls {
             return Verdict::Fail {
                 error: EciError::new(
                     codes::THROTTLING_USER,
-                    format!("Request was denied due to user flow control: {action} is limited to {} calls per minute.", self.rate_limits[&action].per_minute),
+                    format!(
+                        "Request was denied due to user flow control: {action} is limited to {} calls per minute.",
+                        self.rate_limits[&action].per_minute
+                    ),
                 ),
                 latency_ms,
             };
@@ -182,10 +203,17 @@ impl Controls {
     }
 
     fn take_token(&mut self, action: Action, now: Millis) -> bool {
-        let limit = self.rate_limits.get(&action).copied().unwrap_or_else(|| RateLimit::default_for(action));
+        let limit = self
+            .rate_limits
+            .get(&action)
+            .copied()
+            .unwrap_or_else(|| RateLimit::default_for(action));
         let capacity = f64::from(limit.burst.max(1));
         let per_ms = f64::from(limit.per_minute) / 60_000.0;
-        let bucket = self.buckets.entry(action).or_insert(Bucket { tokens: capacity, updated: now });
+        let bucket = self.buckets.entry(action).or_insert(Bucket {
+            tokens: capacity,
+            updated: now,
+        });
         #[allow(clippy::cast_precision_loss)]
         let elapsed = (now - bucket.updated).max(0) as f64;
         bucket.tokens = (bucket.tokens + elapsed * per_ms).min(capacity);
@@ -223,16 +251,24 @@ impl Controls {
         let mut limits = Vec::new();
         for (name, limit) in patch.rate_limits.iter().flatten() {
             if limit.per_minute == 0 || limit.burst == 0 {
-                return Err(format!("rate limit of {name}: per_minute and burst must be positive"));
+                return Err(format!(
+                    "rate limit of {name}: per_minute and burst must be positive"
+                ));
             }
             limits.extend(resolve(name)?.into_iter().map(|action| (action, *limit)));
         }
         let mut faults = Vec::new();
         for (name, fault) in patch.faults.iter().flatten() {
             if !(0.0..=1.0).contains(&fault.error_rate) {
-                return Err(format!("fault of {name}: error_rate must be between 0 and 1"));
+                return Err(format!(
+                    "fault of {name}: error_rate must be between 0 and 1"
+                ));
             }
-            faults.extend(resolve(name)?.into_iter().map(|action| (action, fault.clone())));
+            faults.extend(
+                resolve(name)?
+                    .into_iter()
+                    .map(|action| (action, fault.clone())),
+            );
         }
         if let Some(enabled) = patch.rate_limits_enabled {
             self.rate_limits_enabled = enabled;
@@ -261,7 +297,13 @@ mod tests {
     use super::*;
 
     fn controls() -> Controls {
-        let limits = BTreeMap::from([(Action::CreateContainerGroup, RateLimit { per_minute: 60, burst: 2 })]);
+        let limits = BTreeMap::from([(
+            Action::CreateContainerGroup,
+            RateLimit {
+                per_minute: 60,
+                burst: 2,
+            },
+        )]);
         Controls::new(true, &limits, BTreeMap::new(), 1)
     }
 
@@ -276,18 +318,32 @@ mod tests {
         assert!(!throttled(&controls.admit(Action::CreateContainerGroup, 0)));
         assert!(throttled(&controls.admit(Action::CreateContainerGroup, 0)));
         // 60 per minute: one token a second.
-        assert!(throttled(&controls.admit(Action::CreateContainerGroup, 999)));
-        assert!(!throttled(&controls.admit(Action::CreateContainerGroup, 1_000)));
+        assert!(throttled(
+            &controls.admit(Action::CreateContainerGroup, 999)
+        ));
+        assert!(!throttled(
+            &controls.admit(Action::CreateContainerGroup, 1_000)
+        ));
         // Other actions have their own buckets.
-        assert!(!throttled(&controls.admit(Action::DeleteContainerGroup, 1_000)));
+        assert!(!throttled(
+            &controls.admit(Action::DeleteContainerGroup, 1_000)
+        ));
     }
 
     #[test]
     fn limits_can_be_switched_off() {
         let mut controls = controls();
-        controls.apply(&ControlsPatch { rate_limits_enabled: Some(false), ..ControlsPatch::default() }).unwrap();
+        controls
+            .apply(&ControlsPatch {
+                rate_limits_enabled: Some(false),
+                ..ControlsPatch::default()
+            })
+            .unwrap();
         for _ in 0..100 {
-            assert_eq!(controls.admit(Action::CreateContainerGroup, 0), Verdict::Serve { latency_ms: 0 });
+            assert_eq!(
+                controls.admit(Action::CreateContainerGroup, 0),
+                Verdict::Serve { latency_ms: 0 }
+            );
         }
     }
 
@@ -305,7 +361,12 @@ mod tests {
             }
             other => panic!("expected a failure, got {other:?}"),
         }
-        controls.apply(&serde_json::from_str(r#"{"faults": {"*": {"error_rate": 0.0}}, "outage": true}"#).unwrap()).unwrap();
+        controls
+            .apply(
+                &serde_json::from_str(r#"{"faults": {"*": {"error_rate": 0.0}}, "outage": true}"#)
+                    .unwrap(),
+            )
+            .unwrap();
         match controls.admit(Action::DescribeContainerGroups, 0) {
             Verdict::Fail { error, .. } => assert_eq!(error.code, "ServiceUnavailable"),
             other => panic!("expected the outage, got {other:?}"),
@@ -317,7 +378,12 @@ mod tests {
     fn bad_patches_change_nothing() {
         let mut controls = controls();
         let error = controls
-            .apply(&serde_json::from_str(r#"{"outage": true, "faults": {"Nope": {"error_rate": 1.0}}}"#).unwrap())
+            .apply(
+                &serde_json::from_str(
+                    r#"{"outage": true, "faults": {"Nope": {"error_rate": 1.0}}}"#,
+                )
+                .unwrap(),
+            )
             .unwrap_err();
         assert!(error.contains("unknown action \"Nope\""), "{error}");
         assert!(!controls.view().outage);

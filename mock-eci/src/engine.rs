@@ -9,11 +9,13 @@ use eci_proto::EciError;
 use eci_proto::error::codes;
 use eci_proto::status::{GroupStatus, RestartPolicy};
 use eci_proto::v20180808::{
-    ContainerGroup, CreateContainerGroupRequest, DeleteContainerGroupRequest, DescribeContainerGroupMetricRequest,
-    DescribeContainerGroupMetricResponse, DescribeContainerGroupStatusRequest, DescribeContainerGroupStatusResponse,
+    ContainerGroup, CreateContainerGroupRequest, DeleteContainerGroupRequest,
+    DescribeContainerGroupMetricRequest, DescribeContainerGroupMetricResponse,
+    DescribeContainerGroupStatusRequest, DescribeContainerGroupStatusResponse,
     DescribeContainerGroupsRequest, DescribeContainerGroupsResponse, DescribeContainerLogRequest,
-    DescribeContainerLogResponse, DescribeMultiContainerGroupMetricRequest, DescribeMultiContainerGroupMetricResponse,
-    ExecContainerCommandRequest, ExecContainerCommandResponse, MonitorData, RestartContainerGroupRequest,
+    DescribeContainerLogResponse, DescribeMultiContainerGroupMetricRequest,
+    DescribeMultiContainerGroupMetricResponse, ExecContainerCommandRequest,
+    ExecContainerCommandResponse, MonitorData, RestartContainerGroupRequest,
     UpdateContainerGroupRequest,
 };
 use prost::Message;
@@ -92,7 +94,9 @@ impl IpPool {
         Self {
             cidr,
             next_unused,
-            released: (0..next_unused).filter(|offset| !offsets.contains(offset)).collect(),
+            released: (0..next_unused)
+                .filter(|offset| !offsets.contains(offset))
+                .collect(),
             in_use: offsets.len(),
         }
     }
@@ -129,7 +133,11 @@ impl Engine {
     pub fn restore(settings: Settings, snapshot: Snapshot) -> Self {
         let ips = IpPool::restore(
             settings.ip_cidr,
-            snapshot.groups.iter().filter(|g| g.holds_capacity).filter_map(|g| g.ip),
+            snapshot
+                .groups
+                .iter()
+                .filter(|g| g.holds_capacity)
+                .filter_map(|g| g.ip),
         );
         let mut engine = Self {
             ips,
@@ -204,7 +212,8 @@ impl Engine {
     fn index(&mut self, group: &Group) {
         self.changes.insert((group.changed_at, group.id.clone()));
         if !group.request.client_token.is_empty() {
-            self.tokens.insert(group.request.client_token.clone(), group.id.clone());
+            self.tokens
+                .insert(group.request.client_token.clone(), group.id.clone());
         }
     }
 
@@ -223,7 +232,12 @@ impl Engine {
     }
 
     /// Runs `change` on group `id` and keeps the indexes in step with what it did.
-    fn with_group<T>(&mut self, id: &str, now: Millis, change: impl FnOnce(&mut Group, &mut Cx<'_>) -> T) -> Option<T> {
+    fn with_group<T>(
+        &mut self,
+        id: &str,
+        now: Millis,
+        change: impl FnOnce(&mut Group, &mut Cx<'_>) -> T,
+    ) -> Option<T> {
         let group = self.groups.get_mut(id)?;
         let changed_before = group.changed_at;
         let mut cx = Cx {
@@ -248,11 +262,11 @@ impl Engine {
     /// Applies every transition due by `now`, each at its own time.
     pub fn advance(&mut self, now: Millis) {
         while let Some(timer) = self.timers.pop_due(now) {
-            self.fire(timer);
+            self.fire(&timer);
         }
     }
 
-    fn fire(&mut self, timer: Timer) {
+    fn fire(&mut self, timer: &Timer) {
         let Some(group) = self.groups.get(&timer.group) else {
             return;
         };
@@ -264,22 +278,30 @@ impl Engine {
         match timer.kind {
             TimerKind::BeginScheduling => {
                 let outcome = self.claim_capacity(&timer.group);
-                self.with_group(&timer.group, at, |group, cx| group.begin_scheduling(outcome, cx));
+                self.with_group(&timer.group, at, |group, cx| {
+                    group.begin_scheduling(outcome, cx);
+                });
             }
             TimerKind::Provisioned => {
                 self.with_group(&timer.group, at, |group, cx| group.provisioned(cx));
             }
             TimerKind::Exit { init, index, run } => {
-                self.with_group(&timer.group, at, |group, cx| group.exit(which(init), index, run, cx));
+                self.with_group(&timer.group, at, |group, cx| {
+                    group.exit(which(init), index, run, cx);
+                });
             }
             TimerKind::Restart { init, index, run } => {
-                self.with_group(&timer.group, at, |group, cx| group.restart(which(init), index, run, cx));
+                self.with_group(&timer.group, at, |group, cx| {
+                    group.restart(which(init), index, run, cx);
+                });
             }
             TimerKind::Ready { index, run } => {
                 self.with_group(&timer.group, at, |group, _| group.ready(index, run, at));
             }
             TimerKind::PullBackOff { init, index } => {
-                self.with_group(&timer.group, at, |group, _| group.pull_backoff(which(init), index, at));
+                self.with_group(&timer.group, at, |group, _| {
+                    group.pull_backoff(which(init), index, at);
+                });
             }
             TimerKind::Deadline => {
                 self.with_group(&timer.group, at, |group, cx| group.deadline(cx));
@@ -291,9 +313,10 @@ impl Engine {
                 let init_duration = self.settings.init_duration_ms;
                 self.with_group(&timer.group, at, |group, cx| {
                     // The spec was validated when the update was accepted.
-                    let behaviours = validate::create(&group.request, &cx.settings.region, init_duration)
-                        .map(|valid| valid.behaviours)
-                        .ok();
+                    let behaviours =
+                        validate::create(&group.request, &cx.settings.region, init_duration)
+                            .map(|valid| valid.behaviours)
+                            .ok();
                     group.restart_done(behaviours, cx);
                 });
             }
@@ -311,14 +334,18 @@ impl Engine {
         if self.settings.no_stock {
             return Err((
                 "NoStock",
-                format!("The resource is out of stock in zone {zone}; try another zone or instance specification."),
+                format!(
+                    "The resource is out of stock in zone {zone}; try another zone or instance specification."
+                ),
             ));
         }
         if let Some(max) = self.settings.max_groups {
             if self.ips.in_use >= max {
                 return Err((
                     "QuotaExceeded",
-                    format!("{max} container groups already hold capacity, the most this service allows (--max-groups)."),
+                    format!(
+                        "{max} container groups already hold capacity, the most this service allows (--max-groups)."
+                    ),
                 ));
             }
         }
@@ -347,12 +374,24 @@ impl Engine {
     }
 
     /// CreateContainerGroup.
-    pub fn create(&mut self, request: CreateContainerGroupRequest, now: Millis) -> Result<String, EciError> {
+    pub fn create(
+        &mut self,
+        request: CreateContainerGroupRequest,
+        now: Millis,
+    ) -> Result<String, EciError> {
         self.advance(now);
-        let valid = validate::create(&request, &self.settings.region, self.settings.init_duration_ms)?;
+        let valid = validate::create(
+            &request,
+            &self.settings.region,
+            self.settings.init_duration_ms,
+        )?;
         let fingerprint = fingerprint(&request);
         if !request.client_token.is_empty() {
-            if let Some(existing) = self.tokens.get(&request.client_token).and_then(|id| self.groups.get(id)) {
+            if let Some(existing) = self
+                .tokens
+                .get(&request.client_token)
+                .and_then(|id| self.groups.get(id))
+            {
                 if existing.fingerprint != fingerprint {
                     return Err(EciError::new(
                         codes::IDEMPOTENT_PARAMETER_MISMATCH,
@@ -366,12 +405,20 @@ impl Engine {
             }
         }
         if request.dry_run {
-            return Err(EciError::new(codes::DRY_RUN_SUCCESS, "Request validation has been passed with DryRun flag set."));
+            return Err(EciError::new(
+                codes::DRY_RUN_SUCCESS,
+                "Request validation has been passed with DryRun flag set.",
+            ));
         }
         self.id_counter += 1;
         let id = format!(
             "eci-{}{}",
-            self.settings.region.chars().filter(char::is_ascii_alphabetic).take(2).collect::<String>(),
+            self.settings
+                .region
+                .chars()
+                .filter(char::is_ascii_alphabetic)
+                .take(2)
+                .collect::<String>(),
             rng::base36(rng::mix(self.id_counter ^ rng::mix(self.settings.seed)), 13)
         );
         let mut cx = Cx {
@@ -386,26 +433,45 @@ impl Engine {
     }
 
     /// DescribeContainerGroups.
-    pub fn describe_groups(&mut self, request: &DescribeContainerGroupsRequest, now: Millis) -> Result<DescribeContainerGroupsResponse, EciError> {
+    pub fn describe_groups(
+        &mut self,
+        request: &DescribeContainerGroupsRequest,
+        now: Millis,
+    ) -> Result<DescribeContainerGroupsResponse, EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         validate::ids(&request.container_group_ids)?;
         validate::tags(&request.tag, "Tag")?;
         if !request.status.is_empty() && request.status.parse::<GroupStatus>().is_err() {
-            return Err(validate::invalid("Status", format!("{:?} is not a container group status", request.status)));
+            return Err(validate::invalid(
+                "Status",
+                format!("{:?} is not a container group status", request.status),
+            ));
         }
         let limit = validate::limit(request.limit, validate::DESCRIBE_GROUPS_MAX_LIMIT)?;
         let after = validate::next_token(&request.next_token)?;
-        let ids: HashSet<&str> = request.container_group_ids.iter().map(String::as_str).collect();
+        let ids: HashSet<&str> = request
+            .container_group_ids
+            .iter()
+            .map(String::as_str)
+            .collect();
         let matches = |group: &Group| {
             (ids.is_empty() || ids.contains(group.id.as_str()))
                 && (request.status.is_empty() || group.status.as_str() == request.status)
                 && render::has_tags(&group.request.tag, &request.tag)
-                && (request.container_group_name.is_empty() || group.request.container_group_name == request.container_group_name)
-                && (request.v_switch_id.is_empty() || group.request.v_switch_id.split(',').any(|v| v == request.v_switch_id))
-                && (request.security_group_id.is_empty() || group.request.security_group_id == request.security_group_id)
+                && (request.container_group_name.is_empty()
+                    || group.request.container_group_name == request.container_group_name)
+                && (request.v_switch_id.is_empty()
+                    || group
+                        .request
+                        .v_switch_id
+                        .split(',')
+                        .any(|v| v == request.v_switch_id))
+                && (request.security_group_id.is_empty()
+                    || group.request.security_group_id == request.security_group_id)
                 && (request.zone_id.is_empty() || group.zone(&self.settings) == request.zone_id)
-                && (request.resource_group_id.is_empty() || group.request.resource_group_id == request.resource_group_id)
+                && (request.resource_group_id.is_empty()
+                    || group.request.resource_group_id == request.resource_group_id)
         };
         let (page, next_token, total) = paginate(&self.groups, after, limit, matches);
         Ok(DescribeContainerGroupsResponse {
@@ -420,19 +486,28 @@ impl Engine {
     }
 
     /// DescribeContainerGroupStatus.
-    pub fn describe_status(&mut self, request: &DescribeContainerGroupStatusRequest, now: Millis) -> Result<DescribeContainerGroupStatusResponse, EciError> {
+    pub fn describe_status(
+        &mut self,
+        request: &DescribeContainerGroupStatusRequest,
+        now: Millis,
+    ) -> Result<DescribeContainerGroupStatusResponse, EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         validate::ids(&request.container_group_ids)?;
         validate::tags(&request.tag, "Tag")?;
         let limit = validate::limit(request.limit, validate::DESCRIBE_STATUS_MAX_LIMIT)?;
         let after = validate::next_token(&request.next_token)?;
-        let ids: HashSet<&str> = request.container_group_ids.iter().map(String::as_str).collect();
+        let ids: HashSet<&str> = request
+            .container_group_ids
+            .iter()
+            .map(String::as_str)
+            .collect();
         let matches = |group: &Group| {
             (ids.is_empty() || ids.contains(group.id.as_str()))
                 && render::has_tags(&group.request.tag, &request.tag)
                 && (request.zone_id.is_empty() || group.zone(&self.settings) == request.zone_id)
-                && (request.resource_group_id.is_empty() || group.request.resource_group_id == request.resource_group_id)
+                && (request.resource_group_id.is_empty()
+                    || group.request.resource_group_id == request.resource_group_id)
         };
         let (page, next_token, total) = match request.since_second {
             None => paginate(&self.groups, after, limit, matches),
@@ -449,26 +524,38 @@ impl Engine {
                 paginate_refs(&changed, after, limit, matches)
             }
             Some(seconds) => {
-                return Err(validate::invalid("SinceSecond", format!("{seconds} must be positive")));
+                return Err(validate::invalid(
+                    "SinceSecond",
+                    format!("{seconds} must be positive"),
+                ));
             }
         };
         Ok(DescribeContainerGroupStatusResponse {
             request_id: String::new(),
-            data: page.into_iter().map(render::container_group_status).collect(),
+            data: page
+                .into_iter()
+                .map(render::container_group_status)
+                .collect(),
             next_token,
             total_count: i32::try_from(total).unwrap_or(i32::MAX),
         })
     }
 
     /// DeleteContainerGroup.
-    pub fn delete(&mut self, request: &DeleteContainerGroupRequest, now: Millis) -> Result<(), EciError> {
+    pub fn delete(
+        &mut self,
+        request: &DeleteContainerGroupRequest,
+        now: Millis,
+    ) -> Result<(), EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         validate::client_token(&request.client_token)?;
         self.group(&request.container_group_id)?;
         let force = request.force;
         let gone_now = self
-            .with_group(&request.container_group_id, now, |group, cx| group.begin_termination(force, cx))
+            .with_group(&request.container_group_id, now, |group, cx| {
+                group.begin_termination(force, cx)
+            })
             .unwrap_or(true);
         if gone_now {
             self.remove(&request.container_group_id);
@@ -477,19 +564,29 @@ impl Engine {
     }
 
     /// RestartContainerGroup.
-    pub fn restart(&mut self, request: &RestartContainerGroupRequest, now: Millis) -> Result<(), EciError> {
+    pub fn restart(
+        &mut self,
+        request: &RestartContainerGroupRequest,
+        now: Millis,
+    ) -> Result<(), EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         let group = self.group(&request.container_group_id)?;
         if group.status != GroupStatus::Running {
             return Err(incorrect_status(group, "restarted", "Running"));
         }
-        self.with_group(&request.container_group_id, now, |group, cx| group.begin_restart(cx));
+        self.with_group(&request.container_group_id, now, |group, cx| {
+            group.begin_restart(cx);
+        });
         Ok(())
     }
 
     /// UpdateContainerGroup.
-    pub fn update(&mut self, request: &UpdateContainerGroupRequest, now: Millis) -> Result<(), EciError> {
+    pub fn update(
+        &mut self,
+        request: &UpdateContainerGroupRequest,
+        now: Millis,
+    ) -> Result<(), EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         let group = self.group(&request.container_group_id)?;
@@ -511,7 +608,12 @@ impl Engine {
         let incremental = match request.update_type.as_str() {
             "" | "RenewUpdate" => false,
             "IncrementalUpdate" => true,
-            other => return Err(validate::invalid("UpdateType", format!("{other:?}; use RenewUpdate or IncrementalUpdate"))),
+            other => {
+                return Err(validate::invalid(
+                    "UpdateType",
+                    format!("{other:?}; use RenewUpdate or IncrementalUpdate"),
+                ));
+            }
         };
         let containers_changed = !request.container.is_empty() || !request.volume.is_empty();
         if !request.container.is_empty() {
@@ -521,7 +623,12 @@ impl Engine {
                         .container
                         .iter_mut()
                         .find(|existing| existing.name == change.name)
-                        .ok_or_else(|| validate::invalid("Container.Name", format!("the group has no container {:?}", change.name)))?;
+                        .ok_or_else(|| {
+                            validate::invalid(
+                                "Container.Name",
+                                format!("the group has no container {:?}", change.name),
+                            )
+                        })?;
                     *slot = change.clone();
                 }
             } else {
@@ -535,9 +642,15 @@ impl Engine {
             updated.dns_config = Some(dns.clone());
         }
         if !request.image_registry_credential.is_empty() {
-            updated.image_registry_credential.clone_from(&request.image_registry_credential);
+            updated
+                .image_registry_credential
+                .clone_from(&request.image_registry_credential);
         }
-        let valid = validate::create(&updated, &self.settings.region, self.settings.init_duration_ms)?;
+        let valid = validate::create(
+            &updated,
+            &self.settings.region,
+            self.settings.init_duration_ms,
+        )?;
         self.with_group(&request.container_group_id, now, move |group, cx| {
             group.request = updated;
             group.restart_policy = valid.restart_policy;
@@ -553,7 +666,11 @@ impl Engine {
     }
 
     /// DescribeContainerLog.
-    pub fn log(&mut self, request: &DescribeContainerLogRequest, now: Millis) -> Result<DescribeContainerLogResponse, EciError> {
+    pub fn log(
+        &mut self,
+        request: &DescribeContainerLogRequest,
+        now: Millis,
+    ) -> Result<DescribeContainerLogResponse, EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         let group = self.group(&request.container_group_id)?;
@@ -566,12 +683,22 @@ impl Engine {
         let tail = match request.tail {
             None => 500,
             Some(tail) if (1..=2000).contains(&tail) => usize::try_from(tail).unwrap_or(500),
-            Some(tail) => return Err(validate::invalid("Tail", format!("{tail} is out of range; use 1 to 2000"))),
+            Some(tail) => {
+                return Err(validate::invalid(
+                    "Tail",
+                    format!("{tail} is out of range; use 1 to 2000"),
+                ));
+            }
         };
         let limit_bytes = match request.limit_bytes {
             None => None,
             Some(bytes) if (1..=1_048_576).contains(&bytes) => usize::try_from(bytes).ok(),
-            Some(bytes) => return Err(validate::invalid("LimitBytes", format!("{bytes} is out of range; use 1 to 1048576"))),
+            Some(bytes) => {
+                return Err(validate::invalid(
+                    "LimitBytes",
+                    format!("{bytes} is out of range; use 1 to 1048576"),
+                ));
+            }
         };
         let mut since = request
             .since_seconds
@@ -579,20 +706,30 @@ impl Engine {
                 if seconds > 0 {
                     Ok(now - i64::from(seconds) * 1_000)
                 } else {
-                    Err(validate::invalid("SinceSeconds", format!("{seconds} must be positive")))
+                    Err(validate::invalid(
+                        "SinceSeconds",
+                        format!("{seconds} must be positive"),
+                    ))
                 }
             })
             .transpose()?;
         if !request.start_time.is_empty() {
-            let start = parse_rfc3339(&request.start_time)
-                .ok_or_else(|| validate::invalid("StartTime", format!("{:?} is not an RFC 3339 time", request.start_time)))?;
+            let start = parse_rfc3339(&request.start_time).ok_or_else(|| {
+                validate::invalid(
+                    "StartTime",
+                    format!("{:?} is not an RFC 3339 time", request.start_time),
+                )
+            })?;
             since = Some(since.map_or(start, |s| s.max(start)));
         }
         let state: &RunState = if request.last_time {
             run.previous.as_ref().ok_or_else(|| {
                 validate::invalid(
                     "LastTime",
-                    format!("container {:?} has not restarted, so it has no previous log", request.container_name),
+                    format!(
+                        "container {:?} has not restarted, so it has no previous log",
+                        request.container_name
+                    ),
                 )
             })?
         } else {
@@ -619,15 +756,27 @@ impl Engine {
     }
 
     /// ExecContainerCommand.
-    pub fn exec(&mut self, request: &ExecContainerCommandRequest, now: Millis) -> Result<ExecContainerCommandResponse, EciError> {
+    pub fn exec(
+        &mut self,
+        request: &ExecContainerCommandRequest,
+        now: Millis,
+    ) -> Result<ExecContainerCommandResponse, EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         let group = self.group(&request.container_group_id)?;
         if request.command.is_empty() {
             return Err(validate::missing("Command"));
         }
-        if request.command.len() > 20 || request.command.iter().any(|part| part.chars().count() > 256) {
-            return Err(validate::invalid("Command", "give at most 20 items of at most 256 characters"));
+        if request.command.len() > 20
+            || request
+                .command
+                .iter()
+                .any(|part| part.chars().count() > 256)
+        {
+            return Err(validate::invalid(
+                "Command",
+                "give at most 20 items of at most 256 characters",
+            ));
         }
         let (spec, run) = group
             .find_container(&request.container_name)
@@ -635,10 +784,16 @@ impl Engine {
         if !run.state.is_running() {
             return Err(EciError::new(
                 codes::INCORRECT_STATUS,
-                format!("Container {:?} of {} is not running, so no command can run in it.", spec.name, group.id),
+                format!(
+                    "Container {:?} of {} is not running, so no command can run in it.",
+                    spec.name, group.id
+                ),
             ));
         }
-        let session = format!("{:016x}", rng::stable_hash(format!("{}/{}/{now}", group.id, spec.name).as_bytes()));
+        let session = format!(
+            "{:016x}",
+            rng::stable_hash(format!("{}/{}/{now}", group.id, spec.name).as_bytes())
+        );
         let sync_response = if request.sync {
             let ip = group.ip.map(|ip| ip.to_string()).unwrap_or_default();
             exec::run(
@@ -655,34 +810,63 @@ impl Engine {
         };
         Ok(ExecContainerCommandResponse {
             request_id: String::new(),
-            web_socket_uri: format!("wss://eci-exec.{}.mock-eci.invalid/exec/{session}", self.settings.region),
-            http_url: format!("https://eci-exec.{}.mock-eci.invalid/exec/{session}", self.settings.region),
+            web_socket_uri: format!(
+                "wss://eci-exec.{}.mock-eci.invalid/exec/{session}",
+                self.settings.region
+            ),
+            http_url: format!(
+                "https://eci-exec.{}.mock-eci.invalid/exec/{session}",
+                self.settings.region
+            ),
             sync_response,
         })
     }
 
     /// DescribeContainerGroupMetric.
-    pub fn metric(&mut self, request: &DescribeContainerGroupMetricRequest, now: Millis) -> Result<DescribeContainerGroupMetricResponse, EciError> {
+    pub fn metric(
+        &mut self,
+        request: &DescribeContainerGroupMetricRequest,
+        now: Millis,
+    ) -> Result<DescribeContainerGroupMetricResponse, EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         let group = self.group(&request.container_group_id)?;
         let period = match request.period {
             None => 60,
             Some(period @ (15 | 60 | 600 | 3600)) => period,
-            Some(other) => return Err(validate::invalid("Period", format!("{other}; use 15, 60, 600 or 3600"))),
+            Some(other) => {
+                return Err(validate::invalid(
+                    "Period",
+                    format!("{other}; use 15, 60, 600 or 3600"),
+                ));
+            }
         };
         let period_ms = i64::from(period) * 1_000;
         let time = |text: &str, param: &str| {
-            parse_rfc3339(text).ok_or_else(|| validate::invalid(param, format!("{text:?} is not an RFC 3339 time")))
+            parse_rfc3339(text).ok_or_else(|| {
+                validate::invalid(param, format!("{text:?} is not an RFC 3339 time"))
+            })
         };
-        let end = if request.end_time.is_empty() { now } else { time(&request.end_time, "EndTime")? };
-        let start = if request.start_time.is_empty() { end - 5 * 60_000 } else { time(&request.start_time, "StartTime")? };
+        let end = if request.end_time.is_empty() {
+            now
+        } else {
+            time(&request.end_time, "EndTime")?
+        };
+        let start = if request.start_time.is_empty() {
+            end - 5 * 60_000
+        } else {
+            time(&request.start_time, "StartTime")?
+        };
         if start > end {
             return Err(validate::invalid("StartTime", "must not be after EndTime"));
         }
         // Records exist while the group runs: from its start to its end or now.
         let running_from = group.provisioned_at.filter(|at| *at <= now);
-        let running_until = group.succeeded_at.or(group.failed_at).or(group.expired_at).unwrap_or(now);
+        let running_until = group
+            .succeeded_at
+            .or(group.failed_at)
+            .or(group.expired_at)
+            .unwrap_or(now);
         let mut records = Vec::new();
         if let Some(from) = running_from {
             let mut at = start.max(from) / period_ms * period_ms;
@@ -702,7 +886,11 @@ impl Engine {
     }
 
     /// DescribeMultiContainerGroupMetric.
-    pub fn multi_metric(&mut self, request: &DescribeMultiContainerGroupMetricRequest, now: Millis) -> Result<DescribeMultiContainerGroupMetricResponse, EciError> {
+    pub fn multi_metric(
+        &mut self,
+        request: &DescribeMultiContainerGroupMetricRequest,
+        now: Millis,
+    ) -> Result<DescribeMultiContainerGroupMetricResponse, EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         if request.container_group_ids.is_empty() {
@@ -712,7 +900,12 @@ impl Engine {
         let with_containers = match request.metric_type.as_str() {
             "" | "summary" => false,
             "all" => true,
-            other => return Err(validate::invalid("MetricType", format!("{other:?}; use summary or all"))),
+            other => {
+                return Err(validate::invalid(
+                    "MetricType",
+                    format!("{other:?}; use summary or all"),
+                ));
+            }
         };
         let monitor_datas = request
             .container_group_ids
@@ -721,7 +914,12 @@ impl Engine {
             .map(|group| MonitorData {
                 container_group_id: group.id.clone(),
                 records: if group.status == GroupStatus::Running {
-                    vec![usage::record(group, now / 60_000 * 60_000, 60_000, with_containers)]
+                    vec![usage::record(
+                        group,
+                        now / 60_000 * 60_000,
+                        60_000,
+                        with_containers,
+                    )]
                 } else {
                     Vec::new()
                 },
@@ -763,13 +961,19 @@ fn fingerprint(request: &CreateContainerGroupRequest) -> u64 {
 }
 
 fn not_found(id: &str) -> EciError {
-    EciError::new(codes::CONTAINER_GROUP_NOT_FOUND, format!("The container group {id:?} does not exist."))
+    EciError::new(
+        codes::CONTAINER_GROUP_NOT_FOUND,
+        format!("The container group {id:?} does not exist."),
+    )
 }
 
 fn incorrect_status(group: &Group, action: &str, allowed: &str) -> EciError {
     EciError::new(
         codes::INCORRECT_STATUS,
-        format!("The container group {} is {} and cannot be {action}; it must be {allowed}.", group.id, group.status),
+        format!(
+            "The container group {} is {} and cannot be {action}; it must be {allowed}.",
+            group.id, group.status
+        ),
     )
 }
 
@@ -783,7 +987,11 @@ fn unknown_container(group: &Group, name: &str) -> EciError {
         .collect();
     validate::invalid(
         "ContainerName",
-        format!("the group {} has no container {name:?} (it has {})", group.id, names.join(", ")),
+        format!(
+            "the group {} has no container {name:?} (it has {})",
+            group.id,
+            names.join(", ")
+        ),
     )
 }
 
@@ -826,7 +1034,9 @@ fn paginate_refs<'a>(
 fn finish_page(mut page: Vec<&Group>, limit: usize, total: usize) -> (Vec<&Group>, String, usize) {
     let next_token = if page.len() > limit {
         page.truncate(limit);
-        page.last().map(|group| group.id.clone()).unwrap_or_default()
+        page.last()
+            .map(|group| group.id.clone())
+            .unwrap_or_default()
     } else {
         String::new()
     };

@@ -60,7 +60,11 @@ fn is_shell(program: &str) -> bool {
 fn env(cx: ExecContext<'_>) -> Vec<(String, String)> {
     let mut vars = vec![("HOSTNAME".to_owned(), cx.hostname.to_owned())];
     for var in &cx.container.environment_var {
-        let value = match var.field_ref.as_ref().map(|field| field.field_path.as_str()) {
+        let value = match var
+            .field_ref
+            .as_ref()
+            .map(|field| field.field_path.as_str())
+        {
             Some("status.podIP") => cx.pod_ip.to_owned(),
             Some("metadata.name") => cx.hostname.to_owned(),
             _ => var.value.clone(),
@@ -94,11 +98,17 @@ mod tests {
         let container = Container {
             working_dir: "/app".into(),
             environment_var: vec![
-                EnvironmentVar { key: "MODE".into(), value: "prod".into(), field_ref: None },
+                EnvironmentVar {
+                    key: "MODE".into(),
+                    value: "prod".into(),
+                    field_ref: None,
+                },
                 EnvironmentVar {
                     key: "POD_IP".into(),
                     value: String::new(),
-                    field_ref: Some(FieldRef { field_path: "status.podIP".into() }),
+                    field_ref: Some(FieldRef {
+                        field_path: "status.podIP".into(),
+                    }),
                 },
             ],
             ..Container::default()
@@ -113,6 +123,9 @@ mod tests {
         assert_eq!(run(&cmd(&["sh", "-c", "echo hi there"]), cx), "hi there\n");
         assert_eq!(run(&cmd(&["date"]), cx), "2016-02-23T12:46:24Z\n");
         assert_eq!(run(&cmd(&["true"]), cx), "");
-        assert_eq!(run(&cmd(&["frobnicate", "-x"]), cx), "sh: frobnicate: not found\n");
+        assert_eq!(
+            run(&cmd(&["frobnicate", "-x"]), cx),
+            "sh: frobnicate: not found\n"
+        );
     }
 }

@@ -79,7 +79,9 @@ impl RunState {
     /// When the current (or ended) run started.
     pub fn started_at(&self) -> Option<Millis> {
         match self {
-            RunState::Running { started_at } | RunState::Terminated { started_at, .. } => Some(*started_at),
+            RunState::Running { started_at } | RunState::Terminated { started_at, .. } => {
+                Some(*started_at)
+            }
             RunState::Waiting { .. } => None,
         }
     }
@@ -233,9 +235,17 @@ impl Group {
             failed_at: None,
             expired_at: None,
             changed_at: cx.now,
-            init: valid.init_behaviours.into_iter().map(ContainerRun::new).collect(),
+            init: valid
+                .init_behaviours
+                .into_iter()
+                .map(ContainerRun::new)
+                .collect(),
             init_done: 0,
-            containers: valid.behaviours.into_iter().map(ContainerRun::new).collect(),
+            containers: valid
+                .behaviours
+                .into_iter()
+                .map(ContainerRun::new)
+                .collect(),
             events: Vec::new(),
             epoch: 0,
             fingerprint,
@@ -247,7 +257,8 @@ impl Group {
             TimerKind::BeginScheduling,
         );
         if let Some(deadline) = group.deadline_at() {
-            cx.timers.set(deadline, &group.id, group.epoch, TimerKind::Deadline);
+            cx.timers
+                .set(deadline, &group.id, group.epoch, TimerKind::Deadline);
         }
         group.touch(cx.now);
         group
@@ -340,10 +351,12 @@ impl Group {
                 self.ip = Some(ip);
                 self.holds_capacity = true;
                 self.status = GroupStatus::Scheduling;
-                let provisioned = self.created_at + cx.settings.provisioning.pick(&self.id, cx.settings.seed);
+                let provisioned =
+                    self.created_at + cx.settings.provisioning.pick(&self.id, cx.settings.seed);
                 let provisioned = provisioned.max(cx.now);
                 self.provisioned_at = Some(provisioned);
-                cx.timers.set(provisioned, &self.id, self.epoch, TimerKind::Provisioned);
+                cx.timers
+                    .set(provisioned, &self.id, self.epoch, TimerKind::Provisioned);
                 self.touch(cx.now);
             }
             Err((reason, message)) => {
@@ -360,7 +373,10 @@ impl Group {
             cx.now,
             "Normal",
             "Scheduled",
-            format!("Successfully assigned {} to {zone}", self.request.container_group_name),
+            format!(
+                "Successfully assigned {} to {zone}",
+                self.request.container_group_name
+            ),
         );
         if self.init.is_empty() {
             self.start_containers(cx);
@@ -380,7 +396,10 @@ impl Group {
     /// Running once every container has started at least once; Pending while any waits for
     /// its image.
     fn refresh_running_status(&mut self) {
-        if matches!(self.status, GroupStatus::Pending | GroupStatus::Scheduling | GroupStatus::Running) {
+        if matches!(
+            self.status,
+            GroupStatus::Pending | GroupStatus::Scheduling | GroupStatus::Running
+        ) {
             let waiting_for_image = self.containers.iter().any(|run| {
                 matches!(&run.state, RunState::Waiting { reason, .. } if reason == "ErrImagePull" || reason == "ImagePullBackOff")
             });
@@ -403,11 +422,26 @@ impl Group {
         if run.behaviour.pull_fails {
             run.state = RunState::waiting(
                 "ErrImagePull",
-                format!("failed to pull image {image:?}: the image does not exist or the registry denied access"),
+                format!(
+                    "failed to pull image {image:?}: the image does not exist or the registry denied access"
+                ),
             );
             run.started = false;
-            cx.timers.set(now + PULL_BACKOFF_MS, &id, epoch, TimerKind::PullBackOff { init: which == Which::Init, index });
-            self.event(now, "Warning", "Failed", format!("Failed to pull image {image:?}"));
+            cx.timers.set(
+                now + PULL_BACKOFF_MS,
+                &id,
+                epoch,
+                TimerKind::PullBackOff {
+                    init: which == Which::Init,
+                    index,
+                },
+            );
+            self.event(
+                now,
+                "Warning",
+                "Failed",
+                format!("Failed to pull image {image:?}"),
+            );
             return;
         }
         run.state = RunState::Running { started_at: now };
@@ -419,17 +453,34 @@ impl Group {
                 now + exit.after_ms,
                 &id,
                 epoch,
-                TimerKind::Exit { init: which == Which::Init, index, run: run_index },
+                TimerKind::Exit {
+                    init: which == Which::Init,
+                    index,
+                    run: run_index,
+                },
             );
         }
         if which == Which::Regular {
             match run.behaviour.readiness {
                 Readiness::After(0) => run.ready = true,
-                Readiness::After(delay) => cx.timers.set(now + delay, &id, epoch, TimerKind::Ready { index, run: run_index }),
+                Readiness::After(delay) => cx.timers.set(
+                    now + delay,
+                    &id,
+                    epoch,
+                    TimerKind::Ready {
+                        index,
+                        run: run_index,
+                    },
+                ),
                 Readiness::Never => {}
             }
         }
-        self.event(now, "Normal", "Started", format!("Started container {spec_name}"));
+        self.event(
+            now,
+            "Normal",
+            "Started",
+            format!("Started container {spec_name}"),
+        );
     }
 
     /// A timer: the container's planned exit.
@@ -447,7 +498,16 @@ impl Group {
 
     /// Marks a running container terminated.
     #[allow(clippy::too_many_arguments)]
-    fn terminate(&mut self, which: Which, index: usize, exit_code: i32, reason: &str, message: &str, signal: Option<i32>, cx: &Cx<'_>) {
+    fn terminate(
+        &mut self,
+        which: Which,
+        index: usize,
+        exit_code: i32,
+        reason: &str,
+        message: &str,
+        signal: Option<i32>,
+        cx: &Cx<'_>,
+    ) {
         let run = &mut self.runs_mut(which)[index];
         let started_at = run.state.started_at().unwrap_or(cx.now);
         run.state = RunState::Terminated {
@@ -481,27 +541,54 @@ impl Group {
             run.previous = Some(run.state.clone());
             run.state = RunState::waiting(
                 "CrashLoopBackOff",
-                format!("back-off {}s restarting failed container={name}", backoff / 1_000),
+                format!(
+                    "back-off {}s restarting failed container={name}",
+                    backoff / 1_000
+                ),
             );
             let run_index = run.restart_count;
             cx.timers.set(
                 cx.now + backoff,
                 &self.id,
                 self.epoch,
-                TimerKind::Restart { init: which == Which::Init, index, run: run_index },
+                TimerKind::Restart {
+                    init: which == Which::Init,
+                    index,
+                    run: run_index,
+                },
             );
-            self.event(cx.now, "Warning", "BackOff", format!("Back-off restarting failed container {name}"));
+            self.event(
+                cx.now,
+                "Warning",
+                "BackOff",
+                format!("Back-off restarting failed container {name}"),
+            );
             return;
         }
         if which == Which::Init {
             // A failed init container under restartPolicy Never fails the whole group.
-            self.event(cx.now, "Warning", "InitContainerFailed", format!("Init container {name} exited with code {exit_code}"));
+            self.event(
+                cx.now,
+                "Warning",
+                "InitContainerFailed",
+                format!("Init container {name} exited with code {exit_code}"),
+            );
             self.finish(GroupStatus::Failed, cx);
             return;
         }
         if self.containers.iter().all(ContainerRun::is_done) {
-            let all_zero = self.containers.iter().all(|run| run.state.exit_code() == Some(0));
-            self.finish(if all_zero { GroupStatus::Succeeded } else { GroupStatus::Failed }, cx);
+            let all_zero = self
+                .containers
+                .iter()
+                .all(|run| run.state.exit_code() == Some(0));
+            self.finish(
+                if all_zero {
+                    GroupStatus::Succeeded
+                } else {
+                    GroupStatus::Failed
+                },
+                cx,
+            );
         }
     }
 
@@ -529,8 +616,16 @@ impl Group {
         let image = self.specs(which)[index].image.clone();
         let run = &mut self.runs_mut(which)[index];
         if matches!(&run.state, RunState::Waiting { reason, .. } if reason == "ErrImagePull") {
-            run.state = RunState::waiting("ImagePullBackOff", format!("Back-off pulling image {image:?}"));
-            self.event(now, "Normal", "BackOff", format!("Back-off pulling image {image:?}"));
+            run.state = RunState::waiting(
+                "ImagePullBackOff",
+                format!("Back-off pulling image {image:?}"),
+            );
+            self.event(
+                now,
+                "Normal",
+                "BackOff",
+                format!("Back-off pulling image {image:?}"),
+            );
         }
     }
 
@@ -540,7 +635,12 @@ impl Group {
             return;
         }
         self.kill_running(SIGKILL_EXIT, "DeadlineExceeded", cx);
-        self.event(cx.now, "Warning", "DeadlineExceeded", "Pod was active on the node longer than the specified deadline");
+        self.event(
+            cx.now,
+            "Warning",
+            "DeadlineExceeded",
+            "Pod was active on the node longer than the specified deadline",
+        );
         self.finish(GroupStatus::Failed, cx);
     }
 
@@ -567,14 +667,24 @@ impl Group {
             run.ready = false;
         }
         self.epoch += 1;
-        cx.timers.set(cx.now + cx.settings.retention_ms, &self.id, self.epoch, TimerKind::Retire);
+        cx.timers.set(
+            cx.now + cx.settings.retention_ms,
+            &self.id,
+            self.epoch,
+            TimerKind::Retire,
+        );
         self.touch(cx.now);
     }
 
     /// Spot reclaim: the group ends `Expired`.
     pub fn expire(&mut self, cx: &mut Cx<'_>) {
         self.kill_running(SIGKILL_EXIT, "Expired", cx);
-        self.event(cx.now, "Warning", "SpotToBeReleased", "The spot instance was reclaimed by the cloud provider");
+        self.event(
+            cx.now,
+            "Warning",
+            "SpotToBeReleased",
+            "The spot instance was reclaimed by the cloud provider",
+        );
         self.finish(GroupStatus::Expired, cx);
     }
 
@@ -590,7 +700,11 @@ impl Group {
             .iter()
             .chain(&self.containers)
             .filter(|run| run.state.is_running())
-            .map(|run| run.behaviour.stop_after_ms.map_or(grace, |stop| stop.min(grace)))
+            .map(|run| {
+                run.behaviour
+                    .stop_after_ms
+                    .map_or(grace, |stop| stop.min(grace))
+            })
             .max();
         let Some(stop_after) = stop_after.filter(|stop| !force && *stop > 0) else {
             return true;
@@ -599,13 +713,23 @@ impl Group {
             for index in 0..self.runs(which).len() {
                 if self.runs(which)[index].state.is_running() {
                     let name = self.specs(which)[index].name.clone();
-                    self.event(cx.now, "Normal", "Killing", format!("Stopping container {name}"));
+                    self.event(
+                        cx.now,
+                        "Normal",
+                        "Killing",
+                        format!("Stopping container {name}"),
+                    );
                 }
             }
         }
         self.status = GroupStatus::Terminating;
         self.epoch += 1;
-        cx.timers.set(cx.now + stop_after, &self.id, self.epoch, TimerKind::TerminationDone);
+        cx.timers.set(
+            cx.now + stop_after,
+            &self.id,
+            self.epoch,
+            TimerKind::TerminationDone,
+        );
         self.touch(cx.now);
         false
     }
@@ -615,15 +739,31 @@ impl Group {
         self.kill_running(0, "Restarted", cx);
         self.status = GroupStatus::Restarting;
         self.rearm(cx);
-        cx.timers.set(cx.now + RESTART_DURATION_MS, &self.id, self.epoch, TimerKind::RestartDone);
-        self.event(cx.now, "Normal", "Restarting", "Restarting the container group");
+        cx.timers.set(
+            cx.now + RESTART_DURATION_MS,
+            &self.id,
+            self.epoch,
+            TimerKind::RestartDone,
+        );
+        self.event(
+            cx.now,
+            "Normal",
+            "Restarting",
+            "Restarting the container group",
+        );
     }
 
     /// UpdateContainerGroup with new containers: they are replaced after a short while.
     pub fn begin_update(&mut self, cx: &mut Cx<'_>) {
+        self.kill_running(0, "Replaced", cx);
         self.status = GroupStatus::Updating;
         self.rearm(cx);
-        cx.timers.set(cx.now + RESTART_DURATION_MS, &self.id, self.epoch, TimerKind::UpdateDone);
+        cx.timers.set(
+            cx.now + RESTART_DURATION_MS,
+            &self.id,
+            self.epoch,
+            TimerKind::UpdateDone,
+        );
         self.event(cx.now, "Normal", "Updating", "Updating the container group");
     }
 
@@ -631,7 +771,12 @@ impl Group {
     fn rearm(&mut self, cx: &mut Cx<'_>) {
         self.epoch += 1;
         if let Some(deadline) = self.deadline_at() {
-            cx.timers.set(deadline.max(cx.now), &self.id, self.epoch, TimerKind::Deadline);
+            cx.timers.set(
+                deadline.max(cx.now),
+                &self.id,
+                self.epoch,
+                TimerKind::Deadline,
+            );
         }
         self.touch(cx.now);
     }

@@ -5,26 +5,26 @@
 //! vanish. Everything is deterministic: timing follows tokio's (pausable) clock, ids and delays
 //! follow `--seed`, container behaviour follows reserved variables ([`behaviour`]).
 
+pub mod actions;
+pub mod admin;
 pub mod behaviour;
 pub mod clock;
+pub mod config;
+pub mod controls;
 pub mod engine;
 pub mod exec;
 pub mod group;
 pub mod logs;
+pub mod persist;
 pub mod render;
 pub mod rng;
+pub mod server;
+pub mod service;
 pub mod settings;
+pub mod telemetry;
 pub mod timers;
 pub mod usage;
 pub mod validate;
-pub mod actions;
-pub mod admin;
-pub mod config;
-pub mod controls;
-pub mod persist;
-pub mod server;
-pub mod service;
-pub mod telemetry;
 
 pub use config::MockConfig;
 pub use server::{MockServer, ServeError};

@@ -21,11 +21,23 @@ pub struct LogQuery {
 }
 
 /// The log of one run.
-pub fn render(name: &str, image: &str, state: &RunState, interval_ms: Millis, now: Millis, query: LogQuery) -> String {
+pub fn render(
+    name: &str,
+    image: &str,
+    state: &RunState,
+    interval_ms: Millis,
+    now: Millis,
+    query: LogQuery,
+) -> String {
     let (started_at, end, exit) = match state {
         RunState::Waiting { .. } => return String::new(),
         RunState::Running { started_at } => (*started_at, now, None),
-        RunState::Terminated { started_at, finished_at, exit_code, .. } => (*started_at, *finished_at, Some(*exit_code)),
+        RunState::Terminated {
+            started_at,
+            finished_at,
+            exit_code,
+            ..
+        } => (*started_at, *finished_at, Some(*exit_code)),
     };
     let interval = interval_ms.max(1);
     // Heartbeat k is written at started_at + k·interval; k = 0 is the start line.
@@ -41,7 +53,11 @@ pub fn render(name: &str, image: &str, state: &RunState, interval_ms: Millis, no
     };
     let exit_line = exit.filter(|_| query.since.is_none_or(|since| end >= since));
 
-    let heartbeats = if first_k > last_k { 0 } else { last_k - first_k + 1 };
+    let heartbeats = if first_k > last_k {
+        0
+    } else {
+        last_k - first_k + 1
+    };
     let total = heartbeats + i64::from(exit_line.is_some());
     let tail = i64::try_from(query.tail).unwrap_or(i64::MAX);
     let skip = (total - tail).max(0);
@@ -100,8 +116,18 @@ mod tests {
 
     #[test]
     fn running_container_writes_a_line_per_interval() {
-        let log = render("app", "nginx", &RunState::Running { started_at: 0 }, 1_000, 3_500, ALL);
-        assert_eq!(log, "[app] starting nginx\n[app] heartbeat 1\n[app] heartbeat 2\n[app] heartbeat 3\n");
+        let log = render(
+            "app",
+            "nginx",
+            &RunState::Running { started_at: 0 },
+            1_000,
+            3_500,
+            ALL,
+        );
+        assert_eq!(
+            log,
+            "[app] starting nginx\n[app] heartbeat 1\n[app] heartbeat 2\n[app] heartbeat 3\n"
+        );
     }
 
     #[test]
@@ -115,28 +141,84 @@ mod tests {
             finished_at: 2_000,
         };
         let log = render("app", "busybox", &state, 1_000, 99_000, ALL);
-        assert_eq!(log, "[app] starting busybox\n[app] heartbeat 1\n[app] exited with code 3\n");
-        let tail = render("app", "busybox", &state, 1_000, 99_000, LogQuery { tail: 1, ..ALL });
+        assert_eq!(
+            log,
+            "[app] starting busybox\n[app] heartbeat 1\n[app] exited with code 3\n"
+        );
+        let tail = render(
+            "app",
+            "busybox",
+            &state,
+            1_000,
+            99_000,
+            LogQuery { tail: 1, ..ALL },
+        );
         assert_eq!(tail, "[app] exited with code 3\n");
     }
 
     #[test]
     fn tail_since_limit_and_timestamps() {
-        let running = RunState::Running { started_at: 1_456_231_584_000 };
+        let running = RunState::Running {
+            started_at: 1_456_231_584_000,
+        };
         let now = 1_456_231_584_000 + 10_000;
-        let tail = render("app", "nginx", &running, 1_000, now, LogQuery { tail: 2, ..ALL });
+        let tail = render(
+            "app",
+            "nginx",
+            &running,
+            1_000,
+            now,
+            LogQuery { tail: 2, ..ALL },
+        );
         assert_eq!(tail, "[app] heartbeat 9\n[app] heartbeat 10\n");
-        let since = render("app", "nginx", &running, 1_000, now, LogQuery { since: Some(now - 1_500), ..ALL });
+        let since = render(
+            "app",
+            "nginx",
+            &running,
+            1_000,
+            now,
+            LogQuery {
+                since: Some(now - 1_500),
+                ..ALL
+            },
+        );
         assert_eq!(since, "[app] heartbeat 9\n[app] heartbeat 10\n");
-        let limited = render("app", "nginx", &running, 1_000, now, LogQuery { limit_bytes: Some(10), ..ALL });
+        let limited = render(
+            "app",
+            "nginx",
+            &running,
+            1_000,
+            now,
+            LogQuery {
+                limit_bytes: Some(10),
+                ..ALL
+            },
+        );
         assert_eq!(limited, "[app] star");
-        let stamped = render("app", "nginx", &running, 1_000, now, LogQuery { tail: 1, timestamps: true, ..ALL });
-        assert_eq!(stamped, "2016-02-23T12:46:34.000000000Z [app] heartbeat 10\n");
+        let stamped = render(
+            "app",
+            "nginx",
+            &running,
+            1_000,
+            now,
+            LogQuery {
+                tail: 1,
+                timestamps: true,
+                ..ALL
+            },
+        );
+        assert_eq!(
+            stamped,
+            "2016-02-23T12:46:34.000000000Z [app] heartbeat 10\n"
+        );
     }
 
     #[test]
     fn waiting_container_has_no_log() {
-        let waiting = RunState::Waiting { reason: "ContainerCreating".into(), message: String::new() };
+        let waiting = RunState::Waiting {
+            reason: "ContainerCreating".into(),
+            message: String::new(),
+        };
         assert_eq!(render("app", "nginx", &waiting, 1_000, 5_000, ALL), "");
     }
 }

@@ -21,7 +21,12 @@ pub fn container_group(group: &Group, settings: &Settings, with_events: bool) ->
         container_group_name: request.container_group_name.clone(),
         region_id: request.region_id.clone(),
         zone_id: group.zone(settings).to_owned(),
-        v_switch_id: request.v_switch_id.split(',').next().unwrap_or_default().to_owned(),
+        v_switch_id: request
+            .v_switch_id
+            .split(',')
+            .next()
+            .unwrap_or_default()
+            .to_owned(),
         security_group_id: request.security_group_id.clone(),
         status: group.status.as_str().to_owned(),
         intranet_ip: ip(group),
@@ -31,17 +36,30 @@ pub fn container_group(group: &Group, settings: &Settings, with_events: bool) ->
         failed_time: time(group.failed_at),
         expired_time: time(group.expired_at),
         restart_policy: group.restart_policy.as_str().to_owned(),
-        instance_type: request.instance_type.split(',').next().unwrap_or_default().to_owned(),
+        instance_type: request
+            .instance_type
+            .split(',')
+            .next()
+            .unwrap_or_default()
+            .to_owned(),
         cpu: group.cpu,
         memory: group.memory,
         tags: request.tag.clone(),
-        events: if with_events { events(group) } else { Vec::new() },
+        events: if with_events {
+            events(group)
+        } else {
+            Vec::new()
+        },
         containers: containers(group, Which::Regular),
         init_containers: containers(group, Which::Init),
         volumes: request.volume.clone(),
         dns_config: request.dns_config.clone(),
         host_aliases: request.host_aliase.clone(),
-        spot_strategy: if request.spot_strategy.is_empty() { "NoSpot".into() } else { request.spot_strategy.clone() },
+        spot_strategy: if request.spot_strategy.is_empty() {
+            "NoSpot".into()
+        } else {
+            request.spot_strategy.clone()
+        },
         ram_role_name: request.ram_role_name.clone(),
         resource_group_id: request.resource_group_id.clone(),
         termination_grace_period_seconds: group.grace_seconds,
@@ -74,7 +92,11 @@ fn ip(group: &Group) -> String {
 
 fn events(group: &Group) -> Vec<Event> {
     let name = format!("pod.{}", group.request.container_group_name);
-    group.events.iter().map(|event| render_event(event, &name)).collect()
+    group
+        .events
+        .iter()
+        .map(|event| render_event(event, &name))
+        .collect()
 }
 
 fn render_event(event: &GroupEvent, name: &str) -> Event {
@@ -150,7 +172,14 @@ pub fn state(state: &RunState) -> ContainerState {
             start_time: rfc3339(*started_at),
             ..ContainerState::default()
         },
-        RunState::Terminated { exit_code, reason, message, signal, started_at, finished_at } => ContainerState {
+        RunState::Terminated {
+            exit_code,
+            reason,
+            message,
+            signal,
+            started_at,
+            finished_at,
+        } => ContainerState {
             state: "Terminated".into(),
             detail_status: reason.clone(),
             exit_code: Some(*exit_code),
@@ -165,7 +194,9 @@ pub fn state(state: &RunState) -> ContainerState {
 
 /// Whether every tag in `filter` is on the group with the same value.
 pub fn has_tags(group_tags: &[Tag], filter: &[Tag]) -> bool {
-    filter
-        .iter()
-        .all(|wanted| group_tags.iter().any(|tag| tag.key == wanted.key && tag.value == wanted.value))
+    filter.iter().all(|wanted| {
+        group_tags
+            .iter()
+            .any(|tag| tag.key == wanted.key && tag.value == wanted.value)
+    })
 }

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -24,7 +24,9 @@ pub enum ServeError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// A listening address could not be bound.
-    #[error("cannot listen on {addr} (set by {flag}); choose another address or free the port: {source}")]
+    #[error(
+        "cannot listen on {addr} (set by {flag}); choose another address or free the port: {source}"
+    )]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -72,11 +74,25 @@ impl MockServer {
     }
 
     /// Serves `mock` on listeners bound by the caller.
-    pub fn start_on(grpc: TcpListener, admin: Option<TcpListener>, mock: MockEci, config: &MockConfig) -> Result<Self, ServeError> {
-        let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, flag: "--listen", source })?;
-        let admin_addr = admin.as_ref().and_then(|listener| listener.local_addr().ok());
+    pub fn start_on(
+        grpc: TcpListener,
+        admin: Option<TcpListener>,
+        mock: MockEci,
+        config: &MockConfig,
+    ) -> Result<Self, ServeError> {
+        let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            flag: "--listen",
+            source,
+        })?;
+        let admin_addr = admin
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok());
         let (shutdown, signal) = watch::channel(false);
-        let state = config.state_file.clone().map(|path| (path, config.state_flush_interval));
+        let state = config
+            .state_file
+            .clone()
+            .map(|path| (path, config.state_flush_interval));
         let task = tokio::spawn(serve(grpc, admin, mock.clone(), state, signal));
         info!(grpc = %grpc_addr, admin = ?admin_addr, region = %config.region, "mock-eci serving");
         Ok(Self {
@@ -130,7 +146,9 @@ impl MockServer {
 }
 
 async fn bind(addr: SocketAddr, flag: &'static str) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, flag, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, flag, source })
 }
 
 async fn stopped(mut signal: watch::Receiver<bool>) {
@@ -172,7 +190,12 @@ async fn serve(
 }
 
 /// Writes the state file shortly after each change, until told to stop.
-async fn write_state_until(mock: &MockEci, path: &PathBuf, interval: Duration, signal: watch::Receiver<bool>) {
+async fn write_state_until(
+    mock: &MockEci,
+    path: &Path,
+    interval: Duration,
+    signal: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             () = mock.changed() => {}
@@ -189,11 +212,16 @@ async fn write_state_until(mock: &MockEci, path: &PathBuf, interval: Duration, s
     }
 }
 
-async fn save(mock: &MockEci, path: &PathBuf) -> Result<(), PersistError> {
+async fn save(mock: &MockEci, path: &Path) -> Result<(), PersistError> {
     let snapshot = mock.snapshot();
-    let path = path.clone();
+    let path = path.to_owned();
     let target = path.clone();
     tokio::task::spawn_blocking(move || persist::save(&path, &snapshot))
         .await
-        .unwrap_or_else(|error| Err(PersistError::Io { path: target, source: io::Error::other(error) }))
+        .unwrap_or_else(|error| {
+            Err(PersistError::Io {
+                path: target,
+                source: io::Error::other(error),
+            })
+        })
 }

@@ -6,13 +6,14 @@ use std::time::{Duration, Instant};
 
 use eci_proto::v20180808::eci_server::{Eci, EciServer};
 use eci_proto::v20180808::{
-    ContainerGroup, CreateContainerGroupRequest, CreateContainerGroupResponse, DeleteContainerGroupRequest,
-    DeleteContainerGroupResponse, DescribeContainerGroupMetricRequest, DescribeContainerGroupMetricResponse,
-    DescribeContainerGroupStatusRequest, DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest,
+    ContainerGroup, CreateContainerGroupRequest, CreateContainerGroupResponse,
+    DeleteContainerGroupRequest, DeleteContainerGroupResponse, DescribeContainerGroupMetricRequest,
+    DescribeContainerGroupMetricResponse, DescribeContainerGroupStatusRequest,
+    DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest,
     DescribeContainerGroupsResponse, DescribeContainerLogRequest, DescribeContainerLogResponse,
-    DescribeMultiContainerGroupMetricRequest, DescribeMultiContainerGroupMetricResponse, ExecContainerCommandRequest,
-    ExecContainerCommandResponse, RestartContainerGroupRequest, RestartContainerGroupResponse,
-    UpdateContainerGroupRequest, UpdateContainerGroupResponse,
+    DescribeMultiContainerGroupMetricRequest, DescribeMultiContainerGroupMetricResponse,
+    ExecContainerCommandRequest, ExecContainerCommandResponse, RestartContainerGroupRequest,
+    RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
 };
 use eci_proto::{EciError, REQUEST_ID_METADATA_KEY};
 use tokio::sync::Notify;
@@ -84,16 +85,29 @@ impl MockEci {
 
     fn from_parts(config: &MockConfig, snapshot: Option<Snapshot>) -> Self {
         let settings = config.settings();
+        let mut clock = Clock::new();
         let engine = match snapshot {
-            Some(snapshot) => Engine::restore(settings, snapshot),
+            Some(snapshot) => {
+                // Never run time backwards relative to the saved state (clock skew, or a test's
+                // paused clock): transitions would replay out of order.
+                if snapshot.taken_at > clock.now() {
+                    clock = Clock::starting_at(snapshot.taken_at);
+                }
+                Engine::restore(settings, snapshot)
+            }
             None => Engine::new(settings),
         };
-        let controls = Controls::new(!config.no_rate_limits, &config.rate_limit_overrides(), config.fault_map(), config.seed);
+        let controls = Controls::new(
+            !config.no_rate_limits,
+            &config.rate_limit_overrides(),
+            config.fault_map(),
+            config.seed,
+        );
         Self {
             shared: Arc::new(Shared {
                 engine: Mutex::new(engine),
                 controls: Mutex::new(controls),
-                clock: Clock::new(),
+                clock,
                 telemetry: Telemetry::new(),
                 dirty: Notify::new(),
             }),
@@ -112,11 +126,17 @@ impl MockEci {
 
     fn engine(&self) -> MutexGuard<'_, Engine> {
         // A panic while holding the lock is a bug; the state is still the best we have.
-        self.shared.engine.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared
+            .engine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn controls_lock(&self) -> MutexGuard<'_, Controls> {
-        self.shared.controls.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared
+            .controls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The run-time switches.
@@ -191,9 +211,11 @@ impl MockEci {
             engine.advance(now);
             engine.count_by_status()
         };
-        self.shared
-            .telemetry
-            .render(counts.into_iter().map(|(status, count)| (status.as_str(), count)))
+        self.shared.telemetry.render(
+            counts
+                .into_iter()
+                .map(|(status, count)| (status.as_str(), count)),
+        )
     }
 
     async fn call<Req, Resp>(
@@ -233,7 +255,9 @@ impl MockEci {
                 body.set_request_id(request_id.clone());
                 let mut response = Response::new(body);
                 if let Ok(value) = MetadataValue::try_from(request_id.as_str()) {
-                    response.metadata_mut().insert(REQUEST_ID_METADATA_KEY, value);
+                    response
+                        .metadata_mut()
+                        .insert(REQUEST_ID_METADATA_KEY, value);
                 }
                 Ok(response)
             }
@@ -252,13 +276,17 @@ impl Eci for MockEci {
         &self,
         request: Request<CreateContainerGroupRequest>,
     ) -> Result<Response<CreateContainerGroupResponse>, Status> {
-        self.call(Action::CreateContainerGroup, request, |engine, request, now| {
-            let container_group_id = engine.create(request, now)?;
-            Ok(CreateContainerGroupResponse {
-                request_id: String::new(),
-                container_group_id,
-            })
-        })
+        self.call(
+            Action::CreateContainerGroup,
+            request,
+            |engine, request, now| {
+                let container_group_id = engine.create(request, now)?;
+                Ok(CreateContainerGroupResponse {
+                    request_id: String::new(),
+                    container_group_id,
+                })
+            },
+        )
         .await
     }
 
@@ -266,17 +294,23 @@ impl Eci for MockEci {
         &self,
         request: Request<DescribeContainerGroupsRequest>,
     ) -> Result<Response<DescribeContainerGroupsResponse>, Status> {
-        self.call(Action::DescribeContainerGroups, request, |engine, request, now| engine.describe_groups(&request, now))
-            .await
+        self.call(
+            Action::DescribeContainerGroups,
+            request,
+            |engine, request, now| engine.describe_groups(&request, now),
+        )
+        .await
     }
 
     async fn describe_container_group_status(
         &self,
         request: Request<DescribeContainerGroupStatusRequest>,
     ) -> Result<Response<DescribeContainerGroupStatusResponse>, Status> {
-        self.call(Action::DescribeContainerGroupStatus, request, |engine, request, now| {
-            engine.describe_status(&request, now)
-        })
+        self.call(
+            Action::DescribeContainerGroupStatus,
+            request,
+            |engine, request, now| engine.describe_status(&request, now),
+        )
         .await
     }
 
@@ -284,10 +318,14 @@ impl Eci for MockEci {
         &self,
         request: Request<DeleteContainerGroupRequest>,
     ) -> Result<Response<DeleteContainerGroupResponse>, Status> {
-        self.call(Action::DeleteContainerGroup, request, |engine, request, now| {
-            engine.delete(&request, now)?;
-            Ok(DeleteContainerGroupResponse::default())
-        })
+        self.call(
+            Action::DeleteContainerGroup,
+            request,
+            |engine, request, now| {
+                engine.delete(&request, now)?;
+                Ok(DeleteContainerGroupResponse::default())
+            },
+        )
         .await
     }
 
@@ -295,10 +333,14 @@ impl Eci for MockEci {
         &self,
         request: Request<UpdateContainerGroupRequest>,
     ) -> Result<Response<UpdateContainerGroupResponse>, Status> {
-        self.call(Action::UpdateContainerGroup, request, |engine, request, now| {
-            engine.update(&request, now)?;
-            Ok(UpdateContainerGroupResponse::default())
-        })
+        self.call(
+            Action::UpdateContainerGroup,
+            request,
+            |engine, request, now| {
+                engine.update(&request, now)?;
+                Ok(UpdateContainerGroupResponse::default())
+            },
+        )
         .await
     }
 
@@ -306,10 +348,14 @@ impl Eci for MockEci {
         &self,
         request: Request<RestartContainerGroupRequest>,
     ) -> Result<Response<RestartContainerGroupResponse>, Status> {
-        self.call(Action::RestartContainerGroup, request, |engine, request, now| {
-            engine.restart(&request, now)?;
-            Ok(RestartContainerGroupResponse::default())
-        })
+        self.call(
+            Action::RestartContainerGroup,
+            request,
+            |engine, request, now| {
+                engine.restart(&request, now)?;
+                Ok(RestartContainerGroupResponse::default())
+            },
+        )
         .await
     }
 
@@ -317,31 +363,47 @@ impl Eci for MockEci {
         &self,
         request: Request<DescribeContainerLogRequest>,
     ) -> Result<Response<DescribeContainerLogResponse>, Status> {
-        self.call(Action::DescribeContainerLog, request, |engine, request, now| engine.log(&request, now)).await
+        self.call(
+            Action::DescribeContainerLog,
+            request,
+            |engine, request, now| engine.log(&request, now),
+        )
+        .await
     }
 
     async fn exec_container_command(
         &self,
         request: Request<ExecContainerCommandRequest>,
     ) -> Result<Response<ExecContainerCommandResponse>, Status> {
-        self.call(Action::ExecContainerCommand, request, |engine, request, now| engine.exec(&request, now)).await
+        self.call(
+            Action::ExecContainerCommand,
+            request,
+            |engine, request, now| engine.exec(&request, now),
+        )
+        .await
     }
 
     async fn describe_container_group_metric(
         &self,
         request: Request<DescribeContainerGroupMetricRequest>,
     ) -> Result<Response<DescribeContainerGroupMetricResponse>, Status> {
-        self.call(Action::DescribeContainerGroupMetric, request, |engine, request, now| engine.metric(&request, now))
-            .await
+        self.call(
+            Action::DescribeContainerGroupMetric,
+            request,
+            |engine, request, now| engine.metric(&request, now),
+        )
+        .await
     }
 
     async fn describe_multi_container_group_metric(
         &self,
         request: Request<DescribeMultiContainerGroupMetricRequest>,
     ) -> Result<Response<DescribeMultiContainerGroupMetricResponse>, Status> {
-        self.call(Action::DescribeMultiContainerGroupMetric, request, |engine, request, now| {
-            engine.multi_metric(&request, now)
-        })
+        self.call(
+            Action::DescribeMultiContainerGroupMetric,
+            request,
+            |engine, request, now| engine.multi_metric(&request, now),
+        )
         .await
     }
 }

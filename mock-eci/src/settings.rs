@@ -47,7 +47,9 @@ impl FromStr for DelayRange {
         let parse = |part: &str| {
             humantime::parse_duration(part.trim())
                 .map(millis)
-                .map_err(|error| format!("{part:?} is not a duration ({error}); write e.g. 3s or 2s..8s"))
+                .map_err(|error| {
+                    format!("{part:?} is not a duration ({error}); write e.g. 3s or 2s..8s")
+                })
         };
         let (min_ms, max_ms) = match text.split_once("..") {
             Some((low, high)) => (parse(low)?, parse(high)?),
@@ -57,7 +59,9 @@ impl FromStr for DelayRange {
             }
         };
         if min_ms > max_ms {
-            return Err(format!("{text:?}: the range's lower end is above its upper end"));
+            return Err(format!(
+                "{text:?}: the range's lower end is above its upper end"
+            ));
         }
         Ok(Self { min_ms, max_ms })
     }
@@ -96,7 +100,9 @@ impl Cidr {
 
     /// The offset of `ip`, when it is a usable address of this block.
     pub fn offset_of(&self, ip: Ipv4Addr) -> Option<u32> {
-        let offset = u32::from(ip).checked_sub(u32::from(self.network))?.checked_sub(2)?;
+        let offset = u32::from(ip)
+            .checked_sub(u32::from(self.network))?
+            .checked_sub(2)?;
         (offset < self.host_count()).then_some(offset)
     }
 }
@@ -105,9 +111,9 @@ impl FromStr for Cidr {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let (address, prefix) = text
-            .split_once('/')
-            .ok_or_else(|| format!("{text:?} is not in CIDR notation; write e.g. 192.168.0.0/16"))?;
+        let (address, prefix) = text.split_once('/').ok_or_else(|| {
+            format!("{text:?} is not in CIDR notation; write e.g. 192.168.0.0/16")
+        })?;
         let address: Ipv4Addr = address
             .parse()
             .map_err(|_| format!("{address:?} is not an IPv4 address"))?;
@@ -176,7 +182,10 @@ impl Default for Settings {
         Self {
             region: "cn-hangzhou".into(),
             zone: "cn-hangzhou-k".into(),
-            provisioning: DelayRange { min_ms: 2_000, max_ms: 4_000 },
+            provisioning: DelayRange {
+                min_ms: 2_000,
+                max_ms: 4_000,
+            },
             scheduling_delay_ms: 200,
             init_duration_ms: 1_000,
             restart_backoff_ms: 10_000,

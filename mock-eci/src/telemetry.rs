@@ -42,11 +42,25 @@ impl Telemetry {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("mock_eci");
         let calls = Family::<CallLabels, Counter>::default();
-        let latency = Family::<ActionLabels, Histogram>::new_with_constructor(new_latency_histogram as fn() -> Histogram);
+        let latency = Family::<ActionLabels, Histogram>::new_with_constructor(
+            new_latency_histogram as fn() -> Histogram,
+        );
         let groups = Family::<StatusLabels, Gauge>::default();
-        registry.register("calls", "API calls by action and result (ok or the ECI error code)", calls.clone());
-        registry.register("call_duration_seconds", "Time to answer an API call, injected latency included", latency.clone());
-        registry.register("container_groups", "Container groups by status", groups.clone());
+        registry.register(
+            "calls",
+            "API calls by action and result (ok or the ECI error code)",
+            calls.clone(),
+        );
+        registry.register(
+            "call_duration_seconds",
+            "Time to answer an API call, injected latency included",
+            latency.clone(),
+        );
+        registry.register(
+            "container_groups",
+            "Container groups by status",
+            groups.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             calls,
@@ -63,11 +77,18 @@ impl Telemetry {
                 result: result.to_owned(),
             })
             .inc();
-        self.latency.get_or_create(&ActionLabels { action: action.name() }).observe(seconds);
+        self.latency
+            .get_or_create(&ActionLabels {
+                action: action.name(),
+            })
+            .observe(seconds);
     }
 
     /// Renders the text exposition, with group counts as given.
-    pub fn render(&self, groups_by_status: impl IntoIterator<Item = (&'static str, usize)>) -> String {
+    pub fn render(
+        &self,
+        groups_by_status: impl IntoIterator<Item = (&'static str, usize)>,
+    ) -> String {
         self.groups.clear();
         for (status, count) in groups_by_status {
             self.groups
@@ -75,7 +96,10 @@ impl Telemetry {
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
         let mut out = String::new();
-        let registry = self.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let registry = self
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
             out.clear();
         }

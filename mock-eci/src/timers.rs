@@ -100,7 +100,11 @@ impl Timers {
 
     /// Removes and returns the earliest timer due at or before `now`.
     pub fn pop_due(&mut self, now: Millis) -> Option<Timer> {
-        if self.heap.peek().is_some_and(|Reverse(timer)| timer.at <= now) {
+        if self
+            .heap
+            .peek()
+            .is_some_and(|Reverse(timer)| timer.at <= now)
+        {
             self.heap.pop().map(|Reverse(timer)| timer)
         } else {
             None
@@ -109,7 +113,11 @@ impl Timers {
 
     /// Every pending timer, for persistence.
     pub fn to_vec(&self) -> Vec<Timer> {
-        let mut timers: Vec<Timer> = self.heap.iter().map(|Reverse(timer)| timer.clone()).collect();
+        let mut timers: Vec<Timer> = self
+            .heap
+            .iter()
+            .map(|Reverse(timer)| timer.clone())
+            .collect();
         timers.sort();
         timers
     }
@@ -147,7 +155,10 @@ mod tests {
         assert!(timers.pop_due(9).is_none());
         assert_eq!(timers.pop_due(30).unwrap().group, "a");
         let next = timers.pop_due(30).unwrap();
-        assert_eq!((next.group.as_str(), next.kind), ("b", TimerKind::Provisioned));
+        assert_eq!(
+            (next.group.as_str(), next.kind),
+            ("b", TimerKind::Provisioned)
+        );
         assert_eq!(timers.pop_due(30).unwrap().kind, TimerKind::Deadline);
         assert!(timers.is_empty());
     }

@@ -5,7 +5,8 @@
 //! container's share, memory between 20% and 60%.
 
 use eci_proto::v20180808::{
-    ContainerMetric, CpuMetric, FilesystemMetric, MemoryMetric, MetricRecord, NetworkInterfaceMetric, NetworkMetric,
+    ContainerMetric, CpuMetric, FilesystemMetric, MemoryMetric, MetricRecord,
+    NetworkInterfaceMetric, NetworkMetric,
 };
 
 use crate::clock::{Millis, rfc3339};
@@ -22,8 +23,12 @@ pub fn record(group: &Group, at: Millis, period_ms: Millis, with_containers: boo
         .container
         .iter()
         .map(|spec| {
-            let share_cpu = spec.cpu.unwrap_or(group.cpu / group.request.container.len().max(1) as f64);
-            let share_memory = spec.memory.unwrap_or(group.memory / group.request.container.len().max(1) as f64);
+            let share_cpu = spec
+                .cpu
+                .unwrap_or(group.cpu / group.request.container.len().max(1) as f64);
+            let share_memory = spec
+                .memory
+                .unwrap_or(group.memory / group.request.container.len().max(1) as f64);
             let draw = unit(&format!("{}/{}/{bucket}", group.id, spec.name));
             ContainerMetric {
                 name: spec.name.clone(),
@@ -35,7 +40,9 @@ pub fn record(group: &Group, at: Millis, period_ms: Millis, with_containers: boo
     let sum = |f: fn(&ContainerMetric) -> i64| containers.iter().map(f).sum::<i64>();
     let total_cpu = CpuMetric {
         usage_nano_cores: sum(|c| c.cpu.as_ref().map_or(0, |cpu| cpu.usage_nano_cores)),
-        usage_core_nano_seconds: sum(|c| c.cpu.as_ref().map_or(0, |cpu| cpu.usage_core_nano_seconds)),
+        usage_core_nano_seconds: sum(|c| {
+            c.cpu.as_ref().map_or(0, |cpu| cpu.usage_core_nano_seconds)
+        }),
         load: sum(|c| c.cpu.as_ref().map_or(0, |cpu| cpu.load)),
         limit: to_i64(group.cpu * 1000.0),
     };
@@ -44,7 +51,8 @@ pub fn record(group: &Group, at: Millis, period_ms: Millis, with_containers: boo
         working_set: sum(|c| c.memory.as_ref().map_or(0, |m| m.working_set)),
         rss: sum(|c| c.memory.as_ref().map_or(0, |m| m.rss)),
         cache: sum(|c| c.memory.as_ref().map_or(0, |m| m.cache)),
-        available_bytes: to_i64(group.memory * GIB) - sum(|c| c.memory.as_ref().map_or(0, |m| m.working_set)),
+        available_bytes: to_i64(group.memory * GIB)
+            - sum(|c| c.memory.as_ref().map_or(0, |m| m.working_set)),
     };
     let elapsed_s = (at - group.created_at).max(0) / 1_000;
     let net_draw = unit(&format!("{}/net", group.id));
@@ -69,7 +77,11 @@ pub fn record(group: &Group, at: Millis, period_ms: Millis, with_containers: boo
             capacity_bytes: to_i64(30.0 * GIB),
             available_bytes: to_i64(29.5 * GIB - net_draw * GIB),
         }],
-        containers: if with_containers { containers } else { Vec::new() },
+        containers: if with_containers {
+            containers
+        } else {
+            Vec::new()
+        },
     }
 }
 

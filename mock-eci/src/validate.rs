@@ -3,10 +3,10 @@
 
 use std::collections::HashSet;
 
+use eci_proto::EciError;
 use eci_proto::error::codes;
 use eci_proto::status::RestartPolicy;
 use eci_proto::v20180808::{Container, CreateContainerGroupRequest, Tag, Volume};
-use eci_proto::EciError;
 
 use crate::behaviour::{self, Behaviour};
 use crate::clock::Millis;
@@ -78,7 +78,9 @@ pub fn invalid(param: &str, detail: impl std::fmt::Display) -> EciError {
 pub fn missing(param: &str) -> EciError {
     EciError::new(
         codes::MISSING_PARAMETER,
-        format!("The input parameter \"{param}\" that is mandatory for processing this request is not supplied."),
+        format!(
+            "The input parameter \"{param}\" that is mandatory for processing this request is not supplied."
+        ),
     )
 }
 
@@ -90,7 +92,9 @@ pub fn region(requested: &str, served: &str) -> Result<(), EciError> {
     if requested != served {
         return Err(EciError::new(
             codes::INVALID_REGION_ID,
-            format!("The specified region {requested:?} does not exist; this endpoint serves {served:?}."),
+            format!(
+                "The specified region {requested:?} does not exist; this endpoint serves {served:?}."
+            ),
         ));
     }
     Ok(())
@@ -110,27 +114,48 @@ pub fn create(
         return Err(missing("VSwitchId"));
     }
     let vswitches = request.v_switch_id.split(',').count();
-    if vswitches > 10 || request.v_switch_id.split(',').any(|id| id.trim().is_empty()) {
-        return Err(invalid("VSwitchId", "give 1 to 10 non-empty vSwitch ids separated by commas"));
+    if vswitches > 10
+        || request
+            .v_switch_id
+            .split(',')
+            .any(|id| id.trim().is_empty())
+    {
+        return Err(invalid(
+            "VSwitchId",
+            "give 1 to 10 non-empty vSwitch ids separated by commas",
+        ));
     }
     group_name(&request.container_group_name)?;
     client_token(&request.client_token)?;
     tags(&request.tag, "Tag")?;
-    let restart_policy = RestartPolicy::from_request(&request.restart_policy)
-        .map_err(|_| invalid("RestartPolicy", format!("{:?}; use Always, OnFailure or Never", request.restart_policy)))?;
+    let restart_policy = RestartPolicy::from_request(&request.restart_policy).map_err(|_| {
+        invalid(
+            "RestartPolicy",
+            format!(
+                "{:?}; use Always, OnFailure or Never",
+                request.restart_policy
+            ),
+        )
+    })?;
 
     if request.container.is_empty() {
         return Err(missing("Container"));
     }
     let volumes = volumes(&request.volume)?;
     let mut names = HashSet::new();
-    for (kind, list) in [("InitContainer", &request.init_container), ("Container", &request.container)] {
+    for (kind, list) in [
+        ("InitContainer", &request.init_container),
+        ("Container", &request.container),
+    ] {
         for (index, container) in list.iter().enumerate() {
             self::container(container, &format!("{kind}.{}", index + 1), &volumes)?;
             if !names.insert(container.name.as_str()) {
                 return Err(invalid(
                     &format!("{kind}.{}.Name", index + 1),
-                    format!("container name {:?} is used twice in the group", container.name),
+                    format!(
+                        "container name {:?} is used twice in the group",
+                        container.name
+                    ),
                 ));
             }
         }
@@ -139,29 +164,46 @@ pub fn create(
         None => DEFAULT_GRACE_SECONDS,
         Some(seconds) if seconds >= 0 => seconds,
         Some(seconds) => {
-            return Err(invalid("TerminationGracePeriodSeconds", format!("{seconds} is negative")));
+            return Err(invalid(
+                "TerminationGracePeriodSeconds",
+                format!("{seconds} is negative"),
+            ));
         }
     };
-    if let Some(seconds) = request.active_deadline_seconds.filter(|seconds| *seconds <= 0) {
-        return Err(invalid("ActiveDeadlineSeconds", format!("{seconds} must be positive")));
+    if let Some(seconds) = request
+        .active_deadline_seconds
+        .filter(|seconds| *seconds <= 0)
+    {
+        return Err(invalid(
+            "ActiveDeadlineSeconds",
+            format!("{seconds} must be positive"),
+        ));
     }
-    if !matches!(request.spot_strategy.as_str(), "" | "NoSpot" | "SpotWithPriceLimit" | "SpotAsPriceGo") {
+    if !matches!(
+        request.spot_strategy.as_str(),
+        "" | "NoSpot" | "SpotWithPriceLimit" | "SpotAsPriceGo"
+    ) {
         return Err(invalid(
             "SpotStrategy",
-            format!("{:?}; use NoSpot, SpotWithPriceLimit or SpotAsPriceGo", request.spot_strategy),
+            format!(
+                "{:?}; use NoSpot, SpotWithPriceLimit or SpotAsPriceGo",
+                request.spot_strategy
+            ),
         ));
     }
     if request.spot_strategy == "SpotWithPriceLimit" && request.spot_price_limit.is_none() {
         return Err(missing("SpotPriceLimit"));
     }
     if request.container.len() + request.init_container.len() > 20 {
-        return Err(invalid("Container", "a group holds at most 20 containers and init containers"));
+        return Err(invalid(
+            "Container",
+            "a group holds at most 20 containers and init containers",
+        ));
     }
     let (cpu, memory) = spec(request)?;
 
     let behaviour_of = |container: &Container, default_exit: Option<Millis>| {
-        behaviour::parse(container, default_exit)
-            .map_err(|error| invalid("EnvironmentVar", error))
+        behaviour::parse(container, default_exit).map_err(|error| invalid("EnvironmentVar", error))
     };
     Ok(ValidCreate {
         restart_policy,
@@ -187,7 +229,9 @@ pub fn group_name(name: &str) -> Result<(), EciError> {
         return Err(missing("ContainerGroupName"));
     }
     let valid = (2..=128).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
         && !name.ends_with('-');
     if valid {
@@ -214,7 +258,10 @@ pub fn client_token(token: &str) -> Result<(), EciError> {
 /// most 128 characters, no key twice.
 pub fn tags(tags: &[Tag], param: &str) -> Result<(), EciError> {
     if tags.len() > MAX_TAGS {
-        return Err(invalid(param, format!("{} tags given, at most {MAX_TAGS} are allowed", tags.len())));
+        return Err(invalid(
+            param,
+            format!("{} tags given, at most {MAX_TAGS} are allowed", tags.len()),
+        ));
     }
     let mut keys = HashSet::new();
     for (index, tag) in tags.iter().enumerate() {
@@ -226,13 +273,25 @@ pub fn tags(tags: &[Tag], param: &str) -> Result<(), EciError> {
             return Err(invalid(&param, "tag keys are at most 64 characters"));
         }
         if tag.key.starts_with("acs:") || tag.key.starts_with("aliyun") {
-            return Err(invalid(&param, format!("{:?}: keys starting with acs: or aliyun are reserved", tag.key)));
+            return Err(invalid(
+                &param,
+                format!(
+                    "{:?}: keys starting with acs: or aliyun are reserved",
+                    tag.key
+                ),
+            ));
         }
         if tag.value.chars().count() > 128 {
-            return Err(invalid(&param.replace(".Key", ".Value"), "tag values are at most 128 characters"));
+            return Err(invalid(
+                &param.replace(".Key", ".Value"),
+                "tag values are at most 128 characters",
+            ));
         }
         if !keys.insert(tag.key.as_str()) {
-            return Err(invalid(&param, format!("tag key {:?} is given twice", tag.key)));
+            return Err(invalid(
+                &param,
+                format!("tag key {:?} is given twice", tag.key),
+            ));
         }
     }
     Ok(())
@@ -241,7 +300,10 @@ pub fn tags(tags: &[Tag], param: &str) -> Result<(), EciError> {
 /// At most [`MAX_IDS`] ids.
 pub fn ids(ids: &[String]) -> Result<(), EciError> {
     if ids.len() > MAX_IDS {
-        return Err(invalid("ContainerGroupIds", format!("{} ids given, at most {MAX_IDS} are allowed", ids.len())));
+        return Err(invalid(
+            "ContainerGroupIds",
+            format!("{} ids given, at most {MAX_IDS} are allowed", ids.len()),
+        ));
     }
     Ok(())
 }
@@ -250,8 +312,13 @@ pub fn ids(ids: &[String]) -> Result<(), EciError> {
 pub fn limit(limit: Option<i32>, default_and_max: i32) -> Result<usize, EciError> {
     match limit {
         None => Ok(usize::try_from(default_and_max).unwrap_or(1)),
-        Some(value) if (1..=default_and_max).contains(&value) => Ok(usize::try_from(value).unwrap_or(1)),
-        Some(value) => Err(invalid("Limit", format!("{value} is out of range; use 1 to {default_and_max}"))),
+        Some(value) if (1..=default_and_max).contains(&value) => {
+            Ok(usize::try_from(value).unwrap_or(1))
+        }
+        Some(value) => Err(invalid(
+            "Limit",
+            format!("{value} is out of range; use 1 to {default_and_max}"),
+        )),
     }
 }
 
@@ -262,7 +329,10 @@ pub fn next_token(token: &str) -> Result<Option<&str>, EciError> {
     } else if token.starts_with("eci-") && token.len() <= 64 {
         Ok(Some(token))
     } else {
-        Err(invalid("NextToken", format!("{token:?} was not returned by a previous call")))
+        Err(invalid(
+            "NextToken",
+            format!("{token:?} was not returned by a previous call"),
+        ))
     }
 }
 
@@ -271,28 +341,43 @@ fn container(container: &Container, param: &str, volumes: &HashSet<&str>) -> Res
         return Err(missing(&format!("{param}.Name")));
     }
     let name_ok = container.name.len() <= 63
-        && container.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && container
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !container.name.starts_with('-')
         && !container.name.ends_with('-');
     if !name_ok {
         return Err(invalid(
             &format!("{param}.Name"),
-            format!("{:?} must be at most 63 lowercase letters, digits and '-', not starting or ending with '-'", container.name),
+            format!(
+                "{:?} must be at most 63 lowercase letters, digits and '-', not starting or ending with '-'",
+                container.name
+            ),
         ));
     }
     if container.image.trim().is_empty() {
         return Err(missing(&format!("{param}.Image")));
     }
-    if !matches!(container.image_pull_policy.as_str(), "" | "Always" | "IfNotPresent" | "Never") {
+    if !matches!(
+        container.image_pull_policy.as_str(),
+        "" | "Always" | "IfNotPresent" | "Never"
+    ) {
         return Err(invalid(
             &format!("{param}.ImagePullPolicy"),
-            format!("{:?}; use Always, IfNotPresent or Never", container.image_pull_policy),
+            format!(
+                "{:?}; use Always, IfNotPresent or Never",
+                container.image_pull_policy
+            ),
         ));
     }
-    if container.cpu.is_some_and(|cpu| !(cpu > 0.0)) {
+    if container.cpu.is_some_and(|cpu| cpu.is_nan() || cpu <= 0.0) {
         return Err(invalid(&format!("{param}.Cpu"), "must be positive"));
     }
-    if container.memory.is_some_and(|memory| !(memory > 0.0)) {
+    if container
+        .memory
+        .is_some_and(|memory| memory.is_nan() || memory <= 0.0)
+    {
         return Err(invalid(&format!("{param}.Memory"), "must be positive"));
     }
     if container.gpu.is_some_and(|gpu| gpu < 0) {
@@ -300,23 +385,35 @@ fn container(container: &Container, param: &str, volumes: &HashSet<&str>) -> Res
     }
     for (index, var) in container.environment_var.iter().enumerate() {
         if var.key.is_empty() {
-            return Err(missing(&format!("{param}.EnvironmentVar.{}.Key", index + 1)));
+            return Err(missing(&format!(
+                "{param}.EnvironmentVar.{}.Key",
+                index + 1
+            )));
         }
         if let Some(field_ref) = &var.field_ref {
             if !is_supported_field_path(&field_ref.field_path) {
                 return Err(invalid(
                     &format!("{param}.EnvironmentVar.{}.FieldRef.FieldPath", index + 1),
-                    format!("{:?}; supported: status.podIP, status.hostIP, metadata.name, spec.nodeName", field_ref.field_path),
+                    format!(
+                        "{:?}; supported: status.podIP, status.hostIP, metadata.name, spec.nodeName",
+                        field_ref.field_path
+                    ),
                 ));
             }
         }
     }
     for (index, port) in container.port.iter().enumerate() {
         if !(1..=65_535).contains(&port.port) {
-            return Err(invalid(&format!("{param}.Port.{}.Port", index + 1), format!("{} is not in 1-65535", port.port)));
+            return Err(invalid(
+                &format!("{param}.Port.{}.Port", index + 1),
+                format!("{} is not in 1-65535", port.port),
+            ));
         }
         if !matches!(port.protocol.as_str(), "" | "TCP" | "UDP") {
-            return Err(invalid(&format!("{param}.Port.{}.Protocol", index + 1), format!("{:?}; use TCP or UDP", port.protocol)));
+            return Err(invalid(
+                &format!("{param}.Port.{}.Protocol", index + 1),
+                format!("{:?}; use TCP or UDP", port.protocol),
+            ));
         }
     }
     for (index, mount) in container.volume_mount.iter().enumerate() {
@@ -333,7 +430,10 @@ fn container(container: &Container, param: &str, volumes: &HashSet<&str>) -> Res
             ));
         }
     }
-    for (name, probe) in [("ReadinessProbe", &container.readiness_probe), ("LivenessProbe", &container.liveness_probe)] {
+    for (name, probe) in [
+        ("ReadinessProbe", &container.readiness_probe),
+        ("LivenessProbe", &container.liveness_probe),
+    ] {
         if let Some(probe) = probe {
             let actions = usize::from(probe.exec.is_some())
                 + usize::from(probe.http_get.is_some())
@@ -350,7 +450,10 @@ fn container(container: &Container, param: &str, volumes: &HashSet<&str>) -> Res
 }
 
 fn is_supported_field_path(path: &str) -> bool {
-    matches!(path, "status.podIP" | "status.hostIP" | "metadata.name" | "spec.nodeName")
+    matches!(
+        path,
+        "status.podIP" | "status.hostIP" | "metadata.name" | "spec.nodeName"
+    )
 }
 
 fn volumes(volumes: &[Volume]) -> Result<HashSet<&str>, EciError> {
@@ -363,7 +466,11 @@ fn volumes(volumes: &[Volume]) -> Result<HashSet<&str>, EciError> {
         if !VOLUME_TYPES.contains(&volume.r#type.as_str()) {
             return Err(invalid(
                 &format!("{param}.Type"),
-                format!("{:?}; use one of {}", volume.r#type, VOLUME_TYPES.join(", ")),
+                format!(
+                    "{:?}; use one of {}",
+                    volume.r#type,
+                    VOLUME_TYPES.join(", ")
+                ),
             ));
         }
         let configured = match volume.r#type.as_str() {
@@ -373,11 +480,23 @@ fn volumes(volumes: &[Volume]) -> Result<HashSet<&str>, EciError> {
                 .as_ref()
                 .is_some_and(|nfs| !nfs.server.is_empty() && !nfs.path.is_empty()),
             "ConfigFileVolume" => volume.config_file_volume.as_ref().is_some_and(|config| {
-                config.config_file_to_path.iter().all(|file| !file.path.is_empty() && !file.path.starts_with('/'))
+                config
+                    .config_file_to_path
+                    .iter()
+                    .all(|file| !file.path.is_empty() && !file.path.starts_with('/'))
             }),
-            "DiskVolume" => volume.disk_volume.as_ref().is_some_and(|disk| !disk.disk_id.is_empty()),
-            "FlexVolume" => volume.flex_volume.as_ref().is_some_and(|flex| !flex.driver.is_empty()),
-            _ => volume.host_path_volume.as_ref().is_some_and(|host| !host.path.is_empty()),
+            "DiskVolume" => volume
+                .disk_volume
+                .as_ref()
+                .is_some_and(|disk| !disk.disk_id.is_empty()),
+            "FlexVolume" => volume
+                .flex_volume
+                .as_ref()
+                .is_some_and(|flex| !flex.driver.is_empty()),
+            _ => volume
+                .host_path_volume
+                .as_ref()
+                .is_some_and(|host| !host.path.is_empty()),
         };
         if !configured {
             return Err(invalid(
@@ -386,7 +505,10 @@ fn volumes(volumes: &[Volume]) -> Result<HashSet<&str>, EciError> {
             ));
         }
         if !names.insert(volume.name.as_str()) {
-            return Err(invalid(&format!("{param}.Name"), format!("volume name {:?} is used twice", volume.name)));
+            return Err(invalid(
+                &format!("{param}.Name"),
+                format!("volume name {:?} is used twice", volume.name),
+            ));
         }
     }
     Ok(names)
@@ -398,8 +520,16 @@ pub fn spec(request: &CreateContainerGroupRequest) -> Result<(f64, f64), EciErro
     let all = request.container.iter().chain(&request.init_container);
     let sum_cpu: f64 = request.container.iter().filter_map(|c| c.cpu).sum();
     let sum_memory: f64 = request.container.iter().filter_map(|c| c.memory).sum();
-    let max_init_cpu = request.init_container.iter().filter_map(|c| c.cpu).fold(0.0, f64::max);
-    let max_init_memory = request.init_container.iter().filter_map(|c| c.memory).fold(0.0, f64::max);
+    let max_init_cpu = request
+        .init_container
+        .iter()
+        .filter_map(|c| c.cpu)
+        .fold(0.0, f64::max);
+    let max_init_memory = request
+        .init_container
+        .iter()
+        .filter_map(|c| c.memory)
+        .fold(0.0, f64::max);
     // Init containers run one at a time, before the others: the group must fit the largest.
     let need_cpu = sum_cpu.max(max_init_cpu);
     let need_memory = sum_memory.max(max_init_memory);
@@ -445,9 +575,9 @@ fn spec_error(detail: String) -> EciError {
 }
 
 fn is_supported(cpu: f64, memory: f64) -> bool {
-    SUPPORTED_SPECS
-        .iter()
-        .any(|(c, memories)| (c - cpu).abs() < 1e-9 && memories.iter().any(|m| (m - memory).abs() < 1e-9))
+    SUPPORTED_SPECS.iter().any(|(c, memories)| {
+        (c - cpu).abs() < 1e-9 && memories.iter().any(|m| (m - memory).abs() < 1e-9)
+    })
 }
 
 fn round_up(cpu: f64, memory: f64) -> Option<(f64, f64)> {
@@ -455,7 +585,10 @@ fn round_up(cpu: f64, memory: f64) -> Option<(f64, f64)> {
         if *c + 1e-9 < cpu {
             return None;
         }
-        memories.iter().find(|m| **m + 1e-9 >= memory).map(|m| (*c, *m))
+        memories
+            .iter()
+            .find(|m| **m + 1e-9 >= memory)
+            .map(|m| (*c, *m))
     })
 }
 
@@ -484,7 +617,11 @@ pub fn instance_type_spec(types: &str) -> Option<(f64, f64)> {
         let cpu: f64 = match size {
             "large" => 2.0,
             "xlarge" => 4.0,
-            other => other.strip_suffix("xlarge")?.parse::<u32>().ok().map(|n| 4.0 * f64::from(n))?,
+            other => other
+                .strip_suffix("xlarge")?
+                .parse::<u32>()
+                .ok()
+                .map(|n| 4.0 * f64::from(n))?,
         };
         let per_cpu = match family.chars().next()? {
             'c' => 2.0,
@@ -537,7 +674,15 @@ mod tests {
         for good in ["ab", "a-b", "default-nginx-7d9f", &"a".repeat(128)] {
             assert!(group_name(good).is_ok(), "{good}");
         }
-        for bad in ["a", "-ab", "ab-", "Upper", "under_score", &"a".repeat(129), "dot.ted"] {
+        for bad in [
+            "a",
+            "-ab",
+            "ab-",
+            "Upper",
+            "under_score",
+            &"a".repeat(129),
+            "dot.ted",
+        ] {
             let error = group_name(bad).unwrap_err();
             assert_eq!(error.code, "InvalidParameter.ContainerGroupName", "{bad}");
         }
@@ -548,13 +693,21 @@ mod tests {
     fn required_fields() {
         let mut request = mk_request();
         request.security_group_id.clear();
-        assert!(check(&request).unwrap_err().message.contains("SecurityGroupId"));
+        assert!(
+            check(&request)
+                .unwrap_err()
+                .message
+                .contains("SecurityGroupId")
+        );
         let mut request = mk_request();
         request.container.clear();
         assert_eq!(check(&request).unwrap_err().code, "MissingParameter");
         let mut request = mk_request();
         request.region_id = "cn-beijing".into();
-        assert_eq!(check(&request).unwrap_err().code, "InvalidRegionId.NotFound");
+        assert_eq!(
+            check(&request).unwrap_err().code,
+            "InvalidRegionId.NotFound"
+        );
     }
 
     #[test]
@@ -564,7 +717,12 @@ mod tests {
             value: value.into(),
         };
         let many: Vec<Tag> = (0..21).map(|i| tag(&format!("k{i}"), "v")).collect();
-        assert!(tags(&many, "Tag").unwrap_err().message.contains("at most 20"));
+        assert!(
+            tags(&many, "Tag")
+                .unwrap_err()
+                .message
+                .contains("at most 20")
+        );
         assert!(tags(&many[..20], "Tag").is_ok());
         assert!(tags(&[tag("acs:x", "v")], "Tag").is_err());
         assert!(tags(&[tag("aliyun-x", "v")], "Tag").is_err());
@@ -588,7 +746,12 @@ mod tests {
 
         let mut request = mk_request();
         request.container[0].image.clear();
-        assert!(check(&request).unwrap_err().message.contains("Container.1.Image"));
+        assert!(
+            check(&request)
+                .unwrap_err()
+                .message
+                .contains("Container.1.Image")
+        );
 
         let mut request = mk_request();
         request.container[0].volume_mount.push(VolumeMount {
@@ -596,7 +759,12 @@ mod tests {
             mount_path: "/etc/app".into(),
             ..VolumeMount::default()
         });
-        assert!(check(&request).unwrap_err().message.contains("no volume is named"));
+        assert!(
+            check(&request)
+                .unwrap_err()
+                .message
+                .contains("no volume is named")
+        );
         request.volume.push(Volume {
             name: "config".into(),
             r#type: "ConfigFileVolume".into(),
@@ -607,15 +775,23 @@ mod tests {
 
         let mut request = mk_request();
         request.restart_policy = "Sometimes".into();
-        assert_eq!(check(&request).unwrap_err().code, "InvalidParameter.RestartPolicy");
+        assert_eq!(
+            check(&request).unwrap_err().code,
+            "InvalidParameter.RestartPolicy"
+        );
 
         let mut request = mk_request();
-        request.container[0].environment_var.push(eci_proto::v20180808::EnvironmentVar {
-            key: "MOCK_ECI_EXIT_CODE".into(),
-            value: "nope".into(),
-            field_ref: None,
-        });
-        assert_eq!(check(&request).unwrap_err().code, "InvalidParameter.EnvironmentVar");
+        request.container[0]
+            .environment_var
+            .push(eci_proto::v20180808::EnvironmentVar {
+                key: "MOCK_ECI_EXIT_CODE".into(),
+                value: "nope".into(),
+                field_ref: None,
+            });
+        assert_eq!(
+            check(&request).unwrap_err().code,
+            "InvalidParameter.EnvironmentVar"
+        );
     }
 
     #[test]
@@ -627,12 +803,20 @@ mod tests {
 
         request.cpu = Some(1.0);
         request.memory = Some(3.0);
-        assert_eq!(spec(&request).unwrap_err().code, "InvalidParameter.CpuMemory");
+        assert_eq!(
+            spec(&request).unwrap_err().code,
+            "InvalidParameter.CpuMemory"
+        );
         request.memory = Some(2.0);
         assert_eq!(spec(&request).unwrap(), (1.0, 2.0));
 
         request.container[0].cpu = Some(1.5);
-        assert!(spec(&request).unwrap_err().message.contains("need 1.5 vCPU"));
+        assert!(
+            spec(&request)
+                .unwrap_err()
+                .message
+                .contains("need 1.5 vCPU")
+        );
 
         let mut request = mk_request();
         request.cpu = Some(2.0);
@@ -642,7 +826,10 @@ mod tests {
         request.instance_type = "ecs.c6.2xlarge".into();
         assert_eq!(spec(&request).unwrap(), (8.0, 16.0));
         request.instance_type = "m5.large".into();
-        assert_eq!(spec(&request).unwrap_err().code, "InvalidParameter.InstanceType");
+        assert_eq!(
+            spec(&request).unwrap_err().code,
+            "InvalidParameter.InstanceType"
+        );
 
         let mut request = mk_request();
         request.container[0].cpu = Some(100.0);
@@ -653,7 +840,10 @@ mod tests {
     fn limits_and_tokens() {
         assert_eq!(limit(None, 20).unwrap(), 20);
         assert_eq!(limit(Some(5), 20).unwrap(), 5);
-        assert_eq!(limit(Some(21), 20).unwrap_err().code, "InvalidParameter.Limit");
+        assert_eq!(
+            limit(Some(21), 20).unwrap_err().code,
+            "InvalidParameter.Limit"
+        );
         assert!(limit(Some(0), 20).is_err());
         assert!(next_token("garbage").is_err());
         assert_eq!(next_token("").unwrap(), None);

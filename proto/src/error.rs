@@ -212,8 +212,11 @@ mod tests {
 
     #[test]
     fn status_round_trip_keeps_code_message_and_request_id() {
-        let error = EciError::new("Throttling.User", "Request was denied due to user flow control.")
-            .with_request_id("5B2A-REQ");
+        let error = EciError::new(
+            "Throttling.User",
+            "Request was denied due to user flow control.",
+        )
+        .with_request_id("5B2A-REQ");
         let status = error.clone().into_status();
         assert_eq!(status.code(), Code::ResourceExhausted);
         let back = EciError::from_status(&status);

@@ -161,6 +161,9 @@ mod tests {
         assert!(RestartPolicy::OnFailure.restarts(2));
         assert!(!RestartPolicy::Never.restarts(1));
         let error = RestartPolicy::from_request("Sometimes").unwrap_err();
-        assert_eq!(error.to_string(), "\"Sometimes\" is not a valid RestartPolicy");
+        assert_eq!(
+            error.to_string(),
+            "\"Sometimes\" is not a valid RestartPolicy"
+        );
     }
 }
