@@ -113,6 +113,11 @@ pub struct Engine {
     timers: Timers,
     ips: IpPool,
     id_counter: u64,
+    /// Bumped whenever a group appears, disappears or changes tags: the validity of
+    /// `count_cache`.
+    generation: u64,
+    /// The last `TotalCount` computed for a filter, reused while paging through it.
+    count_cache: Option<(u64, String, usize)>,
 }
 
 impl Engine {
@@ -126,6 +131,8 @@ impl Engine {
             changes: BTreeSet::new(),
             timers: Timers::default(),
             id_counter: 0,
+            generation: 0,
+            count_cache: None,
         }
     }
 
@@ -147,6 +154,8 @@ impl Engine {
             changes: BTreeSet::new(),
             timers: Timers::from_vec(snapshot.timers),
             id_counter: snapshot.id_counter,
+            generation: 0,
+            count_cache: None,
         };
         for group in snapshot.groups {
             engine.index(&group);
@@ -219,6 +228,7 @@ impl Engine {
 
     fn remove(&mut self, id: &str) {
         if let Some(group) = self.groups.remove(id) {
+            self.generation += 1;
             self.changes.remove(&(group.changed_at, group.id.clone()));
             if !group.request.client_token.is_empty() {
                 self.tokens.remove(&group.request.client_token);
@@ -427,6 +437,7 @@ impl Engine {
             now,
         };
         let group = Group::new(id.clone(), request, valid, fingerprint, &mut cx);
+        self.generation += 1;
         self.index(&group);
         self.groups.insert(id.clone(), group);
         Ok(id)
@@ -473,7 +484,24 @@ impl Engine {
                 && (request.resource_group_id.is_empty()
                     || group.request.resource_group_id == request.resource_group_id)
         };
-        let (page, next_token, total) = paginate(&self.groups, after, limit, matches);
+        // A status filter goes stale as groups progress; other filters only with `generation`.
+        let key = request.status.is_empty().then(|| {
+            format!(
+                "groups|{:?}|{:?}|{}|{}|{}|{}|{}",
+                request.container_group_ids,
+                request.tag,
+                request.container_group_name,
+                request.v_switch_id,
+                request.security_group_id,
+                request.zone_id,
+                request.resource_group_id
+            )
+        });
+        let cached = cached_count(self.count_cache.as_ref(), self.generation, key.as_deref());
+        let (page, next_token, total) = paginate(&self.groups, after, limit, matches, cached);
+        if let Some(key) = key {
+            self.count_cache = Some((self.generation, key, total));
+        }
         Ok(DescribeContainerGroupsResponse {
             request_id: String::new(),
             container_groups: page
@@ -510,18 +538,36 @@ impl Engine {
                     || group.request.resource_group_id == request.resource_group_id)
         };
         let (page, next_token, total) = match request.since_second {
-            None => paginate(&self.groups, after, limit, matches),
+            None => {
+                let key = format!(
+                    "status|{:?}|{:?}|{}|{}",
+                    request.container_group_ids,
+                    request.tag,
+                    request.zone_id,
+                    request.resource_group_id
+                );
+                let cached = cached_count(self.count_cache.as_ref(), self.generation, Some(&key));
+                let result = paginate(&self.groups, after, limit, matches, cached);
+                self.count_cache = Some((self.generation, key, result.2));
+                result
+            }
             Some(seconds) if seconds > 0 => {
                 // Only the groups changed in the window: read them off the change index, then
                 // page through them in id order like any other listing.
                 let since = now - i64::from(seconds) * 1_000;
-                let changed: BTreeMap<&str, &Group> = self
+                let mut changed: Vec<&Group> = self
                     .changes
                     .range((since, String::new())..)
-                    .filter_map(|(_, id)| self.groups.get_key_value(id))
-                    .map(|(id, group)| (id.as_str(), group))
+                    .filter_map(|(_, id)| self.groups.get(id))
+                    .filter(|group| matches(group))
                     .collect();
-                paginate_refs(&changed, after, limit, matches)
+                changed.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+                let total = changed.len();
+                let start = after.map_or(0, |after| {
+                    changed.partition_point(|group| group.id.as_str() <= after)
+                });
+                let page = changed.into_iter().skip(start).take(limit + 1).collect();
+                finish_page(page, limit, total)
             }
             Some(seconds) => {
                 return Err(validate::invalid(
@@ -651,6 +697,7 @@ impl Engine {
             &self.settings.region,
             self.settings.init_duration_ms,
         )?;
+        self.generation += 1;
         self.with_group(&request.container_group_id, now, move |group, cx| {
             group.request = updated;
             group.restart_policy = valid.restart_policy;
@@ -1002,6 +1049,7 @@ fn paginate<'a>(
     after: Option<&str>,
     limit: usize,
     matches: impl Fn(&Group) -> bool,
+    known_total: Option<usize>,
 ) -> (Vec<&'a Group>, String, usize) {
     let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.to_owned()));
     let page: Vec<&Group> = groups
@@ -1010,25 +1058,25 @@ fn paginate<'a>(
         .filter(|group| matches(group))
         .take(limit + 1)
         .collect();
-    let total = groups.values().filter(|group| matches(group)).count();
+    let total =
+        known_total.unwrap_or_else(|| groups.values().filter(|group| matches(group)).count());
     finish_page(page, limit, total)
 }
 
-fn paginate_refs<'a>(
-    groups: &BTreeMap<&str, &'a Group>,
-    after: Option<&str>,
-    limit: usize,
-    matches: impl Fn(&Group) -> bool,
-) -> (Vec<&'a Group>, String, usize) {
-    let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-    let page: Vec<&Group> = groups
-        .range::<&str, _>((start, Bound::Unbounded))
-        .map(|(_, group)| *group)
-        .filter(|group| matches(group))
-        .take(limit + 1)
-        .collect();
-    let total = groups.values().filter(|group| matches(group)).count();
-    finish_page(page, limit, total)
+/// The cached `TotalCount` for `key`, if still valid.
+fn cached_count(
+    cache: Option<&(u64, String, usize)>,
+    generation: u64,
+    key: Option<&str>,
+) -> Option<usize> {
+    match (cache, key) {
+        (Some((cached_generation, cached_key, total)), Some(key))
+            if *cached_generation == generation && cached_key == key =>
+        {
+            Some(*total)
+        }
+        _ => None,
+    }
 }
 
 fn finish_page(mut page: Vec<&Group>, limit: usize, total: usize) -> (Vec<&Group>, String, usize) {
@@ -1041,4 +1089,148 @@ fn finish_page(mut page: Vec<&Group>, limit: usize, total: usize) -> (Vec<&Group
         String::new()
     };
     (page, next_token, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use eci_proto::v20180808::{Container, Tag};
+
+    use super::*;
+
+    fn mk_request(name: &str, node: &str) -> CreateContainerGroupRequest {
+        CreateContainerGroupRequest {
+            region_id: "cn-hangzhou".into(),
+            security_group_id: "sg".into(),
+            v_switch_id: "vsw".into(),
+            container_group_name: name.into(),
+            tag: vec![Tag {
+                key: "node".into(),
+                value: node.into(),
+            }],
+            container: vec![Container {
+                name: "app".into(),
+                image: "nginx".into(),
+                ..Container::default()
+            }],
+            ..CreateContainerGroupRequest::default()
+        }
+    }
+
+    fn status_request(
+        node: &str,
+        limit: i32,
+        next_token: &str,
+    ) -> DescribeContainerGroupStatusRequest {
+        DescribeContainerGroupStatusRequest {
+            region_id: "cn-hangzhou".into(),
+            tag: vec![Tag {
+                key: "node".into(),
+                value: node.into(),
+            }],
+            limit: Some(limit),
+            next_token: next_token.into(),
+            ..DescribeContainerGroupStatusRequest::default()
+        }
+    }
+
+    #[test]
+    fn total_count_follows_groups_appearing_and_disappearing() {
+        let mut engine = Engine::new(Settings::default());
+        for i in 0..5 {
+            engine
+                .create(mk_request(&format!("a-{i}"), "vn-0"), 0)
+                .unwrap();
+        }
+        engine.create(mk_request("other", "vn-1"), 0).unwrap();
+        let first = engine
+            .describe_status(&status_request("vn-0", 2, ""), 0)
+            .unwrap();
+        assert_eq!(first.total_count, 5);
+        let extra = engine.create(mk_request("a-late", "vn-0"), 0).unwrap();
+        let second = engine
+            .describe_status(&status_request("vn-0", 2, &first.next_token), 0)
+            .unwrap();
+        assert_eq!(
+            second.total_count, 6,
+            "a cached count must not hide a new group"
+        );
+        engine.vanish(&extra, 0).unwrap();
+        let third = engine
+            .describe_status(&status_request("vn-0", 2, &second.next_token), 0)
+            .unwrap();
+        assert_eq!(third.total_count, 5);
+    }
+
+    #[test]
+    fn since_second_pages_in_id_order() {
+        let mut engine = Engine::new(Settings::default());
+        let mut ids: Vec<String> = (0..7)
+            .map(|i| {
+                engine
+                    .create(mk_request(&format!("s-{i}"), "vn-0"), 0)
+                    .unwrap()
+            })
+            .collect();
+        ids.sort();
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        loop {
+            let mut request = status_request("vn-0", 3, &token);
+            request.since_second = Some(1);
+            let page = engine.describe_status(&request, 100).unwrap();
+            assert_eq!(page.total_count, 7);
+            seen.extend(
+                page.data
+                    .into_iter()
+                    .map(|status| status.container_group_id),
+            );
+            if page.next_token.is_empty() {
+                break;
+            }
+            token = page.next_token;
+        }
+        assert_eq!(seen, ids);
+        // Nothing changed in the last second at 60 s: every group was Running by 4 s.
+        let mut request = status_request("vn-0", 3, "");
+        request.since_second = Some(1);
+        assert!(
+            engine
+                .describe_status(&request, 60_000)
+                .unwrap()
+                .data
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn restored_engine_reuses_no_address_and_no_id() {
+        let settings = Settings {
+            ip_cidr: "10.0.0.0/29".parse().unwrap(),
+            ..Settings::default()
+        };
+        let mut engine = Engine::new(settings.clone());
+        let a = engine.create(mk_request("g-a", "vn-0"), 0).unwrap();
+        let b = engine.create(mk_request("g-b", "vn-0"), 0).unwrap();
+        engine.advance(5_000);
+        engine.vanish(&a, 5_000).unwrap();
+        let snapshot = engine.snapshot(5_000);
+        let mut restored = Engine::restore(settings, snapshot);
+        let c = restored.create(mk_request("g-c", "vn-0"), 5_000).unwrap();
+        assert!(c != a && c != b);
+        let groups = restored.all_groups(10_000);
+        let ip_of = |id: &str| {
+            groups
+                .iter()
+                .find(|g| g.container_group_id == id)
+                .unwrap()
+                .intranet_ip
+                .clone()
+        };
+        assert_eq!(ip_of(&b), "10.0.0.3");
+        assert_eq!(
+            ip_of(&c),
+            "10.0.0.2",
+            "the address `a` freed is reused, `b`'s is not"
+        );
+    }
 }

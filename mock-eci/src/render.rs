@@ -50,8 +50,8 @@ pub fn container_group(group: &Group, settings: &Settings, with_events: bool) ->
         } else {
             Vec::new()
         },
-        containers: containers(group, Which::Regular),
-        init_containers: containers(group, Which::Init),
+        containers: containers(group, Which::Regular, View::Full),
+        init_containers: containers(group, Which::Init, View::Full),
         volumes: request.volume.clone(),
         dns_config: request.dns_config.clone(),
         host_aliases: request.host_aliase.clone(),
@@ -79,8 +79,8 @@ pub fn container_group_status(group: &Group) -> ContainerGroupStatus {
         succeeded_time: time(group.succeeded_at),
         failed_time: time(group.failed_at),
         tags: group.request.tag.clone(),
-        containers: containers(group, Which::Regular),
-        init_containers: containers(group, Which::Init),
+        containers: containers(group, Which::Regular, View::StateOnly),
+        init_containers: containers(group, Which::Init, View::StateOnly),
         events: events(group),
         status_change_time: rfc3339(group.changed_at),
     }
@@ -111,32 +111,47 @@ fn render_event(event: &GroupEvent, name: &str) -> Event {
     }
 }
 
-fn containers(group: &Group, which: Which) -> Vec<ContainerInfo> {
+/// How much of a container to show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum View {
+    /// Spec and state (DescribeContainerGroups).
+    Full,
+    /// State only (DescribeContainerGroupStatus, the hot polling path).
+    StateOnly,
+}
+
+fn containers(group: &Group, which: Which, view: View) -> Vec<ContainerInfo> {
     group
         .specs(which)
         .iter()
         .zip(group.runs(which))
-        .map(|(spec, run)| ContainerInfo {
-            name: spec.name.clone(),
-            image: spec.image.clone(),
-            cpu: spec.cpu.unwrap_or(0.0),
-            memory: spec.memory.unwrap_or(0.0),
-            gpu: spec.gpu.unwrap_or(0),
-            ready: run.ready,
-            restart_count: i32::try_from(run.restart_count).unwrap_or(i32::MAX),
-            current_state: Some(state(&run.state)),
-            previous_state: run.previous.as_ref().map(state),
-            commands: spec.command.clone(),
-            args: spec.arg.clone(),
-            working_dir: spec.working_dir.clone(),
-            image_pull_policy: spec.image_pull_policy.clone(),
-            environment_vars: spec.environment_var.clone(),
-            ports: spec.port.clone(),
-            volume_mounts: spec.volume_mount.clone(),
-            readiness_probe: spec.readiness_probe.clone(),
-            liveness_probe: spec.liveness_probe.clone(),
-            started: run.started && run.state.is_running(),
-            container_id: container_id(group, &spec.name, run),
+        .map(|(spec, run)| {
+            let mut info = ContainerInfo {
+                name: spec.name.clone(),
+                image: spec.image.clone(),
+                cpu: spec.cpu.unwrap_or(0.0),
+                memory: spec.memory.unwrap_or(0.0),
+                gpu: spec.gpu.unwrap_or(0),
+                ready: run.ready,
+                restart_count: i32::try_from(run.restart_count).unwrap_or(i32::MAX),
+                current_state: Some(state(&run.state)),
+                previous_state: run.previous.as_ref().map(state),
+                started: run.started && run.state.is_running(),
+                container_id: container_id(group, &spec.name, run),
+                ..ContainerInfo::default()
+            };
+            if view == View::Full {
+                info.commands.clone_from(&spec.command);
+                info.args.clone_from(&spec.arg);
+                info.working_dir.clone_from(&spec.working_dir);
+                info.image_pull_policy.clone_from(&spec.image_pull_policy);
+                info.environment_vars.clone_from(&spec.environment_var);
+                info.ports.clone_from(&spec.port);
+                info.volume_mounts.clone_from(&spec.volume_mount);
+                info.readiness_probe.clone_from(&spec.readiness_probe);
+                info.liveness_probe.clone_from(&spec.liveness_probe);
+            }
+            info
         })
         .collect()
 }

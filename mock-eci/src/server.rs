@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
@@ -163,9 +164,16 @@ async fn serve(
     state: Option<(PathBuf, Duration)>,
     signal: watch::Receiver<bool>,
 ) -> Result<(), ServeError> {
+    // Without TCP_NODELAY, multi-segment responses stall on delayed ACKs (~40 ms a page).
+    let incoming = TcpListenerStream::new(grpc).map(|stream| {
+        if let Ok(stream) = &stream {
+            let _ = stream.set_nodelay(true);
+        }
+        stream
+    });
     let grpc_server = tonic::transport::Server::builder()
         .add_service(mock.grpc_service())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(signal.clone()));
+        .serve_with_incoming_shutdown(incoming, stopped(signal.clone()));
     let grpc_server = async { grpc_server.await.map_err(ServeError::Grpc) };
     let admin_server = async {
         match admin {
