@@ -211,16 +211,18 @@ impl StandIn {
         })
     }
 
-    /// A kube-rs client for this server.
+    /// A kube-rs client for this server. Its built-in retry of 429/503 is off, so tests see
+    /// exactly what the server answered.
     pub async fn client(&self) -> Result<kube::Client, kube::Error> {
         let kubeconfig: kube::config::Kubeconfig = serde_json::from_value(self.kubeconfig())
             .map_err(|e| kube::Error::Service(e.into()))?;
-        let config = kube::Config::from_custom_kubeconfig(
+        let mut config = kube::Config::from_custom_kubeconfig(
             kubeconfig,
             &kube::config::KubeConfigOptions::default(),
         )
         .await
         .map_err(|e| kube::Error::Service(e.into()))?;
+        config.default_retry = false;
         kube::Client::try_from(config)
     }
 
