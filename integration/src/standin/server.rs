@@ -143,6 +143,7 @@ async fn route(
         ["api", version] => discovery(state.lock().registry.resource_list("", version)),
         ["apis", group] => discovery(state.lock().registry.group(group)),
         ["apis", group, version] => discovery(state.lock().registry.resource_list(group, version)),
+        ["openapi", "v2"] => Ok(openapi_v2(headers)),
         ["openapi", "v3"] => Ok(json_response(200, &state.lock().registry.openapi_v3_root())),
         ["openapi", "v3", "api", version] => {
             discovery(state.lock().registry.openapi_v3("", version))
@@ -174,6 +175,43 @@ async fn route(
         }
         _ => Err(ApiError::no_route(path)),
     }
+}
+
+/// An OpenAPI v2 document without paths or definitions. Older kubectl (1.20) downloads it for
+/// client-side validation and skips types it has no schema for; it asks for protobuf, which for
+/// this document is two short fields (gnostic's `Document.swagger` = 1, `Document.info` = 2
+/// with `Info.title` = 1 and `Info.version` = 2).
+fn openapi_v2(headers: &HeaderMap) -> Response<Body> {
+    let wants_protobuf = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("protobuf"));
+    let (title, version) = ("Kubernetes (API stand-in)", "v1.33.0");
+    if !wants_protobuf {
+        return json_response(
+            200,
+            &json!({"swagger": "2.0", "info": {"title": title, "version": version}, "paths": {}, "definitions": {}}),
+        );
+    }
+    let field = |tag: u8, bytes: &[u8]| {
+        let mut out = vec![tag, u8::try_from(bytes.len()).unwrap_or(0)];
+        out.extend_from_slice(bytes);
+        out
+    };
+    let info = [
+        field(0x0a, title.as_bytes()),
+        field(0x12, version.as_bytes()),
+    ]
+    .concat();
+    let document = [field(0x0a, b"2.0"), field(0x12, &info)].concat();
+    Response::builder()
+        .status(200)
+        .header(
+            header::CONTENT_TYPE,
+            "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+        )
+        .body(Body::from(document))
+        .unwrap_or_default()
 }
 
 fn version() -> Value {
