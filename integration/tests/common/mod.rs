@@ -40,6 +40,7 @@ where
     }
 }
 
+#[allow(clippy::needless_pass_by_value)] // callers pass `json!(..)` literals
 pub fn pod(name: &str, node: Option<&str>, labels: Value) -> k8s_openapi::api::core::v1::Pod {
     let mut spec = json!({"containers": [{"name": "app", "image": "nginx:1.27"}]});
     if let Some(node) = node {
