@@ -21,6 +21,7 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
 
+#[allow(clippy::needless_pass_by_value)] // callers pass `json!(..)` literals
 fn configmap(name: &str, labels: serde_json::Value) -> ConfigMap {
     serde_json::from_value(
         json!({"metadata": {"name": name, "labels": labels}, "data": {"k": "v"}}),
