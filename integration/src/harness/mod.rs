@@ -1,0 +1,379 @@
+//! The end-to-end harness: the Kubernetes API (the stand-in as a process, or a real cluster
+//! when `E2E_KUBECONFIG` is set), mock-eci and daemon replicas as real child processes, waits
+//! on conditions with timeouts, and a dump of everything when a test fails.
+
+mod process;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, ListParams};
+use serde_json::Value;
+
+pub use process::{Process, binary};
+
+/// Setting up or running a scenario failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The environment is not usable.
+    #[error("{0}")]
+    Setup(String),
+    /// The Kubernetes API answered with an error.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// A condition did not hold in time.
+    #[error("timed out after {timeout:?} waiting for {what}")]
+    Timeout {
+        /// The condition.
+        what: String,
+        /// How long we waited.
+        timeout: Duration,
+    },
+}
+
+/// Where the Kubernetes API comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterKind {
+    /// The stand-in, started by the harness.
+    StandIn,
+    /// A real cluster from `E2E_KUBECONFIG`.
+    Real,
+}
+
+/// A mock-eci process.
+#[derive(Debug, Clone)]
+pub struct MockEciEndpoints {
+    /// `http://127.0.0.1:PORT` of the gRPC API.
+    pub grpc: String,
+    /// `http://127.0.0.1:PORT` of the admin endpoint.
+    pub admin: String,
+}
+
+/// A running end-to-end environment. Dropping it kills every process and removes its files.
+pub struct Harness {
+    dir: tempfile::TempDir,
+    kind: ClusterKind,
+    kubeconfig: PathBuf,
+    client: kube::Client,
+    api_url: String,
+    processes: Vec<Process>,
+    mock: Option<MockEciEndpoints>,
+}
+
+fn free_port() -> Result<u16, HarnessError> {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| HarnessError::Io {
+            what: "find a free port".into(),
+            source,
+        })?;
+    listener
+        .local_addr()
+        .map(|addr| addr.port())
+        .map_err(|source| HarnessError::Io {
+            what: "find a free port".into(),
+            source,
+        })
+}
+
+async fn client_for(kubeconfig: &Path) -> Result<(kube::Client, String), HarnessError> {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig)
+        .map_err(|e| HarnessError::Setup(format!("read {}: {e}", kubeconfig.display())))?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| HarnessError::Setup(format!("use {}: {e}", kubeconfig.display())))?;
+    config.default_retry = false;
+    let url = config.cluster_url.to_string();
+    Ok((kube::Client::try_from(config)?, url))
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness")
+            .field("kind", &self.kind)
+            .field("api", &self.api_url)
+            .field("processes", &self.processes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Harness {
+    /// Starts the Kubernetes API: a `kube-standin` process, or the cluster of `E2E_KUBECONFIG`.
+    pub async fn start() -> Result<Self, HarnessError> {
+        let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
+            what: "create a temporary directory".into(),
+            source,
+        })?;
+        if let Some(path) = std::env::var_os("E2E_KUBECONFIG") {
+            let kubeconfig = PathBuf::from(path);
+            let (client, api_url) = client_for(&kubeconfig).await?;
+            return Ok(Self {
+                dir,
+                kind: ClusterKind::Real,
+                kubeconfig,
+                client,
+                api_url,
+                processes: Vec::new(),
+                mock: None,
+            });
+        }
+        let kubeconfig = dir.path().join("kubeconfig");
+        let standin = Process::spawn(
+            "kube-standin",
+            &binary("integration", "kube-standin")?,
+            [
+                "--listen",
+                "127.0.0.1:0",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap_or_default(),
+                "--bookmark-interval",
+                "1s",
+            ],
+            &[("RUST_LOG".into(), "info".into())],
+            dir.path(),
+        )?;
+        let mut harness_processes = vec![standin];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !kubeconfig.exists() {
+            if let Some(status) = harness_processes[0].exit_status() {
+                return Err(HarnessError::Setup(format!(
+                    "kube-standin exited ({status}):\n{}",
+                    harness_processes[0].tail(20)
+                )));
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(HarnessError::Timeout {
+                    what: "kube-standin to write its kubeconfig".into(),
+                    timeout: Duration::from_secs(30),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (client, api_url) = client_for(&kubeconfig).await?;
+        let mut harness = Self {
+            dir,
+            kind: ClusterKind::StandIn,
+            kubeconfig,
+            client,
+            api_url,
+            processes: Vec::new(),
+            mock: None,
+        };
+        harness.processes.append(&mut harness_processes);
+        harness
+            .wait_for(
+                "the API to answer",
+                Duration::from_secs(30),
+                |h| async move { h.client.apiserver_version().await.is_ok() },
+            )
+            .await?;
+        Ok(harness)
+    }
+
+    /// Stand-in or real cluster.
+    pub fn kind(&self) -> ClusterKind {
+        self.kind
+    }
+
+    /// A client for the cluster.
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The kubeconfig processes should use.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The scratch directory (logs, state files).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts mock-eci as a process on free ports, with `extra` flags.
+    pub async fn start_mock_eci(
+        &mut self,
+        extra: &[&str],
+    ) -> Result<MockEciEndpoints, HarnessError> {
+        let (grpc_port, admin_port) = (free_port()?, free_port()?);
+        let grpc = format!("127.0.0.1:{grpc_port}");
+        let admin = format!("127.0.0.1:{admin_port}");
+        let mut args = vec!["--listen", &grpc, "--admin-listen", &admin];
+        args.extend_from_slice(extra);
+        let process = Process::spawn(
+            "mock-eci",
+            &binary("mock-eci", "mock-eci")?,
+            args,
+            &[("RUST_LOG".into(), "info".into())],
+            self.dir.path(),
+        )?;
+        self.processes.push(process);
+        let endpoints = MockEciEndpoints {
+            grpc: format!("http://{grpc}"),
+            admin: format!("http://{admin}"),
+        };
+        let health = format!("{}/healthz", endpoints.admin);
+        self.wait_for("mock-eci to answer", Duration::from_secs(30), |_| {
+            let health = health.clone();
+            async move {
+                reqwest::get(&health)
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await?;
+        self.mock = Some(endpoints.clone());
+        Ok(endpoints)
+    }
+
+    /// Starts a process the scenario owns (a daemon replica, …).
+    pub fn spawn(
+        &mut self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        envs: &[(String, String)],
+    ) -> Result<(), HarnessError> {
+        let process = Process::spawn(name, program, args, envs, self.dir.path())?;
+        self.processes.push(process);
+        Ok(())
+    }
+
+    /// A process by name.
+    pub fn process(&mut self, name: &str) -> Option<&mut Process> {
+        self.processes.iter_mut().find(|p| p.name() == name)
+    }
+
+    /// Polls `condition` until it holds or `timeout` passes.
+    pub async fn wait_for<'a, F, Fut>(
+        &'a self,
+        what: &str,
+        timeout: Duration,
+        condition: F,
+    ) -> Result<(), HarnessError>
+    where
+        F: Fn(&'a Self) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            if condition(self).await {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(HarnessError::Timeout {
+                    what: what.to_owned(),
+                    timeout,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// Calls a stand-in control endpoint (`/standin/...`); an error on a real cluster.
+    pub async fn standin_control(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(), HarnessError> {
+        if self.kind != ClusterKind::StandIn {
+            return Err(HarnessError::Setup(
+                "stand-in controls need the stand-in".into(),
+            ));
+        }
+        let request = http::Request::builder()
+            .method(method.as_str())
+            .uri(format!("/standin/{path}"))
+            .header("content-type", "application/json")
+            .body(
+                body.map(|b| serde_json::to_vec(&b).unwrap_or_default())
+                    .unwrap_or_default(),
+            )
+            .map_err(|e| HarnessError::Setup(e.to_string()))?;
+        self.client.request_text(request).await?;
+        Ok(())
+    }
+
+    /// Everything a failing test needs to see: nodes, pods, leases, events, mock-eci's groups
+    /// and the last lines of every process.
+    pub async fn dump(&self) -> String {
+        let mut out = format!("==== e2e dump (API {}) ====\n", self.api_url);
+        let list = |label: &str, value: Result<Value, kube::Error>| {
+            format!(
+                "---- {label} ----\n{}\n",
+                match value {
+                    Ok(value) => serde_json::to_string_pretty(&value).unwrap_or_default(),
+                    Err(error) => format!("<{error}>"),
+                }
+            )
+        };
+        let params = ListParams::default();
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        out += &list(
+            "nodes",
+            nodes
+                .list(&params)
+                .await
+                .map(|l| serde_json::to_value(l.items).unwrap_or_default()),
+        );
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        out += &list(
+            "pods",
+            pods.list(&params)
+                .await
+                .map(|l| serde_json::to_value(l.items).unwrap_or_default()),
+        );
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
+        out += &list(
+            "leases",
+            leases
+                .list(&params)
+                .await
+                .map(|l| serde_json::to_value(l.items).unwrap_or_default()),
+        );
+        let events: Api<Event> = Api::all(self.client.clone());
+        out += &list(
+            "events",
+            events
+                .list(&params)
+                .await
+                .map(|l| serde_json::to_value(l.items).unwrap_or_default()),
+        );
+        if let Some(mock) = &self.mock {
+            let groups = match reqwest::get(format!("{}/admin/groups", mock.admin)).await {
+                Ok(response) => response.text().await.unwrap_or_default(),
+                Err(error) => format!("<{error}>"),
+            };
+            out += &format!("---- mock-eci groups ----\n{groups}\n");
+        }
+        for process in &self.processes {
+            out += &format!(
+                "---- last lines of {} ----\n{}\n",
+                process.name(),
+                process.tail(40)
+            );
+        }
+        out
+    }
+
+    /// Stops every process: SIGTERM, then SIGKILL after `grace`.
+    pub async fn shutdown(mut self, grace: Duration) {
+        for process in self.processes.iter_mut().rev() {
+            process.terminate(grace).await;
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Child processes of the end-to-end tests: spawned with their output in a log file, stopped
+//! with SIGTERM or SIGKILL, killed when dropped.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use super::HarnessError;
+
+/// A running child process.
+#[derive(Debug)]
+pub struct Process {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    /// Starts `program` with `args` and `envs`, output to `<log_dir>/<name>.log`.
+    pub fn spawn<I, S>(
+        name: &str,
+        program: &Path,
+        args: I,
+        envs: &[(String, String)],
+        log_dir: &Path,
+    ) -> Result<Self, HarnessError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let log = log_dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).map_err(|source| HarnessError::Io {
+            what: format!("create {}", log.display()),
+            source,
+        })?;
+        let stderr = file.try_clone().map_err(|source| HarnessError::Io {
+            what: "duplicate a log handle".into(),
+            source,
+        })?;
+        let child = Command::new(program)
+            .args(args)
+            .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| HarnessError::Io {
+                what: format!("start {}", program.display()),
+                source,
+            })?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            log,
+        })
+    }
+
+    /// The process's name in logs and dumps.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The operating-system process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Whether it has exited (and with what), without waiting.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Sends SIGTERM and waits up to `grace` for the exit, then SIGKILL.
+    pub async fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        if let Some(pid) = self.pid() {
+            // `kill` keeps this crate free of unsafe signal calls.
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => self.kill().await,
+        }
+    }
+
+    /// SIGKILL, as a crash would.
+    pub async fn kill(&mut self) -> Option<std::process::ExitStatus> {
+        let _ = self.child.start_kill();
+        self.child.wait().await.ok()
+    }
+
+    /// The last `lines` lines of its output.
+    pub fn tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The whole output so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// The path of a workspace binary, building it when it is missing. `VNE_BIN_DIR` overrides
+/// where binaries are looked for.
+pub fn binary(package: &str, name: &str) -> Result<PathBuf, HarnessError> {
+    let dir = match std::env::var_os("VNE_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => target_dir()?,
+    };
+    let path = dir.join(name);
+    if path.exists() {
+        return Ok(path);
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "-p", package, "--bin", name])
+        .status()
+        .map_err(|source| HarnessError::Io {
+            what: format!("build {name}"),
+            source,
+        })?;
+    if status.success() && path.exists() {
+        Ok(path)
+    } else {
+        Err(HarnessError::Setup(format!(
+            "{name} is not built and `cargo build -p {package} --bin {name}` failed"
+        )))
+    }
+}
+
+/// `target/<profile>` of the running test binary (`target/<profile>/deps/<test>`).
+fn target_dir() -> Result<PathBuf, HarnessError> {
+    let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
+        what: "find the test binary".into(),
+        source,
+    })?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    Ok(dir)
+}
