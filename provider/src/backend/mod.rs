@@ -1,0 +1,158 @@
+//! The ECI backend: one trait with one method per ECI action, in the types of the gRPC
+//! contract. The rest of the daemon talks to this trait only; which implementation serves it
+//! (mock-eci in-process, mock-eci over gRPC, the real OpenAPI) is decided at start-up.
+
+mod grpc;
+
+use std::sync::Arc;
+
+use eci_proto::EciError;
+use eci_proto::v20180808::{
+    CreateContainerGroupRequest, CreateContainerGroupResponse, DeleteContainerGroupRequest,
+    DeleteContainerGroupResponse, DescribeContainerGroupMetricRequest,
+    DescribeContainerGroupMetricResponse, DescribeContainerGroupStatusRequest,
+    DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest,
+    DescribeContainerGroupsResponse, DescribeContainerLogRequest, DescribeContainerLogResponse,
+    DescribeMultiContainerGroupMetricRequest, DescribeMultiContainerGroupMetricResponse,
+    ExecContainerCommandRequest, ExecContainerCommandResponse, RestartContainerGroupRequest,
+    RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
+};
+pub use grpc::GrpcBackend;
+use tracing::info;
+
+use crate::config::{BackendChoice, Settings};
+
+/// The ECI API, whatever serves it. Errors carry the ECI error code (`EciError::code`), the
+/// message and the request id, exactly as the HTTP API reports them.
+#[async_trait::async_trait]
+pub trait EciBackend: Send + Sync + 'static {
+    /// CreateContainerGroup.
+    async fn create_container_group(
+        &self,
+        request: CreateContainerGroupRequest,
+    ) -> Result<CreateContainerGroupResponse, EciError>;
+    /// DescribeContainerGroups.
+    async fn describe_container_groups(
+        &self,
+        request: DescribeContainerGroupsRequest,
+    ) -> Result<DescribeContainerGroupsResponse, EciError>;
+    /// DescribeContainerGroupStatus.
+    async fn describe_container_group_status(
+        &self,
+        request: DescribeContainerGroupStatusRequest,
+    ) -> Result<DescribeContainerGroupStatusResponse, EciError>;
+    /// DeleteContainerGroup.
+    async fn delete_container_group(
+        &self,
+        request: DeleteContainerGroupRequest,
+    ) -> Result<DeleteContainerGroupResponse, EciError>;
+    /// UpdateContainerGroup.
+    async fn update_container_group(
+        &self,
+        request: UpdateContainerGroupRequest,
+    ) -> Result<UpdateContainerGroupResponse, EciError>;
+    /// RestartContainerGroup.
+    async fn restart_container_group(
+        &self,
+        request: RestartContainerGroupRequest,
+    ) -> Result<RestartContainerGroupResponse, EciError>;
+    /// DescribeContainerLog.
+    async fn describe_container_log(
+        &self,
+        request: DescribeContainerLogRequest,
+    ) -> Result<DescribeContainerLogResponse, EciError>;
+    /// ExecContainerCommand.
+    async fn exec_container_command(
+        &self,
+        request: ExecContainerCommandRequest,
+    ) -> Result<ExecContainerCommandResponse, EciError>;
+    /// DescribeContainerGroupMetric.
+    async fn describe_container_group_metric(
+        &self,
+        request: DescribeContainerGroupMetricRequest,
+    ) -> Result<DescribeContainerGroupMetricResponse, EciError>;
+    /// DescribeMultiContainerGroupMetric.
+    async fn describe_multi_container_group_metric(
+        &self,
+        request: DescribeMultiContainerGroupMetricRequest,
+    ) -> Result<DescribeMultiContainerGroupMetricResponse, EciError>;
+}
+
+/// A shared backend.
+pub type Backend = Arc<dyn EciBackend>;
+
+/// The backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The embedded mock-eci did not start.
+    #[error("the embedded mock-eci could not start: {0}")]
+    Embedded(#[source] mock_eci::ServeError),
+    /// The gRPC endpoint is not a valid URL.
+    #[error("--eci (ECI_BACKEND): {endpoint:?} is not a usable gRPC endpoint: {source}")]
+    Endpoint {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The OpenAPI client is not part of this build yet.
+    #[error(
+        "--eci openapi: the Alibaba Cloud OpenAPI client is not available in this build yet; use --eci embedded or --eci grpc://HOST:PORT (a mock-eci)"
+    )]
+    OpenApiUnavailable,
+}
+
+/// What keeps an embedded backend alive.
+#[derive(Debug)]
+pub struct BackendGuard {
+    embedded: Option<mock_eci::MockServer>,
+}
+
+impl BackendGuard {
+    /// Stops the embedded mock-eci, if any.
+    pub async fn stop(self) {
+        if let Some(server) = self.embedded {
+            if let Err(error) = server.stop().await {
+                tracing::warn!(%error, "the embedded mock-eci did not stop cleanly");
+            }
+        }
+    }
+}
+
+/// Builds the configured backend.
+pub async fn connect(settings: &Settings) -> Result<(Backend, BackendGuard), BackendError> {
+    match &settings.backend {
+        BackendChoice::Embedded => {
+            let mut config = mock_eci::MockConfig::defaults();
+            config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            config.region.clone_from(&settings.config.region);
+            let server = mock_eci::MockServer::start(config)
+                .await
+                .map_err(BackendError::Embedded)?;
+            info!(endpoint = %server.endpoint(), "embedded mock-eci started (no Alibaba Cloud account needed)");
+            let backend = GrpcBackend::connect_lazy(&server.endpoint()).map_err(|source| {
+                BackendError::Endpoint {
+                    endpoint: server.endpoint(),
+                    source,
+                }
+            })?;
+            Ok((
+                Arc::new(backend),
+                BackendGuard {
+                    embedded: Some(server),
+                },
+            ))
+        }
+        BackendChoice::Grpc(endpoint) => {
+            let backend =
+                GrpcBackend::connect_lazy(endpoint).map_err(|source| BackendError::Endpoint {
+                    endpoint: endpoint.clone(),
+                    source,
+                })?;
+            info!(%endpoint, "using a mock-eci over gRPC");
+            Ok((Arc::new(backend), BackendGuard { embedded: None }))
+        }
+        BackendChoice::OpenApi => Err(BackendError::OpenApiUnavailable),
+    }
+}

@@ -1,0 +1,421 @@
+//! Configuration: every flag is also an environment variable, with the names users of
+//! ack-virtual-node and virtual-kubelet know.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Taint effects a node taint may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TaintEffect {
+    /// Pods without a toleration are not scheduled here.
+    #[value(name = "NoSchedule")]
+    NoSchedule,
+    /// The scheduler avoids the node.
+    #[value(name = "PreferNoSchedule")]
+    PreferNoSchedule,
+    /// Pods without a toleration are evicted.
+    #[value(name = "NoExecute")]
+    NoExecute,
+}
+
+impl TaintEffect {
+    /// The API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// virtual-node-eci: runs pods bound to its virtual node as Alibaba Cloud ECI container
+/// groups. One process (one StatefulSet replica) serves one node.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "virtual-node-eci", version, about, long_about = None)]
+pub struct Config {
+    /// Name of the virtual node. Defaults to the pod name (POD_NAME), so the StatefulSet
+    /// replica virtual-node-eci-2 serves the node virtual-node-eci-2.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// This daemon's pod name (downward API `metadata.name`).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+
+    /// This daemon's namespace (downward API `metadata.namespace`).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    pub pod_namespace: String,
+
+    /// This daemon's pod IP (downward API `status.podIP`): the node's InternalIP.
+    #[arg(long, env = "POD_IP")]
+    pub pod_ip: Option<IpAddr>,
+
+    /// The ECI backend: `embedded` (mock-eci in this process; the default), `grpc://HOST:PORT`
+    /// (a mock-eci process) or `openapi` (the real Alibaba Cloud API).
+    #[arg(long, env = "ECI_BACKEND", default_value = "embedded")]
+    pub eci: String,
+
+    /// ECI region, e.g. cn-hangzhou.
+    #[arg(long, env = "ECI_REGION", default_value = "cn-hangzhou")]
+    pub region: String,
+
+    /// The zone the vSwitches are in, when they are all in one (becomes the node's
+    /// topology.kubernetes.io/zone label).
+    #[arg(long, env = "ECI_ZONE")]
+    pub zone: Option<String>,
+
+    /// vSwitch id(s) for container groups, comma-separated (required for `openapi`).
+    #[arg(long, env = "ECI_VSWITCH")]
+    pub vswitch: Option<String>,
+
+    /// Security group id for container groups (required for `openapi`).
+    #[arg(long, env = "ECI_SECURITY_GROUP")]
+    pub security_group: Option<String>,
+
+    /// Cluster name, tagged on every container group so replicas of different clusters
+    /// sharing an account never touch each other's groups.
+    #[arg(long, env = "ECI_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+
+    /// ACK cluster id, used as the cluster name when ECI_CLUSTER_NAME is not set.
+    #[arg(long, env = "ALIYUN_CLUSTERID", hide = true)]
+    pub aliyun_cluster_id: Option<String>,
+
+    /// Advertised CPU capacity in cores. Default 6000: ~3000 pods (Alibaba's guidance per
+    /// virtual node) of 2 vCPU.
+    #[arg(long, env = "ECI_QUOTA_CPU", default_value = "6000")]
+    pub quota_cpu: String,
+
+    /// Advertised memory capacity. Default 12Ti: ~3000 pods of 4 GiB.
+    #[arg(long, env = "ECI_QUOTA_MEMORY", default_value = "12Ti")]
+    pub quota_memory: String,
+
+    /// Advertised pod capacity (Alibaba's guidance: about 3000 per virtual node; scale the
+    /// StatefulSet out for more).
+    #[arg(long, env = "ECI_QUOTA_POD", default_value_t = 3000)]
+    pub quota_pods: u32,
+
+    /// Advertised ephemeral storage. Default 90Ti: ~3000 pods of ECI's 30 GiB.
+    #[arg(long, env = "ECI_QUOTA_EPHEMERAL_STORAGE", default_value = "90Ti")]
+    pub quota_ephemeral_storage: String,
+
+    /// Key of the node's taint.
+    #[arg(
+        long,
+        env = "VKUBELET_TAINT_KEY",
+        default_value = "k8s.aliyun.com/vnode"
+    )]
+    pub taint_key: String,
+
+    /// Value of the node's taint.
+    #[arg(long, env = "VKUBELET_TAINT_VALUE", default_value = "true")]
+    pub taint_value: String,
+
+    /// Effect of the node's taint.
+    #[arg(
+        long,
+        env = "VKUBELET_TAINT_EFFECT",
+        value_enum,
+        default_value = "NoSchedule"
+    )]
+    pub taint_effect: TaintEffect,
+
+    /// Port of the kubelet API, advertised as the node's kubelet endpoint.
+    #[arg(long, env = "KUBELET_PORT", default_value_t = 10250)]
+    pub kubelet_port: u16,
+
+    /// Address of /healthz, /readyz and /metrics (port 0 picks a free port).
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:10255")]
+    pub metrics_addr: SocketAddr,
+
+    /// Lease duration, seconds (the node lifecycle controller's clock).
+    #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 40)]
+    pub lease_duration_seconds: i32,
+
+    /// How often the Lease is renewed.
+    #[arg(long, env = "LEASE_RENEW_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub lease_renew_interval: Duration,
+
+    /// How often ECI is probed with a cheap call.
+    #[arg(long, env = "ECI_PROBE_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub eci_probe_interval: Duration,
+
+    /// How long ECI must fail before the node turns NotReady (reason EciUnreachable).
+    #[arg(long, env = "ECI_UNREACHABLE_THRESHOLD", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub eci_unreachable_threshold: Duration,
+
+    /// Longest time between node status writes when nothing changes (keeps lastHeartbeatTime
+    /// honest).
+    #[arg(long, env = "NODE_STATUS_MAX_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub node_status_max_interval: Duration,
+
+    /// Log format (level from RUST_LOG, default info).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// A configuration that cannot work, with the flag and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{flag}: {problem}; {fix}")]
+pub struct ConfigError {
+    /// The flag (and environment variable) at fault.
+    pub flag: &'static str,
+    /// What is wrong.
+    pub problem: String,
+    /// What to do.
+    pub fix: &'static str,
+}
+
+/// Which ECI backend to use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// mock-eci inside this process.
+    Embedded,
+    /// A mock-eci (or compatible) gRPC endpoint, `http://host:port`.
+    Grpc(String),
+    /// The Alibaba Cloud OpenAPI.
+    OpenApi,
+}
+
+/// The configuration after checking, with derived values.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The raw configuration.
+    pub config: Config,
+    /// The node name.
+    pub node_name: String,
+    /// The cluster name tagged on groups.
+    pub cluster_name: String,
+    /// The backend.
+    pub backend: BackendChoice,
+    /// The node's InternalIP.
+    pub internal_ip: IpAddr,
+}
+
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn is_quantity(text: &str) -> bool {
+    let digits_end = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(digits_end);
+    !number.is_empty()
+        && number.parse::<f64>().is_ok()
+        && matches!(
+            suffix,
+            "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei"
+        )
+}
+
+impl Config {
+    /// Checks the configuration and derives the settings.
+    pub fn settings(self) -> Result<Settings, ConfigError> {
+        let node_name = self
+            .node_name
+            .clone()
+            .or_else(|| self.pod_name.clone())
+            .filter(|name| !name.is_empty())
+            .ok_or(ConfigError {
+                flag: "--node-name (NODE_NAME)",
+                problem: "no node name: neither NODE_NAME nor POD_NAME is set".into(),
+                fix: "set POD_NAME from the downward API (metadata.name) in the StatefulSet, or pass --node-name",
+            })?;
+        if !is_dns_subdomain(&node_name) {
+            return Err(ConfigError {
+                flag: "--node-name (NODE_NAME)",
+                problem: format!("{node_name:?} is not a valid node name"),
+                fix: "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
+            });
+        }
+        let backend = match self.eci.as_str() {
+            "embedded" => BackendChoice::Embedded,
+            "openapi" => BackendChoice::OpenApi,
+            other => match other.strip_prefix("grpc://") {
+                Some(address) if !address.is_empty() => {
+                    BackendChoice::Grpc(format!("http://{address}"))
+                }
+                _ => {
+                    return Err(ConfigError {
+                        flag: "--eci (ECI_BACKEND)",
+                        problem: format!("{other:?} is not a backend"),
+                        fix: "use embedded, grpc://HOST:PORT or openapi",
+                    });
+                }
+            },
+        };
+        if backend == BackendChoice::OpenApi {
+            if self.vswitch.as_deref().is_none_or(str::is_empty) {
+                return Err(ConfigError {
+                    flag: "--vswitch (ECI_VSWITCH)",
+                    problem: "not set".into(),
+                    fix: "give the vSwitch id(s) container groups get their IPs from",
+                });
+            }
+            if self.security_group.as_deref().is_none_or(str::is_empty) {
+                return Err(ConfigError {
+                    flag: "--security-group (ECI_SECURITY_GROUP)",
+                    problem: "not set".into(),
+                    fix: "give the security group of the container groups",
+                });
+            }
+        }
+        for (flag, value) in [
+            ("--quota-cpu (ECI_QUOTA_CPU)", &self.quota_cpu),
+            ("--quota-memory (ECI_QUOTA_MEMORY)", &self.quota_memory),
+            (
+                "--quota-ephemeral-storage (ECI_QUOTA_EPHEMERAL_STORAGE)",
+                &self.quota_ephemeral_storage,
+            ),
+        ] {
+            if !is_quantity(value) {
+                return Err(ConfigError {
+                    flag,
+                    problem: format!("{value:?} is not a Kubernetes quantity"),
+                    fix: "write e.g. 6000, 500m, 12Ti or 64Gi",
+                });
+            }
+        }
+        if self.taint_key.is_empty() {
+            return Err(ConfigError {
+                flag: "--taint-key (VKUBELET_TAINT_KEY)",
+                problem: "empty".into(),
+                fix: "use e.g. k8s.aliyun.com/vnode",
+            });
+        }
+        let renew = self.lease_renew_interval.as_secs_f64();
+        if self.lease_duration_seconds <= 0
+            || renew <= 0.0
+            || renew * 2.0 > f64::from(self.lease_duration_seconds)
+        {
+            return Err(ConfigError {
+                flag: "--lease-renew-interval (LEASE_RENEW_INTERVAL)",
+                problem: format!(
+                    "{renew}s does not fit twice in a {}s lease",
+                    self.lease_duration_seconds
+                ),
+                fix: "renew at most every half lease duration (the default renews every 10s a 40s lease)",
+            });
+        }
+        if self.eci_probe_interval.is_zero()
+            || self.eci_unreachable_threshold < self.eci_probe_interval
+        {
+            return Err(ConfigError {
+                flag: "--eci-unreachable-threshold (ECI_UNREACHABLE_THRESHOLD)",
+                problem: "shorter than the probe interval".into(),
+                fix: "make it at least --eci-probe-interval (defaults: 30s and 10s)",
+            });
+        }
+        let cluster_name = self
+            .cluster_name
+            .clone()
+            .or_else(|| self.aliyun_cluster_id.clone())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| "default".to_owned());
+        let internal_ip = self.pod_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        Ok(Settings {
+            node_name,
+            cluster_name,
+            backend,
+            internal_ip,
+            config: self,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Settings, ConfigError> {
+        let mut all = vec!["virtual-node-eci"];
+        all.extend_from_slice(args);
+        Config::try_parse_from(all).unwrap().settings()
+    }
+
+    #[test]
+    fn node_name_comes_from_the_pod_name() {
+        let settings = parse(&["--pod-name", "virtual-node-eci-2"]).unwrap();
+        assert_eq!(settings.node_name, "virtual-node-eci-2");
+        assert_eq!(settings.backend, BackendChoice::Embedded);
+        assert_eq!(settings.cluster_name, "default");
+        let explicit = parse(&["--pod-name", "virtual-node-eci-2", "--node-name", "vn-a"]).unwrap();
+        assert_eq!(explicit.node_name, "vn-a");
+    }
+
+    #[test]
+    fn bad_configuration_names_the_flag_and_the_fix() {
+        let error = parse(&[]).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("--node-name (NODE_NAME): no node name"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("downward API"));
+        let error = parse(&["--node-name", "Bad_Name"]).unwrap_err();
+        assert_eq!(error.flag, "--node-name (NODE_NAME)");
+        let error = parse(&["--node-name", "n", "--eci", "tcp://x"]).unwrap_err();
+        assert_eq!(error.flag, "--eci (ECI_BACKEND)");
+        let error = parse(&["--node-name", "n", "--eci", "openapi"]).unwrap_err();
+        assert_eq!(error.flag, "--vswitch (ECI_VSWITCH)");
+        let error = parse(&["--node-name", "n", "--quota-memory", "lots"]).unwrap_err();
+        assert!(error.to_string().contains("not a Kubernetes quantity"));
+        let error = parse(&["--node-name", "n", "--lease-renew-interval", "30s"]).unwrap_err();
+        assert!(error.flag.starts_with("--lease-renew-interval"));
+    }
+
+    #[test]
+    fn backends_and_cluster_names() {
+        let grpc = parse(&["--node-name", "n", "--eci", "grpc://127.0.0.1:50051"]).unwrap();
+        assert_eq!(
+            grpc.backend,
+            BackendChoice::Grpc("http://127.0.0.1:50051".into())
+        );
+        let ack = parse(&["--node-name", "n", "--aliyun-cluster-id", "c-123"]).unwrap();
+        assert_eq!(ack.cluster_name, "c-123");
+        let named = parse(&[
+            "--node-name",
+            "n",
+            "--aliyun-cluster-id",
+            "c-123",
+            "--cluster-name",
+            "prod",
+        ])
+        .unwrap();
+        assert_eq!(named.cluster_name, "prod");
+    }
+
+    #[test]
+    fn quantities() {
+        for good in ["6000", "500m", "12Ti", "1.5", "64Gi"] {
+            assert!(is_quantity(good), "{good}");
+        }
+        for bad in ["", "Ti", "12TB", "-1"] {
+            assert!(!is_quantity(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! virtual-node-eci: Alibaba Cloud ECI as Kubernetes capacity.
+//!
+//! One process serves one virtual Node (one StatefulSet replica): it registers the Node, holds
+//! its Lease, reports its status (Ready while the ECI API answers) and advertises capacity.
+
+pub mod app;
+pub mod backend;
+pub mod config;
+pub mod health;
+pub mod lease;
+pub mod node;
+pub mod node_status;
+pub mod ops;
+pub mod registration;
+pub mod telemetry;

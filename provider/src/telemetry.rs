@@ -1,0 +1,110 @@
+//! Prometheus metrics of the daemon.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels of a result counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or a short error class.
+    pub result: String,
+}
+
+/// Labels of Kubernetes API requests.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeLabels {
+    /// e.g. `lease_renew`, `node_status_patch`.
+    pub operation: &'static str,
+}
+
+/// The daemon's metrics.
+#[derive(Debug)]
+pub struct Telemetry {
+    registry: Mutex<Registry>,
+    /// 1 while ECI answers.
+    pub eci_reachable: Gauge,
+    /// 1 while the node reports Ready=True.
+    pub node_ready: Gauge,
+    /// ECI probes by result.
+    pub eci_probes: Family<ResultLabels, Counter>,
+    /// Lease renewals by result.
+    pub lease_renewals: Family<ResultLabels, Counter>,
+    /// Requests to the Kubernetes API by operation.
+    pub kube_requests: Family<KubeLabels, Counter>,
+}
+
+impl Telemetry {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("virtual_node_eci");
+        let telemetry = Self {
+            registry: Mutex::new(Registry::default()),
+            eci_reachable: Gauge::default(),
+            node_ready: Gauge::default(),
+            eci_probes: Family::default(),
+            lease_renewals: Family::default(),
+            kube_requests: Family::default(),
+        };
+        registry.register(
+            "eci_reachable",
+            "1 while the ECI API answers the periodic probe",
+            telemetry.eci_reachable.clone(),
+        );
+        registry.register(
+            "node_ready",
+            "1 while the virtual node reports Ready=True",
+            telemetry.node_ready.clone(),
+        );
+        registry.register(
+            "eci_probes",
+            "ECI reachability probes by result",
+            telemetry.eci_probes.clone(),
+        );
+        registry.register(
+            "lease_renewals",
+            "Node Lease renewals by result",
+            telemetry.lease_renewals.clone(),
+        );
+        registry.register(
+            "kube_requests",
+            "Requests to the Kubernetes API by operation",
+            telemetry.kube_requests.clone(),
+        );
+        *telemetry
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = registry;
+        telemetry
+    }
+
+    /// Counts one Kubernetes API request.
+    pub fn kube_request(&self, operation: &'static str) {
+        self.kube_requests
+            .get_or_create(&KubeLabels { operation })
+            .inc();
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
