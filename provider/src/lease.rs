@@ -464,7 +464,7 @@ mod tests {
             Assessment::TakeOver,
             "ours"
         );
-        let mut released = other.clone();
+        let mut released = other;
         released["metadata"]["annotations"][RELEASED_ANNOTATION] = json!("true");
         assert_eq!(
             assess(&released, &identity("b"), at(3)),
