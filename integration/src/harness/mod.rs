@@ -69,6 +69,9 @@ pub struct Harness {
     api_url: String,
     processes: Vec<Process>,
     mock: Option<MockEciEndpoints>,
+    mock_args: Vec<String>,
+    run_id: String,
+    node_names: Vec<String>,
 }
 
 fn free_port() -> Result<u16, HarnessError> {
@@ -118,15 +121,13 @@ impl Harness {
         if let Some(path) = std::env::var_os("E2E_KUBECONFIG") {
             let kubeconfig = PathBuf::from(path);
             let (client, api_url) = client_for(&kubeconfig).await?;
-            return Ok(Self {
+            return Ok(Self::assemble(
                 dir,
-                kind: ClusterKind::Real,
+                ClusterKind::Real,
                 kubeconfig,
                 client,
                 api_url,
-                processes: Vec::new(),
-                mock: None,
-            });
+            ));
         }
         let kubeconfig = dir.path().join("kubeconfig");
         let standin = Process::spawn(
@@ -160,16 +161,15 @@ impl Harness {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let (client, api_url) = client_for(&kubeconfig).await?;
-        let mut harness = Self {
-            dir,
-            kind: ClusterKind::StandIn,
-            kubeconfig,
-            client,
-            api_url,
-            processes: Vec::new(),
-            mock: None,
+        // The file may be caught half-written: retry until it parses.
+        let (client, api_url) = loop {
+            match client_for(&kubeconfig).await {
+                Ok(found) => break found,
+                Err(error) if tokio::time::Instant::now() > deadline => return Err(error),
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
         };
+        let mut harness = Self::assemble(dir, ClusterKind::StandIn, kubeconfig, client, api_url);
         harness.processes.append(&mut harness_processes);
         harness
             .wait_for(
@@ -179,6 +179,132 @@ impl Harness {
             )
             .await?;
         Ok(harness)
+    }
+
+    fn assemble(
+        dir: tempfile::TempDir,
+        kind: ClusterKind,
+        kubeconfig: PathBuf,
+        client: kube::Client,
+        api_url: String,
+    ) -> Self {
+        let run_id = uuid::Uuid::new_v4().simple().to_string()[..6].to_owned();
+        Self {
+            dir,
+            kind,
+            kubeconfig,
+            client,
+            api_url,
+            processes: Vec::new(),
+            mock: None,
+            mock_args: Vec::new(),
+            run_id,
+            node_names: Vec::new(),
+        }
+    }
+
+    /// The node (and daemon pod) name of replica `ordinal`: `virtual-node-eci-N` on the
+    /// stand-in; on a real cluster a unique prefix keeps the test's nodes apart from real ones.
+    pub fn node_name(&self, ordinal: u32) -> String {
+        match self.kind {
+            ClusterKind::StandIn => format!("virtual-node-eci-{ordinal}"),
+            ClusterKind::Real => format!("vne-e2e-{}-{ordinal}", self.run_id),
+        }
+    }
+
+    /// Starts daemon replica `ordinal` against mock-eci (`start_mock_eci` first), with short
+    /// test timings and `extra` environment variables (which override the defaults). Its
+    /// process is named after its node.
+    pub fn start_daemon(
+        &mut self,
+        ordinal: u32,
+        extra: &[(&str, &str)],
+    ) -> Result<String, HarnessError> {
+        let mock = self
+            .mock
+            .clone()
+            .ok_or_else(|| HarnessError::Setup("start mock-eci before the daemons".into()))?;
+        let name = self.node_name(ordinal);
+        let mut env: Vec<(String, String)> = [
+            ("POD_NAME", name.as_str()),
+            ("POD_NAMESPACE", "kube-system"),
+            ("POD_IP", "127.0.0.1"),
+            (
+                "ECI_BACKEND",
+                &format!("grpc://{}", mock.grpc.trim_start_matches("http://")),
+            ),
+            ("ECI_CLUSTER_NAME", &format!("e2e-{}", self.run_id)),
+            ("METRICS_ADDR", "127.0.0.1:0"),
+            ("LEASE_DURATION_SECONDS", "8"),
+            ("LEASE_RENEW_INTERVAL", "1s"),
+            ("ECI_PROBE_INTERVAL", "250ms"),
+            ("ECI_UNREACHABLE_THRESHOLD", "1s"),
+            ("NODE_STATUS_MAX_INTERVAL", "60s"),
+            ("RUST_LOG", "info"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        env.push(("KUBECONFIG".into(), self.kubeconfig.display().to_string()));
+        for (key, value) in extra {
+            env.retain(|(k, _)| k != key);
+            env.push(((*key).to_owned(), (*value).to_owned()));
+        }
+        let program = binary("virtual-node-eci", "virtual-node-eci")?;
+        // Several processes may serve one node name over a test (restarts, duplicates).
+        let process_name = match self
+            .processes
+            .iter()
+            .filter(|p| p.name().starts_with(&name))
+            .count()
+        {
+            0 => name.clone(),
+            n => format!("{name}.{n}"),
+        };
+        self.spawn(&process_name, &program, &[], &env)?;
+        if !self.node_names.contains(&name) {
+            self.node_names.push(name);
+        }
+        Ok(process_name)
+    }
+
+    /// Stops mock-eci (SIGTERM) — an ECI outage as the daemons see it.
+    pub async fn stop_mock_eci(&mut self) -> Result<(), HarnessError> {
+        let process = self
+            .process("mock-eci")
+            .ok_or_else(|| HarnessError::Setup("mock-eci is not running".into()))?;
+        process.terminate(Duration::from_secs(5)).await;
+        self.processes.retain(|p| p.name() != "mock-eci");
+        Ok(())
+    }
+
+    /// Starts mock-eci again on the same ports with the same flags.
+    pub async fn restart_mock_eci(&mut self) -> Result<(), HarnessError> {
+        let args = self.mock_args.clone();
+        let process = Process::spawn(
+            "mock-eci",
+            &binary("mock-eci", "mock-eci")?,
+            &args,
+            &[("RUST_LOG".into(), "info".into())],
+            self.dir.path(),
+        )?;
+        self.processes.push(process);
+        let health = format!(
+            "{}/healthz",
+            self.mock
+                .as_ref()
+                .map(|m| m.admin.clone())
+                .unwrap_or_default()
+        );
+        self.wait_for("mock-eci to answer again", Duration::from_secs(30), |_| {
+            let health = health.clone();
+            async move {
+                reqwest::get(&health)
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await
     }
 
     /// Stand-in or real cluster.
@@ -209,16 +335,22 @@ impl Harness {
         let (grpc_port, admin_port) = (free_port()?, free_port()?);
         let grpc = format!("127.0.0.1:{grpc_port}");
         let admin = format!("127.0.0.1:{admin_port}");
-        let mut args = vec!["--listen", &grpc, "--admin-listen", &admin];
-        args.extend_from_slice(extra);
+        let mut args: Vec<String> = vec![
+            "--listen".into(),
+            grpc.clone(),
+            "--admin-listen".into(),
+            admin.clone(),
+        ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         let process = Process::spawn(
             "mock-eci",
             &binary("mock-eci", "mock-eci")?,
-            args,
+            &args,
             &[("RUST_LOG".into(), "info".into())],
             self.dir.path(),
         )?;
         self.processes.push(process);
+        self.mock_args = args;
         let endpoints = MockEciEndpoints {
             grpc: format!("http://{grpc}"),
             admin: format!("http://{admin}"),
@@ -370,10 +502,23 @@ impl Harness {
         out
     }
 
-    /// Stops every process: SIGTERM, then SIGKILL after `grace`.
+    /// Stops every process (SIGTERM, then SIGKILL after `grace`); on a real cluster also deletes
+    /// the Nodes and Leases the test's daemons created.
     pub async fn shutdown(mut self, grace: Duration) {
         for process in self.processes.iter_mut().rev() {
             process.terminate(grace).await;
+        }
+        if self.kind == ClusterKind::Real {
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            let leases: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
+            for name in &self.node_names {
+                let _ = nodes
+                    .delete(name, &kube::api::DeleteParams::default())
+                    .await;
+                let _ = leases
+                    .delete(name, &kube::api::DeleteParams::default())
+                    .await;
+            }
         }
     }
 }
