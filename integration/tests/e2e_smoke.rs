@@ -1,7 +1,7 @@
 //! Smoke test of the end-to-end harness: the API (stand-in process or `E2E_KUBECONFIG`) and a
 //! mock-eci process, both reachable, everything cleaned up afterwards.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use std::time::Duration;
 

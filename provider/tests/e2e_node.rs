@@ -1,7 +1,7 @@
 //! End to end: real daemon processes against the API stand-in (or `E2E_KUBECONFIG`) and a
 //! mock-eci process.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use std::time::Duration;
 
