@@ -1,5 +1,6 @@
 //! Smoke test of the end-to-end harness: the API (stand-in process or `E2E_KUBECONFIG`) and a
-//! mock-eci process, both reachable, everything cleaned up afterwards.
+//! mock-eci process, both reachable, a daemon replica registering a Ready node against them,
+//! everything cleaned up afterwards.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -10,7 +11,7 @@ use eci_proto::v20180808::{
     Container, CreateContainerGroupRequest, DescribeContainerGroupsRequest,
 };
 use integration::harness::{Harness, HarnessError};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
@@ -53,6 +54,34 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         .map_err(|status| HarnessError::Setup(status.to_string()))?
         .into_inner()
         .container_group_id;
+
+    // The daemon registers its node against this API and this mock-eci.
+    h.start_daemon(0, &[])?;
+    let node = h.node_name(0);
+    let nodes: Api<Node> = Api::all(h.client());
+    h.wait_for(
+        "the virtual node to be Ready",
+        Duration::from_secs(60),
+        |_| {
+            let (nodes, node) = (nodes.clone(), node.clone());
+            async move {
+                nodes
+                    .get_opt(&node)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|n| n.status)
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|conditions| {
+                        conditions
+                            .iter()
+                            .any(|c| c.type_ == "Ready" && c.status == "True")
+                    })
+            }
+        },
+    )
+    .await?;
+
     h.wait_for(
         "the container group to run",
         Duration::from_secs(20),
