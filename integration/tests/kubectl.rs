@@ -132,7 +132,11 @@ async fn kubectl_works_unmodified() {
     );
     let again = run(&["apply", "-f", path]).await;
     assert!(again.contains("unchanged"), "{again}");
-    assert!(run(&["get", "nodes"]).await.contains("virtual-node-eci-0"));
+    let nodes = run(&["get", "nodes"]).await;
+    assert!(
+        nodes.contains("virtual-node-eci-0") && nodes.contains("STATUS"),
+        "kubectl prints the server's table: {nodes}"
+    );
     assert!(
         run(&[
             "get",

@@ -15,6 +15,7 @@ pub mod registry;
 pub mod selectors;
 mod server;
 pub mod store;
+mod table;
 mod tls;
 mod watch;
 

@@ -15,7 +15,6 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, warn};
 
-use super::State;
 use super::admission::{self, AdmissionRecord, CallError};
 use super::api::{Api, DeleteOptions, Deleted, ListOptions, Write};
 use super::error::ApiError;
@@ -24,6 +23,7 @@ use super::patch::PatchType;
 use super::registry::ResourceType;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::watch::{self as watching, WatchRequest};
+use super::{State, table};
 
 const MAX_BODY: usize = 16 * 1024 * 1024;
 
@@ -261,6 +261,13 @@ fn target(
     }
 }
 
+fn wants_table(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(table::wanted)
+}
+
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Ok(Value::Null);
@@ -342,12 +349,34 @@ async fn resource_request(
                 state
                     .lock()
                     .list(&t, &target.version, target.namespace.as_deref(), &options)?;
+            if wants_table(headers) {
+                let items = list["items"].as_array().cloned().unwrap_or_default();
+                let rv = list
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                return Ok(json_response(
+                    200,
+                    &table::table(&t.group, &t.plural, &items, rv),
+                ));
+            }
             Ok(json_response(200, &list))
         }
-        ("GET", Some(name), None | Some("status")) => Ok(json_response(
-            200,
-            &present(state.lock().get(&t, &namespace, name)?),
-        )),
+        ("GET", Some(name), None | Some("status")) => {
+            let object = present(state.lock().get(&t, &namespace, name)?);
+            if sub.is_none() && wants_table(headers) {
+                let rv = object
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                return Ok(json_response(
+                    200,
+                    &table::table(&t.group, &t.plural, &[object], &rv),
+                ));
+            }
+            Ok(json_response(200, &object))
+        }
         ("GET", Some(name), Some("scale")) if t.subresources.scale.is_some() => Ok(json_response(
             200,
             &state.lock().scale(&t, &namespace, name)?,
