@@ -269,8 +269,21 @@ impl NodeLease {
                                     renewed: renewed_again.to_owned(),
                                 });
                             }
-                            // Dead or released: assess again with the fresh copy.
-                            continue;
+                            match again {
+                                // Still the silent holder (or it released): it is gone.
+                                Some(again) if same_holder => {
+                                    telemetry.kube_request("lease_take_over");
+                                    api.replace(
+                                        &identity.node,
+                                        &PostParams::default(),
+                                        &to_lease(held(&identity, Some(&again), SystemTime::now()))
+                                            .map_err(error)?,
+                                    )
+                                    .await
+                                }
+                                // Deleted, or claimed by yet another process: start over.
+                                _ => continue,
+                            }
                         }
                     }
                 }

@@ -94,10 +94,12 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Body>) -> Respons
         if let Some(code) = injected.status {
             let error = ApiError {
                 code,
-                reason: if code == 429 {
-                    "TooManyRequests"
-                } else {
-                    "InternalError"
+                reason: match code {
+                    409 => "Conflict",
+                    429 => "TooManyRequests",
+                    503 => "ServiceUnavailable",
+                    504 => "Timeout",
+                    _ => "InternalError",
                 },
                 message: format!("injected fault {code} for {path}"),
                 details: None,
