@@ -13,3 +13,4 @@ pub mod node_status;
 pub mod ops;
 pub mod registration;
 pub mod telemetry;
+pub mod translate;

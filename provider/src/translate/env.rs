@@ -1,0 +1,153 @@
+//! Environment variables: literals, the downward API (with `status.podIP` handed to ECI's
+//! field references), resources, ConfigMap and Secret keys (honouring `optional`), `envFrom`.
+
+use eci_proto::v20180808::{EnvironmentVar, FieldRef};
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::downward::{self, FieldValue};
+use super::{Context, Rejection, missing, reject};
+
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+fn literal(key: &str, value: String) -> EnvironmentVar {
+    EnvironmentVar {
+        key: key.to_owned(),
+        value,
+        field_ref: None,
+    }
+}
+
+/// The environment of `container` (`at` names it in rejections).
+pub(super) fn environment(
+    pod: &Pod,
+    container: &Container,
+    cx: &Context<'_>,
+    at: &str,
+) -> Result<Vec<EnvironmentVar>, Rejection> {
+    let mut vars: Vec<EnvironmentVar> = Vec::new();
+    for (index, source) in container.env_from.iter().flatten().enumerate() {
+        let at = format!("{at}.envFrom[{index}]");
+        let prefix = source.prefix.clone().unwrap_or_default();
+        let entries: Vec<(String, String)> = if let Some(reference) = &source.config_map_ref {
+            match cx.config_maps.get(&reference.name) {
+                Some(map) => map.data.clone().unwrap_or_default().into_iter().collect(),
+                None if reference.optional == Some(true) => Vec::new(),
+                None => return Err(missing(&at, "ConfigMap", &reference.name)),
+            }
+        } else if let Some(reference) = &source.secret_ref {
+            match cx.secrets.get(&reference.name) {
+                Some(secret) => secret
+                    .data
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                    .collect(),
+                None if reference.optional == Some(true) => Vec::new(),
+                None => return Err(missing(&at, "Secret", &reference.name)),
+            }
+        } else {
+            return Err(reject(&at, "envFrom needs configMapRef or secretRef"));
+        };
+        // Keys that are not valid variable names are skipped, as the kubelet does.
+        vars.extend(
+            entries
+                .into_iter()
+                .map(|(k, v)| (format!("{prefix}{k}"), v))
+                .filter(|(k, _)| valid_env_name(k))
+                .map(|(k, v)| literal(&k, v)),
+        );
+    }
+    for (index, var) in container.env.iter().flatten().enumerate() {
+        let at = format!("{at}.env[{index}]");
+        let Some(source) = &var.value_from else {
+            vars.push(literal(&var.name, var.value.clone().unwrap_or_default()));
+            continue;
+        };
+        if let Some(selector) = &source.field_ref {
+            match downward::field(pod, selector, cx.node_name, &at, false)? {
+                FieldValue::Literal(value) => vars.push(literal(&var.name, value)),
+                FieldValue::Eci(path) => vars.push(EnvironmentVar {
+                    key: var.name.clone(),
+                    value: String::new(),
+                    field_ref: Some(FieldRef {
+                        field_path: path.to_owned(),
+                    }),
+                }),
+            }
+        } else if let Some(selector) = &source.resource_field_ref {
+            let target = match selector.container_name.as_deref().filter(|n| !n.is_empty()) {
+                None => container,
+                Some(name) => pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+                    .find(|c| c.name == name)
+                    .ok_or_else(|| reject(&at, format!("resourceFieldRef names container {name:?}, which the pod does not have")))?,
+            };
+            vars.push(literal(
+                &var.name,
+                downward::resource(target, selector, cx.default_spec, &at)?,
+            ));
+        } else if let Some(selector) = &source.config_map_key_ref {
+            match cx
+                .config_maps
+                .get(&selector.name)
+                .and_then(|m| m.data.as_ref())
+                .and_then(|d| d.get(&selector.key))
+            {
+                Some(value) => vars.push(literal(&var.name, value.clone())),
+                None if selector.optional == Some(true) => {}
+                None if cx.config_maps.contains_key(&selector.name) => {
+                    return Err(missing(
+                        &at,
+                        "key in ConfigMap",
+                        &format!("{}/{}", selector.name, selector.key),
+                    ));
+                }
+                None => return Err(missing(&at, "ConfigMap", &selector.name)),
+            }
+        } else if let Some(selector) = &source.secret_key_ref {
+            match cx
+                .secrets
+                .get(&selector.name)
+                .and_then(|s| s.data.as_ref())
+                .and_then(|d| d.get(&selector.key))
+            {
+                Some(value) => vars.push(literal(
+                    &var.name,
+                    String::from_utf8_lossy(&value.0).into_owned(),
+                )),
+                None if selector.optional == Some(true) => {}
+                None if cx.secrets.contains_key(&selector.name) => {
+                    return Err(missing(
+                        &at,
+                        "key in Secret",
+                        &format!("{}/{}", selector.name, selector.key),
+                    ));
+                }
+                None => return Err(missing(&at, "Secret", &selector.name)),
+            }
+        } else {
+            return Err(reject(
+                &at,
+                "valueFrom has no source ECI can use (fileKeyRef and others are not supported)",
+            ));
+        }
+    }
+    // A later definition of a name wins, as in Kubernetes; ECI gets each name once.
+    let mut seen = std::collections::HashSet::new();
+    let mut deduplicated: Vec<EnvironmentVar> = vars
+        .into_iter()
+        .rev()
+        .filter(|v| seen.insert(v.key.clone()))
+        .collect();
+    deduplicated.reverse();
+    Ok(deduplicated)
+}

@@ -1,0 +1,539 @@
+//! The translation table: pod specs in, ECI requests (or rejections) out. Every accepted
+//! request is also checked against mock-eci's validation, which mirrors what ECI refuses.
+
+#![allow(clippy::needless_pass_by_value)] // the builders take `json!(..)` literals
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use serde_json::{Value, json};
+
+use super::*;
+
+struct Fixture {
+    config_maps: BTreeMap<String, ConfigMap>,
+    secrets: BTreeMap<String, Secret>,
+    dns: Vec<String>,
+    token: Option<&'static str>,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let config_map: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "app-config"}, "data": {"mode": "prod", "level": "debug", "bad key": "x"}})).unwrap();
+        let mut secret: Secret =
+            serde_json::from_value(json!({"metadata": {"name": "db"}})).unwrap();
+        secret.data = Some([("password".to_owned(), ByteString(b"s3cret".to_vec()))].into());
+        let auth = base64::engine::general_purpose::STANDARD.encode("robot:pa55");
+        let docker =
+            json!({"auths": {"https://registry.example.com/": {"auth": auth}}}).to_string();
+        let mut pull: Secret = serde_json::from_value(
+            json!({"metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson"}),
+        )
+        .unwrap();
+        pull.data = Some(
+            [(
+                ".dockerconfigjson".to_owned(),
+                ByteString(docker.into_bytes()),
+            )]
+            .into(),
+        );
+        Self {
+            config_maps: [("app-config".to_owned(), config_map)].into(),
+            secrets: [("db".to_owned(), secret), ("pull".to_owned(), pull)].into(),
+            dns: vec!["10.96.0.10".to_owned()],
+            token: None,
+        }
+    }
+
+    fn cx(&self) -> Context<'_> {
+        Context {
+            region: "cn-hangzhou",
+            vswitch: "vsw-default",
+            security_group: "sg-default",
+            cluster_name: "c1",
+            node_name: "virtual-node-eci-0",
+            cluster_dns: &self.dns,
+            cluster_domain: "cluster.local",
+            config_maps: &self.config_maps,
+            secrets: &self.secrets,
+            service_account_token: self.token,
+            default_spec: (2.0, 4.0),
+        }
+    }
+}
+
+fn mk_pod(spec: Value) -> Pod {
+    mk_pod_with(json!({}), spec)
+}
+
+fn mk_pod_with(metadata: Value, spec: Value) -> Pod {
+    let mut meta = json!({"name": "web-0", "namespace": "default", "uid": "8c3c5f5e-0000-4000-8000-000000000001", "labels": {"app": "web"}, "annotations": {"team": "a"}});
+    for (k, v) in metadata.as_object().unwrap() {
+        meta[k] = v.clone();
+    }
+    serde_json::from_value(json!({"metadata": meta, "spec": spec})).unwrap()
+}
+
+fn one(container: Value) -> Value {
+    json!({"containers": [container]})
+}
+
+fn translate_ok(pod: &Pod, fixture: &Fixture) -> CreateContainerGroupRequest {
+    let request = translate(pod, &fixture.cx()).unwrap_or_else(|e| panic!("rejected: {e}"));
+    if let Err(error) = mock_eci::validate::create(&request, "cn-hangzhou", 1_000) {
+        panic!("ECI would refuse the request: {error}");
+    }
+    request
+}
+
+fn rejection(pod: &Pod, fixture: &Fixture) -> Rejection {
+    translate(pod, &fixture.cx()).expect_err("the pod must be rejected")
+}
+
+fn env_of(request: &CreateContainerGroupRequest) -> BTreeMap<String, (String, Option<String>)> {
+    request.container[0]
+        .environment_var
+        .iter()
+        .map(|v| {
+            (
+                v.key.clone(),
+                (
+                    v.value.clone(),
+                    v.field_ref.as_ref().map(|f| f.field_path.clone()),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_minimal_pod() {
+    let fixture = Fixture::new();
+    let request = translate_ok(
+        &mk_pod(one(json!({"name": "app", "image": "nginx:1.27"}))),
+        &fixture,
+    );
+    assert_eq!(request.container_group_name, "default-web-0");
+    assert_eq!(request.client_token, "8c3c5f5e-0000-4000-8000-000000000001");
+    assert_eq!(request.restart_policy, "Always");
+    assert_eq!(request.termination_grace_period_seconds, Some(30));
+    assert_eq!(
+        (
+            request.v_switch_id.as_str(),
+            request.security_group_id.as_str()
+        ),
+        ("vsw-default", "sg-default")
+    );
+    let tags: BTreeMap<_, _> = request
+        .tag
+        .iter()
+        .map(|t| (t.key.as_str(), t.value.as_str()))
+        .collect();
+    assert_eq!(tags[naming::TAG_CLUSTER], "c1");
+    assert_eq!(tags[naming::TAG_NODE], "virtual-node-eci-0");
+    assert_eq!(tags[naming::TAG_POD_NAME], "web-0");
+    let dns = request.dns_config.unwrap();
+    assert_eq!(dns.name_server, vec!["10.96.0.10"]);
+    assert_eq!(
+        dns.search,
+        vec![
+            "default.svc.cluster.local",
+            "svc.cluster.local",
+            "cluster.local"
+        ]
+    );
+    assert_eq!(
+        request.container[0].cpu, None,
+        "no resources: the group size decides"
+    );
+}
+
+#[test]
+fn resources_take_the_limit_else_the_request() {
+    let fixture = Fixture::new();
+    let pod = mk_pod(json!({"containers": [
+        {"name": "a", "image": "a", "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}}},
+        {"name": "b", "image": "b", "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}
+    ]}));
+    let request = translate(&pod, &fixture.cx()).unwrap();
+    assert_eq!(
+        (
+            request.container[0].cpu,
+            request.container[0].memory,
+            request.container[0].gpu
+        ),
+        (Some(1.0), Some(1.0), Some(1))
+    );
+    assert_eq!(
+        (request.container[1].cpu, request.container[1].memory),
+        (Some(0.5), Some(0.5))
+    );
+}
+
+#[test]
+fn environment_from_every_source() {
+    let fixture = Fixture::new();
+    let pod = mk_pod_with(
+        json!({}),
+        json!({"serviceAccountName": "builder", "containers": [{"name": "app", "image": "app", "resources": {"limits": {"cpu": "1500m", "memory": "1Gi"}},
+        "envFrom": [{"configMapRef": {"name": "app-config"}, "prefix": "CFG_"}],
+        "env": [
+            {"name": "LITERAL", "value": "x"},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+            {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+            {"name": "TEAM", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['team']"}}},
+            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "CPUS", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+            {"name": "MEM_MI", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+            {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "app-config", "key": "mode"}}},
+            {"name": "OPTIONAL", "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "k", "optional": true}}},
+            {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+            {"name": "CFG_mode", "value": "overridden"}
+        ]}]}),
+    );
+    let request = translate_ok(&pod, &fixture);
+    let env = env_of(&request);
+    let value = |k: &str| env[k].0.clone();
+    assert_eq!(value("LITERAL"), "x");
+    assert_eq!(value("POD_NAME"), "web-0");
+    assert_eq!(value("POD_NAMESPACE"), "default");
+    assert_eq!(value("POD_UID"), "8c3c5f5e-0000-4000-8000-000000000001");
+    assert_eq!(value("APP"), "web");
+    assert_eq!(value("TEAM"), "a");
+    assert_eq!(value("NODE"), "virtual-node-eci-0");
+    assert_eq!(value("SA"), "builder");
+    assert_eq!(
+        env["POD_IP"],
+        (String::new(), Some("status.podIP".to_owned())),
+        "ECI fills in status.podIP"
+    );
+    assert_eq!(value("CPUS"), "2", "limits.cpu rounds up to whole cores");
+    assert_eq!(value("MEM_MI"), "1024");
+    assert_eq!(value("MODE"), "prod");
+    assert!(
+        !env.contains_key("OPTIONAL"),
+        "a missing optional key is skipped"
+    );
+    assert_eq!(value("DB_PASSWORD"), "s3cret");
+    assert_eq!(value("CFG_level"), "debug");
+    assert_eq!(value("CFG_mode"), "overridden", "env overrides envFrom");
+    assert!(
+        !env.keys().any(|k| k.contains(' ')),
+        "invalid names from envFrom are skipped"
+    );
+    assert_eq!(
+        request.container[0]
+            .environment_var
+            .iter()
+            .filter(|v| v.key == "CFG_mode")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn missing_references_are_retryable_rejections() {
+    let fixture = Fixture::new();
+    let pod = mk_pod(one(
+        json!({"name": "app", "image": "app", "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "k"}}}]}),
+    ));
+    let error = rejection(&pod, &fixture);
+    assert!(error.retryable);
+    assert_eq!(
+        error.to_string(),
+        "spec.containers[0] (app).env[0]: ConfigMap \"absent\" does not exist (mark the reference optional if that is expected)"
+    );
+    let pod = mk_pod(one(
+        json!({"name": "app", "image": "app", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "db", "key": "nope"}}}]}),
+    ));
+    assert!(
+        rejection(&pod, &fixture)
+            .reason
+            .contains("key in Secret \"db/nope\"")
+    );
+    let pod = mk_pod(one(
+        json!({"name": "app", "image": "app", "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.schedulerName"}}}]}),
+    ));
+    let error = rejection(&pod, &fixture);
+    assert!(!error.retryable && error.reason.contains("not supported"));
+}
+
+#[test]
+fn volumes_that_ecis_config_files_carry() {
+    let mut fixture = Fixture::new();
+    fixture.token = Some("token-abc");
+    let pod = mk_pod(json!({
+        "containers": [{"name": "app", "image": "app", "volumeMounts": [
+            {"name": "scratch", "mountPath": "/tmp"}, {"name": "config", "mountPath": "/etc/app", "readOnly": true},
+            {"name": "creds", "mountPath": "/etc/creds"}, {"name": "info", "mountPath": "/etc/info"},
+            {"name": "api", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}, {"name": "share", "mountPath": "/share", "subPath": "web"}
+        ]}],
+        "volumes": [
+            {"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+            {"name": "config", "configMap": {"name": "app-config", "items": [{"key": "mode", "path": "mode.txt", "mode": 0o400}], "defaultMode": 0o644}},
+            {"name": "creds", "secret": {"secretName": "db"}},
+            {"name": "info", "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}},
+            {"name": "api", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                {"configMap": {"name": "app-config", "items": [{"key": "level", "path": "level"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}
+            ]}},
+            {"name": "share", "nfs": {"server": "nas.example.com", "path": "/exports", "readOnly": false}}
+        ]
+    }));
+    let request = translate_ok(&pod, &fixture);
+    let volume = |name: &str| {
+        request
+            .volume
+            .iter()
+            .find(|v| v.name == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(volume("scratch").empty_dir_volume.unwrap().medium, "Memory");
+    let decode = |content: &str| {
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(content)
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let config = volume("config").config_file_volume.unwrap();
+    assert_eq!(
+        (
+            config.config_file_to_path[0].path.as_str(),
+            config.config_file_to_path[0].mode,
+            config.default_mode
+        ),
+        ("mode.txt", Some(0o400), Some(0o644))
+    );
+    assert_eq!(decode(&config.config_file_to_path[0].content), "prod");
+    assert_eq!(
+        decode(
+            &volume("creds")
+                .config_file_volume
+                .unwrap()
+                .config_file_to_path[0]
+                .content
+        ),
+        "s3cret"
+    );
+    assert_eq!(
+        decode(
+            &volume("info")
+                .config_file_volume
+                .unwrap()
+                .config_file_to_path[0]
+                .content
+        ),
+        "app=\"web\""
+    );
+    let api: Vec<(String, String)> = volume("api")
+        .config_file_volume
+        .unwrap()
+        .config_file_to_path
+        .iter()
+        .map(|f| (f.path.clone(), decode(&f.content)))
+        .collect();
+    assert_eq!(
+        api,
+        vec![
+            ("token".into(), "token-abc".into()),
+            ("level".into(), "debug".into()),
+            ("namespace".into(), "default".into())
+        ]
+    );
+    assert_eq!(
+        volume("share").nfs_volume.unwrap().server,
+        "nas.example.com"
+    );
+    assert_eq!(request.container[0].volume_mount[5].sub_path, "web");
+}
+
+#[test]
+fn volumes_ecs_cannot_carry_are_rejected_by_name() {
+    let fixture = Fixture::new();
+    for (volume, kind) in [
+        (
+            json!({"name": "host", "hostPath": {"path": "/var/log"}}),
+            "hostPath",
+        ),
+        (
+            json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}}),
+            "persistentVolumeClaim",
+        ),
+    ] {
+        let pod =
+            mk_pod(json!({"containers": [{"name": "app", "image": "app"}], "volumes": [volume]}));
+        let error = rejection(&pod, &fixture);
+        assert!(
+            error
+                .reason
+                .starts_with(&format!("{kind} volumes cannot run on ECI")),
+            "{error}"
+        );
+        assert!(!error.retryable);
+    }
+    let pod = mk_pod(
+        json!({"containers": [{"name": "app", "image": "app"}], "volumes": [{"name": "api", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]}),
+    );
+    assert!(
+        rejection(&pod, &fixture).retryable,
+        "the token may be issued later"
+    );
+}
+
+#[test]
+fn probes_hooks_and_security() {
+    let fixture = Fixture::new();
+    let pod = mk_pod(one(
+        json!({"name": "app", "image": "app", "ports": [{"name": "http", "containerPort": 8080}],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"tcpSocket": {"port": 8080}, "initialDelaySeconds": 3},
+        "startupProbe": {"httpGet": {"path": "/started", "port": 8080}, "initialDelaySeconds": 10, "periodSeconds": 5, "failureThreshold": 6},
+        "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+        "securityContext": {"capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}, "runAsUser": 1000, "readOnlyRootFilesystem": true}}),
+    ));
+    let request = translate_ok(&pod, &fixture);
+    let container = &request.container[0];
+    let readiness = container.readiness_probe.clone().unwrap();
+    assert_eq!(
+        (readiness.http_get.unwrap().port, readiness.period_seconds),
+        (8080, 5),
+        "named port resolved"
+    );
+    assert_eq!(
+        container
+            .liveness_probe
+            .clone()
+            .unwrap()
+            .initial_delay_seconds,
+        3 + 10 + 5 * 6,
+        "the startup window delays liveness"
+    );
+    assert_eq!(
+        container
+            .lifecycle_pre_stop_handler
+            .clone()
+            .unwrap()
+            .exec
+            .unwrap()
+            .command,
+        vec!["sleep", "5"]
+    );
+    let security = container.security_context.clone().unwrap();
+    assert_eq!(
+        (
+            security.capability.unwrap().add,
+            security.run_as_user,
+            security.read_only_root_filesystem
+        ),
+        (vec!["NET_ADMIN".to_owned()], Some(1000), true)
+    );
+
+    for (container, field) in [
+        (
+            json!({"name": "app", "image": "app", "securityContext": {"privileged": true}}),
+            "securityContext.privileged",
+        ),
+        (
+            json!({"name": "app", "image": "app", "livenessProbe": {"grpc": {"port": 9000}}}),
+            "livenessProbe",
+        ),
+        (
+            json!({"name": "app", "image": "app", "ports": [{"containerPort": 80, "protocol": "SCTP"}]}),
+            "ports",
+        ),
+        (
+            json!({"name": "app", "image": "app", "readinessProbe": {"httpGet": {"port": "metrics"}}}),
+            "readinessProbe",
+        ),
+    ] {
+        let error = rejection(&mk_pod(one(container)), &fixture);
+        assert!(error.field.ends_with(field), "{error}");
+    }
+}
+
+#[test]
+fn pod_level_settings() {
+    let fixture = Fixture::new();
+    let pod = mk_pod_with(
+        json!({"annotations": {
+            "k8s.aliyun.com/eci-spot-strategy": "SpotWithPriceLimit", "k8s.aliyun.com/eci-spot-price-limit": "0.25",
+            "k8s.aliyun.com/eci-vswitch": "vsw-a,vsw-b", "k8s.aliyun.com/eci-auto-imc": "true",
+            "k8s.aliyun.com/eci-ram-role-name": "reader", "k8s.aliyun.com/eci-use-specs": "2-4Gi,ecs.c6.large"
+        }}),
+        json!({"restartPolicy": "Never", "terminationGracePeriodSeconds": 45, "activeDeadlineSeconds": 600,
+            "dnsPolicy": "None", "dnsConfig": {"nameservers": ["1.1.1.1"], "searches": ["corp"], "options": [{"name": "ndots", "value": "2"}]},
+            "hostAliases": [{"ip": "10.0.0.1", "hostnames": ["db.local"]}], "imagePullSecrets": [{"name": "pull"}, {"name": "absent"}],
+            "containers": [{"name": "app", "image": "registry.example.com/app:1", "resources": {"limits": {"cpu": "1", "memory": "2Gi"}}}]}),
+    );
+    let request = translate_ok(&pod, &fixture);
+    assert_eq!(request.restart_policy, "Never");
+    assert_eq!(
+        (
+            request.termination_grace_period_seconds,
+            request.active_deadline_seconds
+        ),
+        (Some(45), Some(600))
+    );
+    let dns = request.dns_config.clone().unwrap();
+    assert_eq!(
+        (dns.name_server, dns.search, dns.option[0].value.as_str()),
+        (vec!["1.1.1.1".to_owned()], vec!["corp".to_owned()], "2")
+    );
+    assert_eq!(request.host_aliase[0].hostname, vec!["db.local"]);
+    assert_eq!(
+        request.image_registry_credential.len(),
+        1,
+        "an absent pull secret is skipped"
+    );
+    let credential = &request.image_registry_credential[0];
+    assert_eq!(
+        (
+            credential.server.as_str(),
+            credential.user_name.as_str(),
+            credential.password.as_str()
+        ),
+        ("registry.example.com", "robot", "pa55")
+    );
+    assert_eq!(
+        (request.spot_strategy.as_str(), request.spot_price_limit),
+        ("SpotWithPriceLimit", Some(0.25))
+    );
+    assert_eq!(request.v_switch_id, "vsw-a,vsw-b");
+    assert!(request.auto_match_image_cache);
+    assert_eq!(request.ram_role_name, "reader");
+    assert_eq!(
+        (request.cpu, request.memory),
+        (Some(2.0), Some(4.0)),
+        "the first vCPU-memory pair sizes the group"
+    );
+
+    let too_small = mk_pod_with(
+        json!({"annotations": {"k8s.aliyun.com/eci-use-specs": "1-2Gi"}}),
+        json!({"containers": [{"name": "app", "image": "app", "resources": {"limits": {"cpu": "2", "memory": "4Gi"}}}]}),
+    );
+    assert!(
+        rejection(&too_small, &fixture)
+            .reason
+            .contains("smaller than the containers need")
+    );
+    let typed = mk_pod_with(
+        json!({"annotations": {"k8s.aliyun.com/eci-use-specs": "ecs.c6.xlarge"}}),
+        one(json!({"name": "app", "image": "app"})),
+    );
+    assert_eq!(
+        translate_ok(&typed, &fixture).instance_type,
+        "ecs.c6.xlarge"
+    );
+    let host =
+        mk_pod(json!({"hostNetwork": true, "containers": [{"name": "app", "image": "app"}]}));
+    assert_eq!(rejection(&host, &fixture).field, "spec.hostNetwork");
+}

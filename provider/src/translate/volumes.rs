@@ -1,0 +1,286 @@
+//! Volumes: emptyDir, configMap, secret, downwardAPI and projected become ECI volumes (the last
+//! four as `ConfigFileVolume`s with their files inlined), nfs stays nfs; anything else is
+//! rejected with its name.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use eci_proto::v20180808::{ConfigFileToPath, ConfigFileVolume, EmptyDirVolume, NfsVolume, Volume};
+use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod};
+
+use super::downward::{self, FieldValue};
+use super::{Context, Rejection, missing, reject};
+
+struct File {
+    path: String,
+    content: Vec<u8>,
+    mode: Option<i32>,
+}
+
+fn encode(files: Vec<File>, default_mode: Option<i32>) -> ConfigFileVolume {
+    ConfigFileVolume {
+        config_file_to_path: files
+            .into_iter()
+            .map(|f| ConfigFileToPath {
+                path: f.path,
+                content: base64::engine::general_purpose::STANDARD.encode(f.content),
+                mode: f.mode,
+            })
+            .collect(),
+        default_mode,
+    }
+}
+
+/// Files of a ConfigMap or Secret's `entries`, selected by `items` when given.
+fn keyed_files(
+    entries: &BTreeMap<String, Vec<u8>>,
+    items: Option<&Vec<KeyToPath>>,
+    optional: bool,
+    at: &str,
+    what: &str,
+) -> Result<Vec<File>, Rejection> {
+    match items {
+        None => Ok(entries
+            .iter()
+            .map(|(k, v)| File {
+                path: k.clone(),
+                content: v.clone(),
+                mode: None,
+            })
+            .collect()),
+        Some(items) => {
+            let mut files = Vec::new();
+            for item in items {
+                match entries.get(&item.key) {
+                    Some(content) => files.push(File {
+                        path: item.path.clone(),
+                        content: content.clone(),
+                        mode: item.mode,
+                    }),
+                    None if optional => {}
+                    None => return Err(missing(at, &format!("key in {what}"), &item.key)),
+                }
+            }
+            Ok(files)
+        }
+    }
+}
+
+fn config_map_entries(cx: &Context<'_>, name: &str) -> Option<BTreeMap<String, Vec<u8>>> {
+    cx.config_maps.get(name).map(|map| {
+        let mut entries: BTreeMap<String, Vec<u8>> = map
+            .data
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.into_bytes()))
+            .collect();
+        entries.extend(
+            map.binary_data
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0)),
+        );
+        entries
+    })
+}
+
+fn secret_entries(cx: &Context<'_>, name: &str) -> Option<BTreeMap<String, Vec<u8>>> {
+    cx.secrets.get(name).map(|secret| {
+        secret
+            .data
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect()
+    })
+}
+
+fn downward_files(
+    pod: &Pod,
+    items: &[DownwardAPIVolumeFile],
+    cx: &Context<'_>,
+    at: &str,
+) -> Result<Vec<File>, Rejection> {
+    let mut files = Vec::new();
+    for item in items {
+        let content = if let Some(selector) = &item.field_ref {
+            match downward::field(pod, selector, cx.node_name, at, true)? {
+                FieldValue::Literal(value) => value,
+                FieldValue::Eci(path) => {
+                    return Err(reject(
+                        at,
+                        format!(
+                            "{path} is only available as an environment variable on ECI, not as a downwardAPI file"
+                        ),
+                    ));
+                }
+            }
+        } else if let Some(selector) = &item.resource_field_ref {
+            let name = selector.container_name.as_deref().unwrap_or_default();
+            let container = pod
+                .spec
+                .iter()
+                .flat_map(|s| s.containers.iter())
+                .find(|c| c.name == name)
+                .ok_or_else(|| {
+                    reject(
+                        at,
+                        format!(
+                            "resourceFieldRef names container {name:?}, which the pod does not have"
+                        ),
+                    )
+                })?;
+            downward::resource(container, selector, cx.default_spec, at)?
+        } else {
+            return Err(reject(
+                at,
+                "a downwardAPI item needs fieldRef or resourceFieldRef",
+            ));
+        };
+        files.push(File {
+            path: item.path.clone(),
+            content: content.into_bytes(),
+            mode: item.mode,
+        });
+    }
+    Ok(files)
+}
+
+/// The pod's volumes as ECI volumes.
+pub(super) fn volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, Rejection> {
+    let mut out = Vec::new();
+    for (index, volume) in pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .enumerate()
+    {
+        let at = format!("spec.volumes[{index}] ({})", volume.name);
+        let mut eci = Volume {
+            name: volume.name.clone(),
+            ..Volume::default()
+        };
+        if let Some(empty) = &volume.empty_dir {
+            eci.r#type = "EmptyDirVolume".into();
+            eci.empty_dir_volume = Some(EmptyDirVolume {
+                medium: empty.medium.clone().unwrap_or_default(),
+                size_limit: empty
+                    .size_limit
+                    .as_ref()
+                    .map(|q| q.0.clone())
+                    .unwrap_or_default(),
+            });
+        } else if let Some(source) = &volume.config_map {
+            let optional = source.optional == Some(true);
+            let files = match config_map_entries(cx, &source.name) {
+                Some(entries) => {
+                    keyed_files(&entries, source.items.as_ref(), optional, &at, "ConfigMap")?
+                }
+                None if optional => Vec::new(),
+                None => return Err(missing(&at, "ConfigMap", &source.name)),
+            };
+            eci.r#type = "ConfigFileVolume".into();
+            eci.config_file_volume = Some(encode(files, source.default_mode));
+        } else if let Some(source) = &volume.secret {
+            let name = source.secret_name.clone().unwrap_or_default();
+            let optional = source.optional == Some(true);
+            let files = match secret_entries(cx, &name) {
+                Some(entries) => {
+                    keyed_files(&entries, source.items.as_ref(), optional, &at, "Secret")?
+                }
+                None if optional => Vec::new(),
+                None => return Err(missing(&at, "Secret", &name)),
+            };
+            eci.r#type = "ConfigFileVolume".into();
+            eci.config_file_volume = Some(encode(files, source.default_mode));
+        } else if let Some(source) = &volume.downward_api {
+            eci.r#type = "ConfigFileVolume".into();
+            eci.config_file_volume = Some(encode(
+                downward_files(pod, source.items.as_deref().unwrap_or_default(), cx, &at)?,
+                source.default_mode,
+            ));
+        } else if let Some(source) = &volume.projected {
+            let mut files = Vec::new();
+            for projection in source.sources.iter().flatten() {
+                if let Some(map) = &projection.config_map {
+                    let optional = map.optional == Some(true);
+                    match config_map_entries(cx, &map.name) {
+                        Some(entries) => files.extend(keyed_files(
+                            &entries,
+                            map.items.as_ref(),
+                            optional,
+                            &at,
+                            "ConfigMap",
+                        )?),
+                        None if optional => {}
+                        None => return Err(missing(&at, "ConfigMap", &map.name)),
+                    }
+                } else if let Some(secret) = &projection.secret {
+                    let optional = secret.optional == Some(true);
+                    match secret_entries(cx, &secret.name) {
+                        Some(entries) => files.extend(keyed_files(
+                            &entries,
+                            secret.items.as_ref(),
+                            optional,
+                            &at,
+                            "Secret",
+                        )?),
+                        None if optional => {}
+                        None => return Err(missing(&at, "Secret", &secret.name)),
+                    }
+                } else if let Some(downward) = &projection.downward_api {
+                    files.extend(downward_files(
+                        pod,
+                        downward.items.as_deref().unwrap_or_default(),
+                        cx,
+                        &at,
+                    )?);
+                } else if let Some(token) = &projection.service_account_token {
+                    let value = cx.service_account_token.ok_or_else(|| Rejection {
+                        field: at.clone(),
+                        reason: "a service account token was not issued yet".into(),
+                        retryable: true,
+                    })?;
+                    files.push(File {
+                        path: token.path.clone(),
+                        content: value.as_bytes().to_vec(),
+                        mode: None,
+                    });
+                } else {
+                    return Err(reject(
+                        &at,
+                        "projected volumes support configMap, secret, downwardAPI and serviceAccountToken sources",
+                    ));
+                }
+            }
+            eci.r#type = "ConfigFileVolume".into();
+            eci.config_file_volume = Some(encode(files, source.default_mode));
+        } else if let Some(nfs) = &volume.nfs {
+            eci.r#type = "NFSVolume".into();
+            eci.nfs_volume = Some(NfsVolume {
+                server: nfs.server.clone(),
+                path: nfs.path.clone(),
+                read_only: nfs.read_only.unwrap_or(false),
+            });
+        } else {
+            let kind = serde_json::to_value(volume)
+                .ok()
+                .and_then(|v| {
+                    v.as_object()
+                        .and_then(|o| o.keys().find(|k| *k != "name").cloned())
+                })
+                .unwrap_or_else(|| "unknown".into());
+            return Err(reject(
+                &at,
+                format!(
+                    "{kind} volumes cannot run on ECI; supported: emptyDir, configMap, secret, downwardAPI, projected, nfs"
+                ),
+            ));
+        }
+        out.push(eci);
+    }
+    Ok(out)
+}
