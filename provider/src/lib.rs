@@ -11,6 +11,7 @@ pub mod lease;
 pub mod node;
 pub mod node_status;
 pub mod ops;
+pub mod pod_status;
 pub mod registration;
 pub mod telemetry;
 pub mod translate;
