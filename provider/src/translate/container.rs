@@ -12,7 +12,9 @@
 //! Lifecycle `sleep` handlers become `sleep <n>` exec handlers.
 
 use eci_proto::v20180808 as eci;
-use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Probe};
+use k8s_openapi::api::core::v1::{
+    Container, HTTPGetAction, LifecycleHandler, Probe, TCPSocketAction,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::quantity;
@@ -36,6 +38,39 @@ fn port_number(container: &Container, port: &IntOrString, at: &str) -> Result<i3
     }
 }
 
+fn http_get(
+    container: &Container,
+    action: &HTTPGetAction,
+    at: &str,
+) -> Result<eci::HttpGetAction, Rejection> {
+    Ok(eci::HttpGetAction {
+        path: action.path.clone().unwrap_or_else(|| "/".into()),
+        port: port_number(container, &action.port, at)?,
+        scheme: action.scheme.clone().unwrap_or_else(|| "HTTP".into()),
+        host: action.host.clone().unwrap_or_default(),
+        http_header: action
+            .http_headers
+            .iter()
+            .flatten()
+            .map(|header| eci::HttpHeader {
+                name: header.name.clone(),
+                value: header.value.clone(),
+            })
+            .collect(),
+    })
+}
+
+fn tcp_socket(
+    container: &Container,
+    action: &TCPSocketAction,
+    at: &str,
+) -> Result<eci::TcpSocketAction, Rejection> {
+    Ok(eci::TcpSocketAction {
+        port: port_number(container, &action.port, at)?,
+        host: action.host.clone().unwrap_or_default(),
+    })
+}
+
 fn probe(
     container: &Container,
     probe: &Probe,
@@ -55,33 +90,12 @@ fn probe(
         http_get: probe
             .http_get
             .as_ref()
-            .map(|h| -> Result<_, Rejection> {
-                Ok(eci::HttpGetAction {
-                    path: h.path.clone().unwrap_or_else(|| "/".into()),
-                    port: port_number(container, &h.port, at)?,
-                    scheme: h.scheme.clone().unwrap_or_else(|| "HTTP".into()),
-                    host: h.host.clone().unwrap_or_default(),
-                    http_header: h
-                        .http_headers
-                        .iter()
-                        .flatten()
-                        .map(|x| eci::HttpHeader {
-                            name: x.name.clone(),
-                            value: x.value.clone(),
-                        })
-                        .collect(),
-                })
-            })
+            .map(|h| http_get(container, h, at))
             .transpose()?,
         tcp_socket: probe
             .tcp_socket
             .as_ref()
-            .map(|t| -> Result<_, Rejection> {
-                Ok(eci::TcpSocketAction {
-                    port: port_number(container, &t.port, at)?,
-                    host: t.host.clone().unwrap_or_default(),
-                })
-            })
+            .map(|t| tcp_socket(container, t, at))
             .transpose()?,
         initial_delay_seconds: probe.initial_delay_seconds.unwrap_or(0) + extra_delay,
         period_seconds: probe.period_seconds.unwrap_or(10),
@@ -110,25 +124,12 @@ fn handler(
         http_get: handler
             .http_get
             .as_ref()
-            .map(|h| -> Result<_, Rejection> {
-                Ok(eci::HttpGetAction {
-                    path: h.path.clone().unwrap_or_else(|| "/".into()),
-                    port: port_number(container, &h.port, at)?,
-                    scheme: h.scheme.clone().unwrap_or_else(|| "HTTP".into()),
-                    host: h.host.clone().unwrap_or_default(),
-                    http_header: Vec::new(),
-                })
-            })
+            .map(|h| http_get(container, h, at))
             .transpose()?,
         tcp_socket: handler
             .tcp_socket
             .as_ref()
-            .map(|t| -> Result<_, Rejection> {
-                Ok(eci::TcpSocketAction {
-                    port: port_number(container, &t.port, at)?,
-                    host: t.host.clone().unwrap_or_default(),
-                })
-            })
+            .map(|t| tcp_socket(container, t, at))
             .transpose()?,
     })
 }
