@@ -131,9 +131,12 @@ async fn too_old_resource_version_is_gone_and_reflectors_relist() {
         .metadata
         .resource_version
         .unwrap();
-    api.create(&PostParams::default(), &configmap("before", json!({})))
-        .await
-        .unwrap();
+    api.create(
+        &PostParams::default(),
+        &configmap("before", json!({"test": "relist"})),
+    )
+    .await
+    .unwrap();
     stand_in.compact();
     let mut stream = api
         .watch(&WatchParams::default(), &old_rv)
@@ -149,7 +152,11 @@ async fn too_old_resource_version_is_gone_and_reflectors_relist() {
     let (reader, writer) = reflector::store();
     let events = reflector(
         writer,
-        watcher(api.clone(), watcher::Config::default()).default_backoff(),
+        watcher(
+            api.clone(),
+            watcher::Config::default().labels("test=relist"),
+        )
+        .default_backoff(),
     )
     .applied_objects()
     .boxed();
@@ -160,9 +167,12 @@ async fn too_old_resource_version_is_gone_and_reflectors_relist() {
     stand_in.compact();
     stand_in.faults().close_watches();
     stand_in.faults().expire_next_watches(1);
-    api.create(&PostParams::default(), &configmap("after", json!({})))
-        .await
-        .unwrap();
+    api.create(
+        &PostParams::default(),
+        &configmap("after", json!({"test": "relist"})),
+    )
+    .await
+    .unwrap();
     eventually("the reflector to see the new object", || {
         let reader = reader.clone();
         async move { reader.state().len() == 2 }
@@ -850,5 +860,101 @@ async fn scale_binding_reviews_and_injected_faults() {
         500
     );
     cms.list(&ListParams::default()).await.unwrap();
+    stand_in.stop().await;
+}
+
+#[tokio::test]
+async fn service_accounts_are_mounted_and_tokens_issued_like_a_real_cluster() {
+    use k8s_openapi::api::authentication::v1::TokenReview;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+
+    let (stand_in, client) = start().await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "team-a"}})).unwrap();
+    let created = namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    assert_eq!(
+        created.metadata.labels.unwrap()["kubernetes.io/metadata.name"],
+        "team-a"
+    );
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "team-a");
+    assert!(
+        maps.get("kube-root-ca.crt").await.unwrap().data.unwrap()["ca.crt"]
+            .contains("BEGIN CERTIFICATE")
+    );
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "team-a");
+    let created = pods
+        .create(&PostParams::default(), &pod("with-token", None, json!({})))
+        .await
+        .unwrap();
+    let spec = created.spec.unwrap();
+    let volume = spec
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name.starts_with("kube-api-access-"))
+        .expect("the token volume is injected");
+    let sources = volume.projected.unwrap().sources.unwrap();
+    assert_eq!(
+        sources[0].service_account_token.as_ref().unwrap().path,
+        "token"
+    );
+    let mounts = spec.containers[0].volume_mounts.clone().unwrap();
+    assert!(mounts.iter().any(
+        |m| m.mount_path == "/var/run/secrets/kubernetes.io/serviceaccount"
+            && m.read_only == Some(true)
+    ));
+
+    let mut opted_out = pod("no-token", None, json!({}));
+    opted_out
+        .spec
+        .as_mut()
+        .unwrap()
+        .automount_service_account_token = Some(false);
+    assert!(
+        pods.create(&PostParams::default(), &opted_out)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .volumes
+            .is_none()
+    );
+    let mut unknown = pod("unknown-account", None, json!({}));
+    unknown.spec.as_mut().unwrap().service_account_name = Some("builder".into());
+    let error = pods
+        .create(&PostParams::default(), &unknown)
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(&error), 403);
+
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "team-a");
+    let token = accounts
+        .create_token_request(
+            "default",
+            &PostParams::default(),
+            &serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3607}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let reviews: Api<TokenReview> = Api::all(client);
+    let review = reviews
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"spec": {"token": token}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        review.status.unwrap().user.unwrap().username.as_deref(),
+        Some("system:serviceaccount:team-a:default")
+    );
     stand_in.stop().await;
 }

@@ -114,6 +114,8 @@ pub struct Api {
     /// Objects.
     pub store: Store,
     next_cluster_ip: u32,
+    /// PEM published in every namespace's `kube-root-ca.crt` ConfigMap.
+    root_ca: String,
 }
 
 /// The outcome of a delete: the object as it now is, or as it was when it went.
@@ -127,11 +129,12 @@ pub enum Deleted {
 
 impl Api {
     /// A fresh API with the system namespaces.
-    pub fn new(log_capacity: usize) -> Self {
+    pub fn new(log_capacity: usize, root_ca: String) -> Self {
         let mut api = Self {
             registry: Registry::new(),
             store: Store::new(log_capacity),
             next_cluster_ip: 1,
+            root_ca,
         };
         let namespaces = api.type_of("", "namespaces");
         for namespace in SYSTEM_NAMESPACES {
@@ -281,7 +284,126 @@ impl Api {
         if t.key() == crd_key() {
             self.register_crd(&created)?;
         }
+        if t.group.is_empty() && t.plural == "namespaces" {
+            self.populate_namespace(&name)?;
+        }
         Ok(created)
+    }
+
+    /// What kube-controller-manager puts in every new namespace: the `default`
+    /// ServiceAccount and the `kube-root-ca.crt` ConfigMap.
+    fn populate_namespace(&mut self, namespace: &str) -> Result<(), ApiError> {
+        let accounts = self.type_of("", "serviceaccounts");
+        let account =
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}});
+        self.create(&accounts, namespace, account, false)?;
+        let maps = self.type_of("", "configmaps");
+        let ca = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": self.root_ca}});
+        self.create(&maps, namespace, ca, false)?;
+        Ok(())
+    }
+
+    /// What built-in admission does to a new pod before the webhooks see it: defaults, and the
+    /// ServiceAccount plugin (the account must exist; its token, the cluster CA and the
+    /// namespace are mounted at /var/run/secrets/kubernetes.io/serviceaccount unless
+    /// automounting is off).
+    pub fn admit_pod(&self, namespace: &str, pod: &mut Value) -> Result<(), ApiError> {
+        if !pod.get("spec").is_some_and(Value::is_object) {
+            return Err(ApiError::invalid("Pod spec: Required value"));
+        }
+        default_pod(pod);
+        let account_name = pod
+            .pointer("/spec/serviceAccountName")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_owned();
+        let accounts = self.type_of("", "serviceaccounts");
+        let account = self.store.get(&accounts.key(), namespace, &account_name).ok_or_else(|| {
+            ApiError::new_forbidden(format!("pods is forbidden: error looking up service account {namespace}/{account_name}: serviceaccount \"{account_name}\" not found"))
+        })?;
+        let automount = pod
+            .pointer("/spec/automountServiceAccountToken")
+            .and_then(Value::as_bool)
+            .or_else(|| {
+                account
+                    .get("automountServiceAccountToken")
+                    .and_then(Value::as_bool)
+            })
+            .unwrap_or(true);
+        const MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+        let all_containers = |pod: &Value| {
+            ["containers", "initContainers"]
+                .into_iter()
+                .flat_map(|list| {
+                    pod.pointer(&format!("/spec/{list}"))
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .collect::<Vec<_>>()
+        };
+        let mounted = all_containers(pod).iter().any(|c| {
+            c.get("volumeMounts")
+                .and_then(Value::as_array)
+                .is_some_and(|m| m.iter().any(|m| m["mountPath"] == MOUNT_PATH))
+        });
+        if !automount || mounted {
+            return Ok(());
+        }
+        let volume_name = format!("kube-api-access-{}", random_suffix());
+        let volume = json!({"name": volume_name, "projected": {"defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+        ]}});
+        let spec = &mut pod["spec"];
+        match spec.get_mut("volumes").and_then(Value::as_array_mut) {
+            Some(volumes) => volumes.push(volume),
+            None => spec["volumes"] = json!([volume]),
+        }
+        for list in ["containers", "initContainers"] {
+            for container in spec
+                .get_mut(list)
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                let mount = json!({"name": volume_name, "mountPath": MOUNT_PATH, "readOnly": true});
+                match container
+                    .get_mut("volumeMounts")
+                    .and_then(Value::as_array_mut)
+                {
+                    Some(mounts) => mounts.push(mount),
+                    None => container["volumeMounts"] = json!([mount]),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `serviceaccounts/{name}/token`: a TokenRequest answered with a stand-in token that
+    /// TokenReview recognises.
+    pub fn request_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        request: &Value,
+    ) -> Result<Value, ApiError> {
+        let accounts = self.type_of("", "serviceaccounts");
+        self.get(&accounts, namespace, name)?;
+        let seconds = request
+            .pointer("/spec/expirationSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(3600)
+            .max(600);
+        let mut answer = request.clone();
+        answer["apiVersion"] = json!("authentication.k8s.io/v1");
+        answer["kind"] = json!("TokenRequest");
+        answer["status"] = json!({
+            "token": format!("{}{namespace}.{name}.{}", super::auth::SERVICE_ACCOUNT_TOKEN_PREFIX, uuid::Uuid::new_v4().simple()),
+            "expirationTimestamp": time_after(seconds),
+        });
+        Ok(answer)
     }
 
     fn defaults_on_create(&mut self, t: &ResourceType, body: &mut Value) -> Result<(), ApiError> {
@@ -289,6 +411,9 @@ impl Api {
             ("", "pods") => default_pod(body),
             ("", "namespaces") => {
                 body["status"] = json!({"phase": "Active"});
+                // kube-apiserver labels every namespace with its own name.
+                let name = meta_str(body, "name").to_owned();
+                body["metadata"]["labels"]["kubernetes.io/metadata.name"] = Value::String(name);
             }
             ("", "secrets") => fold_string_data(body),
             ("", "services") => {

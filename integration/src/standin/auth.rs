@@ -47,6 +47,8 @@ pub struct AuthRules {
 pub const ADMIN_TOKEN: &str = "standin-admin-token";
 /// Its user.
 pub const ADMIN_USER: &str = "standin-admin";
+/// Prefix of the tokens TokenRequest issues: `<prefix><namespace>.<account>.<random>`.
+pub const SERVICE_ACCOUNT_TOKEN_PREFIX: &str = "standin-sa.";
 
 impl Default for AuthRules {
     fn default() -> Self {
@@ -78,11 +80,22 @@ impl AuthRules {
             .pointer("/spec/token")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let status = match self.tokens.iter().find(|user| user.token == token) {
-            Some(user) => {
-                json!({"authenticated": true, "user": {"username": user.username, "uid": format!("uid-{}", user.username), "groups": user.groups}})
+        let account = token
+            .strip_prefix(SERVICE_ACCOUNT_TOKEN_PREFIX)
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(namespace, rest)| rest.split_once('.').map(|(name, _)| (namespace, name)));
+        let status = if let Some((namespace, name)) = account {
+            json!({"authenticated": true, "user": {
+                "username": format!("system:serviceaccount:{namespace}:{name}"),
+                "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
+            }})
+        } else {
+            match self.tokens.iter().find(|user| user.token == token) {
+                Some(user) => {
+                    json!({"authenticated": true, "user": {"username": user.username, "uid": format!("uid-{}", user.username), "groups": user.groups}})
+                }
+                None => json!({"authenticated": false, "error": "invalid bearer token"}),
             }
-            None => json!({"authenticated": false, "error": "invalid bearer token"}),
         };
         let mut answer = review.clone();
         answer["status"] = status;

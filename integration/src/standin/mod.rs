@@ -145,8 +145,11 @@ impl StandIn {
         };
         let scheme = if config.plain_http { "http" } else { "https" };
         let url = format!("{scheme}://{addr}");
+        let root_ca = ca_pem
+            .clone()
+            .unwrap_or_else(|| "# plain HTTP: no CA\n".to_owned());
         let state = Arc::new(State {
-            api: Mutex::new(api::Api::new(config.watch_history)),
+            api: Mutex::new(api::Api::new(config.watch_history, root_ca)),
             faults: Faults::default(),
             options: Options {
                 bookmark_interval: config.bookmark_interval,

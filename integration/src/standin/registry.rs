@@ -16,6 +16,8 @@ pub struct Subresources {
     pub eviction: bool,
     /// `pods/binding`.
     pub binding: bool,
+    /// `serviceaccounts/token` (TokenRequest).
+    pub token: bool,
 }
 
 /// Where a scalable type keeps its replica counts.
@@ -175,7 +177,7 @@ pub fn builtin_types() -> Vec<ResourceType> {
                 status: true,
                 eviction: true,
                 binding: true,
-                scale: None,
+                ..Subresources::default()
             },
         ),
         builtin("", "v1", "events", "event", "Event", true, &["ev"], none()),
@@ -208,7 +210,10 @@ pub fn builtin_types() -> Vec<ResourceType> {
             "ServiceAccount",
             true,
             &["sa"],
-            none(),
+            Subresources {
+                token: true,
+                ..Subresources::default()
+            },
         ),
         builtin(
             "coordination.k8s.io",
@@ -607,6 +612,9 @@ impl Registry {
             }
             if t.subresources.binding {
                 resources.push(json!({"name": format!("{}/binding", t.plural), "singularName": "", "namespaced": true, "kind": "Binding", "verbs": ["create"]}));
+            }
+            if t.subresources.token {
+                resources.push(json!({"name": format!("{}/token", t.plural), "singularName": "", "namespaced": true, "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}));
             }
         }
         if resources.is_empty() {

@@ -401,6 +401,7 @@ async fn resource_request(
             let mut object = parse_body(&body)?;
             let dry_run = dry_run(query);
             if t.group.is_empty() && t.plural == "pods" {
+                state.lock().admit_pod(&namespace, &mut object)?;
                 object = admit_pod(state, &namespace, object, dry_run).await?;
             }
             let created = state.lock().create(&t, &namespace, object, dry_run)?;
@@ -409,6 +410,12 @@ async fn resource_request(
         ("POST", Some(name), Some("eviction")) if t.subresources.eviction => Ok(
             json_response_code(&state.lock().evict(&namespace, name, &parse_body(&body)?)?),
         ),
+        ("POST", Some(name), Some("token")) if t.subresources.token => Ok(json_response(
+            201,
+            &state
+                .lock()
+                .request_token(&namespace, name, &parse_body(&body)?)?,
+        )),
         ("POST", Some(name), Some("binding")) if t.subresources.binding => Ok(json_response_code(
             &state.lock().bind(&namespace, name, &parse_body(&body)?)?,
         )),
