@@ -18,6 +18,7 @@ use crate::config::Settings;
 use crate::lease::{LeaseIdentity, NodeLease};
 use crate::node_status;
 use crate::ops::{self, Readiness};
+use crate::pods::PodController;
 use crate::registration;
 use crate::telemetry::Telemetry;
 
@@ -68,6 +69,16 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             }
             ("lease renewal", result.map_err(anyhow::Error::from))
         });
+    }
+    {
+        let controller = PodController::new(
+            settings.clone(),
+            client.clone(),
+            Arc::clone(&backend),
+            Arc::clone(&telemetry),
+        );
+        let stop = stop.clone();
+        tasks.spawn(async move { ("pod controller", controller.run(stop).await) });
     }
     {
         let (settings, telemetry, stop) = (settings.clone(), Arc::clone(&telemetry), stop.clone());

@@ -161,6 +161,29 @@ pub struct Config {
     #[arg(long, env = "NODE_STATUS_MAX_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     pub node_status_max_interval: Duration,
 
+    /// Cluster DNS server(s) for pods with `dnsPolicy: ClusterFirst` (comma-separated; the
+    /// kube-dns Service IP). Without it such pods use ECI's resolver.
+    #[arg(long, env = "CLUSTER_DNS", value_delimiter = ',')]
+    pub cluster_dns: Vec<String>,
+
+    /// The cluster's DNS domain.
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+
+    /// How often pod statuses are polled from ECI (one call per interval for the whole node:
+    /// only the groups whose status changed).
+    #[arg(long, env = "POD_STATUS_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub pod_status_poll_interval: Duration,
+
+    /// How often every group of this node is listed again (catches anything an incremental
+    /// poll missed, and groups that vanished).
+    #[arg(long, env = "POD_RESYNC_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub pod_resync_interval: Duration,
+
+    /// Most container group creations in flight at once.
+    #[arg(long, env = "MAX_CONCURRENT_CREATES", default_value_t = 32)]
+    pub max_concurrent_creates: usize,
+
     /// Log format (level from RUST_LOG, default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -327,6 +350,22 @@ impl Config {
                 flag: "--eci-unreachable-threshold (ECI_UNREACHABLE_THRESHOLD)",
                 problem: "shorter than the probe interval".into(),
                 fix: "make it at least --eci-probe-interval (defaults: 30s and 10s)",
+            });
+        }
+        if self.pod_status_poll_interval.is_zero()
+            || self.pod_resync_interval < self.pod_status_poll_interval
+        {
+            return Err(ConfigError {
+                flag: "--pod-resync-interval (POD_RESYNC_INTERVAL)",
+                problem: "shorter than the status poll interval".into(),
+                fix: "make it at least --pod-status-poll-interval (defaults: 60s and 1s)",
+            });
+        }
+        if self.max_concurrent_creates == 0 {
+            return Err(ConfigError {
+                flag: "--max-concurrent-creates (MAX_CONCURRENT_CREATES)",
+                problem: "0".into(),
+                fix: "allow at least 1",
             });
         }
         let cluster_name = self

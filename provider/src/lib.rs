@@ -12,6 +12,7 @@ pub mod node;
 pub mod node_status;
 pub mod ops;
 pub mod pod_status;
+pub mod pods;
 pub mod registration;
 pub mod telemetry;
 pub mod translate;
