@@ -63,17 +63,7 @@ impl Action {
 
     /// Calls per minute per account and region, from the published quotas.
     pub fn default_per_minute(self) -> u32 {
-        match self {
-            Action::CreateContainerGroup | Action::DeleteContainerGroup => 1_000,
-            Action::DescribeContainerGroups
-            | Action::DescribeContainerGroupMetric
-            | Action::DescribeMultiContainerGroupMetric => 2_000,
-            Action::DescribeContainerGroupStatus => 10_000,
-            Action::UpdateContainerGroup
-            | Action::RestartContainerGroup
-            | Action::DescribeContainerLog
-            | Action::ExecContainerCommand => 500,
-        }
+        eci_proto::quota::per_minute(self.name()).unwrap_or(500)
     }
 
     /// Whether the action changes state (and so the state file).

@@ -28,7 +28,7 @@ impl RateLimit {
         let per_minute = action.default_per_minute();
         Self {
             per_minute,
-            burst: (per_minute / 10).max(1),
+            burst: eci_proto::quota::burst(per_minute),
         }
     }
 }

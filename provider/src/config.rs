@@ -180,6 +180,11 @@ pub struct Config {
     #[arg(long, env = "POD_RESYNC_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     pub pod_resync_interval: Duration,
 
+    /// Do not pace ECI calls by the documented per-action quotas (benchmarks against a
+    /// mock-eci with its limits off).
+    #[arg(long, env = "NO_ECI_CLIENT_RATE_LIMITS")]
+    pub no_eci_client_rate_limits: bool,
+
     /// Most container group creations in flight at once.
     #[arg(long, env = "MAX_CONCURRENT_CREATES", default_value_t = 32)]
     pub max_concurrent_creates: usize,

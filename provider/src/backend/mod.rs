@@ -3,6 +3,7 @@
 //! (mock-eci in-process, mock-eci over gRPC, the real OpenAPI) is decided at start-up.
 
 mod grpc;
+mod limited;
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use eci_proto::v20180808::{
     RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
 };
 pub use grpc::GrpcBackend;
+pub use limited::{Paced, Pacer};
 use tracing::info;
 
 use crate::config::{BackendChoice, Settings};
