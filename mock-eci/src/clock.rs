@@ -53,6 +53,11 @@ pub fn rfc3339(at: Millis) -> String {
     humantime::format_rfc3339_seconds(system_time(at)).to_string()
 }
 
+/// Formats as RFC 3339 with milliseconds (change times precise enough to measure latency).
+pub fn rfc3339_millis(at: Millis) -> String {
+    humantime::format_rfc3339_millis(system_time(at)).to_string()
+}
+
 /// Formats as RFC 3339 with nanoseconds, as log timestamps are written.
 pub fn rfc3339_nanos(at: Millis) -> String {
     humantime::format_rfc3339_nanos(system_time(at)).to_string()

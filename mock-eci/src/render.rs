@@ -4,7 +4,7 @@ use eci_proto::v20180808::{
     ContainerGroup, ContainerGroupStatus, ContainerInfo, ContainerState, Event, Tag,
 };
 
-use crate::clock::{Millis, rfc3339};
+use crate::clock::{Millis, rfc3339, rfc3339_millis};
 use crate::group::{ContainerRun, Group, GroupEvent, RunState, Which};
 use crate::rng;
 use crate::settings::Settings;
@@ -82,7 +82,7 @@ pub fn container_group_status(group: &Group) -> ContainerGroupStatus {
         containers: containers(group, Which::Regular, View::StateOnly),
         init_containers: containers(group, Which::Init, View::StateOnly),
         events: events(group),
-        status_change_time: rfc3339(group.changed_at),
+        status_change_time: rfc3339_millis(group.changed_at),
     }
 }
 

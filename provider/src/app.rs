@@ -43,11 +43,11 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         .await
         .context("cannot reach the Kubernetes API: no in-cluster configuration and no usable kubeconfig (set KUBECONFIG)")?;
     let (backend, backend_guard) = backend::connect(&settings).await?;
-    let backend: backend::Backend = if settings.config.no_eci_client_rate_limits {
-        backend
-    } else {
-        Arc::new(backend::Paced::new(backend))
-    };
+    let backend: backend::Backend = Arc::new(backend::Paced::new(
+        backend,
+        !settings.config.no_eci_client_rate_limits,
+        Arc::clone(&telemetry),
+    ));
 
     let nodes: Api<Node> = Api::all(client.clone());
     let node = registration::register(&nodes, &settings, &telemetry).await?;

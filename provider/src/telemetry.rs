@@ -6,6 +6,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// Labels of a result counter.
@@ -13,6 +14,22 @@ use prometheus_client::registry::Registry;
 pub struct ResultLabels {
     /// `ok` or a short error class.
     pub result: String,
+}
+
+/// Labels of ECI calls.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EciLabels {
+    /// The action.
+    pub action: &'static str,
+    /// `ok` or the ECI error code.
+    pub result: String,
+}
+
+/// Labels of the pods gauge.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// Pod phase.
+    pub phase: String,
 }
 
 /// Labels of Kubernetes API requests.
@@ -36,6 +53,20 @@ pub struct Telemetry {
     pub lease_renewals: Family<ResultLabels, Counter>,
     /// Requests to the Kubernetes API by operation.
     pub kube_requests: Family<KubeLabels, Counter>,
+    /// ECI calls by action and result.
+    pub eci_calls: Family<EciLabels, Counter>,
+    /// Pods of this node by phase.
+    pub pods: Family<PhaseLabels, Gauge>,
+    /// Pod seen → ECI accepted its group.
+    pub pod_create_seconds: Histogram,
+    /// ECI status change → pod status written.
+    pub pod_status_propagation_seconds: Histogram,
+    /// Creation attempts that had to be retried.
+    pub pod_create_retries: Counter,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
 impl Telemetry {
@@ -49,6 +80,11 @@ impl Telemetry {
             eci_probes: Family::default(),
             lease_renewals: Family::default(),
             kube_requests: Family::default(),
+            eci_calls: Family::default(),
+            pods: Family::default(),
+            pod_create_seconds: latency_histogram(),
+            pod_status_propagation_seconds: latency_histogram(),
+            pod_create_retries: Counter::default(),
         };
         registry.register(
             "eci_reachable",
@@ -74,6 +110,31 @@ impl Telemetry {
             "kube_requests",
             "Requests to the Kubernetes API by operation",
             telemetry.kube_requests.clone(),
+        );
+        registry.register(
+            "eci_calls",
+            "ECI calls by action and result (ok or the ECI error code)",
+            telemetry.eci_calls.clone(),
+        );
+        registry.register(
+            "pods",
+            "Pods bound to this node by phase",
+            telemetry.pods.clone(),
+        );
+        registry.register(
+            "pod_create_seconds",
+            "Time from seeing a pod to ECI accepting its container group",
+            telemetry.pod_create_seconds.clone(),
+        );
+        registry.register(
+            "pod_status_propagation_seconds",
+            "Time from an ECI status change to the pod status written",
+            telemetry.pod_status_propagation_seconds.clone(),
+        );
+        registry.register(
+            "pod_create_retries",
+            "Container group creations retried after a transient failure",
+            telemetry.pod_create_retries.clone(),
         );
         *telemetry
             .registry

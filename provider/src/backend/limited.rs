@@ -70,25 +70,45 @@ impl Pacer {
     }
 }
 
-/// A backend whose calls are paced by a [`Pacer`].
+/// A backend whose calls are paced by a [`Pacer`] (unless pacing is off) and counted by
+/// action and result.
 pub struct Paced {
     inner: Backend,
-    pacer: Pacer,
+    pacer: Option<Pacer>,
+    telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
 }
 
 impl std::fmt::Debug for Paced {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Paced").field("pacer", &self.pacer).finish_non_exhaustive()
+        f.debug_struct("Paced")
+            .field("pacer", &self.pacer)
+            .finish_non_exhaustive()
     }
 }
 
 impl Paced {
-    /// Paces `inner`.
-    pub fn new(inner: Backend) -> Self {
+    /// Paces (when `pace`) and meters `inner`.
+    pub fn new(
+        inner: Backend,
+        pace: bool,
+        telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
+    ) -> Self {
         Self {
             inner,
-            pacer: Pacer::default(),
+            pacer: pace.then(Pacer::default),
+            telemetry,
         }
+    }
+
+    fn record<T>(&self, action: &'static str, result: &Result<T, EciError>) {
+        let result = match result {
+            Ok(_) => "ok".to_owned(),
+            Err(error) => error.code.clone(),
+        };
+        self.telemetry
+            .eci_calls
+            .get_or_create(&crate::telemetry::EciLabels { action, result })
+            .inc();
     }
 }
 
@@ -97,8 +117,12 @@ macro_rules! paced {
         #[async_trait::async_trait]
         impl EciBackend for Paced {
             $(async fn $method(&self, request: $request) -> Result<$response, EciError> {
-                self.pacer.acquire($action).await;
-                self.inner.$method(request).await
+                if let Some(pacer) = &self.pacer {
+                    pacer.acquire($action).await;
+                }
+                let result = self.inner.$method(request).await;
+                self.record($action, &result);
+                result
             })+
         }
     };

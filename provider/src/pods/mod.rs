@@ -307,7 +307,10 @@ impl PodController {
         match action {
             None => {}
             Some(Action::Create) => {
-                tokio::spawn(async move { controller.create(pod, uid).await }.instrument(span));
+                let seen = tokio::time::Instant::now();
+                tokio::spawn(
+                    async move { controller.create(pod, uid, seen).await }.instrument(span),
+                );
             }
             Some(Action::Delete) => {
                 tokio::spawn(async move { controller.delete(pod, uid).await }.instrument(span));
@@ -339,7 +342,7 @@ impl PodController {
             .await;
     }
 
-    async fn create(self, pod: Arc<Pod>, uid: String) {
+    async fn create(self, pod: Arc<Pod>, uid: String, seen: tokio::time::Instant) {
         let _permit = self.inner.creates.acquire().await;
         let mut attempt = 0u32;
         loop {
@@ -356,6 +359,10 @@ impl PodController {
                         entry.creating = false;
                         entry.deleting
                     };
+                    self.inner
+                        .telemetry
+                        .pod_create_seconds
+                        .observe(seen.elapsed().as_secs_f64());
                     info!(eci_id = %id, "created container group");
                     if !stale {
                         self.annotate(&pod, &id).await;
@@ -363,7 +370,7 @@ impl PodController {
                     return;
                 }
                 Err(Failure::Retry(message)) => {
-                    self.inner.telemetry.kube_request("pod_create_retry");
+                    self.inner.telemetry.pod_create_retries.inc();
                     if attempt == 3 {
                         // Tell the user once the problem persists, then keep trying.
                         self.set_provider_failed(&pod, &message, false).await;
@@ -664,9 +671,32 @@ impl PodController {
                 last_full = tokio::time::Instant::now();
                 self.detect_vanished(&groups).await;
             }
+            self.count_phases();
             for group in groups {
                 self.apply_status(group).await;
             }
+        }
+    }
+
+    fn count_phases(&self) {
+        let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+        for tracked in self.tracked().values() {
+            if let Some(pod) = &tracked.pod {
+                let phase = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_else(|| "Pending".into());
+                *counts.entry(phase).or_default() += 1;
+            }
+        }
+        self.inner.telemetry.pods.clear();
+        for (phase, count) in counts {
+            self.inner
+                .telemetry
+                .pods
+                .get_or_create(&crate::telemetry::PhaseLabels { phase })
+                .set(count);
         }
     }
 
@@ -718,6 +748,15 @@ impl PodController {
             return;
         }
         self.write_status(&pod, status).await;
+        if let Some(changed) = humantime::parse_rfc3339_weak(&group.status_change_time)
+            .ok()
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+        {
+            self.inner
+                .telemetry
+                .pod_status_propagation_seconds
+                .observe(changed.as_secs_f64());
+        }
         if let Some(entry) = self.tracked().get_mut(&uid) {
             entry.written = Some(fingerprint);
         }
