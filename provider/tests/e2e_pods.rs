@@ -357,3 +357,135 @@ async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans() {
     })
     .await;
 }
+
+fn pod_names_of(groups: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> = groups
+        .iter()
+        .map(|g| {
+            g["tags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["key"] == "k8s.aliyun.com/pod-name")
+                .unwrap()["value"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+async fn create_many(h: &Harness, node: &str, count: usize) {
+    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+    let creations = (0..count).map(|i| {
+        let (pods, pod) = (
+            pods.clone(),
+            pod_spec(
+                &format!("burst-{i:03}"),
+                node,
+                json!({"containers": [container(&[])]}),
+            ),
+        );
+        async move { pods.create(&PostParams::default(), &pod).await.unwrap() }
+    });
+    futures::future::join_all(creations).await;
+}
+
+async fn created_count(admin: &str) -> u64 {
+    let metrics = reqwest::get(format!("{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(r#"mock_eci_calls_total{action="CreateContainerGroup",result="ok"}"#)
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_group_per_pod() {
+    with_harness(async |h| {
+        let (node, admin) = start(h).await?;
+        create_many(h, &node, 200).await;
+        h.wait_for("the daemon to be in the middle of the burst", WAIT, |_| {
+            let admin = admin.clone();
+            async move { created_count(&admin).await >= 40 }
+        })
+        .await?;
+        let name = h.node_name(0);
+        h.process(&name).unwrap().kill().await;
+        h.start_daemon(0, FAST_DAEMON)?;
+        let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+        h.wait_for("all 200 pods to run", Duration::from_secs(120), |_| {
+            let pods = pods.clone();
+            async move {
+                pods.list(&Default::default()).await.is_ok_and(|l| {
+                    l.items.len() == 200
+                        && l.items.iter().all(|p| {
+                            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        })
+                })
+            }
+        })
+        .await?;
+        let groups = groups(&admin).await;
+        let names = pod_names_of(&groups);
+        let expected: Vec<String> = (0..200).map(|i| format!("burst-{i:03}")).collect();
+        assert_eq!(names, expected, "exactly one group per pod, no orphans");
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked() {
+    with_harness(async |h| {
+        // ECI allows 2 creates a second; the daemon, unpaced, runs into the limit and retries.
+        let mock = h
+            .start_mock_eci(&[FAST_MOCK, &["--rate-limit", "CreateContainerGroup=120/2"]].concat())
+            .await?;
+        let mut env = FAST_DAEMON.to_vec();
+        env.push(("NO_ECI_CLIENT_RATE_LIMITS", "true"));
+        h.start_daemon(0, &env)?;
+        let node = h.node_name(0);
+        create_many(h, &node, 20).await;
+        let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+        h.wait_for("all 20 pods to run", Duration::from_secs(120), |_| {
+            let pods = pods.clone();
+            async move {
+                pods.list(&Default::default()).await.is_ok_and(|l| {
+                    l.items.len() == 20
+                        && l.items.iter().all(|p| {
+                            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        })
+                })
+            }
+        })
+        .await?;
+        let metrics = reqwest::get(format!("{}/metrics", mock.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains(r#"action="CreateContainerGroup",result="Throttling.User""#),
+            "the storm happened"
+        );
+        assert_eq!(
+            pod_names_of(&groups(&mock.admin).await).len(),
+            20,
+            "one group per pod"
+        );
+        Ok(())
+    })
+    .await;
+}
