@@ -66,7 +66,7 @@ pub struct Telemetry {
 }
 
 fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+    Histogram::new(exponential_buckets(0.001, 1.5, 28))
 }
 
 impl Telemetry {

@@ -119,13 +119,15 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf, HarnessError> {
         return Ok(path);
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "-p", package, "--bin", name])
-        .status()
-        .map_err(|source| HarnessError::Io {
-            what: format!("build {name}"),
-            source,
-        })?;
+    let mut command = std::process::Command::new(cargo);
+    command.args(["build", "--quiet", "-p", package, "--bin", name]);
+    if dir.ends_with("release") {
+        command.arg("--release");
+    }
+    let status = command.status().map_err(|source| HarnessError::Io {
+        what: format!("build {name}"),
+        source,
+    })?;
     if status.success() && path.exists() {
         Ok(path)
     } else {

@@ -236,6 +236,11 @@ impl PodController {
                 Some(Ok(watcher::Event::InitDone)) => {
                     if let Some(groups) = initial_groups.take() {
                         self.collect_orphans(&groups, &listed).await;
+                        info!(
+                            pods = listed.len(),
+                            groups = groups.len(),
+                            "resync complete: every pod and group of this node accounted for"
+                        );
                     }
                 }
                 Some(Ok(watcher::Event::Apply(pod))) => self.observe(pod),
