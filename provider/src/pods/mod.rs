@@ -71,6 +71,8 @@ struct Inner {
     recorder: Recorder,
     pods: Mutex<HashMap<String, Tracked>>,
     creates: Semaphore,
+    /// Groups being deleted, and who waits for them to be gone.
+    awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
 }
 
 impl std::fmt::Debug for PodController {
@@ -125,6 +127,7 @@ impl PodController {
                 telemetry,
                 pods: Mutex::new(HashMap::new()),
                 creates,
+                awaiting_removal: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -205,7 +208,8 @@ impl PodController {
         );
         let watch = self.clone().watch_pods(groups, stop.clone());
         let poll = self.clone().poll_statuses(stop.clone());
-        tokio::try_join!(watch, poll)?;
+        let removals = self.clone().watch_removals(stop.clone());
+        tokio::try_join!(watch, poll, removals)?;
         Ok(())
     }
 
@@ -357,21 +361,29 @@ impl PodController {
             let outcome = self.try_create(&pod, &uid).await;
             match outcome {
                 Ok(id) => {
-                    let stale = {
-                        let mut tracked = self.tracked();
-                        let entry = tracked.entry(uid.clone()).or_default();
-                        entry.group = Some(id.clone());
-                        entry.creating = false;
-                        entry.deleting
-                    };
                     self.inner
                         .telemetry
                         .pod_create_seconds
                         .observe(seen.elapsed().as_secs_f64());
-                    info!(eci_id = %id, "created container group");
-                    if !stale {
-                        self.annotate(&pod, &id).await;
+                    let wanted = {
+                        let mut tracked = self.tracked();
+                        match tracked.get_mut(&uid) {
+                            Some(entry) if !entry.deleting => {
+                                entry.group = Some(id.clone());
+                                entry.creating = false;
+                                true
+                            }
+                            _ => false,
+                        }
+                    };
+                    if !wanted {
+                        // The pod went away while its group was being created: no leak.
+                        info!(eci_id = %id, "the pod was deleted during creation; deleting its new container group");
+                        self.delete_group(&id, true).await;
+                        return;
                     }
+                    info!(eci_id = %id, "created container group");
+                    self.annotate(&pod, &id).await;
                     return;
                 }
                 Err(Failure::Retry(message)) => {
@@ -570,18 +582,23 @@ impl PodController {
             .max(0);
         if let Some(id) = &group {
             self.delete_group(id, false).await;
-            let deadline = tokio::time::Instant::now()
-                + Duration::from_secs(u64::try_from(grace).unwrap_or(0));
-            loop {
-                match self.group_exists(id).await {
-                    Ok(false) => break,
-                    Ok(true) if tokio::time::Instant::now() >= deadline => {
-                        self.delete_group(id, true).await;
-                        break;
-                    }
-                    _ => tokio::time::sleep(Duration::from_millis(500)).await,
-                }
+            let grace = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+            let (gone, until_gone) = tokio::sync::oneshot::channel();
+            self.inner
+                .awaiting_removal
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(id.clone())
+                .or_default()
+                .push(gone);
+            if tokio::time::timeout(grace, until_gone).await.is_err() {
+                // The grace period is over: stop it now.
+                self.delete_group(id, true).await;
             }
+        }
+        // The group is gone: the pod's removal from the watch must not delete it again.
+        if let Some(t) = self.tracked().get_mut(&uid) {
+            t.group = None;
         }
         let api: Api<Pod> = Api::namespaced(
             self.inner.client.clone(),
@@ -603,6 +620,68 @@ impl PodController {
                 warn!(%error, "could not delete the pod; retrying on the next change");
                 if let Some(t) = self.tracked().get_mut(&uid) {
                     t.deleting = false;
+                }
+            }
+        }
+    }
+
+    /// Tells deletions when their groups are gone: one DescribeContainerGroups per 20 groups
+    /// per interval, however many pods are being deleted.
+    async fn watch_removals(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let mut ticks = tokio::time::interval(
+            self.inner
+                .settings
+                .config
+                .pod_status_poll_interval
+                .min(Duration::from_millis(500)),
+        );
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                _ = ticks.tick() => {}
+            }
+            let ids: Vec<String> = {
+                let mut waiting = self
+                    .inner
+                    .awaiting_removal
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                // Waiters that gave up (grace period over) are dropped.
+                waiting.retain(|_, senders| {
+                    senders.retain(|s| !s.is_closed());
+                    !senders.is_empty()
+                });
+                waiting.keys().cloned().collect()
+            };
+            for chunk in ids.chunks(20) {
+                let Ok(answer) = self
+                    .inner
+                    .backend
+                    .describe_container_groups(DescribeContainerGroupsRequest {
+                        region_id: self.inner.settings.config.region.clone(),
+                        container_group_ids: chunk.to_vec(),
+                        limit: Some(20),
+                        ..DescribeContainerGroupsRequest::default()
+                    })
+                    .await
+                else {
+                    continue;
+                };
+                let present: HashSet<&str> = answer
+                    .container_groups
+                    .iter()
+                    .map(|g| g.container_group_id.as_str())
+                    .collect();
+                let mut waiting = self
+                    .inner
+                    .awaiting_removal
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                for id in chunk.iter().filter(|id| !present.contains(id.as_str())) {
+                    for sender in waiting.remove(id).into_iter().flatten() {
+                        let _ = sender.send(());
+                    }
                 }
             }
         }
