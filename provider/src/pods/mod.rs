@@ -235,7 +235,7 @@ impl PodController {
                 Some(Ok(watcher::Event::Init)) => listed.clear(),
                 Some(Ok(watcher::Event::InitApply(pod))) => {
                     listed.insert(pod.uid().unwrap_or_default());
-                    self.observe(pod);
+                    self.observe(Arc::new(pod));
                 }
                 Some(Ok(watcher::Event::InitDone)) => {
                     if let Some(groups) = initial_groups.take() {
@@ -247,7 +247,7 @@ impl PodController {
                         );
                     }
                 }
-                Some(Ok(watcher::Event::Apply(pod))) => self.observe(pod),
+                Some(Ok(watcher::Event::Apply(pod))) => self.observe(Arc::new(pod)),
                 Some(Ok(watcher::Event::Delete(pod))) => self.forget(&pod).await,
             }
         }
@@ -283,9 +283,8 @@ impl PodController {
         }
     }
 
-    fn observe(&self, pod: Pod) {
+    fn observe(&self, pod: Arc<Pod>) {
         let Some(uid) = pod.uid() else { return };
-        let pod = Arc::new(pod);
         let action = {
             let mut tracked = self.tracked();
             let entry = tracked.entry(uid.clone()).or_default();
@@ -531,26 +530,64 @@ impl PodController {
             .await;
     }
 
+    /// Writes a pod status with optimistic concurrency: the patch carries the latest
+    /// resourceVersion we know; on a conflict the pod is read again and the write retried once.
     async fn write_status(&self, pod: &Pod, status: Value) {
         let api: Api<Pod> = Api::namespaced(
             self.inner.client.clone(),
             &pod.namespace().unwrap_or_default(),
         );
-        self.inner.telemetry.kube_request("pod_status_patch");
-        if let Err(error) = api
-            .patch_status(
-                &pod.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await
-        {
-            warn!(pod = %pod_key(pod), %error, "could not write the pod status; the next poll retries");
-            if let Some(uid) = pod.uid() {
-                if let Some(t) = self.tracked().get_mut(&uid) {
-                    t.written = None;
+        let uid = pod.uid().unwrap_or_default();
+        let latest_rv = |fallback: &Pod| {
+            self.tracked()
+                .get(&uid)
+                .and_then(|t| {
+                    t.pod
+                        .as_ref()
+                        .and_then(|p| p.metadata.resource_version.clone())
+                })
+                .or_else(|| fallback.metadata.resource_version.clone())
+        };
+        for attempt in 0..2 {
+            let body = json!({"metadata": {"resourceVersion": latest_rv(pod)}, "status": &status});
+            self.inner.telemetry.kube_request("pod_status_patch");
+            match api
+                .patch_status(
+                    &pod.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(body),
+                )
+                .await
+            {
+                Ok(updated) => {
+                    self.remember(&uid, updated);
+                    return;
+                }
+                Err(kube::Error::Api(conflict)) if conflict.code == 409 && attempt == 0 => {
+                    self.inner.telemetry.kube_request("pod_get");
+                    match api.get(&pod.name_any()).await {
+                        Ok(fresh) if fresh.uid().as_deref() == Some(uid.as_str()) => {
+                            self.remember(&uid, fresh);
+                        }
+                        _ => return,
+                    }
+                }
+                Err(error) => {
+                    warn!(pod = %pod_key(pod), %error, "could not write the pod status; the next poll retries");
+                    if let Some(t) = self.tracked().get_mut(&uid) {
+                        t.written = None;
+                    }
+                    return;
                 }
             }
+        }
+    }
+
+    /// Keeps the copy of a pod the API just returned: its resourceVersion is what the next
+    /// write carries (resourceVersions are opaque, so the latest answer wins, not a comparison).
+    fn remember(&self, uid: &str, pod: Pod) {
+        if let Some(t) = self.tracked().get_mut(uid) {
+            t.pod = Some(Arc::new(pod));
         }
     }
 
@@ -612,16 +649,35 @@ impl PodController {
             }),
             ..DeleteParams::default()
         };
-        self.inner.telemetry.kube_request("pod_delete");
-        match api.delete(&pod.name_any(), &params).await {
-            Ok(_) => info!(eci_id = ?group, "pod deleted after its container group stopped"),
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
-            Err(error) => {
-                warn!(%error, "could not delete the pod; retrying on the next change");
-                if let Some(t) = self.tracked().get_mut(&uid) {
-                    t.deleting = false;
+        for attempt in 0..8 {
+            self.inner.telemetry.kube_request("pod_delete");
+            match api.delete(&pod.name_any(), &params).await {
+                Ok(_) => {
+                    info!(eci_id = ?group, "pod deleted after its container group stopped");
+                    return;
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => return,
+                Err(error) => {
+                    debug!(%error, attempt, "could not delete the pod; retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
                 }
             }
+        }
+        warn!("could not delete the pod; the next resync tries again");
+        if let Some(t) = self.tracked().get_mut(&uid) {
+            t.deleting = false;
+        }
+    }
+
+    /// Drives every tracked pod again (after a failed step, nothing else might wake it).
+    fn redrive(&self) {
+        let pods: Vec<Arc<Pod>> = self
+            .tracked()
+            .values()
+            .filter_map(|t| t.pod.clone())
+            .collect();
+        for pod in pods {
+            self.observe(pod);
         }
     }
 
@@ -754,11 +810,13 @@ impl PodController {
             if full {
                 last_full = tokio::time::Instant::now();
                 self.detect_vanished(&groups).await;
+                self.redrive();
             }
             self.count_phases();
-            for group in groups {
-                self.apply_status(group).await;
-            }
+            // Statuses are written in parallel: a burst of changes must not queue behind itself.
+            futures::stream::iter(groups)
+                .for_each_concurrent(32, |group| self.apply_status(group))
+                .await;
         }
     }
 
@@ -793,13 +851,13 @@ impl PodController {
             let Some(entry) = tracked.get_mut(&uid) else {
                 return;
             };
+            if entry.deleting || group.status == "Terminating" {
+                return;
+            }
             entry
                 .group
                 .get_or_insert_with(|| group.container_group_id.clone());
             let Some(pod) = entry.pod.clone() else { return };
-            if entry.deleting || group.status == "Terminating" {
-                return;
-            }
             let new_events: Vec<_> = group
                 .events
                 .iter()
