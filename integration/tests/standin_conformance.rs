@@ -958,3 +958,29 @@ async fn service_accounts_are_mounted_and_tokens_issued_like_a_real_cluster() {
     );
     stand_in.stop().await;
 }
+
+#[tokio::test]
+async fn deleting_an_owner_collects_its_dependents() {
+    let (stand_in, client) = start().await;
+    let api: Api<ConfigMap> = Api::namespaced(client, "default");
+    let owner = api
+        .create(&PostParams::default(), &configmap("owner", json!({})))
+        .await
+        .unwrap();
+    let mut dependent = configmap("dependent", json!({}));
+    dependent.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "owner".into(),
+            uid: owner.metadata.uid.clone().unwrap(),
+            ..Default::default()
+        },
+    ]);
+    api.create(&PostParams::default(), &dependent)
+        .await
+        .unwrap();
+    api.delete("owner", &DeleteParams::default()).await.unwrap();
+    assert_eq!(api_status(&api.get("dependent").await.unwrap_err()), 404);
+    stand_in.stop().await;
+}

@@ -782,16 +782,7 @@ impl Api {
         if owner_uid.is_empty() {
             return;
         }
-        let dependents = self.store.find(|object| {
-            object
-                .pointer("/metadata/ownerReferences")
-                .and_then(Value::as_array)
-                .is_some_and(|refs| {
-                    refs.iter()
-                        .any(|r| r.get("uid").and_then(Value::as_str) == Some(owner_uid))
-                })
-        });
-        for (key, namespace, name) in dependents {
+        for (key, namespace, name) in self.store.dependents(owner_uid) {
             let Some(object) = self.store.get(&key, &namespace, &name) else {
                 continue;
             };
@@ -801,9 +792,7 @@ impl Api {
                 .into_iter()
                 .flatten()
                 .filter_map(|r| r.get("uid").and_then(Value::as_str))
-                .any(|uid| {
-                    uid != owner_uid && !self.store.find(|o| meta_str(o, "uid") == uid).is_empty()
-                });
+                .any(|uid| uid != owner_uid && self.store.uid_exists(uid));
             if owners_alive {
                 continue;
             }

@@ -1,7 +1,7 @@
 //! Object storage: one resourceVersion counter, objects per type, and the ordered change log
 //! that watches replay and follow.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -61,6 +61,26 @@ pub struct Store {
     /// Changes with an rv at or below this are no longer in the log.
     compacted: u64,
     changes: broadcast::Sender<Arc<Change>>,
+    /// Where each object (by uid) is, and which objects each uid owns: garbage collection must
+    /// not scan every object on every delete.
+    by_uid: HashMap<String, Location>,
+    owned_by: HashMap<String, BTreeSet<Location>>,
+}
+
+/// An object's type, namespace and name.
+pub type Location = (TypeKey, String, String);
+
+fn uid_of(object: &Value) -> Option<&str> {
+    object.pointer("/metadata/uid").and_then(Value::as_str)
+}
+
+fn owner_uids(object: &Value) -> impl Iterator<Item = &str> {
+    object
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("uid").and_then(Value::as_str))
 }
 
 impl Store {
@@ -74,6 +94,8 @@ impl Store {
             log_capacity: log_capacity.max(1),
             compacted: 1,
             changes,
+            by_uid: HashMap::new(),
+            owned_by: HashMap::new(),
         }
     }
 
@@ -116,6 +138,45 @@ impl Store {
             }
         }
         found
+    }
+
+    fn index(&mut self, location: &Location, object: &Value) {
+        if let Some(uid) = uid_of(object) {
+            self.by_uid.insert(uid.to_owned(), location.clone());
+        }
+        for owner in owner_uids(object) {
+            self.owned_by
+                .entry(owner.to_owned())
+                .or_default()
+                .insert(location.clone());
+        }
+    }
+
+    fn unindex(&mut self, location: &Location, object: &Value) {
+        if let Some(uid) = uid_of(object) {
+            self.by_uid.remove(uid);
+        }
+        for owner in owner_uids(object) {
+            if let Some(owned) = self.owned_by.get_mut(owner) {
+                owned.remove(location);
+                if owned.is_empty() {
+                    self.owned_by.remove(owner);
+                }
+            }
+        }
+    }
+
+    /// Whether an object with this uid exists.
+    pub fn uid_exists(&self, uid: &str) -> bool {
+        self.by_uid.contains_key(uid)
+    }
+
+    /// The objects that name `owner_uid` among their owners.
+    pub fn dependents(&self, owner_uid: &str) -> Vec<Location> {
+        self.owned_by
+            .get(owner_uid)
+            .map(|owned| owned.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Subscribes to changes committed from now on.
@@ -169,6 +230,10 @@ impl Store {
         mut object: Value,
     ) -> Value {
         self.next_rv(&mut object);
+        self.index(
+            &(key.clone(), namespace.to_owned(), name.to_owned()),
+            &object,
+        );
         self.objects
             .entry(key.clone())
             .or_default()
@@ -197,6 +262,11 @@ impl Store {
             .entry(key.clone())
             .or_default()
             .insert((namespace.to_owned(), name.to_owned()), object.clone());
+        let location = (key.clone(), namespace.to_owned(), name.to_owned());
+        if let Some(old) = &old {
+            self.unindex(&location, old);
+        }
+        self.index(&location, &object);
         self.commit(
             key.clone(),
             namespace,
@@ -213,6 +283,10 @@ impl Store {
             .objects
             .get_mut(key)?
             .remove(&(namespace.to_owned(), name.to_owned()))?;
+        self.unindex(
+            &(key.clone(), namespace.to_owned(), name.to_owned()),
+            &object,
+        );
         self.next_rv(&mut object);
         self.commit(
             key.clone(),
