@@ -53,8 +53,11 @@ struct Tracked {
     group: Option<String>,
     creating: bool,
     deleting: bool,
-    written: Option<Value>,
-    events_seen: HashSet<(String, String, i32)>,
+    /// Hash of the status last written (a hash, not the JSON: memory per pod matters at
+    /// thousands of pods).
+    written: Option<u64>,
+    /// Hashes of the ECI events already turned into Events.
+    events_seen: HashSet<u64>,
 }
 
 /// The controller.
@@ -864,11 +867,11 @@ impl PodController {
                 .filter(|e| {
                     entry
                         .events_seen
-                        .insert((e.reason.clone(), e.message.clone(), e.count))
+                        .insert(hash_of(&(&e.reason, &e.message, e.count)))
                 })
                 .cloned()
                 .collect();
-            (pod, entry.written.clone(), new_events)
+            (pod, entry.written, new_events)
         };
         for event in new_events {
             let kind = if event.r#type == "Warning" {
@@ -879,14 +882,15 @@ impl PodController {
             self.event(&pod, kind, &event.reason, &event.message).await;
         }
         let status = pod_status::pod_status(&pod, &group, SystemTime::now());
-        let fingerprint = pod_status::fingerprint(&status);
-        let current = pod
-            .status
-            .as_ref()
-            .map(|s| pod_status::fingerprint(&serde_json::to_value(s).unwrap_or_default()));
+        let fingerprint = hash_of(&pod_status::fingerprint(&status).to_string());
+        let current = pod.status.as_ref().map(|s| {
+            hash_of(
+                &pod_status::fingerprint(&serde_json::to_value(s).unwrap_or_default()).to_string(),
+            )
+        });
         // Nothing new: neither what we wrote last nor what the pod already shows (an adopted
         // pod after a restart is not rewritten).
-        if written.as_ref() == Some(&fingerprint) || current.as_ref() == Some(&fingerprint) {
+        if written == Some(fingerprint) || current == Some(fingerprint) {
             return;
         }
         self.write_status(&pod, status).await;
@@ -953,6 +957,14 @@ enum Action {
 enum Failure {
     Retry(String),
     Permanent(String),
+}
+
+/// An in-process hash (never persisted).
+fn hash_of<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
+    use std::hash::Hasher as _;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Pods that must not become container groups, and why.
