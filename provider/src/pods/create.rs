@@ -1,0 +1,195 @@
+//! Creating container groups: references, translation, retries, failures on the pod.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+impl PodController {
+    pub(super) async fn explain_skip(&self, pod: &Pod, reason: &'static str) {
+        info!(pod = %pod_key(pod), reason, "not running this pod on ECI");
+        let status =
+            json!({"phase": "Pending", "reason": "NotSupportedOnVirtualNode", "message": reason});
+        self.write_status(pod, status).await;
+        self.event(pod, EventType::Warning, "NotSupportedOnVirtualNode", reason)
+            .await;
+    }
+
+    pub(super) async fn create(self, pod: Arc<Pod>, uid: String, seen: tokio::time::Instant) {
+        let _permit = self.inner.creates.acquire().await;
+        let mut attempt = 0u32;
+        loop {
+            if self.tracked().get(&uid).is_none_or(|t| t.deleting) {
+                return;
+            }
+            let outcome = self.try_create(&pod, &uid).await;
+            match outcome {
+                Ok(id) => {
+                    self.inner
+                        .telemetry
+                        .pod_create_seconds
+                        .observe(seen.elapsed().as_secs_f64());
+                    let wanted = {
+                        let mut tracked = self.tracked();
+                        match tracked.get_mut(&uid) {
+                            Some(entry) if !entry.deleting => {
+                                entry.group = Some(id.clone());
+                                entry.creating = false;
+                                true
+                            }
+                            _ => false,
+                        }
+                    };
+                    if !wanted {
+                        // The pod went away while its group was being created: no leak.
+                        info!(eci_id = %id, "the pod was deleted during creation; deleting its new container group");
+                        self.delete_group(&id, true).await;
+                        return;
+                    }
+                    info!(eci_id = %id, "created container group");
+                    self.annotate(&pod, &id).await;
+                    return;
+                }
+                Err(Failure::Retry(message)) => {
+                    self.inner.telemetry.pod_create_retries.inc();
+                    if attempt == 3 {
+                        // Tell the user once the problem persists, then keep trying.
+                        self.set_provider_failed(&pod, &message, false).await;
+                    }
+                    debug!(%message, attempt, "create failed; retrying");
+                }
+                Err(Failure::Permanent(message)) => {
+                    warn!(%message, "this pod cannot run on ECI");
+                    self.set_provider_failed(&pod, &message, true).await;
+                    return;
+                }
+            }
+            attempt += 1;
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+    }
+
+    pub(super) async fn try_create(&self, pod: &Pod, uid: &str) -> Result<String, Failure> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let refs = refs::references(pod);
+        let config_maps = self
+            .fetch::<ConfigMap>(&namespace, &refs.config_maps)
+            .await?;
+        let secrets = self.fetch::<Secret>(&namespace, &refs.secrets).await?;
+        let token = match refs.token_seconds {
+            Some(seconds) => Some(self.token(pod, seconds).await?),
+            None => None,
+        };
+        let settings = &self.inner.settings;
+        let cx = Context {
+            region: &settings.config.region,
+            vswitch: settings.config.vswitch.as_deref().unwrap_or("vsw-mock"),
+            security_group: settings
+                .config
+                .security_group
+                .as_deref()
+                .unwrap_or("sg-mock"),
+            cluster_name: &settings.cluster_name,
+            node_name: &settings.node_name,
+            cluster_dns: &settings.config.cluster_dns,
+            cluster_domain: &settings.config.cluster_domain,
+            config_maps: &config_maps,
+            secrets: &secrets,
+            service_account_token: token.as_deref(),
+            default_spec: (2.0, 4.0),
+        };
+        let request = translate::translate(pod, &cx).map_err(|rejection| {
+            let message = rejection.to_string();
+            if rejection.retryable {
+                Failure::Retry(message)
+            } else {
+                Failure::Permanent(message)
+            }
+        })?;
+        debug_assert_eq!(request.client_token, uid);
+        match self.inner.backend.create_container_group(request).await {
+            Ok(response) => Ok(response.container_group_id),
+            Err(error) if error.is_retryable() => Err(Failure::Retry(error.to_string())),
+            Err(error) => Err(Failure::Permanent(error.to_string())),
+        }
+    }
+
+    pub(super) async fn fetch<K>(
+        &self,
+        namespace: &str,
+        names: &std::collections::BTreeSet<String>,
+    ) -> Result<BTreeMap<String, K>, Failure>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.inner.client.clone(), namespace);
+        let mut found = BTreeMap::new();
+        for name in names {
+            self.inner.telemetry.kube_request("pod_reference_get");
+            match api.get_opt(name).await {
+                Ok(Some(object)) => {
+                    found.insert(name.clone(), object);
+                }
+                Ok(None) => {}
+                Err(error) => return Err(Failure::Retry(format!("cannot read {name}: {error}"))),
+            }
+        }
+        Ok(found)
+    }
+
+    pub(super) async fn token(&self, pod: &Pod, seconds: i64) -> Result<String, Failure> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let account = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into());
+        let api: Api<ServiceAccount> = Api::namespaced(self.inner.client.clone(), &namespace);
+        let request: TokenRequest = serde_json::from_value(json!({"spec": {
+            "audiences": [], "expirationSeconds": seconds,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.name_any(), "uid": pod.uid()},
+        }}))
+        .map_err(|e| Failure::Permanent(e.to_string()))?;
+        self.inner.telemetry.kube_request("token_request");
+        let answer = api
+            .create_token_request(&account, &PostParams::default(), &request)
+            .await
+            .map_err(|e| {
+                Failure::Retry(format!(
+                    "cannot issue a token for service account {namespace}/{account}: {e}"
+                ))
+            })?;
+        answer
+            .status
+            .map(|s| s.token)
+            .ok_or_else(|| Failure::Retry("the TokenRequest answer has no token".into()))
+    }
+
+    pub(super) async fn annotate(&self, pod: &Pod, id: &str) {
+        let api: Api<Pod> = Api::namespaced(
+            self.inner.client.clone(),
+            &pod.namespace().unwrap_or_default(),
+        );
+        self.inner.telemetry.kube_request("pod_annotate");
+        let patch = json!({"metadata": {"annotations": {INSTANCE_ANNOTATION: id}}});
+        if let Err(error) = api
+            .patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+        {
+            warn!(%error, "could not record the ECI instance id on the pod");
+        }
+    }
+
+    pub(super) async fn set_provider_failed(&self, pod: &Pod, message: &str, permanent: bool) {
+        let phase = if permanent { "Failed" } else { "Pending" };
+        let status = json!({"phase": phase, "reason": PROVIDER_FAILED, "message": message});
+        self.write_status(pod, status).await;
+        self.event(pod, EventType::Warning, PROVIDER_FAILED, message)
+            .await;
+    }
+}
