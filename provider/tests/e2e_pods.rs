@@ -358,6 +358,26 @@ async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans() {
     .await;
 }
 
+async fn wait_all_running(h: &Harness, count: usize) -> Result<(), HarnessError> {
+    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+    h.wait_for(
+        &format!("all {count} pods to run"),
+        Duration::from_secs(120),
+        |_| {
+            let pods = pods.clone();
+            async move {
+                pods.list(&Default::default()).await.is_ok_and(|l| {
+                    l.items.len() == count
+                        && l.items.iter().all(|p| {
+                            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        })
+                })
+            }
+        },
+    )
+    .await
+}
+
 fn pod_names_of(groups: &[Value]) -> Vec<String> {
     let mut names: Vec<String> = groups
         .iter()
@@ -423,19 +443,7 @@ async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_group_per_p
         let name = h.node_name(0);
         h.process(&name).unwrap().kill().await;
         h.start_daemon(0, FAST_DAEMON)?;
-        let pods: Api<Pod> = Api::namespaced(h.client(), "default");
-        h.wait_for("all 200 pods to run", Duration::from_secs(120), |_| {
-            let pods = pods.clone();
-            async move {
-                pods.list(&Default::default()).await.is_ok_and(|l| {
-                    l.items.len() == 200
-                        && l.items.iter().all(|p| {
-                            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                        })
-                })
-            }
-        })
-        .await?;
+        wait_all_running(h, 200).await?;
         let groups = groups(&admin).await;
         let names = pod_names_of(&groups);
         let expected: Vec<String> = (0..200).map(|i| format!("burst-{i:03}")).collect();
@@ -457,19 +465,7 @@ async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked() {
         h.start_daemon(0, &env)?;
         let node = h.node_name(0);
         create_many(h, &node, 20).await;
-        let pods: Api<Pod> = Api::namespaced(h.client(), "default");
-        h.wait_for("all 20 pods to run", Duration::from_secs(120), |_| {
-            let pods = pods.clone();
-            async move {
-                pods.list(&Default::default()).await.is_ok_and(|l| {
-                    l.items.len() == 20
-                        && l.items.iter().all(|p| {
-                            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                        })
-                })
-            }
-        })
-        .await?;
+        wait_all_running(h, 20).await?;
         let metrics = reqwest::get(format!("{}/metrics", mock.admin))
             .await
             .unwrap()

@@ -14,13 +14,17 @@ impl PodController {
     }
 
     pub(super) async fn create(self, pod: Arc<Pod>, uid: String, seen: tokio::time::Instant) {
-        let _permit = self.inner.creates.acquire().await;
         let mut attempt = 0u32;
         loop {
             if self.tracked().get(&uid).is_none_or(|t| t.deleting) {
                 return;
             }
-            let outcome = self.try_create(&pod, &uid).await;
+            // A slot per attempt, not per pod: pods backing off (a missing ConfigMap, an
+            // outage) must not hold every slot and starve the others.
+            let outcome = {
+                let _slot = self.inner.creates.acquire().await;
+                self.try_create(&pod, &uid).await
+            };
             match outcome {
                 Ok(id) => {
                     self.inner
