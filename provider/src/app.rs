@@ -9,15 +9,20 @@ use std::time::Duration;
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::backend;
 use crate::config::Settings;
+use crate::drain::{Decommission, Outcome};
 use crate::lease::{LeaseIdentity, NodeLease};
+use crate::membership::{Membership, StopKind};
 use crate::node_status;
+use crate::node_watch;
 use crate::ops::{self, Readiness};
+use crate::orphans::OrphanCollector;
 use crate::pods::PodController;
 use crate::registration;
 use crate::telemetry::Telemetry;
@@ -39,9 +44,16 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         })?;
     info!(address = %ops_listener.local_addr()?, "serving /healthz, /readyz and /metrics");
 
-    let client = kube::Client::try_default()
+    let kube_config = kube::Config::infer()
         .await
         .context("cannot reach the Kubernetes API: no in-cluster configuration and no usable kubeconfig (set KUBECONFIG)")?;
+    // Evictions refused by a disruption budget (429) must reach the drain loop at once, not be
+    // retried inside the client for minutes.
+    let mut no_retry = kube_config.clone();
+    no_retry.default_retry = false;
+    let drain_client =
+        kube::Client::try_from(no_retry).context("cannot build a Kubernetes client")?;
+    let client = kube::Client::try_from(kube_config).context("cannot build a Kubernetes client")?;
     let (backend, backend_guard) = backend::connect(&settings).await?;
     let backend: backend::Backend = Arc::new(backend::Paced::new(
         backend,
@@ -59,7 +71,9 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         duration_seconds: settings.config.lease_duration_seconds,
         renew_interval: settings.config.lease_renew_interval,
     };
+    let (uid_sender, uid_receiver) = watch::channel(identity.node_uid.clone());
     let mut lease = NodeLease::acquire(client.clone(), identity, &telemetry).await?;
+    let membership = Membership::discover(client.clone(), &settings).await;
     readiness.serving.store(true, Ordering::SeqCst);
     info!(node = %settings.node_name, backend = ?settings.backend, "virtual-node-eci is serving its node");
 
@@ -67,8 +81,9 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
     {
         let (telemetry, stop) = (Arc::clone(&telemetry), stop.clone());
+        let mut node_uid = uid_receiver.clone();
         tasks.spawn(async move {
-            let result = lease.keep_renewing(&telemetry, &stop).await;
+            let result = lease.keep_renewing(&telemetry, &stop, &mut node_uid).await;
             if result.is_ok() {
                 lease.release(&telemetry).await;
             }
@@ -87,14 +102,35 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     }
     {
         let (settings, telemetry, stop) = (settings.clone(), Arc::clone(&telemetry), stop.clone());
+        let (nodes, backend) = (nodes.clone(), Arc::clone(&backend));
         tasks.spawn(async move {
             (
                 "node status",
-                node_status::run(nodes, backend, settings, telemetry, stop)
+                node_status::run(nodes, backend, settings, telemetry, uid_receiver, stop)
                     .await
                     .map_err(anyhow::Error::from),
             )
         });
+    }
+    {
+        let (settings, telemetry, stop) = (settings.clone(), Arc::clone(&telemetry), stop.clone());
+        let client = client.clone();
+        tasks.spawn(async move {
+            (
+                "node watch",
+                node_watch::run(nodes, client, settings, telemetry, uid_sender, stop).await,
+            )
+        });
+    }
+    {
+        let collector = OrphanCollector::new(
+            client.clone(),
+            Arc::clone(&backend),
+            settings.clone(),
+            Arc::clone(&telemetry),
+        );
+        let stop = stop.clone();
+        tasks.spawn(async move { ("orphan collector", collector.run(stop).await) });
     }
     {
         let router = ops::router(Arc::clone(&telemetry), Arc::clone(&readiness));
@@ -110,21 +146,38 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     }
 
     tokio::pin!(shutdown);
+    let mut decommission = None;
     let outcome = tokio::select! {
-        () = &mut shutdown => {
-            info!("stop signal received; stopping every task");
-            Ok(())
-        }
-        Some(joined) = tasks.join_next() => {
-            let (name, result) = joined.unwrap_or_else(|panic| ("a task", Err(anyhow::anyhow!("panicked: {panic}"))));
-            let failure = match result {
-                Ok(()) => anyhow::anyhow!("the critical task `{name}` stopped unexpectedly"),
-                Err(error) => error.context(format!("the critical task `{name}` failed")),
-            };
-            error!(error = %format!("{failure:#}"), "stopping: a critical task is gone");
-            Err(failure)
-        }
+        () = &mut shutdown => match membership.classify().await {
+            StopKind::Restart { why } => {
+                info!(%why, "stop signal received: a restart; leaving the node, its pods and their groups to the successor");
+                Ok(())
+            }
+            StopKind::Decommission { why } => {
+                info!(%why, "stop signal received: decommissioning this node");
+                let drain = Decommission::new(drain_client, settings.clone(), Arc::clone(&telemetry));
+                // The pod lifecycle keeps running meanwhile: evicted pods leave ECI gracefully.
+                tokio::select! {
+                    drained = drain.drain(&why) => match drained {
+                        Ok(Outcome::Drained) => {
+                            decommission = Some(drain);
+                            Ok(())
+                        }
+                        Ok(Outcome::TimedOut { left }) => Err(anyhow::anyhow!(
+                            "the decommission did not finish within {:?} (DRAIN_TIMEOUT); the node stays cordoned with: {left}",
+                            settings.config.drain_timeout
+                        )),
+                        Err(error) => Err(anyhow::Error::from(error)),
+                    },
+                    Some(joined) = tasks.join_next() => Err(task_failure(joined)),
+                }
+            }
+        },
+        Some(joined) = tasks.join_next() => Err(task_failure(joined)),
     };
+    if let Err(failure) = &outcome {
+        error!(error = %format!("{failure:#}"), "stopping");
+    }
     readiness.serving.store(false, Ordering::SeqCst);
     stop.cancel();
     let drained = tokio::time::timeout(STOP_GRACE, async {
@@ -138,6 +191,22 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     if drained.is_err() {
         warn!("some tasks did not stop within {STOP_GRACE:?}");
     }
+    let outcome = match (outcome, decommission) {
+        (Ok(()), Some(drain)) => drain.remove_node().await.map_err(anyhow::Error::from),
+        (outcome, _) => outcome,
+    };
     backend_guard.stop().await;
     outcome
+}
+
+type Joined = Result<(&'static str, anyhow::Result<()>), tokio::task::JoinError>;
+
+/// A critical task ended: why that stops the process.
+fn task_failure(joined: Joined) -> anyhow::Error {
+    let (name, result) =
+        joined.unwrap_or_else(|panic| ("a task", Err(anyhow::anyhow!("panicked: {panic}"))));
+    match result {
+        Ok(()) => anyhow::anyhow!("the critical task `{name}` stopped unexpectedly"),
+        Err(error) => error.context(format!("the critical task `{name}` failed")),
+    }
 }

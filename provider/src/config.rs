@@ -189,9 +189,47 @@ pub struct Config {
     #[arg(long, env = "MAX_CONCURRENT_CREATES", default_value_t = 32)]
     pub max_concurrent_creates: usize,
 
+    /// What a stop signal means: `auto` decides from the StatefulSet (this replica's ordinal at
+    /// or above `spec.replicas`, or the StatefulSet being deleted, means scale-in: drain and
+    /// remove the node; anything else is a restart), `restart` always keeps the node and its
+    /// pods for a successor, `decommission` always drains.
+    #[arg(long, env = "ON_STOP", value_enum, default_value = "auto")]
+    pub on_stop: StopMode,
+
+    /// How long a scale-in drain may take before the replica gives up, leaving the node
+    /// cordoned with what is left (the StatefulSet's terminationGracePeriodSeconds must be
+    /// longer).
+    #[arg(long, env = "DRAIN_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Also evict pods that no controller owns when draining (like `kubectl drain --force`:
+    /// nothing recreates them). Without it the drain waits for them and reports them.
+    #[arg(long, env = "DRAIN_EVICT_UNMANAGED_PODS")]
+    pub drain_evict_unmanaged_pods: bool,
+
+    /// How often one replica (elected through a Lease) looks for container groups of this
+    /// cluster whose node and pod are both gone, and deletes them. 0 turns it off.
+    #[arg(long, env = "ORPHAN_GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub orphan_gc_interval: Duration,
+
+    /// Most orphaned container groups deleted per garbage-collection round.
+    #[arg(long, env = "ORPHAN_GC_MAX_DELETIONS", default_value_t = 50)]
+    pub orphan_gc_max_deletions: usize,
+
     /// Log format (level from RUST_LOG, default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+}
+
+/// What a stop signal means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StopMode {
+    /// Decide from the StatefulSet.
+    Auto,
+    /// Always a restart: leave the node and its pods to a successor.
+    Restart,
+    /// Always a decommission: drain, then delete the node.
+    Decommission,
 }
 
 /// A configuration that cannot work, with the flag and the fix.

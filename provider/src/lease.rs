@@ -362,10 +362,13 @@ impl NodeLease {
 
     /// Renews every interval until cancelled. Transient failures are logged and retried; losing
     /// the Lease to another process ends the loop with an error.
+    /// `node_uid` carries the Node's uid when it is registered again, so the Lease stays owned
+    /// by the Node that exists (an owner that is gone would get the Lease garbage-collected).
     pub async fn keep_renewing(
         &mut self,
         telemetry: &Telemetry,
         stop: &CancellationToken,
+        node_uid: &mut tokio::sync::watch::Receiver<String>,
     ) -> Result<(), LeaseError> {
         let mut ticks = tokio::time::interval(self.identity.renew_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -374,6 +377,11 @@ impl NodeLease {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
                 _ = ticks.tick() => {}
+            }
+            if node_uid.has_changed().unwrap_or(false) {
+                let uid = node_uid.borrow_and_update().clone();
+                self.current["metadata"]["ownerReferences"][0]["uid"] = Value::String(uid.clone());
+                self.identity.node_uid = uid;
             }
             match self.renew(telemetry).await {
                 Ok(()) => {

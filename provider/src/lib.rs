@@ -6,11 +6,15 @@
 pub mod app;
 pub mod backend;
 pub mod config;
+pub mod drain;
 pub mod health;
 pub mod lease;
+pub mod membership;
 pub mod node;
 pub mod node_status;
+pub mod node_watch;
 pub mod ops;
+pub mod orphans;
 pub mod pod_status;
 pub mod pods;
 pub mod registration;

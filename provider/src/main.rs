@@ -25,7 +25,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match app::run(settings, shutdown_signal()).await {
+    match Box::pin(app::run(settings, shutdown_signal())).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("virtual-node-eci stopped: {error:#}");

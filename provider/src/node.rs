@@ -15,6 +15,9 @@ pub const VNODE_LABEL: &str = "k8s.aliyun.com/vnode";
 /// Annotation recording which labels and taints this daemon manages, so a configuration
 /// change removes our old ones and never anyone else's.
 pub const MANAGED_ANNOTATION: &str = "virtual-node-eci.aliyun.com/managed";
+/// Annotation: this node was cordoned by its own decommission (value: when). A replica that
+/// serves the node again lifts that cordon — and only that one, never an admin's.
+pub const DECOMMISSION_ANNOTATION: &str = "virtual-node-eci.aliyun.com/decommissioning";
 /// The Kubernetes minor version we present ourselves as compatible with.
 pub const KUBERNETES_COMPAT: &str = "v1.33.0";
 
@@ -157,7 +160,9 @@ pub fn adoption_patch(existing: &Node, settings: &Settings) -> Option<Value> {
 
     let record = managed_record(settings);
     let annotation_changed = annotations.get(MANAGED_ANNOTATION) != Some(&record);
-    if label_patch.is_empty() && !taints_changed && !annotation_changed {
+    // A decommission that did not finish left its cordon; serving the node again lifts it.
+    let lift_cordon = annotations.contains_key(DECOMMISSION_ANNOTATION);
+    if label_patch.is_empty() && !taints_changed && !annotation_changed && !lift_cordon {
         return None;
     }
     let mut patch = json!({"metadata": {"resourceVersion": existing.metadata.resource_version}});
@@ -165,10 +170,14 @@ pub fn adoption_patch(existing: &Node, settings: &Settings) -> Option<Value> {
         patch["metadata"]["labels"] = Value::Object(label_patch);
     }
     if annotation_changed {
-        patch["metadata"]["annotations"] = json!({MANAGED_ANNOTATION: record});
+        patch["metadata"]["annotations"][MANAGED_ANNOTATION] = Value::String(record);
     }
     if taints_changed {
-        patch["spec"] = json!({"taints": taints.iter().map(taint_json).collect::<Vec<_>>()});
+        patch["spec"]["taints"] = taints.iter().map(taint_json).collect();
+    }
+    if lift_cordon {
+        patch["metadata"]["annotations"][DECOMMISSION_ANNOTATION] = Value::Null;
+        patch["spec"]["unschedulable"] = Value::Null;
     }
     Some(patch)
 }
@@ -377,6 +386,27 @@ mod tests {
         assert_eq!(
             node["spec"]["taints"][0],
             json!({"key": "virtual-kubelet.io/provider", "value": "eci", "effect": "NoExecute"})
+        );
+    }
+
+    #[test]
+    fn adoption_lifts_only_the_cordon_of_an_unfinished_decommission() {
+        let settings = mk_settings(&[]);
+        let mut existing = new_node(&settings);
+        existing["metadata"]["annotations"][MANAGED_ANNOTATION] = json!(managed_record(&settings));
+        existing["spec"]["unschedulable"] = json!(true);
+        assert_eq!(
+            adoption_patch(&mk_node(existing.clone()), &settings),
+            None,
+            "an admin's cordon stays"
+        );
+        existing["metadata"]["annotations"][DECOMMISSION_ANNOTATION] =
+            json!("2026-11-21T00:00:00Z");
+        let patch = adoption_patch(&mk_node(existing), &settings).unwrap();
+        assert_eq!(patch["spec"], json!({"unschedulable": null}));
+        assert_eq!(
+            patch["metadata"]["annotations"],
+            json!({DECOMMISSION_ANNOTATION: null})
         );
     }
 

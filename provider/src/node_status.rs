@@ -118,6 +118,7 @@ pub async fn run(
     backend: Backend,
     settings: Settings,
     telemetry: std::sync::Arc<Telemetry>,
+    mut node_uid: tokio::sync::watch::Receiver<String>,
     stop: CancellationToken,
 ) -> Result<(), kube::Error> {
     let mut reporter = StatusReporter::new(&settings);
@@ -127,6 +128,11 @@ pub async fn run(
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
             _ = ticks.tick() => {}
+        }
+        if node_uid.has_changed().unwrap_or(false) {
+            // A new Node object: its status starts empty, so write ours at once.
+            node_uid.mark_unchanged();
+            reporter.forget();
         }
         let outcome = tokio::select! {
             () = stop.cancelled() => return Ok(()),

@@ -63,6 +63,8 @@ pub struct Telemetry {
     pub pod_status_propagation_seconds: Histogram,
     /// Creation attempts that had to be retried.
     pub pod_create_retries: Counter,
+    /// Orphaned container groups (node and pod gone) deleted by the cluster-wide collector.
+    pub orphan_groups_deleted: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -85,6 +87,7 @@ impl Telemetry {
             pod_create_seconds: latency_histogram(),
             pod_status_propagation_seconds: latency_histogram(),
             pod_create_retries: Counter::default(),
+            orphan_groups_deleted: Counter::default(),
         };
         registry.register(
             "eci_reachable",
@@ -135,6 +138,11 @@ impl Telemetry {
             "pod_create_retries",
             "Container group creations retried after a transient failure",
             telemetry.pod_create_retries.clone(),
+        );
+        registry.register(
+            "orphan_groups_deleted",
+            "Container groups of this cluster deleted because their node and pod were both gone",
+            telemetry.orphan_groups_deleted.clone(),
         );
         *telemetry
             .registry

@@ -212,6 +212,76 @@ impl Harness {
         }
     }
 
+    /// The daemon StatefulSet's name (the prefix of [`Self::node_name`]).
+    pub fn daemon_set_name(&self) -> String {
+        match self.kind {
+            ClusterKind::StandIn => "virtual-node-eci".to_owned(),
+            ClusterKind::Real => format!("vne-e2e-{}", self.run_id),
+        }
+    }
+
+    /// Creates the daemon StatefulSet in `kube-system` with `replicas`, so replicas can tell a
+    /// scale-in from a restart. Its pods only carry identity (the daemons run as the harness's
+    /// processes): on a real cluster they stay Pending (a node selector nothing has); the
+    /// stand-in has no StatefulSet controller, so the harness creates them as it would.
+    pub async fn create_daemon_statefulset(&self, replicas: i32) -> Result<(), HarnessError> {
+        use k8s_openapi::api::apps::v1::StatefulSet;
+        let name = self.daemon_set_name();
+        let sets: Api<StatefulSet> = Api::namespaced(self.client.clone(), "kube-system");
+        let labels = serde_json::json!({"app": name});
+        let set: StatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "replicas": replicas,
+                "serviceName": name,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "nodeSelector": {"virtual-node-eci.aliyun.com/e2e-never": "true"},
+                        "containers": [{"name": "placeholder", "image": "registry.k8s.io/pause:3.10"}],
+                    },
+                },
+            },
+        }))
+        .map_err(|e| HarnessError::Setup(e.to_string()))?;
+        let set = sets.create(&kube::api::PostParams::default(), &set).await?;
+        if self.kind == ClusterKind::Real {
+            return Ok(());
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "kube-system");
+        for ordinal in 0..u32::try_from(replicas).unwrap_or(0) {
+            let pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {
+                    "name": self.node_name(ordinal),
+                    "labels": labels,
+                    "ownerReferences": [{
+                        "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
+                        "uid": set.metadata.uid, "controller": true, "blockOwnerDeletion": true,
+                    }],
+                },
+                "spec": {"containers": [{"name": "placeholder", "image": "registry.k8s.io/pause:3.10"}]},
+            }))
+            .map_err(|e| HarnessError::Setup(e.to_string()))?;
+            pods.create(&kube::api::PostParams::default(), &pod).await?;
+        }
+        Ok(())
+    }
+
+    /// Sets the daemon StatefulSet's `spec.replicas` (what `kubectl scale` does).
+    pub async fn scale_daemon_statefulset(&self, replicas: i32) -> Result<(), HarnessError> {
+        use k8s_openapi::api::apps::v1::StatefulSet;
+        let sets: Api<StatefulSet> = Api::namespaced(self.client.clone(), "kube-system");
+        sets.patch(
+            &self.daemon_set_name(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Starts daemon replica `ordinal` against mock-eci (`start_mock_eci` first), with short
     /// test timings and `extra` environment variables (which override the defaults). Its
     /// process is named after its node.
@@ -305,6 +375,19 @@ impl Harness {
             }
         })
         .await
+    }
+
+    /// The mock-eci endpoints, once started.
+    pub fn mock_eci(&self) -> Option<MockEciEndpoints> {
+        self.mock.clone()
+    }
+
+    /// The output so far of the process called `name`.
+    pub fn process_output(&self, name: &str) -> Option<String> {
+        self.processes
+            .iter()
+            .find(|p| p.name() == name)
+            .map(Process::output)
     }
 
     /// Stand-in or real cluster.
@@ -511,6 +594,14 @@ impl Harness {
         if self.kind == ClusterKind::Real {
             let nodes: Api<Node> = Api::all(self.client.clone());
             let leases: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
+            let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+                Api::namespaced(self.client.clone(), "kube-system");
+            let _ = sets
+                .delete(
+                    &self.daemon_set_name(),
+                    &kube::api::DeleteParams::background(),
+                )
+                .await;
             for name in &self.node_names {
                 let _ = nodes
                     .delete(name, &kube::api::DeleteParams::default())

@@ -74,14 +74,27 @@ impl Process {
         self.child.try_wait().ok().flatten()
     }
 
-    /// Sends SIGTERM and waits up to `grace` for the exit, then SIGKILL.
-    pub async fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+    /// Sends SIGTERM without waiting (what a kubelet does first when a pod is deleted).
+    pub fn signal_term(&self) {
         if let Some(pid) = self.pid() {
             // `kill` keeps this crate free of unsafe signal calls.
             let _ = std::process::Command::new("kill")
                 .args(["-TERM", &pid.to_string()])
                 .status();
         }
+    }
+
+    /// Waits up to `timeout` for the exit.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
+    /// Sends SIGTERM and waits up to `grace` for the exit, then SIGKILL.
+    pub async fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.signal_term();
         match tokio::time::timeout(grace, self.child.wait()).await {
             Ok(status) => status.ok(),
             Err(_) => self.kill().await,
