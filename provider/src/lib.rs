@@ -18,5 +18,6 @@ pub mod orphans;
 pub mod pod_status;
 pub mod pods;
 pub mod registration;
+pub mod selector;
 pub mod telemetry;
 pub mod translate;

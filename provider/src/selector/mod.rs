@@ -1,0 +1,9 @@
+//! eci-profile-compatible placement of pods: the `Selector` resource and the legacy ConfigMap,
+//! evaluated by a pure engine the admission webhook calls.
+
+pub mod crd;
+pub mod engine;
+pub mod labels;
+
+#[cfg(test)]
+mod tests;
