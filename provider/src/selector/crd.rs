@@ -118,3 +118,60 @@ pub fn crd() -> CustomResourceDefinition {
 pub fn crd_json() -> serde_json::Value {
     serde_json::to_value(crd()).unwrap_or_default()
 }
+
+/// The committed CRD file: generated from these types, checked by a test.
+pub const CRD_FILE: &str = "deploy/base/selector-crd.yaml";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn generated() -> String {
+        format!(
+            "# Generated from provider/src/selector/crd.rs — do not edit.\n# Regenerate: UPDATE_GENERATED=1 cargo test -p virtual-node-eci --lib crd\n{}",
+            serde_saphyr::to_string(&crd_json()).unwrap()
+        )
+    }
+
+    #[test]
+    fn the_committed_crd_is_the_generated_one() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(CRD_FILE);
+        if std::env::var_os("UPDATE_GENERATED").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, generated()).unwrap();
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == generated(),
+            "{CRD_FILE} differs from the Rust types; regenerate it with UPDATE_GENERATED=1 cargo test -p virtual-node-eci --lib crd"
+        );
+        let parsed: serde_json::Value = serde_saphyr::from_str(&committed).unwrap();
+        assert_eq!(parsed, crd_json(), "the YAML reads back as the CRD");
+    }
+
+    #[test]
+    fn the_crd_serves_v1_stored_and_v1beta1_with_one_schema() {
+        let crd = crd();
+        assert_eq!(crd.metadata.name.as_deref(), Some("selectors.eci.aliyun.com"));
+        assert_eq!(crd.spec.scope, "Namespaced");
+        let versions: Vec<(&str, bool, bool)> = crd
+            .spec
+            .versions
+            .iter()
+            .map(|v| (v.name.as_str(), v.served, v.storage))
+            .collect();
+        assert_eq!(versions, [("v1", true, true), ("v1beta1", true, false)]);
+        assert_eq!(crd.spec.versions[0].schema, crd.spec.versions[1].schema);
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let spec = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for field in ["objectLabels", "namespaceLabels", "effect", "policy", "priority"] {
+            assert!(spec.get(field).is_some(), "{field}");
+        }
+        for policy in ["fair", "normalNodePrefer", "virtualNodeOnly", "normalNodeOnly", "namespaceResourceLimit"] {
+            assert!(spec["policy"]["properties"].get(policy).is_some(), "{policy}");
+        }
+        assert_eq!(spec["priority"]["format"], "int32");
+    }
+}
