@@ -26,6 +26,7 @@ use crate::orphans::OrphanCollector;
 use crate::pods::PodController;
 use crate::registration;
 use crate::telemetry::Telemetry;
+use crate::webhook;
 
 /// How long tasks get to finish after the stop signal.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -119,6 +120,20 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             (
                 "node watch",
                 node_watch::run(nodes, client, settings, telemetry, uid_sender, stop).await,
+            )
+        });
+    }
+    if settings.config.webhook_enabled {
+        let (client, settings, telemetry, stop) = (
+            client.clone(),
+            settings.clone(),
+            Arc::clone(&telemetry),
+            stop.clone(),
+        );
+        tasks.spawn(async move {
+            (
+                "Selector webhook",
+                webhook::run(client, settings, telemetry, stop).await,
             )
         });
     }

@@ -216,6 +216,79 @@ pub struct Config {
     #[arg(long, env = "ORPHAN_GC_MAX_DELETIONS", default_value_t = 50)]
     pub orphan_gc_max_deletions: usize,
 
+    /// Serve the Selector admission webhook (and register it).
+    #[arg(long = "webhook", env = "WEBHOOK_ENABLED")]
+    pub webhook_enabled: bool,
+
+    /// Where the webhook listens (HTTPS).
+    #[arg(long, env = "WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    pub webhook_addr: SocketAddr,
+
+    /// The webhook's path.
+    #[arg(long, env = "WEBHOOK_PATH", default_value = "/mutate-pods")]
+    pub webhook_path: String,
+
+    /// The Service in front of the replicas (in POD_NAMESPACE) the API server calls.
+    #[arg(long, env = "WEBHOOK_SERVICE", default_value = "virtual-node-eci")]
+    pub webhook_service: String,
+
+    /// The Service's port.
+    #[arg(long, env = "WEBHOOK_SERVICE_PORT", default_value_t = 443)]
+    pub webhook_service_port: u16,
+
+    /// A directory with tls.crt, tls.key (and ca.crt) to serve, reloaded when they change (e.g.
+    /// a cert-manager Secret). Without it the replicas share a generated certificate stored in
+    /// WEBHOOK_SECRET.
+    #[arg(long, env = "WEBHOOK_CERT_DIR")]
+    pub webhook_cert_dir: Option<std::path::PathBuf>,
+
+    /// The Secret (in POD_NAMESPACE) holding the shared generated certificate.
+    #[arg(
+        long,
+        env = "WEBHOOK_SECRET",
+        default_value = "virtual-node-eci-webhook-tls"
+    )]
+    pub webhook_secret: String,
+
+    /// The MutatingWebhookConfiguration the daemon keeps current.
+    #[arg(
+        long,
+        env = "WEBHOOK_CONFIGURATION",
+        default_value = "virtual-node-eci"
+    )]
+    pub webhook_configuration: String,
+
+    /// The webhook's timeoutSeconds.
+    #[arg(long, env = "WEBHOOK_TIMEOUT_SECONDS", default_value_t = 5)]
+    pub webhook_timeout_seconds: i32,
+
+    /// Namespaces never sent to the webhook (comma-separated; empty for none).
+    #[arg(
+        long,
+        env = "WEBHOOK_SKIP_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kube-system"
+    )]
+    pub webhook_skip_namespaces: Vec<String>,
+
+    /// Apply a Selector only to pods of its own namespace (by default Selectors apply
+    /// cluster-wide, as in eci-profile, which makes creating them an admin's right).
+    #[arg(long, env = "SELECTORS_OWN_NAMESPACE_ONLY")]
+    pub selectors_own_namespace_only: bool,
+
+    /// The legacy eci-profile ConfigMap, `<namespace>/<name>`.
+    #[arg(
+        long,
+        env = "ECI_PROFILE_CONFIGMAP",
+        default_value = "kube-system/eci-profile"
+    )]
+    pub eci_profile_configmap: String,
+
+    /// Turn off the built-in selectors (pods or namespaces labelled alibabacloud.com/eci=true,
+    /// namespaces labelled virtual-node-affinity-injection=enabled go to virtual nodes).
+    #[arg(long, env = "NO_DEFAULT_SELECTORS")]
+    pub no_default_selectors: bool,
+
     /// Log format (level from RUST_LOG, default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -21,3 +21,4 @@ pub mod registration;
 pub mod selector;
 pub mod telemetry;
 pub mod translate;
+pub mod webhook;

@@ -65,6 +65,10 @@ pub struct Telemetry {
     pub pod_create_retries: Counter,
     /// Orphaned container groups (node and pod gone) deleted by the cluster-wide collector.
     pub orphan_groups_deleted: Counter,
+    /// Admission reviews by result (`patched`, `allowed`, `invalid`).
+    pub admission_reviews: Family<ResultLabels, Counter>,
+    /// Time to answer an admission review inside the daemon.
+    pub admission_seconds: Histogram,
 }
 
 fn latency_histogram() -> Histogram {
@@ -88,6 +92,8 @@ impl Telemetry {
             pod_status_propagation_seconds: latency_histogram(),
             pod_create_retries: Counter::default(),
             orphan_groups_deleted: Counter::default(),
+            admission_reviews: Family::default(),
+            admission_seconds: Histogram::new(exponential_buckets(0.000_05, 1.5, 28)),
         };
         registry.register(
             "eci_reachable",
@@ -143,6 +149,16 @@ impl Telemetry {
             "orphan_groups_deleted",
             "Container groups of this cluster deleted because their node and pod were both gone",
             telemetry.orphan_groups_deleted.clone(),
+        );
+        registry.register(
+            "admission_reviews",
+            "Admission reviews answered by the Selector webhook, by result",
+            telemetry.admission_reviews.clone(),
+        );
+        registry.register(
+            "admission_seconds",
+            "Time to answer an admission review inside the daemon",
+            telemetry.admission_seconds.clone(),
         );
         *telemetry
             .registry

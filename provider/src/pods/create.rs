@@ -13,12 +13,51 @@ impl PodController {
             .await;
     }
 
+    /// A Selector's effect deferred to binding (fair, normalNodePrefer) lands on the pod now,
+    /// before the group is created, so the group is created with it and the pod shows it.
+    async fn apply_pending_effect(&self, pod: Arc<Pod>) -> Result<Arc<Pod>, Failure> {
+        let Some(patch) = crate::selector::engine::pending_effect_patch(&pod) else {
+            return Ok(pod);
+        };
+        let api: Api<Pod> = Api::namespaced(
+            self.inner.client.clone(),
+            &pod.namespace().unwrap_or_default(),
+        );
+        self.inner.telemetry.kube_request("pod_patch");
+        match api
+            .patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+        {
+            Ok(patched) => {
+                info!("applied the Selector's effect before creating the container group");
+                Ok(Arc::new(patched))
+            }
+            Err(error) => Err(Failure::Retry(format!(
+                "cannot apply the Selector's effect to the pod: {error}"
+            ))),
+        }
+    }
+
     pub(super) async fn create(self, pod: Arc<Pod>, uid: String, seen: tokio::time::Instant) {
+        let mut pod = pod;
         let mut attempt = 0u32;
         loop {
             if self.tracked().get(&uid).is_none_or(|t| t.deleting) {
                 return;
             }
+            pod = match self.apply_pending_effect(Arc::clone(&pod)).await {
+                Ok(pod) => pod,
+                Err(Failure::Retry(message) | Failure::Permanent(message)) => {
+                    debug!(%message, attempt, "retrying");
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt)).await;
+                    continue;
+                }
+            };
             // A slot per attempt, not per pod: pods backing off (a missing ConfigMap, an
             // outage) must not hold every slot and starve the others.
             let outcome = {

@@ -154,7 +154,10 @@ mod tests {
     #[test]
     fn the_crd_serves_v1_stored_and_v1beta1_with_one_schema() {
         let crd = crd();
-        assert_eq!(crd.metadata.name.as_deref(), Some("selectors.eci.aliyun.com"));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("selectors.eci.aliyun.com")
+        );
         assert_eq!(crd.spec.scope, "Namespaced");
         let versions: Vec<(&str, bool, bool)> = crd
             .spec
@@ -166,11 +169,26 @@ mod tests {
         assert_eq!(crd.spec.versions[0].schema, crd.spec.versions[1].schema);
         let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
         let spec = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"];
-        for field in ["objectLabels", "namespaceLabels", "effect", "policy", "priority"] {
+        for field in [
+            "objectLabels",
+            "namespaceLabels",
+            "effect",
+            "policy",
+            "priority",
+        ] {
             assert!(spec.get(field).is_some(), "{field}");
         }
-        for policy in ["fair", "normalNodePrefer", "virtualNodeOnly", "normalNodeOnly", "namespaceResourceLimit"] {
-            assert!(spec["policy"]["properties"].get(policy).is_some(), "{policy}");
+        for policy in [
+            "fair",
+            "normalNodePrefer",
+            "virtualNodeOnly",
+            "normalNodeOnly",
+            "namespaceResourceLimit",
+        ] {
+            assert!(
+                spec["policy"]["properties"].get(policy).is_some(),
+                "{policy}"
+            );
         }
         assert_eq!(spec["priority"]["format"], "int32");
     }

@@ -260,7 +260,10 @@ pub fn rule_from_selector(selector: &Selector) -> Result<Rule, String> {
         return Err(format!(
             "policy sets {} policies ({}); set exactly one",
             set.len(),
-            set.iter().map(Placement::name).collect::<Vec<_>>().join(", ")
+            set.iter()
+                .map(Placement::name)
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     let (labels, annotations) = effect_maps(spec.effect.as_ref());
@@ -300,8 +303,8 @@ struct ProfileSelector {
 
 /// Parses the ConfigMap's `selectors` (a JSON array); the error names the bad entry.
 pub fn rules_from_profile(text: &str) -> Result<Vec<Rule>, String> {
-    let entries: Vec<ProfileSelector> =
-        serde_json::from_str(text).map_err(|e| format!("selectors is not a JSON array of selectors: {e}"))?;
+    let entries: Vec<ProfileSelector> = serde_json::from_str(text)
+        .map_err(|e| format!("selectors is not a JSON array of selectors: {e}"))?;
     entries
         .into_iter()
         .enumerate()
@@ -310,8 +313,11 @@ pub fn rules_from_profile(text: &str) -> Result<Vec<Rule>, String> {
                 .name
                 .filter(|n| !n.is_empty())
                 .ok_or_else(|| format!("selector #{} has no name", index + 1))?;
-            selectors_of(entry.object_selector.as_ref(), entry.namespace_selector.as_ref())
-                .map_err(|e| format!("selector {name}: {e}"))?;
+            selectors_of(
+                entry.object_selector.as_ref(),
+                entry.namespace_selector.as_ref(),
+            )
+            .map_err(|e| format!("selector {name}: {e}"))?;
             let (labels, annotations) = effect_maps(entry.effect.as_ref());
             Ok(Rule {
                 origin: Origin::Profile(name),
@@ -458,10 +464,9 @@ pub fn pod_requests(pod: &Pod) -> Resources {
     let Some(spec) = &pod.spec else {
         return Resources::default();
     };
-    let main = spec
-        .containers
-        .iter()
-        .fold(Resources::default(), |sum, c| sum.plus(of(c.resources.as_ref())));
+    let main = spec.containers.iter().fold(Resources::default(), |sum, c| {
+        sum.plus(of(c.resources.as_ref()))
+    });
     spec.init_containers
         .iter()
         .flatten()
@@ -571,7 +576,10 @@ pub fn decide(input: Input<'_>) -> Decision {
                         wanted.memory / 1_048_576.0,
                         rule.origin,
                         cpu.map_or("unlimited".to_owned(), |c| format!("{c:.3}")),
-                        memory.map_or("unlimited".to_owned(), |m| format!("{:.0}", m / 1_048_576.0)),
+                        memory.map_or("unlimited".to_owned(), |m| format!(
+                            "{:.0}",
+                            m / 1_048_576.0
+                        )),
                     );
                     reason += &format!(": {text}");
                     warning = Some(text);
@@ -603,7 +611,11 @@ pub fn decide(input: Input<'_>) -> Decision {
     for rule in &matching {
         apply_effect(&mut pod, rule, false);
     }
-    annotate(&mut pod, SELECTOR_ANNOTATION, &matching[0].origin.to_string());
+    annotate(
+        &mut pod,
+        SELECTOR_ANNOTATION,
+        &matching[0].origin.to_string(),
+    );
     Decision {
         pod,
         reason: format!(
@@ -625,7 +637,11 @@ fn annotate(pod: &mut Pod, key: &str, value: &str) {
         .insert(key.to_owned(), value.to_owned());
 }
 
-fn merge(target: &mut Option<BTreeMap<String, String>>, add: &BTreeMap<String, String>, overwrite: bool) {
+fn merge(
+    target: &mut Option<BTreeMap<String, String>>,
+    add: &BTreeMap<String, String>,
+    overwrite: bool,
+) {
     if add.is_empty() {
         return;
     }
@@ -677,7 +693,10 @@ pub fn pending_effect_patch(pod: &Pod) -> Option<serde_json::Value> {
     for (key, value) in &pending.annotations {
         annotations.insert(key.clone(), value.clone().into());
     }
-    annotations.insert(PENDING_EFFECT_ANNOTATION.to_owned(), serde_json::Value::Null);
+    annotations.insert(
+        PENDING_EFFECT_ANNOTATION.to_owned(),
+        serde_json::Value::Null,
+    );
     Some(serde_json::json!({"metadata": {"labels": pending.labels, "annotations": annotations}}))
 }
 
@@ -698,7 +717,10 @@ pub fn tolerates(pod: &Pod, vnode: &Vnode) -> bool {
             effect_ok
                 && match operator {
                     "Exists" => key.is_empty() || key == vnode.taint_key,
-                    _ => key == vnode.taint_key && t.value.as_deref().unwrap_or_default() == vnode.taint_value,
+                    _ => {
+                        key == vnode.taint_key
+                            && t.value.as_deref().unwrap_or_default() == vnode.taint_value
+                    }
                 }
         })
 }
@@ -760,7 +782,9 @@ fn keep_off_virtual_nodes(pod: &mut Pod, vnode: &Vnode) {
             node_selector_terms: Vec::new(),
         });
     if required.node_selector_terms.is_empty() {
-        required.node_selector_terms.push(NodeSelectorTerm::default());
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
     }
     // Terms are ORed: the requirement goes into each of them.
     for term in &mut required.node_selector_terms {

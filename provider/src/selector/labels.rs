@@ -82,16 +82,46 @@ mod tests {
             (json!({}), true),
             (json!({"matchLabels": {"app": "web"}}), true),
             (json!({"matchLabels": {"app": "db"}}), false),
-            (json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["web", "api"]}]}), true),
-            (json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["db"]}]}), false),
-            (json!({"matchExpressions": [{"key": "missing", "operator": "In", "values": ["x"]}]}), false),
-            (json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["db"]}]}), true),
-            (json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["web"]}]}), false),
-            (json!({"matchExpressions": [{"key": "missing", "operator": "NotIn", "values": ["x"]}]}), true),
-            (json!({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}), true),
-            (json!({"matchExpressions": [{"key": "missing", "operator": "Exists"}]}), false),
-            (json!({"matchExpressions": [{"key": "missing", "operator": "DoesNotExist"}]}), true),
-            (json!({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}), false),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["web", "api"]}]}),
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["db"]}]}),
+                false,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "missing", "operator": "In", "values": ["x"]}]}),
+                false,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["db"]}]}),
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["web"]}]}),
+                false,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "missing", "operator": "NotIn", "values": ["x"]}]}),
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}),
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "missing", "operator": "Exists"}]}),
+                false,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "missing", "operator": "DoesNotExist"}]}),
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}),
+                false,
+            ),
             (
                 json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["front"]}]}),
                 false,
@@ -107,10 +137,22 @@ mod tests {
     #[test]
     fn malformed_expressions_are_explained() {
         for (raw, needle) in [
-            (json!({"matchExpressions": [{"key": "a", "operator": "In"}]}), "needs at least one value"),
-            (json!({"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}), "takes no values"),
-            (json!({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}), "unknown operator"),
-            (json!({"matchExpressions": [{"key": "", "operator": "Exists"}]}), "empty"),
+            (
+                json!({"matchExpressions": [{"key": "a", "operator": "In"}]}),
+                "needs at least one value",
+            ),
+            (
+                json!({"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}),
+                "takes no values",
+            ),
+            (
+                json!({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}),
+                "unknown operator",
+            ),
+            (
+                json!({"matchExpressions": [{"key": "", "operator": "Exists"}]}),
+                "empty",
+            ),
         ] {
             let error = validate(&selector(raw)).unwrap_err();
             assert!(error.contains(needle), "{error}");
