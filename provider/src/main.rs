@@ -16,7 +16,11 @@ async fn main() -> ExitCode {
             .json()
             .with_env_filter(filter)
             .init(),
-        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
+        // Colours only on a terminal: log collectors would store the escape codes.
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .with_env_filter(filter)
+            .init(),
     }
     let settings = match config.settings() {
         Ok(settings) => settings,

@@ -251,13 +251,27 @@ pub async fn call(
         return Err(CallError::Denied { code, message });
     }
     let mut patched = pod.clone();
-    if let Some(patch) = answer.get("patch").and_then(Value::as_str) {
+    // `patch` is a []byte: a base64 string, or (Go's decoder accepts it too) an array of bytes.
+    let bytes = match answer.get("patch") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map_err(|e| CallError::Failed(format!("patch is not base64: {e}")))?,
+        ),
+        Some(Value::Array(items)) => Some(
+            items
+                .iter()
+                .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                .collect::<Option<Vec<u8>>>()
+                .ok_or_else(|| CallError::Failed("patch is not an array of bytes".into()))?,
+        ),
+        Some(_) => return Err(CallError::Failed("patch must be base64 or bytes".into())),
+    };
+    if let Some(bytes) = bytes {
         if answer.get("patchType").and_then(Value::as_str) != Some("JSONPatch") {
             return Err(CallError::Failed("patchType must be JSONPatch".into()));
         }
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(patch)
-            .map_err(|e| CallError::Failed(format!("patch is not base64: {e}")))?;
         let operations: json_patch::Patch = serde_json::from_slice(&bytes)
             .map_err(|e| CallError::Failed(format!("patch is not a JSON patch: {e}")))?;
         json_patch::patch(&mut patched, &operations)
