@@ -423,6 +423,38 @@ impl Decommission {
     }
 }
 
+/// The API accesses of this module (see [`crate::rbac`]).
+pub const KUBE_API: &[crate::rbac::Access] = &[
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "nodes",
+        verbs: &["get", "patch", "delete"],
+        why: "cordon the node on scale-in, delete it when drained",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "pods",
+        verbs: &["list"],
+        why: "see what is left on the node while draining",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "pods/eviction",
+        verbs: &["create"],
+        why: "evict pods honouring PodDisruptionBudgets",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::NodeLeases,
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["delete"],
+        why: "remove the node Lease when decommissioned",
+    },
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -429,6 +429,15 @@ impl NodeLease {
     }
 }
 
+/// The API accesses of this module (see [`crate::rbac`]).
+pub const KUBE_API: &[crate::rbac::Access] = &[crate::rbac::Access {
+    scope: crate::rbac::Scope::NodeLeases,
+    group: "coordination.k8s.io",
+    resource: "leases",
+    verbs: &["get", "create", "update"],
+    why: "hold and renew the node Lease",
+}];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,7 @@ pub mod ops;
 pub mod orphans;
 pub mod pod_status;
 pub mod pods;
+pub mod rbac;
 pub mod registration;
 pub mod selector;
 pub mod telemetry;

@@ -196,6 +196,24 @@ impl Membership {
     }
 }
 
+/// The API accesses of this module (see [`crate::rbac`]).
+pub const KUBE_API: &[crate::rbac::Access] = &[
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::OwnNamespace,
+        group: "",
+        resource: "pods",
+        verbs: &["get"],
+        why: "find the daemon's own StatefulSet",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::OwnNamespace,
+        group: "apps",
+        resource: "statefulsets",
+        verbs: &["get"],
+        why: "tell a scale-in from a restart",
+    },
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

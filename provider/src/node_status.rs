@@ -170,6 +170,15 @@ pub async fn run(
     }
 }
 
+/// The API accesses of this module (see [`crate::rbac`]).
+pub const KUBE_API: &[crate::rbac::Access] = &[crate::rbac::Access {
+    scope: crate::rbac::Scope::Cluster,
+    group: "",
+    resource: "nodes/status",
+    verbs: &["patch"],
+    why: "report Ready, capacity and the heartbeat",
+}];
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

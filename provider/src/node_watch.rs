@@ -85,3 +85,12 @@ pub async fn run(
         }
     }
 }
+
+/// The API accesses of this module (see [`crate::rbac`]).
+pub const KUBE_API: &[crate::rbac::Access] = &[crate::rbac::Access {
+    scope: crate::rbac::Scope::Cluster,
+    group: "",
+    resource: "nodes",
+    verbs: &["list", "watch"],
+    why: "notice the node being deleted under a live replica",
+}];

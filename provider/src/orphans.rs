@@ -355,6 +355,31 @@ pub enum RoundError {
     Kube(#[source] kube::Error),
 }
 
+/// The API accesses of this module (see [`crate::rbac`]).
+pub const KUBE_API: &[crate::rbac::Access] = &[
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::OwnNamespace,
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["get", "create", "update"],
+        why: "elect the one replica that collects orphaned groups",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "nodes",
+        verbs: &["get"],
+        why: "check whether a group's node still exists",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "pods",
+        verbs: &["get"],
+        why: "never delete a group whose pod exists",
+    },
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

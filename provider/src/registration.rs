@@ -85,3 +85,12 @@ pub async fn register(
         attempts: ATTEMPTS,
     })
 }
+
+/// The API accesses of this module (see [`crate::rbac`]).
+pub const KUBE_API: &[crate::rbac::Access] = &[crate::rbac::Access {
+    scope: crate::rbac::Scope::Cluster,
+    group: "",
+    resource: "nodes",
+    verbs: &["get", "create", "patch"],
+    why: "register the virtual node, or adopt an existing one",
+}];

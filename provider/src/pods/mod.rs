@@ -341,3 +341,42 @@ fn not_for_virtual_nodes(pod: &Pod) -> Option<&'static str> {
         .any(|o| o.kind == "DaemonSet");
     daemon_set.then_some("DaemonSet pods do not run on virtual nodes: each virtual node is a pool of ECI instances, not a machine to put an agent on")
 }
+
+/// The API accesses of the pod controller (see [`crate::rbac`]).
+pub const KUBE_API: &[crate::rbac::Access] = &[
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "pods",
+        verbs: &["get", "list", "watch", "patch", "delete"],
+        why: "watch this node's pods, annotate them, remove them once their group is gone",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "pods/status",
+        verbs: &["patch"],
+        why: "report the ECI status on the pod",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "configmaps",
+        verbs: &["get"],
+        why: "ConfigMaps a pod references, read when it is created",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "secrets",
+        verbs: &["get"],
+        why: "Secrets a pod references (env, volumes, image pull secrets), read when it is created",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "serviceaccounts/token",
+        verbs: &["create"],
+        why: "service account tokens for projected volumes",
+    },
+];

@@ -393,3 +393,56 @@ trait Named: std::future::Future<Output = anyhow::Result<()>> + Sized {
 }
 
 impl<F: std::future::Future<Output = anyhow::Result<()>>> Named for F {}
+
+/// The API accesses of the webhook (see [`crate::rbac`]).
+pub const KUBE_API: &[crate::rbac::Access] = &[
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "eci.aliyun.com",
+        resource: "selectors",
+        verbs: &["list", "watch"],
+        why: "the Selector cache",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "namespaces",
+        verbs: &["list", "watch"],
+        why: "namespace labels for namespaceLabels",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::OwnNamespace,
+        group: "",
+        resource: "configmaps",
+        verbs: &["list", "watch"],
+        why: "the legacy eci-profile ConfigMap (expected in the daemon's namespace)",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "nodes",
+        verbs: &["list", "watch"],
+        why: "the capacity view for normalNodePrefer ratios",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "",
+        resource: "pods",
+        verbs: &["list", "watch", "patch"],
+        why: "the capacity view, and the toleration for unschedulable normalNodePrefer pods",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::OwnNamespace,
+        group: "",
+        resource: "secrets",
+        verbs: &["get", "create"],
+        why: "the shared webhook certificate",
+    },
+    crate::rbac::Access {
+        scope: crate::rbac::Scope::Cluster,
+        group: "admissionregistration.k8s.io",
+        resource: "mutatingwebhookconfigurations",
+        verbs: &["get", "create", "update"],
+        why: "register the webhook and keep its caBundle current",
+    },
+];
