@@ -40,7 +40,7 @@ pub struct SelectorSpec {
     pub policy: Option<Policy>,
     /// The highest priority among matching Selectors wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = i32::MIN, max = i32::MAX), extend("format" = "int32"))]
+    #[schemars(extend("format" = "int32"))]
     pub priority: Option<i32>,
 }
 

@@ -1,0 +1,652 @@
+//! The manifests under `deploy/` are part of the product: every overlay renders, every object
+//! parses into its typed Kubernetes structure without unknown fields, the cross-references
+//! hold (selectors, ports, paths, flags, names), the RBAC equals the accesses the code declares
+//! (`virtual_node_eci::rbac`), and the mock overlay applies to the API stand-in with kubectl and
+//! reads back as written.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::CommandFactory;
+use integration::harness::{ClusterKind, Harness};
+use serde_json::Value;
+use virtual_node_eci::config::Config;
+use virtual_node_eci::rbac::{self, Scope};
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn kubectl() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
+}
+
+/// The objects of a kustomization, read the simple way: its `resources`, files or directories.
+/// (The manifests use no transformers or patches, so this is what kustomize produces.)
+fn read_kustomization(dir: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    let kustomization: Value = serde_saphyr::from_str(&text).unwrap();
+    let keys: BTreeSet<&str> = kustomization
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert!(
+        keys.is_subset(&BTreeSet::from(["apiVersion", "kind", "resources"])),
+        "{}: only plain resources are used, found {keys:?}",
+        dir.display()
+    );
+    let mut objects = Vec::new();
+    for resource in kustomization["resources"].as_array().unwrap() {
+        let path = dir.join(resource.as_str().unwrap());
+        if path.is_dir() {
+            objects.extend(read_kustomization(&path));
+        } else {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+            objects.extend(docs.into_iter().filter(|d| !d.is_null()));
+        }
+    }
+    objects
+}
+
+fn key(object: &Value) -> String {
+    format!(
+        "{}/{}/{}",
+        object["kind"].as_str().unwrap_or_default(),
+        object["metadata"]["namespace"].as_str().unwrap_or_default(),
+        object["metadata"]["name"].as_str().unwrap_or_default()
+    )
+}
+
+/// Renders an overlay: `kubectl kustomize` when it works here, checked against the plain read.
+fn render(overlay: &str) -> Vec<Value> {
+    let dir = deploy_dir().join("overlays").join(overlay);
+    let plain = read_kustomization(&dir);
+    let rendered = std::process::Command::new(kubectl())
+        .args(["kustomize", dir.to_str().unwrap()])
+        .output();
+    match rendered {
+        Ok(output) if output.status.success() => {
+            let docs: Vec<Value> =
+                serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap();
+            let by_key = |objects: &[Value]| -> BTreeMap<String, Value> {
+                objects.iter().map(|o| (key(o), normalized(o))).collect()
+            };
+            let (rendered, read) = (by_key(&docs), by_key(&plain));
+            assert_eq!(
+                rendered.keys().collect::<Vec<_>>(),
+                read.keys().collect::<Vec<_>>(),
+                "kubectl kustomize and the plain read of {overlay} list different objects"
+            );
+            for (name, object) in &rendered {
+                assert!(
+                    object == &read[name],
+                    "kubectl kustomize and the plain read of {overlay} differ in {name}"
+                );
+            }
+            docs
+        }
+        _ => {
+            eprintln!("kubectl kustomize is not usable here; {overlay} read from its files");
+            plain
+        }
+    }
+}
+
+/// Numbers as YAML readers disagree about them (1 vs 1.0): integral values as integers.
+fn normalized(value: &Value) -> Value {
+    match value {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Value::from(f as i64),
+            _ => value.clone(),
+        },
+        Value::Array(items) => Value::Array(items.iter().map(normalized).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), normalized(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Fields of `original` that the typed round trip lost: unknown fields.
+fn lost_fields(original: &Value, typed: &Value, path: &str, out: &mut Vec<String>) {
+    match (original, typed) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                match b.get(k) {
+                    Some(w) => lost_fields(v, w, &format!("{path}.{k}"), out),
+                    None if v.is_null() => {}
+                    None => out.push(format!("{path}.{k}")),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                lost_fields(v, w, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn typed_round_trip(object: &Value) -> Result<Value, String> {
+    use k8s_openapi::api::{apps, core, policy, rbac};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    fn via<T: serde::de::DeserializeOwned + serde::Serialize>(
+        object: &Value,
+    ) -> Result<Value, String> {
+        let typed: T = serde_json::from_value(object.clone()).map_err(|e| e.to_string())?;
+        Ok(serde_json::to_value(typed).unwrap())
+    }
+    match object["kind"].as_str().unwrap_or_default() {
+        "CustomResourceDefinition" => via::<CustomResourceDefinition>(object),
+        "ServiceAccount" => via::<core::v1::ServiceAccount>(object),
+        "ConfigMap" => via::<core::v1::ConfigMap>(object),
+        "Service" => via::<core::v1::Service>(object),
+        "ClusterRole" => via::<rbac::v1::ClusterRole>(object),
+        "ClusterRoleBinding" => via::<rbac::v1::ClusterRoleBinding>(object),
+        "Role" => via::<rbac::v1::Role>(object),
+        "RoleBinding" => via::<rbac::v1::RoleBinding>(object),
+        "StatefulSet" => via::<apps::v1::StatefulSet>(object),
+        "Deployment" => via::<apps::v1::Deployment>(object),
+        "PodDisruptionBudget" => via::<policy::v1::PodDisruptionBudget>(object),
+        other => Err(format!("unexpected kind {other:?}")),
+    }
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn selector_matches(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_object()
+        .unwrap()
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
+}
+
+fn port_of(addr: &str) -> u64 {
+    addr.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+fn container_port(container: &Value, name: &str) -> u64 {
+    container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no container port {name}"))["containerPort"]
+        .as_u64()
+        .unwrap()
+}
+
+/// The daemon's configuration as the manifest gives it, parsed by the daemon's own parser.
+fn daemon_config(objects: &[Value], container: &Value) -> Config {
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    for var in container["env"].as_array().unwrap() {
+        let name = var["name"].as_str().unwrap().to_owned();
+        let value = match var["value"].as_str() {
+            Some(value) => value.to_owned(),
+            None => match var["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap() {
+                "metadata.name" => "virtual-node-eci-0".into(),
+                "metadata.namespace" => "kube-system".into(),
+                "status.podIP" => "10.0.0.7".into(),
+                other => panic!("unexpected fieldRef {other}"),
+            },
+        };
+        env.insert(name, value);
+    }
+    for source in container["envFrom"].as_array().unwrap() {
+        if let Some(name) = source["configMapRef"]["name"].as_str() {
+            let map = find(objects, "ConfigMap", name);
+            for (k, v) in map["data"].as_object().unwrap() {
+                env.insert(k.clone(), v.as_str().unwrap().to_owned());
+            }
+        }
+    }
+    let command = Config::command();
+    let mut args = vec!["virtual-node-eci".to_owned()];
+    for (name, value) in &env {
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_env().and_then(|e| e.to_str()) == Some(name.as_str()))
+            .unwrap_or_else(|| panic!("the manifest sets {name}, which the daemon does not read"));
+        let long = arg.get_long().unwrap();
+        if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
+            if value == "true" {
+                args.push(format!("--{long}"));
+            }
+        } else {
+            args.push(format!("--{long}={value}"));
+        }
+    }
+    Config::try_parse_from_args(&args)
+}
+
+trait ParseArgs {
+    fn try_parse_from_args(args: &[String]) -> Self;
+}
+
+impl ParseArgs for Config {
+    fn try_parse_from_args(args: &[String]) -> Self {
+        use clap::Parser;
+        Config::try_parse_from(args)
+            .unwrap_or_else(|e| panic!("the manifest's flags do not parse: {e}"))
+    }
+}
+
+/// The (scope, group, resource, verb) grants of the manifests' RBAC for the daemon's account.
+fn granted(objects: &[Value]) -> BTreeSet<(Scope, String, String, String)> {
+    let mut out = BTreeSet::new();
+    let bound = |binding: &Value| {
+        binding["subjects"].as_array().unwrap().iter().any(|s| {
+            s["kind"] == "ServiceAccount"
+                && s["name"] == "virtual-node-eci"
+                && s["namespace"] == "kube-system"
+        })
+    };
+    for binding in objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
+    {
+        assert!(bound(binding), "{} binds someone else", key(binding));
+        let role_kind = binding["roleRef"]["kind"].as_str().unwrap();
+        let role = find(
+            objects,
+            role_kind,
+            binding["roleRef"]["name"].as_str().unwrap(),
+        );
+        let role = if role_kind == "Role" {
+            objects
+                .iter()
+                .find(|o| {
+                    o["kind"] == "Role"
+                        && o["metadata"]["name"] == binding["roleRef"]["name"]
+                        && o["metadata"]["namespace"] == binding["metadata"]["namespace"]
+                })
+                .unwrap_or_else(|| {
+                    panic!("{} names a Role that is not in its namespace", key(binding))
+                })
+        } else {
+            role
+        };
+        let scope = match binding["metadata"]["namespace"].as_str() {
+            None => Scope::Cluster,
+            Some("kube-system") => Scope::OwnNamespace,
+            Some("kube-node-lease") => Scope::NodeLeases,
+            Some(other) => panic!("a RoleBinding in {other}"),
+        };
+        for rule in role["rules"].as_array().unwrap() {
+            assert!(rule.get("resourceNames").is_none());
+            for group in rule["apiGroups"].as_array().unwrap() {
+                for resource in rule["resources"].as_array().unwrap() {
+                    for verb in rule["verbs"].as_array().unwrap() {
+                        let verb = verb.as_str().unwrap();
+                        assert_ne!(verb, "*", "no wildcards");
+                        assert_ne!(resource, "*", "no wildcards");
+                        out.insert((
+                            scope,
+                            group.as_str().unwrap().to_owned(),
+                            resource.as_str().unwrap().to_owned(),
+                            verb.to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn check_overlay(overlay: &str) -> Vec<Value> {
+    let objects = render(overlay);
+    // Typed, nothing unknown.
+    for object in &objects {
+        let typed = typed_round_trip(object).unwrap_or_else(|e| panic!("{}: {e}", key(object)));
+        let mut lost = Vec::new();
+        lost_fields(object, &typed, "", &mut lost);
+        assert!(lost.is_empty(), "{}: unknown fields {lost:?}", key(object));
+        let namespaced = !matches!(
+            object["kind"].as_str().unwrap(),
+            "CustomResourceDefinition" | "ClusterRole" | "ClusterRoleBinding"
+        );
+        if namespaced {
+            assert!(
+                object["metadata"]["namespace"].is_string(),
+                "{} has no namespace",
+                key(object)
+            );
+        }
+    }
+    let set = find(&objects, "StatefulSet", "virtual-node-eci");
+    let template = &set["spec"]["template"];
+    let labels = &template["metadata"]["labels"];
+    let container = &template["spec"]["containers"][0];
+    let config = daemon_config(&objects, container);
+    let settings = config
+        .clone()
+        .settings()
+        .unwrap_or_else(|e| panic!("{overlay}: {e}"));
+
+    // Selectors.
+    assert!(selector_matches(
+        &set["spec"]["selector"]["matchLabels"],
+        labels
+    ));
+    assert_eq!(
+        labels["app.kubernetes.io/name"], "virtual-node-eci",
+        "keeps the daemon's pods from its own webhook"
+    );
+    for service in objects.iter().filter(|o| {
+        o["kind"] == "Service"
+            && o["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("virtual-node-eci")
+    }) {
+        assert!(
+            selector_matches(&service["spec"]["selector"], labels),
+            "{}",
+            key(service)
+        );
+        for port in service["spec"]["ports"].as_array().unwrap() {
+            container_port(container, port["targetPort"].as_str().unwrap());
+        }
+    }
+    let pdb = find(&objects, "PodDisruptionBudget", "virtual-node-eci");
+    assert!(selector_matches(
+        &pdb["spec"]["selector"]["matchLabels"],
+        labels
+    ));
+    find(
+        &objects,
+        "Service",
+        set["spec"]["serviceName"].as_str().unwrap(),
+    );
+
+    // Ports and paths against the flags.
+    let webhook = find(&objects, "Service", &config.webhook_service);
+    assert_eq!(
+        webhook["spec"]["ports"][0]["port"].as_u64(),
+        Some(u64::from(config.webhook_service_port))
+    );
+    assert_eq!(webhook["spec"]["ports"][0]["targetPort"], "webhook");
+    assert_eq!(
+        container_port(container, "webhook"),
+        u64::from(config.webhook_addr.port())
+    );
+    assert_eq!(
+        container_port(container, "metrics"),
+        u64::from(config.metrics_addr.port())
+    );
+    assert_eq!(
+        container_port(container, "kubelet"),
+        u64::from(config.kubelet_port)
+    );
+    assert!(config.webhook_enabled);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "metrics");
+    }
+    let grace = template["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        Duration::from_secs(grace) >= config.drain_timeout + Duration::from_secs(30),
+        "terminationGracePeriodSeconds {grace} leaves no room for DRAIN_TIMEOUT {:?}",
+        config.drain_timeout
+    );
+    // Never on a virtual node.
+    let terms = &template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    assert!(terms.as_array().unwrap().iter().all(|t| {
+        t["matchExpressions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["key"] == "k8s.aliyun.com/vnode" && e["operator"] == "NotIn")
+    }));
+    // Hardened.
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert_eq!(template["spec"]["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        template["spec"]["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+
+    // The account, and its permissions: exactly what the code declares.
+    find(
+        &objects,
+        "ServiceAccount",
+        template["spec"]["serviceAccountName"].as_str().unwrap(),
+    );
+    let granted = granted(&objects);
+    let required: BTreeSet<(Scope, String, String, String)> = rbac::required()
+        .into_iter()
+        .map(|(s, g, r, v)| (s, g.to_owned(), r.to_owned(), v.to_owned()))
+        .collect();
+    let missing: Vec<_> = required.difference(&granted).collect();
+    let extra: Vec<_> = granted.difference(&required).collect();
+    assert!(missing.is_empty(), "{overlay}: RBAC misses {missing:?}");
+    assert!(
+        extra.is_empty(),
+        "{overlay}: RBAC grants more than the code uses: {extra:?}"
+    );
+
+    // The CRD is the generated one.
+    let crd = find(
+        &objects,
+        "CustomResourceDefinition",
+        "selectors.eci.aliyun.com",
+    );
+    assert_eq!(
+        normalized(crd),
+        normalized(&virtual_node_eci::selector::crd::crd_json())
+    );
+    eprintln!(
+        "{overlay}: {} objects, node {}, backend {:?}",
+        objects.len(),
+        settings.node_name,
+        settings.backend
+    );
+    objects
+}
+
+#[test]
+fn the_mock_overlay_is_consistent() {
+    let objects = check_overlay("mock");
+    let config = find(&objects, "ConfigMap", "virtual-node-eci-config");
+    let backend = config["data"]["ECI_BACKEND"].as_str().unwrap();
+    let address = backend.strip_prefix("grpc://").unwrap();
+    let (host, port) = address.rsplit_once(':').unwrap();
+    let (service_name, namespace) = host
+        .split_once('.')
+        .map(|(s, rest)| (s, rest.split('.').next().unwrap()))
+        .unwrap();
+    let service = objects
+        .iter()
+        .find(|o| {
+            o["kind"] == "Service"
+                && o["metadata"]["name"] == service_name
+                && o["metadata"]["namespace"] == namespace
+        })
+        .unwrap();
+    let service_port = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["port"].as_u64() == port.parse().ok())
+        .unwrap();
+    let deployment = find(&objects, "Deployment", "mock-eci");
+    let template = &deployment["spec"]["template"];
+    assert!(selector_matches(
+        &service["spec"]["selector"],
+        &template["metadata"]["labels"]
+    ));
+    assert!(selector_matches(
+        &deployment["spec"]["selector"]["matchLabels"],
+        &template["metadata"]["labels"]
+    ));
+    let container = &template["spec"]["containers"][0];
+    let grpc = container_port(container, service_port["targetPort"].as_str().unwrap());
+    let listen = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "MOCK_ECI_LISTEN")
+        .unwrap()["value"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        grpc,
+        port_of(listen),
+        "mock-eci listens where the Service sends"
+    );
+    let admin = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "MOCK_ECI_ADMIN_LISTEN")
+        .unwrap()["value"]
+        .as_str()
+        .unwrap();
+    assert_eq!(container_port(container, "admin"), port_of(admin));
+    let state = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "MOCK_ECI_STATE_FILE")
+        .unwrap()["value"]
+        .as_str()
+        .unwrap();
+    let mount = container["volumeMounts"][0]["mountPath"].as_str().unwrap();
+    assert!(
+        state.starts_with(mount),
+        "the state file is on a writable volume"
+    );
+}
+
+#[test]
+fn the_aliyun_overlay_is_consistent() {
+    let objects = check_overlay("aliyun");
+    assert!(
+        objects.iter().all(|o| o["kind"] != "Deployment"),
+        "no mock-eci"
+    );
+    let config = find(&objects, "ConfigMap", "virtual-node-eci-config");
+    assert_eq!(config["data"]["ECI_BACKEND"], "openapi");
+    let set = find(&objects, "StatefulSet", "virtual-node-eci");
+    let sources = &set["spec"]["template"]["spec"]["containers"][0]["envFrom"];
+    assert!(
+        sources
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["secretRef"]["name"] == "virtual-node-eci-credentials")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mock_overlay_applies_with_kubectl_and_reads_back_as_written() {
+    let objects = render("mock");
+    let h = Harness::start().await.unwrap();
+    assert!(
+        h.kind() == ClusterKind::StandIn,
+        "applies to the stand-in only; it would install into a real cluster"
+    );
+    let file = h.dir().join("mock.yaml");
+    let text: String = objects
+        .iter()
+        .map(|o| serde_saphyr::to_string(o).unwrap())
+        .collect::<Vec<_>>()
+        .join("---\n");
+    std::fs::write(&file, text).unwrap();
+    let output = std::process::Command::new(kubectl())
+        .args(["apply", "-f", file.to_str().unwrap()])
+        .env("KUBECONFIG", h.kubeconfig())
+        .output()
+        .expect("kubectl runs (set KUBECTL to its path)");
+    assert!(
+        output.status.success(),
+        "kubectl apply failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for object in &objects {
+        let kind = object["kind"].as_str().unwrap();
+        let name = object["metadata"]["name"].as_str().unwrap();
+        let mut args = vec![
+            "get".to_owned(),
+            kind.to_lowercase(),
+            name.to_owned(),
+            "-o".into(),
+            "json".into(),
+        ];
+        if let Some(namespace) = object["metadata"]["namespace"].as_str() {
+            args.extend(["-n".to_owned(), namespace.to_owned()]);
+        }
+        if kind == "Role"
+            || kind == "RoleBinding"
+            || kind == "ClusterRole"
+            || kind == "ClusterRoleBinding"
+        {
+            args[1] = format!("{}.rbac.authorization.k8s.io", kind.to_lowercase());
+        }
+        let output = std::process::Command::new(kubectl())
+            .args(&args)
+            .env("KUBECONFIG", h.kubeconfig())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let read: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let mut lost = Vec::new();
+        lost_fields(object, &read, "", &mut lost);
+        assert!(
+            lost.is_empty(),
+            "{} came back without {lost:?}",
+            key(object)
+        );
+        assert_subset(object, &read, &key(object));
+    }
+    h.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Every value written is read back (the server may add, not change).
+fn assert_subset(written: &Value, read: &Value, path: &str) {
+    match (written, read) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                if let Some(w) = b.get(k) {
+                    assert_subset(v, w, &format!("{path}.{k}"));
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            assert_eq!(a.len(), b.len(), "{path}");
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                assert_subset(v, w, &format!("{path}[{i}]"));
+            }
+        }
+        (a, b) => assert_eq!(normalized(a), normalized(b), "{path}"),
+    }
+}
