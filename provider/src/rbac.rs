@@ -37,24 +37,25 @@ pub const EVENTS: &[Access] = &[Access {
     why: "Events on pods, nodes, Selectors and the eci-profile ConfigMap",
 }];
 
+/// Every module's declared accesses.
+const ALL: &[&[Access]] = &[
+    crate::registration::KUBE_API,
+    crate::node_status::KUBE_API,
+    crate::node_watch::KUBE_API,
+    crate::lease::KUBE_API,
+    crate::membership::KUBE_API,
+    crate::drain::KUBE_API,
+    crate::orphans::KUBE_API,
+    crate::pods::KUBE_API,
+    crate::webhook::KUBE_API,
+    EVENTS,
+];
+
 /// Every access, one `(scope, group, resource, verb)` per entry, with accesses a cluster-wide
 /// grant already covers dropped from the namespaced scopes.
 pub fn required() -> Vec<(Scope, &'static str, &'static str, &'static str)> {
-    let all = [
-        crate::registration::KUBE_API,
-        crate::node_status::KUBE_API,
-        crate::node_watch::KUBE_API,
-        crate::lease::KUBE_API,
-        crate::membership::KUBE_API,
-        crate::drain::KUBE_API,
-        crate::orphans::KUBE_API,
-        crate::pods::KUBE_API,
-        crate::webhook::KUBE_API,
-        EVENTS,
-    ];
-    let mut out: Vec<(Scope, &str, &str, &str)> = all
-        .iter()
-        .flat_map(|accesses| accesses.iter())
+    let mut out: Vec<(Scope, &str, &str, &str)> = table()
+        .into_iter()
         .flat_map(|a| {
             a.verbs
                 .iter()
@@ -74,19 +75,5 @@ pub fn required() -> Vec<(Scope, &'static str, &'static str, &'static str)> {
 
 /// Every access with its reason, for the RBAC table in the docs.
 pub fn table() -> Vec<Access> {
-    [
-        crate::registration::KUBE_API,
-        crate::node_status::KUBE_API,
-        crate::node_watch::KUBE_API,
-        crate::lease::KUBE_API,
-        crate::membership::KUBE_API,
-        crate::drain::KUBE_API,
-        crate::orphans::KUBE_API,
-        crate::pods::KUBE_API,
-        crate::webhook::KUBE_API,
-        EVENTS,
-    ]
-    .iter()
-    .flat_map(|a| a.iter().copied())
-    .collect()
+    ALL.iter().flat_map(|a| a.iter().copied()).collect()
 }
