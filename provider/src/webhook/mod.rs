@@ -238,10 +238,26 @@ pub async fn run(
     let config = &settings.config;
     let namespace = config.pod_namespace.clone();
     let names = certs::service_names(&config.webhook_service, &namespace);
-    let material = match &config.webhook_cert_dir {
-        Some(dir) => certs::from_dir(dir)?,
-        None => {
-            certs::from_secret(client.clone(), &namespace, &config.webhook_secret, &names).await?
+    // The webhook is optional to the node (failurePolicy Ignore): a certificate that cannot be
+    // had yet is retried, not a reason to stop serving the node.
+    let mut wait = Duration::from_secs(1);
+    let material = loop {
+        let attempt = match &config.webhook_cert_dir {
+            Some(dir) => certs::from_dir(dir),
+            None => {
+                certs::from_secret(client.clone(), &namespace, &config.webhook_secret, &names).await
+            }
+        };
+        match attempt {
+            Ok(material) => break material,
+            Err(error) => {
+                warn!(%error, retry_in = ?wait, "no webhook certificate yet; pods are admitted without the webhook meanwhile");
+                tokio::select! {
+                    () = stop.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(Duration::from_secs(60));
+            }
         }
     };
     let resolver = Arc::new(Reloadable::new(material.certified_key()?));
