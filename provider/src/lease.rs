@@ -140,6 +140,11 @@ pub fn assess(lease: &Value, identity: &LeaseIdentity, now: SystemTime) -> Asses
     }
 }
 
+/// The Lease is owned by the Node it describes (deleted with it).
+fn owner_references(identity: &LeaseIdentity) -> Value {
+    json!([{"apiVersion": "v1", "kind": "Node", "name": identity.node, "uid": identity.node_uid}])
+}
+
 /// The Lease as this process holds it.
 fn held(identity: &LeaseIdentity, previous: Option<&Value>, now: SystemTime) -> Value {
     let transitions = previous
@@ -159,7 +164,7 @@ fn held(identity: &LeaseIdentity, previous: Option<&Value>, now: SystemTime) -> 
                 INSTANCE_ANNOTATION: identity.instance,
                 RENEW_INTERVAL_ANNOTATION: identity.renew_interval.as_millis().to_string(),
             },
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": identity.node, "uid": identity.node_uid}],
+            "ownerReferences": owner_references(identity),
         },
         "spec": {
             "holderIdentity": identity.node,
@@ -379,9 +384,9 @@ impl NodeLease {
                 _ = ticks.tick() => {}
             }
             if node_uid.has_changed().unwrap_or(false) {
-                let uid = node_uid.borrow_and_update().clone();
-                self.current["metadata"]["ownerReferences"][0]["uid"] = Value::String(uid.clone());
-                self.identity.node_uid = uid;
+                self.identity.node_uid = node_uid.borrow_and_update().clone();
+                // Replaced whole: the stored Lease may have lost its owner reference.
+                self.current["metadata"]["ownerReferences"] = owner_references(&self.identity);
             }
             match self.renew(telemetry).await {
                 Ok(()) => {
