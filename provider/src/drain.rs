@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
@@ -25,6 +26,8 @@ use crate::telemetry::Telemetry;
 const ROUND: Duration = Duration::from_millis(500);
 /// Longest wait between two eviction attempts of one pod a budget protects.
 const MAX_EVICTION_BACKOFF: Duration = Duration::from_secs(15);
+/// Evictions in flight at once.
+const EVICTIONS_IN_FLIGHT: usize = 32;
 /// How many names an Event or log line lists before it says "and N more".
 const LISTED: usize = 10;
 
@@ -355,15 +358,20 @@ impl Decommission {
             .iter()
             .filter(|t| refusals.may_try(&t.to_string(), now))
             .collect();
-        let results = futures::future::join_all(due.iter().map(|target| async move {
-            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
-            self.telemetry.kube_request("pod_evict");
-            (
-                *target,
-                pods.evict(&target.name, &EvictParams::default()).await,
-            )
-        }))
-        .await;
+        // Bounded: a thousand evictions at once would meet the API server's own flow control
+        // (429s that would read like budget refusals).
+        let results: Vec<_> = futures::stream::iter(due)
+            .map(|target| async move {
+                let pods: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
+                self.telemetry.kube_request("pod_evict");
+                (
+                    target,
+                    pods.evict(&target.name, &EvictParams::default()).await,
+                )
+            })
+            .buffer_unordered(EVICTIONS_IN_FLIGHT)
+            .collect()
+            .await;
         for (target, result) in results {
             let key = target.to_string();
             match result {
@@ -375,7 +383,7 @@ impl Decommission {
                             "eviction refused, retrying with back-off: {}",
                             status.message
                         );
-                        warn!(pod = %key, reason = %status.message, "a disruption budget blocks the eviction; the decommission waits");
+                        warn!(pod = %key, reason = %status.message, "the eviction was refused (429: a disruption budget or API throttling); the decommission waits and retries");
                         let reference = k8s_openapi::api::core::v1::ObjectReference {
                             api_version: Some("v1".into()),
                             kind: Some("Pod".into()),
