@@ -173,6 +173,19 @@ async fn groups(h: &Harness) -> Vec<Value> {
         .unwrap()
 }
 
+async fn group_ids(h: &Harness) -> BTreeSet<String> {
+    groups(h)
+        .await
+        .iter()
+        .map(|g| {
+            g["container_group_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
 fn group_tag(group: &Value, key: &str) -> String {
     group["tags"]
         .as_array()
@@ -315,16 +328,7 @@ async fn a_restarted_replica_keeps_its_node_ready_with_the_same_uid_and_its_grou
         }
         wait_all_running(h, 3).await?;
         let uid = node(h, &name).await.unwrap().uid();
-        let ids_before: BTreeSet<String> = groups(h)
-            .await
-            .iter()
-            .map(|g| {
-                g["container_group_id"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned()
-            })
-            .collect();
+        let ids_before = group_ids(h).await;
 
         // Watch the Lease and Ready while the replica restarts.
         let monitor = {
@@ -384,16 +388,7 @@ async fn a_restarted_replica_keeps_its_node_ready_with_the_same_uid_and_its_grou
         let after = node(h, &name).await.unwrap();
         assert_eq!(after.uid(), uid, "the same Node object");
         assert!(!unschedulable(&after));
-        let ids_after: BTreeSet<String> = groups(h)
-            .await
-            .iter()
-            .map(|g| {
-                g["container_group_id"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned()
-            })
-            .collect();
+        let ids_after = group_ids(h).await;
         assert_eq!(
             ids_before, ids_after,
             "the groups were adopted, not recreated"
