@@ -2,9 +2,12 @@
 //! ack-virtual-node and virtual-kubelet know.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+
+use crate::backend::openapi::credentials::Secret;
 
 /// Taint effects a node taint may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -62,10 +65,52 @@ pub struct Config {
     #[arg(long, env = "POD_IP")]
     pub pod_ip: Option<IpAddr>,
 
-    /// The ECI backend: `embedded` (mock-eci in this process; the default), `grpc://HOST:PORT`
-    /// (a mock-eci process) or `openapi` (the real Alibaba Cloud API).
-    #[arg(long, env = "ECI_BACKEND", default_value = "embedded")]
-    pub eci: String,
+    /// The ECI backend: `embedded` (mock-eci in this process), `grpc://HOST:PORT` (a mock-eci
+    /// process) or `openapi` (the real Alibaba Cloud API). Unset: `openapi` when credentials are
+    /// configured (an AccessKey, ECI_CREDENTIALS_PATH or ECI_RAM_ROLE), `embedded` otherwise.
+    #[arg(long, env = "ECI_BACKEND")]
+    pub eci: Option<String>,
+
+    /// OpenAPI endpoint (default `https://eci.<region>.aliyuncs.com`).
+    #[arg(long, env = "ECI_ENDPOINT")]
+    pub eci_endpoint: Option<String>,
+
+    /// An extra CA certificate (PEM) to trust for the OpenAPI endpoint, e.g. an egress proxy's.
+    #[arg(long, env = "ECI_CA_FILE")]
+    pub eci_ca_file: Option<PathBuf>,
+
+    /// Deadline of one OpenAPI request.
+    #[arg(long, env = "ECI_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub eci_request_timeout: Duration,
+
+    /// AccessKey id for the OpenAPI.
+    #[arg(long, env = "ECI_ACCESS_KEY", hide_env_values = true)]
+    pub access_key: Option<String>,
+
+    /// AccessKey secret for the OpenAPI (never logged).
+    #[arg(long, env = "ECI_SECRET_KEY", hide_env_values = true)]
+    pub secret_key: Option<Secret>,
+
+    /// STS security token to go with a temporary AccessKey (never logged).
+    #[arg(long, env = "ECI_SECURITY_TOKEN", hide_env_values = true)]
+    pub security_token: Option<Secret>,
+
+    /// A file of `ECI_ACCESS_KEY=…`/`ECI_SECRET_KEY=…`[/`ECI_SECURITY_TOKEN=…`] lines, or a
+    /// directory with one file per name (a mounted Secret); read again whenever it changes.
+    #[arg(long, env = "ECI_CREDENTIALS_PATH")]
+    pub credentials_path: Option<PathBuf>,
+
+    /// RAM role attached to the instance, whose credentials come from the metadata service.
+    #[arg(long, env = "ECI_RAM_ROLE")]
+    pub ram_role: Option<String>,
+
+    /// Instance metadata service (for ECI_RAM_ROLE).
+    #[arg(
+        long,
+        env = "ECI_METADATA_ENDPOINT",
+        default_value = "http://100.100.100.200"
+    )]
+    pub metadata_endpoint: String,
 
     /// ECI region, e.g. cn-hangzhou.
     #[arg(long, env = "ECI_REGION", default_value = "cn-hangzhou")]
@@ -328,6 +373,16 @@ pub enum BackendChoice {
     OpenApi,
 }
 
+impl Settings {
+    /// The OpenAPI endpoint, without a trailing slash.
+    pub fn openapi_endpoint(&self) -> String {
+        self.config.eci_endpoint.as_deref().map_or_else(
+            || format!("https://eci.{}.aliyuncs.com", self.config.region),
+            |endpoint| endpoint.trim_end_matches('/').to_owned(),
+        )
+    }
+}
+
 /// The configuration after checking, with derived values.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -390,7 +445,22 @@ impl Config {
                 fix: "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
             });
         }
-        let backend = match self.eci.as_str() {
+        let has_credentials = (self.access_key.is_some() && self.secret_key.is_some())
+            || self.credentials_path.is_some()
+            || self.ram_role.is_some();
+        let named = self
+            .eci
+            .clone()
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| {
+                if has_credentials {
+                    "openapi"
+                } else {
+                    "embedded"
+                }
+                .to_owned()
+            });
+        let backend = match named.as_str() {
             "embedded" => BackendChoice::Embedded,
             "openapi" => BackendChoice::OpenApi,
             other => match other.strip_prefix("grpc://") {
@@ -407,6 +477,29 @@ impl Config {
             },
         };
         if backend == BackendChoice::OpenApi {
+            if self.access_key.is_some() != self.secret_key.is_some() {
+                return Err(ConfigError {
+                    flag: "--access-key/--secret-key (ECI_ACCESS_KEY/ECI_SECRET_KEY)",
+                    problem: "only one of the pair is set".into(),
+                    fix: "set both, or neither and use ECI_CREDENTIALS_PATH or ECI_RAM_ROLE",
+                });
+            }
+            if !has_credentials {
+                return Err(ConfigError {
+                    flag: "--eci openapi (ECI_BACKEND)",
+                    problem: "no credentials".into(),
+                    fix: "set ECI_ACCESS_KEY and ECI_SECRET_KEY, ECI_CREDENTIALS_PATH (a mounted Secret) or ECI_RAM_ROLE",
+                });
+            }
+            if let Some(endpoint) = &self.eci_endpoint {
+                if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+                    return Err(ConfigError {
+                        flag: "--eci-endpoint (ECI_ENDPOINT)",
+                        problem: format!("{endpoint:?} is not an http(s) URL"),
+                        fix: "write e.g. https://eci.cn-hangzhou.aliyuncs.com",
+                    });
+                }
+            }
             if self.vswitch.as_deref().is_none_or(str::is_empty) {
                 return Err(ConfigError {
                     flag: "--vswitch (ECI_VSWITCH)",
@@ -535,7 +628,15 @@ mod tests {
         assert_eq!(error.flag, "--node-name (NODE_NAME)");
         let error = parse(&["--node-name", "n", "--eci", "tcp://x"]).unwrap_err();
         assert_eq!(error.flag, "--eci (ECI_BACKEND)");
-        let error = parse(&["--node-name", "n", "--eci", "openapi"]).unwrap_err();
+        let error = parse(&[
+            "--node-name",
+            "n",
+            "--access-key",
+            "id",
+            "--secret-key",
+            "s",
+        ])
+        .unwrap_err();
         assert_eq!(error.flag, "--vswitch (ECI_VSWITCH)");
         let error = parse(&["--node-name", "n", "--quota-memory", "lots"]).unwrap_err();
         assert!(error.to_string().contains("not a Kubernetes quantity"));
@@ -562,6 +663,66 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(named.cluster_name, "prod");
+    }
+
+    #[test]
+    fn credentials_select_the_openapi_backend() {
+        let base = [
+            "--node-name",
+            "n",
+            "--vswitch",
+            "vsw-1",
+            "--security-group",
+            "sg-1",
+        ];
+        let with = |extra: &[&str]| {
+            let mut args = base.to_vec();
+            args.extend_from_slice(extra);
+            parse(&args)
+        };
+        let auto = with(&["--access-key", "id", "--secret-key", "s"]).unwrap();
+        assert_eq!(auto.backend, BackendChoice::OpenApi);
+        assert_eq!(
+            auto.openapi_endpoint(),
+            "https://eci.cn-hangzhou.aliyuncs.com"
+        );
+        let shown = format!("{:?}", auto.config);
+        assert!(
+            !shown.contains("secret-key\", \"s\"") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+        assert_eq!(
+            with(&[
+                "--ram-role",
+                "EciRole",
+                "--eci-endpoint",
+                "https://127.0.0.1:9/"
+            ])
+            .unwrap()
+            .openapi_endpoint(),
+            "https://127.0.0.1:9"
+        );
+        assert_eq!(
+            with(&["--credentials-path", "/etc/eci", "--eci", "embedded"])
+                .unwrap()
+                .backend,
+            BackendChoice::Embedded
+        );
+        assert_eq!(with(&[]).unwrap().backend, BackendChoice::Embedded);
+        let half = with(&["--eci", "openapi", "--access-key", "id"]).unwrap_err();
+        assert!(half.flag.contains("ECI_SECRET_KEY"), "{half}");
+        let none = with(&["--eci", "openapi"]).unwrap_err();
+        assert!(none.fix.contains("ECI_RAM_ROLE"), "{none}");
+        let bad = with(&[
+            "--access-key",
+            "id",
+            "--secret-key",
+            "s",
+            "--eci-endpoint",
+            "eci.example",
+        ])
+        .unwrap_err();
+        assert_eq!(bad.flag, "--eci-endpoint (ECI_ENDPOINT)");
     }
 
     #[test]

@@ -3,6 +3,9 @@
 //! One process serves one virtual Node (one StatefulSet replica): it registers the Node, holds
 //! its Lease, reports its status (Ready while the ECI API answers) and advertises capacity.
 
+// Recorded API responses in tests are deep `json!` literals.
+#![recursion_limit = "256"]
+
 pub mod app;
 pub mod backend;
 pub mod config;

@@ -77,7 +77,12 @@ mod tests {
         for (pascal, snake) in cases {
             assert_eq!(to_snake(pascal), snake, "{pascal}");
         }
-        for snake in ["v_switch_id", "container_group_ids", "intranet_ip", "web_socket_uri"] {
+        for snake in [
+            "v_switch_id",
+            "container_group_ids",
+            "intranet_ip",
+            "web_socket_uri",
+        ] {
             assert_eq!(to_snake(&to_pascal(snake)), snake);
         }
         assert_eq!(to_pascal("v_switch_id"), "VSwitchId");

@@ -83,10 +83,7 @@ pub fn verify(
     params: &[(String, String)],
     access_key_secret: &str,
 ) -> Result<(), String> {
-    let expected = string_to_sign(
-        method,
-        params.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-    );
+    let expected = string_to_sign(method, params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let given = params
         .iter()
         .find(|(key, _)| key == SIGNATURE_PARAMETER)

@@ -4,6 +4,7 @@
 
 mod grpc;
 mod limited;
+pub mod openapi;
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ pub use grpc::GrpcBackend;
 pub use limited::{Paced, Pacer};
 use tracing::info;
 
+use self::openapi::credentials::{CredentialSource, Credentials};
 use crate::config::{BackendChoice, Settings};
 
 /// The ECI API, whatever serves it. Errors carry the ECI error code (`EciError::code`), the
@@ -98,11 +100,14 @@ pub enum BackendError {
         #[source]
         source: tonic::transport::Error,
     },
-    /// The OpenAPI client is not part of this build yet.
+    /// `openapi` was chosen without any credentials.
     #[error(
-        "--eci openapi: the Alibaba Cloud OpenAPI client is not available in this build yet; use --eci embedded or --eci grpc://HOST:PORT (a mock-eci)"
+        "--eci openapi: no credentials; set ECI_ACCESS_KEY and ECI_SECRET_KEY, ECI_CREDENTIALS_PATH or ECI_RAM_ROLE"
     )]
-    OpenApiUnavailable,
+    NoCredentials,
+    /// The OpenAPI client could not be set up.
+    #[error(transparent)]
+    OpenApi(#[from] openapi::OpenApiError),
 }
 
 /// What keeps an embedded backend alive.
@@ -155,6 +160,36 @@ pub async fn connect(settings: &Settings) -> Result<(Backend, BackendGuard), Bac
             info!(%endpoint, "using a mock-eci over gRPC");
             Ok((Arc::new(backend), BackendGuard { embedded: None }))
         }
-        BackendChoice::OpenApi => Err(BackendError::OpenApiUnavailable),
+        BackendChoice::OpenApi => {
+            let config = &settings.config;
+            let options = openapi::OpenApiOptions {
+                endpoint: settings.openapi_endpoint(),
+                timeout: config.eci_request_timeout,
+                ca_file: config.eci_ca_file.clone(),
+            };
+            let credentials = match (&config.access_key, &config.secret_key) {
+                (Some(id), Some(secret)) => CredentialSource::Static(Credentials {
+                    access_key_id: id.clone(),
+                    access_key_secret: secret.clone(),
+                    security_token: config.security_token.clone(),
+                }),
+                _ => match (&config.credentials_path, &config.ram_role) {
+                    (Some(path), _) => CredentialSource::file(path.clone()),
+                    (None, Some(role)) => CredentialSource::ram_role(
+                        reqwest::Client::builder()
+                            .timeout(std::time::Duration::from_secs(5))
+                            .build()
+                            .map_err(openapi::OpenApiError::Client)?,
+                        config.metadata_endpoint.clone(),
+                        role.clone(),
+                    ),
+                    (None, None) => return Err(BackendError::NoCredentials),
+                },
+            };
+            let source = credentials.describe();
+            let backend = openapi::OpenApiBackend::new(&options, credentials)?;
+            info!(endpoint = %backend.endpoint(), credentials = %source, "using the Alibaba Cloud ECI OpenAPI");
+            Ok((Arc::new(backend), BackendGuard { embedded: None }))
+        }
     }
 }
