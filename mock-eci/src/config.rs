@@ -25,6 +25,36 @@ pub struct MockConfig {
     #[arg(long, env = "MOCK_ECI_ADMIN_LISTEN")]
     pub admin_listen: Option<SocketAddr>,
 
+    /// Also serve the ECI OpenAPI (signed HTTPS, JSON) here, for the daemon's `--eci openapi`
+    /// client. Off when unset.
+    #[arg(long, env = "MOCK_ECI_OPENAPI_LISTEN")]
+    pub openapi_listen: Option<SocketAddr>,
+
+    /// Write the OpenAPI front's CA certificate (PEM) here, for clients to trust.
+    #[arg(long, env = "MOCK_ECI_OPENAPI_CA_FILE")]
+    pub openapi_ca_file: Option<PathBuf>,
+
+    /// The AccessKey id the OpenAPI front accepts.
+    #[arg(
+        long,
+        env = "MOCK_ECI_OPENAPI_ACCESS_KEY_ID",
+        default_value = "mock-access-key-id"
+    )]
+    pub openapi_access_key_id: String,
+
+    /// The AccessKey secret the OpenAPI front verifies signatures with.
+    #[arg(
+        long,
+        env = "MOCK_ECI_OPENAPI_ACCESS_KEY_SECRET",
+        default_value = "mock-access-key-secret",
+        hide_env_values = true
+    )]
+    pub openapi_access_key_secret: String,
+
+    /// When set, OpenAPI requests must carry this STS SecurityToken.
+    #[arg(long, env = "MOCK_ECI_OPENAPI_SECURITY_TOKEN", hide_env_values = true)]
+    pub openapi_security_token: Option<String>,
+
     /// The region served; requests for another region fail with InvalidRegionId.NotFound.
     #[arg(long, env = "MOCK_ECI_REGION", default_value = "cn-hangzhou")]
     pub region: String,

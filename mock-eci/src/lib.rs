@@ -15,6 +15,7 @@ pub mod engine;
 pub mod exec;
 pub mod group;
 pub mod logs;
+pub mod openapi;
 pub mod persist;
 pub mod render;
 pub mod rng;

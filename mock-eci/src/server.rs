@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use crate::admin;
 use crate::config::MockConfig;
+use crate::openapi::{FrontCredentials, OpenApiFront};
 use crate::persist::{self, PersistError};
 use crate::service::MockEci;
 
@@ -34,6 +35,15 @@ pub enum ServeError {
         /// The flag that set it.
         flag: &'static str,
         /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The OpenAPI front's CA could not be written.
+    #[error("cannot write the OpenAPI CA certificate to {path} (--openapi-ca-file): {source}")]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
         #[source]
         source: io::Error,
     },
@@ -57,6 +67,7 @@ pub struct MockServer {
     grpc_addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     mock: MockEci,
+    openapi: Option<OpenApiFront>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -71,7 +82,33 @@ impl MockServer {
             Some(addr) => Some(bind(addr, "--admin-listen").await?),
             None => None,
         };
-        Self::start_on(grpc, admin, mock, &config)
+        let openapi = match config.openapi_listen {
+            Some(addr) => Some(bind(addr, "--openapi-listen").await?),
+            None => None,
+        };
+        let mut server = Self::start_on(grpc, admin, mock, &config)?;
+        if let Some(listener) = openapi {
+            let front = OpenApiFront::start(
+                listener,
+                server.mock.clone(),
+                FrontCredentials {
+                    access_key_id: config.openapi_access_key_id.clone(),
+                    access_key_secret: config.openapi_access_key_secret.clone(),
+                    security_token: config.openapi_security_token.clone(),
+                },
+            )
+            .map_err(|e| ServeError::Config(e.to_string()))?;
+            if let Some(path) = &config.openapi_ca_file {
+                tokio::fs::write(path, front.ca_pem())
+                    .await
+                    .map_err(|source| ServeError::CaFile {
+                        path: path.clone(),
+                        source,
+                    })?;
+            }
+            server.openapi = Some(front);
+        }
+        Ok(server)
     }
 
     /// Serves `mock` on listeners bound by the caller.
@@ -100,6 +137,7 @@ impl MockServer {
             grpc_addr,
             admin_addr,
             mock,
+            openapi: None,
             shutdown,
             task,
         })
@@ -125,8 +163,16 @@ impl MockServer {
         &self.mock
     }
 
+    /// The OpenAPI front, when enabled.
+    pub fn openapi(&self) -> Option<&OpenApiFront> {
+        self.openapi.as_ref()
+    }
+
     /// Stops serving and writes the state file one last time.
     pub async fn stop(self) -> Result<(), ServeError> {
+        if let Some(front) = self.openapi {
+            front.stop().await;
+        }
         let _ = self.shutdown.send(true);
         self.task.await.map_err(ServeError::Task)?
     }
@@ -134,6 +180,7 @@ impl MockServer {
     /// Serves until `signal` completes, then stops.
     pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<(), ServeError> {
         let mut task = self.task;
+        let _front = self.openapi;
         tokio::select! {
             () = signal => {
                 info!("shutting down");

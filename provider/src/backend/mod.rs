@@ -180,7 +180,7 @@ pub async fn connect(settings: &Settings) -> Result<(Backend, BackendGuard), Bac
                             .timeout(std::time::Duration::from_secs(5))
                             .build()
                             .map_err(openapi::OpenApiError::Client)?,
-                        config.metadata_endpoint.clone(),
+                        &config.metadata_endpoint,
                         role.clone(),
                     ),
                     (None, None) => return Err(BackendError::NoCredentials),

@@ -130,7 +130,7 @@ impl CredentialSource {
     }
 
     /// A RAM role source.
-    pub fn ram_role(http: reqwest::Client, endpoint: String, role: String) -> Self {
+    pub fn ram_role(http: reqwest::Client, endpoint: &str, role: String) -> Self {
         Self::RamRole(RoleSource {
             http,
             endpoint: endpoint.trim_end_matches('/').to_owned(),
@@ -510,7 +510,8 @@ mod tests {
     async fn role_credentials_are_cached_until_close_to_expiry() {
         let (endpoint, calls) =
             metadata_server(SystemTime::now() + Duration::from_secs(3600), true).await;
-        let source = CredentialSource::ram_role(reqwest::Client::new(), endpoint, "EciRole".into());
+        let source =
+            CredentialSource::ram_role(reqwest::Client::new(), &endpoint, "EciRole".into());
         let first = source.current().await.unwrap();
         assert_eq!(first.access_key_id, "STS.id-1");
         assert_eq!(
@@ -527,7 +528,8 @@ mod tests {
         // Ten minutes left is inside the refresh margin: every use fetches anew.
         let (endpoint, calls) =
             metadata_server(SystemTime::now() + Duration::from_secs(600), false).await;
-        let source = CredentialSource::ram_role(reqwest::Client::new(), endpoint, "EciRole".into());
+        let source =
+            CredentialSource::ram_role(reqwest::Client::new(), &endpoint, "EciRole".into());
         assert_eq!(source.current().await.unwrap().access_key_id, "STS.id-1");
         assert_eq!(source.current().await.unwrap().access_key_id, "STS.id-2");
         assert_eq!(calls.load(Ordering::SeqCst), 2);
@@ -537,7 +539,7 @@ mod tests {
     async fn an_unknown_role_is_a_clear_error() {
         let (endpoint, _) =
             metadata_server(SystemTime::now() + Duration::from_secs(3600), false).await;
-        let source = CredentialSource::ram_role(reqwest::Client::new(), endpoint, "Nope".into());
+        let source = CredentialSource::ram_role(reqwest::Client::new(), &endpoint, "Nope".into());
         let error = source.current().await.unwrap_err().to_string();
         assert!(
             error.contains("\"Nope\"") && error.contains("404"),

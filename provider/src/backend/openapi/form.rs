@@ -54,7 +54,7 @@ impl Form {
     }
 
     /// A number that is unset at its zero value.
-    pub fn number<T: Display + Default + PartialEq>(&mut self, name: &str, value: T) {
+    pub fn number<T: Display + Default + PartialEq + Copy>(&mut self, name: &str, value: T) {
         if value != T::default() {
             self.raw(name, value.to_string());
         }
@@ -188,7 +188,7 @@ fn container(form: &mut Form, c: &Container) {
         form.text("Value", &env.value);
         if let Some(field_ref) = &env.field_ref {
             form.nested("FieldRef", |form| {
-                form.text("FieldPath", &field_ref.field_path)
+                form.text("FieldPath", &field_ref.field_path);
             });
         }
     });

@@ -1,0 +1,447 @@
+//! mock-eci's OpenAPI front: the same fake ECI, spoken over HTTPS the way Alibaba Cloud's
+//! RPC-style API is — signed form POSTs (signature version 1.0) answered with JSON — so the
+//! daemon's real OpenAPI client runs against it unchanged.
+//!
+//! Every request is checked as the service checks it: API version, signature method, a known
+//! AccessKey id, the STS token when one is configured, a timestamp within 15 minutes, a nonce
+//! never seen in that window, and the signature itself (a mismatch answers
+//! `SignatureDoesNotMatch` with the string the server signed). Then the flat parameters are
+//! decoded into the contract's request (unknown ones are refused with `InvalidParameter`) and
+//! served by the gRPC service's own implementation, throttling and injected faults included.
+
+pub mod wire;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use eci_proto::EciError;
+use eci_proto::openapi::API_VERSION;
+use eci_proto::openapi::signature::{SIGNATURE_METHOD, SIGNATURE_VERSION, verify};
+use eci_proto::v20180808::eci_server::Eci;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tower::ServiceExt as _;
+use tracing::debug;
+
+use crate::service::MockEci;
+
+/// How many requests [`OpenApiFront::recorded`] keeps.
+pub const RECORDED_REQUESTS: usize = 1000;
+
+/// How far a request's timestamp may be from the server's clock.
+const TIMESTAMP_WINDOW: Duration = Duration::from_secs(15 * 60);
+
+/// The AccessKey the front accepts.
+#[derive(Debug, Clone)]
+pub struct FrontCredentials {
+    /// The AccessKey id.
+    pub access_key_id: String,
+    /// The AccessKey secret.
+    pub access_key_secret: String,
+    /// When set, every request must carry this `SecurityToken` (an STS key).
+    pub security_token: Option<String>,
+}
+
+/// A request as the front received it, for tests to inspect.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// GET or POST.
+    pub method: String,
+    /// Every parameter, `Signature` included.
+    pub params: Vec<(String, String)>,
+}
+
+#[derive(Debug)]
+struct Front {
+    mock: MockEci,
+    credentials: FrontCredentials,
+    nonces: Mutex<HashMap<String, SystemTime>>,
+    recorded: Mutex<std::collections::VecDeque<Recorded>>,
+}
+
+/// The front, serving in the background.
+#[derive(Debug)]
+pub struct OpenApiFront {
+    addr: SocketAddr,
+    ca_pem: String,
+    front: Arc<Front>,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The front could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontError {
+    /// The certificate could not be generated.
+    #[error("cannot generate the OpenAPI front's certificate: {0}")]
+    Certificate(#[source] rcgen::Error),
+    /// TLS could not be set up.
+    #[error("cannot set up TLS for the OpenAPI front: {0}")]
+    Tls(#[source] rustls::Error),
+    /// The listener has no address.
+    #[error("the OpenAPI listener has no address: {0}")]
+    Address(#[source] std::io::Error),
+}
+
+impl OpenApiFront {
+    /// Serves `mock` over HTTPS on `listener` with a fresh CA (see [`Self::ca_pem`]) whose
+    /// certificate names `localhost` and `127.0.0.1`.
+    pub fn start(
+        listener: TcpListener,
+        mock: MockEci,
+        credentials: FrontCredentials,
+    ) -> Result<Self, FrontError> {
+        let addr = listener.local_addr().map_err(FrontError::Address)?;
+        let (ca_pem, acceptor) = tls()?;
+        let front = Arc::new(Front {
+            mock,
+            credentials,
+            nonces: Mutex::new(HashMap::new()),
+            recorded: Mutex::new(std::collections::VecDeque::new()),
+        });
+        let router = Router::new()
+            .route("/", axum::routing::any(handle))
+            .with_state(front.clone());
+        let (shutdown, signal) = watch::channel(false);
+        let task = tokio::spawn(serve(listener, acceptor, router, signal));
+        tracing::info!(%addr, "OpenAPI front serving (HTTPS)");
+        Ok(Self {
+            addr,
+            ca_pem,
+            front,
+            shutdown,
+            task,
+        })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// The CA certificate (PEM) clients must trust.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The latest requests received (at most [`RECORDED_REQUESTS`]), oldest first.
+    pub fn recorded(&self) -> Vec<Recorded> {
+        self.front
+            .recorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Stops serving.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+    }
+}
+
+fn tls() -> Result<(String, tokio_rustls::TlsAcceptor), FrontError> {
+    let ca_key = KeyPair::generate().map_err(FrontError::Certificate)?;
+    let mut ca_params =
+        CertificateParams::new(Vec::<String>::new()).map_err(FrontError::Certificate)?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "mock-eci OpenAPI CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params
+        .self_signed(&ca_key)
+        .map_err(FrontError::Certificate)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().map_err(FrontError::Certificate)?;
+    let params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .map_err(FrontError::Certificate)?;
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(FrontError::Certificate)?;
+    let chain = vec![cert.der().clone()];
+    let private = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(FrontError::Tls)?
+    .with_no_client_auth()
+    .with_single_cert(chain, private)
+    .map_err(FrontError::Tls)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok((ca.pem(), tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+}
+
+async fn serve(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    router: Router,
+    mut signal: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = signal.wait_for(|stop| *stop) => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, _)) = accepted else { continue };
+        let _ = stream.set_nodelay(true);
+        let (acceptor, router, mut signal) = (acceptor.clone(), router.clone(), signal.clone());
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(stream).await else {
+                debug!("OpenAPI TLS handshake failed");
+                return;
+            };
+            let service = hyper::service::service_fn(
+                move |request: hyper::Request<hyper::body::Incoming>| {
+                    let router = router.clone();
+                    async move {
+                        Ok::<_, Infallible>(
+                            router
+                                .oneshot(request.map(axum::body::Body::new))
+                                .await
+                                .unwrap_or_else(|never| match never {}),
+                        )
+                    }
+                },
+            );
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let connection =
+                builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::select! {
+                result = connection => if let Err(error) = result { debug!(%error, "OpenAPI connection ended with an error") },
+                _ = signal.wait_for(|stop| *stop) => {}
+            }
+        });
+    }
+}
+
+fn request_id() -> String {
+    uuid::Uuid::new_v4().to_string().to_uppercase()
+}
+
+/// The HTTP status the service uses for an error code's family.
+fn http_status(error: &EciError) -> StatusCode {
+    match error.grpc_code() {
+        tonic::Code::NotFound => StatusCode::NOT_FOUND,
+        tonic::Code::PermissionDenied | tonic::Code::FailedPrecondition => StatusCode::FORBIDDEN,
+        tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        tonic::Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+fn error_response(error: &EciError) -> Response {
+    let request_id = if error.request_id.is_empty() {
+        request_id()
+    } else {
+        error.request_id.clone()
+    };
+    (
+        http_status(error),
+        Json(json!({
+            "RequestId": request_id,
+            "HostId": "mock-eci",
+            "Code": error.code,
+            "Message": error.message,
+            "Recommend": "https://api.aliyun.com/troubleshoot",
+        })),
+    )
+        .into_response()
+}
+
+impl Front {
+    fn check(&self, method: &str, params: &[(String, String)]) -> Result<(), EciError> {
+        let get = |name: &str| {
+            params
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let required = |name: &str| {
+            get(name).ok_or_else(|| {
+                EciError::new(
+                    "MissingParameter",
+                    format!("The input parameter \"{name}\" that is mandatory for processing this request is not supplied."),
+                )
+            })
+        };
+        if required("Version")? != API_VERSION {
+            return Err(EciError::new(
+                "InvalidVersion",
+                format!("Specified parameter Version is not valid; ECI serves {API_VERSION}."),
+            ));
+        }
+        if required("Format")? != "JSON" {
+            return Err(EciError::new(
+                "InvalidParameter.Format",
+                "this fake answers JSON only",
+            ));
+        }
+        if required("SignatureMethod")? != SIGNATURE_METHOD
+            || required("SignatureVersion")? != SIGNATURE_VERSION
+        {
+            return Err(EciError::new(
+                "InvalidParameter.SignatureMethod",
+                "Only HMAC-SHA1 signature version 1.0 is served.",
+            ));
+        }
+        if required("AccessKeyId")? != self.credentials.access_key_id {
+            return Err(EciError::new(
+                "InvalidAccessKeyId.NotFound",
+                "Specified access key is not found.",
+            ));
+        }
+        if let Some(token) = &self.credentials.security_token {
+            if get("SecurityToken") != Some(token.as_str()) {
+                return Err(EciError::new(
+                    "InvalidSecurityToken.Mismatch",
+                    "Specified SecurityToken is invalid.",
+                ));
+            }
+        }
+        let timestamp = required("Timestamp")?;
+        let sent = humantime::parse_rfc3339(timestamp).map_err(|_| {
+            EciError::new(
+                "InvalidTimeStamp.Format",
+                "Specified time stamp or date value is not well formatted.",
+            )
+        })?;
+        let now = SystemTime::now();
+        let skew = now
+            .duration_since(sent)
+            .or_else(|_| sent.duration_since(now))
+            .unwrap_or_default();
+        if skew > TIMESTAMP_WINDOW {
+            return Err(EciError::new(
+                "InvalidTimeStamp.Expired",
+                "Specified time stamp or date value is expired.",
+            ));
+        }
+        let nonce = required("SignatureNonce")?;
+        required("Signature")?;
+        verify(method, params, &self.credentials.access_key_secret).map_err(|expected| {
+            EciError::new(
+                "SignatureDoesNotMatch",
+                format!("Specified signature is not matched with our calculation. server string to sign is:{expected}"),
+            )
+        })?;
+        let mut nonces = self.nonces.lock().unwrap_or_else(PoisonError::into_inner);
+        nonces.retain(|_, seen| now.duration_since(*seen).unwrap_or_default() < TIMESTAMP_WINDOW);
+        if nonces.insert(nonce.to_owned(), now).is_some() {
+            return Err(EciError::new(
+                "SignatureNonceUsed",
+                "Specified signature nonce was used already.",
+            ));
+        }
+        Ok(())
+    }
+}
+
+macro_rules! dispatch {
+    ($front:expr, $action:expr, $params:expr, { $($name:literal => $method:ident,)+ }) => {
+        match $action {
+            $($name => {
+                let request = wire::decode($params)
+                    .map_err(|problem| EciError::new("InvalidParameter", format!("{}: {problem}", $name)))?;
+                $front
+                    .mock
+                    .$method(tonic::Request::new(request))
+                    .await
+                    .map(|response| wire::encode(&response.into_inner()))
+                    .map_err(|status| EciError::from_status(&status))
+            })+
+            "DescribeContainerGroupStatus" => {
+                let request = wire::decode($params).map_err(|problem| {
+                    EciError::new("InvalidParameter", format!("DescribeContainerGroupStatus: {problem}"))
+                })?;
+                $front
+                    .mock
+                    .describe_container_group_status(tonic::Request::new(request))
+                    .await
+                    .map(|response| wire::encode_status(&response.into_inner()))
+                    .map_err(|status| EciError::from_status(&status))
+            }
+            other => Err(EciError::new(
+                "InvalidAction.NotFound",
+                format!("Specified api {other:?} is not found, please check your url and method."),
+            )),
+        }
+    };
+}
+
+async fn serve_action(
+    front: &Front,
+    action: &str,
+    params: &[(String, String)],
+) -> Result<Value, EciError> {
+    dispatch!(front, action, params, {
+        "CreateContainerGroup" => create_container_group,
+        "DescribeContainerGroups" => describe_container_groups,
+        "DeleteContainerGroup" => delete_container_group,
+        "UpdateContainerGroup" => update_container_group,
+        "RestartContainerGroup" => restart_container_group,
+        "DescribeContainerLog" => describe_container_log,
+        "ExecContainerCommand" => exec_container_command,
+        "DescribeContainerGroupMetric" => describe_container_group_metric,
+        "DescribeMultiContainerGroupMetric" => describe_multi_container_group_metric,
+    })
+}
+
+async fn handle(
+    State(front): State<Arc<Front>>,
+    method: Method,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let mut params: Vec<(String, String)> = uri
+        .query()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+    if method == Method::POST {
+        params.extend(form_urlencoded::parse(&body).into_owned());
+    }
+    {
+        let mut recorded = front
+            .recorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if recorded.len() == RECORDED_REQUESTS {
+            recorded.pop_front();
+        }
+        recorded.push_back(Recorded {
+            method: method.to_string(),
+            params: params.clone(),
+        });
+    }
+    if let Err(error) = front.check(method.as_str(), &params) {
+        debug!(code = %error.code, "OpenAPI request refused");
+        return error_response(&error);
+    }
+    let action = params
+        .iter()
+        .find(|(k, _)| k == "Action")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    match serve_action(&front, &action, &params).await {
+        Ok(body) => Json(body).into_response(),
+        Err(error) => error_response(&error),
+    }
+}

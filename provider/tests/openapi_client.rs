@@ -1,0 +1,380 @@
+//! The OpenAPI client against mock-eci's OpenAPI front on 127.0.0.1:0: real HTTPS (the front's
+//! own CA), every request's signature verified with the same secret, the flat parameters
+//! decoded independently of the client's flattening, responses in the service's JSON shapes.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use eci_proto::v20180808::{
+    Container, CreateContainerGroupRequest, DeleteContainerGroupRequest,
+    DescribeContainerGroupStatusRequest, DescribeContainerGroupsRequest, EnvironmentVar, FieldRef,
+    Tag,
+};
+use mock_eci::{MockConfig, MockServer};
+use virtual_node_eci::backend::EciBackend;
+use virtual_node_eci::backend::openapi::credentials::{CredentialSource, Credentials, Secret};
+use virtual_node_eci::backend::openapi::{OpenApiBackend, OpenApiOptions};
+
+const KEY_ID: &str = "LTAI-test-id";
+const SECRET: &str = "a-secret-that-must-never-travel";
+
+struct Fixture {
+    server: MockServer,
+    ca: tempfile::NamedTempFile,
+}
+
+impl Fixture {
+    async fn start(security_token: Option<&str>) -> Self {
+        let mut config = MockConfig::defaults();
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.openapi_listen = Some("127.0.0.1:0".parse().unwrap());
+        config.openapi_access_key_id = KEY_ID.into();
+        config.openapi_access_key_secret = SECRET.into();
+        config.openapi_security_token = security_token.map(str::to_owned);
+        config.no_rate_limits = true;
+        let server = MockServer::start(config).await.expect("mock-eci starts");
+        let ca = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(ca.path(), server.openapi().unwrap().ca_pem()).unwrap();
+        Self { server, ca }
+    }
+
+    fn client_with(&self, secret: &str, token: Option<&str>) -> OpenApiBackend {
+        let options = OpenApiOptions {
+            endpoint: self.server.openapi().unwrap().endpoint(),
+            timeout: Duration::from_secs(10),
+            ca_file: Some(self.ca.path().to_owned()),
+        };
+        let credentials = CredentialSource::Static(Credentials {
+            access_key_id: KEY_ID.into(),
+            access_key_secret: Secret::new(secret),
+            security_token: token.map(Secret::new),
+        });
+        OpenApiBackend::new(&options, credentials).expect("client builds")
+    }
+
+    fn client(&self) -> OpenApiBackend {
+        self.client_with(SECRET, None)
+    }
+
+    fn last_params(&self) -> BTreeMap<String, String> {
+        let recorded = self.server.openapi().unwrap().recorded();
+        recorded.last().unwrap().params.iter().cloned().collect()
+    }
+
+    fn patch(&self, patch: serde_json::Value) {
+        self.server
+            .mock()
+            .patch_controls(&serde_json::from_value(patch).unwrap())
+            .unwrap();
+    }
+}
+
+fn mk_request(name: &str, token: &str, tags: &[(&str, &str)]) -> CreateContainerGroupRequest {
+    CreateContainerGroupRequest {
+        region_id: "cn-hangzhou".into(),
+        security_group_id: "sg-1".into(),
+        v_switch_id: "vsw-1".into(),
+        container_group_name: name.into(),
+        restart_policy: "Always".into(),
+        cpu: Some(2.0),
+        memory: Some(4.0),
+        client_token: token.into(),
+        tag: tags
+            .iter()
+            .map(|(k, v)| Tag {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        container: vec![Container {
+            name: "app".into(),
+            image: "nginx:1.27".into(),
+            environment_var: vec![
+                EnvironmentVar {
+                    key: "GREETING".into(),
+                    value: "a b*~/é".into(),
+                    field_ref: None,
+                },
+                EnvironmentVar {
+                    key: "POD_IP".into(),
+                    value: String::new(),
+                    field_ref: Some(FieldRef {
+                        field_path: "status.podIP".into(),
+                    }),
+                },
+            ],
+            ..Container::default()
+        }],
+        ..CreateContainerGroupRequest::default()
+    }
+}
+
+#[tokio::test]
+async fn a_group_lives_and_dies_through_signed_requests() {
+    let fixture = Fixture::start(None).await;
+    let client = fixture.client();
+    let created = client
+        .create_container_group(mk_request("default-web-0", "uid-1", &[("cluster", "c1")]))
+        .await
+        .expect("created");
+    assert!(
+        created.container_group_id.starts_with("eci-"),
+        "{created:?}"
+    );
+    assert!(!created.request_id.is_empty());
+
+    // What travelled: the flattened names, the common parameters, never the secret.
+    let sent = fixture.last_params();
+    assert_eq!(sent["Action"], "CreateContainerGroup");
+    assert_eq!(sent["Version"], "2018-08-08");
+    assert_eq!(sent["SignatureMethod"], "HMAC-SHA1");
+    assert_eq!(sent["Container.1.EnvironmentVar.1.Value"], "a b*~/é");
+    assert_eq!(
+        sent["Container.1.EnvironmentVar.2.FieldRef.FieldPath"],
+        "status.podIP"
+    );
+    assert_eq!(sent["Tag.1.Key"], "cluster");
+    assert!(sent.values().all(|v| !v.contains(SECRET)));
+    assert!(!format!("{client:?}").contains(SECRET));
+
+    // The group as the mock holds it carries exactly what was sent.
+    let held = fixture.server.mock().groups();
+    let env = &held[0].containers[0].environment_vars;
+    assert_eq!(env[0].value, "a b*~/é");
+    assert_eq!(
+        env[1].field_ref.as_ref().unwrap().field_path,
+        "status.podIP"
+    );
+
+    // Retrying with the same ClientToken is idempotent.
+    let again = client
+        .create_container_group(mk_request("default-web-0", "uid-1", &[("cluster", "c1")]))
+        .await
+        .unwrap();
+    assert_eq!(again.container_group_id, created.container_group_id);
+
+    // The incremental poll: the service's status shape, completed with tags and containers.
+    let status = client
+        .describe_container_group_status(DescribeContainerGroupStatusRequest {
+            region_id: "cn-hangzhou".into(),
+            since_second: Some(60),
+            tag: vec![Tag {
+                key: "cluster".into(),
+                value: "c1".into(),
+            }],
+            ..DescribeContainerGroupStatusRequest::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(status.data.len(), 1);
+    let group = &status.data[0];
+    assert_eq!(group.container_group_id, created.container_group_id);
+    assert_eq!(group.tags[0].value, "c1");
+    assert_eq!(group.containers[0].name, "app");
+    let actions: Vec<String> = fixture
+        .server
+        .openapi()
+        .unwrap()
+        .recorded()
+        .iter()
+        .rev()
+        .take(2)
+        .filter_map(|r| {
+            r.params
+                .iter()
+                .find(|(k, _)| k == "Action")
+                .map(|(_, v)| v.clone())
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        ["DescribeContainerGroups", "DescribeContainerGroupStatus"]
+    );
+    assert_eq!(
+        fixture.last_params()["ContainerGroupIds"],
+        format!("[\"{}\"]", created.container_group_id)
+    );
+
+    client
+        .delete_container_group(DeleteContainerGroupRequest {
+            region_id: "cn-hangzhou".into(),
+            container_group_id: created.container_group_id.clone(),
+            client_token: "delete-uid-1".into(),
+            force: true,
+        })
+        .await
+        .unwrap();
+    let error = client
+        .delete_container_group(DeleteContainerGroupRequest {
+            region_id: "cn-hangzhou".into(),
+            container_group_id: "eci-does-not-exist".into(),
+            client_token: String::new(),
+            force: true,
+        })
+        .await
+        .unwrap_err();
+    assert!(error.is_not_found(), "{error}");
+    assert!(!error.request_id.is_empty());
+}
+
+#[tokio::test]
+async fn listings_page_by_twenty() {
+    let fixture = Fixture::start(None).await;
+    let client = fixture.client();
+    for i in 0..45 {
+        client
+            .create_container_group(mk_request(
+                &format!("pod-{i}"),
+                &format!("uid-{i}"),
+                &[("node", "vn-0")],
+            ))
+            .await
+            .unwrap();
+    }
+    client
+        .create_container_group(mk_request("other", "uid-x", &[("node", "vn-1")]))
+        .await
+        .unwrap();
+    let mut pages = 0;
+    let mut seen = Vec::new();
+    let mut next_token = String::new();
+    loop {
+        let page = client
+            .describe_container_group_status(DescribeContainerGroupStatusRequest {
+                region_id: "cn-hangzhou".into(),
+                tag: vec![Tag {
+                    key: "node".into(),
+                    value: "vn-0".into(),
+                }],
+                limit: Some(200),
+                next_token: next_token.clone(),
+                ..DescribeContainerGroupStatusRequest::default()
+            })
+            .await
+            .unwrap();
+        pages += 1;
+        assert_eq!(page.total_count, 45);
+        seen.extend(page.data.into_iter().map(|g| g.container_group_name));
+        if page.next_token.is_empty() {
+            break;
+        }
+        next_token = page.next_token;
+    }
+    assert_eq!(pages, 3);
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 45);
+    assert!(!seen.contains(&"other".to_owned()));
+    assert_eq!(fixture.last_params()["Limit"], "20");
+}
+
+#[tokio::test]
+async fn errors_keep_the_service_code_message_and_request_id() {
+    let fixture = Fixture::start(None).await;
+    let client = fixture.client();
+
+    // Throttling, then success once it passes: retryable, and the retry creates one group.
+    fixture.patch(serde_json::json!({"faults": {"CreateContainerGroup": {"error_rate": 1.0, "error_code": "Throttling.User"}}}));
+    let error = client
+        .create_container_group(mk_request("web", "uid-t", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, "Throttling.User");
+    assert!(error.is_throttling() && error.is_retryable());
+    assert!(!error.request_id.is_empty());
+    fixture.patch(serde_json::json!({"faults": {"CreateContainerGroup": {"error_rate": 0.0}}}));
+    client
+        .create_container_group(mk_request("web", "uid-t", &[]))
+        .await
+        .unwrap();
+    assert_eq!(fixture.server.mock().group_count(), 1);
+
+    // A request the service refuses for good.
+    let error = client
+        .create_container_group(mk_request("Not_A_Valid_Name", "uid-bad", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, "InvalidParameter.ContainerGroupName");
+    assert!(!error.is_retryable());
+    assert!(!error.message.is_empty() && !error.request_id.is_empty());
+    assert!(error.to_string().contains(&error.request_id));
+
+    // The wrong secret: refused before anything is done, and the hint names the fix.
+    let error = fixture
+        .client_with("not-the-secret", None)
+        .describe_container_groups(DescribeContainerGroupsRequest {
+            region_id: "cn-hangzhou".into(),
+            ..DescribeContainerGroupsRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, "SignatureDoesNotMatch");
+    assert!(!error.is_retryable());
+    assert!(error.message.contains("ECI_SECRET_KEY"), "{error}");
+    assert!(!error.message.contains(SECRET) && !error.message.contains("not-the-secret"));
+
+    // An outage: the service's own 503, retryable.
+    fixture.patch(serde_json::json!({"outage": true}));
+    let error = client
+        .describe_container_groups(DescribeContainerGroupsRequest {
+            region_id: "cn-hangzhou".into(),
+            ..DescribeContainerGroupsRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+}
+
+#[tokio::test]
+async fn sts_tokens_are_required_when_the_key_is_temporary() {
+    let fixture = Fixture::start(Some("sts-token")).await;
+    let request = DescribeContainerGroupsRequest {
+        region_id: "cn-hangzhou".into(),
+        ..DescribeContainerGroupsRequest::default()
+    };
+    fixture
+        .client_with(SECRET, Some("sts-token"))
+        .describe_container_groups(request.clone())
+        .await
+        .unwrap();
+    assert_eq!(fixture.last_params()["SecurityToken"], "sts-token");
+    let error = fixture
+        .client()
+        .describe_container_groups(request)
+        .await
+        .unwrap_err();
+    assert!(error.code.starts_with("InvalidSecurityToken"), "{error}");
+    assert!(error.message.contains("ECI_SECURITY_TOKEN"), "{error}");
+}
+
+#[tokio::test]
+async fn an_unreachable_endpoint_is_a_retryable_error_naming_it() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let options = OpenApiOptions {
+        endpoint: format!("https://127.0.0.1:{port}"),
+        timeout: Duration::from_secs(2),
+        ca_file: None,
+    };
+    let client = OpenApiBackend::new(
+        &options,
+        CredentialSource::Static(Credentials {
+            access_key_id: KEY_ID.into(),
+            access_key_secret: Secret::new(SECRET),
+            security_token: None,
+        }),
+    )
+    .unwrap();
+    let error = client
+        .describe_container_groups(DescribeContainerGroupsRequest::default())
+        .await
+        .unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    assert!(
+        error.message.contains(&format!("127.0.0.1:{port}")),
+        "{error}"
+    );
+}
