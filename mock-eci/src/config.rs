@@ -30,9 +30,11 @@ pub struct MockConfig {
     #[arg(long, env = "MOCK_ECI_OPENAPI_LISTEN")]
     pub openapi_listen: Option<SocketAddr>,
 
-    /// Write the OpenAPI front's CA certificate (PEM) here, for clients to trust.
-    #[arg(long, env = "MOCK_ECI_OPENAPI_CA_FILE")]
-    pub openapi_ca_file: Option<PathBuf>,
+    /// The OpenAPI front's certificate directory: `ca.pem`, `tls.crt` and `tls.key` are used
+    /// when present, else generated and written there (clients trust `ca.pem`; a restart keeps
+    /// it). Without it the certificate is generated in memory only.
+    #[arg(long, env = "MOCK_ECI_OPENAPI_TLS_DIR")]
+    pub openapi_tls_dir: Option<PathBuf>,
 
     /// The AccessKey id the OpenAPI front accepts.
     #[arg(

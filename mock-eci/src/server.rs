@@ -38,15 +38,9 @@ pub enum ServeError {
         #[source]
         source: io::Error,
     },
-    /// The OpenAPI front's CA could not be written.
-    #[error("cannot write the OpenAPI CA certificate to {path} (--openapi-ca-file): {source}")]
-    CaFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    /// The OpenAPI front could not start.
+    #[error(transparent)]
+    OpenApi(#[from] crate::openapi::FrontError),
     /// The state file could not be loaded.
     #[error(transparent)]
     State(#[from] PersistError),
@@ -96,16 +90,8 @@ impl MockServer {
                     access_key_secret: config.openapi_access_key_secret.clone(),
                     security_token: config.openapi_security_token.clone(),
                 },
-            )
-            .map_err(|e| ServeError::Config(e.to_string()))?;
-            if let Some(path) = &config.openapi_ca_file {
-                tokio::fs::write(path, front.ca_pem())
-                    .await
-                    .map_err(|source| ServeError::CaFile {
-                        path: path.clone(),
-                        source,
-                    })?;
-            }
+                config.openapi_tls_dir.as_deref(),
+            )?;
             server.openapi = Some(front);
         }
         Ok(server)

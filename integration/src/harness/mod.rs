@@ -51,6 +51,21 @@ pub enum ClusterKind {
     Real,
 }
 
+/// Which API the daemons use to reach mock-eci.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EciApi {
+    /// The gRPC contract (`ECI_BACKEND=grpc://…`).
+    #[default]
+    Grpc,
+    /// The Alibaba Cloud OpenAPI (`ECI_BACKEND=openapi`), served by mock-eci's HTTPS front.
+    OpenApi,
+}
+
+/// The AccessKey mock-eci's OpenAPI front accepts in end-to-end runs.
+pub const E2E_ACCESS_KEY_ID: &str = "e2e-access-key-id";
+/// Its secret.
+pub const E2E_ACCESS_KEY_SECRET: &str = "e2e-access-key-secret";
+
 /// A mock-eci process.
 #[derive(Debug, Clone)]
 pub struct MockEciEndpoints {
@@ -58,6 +73,10 @@ pub struct MockEciEndpoints {
     pub grpc: String,
     /// `http://127.0.0.1:PORT` of the admin endpoint.
     pub admin: String,
+    /// `https://127.0.0.1:PORT` of the OpenAPI front, when the harness uses it.
+    pub openapi: Option<String>,
+    /// The CA certificate the OpenAPI front's certificate chains to.
+    pub openapi_ca: Option<PathBuf>,
 }
 
 /// A running end-to-end environment. Dropping it kills every process and removes its files.
@@ -70,6 +89,7 @@ pub struct Harness {
     processes: Vec<Process>,
     mock: Option<MockEciEndpoints>,
     mock_args: Vec<String>,
+    eci_api: EciApi,
     run_id: String,
     node_names: Vec<String>,
 }
@@ -198,6 +218,7 @@ impl Harness {
             processes: Vec::new(),
             mock: None,
             mock_args: Vec::new(),
+            eci_api: EciApi::default(),
             run_id,
             node_names: Vec::new(),
         }
@@ -295,14 +316,28 @@ impl Harness {
             .clone()
             .ok_or_else(|| HarnessError::Setup("start mock-eci before the daemons".into()))?;
         let name = self.node_name(ordinal);
+        let backend = match (&mock.openapi, &mock.openapi_ca) {
+            (Some(endpoint), Some(ca)) => vec![
+                ("ECI_BACKEND".to_owned(), "openapi".to_owned()),
+                ("ECI_ENDPOINT".to_owned(), endpoint.clone()),
+                ("ECI_CA_FILE".to_owned(), ca.display().to_string()),
+                ("ECI_ACCESS_KEY".to_owned(), E2E_ACCESS_KEY_ID.to_owned()),
+                (
+                    "ECI_SECRET_KEY".to_owned(),
+                    E2E_ACCESS_KEY_SECRET.to_owned(),
+                ),
+                ("ECI_VSWITCH".to_owned(), "vsw-e2e".to_owned()),
+                ("ECI_SECURITY_GROUP".to_owned(), "sg-e2e".to_owned()),
+            ],
+            _ => vec![(
+                "ECI_BACKEND".to_owned(),
+                format!("grpc://{}", mock.grpc.trim_start_matches("http://")),
+            )],
+        };
         let mut env: Vec<(String, String)> = [
             ("POD_NAME", name.as_str()),
             ("POD_NAMESPACE", "kube-system"),
             ("POD_IP", "127.0.0.1"),
-            (
-                "ECI_BACKEND",
-                &format!("grpc://{}", mock.grpc.trim_start_matches("http://")),
-            ),
             ("ECI_CLUSTER_NAME", &format!("e2e-{}", self.run_id)),
             ("METRICS_ADDR", "127.0.0.1:0"),
             ("LEASE_DURATION_SECONDS", "8"),
@@ -315,6 +350,7 @@ impl Harness {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
+        env.extend(backend);
         env.push(("KUBECONFIG".into(), self.kubeconfig.display().to_string()));
         for (key, value) in extra {
             env.retain(|(k, _)| k != key);
@@ -377,6 +413,12 @@ impl Harness {
         .await
     }
 
+    /// Makes the daemons started from now on reach mock-eci through `api` (call before
+    /// `start_mock_eci`).
+    pub fn use_eci_api(&mut self, api: EciApi) {
+        self.eci_api = api;
+    }
+
     /// The mock-eci endpoints, once started.
     pub fn mock_eci(&self) -> Option<MockEciEndpoints> {
         self.mock.clone()
@@ -424,6 +466,26 @@ impl Harness {
             "--admin-listen".into(),
             admin.clone(),
         ];
+        let (openapi, openapi_ca) = if self.eci_api == EciApi::OpenApi {
+            let listen = format!("127.0.0.1:{}", free_port()?);
+            let tls_dir = self.dir.path().join("mock-eci-openapi-tls");
+            args.extend([
+                "--openapi-listen".into(),
+                listen.clone(),
+                "--openapi-tls-dir".into(),
+                tls_dir.display().to_string(),
+                "--openapi-access-key-id".into(),
+                E2E_ACCESS_KEY_ID.into(),
+                "--openapi-access-key-secret".into(),
+                E2E_ACCESS_KEY_SECRET.into(),
+            ]);
+            (
+                Some(format!("https://{listen}")),
+                Some(tls_dir.join("ca.pem")),
+            )
+        } else {
+            (None, None)
+        };
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let process = Process::spawn(
             "mock-eci",
@@ -437,6 +499,8 @@ impl Harness {
         let endpoints = MockEciEndpoints {
             grpc: format!("http://{grpc}"),
             admin: format!("http://{admin}"),
+            openapi,
+            openapi_ca,
         };
         let health = format!("{}/healthz", endpoints.admin);
         self.wait_for("mock-eci to answer", Duration::from_secs(30), |_| {

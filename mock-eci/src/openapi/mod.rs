@@ -14,6 +14,7 @@ pub mod wire;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -88,21 +89,35 @@ pub enum FrontError {
     /// TLS could not be set up.
     #[error("cannot set up TLS for the OpenAPI front: {0}")]
     Tls(#[source] rustls::Error),
+    /// The TLS directory could not be written.
+    #[error("cannot write {path} (--openapi-tls-dir): {source}")]
+    TlsDir {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A PEM file in the TLS directory is unusable.
+    #[error("unusable PEM in --openapi-tls-dir: {0}")]
+    Pem(#[source] rustls::pki_types::pem::Error),
     /// The listener has no address.
     #[error("the OpenAPI listener has no address: {0}")]
     Address(#[source] std::io::Error),
 }
 
 impl OpenApiFront {
-    /// Serves `mock` over HTTPS on `listener` with a fresh CA (see [`Self::ca_pem`]) whose
-    /// certificate names `localhost` and `127.0.0.1`.
+    /// Serves `mock` over HTTPS on `listener`. The certificate names `localhost` and
+    /// `127.0.0.1` and comes from `tls_dir` (`ca.pem`, `tls.crt`, `tls.key`) when that holds
+    /// one; otherwise it is generated, with its CA (see [`Self::ca_pem`]), and written there.
     pub fn start(
         listener: TcpListener,
         mock: MockEci,
         credentials: FrontCredentials,
+        tls_dir: Option<&Path>,
     ) -> Result<Self, FrontError> {
         let addr = listener.local_addr().map_err(FrontError::Address)?;
-        let (ca_pem, acceptor) = tls()?;
+        let (ca_pem, acceptor) = tls(tls_dir)?;
         let front = Arc::new(Front {
             mock,
             credentials,
@@ -157,7 +172,19 @@ impl OpenApiFront {
     }
 }
 
-fn tls() -> Result<(String, tokio_rustls::TlsAcceptor), FrontError> {
+/// The files of `--openapi-tls-dir`.
+const CA_FILE: &str = "ca.pem";
+const CERT_FILE: &str = "tls.crt";
+const KEY_FILE: &str = "tls.key";
+
+/// PEM of a CA, and of a serving certificate and key it signed.
+struct Material {
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+fn generate() -> Result<Material, FrontError> {
     let ca_key = KeyPair::generate().map_err(FrontError::Certificate)?;
     let mut ca_params =
         CertificateParams::new(Vec::<String>::new()).map_err(FrontError::Certificate)?;
@@ -175,8 +202,49 @@ fn tls() -> Result<(String, tokio_rustls::TlsAcceptor), FrontError> {
     let cert = params
         .signed_by(&key, &issuer)
         .map_err(FrontError::Certificate)?;
-    let chain = vec![cert.der().clone()];
-    let private = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    Ok(Material {
+        ca: ca.pem(),
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    })
+}
+
+/// The material in `dir` when it is all there (a restart keeps its CA, so clients keep
+/// trusting it), else fresh material, written to `dir` when one is given.
+fn material(dir: Option<&Path>) -> Result<Material, FrontError> {
+    if let Some(dir) = dir {
+        let read = |name| std::fs::read_to_string(dir.join(name));
+        if let (Ok(ca), Ok(cert), Ok(key)) = (read(CA_FILE), read(CERT_FILE), read(KEY_FILE)) {
+            return Ok(Material { ca, cert, key });
+        }
+    }
+    let material = generate()?;
+    if let Some(dir) = dir {
+        let write = |name, text: &str| {
+            std::fs::write(dir.join(name), text).map_err(|source| FrontError::TlsDir {
+                path: dir.join(name),
+                source,
+            })
+        };
+        std::fs::create_dir_all(dir).map_err(|source| FrontError::TlsDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        write(KEY_FILE, &material.key)?;
+        write(CERT_FILE, &material.cert)?;
+        write(CA_FILE, &material.ca)?;
+    }
+    Ok(material)
+}
+
+fn tls(dir: Option<&Path>) -> Result<(String, tokio_rustls::TlsAcceptor), FrontError> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let material = material(dir)?;
+    let chain =
+        vec![CertificateDer::from_pem_slice(material.cert.as_bytes()).map_err(FrontError::Pem)?];
+    let private =
+        PrivateKeyDer::from_pem_slice(material.key.as_bytes()).map_err(FrontError::Pem)?;
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -186,7 +254,10 @@ fn tls() -> Result<(String, tokio_rustls::TlsAcceptor), FrontError> {
     .with_single_cert(chain, private)
     .map_err(FrontError::Tls)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok((ca.pem(), tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+    Ok((
+        material.ca,
+        tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+    ))
 }
 
 async fn serve(

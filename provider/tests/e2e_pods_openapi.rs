@@ -1,0 +1,48 @@
+//! End to end: the same pod lifecycle scenarios as `e2e_pods.rs`, with the daemon on
+//! `ECI_BACKEND=openapi` — signed HTTPS requests to mock-eci's OpenAPI front, which verifies
+//! every signature and decodes the flat parameters on its own.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+#[path = "scenarios/pods.rs"]
+mod pods;
+
+use integration::harness::EciApi;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_runs_with_its_ip_conditions_and_references() {
+    pods::a_pod_runs_with_its_ip_conditions_and_references(EciApi::OpenApi).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_under_each_restart_policy_and_init_containers() {
+    pods::exit_codes_under_each_restart_policy_and_init_containers(EciApi::OpenApi).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_deletion_waits_for_the_group_then_removes_the_pod() {
+    pods::graceful_deletion_waits_for_the_group_then_removes_the_pod(EciApi::OpenApi).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_visible_on_the_pod() {
+    pods::failures_are_visible_on_the_pod(EciApi::OpenApi).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans() {
+    pods::outages_and_restarts_leave_one_group_per_pod_and_no_orphans(EciApi::OpenApi).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_group_per_pod() {
+    pods::a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_group_per_pod(
+        EciApi::OpenApi,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked() {
+    pods::a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked(EciApi::OpenApi).await;
+}

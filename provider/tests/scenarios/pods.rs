@@ -1,0 +1,495 @@
+//! The pod lifecycle scenarios, run by `e2e_pods.rs` over the gRPC contract and by
+//! `e2e_pods_openapi.rs` over the OpenAPI: the same scenarios prove the backends interchangeable.
+
+use std::time::Duration;
+
+use integration::harness::{EciApi, Harness, HarnessError};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+const FAST_MOCK: &[&str] = &[
+    "--provisioning-delay",
+    "300ms",
+    "--scheduling-delay",
+    "50ms",
+    "--restart-backoff",
+    "1s",
+    "--init-container-duration",
+    "300ms",
+];
+const FAST_DAEMON: &[(&str, &str)] = &[
+    ("POD_STATUS_POLL_INTERVAL", "250ms"),
+    ("POD_RESYNC_INTERVAL", "2s"),
+];
+
+async fn with_harness<F>(api: EciApi, scenario: F)
+where
+    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
+{
+    let mut h = Harness::start().await.expect("the harness starts");
+    h.use_eci_api(api);
+    let mut result = scenario(&mut h).await;
+    if result.is_ok() {
+        // Prove which API carried the scenario: the daemon says so when it starts.
+        let output = h.process_output(&h.node_name(0)).unwrap_or_default();
+        let expected = match api {
+            EciApi::Grpc => "using a mock-eci over gRPC",
+            EciApi::OpenApi => "using the Alibaba Cloud ECI OpenAPI",
+        };
+        if !output.contains(expected) {
+            result = Err(HarnessError::Setup(format!(
+                "the daemon never logged {expected:?}"
+            )));
+        }
+    }
+    if result.is_err() {
+        eprintln!("{}", h.dump().await);
+    }
+    h.shutdown(Duration::from_secs(10)).await;
+    result.unwrap();
+}
+
+async fn start(h: &mut Harness) -> Result<(String, String), HarnessError> {
+    let mock = h.start_mock_eci(FAST_MOCK).await?;
+    h.start_daemon(0, FAST_DAEMON)?;
+    let node = h.node_name(0);
+    Ok((node, mock.admin))
+}
+
+fn pod_spec(name: &str, node: &str, spec: Value) -> Pod {
+    let mut spec = spec;
+    spec["nodeName"] = json!(node);
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+}
+
+fn container(env: &[(&str, &str)]) -> Value {
+    json!({"name": "app", "image": "registry.example.com/app:1", "env": env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>()})
+}
+
+async fn create(h: &Harness, pod: &Pod) -> Result<(), HarnessError> {
+    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+    pods.create(&PostParams::default(), pod).await?;
+    Ok(())
+}
+
+async fn get(h: &Harness, name: &str) -> Option<Value> {
+    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+    pods.get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .map(|p| serde_json::to_value(p).unwrap())
+}
+
+async fn wait_pod(
+    h: &Harness,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Result<Value, HarnessError> {
+    h.wait_for(&format!("pod {name}: {what}"), WAIT, |h| {
+        let check = &check;
+        async move { get(h, name).await.is_some_and(|p| check(&p)) }
+    })
+    .await?;
+    Ok(get(h, name).await.unwrap())
+}
+
+async fn groups(admin: &str) -> Vec<Value> {
+    reqwest::get(format!("{admin}/admin/groups"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn phase(pod: &Value) -> &str {
+    pod["status"]["phase"].as_str().unwrap_or_default()
+}
+
+fn condition(pod: &Value, kind: &str) -> String {
+    pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == kind)
+        .map(|c| c["status"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default()
+}
+
+pub async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi) {
+    with_harness(api, async |h| {
+        let (node, admin) = start(h).await?;
+        let maps: Api<ConfigMap> = Api::namespaced(h.client(), "default");
+        maps.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "app-config"}, "data": {"mode": "prod", "app.yaml": "debug: false"}})).unwrap()).await?;
+        let secrets: Api<Secret> = Api::namespaced(h.client(), "default");
+        secrets.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "db"}, "stringData": {"password": "s3cret"}})).unwrap()).await?;
+        let pod = pod_spec("web", &node, json!({
+            "containers": [{"name": "app", "image": "nginx:1.27",
+                "env": [
+                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "app-config", "key": "mode"}}},
+                    {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}
+                ],
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/app"}]}],
+            "volumes": [{"name": "config", "configMap": {"name": "app-config"}}]
+        }));
+        create(h, &pod).await?;
+        let running = wait_pod(h, "web", "Running and Ready", |p| phase(p) == "Running" && condition(p, "Ready") == "True").await?;
+        let ip = running["status"]["podIP"].as_str().unwrap_or_default().to_owned();
+        assert!(ip.starts_with("192.168."), "{running}");
+        for kind in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
+            assert_eq!(condition(&running, kind), "True", "{kind}");
+        }
+        let status = &running["status"]["containerStatuses"][0];
+        assert!(status["containerID"].as_str().unwrap().starts_with("eci://"));
+        assert!(status["state"]["running"]["startedAt"].is_string());
+        let instance = running["metadata"]["annotations"]["k8s.aliyun.com/eci-instance-id"].as_str().unwrap_or_default().to_owned();
+
+        let groups = groups(&admin).await;
+        assert_eq!(groups.len(), 1);
+        let group = &groups[0];
+        assert_eq!(group["container_group_id"], instance.as_str());
+        let env = group["containers"][0]["environment_vars"].as_array().unwrap();
+        let var = |key: &str| env.iter().find(|v| v["key"] == key).cloned().unwrap_or_default();
+        assert_eq!(var("POD_IP")["field_ref"]["field_path"], "status.podIP", "status.podIP reaches ECI as a field reference");
+        assert_eq!(var("MODE")["value"], "prod");
+        assert_eq!(var("DB_PASSWORD")["value"], "s3cret");
+        let volume = group["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "config").cloned().unwrap();
+        assert_eq!(volume["type"], "ConfigFileVolume");
+        assert_eq!(volume["config_file_volume"]["config_file_to_path"].as_array().unwrap().len(), 2);
+        assert!(group["volumes"].as_array().unwrap().iter().any(|v| v["name"].as_str().unwrap_or_default().starts_with("kube-api-access-")), "the service account token volume travels too");
+        Ok(())
+    })
+    .await;
+}
+
+pub async fn exit_codes_under_each_restart_policy_and_init_containers(api: EciApi) {
+    with_harness(api, async |h| {
+        let (node, _) = start(h).await?;
+        let mut never_ok = json!({"restartPolicy": "Never", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "0"), ("MOCK_ECI_EXIT_AFTER", "300ms")])]});
+        never_ok["initContainers"] = json!([{"name": "migrate", "image": "registry.example.com/migrate:1"}]);
+        create(h, &pod_spec("never-ok", &node, never_ok)).await?;
+        create(h, &pod_spec("never-fail", &node, json!({"restartPolicy": "Never", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "3"), ("MOCK_ECI_EXIT_AFTER", "300ms")])]}))).await?;
+        create(h, &pod_spec("on-failure", &node, json!({"restartPolicy": "OnFailure", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "1"), ("MOCK_ECI_EXIT_AFTER", "300ms"), ("MOCK_ECI_EXIT_RUNS", "1")])]}))).await?;
+
+        let ok = wait_pod(h, "never-ok", "Succeeded", |p| phase(p) == "Succeeded").await?;
+        assert_eq!(ok["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 0);
+        let init = &ok["status"]["initContainerStatuses"][0];
+        assert_eq!((init["name"].as_str(), init["state"]["terminated"]["reason"].as_str()), (Some("migrate"), Some("Completed")));
+        assert_eq!(condition(&ok, "Initialized"), "True");
+
+        let failed = wait_pod(h, "never-fail", "Failed", |p| phase(p) == "Failed").await?;
+        let terminated = &failed["status"]["containerStatuses"][0]["state"]["terminated"];
+        assert_eq!((terminated["exitCode"].as_i64(), terminated["reason"].as_str()), (Some(3), Some("Error")));
+
+        let restarted = wait_pod(h, "on-failure", "restarted once and running", |p| {
+            phase(p) == "Running" && p["status"]["containerStatuses"][0]["restartCount"] == 1 && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
+        })
+        .await?;
+        assert_eq!(restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"], 1);
+        Ok(())
+    })
+    .await;
+}
+
+pub async fn graceful_deletion_waits_for_the_group_then_removes_the_pod(api: EciApi) {
+    with_harness(api, async |h| {
+        let (node, admin) = start(h).await?;
+        create(
+            h,
+            &pod_spec(
+                "graceful",
+                &node,
+                json!({"terminationGracePeriodSeconds": 3, "containers": [container(&[])]}),
+            ),
+        )
+        .await?;
+        wait_pod(h, "graceful", "Running", |p| phase(p) == "Running").await?;
+        let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+        pods.delete("graceful", &DeleteParams::default()).await?;
+        h.wait_for("the group to be Terminating", WAIT, |_| {
+            let admin = admin.clone();
+            async move {
+                groups(&admin)
+                    .await
+                    .iter()
+                    .any(|g| g["status"] == "Terminating")
+            }
+        })
+        .await?;
+        assert!(
+            get(h, "graceful").await.is_some(),
+            "the pod stays while its group honours the grace period"
+        );
+        h.wait_for("the pod to be gone", WAIT, |h| async move {
+            get(h, "graceful").await.is_none()
+        })
+        .await?;
+        assert!(groups(&admin).await.is_empty(), "the group is gone too");
+        Ok(())
+    })
+    .await;
+}
+
+pub async fn failures_are_visible_on_the_pod(api: EciApi) {
+    with_harness(api, async |h| {
+        let (node, admin) = start(h).await?;
+        // A pod ECI can never run.
+        create(h, &pod_spec("host-path", &node, json!({"containers": [container(&[])], "volumes": [{"name": "logs", "hostPath": {"path": "/var/log"}}]}))).await?;
+        let failed = wait_pod(h, "host-path", "ProviderFailed", |p| p["status"]["reason"] == "ProviderFailed").await?;
+        assert_eq!(phase(&failed), "Failed");
+        assert!(failed["status"]["message"].as_str().unwrap().contains("hostPath volumes cannot run on ECI"), "{failed}");
+
+        // No stock: the group ends ScheduleFailed and the pod says why.
+        reqwest::Client::new().patch(format!("{admin}/admin/controls")).json(&json!({"no_stock": true})).send().await.unwrap();
+        create(h, &pod_spec("starved", &node, json!({"containers": [container(&[])]}))).await?;
+        let starved = wait_pod(h, "starved", "ScheduleFailed", |p| p["status"]["reason"] == "ScheduleFailed").await?;
+        assert!(starved["status"]["message"].as_str().unwrap().starts_with("NoStock"), "{starved}");
+        reqwest::Client::new().patch(format!("{admin}/admin/controls")).json(&json!({"no_stock": false})).send().await.unwrap();
+
+        // A group that vanishes out of band fails its pod with NotFound.
+        create(h, &pod_spec("vanishing", &node, json!({"containers": [container(&[])]}))).await?;
+        let running = wait_pod(h, "vanishing", "Running", |p| phase(p) == "Running").await?;
+        let id = running["metadata"]["annotations"]["k8s.aliyun.com/eci-instance-id"].as_str().unwrap().to_owned();
+        reqwest::Client::new().post(format!("{admin}/admin/groups/{id}/vanish")).send().await.unwrap();
+        wait_pod(h, "vanishing", "NotFound", |p| phase(p) == "Failed" && p["status"]["reason"] == "NotFound").await?;
+        Ok(())
+    })
+    .await;
+}
+
+pub async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(api: EciApi) {
+    with_harness(api, async |h| {
+        let (node, admin) = start(h).await?;
+        let http = reqwest::Client::new();
+        // The daemon is up (its node Ready) before the outage starts.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.client());
+        h.wait_for("the node to be Ready", WAIT, |_| {
+            let (nodes, node) = (nodes.clone(), node.clone());
+            async move {
+                nodes
+                    .get_opt(&node)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|n| n.status)
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            }
+        })
+        .await?;
+        // Creation during an ECI outage: pods wait and run once it ends.
+        http.patch(format!("{admin}/admin/controls"))
+            .json(&json!({"outage": true}))
+            .send()
+            .await
+            .unwrap();
+        for i in 0..6 {
+            create(
+                h,
+                &pod_spec(
+                    &format!("p{i}"),
+                    &node,
+                    json!({"containers": [container(&[])]}),
+                ),
+            )
+            .await?;
+        }
+        h.wait_for("the daemon to hit the outage", WAIT, |_| {
+            let admin = admin.clone();
+            async move {
+                let metrics = reqwest::get(format!("{admin}/metrics"))
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap();
+                metrics.contains(r#"action="CreateContainerGroup",result="ServiceUnavailable""#)
+            }
+        })
+        .await?;
+        http.patch(format!("{admin}/admin/controls"))
+            .json(&json!({"outage": false}))
+            .send()
+            .await
+            .unwrap();
+        for i in 0..6 {
+            wait_pod(h, &format!("p{i}"), "Running", |p| phase(p) == "Running").await?;
+        }
+        assert_eq!(groups(&admin).await.len(), 6);
+
+        // Crash the daemon; two pods are force-deleted meanwhile; the restarted daemon adopts the
+        // rest and deletes exactly the two orphans.
+        let name = h.node_name(0);
+        h.process(&name).unwrap().kill().await;
+        let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+        for victim in ["p0", "p1"] {
+            pods.delete(victim, &DeleteParams::default().grace_period(0))
+                .await?;
+        }
+        h.start_daemon(0, FAST_DAEMON)?;
+        h.wait_for("the orphans to be deleted", WAIT, |_| {
+            let admin = admin.clone();
+            async move { groups(&admin).await.len() == 4 }
+        })
+        .await?;
+        let groups = groups(&admin).await;
+        let mut pods_of_groups: Vec<String> = groups
+            .iter()
+            .map(|g| {
+                g["tags"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|t| t["key"] == "k8s.aliyun.com/pod-name")
+                    .unwrap()["value"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        pods_of_groups.sort();
+        assert_eq!(
+            pods_of_groups,
+            vec!["p2", "p3", "p4", "p5"],
+            "one group per remaining pod"
+        );
+        for i in 2..6 {
+            assert_eq!(phase(&get(h, &format!("p{i}")).await.unwrap()), "Running");
+        }
+        Ok(())
+    })
+    .await;
+}
+
+async fn wait_all_running(h: &Harness, count: usize) -> Result<(), HarnessError> {
+    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+    h.wait_for(
+        &format!("all {count} pods to run"),
+        Duration::from_secs(120),
+        |_| {
+            let pods = pods.clone();
+            async move {
+                pods.list(&Default::default()).await.is_ok_and(|l| {
+                    l.items.len() == count
+                        && l.items.iter().all(|p| {
+                            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        })
+                })
+            }
+        },
+    )
+    .await
+}
+
+fn pod_names_of(groups: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> = groups
+        .iter()
+        .map(|g| {
+            g["tags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["key"] == "k8s.aliyun.com/pod-name")
+                .unwrap()["value"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+async fn create_many(h: &Harness, node: &str, count: usize) {
+    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+    let creations = (0..count).map(|i| {
+        let (pods, pod) = (
+            pods.clone(),
+            pod_spec(
+                &format!("burst-{i:03}"),
+                node,
+                json!({"containers": [container(&[])]}),
+            ),
+        );
+        async move { pods.create(&PostParams::default(), &pod).await.unwrap() }
+    });
+    futures::future::join_all(creations).await;
+}
+
+async fn created_count(admin: &str) -> u64 {
+    let metrics = reqwest::get(format!("{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(r#"mock_eci_calls_total{action="CreateContainerGroup",result="ok"}"#)
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+pub async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_group_per_pod(
+    api: EciApi,
+) {
+    with_harness(api, async |h| {
+        let (node, admin) = start(h).await?;
+        create_many(h, &node, 200).await;
+        h.wait_for("the daemon to be in the middle of the burst", WAIT, |_| {
+            let admin = admin.clone();
+            async move { created_count(&admin).await >= 40 }
+        })
+        .await?;
+        let name = h.node_name(0);
+        h.process(&name).unwrap().kill().await;
+        h.start_daemon(0, FAST_DAEMON)?;
+        wait_all_running(h, 200).await?;
+        let groups = groups(&admin).await;
+        let names = pod_names_of(&groups);
+        let expected: Vec<String> = (0..200).map(|i| format!("burst-{i:03}")).collect();
+        assert_eq!(names, expected, "exactly one group per pod, no orphans");
+        Ok(())
+    })
+    .await;
+}
+
+pub async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked(api: EciApi) {
+    with_harness(api, async |h| {
+        // ECI allows 2 creates a second; the daemon, unpaced, runs into the limit and retries.
+        let mock = h
+            .start_mock_eci(&[FAST_MOCK, &["--rate-limit", "CreateContainerGroup=120/2"]].concat())
+            .await?;
+        let mut env = FAST_DAEMON.to_vec();
+        env.push(("NO_ECI_CLIENT_RATE_LIMITS", "true"));
+        h.start_daemon(0, &env)?;
+        let node = h.node_name(0);
+        create_many(h, &node, 20).await;
+        wait_all_running(h, 20).await?;
+        let metrics = reqwest::get(format!("{}/metrics", mock.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains(r#"action="CreateContainerGroup",result="Throttling.User""#),
+            "the storm happened"
+        );
+        assert_eq!(
+            pod_names_of(&groups(&mock.admin).await).len(),
+            20,
+            "one group per pod"
+        );
+        Ok(())
+    })
+    .await;
+}
