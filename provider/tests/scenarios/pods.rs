@@ -120,7 +120,7 @@ fn condition(pod: &Value, kind: &str) -> String {
         .unwrap_or_default()
 }
 
-pub async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi) {
+pub(crate) async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi) {
     with_harness(api, async |h| {
         let (node, admin) = start(h).await?;
         let maps: Api<ConfigMap> = Api::namespaced(h.client(), "default");
@@ -167,7 +167,7 @@ pub async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi) {
     .await;
 }
 
-pub async fn exit_codes_under_each_restart_policy_and_init_containers(api: EciApi) {
+pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api: EciApi) {
     with_harness(api, async |h| {
         let (node, _) = start(h).await?;
         let mut never_ok = json!({"restartPolicy": "Never", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "0"), ("MOCK_ECI_EXIT_AFTER", "300ms")])]});
@@ -196,7 +196,7 @@ pub async fn exit_codes_under_each_restart_policy_and_init_containers(api: EciAp
     .await;
 }
 
-pub async fn graceful_deletion_waits_for_the_group_then_removes_the_pod(api: EciApi) {
+pub(crate) async fn graceful_deletion_waits_for_the_group_then_removes_the_pod(api: EciApi) {
     with_harness(api, async |h| {
         let (node, admin) = start(h).await?;
         create(
@@ -235,7 +235,7 @@ pub async fn graceful_deletion_waits_for_the_group_then_removes_the_pod(api: Eci
     .await;
 }
 
-pub async fn failures_are_visible_on_the_pod(api: EciApi) {
+pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
     with_harness(api, async |h| {
         let (node, admin) = start(h).await?;
         // A pod ECI can never run.
@@ -262,7 +262,7 @@ pub async fn failures_are_visible_on_the_pod(api: EciApi) {
     .await;
 }
 
-pub async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(api: EciApi) {
+pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(api: EciApi) {
     with_harness(api, async |h| {
         let (node, admin) = start(h).await?;
         let http = reqwest::Client::new();
@@ -438,7 +438,7 @@ async fn created_count(admin: &str) -> u64 {
         .unwrap_or(0)
 }
 
-pub async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_group_per_pod(
+pub(crate) async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_group_per_pod(
     api: EciApi,
 ) {
     with_harness(api, async |h| {
@@ -462,7 +462,7 @@ pub async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_group_p
     .await;
 }
 
-pub async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked(api: EciApi) {
+pub(crate) async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked(api: EciApi) {
     with_harness(api, async |h| {
         // ECI allows 2 creates a second; the daemon, unpaced, runs into the limit and retries.
         let mock = h
