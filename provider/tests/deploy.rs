@@ -550,15 +550,24 @@ fn the_aliyun_overlay_is_consistent() {
     );
     let config = find(&objects, "ConfigMap", "virtual-node-eci-config");
     assert_eq!(config["data"]["ECI_BACKEND"], "openapi");
+    // Credentials come from the mounted Secret the daemon re-reads on rotation.
     let set = find(&objects, "StatefulSet", "virtual-node-eci");
-    let sources = &set["spec"]["template"]["spec"]["containers"][0]["envFrom"];
-    assert!(
-        sources
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|s| s["secretRef"]["name"] == "virtual-node-eci-credentials")
-    );
+    let pod = &set["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == "virtual-node-eci-credentials")
+        .expect("the credentials Secret is mounted");
+    assert_eq!(volume["secret"]["optional"], true);
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("and mounted into the daemon");
+    assert_eq!(mount["readOnly"], true);
+    assert_eq!(config["data"]["ECI_CREDENTIALS_PATH"], mount["mountPath"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
