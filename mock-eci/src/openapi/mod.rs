@@ -62,11 +62,21 @@ pub struct Recorded {
     pub params: Vec<(String, String)>,
 }
 
+/// How often nonces older than the timestamp window are forgotten.
+const NONCE_PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Nonces seen within the timestamp window.
+#[derive(Debug)]
+struct Nonces {
+    seen: HashMap<String, SystemTime>,
+    pruned: SystemTime,
+}
+
 #[derive(Debug)]
 struct Front {
     mock: MockEci,
     credentials: FrontCredentials,
-    nonces: Mutex<HashMap<String, SystemTime>>,
+    nonces: Mutex<Nonces>,
     recorded: Mutex<std::collections::VecDeque<Recorded>>,
 }
 
@@ -121,7 +131,10 @@ impl OpenApiFront {
         let front = Arc::new(Front {
             mock,
             credentials,
-            nonces: Mutex::new(HashMap::new()),
+            nonces: Mutex::new(Nonces {
+                seen: HashMap::new(),
+                pruned: SystemTime::now(),
+            }),
             recorded: Mutex::new(std::collections::VecDeque::new()),
         });
         let router = Router::new()
@@ -415,8 +428,14 @@ impl Front {
             )
         })?;
         let mut nonces = self.nonces.lock().unwrap_or_else(PoisonError::into_inner);
-        nonces.retain(|_, seen| now.duration_since(*seen).unwrap_or_default() < TIMESTAMP_WINDOW);
-        if nonces.insert(nonce.to_owned(), now).is_some() {
+        // Forget nonces older than the window once a minute, not on every request.
+        if now.duration_since(nonces.pruned).unwrap_or_default() > NONCE_PRUNE_INTERVAL {
+            nonces
+                .seen
+                .retain(|_, seen| now.duration_since(*seen).unwrap_or_default() < TIMESTAMP_WINDOW);
+            nonces.pruned = now;
+        }
+        if nonces.seen.insert(nonce.to_owned(), now).is_some() {
             return Err(EciError::new(
                 "SignatureNonceUsed",
                 "Specified signature nonce was used already.",

@@ -173,8 +173,15 @@ pub struct FileSource {
 }
 
 impl FileSource {
-    fn members(&self) -> Vec<PathBuf> {
-        if self.path.is_dir() {
+    /// Whether the path is a Secret-style directory (asked once per use, without blocking).
+    async fn is_dir(&self) -> bool {
+        tokio::fs::metadata(&self.path)
+            .await
+            .is_ok_and(|m| m.is_dir())
+    }
+
+    fn members(&self, is_dir: bool) -> Vec<PathBuf> {
+        if is_dir {
             [ACCESS_KEY_NAME, SECRET_KEY_NAME, SECURITY_TOKEN_NAME]
                 .iter()
                 .map(|name| self.path.join(name))
@@ -184,9 +191,9 @@ impl FileSource {
         }
     }
 
-    async fn fingerprint(&self) -> Fingerprint {
+    async fn fingerprint(&self, is_dir: bool) -> Fingerprint {
         let mut fingerprint = Vec::new();
-        for member in self.members() {
+        for member in self.members(is_dir) {
             let entry = tokio::fs::metadata(&member)
                 .await
                 .map_or((None, 0), |m| (m.modified().ok(), m.len()));
@@ -196,7 +203,8 @@ impl FileSource {
     }
 
     async fn current(&self) -> Result<Credentials, CredentialsError> {
-        let fingerprint = self.fingerprint().await;
+        let is_dir = self.is_dir().await;
+        let fingerprint = self.fingerprint(is_dir).await;
         if let Some((seen, credentials)) = self
             .cached
             .lock()
@@ -207,7 +215,7 @@ impl FileSource {
                 return Ok(credentials.clone());
             }
         }
-        let credentials = self.read().await?;
+        let credentials = self.read(is_dir).await?;
         info!(path = %self.path.display(), access_key_id = %credentials.access_key_id, "credentials (re)loaded");
         *self
             .cached
@@ -217,12 +225,12 @@ impl FileSource {
         Ok(credentials)
     }
 
-    async fn read(&self) -> Result<Credentials, CredentialsError> {
+    async fn read(&self, is_dir: bool) -> Result<Credentials, CredentialsError> {
         let read_error = |source| CredentialsError::Read {
             path: self.path.clone(),
             source,
         };
-        let entries: Vec<(String, String)> = if self.path.is_dir() {
+        let entries: Vec<(String, String)> = if is_dir {
             let mut entries = Vec::new();
             for name in [ACCESS_KEY_NAME, SECRET_KEY_NAME, SECURITY_TOKEN_NAME] {
                 match tokio::fs::read_to_string(self.path.join(name)).await {

@@ -13,8 +13,8 @@ use eci_proto::openapi::signature::{
     SIGNATURE_METHOD, SIGNATURE_VERSION, canonicalized_query, percent_encode, sign, string_to_sign,
 };
 use eci_proto::v20180808::{
-    CreateContainerGroupRequest, CreateContainerGroupResponse, DeleteContainerGroupRequest,
-    DeleteContainerGroupResponse, DescribeContainerGroupMetricRequest,
+    ContainerGroup, CreateContainerGroupRequest, CreateContainerGroupResponse,
+    DeleteContainerGroupRequest, DeleteContainerGroupResponse, DescribeContainerGroupMetricRequest,
     DescribeContainerGroupMetricResponse, DescribeContainerGroupStatusRequest,
     DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest,
     DescribeContainerGroupsResponse, DescribeContainerLogRequest, DescribeContainerLogResponse,
@@ -181,7 +181,7 @@ impl OpenApiBackend {
         &self,
         region_id: &str,
         ids: &[String],
-    ) -> Result<Vec<eci_proto::v20180808::ContainerGroup>, EciError> {
+    ) -> Result<Vec<ContainerGroup>, EciError> {
         let pages = futures::future::try_join_all(ids.chunks(IDS_PER_CALL).map(|chunk| {
             self.describe_container_groups(DescribeContainerGroupsRequest {
                 region_id: region_id.to_owned(),
@@ -369,17 +369,19 @@ impl OpenApiBackend {
             .iter()
             .map(|entry| entry.container_group_id.clone())
             .collect();
-        let mut full = self.groups_by_id(&request.region_id, &ids).await?;
+        let mut full: std::collections::HashMap<String, ContainerGroup> = self
+            .groups_by_id(&request.region_id, &ids)
+            .await?
+            .into_iter()
+            .map(|group| (group.container_group_id.clone(), group))
+            .collect();
         let data = page
             .data
             .into_iter()
             .map(|entry| {
                 // A group deleted between the two calls keeps what the status call said.
-                match full
-                    .iter()
-                    .position(|g| g.container_group_id == entry.container_group_id)
-                {
-                    Some(index) => group_status(full.swap_remove(index)),
+                match full.remove(&entry.container_group_id) {
+                    Some(group) => group_status(group),
                     None => entry.into_status(),
                 }
             })
