@@ -78,6 +78,7 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
 
 #[tokio::main]
 async fn main() {
+    integration::harness::build_binaries().expect("the binaries build");
     let rate = env_number("ADMISSION_BENCH_RATE", 500);
     let seconds = env_number("ADMISSION_BENCH_SECONDS", 10);
     let selector_count = env_number("ADMISSION_BENCH_SELECTORS", 1000);

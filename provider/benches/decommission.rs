@@ -108,6 +108,7 @@ async fn run(size: usize) {
 
 #[tokio::main]
 async fn main() {
+    integration::harness::build_binaries().expect("the binaries build");
     let sizes: Vec<usize> = std::env::var("DECOMMISSION_BENCH_PODS")
         .unwrap_or_else(|_| "100".into())
         .split(',')

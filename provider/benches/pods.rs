@@ -230,6 +230,7 @@ async fn run(size: usize) {
 
 #[tokio::main]
 async fn main() {
+    integration::harness::build_binaries().expect("the binaries build");
     let sizes: Vec<usize> = std::env::var("PODS_BENCH_SIZES")
         .unwrap_or_else(|_| "1000,10000".into())
         .split(',')

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
-pub use process::{Process, binary};
+pub use process::{Process, binary, build_binaries};
 
 /// Setting up or running a scenario failed.
 #[derive(Debug, thiserror::Error)]

@@ -150,6 +150,45 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf, HarnessError> {
     }
 }
 
+/// Builds (or confirms up to date) every binary the harness starts, in the profile of the
+/// running test or benchmark. Benchmarks call it first: [`binary`] alone reuses whatever binary
+/// is already there, which after a change to another package is a stale one.
+pub fn build_binaries() -> Result<(), HarnessError> {
+    let dir = target_dir()?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    command.args([
+        "build",
+        "--quiet",
+        "-p",
+        "integration",
+        "--bin",
+        "kube-standin",
+        "-p",
+        "mock-eci",
+        "--bin",
+        "mock-eci",
+        "-p",
+        "virtual-node-eci",
+        "--bin",
+        "virtual-node-eci",
+    ]);
+    if dir.ends_with("release") {
+        command.arg("--release");
+    }
+    let status = command.status().map_err(|source| HarnessError::Io {
+        what: "build the binaries".into(),
+        source,
+    })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(HarnessError::Setup(format!(
+            "building the binaries failed ({status})"
+        )))
+    }
+}
+
 /// `target/<profile>` of the running test binary (`target/<profile>/deps/<test>`).
 fn target_dir() -> Result<PathBuf, HarnessError> {
     let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
