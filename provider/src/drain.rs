@@ -7,11 +7,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::events::EventPublisher;
 use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
@@ -183,7 +184,7 @@ pub struct Decommission {
     client: kube::Client,
     settings: Settings,
     telemetry: std::sync::Arc<Telemetry>,
-    recorder: Recorder,
+    recorder: EventPublisher,
 }
 
 impl std::fmt::Debug for Decommission {
@@ -207,7 +208,11 @@ impl Decommission {
             instance: Some(settings.node_name.clone()),
         };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: EventPublisher::new(
+                client.clone(),
+                reporter,
+                std::sync::Arc::clone(&telemetry),
+            ),
             client,
             settings,
             telemetry,
@@ -245,7 +250,6 @@ impl Decommission {
             action: "Drain".into(),
             secondary: None,
         };
-        self.telemetry.kube_request("event_publish");
         if let Err(error) = self.recorder.publish(&event, reference).await {
             warn!(%error, reason, "could not publish an event");
         }

@@ -5,11 +5,12 @@
 
 use std::sync::Arc;
 
+use crate::events::EventPublisher;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
 use kube::api::Api;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -28,12 +29,13 @@ pub async fn run(
     node_uid: watch::Sender<String>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let recorder = Recorder::new(
+    let recorder = EventPublisher::new(
         client,
         Reporter {
             controller: "virtual-node-eci".into(),
             instance: Some(settings.node_name.clone()),
         },
+        Arc::clone(&telemetry),
     );
     let config =
         watcher::Config::default().fields(&format!("metadata.name={}", settings.node_name));
@@ -79,7 +81,6 @@ pub async fn run(
             action: "Register".into(),
             secondary: None,
         };
-        telemetry.kube_request("event_publish");
         if let Err(error) = recorder.publish(&event, &node.object_ref(&())).await {
             warn!(%error, "could not publish the NodeRecreated event");
         }

@@ -69,6 +69,8 @@ pub struct Telemetry {
     pub admission_reviews: Family<ResultLabels, Counter>,
     /// Time to answer an admission review inside the daemon.
     pub admission_seconds: Histogram,
+    /// Background events dropped because their queue was full.
+    pub events_dropped: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -94,6 +96,7 @@ impl Telemetry {
             orphan_groups_deleted: Counter::default(),
             admission_reviews: Family::default(),
             admission_seconds: Histogram::new(exponential_buckets(0.000_05, 1.5, 28)),
+            events_dropped: Counter::default(),
         };
         registry.register(
             "eci_reachable",
@@ -159,6 +162,11 @@ impl Telemetry {
             "admission_seconds",
             "Time to answer an admission review inside the daemon",
             telemetry.admission_seconds.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Events not published because the background queue was full (they are best-effort)",
+            telemetry.events_dropped.clone(),
         );
         *telemetry
             .registry

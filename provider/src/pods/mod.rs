@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use crate::events::EventPublisher;
 use eci_proto::EciError;
 use eci_proto::v20180808::{
     ContainerGroupStatus, DeleteContainerGroupRequest, DescribeContainerGroupStatusRequest,
@@ -31,7 +32,7 @@ use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -44,11 +45,14 @@ use crate::config::Settings;
 use crate::pod_status;
 use crate::telemetry::Telemetry;
 use crate::translate::{self, Context, naming};
+use crate::workqueue::WorkQueue;
 
 /// Annotation recording the pod's ECI instance.
 pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
 /// Reason of pod conditions and events when ECI cannot run a pod.
 pub const PROVIDER_FAILED: &str = "ProviderFailed";
+/// Pod status writes in flight at most (each pod's writes are sequential).
+const STATUS_WRITERS: usize = 32;
 
 #[derive(Debug, Default)]
 struct Tracked {
@@ -61,6 +65,9 @@ struct Tracked {
     written: Option<u64>,
     /// Hashes of the ECI events already turned into Events.
     events_seen: HashSet<u64>,
+    /// Hash of the ECI group state last applied to the pod: a poll returns a group for every
+    /// change within its window, and most of those are repeats that need no work at all.
+    applied: Option<u64>,
 }
 
 /// The controller.
@@ -74,9 +81,11 @@ struct Inner {
     client: kube::Client,
     backend: Backend,
     telemetry: Arc<Telemetry>,
-    recorder: Recorder,
+    recorder: EventPublisher,
     pods: Mutex<HashMap<String, Tracked>>,
     creates: Semaphore,
+    /// Group states waiting to be applied to their pods, by pod UID.
+    statuses: WorkQueue<String, (ContainerGroupStatus, u64)>,
     /// Groups being deleted, and who waits for them to be gone.
     awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
 }
@@ -126,13 +135,14 @@ impl PodController {
         let creates = Semaphore::new(settings.config.max_concurrent_creates);
         Self {
             inner: Arc::new(Inner {
-                recorder: Recorder::new(client.clone(), reporter),
+                recorder: EventPublisher::new(client.clone(), reporter, Arc::clone(&telemetry)),
                 settings,
                 client,
                 backend,
                 telemetry,
                 pods: Mutex::new(HashMap::new()),
                 creates,
+                statuses: WorkQueue::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
             }),
         }
@@ -214,8 +224,9 @@ impl PodController {
         );
         let watch = self.clone().watch_pods(groups, stop.clone());
         let poll = self.clone().poll_statuses(stop.clone());
+        let writers = self.clone().write_statuses(stop.clone());
         let removals = self.clone().watch_removals(stop.clone());
-        tokio::try_join!(watch, poll, removals)?;
+        tokio::try_join!(watch, poll, writers, removals)?;
         Ok(())
     }
 

@@ -6,7 +6,8 @@ use super::*;
 impl PodController {
     /// Writes a pod status with optimistic concurrency: the patch carries the latest
     /// resourceVersion we know; on a conflict the pod is read again and the write retried once.
-    pub(super) async fn write_status(&self, pod: &Pod, status: Value) {
+    /// Whether the status was stored.
+    pub(super) async fn write_status(&self, pod: &Pod, status: Value) -> bool {
         let api: Api<Pod> = Api::namespaced(
             self.inner.client.clone(),
             &pod.namespace().unwrap_or_default(),
@@ -35,7 +36,7 @@ impl PodController {
             {
                 Ok(updated) => {
                     self.remember(&uid, updated);
-                    return;
+                    return true;
                 }
                 Err(kube::Error::Api(conflict)) if conflict.code == 409 && attempt == 0 => {
                     self.inner.telemetry.kube_request("pod_get");
@@ -43,18 +44,20 @@ impl PodController {
                         Ok(fresh) if fresh.uid().as_deref() == Some(uid.as_str()) => {
                             self.remember(&uid, fresh);
                         }
-                        _ => return,
+                        _ => return false,
                     }
                 }
                 Err(error) => {
                     warn!(pod = %pod_key(pod), %error, "could not write the pod status; the next poll retries");
                     if let Some(t) = self.tracked().get_mut(&uid) {
                         t.written = None;
+                        t.applied = None;
                     }
-                    return;
+                    return false;
                 }
             }
         }
+        false
     }
 
     /// Keeps the copy of a pod the API just returned: its resourceVersion is what the next
@@ -73,7 +76,6 @@ impl PodController {
             action: "Reconcile".into(),
             secondary: None,
         };
-        self.inner.telemetry.kube_request("event_publish");
         if let Err(error) = self
             .inner
             .recorder
@@ -84,6 +86,8 @@ impl PodController {
         }
     }
 
+    /// Polls ECI for the node's changed groups every interval (all of them every resync
+    /// interval) and queues the changed ones for the status writers; it never waits for writes.
     pub(super) async fn poll_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
         let config = &self.inner.settings.config;
         let mut ticks = tokio::time::interval(config.pod_status_poll_interval);
@@ -113,24 +117,55 @@ impl PodController {
                 self.redrive();
             }
             self.count_phases();
-            // Statuses are written in parallel: a burst of changes must not queue behind itself.
-            futures::stream::iter(groups)
-                .for_each_concurrent(32, |group| self.apply_status(group))
-                .await;
+            self.queue_changed(groups);
         }
+    }
+
+    /// Queues the groups whose state differs from what was last applied to their pod.
+    pub(super) fn queue_changed(&self, groups: Vec<ContainerGroupStatus>) {
+        let tracked = self.tracked();
+        for group in groups {
+            let Some(uid) = tag(&group, naming::TAG_POD_UID) else {
+                continue;
+            };
+            let state = hash_of(&prost::Message::encode_to_vec(&group));
+            if tracked.get(&uid).is_some_and(|t| t.applied == Some(state)) {
+                continue;
+            }
+            self.inner.statuses.push(uid, (group, state));
+        }
+    }
+
+    /// Status writers: apply queued group states to their pods, one pod at a time each.
+    pub(super) async fn write_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let writers = (0..STATUS_WRITERS).map(|_| async {
+            loop {
+                let (uid, (group, state)) = tokio::select! {
+                    () = stop.cancelled() => return,
+                    next = self.inner.statuses.next() => next,
+                };
+                self.apply_status(&uid, group, state).await;
+                self.inner.statuses.done(&uid);
+            }
+        });
+        futures::future::join_all(writers).await;
+        Ok(())
     }
 
     pub(super) fn count_phases(&self) {
         let mut counts: BTreeMap<String, i64> = BTreeMap::new();
-        for tracked in self.tracked().values() {
-            if let Some(pod) = &tracked.pod {
+        {
+            let tracked = self.tracked();
+            let mut by_phase: BTreeMap<&str, i64> = BTreeMap::new();
+            for pod in tracked.values().filter_map(|t| t.pod.as_ref()) {
                 let phase = pod
                     .status
                     .as_ref()
-                    .and_then(|s| s.phase.clone())
-                    .unwrap_or_else(|| "Pending".into());
-                *counts.entry(phase).or_default() += 1;
+                    .and_then(|s| s.phase.as_deref())
+                    .unwrap_or("Pending");
+                *by_phase.entry(phase).or_default() += 1;
             }
+            counts.extend(by_phase.into_iter().map(|(p, n)| (p.to_owned(), n)));
         }
         self.inner.telemetry.pods.clear();
         for (phase, count) in counts {
@@ -142,16 +177,15 @@ impl PodController {
         }
     }
 
-    pub(super) async fn apply_status(&self, group: ContainerGroupStatus) {
-        let Some(uid) = tag(&group, naming::TAG_POD_UID) else {
-            return;
-        };
+    /// Writes the pod status the group's state implies (when it differs from what the pod
+    /// shows), then turns the group's new ECI events into Events in the background.
+    pub(super) async fn apply_status(&self, uid: &str, group: ContainerGroupStatus, state: u64) {
         let (pod, written, new_events) = {
             let mut tracked = self.tracked();
-            let Some(entry) = tracked.get_mut(&uid) else {
+            let Some(entry) = tracked.get_mut(uid) else {
                 return;
             };
-            if entry.deleting || group.status == "Terminating" {
+            if entry.deleting || group.status == "Terminating" || entry.applied == Some(state) {
                 return;
             }
             entry
@@ -170,14 +204,6 @@ impl PodController {
                 .collect();
             (pod, entry.written, new_events)
         };
-        for event in new_events {
-            let kind = if event.r#type == "Warning" {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            };
-            self.event(&pod, kind, &event.reason, &event.message).await;
-        }
         let status = pod_status::pod_status(&pod, &group, SystemTime::now());
         let fingerprint = hash_of(&pod_status::fingerprint(&status).to_string());
         let current = pod.status.as_ref().map(|s| {
@@ -187,21 +213,42 @@ impl PodController {
         });
         // Nothing new: neither what we wrote last nor what the pod already shows (an adopted
         // pod after a restart is not rewritten).
-        if written == Some(fingerprint) || current == Some(fingerprint) {
-            return;
+        let unchanged = written == Some(fingerprint) || current == Some(fingerprint);
+        let stored = unchanged || self.write_status(&pod, status).await;
+        if !unchanged && stored {
+            if let Some(changed) = humantime::parse_rfc3339_weak(&group.status_change_time)
+                .ok()
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+            {
+                self.inner
+                    .telemetry
+                    .pod_status_propagation_seconds
+                    .observe(changed.as_secs_f64());
+            }
         }
-        self.write_status(&pod, status).await;
-        if let Some(changed) = humantime::parse_rfc3339_weak(&group.status_change_time)
-            .ok()
-            .and_then(|t| SystemTime::now().duration_since(t).ok())
-        {
-            self.inner
-                .telemetry
-                .pod_status_propagation_seconds
-                .observe(changed.as_secs_f64());
+        if stored {
+            if let Some(entry) = self.tracked().get_mut(uid) {
+                entry.written = Some(fingerprint);
+                entry.applied = Some(state);
+            }
         }
-        if let Some(entry) = self.tracked().get_mut(&uid) {
-            entry.written = Some(fingerprint);
+        let regarding = pod.object_ref(&());
+        for event in new_events {
+            let kind = if event.r#type == "Warning" {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            self.inner.recorder.publish_later(
+                Event {
+                    type_: kind,
+                    reason: event.reason,
+                    note: Some(event.message.chars().take(1000).collect()),
+                    action: "Reconcile".into(),
+                    secondary: None,
+                },
+                regarding.clone(),
+            );
         }
     }
 

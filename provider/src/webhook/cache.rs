@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::events::EventPublisher;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::Api;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
@@ -142,7 +143,7 @@ impl Caches {
 pub async fn watch_selectors(
     client: kube::Client,
     caches: Arc<Caches>,
-    recorder: Recorder,
+    recorder: EventPublisher,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let api: Api<Selector> = Api::all(client);
@@ -278,7 +279,7 @@ pub async fn watch_profile(
     caches: Arc<Caches>,
     namespace: String,
     name: String,
-    recorder: Recorder,
+    recorder: EventPublisher,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);

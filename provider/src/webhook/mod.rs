@@ -11,6 +11,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::events::EventPublisher;
 use anyhow::Context as _;
 use axum::Router;
 use axum::body::Bytes;
@@ -18,7 +19,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -152,7 +153,7 @@ async fn serve(
 }
 
 async fn publish_warnings(
-    recorder: Recorder,
+    recorder: EventPublisher,
     mut warnings: mpsc::Receiver<(ObjectReference, String)>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -272,12 +273,13 @@ pub async fn run(
         })?;
     info!(address = %listener.local_addr()?, path = %config.webhook_path, "serving the Selector admission webhook");
 
-    let recorder = Recorder::new(
+    let recorder = EventPublisher::new(
         client.clone(),
         Reporter {
             controller: "virtual-node-eci".into(),
             instance: Some(settings.node_name.clone()),
         },
+        Arc::clone(&telemetry),
     );
     let caches = Arc::new(Caches::new(!config.no_default_selectors));
     let vnode = vnode(&settings);

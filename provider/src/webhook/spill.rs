@@ -6,10 +6,11 @@
 
 use std::sync::Arc;
 
+use crate::events::EventPublisher;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -64,7 +65,7 @@ pub fn spill_patch(pod: &Pod, vnode: &Vnode) -> serde_json::Value {
 pub async fn run(
     client: kube::Client,
     vnode: Vnode,
-    recorder: Recorder,
+    recorder: EventPublisher,
     telemetry: Arc<Telemetry>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
