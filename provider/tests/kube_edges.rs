@@ -154,3 +154,96 @@ async fn lease_takeovers_losses_and_deletions() {
     );
     stand_in.stop().await;
 }
+
+#[tokio::test]
+async fn events_form_series_and_background_events_arrive() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::api::events::v1::Event as KubeEvent;
+    use kube::runtime::events::{Event, EventType, Reporter};
+    use virtual_node_eci::events::EventPublisher;
+
+    let stand_in = StandIn::start(StandInConfig::default()).await.unwrap();
+    let client = stand_in.client().await.unwrap();
+    let telemetry = std::sync::Arc::new(Telemetry::new());
+    let publisher = EventPublisher::new(
+        client.clone(),
+        Reporter {
+            controller: "virtual-node-eci".into(),
+            instance: Some("vn-0".into()),
+        },
+        std::sync::Arc::clone(&telemetry),
+    );
+    let pod = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some("default".into()),
+        name: Some("web".into()),
+        uid: Some("uid-web".into()),
+        ..ObjectReference::default()
+    };
+    let pulling = |image: &str| Event {
+        type_: EventType::Normal,
+        reason: "Pulling".into(),
+        note: Some(format!("Pulling image {image}")),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    let events: Api<KubeEvent> = Api::namespaced(client, "default");
+    let listed = async || {
+        let mut items = events.list(&Default::default()).await.unwrap().items;
+        items.sort_by_key(|e| e.metadata.name.clone());
+        items
+    };
+
+    publisher.publish(&pulling("a"), &pod).await.unwrap();
+    let first = listed().await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].reporting_instance.as_deref(), Some("vn-0"));
+    assert_eq!(
+        first[0].regarding.as_ref().unwrap().uid.as_deref(),
+        Some("uid-web")
+    );
+    assert!(first[0].series.is_none());
+
+    // The same event again: one event, a series of 2. Another note: another event.
+    publisher.publish(&pulling("a"), &pod).await.unwrap();
+    publisher.publish(&pulling("b"), &pod).await.unwrap();
+    let after = listed().await;
+    assert_eq!(after.len(), 2);
+    let series_a = after
+        .iter()
+        .find(|e| e.note.as_deref() == Some("Pulling image a"))
+        .unwrap();
+    assert_eq!(series_a.metadata.name, first[0].metadata.name);
+    assert_eq!(series_a.series.as_ref().unwrap().count, 2);
+    assert_eq!(count(&telemetry, "event_create"), 2);
+    assert_eq!(count(&telemetry, "event_patch"), 1);
+
+    // The first event deleted (expired, say): the repeat starts a new one.
+    events
+        .delete(
+            first[0].metadata.name.as_deref().unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+    publisher.publish(&pulling("a"), &pod).await.unwrap();
+    let renewed = listed().await;
+    assert_eq!(renewed.len(), 2);
+    assert!(renewed.iter().all(|e| e.series.is_none()));
+
+    // Background events arrive without anyone waiting for them.
+    for i in 0..20 {
+        publisher.publish_later(pulling(&format!("c{i}")), pod.clone());
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while listed().await.len() < 22 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "background events did not arrive"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(listed().await.len(), 22);
+    stand_in.stop().await;
+}

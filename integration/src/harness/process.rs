@@ -123,9 +123,10 @@ impl Process {
 /// The path of a workspace binary, building it when it is missing. `VNE_BIN_DIR` overrides
 /// where binaries are looked for.
 pub fn binary(package: &str, name: &str) -> Result<PathBuf, HarnessError> {
-    let dir = match std::env::var_os("VNE_BIN_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => target_dir()?,
+    let dir = match (std::env::var_os("VNE_BIN_DIR"), BUILT_DIR.get()) {
+        (Some(dir), _) => PathBuf::from(dir),
+        (None, Some(built)) => built.clone(),
+        (None, None) => target_dir()?,
     };
     let path = dir.join(name);
     if path.exists() {
@@ -150,43 +151,51 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf, HarnessError> {
     }
 }
 
-/// Builds (or confirms up to date) every binary the harness starts, in the profile of the
-/// running test or benchmark. Benchmarks call it first: [`binary`] alone reuses whatever binary
-/// is already there, which after a change to another package is a stale one.
+/// Where [`build_binaries`] put the binaries, once it ran.
+static BUILT_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Builds (or confirms up to date) every binary the harness starts, as release builds in a
+/// target directory of their own (`target/bench-bins`), and makes [`binary`] use them. Benchmarks
+/// call it first: [`binary`] alone reuses whatever binary is already there, which after a change
+/// to another package is a stale one (`VNE_BIN_DIR`, when set, still wins). The separate directory keeps this build's feature set from
+/// invalidating the benchmark's own build (and the other way round).
 pub fn build_binaries() -> Result<(), HarnessError> {
-    let dir = target_dir()?;
+    let mut target = target_dir()?;
+    target.pop();
+    let target = target.join("bench-bins");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = std::process::Command::new(cargo);
-    command.args([
-        "build",
-        "--quiet",
-        "-p",
-        "integration",
-        "--bin",
-        "kube-standin",
-        "-p",
-        "mock-eci",
-        "--bin",
-        "mock-eci",
-        "-p",
-        "virtual-node-eci",
-        "--bin",
-        "virtual-node-eci",
-    ]);
-    if dir.ends_with("release") {
-        command.arg("--release");
-    }
-    let status = command.status().map_err(|source| HarnessError::Io {
-        what: "build the binaries".into(),
-        source,
-    })?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(HarnessError::Setup(format!(
+    let status = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "integration",
+            "--bin",
+            "kube-standin",
+            "-p",
+            "mock-eci",
+            "--bin",
+            "mock-eci",
+            "-p",
+            "virtual-node-eci",
+            "--bin",
+            "virtual-node-eci",
+            "--target-dir",
+        ])
+        .arg(&target)
+        .status()
+        .map_err(|source| HarnessError::Io {
+            what: "build the binaries".into(),
+            source,
+        })?;
+    if !status.success() {
+        return Err(HarnessError::Setup(format!(
             "building the binaries failed ({status})"
-        )))
+        )));
     }
+    let _ = BUILT_DIR.set(target.join("release"));
+    Ok(())
 }
 
 /// `target/<profile>` of the running test binary (`target/<profile>/deps/<test>`).
