@@ -3,6 +3,14 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
+/// A pod waiting for its group: how many attempts failed, and when it was first seen (the
+/// creation latency metric starts there).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CreateJob {
+    pub(super) attempt: u32,
+    pub(super) seen: tokio::time::Instant,
+}
+
 impl PodController {
     pub(super) async fn explain_skip(&self, pod: &Pod, reason: &'static str) {
         info!(pod = %pod_key(pod), reason, "not running this pod on ECI");
@@ -42,37 +50,92 @@ impl PodController {
         }
     }
 
-    pub(super) async fn create(self, pod: Arc<Pod>, uid: String, seen: tokio::time::Instant) {
-        let mut pod = pod;
-        let mut attempt = 0u32;
-        loop {
-            if self.tracked().get(&uid).is_none_or(|t| t.deleting) {
-                return;
+    /// Creation workers (`MAX_CONCURRENT_CREATES` of them): one attempt per job; a pod to
+    /// retry waits out its back-off outside the workers, so pods backing off (a missing
+    /// ConfigMap, an outage) never hold a slot the others need. Jobs are data, not tasks:
+    /// thousands of pods waiting cost a few bytes each.
+    pub(super) async fn create_groups(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let workers =
+            (0..self.inner.settings.config.max_concurrent_creates.max(1)).map(|_| async {
+                loop {
+                    let (uid, job) = tokio::select! {
+                        () = stop.cancelled() => return,
+                        next = self.inner.creations.next() => next,
+                    };
+                    let retry = self.create_once(&uid, job).await;
+                    self.inner.creations.done(&uid);
+                    if let Some(next) = retry {
+                        let controller = self.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(backoff(next.attempt)).await;
+                            controller.inner.creations.push(uid, next);
+                        });
+                    }
+                }
+            });
+        futures::future::join_all(workers).await;
+        Ok(())
+    }
+
+    /// The whole pod for a creation: the kept copy unless it was slimmed, then a fresh read.
+    async fn whole_pod(&self, uid: &str) -> Result<Option<Arc<Pod>>, Failure> {
+        let (pod, slim) = {
+            let tracked = self.tracked();
+            match tracked.get(uid) {
+                Some(t) if !t.deleting => match &t.pod {
+                    Some(pod) => (Arc::clone(pod), t.slim),
+                    None => return Ok(None),
+                },
+                _ => return Ok(None),
             }
-            pod = match self.apply_pending_effect(Arc::clone(&pod)).await {
+        };
+        if !slim {
+            return Ok(Some(pod));
+        }
+        let api: Api<Pod> = Api::namespaced(
+            self.inner.client.clone(),
+            &pod.namespace().unwrap_or_default(),
+        );
+        self.inner.telemetry.kube_request("pod_get");
+        match api.get_opt(&pod.name_any()).await {
+            Ok(Some(fresh)) if fresh.uid().as_deref() == Some(uid) => Ok(Some(Arc::new(fresh))),
+            Ok(_) => Ok(None),
+            Err(error) => Err(Failure::Retry(format!("cannot read the pod: {error}"))),
+        }
+    }
+
+    /// One creation attempt; the job to retry, if any.
+    async fn create_once(&self, uid: &str, job: CreateJob) -> Option<CreateJob> {
+        let retry = CreateJob {
+            attempt: job.attempt + 1,
+            seen: job.seen,
+        };
+        let pod = match self.whole_pod(uid).await {
+            Ok(Some(pod)) => pod,
+            Ok(None) => return None,
+            Err(Failure::Retry(message) | Failure::Permanent(message)) => {
+                debug!(pod_uid = %uid, %message, "retrying");
+                return Some(retry);
+            }
+        };
+        let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
+        async {
+            let pod = match self.apply_pending_effect(pod).await {
                 Ok(pod) => pod,
                 Err(Failure::Retry(message) | Failure::Permanent(message)) => {
-                    debug!(%message, attempt, "retrying");
-                    attempt += 1;
-                    tokio::time::sleep(backoff(attempt)).await;
-                    continue;
+                    debug!(%message, attempt = job.attempt, "retrying");
+                    return Some(retry);
                 }
             };
-            // A slot per attempt, not per pod: pods backing off (a missing ConfigMap, an
-            // outage) must not hold every slot and starve the others.
-            let outcome = {
-                let _slot = self.inner.creates.acquire().await;
-                self.try_create(&pod, &uid).await
-            };
-            match outcome {
+            match self.try_create(&pod, uid).await {
                 Ok(id) => {
                     self.inner
                         .telemetry
                         .pod_create_seconds
-                        .observe(seen.elapsed().as_secs_f64());
+                        .observe(job.seen.elapsed().as_secs_f64());
                     let wanted = {
                         let mut tracked = self.tracked();
-                        match tracked.get_mut(&uid) {
+                        match tracked.get_mut(uid) {
                             Some(entry) if !entry.deleting => {
                                 entry.group = Some(id.clone());
                                 entry.creating = false;
@@ -85,29 +148,30 @@ impl PodController {
                         // The pod went away while its group was being created: no leak.
                         info!(eci_id = %id, "the pod was deleted during creation; deleting its new container group");
                         self.delete_group(&id, true).await;
-                        return;
+                        return None;
                     }
                     info!(eci_id = %id, "created container group");
                     self.annotate(&pod, &id).await;
-                    return;
+                    None
                 }
                 Err(Failure::Retry(message)) => {
                     self.inner.telemetry.pod_create_retries.inc();
-                    if attempt == 3 {
+                    if job.attempt == 3 {
                         // Tell the user once the problem persists, then keep trying.
                         self.set_provider_failed(&pod, &message, false).await;
                     }
-                    debug!(%message, attempt, "create failed; retrying");
+                    debug!(%message, attempt = job.attempt, "create failed; retrying");
+                    Some(retry)
                 }
                 Err(Failure::Permanent(message)) => {
                     warn!(%message, "this pod cannot run on ECI");
                     self.set_provider_failed(&pod, &message, true).await;
-                    return;
+                    None
                 }
             }
-            attempt += 1;
-            tokio::time::sleep(backoff(attempt)).await;
         }
+        .instrument(span)
+        .await
     }
 
     pub(super) async fn try_create(&self, pod: &Pod, uid: &str) -> Result<String, Failure> {

@@ -5,34 +5,21 @@ use super::*;
 
 impl PodController {
     /// Groups of this node whose pod is gone (confirmed by a direct read) are deleted.
-    pub(super) async fn collect_orphans(
-        &self,
-        groups: &[ContainerGroupStatus],
-        listed: &HashSet<String>,
-    ) {
-        for group in groups {
-            let Some(uid) = tag(group, naming::TAG_POD_UID) else {
+    pub(super) async fn collect_orphans(&self, groups: &[Adopted], listed: &HashSet<String>) {
+        for group in groups.iter().filter(|g| !listed.contains(&g.uid)) {
+            let (Some(namespace), Some(name)) = (&group.namespace, &group.name) else {
                 continue;
             };
-            if listed.contains(&uid) {
-                continue;
-            }
-            let (Some(namespace), Some(name)) = (
-                tag(group, naming::TAG_NAMESPACE),
-                tag(group, naming::TAG_POD_NAME),
-            ) else {
-                continue;
-            };
-            let pods: Api<Pod> = Api::namespaced(self.inner.client.clone(), &namespace);
-            match pods.get_opt(&name).await {
-                Ok(Some(pod)) if pod.uid().as_deref() == Some(uid.as_str()) => continue,
+            let pods: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
+            match pods.get_opt(name).await {
+                Ok(Some(pod)) if pod.uid().as_deref() == Some(group.uid.as_str()) => continue,
                 Ok(_) => {
-                    info!(eci_id = %group.container_group_id, pod = %format!("{namespace}/{name}"), "deleting an orphaned container group: its pod no longer exists");
-                    self.delete_group(&group.container_group_id, true).await;
-                    self.tracked().remove(&uid);
+                    info!(eci_id = %group.id, pod = %format!("{namespace}/{name}"), "deleting an orphaned container group: its pod no longer exists");
+                    self.delete_group(&group.id, true).await;
+                    self.tracked().remove(&group.uid);
                 }
                 Err(error) => {
-                    warn!(%error, eci_id = %group.container_group_id, "cannot confirm whether the group's pod exists; keeping the group");
+                    warn!(%error, eci_id = %group.id, "cannot confirm whether the group's pod exists; keeping the group");
                 }
             }
         }

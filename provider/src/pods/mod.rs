@@ -16,7 +16,10 @@
 mod create;
 mod delete;
 pub mod refs;
+mod slim;
 mod status;
+
+use create::CreateJob;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -36,7 +39,6 @@ use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -56,7 +58,10 @@ const STATUS_WRITERS: usize = 32;
 
 #[derive(Debug, Default)]
 struct Tracked {
+    /// The latest copy of the pod: whole until its group exists, then [`slim::slim`].
     pod: Option<Arc<Pod>>,
+    /// Whether `pod` is slimmed (a creation must read the whole pod again).
+    slim: bool,
     group: Option<String>,
     creating: bool,
     deleting: bool,
@@ -68,6 +73,42 @@ struct Tracked {
     /// Hash of the ECI group state last applied to the pod: a poll returns a group for every
     /// change within its window, and most of those are repeats that need no work at all.
     applied: Option<u64>,
+}
+
+impl Tracked {
+    /// Stores the latest copy of the pod; once its group exists, only what the controller
+    /// still reads of it (memory per pod matters at thousands of pods).
+    fn keep(&mut self, pod: &Arc<Pod>) {
+        if self.pod.as_ref().is_some_and(|kept| Arc::ptr_eq(kept, pod)) {
+            return;
+        }
+        self.slim = self.group.is_some();
+        self.pod = Some(if self.slim {
+            Arc::new(slim::slim(pod))
+        } else {
+            Arc::clone(pod)
+        });
+    }
+}
+
+/// What adoption and orphan collection need of a listed group.
+#[derive(Debug, Clone)]
+struct Adopted {
+    id: String,
+    uid: String,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+impl Adopted {
+    fn from_group(group: &ContainerGroupStatus) -> Option<Self> {
+        Some(Self {
+            id: group.container_group_id.clone(),
+            uid: tag(group, naming::TAG_POD_UID)?,
+            namespace: tag(group, naming::TAG_NAMESPACE),
+            name: tag(group, naming::TAG_POD_NAME),
+        })
+    }
 }
 
 /// The controller.
@@ -83,7 +124,8 @@ struct Inner {
     telemetry: Arc<Telemetry>,
     recorder: EventPublisher,
     pods: Mutex<HashMap<String, Tracked>>,
-    creates: Semaphore,
+    /// Pods waiting for their group to be created, by pod UID.
+    creations: WorkQueue<String, CreateJob>,
     /// Group states waiting to be applied to their pods, by pod UID.
     statuses: WorkQueue<String, (ContainerGroupStatus, u64)>,
     /// Groups being deleted, and who waits for them to be gone.
@@ -132,7 +174,6 @@ impl PodController {
             controller: "virtual-node-eci".into(),
             instance: Some(settings.node_name.clone()),
         };
-        let creates = Semaphore::new(settings.config.max_concurrent_creates);
         Self {
             inner: Arc::new(Inner {
                 recorder: EventPublisher::new(client.clone(), reporter, Arc::clone(&telemetry)),
@@ -141,7 +182,7 @@ impl PodController {
                 backend,
                 telemetry,
                 pods: Mutex::new(HashMap::new()),
-                creates,
+                creations: WorkQueue::default(),
                 statuses: WorkQueue::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
             }),
@@ -168,12 +209,13 @@ impl PodController {
         ]
     }
 
-    /// Every group of this node (paged).
-    async fn list_groups(
+    /// Every group of this node changed within `since_second` (all of them when `None`), one
+    /// page at a time: at thousands of groups, holding every page at once costs tens of MiB.
+    async fn visit_groups(
         &self,
         since_second: Option<i32>,
-    ) -> Result<Vec<ContainerGroupStatus>, EciError> {
-        let mut groups = Vec::new();
+        mut visit: impl FnMut(Vec<ContainerGroupStatus>),
+    ) -> Result<(), EciError> {
         let mut next_token = String::new();
         loop {
             let page = self
@@ -188,9 +230,9 @@ impl PodController {
                     ..DescribeContainerGroupStatusRequest::default()
                 })
                 .await?;
-            groups.extend(page.data);
+            visit(page.data);
             if page.next_token.is_empty() {
-                return Ok(groups);
+                return Ok(());
             }
             next_token = page.next_token;
         }
@@ -198,9 +240,16 @@ impl PodController {
 
     /// Runs until cancelled: adopt, watch pods, poll statuses.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let groups = loop {
-            match self.list_groups(None).await {
-                Ok(groups) => break groups,
+        let listed_at = tokio::time::Instant::now();
+        let adopted = loop {
+            let mut adopted = Vec::new();
+            let listing = self
+                .visit_groups(None, |page| {
+                    adopted.extend(page.iter().filter_map(Adopted::from_group));
+                })
+                .await;
+            match listing {
+                Ok(()) => break adopted,
                 Err(error) => {
                     warn!(%error, "cannot list this node's container groups yet; retrying");
                     tokio::select! {
@@ -212,34 +261,33 @@ impl PodController {
         };
         {
             let mut tracked = self.tracked();
-            for group in &groups {
-                if let Some(uid) = tag(group, naming::TAG_POD_UID) {
-                    tracked.entry(uid).or_default().group = Some(group.container_group_id.clone());
-                }
+            for group in &adopted {
+                tracked.entry(group.uid.clone()).or_default().group = Some(group.id.clone());
             }
         }
         info!(
-            groups = groups.len(),
+            groups = adopted.len(),
             "adopted this node's container groups"
         );
-        let watch = self.clone().watch_pods(groups, stop.clone());
-        let poll = self.clone().poll_statuses(stop.clone());
+        let watch = self.clone().watch_pods(adopted, stop.clone());
+        let poll = self.clone().poll_statuses(listed_at, stop.clone());
         let writers = self.clone().write_statuses(stop.clone());
+        let creators = self.clone().create_groups(stop.clone());
         let removals = self.clone().watch_removals(stop.clone());
-        tokio::try_join!(watch, poll, writers, removals)?;
+        tokio::try_join!(watch, poll, writers, creators, removals)?;
         Ok(())
     }
 
     async fn watch_pods(
         self,
-        initial_groups: Vec<ContainerGroupStatus>,
+        adopted: Vec<Adopted>,
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
         let api: Api<Pod> = Api::all(self.inner.client.clone());
         let config = watcher::Config::default()
             .fields(&format!("spec.nodeName={}", self.inner.settings.node_name));
         let mut events = watcher(api, config).default_backoff().boxed();
-        let mut initial_groups = Some(initial_groups);
+        let mut adopted = Some(adopted);
         let mut listed: HashSet<String> = HashSet::new();
         loop {
             let event = tokio::select! {
@@ -255,7 +303,7 @@ impl PodController {
                     self.observe(Arc::new(pod));
                 }
                 Some(Ok(watcher::Event::InitDone)) => {
-                    if let Some(groups) = initial_groups.take() {
+                    if let Some(groups) = adopted.take() {
                         self.collect_orphans(&groups, &listed).await;
                         info!(
                             pods = listed.len(),
@@ -275,7 +323,7 @@ impl PodController {
         let action = {
             let mut tracked = self.tracked();
             let entry = tracked.entry(uid.clone()).or_default();
-            entry.pod = Some(pod.clone());
+            entry.keep(&pod);
             if pod.metadata.deletion_timestamp.is_some() {
                 if entry.deleting {
                     None
@@ -302,10 +350,11 @@ impl PodController {
         match action {
             None => {}
             Some(Action::Create) => {
-                let seen = tokio::time::Instant::now();
-                tokio::spawn(
-                    async move { controller.create(pod, uid, seen).await }.instrument(span),
-                );
+                let job = CreateJob {
+                    attempt: 0,
+                    seen: tokio::time::Instant::now(),
+                };
+                self.inner.creations.push(uid, job);
             }
             Some(Action::Delete) => {
                 tokio::spawn(async move { controller.delete(pod, uid).await }.instrument(span));

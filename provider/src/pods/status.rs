@@ -64,7 +64,7 @@ impl PodController {
     /// write carries (resourceVersions are opaque, so the latest answer wins, not a comparison).
     pub(super) fn remember(&self, uid: &str, pod: Pod) {
         if let Some(t) = self.tracked().get_mut(uid) {
-            t.pod = Some(Arc::new(pod));
+            t.keep(&Arc::new(pod));
         }
     }
 
@@ -88,36 +88,46 @@ impl PodController {
 
     /// Polls ECI for the node's changed groups every interval (all of them every resync
     /// interval) and queues the changed ones for the status writers; it never waits for writes.
-    pub(super) async fn poll_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
+    /// `listed_at`: when the listing this controller started from was requested.
+    pub(super) async fn poll_statuses(
+        self,
+        listed_at: tokio::time::Instant,
+        stop: CancellationToken,
+    ) -> anyhow::Result<()> {
         let config = &self.inner.settings.config;
         let mut ticks = tokio::time::interval(config.pod_status_poll_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let window =
-            i32::try_from(config.pod_status_poll_interval.as_secs() + 3).unwrap_or(i32::MAX);
-        let mut last_full = tokio::time::Instant::now();
+        let mut last_full = listed_at;
+        // Every change since this instant has been seen.
+        let mut seen_until = listed_at;
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
                 _ = ticks.tick() => {}
             }
-            let full = last_full.elapsed() >= config.pod_resync_interval;
-            let groups = match self
-                .list_groups(if full { None } else { Some(window) })
-                .await
-            {
-                Ok(groups) => groups,
-                Err(error) => {
-                    debug!(%error, "status poll failed; next interval");
-                    continue;
-                }
-            };
+            let started = tokio::time::Instant::now();
+            let full = started.duration_since(last_full) >= config.pod_resync_interval;
+            let since = (!full).then(|| change_window(started.duration_since(seen_until)));
+            let mut present = HashSet::new();
+            let polled = self
+                .visit_groups(since, |page| {
+                    if full {
+                        present.extend(page.iter().map(|g| g.container_group_id.clone()));
+                    }
+                    self.queue_changed(page);
+                })
+                .await;
+            if let Err(error) = polled {
+                debug!(%error, "status poll failed; the next one covers its window");
+                continue;
+            }
+            seen_until = started;
             if full {
-                last_full = tokio::time::Instant::now();
-                self.detect_vanished(&groups).await;
+                last_full = started;
+                self.detect_vanished(&present).await;
                 self.redrive();
             }
             self.count_phases();
-            self.queue_changed(groups);
         }
     }
 
@@ -254,17 +264,13 @@ impl PodController {
 
     /// Pods whose group is missing from a full listing, confirmed by a direct read, fail
     /// with reason `NotFound`.
-    pub(super) async fn detect_vanished(&self, groups: &[ContainerGroupStatus]) {
-        let present: HashSet<&str> = groups
-            .iter()
-            .map(|g| g.container_group_id.as_str())
-            .collect();
+    pub(super) async fn detect_vanished(&self, present: &HashSet<String>) {
         let suspects: Vec<(String, String, Arc<Pod>)> = self
             .tracked()
             .iter()
             .filter(|(_, t)| !t.deleting && !t.creating)
             .filter_map(|(uid, t)| Some((uid.clone(), t.group.clone()?, t.pod.clone()?)))
-            .filter(|(_, id, _)| !present.contains(id.as_str()))
+            .filter(|(_, id, _)| !present.contains(id))
             .collect();
         for (uid, id, pod) in suspects {
             if matches!(
@@ -289,5 +295,29 @@ impl PodController {
                 }
             }
         }
+    }
+}
+
+/// The `since_second` window covering every change since the last complete poll, `elapsed`
+/// ago: whole seconds rounded up, plus 2 for the second-granular change times at either end.
+fn change_window(elapsed: Duration) -> i32 {
+    let seconds = elapsed
+        .as_secs()
+        .saturating_add(u64::from(elapsed.subsec_nanos() > 0) + 2);
+    i32::try_from(seconds).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_covers_the_time_since_the_last_complete_poll() {
+        assert_eq!(change_window(Duration::from_millis(500)), 3);
+        assert_eq!(change_window(Duration::from_secs(1)), 3);
+        assert_eq!(change_window(Duration::from_millis(1001)), 4);
+        // Polls that failed for a minute: the next one asks for the whole minute.
+        assert_eq!(change_window(Duration::from_secs(61)), 63);
+        assert_eq!(change_window(Duration::MAX), i32::MAX);
     }
 }

@@ -1,0 +1,124 @@
+//! The copy of a pod the controller keeps once its container group exists.
+//!
+//! After creation the controller reads a pod only to write its status (container names and
+//! images, the current status), to delete it (grace period) and to publish Events about it.
+//! Everything else — env, volumes, probes, affinity, managed fields, annotations — is dropped:
+//! at 10,000 pods a whole `Pod` per pod is most of the daemon's memory.
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+fn slim_container(container: &Container) -> Container {
+    Container {
+        name: container.name.clone(),
+        image: container.image.clone(),
+        ..Container::default()
+    }
+}
+
+/// What the controller still needs of `pod` once its group exists.
+pub(super) fn slim(pod: &Pod) -> Pod {
+    let meta = &pod.metadata;
+    Pod {
+        metadata: ObjectMeta {
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+            deletion_timestamp: meta.deletion_timestamp.clone(),
+            deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+            ..ObjectMeta::default()
+        },
+        spec: pod.spec.as_ref().map(|spec| PodSpec {
+            containers: spec.containers.iter().map(slim_container).collect(),
+            init_containers: spec
+                .init_containers
+                .as_ref()
+                .map(|init| init.iter().map(slim_container).collect()),
+            node_name: spec.node_name.clone(),
+            restart_policy: spec.restart_policy.clone(),
+            termination_grace_period_seconds: spec.termination_grace_period_seconds,
+            ..PodSpec::default()
+        }),
+        status: pod.status.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use eci_proto::v20180808::{ContainerGroupStatus, ContainerInfo, ContainerState};
+    use kube::Resource;
+    use serde_json::json;
+
+    use super::*;
+    use crate::pod_status;
+
+    fn mk_pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1", "resourceVersion": "42",
+                "labels": {"app": "web"}, "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{…}"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+                "deletionTimestamp": "2026-11-21T10:00:00Z", "deletionGracePeriodSeconds": 15},
+            "spec": {"nodeName": "vn-0", "restartPolicy": "OnFailure", "terminationGracePeriodSeconds": 45,
+                "initContainers": [{"name": "migrate", "image": "migrate:1", "env": [{"name": "A", "value": "1"}]}],
+                "containers": [{"name": "app", "image": "nginx:1.27", "args": ["-g", "daemon off;"],
+                    "env": [{"name": "B", "value": "2"}], "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                "volumes": [{"name": "data", "emptyDir": {}}],
+                "tolerations": [{"operator": "Exists"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.7",
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-21T09:00:00Z"}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn keeps_identity_deletion_containers_and_status_and_drops_the_rest() {
+        let pod = mk_pod();
+        let kept = slim(&pod);
+        assert_eq!(kept.metadata.name.as_deref(), Some("web-0"));
+        assert_eq!(kept.metadata.uid.as_deref(), Some("u-1"));
+        assert_eq!(kept.metadata.resource_version.as_deref(), Some("42"));
+        assert_eq!(kept.metadata.deletion_grace_period_seconds, Some(15));
+        assert!(kept.metadata.deletion_timestamp.is_some());
+        assert!(kept.metadata.labels.is_none());
+        assert!(kept.metadata.annotations.is_none());
+        assert!(kept.metadata.managed_fields.is_none());
+        let spec = kept.spec.as_ref().unwrap();
+        assert_eq!(spec.termination_grace_period_seconds, Some(45));
+        assert_eq!(spec.containers[0].name, "app");
+        assert_eq!(spec.containers[0].image.as_deref(), Some("nginx:1.27"));
+        assert!(spec.containers[0].env.is_none() && spec.containers[0].args.is_none());
+        assert_eq!(spec.init_containers.as_ref().unwrap()[0].name, "migrate");
+        assert!(spec.volumes.is_none() && spec.tolerations.is_none());
+        assert_eq!(kept.status, pod.status);
+        assert_eq!(kept.object_ref(&()), pod.object_ref(&()));
+    }
+
+    #[test]
+    fn the_status_written_for_a_slim_pod_is_the_one_written_for_the_whole_pod() {
+        let pod = mk_pod();
+        let group = ContainerGroupStatus {
+            container_group_id: "eci-1".into(),
+            status: "Running".into(),
+            intranet_ip: "10.0.0.7".into(),
+            containers: vec![ContainerInfo {
+                name: "app".into(),
+                ready: true,
+                started: true,
+                current_state: Some(ContainerState {
+                    state: "Running".into(),
+                    ..ContainerState::default()
+                }),
+                ..ContainerInfo::default()
+            }],
+            ..ContainerGroupStatus::default()
+        };
+        let now = SystemTime::now();
+        assert_eq!(
+            pod_status::pod_status(&slim(&pod), &group, now),
+            pod_status::pod_status(&pod, &group, now)
+        );
+    }
+}
