@@ -125,7 +125,8 @@ fn not_done<'a>(infos: impl Iterator<Item = (&'a str, bool)>) -> Vec<&'a str> {
 /// their status did not change; `now` stamps the others. A failed schedule is explained with
 /// the group's latest Warning event.
 pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> Value {
-    let spec = pod.spec.clone().unwrap_or_default();
+    let no_spec = k8s_openapi::api::core::v1::PodSpec::default();
+    let spec = pod.spec.as_ref().unwrap_or(&no_spec);
     let current = pod.status.clone().unwrap_or_default();
     let phase = phase(&group.status)
         .map(str::to_owned)

@@ -151,7 +151,8 @@ impl PodController {
                         return None;
                     }
                     info!(eci_id = %id, "created container group");
-                    self.annotate(&pod, &id).await;
+                    let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+                    self.inner.annotations.push(uid.to_owned(), (key, id));
                     None
                 }
                 Err(Failure::Retry(message)) => {
@@ -273,22 +274,32 @@ impl PodController {
             .ok_or_else(|| Failure::Retry("the TokenRequest answer has no token".into()))
     }
 
-    pub(super) async fn annotate(&self, pod: &Pod, id: &str) {
-        let api: Api<Pod> = Api::namespaced(
-            self.inner.client.clone(),
-            &pod.namespace().unwrap_or_default(),
-        );
+    /// Annotation writers: record each new group's id on its pod, off the creation path (a
+    /// creation worker moves on to the next pod as soon as ECI accepted the group).
+    pub(super) async fn annotate_pods(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let writers = (0..ANNOTATION_WRITERS).map(|_| async {
+            loop {
+                let (uid, (key, id)) = tokio::select! {
+                    () = stop.cancelled() => return,
+                    next = self.inner.annotations.next() => next,
+                };
+                self.annotate(&key, &id).await;
+                self.inner.annotations.done(&uid);
+            }
+        });
+        futures::future::join_all(writers).await;
+        Ok(())
+    }
+
+    async fn annotate(&self, (namespace, name): &(String, String), id: &str) {
+        let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
         self.inner.telemetry.kube_request("pod_annotate");
         let patch = json!({"metadata": {"annotations": {INSTANCE_ANNOTATION: id}}});
         if let Err(error) = api
-            .patch(
-                &pod.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
+            .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
         {
-            warn!(%error, "could not record the ECI instance id on the pod");
+            warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, %error, "could not record the ECI instance id on the pod");
         }
     }
 

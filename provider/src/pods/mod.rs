@@ -55,6 +55,8 @@ pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
 pub const PROVIDER_FAILED: &str = "ProviderFailed";
 /// Pod status writes in flight at most (each pod's writes are sequential).
 const STATUS_WRITERS: usize = 32;
+/// Instance-id annotations in flight at most.
+const ANNOTATION_WRITERS: usize = 16;
 
 #[derive(Debug, Default)]
 struct Tracked {
@@ -126,6 +128,8 @@ struct Inner {
     pods: Mutex<HashMap<String, Tracked>>,
     /// Pods waiting for their group to be created, by pod UID.
     creations: WorkQueue<String, CreateJob>,
+    /// Group ids to record on their pods (namespace and name), by pod UID.
+    annotations: WorkQueue<String, ((String, String), String)>,
     /// Group states waiting to be applied to their pods, by pod UID.
     statuses: WorkQueue<String, (ContainerGroupStatus, u64)>,
     /// Groups being deleted, and who waits for them to be gone.
@@ -183,6 +187,7 @@ impl PodController {
                 telemetry,
                 pods: Mutex::new(HashMap::new()),
                 creations: WorkQueue::default(),
+                annotations: WorkQueue::default(),
                 statuses: WorkQueue::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
             }),
@@ -273,8 +278,9 @@ impl PodController {
         let poll = self.clone().poll_statuses(listed_at, stop.clone());
         let writers = self.clone().write_statuses(stop.clone());
         let creators = self.clone().create_groups(stop.clone());
+        let annotators = self.clone().annotate_pods(stop.clone());
         let removals = self.clone().watch_removals(stop.clone());
-        tokio::try_join!(watch, poll, writers, creators, removals)?;
+        tokio::try_join!(watch, poll, writers, creators, annotators, removals)?;
         Ok(())
     }
 
