@@ -230,18 +230,42 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
     status
 }
 
-/// A status without transition times: equal fingerprints need no write.
-pub fn fingerprint(status: &Value) -> Value {
-    let mut status = status.clone();
-    if let Some(conditions) = status.get_mut("conditions").and_then(Value::as_array_mut) {
-        for c in conditions {
-            if let Some(c) = c.as_object_mut() {
-                c.remove("lastTransitionTime");
-                c.remove("lastProbeTime");
+/// A hash of a status without its conditions' transition and probe times: equal fingerprints
+/// need no write. Computed by walking the JSON (no copy, no text), object keys in sorted order.
+pub fn fingerprint(status: &Value) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    fn walk(value: &Value, in_conditions: bool, hasher: &mut std::hash::DefaultHasher) {
+        match value {
+            Value::Null => 0u8.hash(hasher),
+            Value::Bool(b) => (1u8, b).hash(hasher),
+            Value::Number(n) => (2u8, n).hash(hasher),
+            Value::String(text) => (3u8, text).hash(hasher),
+            Value::Array(items) => {
+                (4u8, items.len()).hash(hasher);
+                for item in items {
+                    walk(item, in_conditions, hasher);
+                }
+            }
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map
+                    .keys()
+                    .filter(|k| {
+                        !(in_conditions && (*k == "lastTransitionTime" || *k == "lastProbeTime"))
+                    })
+                    .collect();
+                keys.sort_unstable();
+                (5u8, keys.len()).hash(hasher);
+                for key in keys {
+                    key.hash(hasher);
+                    // Only the conditions' own members carry the times left out.
+                    walk(&map[key.as_str()], key == "conditions", hasher);
+                }
             }
         }
     }
-    status
+    let mut hasher = std::hash::DefaultHasher::new();
+    walk(status, false, &mut hasher);
+    hasher.finish()
 }
 
 #[cfg(test)]
@@ -470,5 +494,17 @@ mod tests {
             rfc3339(at(90))
         );
         assert_ne!(fingerprint(&second), fingerprint(&third));
+    }
+
+    #[test]
+    fn fingerprints_ignore_condition_times_and_key_order_only() {
+        let a = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "t1"}]});
+        let b = json!({"conditions": [{"lastTransitionTime": "t2", "status": "True", "type": "Ready"}], "phase": "Running"});
+        assert_eq!(fingerprint(&a), fingerprint(&b));
+        let flipped = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]});
+        assert_ne!(fingerprint(&a), fingerprint(&flipped));
+        // A time outside the conditions (a container's start) is part of the status.
+        let started = |t: &str| json!({"containerStatuses": [{"name": "app", "lastTransitionTime": t}]});
+        assert_ne!(fingerprint(&started("t1")), fingerprint(&started("t2")));
     }
 }

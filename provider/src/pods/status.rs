@@ -215,15 +215,16 @@ impl PodController {
             (pod, entry.written, new_events)
         };
         let status = pod_status::pod_status(&pod, &group, SystemTime::now());
-        let fingerprint = hash_of(&pod_status::fingerprint(&status).to_string());
-        let current = pod.status.as_ref().map(|s| {
-            hash_of(
-                &pod_status::fingerprint(&serde_json::to_value(s).unwrap_or_default()).to_string(),
-            )
-        });
-        // Nothing new: neither what we wrote last nor what the pod already shows (an adopted
-        // pod after a restart is not rewritten).
-        let unchanged = written == Some(fingerprint) || current == Some(fingerprint);
+        let fingerprint = pod_status::fingerprint(&status);
+        // Nothing new: what we wrote last, or — before our first write, e.g. an adopted pod
+        // after a restart — what the pod already shows.
+        let unchanged = match written {
+            Some(written) => written == fingerprint,
+            None => pod.status.as_ref().is_some_and(|current| {
+                serde_json::to_value(current)
+                    .is_ok_and(|current| pod_status::fingerprint(&current) == fingerprint)
+            }),
+        };
         let stored = unchanged || self.write_status(&pod, status).await;
         if !unchanged && stored {
             if let Some(changed) = humantime::parse_rfc3339_weak(&group.status_change_time)
