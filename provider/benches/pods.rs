@@ -2,8 +2,10 @@
 //! real processes (API stand-in, mock-eci, the daemon; release builds).
 //!
 //! Run: `cargo bench -p virtual-node-eci --bench pods` (`PODS_BENCH_SIZES=1000,10000` sets the
-//! sizes). Reports watch-event → ECI-accepted latency, ECI change → pod status latency, ECI
-//! calls and status writes per pod, the daemon's RSS, and the time to resync after a restart.
+//! sizes; `PODS_BENCH_RATE=1000` paces creation at that many pods per second, as a scheduler
+//! binding them would, instead of as fast as the API server takes them). Reports watch-event →
+//! ECI-accepted latency, ECI change → pod status latency, ECI calls and status writes per pod,
+//! the daemon's RSS and CPU, and the time to resync after a restart.
 
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
 
@@ -64,6 +66,21 @@ fn rss_mib(pid: u32) -> f64 {
         / 1024.0
 }
 
+/// CPU seconds (user + system) the process used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may contain spaces) — utime and stime are the
+    // 14th and 15th fields of the line, the 12th and 13th after it.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |t| {
+        t.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
+    });
+    // USER_HZ is 100 on Linux.
+    ticks / 100.0
+}
+
 async fn fetch(url: &str) -> String {
     reqwest::get(url).await.unwrap().text().await.unwrap()
 }
@@ -76,7 +93,8 @@ async fn wait_until<F: AsyncFnMut() -> bool>(what: &str, timeout: Duration, mut 
     }
 }
 
-async fn run(size: usize) {
+/// `rate`: pods created per second (0: as fast as the API server takes them).
+async fn run(size: usize, rate: f64) {
     let mut h = Harness::start().await.unwrap();
     let mock = h
         .start_mock_eci(&[
@@ -115,14 +133,20 @@ async fn run(size: usize) {
 
     let pods: Api<Pod> = Api::namespaced(h.client(), "default");
     let started = Instant::now();
+    let paced_start = tokio::time::Instant::now();
     futures::stream::iter(0..size)
         .for_each_concurrent(64, |i| {
             let pods = pods.clone();
+            #[allow(clippy::cast_precision_loss)]
+            let due = (rate > 0.0).then(|| paced_start + Duration::from_secs_f64(i as f64 / rate));
             let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("bench-{i:05}")}, "spec": {
                 "nodeName": node, "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 30,
                 "containers": [{"name": "app", "image": "registry.example.com/app:1", "env": [{"name": "MOCK_ECI_STOP_AFTER", "value": "0s"}]}]}}))
             .unwrap();
             async move {
+                if let Some(due) = due {
+                    tokio::time::sleep_until(due).await;
+                }
                 pods.create(&PostParams::default(), &pod).await.unwrap();
             }
         })
@@ -143,6 +167,7 @@ async fn run(size: usize) {
     let all_running = started.elapsed();
     let pid = h.process(&daemon).unwrap().pid().unwrap();
     let rss = rss_mib(pid);
+    let cpu = cpu_seconds(pid);
     let daemon_text = fetch(&daemon_metrics).await;
 
     // Restart: time until the new process has accounted for every pod and group.
@@ -188,7 +213,12 @@ async fn run(size: usize) {
     );
     #[allow(clippy::cast_precision_loss)]
     let n = size as f64;
-    println!("== {size} pods on one replica (mock-eci, rate limits off) ==");
+    let pace = if rate > 0.0 {
+        format!("created at {rate} pods/s")
+    } else {
+        "created as fast as the API server takes them".to_owned()
+    };
+    println!("== {size} pods on one replica (mock-eci, rate limits off; {pace}) ==");
     println!(
         "created {size} pods in {:.1}s; all Running after {:.1}s",
         created_in.as_secs_f64(),
@@ -224,6 +254,7 @@ async fn run(size: usize) {
         writes / n
     );
     println!("daemon RSS with {size} pods: {rss:.1} MiB");
+    println!("daemon CPU from start to every pod Running: {cpu:.1} s");
     println!("resync after a restart: {:.1}s", resync.as_secs_f64());
     h.shutdown(Duration::from_secs(10)).await;
 }
@@ -236,7 +267,11 @@ async fn main() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
+    let rate: f64 = std::env::var("PODS_BENCH_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0.0);
     for size in sizes {
-        run(size).await;
+        run(size, rate).await;
     }
 }

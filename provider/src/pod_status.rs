@@ -501,10 +501,12 @@ mod tests {
         let a = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "t1"}]});
         let b = json!({"conditions": [{"lastTransitionTime": "t2", "status": "True", "type": "Ready"}], "phase": "Running"});
         assert_eq!(fingerprint(&a), fingerprint(&b));
-        let flipped = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]});
+        let flipped =
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]});
         assert_ne!(fingerprint(&a), fingerprint(&flipped));
         // A time outside the conditions (a container's start) is part of the status.
-        let started = |t: &str| json!({"containerStatuses": [{"name": "app", "lastTransitionTime": t}]});
+        let started =
+            |t: &str| json!({"containerStatuses": [{"name": "app", "lastTransitionTime": t}]});
         assert_ne!(fingerprint(&started("t1")), fingerprint(&started("t2")));
     }
 }
