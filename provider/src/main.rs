@@ -7,12 +7,6 @@ use tracing_subscriber::EnvFilter;
 use virtual_node_eci::app;
 use virtual_node_eci::config::{Config, LogFormat};
 
-/// mimalloc instead of the system allocator: at thousands of pods the daemon allocates and
-/// frees JSON and protobuf trees at a high rate, and glibc's malloc spent a third of the
-/// daemon's CPU in a 10,000-pod burst (measured with perf; see the `pods` benchmark).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
