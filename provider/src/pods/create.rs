@@ -62,7 +62,8 @@ impl PodController {
                         () = stop.cancelled() => return,
                         next = self.inner.creations.next() => next,
                     };
-                    let retry = self.create_once(&uid, job).await;
+                    // Boxed: a worker waiting for work holds a pointer, not a request in flight.
+                    let retry = Box::pin(self.create_once(&uid, job)).await;
                     self.inner.creations.done(&uid);
                     if let Some(next) = retry {
                         let controller = self.clone();
@@ -283,7 +284,7 @@ impl PodController {
                     () = stop.cancelled() => return,
                     next = self.inner.annotations.next() => next,
                 };
-                self.annotate(&key, &id).await;
+                Box::pin(self.annotate(&key, &id)).await;
                 self.inner.annotations.done(&uid);
             }
         });

@@ -134,14 +134,24 @@ impl PodController {
     /// Queues the groups whose state differs from what was last applied to their pod.
     pub(super) fn queue_changed(&self, groups: Vec<ContainerGroupStatus>) {
         let tracked = self.tracked();
-        for group in groups {
+        for mut group in groups {
             let Some(uid) = tag(&group, naming::TAG_POD_UID) else {
                 continue;
             };
             let state = hash_of(&prost::Message::encode_to_vec(&group));
-            if tracked.get(&uid).is_some_and(|t| t.applied == Some(state)) {
+            let Some(entry) = tracked.get(&uid) else {
+                continue;
+            };
+            if entry.applied == Some(state) {
                 continue;
             }
+            // What waits in the queue is only what applying needs: no tags, no Normal events
+            // already published (a burst can queue thousands of groups). Warnings stay: the
+            // latest one explains a failed schedule in the pod status.
+            group.tags = Vec::new();
+            group
+                .events
+                .retain(|e| e.r#type == "Warning" || !entry.events_seen.contains(&event_hash(e)));
             self.inner.statuses.push(uid, (group, state));
         }
     }
@@ -154,7 +164,8 @@ impl PodController {
                     () = stop.cancelled() => return,
                     next = self.inner.statuses.next() => next,
                 };
-                self.apply_status(&uid, group, state).await;
+                // Boxed: a worker waiting for work holds a pointer, not a request in flight.
+                Box::pin(self.apply_status(&uid, group, state)).await;
                 self.inner.statuses.done(&uid);
             }
         });
@@ -205,11 +216,7 @@ impl PodController {
             let new_events: Vec<_> = group
                 .events
                 .iter()
-                .filter(|e| {
-                    entry
-                        .events_seen
-                        .insert(hash_of(&(&e.reason, &e.message, e.count)))
-                })
+                .filter(|e| entry.events_seen.insert(event_hash(e)))
                 .cloned()
                 .collect();
             (pod, entry.written, new_events)
@@ -299,12 +306,18 @@ impl PodController {
     }
 }
 
+/// Identifies an ECI event among a group's events (ECI repeats them with a growing count).
+fn event_hash(event: &eci_proto::v20180808::Event) -> u64 {
+    hash_of(&(&event.reason, &event.message, event.count))
+}
+
 /// The `since_second` window covering every change since the last complete poll, `elapsed`
-/// ago: whole seconds rounded up, plus 2 for the second-granular change times at either end.
+/// ago: whole seconds rounded up, plus one for second-granular change times. (Wider windows
+/// only return the same changes again; a change missed anyway is caught by the full resync.)
 fn change_window(elapsed: Duration) -> i32 {
     let seconds = elapsed
         .as_secs()
-        .saturating_add(u64::from(elapsed.subsec_nanos() > 0) + 2);
+        .saturating_add(u64::from(elapsed.subsec_nanos() > 0) + 1);
     i32::try_from(seconds).unwrap_or(i32::MAX)
 }
 
@@ -314,11 +327,11 @@ mod tests {
 
     #[test]
     fn the_window_covers_the_time_since_the_last_complete_poll() {
-        assert_eq!(change_window(Duration::from_millis(500)), 3);
-        assert_eq!(change_window(Duration::from_secs(1)), 3);
-        assert_eq!(change_window(Duration::from_millis(1001)), 4);
+        assert_eq!(change_window(Duration::from_millis(500)), 2);
+        assert_eq!(change_window(Duration::from_secs(1)), 2);
+        assert_eq!(change_window(Duration::from_millis(1001)), 3);
         // Polls that failed for a minute: the next one asks for the whole minute.
-        assert_eq!(change_window(Duration::from_secs(61)), 63);
+        assert_eq!(change_window(Duration::from_secs(61)), 62);
         assert_eq!(change_window(Duration::MAX), i32::MAX);
     }
 }
