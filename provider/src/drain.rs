@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::events::EventPublisher;
 use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -19,6 +18,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::config::Settings;
+use crate::events::EventPublisher;
 use crate::lease::LEASE_NAMESPACE;
 use crate::node::{self, DECOMMISSION_ANNOTATION};
 use crate::telemetry::Telemetry;

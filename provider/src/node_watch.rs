@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use crate::events::EventPublisher;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
@@ -17,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Settings;
+use crate::events::EventPublisher;
 use crate::registration;
 use crate::telemetry::Telemetry;
 

@@ -19,13 +19,10 @@ pub mod refs;
 mod slim;
 mod status;
 
-use create::CreateJob;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use crate::events::EventPublisher;
 use eci_proto::EciError;
 use eci_proto::v20180808::{
     ContainerGroupStatus, DeleteContainerGroupRequest, DescribeContainerGroupStatusRequest,
@@ -44,10 +41,12 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::backend::Backend;
 use crate::config::Settings;
+use crate::events::EventPublisher;
 use crate::pod_status;
 use crate::telemetry::Telemetry;
 use crate::translate::{self, Context, naming};
 use crate::workqueue::WorkQueue;
+use create::CreateJob;
 
 /// Annotation recording the pod's ECI instance.
 pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
@@ -124,7 +123,7 @@ struct Inner {
     client: kube::Client,
     backend: Backend,
     telemetry: Arc<Telemetry>,
-    recorder: EventPublisher,
+    events: EventPublisher,
     pods: Mutex<HashMap<String, Tracked>>,
     /// Pods waiting for their group to be created, by pod UID.
     creations: WorkQueue<String, CreateJob>,
@@ -180,7 +179,7 @@ impl PodController {
         };
         Self {
             inner: Arc::new(Inner {
-                recorder: EventPublisher::new(client.clone(), reporter, Arc::clone(&telemetry)),
+                events: EventPublisher::new(client.clone(), reporter, Arc::clone(&telemetry)),
                 settings,
                 client,
                 backend,

@@ -78,7 +78,7 @@ impl PodController {
         };
         if let Err(error) = self
             .inner
-            .recorder
+            .events
             .publish(&event, &pod.object_ref(&()))
             .await
         {
@@ -257,7 +257,7 @@ impl PodController {
             } else {
                 EventType::Normal
             };
-            self.inner.recorder.publish_later(
+            self.inner.events.publish_later(
                 Event {
                     type_: kind,
                     reason: event.reason,

@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::events::EventPublisher;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::Api;
@@ -17,6 +16,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::events::EventPublisher;
 use crate::selector::crd::Selector;
 use crate::selector::engine::{
     Capacity, Placement, Resources, Rule, default_rules, pod_requests, rules_from_profile,

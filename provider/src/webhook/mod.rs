@@ -11,7 +11,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::events::EventPublisher;
 use anyhow::Context as _;
 use axum::Router;
 use axum::body::Bytes;
@@ -32,6 +31,7 @@ use self::cache::Caches;
 use self::certs::{Material, Reloadable};
 use self::register::Registration;
 use crate::config::Settings;
+use crate::events::EventPublisher;
 use crate::selector::engine::Vnode;
 use crate::telemetry::{ResultLabels, Telemetry};
 

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use crate::events::EventPublisher;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
@@ -17,6 +16,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::events::EventPublisher;
 use crate::selector::engine::{POLICY_ANNOTATION, Vnode, tolerates, vnode_toleration};
 use crate::telemetry::Telemetry;
 
