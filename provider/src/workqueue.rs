@@ -10,6 +10,7 @@ use std::hash::Hash;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug)]
 struct State<K, V> {
@@ -94,6 +95,27 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         }
     }
 
+    /// Runs `workers` workers until `stop`: each takes the next key, awaits `work` on it (boxed,
+    /// so an idle worker holds a pointer rather than the state of a request in flight) and
+    /// releases the key.
+    pub async fn serve<F, Fut>(&self, workers: usize, stop: &CancellationToken, work: F)
+    where
+        F: Fn(K, V) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let worker = || async {
+            loop {
+                let (key, value) = tokio::select! {
+                    () = stop.cancelled() => return,
+                    next = self.next() => next,
+                };
+                Box::pin(work(key.clone(), value)).await;
+                self.done(&key);
+            }
+        };
+        futures::future::join_all((0..workers.max(1)).map(|_| worker())).await;
+    }
+
     /// Keys waiting (not counting those being worked on).
     pub fn len(&self) -> usize {
         self.state().pending.len()
@@ -140,6 +162,40 @@ mod tests {
         queue.done(&"b");
         assert!(queue.is_empty());
         assert_eq!(queue.try_next(), None);
+    }
+
+    #[tokio::test]
+    async fn served_workers_take_every_key_once_and_stop_when_told() {
+        let queue = Arc::new(WorkQueue::default());
+        for key in 0..50 {
+            queue.push(key, key);
+        }
+        let stop = CancellationToken::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let serving = {
+            let (queue, stop, seen) = (Arc::clone(&queue), stop.clone(), Arc::clone(&seen));
+            tokio::spawn(async move {
+                queue
+                    .serve(4, &stop, |key, value| {
+                        let seen = Arc::clone(&seen);
+                        async move {
+                            assert_eq!(key, value);
+                            seen.lock().unwrap().push(key);
+                            tokio::task::yield_now().await;
+                        }
+                    })
+                    .await;
+            })
+        };
+        while seen.lock().unwrap().len() < 50 {
+            tokio::task::yield_now().await;
+        }
+        stop.cancel();
+        serving.await.unwrap();
+        let mut keys = seen.lock().unwrap().clone();
+        keys.sort_unstable();
+        assert_eq!(keys, (0..50).collect::<Vec<_>>());
+        assert!(queue.is_empty());
     }
 
     #[tokio::test]

@@ -52,29 +52,23 @@ impl PodController {
 
     /// Creation workers (`MAX_CONCURRENT_CREATES` of them): one attempt per job; a pod to
     /// retry waits out its back-off outside the workers, so pods backing off (a missing
-    /// ConfigMap, an outage) never hold a slot the others need. Jobs are data, not tasks:
-    /// thousands of pods waiting cost a few bytes each.
+    /// ConfigMap, an outage) never hold a slot the others need. Waiting pods are data, not
+    /// tasks (only a pod backing off has a small timer task), a few bytes each.
     pub(super) async fn create_groups(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let workers =
-            (0..self.inner.settings.config.max_concurrent_creates.max(1)).map(|_| async {
-                loop {
-                    let (uid, job) = tokio::select! {
-                        () = stop.cancelled() => return,
-                        next = self.inner.creations.next() => next,
-                    };
-                    // Boxed: a worker waiting for work holds a pointer, not a request in flight.
-                    let retry = Box::pin(self.create_once(&uid, job)).await;
-                    self.inner.creations.done(&uid);
-                    if let Some(next) = retry {
-                        let controller = self.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(backoff(next.attempt)).await;
-                            controller.inner.creations.push(uid, next);
-                        });
-                    }
+        let workers = self.inner.settings.config.max_concurrent_creates;
+        let this = &self;
+        this.inner
+            .creations
+            .serve(workers, &stop, move |uid, job| async move {
+                if let Some(next) = this.create_once(&uid, job).await {
+                    let controller = this.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(backoff(next.attempt)).await;
+                        controller.inner.creations.push(uid, next);
+                    });
                 }
-            });
-        futures::future::join_all(workers).await;
+            })
+            .await;
         Ok(())
     }
 
@@ -278,17 +272,13 @@ impl PodController {
     /// Annotation writers: record each new group's id on its pod, off the creation path (a
     /// creation worker moves on to the next pod as soon as ECI accepted the group).
     pub(super) async fn annotate_pods(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let writers = (0..ANNOTATION_WRITERS).map(|_| async {
-            loop {
-                let (uid, (key, id)) = tokio::select! {
-                    () = stop.cancelled() => return,
-                    next = self.inner.annotations.next() => next,
-                };
-                Box::pin(self.annotate(&key, &id)).await;
-                self.inner.annotations.done(&uid);
-            }
-        });
-        futures::future::join_all(writers).await;
+        let this = &self;
+        this.inner
+            .annotations
+            .serve(ANNOTATION_WRITERS, &stop, move |_, (key, id)| async move {
+                this.annotate(&key, &id).await;
+            })
+            .await;
         Ok(())
     }
 

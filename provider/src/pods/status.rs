@@ -158,35 +158,32 @@ impl PodController {
 
     /// Status writers: apply queued group states to their pods, one pod at a time each.
     pub(super) async fn write_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let writers = (0..STATUS_WRITERS).map(|_| async {
-            loop {
-                let (uid, (group, state)) = tokio::select! {
-                    () = stop.cancelled() => return,
-                    next = self.inner.statuses.next() => next,
-                };
-                // Boxed: a worker waiting for work holds a pointer, not a request in flight.
-                Box::pin(self.apply_status(&uid, group, state)).await;
-                self.inner.statuses.done(&uid);
-            }
-        });
-        futures::future::join_all(writers).await;
+        let this = &self;
+        this.inner
+            .statuses
+            .serve(
+                STATUS_WRITERS,
+                &stop,
+                move |uid, (group, state)| async move {
+                    this.apply_status(&uid, group, state).await;
+                },
+            )
+            .await;
         Ok(())
     }
 
     pub(super) fn count_phases(&self) {
         let mut counts: BTreeMap<String, i64> = BTreeMap::new();
-        {
-            let tracked = self.tracked();
-            let mut by_phase: BTreeMap<&str, i64> = BTreeMap::new();
-            for pod in tracked.values().filter_map(|t| t.pod.as_ref()) {
-                let phase = pod
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.phase.as_deref())
-                    .unwrap_or("Pending");
-                *by_phase.entry(phase).or_default() += 1;
+        for pod in self.tracked().values().filter_map(|t| t.pod.as_ref()) {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            let phase = phase.unwrap_or("Pending");
+            // A handful of phases: allocate a key only the first time one is seen.
+            match counts.get_mut(phase) {
+                Some(count) => *count += 1,
+                None => {
+                    counts.insert(phase.to_owned(), 1);
+                }
             }
-            counts.extend(by_phase.into_iter().map(|(p, n)| (p.to_owned(), n)));
         }
         self.inner.telemetry.pods.clear();
         for (phase, count) in counts {
