@@ -253,6 +253,22 @@ async fn run(size: usize, rate: f64) {
         "pod status writes per pod (create → running, across the restart): {:.2}",
         writes / n
     );
+    let mut by_operation = std::collections::BTreeMap::<String, f64>::new();
+    for text in [&daemon_text, &second_text] {
+        for (key, value) in metric_lines(text, "virtual_node_eci_kube_requests_total{") {
+            let operation = key
+                .split("operation=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("?");
+            *by_operation.entry(operation.to_owned()).or_default() += value;
+        }
+    }
+    let by_operation: Vec<String> = by_operation
+        .iter()
+        .map(|(operation, count)| format!("{operation} {:.2}", count / n))
+        .collect();
+    println!("kube API requests per pod: {}", by_operation.join(", "));
     println!("daemon RSS with {size} pods: {rss:.1} MiB");
     println!("daemon CPU from start to every pod Running: {cpu:.1} s");
     println!("resync after a restart: {:.1}s", resync.as_secs_f64());

@@ -133,6 +133,7 @@ impl PodController {
                         match tracked.get_mut(uid) {
                             Some(entry) if !entry.deleting => {
                                 entry.group = Some(id.clone());
+                                entry.annotated = true;
                                 entry.creating = false;
                                 true
                             }
@@ -146,8 +147,9 @@ impl PodController {
                         return None;
                     }
                     info!(eci_id = %id, "created container group");
-                    let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-                    self.inner.annotations.push(uid.to_owned(), (key, id));
+                    self.inner
+                        .annotations
+                        .push(uid.to_owned(), (pod_key_parts(&pod), id));
                     None
                 }
                 Err(Failure::Retry(message)) => {
@@ -275,22 +277,38 @@ impl PodController {
         let this = &self;
         this.inner
             .annotations
-            .serve(ANNOTATION_WRITERS, &stop, move |_, (key, id)| async move {
-                this.annotate(&key, &id).await;
-            })
+            .serve(
+                ANNOTATION_WRITERS,
+                &stop,
+                move |uid, (key, id)| async move {
+                    if !this.annotate(&key, &id).await {
+                        // The next event for the pod tries again.
+                        if let Some(entry) = this.tracked().get_mut(&uid) {
+                            entry.annotated = false;
+                        }
+                    }
+                },
+            )
             .await;
         Ok(())
     }
 
-    async fn annotate(&self, (namespace, name): &(String, String), id: &str) {
+    /// Whether the id is now recorded on the pod.
+    async fn annotate(&self, (namespace, name): &(String, String), id: &str) -> bool {
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
         self.inner.telemetry.kube_request("pod_annotate");
         let patch = json!({"metadata": {"annotations": {INSTANCE_ANNOTATION: id}}});
-        if let Err(error) = api
+        match api
             .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
         {
-            warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, %error, "could not record the ECI instance id on the pod");
+            Ok(_) => true,
+            // Gone: nothing left to record.
+            Err(kube::Error::Api(response)) if response.code == 404 => true,
+            Err(error) => {
+                warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, %error, "could not record the ECI instance id on the pod");
+                false
+            }
         }
     }
 

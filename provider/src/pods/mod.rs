@@ -64,6 +64,8 @@ struct Tracked {
     /// Whether `pod` is slimmed (a creation must read the whole pod again).
     slim: bool,
     group: Option<String>,
+    /// Whether `group`'s id is on the pod or queued to be written there.
+    annotated: bool,
     creating: bool,
     deleting: bool,
     /// Hash of the status last written (a hash, not the JSON: memory per pod matters at
@@ -149,6 +151,11 @@ fn tag(group: &ContainerGroupStatus, key: &str) -> Option<String> {
         .iter()
         .find(|t| t.key == key)
         .map(|t| t.value.clone())
+}
+
+/// Namespace and name, as the annotation writers address a pod.
+fn pod_key_parts(pod: &Pod) -> (String, String) {
+    (pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -328,6 +335,25 @@ impl PodController {
         let action = {
             let mut tracked = self.tracked();
             let entry = tracked.entry(uid.clone()).or_default();
+            // Before `keep`: a slimmed copy has no annotations. A group adopted after a restart
+            // may never have been recorded on its pod (the process died before it could).
+            let recorded = entry.group.as_deref().map(|id| {
+                pod.annotations()
+                    .get(INSTANCE_ANNOTATION)
+                    .map(String::as_str)
+                    == Some(id)
+            });
+            match (recorded, &entry.group) {
+                (Some(true), _) => entry.annotated = true,
+                (Some(false), Some(id))
+                    if !entry.annotated && pod.metadata.deletion_timestamp.is_none() =>
+                {
+                    entry.annotated = true;
+                    let record = (pod_key_parts(&pod), id.clone());
+                    self.inner.annotations.push(uid.clone(), record);
+                }
+                _ => {}
+            }
             entry.keep(&pod);
             if pod.metadata.deletion_timestamp.is_some() {
                 if entry.deleting {

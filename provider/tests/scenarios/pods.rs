@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use integration::harness::{EciApi, Harness, HarnessError};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
+const INSTANCE_ID: &str = "k8s.aliyun.com/eci-instance-id";
 const FAST_MOCK: &[&str] = &[
     "--provisioning-delay",
     "300ms",
@@ -147,7 +148,7 @@ pub(crate) async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi
         let status = &running["status"]["containerStatuses"][0];
         assert!(status["containerID"].as_str().unwrap().starts_with("eci://"));
         assert!(status["state"]["running"]["startedAt"].is_string());
-        let instance = running["metadata"]["annotations"]["k8s.aliyun.com/eci-instance-id"].as_str().unwrap_or_default().to_owned();
+        let instance = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
 
         let groups = groups(&admin).await;
         assert_eq!(groups.len(), 1);
@@ -254,7 +255,7 @@ pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
         // A group that vanishes out of band fails its pod with NotFound.
         create(h, &pod_spec("vanishing", &node, json!({"containers": [container(&[])]}))).await?;
         let running = wait_pod(h, "vanishing", "Running", |p| phase(p) == "Running").await?;
-        let id = running["metadata"]["annotations"]["k8s.aliyun.com/eci-instance-id"].as_str().unwrap().to_owned();
+        let id = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap().to_owned();
         reqwest::Client::new().post(format!("{admin}/admin/groups/{id}/vanish")).send().await.unwrap();
         wait_pod(h, "vanishing", "NotFound", |p| phase(p) == "Failed" && p["status"]["reason"] == "NotFound").await?;
         Ok(())
@@ -331,6 +332,13 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
             pods.delete(victim, &DeleteParams::default().grace_period(0))
                 .await?;
         }
+        // As if the process had died between creating p2's group and recording its id.
+        pods.patch_metadata(
+            "p2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {INSTANCE_ID: null}}})),
+        )
+        .await?;
         h.start_daemon(0, FAST_DAEMON)?;
         h.wait_for("the orphans to be deleted", WAIT, |_| {
             let admin = admin.clone();
@@ -360,6 +368,28 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
         );
         for i in 2..6 {
             assert_eq!(phase(&get(h, &format!("p{i}")).await.unwrap()), "Running");
+        }
+        h.wait_for("p2's instance id to be recorded again", WAIT, |_| async {
+            get(h, "p2")
+                .await
+                .is_some_and(|p| p["metadata"]["annotations"][INSTANCE_ID].as_str().is_some())
+        })
+        .await?;
+        for group in &groups {
+            let pod = group["tags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["key"] == "k8s.aliyun.com/pod-name")
+                .unwrap()["value"]
+                .as_str()
+                .unwrap();
+            let recorded =
+                get(h, pod).await.unwrap()["metadata"]["annotations"][INSTANCE_ID].clone();
+            assert_eq!(
+                recorded, group["container_group_id"],
+                "{pod} names its group"
+            );
         }
         Ok(())
     })
