@@ -78,11 +78,14 @@ impl PodController {
             let tracked = self.tracked();
             match tracked.get(uid) {
                 Some(t) if !t.deleting => match &t.pod {
-                    Some(pod) => (Arc::clone(pod), t.slim),
+                    Some(kept) => (kept.clone(), kept.is_slim()),
                     None => return Ok(None),
                 },
                 _ => return Ok(None),
             }
+        };
+        let Some(pod) = pod.pod() else {
+            return Ok(None);
         };
         if !slim {
             return Ok(Some(pod));

@@ -96,11 +96,12 @@ impl PodController {
 
     /// Drives every tracked pod again (after a failed step, nothing else might wake it).
     pub(super) fn redrive(&self) {
-        let pods: Vec<Arc<Pod>> = self
+        let kept: Vec<slim::Kept> = self
             .tracked()
             .values()
             .filter_map(|t| t.pod.clone())
             .collect();
+        let pods = kept.iter().filter_map(slim::Kept::pod);
         for pod in pods {
             self.observe(pod);
         }

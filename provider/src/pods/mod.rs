@@ -59,10 +59,8 @@ const ANNOTATION_WRITERS: usize = 16;
 
 #[derive(Debug, Default)]
 struct Tracked {
-    /// The latest copy of the pod: whole until its group exists, then [`slim::slim`].
-    pod: Option<Arc<Pod>>,
-    /// Whether `pod` is slimmed (a creation must read the whole pod again).
-    slim: bool,
+    /// The latest copy of the pod: whole until its group exists, then slim and packed.
+    pod: Option<slim::Kept>,
     group: Option<String>,
     /// Whether `group`'s id is on the pod or queued to be written there.
     annotated: bool,
@@ -82,14 +80,13 @@ impl Tracked {
     /// Stores the latest copy of the pod; once its group exists, only what the controller
     /// still reads of it (memory per pod matters at thousands of pods).
     fn keep(&mut self, pod: &Arc<Pod>) {
-        if self.pod.as_ref().is_some_and(|kept| Arc::ptr_eq(kept, pod)) {
+        if self.pod.as_ref().is_some_and(|kept| kept.is(pod)) {
             return;
         }
-        self.slim = self.group.is_some();
-        self.pod = Some(if self.slim {
-            Arc::new(slim::slim(pod))
+        self.pod = Some(if self.group.is_some() {
+            slim::Kept::packed(pod)
         } else {
-            Arc::clone(pod)
+            slim::Kept::whole(pod)
         });
     }
 }

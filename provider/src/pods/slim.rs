@@ -4,9 +4,101 @@
 //! images, the current status), to delete it (grace period) and to publish Events about it.
 //! Everything else — env, volumes, probes, affinity, managed fields, annotations — is dropped:
 //! at 10,000 pods a whole `Pod` per pod is most of the daemon's memory.
+//!
+//! Even slimmed, a `Pod` value is large (a `Container` alone is over 2 KiB of mostly empty
+//! options), so the slim copy is kept packed as JSON — about a quarter of the size — and
+//! unpacked for the few steps that need it (a status write, a deletion, an Event).
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tracing::error;
+
+/// The controller's copy of a pod.
+#[derive(Debug, Clone)]
+pub(super) enum Kept {
+    /// The whole pod, while its group is still to be created.
+    Whole(Arc<Pod>),
+    /// The [`slim`] copy, packed.
+    Packed(Packed),
+}
+
+/// A slim pod as JSON, with the two fields read without unpacking it.
+#[derive(Debug, Clone)]
+pub(super) struct Packed {
+    resource_version: Option<Box<str>>,
+    phase: Option<Box<str>>,
+    json: Arc<[u8]>,
+}
+
+impl Kept {
+    /// The whole pod.
+    pub(super) fn whole(pod: &Arc<Pod>) -> Self {
+        Self::Whole(Arc::clone(pod))
+    }
+
+    /// The slim copy of `pod`, packed.
+    pub(super) fn packed(pod: &Pod) -> Self {
+        let slimmed = slim(pod);
+        match serde_json::to_vec(&slimmed) {
+            Ok(json) => Self::Packed(Packed {
+                resource_version: slimmed
+                    .metadata
+                    .resource_version
+                    .map(String::into_boxed_str),
+                phase: slimmed
+                    .status
+                    .and_then(|s| s.phase)
+                    .map(String::into_boxed_str),
+                json: json.into(),
+            }),
+            // Not expected of a value that came from JSON; keep it unpacked rather than lose it.
+            Err(_) => Self::Whole(Arc::new(slimmed)),
+        }
+    }
+
+    /// Whether this is exactly `pod` (the same watch event seen twice).
+    pub(super) fn is(&self, pod: &Arc<Pod>) -> bool {
+        matches!(self, Self::Whole(kept) if Arc::ptr_eq(kept, pod))
+    }
+
+    /// Whether only the slim copy is kept (a creation must read the whole pod again).
+    pub(super) fn is_slim(&self) -> bool {
+        matches!(self, Self::Packed(_))
+    }
+
+    /// The pod's resourceVersion.
+    pub(super) fn resource_version(&self) -> Option<&str> {
+        match self {
+            Self::Whole(pod) => pod.metadata.resource_version.as_deref(),
+            Self::Packed(packed) => packed.resource_version.as_deref(),
+        }
+    }
+
+    /// The pod's phase.
+    pub(super) fn phase(&self) -> Option<&str> {
+        match self {
+            Self::Whole(pod) => pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Self::Packed(packed) => packed.phase.as_deref(),
+        }
+    }
+
+    /// The pod (slim once packed). Cheap to call under a lock only for a whole pod: clone the
+    /// `Kept` out first.
+    pub(super) fn pod(&self) -> Option<Arc<Pod>> {
+        match self {
+            Self::Whole(pod) => Some(Arc::clone(pod)),
+            Self::Packed(packed) => match serde_json::from_slice(&packed.json) {
+                Ok(pod) => Some(Arc::new(pod)),
+                Err(error) => {
+                    error!(%error, "a kept pod copy does not unpack; this is a bug");
+                    None
+                }
+            },
+        }
+    }
+}
 
 fn slim_container(container: &Container) -> Container {
     Container {
@@ -94,6 +186,30 @@ mod tests {
         assert!(spec.volumes.is_none() && spec.tolerations.is_none());
         assert_eq!(kept.status, pod.status);
         assert_eq!(kept.object_ref(&()), pod.object_ref(&()));
+    }
+
+    #[test]
+    fn a_packed_copy_unpacks_to_the_slim_pod_and_answers_without_unpacking() {
+        let pod = mk_pod();
+        let packed = Kept::packed(&pod);
+        assert!(packed.is_slim());
+        assert_eq!(packed.resource_version(), Some("42"));
+        assert_eq!(packed.phase(), Some("Running"));
+        assert_eq!(packed.pod().as_deref(), Some(&slim(&pod)));
+        let Kept::Packed(inner) = &packed else {
+            unreachable!("packed above")
+        };
+        assert!(
+            inner.json.len() < size_of::<Pod>(),
+            "{} bytes packed",
+            inner.json.len()
+        );
+
+        let shared = Arc::new(pod);
+        let whole = Kept::whole(&shared);
+        assert!(whole.is(&shared) && !whole.is_slim() && !packed.is(&shared));
+        assert_eq!(whole.phase(), Some("Running"));
+        assert!(Arc::ptr_eq(&whole.pod().unwrap(), &shared));
     }
 
     #[test]

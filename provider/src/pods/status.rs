@@ -16,11 +16,7 @@ impl PodController {
         let latest_rv = |fallback: &Pod| {
             self.tracked()
                 .get(&uid)
-                .and_then(|t| {
-                    t.pod
-                        .as_ref()
-                        .and_then(|p| p.metadata.resource_version.clone())
-                })
+                .and_then(|t| t.pod.as_ref()?.resource_version().map(str::to_owned))
                 .or_else(|| fallback.metadata.resource_version.clone())
         };
         for attempt in 0..2 {
@@ -174,9 +170,8 @@ impl PodController {
 
     pub(super) fn count_phases(&self) {
         let mut counts: BTreeMap<String, i64> = BTreeMap::new();
-        for pod in self.tracked().values().filter_map(|t| t.pod.as_ref()) {
-            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            let phase = phase.unwrap_or("Pending");
+        for kept in self.tracked().values().filter_map(|t| t.pod.as_ref()) {
+            let phase = kept.phase().unwrap_or("Pending");
             // A handful of phases: allocate a key only the first time one is seen.
             match counts.get_mut(phase) {
                 Some(count) => *count += 1,
@@ -209,15 +204,18 @@ impl PodController {
             entry
                 .group
                 .get_or_insert_with(|| group.container_group_id.clone());
-            let Some(pod) = entry.pod.clone() else { return };
+            let Some(kept) = entry.pod.clone() else {
+                return;
+            };
             let new_events: Vec<_> = group
                 .events
                 .iter()
                 .filter(|e| entry.events_seen.insert(event_hash(e)))
                 .cloned()
                 .collect();
-            (pod, entry.written, new_events)
+            (kept, entry.written, new_events)
         };
+        let Some(pod) = pod.pod() else { return };
         let status = pod_status::pod_status(&pod, &group, SystemTime::now());
         let fingerprint = pod_status::fingerprint(&status);
         // Nothing new: what we wrote last, or — before our first write, e.g. an adopted pod
@@ -270,20 +268,17 @@ impl PodController {
     /// Pods whose group is missing from a full listing, confirmed by a direct read, fail
     /// with reason `NotFound`.
     pub(super) async fn detect_vanished(&self, present: &HashSet<String>) {
-        let suspects: Vec<(String, String, Arc<Pod>)> = self
+        let suspects: Vec<(String, String, slim::Kept)> = self
             .tracked()
             .iter()
             .filter(|(_, t)| !t.deleting && !t.creating)
             .filter_map(|(uid, t)| Some((uid.clone(), t.group.clone()?, t.pod.clone()?)))
-            .filter(|(_, id, _)| !present.contains(id))
+            .filter(|(_, id, kept)| {
+                !present.contains(id) && !matches!(kept.phase(), Some("Succeeded" | "Failed"))
+            })
             .collect();
-        for (uid, id, pod) in suspects {
-            if matches!(
-                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            ) {
-                continue;
-            }
+        for (uid, id, kept) in suspects {
+            let Some(pod) = kept.pod() else { continue };
             if let Ok(false) = self.group_exists(&id).await {
                 warn!(pod = %pod_key(&pod), eci_id = %id, "the container group vanished");
                 let message = format!("the ECI container group {id} no longer exists");
