@@ -269,6 +269,11 @@ async fn run(size: usize, rate: f64) {
         .map(|(operation, count)| format!("{operation} {:.2}", count / n))
         .collect();
     println!("kube API requests per pod: {}", by_operation.join(", "));
+    println!(
+        "Events dropped (publish queue full): {}",
+        sum(&daemon_text, "virtual_node_eci_events_dropped_total")
+            + sum(&second_text, "virtual_node_eci_events_dropped_total")
+    );
     println!("daemon RSS with {size} pods: {rss:.1} MiB");
     println!("daemon CPU from start to every pod Running: {cpu:.1} s");
     println!("resync after a restart: {:.1}s", resync.as_secs_f64());
