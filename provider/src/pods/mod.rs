@@ -334,22 +334,14 @@ impl PodController {
             let entry = tracked.entry(uid.clone()).or_default();
             // Before `keep`: a slimmed copy has no annotations. A group adopted after a restart
             // may never have been recorded on its pod (the process died before it could).
-            let recorded = entry.group.as_deref().map(|id| {
-                pod.annotations()
-                    .get(INSTANCE_ANNOTATION)
-                    .map(String::as_str)
-                    == Some(id)
-            });
-            match (recorded, &entry.group) {
-                (Some(true), _) => entry.annotated = true,
-                (Some(false), Some(id))
-                    if !entry.annotated && pod.metadata.deletion_timestamp.is_none() =>
-                {
+            if let Some(id) = &entry.group {
+                if pod.annotations().get(INSTANCE_ANNOTATION) == Some(id) {
+                    entry.annotated = true;
+                } else if !entry.annotated && pod.metadata.deletion_timestamp.is_none() {
                     entry.annotated = true;
                     let record = (pod_key_parts(&pod), id.clone());
                     self.inner.annotations.push(uid.clone(), record);
                 }
-                _ => {}
             }
             entry.keep(&pod);
             if pod.metadata.deletion_timestamp.is_some() {
