@@ -76,13 +76,10 @@ pub struct Telemetry {
 /// Pod latencies: finer where the service levels are (200 ms to accept a pod, 2 s to show an
 /// ECI change on it), so "how many pods within target" is a bucket, not an estimate.
 fn latency_histogram() -> Histogram {
-    Histogram::new(
-        [
-            0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0,
-            5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0,
-        ]
-        .into_iter(),
-    )
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0,
+        5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0,
+    ])
 }
 
 impl Telemetry {
