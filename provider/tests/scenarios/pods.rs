@@ -346,23 +346,8 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
         })
         .await?;
         let groups = groups(&admin).await;
-        let mut pods_of_groups: Vec<String> = groups
-            .iter()
-            .map(|g| {
-                g["tags"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .find(|t| t["key"] == "k8s.aliyun.com/pod-name")
-                    .unwrap()["value"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned()
-            })
-            .collect();
-        pods_of_groups.sort();
         assert_eq!(
-            pods_of_groups,
+            pod_names_of(&groups),
             vec!["p2", "p3", "p4", "p5"],
             "one group per remaining pod"
         );
@@ -376,14 +361,7 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
         })
         .await?;
         for group in &groups {
-            let pod = group["tags"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|t| t["key"] == "k8s.aliyun.com/pod-name")
-                .unwrap()["value"]
-                .as_str()
-                .unwrap();
+            let pod = pod_name_of(group);
             let recorded =
                 get(h, pod).await.unwrap()["metadata"]["annotations"][INSTANCE_ID].clone();
             assert_eq!(
@@ -416,21 +394,20 @@ async fn wait_all_running(h: &Harness, count: usize) -> Result<(), HarnessError>
     .await
 }
 
-fn pod_names_of(groups: &[Value]) -> Vec<String> {
-    let mut names: Vec<String> = groups
+/// The pod a group was created for, from its tag.
+fn pod_name_of(group: &Value) -> &str {
+    group["tags"]
+        .as_array()
+        .unwrap()
         .iter()
-        .map(|g| {
-            g["tags"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|t| t["key"] == "k8s.aliyun.com/pod-name")
-                .unwrap()["value"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
+        .find(|t| t["key"] == "k8s.aliyun.com/pod-name")
+        .unwrap()["value"]
+        .as_str()
+        .unwrap()
+}
+
+fn pod_names_of(groups: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> = groups.iter().map(|g| pod_name_of(g).to_owned()).collect();
     names.sort();
     names
 }
