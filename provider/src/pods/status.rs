@@ -193,7 +193,7 @@ impl PodController {
     /// Writes the pod status the group's state implies (when it differs from what the pod
     /// shows), then turns the group's new ECI events into Events in the background.
     pub(super) async fn apply_status(&self, uid: &str, group: ContainerGroupStatus, state: u64) {
-        let (pod, written, new_events) = {
+        let (kept, written, new_events) = {
             let mut tracked = self.tracked();
             let Some(entry) = tracked.get_mut(uid) else {
                 return;
@@ -215,7 +215,7 @@ impl PodController {
                 .collect();
             (kept, entry.written, new_events)
         };
-        let Some(pod) = pod.pod() else { return };
+        let Some(pod) = kept.pod() else { return };
         let status = pod_status::pod_status(&pod, &group, SystemTime::now());
         let fingerprint = pod_status::fingerprint(&status);
         // Nothing new: what we wrote last, or — before our first write, e.g. an adopted pod
