@@ -98,6 +98,18 @@ async fn wait_pod(
     Ok(get(h, name).await.unwrap())
 }
 
+/// Changes mock-eci's fault controls (outage, stock, …).
+async fn set_controls(admin: &str, controls: Value) {
+    reqwest::Client::new()
+        .patch(format!("{admin}/admin/controls"))
+        .json(&controls)
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+}
+
 async fn groups(admin: &str) -> Vec<Value> {
     reqwest::get(format!("{admin}/admin/groups"))
         .await
@@ -246,11 +258,11 @@ pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
         assert!(failed["status"]["message"].as_str().unwrap().contains("hostPath volumes cannot run on ECI"), "{failed}");
 
         // No stock: the group ends ScheduleFailed and the pod says why.
-        reqwest::Client::new().patch(format!("{admin}/admin/controls")).json(&json!({"no_stock": true})).send().await.unwrap();
+        set_controls(&admin, json!({"no_stock": true})).await;
         create(h, &pod_spec("starved", &node, json!({"containers": [container(&[])]}))).await?;
         let starved = wait_pod(h, "starved", "ScheduleFailed", |p| p["status"]["reason"] == "ScheduleFailed").await?;
         assert!(starved["status"]["message"].as_str().unwrap().starts_with("NoStock"), "{starved}");
-        reqwest::Client::new().patch(format!("{admin}/admin/controls")).json(&json!({"no_stock": false})).send().await.unwrap();
+        set_controls(&admin, json!({"no_stock": false})).await;
 
         // A group that vanishes out of band fails its pod with NotFound.
         create(h, &pod_spec("vanishing", &node, json!({"containers": [container(&[])]}))).await?;
@@ -266,7 +278,6 @@ pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
 pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(api: EciApi) {
     with_harness(api, async |h| {
         let (node, admin) = start(h).await?;
-        let http = reqwest::Client::new();
         // The daemon is up (its node Ready) before the outage starts.
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.client());
         h.wait_for("the node to be Ready", WAIT, |_| {
@@ -284,11 +295,7 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
         })
         .await?;
         // Creation during an ECI outage: pods wait and run once it ends.
-        http.patch(format!("{admin}/admin/controls"))
-            .json(&json!({"outage": true}))
-            .send()
-            .await
-            .unwrap();
+        set_controls(&admin, json!({"outage": true})).await;
         for i in 0..6 {
             create(
                 h,
@@ -313,11 +320,7 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
             }
         })
         .await?;
-        http.patch(format!("{admin}/admin/controls"))
-            .json(&json!({"outage": false}))
-            .send()
-            .await
-            .unwrap();
+        set_controls(&admin, json!({"outage": false})).await;
         for i in 0..6 {
             wait_pod(h, &format!("p{i}"), "Running", |p| phase(p) == "Running").await?;
         }
