@@ -1,5 +1,9 @@
-//! End-to-end test infrastructure for virtual-node-eci: a Kubernetes API stand-in
-//! ([`standin`]) and a harness that runs the real binaries against it or a real cluster.
+//! End-to-end test infrastructure for virtual-node-eci: a real Kubernetes control plane built
+//! from upstream ([`cluster`]), a host-node agent that runs the project's own pods as local
+//! processes ([`host`]), and the harness the end-to-end tests drive ([`harness`]).
 
+pub mod cluster;
 pub mod harness;
+// pub mod host;
+pub mod process;
 pub mod standin;

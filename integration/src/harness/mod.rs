@@ -2,7 +2,7 @@
 //! when `E2E_KUBECONFIG` is set), mock-eci and daemon replicas as real child processes, waits
 //! on conditions with timeouts, and a dump of everything when a test fails.
 
-mod process;
+
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
-pub use process::{Process, binary, build_binaries};
+pub use crate::process::{Process, ProcessError, binary, build_binaries};
 
 /// Setting up or running a scenario failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +26,9 @@ pub enum HarnessError {
         #[source]
         source: std::io::Error,
     },
+    /// A child process could not be started.
+    #[error(transparent)]
+    Process(#[from] ProcessError),
     /// The environment is not usable.
     #[error("{0}")]
     Setup(String),

@@ -1,4 +1,4 @@
-//! Child processes of the end-to-end tests: spawned with their output in a log file, stopped
+//! Child processes of the test fixtures: spawned with their output in a log file, stopped
 //! with SIGTERM or SIGKILL, killed when dropped.
 
 use std::ffi::OsStr;
@@ -8,7 +8,22 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use super::HarnessError;
+/// Starting or finding a process failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// A file or process operation failed.
+    #[error("{what}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A binary could not be built.
+    #[error("{0}")]
+    Build(String),
+}
 
 /// A running child process.
 #[derive(Debug)]
@@ -26,17 +41,17 @@ impl Process {
         args: I,
         envs: &[(String, String)],
         log_dir: &Path,
-    ) -> Result<Self, HarnessError>
+    ) -> Result<Self, ProcessError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
         let log = log_dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).map_err(|source| HarnessError::Io {
+        let file = std::fs::File::create(&log).map_err(|source| ProcessError::Io {
             what: format!("create {}", log.display()),
             source,
         })?;
-        let stderr = file.try_clone().map_err(|source| HarnessError::Io {
+        let stderr = file.try_clone().map_err(|source| ProcessError::Io {
             what: "duplicate a log handle".into(),
             source,
         })?;
@@ -48,7 +63,7 @@ impl Process {
             .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
-            .map_err(|source| HarnessError::Io {
+            .map_err(|source| ProcessError::Io {
                 what: format!("start {}", program.display()),
                 source,
             })?;
@@ -122,7 +137,7 @@ impl Process {
 
 /// The path of a workspace binary, building it when it is missing. `VNE_BIN_DIR` overrides
 /// where binaries are looked for.
-pub fn binary(package: &str, name: &str) -> Result<PathBuf, HarnessError> {
+pub fn binary(package: &str, name: &str) -> Result<PathBuf, ProcessError> {
     let dir = match (std::env::var_os("VNE_BIN_DIR"), BUILT_DIR.get()) {
         (Some(dir), _) => PathBuf::from(dir),
         (None, Some(built)) => built.clone(),
@@ -138,14 +153,14 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf, HarnessError> {
     if dir.ends_with("release") {
         command.arg("--release");
     }
-    let status = command.status().map_err(|source| HarnessError::Io {
+    let status = command.status().map_err(|source| ProcessError::Io {
         what: format!("build {name}"),
         source,
     })?;
     if status.success() && path.exists() {
         Ok(path)
     } else {
-        Err(HarnessError::Setup(format!(
+        Err(ProcessError::Build(format!(
             "{name} is not built and `cargo build -p {package} --bin {name}` failed"
         )))
     }
@@ -159,7 +174,7 @@ static BUILT_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 /// call it first: [`binary`] alone reuses whatever binary is already there, which after a change
 /// to another package is a stale one (`VNE_BIN_DIR`, when set, still wins). The separate directory keeps this build's feature set from
 /// invalidating the benchmark's own build (and the other way round).
-pub fn build_binaries() -> Result<(), HarnessError> {
+pub fn build_binaries() -> Result<(), ProcessError> {
     let mut target = target_dir()?;
     target.pop();
     let target = target.join("bench-bins");
@@ -185,12 +200,12 @@ pub fn build_binaries() -> Result<(), HarnessError> {
         ])
         .arg(&target)
         .status()
-        .map_err(|source| HarnessError::Io {
+        .map_err(|source| ProcessError::Io {
             what: "build the binaries".into(),
             source,
         })?;
     if !status.success() {
-        return Err(HarnessError::Setup(format!(
+        return Err(ProcessError::Build(format!(
             "building the binaries failed ({status})"
         )));
     }
@@ -199,8 +214,8 @@ pub fn build_binaries() -> Result<(), HarnessError> {
 }
 
 /// `target/<profile>` of the running test binary (`target/<profile>/deps/<test>`).
-fn target_dir() -> Result<PathBuf, HarnessError> {
-    let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
+fn target_dir() -> Result<PathBuf, ProcessError> {
+    let exe = std::env::current_exe().map_err(|source| ProcessError::Io {
         what: "find the test binary".into(),
         source,
     })?;

@@ -1,0 +1,555 @@
+//! A real Kubernetes control plane on loopback for the end-to-end suite, the benchmarks and the
+//! playground: etcd → kube-apiserver → kube-controller-manager and kube-scheduler (→ kwok for
+//! simulated ECS nodes), upstream binaries from [`upstream`], PKI from [`pki`], each component a
+//! child process logging into the fixture's directory. It calls only the processes it starts and
+//! the API through kube-rs; the host-node agent and the daemons are started by its users.
+
+mod pki;
+pub mod upstream;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use crate::process::{Process, ProcessError};
+pub use pki::{CertFiles, Pki, PkiError};
+pub use upstream::{Upstream, UpstreamError};
+
+/// The Service range: loopback, so the host-node agent's service proxy can bind ClusterIPs
+/// without any routing (a real cluster's range is not reachable here).
+pub const SERVICE_CIDR: &str = "127.100.0.0/16";
+/// The first address of [`SERVICE_CIDR`], the `kubernetes` Service's.
+pub const KUBERNETES_SERVICE_IP: &str = "127.100.0.1";
+/// The service-account token issuer (and default audience).
+pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+/// The label kwok manages simulated nodes by.
+pub const KWOK_NODE_LABEL: (&str, &str) = ("type", "kwok");
+
+/// Starting or running the control plane failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The upstream binaries are not available.
+    #[error("upstream binaries")]
+    Upstream(#[from] UpstreamError),
+    /// The PKI could not be generated.
+    #[error("control-plane PKI")]
+    Pki(#[from] PkiError),
+    /// A component could not be started.
+    #[error("start a component")]
+    Process(#[from] ProcessError),
+    /// A file could not be written.
+    #[error("write {path}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A component exited while starting.
+    #[error("{component} exited ({status}) while starting; last lines of its log:\n{tail}")]
+    Exited {
+        /// The component.
+        component: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// The end of its log.
+        tail: String,
+    },
+    /// A component did not become ready in time.
+    #[error("{component} not ready after {timeout:?}; last lines of its log:\n{tail}")]
+    NotReady {
+        /// The component.
+        component: String,
+        /// How long we waited.
+        timeout: Duration,
+        /// The end of its log.
+        tail: String,
+    },
+    /// The API answered with an error.
+    #[error("Kubernetes API")]
+    Kube(#[from] kube::Error),
+    /// The kubeconfig could not be loaded.
+    #[error("load {path}: {message}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// How to start the control plane.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneOptions {
+    /// Directory for PKI, data and logs (must exist).
+    pub dir: PathBuf,
+    /// Simulated ordinary (ECS) nodes, `ecs-0` …, run by kwok: 2 CPU, 4 GiB, 110 pods.
+    pub ecs_nodes: u32,
+    /// kube-controller-manager's `--node-monitor-grace-period` (how long a silent node stays
+    /// Ready).
+    pub node_monitor_grace: Duration,
+    /// How long to wait for each component to become ready.
+    pub ready_timeout: Duration,
+}
+
+impl ControlPlaneOptions {
+    /// Defaults for `dir`: no ECS nodes, the upstream node grace (40 s), 120 s readiness bound.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            ecs_nodes: 0,
+            node_monitor_grace: Duration::from_secs(40),
+            ready_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A running control plane. [`ControlPlane::stop`] stops it in order; dropping it kills every
+/// component.
+#[derive(Debug)]
+pub struct ControlPlane {
+    dir: PathBuf,
+    upstream: Upstream,
+    pki: Pki,
+    api_port: u16,
+    kubeconfig: PathBuf,
+    /// Started first to last; stopped last to first.
+    processes: Vec<Process>,
+}
+
+fn free_port() -> Result<u16, ClusterError> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .map_err(|source| {
+            ClusterError::Process(ProcessError::Io {
+                what: "find a free port".into(),
+                source,
+            })
+        })
+}
+
+fn write(path: &Path, contents: &str) -> Result<(), ClusterError> {
+    std::fs::write(path, contents).map_err(|source| ClusterError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// A kubeconfig for `server` that authenticates with a client certificate.
+fn kubeconfig(server: &str, ca: &Path, user: &CertFiles, name: &str) -> String {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": name, "user": {"client-certificate": user.cert, "client-key": user.key}}],
+        "contexts": [{"name": name, "context": {"cluster": "e2e", "user": name}}],
+        "current-context": name,
+    })
+    .to_string()
+}
+
+/// A client for a kubeconfig file, without kube-rs's own retries (tests see errors as they are).
+pub async fn client_for(path: &Path) -> Result<kube::Client, ClusterError> {
+    let failed = |message: String| ClusterError::Kubeconfig {
+        path: path.to_owned(),
+        message,
+    };
+    let file = kube::config::Kubeconfig::read_from(path).map_err(|e| failed(e.to_string()))?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
+
+impl ControlPlane {
+    /// Builds or finds the binaries, generates the PKI and starts every component, waiting for
+    /// each to be ready before the next.
+    pub async fn start(options: ControlPlaneOptions) -> Result<Self, ClusterError> {
+        let upstream = Upstream::locate().await?;
+        let dir = options.dir.clone();
+        let pki_dir = dir.join("pki");
+        std::fs::create_dir_all(&pki_dir).map_err(|source| ClusterError::Write {
+            path: pki_dir.clone(),
+            source,
+        })?;
+        let pki = Pki::generate(&pki_dir, KUBERNETES_SERVICE_IP)?;
+        let api_port = free_port()?;
+        let server = format!("https://127.0.0.1:{api_port}");
+        let kubeconfig_path = dir.join("kubeconfig");
+        write(
+            &kubeconfig_path,
+            &kubeconfig(&server, &pki.ca.cert, &pki.admin, "admin"),
+        )?;
+        let mut plane = Self {
+            dir,
+            upstream,
+            pki,
+            api_port,
+            kubeconfig: kubeconfig_path,
+            processes: Vec::new(),
+        };
+        plane.start_etcd_and_apiserver(&options).await?;
+        plane.start_controllers(&options)?;
+        let client = plane.client().await?;
+        if options.ecs_nodes > 0 {
+            plane.start_kwok()?;
+            for ordinal in 0..options.ecs_nodes {
+                register_ecs_node(&client, &format!("ecs-{ordinal}")).await?;
+            }
+        }
+        plane
+            .wait_ready(
+                "kube-controller-manager (the default ServiceAccount)",
+                options.ready_timeout,
+                || {
+                    let client = client.clone();
+                    async move {
+                        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+                            Api::namespaced(client, "default");
+                        accounts.get_opt("default").await.ok().flatten().is_some()
+                    }
+                },
+            )
+            .await?;
+        Ok(plane)
+    }
+
+    async fn start_etcd_and_apiserver(
+        &mut self,
+        options: &ControlPlaneOptions,
+    ) -> Result<(), ClusterError> {
+        let (client_port, peer_port) = (free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd = self.upstream.path("etcd")?.to_owned();
+        self.spawn(
+            "etcd",
+            &etcd,
+            &[
+                "--name=e2e".into(),
+                format!("--data-dir={}", display(&self.dir.join("etcd"))),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=e2e={peer_url}"),
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        let health = format!("{etcd_url}/health");
+        self.wait_ready("etcd", options.ready_timeout, || {
+            let health = health.clone();
+            async move {
+                reqwest::get(&health)
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await?;
+
+        let pki = self.pki.clone();
+        let apiserver = self.upstream.path("kube-apiserver")?.to_owned();
+        let flags = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={}", self.api_port),
+            format!("--tls-cert-file={}", display(&pki.apiserver.cert)),
+            format!("--tls-private-key-file={}", display(&pki.apiserver.key)),
+            format!("--client-ca-file={}", display(&pki.ca.cert)),
+            format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
+            format!(
+                "--service-account-key-file={}",
+                display(&pki.service_account.cert)
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                display(&pki.service_account.key)
+            ),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--authorization-mode=Node,RBAC".into(),
+            format!(
+                "--kubelet-client-certificate={}",
+                display(&pki.apiserver_kubelet_client.cert)
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                display(&pki.apiserver_kubelet_client.key)
+            ),
+            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+            format!(
+                "--requestheader-client-ca-file={}",
+                display(&pki.front_proxy_ca.cert)
+            ),
+            format!("--requestheader-allowed-names={}", pki::FRONT_PROXY_CLIENT),
+            "--requestheader-username-headers=X-Remote-User".into(),
+            "--requestheader-group-headers=X-Remote-Group".into(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+            format!(
+                "--proxy-client-cert-file={}",
+                display(&pki.front_proxy_client.cert)
+            ),
+            format!(
+                "--proxy-client-key-file={}",
+                display(&pki.front_proxy_client.key)
+            ),
+            // The `kubernetes` Endpoints would point at 127.0.0.1, which they may not.
+            "--endpoint-reconciler-type=none".into(),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+        ];
+        self.spawn("kube-apiserver", &apiserver, &flags)?;
+        let client = self.client().await?;
+        self.wait_ready("kube-apiserver", options.ready_timeout, || {
+            let client = client.clone();
+            async move {
+                let request = http::Request::get("/readyz").body(Vec::new());
+                match request {
+                    Ok(request) => client.request_text(request).await.is_ok(),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await
+    }
+
+    fn start_controllers(&mut self, options: &ControlPlaneOptions) -> Result<(), ClusterError> {
+        let pki = self.pki.clone();
+        let server = self.server();
+        let controller_kubeconfig = self.dir.join("controller-manager.kubeconfig");
+        write(
+            &controller_kubeconfig,
+            &kubeconfig(
+                &server,
+                &pki.ca.cert,
+                &pki.controller_manager,
+                "controller-manager",
+            ),
+        )?;
+        let kcm = self.upstream.path("kube-controller-manager")?.to_owned();
+        let kcm_kubeconfig = display(&controller_kubeconfig);
+        self.spawn(
+            "kube-controller-manager",
+            &kcm,
+            &[
+                format!("--kubeconfig={kcm_kubeconfig}"),
+                format!("--authentication-kubeconfig={kcm_kubeconfig}"),
+                format!("--authorization-kubeconfig={kcm_kubeconfig}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={}", free_port()?),
+                "--leader-elect=false".into(),
+                format!(
+                    "--service-account-private-key-file={}",
+                    display(&pki.service_account.key)
+                ),
+                format!("--root-ca-file={}", display(&pki.ca.cert)),
+                "--use-service-account-credentials=true".into(),
+                format!("--cluster-signing-cert-file={}", display(&pki.ca.cert)),
+                format!("--cluster-signing-key-file={}", display(&pki.ca.key)),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                format!(
+                    "--node-monitor-grace-period={}s",
+                    options.node_monitor_grace.as_secs().max(1)
+                ),
+                "--profiling=false".into(),
+            ],
+        )?;
+
+        let scheduler_kubeconfig = self.dir.join("scheduler.kubeconfig");
+        write(
+            &scheduler_kubeconfig,
+            &kubeconfig(&server, &pki.ca.cert, &pki.scheduler, "scheduler"),
+        )?;
+        let scheduler_config = self.dir.join("scheduler.yaml");
+        write(
+            &scheduler_config,
+            &json!({
+                "apiVersion": "kubescheduler.config.k8s.io/v1",
+                "kind": "KubeSchedulerConfiguration",
+                "clientConnection": {"kubeconfig": display(&scheduler_kubeconfig)},
+                "leaderElection": {"leaderElect": false},
+            })
+            .to_string(),
+        )?;
+        let scheduler = self.upstream.path("kube-scheduler")?.to_owned();
+        let scheduler_kubeconfig = display(&scheduler_kubeconfig);
+        self.spawn(
+            "kube-scheduler",
+            &scheduler,
+            &[
+                format!("--config={}", display(&scheduler_config)),
+                format!("--authentication-kubeconfig={scheduler_kubeconfig}"),
+                format!("--authorization-kubeconfig={scheduler_kubeconfig}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={}", free_port()?),
+            ],
+        )
+    }
+
+    fn start_kwok(&mut self) -> Result<(), ClusterError> {
+        let stages = self.upstream.path("kwok-stages")?.to_owned();
+        let kwok = self.upstream.path("kwok")?.to_owned();
+        let kubeconfig = display(&self.kubeconfig);
+        let mut args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            "--manage-all-nodes=false".into(),
+            format!(
+                "--manage-nodes-with-label-selector={}={}",
+                KWOK_NODE_LABEL.0, KWOK_NODE_LABEL.1
+            ),
+            format!("--server-address=127.0.0.1:{}", free_port()?),
+        ];
+        for stage in [
+            "node/fast/node-initialize.yaml",
+            "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+            "pod/fast/pod-ready.yaml",
+            "pod/fast/pod-complete.yaml",
+            "pod/fast/pod-delete.yaml",
+        ] {
+            args.push(format!("--config={}", display(&stages.join(stage))));
+        }
+        self.spawn("kwok", &kwok, &args)
+    }
+
+    fn spawn(&mut self, name: &str, program: &Path, args: &[String]) -> Result<(), ClusterError> {
+        let process = Process::spawn(name, program, args, &[], &self.dir)?;
+        self.processes.push(process);
+        Ok(())
+    }
+
+    /// Polls `ready` (with back-off up to 500 ms) until it holds; fails early when the
+    /// component started last exits.
+    async fn wait_ready<F, Fut>(
+        &mut self,
+        component: &str,
+        timeout: Duration,
+        ready: F,
+    ) -> Result<(), ClusterError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            if ready().await {
+                return Ok(());
+            }
+            for process in &mut self.processes {
+                if let Some(status) = process.exit_status() {
+                    return Err(ClusterError::Exited {
+                        component: process.name().to_owned(),
+                        status,
+                        tail: process.tail(30),
+                    });
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let tail = self
+                    .processes
+                    .last()
+                    .map(|p| p.tail(30))
+                    .unwrap_or_default();
+                return Err(ClusterError::NotReady {
+                    component: component.to_owned(),
+                    timeout,
+                    tail,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn server(&self) -> String {
+        format!("https://127.0.0.1:{}", self.api_port)
+    }
+
+    /// The apiserver's port on 127.0.0.1.
+    pub fn api_port(&self) -> u16 {
+        self.api_port
+    }
+
+    /// The administrator's kubeconfig (`system:masters`).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The fixture's directory: PKI, etcd data and every component's log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The generated PKI.
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
+    /// The upstream binaries (kubectl among them).
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    /// An administrator's client.
+    pub async fn client(&self) -> Result<kube::Client, ClusterError> {
+        client_for(&self.kubeconfig).await
+    }
+
+    /// The first component that exited, if any (a healthy control plane has none).
+    pub fn exited(&mut self) -> Option<(String, std::process::ExitStatus)> {
+        self.processes
+            .iter_mut()
+            .find_map(|p| p.exit_status().map(|status| (p.name().to_owned(), status)))
+    }
+
+    /// Stops the components in reverse order of start (SIGTERM, SIGKILL after `grace`).
+    pub async fn stop(mut self, grace: Duration) {
+        while let Some(mut process) = self.processes.pop() {
+            process.terminate(grace).await;
+        }
+    }
+}
+
+/// Registers a simulated ECS node for kwok: labelled like an ordinary worker, 2 CPU, 4 GiB,
+/// 110 pods; kwok marks it Ready and keeps its Lease.
+async fn register_ecs_node(client: &kube::Client, name: &str) -> Result<(), ClusterError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {
+                KWOK_NODE_LABEL.0: KWOK_NODE_LABEL.1,
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "ecs.g7.large",
+                "node-role.kubernetes.io/worker": "",
+                "alibabacloud.com/nodepool-id": "np-e2e",
+            },
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
+        },
+        "status": {
+            "capacity": {"cpu": "2", "memory": "4Gi", "pods": "110"},
+            "allocatable": {"cpu": "2", "memory": "4Gi", "pods": "110"},
+        },
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    match nodes.create(&PostParams::default(), &node).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}

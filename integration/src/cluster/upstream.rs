@@ -1,0 +1,89 @@
+//! The upstream binaries (kube-apiserver, …, etcd, kwok, metrics-server): built or found in
+//! the version-keyed cache by `integration/upstream/build.sh`, whose stdout names each one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+/// Building or locating the upstream binaries failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The build script could not be run at all.
+    #[error("run {script}")]
+    Run {
+        /// The script.
+        script: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The build script failed; its progress lines (on stderr, shown as they came) say why.
+    #[error("{script} failed ({status}); the lines above say why")]
+    Failed {
+        /// The script.
+        script: PathBuf,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+    },
+    /// The script did not name a binary the fixture needs.
+    #[error("{script} named no `{name}`")]
+    Missing {
+        /// The script.
+        script: PathBuf,
+        /// The binary.
+        name: String,
+    },
+}
+
+/// Where each upstream binary is.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    paths: BTreeMap<String, PathBuf>,
+    script: PathBuf,
+}
+
+/// The build script, in the source tree of this crate.
+pub fn build_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("upstream/build.sh")
+}
+
+impl Upstream {
+    /// Runs the build script (a few hundred milliseconds when everything is cached; a cold
+    /// build prints its progress to stderr as it goes) and reads where it put the binaries.
+    pub async fn locate() -> Result<Self, UpstreamError> {
+        let script = build_script();
+        let output = tokio::process::Command::new("bash")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .await
+            .map_err(|source| UpstreamError::Run {
+                script: script.clone(),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(UpstreamError::Failed {
+                script,
+                status: output.status,
+            });
+        }
+        let paths = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| line.split_once('='))
+            .map(|(name, path)| (name.trim().to_owned(), PathBuf::from(path.trim())))
+            .collect();
+        Ok(Self { paths, script })
+    }
+
+    /// The path of `name` (`kube-apiserver`, `kubectl`, `etcd`, `kwok`, `kwok-stages`, …).
+    pub fn path(&self, name: &str) -> Result<&Path, UpstreamError> {
+        self.paths
+            .get(name)
+            .map(PathBuf::as_path)
+            .ok_or_else(|| UpstreamError::Missing {
+                script: self.script.clone(),
+                name: name.to_owned(),
+            })
+    }
+}

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes components the end-to-end suite, the benchmarks and the playground
+# run: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
+# etcd, kwok and metrics-server, each from its upstream Go module pinned by the go.mod/go.sum
+# beside this script. Go is test infrastructure only; the product is Rust.
+#
+# Binaries are cached outside the work tree, one directory per component and version
+# (default ~/.cache/virtual-node-eci/<component>-<version>/bin; UPSTREAM_CACHE overrides), so
+# only a version bump rebuilds. Progress goes to stderr; stdout gets one `name=path` line per
+# binary (and `kwok-stages=<dir>`), which is what integration/'s fixture reads.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/virtual-node-eci}
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
+
+say() { printf '[upstream] %s\n' "$*" >&2; }
+
+command -v go >/dev/null || { say "go is not installed: it is needed to build the test control plane"; exit 1; }
+
+# version MODULE_DIR MODULE: the version of MODULE that the go.mod in MODULE_DIR pins.
+version() { (cd "$here/$1" && go list -m -f '{{.Version}}' "$2"); }
+
+# build COMPONENT_DIR OUT_DIR LDFLAGS PACKAGE...: one `go build` for all packages (shared
+# parallelism), printing a progress line every 100 packages compiled and every 30 s, so a
+# cold build of Kubernetes (tens of minutes on 2 cores) is never silent.
+build() {
+  local dir=$1 out=$2 ldflags=$3
+  shift 3
+  local tmp="$out.tmp.$$"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  local started=$SECONDS
+  (
+    cd "$here/$dir"
+    go build -v -ldflags "$ldflags" -o "$tmp/" "$@" 2>&1
+  ) | {
+    local n=0 last=$SECONDS
+    while IFS= read -r line; do
+      case "$line" in
+        "#"*|*.go:*) printf '%s\n' "$line" >&2 ;;
+        *) n=$((n + 1)) ;;
+      esac
+      if (( n % 100 == 0 && n > 0 )) || (( SECONDS - last >= 30 )); then
+        say "  $dir: $n packages compiled, $((SECONDS - started)) s"
+        last=$SECONDS
+      fi
+    done
+  }
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    rm -rf "$tmp"
+    say "building $dir failed (exit $rc); the lines above say why"
+    exit "$rc"
+  fi
+  rm -rf "$out" && mv "$tmp" "$out"
+  say "  $dir built in $((SECONDS - started)) s"
+}
+
+# emit BIN_DIR BINARY...: the stdout lines; missing BIN_DIR BINARY...: true when one is absent.
+emit() { local bin=$1; shift; for b in "$@"; do printf '%s=%s\n' "$b" "$bin/$b"; done; }
+missing() { local bin=$1; shift; for b in "$@"; do [ -x "$bin/$b" ] || return 0; done; return 1; }
+
+# Kubernetes: version-stamped like a release build, so `kubectl version` shows it.
+k8s=$(version kubernetes k8s.io/kubernetes)
+k8s_bin="$cache/k8s-$k8s/bin"
+k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+if missing "$k8s_bin" "${k8s_tools[@]}"; then
+  say "building Kubernetes $k8s (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl) into $k8s_bin; a cold build takes a while on 2 cores"
+  minor=${k8s#v1.}
+  minor=${minor%%.*}
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  done
+  build kubernetes "$k8s_bin" "$ldflags" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+fi
+emit "$k8s_bin" "${k8s_tools[@]}"
+
+etcd=$(version etcd go.etcd.io/etcd/server/v3)
+etcd_bin="$cache/etcd-$etcd/bin"
+if missing "$etcd_bin" etcd; then
+  say "building etcd $etcd into $etcd_bin"
+  build etcd "$etcd_bin" "-s -w" .
+fi
+emit "$etcd_bin" etcd
+
+kwok=$(version kwok sigs.k8s.io/kwok)
+kwok_bin="$cache/kwok-$kwok/bin"
+if missing "$kwok_bin" kwok; then
+  say "building kwok $kwok into $kwok_bin"
+  build kwok "$kwok_bin" "-s -w" sigs.k8s.io/kwok/cmd/kwok
+fi
+emit "$kwok_bin" kwok
+# kwok's Stage definitions (how simulated nodes and pods move through their lifecycle) ship in
+# its module; the fixture passes the ones it needs with --config.
+kwok_dir=$(cd "$here/kwok" && go mod download -json sigs.k8s.io/kwok | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+printf 'kwok-stages=%s\n' "$kwok_dir/kustomize/stage"
+
+ms=$(version metrics-server sigs.k8s.io/metrics-server)
+ms_bin="$cache/metrics-server-$ms/bin"
+if missing "$ms_bin" metrics-server; then
+  say "building metrics-server $ms into $ms_bin"
+  build metrics-server "$ms_bin" "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$ms" \
+    sigs.k8s.io/metrics-server/cmd/metrics-server
+fi
+emit "$ms_bin" metrics-server
