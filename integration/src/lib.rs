@@ -6,4 +6,3 @@ pub mod cluster;
 pub mod harness;
 // pub mod host;
 pub mod process;
-pub mod standin;

@@ -187,7 +187,7 @@ pub fn build_binaries() -> Result<(), ProcessError> {
             "-p",
             "integration",
             "--bin",
-            "kube-standin",
+            "playground",
             "-p",
             "mock-eci",
             "--bin",

@@ -515,11 +515,13 @@ impl ControlPlane {
             .find_map(|p| p.exit_status().map(|status| (p.name().to_owned(), status)))
     }
 
-    /// Stops the components in reverse order of start (SIGTERM, SIGKILL after `grace`).
+    /// Stops the components in reverse order of start (SIGTERM, SIGKILL after `grace`) and
+    /// removes etcd's data (its preallocated WAL alone is 64 MiB); logs and PKI stay.
     pub async fn stop(mut self, grace: Duration) {
         while let Some(mut process) = self.processes.pop() {
             process.terminate(grace).await;
         }
+        let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
     }
 }
 

@@ -1,8 +1,8 @@
-//! The end-to-end harness: the Kubernetes API (the stand-in as a process, or a real cluster
-//! when `E2E_KUBECONFIG` is set), mock-eci and daemon replicas as real child processes, waits
+//! The end-to-end harness: a real cluster (the fixture's control plane shared by the test
+//! binary, or `E2E_KUBECONFIG`'s), mock-eci and daemon replicas as real child processes, waits
 //! on conditions with timeouts, and a dump of everything when a test fails.
 
-
+mod fixture;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,6 +13,7 @@ use kube::api::{Api, ListParams};
 use serde_json::Value;
 
 pub use crate::process::{Process, ProcessError, binary, build_binaries};
+pub use fixture::DAEMON_SERVICE_ACCOUNT;
 
 /// Setting up or running a scenario failed.
 #[derive(Debug, thiserror::Error)]
@@ -45,13 +46,13 @@ pub enum HarnessError {
     },
 }
 
-/// Where the Kubernetes API comes from.
+/// Where the cluster comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClusterKind {
-    /// The stand-in, started by the harness.
-    StandIn,
-    /// A real cluster from `E2E_KUBECONFIG`.
-    Real,
+    /// The fixture's control plane (with the host node and kwok ECS nodes), one per test binary.
+    Fixture,
+    /// An existing cluster from `E2E_KUBECONFIG`.
+    External,
 }
 
 /// Which API the daemons use to reach mock-eci.
@@ -87,6 +88,9 @@ pub struct Harness {
     dir: tempfile::TempDir,
     kind: ClusterKind,
     kubeconfig: PathBuf,
+    daemon_kubeconfig: PathBuf,
+    fixture_dir: PathBuf,
+    kubectl: PathBuf,
     client: kube::Client,
     api_url: String,
     processes: Vec<Process>,
@@ -95,6 +99,7 @@ pub struct Harness {
     eci_api: EciApi,
     run_id: String,
     node_names: Vec<String>,
+    namespaces: Vec<String>,
 }
 
 fn free_port() -> Result<u16, HarnessError> {
@@ -135,65 +140,28 @@ impl std::fmt::Debug for Harness {
 }
 
 impl Harness {
-    /// Starts the Kubernetes API: a `kube-standin` process, or the cluster of `E2E_KUBECONFIG`.
+    /// Joins the test binary's cluster (starting it on first use) with a fresh scratch
+    /// directory and run id.
     pub async fn start() -> Result<Self, HarnessError> {
         let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
             what: "create a temporary directory".into(),
             source,
         })?;
-        if let Some(path) = std::env::var_os("E2E_KUBECONFIG") {
-            let kubeconfig = PathBuf::from(path);
-            let (client, api_url) = client_for(&kubeconfig).await?;
-            return Ok(Self::assemble(
-                dir,
-                ClusterKind::Real,
-                kubeconfig,
-                client,
-                api_url,
-            ));
-        }
-        let kubeconfig = dir.path().join("kubeconfig");
-        let standin = Process::spawn(
-            "kube-standin",
-            &binary("integration", "kube-standin")?,
-            [
-                "--listen",
-                "127.0.0.1:0",
-                "--kubeconfig",
-                kubeconfig.to_str().unwrap_or_default(),
-                "--bookmark-interval",
-                "1s",
-            ],
-            &[("RUST_LOG".into(), "info".into())],
-            dir.path(),
-        )?;
-        let mut harness_processes = vec![standin];
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !kubeconfig.exists() {
-            if let Some(status) = harness_processes[0].exit_status() {
-                return Err(HarnessError::Setup(format!(
-                    "kube-standin exited ({status}):\n{}",
-                    harness_processes[0].tail(20)
-                )));
-            }
-            if tokio::time::Instant::now() > deadline {
-                return Err(HarnessError::Timeout {
-                    what: "kube-standin to write its kubeconfig".into(),
-                    timeout: Duration::from_secs(30),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        // The file may be caught half-written: retry until it parses.
-        let (client, api_url) = loop {
-            match client_for(&kubeconfig).await {
-                Ok(found) => break found,
-                Err(error) if tokio::time::Instant::now() > deadline => return Err(error),
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
+        let shared = fixture::shared().await?;
+        let (client, api_url) = client_for(&shared.kubeconfig).await?;
+        let kind = if shared.fixture {
+            ClusterKind::Fixture
+        } else {
+            ClusterKind::External
         };
-        let mut harness = Self::assemble(dir, ClusterKind::StandIn, kubeconfig, client, api_url);
-        harness.processes.append(&mut harness_processes);
+        let mut harness = Self::assemble(dir, kind, shared.kubeconfig.clone(), client, api_url);
+        harness.daemon_kubeconfig = shared.daemon_kubeconfig.clone();
+        harness.fixture_dir = shared.dir.clone();
+        harness.kubectl = shared
+            .upstream
+            .path("kubectl")
+            .map_err(|e| HarnessError::Setup(e.to_string()))?
+            .to_owned();
         harness
             .wait_for(
                 "the API to answer",
@@ -216,6 +184,9 @@ impl Harness {
             dir,
             kind,
             kubeconfig,
+            daemon_kubeconfig: PathBuf::new(),
+            fixture_dir: PathBuf::new(),
+            kubectl: PathBuf::new(),
             client,
             api_url,
             processes: Vec::new(),
@@ -224,30 +195,25 @@ impl Harness {
             eci_api: EciApi::default(),
             run_id,
             node_names: Vec::new(),
+            namespaces: Vec::new(),
         }
     }
 
-    /// The node (and daemon pod) name of replica `ordinal`: `virtual-node-eci-N` on the
-    /// stand-in; on a real cluster a unique prefix keeps the test's nodes apart from real ones.
+    /// The node (and daemon pod) name of replica `ordinal`: a prefix unique to the test keeps
+    /// its nodes apart from every other test's (and a real cluster's own nodes).
     pub fn node_name(&self, ordinal: u32) -> String {
-        match self.kind {
-            ClusterKind::StandIn => format!("virtual-node-eci-{ordinal}"),
-            ClusterKind::Real => format!("vne-e2e-{}-{ordinal}", self.run_id),
-        }
+        format!("{}-{ordinal}", self.daemon_set_name())
     }
 
     /// The daemon StatefulSet's name (the prefix of [`Self::node_name`]).
     pub fn daemon_set_name(&self) -> String {
-        match self.kind {
-            ClusterKind::StandIn => "virtual-node-eci".to_owned(),
-            ClusterKind::Real => format!("vne-e2e-{}", self.run_id),
-        }
+        format!("vne-e2e-{}", self.run_id)
     }
 
     /// Creates the daemon StatefulSet in `kube-system` with `replicas`, so replicas can tell a
     /// scale-in from a restart. Its pods only carry identity (the daemons run as the harness's
-    /// processes): on a real cluster they stay Pending (a node selector nothing has); the
-    /// stand-in has no StatefulSet controller, so the harness creates them as it would.
+    /// processes): the real StatefulSet controller creates them and they stay Pending (a node
+    /// selector nothing has); scaling the set deletes them as it would any replica.
     pub async fn create_daemon_statefulset(&self, replicas: i32) -> Result<(), HarnessError> {
         use k8s_openapi::api::apps::v1::StatefulSet;
         let name = self.daemon_set_name();
@@ -270,26 +236,7 @@ impl Harness {
             },
         }))
         .map_err(|e| HarnessError::Setup(e.to_string()))?;
-        let set = sets.create(&kube::api::PostParams::default(), &set).await?;
-        if self.kind == ClusterKind::Real {
-            return Ok(());
-        }
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "kube-system");
-        for ordinal in 0..u32::try_from(replicas).unwrap_or(0) {
-            let pod: Pod = serde_json::from_value(serde_json::json!({
-                "metadata": {
-                    "name": self.node_name(ordinal),
-                    "labels": labels,
-                    "ownerReferences": [{
-                        "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
-                        "uid": set.metadata.uid, "controller": true, "blockOwnerDeletion": true,
-                    }],
-                },
-                "spec": {"containers": [{"name": "placeholder", "image": "registry.k8s.io/pause:3.10"}]},
-            }))
-            .map_err(|e| HarnessError::Setup(e.to_string()))?;
-            pods.create(&kube::api::PostParams::default(), &pod).await?;
-        }
+        sets.create(&kube::api::PostParams::default(), &set).await?;
         Ok(())
     }
 
@@ -354,7 +301,11 @@ impl Harness {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
         env.extend(backend);
-        env.push(("KUBECONFIG".into(), self.kubeconfig.display().to_string()));
+        // As the daemon's ServiceAccount: the real RBAC authorizer judges every call.
+        env.push((
+            "KUBECONFIG".into(),
+            self.daemon_kubeconfig.display().to_string(),
+        ));
         for (key, value) in extra {
             env.retain(|(k, _)| k != key);
             env.push(((*key).to_owned(), (*value).to_owned()));
@@ -435,7 +386,62 @@ impl Harness {
             .map(Process::output)
     }
 
-    /// Stand-in or real cluster.
+    /// Creates a namespace of the test's own (`vne-e2e-<run id>-<suffix>`), deleted at
+    /// [`Self::shutdown`]; tests sharing the cluster stay apart by namespace.
+    pub async fn create_namespace(&mut self, suffix: &str) -> Result<String, HarnessError> {
+        use k8s_openapi::api::core::v1::Namespace;
+        let name = format!("{}-{suffix}", self.daemon_set_name());
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let namespace: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+                .map_err(|e| HarnessError::Setup(e.to_string()))?;
+        namespaces
+            .create(&kube::api::PostParams::default(), &namespace)
+            .await?;
+        self.namespaces.push(name.clone());
+        // Pods need the namespace's default ServiceAccount, which the controller adds.
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client.clone(), &name);
+        self.wait_for(
+            &format!("the default ServiceAccount of {name}"),
+            Duration::from_secs(60),
+            |_| {
+                let accounts = accounts.clone();
+                async move { accounts.get_opt("default").await.ok().flatten().is_some() }
+            },
+        )
+        .await?;
+        Ok(name)
+    }
+
+    /// A kubeconfig that authenticates as the daemon's ServiceAccount (deploy/'s RBAC).
+    pub fn daemon_kubeconfig(&self) -> &Path {
+        &self.daemon_kubeconfig
+    }
+
+    /// The fixture's directory: every control-plane component's log, and under `host/pods/`
+    /// the host agent's pods (`<namespace>_<pod>/<container>.log` and `.pid`).
+    pub fn fixture_dir(&self) -> &Path {
+        &self.fixture_dir
+    }
+
+    /// The output so far of a container the host agent runs (fixture only).
+    pub fn pod_log(&self, namespace: &str, pod: &str, container: &str) -> String {
+        std::fs::read_to_string(
+            self.fixture_dir
+                .join("host/pods")
+                .join(format!("{namespace}_{pod}"))
+                .join(format!("{container}.log")),
+        )
+        .unwrap_or_default()
+    }
+
+    /// kubectl, built from the same Kubernetes release as the fixture.
+    pub fn kubectl(&self) -> &Path {
+        &self.kubectl
+    }
+
+    /// The fixture's cluster or an external one.
     pub fn kind(&self) -> ClusterKind {
         self.kind
     }
@@ -565,35 +571,14 @@ impl Harness {
         }
     }
 
-    /// Calls a stand-in control endpoint (`/standin/...`); an error on a real cluster.
-    pub async fn standin_control(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> Result<(), HarnessError> {
-        if self.kind != ClusterKind::StandIn {
-            return Err(HarnessError::Setup(
-                "stand-in controls need the stand-in".into(),
-            ));
-        }
-        let request = http::Request::builder()
-            .method(method.as_str())
-            .uri(format!("/standin/{path}"))
-            .header("content-type", "application/json")
-            .body(
-                body.map(|b| serde_json::to_vec(&b).unwrap_or_default())
-                    .unwrap_or_default(),
-            )
-            .map_err(|e| HarnessError::Setup(e.to_string()))?;
-        self.client.request_text(request).await?;
-        Ok(())
-    }
-
     /// Everything a failing test needs to see: nodes, pods, leases, events, mock-eci's groups
     /// and the last lines of every process.
     pub async fn dump(&self) -> String {
-        let mut out = format!("==== e2e dump (API {}) ====\n", self.api_url);
+        let mut out = format!(
+            "==== e2e dump (API {}; control-plane logs in {}) ====\n",
+            self.api_url,
+            self.fixture_dir.display()
+        );
         let list = |label: &str, value: Result<Value, kube::Error>| {
             format!(
                 "---- {label} ----\n{}\n",
@@ -652,13 +637,13 @@ impl Harness {
         out
     }
 
-    /// Stops every process (SIGTERM, then SIGKILL after `grace`); on a real cluster also deletes
-    /// the Nodes and Leases the test's daemons created.
+    /// Stops every process (SIGTERM, then SIGKILL after `grace`), then deletes the Nodes,
+    /// Leases and StatefulSet the test created (the cluster outlives the test).
     pub async fn shutdown(mut self, grace: Duration) {
         for process in self.processes.iter_mut().rev() {
             process.terminate(grace).await;
         }
-        if self.kind == ClusterKind::Real {
+        {
             let nodes: Api<Node> = Api::all(self.client.clone());
             let leases: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
             let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> =
@@ -669,6 +654,13 @@ impl Harness {
                     &kube::api::DeleteParams::background(),
                 )
                 .await;
+            let namespaces: Api<k8s_openapi::api::core::v1::Namespace> =
+                Api::all(self.client.clone());
+            for name in &self.namespaces {
+                let _ = namespaces
+                    .delete(name, &kube::api::DeleteParams::background())
+                    .await;
+            }
             for name in &self.node_names {
                 let _ = nodes
                     .delete(name, &kube::api::DeleteParams::default())
