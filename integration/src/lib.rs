@@ -4,5 +4,5 @@
 
 pub mod cluster;
 pub mod harness;
-// pub mod host;
+pub mod host;
 pub mod process;

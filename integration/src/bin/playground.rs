@@ -20,10 +20,8 @@ use anyhow::Context as _;
 use clap::Parser;
 use integration::cluster::{ControlPlane, ControlPlaneOptions};
 use integration::harness::binary;
+use integration::harness::deploy::{apply_local_overlay, wait_installed};
 use integration::host::{HostAgent, HostConfig};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Service};
-use kube::api::{Api, ListParams};
 use tokio::io::AsyncReadExt as _;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -131,7 +129,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .display()
         );
         if !args.bare {
-            let mock = deploy(&plane, &client, &dir, args.replicas).await?;
+            let kubectl = plane.upstream().path("kubectl")?;
+            say("kubectl apply -k deploy/overlays/local");
+            apply_local_overlay(kubectl, plane.kubeconfig(), &dir, args.replicas).await?;
+            say("waiting for mock-eci and the virtual nodes to be Ready");
+            let mock = wait_installed(&client, args.replicas, Duration::from_secs(300)).await?;
             env += &format!(
                 "export MOCK_ECI_ADDR={mock}:50051\nexport MOCK_ECI_ADMIN=http://{mock}:8080\n"
             );
@@ -185,104 +187,6 @@ fn write_env(dir: &Path, contents: &str) -> anyhow::Result<()> {
     let partial = dir.join("env.partial");
     std::fs::write(&partial, contents)?;
     std::fs::rename(&partial, dir.join("env"))?;
-    Ok(())
-}
-
-/// Applies `deploy/overlays/local` with `replicas`, waits for mock-eci and the virtual nodes,
-/// and answers mock-eci's Service address (served by the host agent's proxy: gRPC on 50051,
-/// the admin API on 8080).
-async fn deploy(
-    plane: &ControlPlane,
-    client: &kube::Client,
-    dir: &Path,
-    replicas: u32,
-) -> anyhow::Result<String> {
-    let overlay = dir.join("overlay");
-    std::fs::create_dir_all(&overlay)?;
-    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/overlays/local");
-    let local = std::fs::canonicalize(&local)
-        .with_context(|| format!("find {}", local.display()))?;
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\nreplicas:\n  - name: virtual-node-eci\n    count: {replicas}\n",
-            local.display()
-        ),
-    )?;
-    say("kubectl apply -k deploy/overlays/local");
-    let output = tokio::process::Command::new(plane.upstream().path("kubectl")?)
-        .arg("--kubeconfig")
-        .arg(plane.kubeconfig())
-        .args(["apply", "-k"])
-        .arg(&overlay)
-        .output()
-        .await?;
-    anyhow::ensure!(
-        output.status.success(),
-        "kubectl apply -k failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kube-system");
-    wait("mock-eci to be available", Duration::from_secs(180), || {
-        let deployments = deployments.clone();
-        async move {
-            deployments.get_opt("mock-eci").await.ok().flatten().is_some_and(|d| {
-                d.status.and_then(|s| s.available_replicas).unwrap_or(0) >= 1
-            })
-        }
-    })
-    .await?;
-    let nodes: Api<Node> = Api::all(client.clone());
-    wait(
-        &format!("{replicas} Ready virtual node(s)"),
-        Duration::from_secs(180),
-        || {
-            let nodes = nodes.clone();
-            async move {
-                let Ok(list) = nodes
-                    .list(&ListParams::default().labels("type=virtual-kubelet"))
-                    .await
-                else {
-                    return false;
-                };
-                list.items.iter().filter(|n| is_ready(n)).count() == replicas as usize
-            }
-        },
-    )
-    .await?;
-    let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
-    let mock = services.get("mock-eci").await?;
-    let ip = mock
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .context("mock-eci's Service has a cluster IP")?;
-    Ok(ip)
-}
-
-fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-async fn wait<F, Fut>(what: &str, timeout: Duration, condition: F) -> anyhow::Result<()>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    say(&format!("waiting for {what}"));
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut pause = Duration::from_millis(50);
-    while !condition().await {
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(500));
-    }
     Ok(())
 }
 

@@ -1,0 +1,139 @@
+//! The product installed as a user installs it: `kubectl apply -k` of `deploy/overlays/local`
+//! (mock-eci and the virtual-node-eci StatefulSet on the fixture's host node), then waits for
+//! mock-eci and the virtual nodes. Used by the playground and the end-to-end story.
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, ListParams};
+
+use super::HarnessError;
+
+/// The label every virtual node carries.
+pub const VIRTUAL_NODE_SELECTOR: &str = "type=virtual-kubelet";
+
+/// Writes a kustomization in `dir` over `deploy/overlays/local` with `replicas` daemon replicas
+/// and applies it with `kubectl`.
+pub async fn apply_local_overlay(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    dir: &Path,
+    replicas: u32,
+) -> Result<(), HarnessError> {
+    let io = |what: &str| {
+        let what = what.to_owned();
+        move |source| HarnessError::Io { what, source }
+    };
+    let overlay = dir.join("overlay");
+    std::fs::create_dir_all(&overlay).map_err(io("create the overlay directory"))?;
+    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/overlays/local");
+    let local = std::fs::canonicalize(&local).map_err(io("find deploy/overlays/local"))?;
+    let overlay = std::fs::canonicalize(&overlay).map_err(io("find the overlay directory"))?;
+    // kustomize refuses absolute resource paths: climb from the overlay to / and descend.
+    let climb = "../".repeat(overlay.components().count().saturating_sub(1));
+    let local = format!(
+        "{climb}{}",
+        local.display().to_string().trim_start_matches('/')
+    );
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {local}\nreplicas:\n  - name: virtual-node-eci\n    count: {replicas}\n"
+        ),
+    )
+    .map_err(io("write the overlay"))?;
+    let output = tokio::process::Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["apply", "-k"])
+        .arg(&overlay)
+        .output()
+        .await
+        .map_err(io("run kubectl apply -k"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(HarnessError::Setup(format!(
+            "kubectl apply -k deploy/overlays/local failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )))
+    }
+}
+
+/// Whether the Node's Ready condition is True.
+pub fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Polls `condition` with back-off (up to 500 ms) until it holds or `timeout` passes.
+pub async fn wait<F, Fut>(what: &str, timeout: Duration, condition: F) -> Result<(), HarnessError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(50);
+    while !condition().await {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(HarnessError::Timeout {
+                what: what.to_owned(),
+                timeout,
+            });
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+    Ok(())
+}
+
+/// Waits until mock-eci is available and exactly `replicas` virtual nodes are Ready; answers
+/// mock-eci's Service address (the host agent's proxy serves gRPC on 50051, admin on 8080).
+pub async fn wait_installed(
+    client: &kube::Client,
+    replicas: u32,
+    timeout: Duration,
+) -> Result<String, HarnessError> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kube-system");
+    wait("mock-eci to be available", timeout, || {
+        let deployments = deployments.clone();
+        async move {
+            deployments
+                .get_opt("mock-eci")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|d| d.status.and_then(|s| s.available_replicas).unwrap_or(0) >= 1)
+        }
+    })
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait(
+        &format!("{replicas} Ready virtual node(s)"),
+        timeout,
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let Ok(list) = nodes
+                    .list(&ListParams::default().labels(VIRTUAL_NODE_SELECTOR))
+                    .await
+                else {
+                    return false;
+                };
+                list.items.len() == replicas as usize && list.items.iter().all(is_ready)
+            }
+        },
+    )
+    .await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
+    services
+        .get("mock-eci")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .ok_or_else(|| HarnessError::Setup("mock-eci's Service has no cluster IP".into()))
+}
