@@ -1,0 +1,777 @@
+//! One container's life: prepare (environment, image binary, mounts), start, probe, wait,
+//! restart per policy with exponential back-off (`CrashLoopBackOff`), and stop gracefully
+//! (preStop, SIGTERM, SIGKILL at the deadline) when the pod worker asks.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::env::{self, EnvSources, FieldContext};
+use super::probe::{self, Thresholds, Timing, Verdict};
+use super::process::{self, Launch, Mount, ProcessError};
+use super::status::{ContainerRecord, PodRecord, RunState, Terminated};
+use super::{Ctx, volumes};
+
+/// Which container of the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// `spec.initContainers[i]`.
+    Init(usize),
+    /// `spec.containers[i]`.
+    Main(usize),
+}
+
+/// What a pod's containers share.
+#[derive(Debug)]
+pub(crate) struct PodShared {
+    /// The agent.
+    pub(crate) ctx: Arc<Ctx>,
+    /// Namespace.
+    pub(crate) namespace: String,
+    /// Name.
+    pub(crate) name: String,
+    /// UID.
+    pub(crate) uid: String,
+    /// `<dir>/pods/<namespace>_<name>`: logs, pid files, hosts file, volumes.
+    pub(crate) dir: PathBuf,
+    /// The pod's IP.
+    pub(crate) pod_ip: String,
+    /// The containers' states.
+    pub(crate) record: std::sync::Mutex<PodRecord>,
+    /// Bumped on every change of `record`.
+    pub(crate) changes: watch::Sender<u64>,
+    /// The latest Pod object.
+    pub(crate) pod: watch::Receiver<Arc<Pod>>,
+}
+
+impl PodShared {
+    /// The hosts file bind-mounted as `/etc/hosts`.
+    pub(crate) fn hosts_file(&self) -> PathBuf {
+        self.dir.join("hosts")
+    }
+
+    /// Where volumes live.
+    pub(crate) fn volumes_dir(&self) -> PathBuf {
+        self.dir.join("volumes")
+    }
+
+    /// Changes the pod record and tells the status writer.
+    pub(crate) fn update_record(&self, f: impl FnOnce(&mut PodRecord)) {
+        {
+            let mut record = self
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            f(&mut record);
+        }
+        self.changes.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Changes one container's record.
+    pub(crate) fn update(&self, slot: Slot, f: impl FnOnce(&mut ContainerRecord)) {
+        self.update_record(|record| {
+            let c = match slot {
+                Slot::Init(i) => record.init.get_mut(i),
+                Slot::Main(i) => record.containers.get_mut(i),
+            };
+            if let Some(c) = c {
+                f(c);
+            }
+        });
+    }
+
+    /// A copy of the record.
+    pub(crate) fn snapshot(&self) -> PodRecord {
+        self.record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The latest Pod object.
+    pub(crate) fn latest(&self) -> Arc<Pod> {
+        Arc::clone(&self.pod.borrow())
+    }
+
+    fn container(&self, slot: Slot) -> Option<Container> {
+        let pod = self.latest();
+        let spec = pod.spec.as_ref()?;
+        match slot {
+            Slot::Init(i) => spec.init_containers.as_ref()?.get(i).cloned(),
+            Slot::Main(i) => spec.containers.get(i).cloned(),
+        }
+    }
+
+    /// `terminationGracePeriodSeconds` (default 30 s).
+    pub(crate) fn grace(&self) -> Duration {
+        let pod = self.latest();
+        let seconds = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30);
+        Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+    }
+}
+
+/// The pod worker's request to stop a container by `deadline` (SIGKILL then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StopRequest {
+    /// When SIGKILL is sent.
+    pub(crate) deadline: Instant,
+}
+
+/// How a container's runner ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Exited 0 and is not restarted.
+    Succeeded,
+    /// Exited non-zero (or could not run) and is not restarted.
+    Failed,
+    /// Stopped on request.
+    Stopped,
+}
+
+/// Restart back-off: the first restart at once, then `initial`, doubling up to `max`; reset
+/// after a run longer than twice `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// A fresh back-off.
+    pub(crate) fn new((initial, max): (Duration, Duration)) -> Self {
+        Self {
+            initial,
+            max: max.max(initial),
+            next: Duration::ZERO,
+        }
+    }
+
+    /// The delay before the next start after a run of `ran_for`.
+    pub(crate) fn next_delay(&mut self, ran_for: Duration) -> Duration {
+        if ran_for > self.max * 2 {
+            self.next = Duration::ZERO;
+        }
+        let delay = self.next;
+        self.next = if delay.is_zero() {
+            self.initial
+        } else {
+            (delay * 2).min(self.max)
+        };
+        delay
+    }
+}
+
+/// Whether a container that exited with `exit_code` runs again under `policy`.
+pub(crate) fn restarts(policy: &str, exit_code: i32) -> bool {
+    match policy {
+        "Always" => true,
+        "OnFailure" => exit_code != 0,
+        _ => false,
+    }
+}
+
+/// The restart policy that applies to the container in `slot`: the pod's for containers,
+/// `OnFailure` for init containers (`Never` in a `Never` pod), `Always` for sidecars.
+pub(crate) fn policy_for(pod_policy: &str, slot: Slot, container: &Container) -> &'static str {
+    match slot {
+        Slot::Init(_) if container.restart_policy.as_deref() == Some("Always") => "Always",
+        Slot::Init(_) if pod_policy == "Never" => "Never",
+        Slot::Init(_) => "OnFailure",
+        Slot::Main(_) => match pod_policy {
+            "Never" => "Never",
+            "OnFailure" => "OnFailure",
+            _ => "Always",
+        },
+    }
+}
+
+/// Why a container could not be started (kubelet waiting reason and message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NotStarted {
+    reason: &'static str,
+    message: String,
+}
+
+/// A prepared run.
+#[derive(Debug)]
+struct Prepared {
+    launch: Launch,
+    image_id: String,
+}
+
+/// Runs the container in `slot` until it is finished for good or `stop` asks.
+pub(crate) async fn run(
+    shared: Arc<PodShared>,
+    slot: Slot,
+    mut stop: watch::Receiver<Option<StopRequest>>,
+) -> Outcome {
+    let Some(container) = shared.container(slot) else {
+        return Outcome::Failed;
+    };
+    let pod_policy = shared
+        .latest()
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.clone())
+        .unwrap_or_else(|| "Always".to_owned());
+    let policy = policy_for(&pod_policy, slot, &container);
+    let mut backoff = Backoff::new(shared.ctx.config.restart_backoff);
+    let mut first = true;
+    let pid_file = shared.dir.join(format!("{}.pid", container.name));
+    loop {
+        if stop.borrow().is_some() {
+            return Outcome::Stopped;
+        }
+        let started_at = Timestamp::now();
+        let started = Instant::now();
+        let run = match prepare(&shared, &container).await {
+            Ok(prepared) => start(&shared, slot, &container, prepared, first, &pid_file),
+            Err(not_started) => {
+                debug!(container = %container.name, reason = not_started.reason, message = %not_started.message, "container not started");
+                shared.update(slot, |c| {
+                    c.state = RunState::Waiting {
+                        reason: not_started.reason.to_owned(),
+                        message: Some(not_started.message),
+                    };
+                });
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(2)) => continue,
+                    _ = stop_requested(&mut stop) => return Outcome::Stopped,
+                }
+            }
+        };
+        first = false;
+        let (terminated, stopped) = match run {
+            Err(error) => {
+                warn!(container = %container.name, error = %error, "container could not start");
+                let mut t = Terminated::exited(128, None, started_at, Timestamp::now(), None);
+                t.reason = "StartError".into();
+                t.message = Some(error.to_string());
+                (t, false)
+            }
+            Ok((mut child, pid, launch)) => {
+                let container_id = Some(format!("host://{pid}"));
+                let (status, stopped) = supervise(
+                    &shared, slot, &container, &mut child, pid, &launch, &mut stop,
+                )
+                .await;
+                process::signal(&shared.ctx.tools, pid, "KILL", true).await;
+                let _ = std::fs::remove_file(&pid_file);
+                (terminated_from(status, started_at, container_id), stopped)
+            }
+        };
+        let exit_code = terminated.exit_code;
+        info!(container = %container.name, exit_code, reason = %terminated.reason, "container ended");
+        if stopped || !restarts(policy, exit_code) || stop.borrow().is_some() {
+            shared.update(slot, |c| {
+                c.state = RunState::Terminated(terminated);
+                c.ready = false;
+                c.started = false;
+            });
+            return match (stopped, exit_code) {
+                (true, _) => Outcome::Stopped,
+                (false, 0) => Outcome::Succeeded,
+                (false, _) => Outcome::Failed,
+            };
+        }
+        let delay = backoff.next_delay(started.elapsed());
+        let message = format!(
+            "back-off {} restarting failed container={} pod={}_{}({})",
+            humantime::format_duration(delay),
+            container.name,
+            shared.name,
+            shared.namespace,
+            shared.uid
+        );
+        shared.update(slot, |c| {
+            c.last_terminated = Some(terminated.clone());
+            c.ready = false;
+            c.started = false;
+            c.state = if delay.is_zero() {
+                RunState::Terminated(terminated)
+            } else {
+                RunState::Waiting {
+                    reason: "CrashLoopBackOff".into(),
+                    message: Some(message),
+                }
+            };
+        });
+        if !delay.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                _ = stop_requested(&mut stop) => return Outcome::Stopped,
+            }
+        }
+    }
+}
+
+/// Resolves once a stop is requested (or the pod worker is gone).
+async fn stop_requested(stop: &mut watch::Receiver<Option<StopRequest>>) -> StopRequest {
+    loop {
+        if let Some(request) = *stop.borrow_and_update() {
+            return request;
+        }
+        if stop.changed().await.is_err() {
+            return StopRequest {
+                deadline: Instant::now(),
+            };
+        }
+    }
+}
+
+fn terminated_from(
+    status: Option<ExitStatus>,
+    started_at: Timestamp,
+    container_id: Option<String>,
+) -> Terminated {
+    use std::os::unix::process::ExitStatusExt as _;
+    let (code, signal) = match status {
+        Some(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => (code, None),
+            (None, Some(signal)) => (128 + signal, Some(signal)),
+            (None, None) => (255, None),
+        },
+        None => (255, None),
+    };
+    Terminated::exited(code, signal, started_at, Timestamp::now(), container_id)
+}
+
+/// Starts a prepared run and shows it as Running.
+fn start(
+    shared: &PodShared,
+    slot: Slot,
+    container: &Container,
+    prepared: Prepared,
+    first: bool,
+    pid_file: &Path,
+) -> Result<(tokio::process::Child, u32, Launch), ProcessError> {
+    let child = process::spawn(&shared.ctx.tools, &prepared.launch)?;
+    let pid = child.id().unwrap_or_default();
+    std::fs::write(pid_file, format!("{pid}\n")).map_err(|source| ProcessError::File {
+        what: "write pid file",
+        path: pid_file.to_owned(),
+        source,
+    })?;
+    info!(container = %container.name, pid, program = %prepared.launch.program.display(), "container started");
+    let no_startup_probe = container.startup_probe.is_none();
+    let no_readiness_probe = container.readiness_probe.is_none();
+    shared.update(slot, |c| {
+        if !first {
+            c.restart_count += 1;
+        }
+        c.image_id.clone_from(&prepared.image_id);
+        c.state = RunState::Running {
+            started_at: Timestamp::now(),
+            pid,
+        };
+        c.started = no_startup_probe;
+        c.ready = no_startup_probe && no_readiness_probe;
+    });
+    Ok((child, pid, prepared.launch))
+}
+
+/// Waits for the process to end: on its own, after failing liveness/startup probes (killed
+/// with the pod's grace period), or stopped on request. `true` with the latter.
+async fn supervise(
+    shared: &PodShared,
+    slot: Slot,
+    container: &Container,
+    child: &mut tokio::process::Child,
+    pid: u32,
+    launch: &Launch,
+    stop: &mut watch::Receiver<Option<StopRequest>>,
+) -> (Option<ExitStatus>, bool) {
+    let target = probe::Target {
+        pod_ip: &shared.pod_ip,
+        container,
+        pid,
+        env: &launch.env,
+        http: &shared.ctx.http,
+        tools: &shared.ctx.tools,
+    };
+    if let Some(hook) = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.post_start.as_ref())
+    {
+        tokio::select! {
+            verdict = probe::hook(hook, target, shared.grace()) => {
+                if let Verdict::Failure(message) = verdict {
+                    warn!(container = %container.name, message, "postStart hook failed: container killed");
+                    let deadline = Instant::now() + shared.grace();
+                    return (terminate(shared, container, child, target, deadline, stop, false).await, false);
+                }
+            }
+            status = child.wait() => return (status.ok(), false),
+        }
+    }
+    let ended = tokio::select! {
+        status = child.wait() => return (status.ok(), false),
+        message = probes(shared, slot, container, target) => Err(message),
+        request = stop_requested(stop) => Ok(request),
+    };
+    match ended {
+        Ok(request) => (
+            terminate(
+                shared,
+                container,
+                child,
+                target,
+                request.deadline,
+                stop,
+                true,
+            )
+            .await,
+            true,
+        ),
+        Err(message) => {
+            info!(container = %container.name, message, "container unhealthy: restarted");
+            let deadline = Instant::now() + shared.grace();
+            (
+                terminate(shared, container, child, target, deadline, stop, true).await,
+                false,
+            )
+        }
+    }
+}
+
+/// preStop (with `pre_stop`), SIGTERM, then SIGKILL to the process group at `deadline` (moved
+/// earlier by later stop requests).
+async fn terminate(
+    shared: &PodShared,
+    container: &Container,
+    child: &mut tokio::process::Child,
+    target: probe::Target<'_>,
+    mut deadline: Instant,
+    stop: &mut watch::Receiver<Option<StopRequest>>,
+    pre_stop: bool,
+) -> Option<ExitStatus> {
+    let tools = &shared.ctx.tools;
+    if let Some(hook) = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .filter(|_| pre_stop)
+    {
+        let budget = deadline.saturating_duration_since(Instant::now());
+        tokio::select! {
+            verdict = probe::hook(hook, target, budget) => {
+                if let Verdict::Failure(message) = verdict {
+                    warn!(container = %container.name, message, "preStop hook failed");
+                }
+            }
+            status = child.wait() => return status.ok(),
+        }
+    }
+    process::signal(tools, target.pid, "TERM", false).await;
+    let mut listening = true;
+    loop {
+        tokio::select! {
+            status = child.wait() => return status.ok(),
+            () = tokio::time::sleep_until(deadline) => break,
+            changed = stop.changed(), if listening => match changed {
+                Ok(()) => {
+                    if let Some(request) = *stop.borrow_and_update() {
+                        deadline = deadline.min(request.deadline);
+                    }
+                }
+                Err(_) => listening = false,
+            },
+        }
+    }
+    debug!(container = %container.name, pid = target.pid, "grace period over: SIGKILL");
+    process::signal(tools, target.pid, "KILL", true).await;
+    let _ = child.start_kill();
+    child.wait().await.ok()
+}
+
+/// Runs the startup, readiness and liveness probes; returns (with why) when the container
+/// must be restarted.
+async fn probes(
+    shared: &PodShared,
+    slot: Slot,
+    container: &Container,
+    target: probe::Target<'_>,
+) -> String {
+    if let Some(startup) = &container.startup_probe {
+        let timing = Timing::of(startup);
+        tokio::time::sleep(timing.initial_delay).await;
+        let mut thresholds = Thresholds::default();
+        loop {
+            let verdict = probe::probe_once(startup, target, timing.timeout).await;
+            let message = match &verdict {
+                Verdict::Success => String::new(),
+                Verdict::Failure(message) => message.clone(),
+            };
+            match thresholds.record(verdict == Verdict::Success, &timing) {
+                Some(true) => break,
+                Some(false) => return format!("Startup probe failed: {message}"),
+                None => {}
+            }
+            tokio::time::sleep(timing.period).await;
+        }
+        let no_readiness_probe = container.readiness_probe.is_none();
+        shared.update(slot, |c| {
+            c.started = true;
+            c.ready = no_readiness_probe;
+        });
+    }
+    let readiness = async {
+        let Some(readiness) = &container.readiness_probe else {
+            return std::future::pending::<()>().await;
+        };
+        let timing = Timing::of(readiness);
+        tokio::time::sleep(timing.initial_delay).await;
+        let mut thresholds = Thresholds::default();
+        loop {
+            let verdict = probe::probe_once(readiness, target, timing.timeout).await;
+            if let Verdict::Failure(message) = &verdict {
+                debug!(container = %container.name, message, "readiness probe failed");
+            }
+            if let Some(ready) = thresholds.record(verdict == Verdict::Success, &timing) {
+                let changed = {
+                    let record = shared
+                        .record
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let current = match slot {
+                        Slot::Init(i) => record.init.get(i),
+                        Slot::Main(i) => record.containers.get(i),
+                    };
+                    current.is_some_and(|c| c.ready != ready)
+                };
+                if changed {
+                    info!(container = %container.name, ready, "readiness changed");
+                    shared.update(slot, |c| c.ready = ready);
+                }
+            }
+            tokio::time::sleep(timing.period).await;
+        }
+    };
+    let liveness = async {
+        let Some(liveness) = &container.liveness_probe else {
+            return std::future::pending::<String>().await;
+        };
+        let timing = Timing::of(liveness);
+        tokio::time::sleep(timing.initial_delay).await;
+        let mut thresholds = Thresholds::default();
+        loop {
+            let verdict = probe::probe_once(liveness, target, timing.timeout).await;
+            let message = match &verdict {
+                Verdict::Success => String::new(),
+                Verdict::Failure(message) => message.clone(),
+            };
+            if thresholds.record(verdict == Verdict::Success, &timing) == Some(false) {
+                return format!("Liveness probe failed: {message}");
+            }
+            tokio::time::sleep(timing.period).await;
+        }
+    };
+    tokio::select! {
+        () = readiness => String::new(),
+        message = liveness => message,
+    }
+}
+
+/// Everything a run needs, or why the container cannot start yet.
+async fn prepare(shared: &PodShared, container: &Container) -> Result<Prepared, NotStarted> {
+    let ctx = &shared.ctx;
+    let pod = shared.latest();
+    let image = container.image.clone().unwrap_or_default();
+    let config_error = |message: String| NotStarted {
+        reason: "CreateContainerConfigError",
+        message,
+    };
+
+    let (config_map_names, secret_names) = env::referenced_objects(container);
+    let mut sources = EnvSources::default();
+    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &shared.namespace);
+    for name in config_map_names {
+        let found = config_maps
+            .get_opt(&name)
+            .await
+            .map_err(|error| config_error(format!("read configmap {name}: {error}")))?;
+        sources.config_maps.insert(name, found);
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &shared.namespace);
+    for name in secret_names {
+        let found = secrets
+            .get_opt(&name)
+            .await
+            .map_err(|error| config_error(format!("read secret {name}: {error}")))?;
+        sources.secrets.insert(name, found);
+    }
+    let services = ctx.services.state();
+    let service_env = env::service_env(
+        &pod,
+        services.iter().map(AsRef::as_ref),
+        &ctx.config.api_host,
+        ctx.config.api_port,
+    );
+    let pod_ips = [shared.pod_ip.clone()];
+    let fields = FieldContext {
+        pod: &pod,
+        pod_ips: &pod_ips,
+        host_ip: super::HOST_IP,
+    };
+    let environment = env::resolve(fields, container, &sources, &service_env)
+        .map_err(|error| config_error(error.to_string()))?;
+    let (command, args) = env::expand_command(container, &environment);
+    let (program, args, image_dir) =
+        process::resolve_program(&ctx.config.images, &image, &command, &args).map_err(|error| {
+            match error {
+                ProcessError::UnknownImage { .. } => NotStarted {
+                    reason: "ErrImagePull",
+                    message: error.to_string(),
+                },
+                _ => NotStarted {
+                    reason: "CreateContainerError",
+                    message: error.to_string(),
+                },
+            }
+        })?;
+    let mounts = mounts(shared, &pod, container, &environment).map_err(config_error)?;
+    let hostname = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.hostname.clone())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| shared.name.clone());
+    Ok(Prepared {
+        launch: Launch {
+            program,
+            args,
+            env: environment,
+            mounts,
+            hostname,
+            working_dir: container.working_dir.clone(),
+            log: shared.dir.join(format!("{}.log", container.name)),
+        },
+        image_id: format!("host://{}", image_dir.display()),
+    })
+}
+
+/// The container's bind mounts: the hosts file, then its volume mounts.
+fn mounts(
+    shared: &PodShared,
+    pod: &Pod,
+    container: &Container,
+    environment: &[(String, String)],
+) -> Result<Vec<Mount>, String> {
+    let volumes: BTreeMap<&str, _> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .map(|v| (v.name.as_str(), v))
+        .collect();
+    let vars: BTreeMap<&str, &str> = environment
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let mut out = vec![Mount {
+        source: shared.hosts_file(),
+        target: "/etc/hosts".into(),
+        read_only: false,
+        file: true,
+    }];
+    for vm in container.volume_mounts.iter().flatten() {
+        let volume = volumes
+            .get(vm.name.as_str())
+            .ok_or_else(|| format!("volume {} is not a volume of the pod", vm.name))?;
+        let (mut source, always_read_only) = volumes::source(&shared.volumes_dir(), volume);
+        let sub_path = match (&vm.sub_path, &vm.sub_path_expr) {
+            (Some(path), _) if !path.is_empty() => Some(path.clone()),
+            (_, Some(expr)) if !expr.is_empty() => {
+                Some(env::expand(expr, |name| vars.get(name).copied()))
+            }
+            _ => None,
+        };
+        if let Some(sub_path) = sub_path {
+            if Path::new(&sub_path)
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                return Err(format!("invalid subPath {sub_path:?}"));
+            }
+            source = source.join(sub_path);
+            if !source.exists() {
+                std::fs::create_dir_all(&source)
+                    .map_err(|error| format!("create subPath {}: {error}", source.display()))?;
+            }
+        }
+        let file = source.is_file();
+        out.push(Mount {
+            source,
+            target: vm.mount_path.clone(),
+            read_only: always_read_only || vm.read_only == Some(true),
+            file,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_sequence() {
+        let s = Duration::from_secs;
+        let mut b = Backoff::new((s(10), s(300)));
+        let delays: Vec<u64> = (0..8).map(|_| b.next_delay(s(1)).as_secs()).collect();
+        assert_eq!(delays, [0, 10, 20, 40, 80, 160, 300, 300]);
+        // A long healthy run resets it.
+        assert_eq!(b.next_delay(s(601)), Duration::ZERO);
+        assert_eq!(b.next_delay(s(1)), s(10));
+        let mut b = Backoff::new((Duration::from_millis(200), Duration::from_millis(500)));
+        let delays: Vec<u128> = (0..5)
+            .map(|_| b.next_delay(Duration::ZERO).as_millis())
+            .collect();
+        assert_eq!(delays, [0, 200, 400, 500, 500]);
+    }
+
+    #[test]
+    fn restart_rules() {
+        let cases = [
+            ("Always", 0, true),
+            ("Always", 1, true),
+            ("OnFailure", 0, false),
+            ("OnFailure", 2, true),
+            ("Never", 1, false),
+            ("Never", 0, false),
+        ];
+        for (policy, code, want) in cases {
+            assert_eq!(restarts(policy, code), want, "{policy} {code}");
+        }
+        let plain = Container::default();
+        let sidecar = Container {
+            restart_policy: Some("Always".into()),
+            ..Container::default()
+        };
+        let policies = [
+            ("Always", Slot::Main(0), &plain, "Always"),
+            ("OnFailure", Slot::Main(0), &plain, "OnFailure"),
+            ("Never", Slot::Main(0), &plain, "Never"),
+            ("Always", Slot::Init(0), &plain, "OnFailure"),
+            ("Never", Slot::Init(0), &plain, "Never"),
+            ("Never", Slot::Init(0), &sidecar, "Always"),
+        ];
+        for (pod, slot, container, want) in policies {
+            assert_eq!(policy_for(pod, slot, container), want, "{pod} {slot:?}");
+        }
+    }
+}

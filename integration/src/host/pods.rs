@@ -1,0 +1,854 @@
+//! The pods bound to the node: a watch (`spec.nodeName=<node>`) feeding one worker per pod.
+//! A worker gives the pod its IP and hosts file, writes its status (before anything starts, so
+//! `status.podIP` field references resolve), materialises its volumes, runs the init
+//! containers in order and then the containers, and on deletion stops them (preStop, SIGTERM,
+//! SIGKILL at the deadline) and deletes the pod with grace 0 and a UID precondition.
+
+use std::collections::{HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt as _, StreamExt as _};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::{WatchStreamExt as _, watcher};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, debug, info, info_span, warn};
+
+use super::container::{self, Outcome, PodShared, Slot, StopRequest};
+use super::env::FieldContext;
+use super::ipam::IpamError;
+use super::proxy::{HostsEntry, ProxyError};
+use super::status::{self, ContainerRecord, PodRecord, RunState};
+use super::volumes::{VolumeError, Volumes};
+use super::{Ctx, FIELD_MANAGER, HOST_IP};
+
+/// A pod could not be run.
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    /// No pod IP was left.
+    #[error("pod {pod}: {source}")]
+    Ip {
+        /// `namespace/name`.
+        pod: String,
+        /// The error.
+        #[source]
+        source: IpamError,
+    },
+    /// The pod's directory could not be made.
+    #[error("pod {pod}: create {}: {source}", path.display())]
+    Dir {
+        /// `namespace/name`.
+        pod: String,
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The hosts file could not be written.
+    #[error("pod {pod}: {source}")]
+    Hosts {
+        /// `namespace/name`.
+        pod: String,
+        /// The error.
+        #[source]
+        source: ProxyError,
+    },
+}
+
+/// Least time given to a container to stop (the kubelet's `minimumGracePeriodInSeconds`).
+const MIN_GRACE: Duration = Duration::from_secs(2);
+/// Volumes (ConfigMaps, Secrets, downward API) are written again this often.
+const VOLUME_RESYNC: Duration = Duration::from_secs(20);
+
+struct Handle {
+    pod: watch::Sender<Arc<Pod>>,
+    gone: CancellationToken,
+}
+
+/// Watches the node's pods until `shutdown` says so, then waits for the workers (which stop
+/// their containers within the limit it carries).
+pub(crate) async fn dispatch(
+    ctx: Arc<Ctx>,
+    mut writer: Writer<Pod>,
+    mut shutdown: watch::Receiver<Option<Duration>>,
+) {
+    let api: Api<Pod> = Api::all(ctx.client.clone());
+    let config =
+        watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.config.node_name));
+    let mut events = pin!(watcher(api, config).default_backoff());
+    let mut workers: HashMap<String, Handle> = HashMap::new();
+    let mut tasks: JoinSet<String> = JoinSet::new();
+    let mut listed: Option<HashSet<String>> = None;
+    loop {
+        tokio::select! {
+            changed = shutdown.changed() => {
+                if changed.is_err() || shutdown.borrow().is_some() {
+                    break;
+                }
+            }
+            Some(joined) = tasks.join_next() => {
+                if let Ok(uid) = joined {
+                    workers.remove(&uid);
+                }
+            }
+            event = events.next() => {
+                let Some(event) = event else { break };
+                let event = match event {
+                    Ok(event) => event,
+                    Err(error) => {
+                        debug!(error = %error, "pod watch interrupted");
+                        continue;
+                    }
+                };
+                writer.apply_watcher_event(&event);
+                match event {
+                    watcher::Event::Init => listed = Some(HashSet::new()),
+                    watcher::Event::InitApply(pod) => {
+                        if let (Some(seen), Some(uid)) = (listed.as_mut(), pod.metadata.uid.clone()) {
+                            seen.insert(uid);
+                        }
+                        apply(&ctx, pod, &mut workers, &mut tasks, &shutdown);
+                    }
+                    watcher::Event::InitDone => {
+                        if let Some(seen) = listed.take() {
+                            for (uid, handle) in &workers {
+                                if !seen.contains(uid) {
+                                    handle.gone.cancel();
+                                }
+                            }
+                        }
+                    }
+                    watcher::Event::Apply(pod) => apply(&ctx, pod, &mut workers, &mut tasks, &shutdown),
+                    watcher::Event::Delete(pod) => {
+                        if let Some(handle) = pod.metadata.uid.as_ref().and_then(|uid| workers.get(uid)) {
+                            handle.gone.cancel();
+                        }
+                    }
+                }
+            }
+        }
+    }
+    debug!(
+        pods = workers.len(),
+        "pod dispatcher stopping: waiting for the pod workers"
+    );
+    while tasks.join_next().await.is_some() {}
+    drop(workers);
+}
+
+fn apply(
+    ctx: &Arc<Ctx>,
+    pod: Pod,
+    workers: &mut HashMap<String, Handle>,
+    tasks: &mut JoinSet<String>,
+    shutdown: &watch::Receiver<Option<Duration>>,
+) {
+    let Some(uid) = pod.metadata.uid.clone() else {
+        return;
+    };
+    if let Some(handle) = workers.get(&uid) {
+        handle.pod.send_replace(Arc::new(pod));
+        return;
+    }
+    let (tx, rx) = watch::channel(Arc::new(pod));
+    let gone = CancellationToken::new();
+    let pod = rx.borrow().clone();
+    let span = info_span!(
+        "pod",
+        namespace = pod.metadata.namespace.as_deref().unwrap_or_default(),
+        name = pod.metadata.name.as_deref().unwrap_or_default(),
+        uid = %uid,
+    );
+    let worker = Worker {
+        ctx: Arc::clone(ctx),
+        signals: Signals::new(rx, gone.clone(), shutdown.clone()),
+    };
+    let task_uid = uid.clone();
+    tasks.spawn(
+        async move {
+            if let Err(error) = worker.run().await {
+                warn!(error = %error, "pod worker failed");
+            }
+            task_uid
+        }
+        .instrument(span),
+    );
+    workers.insert(uid, Handle { pod: tx, gone });
+}
+
+/// Why and by when a pod's containers stop.
+#[derive(Debug)]
+struct Signals {
+    pod: watch::Receiver<Arc<Pod>>,
+    gone: CancellationToken,
+    shutdown: watch::Receiver<Option<Duration>>,
+    pod_open: bool,
+    shutdown_open: bool,
+    deadline: Option<Instant>,
+    deletion_grace: Option<i64>,
+    /// The pod was deleted (it is deleted with grace 0 once its containers have stopped).
+    deleted: bool,
+    /// The pod is gone from the API.
+    gone_seen: bool,
+    /// The node shuts down.
+    shutdown_seen: bool,
+}
+
+impl Signals {
+    fn new(
+        pod: watch::Receiver<Arc<Pod>>,
+        gone: CancellationToken,
+        shutdown: watch::Receiver<Option<Duration>>,
+    ) -> Self {
+        Self {
+            pod,
+            gone,
+            shutdown,
+            pod_open: true,
+            shutdown_open: true,
+            deadline: None,
+            deletion_grace: None,
+            deleted: false,
+            gone_seen: false,
+            shutdown_seen: false,
+        }
+    }
+
+    fn latest(&self) -> Arc<Pod> {
+        Arc::clone(&self.pod.borrow())
+    }
+
+    fn spec_grace(&self) -> Duration {
+        let seconds = self
+            .latest()
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30);
+        Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+    }
+
+    /// Resolves with a stop deadline whenever one appears or moves earlier: pod deleted (its
+    /// deletion grace period), gone from the API, or node shutdown (the pod's grace, capped).
+    async fn next(&mut self) -> Instant {
+        loop {
+            let now = Instant::now();
+            let mut candidate: Option<Instant> = None;
+            let mut propose =
+                |at: Instant| candidate = Some(candidate.map_or(at, |c: Instant| c.min(at)));
+            if (self.gone.is_cancelled() || !self.pod_open) && !self.gone_seen {
+                self.gone_seen = true;
+                propose(now + MIN_GRACE);
+            }
+            let limit = if self.shutdown_open {
+                *self.shutdown.borrow()
+            } else {
+                Some(Duration::ZERO)
+            };
+            if let Some(limit) = limit {
+                if !self.shutdown_seen {
+                    self.shutdown_seen = true;
+                    propose(now + self.spec_grace().min(limit).max(MIN_GRACE.min(limit)));
+                }
+            }
+            let pod = self.latest();
+            if pod.metadata.deletion_timestamp.is_some() {
+                self.deleted = true;
+                let grace = pod
+                    .metadata
+                    .deletion_grace_period_seconds
+                    .unwrap_or_else(|| i64::try_from(self.spec_grace().as_secs()).unwrap_or(30));
+                if self.deletion_grace != Some(grace) {
+                    self.deletion_grace = Some(grace);
+                    propose(
+                        now + Duration::from_secs(u64::try_from(grace).unwrap_or(0)).max(MIN_GRACE),
+                    );
+                }
+            }
+            if let Some(at) = candidate {
+                if self.deadline.is_none_or(|d| at < d) {
+                    self.deadline = Some(at);
+                    return at;
+                }
+            }
+            tokio::select! {
+                () = self.gone.cancelled(), if !self.gone_seen => {}
+                changed = self.pod.changed(), if self.pod_open => {
+                    if changed.is_err() {
+                        self.pod_open = false;
+                    }
+                }
+                changed = self.shutdown.changed(), if self.shutdown_open => {
+                    if changed.is_err() {
+                        self.shutdown_open = false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How the containers' phase ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Stop requested, by this deadline.
+    Stop(Instant),
+    /// Every container finished for good (or an init container failed for good).
+    Finished,
+}
+
+struct Worker {
+    ctx: Arc<Ctx>,
+    signals: Signals,
+}
+
+impl Worker {
+    async fn run(mut self) -> Result<(), PodError> {
+        let pod = self.signals.latest();
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let key = format!("{namespace}/{name}");
+
+        // A pod of the same name (an earlier incarnation) finishes first.
+        let lock = self.ctx.name_lock(&key);
+        let _guard = tokio::select! {
+            guard = lock.lock_owned() => guard,
+            () = self.signals.gone.cancelled() => return Ok(()),
+        };
+        let pod = self.signals.latest();
+        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &namespace);
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("Pending");
+        if matches!(phase, "Succeeded" | "Failed") || pod.metadata.deletion_timestamp.is_some() {
+            // Nothing to run: delete it once deleted (at once if it already is).
+            self.signals.next().await;
+            if self.signals.deleted && !self.signals.gone_seen {
+                delete_pod(&api, &name, &uid).await;
+            }
+            return Ok(());
+        }
+
+        let ip = self.allocate_ip(&pod).map_err(|source| PodError::Ip {
+            pod: key.clone(),
+            source,
+        })?;
+        let result = self.run_pod(&pod, &api, ip, &key).await;
+        self.ctx.release_ip(ip);
+        self.ctx.hosts.unregister(&key);
+        result
+    }
+
+    fn allocate_ip(&self, pod: &Pod) -> Result<Ipv4Addr, IpamError> {
+        let mut ips = self
+            .ctx
+            .ips
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let previous = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|ip| ip.parse::<Ipv4Addr>().ok());
+        match previous {
+            Some(ip) if ips.reserve(ip) => Ok(ip),
+            _ => ips.allocate(),
+        }
+    }
+
+    async fn run_pod(
+        &mut self,
+        pod: &Arc<Pod>,
+        api: &Api<Pod>,
+        ip: Ipv4Addr,
+        key: &str,
+    ) -> Result<(), PodError> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let spec = pod.spec.clone().unwrap_or_default();
+        let dir = self
+            .ctx
+            .config
+            .dir
+            .join("pods")
+            .join(format!("{namespace}_{name}"));
+        let dir_error = |path: &std::path::Path, source| PodError::Dir {
+            pod: key.to_owned(),
+            path: path.to_owned(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| dir_error(&dir, e))?;
+        let volumes_dir = dir.join("volumes");
+        let _ = std::fs::remove_dir_all(&volumes_dir);
+        std::fs::create_dir_all(&volumes_dir).map_err(|e| dir_error(&volumes_dir, e))?;
+        for stale in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if stale.path().extension().is_some_and(|e| e == "pid") {
+                let _ = std::fs::remove_file(stale.path());
+            }
+        }
+
+        let init_specs = spec.init_containers.clone().unwrap_or_default();
+        let sidecar = |i: usize| init_specs[i].restart_policy.as_deref() == Some("Always");
+        let main_waiting = if init_specs.is_empty() {
+            "ContainerCreating"
+        } else {
+            "PodInitializing"
+        };
+        let record = PodRecord {
+            pod_ips: vec![ip.to_string()],
+            host_ip: HOST_IP.to_owned(),
+            start_time: Some(
+                pod.status
+                    .as_ref()
+                    .and_then(|s| s.start_time.as_ref())
+                    .map_or_else(Timestamp::now, |t| t.0),
+            ),
+            sandbox_ready: false,
+            init: init_specs
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    ContainerRecord::new(
+                        &c.name,
+                        c.image.as_deref().unwrap_or_default(),
+                        "PodInitializing",
+                        sidecar(i),
+                    )
+                })
+                .collect(),
+            containers: spec
+                .containers
+                .iter()
+                .map(|c| {
+                    ContainerRecord::new(
+                        &c.name,
+                        c.image.as_deref().unwrap_or_default(),
+                        main_waiting,
+                        false,
+                    )
+                })
+                .collect(),
+            ..PodRecord::default()
+        };
+        let (changes, _) = watch::channel(0u64);
+        let shared = Arc::new(PodShared {
+            ctx: Arc::clone(&self.ctx),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid: uid.clone(),
+            dir: dir.clone(),
+            pod_ip: ip.to_string(),
+            record: std::sync::Mutex::new(record),
+            changes,
+            pod: self.signals.pod.clone(),
+        });
+
+        let hosts = HostsEntry {
+            path: shared.hosts_file(),
+            namespace: namespace.clone(),
+            pod_ip: ip.to_string(),
+            hostname: spec
+                .hostname
+                .clone()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| name.clone()),
+            subdomain: spec.subdomain.clone().filter(|s| !s.is_empty()),
+            aliases: spec
+                .host_aliases
+                .iter()
+                .flatten()
+                .map(|a| (a.ip.clone(), a.hostnames.clone().unwrap_or_default()))
+                .collect(),
+        };
+        self.ctx
+            .hosts
+            .register(key, hosts)
+            .map_err(|source| PodError::Hosts {
+                pod: key.to_owned(),
+                source,
+            })?;
+        shared.update_record(|r| r.sandbox_ready = true);
+
+        // Owned helpers: the status writer and the volume refresher.
+        let mut aux: JoinSet<()> = JoinSet::new();
+        let writer_done = CancellationToken::new();
+        let writer = tokio::spawn(
+            status_writer(Arc::clone(&shared), api.clone(), writer_done.clone())
+                .instrument(tracing::Span::current()),
+        );
+        let writer = tokio_util::task::AbortOnDropHandle::new(writer);
+        info!(ip = %ip, "pod accepted");
+
+        let mut volumes = Volumes::new(shared.volumes_dir());
+        let setup = tokio::select! {
+            refresh = setup_volumes(&shared, &mut volumes) => Ok(refresh),
+            deadline = self.signals.next() => Err(deadline),
+        };
+        let end = match setup {
+            Err(deadline) => End::Stop(deadline),
+            Ok(refresh) => {
+                aux.spawn(
+                    refresh_volumes(Arc::clone(&shared), volumes, refresh)
+                        .instrument(tracing::Span::current()),
+                );
+                self.run_containers(&shared, &init_specs).await
+            }
+        };
+        aux.shutdown().await;
+
+        shared.update_record(|r| {
+            r.terminal = true;
+            if self.signals.shutdown_seen && !self.signals.gone_seen && matches!(end, End::Stop(_))
+            {
+                r.reason = Some((
+                    "Terminated".into(),
+                    "Pod was terminated in response to imminent node shutdown.".into(),
+                ));
+            }
+        });
+        let flush = if self.signals.shutdown_seen {
+            Duration::from_secs(3)
+        } else {
+            Duration::from_secs(15)
+        };
+        writer_done.cancel();
+        if self.signals.gone_seen {
+            drop(writer);
+        } else if tokio::time::timeout(flush, writer).await.is_err() {
+            warn!("final pod status not written in time");
+        }
+        let _ = std::fs::remove_dir_all(&volumes_dir);
+        info!(end = ?end, "pod's containers stopped");
+
+        if matches!(end, End::Finished)
+            && !self.signals.deleted
+            && !self.signals.gone_seen
+            && !self.signals.shutdown_seen
+        {
+            // Completed pods stay until deleted; their IP is free meanwhile.
+            self.ctx.release_ip(ip);
+            self.ctx.hosts.unregister(key);
+            self.signals.next().await;
+        }
+        if self.signals.deleted && !self.signals.gone_seen {
+            delete_pod(api, &name, &uid).await;
+        }
+        Ok(())
+    }
+
+    /// Init containers in order (sidecars kept running), then the containers, until they all
+    /// finish for good or a stop is requested; then stops them.
+    async fn run_containers(
+        &mut self,
+        shared: &Arc<PodShared>,
+        init_specs: &[k8s_openapi::api::core::v1::Container],
+    ) -> End {
+        let n_main = shared.snapshot().containers.len();
+        let sidecar = |i: usize| init_specs[i].restart_policy.as_deref() == Some("Always");
+        let (stop_main, stop_main_rx) = watch::channel::<Option<StopRequest>>(None);
+        let (stop_side, stop_side_rx) = watch::channel::<Option<StopRequest>>(None);
+        let mut runners: JoinSet<(Slot, Outcome)> = JoinSet::new();
+        let mut side_running = 0usize;
+        let mut other_running = 0usize;
+        let mut next_init = 0usize;
+        let mut awaiting_sidecar: Option<usize> = None;
+        let mut mains_left = n_main;
+        let mut changes = shared.changes.subscribe();
+
+        let spawn = |runners: &mut JoinSet<(Slot, Outcome)>,
+                     slot: Slot,
+                     rx: watch::Receiver<Option<StopRequest>>| {
+            let name = match slot {
+                Slot::Init(i) => init_specs[i].name.clone(),
+                Slot::Main(i) => shared
+                    .latest()
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.containers.get(i))
+                    .map(|c| c.name.clone())
+                    .unwrap_or_default(),
+            };
+            let span = info_span!("container", container = %name);
+            runners.spawn(
+                container::run(Arc::clone(shared), slot, rx)
+                    .map(move |outcome| (slot, outcome))
+                    .instrument(span),
+            );
+        };
+        // Starts the next init container, or the containers once all are done.
+        let advance = |runners: &mut JoinSet<(Slot, Outcome)>,
+                       next_init: &mut usize,
+                       awaiting: &mut Option<usize>,
+                       side_running: &mut usize,
+                       other_running: &mut usize| {
+            if *next_init < init_specs.len() {
+                let i = *next_init;
+                *next_init += 1;
+                if sidecar(i) {
+                    spawn(runners, Slot::Init(i), stop_side_rx.clone());
+                    *side_running += 1;
+                    *awaiting = Some(i);
+                } else {
+                    spawn(runners, Slot::Init(i), stop_main_rx.clone());
+                    *other_running += 1;
+                }
+                return;
+            }
+            shared.update_record(|r| {
+                for c in &mut r.containers {
+                    if let RunState::Waiting { reason, .. } = &mut c.state {
+                        if reason == "PodInitializing" {
+                            "ContainerCreating".clone_into(reason);
+                        }
+                    }
+                }
+            });
+            for i in 0..n_main {
+                spawn(runners, Slot::Main(i), stop_main_rx.clone());
+                *other_running += 1;
+            }
+        };
+        advance(
+            &mut runners,
+            &mut next_init,
+            &mut awaiting_sidecar,
+            &mut side_running,
+            &mut other_running,
+        );
+
+        let end = loop {
+            tokio::select! {
+                deadline = self.signals.next() => break End::Stop(deadline),
+                Some(joined) = runners.join_next() => {
+                    let Ok((slot, outcome)) = joined else { continue };
+                    let is_sidecar = matches!(slot, Slot::Init(i) if sidecar(i));
+                    if is_sidecar {
+                        side_running -= 1;
+                        continue;
+                    }
+                    other_running -= 1;
+                    match (slot, outcome) {
+                        (Slot::Init(_), Outcome::Succeeded) => {
+                            advance(&mut runners, &mut next_init, &mut awaiting_sidecar, &mut side_running, &mut other_running);
+                        }
+                        (Slot::Init(_), _) => {
+                            shared.update_record(|r| r.init_failed = true);
+                            break End::Finished;
+                        }
+                        (Slot::Main(_), _) => {
+                            mains_left -= 1;
+                            if mains_left == 0 {
+                                break End::Finished;
+                            }
+                        }
+                    }
+                }
+                changed = changes.changed(), if awaiting_sidecar.is_some() => {
+                    if changed.is_err() {
+                        continue;
+                    }
+                    let started = awaiting_sidecar
+                        .and_then(|i| shared.snapshot().init.get(i).map(|c| c.started))
+                        .unwrap_or(true);
+                    if started {
+                        awaiting_sidecar = None;
+                        advance(&mut runners, &mut next_init, &mut awaiting_sidecar, &mut side_running, &mut other_running);
+                    }
+                }
+            }
+        };
+
+        // Stop: containers first, then sidecars; a later, earlier deadline moves it.
+        let mut deadline = match end {
+            End::Stop(deadline) => deadline,
+            End::Finished => Instant::now() + shared.grace().max(MIN_GRACE),
+        };
+        stop_main.send_replace(Some(StopRequest { deadline }));
+        let mut sidecars_told = false;
+        loop {
+            if other_running == 0 && !sidecars_told {
+                stop_side.send_replace(Some(StopRequest { deadline }));
+                sidecars_told = true;
+            }
+            if other_running == 0 && side_running == 0 {
+                break;
+            }
+            tokio::select! {
+                Some(joined) = runners.join_next() => {
+                    match joined {
+                        Ok((Slot::Init(i), _)) if sidecar(i) => side_running -= 1,
+                        Ok(_) => other_running -= 1,
+                        Err(_) => {
+                            side_running = side_running.min(runners.len());
+                            other_running = runners.len() - side_running;
+                        }
+                    }
+                }
+                at = self.signals.next() => {
+                    deadline = deadline.min(at);
+                    stop_main.send_replace(Some(StopRequest { deadline }));
+                    if sidecars_told {
+                        stop_side.send_replace(Some(StopRequest { deadline }));
+                    }
+                }
+                else => break,
+            }
+        }
+        end
+    }
+}
+
+/// Writes the volumes, retrying (with the containers shown waiting and why) until it works.
+async fn setup_volumes(shared: &PodShared, volumes: &mut Volumes) -> Option<Instant> {
+    loop {
+        let pod = shared.latest();
+        let pod_ips = [shared.pod_ip.clone()];
+        let fields = FieldContext {
+            pod: &pod,
+            pod_ips: &pod_ips,
+            host_ip: HOST_IP,
+        };
+        match volumes.sync(&shared.ctx.client, fields).await {
+            Ok(refresh) => return refresh.map(Instant::from_std),
+            Err(error) => {
+                warn!(error = %error, "volumes not ready (retried)");
+                show_volume_error(shared, &error);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    }
+}
+
+fn show_volume_error(shared: &PodShared, error: &VolumeError) {
+    let message = format!("MountVolume.SetUp failed: {error}");
+    shared.update_record(|r| {
+        for c in r.init.iter_mut().chain(r.containers.iter_mut()) {
+            if let RunState::Waiting { message: m, .. } = &mut c.state {
+                *m = Some(message.clone());
+            }
+        }
+    });
+}
+
+/// Rewrites the volumes every [`VOLUME_RESYNC`] and when a token is due.
+async fn refresh_volumes(
+    shared: Arc<PodShared>,
+    mut volumes: Volumes,
+    mut next_token: Option<Instant>,
+) {
+    loop {
+        let resync = Instant::now() + VOLUME_RESYNC;
+        let at = next_token.map_or(resync, |t| t.min(resync));
+        tokio::time::sleep_until(at).await;
+        let pod = shared.latest();
+        let pod_ips = [shared.pod_ip.clone()];
+        let fields = FieldContext {
+            pod: &pod,
+            pod_ips: &pod_ips,
+            host_ip: HOST_IP,
+        };
+        match volumes.sync(&shared.ctx.client, fields).await {
+            Ok(refresh) => next_token = refresh.map(Instant::from_std),
+            Err(error) => {
+                debug!(error = %error, dir = %volumes.dir().display(), "volume refresh failed (retried)");
+            }
+        }
+    }
+}
+
+/// Writes the pod's status whenever it changes (strategic merge patch of `pods/status`: the
+/// owned conditions merge by type, others' conditions stay), and once more when `done`.
+async fn status_writer(shared: Arc<PodShared>, api: Api<Pod>, done: CancellationToken) {
+    let mut changes = shared.changes.subscribe();
+    let mut pod_changes = shared.pod.clone();
+    let mut previous: Vec<PodCondition> = shared
+        .latest()
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| status::OWNED_CONDITIONS.contains(&c.type_.as_str()))
+        .collect();
+    let mut last: Option<PodStatus> = None;
+    let mut retry = false;
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    loop {
+        let finishing = tokio::select! {
+            biased;
+            () = done.cancelled() => true,
+            changed = changes.changed() => changed.is_err(),
+            changed = pod_changes.changed() => changed.is_err(),
+            () = tokio::time::sleep(Duration::from_secs(1)), if retry => false,
+        };
+        if !finishing {
+            // Coalesce bursts of changes.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        let pod = shared.latest();
+        let status = status::pod_status(&pod, &shared.snapshot(), &previous, Timestamp::now());
+        if last.as_ref() != Some(&status) {
+            let patch = json!({ "status": status });
+            match api
+                .patch_status(&shared.name, &params, &Patch::Strategic(patch))
+                .await
+            {
+                Ok(_) => {
+                    debug!(
+                        phase = status.phase.as_deref().unwrap_or_default(),
+                        "pod status written"
+                    );
+                    previous = status.conditions.clone().unwrap_or_default();
+                    last = Some(status);
+                    retry = false;
+                }
+                Err(kube::Error::Api(response)) if response.code == 404 => return,
+                Err(error) => {
+                    warn!(error = %error, "pod status not written (retried)");
+                    retry = true;
+                }
+            }
+        }
+        if finishing && !retry {
+            return;
+        }
+        if finishing {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// Deletes the pod with grace 0 and a UID precondition, as the kubelet does once its
+/// containers have stopped.
+async fn delete_pod(api: &Api<Pod>, name: &str, uid: &str) {
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => info!("pod deleted"),
+        Err(kube::Error::Api(response)) if matches!(response.code, 404 | 409) => {}
+        Err(error) => warn!(error = %error, "pod not deleted"),
+    }
+}
