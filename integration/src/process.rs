@@ -34,7 +34,9 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `program` with `args` and `envs`, output to `<log_dir>/<name>.log`.
+    /// Starts `program` with `args` and `envs`, output to `<log_dir>/<name>.log`. Call it from a
+    /// thread that lives as long as the process should (a runtime's worker, not a blocking-pool
+    /// thread): the child is killed when that thread ends.
     pub fn spawn<I, S>(
         name: &str,
         program: &Path,
@@ -55,7 +57,12 @@ impl Process {
             what: "duplicate a log handle".into(),
             source,
         })?;
-        let child = Command::new(program)
+        // `setpriv --pdeathsig KILL` (util-linux) has the kernel kill the child if the thread
+        // that started it dies without cleaning up (SIGKILL, abort): nothing outlives its owner,
+        // and no unsafe `prctl` is needed. Its pid is the program's (setpriv execs it).
+        let child = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(program)
             .args(args)
             .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())

@@ -32,7 +32,9 @@ async fn real_components_schedule_a_deployment_onto_kwok_ecs_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let mut options = ControlPlaneOptions::new(dir.path());
     options.ecs_nodes = 2;
-    let plane = ControlPlane::start(options).await.expect("control plane starts");
+    let plane = ControlPlane::start(options)
+        .await
+        .expect("control plane starts");
     let client = plane.client().await.unwrap();
 
     let version = client.apiserver_version().await.unwrap();

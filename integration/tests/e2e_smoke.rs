@@ -1,6 +1,7 @@
-//! Smoke test of the end-to-end harness: the API (stand-in process or `E2E_KUBECONFIG`) and a
-//! mock-eci process, both reachable, a daemon replica registering a Ready node against them,
-//! everything cleaned up afterwards.
+//! Smoke test of the end-to-end harness: the real control plane (the test binary's, or
+//! `E2E_KUBECONFIG`'s) and a mock-eci process, both reachable, a daemon replica registering a
+//! Ready node against them as its ServiceAccount, kubectl seeing it, everything cleaned up
+//! afterwards.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -25,14 +26,15 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         ])
         .await?;
 
-    let configmaps: Api<ConfigMap> = Api::namespaced(h.client(), "default");
-    let name = format!("e2e-smoke-{}", std::process::id());
+    let ns = h.create_namespace("smoke").await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(h.client(), &ns);
+    let name = "e2e-smoke";
     let cm: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": name}, "data": {"hello": "world"}}))
             .unwrap();
     configmaps.create(&PostParams::default(), &cm).await?;
-    assert_eq!(configmaps.get(&name).await?.data.unwrap()["hello"], "world");
-    configmaps.delete(&name, &DeleteParams::default()).await?;
+    assert_eq!(configmaps.get(name).await?.data.unwrap()["hello"], "world");
+    configmaps.delete(name, &DeleteParams::default()).await?;
 
     let mut eci = EciClient::connect(mock.grpc.clone())
         .await
@@ -61,7 +63,7 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
     let nodes: Api<Node> = Api::all(h.client());
     h.wait_for(
         "the virtual node to be Ready",
-        Duration::from_secs(60),
+        Duration::from_secs(90),
         |_| {
             let (nodes, node) = (nodes.clone(), node.clone());
             async move {
@@ -82,9 +84,34 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
     )
     .await?;
 
+    // The built kubectl, with the harness's kubeconfig, sees the node Ready.
+    let output = tokio::process::Command::new(h.kubectl())
+        .arg("--kubeconfig")
+        .arg(h.kubeconfig())
+        .args(["get", "node", &node, "--no-headers"])
+        .output()
+        .await
+        .map_err(|source| HarnessError::Io {
+            what: "run kubectl".into(),
+            source,
+        })?;
+    let listed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "kubectl get node: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        listed
+            .split_whitespace()
+            .take(2)
+            .eq([node.as_str(), "Ready"]),
+        "{listed}"
+    );
+
     h.wait_for(
         "the container group to run",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         |_| {
             let (mut eci, id) = (eci.clone(), id.clone());
             async move {

@@ -140,6 +140,35 @@ pub fn assess(lease: &Value, identity: &LeaseIdentity, now: SystemTime) -> Asses
     }
 }
 
+/// What a renewal the apiserver refused as a conflict means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Another process holds the Lease now.
+    Lost {
+        /// Its instance.
+        holder: String,
+    },
+    /// The Lease no longer exists: create it again.
+    Deleted,
+    /// Still ours, changed by someone else (a label, an annotation): renew what is stored.
+    StillOurs,
+}
+
+/// Decides about a refused renewal from the Lease as it is now (pure).
+pub fn after_refusal(fresh: Option<&Value>, instance: &str) -> Refusal {
+    let Some(fresh) = fresh else {
+        return Refusal::Deleted;
+    };
+    let holder = annotation(fresh, INSTANCE_ANNOTATION).unwrap_or_default();
+    if holder == instance {
+        Refusal::StillOurs
+    } else {
+        Refusal::Lost {
+            holder: holder.to_owned(),
+        }
+    }
+}
+
 /// The Lease is owned by the Node it describes (deleted with it).
 fn owner_references(identity: &LeaseIdentity) -> Value {
     json!([{"apiVersion": "v1", "kind": "Node", "name": identity.node, "uid": identity.node_uid}])
@@ -309,7 +338,8 @@ impl NodeLease {
     }
 
     /// Renews one time. A conflict re-reads the Lease: if another process took it, that is
-    /// [`LeaseError::Lost`].
+    /// [`LeaseError::Lost`]; if it was deleted, a fresh one is created (the apiserver answers
+    /// the renewal of a deleted Lease with a conflict, its uid precondition failing).
     pub async fn renew(&mut self, telemetry: &Telemetry) -> Result<(), LeaseError> {
         let error = |source| LeaseError::Api {
             node: self.identity.node.clone(),
@@ -333,36 +363,49 @@ impl NodeLease {
             }
             Err(e) if is_conflict(&e) => {
                 telemetry.kube_request("lease_get");
-                let fresh = to_value(&self.api.get(&self.identity.node).await.map_err(error)?);
-                let holder = annotation(&fresh, INSTANCE_ANNOTATION)
-                    .unwrap_or_default()
-                    .to_owned();
-                if holder != self.identity.instance {
-                    return Err(LeaseError::Lost {
+                let fresh = self
+                    .api
+                    .get_opt(&self.identity.node)
+                    .await
+                    .map_err(error)?
+                    .map(|lease| to_value(&lease));
+                match after_refusal(fresh.as_ref(), &self.identity.instance) {
+                    Refusal::Lost { holder } => Err(LeaseError::Lost {
                         node: self.identity.node.clone(),
                         instance: holder,
-                    });
+                    }),
+                    Refusal::Deleted => self.recreate(telemetry).await,
+                    Refusal::StillOurs => {
+                        self.current = fresh.unwrap_or_default();
+                        Box::pin(self.renew(telemetry)).await
+                    }
                 }
-                self.current = fresh;
-                Box::pin(self.renew(telemetry)).await
             }
             Err(e) if matches!(&e, kube::Error::Api(status) if status.code == 404) => {
-                // Deleted under us: hold a fresh one.
-                warn!(node = %self.identity.node, "the Lease was deleted; creating it again");
-                telemetry.kube_request("lease_create");
-                let lease = self
-                    .api
-                    .create(
-                        &PostParams::default(),
-                        &to_lease(held(&self.identity, None, SystemTime::now())).map_err(error)?,
-                    )
-                    .await
-                    .map_err(error)?;
-                self.current = to_value(&lease);
-                Ok(())
+                self.recreate(telemetry).await
             }
             Err(e) => Err(error(e)),
         }
+    }
+
+    /// The Lease was deleted under us: hold a fresh one.
+    async fn recreate(&mut self, telemetry: &Telemetry) -> Result<(), LeaseError> {
+        let error = |source| LeaseError::Api {
+            node: self.identity.node.clone(),
+            source,
+        };
+        warn!(node = %self.identity.node, "the Lease was deleted; creating it again");
+        telemetry.kube_request("lease_create");
+        let lease = self
+            .api
+            .create(
+                &PostParams::default(),
+                &to_lease(held(&self.identity, None, SystemTime::now())).map_err(error)?,
+            )
+            .await
+            .map_err(error)?;
+        self.current = to_value(&lease);
+        Ok(())
     }
 
     /// Renews every interval until cancelled. Transient failures are logged and retried; losing
@@ -471,6 +514,26 @@ mod tests {
         assert_eq!(lease["spec"]["leaseTransitions"], 0);
         let taken = held(&identity("b"), Some(&lease), at(5));
         assert_eq!(taken["spec"]["leaseTransitions"], 1);
+    }
+
+    #[test]
+    fn a_refused_renewal_is_a_loss_a_deletion_or_a_retry() {
+        let ours = held(&identity("a"), None, at(0));
+        assert_eq!(after_refusal(None, "a"), Refusal::Deleted);
+        assert_eq!(after_refusal(Some(&ours), "a"), Refusal::StillOurs);
+        assert_eq!(
+            after_refusal(Some(&ours), "b"),
+            Refusal::Lost { holder: "a".into() }
+        );
+        let mut unnamed = ours;
+        unnamed["metadata"]["annotations"] = json!({});
+        assert_eq!(
+            after_refusal(Some(&unnamed), "a"),
+            Refusal::Lost {
+                holder: String::new()
+            },
+            "a Lease without our annotation is not ours"
+        );
     }
 
     #[test]

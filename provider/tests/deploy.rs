@@ -1,31 +1,44 @@
-//! The manifests under `deploy/` are part of the product: every overlay renders, every object
-//! parses into its typed Kubernetes structure without unknown fields, the cross-references
-//! hold (selectors, ports, paths, flags, names), the RBAC equals the accesses the code declares
-//! (`virtual_node_eci::rbac`), and the mock overlay applies to the API stand-in with kubectl and
-//! reads back as written.
+//! The manifests under `deploy/` are part of the product: every overlay renders with kubectl
+//! (the one built from the fixture's Kubernetes release), every object parses into its typed
+//! Kubernetes structure without unknown fields, the cross-references hold (selectors, ports,
+//! paths, flags, names), the RBAC equals the accesses the code declares
+//! (`virtual_node_eci::rbac`), the local overlay changes only where the pods run and where they
+//! listen, and the mock overlay applies to a real API server (strict server-side validation,
+//! the CRD's schema) and reads back as written.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+#[path = "common/kustomize.rs"]
+mod kustomize;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use clap::CommandFactory;
 use integration::harness::{ClusterKind, Harness};
-use serde_json::Value;
+use kustomize::deploy_dir;
+use serde_json::{Value, json};
 use virtual_node_eci::config::Config;
 use virtual_node_eci::rbac::{self, Scope};
 
-fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+/// The label and taint of the fixture's host node, where the local overlay puts its pods.
+const HOST_AGENT: &str = "virtual-node-eci.aliyun.com/host-agent";
+
+/// Whether a kustomization only lists resources (no patches or transformers), so reading its
+/// files is what kustomize produces.
+fn is_plain(dir: &Path) -> bool {
+    let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    let kustomization: Value = serde_saphyr::from_str(&text).unwrap();
+    kustomization
+        .as_object()
+        .unwrap()
+        .keys()
+        .all(|k| ["apiVersion", "kind", "resources"].contains(&k.as_str()))
 }
 
-fn kubectl() -> String {
-    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
-}
-
-/// The objects of a kustomization, read the simple way: its `resources`, files or directories.
-/// (The manifests use no transformers or patches, so this is what kustomize produces.)
+/// The objects of a plain kustomization ([`is_plain`]), read the simple way: its `resources`,
+/// files or directories (what kustomize produces when there is nothing else).
 fn read_kustomization(dir: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
     let kustomization: Value = serde_saphyr::from_str(&text).unwrap();
@@ -63,39 +76,29 @@ fn key(object: &Value) -> String {
     )
 }
 
-/// Renders an overlay: `kubectl kustomize` when it works here, checked against the plain read.
+/// Renders an overlay with kubectl; a plain one is also checked against reading its files.
 fn render(overlay: &str) -> Vec<Value> {
     let dir = deploy_dir().join("overlays").join(overlay);
-    let plain = read_kustomization(&dir);
-    let rendered = std::process::Command::new(kubectl())
-        .args(["kustomize", dir.to_str().unwrap()])
-        .output();
-    match rendered {
-        Ok(output) if output.status.success() => {
-            let docs: Vec<Value> =
-                serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap();
-            let by_key = |objects: &[Value]| -> BTreeMap<String, Value> {
-                objects.iter().map(|o| (key(o), normalized(o))).collect()
-            };
-            let (rendered, read) = (by_key(&docs), by_key(&plain));
-            assert_eq!(
-                rendered.keys().collect::<Vec<_>>(),
-                read.keys().collect::<Vec<_>>(),
-                "kubectl kustomize and the plain read of {overlay} list different objects"
+    let docs = kustomize::kustomize(&dir);
+    if is_plain(&dir) {
+        let plain = read_kustomization(&dir);
+        let by_key = |objects: &[Value]| -> BTreeMap<String, Value> {
+            objects.iter().map(|o| (key(o), normalized(o))).collect()
+        };
+        let (rendered, read) = (by_key(&docs), by_key(&plain));
+        assert_eq!(
+            rendered.keys().collect::<Vec<_>>(),
+            read.keys().collect::<Vec<_>>(),
+            "kubectl kustomize and the plain read of {overlay} list different objects"
+        );
+        for (name, object) in &rendered {
+            assert!(
+                object == &read[name],
+                "kubectl kustomize and the plain read of {overlay} differ in {name}"
             );
-            for (name, object) in &rendered {
-                assert!(
-                    object == &read[name],
-                    "kubectl kustomize and the plain read of {overlay} differ in {name}"
-                );
-            }
-            docs
-        }
-        _ => {
-            eprintln!("kubectl kustomize is not usable here; {overlay} read from its files");
-            plain
         }
     }
+    docs
 }
 
 /// Numbers as YAML readers disagree about them (1 vs 1.0): integral values as integers.
@@ -191,13 +194,69 @@ fn container_port(container: &Value, name: &str) -> u64 {
         .unwrap()
 }
 
-/// The daemon's configuration as the manifest gives it, parsed by the daemon's own parser.
-fn daemon_config(objects: &[Value], container: &Value) -> Config {
+/// Expands `$(VAR)` references to variables in `defined` as the kubelet does (`$$` is a
+/// literal `$`); answers the names referred to that are not defined.
+fn expand(value: &str, defined: &BTreeMap<String, String>) -> (String, Vec<String>) {
+    let (mut out, mut undefined) = (String::new(), Vec::new());
+    let mut rest = value;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+            continue;
+        }
+        match after.strip_prefix('(').and_then(|inner| {
+            inner
+                .find(')')
+                .map(|end| (&inner[..end], &inner[end + 1..]))
+        }) {
+            Some((name, tail)) => {
+                match defined.get(name) {
+                    Some(value) => out.push_str(value),
+                    None => {
+                        out.push_str(&format!("$({name})"));
+                        undefined.push(name.to_owned());
+                    }
+                }
+                rest = tail;
+            }
+            None => {
+                out.push('$');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    (out, undefined)
+}
+
+/// A container's environment as the kubelet builds it: `envFrom` first, then `env` in order,
+/// each value's `$(VAR)` references expanded from the variables before it (a reference to one
+/// not defined before is a mistake: it would stay literal). Field references get the values of
+/// replica `virtual-node-eci-0` at 10.0.0.7.
+fn container_env(objects: &[Value], container: &Value) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = BTreeMap::new();
+    for source in container["envFrom"].as_array().into_iter().flatten() {
+        if let Some(name) = source["configMapRef"]["name"].as_str() {
+            let map = find(objects, "ConfigMap", name);
+            for (k, v) in map["data"].as_object().unwrap() {
+                env.insert(k.clone(), v.as_str().unwrap().to_owned());
+            }
+        }
+    }
     for var in container["env"].as_array().unwrap() {
         let name = var["name"].as_str().unwrap().to_owned();
         let value = match var["value"].as_str() {
-            Some(value) => value.to_owned(),
+            Some(value) => {
+                let (expanded, undefined) = expand(value, &env);
+                assert!(
+                    undefined.is_empty(),
+                    "{name}={value} refers to {undefined:?}, not defined before it"
+                );
+                expanded
+            }
             None => match var["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap() {
                 "metadata.name" => "virtual-node-eci-0".into(),
                 "metadata.namespace" => "kube-system".into(),
@@ -207,14 +266,18 @@ fn daemon_config(objects: &[Value], container: &Value) -> Config {
         };
         env.insert(name, value);
     }
-    for source in container["envFrom"].as_array().unwrap() {
-        if let Some(name) = source["configMapRef"]["name"].as_str() {
-            let map = find(objects, "ConfigMap", name);
-            for (k, v) in map["data"].as_object().unwrap() {
-                env.insert(k.clone(), v.as_str().unwrap().to_owned());
-            }
-        }
-    }
+    env
+}
+
+fn env_value(objects: &[Value], container: &Value, name: &str) -> String {
+    container_env(objects, container)
+        .remove(name)
+        .unwrap_or_else(|| panic!("no {name} in the environment"))
+}
+
+/// The daemon's configuration as the manifest gives it, parsed by the daemon's own parser.
+fn daemon_config(objects: &[Value], container: &Value) -> Config {
+    let env = container_env(objects, container);
     let command = Config::command();
     let mut args = vec!["virtual-node-eci".to_owned()];
     for (name, value) in &env {
@@ -467,10 +530,9 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
     objects
 }
 
-#[test]
-fn the_mock_overlay_is_consistent() {
-    let objects = check_overlay("mock");
-    let config = find(&objects, "ConfigMap", "virtual-node-eci-config");
+/// mock-eci's Deployment and Service agree with each other and with the daemon's backend.
+fn check_mock_eci(objects: &[Value]) {
+    let config = find(objects, "ConfigMap", "virtual-node-eci-config");
     let backend = config["data"]["ECI_BACKEND"].as_str().unwrap();
     let address = backend.strip_prefix("grpc://").unwrap();
     let (host, port) = address.rsplit_once(':').unwrap();
@@ -492,7 +554,7 @@ fn the_mock_overlay_is_consistent() {
         .iter()
         .find(|p| p["port"].as_u64() == port.parse().ok())
         .unwrap();
-    let deployment = find(&objects, "Deployment", "mock-eci");
+    let deployment = find(objects, "Deployment", "mock-eci");
     let template = &deployment["spec"]["template"];
     assert!(selector_matches(
         &service["spec"]["selector"],
@@ -504,41 +566,105 @@ fn the_mock_overlay_is_consistent() {
     ));
     let container = &template["spec"]["containers"][0];
     let grpc = container_port(container, service_port["targetPort"].as_str().unwrap());
-    let listen = container["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "MOCK_ECI_LISTEN")
-        .unwrap()["value"]
-        .as_str()
-        .unwrap();
+    let listen = env_value(objects, container, "MOCK_ECI_LISTEN");
     assert_eq!(
         grpc,
-        port_of(listen),
+        port_of(&listen),
         "mock-eci listens where the Service sends"
     );
-    let admin = container["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "MOCK_ECI_ADMIN_LISTEN")
-        .unwrap()["value"]
-        .as_str()
-        .unwrap();
-    assert_eq!(container_port(container, "admin"), port_of(admin));
-    let state = container["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "MOCK_ECI_STATE_FILE")
-        .unwrap()["value"]
-        .as_str()
-        .unwrap();
+    let admin = env_value(objects, container, "MOCK_ECI_ADMIN_LISTEN");
+    assert_eq!(container_port(container, "admin"), port_of(&admin));
+    let state = env_value(objects, container, "MOCK_ECI_STATE_FILE");
     let mount = container["volumeMounts"][0]["mountPath"].as_str().unwrap();
     assert!(
         state.starts_with(mount),
         "the state file is on a writable volume"
     );
+}
+
+#[test]
+fn the_mock_overlay_is_consistent() {
+    let objects = check_overlay("mock");
+    check_mock_eci(&objects);
+}
+
+#[test]
+fn the_local_overlay_is_consistent_and_only_moves_the_pods_to_the_host_node() {
+    let local = check_overlay("local");
+    check_mock_eci(&local);
+    let mock = render("mock");
+    let keys = |objects: &[Value]| objects.iter().map(key).collect::<BTreeSet<_>>();
+    assert_eq!(keys(&local), keys(&mock), "the same objects as mock");
+    for object in &local {
+        let original = mock.iter().find(|o| key(o) == key(object)).unwrap();
+        let object = match object["kind"].as_str().unwrap() {
+            "StatefulSet" | "Deployment" => unpatched_workload(object, original),
+            _ => object.clone(),
+        };
+        assert!(
+            normalized(&object) == normalized(original),
+            "{}: the local overlay changes more than where the pods run and listen",
+            key(&object)
+        );
+    }
+}
+
+/// A local overlay workload with what the overlay is for undone, after checking it: the pods
+/// go to the host node (its label, its taint tolerated) and listen on their pod IP, not
+/// 0.0.0.0 (the host agent's pods share the host's network: two on 0.0.0.0:PORT collide).
+fn unpatched_workload(object: &Value, original: &Value) -> Value {
+    let name = key(object);
+    let mut object = object.clone();
+    let spec = object["spec"]["template"]["spec"].as_object_mut().unwrap();
+    assert_eq!(
+        spec.remove("nodeSelector"),
+        Some(json!({HOST_AGENT: "true"})),
+        "{name} runs on the host node"
+    );
+    assert_eq!(
+        spec.remove("tolerations"),
+        Some(
+            json!([{"key": HOST_AGENT, "operator": "Equal", "value": "true", "effect": "NoSchedule"}])
+        ),
+        "{name} tolerates the host node's taint"
+    );
+    let original_containers = original["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    for (i, container) in spec["containers"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
+        let original_env = original_containers[i]["env"].as_array().unwrap();
+        let env = container["env"].as_array_mut().unwrap();
+        if !original_env.iter().any(|v| v["name"] == "POD_IP") {
+            let added = env.iter().position(|v| v["name"] == "POD_IP");
+            let added = added.unwrap_or_else(|| panic!("{name}: no POD_IP"));
+            assert_eq!(
+                env.remove(added)["valueFrom"],
+                json!({"fieldRef": {"fieldPath": "status.podIP"}})
+            );
+        }
+        assert_eq!(env.len(), original_env.len(), "{name}: the same variables");
+        for (var, original_var) in env.iter_mut().zip(original_env) {
+            let value = var["value"].as_str().unwrap_or_default().to_owned();
+            assert!(
+                !value.starts_with("0.0.0.0:"),
+                "{name}: {var} listens on every address of the host"
+            );
+            if var != original_var {
+                let port = original_var["value"]
+                    .as_str()
+                    .and_then(|v| v.strip_prefix("0.0.0.0:"))
+                    .unwrap_or_else(|| panic!("{name}: {var} differs from {original_var}"));
+                assert_eq!(value, format!("$(POD_IP):{port}"), "{name}");
+                *var = original_var.clone();
+            }
+        }
+    }
+    object
 }
 
 #[test]
@@ -570,26 +696,39 @@ fn the_aliyun_overlay_is_consistent() {
     assert_eq!(config["data"]["ECI_CREDENTIALS_PATH"], mount["mountPath"]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_mock_overlay_applies_with_kubectl_and_reads_back_as_written() {
-    let objects = render("mock");
-    let h = Harness::start().await.unwrap();
-    assert!(
-        h.kind() == ClusterKind::StandIn,
-        "applies to the stand-in only; it would install into a real cluster"
-    );
-    let file = h.dir().join("mock.yaml");
+/// `kubectl --kubeconfig … ARGS` against the harness's cluster.
+async fn kubectl(h: &Harness, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(h.kubectl())
+        .arg("--kubeconfig")
+        .arg(h.kubeconfig())
+        .args(args)
+        .output()
+        .await
+        .expect("kubectl runs")
+}
+
+fn write_yaml(h: &Harness, name: &str, objects: &[Value]) -> String {
+    let file = h.dir().join(name);
     let text: String = objects
         .iter()
         .map(|o| serde_saphyr::to_string(o).unwrap())
         .collect::<Vec<_>>()
         .join("---\n");
     std::fs::write(&file, text).unwrap();
-    let output = std::process::Command::new(kubectl())
-        .args(["apply", "-f", file.to_str().unwrap()])
-        .env("KUBECONFIG", h.kubeconfig())
-        .output()
-        .expect("kubectl runs (set KUBECTL to its path)");
+    file.to_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mock_overlay_applies_with_kubectl_and_reads_back_as_written() {
+    let objects = render("mock");
+    let h = Harness::start().await.unwrap();
+    assert!(
+        h.kind() == ClusterKind::Fixture,
+        "applies to the fixture's cluster only; it would install into a real one"
+    );
+    let file = write_yaml(&h, "mock.yaml", &objects);
+    // Strict: the API server refuses unknown or duplicate fields instead of dropping them.
+    let output = kubectl(&h, &["apply", "--validate=strict", "-f", &file]).await;
     assert!(
         output.status.success(),
         "kubectl apply failed: {}{}",
@@ -599,28 +738,17 @@ async fn the_mock_overlay_applies_with_kubectl_and_reads_back_as_written() {
     for object in &objects {
         let kind = object["kind"].as_str().unwrap();
         let name = object["metadata"]["name"].as_str().unwrap();
-        let mut args = vec![
-            "get".to_owned(),
-            kind.to_lowercase(),
-            name.to_owned(),
-            "-o".into(),
-            "json".into(),
-        ];
+        let resource = match kind {
+            "Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding" => {
+                format!("{}.rbac.authorization.k8s.io", kind.to_lowercase())
+            }
+            _ => kind.to_lowercase(),
+        };
+        let mut args = vec!["get", &resource, name, "-o", "json"];
         if let Some(namespace) = object["metadata"]["namespace"].as_str() {
-            args.extend(["-n".to_owned(), namespace.to_owned()]);
+            args.extend(["-n", namespace]);
         }
-        if kind == "Role"
-            || kind == "RoleBinding"
-            || kind == "ClusterRole"
-            || kind == "ClusterRoleBinding"
-        {
-            args[1] = format!("{}.rbac.authorization.k8s.io", kind.to_lowercase());
-        }
-        let output = std::process::Command::new(kubectl())
-            .args(&args)
-            .env("KUBECONFIG", h.kubeconfig())
-            .output()
-            .unwrap();
+        let output = kubectl(&h, &args).await;
         assert!(
             output.status.success(),
             "kubectl {}: {}",
@@ -636,6 +764,59 @@ async fn the_mock_overlay_applies_with_kubectl_and_reads_back_as_written() {
             key(object)
         );
         assert_subset(object, &read, &key(object));
+    }
+
+    // The CRD's schema is enforced: the examples pass, mistakes are refused with the field.
+    let examples = deploy_dir().join("examples");
+    let output = kubectl(
+        &h,
+        &[
+            "apply",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            examples.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "the examples: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let selector = |spec: Value| {
+        json!({"apiVersion": "eci.aliyun.com/v1", "kind": "Selector",
+               "metadata": {"name": "mistake", "namespace": "default"}, "spec": spec})
+    };
+    for (mistake, spec, expected) in [
+        (
+            "an unknown field",
+            json!({"objectLabels": {"matchLabels": {"app": "x"}}, "polcy": {"fair": {}}}),
+            "polcy",
+        ),
+        (
+            "a string priority",
+            json!({"objectLabels": {"matchLabels": {"app": "x"}}, "priority": "high"}),
+            "spec.priority",
+        ),
+    ] {
+        let file = write_yaml(&h, "mistake.yaml", &[selector(spec)]);
+        let output = kubectl(
+            &h,
+            &[
+                "apply",
+                "--dry-run=server",
+                "--validate=strict",
+                "-f",
+                &file,
+            ],
+        )
+        .await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && stderr.contains(expected),
+            "a Selector with {mistake} is refused naming {expected}: {stderr}"
+        );
     }
     h.shutdown(Duration::from_secs(5)).await;
 }

@@ -1,5 +1,5 @@
-//! End to end: real daemon processes against the API stand-in (or `E2E_KUBECONFIG`) and a
-//! mock-eci process.
+//! End to end: real daemon processes against the real control plane (the test binary's, or
+//! `E2E_KUBECONFIG`'s), authenticated as their ServiceAccount, and a mock-eci process.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -11,7 +11,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-const WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_secs(90);
+const VNODE_TAINT: &str = "k8s.aliyun.com/vnode";
 
 /// Runs `scenario`; on failure prints the harness dump; always cleans up.
 async fn with_harness<F>(scenario: F)
@@ -70,9 +71,50 @@ async fn wait_ready(
     Ok(node(h, name).await.unwrap())
 }
 
+/// Waits until node `name` satisfies `check`, and answers it.
+async fn wait_node(
+    h: &Harness,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Result<Value, HarnessError> {
+    h.wait_for(&format!("node {name}: {what}"), WAIT, |h| {
+        let check = &check;
+        async move { node(h, name).await.is_some_and(|n| check(&n)) }
+    })
+    .await?;
+    Ok(node(h, name).await.unwrap())
+}
+
 async fn lease(h: &Harness, name: &str) -> Value {
     let leases: Api<Lease> = Api::namespaced(h.client(), "kube-node-lease");
     serde_json::to_value(leases.get(name).await.unwrap()).unwrap()
+}
+
+/// The value of a Kubernetes quantity ("3k", "6000", "12Gi", "500m").
+fn quantity(value: &Value) -> f64 {
+    let text = value.as_str().unwrap_or_default();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let scale = match suffix {
+        "" => 1.0,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0_f64.powi(2),
+        "Gi" => 1024.0_f64.powi(3),
+        "Ti" => 1024.0_f64.powi(4),
+        other => panic!("an unexpected quantity suffix in {text:?}: {other:?}"),
+    };
+    number
+        .parse::<f64>()
+        .unwrap_or_else(|e| panic!("{text:?}: {e}"))
+        * scale
 }
 
 const INSTANCE: &str = "virtual-node-eci.aliyun.com/holder-instance";
@@ -86,14 +128,20 @@ async fn three_replicas_give_three_ready_tainted_nodes_that_survive_restarts() {
         }
         for ordinal in 0..3 {
             let name = h.node_name(ordinal);
-            let node = wait_ready(h, &name, "True", "EciReachable").await?;
-            assert_eq!(node["spec"]["taints"], json!([{"key": "k8s.aliyun.com/vnode", "value": "true", "effect": "NoSchedule"}]));
+            wait_ready(h, &name, "True", "EciReachable").await?;
+            // The apiserver's TaintNodesByCondition admission registers every new Node with
+            // `node.kubernetes.io/not-ready:NoSchedule`, which the node lifecycle controller lifts
+            // once it has seen the node Ready; then our taint is the only one.
+            let ours = json!([{"key": VNODE_TAINT, "value": "true", "effect": "NoSchedule"}]);
+            let node = wait_node(h, &name, "our taint and no other", |n| n["spec"]["taints"] == ours).await?;
+            assert_eq!(ready(&node), ("True".to_owned(), "EciReachable".to_owned()));
             let labels = &node["metadata"]["labels"];
             assert_eq!(labels["k8s.aliyun.com/vnode"], "true");
             assert_eq!(labels["type"], "virtual-kubelet");
             assert_eq!(labels["kubernetes.io/hostname"], name.as_str());
-            assert_eq!(node["status"]["capacity"]["pods"], "3000");
-            assert_eq!(node["status"]["allocatable"]["cpu"], "6000");
+            // The apiserver answers quantities in canonical form ("3000" comes back as "3k").
+            assert_eq!(quantity(&node["status"]["capacity"]["pods"]), 3000.0, "{node}");
+            assert_eq!(quantity(&node["status"]["allocatable"]["cpu"]), 6000.0, "{node}");
             assert_eq!(node["status"]["addresses"], json!([{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}]));
             assert_eq!(node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
             assert_eq!(lease(h, &name).await["spec"]["holderIdentity"], name.as_str());
@@ -126,6 +174,12 @@ async fn three_replicas_give_three_ready_tainted_nodes_that_survive_restarts() {
         assert_eq!(after["metadata"]["uid"], uid, "the same Node object");
         assert_eq!(after["metadata"]["labels"]["team"], "payments");
         assert_eq!(after["spec"]["unschedulable"], true);
+        let taints = after["spec"]["taints"].as_array().cloned().unwrap_or_default();
+        assert_eq!(
+            taints.iter().filter(|t| t["key"] == VNODE_TAINT).count(),
+            1,
+            "our taint, once: {taints:?}"
+        );
         Ok(())
     })
     .await;

@@ -1,108 +1,251 @@
-//! End to end: the embedded Selector webhook through the API stand-in's admission chain (the
-//! stand-in calls the daemon's HTTPS endpoint through a loopback Service, as kube-apiserver
-//! would through the cluster network).
+//! End to end: the embedded Selector webhook, called by kube-apiserver itself. The daemon
+//! replicas run as pods of the local overlay's StatefulSet (renamed per test) on the fixture's
+//! host node, as their ServiceAccount under deploy/'s RBAC; the API server reaches them through
+//! their Service's ClusterIP (the host agent's service proxy) and checks their certificate
+//! against the caBundle they registered. kube-scheduler places the pods.
 //!
-//! These scenarios need the API server to reach the daemon processes the harness runs on this
-//! machine, which a remote cluster cannot do: with `E2E_KUBECONFIG` they stop at the start and
-//! say so instead of passing.
+//! Only the fixture has the host node: with `E2E_KUBECONFIG` these scenarios stop at the start
+//! and say so instead of passing. They run one at a time: a registered webhook sees every
+//! namespace's pods and Selectors apply cluster-wide, so two at once would steer each other's.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
-use std::time::Duration;
+#[path = "common/kustomize.rs"]
+mod kustomize;
 
-use integration::harness::{ClusterKind, Harness, HarnessError};
+use std::net::{IpAddr, SocketAddr};
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt as _;
+use integration::harness::{ClusterKind, Harness, HarnessError, MockEciEndpoints};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::{Value, json};
 
-const WAIT: Duration = Duration::from_secs(60);
+/// A condition the cluster reaches by itself (admission, scheduling, a status).
+const WAIT: Duration = Duration::from_secs(120);
+/// Pods starting, draining or going away on a loaded machine.
+const SLOW: Duration = Duration::from_secs(300);
 const FAST_MOCK: &[&str] = &[
     "--provisioning-delay",
     "200ms",
     "--scheduling-delay",
     "50ms",
 ];
+/// Labels this test's daemon pods, Service and Selectors (and nothing of any other test).
+const RUN_LABEL: &str = "virtual-node-eci.aliyun.com/e2e-run";
+const CONTAINER: &str = "virtual-node-eci";
 
-async fn with_harness<F>(scenario: F)
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The test's webhook deployment: StatefulSet, Service and MutatingWebhookConfiguration share
+/// the test-unique name of the harness's daemon set (so its replicas serve `h.node_name(i)`).
+#[derive(Debug)]
+struct Webhook {
+    name: String,
+    secret: String,
+    replicas: i32,
+}
+
+impl Webhook {
+    fn new(h: &Harness, replicas: i32) -> Self {
+        let name = h.daemon_set_name();
+        Self {
+            secret: format!("{name}-webhook-tls"),
+            name,
+            replicas,
+        }
+    }
+
+    /// Replica `ordinal`'s pod, and its node.
+    fn pod(&self, ordinal: i32) -> String {
+        format!("{}-{ordinal}", self.name)
+    }
+
+    fn label_selector(&self) -> String {
+        format!("{RUN_LABEL}={}", self.name)
+    }
+
+    /// What replica `ordinal` logged so far.
+    fn log(&self, h: &Harness, ordinal: i32) -> String {
+        h.pod_log("kube-system", &self.pod(ordinal), CONTAINER)
+    }
+
+    async fn pods(&self, h: &Harness) -> Vec<Pod> {
+        Api::<Pod>::namespaced(h.client(), "kube-system")
+            .list(&ListParams::default().labels(&self.label_selector()))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+    }
+}
+
+/// Runs `scenario` against `replicas` daemon pods and mock-eci; on failure prints the harness
+/// dump and the daemons' logs; always removes what it installed.
+async fn with_webhook<F>(replicas: i32, scenario: F)
 where
-    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
+    F: AsyncFnOnce(&mut Harness, &Webhook) -> Result<(), HarnessError>,
 {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let mut h = Harness::start().await.expect("the harness starts");
     assert!(
-        h.kind() == ClusterKind::StandIn,
-        "the webhook scenarios need an API server that can reach processes on this machine; unset E2E_KUBECONFIG"
+        h.kind() == ClusterKind::Fixture,
+        "the webhook scenarios run the daemons on the fixture's host node; unset E2E_KUBECONFIG"
     );
-    let result = scenario(&mut h).await;
-    if result.is_err() {
+    let started = Instant::now();
+    let w = Webhook::new(&h, replicas);
+    let result = AssertUnwindSafe(async {
+        let mock = h.start_mock_eci(FAST_MOCK).await?;
+        deploy(&h, &w, &mock).await?;
+        eprintln!(
+            "{} replica(s) serving after {:?}",
+            replicas,
+            started.elapsed()
+        );
+        scenario(&mut h, &w).await
+    })
+    .catch_unwind()
+    .await;
+    if !matches!(result, Ok(Ok(()))) {
         eprintln!("{}", h.dump().await);
+        for ordinal in 0..w.replicas {
+            eprintln!(
+                "---- log of {} ----\n{}",
+                w.pod(ordinal),
+                tail(&w.log(&h, ordinal), 60)
+            );
+        }
+        let playground =
+            std::fs::read_to_string(h.fixture_dir().join("playground.log")).unwrap_or_default();
+        eprintln!(
+            "---- playground (host agent) ----\n{}",
+            tail(&playground, 60)
+        );
     }
+    teardown(&h, &w).await;
     h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
+    eprintln!("scenario and teardown took {:?}", started.elapsed());
+    match result {
+        Ok(outcome) => outcome.unwrap(),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Installs the committed CRD and the webhook Service (loopback clusterIP → `port`).
-async fn install(h: &Harness, port: u16) -> Result<(), HarnessError> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/base/selector-crd.yaml"
-    ))
-    .unwrap();
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).unwrap();
-    Api::<CustomResourceDefinition>::all(h.client())
-        .create(&PostParams::default(), &crd)
-        .await?;
-    let service: Service = serde_json::from_value(json!({
-        "metadata": {"name": "virtual-node-eci", "namespace": "kube-system"},
-        "spec": {"clusterIP": "127.0.0.1", "selector": {"app.kubernetes.io/name": "virtual-node-eci"},
-                 "ports": [{"name": "webhook", "port": 443, "targetPort": port}]},
+/// The local overlay's StatefulSet, made the test's own: its name, a selector of its own,
+/// mock-eci's address instead of the overlay's ConfigMap, webhook objects named after it, and
+/// drains short enough for a test.
+fn statefulset(w: &Webhook, mock: &MockEciEndpoints) -> StatefulSet {
+    let mut set = kustomize::overlay("local")
+        .into_iter()
+        .find(|o| o["kind"] == "StatefulSet")
+        .expect("the local overlay has the daemon's StatefulSet");
+    set["metadata"]["name"] = json!(w.name);
+    set["metadata"]["labels"][RUN_LABEL] = json!(w.name);
+    let spec = &mut set["spec"];
+    spec["replicas"] = json!(w.replicas);
+    spec["serviceName"] = json!(w.name);
+    spec["selector"]["matchLabels"][RUN_LABEL] = json!(w.name);
+    let template = &mut spec["template"];
+    template["metadata"]["labels"][RUN_LABEL] = json!(w.name);
+    template["spec"]["terminationGracePeriodSeconds"] = json!(60);
+    let container = &mut template["spec"]["containers"][0];
+    assert_eq!(container["name"], CONTAINER);
+    container.as_object_mut().unwrap().remove("envFrom");
+    let env = container["env"].as_array_mut().unwrap();
+    let grpc = format!("grpc://{}", mock.grpc.trim_start_matches("http://"));
+    for (name, value) in [
+        // mock-eci runs on the host, whose network the host agent's pods share.
+        ("ECI_BACKEND", grpc.as_str()),
+        ("ECI_CLUSTER_NAME", &format!("e2e-{}", w.name)),
+        ("WEBHOOK_SERVICE", &w.name),
+        ("WEBHOOK_CONFIGURATION", &w.name),
+        ("WEBHOOK_SECRET", &w.secret),
+        ("POD_STATUS_POLL_INTERVAL", "250ms"),
+        ("DRAIN_TIMEOUT", "20s"),
+        ("DRAIN_EVICT_UNMANAGED_PODS", "true"),
+        ("LOG_FORMAT", "text"),
+        ("RUST_LOG", "info"),
+    ] {
+        env.retain(|v| v["name"] != name);
+        env.push(json!({"name": name, "value": value}));
+    }
+    serde_json::from_value(set).unwrap()
+}
+
+/// The Service the webhook is registered by, in front of this test's replicas only.
+fn service(w: &Webhook) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": w.name, "namespace": "kube-system", "labels": {RUN_LABEL: w.name}},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": "virtual-node-eci", RUN_LABEL: w.name},
+            "ports": [{"name": "webhook", "port": 443, "targetPort": "webhook"}],
+        },
     }))
-    .unwrap();
+    .unwrap()
+}
+
+fn is_true(conditions: Option<&Value>, kind: &str) -> bool {
+    conditions
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == kind && c["status"] == "True")
+}
+
+/// Creates the Service and the StatefulSet and waits for every replica's pod to be Ready, its
+/// node Ready and the webhook registered with a caBundle.
+async fn deploy(h: &Harness, w: &Webhook, mock: &MockEciEndpoints) -> Result<(), HarnessError> {
     Api::<Service>::namespaced(h.client(), "kube-system")
-        .create(&PostParams::default(), &service)
+        .create(&PostParams::default(), &service(w))
         .await?;
-    Ok(())
-}
-
-fn webhook_env(port: u16) -> Vec<(String, String)> {
-    [
-        ("WEBHOOK_ENABLED", "true".to_owned()),
-        ("WEBHOOK_ADDR", format!("127.0.0.1:{port}")),
-        ("POD_STATUS_POLL_INTERVAL", "250ms".to_owned()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect()
-}
-
-fn start(h: &mut Harness, ordinal: u32, port: u16) -> Result<String, HarnessError> {
-    let env = webhook_env(port);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    h.start_daemon(ordinal, &env)
-}
-
-async fn wait_registered(h: &Harness) -> Result<(), HarnessError> {
+    Api::<StatefulSet>::namespaced(h.client(), "kube-system")
+        .create(&PostParams::default(), &statefulset(w, mock))
+        .await?;
+    h.wait_for(
+        &format!("{} Ready daemon pod(s) on the host node", w.replicas),
+        SLOW,
+        |h| async move {
+            let pods = w.pods(h).await;
+            pods.iter()
+                .filter(|p| is_true(view(p).pointer("/status/conditions"), "Ready"))
+                .count()
+                == usize::try_from(w.replicas).unwrap()
+        },
+    )
+    .await?;
+    for ordinal in 0..w.replicas {
+        let node = w.pod(ordinal);
+        h.wait_for(&format!("node {node} Ready"), WAIT, |h| {
+            let node = node.clone();
+            async move {
+                Api::<Node>::all(h.client())
+                    .get_opt(&node)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|n| is_true(view(&n).pointer("/status/conditions"), "Ready"))
+            }
+        })
+        .await?;
+    }
     h.wait_for(
         "the webhook registered with a caBundle",
         WAIT,
         |h| async move {
-            Api::<MutatingWebhookConfiguration>::all(h.client())
-                .get_opt("virtual-node-eci")
+            configuration(h, w)
                 .await
-                .ok()
-                .flatten()
                 .and_then(|c| c.webhooks)
                 .and_then(|w| w.first().and_then(|w| w.client_config.ca_bundle.clone()))
                 .is_some()
@@ -111,46 +254,117 @@ async fn wait_registered(h: &Harness) -> Result<(), HarnessError> {
     .await
 }
 
-async fn wait_log(h: &Harness, process: &str, needle: &str) -> Result<(), HarnessError> {
-    h.wait_for(
-        &format!("{process} to log {needle:?}"),
-        WAIT,
-        |h| async move {
-            h.process_output(process)
-                .is_some_and(|o| o.contains(needle))
-        },
-    )
-    .await
+async fn configuration(h: &Harness, w: &Webhook) -> Option<MutatingWebhookConfiguration> {
+    Api::<MutatingWebhookConfiguration>::all(h.client())
+        .get_opt(&w.name)
+        .await
+        .ok()
+        .flatten()
 }
 
-async fn create_selector(h: &Harness, name: &str, spec: Value) -> Result<(), HarnessError> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+/// Removes what [`deploy`] and the scenario installed, the product's way first: deleting the
+/// StatefulSet makes each replica drain and remove its node. Problems are reported, not raised
+/// (the scenario's outcome is what counts), but the next scenario only starts once no replica
+/// or node of this one is left.
+async fn teardown(h: &Harness, w: &Webhook) {
+    let report = |what: &str, result: Result<(), HarnessError>| {
+        if let Err(error) = result {
+            eprintln!("teardown: {what}: {error}");
+        }
+    };
+    let resource = selector_resource();
+    let selectors: Api<DynamicObject> = Api::all_with(h.client(), &resource);
+    if let Ok(list) = selectors
+        .list(&ListParams::default().labels(&w.label_selector()))
+        .await
+    {
+        for selector in list.items {
+            let api: Api<DynamicObject> = Api::namespaced_with(
+                h.client(),
+                &selector.namespace().unwrap_or_default(),
+                &resource,
+            );
+            let _ = api
+                .delete(&selector.name_any(), &DeleteParams::default())
+                .await;
+        }
+    }
+    let _ = Api::<StatefulSet>::namespaced(h.client(), "kube-system")
+        .delete(&w.name, &DeleteParams::background())
+        .await;
+    report(
+        "the daemon pods to go",
+        h.wait_for("the daemon pods to go", SLOW, |h| async move {
+            w.pods(h).await.is_empty()
+        })
+        .await,
+    );
+    let _ = Api::<MutatingWebhookConfiguration>::all(h.client())
+        .delete(&w.name, &DeleteParams::default())
+        .await;
+    let _ = Api::<Service>::namespaced(h.client(), "kube-system")
+        .delete(&w.name, &DeleteParams::default())
+        .await;
+    let _ = Api::<Secret>::namespaced(h.client(), "kube-system")
+        .delete(&w.secret, &DeleteParams::default())
+        .await;
+    let nodes: Api<Node> = Api::all(h.client());
+    let leases: Api<Lease> = Api::namespaced(h.client(), "kube-node-lease");
+    for ordinal in 0..w.replicas {
+        let node = w.pod(ordinal);
+        let removed = h
+            .wait_for(&format!("node {node} to be removed"), WAIT, |_| {
+                let (nodes, node) = (nodes.clone(), node.clone());
+                async move { nodes.get_opt(&node).await.is_ok_and(|n| n.is_none()) }
+            })
+            .await;
+        if removed.is_err() {
+            report(&format!("node {node}"), removed);
+            let _ = nodes.delete(&node, &DeleteParams::default()).await;
+            let _ = leases.delete(&node, &DeleteParams::default()).await;
+        }
+    }
+}
+
+fn selector_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
         "eci.aliyun.com",
         "v1beta1",
         "Selector",
-    ));
-    let api: Api<DynamicObject> = Api::namespaced_with(h.client(), "default", &resource);
+    ))
+}
+
+async fn create_selector(
+    h: &Harness,
+    w: &Webhook,
+    namespace: &str,
+    name: &str,
+    spec: Value,
+) -> Result<(), HarnessError> {
+    let api: Api<DynamicObject> = Api::namespaced_with(h.client(), namespace, &selector_resource());
     let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "eci.aliyun.com/v1beta1", "kind": "Selector", "metadata": {"name": name}, "spec": spec,
+        "apiVersion": "eci.aliyun.com/v1beta1", "kind": "Selector",
+        "metadata": {"name": name, "labels": {RUN_LABEL: w.name}}, "spec": spec,
     }))
     .unwrap();
     api.create(&PostParams::default(), &object).await?;
     Ok(())
 }
 
-fn mk_pod(name: &str, labels: &Value, node: Option<&str>) -> Pod {
+/// A pod with `labels`; `spec` is merged into its spec.
+fn mk_pod(name: &str, labels: &Value, spec: &Value) -> Pod {
     let mut pod = json!({
         "metadata": {"name": name, "labels": labels},
         "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1"}]},
     });
-    if let Some(node) = node {
-        pod["spec"]["nodeName"] = json!(node);
+    for (key, value) in spec.as_object().into_iter().flatten() {
+        pod["spec"][key] = value.clone();
     }
     serde_json::from_value(pod).unwrap()
 }
 
-fn view(pod: &Pod) -> Value {
-    serde_json::to_value(pod).unwrap()
+fn view<T: serde::Serialize>(object: &T) -> Value {
+    serde_json::to_value(object).unwrap()
 }
 
 fn vnode_tolerations(pod: &Value) -> usize {
@@ -162,31 +376,95 @@ fn vnode_tolerations(pod: &Value) -> usize {
         .count()
 }
 
+/// Waits until a pod with `labels` is admitted as `admitted` says: dry-run creates go through
+/// the whole admission chain (the webhook declares no side effects) and store nothing. Until
+/// the daemon's caches have seen a Selector or a namespace label, pods are admitted untouched.
+async fn wait_admitted(
+    h: &Harness,
+    namespace: &str,
+    labels: &Value,
+    what: &str,
+    admitted: impl Fn(&Value) -> bool,
+) -> Result<(), HarnessError> {
+    let pods: Api<Pod> = Api::namespaced(h.client(), namespace);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let probe = mk_pod("admission-probe", labels, &json!({}));
+    h.wait_for(what, WAIT, |_| {
+        let (pods, dry_run, probe, admitted) =
+            (pods.clone(), dry_run.clone(), probe.clone(), &admitted);
+        async move {
+            pods.create(&dry_run, &probe)
+                .await
+                .is_ok_and(|p| admitted(&view(&p)))
+        }
+    })
+    .await
+}
+
+/// Waits until pod `namespace/name` satisfies `condition`; answers it.
+async fn wait_pod(
+    h: &Harness,
+    namespace: &str,
+    name: &str,
+    what: &str,
+    condition: impl Fn(&Value) -> bool,
+) -> Result<Value, HarnessError> {
+    let pods: Api<Pod> = Api::namespaced(h.client(), namespace);
+    h.wait_for(&format!("pod {name}: {what}"), WAIT, |_| {
+        let (pods, condition) = (pods.clone(), &condition);
+        async move { pods.get(name).await.is_ok_and(|p| condition(&view(&p))) }
+    })
+    .await?;
+    Ok(view(&pods.get(name).await?))
+}
+
+async fn wait_log(
+    h: &Harness,
+    w: &Webhook,
+    ordinal: i32,
+    needle: &str,
+) -> Result<(), HarnessError> {
+    h.wait_for(
+        &format!("{} to log {needle:?}", w.pod(ordinal)),
+        WAIT,
+        |h| async move { w.log(h, ordinal).contains(needle) },
+    )
+    .await
+}
+
+/// Events about pod `namespace/name` with `reason`.
+async fn events(h: &Harness, namespace: &str, name: &str, reason: &str) -> usize {
+    Api::<Event>::namespaced(h.client(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn labelled_namespaces_go_to_virtual_nodes_and_fair_effects_land_before_the_group() {
-    with_harness(async |h| {
-        let mock = h.start_mock_eci(FAST_MOCK).await?;
-        let port = free_port();
-        install(h, port).await?;
-        let replica = start(h, 0, port)?;
-        let node = h.node_name(0);
-        wait_registered(h).await?;
+    with_webhook(1, async |h, w| {
+        let mock = h.mock_eci().unwrap();
+        let node = w.pod(0);
 
-        let namespaces: Api<Namespace> = Api::all(h.client());
-        namespaces
-            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "eci-apps", "labels": {"alibabacloud.com/eci": "true"}}})).unwrap())
+        // A namespace labelled for ECI: its pods get the toleration and the node selector.
+        let eci = h.create_namespace("eci").await?;
+        Api::<Namespace>::all(h.client())
+            .patch(&eci, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"alibabacloud.com/eci": "true"}}})))
             .await?;
-        // The namespace cache must have seen it; until then a pod is admitted untouched.
-        let pods: Api<Pod> = Api::namespaced(h.client(), "eci-apps");
-        let mut attempt = 0;
-        let admitted = loop {
-            let created = pods.create(&PostParams::default(), &mk_pod(&format!("web-{attempt}"), &json!({"app": "web"}), None)).await?;
-            if vnode_tolerations(&view(&created)) > 0 || attempt == 50 {
-                break view(&created);
-            }
-            attempt += 1;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let web_labels = json!({"app": "web"});
+        wait_admitted(h, &eci, &web_labels, "the namespace label to steer pods", |p| vnode_tolerations(p) > 0).await?;
+        let pods: Api<Pod> = Api::namespaced(h.client(), &eci);
+        let admitted = view(&pods.create(&PostParams::default(), &mk_pod("web", &web_labels, &json!({}))).await?);
         assert_eq!(vnode_tolerations(&admitted), 1, "{admitted}");
         let toleration = admitted["spec"]["tolerations"]
             .as_array()
@@ -199,31 +477,49 @@ async fn labelled_namespaces_go_to_virtual_nodes_and_fair_effects_land_before_th
             &json!({"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"})
         );
         assert_eq!(admitted["spec"]["nodeSelector"], json!({"k8s.aliyun.com/vnode": "true"}));
+        // kube-scheduler can only send it to the virtual node, whose daemon runs it on ECI.
+        wait_pod(h, &eci, "web", "scheduled to the virtual node and running", |p| {
+            p["spec"]["nodeName"] == node.as_str() && p["status"]["phase"] == "Running"
+        })
+        .await?;
 
-        // A fair Selector: toleration at admission, its effect once bound to our node.
-        create_selector(h, "test-fair", json!({
+        // A fair Selector: the toleration at admission, its effect once bound to a virtual node.
+        let plain = h.create_namespace("plain").await?;
+        create_selector(h, w, &plain, "test-fair", json!({
             "objectLabels": {"matchLabels": {"app": "nginx"}},
             "effect": {"annotations": {"k8s.aliyun.com/eci-use-specs": "2-4Gi"}, "labels": {"eci-schedulable": "true"}},
             "policy": {"fair": {}},
         }))
         .await?;
-        wait_log(h, &replica, "valid=1").await?;
-        let default_pods: Api<Pod> = Api::namespaced(h.client(), "default");
-        let created = default_pods.create(&PostParams::default(), &mk_pod("nginx", &json!({"app": "nginx"}), Some(&node))).await?;
+        let nginx_labels = json!({"app": "nginx"});
+        wait_admitted(h, &plain, &nginx_labels, "the fair Selector to apply", |p| vnode_tolerations(p) == 1).await?;
+        let pods: Api<Pod> = Api::namespaced(h.client(), &plain);
+        // fair leaves the choice to kube-scheduler; this pod's own node selector makes it ours.
+        let created = pods
+            .create(&PostParams::default(), &mk_pod("nginx", &nginx_labels, &json!({"nodeSelector": {"kubernetes.io/hostname": node}})))
+            .await?;
         let created = view(&created);
-        assert_eq!(vnode_tolerations(&created), 1);
-        assert!(created["metadata"]["labels"].get("eci-schedulable").is_none(), "not before binding");
-        h.wait_for("the effect on the pod and the pod running", WAIT, |h| async move {
-            let pod = Api::<Pod>::namespaced(h.client(), "default").get("nginx").await.map(|p| view(&p));
-            pod.is_ok_and(|p| {
-                p["metadata"]["labels"]["eci-schedulable"] == "true"
-                    && p["metadata"]["annotations"].get("virtual-node-eci.aliyun.com/pending-effect").is_none()
-                    && p["status"]["phase"] == "Running"
-            })
+        assert_eq!(vnode_tolerations(&created), 1, "{created}");
+        assert!(created["metadata"]["labels"].get("eci-schedulable").is_none(), "not before binding: {created}");
+        assert!(created["spec"].get("nodeName").is_none_or(Value::is_null), "bound by the scheduler");
+        h.wait_for("the effect on the pod and the pod running", WAIT, |h| {
+            let (plain, node) = (plain.clone(), node.clone());
+            async move {
+                let pod = Api::<Pod>::namespaced(h.client(), &plain).get("nginx").await.map(|p| view(&p));
+                pod.is_ok_and(|p| {
+                    p["spec"]["nodeName"] == node.as_str()
+                        && p["metadata"]["labels"]["eci-schedulable"] == "true"
+                        && p["metadata"]["annotations"].get("virtual-node-eci.aliyun.com/pending-effect").is_none()
+                        && p["status"]["phase"] == "Running"
+                })
+            }
         })
         .await?;
         let groups: Vec<Value> = reqwest::get(format!("{}/admin/groups", mock.admin)).await.unwrap().json().await.unwrap();
-        let group = groups.iter().find(|g| g["container_group_name"].as_str().unwrap_or_default().contains("nginx")).unwrap();
+        let group = groups
+            .iter()
+            .find(|g| g["container_group_name"] == format!("{plain}-nginx"))
+            .unwrap_or_else(|| panic!("no group for nginx in {groups:?}"));
         assert_eq!((group["cpu"].as_f64(), group["memory"].as_f64()), (Some(2.0), Some(4.0)), "the group was created with the effect");
         Ok(())
     })
@@ -232,74 +528,82 @@ async fn labelled_namespaces_go_to_virtual_nodes_and_fair_effects_land_before_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_share_a_certificate_and_an_unschedulable_prefer_pod_is_patched_once() {
-    with_harness(async |h| {
-        h.start_mock_eci(FAST_MOCK).await?;
-        let (port0, port1) = (free_port(), free_port());
-        install(h, port0).await?;
-        let first = start(h, 0, port0)?;
-        let second = start(h, 1, port1)?;
-        wait_registered(h).await?;
-        wait_log(h, &first, "serving the Selector admission webhook").await?;
-        wait_log(h, &second, "serving the Selector admission webhook").await?;
+    with_webhook(2, async |h, w| {
+        for ordinal in 0..2 {
+            wait_log(h, w, ordinal, "serving the Selector admission webhook").await?;
+        }
 
-        // One Secret; both replicas serve a certificate its CA vouches for, for the Service name.
-        let secret = Api::<Secret>::namespaced(h.client(), "kube-system").get("virtual-node-eci-webhook-tls").await?;
+        // One Secret; both replicas serve a certificate its CA vouches for, for the Service name,
+        // at their pod IPs and behind the Service's ClusterIP (the API server's way in).
+        let secret = Api::<Secret>::namespaced(h.client(), "kube-system").get(&w.secret).await?;
         let ca = secret.data.unwrap()["ca.crt"].0.clone();
-        let generated = [&first, &second]
-            .iter()
-            .filter(|p| h.process_output(p).unwrap().contains("generated the shared webhook certificate"))
+        let generated = (0..2)
+            .filter(|o| w.log(h, *o).contains("generated the shared webhook certificate"))
             .count();
         assert_eq!(generated, 1, "exactly one replica generated it");
-        for port in [port0, port1] {
+        let mut addresses = Vec::new();
+        for pod in w.pods(h).await {
+            let ip: IpAddr = pod.status.and_then(|s| s.pod_ip).unwrap().parse().unwrap();
+            addresses.push(SocketAddr::new(ip, 9443));
+        }
+        assert_eq!(addresses.len(), 2);
+        let service = Api::<Service>::namespaced(h.client(), "kube-system").get(&w.name).await?;
+        let cluster_ip: IpAddr = service.spec.and_then(|s| s.cluster_ip).unwrap().parse().unwrap();
+        addresses.push(SocketAddr::new(cluster_ip, 443));
+        let host = format!("{}.kube-system.svc", w.name);
+        for address in addresses {
             let client = reqwest::Client::builder()
                 .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
-                .resolve("virtual-node-eci.kube-system.svc", std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+                .resolve(&host, address)
                 .build()
                 .unwrap();
             let answer = client
-                .post(format!("https://virtual-node-eci.kube-system.svc:{port}/mutate-pods"))
+                .post(format!("https://{host}:{}/mutate-pods", address.port()))
                 .body("{not json")
                 .send()
                 .await
-                .expect("TLS with the shared CA");
+                .unwrap_or_else(|e| panic!("TLS with the shared CA at {address}: {e}"));
             assert_eq!(answer.status(), 400, "a malformed review is refused with a reason");
             assert!(answer.text().await.unwrap().contains("malformed AdmissionReview"));
         }
 
-        create_selector(h, "prefer", json!({"objectLabels": {"matchLabels": {"app": "batch"}}, "policy": {"normalNodePrefer": {}}})).await?;
-        wait_log(h, &first, "valid=1").await?;
-        let pods: Api<Pod> = Api::namespaced(h.client(), "default");
-        let created = view(&pods.create(&PostParams::default(), &mk_pod("batch", &json!({"app": "batch"}), None)).await?);
+        let batch = h.create_namespace("batch").await?;
+        create_selector(h, w, &batch, "prefer", json!({"objectLabels": {"matchLabels": {"app": "batch"}}, "policy": {"normalNodePrefer": {}}})).await?;
+        // Either replica may admit the pod: both must have the Selector.
+        for ordinal in 0..2 {
+            wait_log(h, w, ordinal, "valid=1").await?;
+        }
+        let pods: Api<Pod> = Api::namespaced(h.client(), &batch);
+        // More CPU than any normal node has (the kwok ECS nodes have 2; the host node is tainted).
+        let big = json!({"containers": [{"name": "app", "image": "registry.example.com/app:1", "resources": {"requests": {"cpu": "3"}}}]});
+        let created = view(&pods.create(&PostParams::default(), &mk_pod("batch", &json!({"app": "batch"}), &big)).await?);
         assert_eq!(vnode_tolerations(&created), 0, "normal nodes first");
         assert_eq!(
             created["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]["matchExpressions"][0],
             json!({"key": "k8s.aliyun.com/vnode", "operator": "NotIn", "values": ["true"]})
         );
-        // The scheduler's verdict.
-        pods.patch_status(
-            "batch",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available"}]}})),
-        )
-        .await?;
-        h.wait_for("the toleration patched on", WAIT, |h| async move {
-            Api::<Pod>::namespaced(h.client(), "default").get("batch").await.is_ok_and(|p| vnode_tolerations(&view(&p)) == 1)
+        // kube-scheduler finds it unschedulable; a replica adds the toleration; kube-scheduler
+        // then places it on a virtual node.
+        let nodes = [w.pod(0), w.pod(1)];
+        let placed = wait_pod(h, &batch, "batch", "spilled to a virtual node", |p| {
+            vnode_tolerations(p) == 1 && nodes.iter().any(|n| p["spec"]["nodeName"] == n.as_str())
         })
         .await?;
-        // Both replicas saw the same pod; one patch landed, the other hit a conflict.
-        // The winner logs, then publishes its Event.
-        h.wait_for("the winning replica's log line and Event", WAIT, |h| {
-            let (first, second) = (first.clone(), second.clone());
+        assert_eq!(vnode_tolerations(&placed), 1);
+        // Both replicas saw the same pod; one patch landed, the other hit a conflict. The winner
+        // logs, then publishes its Event.
+        h.wait_for("the scheduler's verdict, the winning replica's log line and Event", WAIT, |h| {
+            let batch = batch.clone();
             async move {
-                let spilled = |p: &str| h.process_output(p).unwrap_or_default().matches("it may now use virtual nodes").count();
-                let events = Api::<Event>::all(h.client()).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
-                let published = events.iter().filter(|e| e.reason.as_deref() == Some("SpillToVirtualNodes")).count();
-                spilled(&first) + spilled(&second) == 1 && published == 1
+                let spilled = (0..2)
+                    .map(|o| w.log(h, o).lines().filter(|l| l.contains("it may now use virtual nodes") && l.contains(&format!("{batch}/batch"))).count())
+                    .sum::<usize>();
+                spilled == 1
+                    && events(h, &batch, "batch", "SpillToVirtualNodes").await == 1
+                    && events(h, &batch, "batch", "FailedScheduling").await >= 1
             }
         })
         .await?;
-        let pod = view(&pods.get("batch").await?);
-        assert_eq!(vnode_tolerations(&pod), 1);
         Ok(())
     })
     .await;
@@ -307,17 +611,24 @@ async fn two_replicas_share_a_certificate_and_an_unschedulable_prefer_pod_is_pat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_webhook_down_pods_are_still_created() {
-    with_harness(async |h| {
-        h.start_mock_eci(FAST_MOCK).await?;
-        let port = free_port();
-        install(h, port).await?;
-        let replica = start(h, 0, port)?;
-        wait_registered(h).await?;
-        let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+    with_webhook(1, async |h, w| {
+        let namespace = h.create_namespace("down").await?;
         let labels = json!({"alibabacloud.com/eci": "true"});
+        wait_admitted(
+            h,
+            &namespace,
+            &labels,
+            "the webhook in the admission chain",
+            |p| vnode_tolerations(p) == 1,
+        )
+        .await?;
+        let pods: Api<Pod> = Api::namespaced(h.client(), &namespace);
         let up = view(
             &pods
-                .create(&PostParams::default(), &mk_pod("while-up", &labels, None))
+                .create(
+                    &PostParams::default(),
+                    &mk_pod("while-up", &labels, &json!({})),
+                )
                 .await?,
         );
         assert_eq!(
@@ -325,16 +636,36 @@ async fn with_the_webhook_down_pods_are_still_created() {
             1,
             "the webhook is in the chain while it runs"
         );
-        h.process(&replica)
-            .unwrap()
-            .terminate(Duration::from_secs(10))
-            .await;
+
+        // Scaled in to zero: the replica drains and removes its node; no pod serves the Service.
+        h.scale_daemon_statefulset(0).await?;
+        h.wait_for("the daemon pod to go", SLOW, |h| async move {
+            w.pods(h).await.is_empty()
+        })
+        .await?;
+        let node = w.pod(0);
+        h.wait_for("the scale-in to remove the node", WAIT, |h| {
+            let node = node.clone();
+            async move {
+                Api::<Node>::all(h.client())
+                    .get_opt(&node)
+                    .await
+                    .is_ok_and(|n| n.is_none())
+            }
+        })
+        .await?;
+        assert!(
+            configuration(h, w).await.is_some(),
+            "the webhook stays registered"
+        );
+        let asked = Instant::now();
         let created = pods
             .create(
                 &PostParams::default(),
-                &mk_pod("while-down", &json!({"alibabacloud.com/eci": "true"}), None),
+                &mk_pod("while-down", &labels, &json!({})),
             )
             .await?;
+        eprintln!("created with the webhook down in {:?}", asked.elapsed());
         assert_eq!(created.name_any(), "while-down");
         assert_eq!(
             vnode_tolerations(&view(&created)),

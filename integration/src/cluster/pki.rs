@@ -80,10 +80,16 @@ struct Authority {
 }
 
 impl Authority {
-    fn new(dir: &Path, name: &'static str, common_name: &str) -> Result<(Self, CertFiles), PkiError> {
+    fn new(
+        dir: &Path,
+        name: &'static str,
+        common_name: &str,
+    ) -> Result<(Self, CertFiles), PkiError> {
         let key = KeyPair::generate().map_err(generate(name))?;
         let mut params = CertificateParams::new(Vec::<String>::new()).map_err(generate(name))?;
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let cert = params.self_signed(&key).map_err(generate(name))?;
         let files = save(dir, name, &cert.pem(), &key.serialize_pem())?;
@@ -108,7 +114,9 @@ impl Authority {
         let key = KeyPair::generate().map_err(generate(name))?;
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         let mut params = CertificateParams::new(names).map_err(generate(name))?;
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         for organization in organizations {
             params
                 .distinguished_name

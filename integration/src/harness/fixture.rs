@@ -96,7 +96,9 @@ async fn start() -> Result<Shared, HarnessError> {
         .map_err(|e| setup(e.to_string()))?
         .to_owned();
     apply_daemon_rbac(&kubectl, &kubeconfig).await?;
-    let scratch = tempdir.as_ref().map_or(dir.clone(), |t| t.path().to_owned());
+    let scratch = tempdir
+        .as_ref()
+        .map_or(dir.clone(), |t| t.path().to_owned());
     let daemon_kubeconfig = scratch.join(format!("daemon-{}.kubeconfig", std::process::id()));
     write_daemon_kubeconfig(&kubeconfig, &daemon_kubeconfig).await?;
     Ok(Shared {

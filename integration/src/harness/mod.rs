@@ -2,6 +2,7 @@
 //! binary, or `E2E_KUBECONFIG`'s), mock-eci and daemon replicas as real child processes, waits
 //! on conditions with timeouts, and a dump of everything when a test fails.
 
+pub mod deploy;
 mod fixture;
 
 use std::path::{Path, PathBuf};

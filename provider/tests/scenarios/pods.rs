@@ -1,5 +1,10 @@
 //! The pod lifecycle scenarios, run by `e2e_pods.rs` over the gRPC contract and by
 //! `e2e_pods_openapi.rs` over the OpenAPI: the same scenarios prove the backends interchangeable.
+//!
+//! They run on a real control plane: each scenario's pods live in a namespace of its own and
+//! kube-scheduler places them on the scenario's virtual node (they tolerate its taint and select
+//! it by hostname), so admission (the `kube-api-access-*` volume), binding, graceful deletion and
+//! the node lifecycle controller are the real ones.
 
 use std::time::Duration;
 
@@ -8,7 +13,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-const WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_secs(90);
 const INSTANCE_ID: &str = "k8s.aliyun.com/eci-instance-id";
 const FAST_MOCK: &[&str] = &[
     "--provisioning-delay",
@@ -45,21 +50,50 @@ where
             )));
         }
     }
-    if result.is_err() {
+    if result.is_err() || std::env::var_os("E2E_DEBUG").is_some() {
         eprintln!("{}", h.dump().await);
+        for name in [h.node_name(0), format!("{}.1", h.node_name(0))] {
+            eprintln!(
+                "==== FULL {name}\n{}",
+                h.process_output(&name).unwrap_or_default()
+            );
+        }
     }
     h.shutdown(Duration::from_secs(10)).await;
     result.unwrap();
 }
 
-async fn start(h: &mut Harness) -> Result<(String, String), HarnessError> {
+/// What a scenario works with: its virtual node, mock-eci's admin endpoint and its namespace.
+struct Scene {
+    node: String,
+    admin: String,
+    ns: String,
+}
+
+async fn start(h: &mut Harness) -> Result<Scene, HarnessError> {
+    let ns = h.create_namespace("pods").await?;
     let mock = h.start_mock_eci(FAST_MOCK).await?;
     h.start_daemon(0, FAST_DAEMON)?;
     let node = h.node_name(0);
-    Ok((node, mock.admin))
+    Ok(Scene {
+        node,
+        admin: mock.admin,
+        ns,
+    })
 }
 
+/// A pod for kube-scheduler to place on `node`: it tolerates the virtual nodes' taint and
+/// selects `node` by hostname, as a workload aimed at one virtual node would.
 fn pod_spec(name: &str, node: &str, spec: Value) -> Pod {
+    let mut spec = spec;
+    spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+    spec["tolerations"] = json!([{"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]);
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+}
+
+/// A pod bound to `node` directly (`spec.nodeName`), bypassing the scheduler: only for
+/// scenarios about something else that the scheduler would (rightly) prevent.
+fn pod_bound_to(name: &str, node: &str, spec: Value) -> Pod {
     let mut spec = spec;
     spec["nodeName"] = json!(node);
     serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
@@ -69,14 +103,14 @@ fn container(env: &[(&str, &str)]) -> Value {
     json!({"name": "app", "image": "registry.example.com/app:1", "env": env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>()})
 }
 
-async fn create(h: &Harness, pod: &Pod) -> Result<(), HarnessError> {
-    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+async fn create(h: &Harness, ns: &str, pod: &Pod) -> Result<(), HarnessError> {
+    let pods: Api<Pod> = Api::namespaced(h.client(), ns);
     pods.create(&PostParams::default(), pod).await?;
     Ok(())
 }
 
-async fn get(h: &Harness, name: &str) -> Option<Value> {
-    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+async fn get(h: &Harness, ns: &str, name: &str) -> Option<Value> {
+    let pods: Api<Pod> = Api::namespaced(h.client(), ns);
     pods.get_opt(name)
         .await
         .ok()
@@ -86,16 +120,17 @@ async fn get(h: &Harness, name: &str) -> Option<Value> {
 
 async fn wait_pod(
     h: &Harness,
+    ns: &str,
     name: &str,
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Result<Value, HarnessError> {
-    h.wait_for(&format!("pod {name}: {what}"), WAIT, |h| {
+    h.wait_for(&format!("pod {ns}/{name}: {what}"), WAIT, |h| {
         let check = &check;
-        async move { get(h, name).await.is_some_and(|p| check(&p)) }
+        async move { get(h, ns, name).await.is_some_and(|p| check(&p)) }
     })
     .await?;
-    Ok(get(h, name).await.unwrap())
+    Ok(get(h, ns, name).await.unwrap())
 }
 
 /// Changes mock-eci's fault controls (outage, stock, …).
@@ -135,10 +170,10 @@ fn condition(pod: &Value, kind: &str) -> String {
 
 pub(crate) async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi) {
     with_harness(api, async |h| {
-        let (node, admin) = start(h).await?;
-        let maps: Api<ConfigMap> = Api::namespaced(h.client(), "default");
+        let Scene { node, admin, ns } = start(h).await?;
+        let maps: Api<ConfigMap> = Api::namespaced(h.client(), &ns);
         maps.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "app-config"}, "data": {"mode": "prod", "app.yaml": "debug: false"}})).unwrap()).await?;
-        let secrets: Api<Secret> = Api::namespaced(h.client(), "default");
+        let secrets: Api<Secret> = Api::namespaced(h.client(), &ns);
         secrets.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "db"}, "stringData": {"password": "s3cret"}})).unwrap()).await?;
         let pod = pod_spec("web", &node, json!({
             "containers": [{"name": "app", "image": "nginx:1.27",
@@ -150,8 +185,9 @@ pub(crate) async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi
                 "volumeMounts": [{"name": "config", "mountPath": "/etc/app"}]}],
             "volumes": [{"name": "config", "configMap": {"name": "app-config"}}]
         }));
-        create(h, &pod).await?;
-        let running = wait_pod(h, "web", "Running and Ready", |p| phase(p) == "Running" && condition(p, "Ready") == "True").await?;
+        create(h, &ns, &pod).await?;
+        let running = wait_pod(h, &ns, "web", "Running and Ready", |p| phase(p) == "Running" && condition(p, "Ready") == "True").await?;
+        assert_eq!(running["spec"]["nodeName"], node.as_str(), "kube-scheduler bound the pod to the virtual node");
         let ip = running["status"]["podIP"].as_str().unwrap_or_default().to_owned();
         assert!(ip.starts_with("192.168."), "{running}");
         for kind in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
@@ -161,6 +197,9 @@ pub(crate) async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi
         assert!(status["containerID"].as_str().unwrap().starts_with("eci://"));
         assert!(status["state"]["running"]["startedAt"].is_string());
         let instance = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
+        // ServiceAccount admission gave the pod its token volume.
+        let token_volume = running["spec"]["volumes"].as_array().unwrap().iter().find_map(|v| v["name"].as_str().filter(|n| n.starts_with("kube-api-access-"))).map(str::to_owned);
+        let token_volume = token_volume.expect("ServiceAccount admission adds the kube-api-access volume");
 
         let groups = groups(&admin).await;
         assert_eq!(groups.len(), 1);
@@ -174,7 +213,7 @@ pub(crate) async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi
         let volume = group["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "config").cloned().unwrap();
         assert_eq!(volume["type"], "ConfigFileVolume");
         assert_eq!(volume["config_file_volume"]["config_file_to_path"].as_array().unwrap().len(), 2);
-        assert!(group["volumes"].as_array().unwrap().iter().any(|v| v["name"].as_str().unwrap_or_default().starts_with("kube-api-access-")), "the service account token volume travels too");
+        assert!(group["volumes"].as_array().unwrap().iter().any(|v| v["name"] == token_volume.as_str()), "the service account token volume travels too");
         Ok(())
     })
     .await;
@@ -182,24 +221,24 @@ pub(crate) async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi
 
 pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api: EciApi) {
     with_harness(api, async |h| {
-        let (node, _) = start(h).await?;
+        let Scene { node, ns, .. } = start(h).await?;
         let mut never_ok = json!({"restartPolicy": "Never", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "0"), ("MOCK_ECI_EXIT_AFTER", "300ms")])]});
         never_ok["initContainers"] = json!([{"name": "migrate", "image": "registry.example.com/migrate:1"}]);
-        create(h, &pod_spec("never-ok", &node, never_ok)).await?;
-        create(h, &pod_spec("never-fail", &node, json!({"restartPolicy": "Never", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "3"), ("MOCK_ECI_EXIT_AFTER", "300ms")])]}))).await?;
-        create(h, &pod_spec("on-failure", &node, json!({"restartPolicy": "OnFailure", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "1"), ("MOCK_ECI_EXIT_AFTER", "300ms"), ("MOCK_ECI_EXIT_RUNS", "1")])]}))).await?;
+        create(h, &ns, &pod_spec("never-ok", &node, never_ok)).await?;
+        create(h, &ns, &pod_spec("never-fail", &node, json!({"restartPolicy": "Never", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "3"), ("MOCK_ECI_EXIT_AFTER", "300ms")])]}))).await?;
+        create(h, &ns, &pod_spec("on-failure", &node, json!({"restartPolicy": "OnFailure", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "1"), ("MOCK_ECI_EXIT_AFTER", "300ms"), ("MOCK_ECI_EXIT_RUNS", "1")])]}))).await?;
 
-        let ok = wait_pod(h, "never-ok", "Succeeded", |p| phase(p) == "Succeeded").await?;
+        let ok = wait_pod(h, &ns, "never-ok", "Succeeded", |p| phase(p) == "Succeeded").await?;
         assert_eq!(ok["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 0);
         let init = &ok["status"]["initContainerStatuses"][0];
         assert_eq!((init["name"].as_str(), init["state"]["terminated"]["reason"].as_str()), (Some("migrate"), Some("Completed")));
         assert_eq!(condition(&ok, "Initialized"), "True");
 
-        let failed = wait_pod(h, "never-fail", "Failed", |p| phase(p) == "Failed").await?;
+        let failed = wait_pod(h, &ns, "never-fail", "Failed", |p| phase(p) == "Failed").await?;
         let terminated = &failed["status"]["containerStatuses"][0]["state"]["terminated"];
         assert_eq!((terminated["exitCode"].as_i64(), terminated["reason"].as_str()), (Some(3), Some("Error")));
 
-        let restarted = wait_pod(h, "on-failure", "restarted once and running", |p| {
+        let restarted = wait_pod(h, &ns, "on-failure", "restarted once and running", |p| {
             phase(p) == "Running" && p["status"]["containerStatuses"][0]["restartCount"] == 1 && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
         })
         .await?;
@@ -211,9 +250,10 @@ pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api
 
 pub(crate) async fn graceful_deletion_waits_for_the_group_then_removes_the_pod(api: EciApi) {
     with_harness(api, async |h| {
-        let (node, admin) = start(h).await?;
+        let Scene { node, admin, ns } = start(h).await?;
         create(
             h,
+            &ns,
             &pod_spec(
                 "graceful",
                 &node,
@@ -221,8 +261,8 @@ pub(crate) async fn graceful_deletion_waits_for_the_group_then_removes_the_pod(a
             ),
         )
         .await?;
-        wait_pod(h, "graceful", "Running", |p| phase(p) == "Running").await?;
-        let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+        wait_pod(h, &ns, "graceful", "Running", |p| phase(p) == "Running").await?;
+        let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
         pods.delete("graceful", &DeleteParams::default()).await?;
         h.wait_for("the group to be Terminating", WAIT, |_| {
             let admin = admin.clone();
@@ -234,12 +274,20 @@ pub(crate) async fn graceful_deletion_waits_for_the_group_then_removes_the_pod(a
             }
         })
         .await?;
+        let terminating = get(h, &ns, "graceful").await;
         assert!(
-            get(h, "graceful").await.is_some(),
+            terminating.is_some(),
             "the pod stays while its group honours the grace period"
         );
-        h.wait_for("the pod to be gone", WAIT, |h| async move {
-            get(h, "graceful").await.is_none()
+        let terminating = terminating.unwrap_or_default();
+        assert!(
+            terminating["metadata"]["deletionTimestamp"].is_string(),
+            "the apiserver marked the pod for graceful deletion: {terminating}"
+        );
+        assert_eq!(terminating["metadata"]["deletionGracePeriodSeconds"], 3);
+        h.wait_for("the pod to be gone", WAIT, |h| {
+            let ns = ns.clone();
+            async move { get(h, &ns, "graceful").await.is_none() }
         })
         .await?;
         assert!(groups(&admin).await.is_empty(), "the group is gone too");
@@ -250,26 +298,26 @@ pub(crate) async fn graceful_deletion_waits_for_the_group_then_removes_the_pod(a
 
 pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
     with_harness(api, async |h| {
-        let (node, admin) = start(h).await?;
+        let Scene { node, admin, ns } = start(h).await?;
         // A pod ECI can never run.
-        create(h, &pod_spec("host-path", &node, json!({"containers": [container(&[])], "volumes": [{"name": "logs", "hostPath": {"path": "/var/log"}}]}))).await?;
-        let failed = wait_pod(h, "host-path", "ProviderFailed", |p| p["status"]["reason"] == "ProviderFailed").await?;
+        create(h, &ns, &pod_spec("host-path", &node, json!({"containers": [container(&[])], "volumes": [{"name": "logs", "hostPath": {"path": "/var/log"}}]}))).await?;
+        let failed = wait_pod(h, &ns, "host-path", "ProviderFailed", |p| p["status"]["reason"] == "ProviderFailed").await?;
         assert_eq!(phase(&failed), "Failed");
         assert!(failed["status"]["message"].as_str().unwrap().contains("hostPath volumes cannot run on ECI"), "{failed}");
 
         // No stock: the group ends ScheduleFailed and the pod says why.
         set_controls(&admin, json!({"no_stock": true})).await;
-        create(h, &pod_spec("starved", &node, json!({"containers": [container(&[])]}))).await?;
-        let starved = wait_pod(h, "starved", "ScheduleFailed", |p| p["status"]["reason"] == "ScheduleFailed").await?;
+        create(h, &ns, &pod_spec("starved", &node, json!({"containers": [container(&[])]}))).await?;
+        let starved = wait_pod(h, &ns, "starved", "ScheduleFailed", |p| p["status"]["reason"] == "ScheduleFailed").await?;
         assert!(starved["status"]["message"].as_str().unwrap().starts_with("NoStock"), "{starved}");
         set_controls(&admin, json!({"no_stock": false})).await;
 
         // A group that vanishes out of band fails its pod with NotFound.
-        create(h, &pod_spec("vanishing", &node, json!({"containers": [container(&[])]}))).await?;
-        let running = wait_pod(h, "vanishing", "Running", |p| phase(p) == "Running").await?;
+        create(h, &ns, &pod_spec("vanishing", &node, json!({"containers": [container(&[])]}))).await?;
+        let running = wait_pod(h, &ns, "vanishing", "Running", |p| phase(p) == "Running").await?;
         let id = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap().to_owned();
         reqwest::Client::new().post(format!("{admin}/admin/groups/{id}/vanish")).send().await.unwrap();
-        wait_pod(h, "vanishing", "NotFound", |p| phase(p) == "Failed" && p["status"]["reason"] == "NotFound").await?;
+        wait_pod(h, &ns, "vanishing", "NotFound", |p| phase(p) == "Failed" && p["status"]["reason"] == "NotFound").await?;
         Ok(())
     })
     .await;
@@ -277,7 +325,7 @@ pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
 
 pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(api: EciApi) {
     with_harness(api, async |h| {
-        let (node, admin) = start(h).await?;
+        let Scene { node, admin, ns } = start(h).await?;
         // The daemon is up (its node Ready) before the outage starts.
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.client());
         h.wait_for("the node to be Ready", WAIT, |_| {
@@ -294,12 +342,16 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
             }
         })
         .await?;
-        // Creation during an ECI outage: pods wait and run once it ends.
+        // Creation during an ECI outage: pods wait and run once it ends. The outage turns the
+        // node NotReady (its ECI probe fails too), and kube-scheduler rightly places nothing on
+        // a NotReady node; these pods are bound directly, as pods bound just before the outage
+        // began would be — the scenario is about the daemon's creation retries.
         set_controls(&admin, json!({"outage": true})).await;
         for i in 0..6 {
             create(
                 h,
-                &pod_spec(
+                &ns,
+                &pod_bound_to(
                     &format!("p{i}"),
                     &node,
                     json!({"containers": [container(&[])]}),
@@ -322,7 +374,10 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
         .await?;
         set_controls(&admin, json!({"outage": false})).await;
         for i in 0..6 {
-            wait_pod(h, &format!("p{i}"), "Running", |p| phase(p) == "Running").await?;
+            wait_pod(h, &ns, &format!("p{i}"), "Running", |p| {
+                phase(p) == "Running"
+            })
+            .await?;
         }
         assert_eq!(groups(&admin).await.len(), 6);
 
@@ -330,7 +385,7 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
         // rest and deletes exactly the two orphans.
         let name = h.node_name(0);
         h.process(&name).unwrap().kill().await;
-        let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+        let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
         for victim in ["p0", "p1"] {
             pods.delete(victim, &DeleteParams::default().grace_period(0))
                 .await?;
@@ -355,10 +410,13 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
             "one group per remaining pod"
         );
         for i in 2..6 {
-            assert_eq!(phase(&get(h, &format!("p{i}")).await.unwrap()), "Running");
+            assert_eq!(
+                phase(&get(h, &ns, &format!("p{i}")).await.unwrap()),
+                "Running"
+            );
         }
         h.wait_for("p2's instance id to be recorded again", WAIT, |_| async {
-            get(h, "p2")
+            get(h, &ns, "p2")
                 .await
                 .is_some_and(|p| p["metadata"]["annotations"][INSTANCE_ID].as_str().is_some())
         })
@@ -366,7 +424,7 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
         for group in &groups {
             let pod = pod_name_of(group);
             let recorded =
-                get(h, pod).await.unwrap()["metadata"]["annotations"][INSTANCE_ID].clone();
+                get(h, &ns, pod).await.unwrap()["metadata"]["annotations"][INSTANCE_ID].clone();
             assert_eq!(
                 recorded, group["container_group_id"],
                 "{pod} names its group"
@@ -377,11 +435,11 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
     .await;
 }
 
-async fn wait_all_running(h: &Harness, count: usize) -> Result<(), HarnessError> {
-    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+async fn wait_all_running(h: &Harness, ns: &str, count: usize) -> Result<(), HarnessError> {
+    let pods: Api<Pod> = Api::namespaced(h.client(), ns);
     h.wait_for(
-        &format!("all {count} pods to run"),
-        Duration::from_secs(120),
+        &format!("all {count} pods of {ns} to run"),
+        Duration::from_secs(240),
         |_| {
             let pods = pods.clone();
             async move {
@@ -415,8 +473,8 @@ fn pod_names_of(groups: &[Value]) -> Vec<String> {
     names
 }
 
-async fn create_many(h: &Harness, node: &str, count: usize) {
-    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+async fn create_many(h: &Harness, ns: &str, node: &str, count: usize) {
+    let pods: Api<Pod> = Api::namespaced(h.client(), ns);
     let creations = (0..count).map(|i| {
         let (pods, pod) = (
             pods.clone(),
@@ -452,8 +510,8 @@ pub(crate) async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_
     api: EciApi,
 ) {
     with_harness(api, async |h| {
-        let (node, admin) = start(h).await?;
-        create_many(h, &node, 200).await;
+        let Scene { node, admin, ns } = start(h).await?;
+        create_many(h, &ns, &node, 200).await;
         h.wait_for("the daemon to be in the middle of the burst", WAIT, |_| {
             let admin = admin.clone();
             async move { created_count(&admin).await >= 40 }
@@ -462,7 +520,7 @@ pub(crate) async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_
         let name = h.node_name(0);
         h.process(&name).unwrap().kill().await;
         h.start_daemon(0, FAST_DAEMON)?;
-        wait_all_running(h, 200).await?;
+        wait_all_running(h, &ns, 200).await?;
         let groups = groups(&admin).await;
         let names = pod_names_of(&groups);
         let expected: Vec<String> = (0..200).map(|i| format!("burst-{i:03}")).collect();
@@ -474,6 +532,7 @@ pub(crate) async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_
 
 pub(crate) async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked(api: EciApi) {
     with_harness(api, async |h| {
+        let ns = h.create_namespace("pods").await?;
         // ECI allows 2 creates a second; the daemon, unpaced, runs into the limit and retries.
         let mock = h
             .start_mock_eci(&[FAST_MOCK, &["--rate-limit", "CreateContainerGroup=120/2"]].concat())
@@ -482,8 +541,8 @@ pub(crate) async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_l
         env.push(("NO_ECI_CLIENT_RATE_LIMITS", "true"));
         h.start_daemon(0, &env)?;
         let node = h.node_name(0);
-        create_many(h, &node, 20).await;
-        wait_all_running(h, 20).await?;
+        create_many(h, &ns, &node, 20).await;
+        wait_all_running(h, &ns, 20).await?;
         let metrics = reqwest::get(format!("{}/metrics", mock.admin))
             .await
             .unwrap()
