@@ -33,11 +33,14 @@ use serde_json::{Value, json};
 const WAIT: Duration = Duration::from_secs(120);
 /// Pods starting, draining or going away on a loaded machine.
 const SLOW: Duration = Duration::from_secs(300);
+/// Quick groups, whose containers stop within a second of SIGTERM (drains end in seconds).
 const FAST_MOCK: &[&str] = &[
     "--provisioning-delay",
     "200ms",
     "--scheduling-delay",
     "50ms",
+    "--max-grace-period",
+    "1s",
 ];
 /// Labels this test's daemon pods, Service and Selectors (and nothing of any other test).
 const RUN_LABEL: &str = "virtual-node-eci.aliyun.com/e2e-run";
@@ -129,13 +132,42 @@ where
             tail(&playground, 60)
         );
     }
+    eprintln!("scenario done after {:?}", started.elapsed());
     teardown(&h, &w).await;
+    let refused = refusals(&h, &w);
     h.shutdown(Duration::from_secs(10)).await;
     eprintln!("scenario and teardown took {:?}", started.elapsed());
     match result {
         Ok(outcome) => outcome.unwrap(),
         Err(panic) => std::panic::resume_unwind(panic),
     }
+    assert!(
+        refused.is_empty(),
+        "deploy/'s RBAC refused the daemon:\n{}",
+        refused.join("\n")
+    );
+}
+
+/// The replicas' log lines (their whole lives, the drains at the end included) about a request
+/// the authorizer refused; prints every warning and error on the way.
+fn refusals(h: &Harness, w: &Webhook) -> Vec<String> {
+    let mut refused = Vec::new();
+    for ordinal in 0..w.replicas {
+        let log = w.log(h, ordinal);
+        let complaints: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        if !complaints.is_empty() {
+            eprintln!("{} complained:\n{}", w.pod(ordinal), complaints.join("\n"));
+        }
+        refused.extend(
+            log.lines()
+                .filter(|l| l.to_lowercase().contains("forbidden"))
+                .map(str::to_owned),
+        );
+    }
+    refused
 }
 
 fn tail(text: &str, lines: usize) -> String {
@@ -159,7 +191,7 @@ fn statefulset(w: &Webhook, mock: &MockEciEndpoints) -> StatefulSet {
     spec["selector"]["matchLabels"][RUN_LABEL] = json!(w.name);
     let template = &mut spec["template"];
     template["metadata"]["labels"][RUN_LABEL] = json!(w.name);
-    template["spec"]["terminationGracePeriodSeconds"] = json!(60);
+    template["spec"]["terminationGracePeriodSeconds"] = json!(120);
     let container = &mut template["spec"]["containers"][0];
     assert_eq!(container["name"], CONTAINER);
     container.as_object_mut().unwrap().remove("envFrom");
@@ -173,7 +205,7 @@ fn statefulset(w: &Webhook, mock: &MockEciEndpoints) -> StatefulSet {
         ("WEBHOOK_CONFIGURATION", &w.name),
         ("WEBHOOK_SECRET", &w.secret),
         ("POD_STATUS_POLL_INTERVAL", "250ms"),
-        ("DRAIN_TIMEOUT", "20s"),
+        ("DRAIN_TIMEOUT", "60s"),
         ("DRAIN_EVICT_UNMANAGED_PODS", "true"),
         ("LOG_FORMAT", "text"),
         ("RUST_LOG", "info"),
@@ -320,6 +352,7 @@ async fn teardown(h: &Harness, w: &Webhook) {
             .await;
         if removed.is_err() {
             report(&format!("node {node}"), removed);
+            eprintln!("---- log of {node} ----\n{}", tail(&w.log(h, ordinal), 40));
             let _ = nodes.delete(&node, &DeleteParams::default()).await;
             let _ = leases.delete(&node, &DeleteParams::default()).await;
         }
@@ -557,12 +590,20 @@ async fn two_replicas_share_a_certificate_and_an_unschedulable_prefer_pod_is_pat
                 .resolve(&host, address)
                 .build()
                 .unwrap();
-            let answer = client
-                .post(format!("https://{host}:{}/mutate-pods", address.port()))
-                .body("{not json")
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("TLS with the shared CA at {address}: {e}"));
+            // The proxy may not have seen the pods Ready yet: it closes connections until then.
+            let deadline = Instant::now() + WAIT;
+            let answer = loop {
+                let sent = client
+                    .post(format!("https://{host}:{}/mutate-pods", address.port()))
+                    .body("{not json")
+                    .send()
+                    .await;
+                match sent {
+                    Ok(answer) => break answer,
+                    Err(e) if Instant::now() > deadline => panic!("TLS with the shared CA at {address}: {e:?}"),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            };
             assert_eq!(answer.status(), 400, "a malformed review is refused with a reason");
             assert!(answer.text().await.unwrap().contains("malformed AdmissionReview"));
         }
