@@ -1,6 +1,6 @@
 //! Admission benchmark: the daemon's webhook with 1,000 Selectors and 5,000 namespaces in its
 //! caches, answering AdmissionReviews at a steady 500 requests/s over HTTPS. Real processes
-//! (API stand-in, mock-eci, the daemon; release builds).
+//! (the real control plane, mock-eci, the daemon; release builds).
 //!
 //! Run: `cargo bench -p virtual-node-eci --bench admission` (`ADMISSION_BENCH_RATE`,
 //! `ADMISSION_BENCH_SECONDS`, `ADMISSION_BENCH_SELECTORS`, `ADMISSION_BENCH_NAMESPACES` override

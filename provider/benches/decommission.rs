@@ -1,6 +1,6 @@
 //! Scale-in benchmark: how long a replica takes to decommission a node with N pods — cordon,
 //! evict every pod, delete each group gracefully, delete the pods, the Lease and the Node.
-//! Real processes (API stand-in, mock-eci, two daemon replicas; release builds).
+//! Real processes (the real control plane, mock-eci, two daemon replicas; release builds).
 //!
 //! Run: `cargo bench -p virtual-node-eci --bench decommission` (`DECOMMISSION_BENCH_PODS=100,500`
 //! sets the sizes). Containers stop 1 s after SIGTERM, as a well-behaved app would.

@@ -1,5 +1,5 @@
 //! Pod lifecycle benchmark: N pods on one replica against mock-eci with rate limits off, all
-//! real processes (API stand-in, mock-eci, the daemon; release builds).
+//! real processes (the real control plane, mock-eci, the daemon; release builds).
 //!
 //! Run: `cargo bench -p virtual-node-eci --bench pods` (`PODS_BENCH_SIZES=1000,10000` sets the
 //! sizes; `PODS_BENCH_RATE=1000` paces creation at that many pods per second, as a scheduler
