@@ -1,5 +1,5 @@
-//! End to end: pods bound to a virtual node run as mock-eci container groups, the daemon
-//! talking to mock-eci over the gRPC contract.
+//! End to end on the real control plane: pods kube-scheduler places on a virtual node run as
+//! mock-eci container groups, the daemon talking to mock-eci over the gRPC contract.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 

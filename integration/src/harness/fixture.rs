@@ -59,7 +59,7 @@ async fn start() -> Result<Shared, HarnessError> {
     let (kubeconfig, supervisor, tempdir, dir, fixture) =
         if let Some(path) = std::env::var_os("E2E_KUBECONFIG") {
             let path = PathBuf::from(path);
-            (path.clone(), None, None, std::env::temp_dir(), false)
+            (path, None, None, std::env::temp_dir(), false)
         } else {
             let tempdir = tempfile::tempdir().map_err(|source| HarnessError::Io {
                 what: "create the fixture's directory".into(),
