@@ -47,6 +47,9 @@ struct Args {
     /// Also stop when standard input reaches its end (the harness holds the other end).
     #[arg(long, hide = true)]
     stop_on_stdin_eof: bool,
+    /// Remove `--dir` and everything in it at exit.
+    #[arg(long, hide = true)]
+    remove_dir_on_exit: bool,
 }
 
 /// The host node's name.
@@ -155,6 +158,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     agent.stop(Duration::from_secs(20)).await;
     plane.stop(Duration::from_secs(5)).await;
     let _ = std::fs::remove_file(dir.join("env"));
+    if args.remove_dir_on_exit {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     outcome.unwrap_or(Ok(()))
 }
 

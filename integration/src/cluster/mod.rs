@@ -49,6 +49,24 @@ pub enum ClusterError {
         #[source]
         source: std::io::Error,
     },
+    /// A file could not be read.
+    #[error("read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The client that polls `/readyz` could not be built (the CA file is not PEM).
+    #[error("build an HTTPS client trusting {ca}")]
+    ReadinessClient {
+        /// The CA file.
+        ca: PathBuf,
+        /// The cause.
+        #[source]
+        source: reqwest::Error,
+    },
     /// A component exited while starting.
     #[error("{component} exited ({status}) while starting; last lines of its log:\n{tail}")]
     Exited {
@@ -311,15 +329,28 @@ impl ControlPlane {
             "--profiling=false".into(),
         ];
         self.spawn("kube-apiserver", &apiserver, &flags)?;
-        let client = self.client().await?;
+        // /readyz is public (system:public-info-viewer); polled with a plain client so the
+        // 500s of a starting apiserver are not logged as errors by kube-rs.
+        let ca = std::fs::read(&pki.ca.cert).map_err(|source| ClusterError::Read {
+            path: pki.ca.cert.clone(),
+            source,
+        })?;
+        let client_error = |source| ClusterError::ReadinessClient {
+            ca: pki.ca.cert.clone(),
+            source,
+        };
+        let http = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca).map_err(client_error)?)
+            .build()
+            .map_err(client_error)?;
+        let readyz = format!("{}/readyz", self.server());
         self.wait_ready("kube-apiserver", options.ready_timeout, || {
-            let client = client.clone();
+            let (http, readyz) = (http.clone(), readyz.clone());
             async move {
-                let request = http::Request::get("/readyz").body(Vec::new());
-                match request {
-                    Ok(request) => client.request_text(request).await.is_ok(),
-                    Err(_) => false,
-                }
+                http.get(&readyz)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
             }
         })
         .await

@@ -38,7 +38,7 @@ pub(super) struct Shared {
     pub(super) dir: PathBuf,
     /// Kept for the life of the process: dropping neither closes nor waits.
     _supervisor: Option<std::process::Child>,
-    _tempdir: Option<tempfile::TempDir>,
+    _tempdir: tempfile::TempDir,
 }
 
 static SHARED: OnceCell<Shared> = OnceCell::const_new();
@@ -56,50 +56,46 @@ async fn start() -> Result<Shared, HarnessError> {
     let upstream = Upstream::locate()
         .await
         .map_err(|e| setup(format!("upstream binaries: {e}")))?;
-    let (kubeconfig, supervisor, tempdir, dir, fixture) =
-        if let Some(path) = std::env::var_os("E2E_KUBECONFIG") {
-            let path = PathBuf::from(path);
-            (path, None, None, std::env::temp_dir(), false)
-        } else {
-            let tempdir = tempfile::tempdir().map_err(|source| HarnessError::Io {
-                what: "create the fixture's directory".into(),
+    let tempdir = tempfile::tempdir().map_err(|source| HarnessError::Io {
+        what: "create the fixture's directory".into(),
+        source,
+    })?;
+    let dir = tempdir.path().to_owned();
+    let (kubeconfig, supervisor, fixture) = if let Some(path) = std::env::var_os("E2E_KUBECONFIG")
+    {
+        (PathBuf::from(path), None, false)
+    } else {
+        let mut child = std::process::Command::new(binary("integration", "playground")?)
+            .args(["--bare", "--stop-on-stdin-eof", "--ecs-nodes", "2", "--dir"])
+            .arg(&dir)
+            // The directory (logs, PKI, the host's pods) goes with the playground unless asked
+            // to stay for a post-mortem; a failing test prints the tails it needs first.
+            .args(if std::env::var_os("E2E_KEEP_DIR").is_some() {
+                None
+            } else {
+                Some("--remove-dir-on-exit")
+            })
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(dir.join("playground.log"))
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::inherit()),
+            )
+            .spawn()
+            .map_err(|source| HarnessError::Io {
+                what: "start the playground".into(),
                 source,
             })?;
-            let dir = tempdir.path().to_owned();
-            let child = std::process::Command::new(binary("integration", "playground")?)
-                .args(["--bare", "--stop-on-stdin-eof", "--ecs-nodes", "2", "--dir"])
-                .arg(&dir)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(
-                    std::fs::File::create(dir.join("playground.log"))
-                        .map(Stdio::from)
-                        .unwrap_or_else(|_| Stdio::inherit()),
-                )
-                .spawn()
-                .map_err(|source| HarnessError::Io {
-                    what: "start the playground".into(),
-                    source,
-                })?;
-            let mut child = child;
-            wait_env(&dir, &mut child).await?;
-            (
-                dir.join("kubeconfig"),
-                Some(child),
-                Some(tempdir),
-                dir,
-                true,
-            )
-        };
+        wait_env(&dir, &mut child).await?;
+        (dir.join("kubeconfig"), Some(child), true)
+    };
     let kubectl = upstream
         .path("kubectl")
         .map_err(|e| setup(e.to_string()))?
         .to_owned();
     apply_daemon_rbac(&kubectl, &kubeconfig).await?;
-    let scratch = tempdir
-        .as_ref()
-        .map_or(dir.clone(), |t| t.path().to_owned());
-    let daemon_kubeconfig = scratch.join(format!("daemon-{}.kubeconfig", std::process::id()));
+    let daemon_kubeconfig = dir.join("daemon.kubeconfig");
     write_daemon_kubeconfig(&kubeconfig, &daemon_kubeconfig).await?;
     Ok(Shared {
         kubeconfig,

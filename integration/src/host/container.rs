@@ -8,9 +8,10 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, ObjectReference, Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
+use kube::runtime::events::{Event, EventType};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -108,6 +109,40 @@ impl PodShared {
         match slot {
             Slot::Init(i) => spec.init_containers.as_ref()?.get(i).cloned(),
             Slot::Main(i) => spec.containers.get(i).cloned(),
+        }
+    }
+
+    /// Records a kubelet-style Event on the pod (best effort: a slow or failing API server only
+    /// costs a debug line).
+    pub(crate) async fn event(&self, warning: bool, reason: &str, note: String) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(self.name.clone()),
+            namespace: Some(self.namespace.clone()),
+            uid: Some(self.uid.clone()),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        match tokio::time::timeout(
+            Duration::from_secs(2),
+            self.ctx.recorder.publish(&event, &reference),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => debug!(error = %error, reason, "event not recorded"),
+            Err(_) => debug!(reason, "event not recorded in time"),
         }
     }
 
@@ -231,6 +266,7 @@ pub(crate) async fn run(
     let policy = policy_for(&pod_policy, slot, &container);
     let mut backoff = Backoff::new(shared.ctx.config.restart_backoff);
     let mut first = true;
+    let mut last_failure: Option<String> = None;
     let pid_file = shared.dir.join(format!("{}.pid", container.name));
     loop {
         if stop.borrow().is_some() {
@@ -239,8 +275,42 @@ pub(crate) async fn run(
         let started_at = Timestamp::now();
         let started = Instant::now();
         let run = match prepare(&shared, &container).await {
-            Ok(prepared) => start(&shared, slot, &container, prepared, first, &pid_file),
+            Ok(prepared) => {
+                last_failure = None;
+                let image = container.image.clone().unwrap_or_default();
+                shared
+                    .event(
+                        false,
+                        "Pulled",
+                        format!("Container image \"{image}\" already present on machine"),
+                    )
+                    .await;
+                let started = start(&shared, slot, &container, prepared, first, &pid_file);
+                match &started {
+                    Ok(_) => {
+                        let name = &container.name;
+                        shared
+                            .event(false, "Created", format!("Created container: {name}"))
+                            .await;
+                        shared
+                            .event(false, "Started", format!("Started container {name}"))
+                            .await;
+                    }
+                    Err(error) => {
+                        shared
+                            .event(true, "Failed", format!("Error: {error}"))
+                            .await;
+                    }
+                }
+                started
+            }
             Err(not_started) => {
+                if last_failure.as_deref() != Some(not_started.message.as_str()) {
+                    last_failure = Some(not_started.message.clone());
+                    shared
+                        .event(true, "Failed", format!("Error: {}", not_started.message))
+                        .await;
+                }
                 debug!(container = %container.name, reason = not_started.reason, message = %not_started.message, "container not started");
                 shared.update(slot, |c| {
                     c.state = RunState::Waiting {
@@ -311,6 +381,16 @@ pub(crate) async fn run(
             };
         });
         if !delay.is_zero() {
+            shared
+                .event(
+                    true,
+                    "BackOff",
+                    format!(
+                        "Back-off restarting failed container {} in pod {}_{}({})",
+                        container.name, shared.name, shared.namespace, shared.uid
+                    ),
+                )
+                .await;
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
                 _ = stop_requested(&mut stop) => return Outcome::Stopped,
@@ -425,22 +505,42 @@ async fn supervise(
         request = stop_requested(stop) => Ok(request),
     };
     match ended {
-        Ok(request) => (
-            terminate(
-                shared,
-                container,
-                child,
-                target,
-                request.deadline,
-                stop,
+        Ok(request) => {
+            shared
+                .event(
+                    false,
+                    "Killing",
+                    format!("Stopping container {}", container.name),
+                )
+                .await;
+            (
+                terminate(
+                    shared,
+                    container,
+                    child,
+                    target,
+                    request.deadline,
+                    stop,
+                    true,
+                )
+                .await,
                 true,
             )
-            .await,
-            true,
-        ),
-        Err(message) => {
+        }
+        Err((message, probe_grace)) => {
             info!(container = %container.name, message, "container unhealthy: restarted");
-            let deadline = Instant::now() + shared.grace();
+            shared
+                .event(
+                    false,
+                    "Killing",
+                    format!("Container {} {message}, will be restarted", container.name),
+                )
+                .await;
+            // A probe's own terminationGracePeriodSeconds wins over the pod's.
+            let grace = probe_grace
+                .and_then(|s| u64::try_from(s).ok())
+                .map_or_else(|| shared.grace(), Duration::from_secs);
+            let deadline = Instant::now() + grace;
             (
                 terminate(shared, container, child, target, deadline, stop, true).await,
                 false,
@@ -499,14 +599,14 @@ async fn terminate(
     child.wait().await.ok()
 }
 
-/// Runs the startup, readiness and liveness probes; returns (with why) when the container
-/// must be restarted.
+/// Runs the startup, readiness and liveness probes; returns (with why, and the failing
+/// probe's own grace period if it has one) when the container must be restarted.
 async fn probes(
     shared: &PodShared,
     slot: Slot,
     container: &Container,
     target: probe::Target<'_>,
-) -> String {
+) -> (String, Option<i64>) {
     if let Some(startup) = &container.startup_probe {
         let timing = Timing::of(startup);
         tokio::time::sleep(timing.initial_delay).await;
@@ -519,7 +619,19 @@ async fn probes(
             };
             match thresholds.record(verdict == Verdict::Success, &timing) {
                 Some(true) => break,
-                Some(false) => return format!("Startup probe failed: {message}"),
+                Some(false) => {
+                    shared
+                        .event(
+                            true,
+                            "Unhealthy",
+                            format!("Startup probe failed: {message}"),
+                        )
+                        .await;
+                    return (
+                        "failed startup probe".to_owned(),
+                        startup.termination_grace_period_seconds,
+                    );
+                }
                 None => {}
             }
             tokio::time::sleep(timing.period).await;
@@ -541,6 +653,13 @@ async fn probes(
             let verdict = probe::probe_once(readiness, target, timing.timeout).await;
             if let Verdict::Failure(message) = &verdict {
                 debug!(container = %container.name, message, "readiness probe failed");
+                shared
+                    .event(
+                        true,
+                        "Unhealthy",
+                        format!("Readiness probe failed: {message}"),
+                    )
+                    .await;
             }
             if let Some(ready) = thresholds.record(verdict == Verdict::Success, &timing) {
                 let changed = {
@@ -564,7 +683,7 @@ async fn probes(
     };
     let liveness = async {
         let Some(liveness) = &container.liveness_probe else {
-            return std::future::pending::<String>().await;
+            return std::future::pending::<(String, Option<i64>)>().await;
         };
         let timing = Timing::of(liveness);
         tokio::time::sleep(timing.initial_delay).await;
@@ -575,14 +694,26 @@ async fn probes(
                 Verdict::Success => String::new(),
                 Verdict::Failure(message) => message.clone(),
             };
+            if verdict != Verdict::Success {
+                shared
+                    .event(
+                        true,
+                        "Unhealthy",
+                        format!("Liveness probe failed: {message}"),
+                    )
+                    .await;
+            }
             if thresholds.record(verdict == Verdict::Success, &timing) == Some(false) {
-                return format!("Liveness probe failed: {message}");
+                return (
+                    "failed liveness probe".to_owned(),
+                    liveness.termination_grace_period_seconds,
+                );
             }
             tokio::time::sleep(timing.period).await;
         }
     };
     tokio::select! {
-        () = readiness => String::new(),
+        () = readiness => (String::new(), None),
         message = liveness => message,
     }
 }

@@ -116,6 +116,7 @@ struct Ctx {
     services: Store<Service>,
     pods: Store<Pod>,
     http: reqwest::Client,
+    recorder: kube::runtime::events::Recorder,
     name_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -189,6 +190,13 @@ impl HostAgent {
             services,
             pods: pods_store,
             http,
+            recorder: kube::runtime::events::Recorder::new(
+                client.clone(),
+                kube::runtime::events::Reporter {
+                    controller: "kubelet".into(),
+                    instance: Some(config.node_name.clone()),
+                },
+            ),
             name_locks: std::sync::Mutex::new(HashMap::new()),
         });
         let cancel = CancellationToken::new();

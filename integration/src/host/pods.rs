@@ -346,13 +346,24 @@ impl Worker {
             pod: key.clone(),
             source,
         })?;
-        let result = self.run_pod(&pod, &api, ip, &key).await;
-        self.ctx.release_ip(ip);
+        let mut lease = IpLease {
+            ctx: Arc::clone(&self.ctx),
+            ip,
+            held: true,
+        };
+        let result = self.run_pod(&pod, &api, &mut lease, &key).await;
+        lease.release();
         self.ctx.hosts.unregister(&key);
         result
     }
 
+    /// The pod's IP: the node's for `hostNetwork` pods, else its previous one when free, else
+    /// the lowest free loopback address.
     fn allocate_ip(&self, pod: &Pod) -> Result<Ipv4Addr, IpamError> {
+        if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
+            // Not from the pool: releasing it is a no-op.
+            return Ok(Ipv4Addr::LOCALHOST);
+        }
         let mut ips = self
             .ctx
             .ips
@@ -373,9 +384,10 @@ impl Worker {
         &mut self,
         pod: &Arc<Pod>,
         api: &Api<Pod>,
-        ip: Ipv4Addr,
+        lease: &mut IpLease,
         key: &str,
     ) -> Result<(), PodError> {
+        let ip = lease.ip;
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -486,12 +498,21 @@ impl Worker {
         // Owned helpers: the status writer and the volume refresher.
         let mut aux: JoinSet<()> = JoinSet::new();
         let writer_done = CancellationToken::new();
+        let (first_written, first_written_rx) = tokio::sync::oneshot::channel();
         let writer = tokio::spawn(
-            status_writer(Arc::clone(&shared), api.clone(), writer_done.clone())
-                .instrument(tracing::Span::current()),
+            status_writer(
+                Arc::clone(&shared),
+                api.clone(),
+                writer_done.clone(),
+                first_written,
+            )
+            .instrument(tracing::Span::current()),
         );
         let writer = tokio_util::task::AbortOnDropHandle::new(writer);
         info!(ip = %ip, "pod accepted");
+        // The IP is in the status before anything starts (bounded: an unreachable API server
+        // does not hold the containers back for ever).
+        let _ = tokio::time::timeout(Duration::from_secs(10), first_written_rx).await;
 
         let mut volumes = Volumes::new(shared.volumes_dir());
         let setup = tokio::select! {
@@ -540,7 +561,7 @@ impl Worker {
             && !self.signals.shutdown_seen
         {
             // Completed pods stay until deleted; their IP is free meanwhile.
-            self.ctx.release_ip(ip);
+            lease.release();
             self.ctx.hosts.unregister(key);
             self.signals.next().await;
         }
@@ -714,6 +735,7 @@ impl Worker {
 
 /// Writes the volumes, retrying (with the containers shown waiting and why) until it works.
 async fn setup_volumes(shared: &PodShared, volumes: &mut Volumes) -> Option<Instant> {
+    let mut last_error: Option<String> = None;
     loop {
         let pod = shared.latest();
         let pod_ips = [shared.pod_ip.clone()];
@@ -727,6 +749,17 @@ async fn setup_volumes(shared: &PodShared, volumes: &mut Volumes) -> Option<Inst
             Err(error) => {
                 warn!(error = %error, "volumes not ready (retried)");
                 show_volume_error(shared, &error);
+                let text = error.to_string();
+                if last_error.as_deref() != Some(text.as_str()) {
+                    shared
+                        .event(
+                            true,
+                            "FailedMount",
+                            format!("MountVolume.SetUp failed: {text}"),
+                        )
+                        .await;
+                    last_error = Some(text);
+                }
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
         }
@@ -772,7 +805,14 @@ async fn refresh_volumes(
 
 /// Writes the pod's status whenever it changes (strategic merge patch of `pods/status`: the
 /// owned conditions merge by type, others' conditions stay), and once more when `done`.
-async fn status_writer(shared: Arc<PodShared>, api: Api<Pod>, done: CancellationToken) {
+async fn status_writer(
+    shared: Arc<PodShared>,
+    api: Api<Pod>,
+    done: CancellationToken,
+    first_written: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut first_written = Some(first_written);
+    let mut first = true;
     let mut changes = shared.changes.subscribe();
     let mut pod_changes = shared.pod.clone();
     let mut previous: Vec<PodCondition> = shared
@@ -791,14 +831,19 @@ async fn status_writer(shared: Arc<PodShared>, api: Api<Pod>, done: Cancellation
         ..PatchParams::default()
     };
     loop {
-        let finishing = tokio::select! {
-            biased;
-            () = done.cancelled() => true,
-            changed = changes.changed() => changed.is_err(),
-            changed = pod_changes.changed() => changed.is_err(),
-            () = tokio::time::sleep(Duration::from_secs(1)), if retry => false,
+        let finishing = if first {
+            first = false;
+            false
+        } else {
+            tokio::select! {
+                biased;
+                () = done.cancelled() => true,
+                changed = changes.changed() => changed.is_err(),
+                changed = pod_changes.changed() => changed.is_err(),
+                () = tokio::time::sleep(Duration::from_secs(1)), if retry => false,
+            }
         };
-        if !finishing {
+        if !finishing && last.is_some() {
             // Coalesce bursts of changes.
             tokio::time::sleep(Duration::from_millis(30)).await;
         }
@@ -811,6 +856,9 @@ async fn status_writer(shared: Arc<PodShared>, api: Api<Pod>, done: Cancellation
                 .await
             {
                 Ok(_) => {
+                    if let Some(tx) = first_written.take() {
+                        let _ = tx.send(());
+                    }
                     debug!(
                         phase = status.phase.as_deref().unwrap_or_default(),
                         "pod status written"
@@ -832,6 +880,28 @@ async fn status_writer(shared: Arc<PodShared>, api: Api<Pod>, done: Cancellation
         if finishing {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+}
+
+/// A pod IP, given back once (explicitly or when dropped).
+struct IpLease {
+    ctx: Arc<Ctx>,
+    ip: Ipv4Addr,
+    held: bool,
+}
+
+impl IpLease {
+    fn release(&mut self) {
+        if self.held {
+            self.held = false;
+            self.ctx.release_ip(self.ip);
+        }
+    }
+}
+
+impl Drop for IpLease {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

@@ -203,11 +203,18 @@ pub(crate) fn resolve_program(
         .file_name()
         .map(|name| dir.join(name))
         .filter(|path| path.is_file());
-    Ok((
-        in_image.unwrap_or_else(|| PathBuf::from(first)),
-        all_args,
-        dir.clone(),
-    ))
+    let program = match in_image {
+        Some(program) => program,
+        // An absolute path that is neither in the image nor on the host cannot start.
+        None if Path::new(first).is_absolute() && !Path::new(first).exists() => {
+            return Err(ProcessError::NoBinary {
+                image: image.to_owned(),
+                path: PathBuf::from(first),
+            });
+        }
+        None => PathBuf::from(first),
+    };
+    Ok((program, all_args, dir.clone()))
 }
 
 /// Quotes for `sh`.
@@ -410,6 +417,16 @@ mod tests {
             resolve_program(&images, "mock-eci", &s(&["/bin/sh", "-c", "exit 3"]), &[]).unwrap();
         assert_eq!(program, PathBuf::from("/bin/sh"));
         assert_eq!(args, ["-c", "exit 3"]);
+        assert!(matches!(
+            resolve_program(&images, "mock-eci", &s(&["/nonexistent/tool"]), &[]),
+            Err(ProcessError::NoBinary { .. })
+        ));
+        let (program, _, _) = resolve_program(&images, "mock-eci", &s(&["sh"]), &[]).unwrap();
+        assert_eq!(
+            program,
+            PathBuf::from("sh"),
+            "a bare name is looked up on the PATH"
+        );
         assert!(matches!(
             resolve_program(&images, "busybox:1", &s(&["sh"]), &[]),
             Err(ProcessError::UnknownImage { .. })
