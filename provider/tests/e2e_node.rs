@@ -91,30 +91,11 @@ async fn lease(h: &Harness, name: &str) -> Value {
     serde_json::to_value(leases.get(name).await.unwrap()).unwrap()
 }
 
-/// The value of a Kubernetes quantity ("3k", "6000", "12Gi", "500m").
+/// The value of a Kubernetes quantity ("3k", "6000", "12Gi", "500m"): the apiserver answers
+/// in canonical form, not as written.
 fn quantity(value: &Value) -> f64 {
     let text = value.as_str().unwrap_or_default();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let scale = match suffix {
-        "" => 1.0,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0_f64.powi(2),
-        "Gi" => 1024.0_f64.powi(3),
-        "Ti" => 1024.0_f64.powi(4),
-        other => panic!("an unexpected quantity suffix in {text:?}: {other:?}"),
-    };
-    number
-        .parse::<f64>()
-        .unwrap_or_else(|e| panic!("{text:?}: {e}"))
-        * scale
+    virtual_node_eci::translate::quantity::parse(text).unwrap_or_else(|e| panic!("{e}"))
 }
 
 const INSTANCE: &str = "virtual-node-eci.aliyun.com/holder-instance";
