@@ -13,7 +13,9 @@ use integration::cluster::{ControlPlane, ControlPlaneOptions};
 use integration::host::{HOST_LABEL, HOST_TAINT_KEY, HostAgent, HostConfig};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenReview;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret, Service, ServiceAccount,
+};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
@@ -148,7 +150,7 @@ async fn host_agent_runs_pods_like_a_kubelet() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,integration::host=debug")
+                tracing_subscriber::EnvFilter::new("warn,integration::host=info")
             }),
         )
         .with_test_writer()
@@ -297,6 +299,14 @@ async fn host_agent_runs_pods_like_a_kubelet() {
     assert!(container_status.ready && container_status.state.as_ref().unwrap().running.is_some());
     let pid = read_pid(&host_dir, &pod_name, "mock-eci").expect("pid file");
     assert!(alive(pid));
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let port_var = format!("KUBERNETES_SERVICE_PORT={}", plane.api_port());
+    assert!(
+        environ
+            .split(|b| *b == 0)
+            .any(|var| var == port_var.as_bytes()),
+        "the container's environment has {port_var}"
+    );
     assert_eq!(
         container_status.container_id.as_deref(),
         Some(format!("host://{pid}").as_str())
@@ -440,6 +450,117 @@ async fn host_agent_runs_pods_like_a_kubelet() {
     })
     .await;
 
+    // Volumes and init containers: an init container writes to an emptyDir, the container
+    // reads it and its Secret (items, mode), ConfigMap and downward API volumes, then exits 0
+    // under restartPolicy Never: the pod Succeeds.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    secrets
+        .create(
+            &PostParams::default(),
+            &object(json!({ "metadata": { "name": "demo" }, "stringData": { "user": "alice" } })),
+        )
+        .await
+        .unwrap();
+    config_maps
+        .create(
+            &PostParams::default(),
+            &object(
+                json!({ "metadata": { "name": "demo" }, "data": { "settings.conf": "mode=fast" } }),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut volumes_spec = on_host();
+    volumes_spec["restartPolicy"] = json!("Never");
+    volumes_spec["initContainers"] = json!([{
+        "name": "init",
+        "image": "mock-eci",
+        "command": ["/bin/sh", "-c", "echo from-init > /work/greeting"],
+        "volumeMounts": [{ "name": "work", "mountPath": "/work" }],
+    }]);
+    volumes_spec["containers"] = json!([{
+        "name": "main",
+        "image": "mock-eci",
+        "command": ["/bin/sh", "-c", concat!(
+            "cat /work/greeting; echo; cat /etc/secret/user; echo; cat /etc/config/settings.conf; echo; ",
+            "cat /etc/podinfo/labels; echo; stat -c mode=%a /etc/secret/user; echo host=$(hostname); ",
+            "touch /etc/config/x 2>/dev/null && echo config-writable || echo config-read-only",
+        )],
+        "volumeMounts": [
+            { "name": "work", "mountPath": "/work" },
+            { "name": "secret", "mountPath": "/etc/secret" },
+            { "name": "config", "mountPath": "/etc/config" },
+            { "name": "podinfo", "mountPath": "/etc/podinfo" },
+        ],
+    }]);
+    volumes_spec["volumes"] = json!([
+        { "name": "work", "emptyDir": {} },
+        { "name": "secret", "secret": { "secretName": "demo", "items": [{ "key": "user", "path": "user", "mode": 256 }] } },
+        { "name": "config", "configMap": { "name": "demo" } },
+        { "name": "podinfo", "downwardAPI": { "items": [{ "path": "labels", "fieldRef": { "fieldPath": "metadata.labels" } }] } },
+    ]);
+    pods.create(
+        &PostParams::default(),
+        &object(json!({ "metadata": { "name": "volumes", "labels": { "app": "volumes" } }, "spec": volumes_spec })),
+    )
+    .await
+    .unwrap();
+    let done = eventually("the volumes pod Succeeded", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get("volumes").await.unwrap();
+            let phase = pod.status.as_ref()?.phase.clone()?;
+            assert_ne!(phase, "Failed", "{:?}", pod.status);
+            (phase == "Succeeded").then_some(pod)
+        }
+    })
+    .await;
+    assert_eq!(condition(&done, "Initialized").as_deref(), Some("True"));
+    assert_eq!(condition(&done, "Ready").as_deref(), Some("False"));
+    let init = &done
+        .status
+        .as_ref()
+        .unwrap()
+        .init_container_statuses
+        .as_ref()
+        .unwrap()[0];
+    let init_end = init.state.as_ref().unwrap().terminated.as_ref().unwrap();
+    assert_eq!(
+        (init_end.exit_code, init_end.reason.as_deref()),
+        (0, Some("Completed"))
+    );
+    let log = std::fs::read_to_string(pod_dir(&host_dir, "volumes").join("main.log")).unwrap();
+    for want in [
+        "from-init",
+        "alice",
+        "mode=fast",
+        "app=\"volumes\"",
+        "mode=400",
+        "host=volumes",
+        "config-read-only",
+    ] {
+        assert!(log.contains(want), "{want:?} in {log}");
+    }
+
+    // The kubelet's Events, as `kubectl describe` shows them.
+    let events: Api<CoreEvent> = Api::namespaced(client.clone(), NS);
+    let reasons = eventually("the crasher's Events", Duration::from_secs(30), || {
+        let events = events.clone();
+        async move {
+            let list = events
+                .list(&ListParams::default().fields("involvedObject.name=crasher"))
+                .await
+                .unwrap();
+            let reasons: Vec<String> = list.items.into_iter().filter_map(|e| e.reason).collect();
+            ["Failed", "Pulled", "Created", "Started", "BackOff"]
+                .iter()
+                .all(|want| reasons.iter().any(|r| r == want))
+                .then_some(reasons)
+        }
+    })
+    .await;
+    assert!(!reasons.is_empty());
+
     // Deletion: the process gets SIGTERM and is gone within the grace period, the pod object
     // disappears, the Deployment's replacement comes up Ready.
     let started = tokio::time::Instant::now();
@@ -492,18 +613,25 @@ async fn host_agent_runs_pods_like_a_kubelet() {
     // Node shutdown: every container stopped, nothing left behind.
     agent.stop(Duration::from_secs(5)).await;
     assert!(!alive(replacement_pid), "the agent's stop ended mock-eci");
-    for entry in std::fs::read_dir(host_dir.join("pods")).unwrap().flatten() {
-        for file in std::fs::read_dir(entry.path()).unwrap().flatten() {
-            if file.path().extension().is_some_and(|e| e == "pid") {
-                let pid: u32 = std::fs::read_to_string(file.path())
-                    .unwrap()
-                    .trim()
-                    .parse()
-                    .unwrap();
-                assert!(!alive(pid), "{} left running", file.path().display());
-            }
-        }
-    }
+    // Every container process had this control plane's port in its environment.
+    let marker = format!("KUBERNETES_SERVICE_PORT={}", plane.api_port());
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|entry| {
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let found = environ
+                .split(|b| *b == 0)
+                .any(|var| var == marker.as_bytes());
+            let pid: u32 = entry.file_name().to_string_lossy().parse().ok()?;
+            (found && alive(pid)).then(|| entry.file_name().to_string_lossy().into_owned())
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "container processes left running: {left:?}"
+    );
     let after = pods.get(&replacement_name).await.unwrap();
     let status = after.status.unwrap();
     assert_eq!(

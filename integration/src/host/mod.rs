@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::{self, Store};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -114,7 +114,7 @@ struct Ctx {
     ips: std::sync::Mutex<ipam::IpPool>,
     hosts: proxy::HostsFiles,
     services: Store<Service>,
-    pods: Store<Pod>,
+    ready: proxy::ReadyPods,
     http: reqwest::Client,
     recorder: kube::runtime::events::Recorder,
     name_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -173,6 +173,8 @@ impl HostAgent {
         let http = reqwest::Client::builder()
             .danger_accept_invalid_certs(true)
             .no_proxy()
+            // No keep-alive, like the kubelet's probes: every probe dials the container anew.
+            .pool_max_idle_per_host(0)
             .build()
             .map_err(|source| HostError::Http { source })?;
         let node_uid = node::register(&client, &config)
@@ -180,7 +182,6 @@ impl HostAgent {
             .map_err(|source| HostError::Node { source })?;
 
         let (services, services_writer) = reflector::store::<Service>();
-        let (pods_store, pods_writer) = reflector::store::<Pod>();
         let ctx = Arc::new(Ctx {
             client: client.clone(),
             config: config.clone(),
@@ -188,7 +189,7 @@ impl HostAgent {
             ips: std::sync::Mutex::new(ipam::IpPool::default()),
             hosts: proxy::HostsFiles::default(),
             services,
-            pods: pods_store,
+            ready: proxy::ReadyPods::default(),
             http,
             recorder: kube::runtime::events::Recorder::new(
                 client.clone(),
@@ -217,9 +218,7 @@ impl HostAgent {
         {
             warn!(node = %config.node_name, "Services not listed within 30 s: starting pods anyway");
         }
-        let pods = tokio::spawn(
-            pods::dispatch(Arc::clone(&ctx), pods_writer, shutdown_rx).instrument(span),
-        );
+        let pods = tokio::spawn(pods::dispatch(Arc::clone(&ctx), shutdown_rx).instrument(span));
         info!(node = %config.node_name, "host agent started");
         Ok(HostAgent {
             cancel,

@@ -14,7 +14,6 @@ use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::reflector::store::Writer;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::json;
 use tokio::sync::watch;
@@ -77,11 +76,7 @@ struct Handle {
 
 /// Watches the node's pods until `shutdown` says so, then waits for the workers (which stop
 /// their containers within the limit it carries).
-pub(crate) async fn dispatch(
-    ctx: Arc<Ctx>,
-    mut writer: Writer<Pod>,
-    mut shutdown: watch::Receiver<Option<Duration>>,
-) {
+pub(crate) async fn dispatch(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<Option<Duration>>) {
     let api: Api<Pod> = Api::all(ctx.client.clone());
     let config =
         watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.config.node_name));
@@ -110,7 +105,6 @@ pub(crate) async fn dispatch(
                         continue;
                     }
                 };
-                writer.apply_watcher_event(&event);
                 match event {
                     watcher::Event::Init => listed = Some(HashSet::new()),
                     watcher::Event::InitApply(pod) => {
@@ -293,6 +287,8 @@ impl Signals {
                         self.shutdown_open = false;
                     }
                 }
+                // Nothing left to learn: no earlier deadline will come.
+                else => std::future::pending::<()>().await,
             }
         }
     }
@@ -826,6 +822,8 @@ async fn status_writer(
         .collect();
     let mut last: Option<PodStatus> = None;
     let mut retry = false;
+    // Out of the service proxy whenever this writer ends (also when aborted).
+    let _unready = Unready(&shared);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
@@ -850,6 +848,19 @@ async fn status_writer(
         let pod = shared.latest();
         let status = status::pod_status(&pod, &shared.snapshot(), &previous, Timestamp::now());
         if last.as_ref() != Some(&status) {
+            // The proxy learns readiness before the API shows it.
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let entry = shared
+                .pod_ip
+                .parse()
+                .ok()
+                .filter(|_| ready)
+                .map(|ip| (ip, shared.pod.clone()));
+            shared.ctx.ready.set(&shared.uid, entry);
             let patch = json!({ "status": status });
             match api
                 .patch_status(&shared.name, &params, &Patch::Strategic(patch))
@@ -880,6 +891,15 @@ async fn status_writer(
         if finishing {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+}
+
+/// Takes the pod out of the service proxy when dropped.
+struct Unready<'a>(&'a PodShared);
+
+impl Drop for Unready<'_> {
+    fn drop(&mut self) {
+        self.0.ctx.ready.set(&self.0.uid, None);
     }
 }
 

@@ -21,6 +21,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, info_span, warn};
@@ -409,33 +410,67 @@ fn backends(ctx: &Ctx, target: &Target) -> Vec<SocketAddr> {
         return Vec::new();
     };
     let selector = spec.selector.clone().unwrap_or_default();
-    let mut pods: Vec<Arc<Pod>> = ctx.pods.state_filter(|pod| {
-        pod.metadata.namespace.as_deref() == Some(target.namespace.as_str())
-            && pod.metadata.deletion_timestamp.is_none()
-            && selector
-                .iter()
-                .all(|(k, v)| pod.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v))
-            && pod_ready(pod)
-    });
-    pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut pods: Vec<(IpAddr, Arc<Pod>)> = ctx
+        .ready
+        .snapshot()
+        .into_iter()
+        .filter(|(_, pod)| {
+            pod.metadata.namespace.as_deref() == Some(target.namespace.as_str())
+                && pod.metadata.deletion_timestamp.is_none()
+                && selector
+                    .iter()
+                    .all(|(k, v)| pod.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v))
+        })
+        .collect();
+    pods.sort_by(|a, b| a.1.metadata.name.cmp(&b.1.metadata.name));
     pods.iter()
-        .filter_map(|pod| {
-            let ip: IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
+        .filter_map(|(ip, pod)| {
             let number = target_port(pod, port.target_port.as_ref(), port.port)?;
-            Some(SocketAddr::new(ip, number))
+            Some(SocketAddr::new(*ip, number))
         })
         .collect()
 }
 
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+/// The pods of this host the agent reports Ready. The status writer adds a pod before it
+/// writes Ready=True and removes it before it writes anything else, so whoever sees a Ready pod
+/// in the API finds the proxy already forwarding to it (no watch lag, unlike Endpoints).
+#[derive(Debug, Default)]
+pub(crate) struct ReadyPods {
+    inner: std::sync::Mutex<BTreeMap<String, ReadyPod>>,
+}
+
+/// A Ready pod: its IP and its latest object (labels, ports, deletion).
+pub(crate) type ReadyPod = (IpAddr, watch::Receiver<Arc<Pod>>);
+
+impl ReadyPods {
+    /// Marks the pod with `uid` Ready at `ip` (its latest object read at each connection), or
+    /// not Ready with `None`.
+    pub(crate) fn set(&self, uid: &str, ready: Option<ReadyPod>) {
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match ready {
+            Some(entry) => {
+                inner.insert(uid.to_owned(), entry);
+            }
+            None => {
+                inner.remove(uid);
+            }
+        }
+    }
+
+    /// The Ready pods: IP and latest object.
+    fn snapshot(&self) -> Vec<(IpAddr, Arc<Pod>)> {
+        let inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        inner
+            .values()
+            .map(|(ip, pod)| (*ip, Arc::clone(&pod.borrow())))
+            .collect()
+    }
 }
 
 /// A Service's `targetPort` on `pod`: a number, or a container port's name; default the port.
