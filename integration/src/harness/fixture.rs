@@ -61,8 +61,7 @@ async fn start() -> Result<Shared, HarnessError> {
         source,
     })?;
     let dir = tempdir.path().to_owned();
-    let (kubeconfig, supervisor, fixture) = if let Some(path) = std::env::var_os("E2E_KUBECONFIG")
-    {
+    let (kubeconfig, supervisor, fixture) = if let Some(path) = std::env::var_os("E2E_KUBECONFIG") {
         (PathBuf::from(path), None, false)
     } else {
         let mut child = std::process::Command::new(binary("integration", "playground")?)
