@@ -13,6 +13,11 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/virtual-node-eci}
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
+# A build cache of our own (~6 GB after a cold build), removed once the binaries are in place:
+# only a version bump builds again, and a bump recompiles nearly everything anyway, while CI
+# machines can be short of disk.
+export GOCACHE="$cache/go-build"
+built=0
 
 say() { printf '[upstream] %s\n' "$*" >&2; }
 
@@ -53,6 +58,7 @@ build() {
     exit "$rc"
   fi
   rm -rf "$out" && mv "$tmp" "$out"
+  built=1
   say "  $dir built in $((SECONDS - started)) s"
 }
 
@@ -107,3 +113,7 @@ if missing "$ms_bin" metrics-server; then
     sigs.k8s.io/metrics-server/cmd/metrics-server
 fi
 emit "$ms_bin" metrics-server
+
+if [ "$built" = 1 ]; then
+  rm -rf "$GOCACHE"
+fi
