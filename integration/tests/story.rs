@@ -153,6 +153,30 @@ async fn story(h: &mut Harness) -> Result<(), HarnessError> {
             .is_ok()
     })
     .await?;
+    // The webhook learns namespace labels from a watch: wait until a dry run in `demo` shows
+    // the label took effect, so the Deployment's pods cannot beat it.
+    h.wait_for(
+        "the namespace label to reach the webhook",
+        WAIT,
+        |h| async move {
+            kubectl(
+                h,
+                &[
+                    "-n",
+                    "demo",
+                    "run",
+                    "probe",
+                    "--image=nginx",
+                    "--dry-run=server",
+                    "-o",
+                    "jsonpath={.spec.tolerations[*].key}",
+                ],
+            )
+            .await
+            .is_ok_and(|keys| keys.contains("k8s.aliyun.com/vnode"))
+        },
+    )
+    .await?;
     kubectl(
         h,
         &[

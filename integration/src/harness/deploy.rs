@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Service};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use kube::api::{Api, ListParams, PostParams};
 
 use super::HarnessError;
 
@@ -91,7 +91,37 @@ where
     Ok(())
 }
 
-/// Waits until mock-eci is available and exactly `replicas` virtual nodes are Ready; answers
+/// Waits until the apiserver's admission chain applies the daemons' webhook: a server-side dry
+/// run of a pod labelled `alibabacloud.com/eci: "true"` (a built-in Selector) comes back with
+/// the virtual-node toleration. Registration, the Service proxy and the webhook's caches all
+/// have to be in place for that, and a user's first pod must not beat them.
+pub async fn wait_webhook(client: &kube::Client, timeout: Duration) -> Result<(), HarnessError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let probe: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"generateName": "webhook-probe-", "labels": {"alibabacloud.com/eci": "true"}},
+        "spec": {"containers": [{"name": "probe", "image": "nginx"}]},
+    }))
+    .map_err(|e| HarnessError::Setup(e.to_string()))?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    wait("the webhook to mutate pods", timeout, || {
+        let (pods, probe, dry_run) = (pods.clone(), probe.clone(), dry_run.clone());
+        async move {
+            pods.create(&dry_run, &probe).await.is_ok_and(|pod| {
+                pod.spec.and_then(|s| s.tolerations).is_some_and(|t| {
+                    t.iter()
+                        .any(|t| t.key.as_deref() == Some("k8s.aliyun.com/vnode"))
+                })
+            })
+        }
+    })
+    .await
+}
+
+/// Waits until mock-eci is available and exactly `replicas` virtual nodes are Ready (and, with
+/// replicas, their webhook mutates pods); answers
 /// mock-eci's Service address (the host agent's proxy serves gRPC on 50051, admin on 8080).
 pub async fn wait_installed(
     client: &kube::Client,
@@ -129,6 +159,9 @@ pub async fn wait_installed(
         },
     )
     .await?;
+    if replicas > 0 {
+        wait_webhook(client, timeout).await?;
+    }
     let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
     services
         .get("mock-eci")
