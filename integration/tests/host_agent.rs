@@ -166,6 +166,7 @@ async fn host_agent_runs_pods_like_a_kubelet() {
     let mock_eci = integration::process::binary("mock-eci", "mock-eci").unwrap();
     let bin_dir = mock_eci.parent().unwrap().to_owned();
     let host_dir = dir.path().join("host");
+    let pod_network = integration::cluster::random_in(1..=99);
     let agent = HostAgent::start(
         client.clone(),
         HostConfig {
@@ -178,6 +179,7 @@ async fn host_agent_runs_pods_like_a_kubelet() {
             api_host: "127.0.0.1".into(),
             api_port: plane.api_port(),
             restart_backoff: (Duration::from_secs(1), Duration::from_secs(4)),
+            pod_network,
         },
     )
     .await
@@ -283,7 +285,7 @@ async fn host_agent_runs_pods_like_a_kubelet() {
     assert_eq!(status.phase.as_deref(), Some("Running"));
     let pod_ip = status.pod_ip.clone().unwrap();
     assert!(
-        pod_ip.starts_with("127.0.") && pod_ip != "127.0.0.1",
+        pod_ip.starts_with(&format!("127.{pod_network}.")) && pod_ip != "127.0.0.1",
         "own loopback IP: {pod_ip}"
     );
     assert_eq!(status.host_ip.as_deref(), Some("127.0.0.1"));

@@ -115,6 +115,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             api_host: "127.0.0.1".into(),
             api_port: plane.api_port(),
             restart_backoff: (Duration::from_secs(1), Duration::from_secs(30)),
+            // Random, like the Service range: two playgrounds (or test runs) rarely meet.
+            pod_network: integration::cluster::random_in(1..=99),
         },
     )
     .await

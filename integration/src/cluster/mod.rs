@@ -18,11 +18,15 @@ use crate::process::{Process, ProcessError};
 pub use pki::{CertFiles, Pki, PkiError};
 pub use upstream::{Upstream, UpstreamError};
 
-/// The Service range: loopback, so the host-node agent's service proxy can bind ClusterIPs
-/// without any routing (a real cluster's range is not reachable here).
-pub const SERVICE_CIDR: &str = "127.100.0.0/16";
-/// The first address of [`SERVICE_CIDR`], the `kubernetes` Service's.
-pub const KUBERNETES_SERVICE_IP: &str = "127.100.0.1";
+/// A random number in `range` (different in every process and call): the loopback ranges a
+/// fixture takes, so that two fixtures on one machine rarely meet.
+pub fn random_in(range: std::ops::RangeInclusive<u8>) -> u8 {
+    use std::hash::BuildHasher as _;
+    let span = u64::from(range.end() - range.start()) + 1;
+    let random =
+        std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now());
+    range.start() + u8::try_from(random % span).unwrap_or(0)
+}
 /// The service-account token issuer (and default audience).
 pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 /// The label kwok manages simulated nodes by.
@@ -112,17 +116,27 @@ pub struct ControlPlaneOptions {
     pub node_monitor_grace: Duration,
     /// How long to wait for each component to become ready.
     pub ready_timeout: Duration,
+    /// The Service range is `127.<service_network>.0.0/16`: loopback, so the host agent's
+    /// service proxy binds ClusterIPs without any routing (a real range leads nowhere here).
+    pub service_network: u8,
 }
 
 impl ControlPlaneOptions {
-    /// Defaults for `dir`: no ECS nodes, the upstream node grace (40 s), 120 s readiness bound.
+    /// Defaults for `dir`: no ECS nodes, the upstream node grace (40 s), 120 s readiness bound,
+    /// a random Service range in 127.100.0.0–127.199.255.255.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
             ecs_nodes: 0,
             node_monitor_grace: Duration::from_secs(40),
             ready_timeout: Duration::from_secs(120),
+            service_network: random_in(100..=199),
         }
+    }
+
+    /// `127.<service_network>.0.0/16`.
+    pub fn service_cidr(&self) -> String {
+        format!("127.{}.0.0/16", self.service_network)
     }
 }
 
@@ -201,7 +215,8 @@ impl ControlPlane {
             path: pki_dir.clone(),
             source,
         })?;
-        let pki = Pki::generate(&pki_dir, KUBERNETES_SERVICE_IP)?;
+        let kubernetes_service_ip = format!("127.{}.0.1", options.service_network);
+        let pki = Pki::generate(&pki_dir, &kubernetes_service_ip)?;
         let api_port = free_port()?;
         let server = format!("https://127.0.0.1:{api_port}");
         let kubeconfig_path = dir.join("kubeconfig");
@@ -296,7 +311,7 @@ impl ControlPlane {
                 "--service-account-signing-key-file={}",
                 display(&pki.service_account.key)
             ),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={}", options.service_cidr()),
             "--authorization-mode=Node,RBAC".into(),
             format!(
                 "--kubelet-client-certificate={}",
@@ -389,7 +404,7 @@ impl ControlPlane {
                 "--use-service-account-credentials=true".into(),
                 format!("--cluster-signing-cert-file={}", display(&pki.ca.cert)),
                 format!("--cluster-signing-key-file={}", display(&pki.ca.key)),
-                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                format!("--service-cluster-ip-range={}", options.service_cidr()),
                 format!(
                     "--node-monitor-grace-period={}s",
                     options.node_monitor_grace.as_secs().max(1)

@@ -69,6 +69,8 @@ pub struct HostConfig {
     pub api_port: u16,
     /// Restart back-off: initial, max (kubelet: 10s, 300s).
     pub restart_backoff: (Duration, Duration),
+    /// Pod IPs are 127.<pod_network>.x.y (one agent per network on a machine).
+    pub pod_network: u8,
 }
 
 /// The agent could not start.
@@ -186,7 +188,7 @@ impl HostAgent {
             client: client.clone(),
             config: config.clone(),
             tools,
-            ips: std::sync::Mutex::new(ipam::IpPool::default()),
+            ips: std::sync::Mutex::new(ipam::IpPool::new(config.pod_network)),
             hosts: proxy::HostsFiles::default(),
             services,
             ready: proxy::ReadyPods::default(),
