@@ -25,6 +25,17 @@ pub enum ProcessError {
     Build(String),
 }
 
+/// A port on 127.0.0.1 that was free a moment ago (for a child process to listen on).
+pub fn free_port() -> Result<u16, ProcessError> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .map_err(|source| ProcessError::Io {
+            what: "find a free port".into(),
+            source,
+        })
+}
+
 /// A running child process.
 #[derive(Debug)]
 pub struct Process {

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use crate::process::{Process, ProcessError};
+use crate::process::{Process, ProcessError, free_port};
 pub use pki::{CertFiles, Pki, PkiError};
 pub use upstream::{Upstream, UpstreamError};
 
@@ -153,18 +153,6 @@ pub struct ControlPlane {
     processes: Vec<Process>,
 }
 
-fn free_port() -> Result<u16, ClusterError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .map_err(|source| {
-            ClusterError::Process(ProcessError::Io {
-                what: "find a free port".into(),
-                source,
-            })
-        })
-}
-
 fn write(path: &Path, contents: &str) -> Result<(), ClusterError> {
     std::fs::write(path, contents).map_err(|source| ClusterError::Write {
         path: path.to_owned(),
@@ -189,8 +177,9 @@ fn kubeconfig(server: &str, ca: &Path, user: &CertFiles, name: &str) -> String {
     .to_string()
 }
 
-/// A client for a kubeconfig file, without kube-rs's own retries (tests see errors as they are).
-pub async fn client_for(path: &Path) -> Result<kube::Client, ClusterError> {
+/// The client configuration of a kubeconfig file, without kube-rs's own retries (tests see
+/// errors as they are).
+pub async fn config_for(path: &Path) -> Result<kube::Config, ClusterError> {
     let failed = |message: String| ClusterError::Kubeconfig {
         path: path.to_owned(),
         message,
@@ -201,7 +190,12 @@ pub async fn client_for(path: &Path) -> Result<kube::Client, ClusterError> {
             .await
             .map_err(|e| failed(e.to_string()))?;
     config.default_retry = false;
-    Ok(kube::Client::try_from(config)?)
+    Ok(config)
+}
+
+/// A client for a kubeconfig file (see [`config_for`]).
+pub async fn client_for(path: &Path) -> Result<kube::Client, ClusterError> {
+    Ok(kube::Client::try_from(config_for(path).await?)?)
 }
 
 impl ControlPlane {

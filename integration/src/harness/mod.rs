@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
-pub use crate::process::{Process, ProcessError, binary, build_binaries};
+pub use crate::process::{Process, ProcessError, binary, build_binaries, free_port};
 pub use fixture::DAEMON_SERVICE_ACCOUNT;
 
 /// Setting up or running a scenario failed.
@@ -103,29 +103,10 @@ pub struct Harness {
     namespaces: Vec<String>,
 }
 
-fn free_port() -> Result<u16, HarnessError> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| HarnessError::Io {
-            what: "find a free port".into(),
-            source,
-        })?;
-    listener
-        .local_addr()
-        .map(|addr| addr.port())
-        .map_err(|source| HarnessError::Io {
-            what: "find a free port".into(),
-            source,
-        })
-}
-
 async fn client_for(kubeconfig: &Path) -> Result<(kube::Client, String), HarnessError> {
-    let config = kube::config::Kubeconfig::read_from(kubeconfig)
-        .map_err(|e| HarnessError::Setup(format!("read {}: {e}", kubeconfig.display())))?;
-    let mut config =
-        kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| HarnessError::Setup(format!("use {}: {e}", kubeconfig.display())))?;
-    config.default_retry = false;
+    let config = crate::cluster::config_for(kubeconfig)
+        .await
+        .map_err(|e| HarnessError::Setup(e.to_string()))?;
     let url = config.cluster_url.to_string();
     Ok((kube::Client::try_from(config)?, url))
 }
