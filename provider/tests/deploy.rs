@@ -2,7 +2,7 @@
 //! (the one built from the fixture's Kubernetes release), every object parses into its typed
 //! Kubernetes structure without unknown fields, the cross-references hold (selectors, ports,
 //! paths, flags, names), the RBAC equals the accesses the code declares
-//! (`virtual_node_eci::rbac`), the local overlay changes only where the pods run and where they
+//! (`virtual_node_eci::k8s::access`), the local overlay changes only where the pods run and where they
 //! listen, and the mock overlay applies to a real API server (strict server-side validation,
 //! the CRD's schema) and reads back as written.
 
@@ -19,8 +19,9 @@ use clap::CommandFactory;
 use integration::harness::{ClusterKind, Harness};
 use kustomize::deploy_dir;
 use serde_json::{Value, json};
+use virtual_node_eci::app::rbac;
 use virtual_node_eci::config::Config;
-use virtual_node_eci::rbac::{self, Scope};
+use virtual_node_eci::k8s::access::Scope;
 
 /// The label and taint of the fixture's host node, where the local overlay puts its pods.
 const HOST_AGENT: &str = "virtual-node-eci.aliyun.com/host-agent";
@@ -519,7 +520,7 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
     );
     assert_eq!(
         normalized(crd),
-        normalized(&virtual_node_eci::selector::crd::crd_json())
+        normalized(&virtual_node_eci::admission::selector::crd::crd_json())
     );
     eprintln!(
         "{overlay}: {} objects, node {}, backend {:?}",

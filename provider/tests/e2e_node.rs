@@ -95,7 +95,7 @@ async fn lease(h: &Harness, name: &str) -> Value {
 /// in canonical form, not as written.
 fn quantity(value: &Value) -> f64 {
     let text = value.as_str().unwrap_or_default();
-    virtual_node_eci::translate::quantity::parse(text).unwrap_or_else(|e| panic!("{e}"))
+    virtual_node_eci::k8s::quantity::parse(text).unwrap_or_else(|e| panic!("{e}"))
 }
 
 const INSTANCE: &str = "virtual-node-eci.aliyun.com/holder-instance";

@@ -23,11 +23,11 @@ use kube::client::{Body, ClientBuilder};
 use serde_json::json;
 use tower::{BoxError, Service, ServiceExt as _};
 use virtual_node_eci::config::{Config, Settings};
-use virtual_node_eci::lease::{
+use virtual_node_eci::node::lease::{
     INSTANCE_ANNOTATION, LeaseError, LeaseIdentity, NodeLease, RELEASED_ANNOTATION,
 };
-use virtual_node_eci::registration::register;
-use virtual_node_eci::telemetry::Telemetry;
+use virtual_node_eci::node::registration::register;
+use virtual_node_eci::ops::metrics::Telemetry;
 
 /// A control plane of the test's own, in a scratch directory that outlives it.
 struct Plane {
@@ -323,7 +323,7 @@ async fn events_form_series_and_background_events_arrive() {
     use k8s_openapi::api::core::v1::ObjectReference;
     use k8s_openapi::api::events::v1::Event as KubeEvent;
     use kube::runtime::events::{Event, EventType, Reporter};
-    use virtual_node_eci::events::EventPublisher;
+    use virtual_node_eci::ops::events::EventPublisher;
 
     let plane = Plane::start().await;
     let client = plane.client().await;

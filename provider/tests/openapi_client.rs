@@ -13,9 +13,9 @@ use eci_proto::v20180808::{
     Tag,
 };
 use mock_eci::{MockConfig, MockServer};
-use virtual_node_eci::backend::EciBackend;
-use virtual_node_eci::backend::openapi::credentials::{CredentialSource, Credentials, Secret};
-use virtual_node_eci::backend::openapi::{OpenApiBackend, OpenApiOptions};
+use virtual_node_eci::eci::EciBackend;
+use virtual_node_eci::eci::openapi::credentials::{CredentialSource, Credentials, Secret};
+use virtual_node_eci::eci::openapi::{OpenApiBackend, OpenApiOptions};
 
 const KEY_ID: &str = "LTAI-test-id";
 const SECRET: &str = "a-secret-that-must-never-travel";

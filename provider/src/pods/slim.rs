@@ -145,7 +145,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::pod_status;
+    use crate::pods::from_eci;
 
     fn mk_pod() -> Pod {
         serde_json::from_value(json!({
@@ -233,8 +233,8 @@ mod tests {
         };
         let now = SystemTime::now();
         assert_eq!(
-            pod_status::pod_status(&slim(&pod), &group, now),
-            pod_status::pod_status(&pod, &group, now)
+            from_eci::pod_status(&slim(&pod), &group, now),
+            from_eci::pod_status(&pod, &group, now)
         );
     }
 }

@@ -1,0 +1,574 @@
+//! What admission answers from: Selectors (validated into rules), namespace labels, the legacy
+//! ConfigMap and — only while a rule needs it — a capacity view of nodes and pods. Each is fed
+//! by a watch; no admission request ever waits on the API.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::admission::selector::crd::Selector;
+use crate::admission::selector::engine::{
+    Capacity, Placement, Resources, Rule, default_rules, pod_requests, rules_from_profile,
+};
+use crate::k8s::quantity;
+use crate::ops::events::EventPublisher;
+
+fn read<T: Clone>(lock: &RwLock<T>) -> T {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+fn write<T>(lock: &RwLock<T>, value: T) {
+    *lock
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = value;
+}
+
+/// The caches admission reads.
+#[derive(Debug)]
+pub struct Caches {
+    selectors: RwLock<Arc<Vec<Rule>>>,
+    profile: RwLock<Arc<Vec<Rule>>>,
+    namespaces: RwLock<HashMap<String, Arc<BTreeMap<String, String>>>>,
+    capacity: RwLock<Arc<Capacity>>,
+    needs_capacity: watch::Sender<bool>,
+    defaults: bool,
+}
+
+/// A consistent view for one admission request.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Valid Selectors.
+    pub selectors: Arc<Vec<Rule>>,
+    /// ConfigMap selectors, then the defaults.
+    pub profile: Arc<Vec<Rule>>,
+    /// The capacity view.
+    pub capacity: Arc<Capacity>,
+}
+
+fn needs_capacity(rules: &[Rule]) -> bool {
+    rules.iter().any(|r| match &r.placement {
+        Placement::NormalNodePrefer {
+            cpu_ratio,
+            memory_ratio,
+        } => cpu_ratio.is_some() || memory_ratio.is_some(),
+        Placement::NamespaceResourceLimit { .. } => true,
+        _ => false,
+    })
+}
+
+impl Caches {
+    /// Empty caches; `defaults` turns the built-in selectors on.
+    pub fn new(defaults: bool) -> Self {
+        Self {
+            selectors: RwLock::new(Arc::new(Vec::new())),
+            profile: RwLock::new(Arc::new(if defaults {
+                default_rules()
+            } else {
+                Vec::new()
+            })),
+            namespaces: RwLock::new(HashMap::new()),
+            capacity: RwLock::new(Arc::new(Capacity::default())),
+            needs_capacity: watch::Sender::new(false),
+            defaults,
+        }
+    }
+
+    /// The rules and capacity, as of now.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            selectors: read(&self.selectors),
+            profile: read(&self.profile),
+            capacity: read(&self.capacity),
+        }
+    }
+
+    /// A namespace's labels (empty when unknown).
+    pub fn namespace_labels(&self, namespace: &str) -> Arc<BTreeMap<String, String>> {
+        self.namespaces
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(namespace)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Replaces the Selector rules.
+    pub fn set_selectors(&self, rules: Vec<Rule>) {
+        self.needs_capacity.send_if_modified(|needed| {
+            let now = needs_capacity(&rules) || *needed;
+            std::mem::replace(needed, now) != now
+        });
+        write(&self.selectors, Arc::new(rules));
+    }
+
+    /// Replaces the ConfigMap rules (the defaults are appended).
+    pub fn set_profile(&self, mut rules: Vec<Rule>) {
+        if self.defaults {
+            rules.extend(default_rules());
+        }
+        write(&self.profile, Arc::new(rules));
+    }
+
+    /// Sets one namespace's labels (None: deleted).
+    pub fn set_namespace(&self, name: &str, labels: Option<BTreeMap<String, String>>) {
+        let mut namespaces = self
+            .namespaces
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match labels {
+            Some(labels) => namespaces.insert(name.to_owned(), Arc::new(labels)),
+            None => namespaces.remove(name),
+        };
+    }
+
+    /// Replaces the capacity view.
+    pub fn set_capacity(&self, capacity: Capacity) {
+        write(&self.capacity, Arc::new(capacity));
+    }
+}
+
+/// Watches Selectors; invalid ones are ignored with a Warning Event on them (once per change).
+pub async fn watch_selectors(
+    client: kube::Client,
+    caches: Arc<Caches>,
+    recorder: EventPublisher,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let api: Api<Selector> = Api::all(client);
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut known: BTreeMap<String, Selector> = BTreeMap::new();
+    let mut listing: Option<BTreeMap<String, Selector>> = None;
+    let mut reported: HashSet<String> = HashSet::new();
+    let mut warned_unavailable = false;
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            event = events.next() => event,
+        };
+        let key = |s: &Selector| format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
+        match event {
+            None => anyhow::bail!("the Selector watch ended"),
+            Some(Err(error)) => {
+                if !warned_unavailable {
+                    warned_unavailable = true;
+                    warn!(%error, "cannot watch Selectors (is the selectors.eci.aliyun.com CRD installed?); ConfigMap selectors and defaults still apply");
+                }
+                continue;
+            }
+            Some(Ok(watcher::Event::Init)) => {
+                listing = Some(BTreeMap::new());
+                continue;
+            }
+            Some(Ok(watcher::Event::InitApply(s))) => {
+                if let Some(l) = listing.as_mut() {
+                    l.insert(key(&s), s);
+                }
+                continue;
+            }
+            Some(Ok(watcher::Event::InitDone)) => {
+                known = listing.take().unwrap_or_default();
+                warned_unavailable = false;
+            }
+            Some(Ok(watcher::Event::Apply(s))) => {
+                known.insert(key(&s), s);
+            }
+            Some(Ok(watcher::Event::Delete(s))) => {
+                known.remove(&key(&s));
+            }
+        }
+        let mut rules = Vec::with_capacity(known.len());
+        for selector in known.values() {
+            match crate::admission::selector::engine::rule_from_selector(selector) {
+                Ok(rule) => rules.push(rule),
+                Err(problem) => {
+                    let version = format!(
+                        "{}@{}",
+                        selector.uid().unwrap_or_default(),
+                        selector.resource_version().unwrap_or_default()
+                    );
+                    if reported.insert(version) {
+                        warn!(selector = %key(selector), %problem, "ignoring an invalid Selector");
+                        let event = Event {
+                            type_: EventType::Warning,
+                            reason: "InvalidSelector".into(),
+                            note: Some(format!("ignored by virtual-node-eci: {problem}")),
+                            action: "Validate".into(),
+                            secondary: None,
+                        };
+                        if let Err(error) =
+                            recorder.publish(&event, &selector.object_ref(&())).await
+                        {
+                            debug!(%error, "could not publish an event");
+                        }
+                    }
+                }
+            }
+        }
+        info!(
+            selectors = known.len(),
+            valid = rules.len(),
+            "Selectors updated"
+        );
+        caches.set_selectors(rules);
+    }
+}
+
+/// Watches namespace labels.
+pub async fn watch_namespaces(
+    client: kube::Client,
+    caches: Arc<Caches>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let api: Api<Namespace> = Api::all(client);
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut listing: Option<HashSet<String>> = None;
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            event = events.next() => event,
+        };
+        match event {
+            None => anyhow::bail!("the namespace watch ended"),
+            Some(Err(error)) => debug!(%error, "namespace watch error; it recovers by itself"),
+            Some(Ok(watcher::Event::Init)) => listing = Some(HashSet::new()),
+            Some(Ok(watcher::Event::InitApply(ns) | watcher::Event::Apply(ns))) => {
+                if let Some(l) = listing.as_mut() {
+                    l.insert(ns.name_any());
+                }
+                caches.set_namespace(&ns.name_any(), Some(ns.labels().clone()));
+            }
+            Some(Ok(watcher::Event::InitDone)) => {
+                if let Some(present) = listing.take() {
+                    let gone: Vec<String> = caches
+                        .namespaces
+                        .read()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .keys()
+                        .filter(|name| !present.contains(*name))
+                        .cloned()
+                        .collect();
+                    for name in gone {
+                        caches.set_namespace(&name, None);
+                    }
+                }
+            }
+            Some(Ok(watcher::Event::Delete(ns))) => caches.set_namespace(&ns.name_any(), None),
+        }
+    }
+}
+
+/// Watches the legacy ConfigMap; invalid content keeps the last good selectors and says why.
+pub async fn watch_profile(
+    client: kube::Client,
+    caches: Arc<Caches>,
+    namespace: String,
+    name: String,
+    recorder: EventPublisher,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut present = false;
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            event = events.next() => event,
+        };
+        match event {
+            None => anyhow::bail!("the eci-profile ConfigMap watch ended"),
+            Some(Err(error)) => debug!(%error, "ConfigMap watch error; it recovers by itself"),
+            Some(Ok(watcher::Event::Init)) => present = false,
+            Some(Ok(watcher::Event::InitDone)) if !present => caches.set_profile(Vec::new()),
+            Some(Ok(watcher::Event::InitDone)) => {}
+            Some(Ok(watcher::Event::Delete(_))) => {
+                info!(configmap = %format!("{namespace}/{name}"), "eci-profile ConfigMap deleted; only Selectors and the defaults apply");
+                caches.set_profile(Vec::new());
+            }
+            Some(Ok(watcher::Event::InitApply(map) | watcher::Event::Apply(map))) => {
+                present = true;
+                let text = map
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("selectors"))
+                    .cloned()
+                    .unwrap_or_else(|| "[]".into());
+                match rules_from_profile(&text) {
+                    Ok(rules) => {
+                        info!(configmap = %format!("{namespace}/{name}"), selectors = rules.len(), "eci-profile selectors loaded");
+                        caches.set_profile(rules);
+                    }
+                    Err(problem) => {
+                        warn!(configmap = %format!("{namespace}/{name}"), %problem, "invalid eci-profile selectors; keeping the last good ones");
+                        let event = Event {
+                            type_: EventType::Warning,
+                            reason: "InvalidSelectors".into(),
+                            note: Some(format!(
+                                "virtual-node-eci keeps the last good selectors: {problem}"
+                            )),
+                            action: "Validate".into(),
+                            secondary: None,
+                        };
+                        if let Err(error) = recorder.publish(&event, &map.object_ref(&())).await {
+                            debug!(%error, "could not publish an event");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct NodeFacts {
+    virtual_node: bool,
+    schedulable: bool,
+    allocatable: Resources,
+}
+
+#[derive(Debug, Clone)]
+struct PodFacts {
+    node: String,
+    namespace: String,
+    requests: Resources,
+}
+
+fn node_facts(node: &Node, vnode_label: (&str, &str)) -> NodeFacts {
+    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let get = |name: &str| {
+        allocatable
+            .and_then(|a| a.get(name))
+            .and_then(|q| quantity::parse(&q.0).ok())
+            .unwrap_or(0.0)
+    };
+    NodeFacts {
+        virtual_node: node.labels().get(vnode_label.0).map(String::as_str) == Some(vnode_label.1),
+        schedulable: !node
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false),
+        allocatable: Resources {
+            cpu: get("cpu"),
+            memory: get("memory"),
+        },
+    }
+}
+
+fn pod_facts(pod: &Pod) -> Option<PodFacts> {
+    let node = pod.spec.as_ref()?.node_name.clone()?;
+    if matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) {
+        return None;
+    }
+    Some(PodFacts {
+        node,
+        namespace: pod.namespace().unwrap_or_default(),
+        requests: pod_requests(pod),
+    })
+}
+
+/// The capacity view from node and pod facts (pure).
+fn capacity_of<'a>(
+    nodes: &HashMap<String, NodeFacts>,
+    pods: impl Iterator<Item = &'a PodFacts>,
+) -> Capacity {
+    let mut capacity = Capacity::default();
+    for facts in nodes.values().filter(|n| !n.virtual_node && n.schedulable) {
+        capacity.normal_allocatable.cpu += facts.allocatable.cpu;
+        capacity.normal_allocatable.memory += facts.allocatable.memory;
+    }
+    for pod in pods {
+        match nodes.get(&pod.node) {
+            Some(node) if node.virtual_node => {
+                let used = capacity
+                    .vnode_requested
+                    .entry(pod.namespace.clone())
+                    .or_default();
+                used.cpu += pod.requests.cpu;
+                used.memory += pod.requests.memory;
+            }
+            Some(node) if node.schedulable => {
+                capacity.normal_requested.cpu += pod.requests.cpu;
+                capacity.normal_requested.memory += pod.requests.memory;
+            }
+            _ => {}
+        }
+    }
+    capacity
+}
+
+/// Keeps the capacity view — but only once some rule needs it (a cluster-wide pod watch is
+/// not free), and from then on.
+pub async fn watch_capacity(
+    client: kube::Client,
+    caches: Arc<Caches>,
+    vnode_label: (String, String),
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut needed = caches.needs_capacity.subscribe();
+    tokio::select! {
+        () = stop.cancelled() => return Ok(()),
+        result = needed.wait_for(|n| *n) => { result?; }
+    }
+    info!("a Selector needs the capacity view: watching nodes and pods");
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let pods_api: Api<Pod> = Api::all(client);
+    let mut node_events = watcher(nodes_api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut pod_events = watcher(pods_api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut nodes: HashMap<String, NodeFacts> = HashMap::new();
+    let mut pods: HashMap<String, PodFacts> = HashMap::new();
+    let mut dirty = false;
+    // Recomputing is O(pods): at most once a second, however busy the watch.
+    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    let label = (vnode_label.0.as_str(), vnode_label.1.as_str());
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            event = node_events.next() => match event {
+                None => anyhow::bail!("the node watch ended"),
+                Some(Ok(watcher::Event::InitApply(n) | watcher::Event::Apply(n))) => {
+                    nodes.insert(n.name_any(), node_facts(&n, label));
+                    dirty = true;
+                }
+                Some(Ok(watcher::Event::Delete(n))) => {
+                    nodes.remove(&n.name_any());
+                    dirty = true;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(error)) => debug!(%error, "node watch error; it recovers by itself"),
+            },
+            event = pod_events.next() => match event {
+                None => anyhow::bail!("the pod watch ended"),
+                Some(Ok(watcher::Event::InitApply(p) | watcher::Event::Apply(p))) => {
+                    let uid = p.uid().unwrap_or_default();
+                    match pod_facts(&p) {
+                        Some(facts) => pods.insert(uid, facts),
+                        None => pods.remove(&uid),
+                    };
+                    dirty = true;
+                }
+                Some(Ok(watcher::Event::Delete(p))) => {
+                    pods.remove(&p.uid().unwrap_or_default());
+                    dirty = true;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(error)) => debug!(%error, "pod watch error; it recovers by itself"),
+            },
+            _ = ticks.tick() => {
+                if dirty {
+                    dirty = false;
+                    caches.set_capacity(capacity_of(&nodes, pods.values()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_counts_schedulable_normal_nodes_and_vnode_use_by_namespace() {
+        let r = |cpu, memory| Resources { cpu, memory };
+        let nodes = HashMap::from([
+            (
+                "n1".to_owned(),
+                NodeFacts {
+                    virtual_node: false,
+                    schedulable: true,
+                    allocatable: r(4.0, 8.0),
+                },
+            ),
+            (
+                "n2".to_owned(),
+                NodeFacts {
+                    virtual_node: false,
+                    schedulable: false,
+                    allocatable: r(4.0, 8.0),
+                },
+            ),
+            (
+                "vn".to_owned(),
+                NodeFacts {
+                    virtual_node: true,
+                    schedulable: true,
+                    allocatable: r(6000.0, 1e12),
+                },
+            ),
+        ]);
+        let pods = [
+            PodFacts {
+                node: "n1".into(),
+                namespace: "a".into(),
+                requests: r(1.0, 2.0),
+            },
+            PodFacts {
+                node: "n2".into(),
+                namespace: "a".into(),
+                requests: r(1.0, 2.0),
+            },
+            PodFacts {
+                node: "vn".into(),
+                namespace: "a".into(),
+                requests: r(2.0, 3.0),
+            },
+            PodFacts {
+                node: "vn".into(),
+                namespace: "b".into(),
+                requests: r(0.5, 1.0),
+            },
+            PodFacts {
+                node: "gone".into(),
+                namespace: "a".into(),
+                requests: r(9.0, 9.0),
+            },
+        ];
+        let capacity = capacity_of(&nodes, pods.iter());
+        assert_eq!(capacity.normal_allocatable, r(4.0, 8.0));
+        assert_eq!(capacity.normal_requested, r(1.0, 2.0));
+        assert_eq!(capacity.vnode_requested["a"], r(2.0, 3.0));
+        assert_eq!(capacity.vnode_requested["b"], r(0.5, 1.0));
+    }
+
+    #[test]
+    fn the_capacity_view_is_wanted_only_by_rules_that_read_it() {
+        let caches = Caches::new(true);
+        let mut rules = default_rules();
+        caches.set_selectors(rules.clone());
+        assert!(!*caches.needs_capacity.borrow());
+        rules[0].placement = Placement::NormalNodePrefer {
+            cpu_ratio: Some(80),
+            memory_ratio: None,
+        };
+        caches.set_selectors(rules);
+        assert!(*caches.needs_capacity.borrow());
+        assert_eq!(caches.snapshot().profile.len(), 3, "the defaults");
+        caches.set_profile(Vec::new());
+        assert_eq!(caches.snapshot().profile.len(), 3);
+        assert!(caches.namespace_labels("nope").is_empty());
+    }
+}

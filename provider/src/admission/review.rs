@@ -1,0 +1,309 @@
+//! One AdmissionReview in, one out: pod CREATEs get the engine's mutation as a JSON patch;
+//! everything else is allowed untouched. Answers come from the caches only.
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+
+use super::cache::Caches;
+use crate::admission::selector::engine::{Input, Vnode, decide};
+
+/// A request that is not a usable AdmissionReview (answered with 400).
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// The body is not an AdmissionReview.
+    #[error("malformed AdmissionReview: {0}")]
+    Malformed(#[source] serde_json::Error),
+    /// It has no request.
+    #[error("the AdmissionReview carries no request")]
+    NoRequest,
+}
+
+/// What the handler does besides answering.
+#[derive(Debug, Default, PartialEq)]
+pub struct Outcome {
+    /// A warning to publish as an Event on the pod (never for dry runs).
+    pub event: Option<(ObjectReference, String)>,
+    /// Whether a patch was returned.
+    pub patched: bool,
+}
+
+/// The admission logic, configured.
+#[derive(Debug)]
+pub struct Admission {
+    /// The caches.
+    pub caches: std::sync::Arc<Caches>,
+    /// How virtual nodes are marked.
+    pub vnode: Vnode,
+    /// Selectors only apply in their own namespace.
+    pub own_namespace_only: bool,
+}
+
+impl Admission {
+    /// Reviews a request body; the answer is the AdmissionReview to send back.
+    pub fn review(&self, body: &[u8]) -> Result<(serde_json::Value, Outcome), ReviewError> {
+        let review: AdmissionReview<DynamicObject> =
+            serde_json::from_slice(body).map_err(ReviewError::Malformed)?;
+        let request: AdmissionRequest<DynamicObject> =
+            review.try_into().map_err(|_| ReviewError::NoRequest)?;
+        let (response, outcome) = self.respond(&request);
+        Ok((wire(&response.into_review()), outcome))
+    }
+
+    fn respond(&self, request: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome) {
+        let allow = AdmissionResponse::from(request);
+        let is_pod_create = request.kind.group.is_empty()
+            && request.kind.kind == "Pod"
+            && request.operation == Operation::Create
+            && request.sub_resource.is_none();
+        if !is_pod_create {
+            return (allow, Outcome::default());
+        }
+        let Some(object) = &request.object else {
+            return (allow, Outcome::default());
+        };
+        let Ok(mut original) = serde_json::to_value(object) else {
+            return (allow, Outcome::default());
+        };
+        let namespace = request.namespace.clone().unwrap_or_default();
+        // The pod's namespace may be unset in the body; the request names it.
+        original["metadata"]["namespace"] = namespace.clone().into();
+        let Ok(pod) = serde_json::from_value::<Pod>(original.clone()) else {
+            // Not a pod the API server would accept either; it says why.
+            return (allow, Outcome::default());
+        };
+        let snapshot = self.caches.snapshot();
+        let namespace_labels = self.caches.namespace_labels(&namespace);
+        let decision = decide(Input {
+            pod: &pod,
+            namespace_labels: &namespace_labels,
+            selectors: &snapshot.selectors,
+            profile: &snapshot.profile,
+            capacity: &snapshot.capacity,
+            vnode: &self.vnode,
+            own_namespace_only: self.own_namespace_only,
+        });
+        let mut outcome = Outcome::default();
+        let mut response = allow;
+        if let Some(warning) = &decision.warning {
+            response.warnings = Some(vec![warning.clone()]);
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            if !request.dry_run && !name.is_empty() {
+                outcome.event = Some((
+                    ObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("Pod".into()),
+                        namespace: Some(namespace),
+                        name: Some(name),
+                        ..ObjectReference::default()
+                    },
+                    warning.clone(),
+                ));
+            }
+        }
+        if decision.pod == pod {
+            return (response, outcome);
+        }
+        let Ok(mutated) = serde_json::to_value(&decision.pod) else {
+            return (response, outcome);
+        };
+        // Diff against the pod as typed, so fields the typed form drops are not touched.
+        let Ok(typed) = serde_json::to_value(&pod) else {
+            return (response, outcome);
+        };
+        let patch = json_patch::diff(&typed, &mutated);
+        if patch.0.is_empty() {
+            return (response, outcome);
+        }
+        response.audit_annotations.insert(
+            "virtual-node-eci.aliyun.com/selector".into(),
+            decision.reason,
+        );
+        match response.clone().with_patch(patch) {
+            Ok(patched) => {
+                outcome.patched = true;
+                (patched, outcome)
+            }
+            Err(_) => (response, outcome),
+        }
+    }
+}
+
+/// The review as sent: the patch as the base64 string webhooks conventionally send (kube
+/// serializes the bytes as a JSON array of numbers, which API servers also accept).
+fn wire(review: &AdmissionReview<DynamicObject>) -> serde_json::Value {
+    use base64::Engine as _;
+    let mut value = serde_json::to_value(review).unwrap_or_default();
+    if let Some(patch) = value.pointer_mut("/response/patch") {
+        if let Some(bytes) = patch.as_array() {
+            let raw: Vec<u8> = bytes
+                .iter()
+                .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                .collect();
+            *patch = base64::engine::general_purpose::STANDARD.encode(raw).into();
+        }
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use base64::Engine as _;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::admission::selector::engine::default_rules;
+
+    fn admission() -> Admission {
+        Admission {
+            caches: Arc::new(Caches::new(true)),
+            vnode: Vnode::default(),
+            own_namespace_only: false,
+        }
+    }
+
+    #[allow(clippy::needless_pass_by_value)] // json! borrows
+    fn review(kind: &str, operation: &str, object: Value, dry_run: bool) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "req-1",
+                "kind": {"group": "", "version": "v1", "kind": kind},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "requestKind": {"group": "", "version": "v1", "kind": kind},
+                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "web",
+                "namespace": "default",
+                "operation": operation,
+                "userInfo": {"username": "alice"},
+                "object": object,
+                "dryRun": dry_run,
+            }
+        }))
+        .unwrap()
+    }
+
+    #[allow(clippy::needless_pass_by_value)] // json! borrows
+    fn pod(labels: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": labels}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
+    }
+
+    fn response(review: &Value) -> Value {
+        review["response"].clone()
+    }
+
+    #[test]
+    fn a_matching_pod_gets_a_patch_with_toleration_and_node_selector() {
+        let (out, outcome) = admission()
+            .review(&review(
+                "Pod",
+                "CREATE",
+                pod(json!({"alibabacloud.com/eci": "true"})),
+                false,
+            ))
+            .unwrap();
+        let answer = response(&out);
+        assert_eq!(answer["uid"], "req-1");
+        assert_eq!(answer["allowed"], true);
+        assert_eq!(answer["patchType"], "JSONPatch");
+        let patch: Value = serde_json::from_slice(
+            &base64::engine::general_purpose::STANDARD
+                .decode(answer["patch"].as_str().unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+        let text = patch.to_string();
+        assert!(text.contains("/spec/tolerations"), "{text}");
+        assert!(
+            text.contains(r#"/spec/nodeSelector","value":{"k8s.aliyun.com/vnode":"true"}"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("/metadata/namespace"),
+            "the namespace is not patched: {text}"
+        );
+        assert!(outcome.patched);
+    }
+
+    #[test]
+    fn nothing_to_do_means_no_patch() {
+        let (out, outcome) = admission()
+            .review(&review("Pod", "CREATE", pod(json!({"app": "web"})), false))
+            .unwrap();
+        let answer = response(&out);
+        assert_eq!(answer["allowed"], true);
+        assert!(answer.get("patch").is_none_or(Value::is_null));
+        assert!(!outcome.patched);
+    }
+
+    #[test]
+    fn other_kinds_operations_and_subresources_pass_untouched() {
+        let a = admission();
+        for body in [
+            review(
+                "Pod",
+                "UPDATE",
+                pod(json!({"alibabacloud.com/eci": "true"})),
+                false,
+            ),
+            review(
+                "ConfigMap",
+                "CREATE",
+                json!({"metadata": {"name": "x", "labels": {"alibabacloud.com/eci": "true"}}}),
+                false,
+            ),
+        ] {
+            let (out, outcome) = a.review(&body).unwrap();
+            assert!(response(&out).get("patch").is_none_or(Value::is_null));
+            assert!(!outcome.patched);
+        }
+    }
+
+    #[test]
+    fn malformed_requests_are_refused_with_a_reason() {
+        let a = admission();
+        assert!(matches!(
+            a.review(b"not json"),
+            Err(ReviewError::Malformed(_))
+        ));
+        let no_request = serde_json::to_vec(
+            &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
+        )
+        .unwrap();
+        assert!(a.review(&no_request).is_err());
+    }
+
+    #[test]
+    fn a_budget_warning_becomes_an_event_except_in_dry_runs() {
+        let a = admission();
+        let selector: crate::admission::selector::crd::Selector = serde_json::from_value(json!({
+            "apiVersion": "eci.aliyun.com/v1", "kind": "Selector",
+            "metadata": {"name": "cap", "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"objectLabels": {}, "policy": {"namespaceResourceLimit": {"namespace": "default", "limits": {"cpu": "0"}}}},
+        }))
+        .unwrap();
+        let mut rules =
+            vec![crate::admission::selector::engine::rule_from_selector(&selector).unwrap()];
+        rules.extend(default_rules().into_iter().take(0));
+        a.caches.set_selectors(rules);
+        let mut with_request = pod(json!({}));
+        with_request["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "1"}});
+        let (out, outcome) = a
+            .review(&review("Pod", "CREATE", with_request.clone(), false))
+            .unwrap();
+        assert!(
+            response(&out)["warnings"][0]
+                .as_str()
+                .unwrap()
+                .contains("stays on normal nodes")
+        );
+        assert!(outcome.event.is_some());
+        let (_, dry) = a
+            .review(&review("Pod", "CREATE", with_request, true))
+            .unwrap();
+        assert!(dry.event.is_none(), "dry runs have no side effects");
+    }
+}

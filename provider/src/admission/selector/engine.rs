@@ -1,0 +1,812 @@
+//! The Selector engine (pure): given a pod, its namespace's labels, the Selectors, the
+//! ConfigMap selectors and a capacity view, the mutated pod and why.
+//!
+//! - **CRD Selectors** first: of those matching, the highest `priority` wins and only it
+//!   applies. Ties go to the oldest Selector (`creationTimestamp`), then to the smaller
+//!   `<namespace>/<name>` — the same answer on every replica, every time. Its effect
+//!   overwrites existing keys.
+//! - Otherwise the **ConfigMap selectors** (the legacy `eci-profile` ConfigMap, then the
+//!   built-in defaults): every matching one sends the pod to virtual nodes and adds its effect
+//!   without overwriting keys the pod has; earlier selectors win.
+//! - A Selector without a policy behaves as `virtualNodeOnly`, as in eci-profile.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{
+    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
+    PreferredSchedulingTerm, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+
+use super::crd::{Effect, Selector};
+use super::labels;
+use crate::k8s::quantity;
+
+/// Annotation: which Selector placed the pod.
+pub const SELECTOR_ANNOTATION: &str = "virtual-node-eci.aliyun.com/selector";
+/// Annotation: the policy that placed the pod (the Unschedulable watcher reads it).
+pub const POLICY_ANNOTATION: &str = "virtual-node-eci.aliyun.com/policy";
+/// Annotation: an effect to apply only once the pod is bound to a virtual node (fair and
+/// normalNodePrefer); the daemon applies it before it creates the container group.
+pub const PENDING_EFFECT_ANNOTATION: &str = "virtual-node-eci.aliyun.com/pending-effect";
+
+/// How virtual nodes are marked (from the daemon's configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vnode {
+    /// Taint key (`k8s.aliyun.com/vnode`).
+    pub taint_key: String,
+    /// Taint value (`true`).
+    pub taint_value: String,
+    /// Taint effect (`NoSchedule`).
+    pub taint_effect: String,
+    /// Node label key (`k8s.aliyun.com/vnode`).
+    pub label_key: String,
+    /// Node label value (`true`).
+    pub label_value: String,
+}
+
+impl Default for Vnode {
+    fn default() -> Self {
+        Self {
+            taint_key: "k8s.aliyun.com/vnode".into(),
+            taint_value: "true".into(),
+            taint_effect: "NoSchedule".into(),
+            label_key: "k8s.aliyun.com/vnode".into(),
+            label_value: "true".into(),
+        }
+    }
+}
+
+/// CPU (cores) and memory (bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Resources {
+    /// Cores.
+    pub cpu: f64,
+    /// Bytes.
+    pub memory: f64,
+}
+
+impl Resources {
+    fn plus(self, other: Self) -> Self {
+        Self {
+            cpu: self.cpu + other.cpu,
+            memory: self.memory + other.memory,
+        }
+    }
+}
+
+/// What the cluster's capacity looks like (from the daemon's caches).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Capacity {
+    /// Allocatable of schedulable normal nodes.
+    pub normal_allocatable: Resources,
+    /// Requests of pods bound to normal nodes.
+    pub normal_requested: Resources,
+    /// Requests of pods bound to virtual nodes, by namespace.
+    pub vnode_requested: HashMap<String, Resources>,
+}
+
+/// Where a rule sends pods.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Placement {
+    /// Virtual nodes only.
+    VirtualNodeOnly,
+    /// Toleration only.
+    Fair,
+    /// Normal nodes first.
+    NormalNodePrefer {
+        /// Percent of normal CPU requested at which pods may spill at once.
+        cpu_ratio: Option<u32>,
+        /// Percent of normal memory requested at which pods may spill at once.
+        memory_ratio: Option<u32>,
+    },
+    /// Never virtual nodes.
+    NormalNodeOnly,
+    /// Virtual nodes for one namespace up to a budget.
+    NamespaceResourceLimit {
+        /// The namespace.
+        namespace: String,
+        /// The budget (a missing resource is unlimited).
+        cpu: Option<f64>,
+        /// The budget in bytes.
+        memory: Option<f64>,
+    },
+}
+
+impl Placement {
+    fn name(&self) -> &'static str {
+        match self {
+            Placement::VirtualNodeOnly => "virtualNodeOnly",
+            Placement::Fair => "fair",
+            Placement::NormalNodePrefer { .. } => "normalNodePrefer",
+            Placement::NormalNodeOnly => "normalNodeOnly",
+            Placement::NamespaceResourceLimit { .. } => "namespaceResourceLimit",
+        }
+    }
+}
+
+/// Where a rule comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A Selector object.
+    Crd {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// Its creationTimestamp (RFC 3339; sorts chronologically).
+        created: String,
+    },
+    /// A selector of the legacy ConfigMap.
+    Profile(String),
+    /// A built-in default.
+    Default(&'static str),
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Crd {
+                namespace, name, ..
+            } => write!(f, "Selector {namespace}/{name}"),
+            Origin::Profile(name) => write!(f, "eci-profile selector {name}"),
+            Origin::Default(name) => write!(f, "built-in selector {name}"),
+        }
+    }
+}
+
+/// A validated rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Where it comes from.
+    pub origin: Origin,
+    /// Pod labels to match (None: any).
+    pub object: Option<LabelSelector>,
+    /// Namespace labels to match (None: any).
+    pub namespace: Option<LabelSelector>,
+    /// Labels to add.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations to add.
+    pub annotations: BTreeMap<String, String>,
+    /// Where pods go.
+    pub placement: Placement,
+    /// Priority (CRD rules).
+    pub priority: i32,
+}
+
+fn ratio(value: Option<i64>, what: &str) -> Result<Option<u32>, String> {
+    value
+        .map(|v| {
+            u32::try_from(v)
+                .ok()
+                .filter(|v| *v <= 100)
+                .ok_or_else(|| format!("policy.normalNodePrefer.{what} must be 0–100, not {v}"))
+        })
+        .transpose()
+}
+
+fn selectors_of(
+    object: Option<&LabelSelector>,
+    namespace: Option<&LabelSelector>,
+) -> Result<(), String> {
+    if object.is_none() && namespace.is_none() {
+        return Err("set objectLabels, namespaceLabels or both".into());
+    }
+    for (field, selector) in [("objectLabels", object), ("namespaceLabels", namespace)] {
+        if let Some(selector) = selector {
+            labels::validate(selector).map_err(|e| format!("{field}.{e}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn effect_maps(effect: Option<&Effect>) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let effect = effect.cloned().unwrap_or_default();
+    (
+        effect.labels.unwrap_or_default(),
+        effect.annotations.unwrap_or_default(),
+    )
+}
+
+/// Validates a Selector into a rule; the error says what to fix.
+pub fn rule_from_selector(selector: &Selector) -> Result<Rule, String> {
+    let spec = &selector.spec;
+    selectors_of(spec.object_labels.as_ref(), spec.namespace_labels.as_ref())?;
+    let policy = spec.policy.clone().unwrap_or_default();
+    let mut set: Vec<Placement> = Vec::new();
+    if policy.fair.is_some() {
+        set.push(Placement::Fair);
+    }
+    if let Some(prefer) = &policy.normal_node_prefer {
+        set.push(Placement::NormalNodePrefer {
+            cpu_ratio: ratio(prefer.cpu_ratio, "cpuRatio")?,
+            memory_ratio: ratio(prefer.memory_ratio, "memoryRatio")?,
+        });
+    }
+    if policy.virtual_node_only.is_some() {
+        set.push(Placement::VirtualNodeOnly);
+    }
+    if policy.normal_node_only.is_some() {
+        set.push(Placement::NormalNodeOnly);
+    }
+    if let Some(limit) = &policy.namespace_resource_limit {
+        if limit.namespace.is_empty() {
+            return Err("policy.namespaceResourceLimit.namespace is empty".into());
+        }
+        let mut cpu = None;
+        let mut memory = None;
+        for (resource, value) in &limit.limits {
+            let parsed = quantity::parse(&value.0)
+                .map_err(|e| format!("policy.namespaceResourceLimit.limits.{resource}: {e}"))?;
+            match resource.as_str() {
+                "cpu" | "requests.cpu" => cpu = Some(parsed),
+                "memory" | "requests.memory" => memory = Some(parsed),
+                other => {
+                    return Err(format!(
+                        "policy.namespaceResourceLimit.limits: {other:?} is not supported (use cpu and memory)"
+                    ));
+                }
+            }
+        }
+        set.push(Placement::NamespaceResourceLimit {
+            namespace: limit.namespace.clone(),
+            cpu,
+            memory,
+        });
+    }
+    if set.len() > 1 {
+        return Err(format!(
+            "policy sets {} policies ({}); set exactly one",
+            set.len(),
+            set.iter()
+                .map(Placement::name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let (labels, annotations) = effect_maps(spec.effect.as_ref());
+    Ok(Rule {
+        origin: Origin::Crd {
+            namespace: selector.namespace().unwrap_or_default(),
+            name: selector.name_any(),
+            created: selector
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .unwrap_or_default(),
+        },
+        object: spec.object_labels.clone(),
+        namespace: spec.namespace_labels.clone(),
+        labels,
+        annotations,
+        // No policy: virtualNodeOnly, as eci-profile does.
+        placement: set.pop().unwrap_or(Placement::VirtualNodeOnly),
+        priority: spec.priority.unwrap_or(0),
+    })
+}
+
+/// One selector of the legacy ConfigMap.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ProfileSelector {
+    name: Option<String>,
+    #[serde(default)]
+    namespace_selector: Option<LabelSelector>,
+    #[serde(default)]
+    object_selector: Option<LabelSelector>,
+    #[serde(default)]
+    effect: Option<Effect>,
+}
+
+/// Parses the ConfigMap's `selectors` (a JSON array); the error names the bad entry.
+pub fn rules_from_profile(text: &str) -> Result<Vec<Rule>, String> {
+    let entries: Vec<ProfileSelector> = serde_json::from_str(text)
+        .map_err(|e| format!("selectors is not a JSON array of selectors: {e}"))?;
+    entries
+        .into_iter()
+        .enumerate()
+        .map(|(index, entry)| {
+            let name = entry
+                .name
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| format!("selector #{} has no name", index + 1))?;
+            selectors_of(
+                entry.object_selector.as_ref(),
+                entry.namespace_selector.as_ref(),
+            )
+            .map_err(|e| format!("selector {name}: {e}"))?;
+            let (labels, annotations) = effect_maps(entry.effect.as_ref());
+            Ok(Rule {
+                origin: Origin::Profile(name),
+                object: entry.object_selector,
+                namespace: entry.namespace_selector,
+                labels,
+                annotations,
+                placement: Placement::VirtualNodeOnly,
+                priority: 0,
+            })
+        })
+        .collect()
+}
+
+fn match_labels(pairs: &[(&str, &str)]) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ),
+        match_expressions: None,
+    }
+}
+
+/// The built-in defaults: `alibabacloud.com/eci: "true"` on the pod or its namespace, and
+/// namespaces labelled `virtual-node-affinity-injection=enabled`, go to virtual nodes.
+pub fn default_rules() -> Vec<Rule> {
+    let rule = |name, object, namespace| Rule {
+        origin: Origin::Default(name),
+        object,
+        namespace,
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        placement: Placement::VirtualNodeOnly,
+        priority: 0,
+    };
+    vec![
+        rule(
+            "eci-pod",
+            Some(match_labels(&[("alibabacloud.com/eci", "true")])),
+            None,
+        ),
+        rule(
+            "eci-namespace",
+            None,
+            Some(match_labels(&[("alibabacloud.com/eci", "true")])),
+        ),
+        rule(
+            "virtual-node-affinity-injection",
+            None,
+            Some(match_labels(&[(
+                "virtual-node-affinity-injection",
+                "enabled",
+            )])),
+        ),
+    ]
+}
+
+/// Everything the engine looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// The pod as submitted.
+    pub pod: &'a Pod,
+    /// Its namespace's labels.
+    pub namespace_labels: &'a BTreeMap<String, String>,
+    /// Valid Selectors.
+    pub selectors: &'a [Rule],
+    /// The ConfigMap's selectors followed by the defaults.
+    pub profile: &'a [Rule],
+    /// The capacity view.
+    pub capacity: &'a Capacity,
+    /// How virtual nodes are marked.
+    pub vnode: &'a Vnode,
+    /// Selectors only apply to pods of their own namespace.
+    pub own_namespace_only: bool,
+}
+
+/// The engine's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The pod with every mutation applied (equal to the input when nothing applies).
+    pub pod: Pod,
+    /// Why, in one line (for logs and the admission response's audit annotation).
+    pub reason: String,
+    /// A warning for an Event on the pod (e.g. a namespace over its virtual-node budget).
+    pub warning: Option<String>,
+}
+
+fn pod_labels(pod: &Pod) -> BTreeMap<String, String> {
+    pod.metadata.labels.clone().unwrap_or_default()
+}
+
+fn rule_matches(rule: &Rule, pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
+    rule.object
+        .as_ref()
+        .is_none_or(|s| labels::matches(s, &pod_labels(pod)))
+        && rule
+            .namespace
+            .as_ref()
+            .is_none_or(|s| labels::matches(s, namespace_labels))
+}
+
+fn tie_break_key(rule: &Rule) -> (i32, String, String) {
+    match &rule.origin {
+        Origin::Crd {
+            namespace,
+            name,
+            created,
+        } => (
+            -rule.priority,
+            if created.is_empty() {
+                "~".to_owned()
+            } else {
+                created.clone()
+            },
+            format!("{namespace}/{name}"),
+        ),
+        other => (-rule.priority, "~".to_owned(), other.to_string()),
+    }
+}
+
+/// The pod's requests: containers summed, the largest init container if bigger (limits stand
+/// in for missing requests, as the API server defaults them).
+pub fn pod_requests(pod: &Pod) -> Resources {
+    let of = |resources: Option<&k8s_openapi::api::core::v1::ResourceRequirements>| {
+        let get = |name: &str| {
+            resources
+                .and_then(|r| {
+                    r.requests
+                        .as_ref()
+                        .and_then(|m| m.get(name))
+                        .or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))
+                })
+                .and_then(|q| quantity::parse(&q.0).ok())
+                .unwrap_or(0.0)
+        };
+        Resources {
+            cpu: get("cpu"),
+            memory: get("memory"),
+        }
+    };
+    let Some(spec) = &pod.spec else {
+        return Resources::default();
+    };
+    let main = spec.containers.iter().fold(Resources::default(), |sum, c| {
+        sum.plus(of(c.resources.as_ref()))
+    });
+    spec.init_containers
+        .iter()
+        .flatten()
+        .map(|c| of(c.resources.as_ref()))
+        .fold(main, |max, init| Resources {
+            cpu: max.cpu.max(init.cpu),
+            memory: max.memory.max(init.memory),
+        })
+}
+
+/// Decides.
+pub fn decide(input: Input<'_>) -> Decision {
+    let pod_namespace = input.pod.namespace().unwrap_or_default();
+    let mut candidates: Vec<&Rule> = input
+        .selectors
+        .iter()
+        .filter(|rule| rule_matches(rule, input.pod, input.namespace_labels))
+        .filter(|rule| match &rule.origin {
+            Origin::Crd { namespace, .. } if input.own_namespace_only => {
+                *namespace == pod_namespace
+            }
+            _ => true,
+        })
+        .filter(|rule| match &rule.placement {
+            Placement::NamespaceResourceLimit { namespace, .. } => *namespace == pod_namespace,
+            _ => true,
+        })
+        .collect();
+    candidates.sort_by_key(|rule| tie_break_key(rule));
+    let mut pod = input.pod.clone();
+    if let Some(rule) = candidates.first() {
+        let mut warning = None;
+        let mut reason = format!("{} ({})", rule.origin, rule.placement.name());
+        annotate(
+            &mut pod,
+            SELECTOR_ANNOTATION,
+            &match &rule.origin {
+                Origin::Crd {
+                    namespace, name, ..
+                } => format!("{namespace}/{name}"),
+                other => other.to_string(),
+            },
+        );
+        match &rule.placement {
+            Placement::VirtualNodeOnly => {
+                to_virtual_nodes(&mut pod, input.vnode);
+                apply_effect(&mut pod, rule, true);
+            }
+            Placement::Fair => {
+                tolerate(&mut pod, input.vnode);
+                defer_effect(&mut pod, rule);
+            }
+            Placement::NormalNodeOnly => {
+                keep_off_virtual_nodes(&mut pod, input.vnode);
+                apply_effect(&mut pod, rule, true);
+            }
+            Placement::NormalNodePrefer {
+                cpu_ratio,
+                memory_ratio,
+            } => {
+                prefer_normal_nodes(&mut pod, input.vnode);
+                annotate(&mut pod, POLICY_ANNOTATION, "normalNodePrefer");
+                let capacity = input.capacity;
+                let share = |requested: f64, allocatable: f64| {
+                    (allocatable > 0.0).then(|| requested * 100.0 / allocatable)
+                };
+                let cpu_share = share(
+                    capacity.normal_requested.cpu,
+                    capacity.normal_allocatable.cpu,
+                );
+                let memory_share = share(
+                    capacity.normal_requested.memory,
+                    capacity.normal_allocatable.memory,
+                );
+                let over = |limit: &Option<u32>, share: Option<f64>| {
+                    limit.is_some_and(|l| share.is_some_and(|s| s >= f64::from(l)))
+                };
+                if over(cpu_ratio, cpu_share) || over(memory_ratio, memory_share) {
+                    tolerate(&mut pod, input.vnode);
+                    reason += &format!(
+                        ": normal nodes are {:.0}% (cpu) / {:.0}% (memory) requested, at or above the ratio: may use virtual nodes now",
+                        cpu_share.unwrap_or(0.0),
+                        memory_share.unwrap_or(0.0)
+                    );
+                }
+                defer_effect(&mut pod, rule);
+            }
+            Placement::NamespaceResourceLimit {
+                namespace,
+                cpu,
+                memory,
+            } => {
+                let used = input
+                    .capacity
+                    .vnode_requested
+                    .get(namespace)
+                    .copied()
+                    .unwrap_or_default();
+                let wanted = used.plus(pod_requests(input.pod));
+                let over_cpu = cpu.is_some_and(|limit| wanted.cpu > limit);
+                let over_memory = memory.is_some_and(|limit| wanted.memory > limit);
+                if over_cpu || over_memory {
+                    keep_off_virtual_nodes(&mut pod, input.vnode);
+                    let text = format!(
+                        "namespace {namespace} would hold {:.3} cores and {:.0} MiB on virtual nodes, beyond the {} budget ({} cores, {} MiB): this pod stays on normal nodes",
+                        wanted.cpu,
+                        wanted.memory / 1_048_576.0,
+                        rule.origin,
+                        cpu.map_or("unlimited".to_owned(), |c| format!("{c:.3}")),
+                        memory.map_or("unlimited".to_owned(), |m| format!(
+                            "{:.0}",
+                            m / 1_048_576.0
+                        )),
+                    );
+                    reason += &format!(": {text}");
+                    warning = Some(text);
+                } else {
+                    to_virtual_nodes(&mut pod, input.vnode);
+                }
+                apply_effect(&mut pod, rule, true);
+            }
+        }
+        return Decision {
+            pod,
+            reason,
+            warning,
+        };
+    }
+    let matching: Vec<&Rule> = input
+        .profile
+        .iter()
+        .filter(|rule| rule_matches(rule, input.pod, input.namespace_labels))
+        .collect();
+    if matching.is_empty() {
+        return Decision {
+            pod,
+            reason: "no selector matches".into(),
+            warning: None,
+        };
+    }
+    to_virtual_nodes(&mut pod, input.vnode);
+    for rule in &matching {
+        apply_effect(&mut pod, rule, false);
+    }
+    annotate(
+        &mut pod,
+        SELECTOR_ANNOTATION,
+        &matching[0].origin.to_string(),
+    );
+    Decision {
+        pod,
+        reason: format!(
+            "{} (virtualNodeOnly)",
+            matching
+                .iter()
+                .map(|r| r.origin.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        warning: None,
+    }
+}
+
+fn annotate(pod: &mut Pod, key: &str, value: &str) {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(key.to_owned(), value.to_owned());
+}
+
+fn merge(
+    target: &mut Option<BTreeMap<String, String>>,
+    add: &BTreeMap<String, String>,
+    overwrite: bool,
+) {
+    if add.is_empty() {
+        return;
+    }
+    let map = target.get_or_insert_with(BTreeMap::new);
+    for (key, value) in add {
+        if overwrite || !map.contains_key(key) {
+            map.insert(key.clone(), value.clone());
+        }
+    }
+}
+
+fn apply_effect(pod: &mut Pod, rule: &Rule, overwrite: bool) {
+    merge(&mut pod.metadata.labels, &rule.labels, overwrite);
+    merge(&mut pod.metadata.annotations, &rule.annotations, overwrite);
+}
+
+/// What the daemon applies once the pod is bound to a virtual node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingEffect {
+    /// Labels to add.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations to add.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+fn defer_effect(pod: &mut Pod, rule: &Rule) {
+    if rule.labels.is_empty() && rule.annotations.is_empty() {
+        return;
+    }
+    let pending = PendingEffect {
+        labels: rule.labels.clone(),
+        annotations: rule.annotations.clone(),
+    };
+    annotate(
+        pod,
+        PENDING_EFFECT_ANNOTATION,
+        &serde_json::to_string(&pending).unwrap_or_default(),
+    );
+}
+
+/// The metadata merge patch that applies a pod's pending effect (Selector values overwrite),
+/// or None when it has none or it cannot be read.
+pub fn pending_effect_patch(pod: &Pod) -> Option<serde_json::Value> {
+    let text = pod.annotations().get(PENDING_EFFECT_ANNOTATION)?;
+    let pending: PendingEffect = serde_json::from_str(text).ok()?;
+    let mut annotations = serde_json::Map::new();
+    for (key, value) in &pending.annotations {
+        annotations.insert(key.clone(), value.clone().into());
+    }
+    annotations.insert(
+        PENDING_EFFECT_ANNOTATION.to_owned(),
+        serde_json::Value::Null,
+    );
+    Some(serde_json::json!({"metadata": {"labels": pending.labels, "annotations": annotations}}))
+}
+
+/// Whether the pod tolerates the vnode taint already.
+pub fn tolerates(pod: &Pod, vnode: &Vnode) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|t| {
+            let effect_ok = t
+                .effect
+                .as_deref()
+                .is_none_or(|e| e.is_empty() || e == vnode.taint_effect);
+            let operator = t.operator.as_deref().unwrap_or("Equal");
+            let key = t.key.as_deref().unwrap_or_default();
+            effect_ok
+                && match operator {
+                    "Exists" => key.is_empty() || key == vnode.taint_key,
+                    _ => {
+                        key == vnode.taint_key
+                            && t.value.as_deref().unwrap_or_default() == vnode.taint_value
+                    }
+                }
+        })
+}
+
+/// The toleration of the vnode taint.
+pub fn vnode_toleration(vnode: &Vnode) -> Toleration {
+    Toleration {
+        key: Some(vnode.taint_key.clone()),
+        operator: Some("Equal".into()),
+        value: Some(vnode.taint_value.clone()),
+        effect: Some(vnode.taint_effect.clone()),
+        toleration_seconds: None,
+    }
+}
+
+fn tolerate(pod: &mut Pod, vnode: &Vnode) {
+    if tolerates(pod, vnode) {
+        return;
+    }
+    pod.spec
+        .get_or_insert_with(Default::default)
+        .tolerations
+        .get_or_insert_with(Vec::new)
+        .push(vnode_toleration(vnode));
+}
+
+fn to_virtual_nodes(pod: &mut Pod, vnode: &Vnode) {
+    tolerate(pod, vnode);
+    // One key added; the pod's other node selector keys stay.
+    pod.spec
+        .get_or_insert_with(Default::default)
+        .node_selector
+        .get_or_insert_with(BTreeMap::new)
+        .insert(vnode.label_key.clone(), vnode.label_value.clone());
+}
+
+fn not_vnode(vnode: &Vnode) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: vnode.label_key.clone(),
+        operator: "NotIn".into(),
+        values: Some(vec![vnode.label_value.clone()]),
+    }
+}
+
+fn node_affinity(pod: &mut Pod) -> &mut NodeAffinity {
+    pod.spec
+        .get_or_insert_with(Default::default)
+        .affinity
+        .get_or_insert_with(Affinity::default)
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default)
+}
+
+fn keep_off_virtual_nodes(pod: &mut Pod, vnode: &Vnode) {
+    let requirement = not_vnode(vnode);
+    let required = node_affinity(pod)
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(|| NodeSelector {
+            node_selector_terms: Vec::new(),
+        });
+    if required.node_selector_terms.is_empty() {
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
+    }
+    // Terms are ORed: the requirement goes into each of them.
+    for term in &mut required.node_selector_terms {
+        let expressions = term.match_expressions.get_or_insert_with(Vec::new);
+        if !expressions.contains(&requirement) {
+            expressions.push(requirement.clone());
+        }
+    }
+}
+
+fn prefer_normal_nodes(pod: &mut Pod, vnode: &Vnode) {
+    let term = PreferredSchedulingTerm {
+        weight: 100,
+        preference: NodeSelectorTerm {
+            match_expressions: Some(vec![not_vnode(vnode)]),
+            match_fields: None,
+        },
+    };
+    let preferred = node_affinity(pod)
+        .preferred_during_scheduling_ignored_during_execution
+        .get_or_insert_with(Vec::new);
+    if !preferred.contains(&term) {
+        preferred.push(term);
+    }
+}

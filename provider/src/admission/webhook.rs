@@ -1,0 +1,461 @@
+//! The embedded Selector admission webhook: HTTPS server, certificate, registration, caches,
+//! and the normalNodePrefer spill watcher. Off unless `--webhook` (WEBHOOK_ENABLED).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Reporter};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+use tracing::{debug, info, warn};
+
+use super::cache::Caches;
+use super::certs::{Material, Reloadable};
+use super::register::Registration;
+use super::review::Admission;
+use super::{cache, certs, register, spill};
+use crate::admission::selector::engine::Vnode;
+use crate::config::Settings;
+use crate::ops::events::EventPublisher;
+use crate::ops::metrics::{ResultLabels, Telemetry};
+
+struct Served {
+    admission: Admission,
+    telemetry: Arc<Telemetry>,
+    events: mpsc::Sender<(ObjectReference, String)>,
+}
+
+async fn review(State(served): State<Arc<Served>>, body: Bytes) -> Response {
+    let started = std::time::Instant::now();
+    let (result, response) = match served.admission.review(&body) {
+        Ok((review, outcome)) => {
+            if let Some(event) = outcome.event {
+                // Best effort and never on the request's path.
+                let _ = served.events.try_send(event);
+            }
+            (
+                if outcome.patched {
+                    "patched"
+                } else {
+                    "allowed"
+                },
+                axum::Json(review).into_response(),
+            )
+        }
+        Err(error) => {
+            debug!(%error, "refused a malformed admission request");
+            (
+                "invalid",
+                (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
+            )
+        }
+    };
+    served
+        .telemetry
+        .admission_seconds
+        .observe(started.elapsed().as_secs_f64());
+    served
+        .telemetry
+        .admission_reviews
+        .get_or_create(&ResultLabels {
+            result: result.into(),
+        })
+        .inc();
+    response
+}
+
+/// The router serving admission reviews at `path`.
+fn router(served: Arc<Served>, path: &str) -> Router {
+    Router::new()
+        .route(path, axum::routing::post(review))
+        .with_state(served)
+}
+
+fn vnode(settings: &Settings) -> Vnode {
+    Vnode {
+        taint_key: settings.config.taint_key.clone(),
+        taint_value: settings.config.taint_value.clone(),
+        taint_effect: settings.config.taint_effect.as_str().to_owned(),
+        ..Vnode::default()
+    }
+}
+
+fn tls_config(resolver: Arc<Reloadable>) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .context("TLS setup")?
+    .with_no_client_auth()
+    .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn serve(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    router: Router,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, _)) = accepted else { continue };
+        let _ = stream.set_nodelay(true);
+        let (acceptor, router, stop) = (acceptor.clone(), router.clone(), stop.clone());
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(stream).await else {
+                debug!("webhook TLS handshake failed");
+                return;
+            };
+            let service = hyper::service::service_fn(
+                move |request: hyper::Request<hyper::body::Incoming>| {
+                    let router = router.clone();
+                    async move {
+                        Ok::<_, Infallible>(
+                            router
+                                .oneshot(request.map(axum::body::Body::new))
+                                .await
+                                .unwrap_or_else(|never| match never {}),
+                        )
+                    }
+                },
+            );
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let connection =
+                builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::select! {
+                result = connection => if let Err(error) = result { debug!(%error, "webhook connection ended with an error") },
+                () = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+async fn publish_warnings(
+    recorder: EventPublisher,
+    mut warnings: mpsc::Receiver<(ObjectReference, String)>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    loop {
+        let (reference, note) = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            next = warnings.recv() => match next {
+                Some(next) => next,
+                None => return Ok(()),
+            },
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "SelectorBudgetExceeded".into(),
+            note: Some(note),
+            action: "Admit".into(),
+            secondary: None,
+        };
+        if let Err(error) = recorder.publish(&event, &reference).await {
+            debug!(%error, "could not publish an event");
+        }
+    }
+}
+
+async fn keep_registered(
+    client: kube::Client,
+    registration: Registration,
+    mut ca: watch::Receiver<Option<String>>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut ticks = tokio::time::interval(Duration::from_secs(60));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let pem = ca.borrow_and_update().clone();
+        if let Err(error) = register::reconcile(client.clone(), &registration, pem.as_deref()).await
+        {
+            warn!(%error, configuration = %registration.name, "could not register the webhook; retrying");
+        }
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            _ = ticks.tick() => {}
+            changed = ca.changed() => changed?,
+        }
+    }
+}
+
+async fn reload_files(
+    dir: std::path::PathBuf,
+    mut current: Material,
+    resolver: Arc<Reloadable>,
+    ca: watch::Sender<Option<String>>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut ticks = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            _ = ticks.tick() => {}
+        }
+        match certs::from_dir(&dir) {
+            Ok(fresh) if fresh != current => match fresh.certified_key() {
+                Ok(key) => {
+                    resolver.replace(key);
+                    ca.send_replace(fresh.ca_pem.clone());
+                    info!(dir = %dir.display(), "webhook certificate reloaded");
+                    current = fresh;
+                }
+                Err(error) => warn!(%error, "keeping the previous webhook certificate"),
+            },
+            Ok(_) => {}
+            Err(error) => warn!(%error, "keeping the previous webhook certificate"),
+        }
+    }
+}
+
+/// Serves, registers and feeds the webhook until cancelled; a failed part fails it.
+pub async fn run(
+    client: kube::Client,
+    settings: Settings,
+    telemetry: Arc<Telemetry>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let config = &settings.config;
+    let namespace = config.pod_namespace.clone();
+    let names = certs::service_names(&config.webhook_service, &namespace);
+    // The webhook is optional to the node (failurePolicy Ignore): a certificate that cannot be
+    // had yet is retried, not a reason to stop serving the node.
+    let mut wait = Duration::from_secs(1);
+    let material = loop {
+        let attempt = match &config.webhook_cert_dir {
+            Some(dir) => certs::from_dir(dir),
+            None => {
+                certs::from_secret(client.clone(), &namespace, &config.webhook_secret, &names).await
+            }
+        };
+        match attempt {
+            Ok(material) => break material,
+            Err(error) => {
+                warn!(%error, retry_in = ?wait, "no webhook certificate yet; pods are admitted without the webhook meanwhile");
+                tokio::select! {
+                    () = stop.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(Duration::from_secs(60));
+            }
+        }
+    };
+    let resolver = Arc::new(Reloadable::new(material.certified_key()?));
+    let acceptor = tls_config(Arc::clone(&resolver))?;
+    let listener = TcpListener::bind(config.webhook_addr)
+        .await
+        .with_context(|| {
+            format!(
+                "--webhook-addr (WEBHOOK_ADDR): cannot listen on {}",
+                config.webhook_addr
+            )
+        })?;
+    info!(address = %listener.local_addr()?, path = %config.webhook_path, "serving the Selector admission webhook");
+
+    let recorder = EventPublisher::new(
+        client.clone(),
+        Reporter {
+            controller: "virtual-node-eci".into(),
+            instance: Some(settings.node_name.clone()),
+        },
+        Arc::clone(&telemetry),
+    );
+    let caches = Arc::new(Caches::new(!config.no_default_selectors));
+    let vnode = vnode(&settings);
+    let (warnings, warnings_out) = mpsc::channel(256);
+    let served = Arc::new(Served {
+        admission: Admission {
+            caches: Arc::clone(&caches),
+            vnode: vnode.clone(),
+            own_namespace_only: config.selectors_own_namespace_only,
+        },
+        telemetry: Arc::clone(&telemetry),
+        events: warnings,
+    });
+    let (profile_namespace, profile_name) = config
+        .eci_profile_configmap
+        .split_once('/')
+        .map(|(n, m)| (n.to_owned(), m.to_owned()))
+        .unwrap_or_else(|| ("kube-system".into(), config.eci_profile_configmap.clone()));
+    let registration = Registration {
+        name: config.webhook_configuration.clone(),
+        service: config.webhook_service.clone(),
+        namespace,
+        port: config.webhook_service_port,
+        path: config.webhook_path.clone(),
+        timeout_seconds: config.webhook_timeout_seconds,
+        skip_namespaces: config
+            .webhook_skip_namespaces
+            .iter()
+            .filter(|n| !n.is_empty())
+            .cloned()
+            .collect(),
+    };
+    let (ca_sender, ca_receiver) = watch::channel(material.ca_pem.clone());
+
+    let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
+    tasks.spawn(
+        cache::watch_selectors(
+            client.clone(),
+            Arc::clone(&caches),
+            recorder.clone(),
+            stop.clone(),
+        )
+        .map_named("Selector watch"),
+    );
+    tasks.spawn(
+        cache::watch_namespaces(client.clone(), Arc::clone(&caches), stop.clone())
+            .map_named("namespace watch"),
+    );
+    tasks.spawn(
+        cache::watch_profile(
+            client.clone(),
+            Arc::clone(&caches),
+            profile_namespace,
+            profile_name,
+            recorder.clone(),
+            stop.clone(),
+        )
+        .map_named("eci-profile watch"),
+    );
+    tasks.spawn(
+        cache::watch_capacity(
+            client.clone(),
+            Arc::clone(&caches),
+            (vnode.label_key.clone(), vnode.label_value.clone()),
+            stop.clone(),
+        )
+        .map_named("capacity view"),
+    );
+    tasks.spawn(
+        spill::run(
+            client.clone(),
+            vnode,
+            recorder.clone(),
+            Arc::clone(&telemetry),
+            stop.clone(),
+        )
+        .map_named("spill watch"),
+    );
+    tasks.spawn(
+        publish_warnings(recorder, warnings_out, stop.clone()).map_named("admission events"),
+    );
+    tasks.spawn(
+        keep_registered(client.clone(), registration, ca_receiver, stop.clone())
+            .map_named("webhook registration"),
+    );
+    if let Some(dir) = config.webhook_cert_dir.clone() {
+        tasks.spawn(
+            reload_files(
+                dir,
+                material,
+                Arc::clone(&resolver),
+                ca_sender,
+                stop.clone(),
+            )
+            .map_named("certificate reload"),
+        );
+    }
+    tasks.spawn(
+        serve(
+            listener,
+            acceptor,
+            router(served, &config.webhook_path),
+            stop.clone(),
+        )
+        .map_named("webhook server"),
+    );
+
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((_, Ok(()))) if stop.is_cancelled() => {}
+            Ok((name, Ok(()))) => anyhow::bail!("the webhook's {name} stopped unexpectedly"),
+            Ok((name, Err(error))) => {
+                return Err(error.context(format!("the webhook's {name} failed")));
+            }
+            Err(panic) => anyhow::bail!("a webhook task panicked: {panic}"),
+        }
+    }
+    Ok(())
+}
+
+/// Names a task's result.
+trait Named: std::future::Future<Output = anyhow::Result<()>> + Sized {
+    fn map_named(
+        self,
+        name: &'static str,
+    ) -> impl std::future::Future<Output = (&'static str, anyhow::Result<()>)> {
+        async move { (name, self.await) }
+    }
+}
+
+impl<F: std::future::Future<Output = anyhow::Result<()>>> Named for F {}
+
+/// The API accesses of the webhook (see [`crate::k8s::access`]).
+pub const KUBE_API: &[crate::k8s::access::Access] = &[
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "eci.aliyun.com",
+        resource: "selectors",
+        verbs: &["list", "watch"],
+        why: "the Selector cache",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "namespaces",
+        verbs: &["list", "watch"],
+        why: "namespace labels for namespaceLabels",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::OwnNamespace,
+        group: "",
+        resource: "configmaps",
+        verbs: &["list", "watch"],
+        why: "the legacy eci-profile ConfigMap (expected in the daemon's namespace)",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "nodes",
+        verbs: &["list", "watch"],
+        why: "the capacity view for normalNodePrefer ratios",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "pods",
+        verbs: &["list", "watch", "patch"],
+        why: "the capacity view, and the toleration for unschedulable normalNodePrefer pods",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::OwnNamespace,
+        group: "",
+        resource: "secrets",
+        verbs: &["get", "create"],
+        why: "the shared webhook certificate",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "admissionregistration.k8s.io",
+        resource: "mutatingwebhookconfigurations",
+        verbs: &["get", "create", "update"],
+        why: "register the webhook and keep its caBundle current",
+    },
+];

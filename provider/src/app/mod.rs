@@ -1,0 +1,229 @@
+//! Wiring: connect, register, hold the Lease, report status, serve ops — until a signal, or
+//! until a critical task dies (then the process exits non-zero rather than limp on).
+
+pub mod rbac;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::admission;
+use crate::config::Settings;
+use crate::eci as backend;
+use crate::fleet::drain::{Decommission, Outcome};
+use crate::fleet::membership::{Membership, StopKind};
+use crate::fleet::orphans::OrphanCollector;
+use crate::node::guard as node_watch;
+use crate::node::lease::{LeaseIdentity, NodeLease};
+use crate::node::registration;
+use crate::node::status as node_status;
+use crate::ops::metrics::Telemetry;
+use crate::ops::server::{self as ops, Readiness};
+use crate::pods::PodController;
+
+/// How long tasks get to finish after the stop signal.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs the daemon until `shutdown` completes (Ok) or a critical task fails (Err).
+pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let telemetry = Arc::new(Telemetry::new());
+    let readiness = Arc::new(Readiness::default());
+    let metrics_addr = settings.config.metrics_addr;
+    let ops_listener = tokio::net::TcpListener::bind(metrics_addr)
+        .await
+        .with_context(|| {
+            format!(
+                "--metrics-addr (METRICS_ADDR): cannot listen on {metrics_addr}; choose a free port"
+            )
+        })?;
+    info!(address = %ops_listener.local_addr()?, "serving /healthz, /readyz and /metrics");
+
+    let kube_config = kube::Config::infer()
+        .await
+        .context("cannot reach the Kubernetes API: no in-cluster configuration and no usable kubeconfig (set KUBECONFIG)")?;
+    // Evictions refused by a disruption budget (429) must reach the drain loop at once, not be
+    // retried inside the client for minutes.
+    let mut no_retry = kube_config.clone();
+    no_retry.default_retry = false;
+    let drain_client =
+        kube::Client::try_from(no_retry).context("cannot build a Kubernetes client")?;
+    let client = kube::Client::try_from(kube_config).context("cannot build a Kubernetes client")?;
+    let (backend, backend_guard) = backend::connect(&settings).await?;
+    let backend: backend::Backend = Arc::new(backend::Paced::new(
+        backend,
+        !settings.config.no_eci_client_rate_limits,
+        Arc::clone(&telemetry),
+    ));
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = registration::register(&nodes, &settings, &telemetry).await?;
+    let node_uid = node.metadata.uid.clone().unwrap_or_default();
+    let identity = LeaseIdentity {
+        node: settings.node_name.clone(),
+        node_uid,
+        instance: uuid::Uuid::new_v4().to_string(),
+        duration_seconds: settings.config.lease_duration_seconds,
+        renew_interval: settings.config.lease_renew_interval,
+    };
+    let (uid_sender, uid_receiver) = watch::channel(identity.node_uid.clone());
+    let mut lease = NodeLease::acquire(client.clone(), identity, &telemetry).await?;
+    let membership = Membership::discover(client.clone(), &settings).await;
+    readiness.serving.store(true, Ordering::SeqCst);
+    info!(node = %settings.node_name, backend = ?settings.backend, "virtual-node-eci is serving its node");
+
+    let stop = CancellationToken::new();
+    let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
+    {
+        let (telemetry, stop) = (Arc::clone(&telemetry), stop.clone());
+        let mut node_uid = uid_receiver.clone();
+        tasks.spawn(async move {
+            let result = lease.keep_renewing(&telemetry, &stop, &mut node_uid).await;
+            if result.is_ok() {
+                lease.release(&telemetry).await;
+            }
+            ("lease renewal", result.map_err(anyhow::Error::from))
+        });
+    }
+    {
+        let controller = PodController::new(
+            settings.clone(),
+            client.clone(),
+            Arc::clone(&backend),
+            Arc::clone(&telemetry),
+        );
+        let stop = stop.clone();
+        tasks.spawn(async move { ("pod controller", controller.run(stop).await) });
+    }
+    {
+        let (settings, telemetry, stop) = (settings.clone(), Arc::clone(&telemetry), stop.clone());
+        let (nodes, backend) = (nodes.clone(), Arc::clone(&backend));
+        tasks.spawn(async move {
+            (
+                "node status",
+                node_status::run(nodes, backend, settings, telemetry, uid_receiver, stop)
+                    .await
+                    .map_err(anyhow::Error::from),
+            )
+        });
+    }
+    {
+        let (settings, telemetry, stop) = (settings.clone(), Arc::clone(&telemetry), stop.clone());
+        let client = client.clone();
+        tasks.spawn(async move {
+            (
+                "node watch",
+                node_watch::run(nodes, client, settings, telemetry, uid_sender, stop).await,
+            )
+        });
+    }
+    if settings.config.webhook_enabled {
+        let (client, settings, telemetry, stop) = (
+            client.clone(),
+            settings.clone(),
+            Arc::clone(&telemetry),
+            stop.clone(),
+        );
+        tasks.spawn(async move {
+            (
+                "Selector webhook",
+                admission::run(client, settings, telemetry, stop).await,
+            )
+        });
+    }
+    {
+        let collector = OrphanCollector::new(
+            client.clone(),
+            Arc::clone(&backend),
+            settings.clone(),
+            Arc::clone(&telemetry),
+        );
+        let stop = stop.clone();
+        tasks.spawn(async move { ("orphan collector", collector.run(stop).await) });
+    }
+    {
+        let router = ops::router(Arc::clone(&telemetry), Arc::clone(&readiness));
+        let stop = stop.clone();
+        tasks.spawn(async move {
+            (
+                "ops server",
+                ops::serve(ops_listener, router, stop)
+                    .await
+                    .map_err(anyhow::Error::from),
+            )
+        });
+    }
+
+    tokio::pin!(shutdown);
+    let mut decommission = None;
+    let outcome = tokio::select! {
+        () = &mut shutdown => match membership.classify().await {
+            StopKind::Restart { why } => {
+                info!(%why, "stop signal received: a restart; leaving the node, its pods and their groups to the successor");
+                Ok(())
+            }
+            StopKind::Decommission { why } => {
+                info!(%why, "stop signal received: decommissioning this node");
+                let drain = Decommission::new(drain_client, settings.clone(), Arc::clone(&telemetry));
+                // The pod lifecycle keeps running meanwhile: evicted pods leave ECI gracefully.
+                tokio::select! {
+                    drained = drain.drain(&why) => match drained {
+                        Ok(Outcome::Drained) => {
+                            decommission = Some(drain);
+                            Ok(())
+                        }
+                        Ok(Outcome::TimedOut { left }) => Err(anyhow::anyhow!(
+                            "the decommission did not finish within {:?} (DRAIN_TIMEOUT); the node stays cordoned with: {left}",
+                            settings.config.drain_timeout
+                        )),
+                        Err(error) => Err(anyhow::Error::from(error)),
+                    },
+                    Some(joined) = tasks.join_next() => Err(task_failure(joined)),
+                }
+            }
+        },
+        Some(joined) = tasks.join_next() => Err(task_failure(joined)),
+    };
+    if let Err(failure) = &outcome {
+        error!(error = %format!("{failure:#}"), "stopping");
+    }
+    readiness.serving.store(false, Ordering::SeqCst);
+    stop.cancel();
+    let drained = tokio::time::timeout(STOP_GRACE, async {
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok((name, Err(error))) = joined {
+                warn!(task = name, error = %format!("{error:#}"), "task ended with an error while stopping");
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        warn!("some tasks did not stop within {STOP_GRACE:?}");
+    }
+    let outcome = match (outcome, decommission) {
+        (Ok(()), Some(drain)) => drain.remove_node().await.map_err(anyhow::Error::from),
+        (outcome, _) => outcome,
+    };
+    backend_guard.stop().await;
+    outcome
+}
+
+type Joined = Result<(&'static str, anyhow::Result<()>), tokio::task::JoinError>;
+
+/// A critical task ended: why that stops the process.
+fn task_failure(joined: Joined) -> anyhow::Error {
+    let (name, result) =
+        joined.unwrap_or_else(|panic| ("a task", Err(anyhow::anyhow!("panicked: {panic}"))));
+    match result {
+        Ok(()) => anyhow::anyhow!("the critical task `{name}` stopped unexpectedly"),
+        Err(error) => error.context(format!("the critical task `{name}` failed")),
+    }
+}

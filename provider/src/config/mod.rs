@@ -1,0 +1,737 @@
+//! Configuration: every flag is also an environment variable, with the names users of
+//! ack-virtual-node and virtual-kubelet know.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::eci::openapi::credentials::Secret;
+
+/// Taint effects a node taint may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TaintEffect {
+    /// Pods without a toleration are not scheduled here.
+    #[value(name = "NoSchedule")]
+    NoSchedule,
+    /// The scheduler avoids the node.
+    #[value(name = "PreferNoSchedule")]
+    PreferNoSchedule,
+    /// Pods without a toleration are evicted.
+    #[value(name = "NoExecute")]
+    NoExecute,
+}
+
+impl TaintEffect {
+    /// The API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// virtual-node-eci: runs pods bound to its virtual node as Alibaba Cloud ECI container
+/// groups. One process (one StatefulSet replica) serves one node.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "virtual-node-eci", version, about, long_about = None)]
+pub struct Config {
+    /// Name of the virtual node. Defaults to the pod name (POD_NAME), so the StatefulSet
+    /// replica virtual-node-eci-2 serves the node virtual-node-eci-2.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// This daemon's pod name (downward API `metadata.name`).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+
+    /// This daemon's namespace (downward API `metadata.namespace`).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    pub pod_namespace: String,
+
+    /// This daemon's pod IP (downward API `status.podIP`): the node's InternalIP.
+    #[arg(long, env = "POD_IP")]
+    pub pod_ip: Option<IpAddr>,
+
+    /// The ECI backend: `embedded` (mock-eci in this process), `grpc://HOST:PORT` (a mock-eci
+    /// process) or `openapi` (the real Alibaba Cloud API). Unset: `openapi` when credentials are
+    /// configured (an AccessKey, ECI_CREDENTIALS_PATH or ECI_RAM_ROLE), `embedded` otherwise.
+    #[arg(long, env = "ECI_BACKEND")]
+    pub eci: Option<String>,
+
+    /// OpenAPI endpoint (default `https://eci.<region>.aliyuncs.com`).
+    #[arg(long, env = "ECI_ENDPOINT")]
+    pub eci_endpoint: Option<String>,
+
+    /// An extra CA certificate (PEM) to trust for the OpenAPI endpoint, e.g. an egress proxy's.
+    #[arg(long, env = "ECI_CA_FILE")]
+    pub eci_ca_file: Option<PathBuf>,
+
+    /// Deadline of one OpenAPI request.
+    #[arg(long, env = "ECI_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub eci_request_timeout: Duration,
+
+    /// AccessKey id for the OpenAPI.
+    #[arg(long, env = "ECI_ACCESS_KEY", hide_env_values = true)]
+    pub access_key: Option<String>,
+
+    /// AccessKey secret for the OpenAPI (never logged).
+    #[arg(long, env = "ECI_SECRET_KEY", hide_env_values = true)]
+    pub secret_key: Option<Secret>,
+
+    /// STS security token to go with a temporary AccessKey (never logged).
+    #[arg(long, env = "ECI_SECURITY_TOKEN", hide_env_values = true)]
+    pub security_token: Option<Secret>,
+
+    /// A file of `ECI_ACCESS_KEY=…`/`ECI_SECRET_KEY=…`[/`ECI_SECURITY_TOKEN=…`] lines, or a
+    /// directory with one file per name (a mounted Secret); read again whenever it changes.
+    #[arg(long, env = "ECI_CREDENTIALS_PATH")]
+    pub credentials_path: Option<PathBuf>,
+
+    /// RAM role attached to the instance, whose credentials come from the metadata service.
+    #[arg(long, env = "ECI_RAM_ROLE")]
+    pub ram_role: Option<String>,
+
+    /// Instance metadata service (for ECI_RAM_ROLE).
+    #[arg(
+        long,
+        env = "ECI_METADATA_ENDPOINT",
+        default_value = "http://100.100.100.200"
+    )]
+    pub metadata_endpoint: String,
+
+    /// ECI region, e.g. cn-hangzhou.
+    #[arg(long, env = "ECI_REGION", default_value = "cn-hangzhou")]
+    pub region: String,
+
+    /// The zone the vSwitches are in, when they are all in one (becomes the node's
+    /// topology.kubernetes.io/zone label).
+    #[arg(long, env = "ECI_ZONE")]
+    pub zone: Option<String>,
+
+    /// vSwitch id(s) for container groups, comma-separated (required for `openapi`).
+    #[arg(long, env = "ECI_VSWITCH")]
+    pub vswitch: Option<String>,
+
+    /// Security group id for container groups (required for `openapi`).
+    #[arg(long, env = "ECI_SECURITY_GROUP")]
+    pub security_group: Option<String>,
+
+    /// Cluster name, tagged on every container group so replicas of different clusters
+    /// sharing an account never touch each other's groups.
+    #[arg(long, env = "ECI_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+
+    /// ACK cluster id, used as the cluster name when ECI_CLUSTER_NAME is not set.
+    #[arg(long, env = "ALIYUN_CLUSTERID", hide = true)]
+    pub aliyun_cluster_id: Option<String>,
+
+    /// Advertised CPU capacity in cores. Default 6000: ~3000 pods (Alibaba's guidance per
+    /// virtual node) of 2 vCPU.
+    #[arg(long, env = "ECI_QUOTA_CPU", default_value = "6000")]
+    pub quota_cpu: String,
+
+    /// Advertised memory capacity. Default 12Ti: ~3000 pods of 4 GiB.
+    #[arg(long, env = "ECI_QUOTA_MEMORY", default_value = "12Ti")]
+    pub quota_memory: String,
+
+    /// Advertised pod capacity (Alibaba's guidance: about 3000 per virtual node; scale the
+    /// StatefulSet out for more).
+    #[arg(long, env = "ECI_QUOTA_POD", default_value_t = 3000)]
+    pub quota_pods: u32,
+
+    /// Advertised ephemeral storage. Default 90Ti: ~3000 pods of ECI's 30 GiB.
+    #[arg(long, env = "ECI_QUOTA_EPHEMERAL_STORAGE", default_value = "90Ti")]
+    pub quota_ephemeral_storage: String,
+
+    /// Key of the node's taint.
+    #[arg(
+        long,
+        env = "VKUBELET_TAINT_KEY",
+        default_value = "k8s.aliyun.com/vnode"
+    )]
+    pub taint_key: String,
+
+    /// Value of the node's taint.
+    #[arg(long, env = "VKUBELET_TAINT_VALUE", default_value = "true")]
+    pub taint_value: String,
+
+    /// Effect of the node's taint.
+    #[arg(
+        long,
+        env = "VKUBELET_TAINT_EFFECT",
+        value_enum,
+        default_value = "NoSchedule"
+    )]
+    pub taint_effect: TaintEffect,
+
+    /// Port of the kubelet API, advertised as the node's kubelet endpoint.
+    #[arg(long, env = "KUBELET_PORT", default_value_t = 10250)]
+    pub kubelet_port: u16,
+
+    /// Address of /healthz, /readyz and /metrics (port 0 picks a free port).
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:10255")]
+    pub metrics_addr: SocketAddr,
+
+    /// Lease duration, seconds (the node lifecycle controller's clock).
+    #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 40)]
+    pub lease_duration_seconds: i32,
+
+    /// How often the Lease is renewed.
+    #[arg(long, env = "LEASE_RENEW_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub lease_renew_interval: Duration,
+
+    /// How often ECI is probed with a cheap call.
+    #[arg(long, env = "ECI_PROBE_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub eci_probe_interval: Duration,
+
+    /// How long ECI must fail before the node turns NotReady (reason EciUnreachable).
+    #[arg(long, env = "ECI_UNREACHABLE_THRESHOLD", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub eci_unreachable_threshold: Duration,
+
+    /// Longest time between node status writes when nothing changes (keeps lastHeartbeatTime
+    /// honest).
+    #[arg(long, env = "NODE_STATUS_MAX_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub node_status_max_interval: Duration,
+
+    /// Cluster DNS server(s) for pods with `dnsPolicy: ClusterFirst` (comma-separated; the
+    /// kube-dns Service IP). Without it such pods use ECI's resolver.
+    #[arg(long, env = "CLUSTER_DNS", value_delimiter = ',')]
+    pub cluster_dns: Vec<String>,
+
+    /// The cluster's DNS domain.
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+
+    /// How often pod statuses are polled from ECI (one call per interval for the whole node:
+    /// only the groups whose status changed).
+    #[arg(long, env = "POD_STATUS_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub pod_status_poll_interval: Duration,
+
+    /// How often every group of this node is listed again (catches anything an incremental
+    /// poll missed, and groups that vanished).
+    #[arg(long, env = "POD_RESYNC_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub pod_resync_interval: Duration,
+
+    /// Do not pace ECI calls by the documented per-action quotas (benchmarks against a
+    /// mock-eci with its limits off).
+    #[arg(long, env = "NO_ECI_CLIENT_RATE_LIMITS")]
+    pub no_eci_client_rate_limits: bool,
+
+    /// Most container group creations in flight at once.
+    #[arg(long, env = "MAX_CONCURRENT_CREATES", default_value_t = 32)]
+    pub max_concurrent_creates: usize,
+
+    /// What a stop signal means: `auto` decides from the StatefulSet (this replica's ordinal at
+    /// or above `spec.replicas`, or the StatefulSet being deleted, means scale-in: drain and
+    /// remove the node; anything else is a restart), `restart` always keeps the node and its
+    /// pods for a successor, `decommission` always drains.
+    #[arg(long, env = "ON_STOP", value_enum, default_value = "auto")]
+    pub on_stop: StopMode,
+
+    /// How long a scale-in drain may take before the replica gives up, leaving the node
+    /// cordoned with what is left (the StatefulSet's terminationGracePeriodSeconds must be
+    /// longer).
+    #[arg(long, env = "DRAIN_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Also evict pods that no controller owns when draining (like `kubectl drain --force`:
+    /// nothing recreates them). Without it the drain waits for them and reports them.
+    #[arg(long, env = "DRAIN_EVICT_UNMANAGED_PODS")]
+    pub drain_evict_unmanaged_pods: bool,
+
+    /// How often one replica (elected through a Lease) looks for container groups of this
+    /// cluster whose node and pod are both gone, and deletes them. 0 turns it off.
+    #[arg(long, env = "ORPHAN_GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub orphan_gc_interval: Duration,
+
+    /// Most orphaned container groups deleted per garbage-collection round.
+    #[arg(long, env = "ORPHAN_GC_MAX_DELETIONS", default_value_t = 50)]
+    pub orphan_gc_max_deletions: usize,
+
+    /// Serve the Selector admission webhook (and register it).
+    #[arg(long = "webhook", env = "WEBHOOK_ENABLED")]
+    pub webhook_enabled: bool,
+
+    /// Where the webhook listens (HTTPS).
+    #[arg(long, env = "WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    pub webhook_addr: SocketAddr,
+
+    /// The webhook's path.
+    #[arg(long, env = "WEBHOOK_PATH", default_value = "/mutate-pods")]
+    pub webhook_path: String,
+
+    /// The Service in front of the replicas (in POD_NAMESPACE) the API server calls.
+    #[arg(long, env = "WEBHOOK_SERVICE", default_value = "virtual-node-eci")]
+    pub webhook_service: String,
+
+    /// The Service's port.
+    #[arg(long, env = "WEBHOOK_SERVICE_PORT", default_value_t = 443)]
+    pub webhook_service_port: u16,
+
+    /// A directory with tls.crt, tls.key (and ca.crt) to serve, reloaded when they change (e.g.
+    /// a cert-manager Secret). Without it the replicas share a generated certificate stored in
+    /// WEBHOOK_SECRET.
+    #[arg(long, env = "WEBHOOK_CERT_DIR")]
+    pub webhook_cert_dir: Option<std::path::PathBuf>,
+
+    /// The Secret (in POD_NAMESPACE) holding the shared generated certificate.
+    #[arg(
+        long,
+        env = "WEBHOOK_SECRET",
+        default_value = "virtual-node-eci-webhook-tls"
+    )]
+    pub webhook_secret: String,
+
+    /// The MutatingWebhookConfiguration the daemon keeps current.
+    #[arg(
+        long,
+        env = "WEBHOOK_CONFIGURATION",
+        default_value = "virtual-node-eci"
+    )]
+    pub webhook_configuration: String,
+
+    /// The webhook's timeoutSeconds.
+    #[arg(long, env = "WEBHOOK_TIMEOUT_SECONDS", default_value_t = 5)]
+    pub webhook_timeout_seconds: i32,
+
+    /// Namespaces never sent to the webhook (comma-separated; empty for none).
+    #[arg(
+        long,
+        env = "WEBHOOK_SKIP_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kube-system"
+    )]
+    pub webhook_skip_namespaces: Vec<String>,
+
+    /// Apply a Selector only to pods of its own namespace (by default Selectors apply
+    /// cluster-wide, as in eci-profile, which makes creating them an admin's right).
+    #[arg(long, env = "SELECTORS_OWN_NAMESPACE_ONLY")]
+    pub selectors_own_namespace_only: bool,
+
+    /// The legacy eci-profile ConfigMap, `<namespace>/<name>`.
+    #[arg(
+        long,
+        env = "ECI_PROFILE_CONFIGMAP",
+        default_value = "kube-system/eci-profile"
+    )]
+    pub eci_profile_configmap: String,
+
+    /// Turn off the built-in selectors (pods or namespaces labelled alibabacloud.com/eci=true,
+    /// namespaces labelled virtual-node-affinity-injection=enabled go to virtual nodes).
+    #[arg(long, env = "NO_DEFAULT_SELECTORS")]
+    pub no_default_selectors: bool,
+
+    /// Log format (level from RUST_LOG, default info).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// What a stop signal means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StopMode {
+    /// Decide from the StatefulSet.
+    Auto,
+    /// Always a restart: leave the node and its pods to a successor.
+    Restart,
+    /// Always a decommission: drain, then delete the node.
+    Decommission,
+}
+
+/// A configuration that cannot work, with the flag and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{flag}: {problem}; {fix}")]
+pub struct ConfigError {
+    /// The flag (and environment variable) at fault.
+    pub flag: &'static str,
+    /// What is wrong.
+    pub problem: String,
+    /// What to do.
+    pub fix: &'static str,
+}
+
+/// Which ECI backend to use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// mock-eci inside this process.
+    Embedded,
+    /// A mock-eci (or compatible) gRPC endpoint, `http://host:port`.
+    Grpc(String),
+    /// The Alibaba Cloud OpenAPI.
+    OpenApi,
+}
+
+impl Settings {
+    /// The OpenAPI endpoint, without a trailing slash.
+    pub fn openapi_endpoint(&self) -> String {
+        self.config.eci_endpoint.as_deref().map_or_else(
+            || format!("https://eci.{}.aliyuncs.com", self.config.region),
+            |endpoint| endpoint.trim_end_matches('/').to_owned(),
+        )
+    }
+}
+
+/// The configuration after checking, with derived values.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The raw configuration.
+    pub config: Config,
+    /// The node name.
+    pub node_name: String,
+    /// The cluster name tagged on groups.
+    pub cluster_name: String,
+    /// The backend.
+    pub backend: BackendChoice,
+    /// The node's InternalIP.
+    pub internal_ip: IpAddr,
+}
+
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn is_quantity(text: &str) -> bool {
+    let digits_end = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(digits_end);
+    !number.is_empty()
+        && number.parse::<f64>().is_ok()
+        && matches!(
+            suffix,
+            "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei"
+        )
+}
+
+impl Config {
+    /// Checks the configuration and derives the settings.
+    pub fn settings(self) -> Result<Settings, ConfigError> {
+        let node_name = self
+            .node_name
+            .clone()
+            .or_else(|| self.pod_name.clone())
+            .filter(|name| !name.is_empty())
+            .ok_or(ConfigError {
+                flag: "--node-name (NODE_NAME)",
+                problem: "no node name: neither NODE_NAME nor POD_NAME is set".into(),
+                fix: "set POD_NAME from the downward API (metadata.name) in the StatefulSet, or pass --node-name",
+            })?;
+        if !is_dns_subdomain(&node_name) {
+            return Err(ConfigError {
+                flag: "--node-name (NODE_NAME)",
+                problem: format!("{node_name:?} is not a valid node name"),
+                fix: "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
+            });
+        }
+        let has_credentials = (self.access_key.is_some() && self.secret_key.is_some())
+            || self.credentials_path.is_some()
+            || self.ram_role.is_some();
+        let named = self
+            .eci
+            .clone()
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| {
+                if has_credentials {
+                    "openapi"
+                } else {
+                    "embedded"
+                }
+                .to_owned()
+            });
+        let backend = match named.as_str() {
+            "embedded" => BackendChoice::Embedded,
+            "openapi" => BackendChoice::OpenApi,
+            other => match other.strip_prefix("grpc://") {
+                Some(address) if !address.is_empty() => {
+                    BackendChoice::Grpc(format!("http://{address}"))
+                }
+                _ => {
+                    return Err(ConfigError {
+                        flag: "--eci (ECI_BACKEND)",
+                        problem: format!("{other:?} is not a backend"),
+                        fix: "use embedded, grpc://HOST:PORT or openapi",
+                    });
+                }
+            },
+        };
+        if backend == BackendChoice::OpenApi {
+            if self.access_key.is_some() != self.secret_key.is_some() {
+                return Err(ConfigError {
+                    flag: "--access-key/--secret-key (ECI_ACCESS_KEY/ECI_SECRET_KEY)",
+                    problem: "only one of the pair is set".into(),
+                    fix: "set both, or neither and use ECI_CREDENTIALS_PATH or ECI_RAM_ROLE",
+                });
+            }
+            if !has_credentials {
+                return Err(ConfigError {
+                    flag: "--eci openapi (ECI_BACKEND)",
+                    problem: "no credentials".into(),
+                    fix: "set ECI_ACCESS_KEY and ECI_SECRET_KEY, ECI_CREDENTIALS_PATH (a mounted Secret) or ECI_RAM_ROLE",
+                });
+            }
+            if let Some(endpoint) = &self.eci_endpoint {
+                if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+                    return Err(ConfigError {
+                        flag: "--eci-endpoint (ECI_ENDPOINT)",
+                        problem: format!("{endpoint:?} is not an http(s) URL"),
+                        fix: "write e.g. https://eci.cn-hangzhou.aliyuncs.com",
+                    });
+                }
+            }
+            if self.vswitch.as_deref().is_none_or(str::is_empty) {
+                return Err(ConfigError {
+                    flag: "--vswitch (ECI_VSWITCH)",
+                    problem: "not set".into(),
+                    fix: "give the vSwitch id(s) container groups get their IPs from",
+                });
+            }
+            if self.security_group.as_deref().is_none_or(str::is_empty) {
+                return Err(ConfigError {
+                    flag: "--security-group (ECI_SECURITY_GROUP)",
+                    problem: "not set".into(),
+                    fix: "give the security group of the container groups",
+                });
+            }
+        }
+        for (flag, value) in [
+            ("--quota-cpu (ECI_QUOTA_CPU)", &self.quota_cpu),
+            ("--quota-memory (ECI_QUOTA_MEMORY)", &self.quota_memory),
+            (
+                "--quota-ephemeral-storage (ECI_QUOTA_EPHEMERAL_STORAGE)",
+                &self.quota_ephemeral_storage,
+            ),
+        ] {
+            if !is_quantity(value) {
+                return Err(ConfigError {
+                    flag,
+                    problem: format!("{value:?} is not a Kubernetes quantity"),
+                    fix: "write e.g. 6000, 500m, 12Ti or 64Gi",
+                });
+            }
+        }
+        if self.taint_key.is_empty() {
+            return Err(ConfigError {
+                flag: "--taint-key (VKUBELET_TAINT_KEY)",
+                problem: "empty".into(),
+                fix: "use e.g. k8s.aliyun.com/vnode",
+            });
+        }
+        let renew = self.lease_renew_interval.as_secs_f64();
+        if self.lease_duration_seconds <= 0
+            || renew <= 0.0
+            || renew * 2.0 > f64::from(self.lease_duration_seconds)
+        {
+            return Err(ConfigError {
+                flag: "--lease-renew-interval (LEASE_RENEW_INTERVAL)",
+                problem: format!(
+                    "{renew}s does not fit twice in a {}s lease",
+                    self.lease_duration_seconds
+                ),
+                fix: "renew at most every half lease duration (the default renews every 10s a 40s lease)",
+            });
+        }
+        if self.eci_probe_interval.is_zero()
+            || self.eci_unreachable_threshold < self.eci_probe_interval
+        {
+            return Err(ConfigError {
+                flag: "--eci-unreachable-threshold (ECI_UNREACHABLE_THRESHOLD)",
+                problem: "shorter than the probe interval".into(),
+                fix: "make it at least --eci-probe-interval (defaults: 30s and 10s)",
+            });
+        }
+        if self.pod_status_poll_interval.is_zero()
+            || self.pod_resync_interval < self.pod_status_poll_interval
+        {
+            return Err(ConfigError {
+                flag: "--pod-resync-interval (POD_RESYNC_INTERVAL)",
+                problem: "shorter than the status poll interval".into(),
+                fix: "make it at least --pod-status-poll-interval (defaults: 60s and 1s)",
+            });
+        }
+        if self.max_concurrent_creates == 0 {
+            return Err(ConfigError {
+                flag: "--max-concurrent-creates (MAX_CONCURRENT_CREATES)",
+                problem: "0".into(),
+                fix: "allow at least 1",
+            });
+        }
+        let cluster_name = self
+            .cluster_name
+            .clone()
+            .or_else(|| self.aliyun_cluster_id.clone())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| "default".to_owned());
+        let internal_ip = self.pod_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        Ok(Settings {
+            node_name,
+            cluster_name,
+            backend,
+            internal_ip,
+            config: self,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Settings, ConfigError> {
+        let mut all = vec!["virtual-node-eci"];
+        all.extend_from_slice(args);
+        Config::try_parse_from(all).unwrap().settings()
+    }
+
+    #[test]
+    fn node_name_comes_from_the_pod_name() {
+        let settings = parse(&["--pod-name", "virtual-node-eci-2"]).unwrap();
+        assert_eq!(settings.node_name, "virtual-node-eci-2");
+        assert_eq!(settings.backend, BackendChoice::Embedded);
+        assert_eq!(settings.cluster_name, "default");
+        let explicit = parse(&["--pod-name", "virtual-node-eci-2", "--node-name", "vn-a"]).unwrap();
+        assert_eq!(explicit.node_name, "vn-a");
+    }
+
+    #[test]
+    fn bad_configuration_names_the_flag_and_the_fix() {
+        let error = parse(&[]).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("--node-name (NODE_NAME): no node name"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("downward API"));
+        let error = parse(&["--node-name", "Bad_Name"]).unwrap_err();
+        assert_eq!(error.flag, "--node-name (NODE_NAME)");
+        let error = parse(&["--node-name", "n", "--eci", "tcp://x"]).unwrap_err();
+        assert_eq!(error.flag, "--eci (ECI_BACKEND)");
+        let error = parse(&[
+            "--node-name",
+            "n",
+            "--access-key",
+            "id",
+            "--secret-key",
+            "s",
+        ])
+        .unwrap_err();
+        assert_eq!(error.flag, "--vswitch (ECI_VSWITCH)");
+        let error = parse(&["--node-name", "n", "--quota-memory", "lots"]).unwrap_err();
+        assert!(error.to_string().contains("not a Kubernetes quantity"));
+        let error = parse(&["--node-name", "n", "--lease-renew-interval", "30s"]).unwrap_err();
+        assert!(error.flag.starts_with("--lease-renew-interval"));
+    }
+
+    #[test]
+    fn backends_and_cluster_names() {
+        let grpc = parse(&["--node-name", "n", "--eci", "grpc://127.0.0.1:50051"]).unwrap();
+        assert_eq!(
+            grpc.backend,
+            BackendChoice::Grpc("http://127.0.0.1:50051".into())
+        );
+        let ack = parse(&["--node-name", "n", "--aliyun-cluster-id", "c-123"]).unwrap();
+        assert_eq!(ack.cluster_name, "c-123");
+        let named = parse(&[
+            "--node-name",
+            "n",
+            "--aliyun-cluster-id",
+            "c-123",
+            "--cluster-name",
+            "prod",
+        ])
+        .unwrap();
+        assert_eq!(named.cluster_name, "prod");
+    }
+
+    #[test]
+    fn credentials_select_the_openapi_backend() {
+        let base = [
+            "--node-name",
+            "n",
+            "--vswitch",
+            "vsw-1",
+            "--security-group",
+            "sg-1",
+        ];
+        let with = |extra: &[&str]| {
+            let mut args = base.to_vec();
+            args.extend_from_slice(extra);
+            parse(&args)
+        };
+        let auto = with(&["--access-key", "id", "--secret-key", "s"]).unwrap();
+        assert_eq!(auto.backend, BackendChoice::OpenApi);
+        assert_eq!(
+            auto.openapi_endpoint(),
+            "https://eci.cn-hangzhou.aliyuncs.com"
+        );
+        let shown = format!("{:?}", auto.config);
+        assert!(
+            !shown.contains("secret-key\", \"s\"") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+        assert_eq!(
+            with(&[
+                "--ram-role",
+                "EciRole",
+                "--eci-endpoint",
+                "https://127.0.0.1:9/"
+            ])
+            .unwrap()
+            .openapi_endpoint(),
+            "https://127.0.0.1:9"
+        );
+        assert_eq!(
+            with(&["--credentials-path", "/etc/eci", "--eci", "embedded"])
+                .unwrap()
+                .backend,
+            BackendChoice::Embedded
+        );
+        assert_eq!(with(&[]).unwrap().backend, BackendChoice::Embedded);
+        let half = with(&["--eci", "openapi", "--access-key", "id"]).unwrap_err();
+        assert!(half.flag.contains("ECI_SECRET_KEY"), "{half}");
+        let none = with(&["--eci", "openapi"]).unwrap_err();
+        assert!(none.fix.contains("ECI_RAM_ROLE"), "{none}");
+        let bad = with(&[
+            "--access-key",
+            "id",
+            "--secret-key",
+            "s",
+            "--eci-endpoint",
+            "eci.example",
+        ])
+        .unwrap_err();
+        assert_eq!(bad.flag, "--eci-endpoint (ECI_ENDPOINT)");
+    }
+
+    #[test]
+    fn quantities() {
+        for good in ["6000", "500m", "12Ti", "1.5", "64Gi"] {
+            assert!(is_quantity(good), "{good}");
+        }
+        for bad in ["", "Ti", "12TB", "-1"] {
+            assert!(!is_quantity(bad), "{bad}");
+        }
+    }
+}

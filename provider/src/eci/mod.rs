@@ -1,0 +1,195 @@
+//! The ECI backend: one trait with one method per ECI action, in the types of the gRPC
+//! contract. The rest of the daemon talks to this trait only; which implementation serves it
+//! (mock-eci in-process, mock-eci over gRPC, the real OpenAPI) is decided at start-up.
+
+mod grpc;
+pub mod openapi;
+mod rate_budget;
+
+use std::sync::Arc;
+
+use eci_proto::EciError;
+use eci_proto::v20180808::{
+    CreateContainerGroupRequest, CreateContainerGroupResponse, DeleteContainerGroupRequest,
+    DeleteContainerGroupResponse, DescribeContainerGroupMetricRequest,
+    DescribeContainerGroupMetricResponse, DescribeContainerGroupStatusRequest,
+    DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest,
+    DescribeContainerGroupsResponse, DescribeContainerLogRequest, DescribeContainerLogResponse,
+    DescribeMultiContainerGroupMetricRequest, DescribeMultiContainerGroupMetricResponse,
+    ExecContainerCommandRequest, ExecContainerCommandResponse, RestartContainerGroupRequest,
+    RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
+};
+pub use grpc::GrpcBackend;
+pub use rate_budget::{Paced, Pacer};
+use tracing::info;
+
+use self::openapi::credentials::{CredentialSource, Credentials};
+use crate::config::{BackendChoice, Settings};
+
+/// The ECI API, whatever serves it. Errors carry the ECI error code (`EciError::code`), the
+/// message and the request id, exactly as the HTTP API reports them.
+#[async_trait::async_trait]
+pub trait EciBackend: Send + Sync + 'static {
+    /// CreateContainerGroup.
+    async fn create_container_group(
+        &self,
+        request: CreateContainerGroupRequest,
+    ) -> Result<CreateContainerGroupResponse, EciError>;
+    /// DescribeContainerGroups.
+    async fn describe_container_groups(
+        &self,
+        request: DescribeContainerGroupsRequest,
+    ) -> Result<DescribeContainerGroupsResponse, EciError>;
+    /// DescribeContainerGroupStatus.
+    async fn describe_container_group_status(
+        &self,
+        request: DescribeContainerGroupStatusRequest,
+    ) -> Result<DescribeContainerGroupStatusResponse, EciError>;
+    /// DeleteContainerGroup.
+    async fn delete_container_group(
+        &self,
+        request: DeleteContainerGroupRequest,
+    ) -> Result<DeleteContainerGroupResponse, EciError>;
+    /// UpdateContainerGroup.
+    async fn update_container_group(
+        &self,
+        request: UpdateContainerGroupRequest,
+    ) -> Result<UpdateContainerGroupResponse, EciError>;
+    /// RestartContainerGroup.
+    async fn restart_container_group(
+        &self,
+        request: RestartContainerGroupRequest,
+    ) -> Result<RestartContainerGroupResponse, EciError>;
+    /// DescribeContainerLog.
+    async fn describe_container_log(
+        &self,
+        request: DescribeContainerLogRequest,
+    ) -> Result<DescribeContainerLogResponse, EciError>;
+    /// ExecContainerCommand.
+    async fn exec_container_command(
+        &self,
+        request: ExecContainerCommandRequest,
+    ) -> Result<ExecContainerCommandResponse, EciError>;
+    /// DescribeContainerGroupMetric.
+    async fn describe_container_group_metric(
+        &self,
+        request: DescribeContainerGroupMetricRequest,
+    ) -> Result<DescribeContainerGroupMetricResponse, EciError>;
+    /// DescribeMultiContainerGroupMetric.
+    async fn describe_multi_container_group_metric(
+        &self,
+        request: DescribeMultiContainerGroupMetricRequest,
+    ) -> Result<DescribeMultiContainerGroupMetricResponse, EciError>;
+}
+
+/// A shared backend.
+pub type Backend = Arc<dyn EciBackend>;
+
+/// The backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The embedded mock-eci did not start.
+    #[error("the embedded mock-eci could not start: {0}")]
+    Embedded(#[source] mock_eci::ServeError),
+    /// The gRPC endpoint is not a valid URL.
+    #[error("--eci (ECI_BACKEND): {endpoint:?} is not a usable gRPC endpoint: {source}")]
+    Endpoint {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// `openapi` was chosen without any credentials.
+    #[error(
+        "--eci openapi: no credentials; set ECI_ACCESS_KEY and ECI_SECRET_KEY, ECI_CREDENTIALS_PATH or ECI_RAM_ROLE"
+    )]
+    NoCredentials,
+    /// The OpenAPI client could not be set up.
+    #[error(transparent)]
+    OpenApi(#[from] openapi::OpenApiError),
+}
+
+/// What keeps an embedded backend alive.
+#[derive(Debug)]
+pub struct BackendGuard {
+    embedded: Option<mock_eci::MockServer>,
+}
+
+impl BackendGuard {
+    /// Stops the embedded mock-eci, if any.
+    pub async fn stop(self) {
+        if let Some(server) = self.embedded {
+            if let Err(error) = server.stop().await {
+                tracing::warn!(%error, "the embedded mock-eci did not stop cleanly");
+            }
+        }
+    }
+}
+
+/// Builds the configured backend.
+pub async fn connect(settings: &Settings) -> Result<(Backend, BackendGuard), BackendError> {
+    match &settings.backend {
+        BackendChoice::Embedded => {
+            let mut config = mock_eci::MockConfig::defaults();
+            config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            config.region.clone_from(&settings.config.region);
+            let server = mock_eci::MockServer::start(config)
+                .await
+                .map_err(BackendError::Embedded)?;
+            info!(endpoint = %server.endpoint(), "embedded mock-eci started (no Alibaba Cloud account needed)");
+            let backend = GrpcBackend::connect_lazy(&server.endpoint()).map_err(|source| {
+                BackendError::Endpoint {
+                    endpoint: server.endpoint(),
+                    source,
+                }
+            })?;
+            Ok((
+                Arc::new(backend),
+                BackendGuard {
+                    embedded: Some(server),
+                },
+            ))
+        }
+        BackendChoice::Grpc(endpoint) => {
+            let backend =
+                GrpcBackend::connect_lazy(endpoint).map_err(|source| BackendError::Endpoint {
+                    endpoint: endpoint.clone(),
+                    source,
+                })?;
+            info!(%endpoint, "using a mock-eci over gRPC");
+            Ok((Arc::new(backend), BackendGuard { embedded: None }))
+        }
+        BackendChoice::OpenApi => {
+            let config = &settings.config;
+            let options = openapi::OpenApiOptions {
+                endpoint: settings.openapi_endpoint(),
+                timeout: config.eci_request_timeout,
+                ca_file: config.eci_ca_file.clone(),
+            };
+            let credentials = match (&config.access_key, &config.secret_key) {
+                (Some(id), Some(secret)) => CredentialSource::Static(Credentials {
+                    access_key_id: id.clone(),
+                    access_key_secret: secret.clone(),
+                    security_token: config.security_token.clone(),
+                }),
+                _ => match (&config.credentials_path, &config.ram_role) {
+                    (Some(path), _) => CredentialSource::file(path.clone()),
+                    (None, Some(role)) => CredentialSource::ram_role(
+                        reqwest::Client::builder()
+                            .timeout(std::time::Duration::from_secs(5))
+                            .build()
+                            .map_err(openapi::OpenApiError::Client)?,
+                        &config.metadata_endpoint,
+                        role.clone(),
+                    ),
+                    (None, None) => return Err(BackendError::NoCredentials),
+                },
+            };
+            let source = credentials.describe();
+            let backend = openapi::OpenApiBackend::new(&options, credentials)?;
+            info!(endpoint = %backend.endpoint(), credentials = %source, "using the Alibaba Cloud ECI OpenAPI");
+            Ok((Arc::new(backend), BackendGuard { embedded: None }))
+        }
+    }
+}

@@ -1,0 +1,547 @@
+//! The virtual Node as data: its labels, taint, status and conditions, and how to adopt an
+//! existing Node without stripping what others put there. Pure: no I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use serde_json::{Value, json};
+
+use crate::config::Settings;
+use crate::node::eci_health::EciHealth;
+
+/// The label (and taint key) of virtual nodes that eci-profile targets.
+pub const VNODE_LABEL: &str = "k8s.aliyun.com/vnode";
+/// Annotation recording which labels and taints this daemon manages, so a configuration
+/// change removes our old ones and never anyone else's.
+pub const MANAGED_ANNOTATION: &str = "virtual-node-eci.aliyun.com/managed";
+/// Annotation: this node was cordoned by its own decommission (value: when). A replica that
+/// serves the node again lifts that cordon — and only that one, never an admin's.
+pub const DECOMMISSION_ANNOTATION: &str = "virtual-node-eci.aliyun.com/decommissioning";
+/// The Kubernetes minor version we present ourselves as compatible with.
+pub const KUBERNETES_COMPAT: &str = "v1.33.0";
+
+/// RFC 3339 at second precision, as the API writes times.
+pub fn rfc3339(at: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// The node's `kubeletVersion`: the Kubernetes version we are compatible with, then what we are.
+pub fn kubelet_version() -> String {
+    format!(
+        "{KUBERNETES_COMPAT}-virtual-node-eci-{}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+fn architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// Our labels.
+pub fn desired_labels(settings: &Settings) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    for (key, value) in [
+        (VNODE_LABEL, "true"),
+        ("type", "virtual-kubelet"),
+        ("kubernetes.io/role", "agent"),
+        ("kubernetes.io/hostname", settings.node_name.as_str()),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", architecture()),
+        (
+            "node.kubernetes.io/exclude-from-external-load-balancers",
+            "true",
+        ),
+        (
+            "topology.kubernetes.io/region",
+            settings.config.region.as_str(),
+        ),
+    ] {
+        labels.insert(key.to_owned(), value.to_owned());
+    }
+    if let Some(zone) = settings
+        .config
+        .zone
+        .as_deref()
+        .filter(|zone| !zone.is_empty())
+    {
+        labels.insert("topology.kubernetes.io/zone".to_owned(), zone.to_owned());
+    }
+    labels
+}
+
+/// Our taint.
+pub fn desired_taint(settings: &Settings) -> Taint {
+    Taint {
+        key: settings.config.taint_key.clone(),
+        value: Some(settings.config.taint_value.clone()),
+        effect: settings.config.taint_effect.as_str().to_owned(),
+        time_added: None,
+    }
+}
+
+fn managed_record(settings: &Settings) -> String {
+    json!({"labels": desired_labels(settings).keys().collect::<Vec<_>>(), "taints": [settings.config.taint_key]}).to_string()
+}
+
+/// A Node to create when none exists.
+pub fn new_node(settings: &Settings) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": settings.node_name,
+            "labels": desired_labels(settings),
+            "annotations": {MANAGED_ANNOTATION: managed_record(settings)},
+        },
+        "spec": {"taints": [taint_json(&desired_taint(settings))]},
+    })
+}
+
+fn taint_json(taint: &Taint) -> Value {
+    serde_json::to_value(taint).unwrap_or_default()
+}
+
+/// The JSON merge patch that makes an existing Node ours — our labels and taint set, labels
+/// and taints we managed before but no longer want removed, everything else (other labels,
+/// annotations, `spec.unschedulable`, other taints) untouched — or `None` when it already is.
+/// The patch carries the Node's resourceVersion, so a concurrent change is a conflict, not a
+/// lost update.
+pub fn adoption_patch(existing: &Node, settings: &Settings) -> Option<Value> {
+    let labels = existing.metadata.labels.clone().unwrap_or_default();
+    let annotations = existing.metadata.annotations.clone().unwrap_or_default();
+    let previously: Value = annotations
+        .get(MANAGED_ANNOTATION)
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_else(|| json!({}));
+    let list = |field: &str| -> BTreeSet<String> {
+        previously
+            .get(field)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    let desired = desired_labels(settings);
+
+    let mut label_patch = serde_json::Map::new();
+    for (key, value) in &desired {
+        if labels.get(key) != Some(value) {
+            label_patch.insert(key.clone(), Value::String(value.clone()));
+        }
+    }
+    for stale in list("labels")
+        .iter()
+        .filter(|key| !desired.contains_key(*key) && labels.contains_key(*key))
+    {
+        label_patch.insert(stale.clone(), Value::Null);
+    }
+
+    let ours = desired_taint(settings);
+    let mut our_keys = list("taints");
+    our_keys.insert(ours.key.clone());
+    let current_taints = existing
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.taints.clone())
+        .unwrap_or_default();
+    let mut taints: Vec<Taint> = current_taints
+        .iter()
+        .filter(|taint| !our_keys.contains(&taint.key))
+        .cloned()
+        .collect();
+    taints.push(ours);
+    let taints_changed = !same_taints(&taints, &current_taints);
+
+    let record = managed_record(settings);
+    let annotation_changed = annotations.get(MANAGED_ANNOTATION) != Some(&record);
+    // A decommission that did not finish left its cordon; serving the node again lifts it.
+    let lift_cordon = annotations.contains_key(DECOMMISSION_ANNOTATION);
+    if label_patch.is_empty() && !taints_changed && !annotation_changed && !lift_cordon {
+        return None;
+    }
+    let mut patch = json!({"metadata": {"resourceVersion": existing.metadata.resource_version}});
+    if !label_patch.is_empty() {
+        patch["metadata"]["labels"] = Value::Object(label_patch);
+    }
+    if annotation_changed {
+        patch["metadata"]["annotations"][MANAGED_ANNOTATION] = Value::String(record);
+    }
+    if taints_changed {
+        patch["spec"]["taints"] = taints.iter().map(taint_json).collect();
+    }
+    if lift_cordon {
+        patch["metadata"]["annotations"][DECOMMISSION_ANNOTATION] = Value::Null;
+        patch["spec"]["unschedulable"] = Value::Null;
+    }
+    Some(patch)
+}
+
+fn same_taints(a: &[Taint], b: &[Taint]) -> bool {
+    let key = |t: &Taint| (t.key.clone(), t.value.clone(), t.effect.clone());
+    let mut a: Vec<_> = a.iter().map(key).collect();
+    let mut b: Vec<_> = b.iter().map(key).collect();
+    a.sort();
+    b.sort();
+    a == b
+}
+
+fn condition(kind: &str, status: &str, reason: &str, message: &str) -> Value {
+    json!({"type": kind, "status": status, "reason": reason, "message": message})
+}
+
+/// The node conditions for a health.
+pub fn conditions(settings: &Settings, health: &EciHealth) -> Vec<Value> {
+    let region = &settings.config.region;
+    let ready = match health {
+        EciHealth::Reachable => condition(
+            "Ready",
+            "True",
+            "EciReachable",
+            &format!("virtual-node-eci is ready: the ECI API in {region} answers"),
+        ),
+        EciHealth::Unknown => condition(
+            "Ready",
+            "Unknown",
+            "EciNotProbed",
+            "virtual-node-eci has not reached the ECI API yet",
+        ),
+        EciHealth::Unreachable { since, error } => condition(
+            "Ready",
+            "False",
+            "EciUnreachable",
+            &format!(
+                "the ECI API in {region} has failed every call since {}: {error}",
+                rfc3339(*since)
+            ),
+        ),
+    };
+    vec![
+        ready,
+        condition(
+            "MemoryPressure",
+            "False",
+            "EciHasSufficientMemory",
+            "ECI allocates memory per container group",
+        ),
+        condition(
+            "DiskPressure",
+            "False",
+            "EciHasNoDiskPressure",
+            "ECI allocates storage per container group",
+        ),
+        condition(
+            "PIDPressure",
+            "False",
+            "EciHasSufficientPID",
+            "ECI allocates PIDs per container group",
+        ),
+        condition(
+            "NetworkUnavailable",
+            "False",
+            "EciNetworkReady",
+            "container groups get their IPs from the configured vSwitches",
+        ),
+    ]
+}
+
+/// The whole node status: conditions (keeping the transition times of unchanged ones from
+/// `previous`), capacity, allocatable, addresses, endpoints and nodeInfo.
+pub fn status(
+    settings: &Settings,
+    health: &EciHealth,
+    previous: Option<&Value>,
+    now: SystemTime,
+) -> Value {
+    let now_text = rfc3339(now);
+    let previous_conditions = previous
+        .and_then(|status| status.get("conditions"))
+        .and_then(Value::as_array);
+    let conditions: Vec<Value> = conditions(settings, health)
+        .into_iter()
+        .map(|mut condition| {
+            let before = previous_conditions
+                .and_then(|list| list.iter().find(|c| c.get("type") == condition.get("type")));
+            let transition = match before {
+                Some(before) if before.get("status") == condition.get("status") => before
+                    .get("lastTransitionTime")
+                    .cloned()
+                    .unwrap_or_else(|| Value::String(now_text.clone())),
+                _ => Value::String(now_text.clone()),
+            };
+            condition["lastHeartbeatTime"] = Value::String(now_text.clone());
+            condition["lastTransitionTime"] = transition;
+            condition
+        })
+        .collect();
+    let config = &settings.config;
+    let resources = json!({
+        "cpu": config.quota_cpu,
+        "memory": config.quota_memory,
+        "pods": config.quota_pods.to_string(),
+        "ephemeral-storage": config.quota_ephemeral_storage,
+    });
+    json!({
+        "conditions": conditions,
+        "capacity": resources,
+        "allocatable": resources,
+        "addresses": [
+            {"type": "InternalIP", "address": settings.internal_ip.to_string()},
+            {"type": "Hostname", "address": settings.node_name},
+        ],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": config.kubelet_port}},
+        "nodeInfo": {
+            "machineID": settings.node_name,
+            "systemUUID": settings.node_name,
+            "bootID": "",
+            "kernelVersion": "",
+            "osImage": "Alibaba Cloud Elastic Container Instance",
+            "containerRuntimeVersion": "eci://2018-08-08",
+            "kubeletVersion": kubelet_version(),
+            "kubeProxyVersion": "",
+            "operatingSystem": "linux",
+            "architecture": architecture(),
+        },
+    })
+}
+
+/// A status without its heartbeat times: two statuses with the same fingerprint need no write.
+pub fn fingerprint(status: &Value) -> Value {
+    let mut status = status.clone();
+    if let Some(conditions) = status.get_mut("conditions").and_then(Value::as_array_mut) {
+        for condition in conditions {
+            if let Some(condition) = condition.as_object_mut() {
+                condition.remove("lastHeartbeatTime");
+                condition.remove("lastTransitionTime");
+            }
+        }
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn mk_settings(args: &[&str]) -> Settings {
+        let mut all = vec![
+            "virtual-node-eci",
+            "--pod-name",
+            "virtual-node-eci-1",
+            "--pod-ip",
+            "10.1.2.3",
+        ];
+        all.extend_from_slice(args);
+        Config::parse_from(all).settings().unwrap()
+    }
+
+    fn mk_node(value: Value) -> Node {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_new_node_carries_our_labels_and_taint() {
+        let node = new_node(&mk_settings(&["--zone", "cn-hangzhou-k"]));
+        let labels = &node["metadata"]["labels"];
+        assert_eq!(labels["k8s.aliyun.com/vnode"], "true");
+        assert_eq!(labels["type"], "virtual-kubelet");
+        assert_eq!(labels["kubernetes.io/role"], "agent");
+        assert_eq!(labels["kubernetes.io/hostname"], "virtual-node-eci-1");
+        assert_eq!(labels["kubernetes.io/os"], "linux");
+        assert_eq!(
+            labels["node.kubernetes.io/exclude-from-external-load-balancers"],
+            "true"
+        );
+        assert_eq!(labels["topology.kubernetes.io/region"], "cn-hangzhou");
+        assert_eq!(labels["topology.kubernetes.io/zone"], "cn-hangzhou-k");
+        assert_eq!(
+            node["spec"]["taints"],
+            json!([{"key": "k8s.aliyun.com/vnode", "value": "true", "effect": "NoSchedule"}])
+        );
+        assert!(
+            new_node(&mk_settings(&[]))["metadata"]["labels"]
+                .get("topology.kubernetes.io/zone")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn taint_follows_the_virtual_kubelet_variables() {
+        let node = new_node(&mk_settings(&[
+            "--taint-key",
+            "virtual-kubelet.io/provider",
+            "--taint-value",
+            "eci",
+            "--taint-effect",
+            "NoExecute",
+        ]));
+        assert_eq!(
+            node["spec"]["taints"][0],
+            json!({"key": "virtual-kubelet.io/provider", "value": "eci", "effect": "NoExecute"})
+        );
+    }
+
+    #[test]
+    fn adoption_lifts_only_the_cordon_of_an_unfinished_decommission() {
+        let settings = mk_settings(&[]);
+        let mut existing = new_node(&settings);
+        existing["metadata"]["annotations"][MANAGED_ANNOTATION] = json!(managed_record(&settings));
+        existing["spec"]["unschedulable"] = json!(true);
+        assert_eq!(
+            adoption_patch(&mk_node(existing.clone()), &settings),
+            None,
+            "an admin's cordon stays"
+        );
+        existing["metadata"]["annotations"][DECOMMISSION_ANNOTATION] =
+            json!("2026-11-21T00:00:00Z");
+        let patch = adoption_patch(&mk_node(existing), &settings).unwrap();
+        assert_eq!(patch["spec"], json!({"unschedulable": null}));
+        assert_eq!(
+            patch["metadata"]["annotations"],
+            json!({DECOMMISSION_ANNOTATION: null})
+        );
+    }
+
+    #[test]
+    fn adoption_keeps_what_others_put_there() {
+        let settings = mk_settings(&[]);
+        let mut existing = new_node(&settings);
+        existing["metadata"]["resourceVersion"] = json!("42");
+        existing["metadata"]["labels"]["team"] = json!("payments");
+        existing["metadata"]["annotations"]["note"] = json!("by hand");
+        existing["spec"]["unschedulable"] = json!(true);
+        existing["spec"]["taints"] = json!([
+            {"key": "k8s.aliyun.com/vnode", "value": "true", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+        ]);
+        assert_eq!(
+            adoption_patch(&mk_node(existing.clone()), &settings),
+            None,
+            "nothing to do"
+        );
+
+        // Someone removed our label and taint: they come back, the rest stays.
+        existing["metadata"]["labels"]
+            .as_object_mut()
+            .unwrap()
+            .remove("type");
+        existing["spec"]["taints"].as_array_mut().unwrap().remove(0);
+        let patch = adoption_patch(&mk_node(existing), &settings).unwrap();
+        assert_eq!(patch["metadata"]["resourceVersion"], "42");
+        assert_eq!(
+            patch["metadata"]["labels"],
+            json!({"type": "virtual-kubelet"})
+        );
+        let taints = patch["spec"]["taints"].as_array().unwrap();
+        assert_eq!(taints.len(), 3);
+        assert!(
+            taints
+                .iter()
+                .any(|t| t["key"] == "node.kubernetes.io/unreachable")
+        );
+        assert!(
+            patch["spec"].get("unschedulable").is_none(),
+            "a cordon is never touched"
+        );
+    }
+
+    #[test]
+    fn a_changed_configuration_replaces_our_old_taint_and_labels_only() {
+        let old = mk_settings(&["--zone", "cn-hangzhou-k"]);
+        let mut existing = new_node(&old);
+        existing["metadata"]["resourceVersion"] = json!("7");
+        existing["spec"]["taints"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}));
+        let new = mk_settings(&["--taint-effect", "NoExecute"]);
+        let patch = adoption_patch(&mk_node(existing), &new).unwrap();
+        assert_eq!(
+            patch["metadata"]["labels"]["topology.kubernetes.io/zone"],
+            Value::Null,
+            "our old zone label goes"
+        );
+        assert_eq!(
+            patch["spec"]["taints"],
+            json!([{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}, {"key": "k8s.aliyun.com/vnode", "value": "true", "effect": "NoExecute"}])
+        );
+    }
+
+    #[test]
+    fn status_has_capacity_addresses_and_conditions() {
+        let settings = mk_settings(&["--quota-pods", "100", "--kubelet-port", "11250"]);
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        let status = status(&settings, &EciHealth::Reachable, None, now);
+        assert_eq!(
+            status["capacity"],
+            json!({"cpu": "6000", "memory": "12Ti", "pods": "100", "ephemeral-storage": "90Ti"})
+        );
+        assert_eq!(status["allocatable"], status["capacity"]);
+        assert_eq!(
+            status["addresses"][0],
+            json!({"type": "InternalIP", "address": "10.1.2.3"})
+        );
+        assert_eq!(
+            status["addresses"][1],
+            json!({"type": "Hostname", "address": "virtual-node-eci-1"})
+        );
+        assert_eq!(status["daemonEndpoints"]["kubeletEndpoint"]["Port"], 11250);
+        assert!(
+            status["nodeInfo"]["kubeletVersion"]
+                .as_str()
+                .unwrap()
+                .starts_with("v1.33.0-virtual-node-eci-")
+        );
+        let ready = &status["conditions"][0];
+        assert_eq!(
+            (
+                ready["type"].as_str(),
+                ready["status"].as_str(),
+                ready["reason"].as_str()
+            ),
+            (Some("Ready"), Some("True"), Some("EciReachable"))
+        );
+        let pressure: Vec<&str> = status["conditions"].as_array().unwrap()[1..]
+            .iter()
+            .map(|c| c["status"].as_str().unwrap())
+            .collect();
+        assert_eq!(pressure, vec!["False"; 4]);
+    }
+
+    #[test]
+    fn transitions_keep_their_time_and_heartbeats_do_not_count_as_changes() {
+        let settings = mk_settings(&[]);
+        let t0 = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        let t1 = t0 + std::time::Duration::from_secs(60);
+        let first = status(&settings, &EciHealth::Reachable, None, t0);
+        let second = status(&settings, &EciHealth::Reachable, Some(&first), t1);
+        assert_eq!(second["conditions"][0]["lastTransitionTime"], rfc3339(t0));
+        assert_eq!(second["conditions"][0]["lastHeartbeatTime"], rfc3339(t1));
+        assert_eq!(fingerprint(&first), fingerprint(&second));
+
+        let down = EciHealth::Unreachable {
+            since: t0,
+            error: "connection refused".into(),
+        };
+        let third = status(&settings, &down, Some(&second), t1);
+        assert_eq!(third["conditions"][0]["status"], "False");
+        assert_eq!(third["conditions"][0]["reason"], "EciUnreachable");
+        assert!(
+            third["conditions"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("connection refused")
+        );
+        assert_eq!(third["conditions"][0]["lastTransitionTime"], rfc3339(t1));
+        assert_ne!(fingerprint(&second), fingerprint(&third));
+    }
+}

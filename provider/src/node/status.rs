@@ -1,0 +1,275 @@
+//! Keeps the Node's status honest: probes ECI on a timer and patches the status subresource
+//! when anything changed, and at least every `node_status_max_interval` for the heartbeat.
+
+use std::time::SystemTime;
+
+use eci_proto::EciError;
+use eci_proto::v20180808::{DescribeContainerGroupStatusRequest, Tag};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::shape;
+use crate::config::Settings;
+use crate::eci::Backend;
+use crate::node::eci_health::{EciHealth, HealthTracker};
+use crate::ops::metrics::{ResultLabels, Telemetry};
+
+/// Tag key carrying the cluster name on every container group.
+pub const CLUSTER_TAG: &str = "k8s.aliyun.com/cluster";
+
+/// Whether an ECI error means the API did not answer (as opposed to answering "no").
+pub fn is_unreachable(error: &EciError) -> bool {
+    error.is_retryable() && !error.is_throttling()
+}
+
+/// One cheap call: a one-item status page of this cluster's groups.
+pub async fn probe(backend: &Backend, settings: &Settings) -> Result<(), EciError> {
+    let request = DescribeContainerGroupStatusRequest {
+        region_id: settings.config.region.clone(),
+        limit: Some(1),
+        tag: vec![Tag {
+            key: CLUSTER_TAG.into(),
+            value: settings.cluster_name.clone(),
+        }],
+        ..DescribeContainerGroupStatusRequest::default()
+    };
+    match backend.describe_container_group_status(request).await {
+        Err(error) if is_unreachable(&error) => Err(error),
+        // An answer — even a throttled or refused call — means ECI is reachable.
+        _ => Ok(()),
+    }
+}
+
+/// The reporter's memory of what it last wrote.
+#[derive(Debug)]
+pub struct StatusReporter {
+    tracker: HealthTracker,
+    last_written: Option<(Value, Instant)>,
+}
+
+impl StatusReporter {
+    /// A reporter that has written nothing yet.
+    pub fn new(settings: &Settings) -> Self {
+        Self {
+            tracker: HealthTracker::new(settings.config.eci_unreachable_threshold),
+            last_written: None,
+        }
+    }
+
+    /// Records a probe outcome.
+    pub fn record(&mut self, outcome: Result<(), EciError>, telemetry: &Telemetry) {
+        match outcome {
+            Ok(()) => {
+                self.tracker.record_success();
+                telemetry
+                    .eci_probes
+                    .get_or_create(&ResultLabels {
+                        result: "ok".into(),
+                    })
+                    .inc();
+            }
+            Err(error) => {
+                telemetry
+                    .eci_probes
+                    .get_or_create(&ResultLabels {
+                        result: error.code.clone(),
+                    })
+                    .inc();
+                self.tracker.record_failure(
+                    Instant::now(),
+                    SystemTime::now(),
+                    format!("{}: {}", error.code, error.message),
+                );
+            }
+        }
+    }
+
+    /// The status to write now, if one is due: when it differs from the last written one or
+    /// the last write is `max_interval` old.
+    pub fn due(&self, settings: &Settings, now: Instant) -> Option<(Value, EciHealth)> {
+        let health = self.tracker.health(now);
+        let previous = self.last_written.as_ref().map(|(status, _)| status);
+        let status = shape::status(settings, &health, previous, SystemTime::now());
+        let stale = self.last_written.as_ref().is_none_or(|(written, at)| {
+            shape::fingerprint(written) != shape::fingerprint(&status)
+                || now.duration_since(*at) >= settings.config.node_status_max_interval
+        });
+        stale.then_some((status, health))
+    }
+
+    /// Remembers a written status.
+    pub fn written(&mut self, status: Value, now: Instant) {
+        self.last_written = Some((status, now));
+    }
+
+    /// Forgets what was written, so the next check writes (after the Node was recreated).
+    pub fn forget(&mut self) {
+        self.last_written = None;
+    }
+}
+
+/// Probes and reports until cancelled.
+pub async fn run(
+    nodes: Api<Node>,
+    backend: Backend,
+    settings: Settings,
+    telemetry: std::sync::Arc<Telemetry>,
+    mut node_uid: tokio::sync::watch::Receiver<String>,
+    stop: CancellationToken,
+) -> Result<(), kube::Error> {
+    let mut reporter = StatusReporter::new(&settings);
+    let mut ticks = tokio::time::interval(settings.config.eci_probe_interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            _ = ticks.tick() => {}
+        }
+        if node_uid.has_changed().unwrap_or(false) {
+            // A new Node object: its status starts empty, so write ours at once.
+            node_uid.mark_unchanged();
+            reporter.forget();
+        }
+        let outcome = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            outcome = probe(&backend, &settings) => outcome,
+        };
+        reporter.record(outcome, &telemetry);
+        let now = Instant::now();
+        let Some((status, health)) = reporter.due(&settings, now) else {
+            continue;
+        };
+        telemetry.kube_request("node_status_patch");
+        match nodes
+            .patch_status(
+                &settings.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+        {
+            Ok(_) => {
+                let ready = health == EciHealth::Reachable;
+                telemetry.eci_reachable.set(i64::from(ready));
+                telemetry.node_ready.set(i64::from(ready));
+                if let EciHealth::Unreachable { error, .. } = &health {
+                    warn!(node = %settings.node_name, %error, "ECI unreachable: node NotReady (EciUnreachable)");
+                }
+                info!(node = %settings.node_name, ready, "node status written");
+                reporter.written(status, now);
+            }
+            Err(error) => {
+                warn!(node = %settings.node_name, %error, "could not write the node status; retrying at the next probe");
+                reporter.forget();
+            }
+        }
+    }
+}
+
+/// The API accesses of this module (see [`crate::k8s::access`]).
+pub const KUBE_API: &[crate::k8s::access::Access] = &[crate::k8s::access::Access {
+    scope: crate::k8s::access::Scope::Cluster,
+    group: "",
+    resource: "nodes/status",
+    verbs: &["patch"],
+    why: "report Ready, capacity and the heartbeat",
+}];
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn mk_settings() -> Settings {
+        Config::parse_from(["virtual-node-eci", "--node-name", "vn-0"])
+            .settings()
+            .unwrap()
+    }
+
+    fn unavailable() -> EciError {
+        EciError::new("ServiceUnavailable", "connection refused")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ready_follows_eci_health_and_writes_only_when_needed() {
+        let settings = mk_settings();
+        let telemetry = Telemetry::new();
+        let mut reporter = StatusReporter::new(&settings);
+        let ready = |status: &Value| {
+            status["conditions"][0]["status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+
+        reporter.record(Ok(()), &telemetry);
+        let (status, _) = reporter
+            .due(&settings, Instant::now())
+            .expect("the first status is always written");
+        assert_eq!(ready(&status), "True");
+        reporter.written(status, Instant::now());
+
+        // Probes every 10 s: nothing changes, nothing is written until the 60 s heartbeat.
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_secs(10)).await;
+            reporter.record(Ok(()), &telemetry);
+            assert!(reporter.due(&settings, Instant::now()).is_none());
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        reporter.record(Ok(()), &telemetry);
+        let (heartbeat, _) = reporter
+            .due(&settings, Instant::now())
+            .expect("the heartbeat is due at 60 s");
+        reporter.written(heartbeat, Instant::now());
+
+        // ECI fails: still Ready within the 30 s threshold, NotReady after it.
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_secs(10)).await;
+            reporter.record(Err(unavailable()), &telemetry);
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        reporter.record(Err(unavailable()), &telemetry);
+        let (down, health) = reporter
+            .due(&settings, Instant::now())
+            .expect("a change is written at once");
+        assert!(matches!(health, EciHealth::Unreachable { .. }));
+        assert_eq!(ready(&down), "False");
+        assert_eq!(down["conditions"][0]["reason"], "EciUnreachable");
+        assert!(
+            down["conditions"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("ServiceUnavailable: connection refused")
+        );
+        reporter.written(down, Instant::now());
+
+        tokio::time::advance(Duration::from_secs(10)).await;
+        reporter.record(Ok(()), &telemetry);
+        let (up, _) = reporter
+            .due(&settings, Instant::now())
+            .expect("recovery is written at once");
+        assert_eq!(ready(&up), "True");
+    }
+
+    #[test]
+    fn answers_that_are_refusals_still_mean_reachable() {
+        assert!(is_unreachable(&unavailable()));
+        assert!(is_unreachable(&EciError::new("InternalError", "boom")));
+        assert!(!is_unreachable(&EciError::new(
+            "Throttling.User",
+            "slow down"
+        )));
+        assert!(!is_unreachable(&EciError::new(
+            "InvalidParameter.Limit",
+            "bad"
+        )));
+    }
+}

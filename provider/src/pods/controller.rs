@@ -1,0 +1,462 @@
+//! Runs the pods bound to this node as ECI container groups.
+//!
+//! - A watch of this node's pods (`spec.nodeName=<node>`) drives creation and deletion.
+//! - Creation: fetch what the pod references, translate ([`crate::pods::to_eci`]), create with
+//!   `ClientToken` = pod UID (idempotent across retries and restarts), retrying throttling and
+//!   server errors with back-off; a request that can never work fails the pod with
+//!   `ProviderFailed`, one that may work later leaves it Pending with the reason.
+//! - Status: one `DescribeContainerGroupStatus` per interval for the whole node with
+//!   `since_second`, plus a periodic full listing; a pod's status is written only when it
+//!   changed ([`crate::pods::from_eci`]).
+//! - Deletion: a pod with a deletionTimestamp gets its group deleted (grace period honoured),
+//!   then the Pod is deleted with grace 0 and a UID precondition.
+//! - Start-up: groups tagged with this cluster and node are adopted by pod UID; groups whose pod
+//!   no longer exists are deleted; nothing of other nodes or clusters is ever touched.
+
+mod create;
+mod delete;
+mod status_sync;
+
+use super::{refs, slim};
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use eci_proto::EciError;
+use eci_proto::v20180808::{
+    ContainerGroupStatus, DeleteContainerGroupRequest, DescribeContainerGroupStatusRequest,
+    DescribeContainerGroupsRequest, Tag,
+};
+use futures::StreamExt;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::config::Settings;
+use crate::eci::Backend;
+use crate::ops::events::EventPublisher;
+use crate::ops::metrics::Telemetry;
+use crate::pods::from_eci;
+use crate::pods::to_eci::{self, Context, naming};
+use crate::pods::workqueue::WorkQueue;
+use create::CreateJob;
+
+/// Annotation recording the pod's ECI instance.
+pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
+/// Reason of pod conditions and events when ECI cannot run a pod.
+pub const PROVIDER_FAILED: &str = "ProviderFailed";
+/// Pod status writes in flight at most (each pod's writes are sequential).
+const STATUS_WRITERS: usize = 32;
+/// Instance-id annotations in flight at most.
+const ANNOTATION_WRITERS: usize = 16;
+
+#[derive(Debug, Default)]
+struct Tracked {
+    /// The latest copy of the pod: whole until its group exists, then slim and packed.
+    pod: Option<slim::Kept>,
+    group: Option<String>,
+    /// Whether `group`'s id is on the pod or queued to be written there.
+    annotated: bool,
+    creating: bool,
+    deleting: bool,
+    /// Hash of the status last written (a hash, not the JSON: memory per pod matters at
+    /// thousands of pods).
+    written: Option<u64>,
+    /// Hashes of the ECI events already turned into Events.
+    events_seen: HashSet<u64>,
+    /// Hash of the ECI group state last applied to the pod: a poll returns a group for every
+    /// change within its window, and most of those are repeats that need no work at all.
+    applied: Option<u64>,
+}
+
+impl Tracked {
+    /// Stores the latest copy of the pod; once its group exists, only what the controller
+    /// still reads of it (memory per pod matters at thousands of pods).
+    fn keep(&mut self, pod: &Arc<Pod>) {
+        if self.pod.as_ref().is_some_and(|kept| kept.is(pod)) {
+            return;
+        }
+        self.pod = Some(if self.group.is_some() {
+            slim::Kept::packed(pod)
+        } else {
+            slim::Kept::whole(pod)
+        });
+    }
+}
+
+/// What adoption and orphan collection need of a listed group.
+#[derive(Debug, Clone)]
+struct Adopted {
+    id: String,
+    uid: String,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+impl Adopted {
+    fn from_group(group: &ContainerGroupStatus) -> Option<Self> {
+        Some(Self {
+            id: group.container_group_id.clone(),
+            uid: tag(group, naming::TAG_POD_UID)?,
+            namespace: tag(group, naming::TAG_NAMESPACE),
+            name: tag(group, naming::TAG_POD_NAME),
+        })
+    }
+}
+
+/// The controller.
+#[derive(Clone)]
+pub struct PodController {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: Settings,
+    client: kube::Client,
+    backend: Backend,
+    telemetry: Arc<Telemetry>,
+    events: EventPublisher,
+    pods: Mutex<HashMap<String, Tracked>>,
+    /// Pods waiting for their group to be created, by pod UID.
+    creations: WorkQueue<String, CreateJob>,
+    /// Group ids to record on their pods (namespace and name), by pod UID.
+    annotations: WorkQueue<String, ((String, String), String)>,
+    /// Group states waiting to be applied to their pods, by pod UID.
+    statuses: WorkQueue<String, (ContainerGroupStatus, u64)>,
+    /// Groups being deleted, and who waits for them to be gone.
+    awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
+}
+
+impl std::fmt::Debug for PodController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodController")
+            .field("node", &self.inner.settings.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn tag(group: &ContainerGroupStatus, key: &str) -> Option<String> {
+    group
+        .tags
+        .iter()
+        .find(|t| t.key == key)
+        .map(|t| t.value.clone())
+}
+
+/// Namespace and name, as the annotation writers address a pod.
+fn pod_key_parts(pod: &Pod) -> (String, String) {
+    (pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let base = Duration::from_millis(250).saturating_mul(1u32 << attempt.min(7));
+    let capped = base.min(Duration::from_secs(30));
+    // ±20 % jitter from the clock's low bits: spread retries of many pods apart.
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    capped.mul_f64(0.8 + f64::from(nanos % 400) / 1000.0)
+}
+
+impl PodController {
+    /// A controller for `settings.node_name`.
+    pub fn new(
+        settings: Settings,
+        client: kube::Client,
+        backend: Backend,
+        telemetry: Arc<Telemetry>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: "virtual-node-eci".into(),
+            instance: Some(settings.node_name.clone()),
+        };
+        Self {
+            inner: Arc::new(Inner {
+                events: EventPublisher::new(client.clone(), reporter, Arc::clone(&telemetry)),
+                settings,
+                client,
+                backend,
+                telemetry,
+                pods: Mutex::new(HashMap::new()),
+                creations: WorkQueue::default(),
+                annotations: WorkQueue::default(),
+                statuses: WorkQueue::default(),
+                awaiting_removal: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    fn tracked(&self) -> MutexGuard<'_, HashMap<String, Tracked>> {
+        self.inner
+            .pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn node_tags(&self) -> Vec<Tag> {
+        vec![
+            Tag {
+                key: naming::TAG_CLUSTER.into(),
+                value: self.inner.settings.cluster_name.clone(),
+            },
+            Tag {
+                key: naming::TAG_NODE.into(),
+                value: self.inner.settings.node_name.clone(),
+            },
+        ]
+    }
+
+    /// Every group of this node changed within `since_second` (all of them when `None`), one
+    /// page at a time: at thousands of groups, holding every page at once costs tens of MiB.
+    async fn visit_groups(
+        &self,
+        since_second: Option<i32>,
+        mut visit: impl FnMut(Vec<ContainerGroupStatus>),
+    ) -> Result<(), EciError> {
+        let mut next_token = String::new();
+        loop {
+            let page = self
+                .inner
+                .backend
+                .describe_container_group_status(DescribeContainerGroupStatusRequest {
+                    region_id: self.inner.settings.config.region.clone(),
+                    tag: self.node_tags(),
+                    limit: Some(200),
+                    next_token: next_token.clone(),
+                    since_second,
+                    ..DescribeContainerGroupStatusRequest::default()
+                })
+                .await?;
+            visit(page.data);
+            if page.next_token.is_empty() {
+                return Ok(());
+            }
+            next_token = page.next_token;
+        }
+    }
+
+    /// Runs until cancelled: adopt, watch pods, poll statuses.
+    pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let listed_at = tokio::time::Instant::now();
+        let adopted = loop {
+            let mut adopted = Vec::new();
+            let listing = self
+                .visit_groups(None, |page| {
+                    adopted.extend(page.iter().filter_map(Adopted::from_group));
+                })
+                .await;
+            match listing {
+                Ok(()) => break adopted,
+                Err(error) => {
+                    warn!(%error, "cannot list this node's container groups yet; retrying");
+                    tokio::select! {
+                        () = stop.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    }
+                }
+            }
+        };
+        {
+            let mut tracked = self.tracked();
+            for group in &adopted {
+                tracked.entry(group.uid.clone()).or_default().group = Some(group.id.clone());
+            }
+        }
+        info!(
+            groups = adopted.len(),
+            "adopted this node's container groups"
+        );
+        let watch = self.clone().watch_pods(adopted, stop.clone());
+        let poll = self.clone().poll_statuses(listed_at, stop.clone());
+        let writers = self.clone().write_statuses(stop.clone());
+        let creators = self.clone().create_groups(stop.clone());
+        let annotators = self.clone().annotate_pods(stop.clone());
+        let removals = self.clone().watch_removals(stop.clone());
+        tokio::try_join!(watch, poll, writers, creators, annotators, removals)?;
+        Ok(())
+    }
+
+    async fn watch_pods(
+        self,
+        adopted: Vec<Adopted>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let api: Api<Pod> = Api::all(self.inner.client.clone());
+        let config = watcher::Config::default()
+            .fields(&format!("spec.nodeName={}", self.inner.settings.node_name));
+        let mut events = watcher(api, config).default_backoff().boxed();
+        let mut adopted = Some(adopted);
+        let mut listed: HashSet<String> = HashSet::new();
+        loop {
+            let event = tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                event = events.next() => event,
+            };
+            match event {
+                None => anyhow::bail!("the pod watch ended"),
+                Some(Err(error)) => warn!(%error, "pod watch error; it recovers by itself"),
+                Some(Ok(watcher::Event::Init)) => listed.clear(),
+                Some(Ok(watcher::Event::InitApply(pod))) => {
+                    listed.insert(pod.uid().unwrap_or_default());
+                    self.observe(Arc::new(pod));
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    if let Some(groups) = adopted.take() {
+                        self.collect_orphans(&groups, &listed).await;
+                        info!(
+                            pods = listed.len(),
+                            groups = groups.len(),
+                            "resync complete: every pod and group of this node accounted for"
+                        );
+                    }
+                }
+                Some(Ok(watcher::Event::Apply(pod))) => self.observe(Arc::new(pod)),
+                Some(Ok(watcher::Event::Delete(pod))) => self.forget(&pod).await,
+            }
+        }
+    }
+
+    fn observe(&self, pod: Arc<Pod>) {
+        let Some(uid) = pod.uid() else { return };
+        let action = {
+            let mut tracked = self.tracked();
+            let entry = tracked.entry(uid.clone()).or_default();
+            // Before `keep`: a slimmed copy has no annotations. A group adopted after a restart
+            // may never have been recorded on its pod (the process died before it could).
+            if let Some(id) = &entry.group {
+                if pod.annotations().get(INSTANCE_ANNOTATION) == Some(id) {
+                    entry.annotated = true;
+                } else if !entry.annotated && pod.metadata.deletion_timestamp.is_none() {
+                    entry.annotated = true;
+                    let record = (pod_key_parts(&pod), id.clone());
+                    self.inner.annotations.push(uid.clone(), record);
+                }
+            }
+            entry.keep(&pod);
+            if pod.metadata.deletion_timestamp.is_some() {
+                if entry.deleting {
+                    None
+                } else {
+                    entry.deleting = true;
+                    Some(Action::Delete)
+                }
+            } else if entry.group.is_some()
+                || entry.creating
+                // A finished pod is never run again.
+                || matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+            {
+                None
+            } else if let Some(reason) = not_for_virtual_nodes(&pod) {
+                entry.creating = true; // never try again
+                Some(Action::Skip(reason))
+            } else {
+                entry.creating = true;
+                Some(Action::Create)
+            }
+        };
+        let controller = self.clone();
+        let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
+        match action {
+            None => {}
+            Some(Action::Create) => {
+                let job = CreateJob {
+                    attempt: 0,
+                    seen: tokio::time::Instant::now(),
+                };
+                self.inner.creations.push(uid, job);
+            }
+            Some(Action::Delete) => {
+                tokio::spawn(async move { controller.delete(pod, uid).await }.instrument(span));
+            }
+            Some(Action::Skip(reason)) => {
+                tokio::spawn(
+                    async move { controller.explain_skip(&pod, reason).await }.instrument(span),
+                );
+            }
+        }
+    }
+}
+
+enum Action {
+    Create,
+    Delete,
+    Skip(&'static str),
+}
+
+enum Failure {
+    Retry(String),
+    Permanent(String),
+}
+
+/// An in-process hash (never persisted).
+fn hash_of<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
+    use std::hash::Hasher as _;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Pods that must not become container groups, and why.
+fn not_for_virtual_nodes(pod: &Pod) -> Option<&'static str> {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    if annotations.contains_key("kubernetes.io/config.mirror") {
+        return Some("static (mirror) pods belong to a kubelet and do not run on virtual nodes");
+    }
+    let daemon_set = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet");
+    daemon_set.then_some("DaemonSet pods do not run on virtual nodes: each virtual node is a pool of ECI instances, not a machine to put an agent on")
+}
+
+/// The API accesses of the pod controller (see [`crate::k8s::access`]).
+pub const KUBE_API: &[crate::k8s::access::Access] = &[
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "pods",
+        verbs: &["get", "list", "watch", "patch", "delete"],
+        why: "watch this node's pods, annotate them, remove them once their group is gone",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "pods/status",
+        verbs: &["patch"],
+        why: "report the ECI status on the pod",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "configmaps",
+        verbs: &["get"],
+        why: "ConfigMaps a pod references, read when it is created",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "secrets",
+        verbs: &["get"],
+        why: "Secrets a pod references (env, volumes, image pull secrets), read when it is created",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "serviceaccounts/token",
+        verbs: &["create"],
+        why: "service account tokens for projected volumes",
+    },
+];

@@ -1,0 +1,325 @@
+//! Creating container groups: references, translation, retries, failures on the pod.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// A pod waiting for its group: how many attempts failed, and when it was first seen (the
+/// creation latency metric starts there).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CreateJob {
+    pub(super) attempt: u32,
+    pub(super) seen: tokio::time::Instant,
+}
+
+impl PodController {
+    pub(super) async fn explain_skip(&self, pod: &Pod, reason: &'static str) {
+        info!(pod = %pod_key(pod), reason, "not running this pod on ECI");
+        let status =
+            json!({"phase": "Pending", "reason": "NotSupportedOnVirtualNode", "message": reason});
+        self.write_status(pod, status).await;
+        self.event(pod, EventType::Warning, "NotSupportedOnVirtualNode", reason)
+            .await;
+    }
+
+    /// A Selector's effect deferred to binding (fair, normalNodePrefer) lands on the pod now,
+    /// before the group is created, so the group is created with it and the pod shows it.
+    async fn apply_pending_effect(&self, pod: Arc<Pod>) -> Result<Arc<Pod>, Failure> {
+        let Some(patch) = crate::admission::selector::engine::pending_effect_patch(&pod) else {
+            return Ok(pod);
+        };
+        let api: Api<Pod> = Api::namespaced(
+            self.inner.client.clone(),
+            &pod.namespace().unwrap_or_default(),
+        );
+        self.inner.telemetry.kube_request("pod_patch");
+        match api
+            .patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+        {
+            Ok(patched) => {
+                info!("applied the Selector's effect before creating the container group");
+                Ok(Arc::new(patched))
+            }
+            Err(error) => Err(Failure::Retry(format!(
+                "cannot apply the Selector's effect to the pod: {error}"
+            ))),
+        }
+    }
+
+    /// Creation workers (`MAX_CONCURRENT_CREATES` of them): one attempt per job; a pod to
+    /// retry waits out its back-off outside the workers, so pods backing off (a missing
+    /// ConfigMap, an outage) never hold a slot the others need. Waiting pods are data, not
+    /// tasks (only a pod backing off has a small timer task), a few bytes each.
+    pub(super) async fn create_groups(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let workers = self.inner.settings.config.max_concurrent_creates;
+        let this = &self;
+        this.inner
+            .creations
+            .serve(workers, &stop, move |uid, job| async move {
+                if let Some(next) = this.create_once(&uid, job).await {
+                    let controller = this.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(backoff(next.attempt)).await;
+                        controller.inner.creations.push(uid, next);
+                    });
+                }
+            })
+            .await;
+        Ok(())
+    }
+
+    /// The whole pod for a creation: the kept copy unless it was slimmed, then a fresh read.
+    async fn whole_pod(&self, uid: &str) -> Result<Option<Arc<Pod>>, Failure> {
+        let (pod, slim) = {
+            let tracked = self.tracked();
+            match tracked.get(uid) {
+                Some(t) if !t.deleting => match &t.pod {
+                    Some(kept) => (kept.clone(), kept.is_slim()),
+                    None => return Ok(None),
+                },
+                _ => return Ok(None),
+            }
+        };
+        let Some(pod) = pod.pod() else {
+            return Ok(None);
+        };
+        if !slim {
+            return Ok(Some(pod));
+        }
+        let api: Api<Pod> = Api::namespaced(
+            self.inner.client.clone(),
+            &pod.namespace().unwrap_or_default(),
+        );
+        self.inner.telemetry.kube_request("pod_get");
+        match api.get_opt(&pod.name_any()).await {
+            Ok(Some(fresh)) if fresh.uid().as_deref() == Some(uid) => Ok(Some(Arc::new(fresh))),
+            Ok(_) => Ok(None),
+            Err(error) => Err(Failure::Retry(format!("cannot read the pod: {error}"))),
+        }
+    }
+
+    /// One creation attempt; the job to retry, if any.
+    async fn create_once(&self, uid: &str, job: CreateJob) -> Option<CreateJob> {
+        let retry = CreateJob {
+            attempt: job.attempt + 1,
+            seen: job.seen,
+        };
+        let pod = match self.whole_pod(uid).await {
+            Ok(Some(pod)) => pod,
+            Ok(None) => return None,
+            Err(Failure::Retry(message) | Failure::Permanent(message)) => {
+                debug!(pod_uid = %uid, %message, "retrying");
+                return Some(retry);
+            }
+        };
+        let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
+        async {
+            let pod = match self.apply_pending_effect(pod).await {
+                Ok(pod) => pod,
+                Err(Failure::Retry(message) | Failure::Permanent(message)) => {
+                    debug!(%message, attempt = job.attempt, "retrying");
+                    return Some(retry);
+                }
+            };
+            match self.try_create(&pod, uid).await {
+                Ok(id) => {
+                    self.inner
+                        .telemetry
+                        .pod_create_seconds
+                        .observe(job.seen.elapsed().as_secs_f64());
+                    let wanted = {
+                        let mut tracked = self.tracked();
+                        match tracked.get_mut(uid) {
+                            Some(entry) if !entry.deleting => {
+                                entry.group = Some(id.clone());
+                                entry.annotated = true;
+                                entry.creating = false;
+                                true
+                            }
+                            _ => false,
+                        }
+                    };
+                    if !wanted {
+                        // The pod went away while its group was being created: no leak.
+                        info!(eci_id = %id, "the pod was deleted during creation; deleting its new container group");
+                        self.delete_group(&id, true).await;
+                        return None;
+                    }
+                    info!(eci_id = %id, "created container group");
+                    self.inner
+                        .annotations
+                        .push(uid.to_owned(), (pod_key_parts(&pod), id));
+                    None
+                }
+                Err(Failure::Retry(message)) => {
+                    self.inner.telemetry.pod_create_retries.inc();
+                    if job.attempt == 3 {
+                        // Tell the user once the problem persists, then keep trying.
+                        self.set_provider_failed(&pod, &message, false).await;
+                    }
+                    debug!(%message, attempt = job.attempt, "create failed; retrying");
+                    Some(retry)
+                }
+                Err(Failure::Permanent(message)) => {
+                    warn!(%message, "this pod cannot run on ECI");
+                    self.set_provider_failed(&pod, &message, true).await;
+                    None
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    pub(super) async fn try_create(&self, pod: &Pod, uid: &str) -> Result<String, Failure> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let refs = refs::references(pod);
+        let config_maps = self
+            .fetch::<ConfigMap>(&namespace, &refs.config_maps)
+            .await?;
+        let secrets = self.fetch::<Secret>(&namespace, &refs.secrets).await?;
+        let token = match refs.token_seconds {
+            Some(seconds) => Some(self.token(pod, seconds).await?),
+            None => None,
+        };
+        let settings = &self.inner.settings;
+        let cx = Context {
+            region: &settings.config.region,
+            vswitch: settings.config.vswitch.as_deref().unwrap_or("vsw-mock"),
+            security_group: settings
+                .config
+                .security_group
+                .as_deref()
+                .unwrap_or("sg-mock"),
+            cluster_name: &settings.cluster_name,
+            node_name: &settings.node_name,
+            cluster_dns: &settings.config.cluster_dns,
+            cluster_domain: &settings.config.cluster_domain,
+            config_maps: &config_maps,
+            secrets: &secrets,
+            service_account_token: token.as_deref(),
+            default_spec: (2.0, 4.0),
+        };
+        let request = to_eci::translate(pod, &cx).map_err(|rejection| {
+            let message = rejection.to_string();
+            if rejection.retryable {
+                Failure::Retry(message)
+            } else {
+                Failure::Permanent(message)
+            }
+        })?;
+        debug_assert_eq!(request.client_token, uid);
+        match self.inner.backend.create_container_group(request).await {
+            Ok(response) => Ok(response.container_group_id),
+            Err(error) if error.is_retryable() => Err(Failure::Retry(error.to_string())),
+            Err(error) => Err(Failure::Permanent(error.to_string())),
+        }
+    }
+
+    pub(super) async fn fetch<K>(
+        &self,
+        namespace: &str,
+        names: &std::collections::BTreeSet<String>,
+    ) -> Result<BTreeMap<String, K>, Failure>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.inner.client.clone(), namespace);
+        let mut found = BTreeMap::new();
+        for name in names {
+            self.inner.telemetry.kube_request("pod_reference_get");
+            match api.get_opt(name).await {
+                Ok(Some(object)) => {
+                    found.insert(name.clone(), object);
+                }
+                Ok(None) => {}
+                Err(error) => return Err(Failure::Retry(format!("cannot read {name}: {error}"))),
+            }
+        }
+        Ok(found)
+    }
+
+    pub(super) async fn token(&self, pod: &Pod, seconds: i64) -> Result<String, Failure> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let account = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into());
+        let api: Api<ServiceAccount> = Api::namespaced(self.inner.client.clone(), &namespace);
+        let request: TokenRequest = serde_json::from_value(json!({"spec": {
+            "audiences": [], "expirationSeconds": seconds,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.name_any(), "uid": pod.uid()},
+        }}))
+        .map_err(|e| Failure::Permanent(e.to_string()))?;
+        self.inner.telemetry.kube_request("token_request");
+        let answer = api
+            .create_token_request(&account, &PostParams::default(), &request)
+            .await
+            .map_err(|e| {
+                Failure::Retry(format!(
+                    "cannot issue a token for service account {namespace}/{account}: {e}"
+                ))
+            })?;
+        answer
+            .status
+            .map(|s| s.token)
+            .ok_or_else(|| Failure::Retry("the TokenRequest answer has no token".into()))
+    }
+
+    /// Annotation writers: record each new group's id on its pod, off the creation path (a
+    /// creation worker moves on to the next pod as soon as ECI accepted the group).
+    pub(super) async fn annotate_pods(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let this = &self;
+        this.inner
+            .annotations
+            .serve(
+                ANNOTATION_WRITERS,
+                &stop,
+                move |uid, (key, id)| async move {
+                    if !this.annotate(&key, &id).await {
+                        // The next event for the pod tries again.
+                        if let Some(entry) = this.tracked().get_mut(&uid) {
+                            entry.annotated = false;
+                        }
+                    }
+                },
+            )
+            .await;
+        Ok(())
+    }
+
+    /// Whether the id is now recorded on the pod.
+    async fn annotate(&self, (namespace, name): &(String, String), id: &str) -> bool {
+        let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
+        self.inner.telemetry.kube_request("pod_annotate");
+        let patch = json!({"metadata": {"annotations": {INSTANCE_ANNOTATION: id}}});
+        match api
+            .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => true,
+            // Gone: nothing left to record.
+            Err(kube::Error::Api(response)) if response.code == 404 => true,
+            Err(error) => {
+                warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, %error, "could not record the ECI instance id on the pod");
+                false
+            }
+        }
+    }
+
+    pub(super) async fn set_provider_failed(&self, pod: &Pod, message: &str, permanent: bool) {
+        let phase = if permanent { "Failed" } else { "Pending" };
+        let status = json!({"phase": phase, "reason": PROVIDER_FAILED, "message": message});
+        self.write_status(pod, status).await;
+        self.event(pod, EventType::Warning, PROVIDER_FAILED, message)
+            .await;
+    }
+}

@@ -1,0 +1,409 @@
+//! Pod → `CreateContainerGroupRequest`: pure, no I/O. The caller fetches the ConfigMaps and
+//! Secrets the pod references (and a service account token when a projected volume asks for
+//! one) and passes them in [`Context`].
+//!
+//! Not wired to a pod controller yet: that is the pod lifecycle work.
+
+mod container;
+mod downward;
+mod env;
+pub mod naming;
+mod volumes;
+
+use crate::k8s::quantity;
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use eci_proto::v20180808::{
+    CreateContainerGroupRequest, DnsConfig, DnsOption, HostAliase, ImageRegistryCredential,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use serde_json::Value;
+
+/// Pod annotation: `vCPU-memory` pairs and/or ECS instance types for the group.
+pub const ANNOTATION_USE_SPECS: &str = "k8s.aliyun.com/eci-use-specs";
+/// Annotations: spot instances.
+pub const ANNOTATION_SPOT_STRATEGY: &str = "k8s.aliyun.com/eci-spot-strategy";
+/// Spot price limit.
+pub const ANNOTATION_SPOT_PRICE_LIMIT: &str = "k8s.aliyun.com/eci-spot-price-limit";
+/// Spot protection duration (hours).
+pub const ANNOTATION_SPOT_DURATION: &str = "k8s.aliyun.com/eci-spot-duration";
+/// Automatic image cache matching.
+pub const ANNOTATION_AUTO_IMC: &str = "k8s.aliyun.com/eci-auto-imc";
+/// Automatic image cache matching (older name).
+pub const ANNOTATION_IMAGE_CACHE: &str = "k8s.aliyun.com/eci-image-cache";
+/// A specific image cache.
+pub const ANNOTATION_IMC_ID: &str = "k8s.aliyun.com/eci-imc-id";
+/// vSwitch override.
+pub const ANNOTATION_VSWITCH: &str = "k8s.aliyun.com/eci-vswitch";
+/// Security group override.
+pub const ANNOTATION_SECURITY_GROUP: &str = "k8s.aliyun.com/eci-security-group";
+/// RAM role.
+pub const ANNOTATION_RAM_ROLE: &str = "k8s.aliyun.com/eci-ram-role-name";
+/// Resource group.
+pub const ANNOTATION_RESOURCE_GROUP: &str = "k8s.aliyun.com/eci-resource-group-id";
+/// An EIP: `true` creates one.
+pub const ANNOTATION_WITH_EIP: &str = "k8s.aliyun.com/eci-with-eip";
+
+/// Why a pod cannot be turned into a container group (yet).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct Rejection {
+    /// The pod field at fault, e.g. `spec.volumes[1] (data)`.
+    pub field: String,
+    /// What is wrong and what would work.
+    pub reason: String,
+    /// It may work later (a referenced ConfigMap or Secret may still be created).
+    pub retryable: bool,
+}
+
+fn reject(field: &str, reason: impl Into<String>) -> Rejection {
+    Rejection {
+        field: field.to_owned(),
+        reason: reason.into(),
+        retryable: false,
+    }
+}
+
+fn missing(field: &str, kind: &str, name: &str) -> Rejection {
+    Rejection {
+        field: field.to_owned(),
+        reason: format!(
+            "{kind} {name:?} does not exist (mark the reference optional if that is expected)"
+        ),
+        retryable: true,
+    }
+}
+
+/// Everything besides the pod that the translation needs.
+#[derive(Debug, Clone)]
+pub struct Context<'a> {
+    /// ECI region.
+    pub region: &'a str,
+    /// Default vSwitch(es).
+    pub vswitch: &'a str,
+    /// Default security group.
+    pub security_group: &'a str,
+    /// Cluster name (tag).
+    pub cluster_name: &'a str,
+    /// The virtual node (tag, `spec.nodeName`).
+    pub node_name: &'a str,
+    /// Cluster DNS servers for `dnsPolicy: ClusterFirst`.
+    pub cluster_dns: &'a [String],
+    /// Cluster domain, e.g. `cluster.local`.
+    pub cluster_domain: &'a str,
+    /// ConfigMaps of the pod's namespace that it references, by name.
+    pub config_maps: &'a BTreeMap<String, ConfigMap>,
+    /// Secrets of the pod's namespace that it references, by name.
+    pub secrets: &'a BTreeMap<String, Secret>,
+    /// A token for projected `serviceAccountToken` sources, when issued.
+    pub service_account_token: Option<&'a str>,
+    /// The size resource references fall back to when a container sets none (vCPU, GiB).
+    pub default_spec: (f64, f64),
+}
+
+/// Translates a pod bound to our node.
+pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequest, Rejection> {
+    let meta = &pod.metadata;
+    let spec = pod
+        .spec
+        .as_ref()
+        .ok_or_else(|| reject("spec", "the pod has no spec"))?;
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let uid = meta
+        .uid
+        .clone()
+        .ok_or_else(|| reject("metadata.uid", "the pod has no uid yet"))?;
+    for (flag, field) in [
+        (spec.host_network, "spec.hostNetwork"),
+        (spec.host_pid, "spec.hostPID"),
+        (spec.host_ipc, "spec.hostIPC"),
+    ] {
+        if flag == Some(true) {
+            return Err(reject(
+                field,
+                "ECI container groups cannot share the host's namespaces",
+            ));
+        }
+    }
+    if spec
+        .ephemeral_containers
+        .as_ref()
+        .is_some_and(|c| !c.is_empty())
+    {
+        return Err(reject(
+            "spec.ephemeralContainers",
+            "ephemeral containers are not supported on ECI",
+        ));
+    }
+    if spec.containers.is_empty() {
+        return Err(reject(
+            "spec.containers",
+            "a pod needs at least one container",
+        ));
+    }
+    let mut containers = Vec::new();
+    for (index, c) in spec.containers.iter().enumerate() {
+        let at = format!("spec.containers[{index}] ({})", c.name);
+        let env = env::environment(pod, c, cx, &at)?;
+        containers.push(container::container(c, env, &at)?);
+    }
+    let mut init_containers = Vec::new();
+    for (index, c) in spec.init_containers.iter().flatten().enumerate() {
+        let at = format!("spec.initContainers[{index}] ({})", c.name);
+        if c.restart_policy.as_deref() == Some("Always") {
+            return Err(reject(
+                &at,
+                "sidecar init containers (restartPolicy: Always) are not supported on ECI",
+            ));
+        }
+        let env = env::environment(pod, c, cx, &at)?;
+        init_containers.push(container::container(c, env, &at)?);
+    }
+    let annotations = meta.annotations.clone().unwrap_or_default();
+    let annotation = |key: &str| {
+        annotations
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    };
+    let mut request = CreateContainerGroupRequest {
+        region_id: cx.region.to_owned(),
+        security_group_id: annotation(ANNOTATION_SECURITY_GROUP)
+            .unwrap_or(cx.security_group)
+            .to_owned(),
+        v_switch_id: annotation(ANNOTATION_VSWITCH)
+            .unwrap_or(cx.vswitch)
+            .to_owned(),
+        container_group_name: naming::container_group_name(&namespace, &name),
+        restart_policy: spec
+            .restart_policy
+            .clone()
+            .unwrap_or_else(|| "Always".into()),
+        tag: naming::tags(cx.cluster_name, cx.node_name, &namespace, &name, &uid),
+        container: containers,
+        init_container: init_containers,
+        volume: volumes::volumes(pod, cx)?,
+        dns_config: dns(pod, cx)?,
+        host_aliase: spec
+            .host_aliases
+            .iter()
+            .flatten()
+            .map(|a| HostAliase {
+                ip: a.ip.clone(),
+                hostname: a.hostnames.clone().unwrap_or_default(),
+            })
+            .collect(),
+        image_registry_credential: credentials(pod, cx),
+        client_token: uid,
+        active_deadline_seconds: spec.active_deadline_seconds,
+        termination_grace_period_seconds: Some(spec.termination_grace_period_seconds.unwrap_or(30)),
+        ram_role_name: annotation(ANNOTATION_RAM_ROLE)
+            .unwrap_or_default()
+            .to_owned(),
+        resource_group_id: annotation(ANNOTATION_RESOURCE_GROUP)
+            .unwrap_or_default()
+            .to_owned(),
+        auto_create_eip: annotation(ANNOTATION_WITH_EIP) == Some("true"),
+        auto_match_image_cache: annotation(ANNOTATION_AUTO_IMC)
+            .or(annotation(ANNOTATION_IMAGE_CACHE))
+            == Some("true"),
+        image_snapshot_id: annotation(ANNOTATION_IMC_ID).unwrap_or_default().to_owned(),
+        ..CreateContainerGroupRequest::default()
+    };
+    if let Some(strategy) = annotation(ANNOTATION_SPOT_STRATEGY) {
+        request.spot_strategy = strategy.to_owned();
+        request.spot_price_limit = annotation(ANNOTATION_SPOT_PRICE_LIMIT)
+            .map(|p| {
+                p.parse::<f64>().map_err(|_| {
+                    reject(
+                        &format!("metadata.annotations[{ANNOTATION_SPOT_PRICE_LIMIT}]"),
+                        format!("{p:?} is not a price"),
+                    )
+                })
+            })
+            .transpose()?;
+        request.spot_duration = annotation(ANNOTATION_SPOT_DURATION)
+            .map(|d| {
+                d.parse::<i32>().map_err(|_| {
+                    reject(
+                        &format!("metadata.annotations[{ANNOTATION_SPOT_DURATION}]"),
+                        format!("{d:?} is not a number of hours"),
+                    )
+                })
+            })
+            .transpose()?;
+    }
+    if let Some(specs) = annotation(ANNOTATION_USE_SPECS) {
+        apply_use_specs(&mut request, specs)?;
+    }
+    Ok(request)
+}
+
+/// `eci-use-specs`: the first `vCPU-memory` pair sets the group size (and must fit the
+/// containers); ECS types are passed as `InstanceType` when no pair is given.
+fn apply_use_specs(
+    request: &mut CreateContainerGroupRequest,
+    specs: &str,
+) -> Result<(), Rejection> {
+    let at = format!("metadata.annotations[{ANNOTATION_USE_SPECS}]");
+    let mut types = Vec::new();
+    for entry in specs.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        if entry.starts_with("ecs.") {
+            types.push(entry.to_owned());
+            continue;
+        }
+        let (cpu, memory) = entry.split_once('-').ok_or_else(|| {
+            reject(
+                &at,
+                format!(
+                    "{entry:?} is neither a vCPU-memory pair (2-4Gi) nor an ECS type (ecs.c6.large)"
+                ),
+            )
+        })?;
+        let cpu: f64 = cpu
+            .parse()
+            .map_err(|_| reject(&at, format!("{entry:?}: {cpu:?} is not a number of vCPUs")))?;
+        let memory = quantity::parse(memory).map_err(|e| reject(&at, e.to_string()))?;
+        let memory = if memory < 1024.0 {
+            memory
+        } else {
+            quantity::gib(memory)
+        };
+        if request.cpu.is_none() {
+            let need_cpu: f64 = request.container.iter().filter_map(|c| c.cpu).sum();
+            let need_memory: f64 = request.container.iter().filter_map(|c| c.memory).sum();
+            if need_cpu > cpu + 1e-9 || need_memory > memory + 1e-9 {
+                return Err(reject(
+                    &at,
+                    format!(
+                        "{entry} is smaller than the containers need ({need_cpu} vCPU, {need_memory} GiB)"
+                    ),
+                ));
+            }
+            request.cpu = Some(cpu);
+            request.memory = Some(memory);
+        }
+    }
+    if request.cpu.is_none() && !types.is_empty() {
+        request.instance_type = types.join(",");
+    }
+    Ok(())
+}
+
+/// DNS: `ClusterFirst` (the default) points at the cluster DNS with the usual search path;
+/// `None` uses only `dnsConfig`; `Default` keeps ECI's resolver; `dnsConfig` is merged in.
+fn dns(pod: &Pod, cx: &Context<'_>) -> Result<Option<DnsConfig>, Rejection> {
+    let spec = pod.spec.as_ref();
+    let policy = spec
+        .and_then(|s| s.dns_policy.clone())
+        .unwrap_or_else(|| "ClusterFirst".into());
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let mut config = match policy.as_str() {
+        "ClusterFirst" | "ClusterFirstWithHostNet" if !cx.cluster_dns.is_empty() => DnsConfig {
+            name_server: cx.cluster_dns.to_vec(),
+            search: vec![
+                format!("{namespace}.svc.{}", cx.cluster_domain),
+                format!("svc.{}", cx.cluster_domain),
+                cx.cluster_domain.to_owned(),
+            ],
+            option: vec![DnsOption {
+                name: "ndots".into(),
+                value: "5".into(),
+            }],
+        },
+        "ClusterFirst" | "ClusterFirstWithHostNet" | "Default" | "None" => DnsConfig::default(),
+        other => {
+            return Err(reject(
+                "spec.dnsPolicy",
+                format!("{other:?} is not a DNS policy"),
+            ));
+        }
+    };
+    if let Some(extra) = spec.and_then(|s| s.dns_config.as_ref()) {
+        config
+            .name_server
+            .extend(extra.nameservers.clone().unwrap_or_default());
+        config
+            .search
+            .extend(extra.searches.clone().unwrap_or_default());
+        for option in extra.options.iter().flatten() {
+            let name = option.name.clone().unwrap_or_default();
+            config.option.retain(|o| o.name != name);
+            config.option.push(DnsOption {
+                name,
+                value: option.value.clone().unwrap_or_default(),
+            });
+        }
+    }
+    if policy == "None" && config.name_server.is_empty() {
+        return Err(reject(
+            "spec.dnsConfig",
+            "dnsPolicy None needs dnsConfig.nameservers",
+        ));
+    }
+    Ok((config != DnsConfig::default()).then_some(config))
+}
+
+/// `imagePullSecrets` (dockerconfigjson or dockercfg) as registry credentials. A missing or
+/// malformed secret is skipped, as the kubelet does (the pull may still work anonymously).
+fn credentials(pod: &Pod, cx: &Context<'_>) -> Vec<ImageRegistryCredential> {
+    let mut out = Vec::new();
+    for reference in pod
+        .spec
+        .iter()
+        .flat_map(|s| s.image_pull_secrets.iter().flatten())
+    {
+        let Some(secret) = cx.secrets.get(&reference.name) else {
+            continue;
+        };
+        let data = secret.data.clone().unwrap_or_default();
+        let parsed: Option<Value> = data
+            .get(".dockerconfigjson")
+            .and_then(|raw| serde_json::from_slice::<Value>(&raw.0).ok())
+            .and_then(|v| v.get("auths").cloned())
+            .or_else(|| {
+                data.get(".dockercfg")
+                    .and_then(|raw| serde_json::from_slice(&raw.0).ok())
+            });
+        for (server, entry) in parsed
+            .as_ref()
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            let text = |field: &str| {
+                entry
+                    .get(field)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let (mut user, mut password) = (text("username"), text("password"));
+            if user.is_empty() {
+                let decoded = base64::engine::general_purpose::STANDARD
+                    .decode(text("auth"))
+                    .ok()
+                    .and_then(|b| String::from_utf8(b).ok());
+                if let Some((u, p)) = decoded.as_deref().and_then(|d| d.split_once(':')) {
+                    (user, password) = (u.to_owned(), p.to_owned());
+                }
+            }
+            if !user.is_empty() {
+                out.push(ImageRegistryCredential {
+                    server: server
+                        .trim_start_matches("https://")
+                        .trim_end_matches('/')
+                        .to_owned(),
+                    user_name: user,
+                    password,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
