@@ -64,9 +64,15 @@ impl Plane {
 }
 
 fn settings() -> Settings {
-    Config::parse_from(["virtual-node-eci", "--node-name", "vn-0"])
-        .settings()
-        .unwrap()
+    Config::parse_from([
+        "virtual-node-eci",
+        "--node-name=vn-0",
+        "--eci=embedded",
+        "--vswitch=vsw-test",
+        "--security-group=sg-test",
+    ])
+    .settings()
+    .unwrap()
 }
 
 fn identity(instance: &str, uid: &str) -> LeaseIdentity {

@@ -258,8 +258,6 @@ impl Harness {
                     "ECI_SECRET_KEY".to_owned(),
                     E2E_ACCESS_KEY_SECRET.to_owned(),
                 ),
-                ("ECI_VSWITCH".to_owned(), "vsw-e2e".to_owned()),
-                ("ECI_SECURITY_GROUP".to_owned(), "sg-e2e".to_owned()),
             ],
             _ => vec![(
                 "ECI_BACKEND".to_owned(),
@@ -270,6 +268,8 @@ impl Harness {
             ("POD_NAME", name.as_str()),
             ("POD_NAMESPACE", "kube-system"),
             ("POD_IP", "127.0.0.1"),
+            ("ECI_VSWITCH", "vsw-e2e"),
+            ("ECI_SECURITY_GROUP", "sg-e2e"),
             ("ECI_CLUSTER_NAME", &format!("e2e-{}", self.run_id)),
             ("METRICS_ADDR", "127.0.0.1:0"),
             ("LEASE_DURATION_SECONDS", "8"),

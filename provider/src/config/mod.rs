@@ -396,6 +396,10 @@ pub struct Settings {
     pub backend: BackendChoice,
     /// The node's InternalIP.
     pub internal_ip: IpAddr,
+    /// The vSwitch id(s) groups get their IPs from (`ECI_VSWITCH`), checked to be set.
+    pub vswitch: String,
+    /// The groups' security group (`ECI_SECURITY_GROUP`), checked to be set.
+    pub security_group: String,
 }
 
 fn is_dns_subdomain(name: &str) -> bool {
@@ -452,14 +456,9 @@ impl Config {
             .eci
             .clone()
             .filter(|name| !name.is_empty())
-            .unwrap_or_else(|| {
-                if has_credentials {
-                    "openapi"
-                } else {
-                    "embedded"
-                }
-                .to_owned()
-            });
+            // A build meant for Alibaba Cloud talks to Alibaba Cloud unless told otherwise: the
+            // embedded mock runs only when asked for by name.
+            .unwrap_or_else(|| "openapi".to_owned());
         let backend = match named.as_str() {
             "embedded" => BackendChoice::Embedded,
             "openapi" => BackendChoice::OpenApi,
@@ -500,21 +499,27 @@ impl Config {
                     });
                 }
             }
-            if self.vswitch.as_deref().is_none_or(str::is_empty) {
-                return Err(ConfigError {
-                    flag: "--vswitch (ECI_VSWITCH)",
-                    problem: "not set".into(),
-                    fix: "give the vSwitch id(s) container groups get their IPs from",
-                });
-            }
-            if self.security_group.as_deref().is_none_or(str::is_empty) {
-                return Err(ConfigError {
-                    flag: "--security-group (ECI_SECURITY_GROUP)",
-                    problem: "not set".into(),
-                    fix: "give the security group of the container groups",
-                });
-            }
         }
+        // Every backend needs them (mock-eci refuses a create without them, as ECI does): a
+        // missing one is a configuration error now, not a failed pod later.
+        let vswitch = self
+            .vswitch
+            .clone()
+            .filter(|id| !id.is_empty())
+            .ok_or(ConfigError {
+                flag: "--vswitch (ECI_VSWITCH)",
+                problem: "not set".into(),
+                fix: "give the vSwitch id(s) container groups get their IPs from, comma-separated",
+            })?;
+        let security_group = self
+            .security_group
+            .clone()
+            .filter(|id| !id.is_empty())
+            .ok_or(ConfigError {
+                flag: "--security-group (ECI_SECURITY_GROUP)",
+                problem: "not set".into(),
+                fix: "give the security group of the container groups",
+            })?;
         for (flag, value) in [
             ("--quota-cpu (ECI_QUOTA_CPU)", &self.quota_cpu),
             ("--quota-memory (ECI_QUOTA_MEMORY)", &self.quota_memory),
@@ -585,6 +590,8 @@ impl Config {
             .unwrap_or_else(|| "default".to_owned());
         let internal_ip = self.pod_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
         Ok(Settings {
+            vswitch,
+            security_group,
             node_name,
             cluster_name,
             backend,
@@ -604,14 +611,67 @@ mod tests {
         Config::try_parse_from(all).unwrap().settings()
     }
 
+    /// The embedded mock, named, with the network every backend needs.
+    const EMBEDDED: [&str; 6] = [
+        "--eci",
+        "embedded",
+        "--vswitch",
+        "vsw-1",
+        "--security-group",
+        "sg-1",
+    ];
+
+    fn parse_embedded(args: &[&str]) -> Result<Settings, ConfigError> {
+        let mut all = EMBEDDED.to_vec();
+        all.extend_from_slice(args);
+        parse(&all)
+    }
+
     #[test]
     fn node_name_comes_from_the_pod_name() {
-        let settings = parse(&["--pod-name", "virtual-node-eci-2"]).unwrap();
+        let settings = parse_embedded(&["--pod-name", "virtual-node-eci-2"]).unwrap();
         assert_eq!(settings.node_name, "virtual-node-eci-2");
         assert_eq!(settings.backend, BackendChoice::Embedded);
         assert_eq!(settings.cluster_name, "default");
-        let explicit = parse(&["--pod-name", "virtual-node-eci-2", "--node-name", "vn-a"]).unwrap();
+        assert_eq!(
+            (settings.vswitch.as_str(), settings.security_group.as_str()),
+            ("vsw-1", "sg-1")
+        );
+        let explicit =
+            parse_embedded(&["--pod-name", "virtual-node-eci-2", "--node-name", "vn-a"]).unwrap();
         assert_eq!(explicit.node_name, "vn-a");
+    }
+
+    #[test]
+    fn the_real_backend_is_the_default_and_needs_its_network_and_credentials() {
+        // Unset ECI_BACKEND means Alibaba Cloud: without credentials that is an error naming
+        // the flags, never a silent fallback to the mock.
+        let error = parse(&[
+            "--node-name",
+            "n",
+            "--vswitch",
+            "v",
+            "--security-group",
+            "s",
+        ])
+        .unwrap_err();
+        assert_eq!(error.flag, "--eci openapi (ECI_BACKEND)");
+        let error = parse(&[
+            "--node-name",
+            "n",
+            "--access-key",
+            "id",
+            "--secret-key",
+            "s",
+        ])
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "--vswitch (ECI_VSWITCH): not set; give the vSwitch id(s) container groups get their IPs from, comma-separated"
+        );
+        let error =
+            parse(&["--node-name", "n", "--eci", "embedded", "--vswitch", "v"]).unwrap_err();
+        assert_eq!(error.flag, "--security-group (ECI_SECURITY_GROUP)");
     }
 
     #[test]
@@ -624,7 +684,7 @@ mod tests {
             "{error}"
         );
         assert!(error.to_string().contains("downward API"));
-        let error = parse(&["--node-name", "Bad_Name"]).unwrap_err();
+        let error = parse_embedded(&["--node-name", "Bad_Name"]).unwrap_err();
         assert_eq!(error.flag, "--node-name (NODE_NAME)");
         let error = parse(&["--node-name", "n", "--eci", "tcp://x"]).unwrap_err();
         assert_eq!(error.flag, "--eci (ECI_BACKEND)");
@@ -638,22 +698,29 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(error.flag, "--vswitch (ECI_VSWITCH)");
-        let error = parse(&["--node-name", "n", "--quota-memory", "lots"]).unwrap_err();
+        let error = parse_embedded(&["--node-name", "n", "--quota-memory", "lots"]).unwrap_err();
         assert!(error.to_string().contains("not a Kubernetes quantity"));
-        let error = parse(&["--node-name", "n", "--lease-renew-interval", "30s"]).unwrap_err();
+        let error =
+            parse_embedded(&["--node-name", "n", "--lease-renew-interval", "30s"]).unwrap_err();
         assert!(error.flag.starts_with("--lease-renew-interval"));
     }
 
     #[test]
     fn backends_and_cluster_names() {
-        let grpc = parse(&["--node-name", "n", "--eci", "grpc://127.0.0.1:50051"]).unwrap();
+        let grpc = parse(&[
+            "--node-name=n",
+            "--eci=grpc://127.0.0.1:50051",
+            "--vswitch=v",
+            "--security-group=s",
+        ])
+        .unwrap();
         assert_eq!(
             grpc.backend,
             BackendChoice::Grpc("http://127.0.0.1:50051".into())
         );
-        let ack = parse(&["--node-name", "n", "--aliyun-cluster-id", "c-123"]).unwrap();
+        let ack = parse_embedded(&["--node-name", "n", "--aliyun-cluster-id", "c-123"]).unwrap();
         assert_eq!(ack.cluster_name, "c-123");
-        let named = parse(&[
+        let named = parse_embedded(&[
             "--node-name",
             "n",
             "--aliyun-cluster-id",
@@ -708,7 +775,10 @@ mod tests {
                 .backend,
             BackendChoice::Embedded
         );
-        assert_eq!(with(&[]).unwrap().backend, BackendChoice::Embedded);
+        assert_eq!(
+            with(&["--eci", "embedded"]).unwrap().backend,
+            BackendChoice::Embedded
+        );
         let half = with(&["--eci", "openapi", "--access-key", "id"]).unwrap_err();
         assert!(half.flag.contains("ECI_SECRET_KEY"), "{half}");
         let none = with(&["--eci", "openapi"]).unwrap_err();

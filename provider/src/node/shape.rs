@@ -338,6 +338,9 @@ mod tests {
             "virtual-node-eci-1",
             "--pod-ip",
             "10.1.2.3",
+            "--eci=embedded",
+            "--vswitch=vsw-test",
+            "--security-group=sg-test",
         ];
         all.extend_from_slice(args);
         Config::parse_from(all).settings().unwrap()

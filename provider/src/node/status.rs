@@ -189,9 +189,15 @@ mod tests {
     use crate::config::Config;
 
     fn mk_settings() -> Settings {
-        Config::parse_from(["virtual-node-eci", "--node-name", "vn-0"])
-            .settings()
-            .unwrap()
+        Config::parse_from([
+            "virtual-node-eci",
+            "--node-name=vn-0",
+            "--eci=embedded",
+            "--vswitch=vsw-test",
+            "--security-group=sg-test",
+        ])
+        .settings()
+        .unwrap()
     }
 
     fn unavailable() -> EciError {
