@@ -189,12 +189,8 @@ impl PodController {
         let settings = &self.inner.settings;
         let cx = Context {
             region: &settings.config.region,
-            vswitch: settings.config.vswitch.as_deref().unwrap_or("vsw-mock"),
-            security_group: settings
-                .config
-                .security_group
-                .as_deref()
-                .unwrap_or("sg-mock"),
+            vswitch: &settings.vswitch,
+            security_group: &settings.security_group,
             cluster_name: &settings.cluster_name,
             node_name: &settings.node_name,
             cluster_dns: &settings.config.cluster_dns,
