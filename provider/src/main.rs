@@ -1,27 +1,15 @@
-//! `virtual-node-eci`: the daemon.
+//! `virtual-node-eci`: the daemon. Everything but parsing flags lives in `app`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
-use virtual_node_eci::app;
-use virtual_node_eci::config::{Config, LogFormat};
+use virtual_node_eci::app::{self, logging, signals};
+use virtual_node_eci::config::Config;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    match config.log_format {
-        LogFormat::Json => tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .init(),
-        // Colours only on a terminal: log collectors would store the escape codes.
-        LogFormat::Text => tracing_subscriber::fmt()
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-            .with_env_filter(filter)
-            .init(),
-    }
+    logging::init(config.log_format);
     let settings = match config.settings() {
         Ok(settings) => settings,
         Err(error) => {
@@ -29,33 +17,11 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match Box::pin(app::run(settings, shutdown_signal())).await {
+    match Box::pin(app::run(settings, signals::shutdown_signal())).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("virtual-node-eci stopped: {error:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
     }
 }

@@ -1,7 +1,11 @@
-//! Wiring: connect, register, hold the Lease, report status, serve ops — until a signal, or
-//! until a critical task dies (then the process exits non-zero rather than limp on).
+//! The task tree: connect, register, hold the Lease, run every area — until the stop signal,
+//! or until a critical task dies (then the process exits non-zero rather than limp on). Owns
+//! the shutdown order: stop intake (pods, webhook, collectors, ops), let in-flight ECI calls
+//! finish within a deadline, and only then release the Lease. May call every area.
 
+pub mod logging;
 pub mod rbac;
+pub mod signals;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -30,8 +34,11 @@ use crate::ops::metrics::Telemetry;
 use crate::ops::server::{self as ops, Readiness};
 use crate::pods::PodController;
 
-/// How long tasks get to finish after the stop signal.
+/// How long the areas get to finish in-flight work (ECI calls, status writes) after the stop
+/// signal, before the Lease is released regardless.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long releasing the Lease may take once the areas stopped.
+const LEASE_RELEASE_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs the daemon until `shutdown` completes (Ok) or a critical task fails (Err).
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
@@ -80,13 +87,19 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     readiness.serving.store(true, Ordering::SeqCst);
     info!(node = %settings.node_name, backend = ?settings.backend, "virtual-node-eci is serving its node");
 
+    // Two stops: `stop` ends intake and work in every area; `stop_lease` comes after they
+    // finished, so the node is held (and its pods not handed to a successor) until then.
     let stop = CancellationToken::new();
+    let stop_lease = CancellationToken::new();
     let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
+    let mut lease_task: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
     {
-        let (telemetry, stop) = (Arc::clone(&telemetry), stop.clone());
+        let (telemetry, stop_lease) = (Arc::clone(&telemetry), stop_lease.clone());
         let mut node_uid = uid_receiver.clone();
-        tasks.spawn(async move {
-            let result = lease.keep_renewing(&telemetry, &stop, &mut node_uid).await;
+        lease_task.spawn(async move {
+            let result = lease
+                .keep_renewing(&telemetry, &stop_lease, &mut node_uid)
+                .await;
             if result.is_ok() {
                 lease.release(&telemetry).await;
             }
@@ -187,10 +200,12 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
                         Err(error) => Err(anyhow::Error::from(error)),
                     },
                     Some(joined) = tasks.join_next() => Err(task_failure(joined)),
+                    Some(joined) = lease_task.join_next() => Err(task_failure(joined)),
                 }
             }
         },
         Some(joined) = tasks.join_next() => Err(task_failure(joined)),
+        Some(joined) = lease_task.join_next() => Err(task_failure(joined)),
     };
     if let Err(failure) = &outcome {
         error!(error = %format!("{failure:#}"), "stopping");
@@ -206,7 +221,24 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     })
     .await;
     if drained.is_err() {
-        warn!("some tasks did not stop within {STOP_GRACE:?}");
+        warn!(
+            grace = ?STOP_GRACE,
+            "some tasks did not stop in time; abandoning their in-flight work"
+        );
+        tasks.abort_all();
+    }
+    // Only now may a successor take the node over.
+    stop_lease.cancel();
+    let released = tokio::time::timeout(LEASE_RELEASE_GRACE, async {
+        while let Some(joined) = lease_task.join_next().await {
+            if let Ok((name, Err(error))) = joined {
+                warn!(task = name, error = %format!("{error:#}"), "task ended with an error while stopping");
+            }
+        }
+    })
+    .await;
+    if released.is_err() {
+        warn!(grace = ?LEASE_RELEASE_GRACE, "the Lease was not released in time; a successor waits for it to expire");
     }
     let outcome = match (outcome, decommission) {
         (Ok(()), Some(drain)) => drain.remove_node().await.map_err(anyhow::Error::from),

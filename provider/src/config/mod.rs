@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::eci::openapi::credentials::Secret;
+mod secret;
+
+pub use secret::Secret;
 
 /// Taint effects a node taint may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -3,3 +3,10 @@
 
 pub mod access;
 pub mod quantity;
+
+use std::time::SystemTime;
+
+/// RFC 3339 at second precision, as the API writes `Time` fields.
+pub fn rfc3339(at: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(at).to_string()
+}

@@ -21,10 +21,7 @@ pub const DECOMMISSION_ANNOTATION: &str = "virtual-node-eci.aliyun.com/decommiss
 /// The Kubernetes minor version we present ourselves as compatible with.
 pub const KUBERNETES_COMPAT: &str = "v1.33.0";
 
-/// RFC 3339 at second precision, as the API writes times.
-pub fn rfc3339(at: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(at).to_string()
-}
+pub use crate::k8s::rfc3339;
 
 /// The node's `kubeletVersion`: the Kubernetes version we are compatible with, then what we are.
 pub fn kubelet_version() -> String {

@@ -9,7 +9,7 @@ use eci_proto::v20180808::{ContainerGroupStatus, ContainerInfo, ContainerState};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 
-use crate::node::shape::rfc3339;
+use crate::k8s::rfc3339;
 
 /// The Pod phase of an ECI group status (`None`: keep the pod's current phase).
 pub fn phase(status: &str) -> Option<&'static str> {

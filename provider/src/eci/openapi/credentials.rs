@@ -8,13 +8,14 @@
 //!
 //! Secrets are wrapped in [`Secret`], whose `Debug` and `Display` never show the value.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 use tracing::{info, warn};
+
+pub use crate::config::Secret;
 
 /// Name of the AccessKey id, as an environment variable and as a file in the credentials path.
 pub const ACCESS_KEY_NAME: &str = "ECI_ACCESS_KEY";
@@ -25,42 +26,6 @@ pub const SECURITY_TOKEN_NAME: &str = "ECI_SECURITY_TOKEN";
 
 /// Role credentials are renewed when less than this is left of them.
 const ROLE_REFRESH_MARGIN: Duration = Duration::from_secs(15 * 60);
-
-/// A value that must never be printed.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The value, for signing only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl std::str::FromStr for Secret {
-    type Err = std::convert::Infallible;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        Ok(Self::new(text))
-    }
-}
 
 /// What signs one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
