@@ -16,7 +16,7 @@ use eci_proto::v20180808::{
     DescribeContainerLogResponse, DescribeMultiContainerGroupMetricRequest,
     DescribeMultiContainerGroupMetricResponse, ExecContainerCommandRequest,
     ExecContainerCommandResponse, MonitorData, RestartContainerGroupRequest,
-    UpdateContainerGroupRequest,
+    UpdateContainerGroupRequest, Volume,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -329,6 +329,9 @@ impl Engine {
                             .ok();
                     group.restart_done(behaviours, cx);
                 });
+            }
+            TimerKind::FilesRewritten => {
+                self.with_group(&timer.group, at, |group, cx| group.files_rewritten(cx));
             }
             TimerKind::TerminationDone | TimerKind::Retire => self.remove(&timer.group),
         }
@@ -661,7 +664,6 @@ impl Engine {
                 ));
             }
         };
-        let containers_changed = !request.container.is_empty() || !request.volume.is_empty();
         if !request.container.is_empty() {
             if incremental {
                 for change in &request.container {
@@ -682,8 +684,28 @@ impl Engine {
             }
         }
         if !request.volume.is_empty() {
-            updated.volume.clone_from(&request.volume);
+            if incremental {
+                // Volumes are matched by name, like containers: the others stay as they are.
+                for change in &request.volume {
+                    let slot = updated
+                        .volume
+                        .iter_mut()
+                        .find(|existing| existing.name == change.name)
+                        .ok_or_else(|| {
+                            validate::invalid(
+                                "Volume.Name",
+                                format!("the group has no volume {:?}", change.name),
+                            )
+                        })?;
+                    *slot = change.clone();
+                }
+            } else {
+                updated.volume.clone_from(&request.volume);
+            }
         }
+        let rewritten = rewritten_files(&group.request.volume, &updated.volume);
+        let containers_changed = !request.container.is_empty()
+            || (updated.volume != group.request.volume && rewritten.is_none());
         if let Some(dns) = &request.dns_config {
             updated.dns_config = Some(dns.clone());
         }
@@ -705,6 +727,8 @@ impl Engine {
             group.memory = valid.memory;
             if containers_changed && group.status == GroupStatus::Running {
                 group.begin_update(cx);
+            } else if let Some(names) = rewritten.filter(|names| !names.is_empty()) {
+                group.rewrite_files(&names, cx);
             } else {
                 group.touch(cx.now);
             }
@@ -1012,6 +1036,36 @@ fn not_found(id: &str) -> EciError {
         codes::CONTAINER_GROUP_NOT_FOUND,
         format!("The container group {id:?} does not exist."),
     )
+}
+
+/// The names of the `ConfigFileVolume`s whose files an update changes, when that is all it
+/// changes about the volumes (the same volumes, in the same order, of the same types): such an
+/// update rewrites the files in place. `None` when anything else about the volumes changes.
+fn rewritten_files(before: &[Volume], after: &[Volume]) -> Option<Vec<String>> {
+    if before.len() != after.len() {
+        return None;
+    }
+    let mut names = Vec::new();
+    for (old, new) in before.iter().zip(after) {
+        if old == new {
+            continue;
+        }
+        let only_files = old.name == new.name
+            && old.r#type == new.r#type
+            && new.r#type == "ConfigFileVolume"
+            && Volume {
+                config_file_volume: None,
+                ..old.clone()
+            } == Volume {
+                config_file_volume: None,
+                ..new.clone()
+            };
+        if !only_files {
+            return None;
+        }
+        names.push(new.name.clone());
+    }
+    Some(names)
 }
 
 fn incorrect_status(group: &Group, action: &str, allowed: &str) -> EciError {

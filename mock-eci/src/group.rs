@@ -767,6 +767,41 @@ impl Group {
         self.event(cx.now, "Normal", "Updating", "Updating the container group");
     }
 
+    /// UpdateContainerGroup that only changed the files of `ConfigFileVolume`s: the new files
+    /// are in place at once, like the kubelet's atomic writes of a projected volume; the group
+    /// shows `Updating` for a moment (the API says an update turns the instance `Updating`) and
+    /// no container is stopped or restarted. A group not running yet just gets the new files.
+    pub fn rewrite_files(&mut self, volumes: &[String], cx: &mut Cx<'_>) {
+        self.event(
+            cx.now,
+            "Normal",
+            "VolumesUpdated",
+            format!("Updated the files of volume(s) {}", volumes.join(", ")),
+        );
+        if self.status != GroupStatus::Running {
+            return;
+        }
+        self.status = GroupStatus::Updating;
+        // Same epoch: the containers' own timers (exits, readiness) stay valid.
+        cx.timers.set(
+            cx.now + RESTART_DURATION_MS,
+            &self.id,
+            self.epoch,
+            TimerKind::FilesRewritten,
+        );
+        self.touch(cx.now);
+    }
+
+    /// A timer: an in-place file update finished; the group is `Running` again unless
+    /// something else (a deletion, the containers ending) changed its status meanwhile.
+    pub fn files_rewritten(&mut self, cx: &mut Cx<'_>) {
+        if self.status == GroupStatus::Updating {
+            self.status = GroupStatus::Running;
+            self.refresh_running_status();
+            self.touch(cx.now);
+        }
+    }
+
     /// New epoch (old timers stale) with the deadline kept.
     fn rearm(&mut self, cx: &mut Cx<'_>) {
         self.epoch += 1;

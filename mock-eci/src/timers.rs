@@ -57,6 +57,8 @@ pub enum TimerKind {
     RestartDone,
     /// UpdateContainerGroup finished.
     UpdateDone,
+    /// UpdateContainerGroup finished rewriting `ConfigFileVolume` files in place.
+    FilesRewritten,
     /// The grace period of a deletion ended: the group disappears.
     TerminationDone,
     /// The retention of a finished group ended: the group disappears.

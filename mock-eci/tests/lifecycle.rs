@@ -468,6 +468,113 @@ async fn restart_and_update_actions() {
     assert_eq!(container(&group, "app").restart_count, 2);
 }
 
+/// A `ConfigFileVolume` with one file (`content` base64-encoded as the API wants it).
+fn config_file_volume(name: &str, path: &str, content: &str) -> eci_proto::v20180808::Volume {
+    use base64::Engine as _;
+    eci_proto::v20180808::Volume {
+        name: name.into(),
+        r#type: "ConfigFileVolume".into(),
+        config_file_volume: Some(eci_proto::v20180808::ConfigFileVolume {
+            config_file_to_path: vec![eci_proto::v20180808::ConfigFileToPath {
+                path: path.into(),
+                content: base64::engine::general_purpose::STANDARD.encode(content),
+                mode: None,
+            }],
+            default_mode: None,
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn updating_config_file_contents_rewrites_them_in_place() {
+    let mut h = start(&[]).await;
+    let mut request = mk_request("tokens");
+    request.volume = vec![
+        config_file_volume("token", "token", "first"),
+        config_file_volume("config", "app.yaml", "debug: false"),
+    ];
+    let id = h.create(request).await;
+    sleep(3.5).await;
+    let before = h.get(&id).await.unwrap();
+    assert_eq!(before.status, "Running");
+    let started = container(&before, "app")
+        .current_state
+        .clone()
+        .unwrap()
+        .start_time;
+    let update = |volume: Vec<eci_proto::v20180808::Volume>, update_type: &str| {
+        eci_proto::v20180808::UpdateContainerGroupRequest {
+            region_id: REGION.into(),
+            container_group_id: id.clone(),
+            volume,
+            update_type: update_type.into(),
+            ..Default::default()
+        }
+    };
+
+    // IncrementalUpdate matches volumes by name; an unknown one is refused.
+    let error = h
+        .client
+        .update_container_group(update(
+            vec![config_file_volume("nope", "token", "x")],
+            "IncrementalUpdate",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        eci_proto::EciError::from_status(&error).code,
+        "InvalidParameter.Volume.Name"
+    );
+
+    h.client
+        .update_container_group(update(
+            vec![config_file_volume("token", "token", "second")],
+            "IncrementalUpdate",
+        ))
+        .await
+        .unwrap();
+    let during = h.get(&id).await.unwrap();
+    assert_eq!(
+        during.status, "Updating",
+        "the API says an update turns the group Updating"
+    );
+    assert_eq!(during.volumes.len(), 2, "the other volume is kept");
+    assert_eq!(
+        during.volumes[0],
+        config_file_volume("token", "token", "second")
+    );
+    assert_eq!(
+        during.volumes[1],
+        config_file_volume("config", "app.yaml", "debug: false")
+    );
+    assert!(during.events.iter().any(|e| e.reason == "VolumesUpdated"));
+    sleep(1.5).await;
+    let after = h.get(&id).await.unwrap();
+    assert_eq!(after.status, "Running");
+    let app = container(&after, "app");
+    assert_eq!(
+        app.restart_count, 0,
+        "no container was restarted for new files"
+    );
+    assert!(app.ready);
+    assert_eq!(app.current_state.clone().unwrap().start_time, started);
+
+    // Anything else about the volumes (here: a type) replaces the containers, as before.
+    let mut empty = config_file_volume("config", "", "");
+    empty.r#type = "EmptyDirVolume".into();
+    empty.config_file_volume = None;
+    empty.empty_dir_volume = Some(eci_proto::v20180808::EmptyDirVolume::default());
+    h.client
+        .update_container_group(update(vec![empty], "IncrementalUpdate"))
+        .await
+        .unwrap();
+    sleep(1.5).await;
+    let replaced = h.get(&id).await.unwrap();
+    assert_eq!(replaced.status, "Running");
+    assert_eq!(container(&replaced, "app").restart_count, 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn describe_filters_by_status_name_and_tags() {
     let mut h = start(&[]).await;
