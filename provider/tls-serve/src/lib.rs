@@ -1,0 +1,21 @@
+//! tls-serve: the workspace's one HTTPS server — the provider's admission webhook, mock-eci's
+//! OpenAPI front and the kubelet API all serve through it.
+//!
+//! It owns what every TLS endpoint needs and none should write again: rustls with TLS 1.2 as
+//! the floor, HTTP/1.1 and HTTP/2 by ALPN, handshakes off the accept loop under a deadline (a
+//! slow client delays nobody else), a certificate replaced while serving (from files it
+//! watches, or by the caller) without dropping connections, a graceful drain on a
+//! `CancellationToken`, and a place for a client-certificate verifier. What is served is an
+//! axum `Router`; certificates are the caller's to obtain.
+
+mod certificate;
+mod server;
+#[cfg(test)]
+mod tests;
+
+pub use certificate::{CertificateError, CertificateFiles, ReloadableCertificate, certified_key};
+pub(crate) use server::crypto_provider;
+pub use server::{ClientAuth, ConnectionInfo, ServerError, Timeouts, TlsServer};
+
+// Callers name rustls types (verifiers, certified keys) in this crate's API.
+pub use rustls;
