@@ -191,7 +191,9 @@ async fn registration_adopts_a_node_and_retries_a_conflicting_write() {
     let nodes: Api<Node> = Api::all(daemon_client);
 
     let telemetry = Telemetry::new();
-    let node = register(&nodes, &settings(), &telemetry).await.unwrap();
+    let node = register(&nodes, &settings().node(), &telemetry)
+        .await
+        .unwrap();
     assert!(race.lock().unwrap().is_none(), "the racing write ran");
     assert_eq!(
         *answers.lock().unwrap(),

@@ -64,15 +64,17 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     let drain_client =
         kube::Client::try_from(no_retry).context("cannot build a Kubernetes client")?;
     let client = kube::Client::try_from(kube_config).context("cannot build a Kubernetes client")?;
-    let (backend, backend_guard) = backend::connect(&settings).await?;
+    let eci_config = settings.eci();
+    let (backend, backend_guard) = backend::connect(&eci_config).await?;
     let backend: backend::Backend = Arc::new(backend::Paced::new(
         backend,
-        !settings.config.no_eci_client_rate_limits,
+        eci_config.client_rate_limits,
         Arc::clone(&telemetry),
     ));
 
     let nodes: Api<Node> = Api::all(client.clone());
-    let node = registration::register(&nodes, &settings, &telemetry).await?;
+    let node_config = settings.node();
+    let node = registration::register(&nodes, &node_config, &telemetry).await?;
     let node_uid = node.metadata.uid.clone().unwrap_or_default();
     let identity = LeaseIdentity {
         node: settings.node_name.clone(),
@@ -83,7 +85,8 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     };
     let (uid_sender, uid_receiver) = watch::channel(identity.node_uid.clone());
     let mut lease = NodeLease::acquire(client.clone(), identity, &telemetry).await?;
-    let membership = Membership::discover(client.clone(), &settings).await;
+    let fleet_config = settings.fleet();
+    let membership = Membership::discover(client.clone(), &fleet_config).await;
     readiness.serving.store(true, Ordering::SeqCst);
     info!(node = %settings.node_name, backend = ?settings.backend, "virtual-node-eci is serving its node");
 
@@ -117,24 +120,24 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         tasks.spawn(async move { ("pod controller", controller.run(stop).await) });
     }
     {
-        let (settings, telemetry, stop) = (settings.clone(), Arc::clone(&telemetry), stop.clone());
+        let (config, telemetry, stop) = (node_config.clone(), Arc::clone(&telemetry), stop.clone());
         let (nodes, backend) = (nodes.clone(), Arc::clone(&backend));
         tasks.spawn(async move {
             (
                 "node status",
-                node_status::run(nodes, backend, settings, telemetry, uid_receiver, stop)
+                node_status::run(nodes, backend, config, telemetry, uid_receiver, stop)
                     .await
                     .map_err(anyhow::Error::from),
             )
         });
     }
     {
-        let (settings, telemetry, stop) = (settings.clone(), Arc::clone(&telemetry), stop.clone());
+        let (config, telemetry, stop) = (node_config.clone(), Arc::clone(&telemetry), stop.clone());
         let client = client.clone();
         tasks.spawn(async move {
             (
                 "node watch",
-                node_watch::run(nodes, client, settings, telemetry, uid_sender, stop).await,
+                node_watch::run(nodes, client, config, telemetry, uid_sender, stop).await,
             )
         });
     }
@@ -185,7 +188,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             }
             StopKind::Decommission { why } => {
                 info!(%why, "stop signal received: decommissioning this node");
-                let drain = Decommission::new(drain_client, settings.clone(), Arc::clone(&telemetry));
+                let drain = Decommission::new(drain_client, fleet_config.clone(), Arc::clone(&telemetry));
                 // The pod lifecycle keeps running meanwhile: evicted pods leave ECI gracefully.
                 tokio::select! {
                     drained = drain.drain(&why) => match drained {

@@ -217,6 +217,23 @@ pub struct Config {
     #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,
 
+    /// The apiserver address ECI pods get in KUBERNETES_SERVICE_HOST (and the KUBERNETES_PORT
+    /// family), e.g. the cluster's internal SLB when ClusterIPs are not reachable from ECI.
+    /// Default: the `default/kubernetes` Service's ClusterIP, as a kubelet gives.
+    #[arg(long, env = "ECI_KUBERNETES_SERVICE_HOST")]
+    pub kubernetes_service_host: Option<String>,
+
+    /// The apiserver port ECI pods get in KUBERNETES_SERVICE_PORT. Default: the
+    /// `default/kubernetes` Service's port (443 with ECI_KUBERNETES_SERVICE_HOST and no Service).
+    #[arg(long, env = "ECI_KUBERNETES_SERVICE_PORT")]
+    pub kubernetes_service_port: Option<u16>,
+
+    /// ClusterIP Service access from ECI pods (ECI runs a kube-proxy in each group, one watch
+    /// of the apiserver per pod); `false` spares the apiserver those watches. A pod's
+    /// annotation k8s.aliyun.com/eci-kube-proxy-enabled overrides it.
+    #[arg(long, env = "ECI_KUBE_PROXY", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub kube_proxy: bool,
+
     /// How often pod statuses are polled from ECI (one call per interval for the whole node:
     /// only the groups whose status changed).
     #[arg(long, env = "POD_STATUS_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
@@ -431,6 +448,164 @@ fn is_quantity(text: &str) -> bool {
         )
 }
 
+/// What the node area (registration, Lease, status, capacity) is given.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The node name.
+    pub node_name: String,
+    /// The node's InternalIP (where its kubelet endpoint is).
+    pub internal_ip: IpAddr,
+    /// The cluster name tagged on groups (the ECI probe lists by it).
+    pub cluster_name: String,
+    /// The ECI region (node label, probe).
+    pub region: String,
+    /// The ECI zone, when pinned (node label).
+    pub zone: Option<String>,
+    /// The node taint's key.
+    pub taint_key: String,
+    /// The node taint's value.
+    pub taint_value: String,
+    /// The node taint's effect.
+    pub taint_effect: TaintEffect,
+    /// The advertised kubelet port.
+    pub kubelet_port: u16,
+    /// Advertised CPU capacity (a quantity).
+    pub quota_cpu: String,
+    /// Advertised memory capacity (a quantity).
+    pub quota_memory: String,
+    /// Advertised pod capacity.
+    pub quota_pods: u32,
+    /// Advertised ephemeral storage (a quantity).
+    pub quota_ephemeral_storage: String,
+    /// The Lease's duration.
+    pub lease_duration_seconds: i32,
+    /// How often the Lease is renewed.
+    pub lease_renew_interval: Duration,
+    /// How often ECI is probed.
+    pub eci_probe_interval: Duration,
+    /// How long ECI may fail before the node turns NotReady.
+    pub eci_unreachable_threshold: Duration,
+    /// The node status is written at least this often.
+    pub node_status_max_interval: Duration,
+}
+
+/// What the fleet area (membership, decommission, orphan collection) is given.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// The node name.
+    pub node_name: String,
+    /// The cluster name tagged on groups.
+    pub cluster_name: String,
+    /// The ECI region.
+    pub region: String,
+    /// This replica's pod name (membership reads its StatefulSet).
+    pub pod_name: Option<String>,
+    /// This replica's namespace.
+    pub pod_namespace: String,
+    /// Restart or decommission on stop.
+    pub on_stop: StopMode,
+    /// How long a decommission may take.
+    pub drain_timeout: Duration,
+    /// Whether a decommission evicts pods it does not manage.
+    pub drain_evict_unmanaged_pods: bool,
+    /// How often the orphan collector runs (zero: never).
+    pub orphan_gc_interval: Duration,
+    /// Deletions per collector round at most.
+    pub orphan_gc_max_deletions: usize,
+}
+
+/// What the ECI edge (backend choice, OpenAPI client, credentials, pacing) is given.
+#[derive(Debug, Clone)]
+pub struct EciConfig {
+    /// Which backend serves ECI.
+    pub backend: BackendChoice,
+    /// The ECI region.
+    pub region: String,
+    /// The OpenAPI endpoint, without a trailing slash.
+    pub openapi_endpoint: String,
+    /// Per-request timeout of the OpenAPI client.
+    pub request_timeout: Duration,
+    /// An extra CA the OpenAPI client trusts.
+    pub ca_file: Option<PathBuf>,
+    /// A static AccessKey id.
+    pub access_key: Option<String>,
+    /// Its secret.
+    pub secret_key: Option<Secret>,
+    /// The STS token of a temporary key.
+    pub security_token: Option<Secret>,
+    /// A directory or file the credentials are read from (again when it changes).
+    pub credentials_path: Option<PathBuf>,
+    /// A RAM role whose credentials come from the instance metadata service.
+    pub ram_role: Option<String>,
+    /// The instance metadata service.
+    pub metadata_endpoint: String,
+    /// Whether the client paces itself by the documented quotas.
+    pub client_rate_limits: bool,
+}
+
+impl Settings {
+    /// The ECI edge's part.
+    pub fn eci(&self) -> EciConfig {
+        let config = &self.config;
+        EciConfig {
+            backend: self.backend.clone(),
+            region: config.region.clone(),
+            openapi_endpoint: self.openapi_endpoint(),
+            request_timeout: config.eci_request_timeout,
+            ca_file: config.eci_ca_file.clone(),
+            access_key: config.access_key.clone(),
+            secret_key: config.secret_key.clone(),
+            security_token: config.security_token.clone(),
+            credentials_path: config.credentials_path.clone(),
+            ram_role: config.ram_role.clone(),
+            metadata_endpoint: config.metadata_endpoint.clone(),
+            client_rate_limits: !config.no_eci_client_rate_limits,
+        }
+    }
+
+    /// The node area's part.
+    pub fn node(&self) -> NodeConfig {
+        let config = &self.config;
+        NodeConfig {
+            node_name: self.node_name.clone(),
+            internal_ip: self.internal_ip,
+            cluster_name: self.cluster_name.clone(),
+            region: config.region.clone(),
+            zone: config.zone.clone().filter(|zone| !zone.is_empty()),
+            taint_key: config.taint_key.clone(),
+            taint_value: config.taint_value.clone(),
+            taint_effect: config.taint_effect,
+            kubelet_port: config.kubelet_port,
+            quota_cpu: config.quota_cpu.clone(),
+            quota_memory: config.quota_memory.clone(),
+            quota_pods: config.quota_pods,
+            quota_ephemeral_storage: config.quota_ephemeral_storage.clone(),
+            lease_duration_seconds: config.lease_duration_seconds,
+            lease_renew_interval: config.lease_renew_interval,
+            eci_probe_interval: config.eci_probe_interval,
+            eci_unreachable_threshold: config.eci_unreachable_threshold,
+            node_status_max_interval: config.node_status_max_interval,
+        }
+    }
+
+    /// The fleet area's part.
+    pub fn fleet(&self) -> FleetConfig {
+        let config = &self.config;
+        FleetConfig {
+            node_name: self.node_name.clone(),
+            cluster_name: self.cluster_name.clone(),
+            region: config.region.clone(),
+            pod_name: config.pod_name.clone(),
+            pod_namespace: config.pod_namespace.clone(),
+            on_stop: config.on_stop,
+            drain_timeout: config.drain_timeout,
+            drain_evict_unmanaged_pods: config.drain_evict_unmanaged_pods,
+            orphan_gc_interval: config.orphan_gc_interval,
+            orphan_gc_max_deletions: config.orphan_gc_max_deletions,
+        }
+    }
+}
+
 impl Config {
     /// Checks the configuration and derives the settings.
     pub fn settings(self) -> Result<Settings, ConfigError> {
@@ -577,6 +752,23 @@ impl Config {
                 fix: "make it at least --pod-status-poll-interval (defaults: 60s and 1s)",
             });
         }
+        if let Some(host) = &self.kubernetes_service_host {
+            // Pods read it as a bare host; `https://` or a port in it breaks every client.
+            if host.is_empty() || host.contains("://") || host.contains(['/', ' ']) {
+                return Err(ConfigError {
+                    flag: "--kubernetes-service-host (ECI_KUBERNETES_SERVICE_HOST)",
+                    problem: format!("{host:?} is not a host"),
+                    fix: "give an IP address or DNS name only; the port goes in ECI_KUBERNETES_SERVICE_PORT",
+                });
+            }
+        }
+        if self.kubernetes_service_port == Some(0) {
+            return Err(ConfigError {
+                flag: "--kubernetes-service-port (ECI_KUBERNETES_SERVICE_PORT)",
+                problem: "0".into(),
+                fix: "give the apiserver's port as pods reach it, e.g. 6443",
+            });
+        }
         if self.max_concurrent_creates == 0 {
             return Err(ConfigError {
                 flag: "--max-concurrent-creates (MAX_CONCURRENT_CREATES)",
@@ -705,6 +897,45 @@ mod tests {
         let error =
             parse_embedded(&["--node-name", "n", "--lease-renew-interval", "30s"]).unwrap_err();
         assert!(error.flag.starts_with("--lease-renew-interval"));
+    }
+
+    #[test]
+    fn cluster_access_from_eci_pods() {
+        let defaults = parse_embedded(&["--node-name", "n"]).unwrap();
+        assert!(
+            defaults.config.kube_proxy,
+            "ECI_KUBE_PROXY is on by default"
+        );
+        assert_eq!(defaults.config.kubernetes_service_host, None);
+        assert_eq!(defaults.config.kubernetes_service_port, None);
+        let set = parse_embedded(&[
+            "--node-name",
+            "n",
+            "--kube-proxy",
+            "false",
+            "--kubernetes-service-host",
+            "192.168.0.10",
+            "--kubernetes-service-port",
+            "6443",
+        ])
+        .unwrap();
+        assert!(!set.config.kube_proxy);
+        assert_eq!(
+            set.config.kubernetes_service_host.as_deref(),
+            Some("192.168.0.10")
+        );
+        assert_eq!(set.config.kubernetes_service_port, Some(6443));
+        for bad in ["https://192.168.0.10", "10.0.0.1/6443", ""] {
+            let error = parse_embedded(&["--node-name", "n", "--kubernetes-service-host", bad])
+                .unwrap_err();
+            assert!(
+                error.flag.starts_with("--kubernetes-service-host"),
+                "{bad}: {error}"
+            );
+        }
+        let error =
+            parse_embedded(&["--node-name", "n", "--kubernetes-service-port", "0"]).unwrap_err();
+        assert!(error.flag.starts_with("--kubernetes-service-port"));
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub use rate_budget::{Paced, Pacer};
 use tracing::info;
 
 use self::openapi::credentials::{CredentialSource, Credentials};
-use crate::config::{BackendChoice, Settings};
+use crate::config::{BackendChoice, EciConfig};
 
 /// The ECI API, whatever serves it. Errors carry the ECI error code (`EciError::code`), the
 /// message and the request id, exactly as the HTTP API reports them.
@@ -128,13 +128,13 @@ impl BackendGuard {
 }
 
 /// Builds the configured backend.
-pub async fn connect(settings: &Settings) -> Result<(Backend, BackendGuard), BackendError> {
-    match &settings.backend {
+pub async fn connect(config: &EciConfig) -> Result<(Backend, BackendGuard), BackendError> {
+    match &config.backend {
         BackendChoice::Embedded => {
-            let mut config = mock_eci::MockConfig::defaults();
-            config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-            config.region.clone_from(&settings.config.region);
-            let server = mock_eci::MockServer::start(config)
+            let mut mock = mock_eci::MockConfig::defaults();
+            mock.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            mock.region.clone_from(&config.region);
+            let server = mock_eci::MockServer::start(mock)
                 .await
                 .map_err(BackendError::Embedded)?;
             info!(endpoint = %server.endpoint(), "embedded mock-eci started (no Alibaba Cloud account needed)");
@@ -161,11 +161,10 @@ pub async fn connect(settings: &Settings) -> Result<(Backend, BackendGuard), Bac
             Ok((Arc::new(backend), BackendGuard { embedded: None }))
         }
         BackendChoice::OpenApi => {
-            let config = &settings.config;
             let options = openapi::OpenApiOptions {
-                endpoint: settings.openapi_endpoint(),
-                timeout: config.eci_request_timeout,
-                ca_file: config.eci_ca_file.clone(),
+                endpoint: config.openapi_endpoint.clone(),
+                timeout: config.request_timeout,
+                ca_file: config.ca_file.clone(),
             };
             let credentials = match (&config.access_key, &config.secret_key) {
                 (Some(id), Some(secret)) => CredentialSource::Static(Credentials {

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use tracing::{info, warn};
 
-use crate::config::{Settings, StopMode};
+use crate::config::{FleetConfig, StopMode};
 
 /// How long the stop decision may wait on the API before it settles for a restart.
 const DECISION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -119,12 +119,12 @@ impl std::fmt::Debug for Membership {
 
 impl Membership {
     /// Looks up the owning StatefulSet (best effort: an error is retried at stop time).
-    pub async fn discover(client: kube::Client, settings: &Settings) -> Self {
+    pub async fn discover(client: kube::Client, config: &FleetConfig) -> Self {
         let mut membership = Self {
             client,
-            namespace: settings.config.pod_namespace.clone(),
-            pod_name: settings.config.pod_name.clone(),
-            mode: settings.config.on_stop,
+            namespace: config.pod_namespace.clone(),
+            pod_name: config.pod_name.clone(),
+            mode: config.on_stop,
             stateful_set: None,
         };
         match membership.owner().await {

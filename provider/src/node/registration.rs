@@ -6,7 +6,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use tracing::info;
 
 use super::shape;
-use crate::config::Settings;
+use crate::config::NodeConfig;
 use crate::ops::metrics::Telemetry;
 
 /// Registration failed.
@@ -38,11 +38,11 @@ fn is_conflict(error: &kube::Error) -> bool {
 /// Creates or adopts the Node and returns it as stored.
 pub async fn register(
     nodes: &Api<Node>,
-    settings: &Settings,
+    config: &NodeConfig,
     telemetry: &Telemetry,
 ) -> Result<Node, RegistrationError> {
     const ATTEMPTS: u32 = 8;
-    let name = &settings.node_name;
+    let name = &config.node_name;
     let api_error = |source| RegistrationError::Api {
         node: name.clone(),
         source,
@@ -52,7 +52,7 @@ pub async fn register(
         let existing = nodes.get_opt(name).await.map_err(api_error)?;
         let result = match existing {
             None => {
-                let fresh: Node = serde_json::from_value(shape::new_node(settings))
+                let fresh: Node = serde_json::from_value(shape::new_node(config))
                     .map_err(|e| api_error(kube::Error::SerdeError(e)))?;
                 telemetry.kube_request("node_create");
                 nodes
@@ -60,7 +60,7 @@ pub async fn register(
                     .await
                     .inspect(|_| info!(node = %name, "created the node"))
             }
-            Some(existing) => match shape::adoption_patch(&existing, settings) {
+            Some(existing) => match shape::adoption_patch(&existing, config) {
                 None => {
                     info!(node = %name, uid = ?existing.metadata.uid, "adopted the existing node unchanged");
                     return Ok(existing);

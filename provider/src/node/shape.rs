@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use serde_json::{Value, json};
 
-use crate::config::Settings;
+use crate::config::NodeConfig;
 use crate::node::eci_health::EciHealth;
 
 /// The label (and taint key) of virtual nodes that eci-profile targets.
@@ -40,62 +40,54 @@ fn architecture() -> &'static str {
 }
 
 /// Our labels.
-pub fn desired_labels(settings: &Settings) -> BTreeMap<String, String> {
+pub fn desired_labels(config: &NodeConfig) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     for (key, value) in [
         (VNODE_LABEL, "true"),
         ("type", "virtual-kubelet"),
         ("kubernetes.io/role", "agent"),
-        ("kubernetes.io/hostname", settings.node_name.as_str()),
+        ("kubernetes.io/hostname", config.node_name.as_str()),
         ("kubernetes.io/os", "linux"),
         ("kubernetes.io/arch", architecture()),
         (
             "node.kubernetes.io/exclude-from-external-load-balancers",
             "true",
         ),
-        (
-            "topology.kubernetes.io/region",
-            settings.config.region.as_str(),
-        ),
+        ("topology.kubernetes.io/region", config.region.as_str()),
     ] {
         labels.insert(key.to_owned(), value.to_owned());
     }
-    if let Some(zone) = settings
-        .config
-        .zone
-        .as_deref()
-        .filter(|zone| !zone.is_empty())
-    {
+    if let Some(zone) = &config.zone {
         labels.insert("topology.kubernetes.io/zone".to_owned(), zone.to_owned());
     }
     labels
 }
 
 /// Our taint.
-pub fn desired_taint(settings: &Settings) -> Taint {
+pub fn desired_taint(config: &NodeConfig) -> Taint {
     Taint {
-        key: settings.config.taint_key.clone(),
-        value: Some(settings.config.taint_value.clone()),
-        effect: settings.config.taint_effect.as_str().to_owned(),
+        key: config.taint_key.clone(),
+        value: Some(config.taint_value.clone()),
+        effect: config.taint_effect.as_str().to_owned(),
         time_added: None,
     }
 }
 
-fn managed_record(settings: &Settings) -> String {
-    json!({"labels": desired_labels(settings).keys().collect::<Vec<_>>(), "taints": [settings.config.taint_key]}).to_string()
+fn managed_record(config: &NodeConfig) -> String {
+    json!({"labels": desired_labels(config).keys().collect::<Vec<_>>(), "taints": [config.taint_key]}).to_string()
 }
 
 /// A Node to create when none exists.
-pub fn new_node(settings: &Settings) -> Value {
+pub fn new_node(config: &NodeConfig) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
-            "name": settings.node_name,
-            "labels": desired_labels(settings),
-            "annotations": {MANAGED_ANNOTATION: managed_record(settings)},
+            "name": config.node_name,
+            "labels": desired_labels(config),
+            "annotations": {MANAGED_ANNOTATION: managed_record(config)},
         },
-        "spec": {"taints": [taint_json(&desired_taint(settings))]},
+        "spec": {"taints": [taint_json(&desired_taint(config))]},
     })
 }
 
@@ -108,7 +100,7 @@ fn taint_json(taint: &Taint) -> Value {
 /// annotations, `spec.unschedulable`, other taints) untouched — or `None` when it already is.
 /// The patch carries the Node's resourceVersion, so a concurrent change is a conflict, not a
 /// lost update.
-pub fn adoption_patch(existing: &Node, settings: &Settings) -> Option<Value> {
+pub fn adoption_patch(existing: &Node, config: &NodeConfig) -> Option<Value> {
     let labels = existing.metadata.labels.clone().unwrap_or_default();
     let annotations = existing.metadata.annotations.clone().unwrap_or_default();
     let previously: Value = annotations
@@ -124,7 +116,7 @@ pub fn adoption_patch(existing: &Node, settings: &Settings) -> Option<Value> {
             .filter_map(|v| v.as_str().map(str::to_owned))
             .collect()
     };
-    let desired = desired_labels(settings);
+    let desired = desired_labels(config);
 
     let mut label_patch = serde_json::Map::new();
     for (key, value) in &desired {
@@ -139,7 +131,7 @@ pub fn adoption_patch(existing: &Node, settings: &Settings) -> Option<Value> {
         label_patch.insert(stale.clone(), Value::Null);
     }
 
-    let ours = desired_taint(settings);
+    let ours = desired_taint(config);
     let mut our_keys = list("taints");
     our_keys.insert(ours.key.clone());
     let current_taints = existing
@@ -155,7 +147,7 @@ pub fn adoption_patch(existing: &Node, settings: &Settings) -> Option<Value> {
     taints.push(ours);
     let taints_changed = !same_taints(&taints, &current_taints);
 
-    let record = managed_record(settings);
+    let record = managed_record(config);
     let annotation_changed = annotations.get(MANAGED_ANNOTATION) != Some(&record);
     // A decommission that did not finish left its cordon; serving the node again lifts it.
     let lift_cordon = annotations.contains_key(DECOMMISSION_ANNOTATION);
@@ -193,8 +185,8 @@ fn condition(kind: &str, status: &str, reason: &str, message: &str) -> Value {
 }
 
 /// The node conditions for a health.
-pub fn conditions(settings: &Settings, health: &EciHealth) -> Vec<Value> {
-    let region = &settings.config.region;
+pub fn conditions(config: &NodeConfig, health: &EciHealth) -> Vec<Value> {
+    let region = &config.region;
     let ready = match health {
         EciHealth::Reachable => condition(
             "Ready",
@@ -250,7 +242,7 @@ pub fn conditions(settings: &Settings, health: &EciHealth) -> Vec<Value> {
 /// The whole node status: conditions (keeping the transition times of unchanged ones from
 /// `previous`), capacity, allocatable, addresses, endpoints and nodeInfo.
 pub fn status(
-    settings: &Settings,
+    config: &NodeConfig,
     health: &EciHealth,
     previous: Option<&Value>,
     now: SystemTime,
@@ -259,7 +251,7 @@ pub fn status(
     let previous_conditions = previous
         .and_then(|status| status.get("conditions"))
         .and_then(Value::as_array);
-    let conditions: Vec<Value> = conditions(settings, health)
+    let conditions: Vec<Value> = conditions(config, health)
         .into_iter()
         .map(|mut condition| {
             let before = previous_conditions
@@ -276,7 +268,6 @@ pub fn status(
             condition
         })
         .collect();
-    let config = &settings.config;
     let resources = json!({
         "cpu": config.quota_cpu,
         "memory": config.quota_memory,
@@ -288,13 +279,13 @@ pub fn status(
         "capacity": resources,
         "allocatable": resources,
         "addresses": [
-            {"type": "InternalIP", "address": settings.internal_ip.to_string()},
-            {"type": "Hostname", "address": settings.node_name},
+            {"type": "InternalIP", "address": config.internal_ip.to_string()},
+            {"type": "Hostname", "address": config.node_name},
         ],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": config.kubelet_port}},
         "nodeInfo": {
-            "machineID": settings.node_name,
-            "systemUUID": settings.node_name,
+            "machineID": config.node_name,
+            "systemUUID": config.node_name,
             "bootID": "",
             "kernelVersion": "",
             "osImage": "Alibaba Cloud Elastic Container Instance",
@@ -328,7 +319,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
 
-    fn mk_settings(args: &[&str]) -> Settings {
+    fn mk_config(args: &[&str]) -> NodeConfig {
         let mut all = vec![
             "virtual-node-eci",
             "--pod-name",
@@ -340,7 +331,7 @@ mod tests {
             "--security-group=sg-test",
         ];
         all.extend_from_slice(args);
-        Config::parse_from(all).settings().unwrap()
+        Config::parse_from(all).settings().unwrap().node()
     }
 
     fn mk_node(value: Value) -> Node {
@@ -349,7 +340,7 @@ mod tests {
 
     #[test]
     fn a_new_node_carries_our_labels_and_taint() {
-        let node = new_node(&mk_settings(&["--zone", "cn-hangzhou-k"]));
+        let node = new_node(&mk_config(&["--zone", "cn-hangzhou-k"]));
         let labels = &node["metadata"]["labels"];
         assert_eq!(labels["k8s.aliyun.com/vnode"], "true");
         assert_eq!(labels["type"], "virtual-kubelet");
@@ -367,7 +358,7 @@ mod tests {
             json!([{"key": "k8s.aliyun.com/vnode", "value": "true", "effect": "NoSchedule"}])
         );
         assert!(
-            new_node(&mk_settings(&[]))["metadata"]["labels"]
+            new_node(&mk_config(&[]))["metadata"]["labels"]
                 .get("topology.kubernetes.io/zone")
                 .is_none()
         );
@@ -375,7 +366,7 @@ mod tests {
 
     #[test]
     fn taint_follows_the_virtual_kubelet_variables() {
-        let node = new_node(&mk_settings(&[
+        let node = new_node(&mk_config(&[
             "--taint-key",
             "virtual-kubelet.io/provider",
             "--taint-value",
@@ -391,18 +382,18 @@ mod tests {
 
     #[test]
     fn adoption_lifts_only_the_cordon_of_an_unfinished_decommission() {
-        let settings = mk_settings(&[]);
-        let mut existing = new_node(&settings);
-        existing["metadata"]["annotations"][MANAGED_ANNOTATION] = json!(managed_record(&settings));
+        let config = mk_config(&[]);
+        let mut existing = new_node(&config);
+        existing["metadata"]["annotations"][MANAGED_ANNOTATION] = json!(managed_record(&config));
         existing["spec"]["unschedulable"] = json!(true);
         assert_eq!(
-            adoption_patch(&mk_node(existing.clone()), &settings),
+            adoption_patch(&mk_node(existing.clone()), &config),
             None,
             "an admin's cordon stays"
         );
         existing["metadata"]["annotations"][DECOMMISSION_ANNOTATION] =
             json!("2026-11-21T00:00:00Z");
-        let patch = adoption_patch(&mk_node(existing), &settings).unwrap();
+        let patch = adoption_patch(&mk_node(existing), &config).unwrap();
         assert_eq!(patch["spec"], json!({"unschedulable": null}));
         assert_eq!(
             patch["metadata"]["annotations"],
@@ -412,8 +403,8 @@ mod tests {
 
     #[test]
     fn adoption_keeps_what_others_put_there() {
-        let settings = mk_settings(&[]);
-        let mut existing = new_node(&settings);
+        let config = mk_config(&[]);
+        let mut existing = new_node(&config);
         existing["metadata"]["resourceVersion"] = json!("42");
         existing["metadata"]["labels"]["team"] = json!("payments");
         existing["metadata"]["annotations"]["note"] = json!("by hand");
@@ -424,7 +415,7 @@ mod tests {
             {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
         ]);
         assert_eq!(
-            adoption_patch(&mk_node(existing.clone()), &settings),
+            adoption_patch(&mk_node(existing.clone()), &config),
             None,
             "nothing to do"
         );
@@ -435,7 +426,7 @@ mod tests {
             .unwrap()
             .remove("type");
         existing["spec"]["taints"].as_array_mut().unwrap().remove(0);
-        let patch = adoption_patch(&mk_node(existing), &settings).unwrap();
+        let patch = adoption_patch(&mk_node(existing), &config).unwrap();
         assert_eq!(patch["metadata"]["resourceVersion"], "42");
         assert_eq!(
             patch["metadata"]["labels"],
@@ -456,14 +447,14 @@ mod tests {
 
     #[test]
     fn a_changed_configuration_replaces_our_old_taint_and_labels_only() {
-        let old = mk_settings(&["--zone", "cn-hangzhou-k"]);
+        let old = mk_config(&["--zone", "cn-hangzhou-k"]);
         let mut existing = new_node(&old);
         existing["metadata"]["resourceVersion"] = json!("7");
         existing["spec"]["taints"]
             .as_array_mut()
             .unwrap()
             .push(json!({"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}));
-        let new = mk_settings(&["--taint-effect", "NoExecute"]);
+        let new = mk_config(&["--taint-effect", "NoExecute"]);
         let patch = adoption_patch(&mk_node(existing), &new).unwrap();
         assert_eq!(
             patch["metadata"]["labels"]["topology.kubernetes.io/zone"],
@@ -478,9 +469,9 @@ mod tests {
 
     #[test]
     fn status_has_capacity_addresses_and_conditions() {
-        let settings = mk_settings(&["--quota-pods", "100", "--kubelet-port", "11250"]);
+        let config = mk_config(&["--quota-pods", "100", "--kubelet-port", "11250"]);
         let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
-        let status = status(&settings, &EciHealth::Reachable, None, now);
+        let status = status(&config, &EciHealth::Reachable, None, now);
         assert_eq!(
             status["capacity"],
             json!({"cpu": "6000", "memory": "12Ti", "pods": "100", "ephemeral-storage": "90Ti"})
@@ -519,11 +510,11 @@ mod tests {
 
     #[test]
     fn transitions_keep_their_time_and_heartbeats_do_not_count_as_changes() {
-        let settings = mk_settings(&[]);
+        let config = mk_config(&[]);
         let t0 = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
         let t1 = t0 + std::time::Duration::from_secs(60);
-        let first = status(&settings, &EciHealth::Reachable, None, t0);
-        let second = status(&settings, &EciHealth::Reachable, Some(&first), t1);
+        let first = status(&config, &EciHealth::Reachable, None, t0);
+        let second = status(&config, &EciHealth::Reachable, Some(&first), t1);
         assert_eq!(second["conditions"][0]["lastTransitionTime"], rfc3339(t0));
         assert_eq!(second["conditions"][0]["lastHeartbeatTime"], rfc3339(t1));
         assert_eq!(fingerprint(&first), fingerprint(&second));
@@ -532,7 +523,7 @@ mod tests {
             since: t0,
             error: "connection refused".into(),
         };
-        let third = status(&settings, &down, Some(&second), t1);
+        let third = status(&config, &down, Some(&second), t1);
         assert_eq!(third["conditions"][0]["status"], "False");
         assert_eq!(third["conditions"][0]["reason"], "EciUnreachable");
         assert!(

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::shape;
-use crate::config::Settings;
+use crate::config::NodeConfig;
 use crate::eci::Backend;
 use crate::node::eci_health::{EciHealth, HealthTracker};
 use crate::ops::metrics::{ResultLabels, Telemetry};
@@ -27,13 +27,13 @@ pub fn is_unreachable(error: &EciError) -> bool {
 }
 
 /// One cheap call: a one-item status page of this cluster's groups.
-pub async fn probe(backend: &Backend, settings: &Settings) -> Result<(), EciError> {
+pub async fn probe(backend: &Backend, config: &NodeConfig) -> Result<(), EciError> {
     let request = DescribeContainerGroupStatusRequest {
-        region_id: settings.config.region.clone(),
+        region_id: config.region.clone(),
         limit: Some(1),
         tag: vec![Tag {
             key: CLUSTER_TAG.into(),
-            value: settings.cluster_name.clone(),
+            value: config.cluster_name.clone(),
         }],
         ..DescribeContainerGroupStatusRequest::default()
     };
@@ -53,9 +53,9 @@ pub struct StatusReporter {
 
 impl StatusReporter {
     /// A reporter that has written nothing yet.
-    pub fn new(settings: &Settings) -> Self {
+    pub fn new(config: &NodeConfig) -> Self {
         Self {
-            tracker: HealthTracker::new(settings.config.eci_unreachable_threshold),
+            tracker: HealthTracker::new(config.eci_unreachable_threshold),
             last_written: None,
         }
     }
@@ -90,13 +90,13 @@ impl StatusReporter {
 
     /// The status to write now, if one is due: when it differs from the last written one or
     /// the last write is `max_interval` old.
-    pub fn due(&self, settings: &Settings, now: Instant) -> Option<(Value, EciHealth)> {
+    pub fn due(&self, config: &NodeConfig, now: Instant) -> Option<(Value, EciHealth)> {
         let health = self.tracker.health(now);
         let previous = self.last_written.as_ref().map(|(status, _)| status);
-        let status = shape::status(settings, &health, previous, SystemTime::now());
+        let status = shape::status(config, &health, previous, SystemTime::now());
         let stale = self.last_written.as_ref().is_none_or(|(written, at)| {
             shape::fingerprint(written) != shape::fingerprint(&status)
-                || now.duration_since(*at) >= settings.config.node_status_max_interval
+                || now.duration_since(*at) >= config.node_status_max_interval
         });
         stale.then_some((status, health))
     }
@@ -116,13 +116,13 @@ impl StatusReporter {
 pub async fn run(
     nodes: Api<Node>,
     backend: Backend,
-    settings: Settings,
+    config: NodeConfig,
     telemetry: std::sync::Arc<Telemetry>,
     mut node_uid: tokio::sync::watch::Receiver<String>,
     stop: CancellationToken,
 ) -> Result<(), kube::Error> {
-    let mut reporter = StatusReporter::new(&settings);
-    let mut ticks = tokio::time::interval(settings.config.eci_probe_interval);
+    let mut reporter = StatusReporter::new(&config);
+    let mut ticks = tokio::time::interval(config.eci_probe_interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -136,17 +136,17 @@ pub async fn run(
         }
         let outcome = tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            outcome = probe(&backend, &settings) => outcome,
+            outcome = probe(&backend, &config) => outcome,
         };
         reporter.record(outcome, &telemetry);
         let now = Instant::now();
-        let Some((status, health)) = reporter.due(&settings, now) else {
+        let Some((status, health)) = reporter.due(&config, now) else {
             continue;
         };
         telemetry.kube_request("node_status_patch");
         match nodes
             .patch_status(
-                &settings.node_name,
+                &config.node_name,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"status": status})),
             )
@@ -157,13 +157,13 @@ pub async fn run(
                 telemetry.eci_reachable.set(i64::from(ready));
                 telemetry.node_ready.set(i64::from(ready));
                 if let EciHealth::Unreachable { error, .. } = &health {
-                    warn!(node = %settings.node_name, %error, "ECI unreachable: node NotReady (EciUnreachable)");
+                    warn!(node = %config.node_name, %error, "ECI unreachable: node NotReady (EciUnreachable)");
                 }
-                info!(node = %settings.node_name, ready, "node status written");
+                info!(node = %config.node_name, ready, "node status written");
                 reporter.written(status, now);
             }
             Err(error) => {
-                warn!(node = %settings.node_name, %error, "could not write the node status; retrying at the next probe");
+                warn!(node = %config.node_name, %error, "could not write the node status; retrying at the next probe");
                 reporter.forget();
             }
         }
@@ -188,7 +188,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
 
-    fn mk_settings() -> Settings {
+    fn mk_config() -> NodeConfig {
         Config::parse_from([
             "virtual-node-eci",
             "--node-name=vn-0",
@@ -198,6 +198,7 @@ mod tests {
         ])
         .settings()
         .unwrap()
+        .node()
     }
 
     fn unavailable() -> EciError {
@@ -206,9 +207,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn ready_follows_eci_health_and_writes_only_when_needed() {
-        let settings = mk_settings();
+        let config = mk_config();
         let telemetry = Telemetry::new();
-        let mut reporter = StatusReporter::new(&settings);
+        let mut reporter = StatusReporter::new(&config);
         let ready = |status: &Value| {
             status["conditions"][0]["status"]
                 .as_str()
@@ -218,7 +219,7 @@ mod tests {
 
         reporter.record(Ok(()), &telemetry);
         let (status, _) = reporter
-            .due(&settings, Instant::now())
+            .due(&config, Instant::now())
             .expect("the first status is always written");
         assert_eq!(ready(&status), "True");
         reporter.written(status, Instant::now());
@@ -227,12 +228,12 @@ mod tests {
         for _ in 0..5 {
             tokio::time::advance(Duration::from_secs(10)).await;
             reporter.record(Ok(()), &telemetry);
-            assert!(reporter.due(&settings, Instant::now()).is_none());
+            assert!(reporter.due(&config, Instant::now()).is_none());
         }
         tokio::time::advance(Duration::from_secs(10)).await;
         reporter.record(Ok(()), &telemetry);
         let (heartbeat, _) = reporter
-            .due(&settings, Instant::now())
+            .due(&config, Instant::now())
             .expect("the heartbeat is due at 60 s");
         reporter.written(heartbeat, Instant::now());
 
@@ -244,7 +245,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(10)).await;
         reporter.record(Err(unavailable()), &telemetry);
         let (down, health) = reporter
-            .due(&settings, Instant::now())
+            .due(&config, Instant::now())
             .expect("a change is written at once");
         assert!(matches!(health, EciHealth::Unreachable { .. }));
         assert_eq!(ready(&down), "False");
@@ -260,7 +261,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(10)).await;
         reporter.record(Ok(()), &telemetry);
         let (up, _) = reporter
-            .due(&settings, Instant::now())
+            .due(&config, Instant::now())
             .expect("recovery is written at once");
         assert_eq!(ready(&up), "True");
     }
