@@ -29,9 +29,8 @@ use eci_proto::v20180808::{
     DescribeContainerGroupsRequest, Tag,
 };
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
@@ -132,6 +131,10 @@ struct Inner {
     statuses: WorkQueue<String, (ContainerGroupStatus, u64)>,
     /// Groups being deleted, and who waits for them to be gone.
     awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
+    /// Keeps the groups' service account tokens fresh (one timer queue for all pods).
+    tokens: crate::pods::tokens::TokenRefresher,
+    /// The Services ECI pods see in their environment (one watch).
+    services: crate::pods::services::ServiceCache,
 }
 
 impl std::fmt::Debug for PodController {
@@ -184,6 +187,13 @@ impl PodController {
         Self {
             inner: Arc::new(Inner {
                 events: EventPublisher::new(client.clone(), reporter, Arc::clone(&telemetry)),
+                tokens: crate::pods::tokens::TokenRefresher::new(
+                    client.clone(),
+                    Arc::clone(&backend),
+                    settings.clone(),
+                    Arc::clone(&telemetry),
+                ),
+                services: crate::pods::services::ServiceCache::new(),
                 settings,
                 client,
                 backend,
@@ -248,6 +258,16 @@ impl PodController {
 
     /// Runs until cancelled: adopt, watch pods, poll statuses.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
+        // Token refreshes and the Service cache: tasks of this controller, stopped by `stop`.
+        let mut access: tokio::task::JoinSet<anyhow::Result<()>> = tokio::task::JoinSet::new();
+        let (tokens, services, client) = (
+            self.inner.tokens.clone(),
+            self.inner.services.clone(),
+            self.inner.client.clone(),
+        );
+        let (stop_tokens, stop_services) = (stop.clone(), stop.clone());
+        access.spawn(async move { Ok(tokens.run(stop_tokens).await) });
+        access.spawn(async move { Ok(services.run(client, stop_services).await?) });
         let listed_at = tokio::time::Instant::now();
         let adopted = loop {
             let mut adopted = Vec::new();
@@ -277,13 +297,29 @@ impl PodController {
             groups = adopted.len(),
             "adopted this node's container groups"
         );
+        self.inner.tokens.adopt(adopted.iter().filter_map(|g| {
+            Some((
+                g.uid.clone(),
+                g.id.clone(),
+                g.namespace.clone()?,
+                g.name.clone()?,
+            ))
+        }));
+        let access = async move {
+            while let Some(joined) = access.join_next().await {
+                joined??;
+            }
+            Ok(())
+        };
         let watch = self.clone().watch_pods(adopted, stop.clone());
         let poll = self.clone().poll_statuses(listed_at, stop.clone());
         let writers = self.clone().write_statuses(stop.clone());
         let creators = self.clone().create_groups(stop.clone());
         let annotators = self.clone().annotate_pods(stop.clone());
         let removals = self.clone().watch_removals(stop.clone());
-        tokio::try_join!(watch, poll, writers, creators, annotators, removals)?;
+        tokio::try_join!(
+            watch, poll, writers, creators, annotators, removals, access
+        )?;
         Ok(())
     }
 

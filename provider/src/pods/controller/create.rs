@@ -182,11 +182,31 @@ impl PodController {
             .fetch::<ConfigMap>(&namespace, &refs.config_maps)
             .await?;
         let secrets = self.fetch::<Secret>(&namespace, &refs.secrets).await?;
-        let token = match refs.token_seconds {
-            Some(seconds) => Some(self.token(pod, seconds).await?),
-            None => None,
+        let issued = if refs.tokens.is_empty() {
+            crate::pods::tokens::Issued::default()
+        } else {
+            crate::pods::tokens::issue(&self.inner.client, &self.inner.telemetry, pod, &refs.tokens)
+                .await
+                .map_err(|e| Failure::Retry(crate::pods::tokens::chain(&e)))?
         };
+        // The Service environment comes from the cache, complete only once it listed.
+        if !self.inner.services.ready(Duration::from_secs(5)).await {
+            return Err(Failure::Retry(
+                "the Service cache has not listed the cluster's Services yet".into(),
+            ));
+        }
         let settings = &self.inner.settings;
+        let apiserver = to_eci::service_env::apiserver_service(
+            self.inner.services.apiserver().as_deref(),
+            settings.config.kubernetes_service_host.as_deref(),
+            settings.config.kubernetes_service_port,
+        );
+        let links = pod.spec.as_ref().and_then(|s| s.enable_service_links) != Some(false);
+        let services = if links {
+            self.inner.services.in_namespace(&namespace)
+        } else {
+            Vec::new()
+        };
         let cx = Context {
             region: &settings.config.region,
             vswitch: &settings.vswitch,
@@ -197,8 +217,11 @@ impl PodController {
             cluster_domain: &settings.config.cluster_domain,
             config_maps: &config_maps,
             secrets: &secrets,
-            service_account_token: token.as_deref(),
+            service_account_tokens: &issued.tokens,
             default_spec: (2.0, 4.0),
+            apiserver: apiserver.as_ref(),
+            services: &services,
+            kube_proxy: settings.config.kube_proxy,
         };
         let request = to_eci::translate(pod, &cx).map_err(|rejection| {
             let message = rejection.to_string();
@@ -210,7 +233,14 @@ impl PodController {
         })?;
         debug_assert_eq!(request.client_token, uid);
         match self.inner.backend.create_container_group(request).await {
-            Ok(response) => Ok(response.container_group_id),
+            Ok(response) => {
+                if let Some(due) = issued.refresh_in {
+                    self.inner
+                        .tokens
+                        .track(pod, &response.container_group_id, due);
+                }
+                Ok(response.container_group_id)
+            }
             Err(error) if error.is_retryable() => Err(Failure::Retry(error.to_string())),
             Err(error) => Err(Failure::Permanent(error.to_string())),
         }
@@ -240,34 +270,6 @@ impl PodController {
             }
         }
         Ok(found)
-    }
-
-    pub(super) async fn token(&self, pod: &Pod, seconds: i64) -> Result<String, Failure> {
-        let namespace = pod.namespace().unwrap_or_default();
-        let account = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.service_account_name.clone())
-            .unwrap_or_else(|| "default".into());
-        let api: Api<ServiceAccount> = Api::namespaced(self.inner.client.clone(), &namespace);
-        let request: TokenRequest = serde_json::from_value(json!({"spec": {
-            "audiences": [], "expirationSeconds": seconds,
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.name_any(), "uid": pod.uid()},
-        }}))
-        .map_err(|e| Failure::Permanent(e.to_string()))?;
-        self.inner.telemetry.kube_request("token_request");
-        let answer = api
-            .create_token_request(&account, &PostParams::default(), &request)
-            .await
-            .map_err(|e| {
-                Failure::Retry(format!(
-                    "cannot issue a token for service account {namespace}/{account}: {e}"
-                ))
-            })?;
-        answer
-            .status
-            .map(|s| s.token)
-            .ok_or_else(|| Failure::Retry("the TokenRequest answer has no token".into()))
     }
 
     /// Annotation writers: record each new group's id on its pod, off the creation path (a
