@@ -14,6 +14,7 @@ const ALL: &[&[Access]] = &[
     crate::fleet::drain::KUBE_API,
     crate::fleet::orphans::KUBE_API,
     crate::pods::KUBE_API,
+    crate::pods::services::KUBE_API,
     crate::admission::KUBE_API,
     crate::ops::events::KUBE_API,
 ];

@@ -234,23 +234,6 @@ pub struct Config {
     #[arg(long, env = "ECI_KUBE_PROXY", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub kube_proxy: bool,
 
-    /// The apiserver address ECI pods get in KUBERNETES_SERVICE_HOST (and the KUBERNETES_PORT
-    /// family), e.g. the cluster's internal SLB when ClusterIPs are not reachable from ECI.
-    /// Default: the `default/kubernetes` Service's ClusterIP, as a kubelet gives.
-    #[arg(long, env = "ECI_KUBERNETES_SERVICE_HOST")]
-    pub kubernetes_service_host: Option<String>,
-
-    /// The apiserver port ECI pods get in KUBERNETES_SERVICE_PORT. Default: the
-    /// `default/kubernetes` Service's port (443 with ECI_KUBERNETES_SERVICE_HOST and no Service).
-    #[arg(long, env = "ECI_KUBERNETES_SERVICE_PORT")]
-    pub kubernetes_service_port: Option<u16>,
-
-    /// ClusterIP Service access from ECI pods (ECI runs a kube-proxy in each group, one watch
-    /// of the apiserver per pod); `false` spares the apiserver those watches. A pod's
-    /// annotation k8s.aliyun.com/eci-kube-proxy-enabled overrides it.
-    #[arg(long, env = "ECI_KUBE_PROXY", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
-    pub kube_proxy: bool,
-
     /// How often pod statuses are polled from ECI (one call per interval for the whole node:
     /// only the groups whose status changed).
     #[arg(long, env = "POD_STATUS_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
@@ -786,23 +769,6 @@ impl Config {
                 fix: "give the apiserver's port as pods reach it, e.g. 6443",
             });
         }
-        if let Some(host) = &self.kubernetes_service_host {
-            // Pods read it as a bare host; `https://` or a port in it breaks every client.
-            if host.is_empty() || host.contains("://") || host.contains(['/', ' ']) {
-                return Err(ConfigError {
-                    flag: "--kubernetes-service-host (ECI_KUBERNETES_SERVICE_HOST)",
-                    problem: format!("{host:?} is not a host"),
-                    fix: "give an IP address or DNS name only; the port goes in ECI_KUBERNETES_SERVICE_PORT",
-                });
-            }
-        }
-        if self.kubernetes_service_port == Some(0) {
-            return Err(ConfigError {
-                flag: "--kubernetes-service-port (ECI_KUBERNETES_SERVICE_PORT)",
-                problem: "0".into(),
-                fix: "give the apiserver's port as pods reach it, e.g. 6443",
-            });
-        }
         if self.max_concurrent_creates == 0 {
             return Err(ConfigError {
                 flag: "--max-concurrent-creates (MAX_CONCURRENT_CREATES)",
@@ -931,45 +897,6 @@ mod tests {
         let error =
             parse_embedded(&["--node-name", "n", "--lease-renew-interval", "30s"]).unwrap_err();
         assert!(error.flag.starts_with("--lease-renew-interval"));
-    }
-
-    #[test]
-    fn cluster_access_from_eci_pods() {
-        let defaults = parse_embedded(&["--node-name", "n"]).unwrap();
-        assert!(
-            defaults.config.kube_proxy,
-            "ECI_KUBE_PROXY is on by default"
-        );
-        assert_eq!(defaults.config.kubernetes_service_host, None);
-        assert_eq!(defaults.config.kubernetes_service_port, None);
-        let set = parse_embedded(&[
-            "--node-name",
-            "n",
-            "--kube-proxy",
-            "false",
-            "--kubernetes-service-host",
-            "192.168.0.10",
-            "--kubernetes-service-port",
-            "6443",
-        ])
-        .unwrap();
-        assert!(!set.config.kube_proxy);
-        assert_eq!(
-            set.config.kubernetes_service_host.as_deref(),
-            Some("192.168.0.10")
-        );
-        assert_eq!(set.config.kubernetes_service_port, Some(6443));
-        for bad in ["https://192.168.0.10", "10.0.0.1/6443", ""] {
-            let error = parse_embedded(&["--node-name", "n", "--kubernetes-service-host", bad])
-                .unwrap_err();
-            assert!(
-                error.flag.starts_with("--kubernetes-service-host"),
-                "{bad}: {error}"
-            );
-        }
-        let error =
-            parse_embedded(&["--node-name", "n", "--kubernetes-service-port", "0"]).unwrap_err();
-        assert!(error.flag.starts_with("--kubernetes-service-port"));
     }
 
     #[test]

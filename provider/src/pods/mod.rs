@@ -5,8 +5,10 @@
 mod controller;
 pub mod from_eci;
 pub mod refs;
+pub mod services;
 mod slim;
 pub mod to_eci;
+pub mod tokens;
 pub mod workqueue;
 
 pub use controller::{INSTANCE_ANNOTATION, KUBE_API, PROVIDER_FAILED, PodController};

@@ -1,5 +1,6 @@
 //! Environment variables: literals, the downward API (with `status.podIP` handed to ECI's
-//! field references), resources, ConfigMap and Secret keys (honouring `optional`), `envFrom`.
+//! field references), resources, ConfigMap and Secret keys (honouring `optional`), `envFrom`,
+//! then the Service variables a kubelet adds (see [`super::service_env`]).
 
 use eci_proto::v20180808::{EnvironmentVar, FieldRef};
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -23,11 +24,13 @@ fn literal(key: &str, value: String) -> EnvironmentVar {
     }
 }
 
-/// The environment of `container` (`at` names it in rejections).
+/// The environment of `container` (`at` names it in rejections), followed by the `services`
+/// variables it does not define itself.
 pub(super) fn environment(
     pod: &Pod,
     container: &Container,
     cx: &Context<'_>,
+    services: &[(String, String)],
     at: &str,
 ) -> Result<Vec<EnvironmentVar>, Rejection> {
     let mut vars: Vec<EnvironmentVar> = Vec::new();
@@ -149,5 +152,12 @@ pub(super) fn environment(
         .filter(|v| seen.insert(v.key.clone()))
         .collect();
     deduplicated.reverse();
+    // The kubelet's order: the container's variables as declared, then the Service variables
+    // it did not define (its own definition wins).
+    for (key, value) in services {
+        if seen.insert(key.clone()) {
+            deduplicated.push(literal(key, value.clone()));
+        }
+    }
     Ok(deduplicated)
 }

@@ -1,24 +1,30 @@
 //! Pod → `CreateContainerGroupRequest`: pure, no I/O. The caller fetches the ConfigMaps and
-//! Secrets the pod references (and a service account token when a projected volume asks for
-//! one) and passes them in [`Context`].
-//!
-//! Not wired to a pod controller yet: that is the pod lifecycle work.
+//! Secrets the pod references (and the service account tokens its projected volumes ask for),
+//! takes the Services from its cache, and passes them in [`Context`].
 
 mod container;
 mod downward;
 mod env;
 pub mod naming;
+pub mod service_env;
 mod volumes;
+
+pub(crate) use volumes::has_token;
 
 use crate::k8s::quantity;
 use std::collections::BTreeMap;
 
+use std::sync::Arc;
+
 use base64::Engine as _;
 use eci_proto::v20180808::{
-    CreateContainerGroupRequest, DnsConfig, DnsOption, HostAliase, ImageRegistryCredential,
+    CreateContainerGroupRequest, DnsConfig, DnsOption, HostAliase, ImageRegistryCredential, Tag,
+    Volume,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use serde_json::Value;
+
+use crate::pods::refs::{Token, TokenSource};
 
 /// Pod annotation: `vCPU-memory` pairs and/or ECS instance types for the group.
 pub const ANNOTATION_USE_SPECS: &str = "k8s.aliyun.com/eci-use-specs";
@@ -44,6 +50,10 @@ pub const ANNOTATION_RAM_ROLE: &str = "k8s.aliyun.com/eci-ram-role-name";
 pub const ANNOTATION_RESOURCE_GROUP: &str = "k8s.aliyun.com/eci-resource-group-id";
 /// An EIP: `true` creates one.
 pub const ANNOTATION_WITH_EIP: &str = "k8s.aliyun.com/eci-with-eip";
+/// ClusterIP Service access from the group (`true`/`false`): ack-virtual-node's pod annotation.
+/// On a pod it overrides `ECI_KUBE_PROXY`; the group carries the decision as a tag of the same
+/// key (the public CreateContainerGroup has no parameter for it).
+pub const ANNOTATION_KUBE_PROXY: &str = "k8s.aliyun.com/eci-kube-proxy-enabled";
 
 /// Why a pod cannot be turned into a container group (yet).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,10 +106,18 @@ pub struct Context<'a> {
     pub config_maps: &'a BTreeMap<String, ConfigMap>,
     /// Secrets of the pod's namespace that it references, by name.
     pub secrets: &'a BTreeMap<String, Secret>,
-    /// A token for projected `serviceAccountToken` sources, when issued.
-    pub service_account_token: Option<&'a str>,
+    /// The tokens issued for the pod's projected `serviceAccountToken` sources.
+    pub service_account_tokens: &'a BTreeMap<TokenSource, Token>,
     /// The size resource references fall back to when a container sets none (vCPU, GiB).
     pub default_spec: (f64, f64),
+    /// The apiserver's Service as pods should reach it (see
+    /// [`service_env::apiserver_service`]); `None` when there is none.
+    pub apiserver: Option<&'a Service>,
+    /// The Services of the pod's namespace (service links).
+    pub services: &'a [Arc<Service>],
+    /// ClusterIP Service access from the group unless the pod's annotation says otherwise
+    /// (`ECI_KUBE_PROXY`).
+    pub kube_proxy: bool,
 }
 
 /// Translates a pod bound to our node.
@@ -143,10 +161,16 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
             "a pod needs at least one container",
         ));
     }
+    let service_env = service_env::variables(
+        &namespace,
+        spec.enable_service_links.unwrap_or(true),
+        cx.apiserver,
+        cx.services.iter().map(AsRef::as_ref),
+    );
     let mut containers = Vec::new();
     for (index, c) in spec.containers.iter().enumerate() {
         let at = format!("spec.containers[{index}] ({})", c.name);
-        let env = env::environment(pod, c, cx, &at)?;
+        let env = env::environment(pod, c, cx, &service_env, &at)?;
         containers.push(container::container(c, env, &at)?);
     }
     let mut init_containers = Vec::new();
@@ -158,7 +182,7 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
                 "sidecar init containers (restartPolicy: Always) are not supported on ECI",
             ));
         }
-        let env = env::environment(pod, c, cx, &at)?;
+        let env = env::environment(pod, c, cx, &service_env, &at)?;
         init_containers.push(container::container(c, env, &at)?);
     }
     let annotations = meta.annotations.clone().unwrap_or_default();
@@ -168,6 +192,22 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
             .map(String::as_str)
             .filter(|v| !v.is_empty())
     };
+    let kube_proxy = match annotation(ANNOTATION_KUBE_PROXY) {
+        None => cx.kube_proxy,
+        Some("true") => true,
+        Some("false") => false,
+        Some(other) => {
+            return Err(reject(
+                &format!("metadata.annotations[{ANNOTATION_KUBE_PROXY}]"),
+                format!("{other:?} is neither \"true\" nor \"false\""),
+            ));
+        }
+    };
+    let mut tags = naming::tags(cx.cluster_name, cx.node_name, &namespace, &name, &uid);
+    tags.push(Tag {
+        key: ANNOTATION_KUBE_PROXY.to_owned(),
+        value: kube_proxy.to_string(),
+    });
     let mut request = CreateContainerGroupRequest {
         region_id: cx.region.to_owned(),
         security_group_id: annotation(ANNOTATION_SECURITY_GROUP)
@@ -181,7 +221,7 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
             .restart_policy
             .clone()
             .unwrap_or_else(|| "Always".into()),
-        tag: naming::tags(cx.cluster_name, cx.node_name, &namespace, &name, &uid),
+        tag: tags,
         container: containers,
         init_container: init_containers,
         volume: volumes::volumes(pod, cx)?,
@@ -239,6 +279,12 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
         apply_use_specs(&mut request, specs)?;
     }
     Ok(request)
+}
+
+/// Only the pod's volumes that carry service account tokens, as ECI volumes: what a token
+/// refresh hands to the running group (`UpdateContainerGroup`).
+pub fn token_volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, Rejection> {
+    volumes::token_volumes(pod, cx)
 }
 
 /// `eci-use-specs`: the first `vCPU-memory` pair sets the group size (and must fit the

@@ -15,7 +15,10 @@ struct Fixture {
     config_maps: BTreeMap<String, ConfigMap>,
     secrets: BTreeMap<String, Secret>,
     dns: Vec<String>,
-    token: Option<&'static str>,
+    tokens: BTreeMap<TokenSource, Token>,
+    apiserver: Option<k8s_openapi::api::core::v1::Service>,
+    services: Vec<std::sync::Arc<k8s_openapi::api::core::v1::Service>>,
+    kube_proxy: bool,
 }
 
 impl Fixture {
@@ -42,7 +45,10 @@ impl Fixture {
             config_maps: [("app-config".to_owned(), config_map)].into(),
             secrets: [("db".to_owned(), secret), ("pull".to_owned(), pull)].into(),
             dns: vec!["10.96.0.10".to_owned()],
-            token: None,
+            tokens: BTreeMap::new(),
+            apiserver: None,
+            services: Vec::new(),
+            kube_proxy: true,
         }
     }
 
@@ -57,8 +63,11 @@ impl Fixture {
             cluster_domain: "cluster.local",
             config_maps: &self.config_maps,
             secrets: &self.secrets,
-            service_account_token: self.token,
+            service_account_tokens: &self.tokens,
             default_spec: (2.0, 4.0),
+            apiserver: self.apiserver.as_ref(),
+            services: &self.services,
+            kube_proxy: self.kube_proxy,
         }
     }
 }
@@ -266,7 +275,20 @@ fn missing_references_are_retryable_rejections() {
 #[test]
 fn volumes_that_ecis_config_files_carry() {
     let mut fixture = Fixture::new();
-    fixture.token = Some("token-abc");
+    fixture.tokens.insert(
+        TokenSource {
+            audience: String::new(),
+            expiration_seconds: 3607,
+        },
+        Token::new("token-abc".into()),
+    );
+    fixture.tokens.insert(
+        TokenSource {
+            audience: "vault".into(),
+            expiration_seconds: 600,
+        },
+        Token::new("token-vault".into()),
+    );
     let pod = mk_pod(json!({
         "containers": [{"name": "app", "image": "app", "volumeMounts": [
             {"name": "scratch", "mountPath": "/tmp"}, {"name": "config", "mountPath": "/etc/app", "readOnly": true},
@@ -282,6 +304,9 @@ fn volumes_that_ecis_config_files_carry() {
                 {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
                 {"configMap": {"name": "app-config", "items": [{"key": "level", "path": "level"}]}},
                 {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}
+            ]}},
+            {"name": "vault", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "vault-token", "audience": "vault", "expirationSeconds": 600}}
             ]}},
             {"name": "share", "nfs": {"server": "nas.example.com", "path": "/exports", "readOnly": false}}
         ]
@@ -354,6 +379,18 @@ fn volumes_that_ecis_config_files_carry() {
         "nas.example.com"
     );
     assert_eq!(request.container[0].volume_mount[5].sub_path, "web");
+    // Each source gets the token issued for its audience and validity.
+    let vault = volume("vault")
+        .config_file_volume
+        .unwrap()
+        .config_file_to_path;
+    assert_eq!(
+        (vault[0].path.as_str(), decode(&vault[0].content).as_str()),
+        ("vault-token", "token-vault")
+    );
+    // A refresh sends just the token volumes, built the same way.
+    let refreshed = token_volumes(&pod, &fixture.cx()).unwrap();
+    assert_eq!(refreshed, vec![volume("api"), volume("vault")]);
 }
 
 #[test]
@@ -536,4 +573,123 @@ fn pod_level_settings() {
     let host =
         mk_pod(json!({"hostNetwork": true, "containers": [{"name": "app", "image": "app"}]}));
     assert_eq!(rejection(&host, &fixture).field, "spec.hostNetwork");
+}
+
+fn service(
+    namespace: &str,
+    name: &str,
+    ip: &str,
+    port: i32,
+) -> k8s_openapi::api::core::v1::Service {
+    serde_json::from_value(json!({"metadata": {"namespace": namespace, "name": name},
+        "spec": {"clusterIP": ip, "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}}))
+    .unwrap()
+}
+
+#[test]
+fn containers_get_the_service_variables_after_their_own() {
+    let mut fixture = Fixture::new();
+    fixture.apiserver = Some(service("default", "kubernetes", "10.96.0.1", 443));
+    fixture.services = vec![
+        std::sync::Arc::new(service("default", "web", "10.96.0.20", 80)),
+        std::sync::Arc::new(service("other", "elsewhere", "10.96.0.30", 80)),
+    ];
+    let spec = |links: Option<bool>| {
+        let mut spec = json!({
+            "initContainers": [{"name": "init", "image": "init"}],
+            "containers": [{"name": "app", "image": "app", "env": [
+                {"name": "FIRST", "value": "1"}, {"name": "WEB_SERVICE_PORT", "value": "mine"}]}],
+        });
+        if let Some(links) = links {
+            spec["enableServiceLinks"] = json!(links);
+        }
+        mk_pod(spec)
+    };
+    let request = translate_ok(&spec(None), &fixture);
+    let keys: Vec<&str> = request.container[0]
+        .environment_var
+        .iter()
+        .map(|v| v.key.as_str())
+        .collect();
+    // The container's own first, then the kubelet's, `kubernetes` before `web`.
+    assert_eq!(
+        &keys[..4],
+        [
+            "FIRST",
+            "WEB_SERVICE_PORT",
+            "KUBERNETES_SERVICE_HOST",
+            "KUBERNETES_SERVICE_PORT"
+        ]
+    );
+    let env = env_of(&request);
+    assert_eq!(
+        env["WEB_SERVICE_PORT"].0, "mine",
+        "the container's own definition wins"
+    );
+    assert_eq!(env["WEB_SERVICE_HOST"].0, "10.96.0.20");
+    assert_eq!(env["KUBERNETES_PORT_443_TCP_ADDR"].0, "10.96.0.1");
+    assert!(
+        !env.contains_key("ELSEWHERE_SERVICE_HOST"),
+        "only the pod's namespace"
+    );
+    assert_eq!(keys.iter().filter(|k| **k == "WEB_SERVICE_PORT").count(), 1);
+    let init: Vec<&str> = request.init_container[0]
+        .environment_var
+        .iter()
+        .map(|v| v.key.as_str())
+        .collect();
+    assert!(init.contains(&"KUBERNETES_SERVICE_HOST") && init.contains(&"WEB_SERVICE_HOST"));
+
+    let unlinked = env_of(&translate_ok(&spec(Some(false)), &fixture));
+    assert_eq!(unlinked["KUBERNETES_SERVICE_HOST"].0, "10.96.0.1");
+    assert!(!unlinked.contains_key("WEB_SERVICE_HOST"));
+    assert_eq!(unlinked["WEB_SERVICE_PORT"].0, "mine");
+
+    fixture.apiserver = None;
+    let none = env_of(&translate_ok(&spec(Some(false)), &fixture));
+    assert!(
+        none.keys().all(|k| !k.starts_with("KUBERNETES_")),
+        "{none:?}"
+    );
+}
+
+#[test]
+fn kube_proxy_travels_as_a_tag() {
+    let tag = |request: &CreateContainerGroupRequest| {
+        request
+            .tag
+            .iter()
+            .find(|t| t.key == ANNOTATION_KUBE_PROXY)
+            .map(|t| t.value.clone())
+    };
+    let mut fixture = Fixture::new();
+    let plain = mk_pod(one(json!({"name": "app", "image": "app"})));
+    let with = |value: &str| {
+        mk_pod_with(
+            json!({"annotations": {ANNOTATION_KUBE_PROXY: value}}),
+            one(json!({"name": "app", "image": "app"})),
+        )
+    };
+    assert_eq!(
+        tag(&translate_ok(&plain, &fixture)).as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        tag(&translate_ok(&with("false"), &fixture)).as_deref(),
+        Some("false")
+    );
+    fixture.kube_proxy = false;
+    assert_eq!(
+        tag(&translate_ok(&plain, &fixture)).as_deref(),
+        Some("false")
+    );
+    assert_eq!(
+        tag(&translate_ok(&with("true"), &fixture)).as_deref(),
+        Some("true")
+    );
+    let error = rejection(&with("yes"), &fixture);
+    assert!(
+        !error.retryable && error.field.contains(ANNOTATION_KUBE_PROXY),
+        "{error}"
+    );
 }

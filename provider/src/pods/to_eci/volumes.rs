@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod};
 
 use super::downward::{self, FieldValue};
 use super::{Context, Rejection, missing, reject};
+use crate::pods::refs::TokenSource;
 
 struct File {
     path: String,
@@ -151,136 +152,165 @@ fn downward_files(
 
 /// The pod's volumes as ECI volumes.
 pub(super) fn volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, Rejection> {
-    let mut out = Vec::new();
-    for (index, volume) in pod
-        .spec
+    pod.spec
         .iter()
         .flat_map(|s| s.volumes.iter().flatten())
         .enumerate()
-    {
-        let at = format!("spec.volumes[{index}] ({})", volume.name);
-        let mut eci = Volume {
-            name: volume.name.clone(),
-            ..Volume::default()
+        .map(|(index, volume)| translate(pod, index, volume, cx))
+        .collect()
+}
+
+/// Whether a pod volume carries a service account token (a projected one with a
+/// `serviceAccountToken` source).
+pub(crate) fn has_token(volume: &k8s_openapi::api::core::v1::Volume) -> bool {
+    volume
+        .projected
+        .iter()
+        .flat_map(|p| p.sources.iter().flatten())
+        .any(|source| source.service_account_token.is_some())
+}
+
+/// Only the volumes that carry service account tokens, as ECI volumes: what a token refresh
+/// sends to the running group.
+pub(super) fn token_volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, Rejection> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .enumerate()
+        .filter(|(_, volume)| has_token(volume))
+        .map(|(index, volume)| translate(pod, index, volume, cx))
+        .collect()
+}
+
+/// One pod volume as an ECI volume.
+fn translate(
+    pod: &Pod,
+    index: usize,
+    volume: &k8s_openapi::api::core::v1::Volume,
+    cx: &Context<'_>,
+) -> Result<Volume, Rejection> {
+    let at = format!("spec.volumes[{index}] ({})", volume.name);
+    let mut eci = Volume {
+        name: volume.name.clone(),
+        ..Volume::default()
+    };
+    if let Some(empty) = &volume.empty_dir {
+        eci.r#type = "EmptyDirVolume".into();
+        eci.empty_dir_volume = Some(EmptyDirVolume {
+            medium: empty.medium.clone().unwrap_or_default(),
+            size_limit: empty
+                .size_limit
+                .as_ref()
+                .map(|q| q.0.clone())
+                .unwrap_or_default(),
+        });
+    } else if let Some(source) = &volume.config_map {
+        let optional = source.optional == Some(true);
+        let files = match config_map_entries(cx, &source.name) {
+            Some(entries) => {
+                keyed_files(&entries, source.items.as_ref(), optional, &at, "ConfigMap")?
+            }
+            None if optional => Vec::new(),
+            None => return Err(missing(&at, "ConfigMap", &source.name)),
         };
-        if let Some(empty) = &volume.empty_dir {
-            eci.r#type = "EmptyDirVolume".into();
-            eci.empty_dir_volume = Some(EmptyDirVolume {
-                medium: empty.medium.clone().unwrap_or_default(),
-                size_limit: empty
-                    .size_limit
-                    .as_ref()
-                    .map(|q| q.0.clone())
-                    .unwrap_or_default(),
-            });
-        } else if let Some(source) = &volume.config_map {
-            let optional = source.optional == Some(true);
-            let files = match config_map_entries(cx, &source.name) {
-                Some(entries) => {
-                    keyed_files(&entries, source.items.as_ref(), optional, &at, "ConfigMap")?
-                }
-                None if optional => Vec::new(),
-                None => return Err(missing(&at, "ConfigMap", &source.name)),
-            };
-            eci.r#type = "ConfigFileVolume".into();
-            eci.config_file_volume = Some(encode(files, source.default_mode));
-        } else if let Some(source) = &volume.secret {
-            let name = source.secret_name.clone().unwrap_or_default();
-            let optional = source.optional == Some(true);
-            let files = match secret_entries(cx, &name) {
-                Some(entries) => {
-                    keyed_files(&entries, source.items.as_ref(), optional, &at, "Secret")?
-                }
-                None if optional => Vec::new(),
-                None => return Err(missing(&at, "Secret", &name)),
-            };
-            eci.r#type = "ConfigFileVolume".into();
-            eci.config_file_volume = Some(encode(files, source.default_mode));
-        } else if let Some(source) = &volume.downward_api {
-            eci.r#type = "ConfigFileVolume".into();
-            eci.config_file_volume = Some(encode(
-                downward_files(pod, source.items.as_deref().unwrap_or_default(), cx, &at)?,
-                source.default_mode,
-            ));
-        } else if let Some(source) = &volume.projected {
-            let mut files = Vec::new();
-            for projection in source.sources.iter().flatten() {
-                if let Some(map) = &projection.config_map {
-                    let optional = map.optional == Some(true);
-                    match config_map_entries(cx, &map.name) {
-                        Some(entries) => files.extend(keyed_files(
-                            &entries,
-                            map.items.as_ref(),
-                            optional,
-                            &at,
-                            "ConfigMap",
-                        )?),
-                        None if optional => {}
-                        None => return Err(missing(&at, "ConfigMap", &map.name)),
-                    }
-                } else if let Some(secret) = &projection.secret {
-                    let optional = secret.optional == Some(true);
-                    match secret_entries(cx, &secret.name) {
-                        Some(entries) => files.extend(keyed_files(
-                            &entries,
-                            secret.items.as_ref(),
-                            optional,
-                            &at,
-                            "Secret",
-                        )?),
-                        None if optional => {}
-                        None => return Err(missing(&at, "Secret", &secret.name)),
-                    }
-                } else if let Some(downward) = &projection.downward_api {
-                    files.extend(downward_files(
-                        pod,
-                        downward.items.as_deref().unwrap_or_default(),
-                        cx,
+        eci.r#type = "ConfigFileVolume".into();
+        eci.config_file_volume = Some(encode(files, source.default_mode));
+    } else if let Some(source) = &volume.secret {
+        let name = source.secret_name.clone().unwrap_or_default();
+        let optional = source.optional == Some(true);
+        let files = match secret_entries(cx, &name) {
+            Some(entries) => keyed_files(&entries, source.items.as_ref(), optional, &at, "Secret")?,
+            None if optional => Vec::new(),
+            None => return Err(missing(&at, "Secret", &name)),
+        };
+        eci.r#type = "ConfigFileVolume".into();
+        eci.config_file_volume = Some(encode(files, source.default_mode));
+    } else if let Some(source) = &volume.downward_api {
+        eci.r#type = "ConfigFileVolume".into();
+        eci.config_file_volume = Some(encode(
+            downward_files(pod, source.items.as_deref().unwrap_or_default(), cx, &at)?,
+            source.default_mode,
+        ));
+    } else if let Some(source) = &volume.projected {
+        let mut files = Vec::new();
+        for projection in source.sources.iter().flatten() {
+            if let Some(map) = &projection.config_map {
+                let optional = map.optional == Some(true);
+                match config_map_entries(cx, &map.name) {
+                    Some(entries) => files.extend(keyed_files(
+                        &entries,
+                        map.items.as_ref(),
+                        optional,
                         &at,
-                    )?);
-                } else if let Some(token) = &projection.service_account_token {
-                    let value = cx.service_account_token.ok_or_else(|| Rejection {
+                        "ConfigMap",
+                    )?),
+                    None if optional => {}
+                    None => return Err(missing(&at, "ConfigMap", &map.name)),
+                }
+            } else if let Some(secret) = &projection.secret {
+                let optional = secret.optional == Some(true);
+                match secret_entries(cx, &secret.name) {
+                    Some(entries) => files.extend(keyed_files(
+                        &entries,
+                        secret.items.as_ref(),
+                        optional,
+                        &at,
+                        "Secret",
+                    )?),
+                    None if optional => {}
+                    None => return Err(missing(&at, "Secret", &secret.name)),
+                }
+            } else if let Some(downward) = &projection.downward_api {
+                files.extend(downward_files(
+                    pod,
+                    downward.items.as_deref().unwrap_or_default(),
+                    cx,
+                    &at,
+                )?);
+            } else if let Some(token) = &projection.service_account_token {
+                let value = cx
+                    .service_account_tokens
+                    .get(&TokenSource::of(token))
+                    .ok_or_else(|| Rejection {
                         field: at.clone(),
                         reason: "a service account token was not issued yet".into(),
                         retryable: true,
                     })?;
-                    files.push(File {
-                        path: token.path.clone(),
-                        content: value.as_bytes().to_vec(),
-                        mode: None,
-                    });
-                } else {
-                    return Err(reject(
-                        &at,
-                        "projected volumes support configMap, secret, downwardAPI and serviceAccountToken sources",
-                    ));
-                }
+                files.push(File {
+                    path: token.path.clone(),
+                    content: value.expose().as_bytes().to_vec(),
+                    mode: None,
+                });
+            } else {
+                return Err(reject(
+                    &at,
+                    "projected volumes support configMap, secret, downwardAPI and serviceAccountToken sources",
+                ));
             }
-            eci.r#type = "ConfigFileVolume".into();
-            eci.config_file_volume = Some(encode(files, source.default_mode));
-        } else if let Some(nfs) = &volume.nfs {
-            eci.r#type = "NFSVolume".into();
-            eci.nfs_volume = Some(NfsVolume {
-                server: nfs.server.clone(),
-                path: nfs.path.clone(),
-                read_only: nfs.read_only.unwrap_or(false),
-            });
-        } else {
-            let kind = serde_json::to_value(volume)
-                .ok()
-                .and_then(|v| {
-                    v.as_object()
-                        .and_then(|o| o.keys().find(|k| *k != "name").cloned())
-                })
-                .unwrap_or_else(|| "unknown".into());
-            return Err(reject(
-                &at,
-                format!(
-                    "{kind} volumes cannot run on ECI; supported: emptyDir, configMap, secret, downwardAPI, projected, nfs"
-                ),
-            ));
         }
-        out.push(eci);
+        eci.r#type = "ConfigFileVolume".into();
+        eci.config_file_volume = Some(encode(files, source.default_mode));
+    } else if let Some(nfs) = &volume.nfs {
+        eci.r#type = "NFSVolume".into();
+        eci.nfs_volume = Some(NfsVolume {
+            server: nfs.server.clone(),
+            path: nfs.path.clone(),
+            read_only: nfs.read_only.unwrap_or(false),
+        });
+    } else {
+        let kind = serde_json::to_value(volume)
+            .ok()
+            .and_then(|v| {
+                v.as_object()
+                    .and_then(|o| o.keys().find(|k| *k != "name").cloned())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        return Err(reject(
+            &at,
+            format!(
+                "{kind} volumes cannot run on ECI; supported: emptyDir, configMap, secret, downwardAPI, projected, nfs"
+            ),
+        ));
     }
-    Ok(out)
+    Ok(eci)
 }

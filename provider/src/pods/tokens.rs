@@ -1,0 +1,1127 @@
+//! Service account tokens for projected volumes, handled as the kubelet handles them.
+//!
+//! - **Issue**: one TokenRequest (`serviceaccounts/token`) per distinct `serviceAccountToken`
+//!   source of a pod, with the source's audience (none: the apiserver's own) and
+//!   `expirationSeconds` (default 3600), bound to the pod (`boundObjectRef` kind Pod, name, uid),
+//!   as the pod's service account.
+//! - **Refresh**: at 80 % of a token's lifetime or once it is 24 h old, whichever comes first, up
+//!   to 10 s early (the kubelet's rule and jitter), every token volume of the pod is rebuilt
+//!   with new tokens and handed to the running group with `UpdateContainerGroup`
+//!   (`IncrementalUpdate`, the volumes by name as `ConfigFileVolume`s): the files change in
+//!   place, no container is restarted.
+//! - **One timer queue** for all pods (a pod waiting for its refresh is a few hundred bytes of
+//!   data, not a task), drained by a few workers; a failed attempt is retried with back-off.
+//! - **After a restart** the groups adopted from the previous process are described in batches
+//!   of 20 and each token found in them (a JWT bound to the group's pod) is scheduled from its
+//!   own claims; a group whose token cannot be read is refreshed soon, to be safe.
+//!
+//! Tokens are secrets: they are never logged, and [`Token`] hides them from `Debug`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use eci_proto::EciError;
+use eci_proto::error::codes;
+use eci_proto::v20180808::{DescribeContainerGroupsRequest, UpdateContainerGroupRequest};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use serde_json::Value;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::config::Settings;
+use crate::eci::Backend;
+use crate::ops::metrics::Telemetry;
+use crate::pods::refs::{self, Token, TokenSource};
+use crate::pods::to_eci::{self, Context, Rejection};
+
+/// A token older than this is refreshed whatever its lifetime (the kubelet's `maxTTL`).
+pub const MAX_TOKEN_AGE: Duration = Duration::from_secs(24 * 60 * 60);
+/// Refreshes start up to this much early, so tokens issued together are not all refreshed in
+/// the same second (the kubelet's `maxJitter`).
+const MAX_JITTER_SECONDS: u64 = 10;
+/// Refreshes (or batches of inspections) in flight at once.
+const IN_FLIGHT: usize = 4;
+/// Groups described per call when inspecting adopted groups (the API's maximum).
+const INSPECT_BATCH: usize = 20;
+/// The longest wait between attempts of a failing refresh: a 600 s token refreshed at 480 s
+/// still has two minutes, room for several attempts.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
+/// An adopted group whose tokens cannot be read is refreshed within this spread (a restart
+/// with thousands of such groups does not refresh them all at once).
+const UNREADABLE_SPREAD_SECONDS: u64 = 60;
+
+/// A TokenRequest failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The apiserver refused or could not be reached.
+    #[error("cannot issue a token for service account {namespace}/{account}")]
+    Request {
+        /// The pod's namespace.
+        namespace: String,
+        /// The service account.
+        account: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The answer carried no token.
+    #[error(
+        "the TokenRequest for service account {namespace}/{account} was answered without a token"
+    )]
+    Empty {
+        /// The pod's namespace.
+        namespace: String,
+        /// The service account.
+        account: String,
+    },
+}
+
+/// A refresh (or an inspection) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RefreshError {
+    /// The pod could not be read.
+    #[error("cannot read the pod")]
+    ReadPod(#[source] kube::Error),
+    /// A ConfigMap or Secret a token volume projects could not be read.
+    #[error("cannot read {kind} {name}")]
+    Reference {
+        /// `ConfigMap` or `Secret`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A token could not be issued.
+    #[error("cannot issue the pod's tokens")]
+    Token(#[source] TokenError),
+    /// The token volumes could not be built (a projected ConfigMap went missing).
+    #[error("cannot build the token volumes")]
+    Volumes(#[source] Rejection),
+    /// ECI refused the update.
+    #[error("UpdateContainerGroup failed")]
+    Update(#[source] EciError),
+    /// ECI could not describe the adopted groups.
+    #[error("DescribeContainerGroups failed")]
+    Describe(#[source] EciError),
+}
+
+impl RefreshError {
+    /// Whether another attempt may succeed.
+    fn is_retryable(&self) -> bool {
+        match self {
+            Self::Volumes(rejection) => rejection.retryable,
+            // A group `Updating` or `Restarting` takes updates again in a moment; one that
+            // finished is noticed through its pod's phase on the next attempt.
+            Self::Update(error) => error.is_retryable() || error.code == codes::INCORRECT_STATUS,
+            _ => true,
+        }
+    }
+}
+
+/// An error with its causes, `a: b: c`, for one log field.
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kubelet's rule (pure)
+// ---------------------------------------------------------------------------------------------
+
+/// How long until a token should be refreshed: it is `age` old and valid for
+/// `lifetime_seconds`; due once 20 % of the lifetime is left (the kubelet's integer
+/// arithmetic) or once it is 24 h old, whichever comes first, `jitter` early; zero when past.
+pub fn refresh_delay(age: Duration, lifetime_seconds: i64, jitter: Duration) -> Duration {
+    let lifetime = u64::try_from(lifetime_seconds).unwrap_or(0);
+    let due = Duration::from_secs(lifetime - lifetime * 20 / 100).min(MAX_TOKEN_AGE);
+    due.saturating_sub(jitter).saturating_sub(age)
+}
+
+/// The claims of a JWT, when `text` is one (its payload decoded; nothing verified — the
+/// apiserver issued it and only its times are read).
+fn jwt_claims(text: &str) -> Option<Value> {
+    let mut parts = text.trim().split('.');
+    let (_, payload, _) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    serde_json::from_slice(&payload).ok()
+}
+
+/// How long until a token found in an adopted group should be refreshed, from its claims:
+/// issued at `iat`, valid until `kubernetes.io.warnafter` when the apiserver extended it (a
+/// 3607 s `kube-api-access` token is issued for a year but is meant to be refreshed as 3607 s),
+/// else until `exp`. `None` when the claims are not of a token bound to the pod `pod_uid`.
+pub fn claims_refresh_delay(
+    claims: &Value,
+    pod_uid: &str,
+    now_unix: i64,
+    jitter: Duration,
+) -> Option<Duration> {
+    let kubernetes = claims.get("kubernetes.io")?;
+    if kubernetes.pointer("/pod/uid").and_then(Value::as_str) != Some(pod_uid) {
+        return None;
+    }
+    let issued = claims.get("iat").and_then(Value::as_i64)?;
+    let valid_until = kubernetes
+        .get("warnafter")
+        .and_then(Value::as_i64)
+        .or_else(|| claims.get("exp").and_then(Value::as_i64))?;
+    let age = Duration::from_secs(u64::try_from(now_unix - issued).unwrap_or(0));
+    Some(refresh_delay(age, valid_until - issued, jitter))
+}
+
+/// The earliest refresh of the tokens in an adopted group's volumes (`None`: none found).
+fn group_refresh_delay(
+    group: &eci_proto::v20180808::ContainerGroup,
+    pod_uid: &str,
+    now_unix: i64,
+    jitter: Duration,
+) -> Option<Duration> {
+    group
+        .volumes
+        .iter()
+        .filter_map(|v| v.config_file_volume.as_ref())
+        .flat_map(|v| &v.config_file_to_path)
+        .filter_map(|file| {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(&file.content)
+                .ok()?;
+            jwt_claims(std::str::from_utf8(&bytes).ok()?)
+        })
+        .filter_map(|claims| claims_refresh_delay(&claims, pod_uid, now_unix, jitter))
+        .min()
+}
+
+/// A random delay below `limit_seconds` whole seconds (the kubelet's jitter is whole seconds).
+fn random_seconds(limit_seconds: u64) -> Duration {
+    let random = uuid::Uuid::new_v4().as_u128();
+    Duration::from_secs(u64::try_from(random % u128::from(limit_seconds)).unwrap_or(0))
+}
+
+/// The wait before attempt `attempt + 1` of a failing refresh: 1 s, doubling, at most 30 s.
+fn retry_delay(attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << attempt.min(5)).min(MAX_RETRY_DELAY)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issuing
+// ---------------------------------------------------------------------------------------------
+
+/// The tokens issued for a pod, and when they are due for a refresh.
+#[derive(Debug, Default)]
+pub struct Issued {
+    /// One per source.
+    pub tokens: BTreeMap<TokenSource, Token>,
+    /// When the first of them is due (`None` without tokens).
+    pub refresh_in: Option<Duration>,
+}
+
+/// Issues one token per source for `pod`, as its service account, bound to it.
+pub async fn issue(
+    client: &kube::Client,
+    telemetry: &Telemetry,
+    pod: &Pod,
+    sources: &BTreeSet<TokenSource>,
+) -> Result<Issued, TokenError> {
+    let namespace = pod.namespace().unwrap_or_default();
+    let account = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "default".into());
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
+    let jitter = random_seconds(MAX_JITTER_SECONDS);
+    let mut issued = Issued::default();
+    for source in sources {
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                // No audience: the apiserver's own (what an empty list means to TokenRequest).
+                audiences: if source.audience.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![source.audience.clone()]
+                },
+                expiration_seconds: Some(source.expiration_seconds),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: pod.metadata.name.clone(),
+                    uid: pod.metadata.uid.clone(),
+                }),
+            },
+            ..TokenRequest::default()
+        };
+        telemetry.kube_request("token_request");
+        let answer = api
+            .create_token_request(&account, &PostParams::default(), &request)
+            .await
+            .map_err(|source| TokenError::Request {
+                namespace: namespace.clone(),
+                account: account.clone(),
+                source,
+            })?;
+        // The apiserver may shorten the validity (--service-account-max-token-expiration);
+        // its answer says what was granted.
+        let lifetime = answer
+            .spec
+            .expiration_seconds
+            .unwrap_or(source.expiration_seconds);
+        let token = answer
+            .status
+            .map(|status| status.token)
+            .filter(|token| !token.is_empty())
+            .ok_or_else(|| TokenError::Empty {
+                namespace: namespace.clone(),
+                account: account.clone(),
+            })?;
+        issued.tokens.insert(source.clone(), Token::new(token));
+        let due = refresh_delay(Duration::ZERO, lifetime, jitter);
+        issued.refresh_in = Some(issued.refresh_in.map_or(due, |d| d.min(due)));
+    }
+    Ok(issued)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The timer queue (pure data)
+// ---------------------------------------------------------------------------------------------
+
+/// A pod whose tokens are kept fresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The pod's uid.
+    pub uid: String,
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// Its container group.
+    pub group: String,
+    /// Adopted: the tokens in the group were issued by an earlier process, and are read before
+    /// anything is scheduled.
+    pub inspect: bool,
+    /// Failed attempts so far.
+    pub attempt: u32,
+}
+
+/// Work due now: one pod's refresh, or up to [`INSPECT_BATCH`] adopted groups to inspect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Task {
+    /// Refresh one pod's tokens.
+    Refresh(Entry),
+    /// Read the tokens of adopted groups.
+    Inspect(Vec<Entry>),
+}
+
+impl Task {
+    fn entries(&self) -> &[Entry] {
+        match self {
+            Task::Refresh(entry) => std::slice::from_ref(entry),
+            Task::Inspect(entries) => entries,
+        }
+    }
+}
+
+/// What became of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Refresh it again after this long.
+    After(Duration),
+    /// The attempt failed: try again after a back-off.
+    Retry,
+    /// Nothing more to do (the pod or its group is gone, or it has no tokens).
+    Done,
+}
+
+/// Every pod's next refresh, ordered by time; one entry per pod.
+#[derive(Debug, Default)]
+pub struct Schedule {
+    due: BTreeMap<(Instant, u64), Entry>,
+    by_uid: HashMap<String, (Instant, u64)>,
+    seq: u64,
+}
+
+impl Schedule {
+    /// Schedules `entry` at `at`, replacing what its pod had scheduled.
+    pub fn insert(&mut self, at: Instant, entry: Entry) {
+        if let Some(key) = self.by_uid.remove(&entry.uid) {
+            self.due.remove(&key);
+        }
+        self.seq += 1;
+        let key = (at, self.seq);
+        self.by_uid.insert(entry.uid.clone(), key);
+        self.due.insert(key, entry);
+    }
+
+    /// When the next entry is due.
+    pub fn next(&self) -> Option<Instant> {
+        self.due.keys().next().map(|(at, _)| *at)
+    }
+
+    /// Pods scheduled.
+    pub fn len(&self) -> usize {
+        self.due.len()
+    }
+
+    /// Whether nothing is scheduled.
+    pub fn is_empty(&self) -> bool {
+        self.due.is_empty()
+    }
+
+    fn pop_if_due(&mut self, now: Instant, inspect: bool) -> Option<Entry> {
+        let (&key, entry) = self.due.iter().next()?;
+        if key.0 > now || entry.inspect != inspect {
+            return None;
+        }
+        let entry = self.due.remove(&key)?;
+        self.by_uid.remove(&entry.uid);
+        Some(entry)
+    }
+
+    /// The work due by `now`: the first due entry, with the inspections due right after it
+    /// when it is one (up to a batch).
+    pub fn pop(&mut self, now: Instant) -> Option<Task> {
+        if let Some(entry) = self.pop_if_due(now, false) {
+            return Some(Task::Refresh(entry));
+        }
+        let mut batch = Vec::new();
+        while batch.len() < INSPECT_BATCH {
+            match self.pop_if_due(now, true) {
+                Some(entry) => batch.push(entry),
+                None => break,
+            }
+        }
+        (!batch.is_empty()).then_some(Task::Inspect(batch))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The refresher
+// ---------------------------------------------------------------------------------------------
+
+/// What the refresher does with due work (the real one talks to the apiserver and ECI).
+#[async_trait::async_trait]
+pub trait Work: Send + Sync + 'static {
+    /// Performs a task; one [`Next`] per entry, in order.
+    async fn perform(&self, task: &Task) -> Vec<Next>;
+}
+
+struct Shared<W> {
+    work: W,
+    schedule: Mutex<Schedule>,
+    wake: Notify,
+}
+
+/// Keeps the pods' tokens fresh: one timer queue, drained by [`Refresher::run`].
+pub struct Refresher<W> {
+    shared: Arc<Shared<W>>,
+}
+
+impl<W> Clone for Refresher<W> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<W> std::fmt::Debug for Refresher<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refresher")
+            .field("scheduled", &self.schedule().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The daemon's refresher.
+pub type TokenRefresher = Refresher<Renewal>;
+
+impl<W> Refresher<W> {
+    fn schedule(&self) -> MutexGuard<'_, Schedule> {
+        self.shared
+            .schedule
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<W: Work> Refresher<W> {
+    /// A refresher doing `work`.
+    pub fn with_work(work: W) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                work,
+                schedule: Mutex::new(Schedule::default()),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    fn insert(&self, at: Instant, entry: Entry) {
+        self.schedule().insert(at, entry);
+        // A permit is kept when the loop is busy: it looks at the queue again afterwards.
+        self.shared.wake.notify_one();
+    }
+
+    /// A pod whose group was just created with tokens issued `refresh_in` before their refresh.
+    pub fn track(&self, pod: &Pod, group: &str, refresh_in: Duration) {
+        let Some(uid) = pod.uid() else { return };
+        self.insert(
+            Instant::now() + refresh_in,
+            Entry {
+                uid,
+                namespace: pod.namespace().unwrap_or_default(),
+                name: pod.name_any(),
+                group: group.to_owned(),
+                inspect: false,
+                attempt: 0,
+            },
+        );
+    }
+
+    /// Groups adopted from an earlier process (pod uid, group id, namespace, name): their tokens
+    /// are read from the groups before their refreshes are scheduled.
+    pub fn adopt(&self, groups: impl IntoIterator<Item = (String, String, String, String)>) {
+        let now = Instant::now();
+        let mut adopted = 0usize;
+        {
+            let mut schedule = self.schedule();
+            for (uid, group, namespace, name) in groups {
+                adopted += 1;
+                schedule.insert(
+                    now,
+                    Entry {
+                        uid,
+                        namespace,
+                        name,
+                        group,
+                        inspect: true,
+                        attempt: 0,
+                    },
+                );
+            }
+        }
+        if adopted > 0 {
+            info!(
+                groups = adopted,
+                "reading the service account tokens of the adopted groups to schedule their refreshes"
+            );
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Pods waiting for a refresh (or an inspection), not counting those in progress.
+    pub fn scheduled(&self) -> usize {
+        self.schedule().len()
+    }
+
+    /// Drains the queue until `stop`: due work goes to at most [`IN_FLIGHT`] attempts at once;
+    /// attempts in progress when `stop` comes are let finish (each is one bounded chain of
+    /// calls), their results dropped — a successor inspects the groups again.
+    pub async fn run(&self, stop: CancellationToken) {
+        let mut in_flight: JoinSet<(Task, Vec<Next>)> = JoinSet::new();
+        loop {
+            while in_flight.len() < IN_FLIGHT {
+                let Some(task) = self.schedule().pop(Instant::now()) else {
+                    break;
+                };
+                let shared = Arc::clone(&self.shared);
+                in_flight.spawn(async move {
+                    let next = shared.work.perform(&task).await;
+                    (task, next)
+                });
+            }
+            let next_due = if in_flight.len() < IN_FLIGHT {
+                self.schedule().next()
+            } else {
+                None
+            };
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = self.shared.wake.notified() => {}
+                () = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {}
+                Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => match joined {
+                    Ok((task, next)) => self.settle(task, &next),
+                    Err(failure) => error!(error = %failure, "a token refresh task failed; its pods are no longer refreshed"),
+                },
+            }
+        }
+        while in_flight.join_next().await.is_some() {}
+    }
+
+    fn settle(&self, task: Task, next: &[Next]) {
+        let now = Instant::now();
+        let mut schedule = self.schedule();
+        for (entry, next) in task.entries().iter().zip(next) {
+            match next {
+                Next::After(delay) => schedule.insert(
+                    now + *delay,
+                    Entry {
+                        inspect: false,
+                        attempt: 0,
+                        ..entry.clone()
+                    },
+                ),
+                Next::Retry => schedule.insert(
+                    now + retry_delay(entry.attempt),
+                    Entry {
+                        attempt: entry.attempt + 1,
+                        ..entry.clone()
+                    },
+                ),
+                Next::Done => {}
+            }
+        }
+    }
+}
+
+impl TokenRefresher {
+    /// The daemon's refresher: tokens from the apiserver, groups updated in ECI.
+    pub fn new(
+        client: kube::Client,
+        backend: Backend,
+        settings: Settings,
+        telemetry: Arc<Telemetry>,
+    ) -> Self {
+        Self::with_work(Renewal {
+            client,
+            backend,
+            settings,
+            telemetry,
+        })
+    }
+}
+
+/// The real work: read the pod, issue new tokens, update the group.
+pub struct Renewal {
+    client: kube::Client,
+    backend: Backend,
+    settings: Settings,
+    telemetry: Arc<Telemetry>,
+}
+
+impl std::fmt::Debug for Renewal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Renewal")
+            .field("node", &self.settings.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl Work for Renewal {
+    async fn perform(&self, task: &Task) -> Vec<Next> {
+        match task {
+            Task::Refresh(entry) => vec![self.refresh(entry).await],
+            Task::Inspect(entries) => self.inspect(entries).await,
+        }
+    }
+}
+
+impl Renewal {
+    async fn refresh(&self, entry: &Entry) -> Next {
+        let pod = format!("{}/{}", entry.namespace, entry.name);
+        match self.try_refresh(entry).await {
+            Ok(Some(delay)) => {
+                debug!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, next_in = ?delay, "refreshed the service account tokens in the container group");
+                Next::After(delay)
+            }
+            Ok(None) => Next::Done,
+            Err(failure) if failure.is_retryable() => {
+                warn!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, attempt = entry.attempt, error = %chain(&failure), "could not refresh the service account tokens; retrying");
+                Next::Retry
+            }
+            Err(failure) => {
+                error!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, error = %chain(&failure), "cannot refresh the service account tokens; they will expire in the container group");
+                Next::Done
+            }
+        }
+    }
+
+    /// One refresh: `None` when there is nothing (left) to refresh.
+    async fn try_refresh(&self, entry: &Entry) -> Result<Option<Duration>, RefreshError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &entry.namespace);
+        self.telemetry.kube_request("pod_get");
+        let pod = match api.get_opt(&entry.name).await {
+            Ok(Some(pod)) if pod.uid().as_deref() == Some(entry.uid.as_str()) => pod,
+            // Gone, or a new pod of the same name: its own group has its own tokens.
+            Ok(_) => return Ok(None),
+            Err(failure) => return Err(RefreshError::ReadPod(failure)),
+        };
+        let finished = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        if pod.metadata.deletion_timestamp.is_some() || finished {
+            return Ok(None);
+        }
+        let refs = refs::token_volume_references(&pod);
+        if refs.tokens.is_empty() {
+            return Ok(None);
+        }
+        let config_maps = self
+            .fetch::<ConfigMap>(&entry.namespace, &refs.config_maps, "ConfigMap")
+            .await?;
+        let secrets = self
+            .fetch::<Secret>(&entry.namespace, &refs.secrets, "Secret")
+            .await?;
+        let issued = issue(&self.client, &self.telemetry, &pod, &refs.tokens)
+            .await
+            .map_err(RefreshError::Token)?;
+        let settings = &self.settings;
+        // Only the volume fields matter here: volumes read neither Services nor DNS.
+        let cx = Context {
+            region: &settings.config.region,
+            vswitch: &settings.vswitch,
+            security_group: &settings.security_group,
+            cluster_name: &settings.cluster_name,
+            node_name: &settings.node_name,
+            cluster_dns: &settings.config.cluster_dns,
+            cluster_domain: &settings.config.cluster_domain,
+            config_maps: &config_maps,
+            secrets: &secrets,
+            service_account_tokens: &issued.tokens,
+            default_spec: (2.0, 4.0),
+            apiserver: None,
+            services: &[],
+            kube_proxy: settings.config.kube_proxy,
+        };
+        let volumes = to_eci::token_volumes(&pod, &cx).map_err(RefreshError::Volumes)?;
+        let request = UpdateContainerGroupRequest {
+            region_id: settings.config.region.clone(),
+            container_group_id: entry.group.clone(),
+            volume: volumes,
+            update_type: "IncrementalUpdate".into(),
+            ..UpdateContainerGroupRequest::default()
+        };
+        match self.backend.update_container_group(request).await {
+            Ok(_) => Ok(issued.refresh_in),
+            Err(failure) if failure.is_not_found() => Ok(None),
+            Err(failure) => Err(RefreshError::Update(failure)),
+        }
+    }
+
+    async fn fetch<K>(
+        &self,
+        namespace: &str,
+        names: &BTreeSet<String>,
+        kind: &'static str,
+    ) -> Result<BTreeMap<String, K>, RefreshError>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), namespace);
+        let mut found = BTreeMap::new();
+        for name in names {
+            self.telemetry.kube_request("pod_reference_get");
+            match api.get_opt(name).await {
+                Ok(Some(object)) => {
+                    found.insert(name.clone(), object);
+                }
+                // Missing: the translation decides (an optional source, or a retryable rejection).
+                Ok(None) => {}
+                Err(source) => {
+                    return Err(RefreshError::Reference {
+                        kind,
+                        name: name.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Reads the tokens in adopted groups and schedules their refreshes from their claims.
+    async fn inspect(&self, entries: &[Entry]) -> Vec<Next> {
+        let request = DescribeContainerGroupsRequest {
+            region_id: self.settings.config.region.clone(),
+            container_group_ids: entries.iter().map(|e| e.group.clone()).collect(),
+            limit: Some(i32::try_from(INSPECT_BATCH).unwrap_or(20)),
+            ..DescribeContainerGroupsRequest::default()
+        };
+        let groups = match self.backend.describe_container_groups(request).await {
+            Ok(answer) => answer.container_groups,
+            Err(failure) => {
+                let failure = RefreshError::Describe(failure);
+                warn!(groups = entries.len(), attempt = entries.first().map_or(0, |e| e.attempt), error = %chain(&failure), "could not read the adopted groups' tokens; retrying");
+                return vec![Next::Retry; entries.len()];
+            }
+        };
+        let by_id: HashMap<&str, &eci_proto::v20180808::ContainerGroup> = groups
+            .iter()
+            .map(|g| (g.container_group_id.as_str(), g))
+            .collect();
+        let now_unix = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        entries
+            .iter()
+            .map(|entry| match by_id.get(entry.group.as_str()) {
+                None => Next::Done,
+                Some(group) => match group_refresh_delay(
+                    group,
+                    &entry.uid,
+                    now_unix,
+                    random_seconds(MAX_JITTER_SECONDS),
+                ) {
+                    Some(delay) => Next::After(delay),
+                    // No readable token (or none at all): the refresh reads the pod and
+                    // finds out; refreshing early is harmless, late is not.
+                    None => Next::After(random_seconds(UNREADABLE_SPREAD_SECONDS)),
+                },
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_kubelets_refresh_rule() {
+        let s = Duration::from_secs;
+        // (age, lifetime, jitter) → due in
+        for (age, lifetime, jitter, due) in [
+            (0, 600, 0, 480),        // 80 % of the API's minimum
+            (0, 3600, 0, 2880),      // the default
+            (0, 3607, 0, 2886),      // kube-api-access: 3607 − 721 (integer 20 %)
+            (0, 600, 7, 473),        // jitter: earlier, never later
+            (100, 600, 0, 380),      // an older token is due sooner
+            (479, 600, 0, 1),        //
+            (500, 600, 0, 0),        // overdue: now
+            (0, 172_800, 0, 86_400), // 48 h token: the 24 h age limit comes first
+            (0, 108_000, 0, 86_400), // 30 h: 80 % is 24 h exactly
+            (0, 0, 0, 0),            // nonsense lifetimes refresh at once
+            (0, -5, 0, 0),
+        ] {
+            assert_eq!(
+                refresh_delay(s(age), lifetime, s(jitter)),
+                s(due),
+                "age {age}, lifetime {lifetime}, jitter {jitter}"
+            );
+        }
+    }
+
+    fn jwt(claims: &Value) -> String {
+        let encode = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        format!(
+            "{}.{}.{}",
+            encode(br#"{"alg":"RS256"}"#),
+            encode(claims.to_string().as_bytes()),
+            encode(b"signature")
+        )
+    }
+
+    #[test]
+    fn adopted_tokens_are_scheduled_from_their_claims() {
+        let pod = |uid: &str| json!({"namespace": "shop", "pod": {"name": "web", "uid": uid}});
+        let now = 1_000_000;
+        let s = Duration::from_secs;
+        // (claims, pod uid asked about) → due in
+        let cases = [
+            // A 600 s token issued 100 s ago: 380 s left until 80 %.
+            (
+                json!({"iat": now - 100, "exp": now + 500, "kubernetes.io": pod("u1")}),
+                "u1",
+                Some(s(380)),
+            ),
+            // kube-api-access: issued for a year, meant as 3607 s (warnafter).
+            (
+                json!({"iat": now - 2000, "exp": now + 31_536_000, "kubernetes.io": {"warnafter": now + 1607, "pod": {"uid": "u1"}}}),
+                "u1",
+                Some(s(886)),
+            ),
+            // Past due.
+            (
+                json!({"iat": now - 590, "exp": now + 10, "kubernetes.io": pod("u1")}),
+                "u1",
+                Some(s(0)),
+            ),
+            // Another pod's token, or no pod binding: not ours to schedule.
+            (
+                json!({"iat": now, "exp": now + 600, "kubernetes.io": pod("u2")}),
+                "u1",
+                None,
+            ),
+            (
+                json!({"iat": now, "exp": now + 600, "sub": "system:serviceaccount:shop:default"}),
+                "u1",
+                None,
+            ),
+            (
+                json!({"exp": now + 600, "kubernetes.io": pod("u1")}),
+                "u1",
+                None,
+            ),
+        ];
+        for (claims, uid, due) in cases {
+            let read = jwt_claims(&jwt(&claims)).unwrap();
+            assert_eq!(
+                claims_refresh_delay(&read, uid, now, Duration::ZERO),
+                due,
+                "{claims}"
+            );
+        }
+        assert_eq!(jwt_claims("not a token"), None);
+        assert_eq!(jwt_claims("a.b.c.d"), None);
+
+        // In a group: the earliest token bound to the pod; other files are skipped.
+        let file = |content: &str| json!({"path": "f", "content": base64::engine::general_purpose::STANDARD.encode(content)});
+        let group: eci_proto::v20180808::ContainerGroup = serde_json::from_value(json!({
+            "container_group_id": "eci-1",
+            "volumes": [
+                {"name": "config", "type": "ConfigFileVolume", "config_file_volume": {"config_file_to_path": [file("debug: true")]}},
+                {"name": "api", "type": "ConfigFileVolume", "config_file_volume": {"config_file_to_path": [
+                    file(&jwt(&json!({"iat": now, "exp": now + 3600, "kubernetes.io": pod("u1")}))),
+                    file(&jwt(&json!({"iat": now, "exp": now + 600, "aud": ["vault"], "kubernetes.io": pod("u1")}))),
+                    file("ca.crt contents"),
+                ]}},
+            ],
+        }))
+        .unwrap();
+        assert_eq!(
+            group_refresh_delay(&group, "u1", now, Duration::ZERO),
+            Some(s(480))
+        );
+        assert_eq!(group_refresh_delay(&group, "u2", now, Duration::ZERO), None);
+    }
+
+    fn entry(uid: &str, inspect: bool) -> Entry {
+        Entry {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: uid.into(),
+            group: format!("eci-{uid}"),
+            inspect,
+            attempt: 0,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_schedule_orders_replaces_and_batches() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut schedule = Schedule::default();
+        schedule.insert(t0 + s(30), entry("a", false));
+        schedule.insert(t0 + s(10), entry("b", false));
+        // A pod has one entry: scheduling it again replaces the earlier one.
+        schedule.insert(t0 + s(20), entry("a", false));
+        assert_eq!(schedule.len(), 2);
+        assert_eq!(schedule.next(), Some(t0 + s(10)));
+        assert_eq!(schedule.pop(t0 + s(5)), None, "nothing due yet");
+        assert_eq!(
+            schedule.pop(t0 + s(25)),
+            Some(Task::Refresh(entry("b", false)))
+        );
+        assert_eq!(
+            schedule.pop(t0 + s(25)),
+            Some(Task::Refresh(entry("a", false)))
+        );
+        assert!(schedule.is_empty());
+
+        // Inspections due together go in batches of at most 20; a refresh in between ends one.
+        for i in 0..25 {
+            schedule.insert(t0, entry(&format!("i{i:02}"), true));
+        }
+        schedule.insert(t0 + s(1), entry("r", false));
+        schedule.insert(t0 + s(2), entry("late", true));
+        let Some(Task::Inspect(first)) = schedule.pop(t0 + s(5)) else {
+            panic!("a batch")
+        };
+        assert_eq!(first.len(), 20);
+        let Some(Task::Inspect(second)) = schedule.pop(t0 + s(5)) else {
+            panic!("a batch")
+        };
+        assert_eq!(second.len(), 5);
+        assert_eq!(
+            schedule.pop(t0 + s(5)),
+            Some(Task::Refresh(entry("r", false)))
+        );
+        assert_eq!(
+            schedule.pop(t0 + s(5)),
+            Some(Task::Inspect(vec![entry("late", true)]))
+        );
+    }
+
+    /// Records when each task ran and answers from a script.
+    struct Scripted {
+        start: Instant,
+        ran: Mutex<Vec<(Duration, String)>>,
+        failures_left: AtomicU32,
+    }
+
+    #[async_trait::async_trait]
+    impl Work for Scripted {
+        async fn perform(&self, task: &Task) -> Vec<Next> {
+            let at = Instant::now() - self.start;
+            match task {
+                Task::Refresh(entry) => {
+                    self.ran
+                        .lock()
+                        .unwrap()
+                        .push((at, format!("refresh {}#{}", entry.uid, entry.attempt)));
+                    let failing = self
+                        .failures_left
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
+                    vec![if failing {
+                        Next::Retry
+                    } else if entry.uid == "once" {
+                        Next::Done
+                    } else {
+                        Next::After(Duration::from_secs(480))
+                    }]
+                }
+                Task::Inspect(entries) => {
+                    self.ran
+                        .lock()
+                        .unwrap()
+                        .push((at, format!("inspect {}", entries.len())));
+                    entries
+                        .iter()
+                        .map(|_| Next::After(Duration::from_secs(100)))
+                        .collect()
+                }
+            }
+        }
+    }
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(json!({"metadata": {"namespace": "ns", "name": uid, "uid": uid}}))
+            .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_queue_refreshes_on_time_retries_with_back_off_and_stops() {
+        let start = Instant::now();
+        let refresher = Refresher::with_work(Scripted {
+            start,
+            ran: Mutex::new(Vec::new()),
+            failures_left: AtomicU32::new(0),
+        });
+        let stop = CancellationToken::new();
+        let running = tokio::spawn({
+            let (refresher, stop) = (refresher.clone(), stop.clone());
+            async move { refresher.run(stop).await }
+        });
+        let s = Duration::from_secs;
+        refresher.track(&pod("p"), "eci-p", s(480));
+        refresher.track(&pod("once"), "eci-once", s(600));
+        refresher.adopt((0..21).map(|i| {
+            (
+                format!("a{i}"),
+                format!("eci-a{i}"),
+                "ns".into(),
+                format!("a{i}"),
+            )
+        }));
+        tokio::time::sleep(s(1000)).await;
+        {
+            let ran = refresher.shared.work.ran.lock().unwrap();
+            let ran: Vec<(u64, &str)> = ran
+                .iter()
+                .map(|(at, what)| (at.as_secs(), what.as_str()))
+                .collect();
+            assert_eq!(
+                &ran[..4],
+                [
+                    (0, "inspect 20"),
+                    (0, "inspect 1"),
+                    (100, "refresh a0#0"),
+                    (100, "refresh a1#0")
+                ],
+                "adopted groups are inspected at once, in batches, then refreshed when their tokens say"
+            );
+            let of = |name: &str| -> Vec<u64> {
+                ran.iter()
+                    .filter(|(_, w)| w.starts_with(name))
+                    .map(|(at, _)| *at)
+                    .collect()
+            };
+            assert_eq!(of("refresh p#"), [480, 960], "every 480 s, on the dot");
+            assert_eq!(of("refresh once#"), [600], "done means done");
+            assert_eq!(of("refresh a20#"), [100, 580]);
+        }
+        // Failures: retried after 1, 2, 4 s, then back on the normal rhythm.
+        refresher
+            .shared
+            .work
+            .failures_left
+            .store(3, Ordering::SeqCst);
+        refresher.track(&pod("f"), "eci-f", s(10));
+        tokio::time::sleep(s(20)).await;
+        {
+            let ran = refresher.shared.work.ran.lock().unwrap();
+            let f: Vec<(u64, &str)> = ran
+                .iter()
+                .filter(|(_, w)| w.starts_with("refresh f#"))
+                .map(|(at, w)| (at.as_secs(), w.as_str()))
+                .collect();
+            assert_eq!(
+                f,
+                [
+                    (1010, "refresh f#0"),
+                    (1011, "refresh f#1"),
+                    (1013, "refresh f#2"),
+                    (1017, "refresh f#3")
+                ]
+            );
+        }
+        assert!(refresher.scheduled() > 0);
+        stop.cancel();
+        tokio::time::timeout(s(1), running)
+            .await
+            .expect("stops at once")
+            .unwrap();
+    }
+
+    #[test]
+    fn retry_back_off_is_capped() {
+        let delays: Vec<u64> = (0..8).map(|a| retry_delay(a).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30, 30]);
+    }
+
+    #[test]
+    fn errors_say_their_part_once_and_chain_the_cause() {
+        let failure = RefreshError::Update(EciError::new("IncorrectStatus", "busy"));
+        assert_eq!(
+            chain(&failure),
+            "UpdateContainerGroup failed: ECI error IncorrectStatus: busy (RequestId: )"
+        );
+        assert!(failure.is_retryable());
+        assert!(!RefreshError::Update(EciError::new("InvalidParameter", "no")).is_retryable());
+        assert_eq!(
+            format!("{:?}", Token::new("secret-value".into())),
+            "Token(<redacted>)"
+        );
+    }
+}
