@@ -4,6 +4,7 @@
 //! child process logging into the fixture's directory. It calls only the processes it starts and
 //! the API through kube-rs; the host-node agent and the daemons are started by its users.
 
+pub mod etcd;
 mod pki;
 pub mod upstream;
 
@@ -275,6 +276,8 @@ impl ControlPlane {
                 "--log-level=warn".into(),
             ],
         )?;
+        // For tests in other processes (compaction, a second apiserver on the same etcd).
+        write(&self.dir.join(etcd::URL_FILE), &etcd_url)?;
         let health = format!("{etcd_url}/health");
         self.wait_ready("etcd", options.ready_timeout, || {
             let health = health.clone();
@@ -337,6 +340,7 @@ impl ControlPlane {
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
         ];
+        write(&self.dir.join(etcd::APISERVER_ARGS_FILE), &flags.join("\n"))?;
         self.spawn("kube-apiserver", &apiserver, &flags)?;
         // /readyz is public (system:public-info-viewer); polled with a plain client so the
         // 500s of a starting apiserver are not logged as errors by kube-rs.

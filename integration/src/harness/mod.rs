@@ -3,6 +3,7 @@
 //! on conditions with timeouts, and a dump of everything when a test fails.
 
 pub mod deploy;
+mod disruption;
 mod fixture;
 
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use kube::api::{Api, ListParams};
 use serde_json::Value;
 
 pub use crate::process::{Process, ProcessError, binary, build_binaries, free_port};
+pub use disruption::SecondApiserver;
 pub use fixture::DAEMON_SERVICE_ACCOUNT;
 
 /// Setting up or running a scenario failed.

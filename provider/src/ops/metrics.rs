@@ -65,6 +65,9 @@ pub struct Telemetry {
     pub pod_create_retries: Counter,
     /// Orphaned container groups (node and pod gone) deleted by the cluster-wide collector.
     pub orphan_groups_deleted: Counter,
+    /// Pods found deleted when a (re)list of this node's pods completed: deleted while the
+    /// watch was broken (410 Gone, an API server restart) or the daemon stopped.
+    pub pods_deleted_during_watch_gap: Counter,
     /// Admission reviews by result (`patched`, `allowed`, `invalid`).
     pub admission_reviews: Family<ResultLabels, Counter>,
     /// Time to answer an admission review inside the daemon.
@@ -99,6 +102,7 @@ impl Telemetry {
             pod_status_propagation_seconds: latency_histogram(),
             pod_create_retries: Counter::default(),
             orphan_groups_deleted: Counter::default(),
+            pods_deleted_during_watch_gap: Counter::default(),
             admission_reviews: Family::default(),
             admission_seconds: Histogram::new(exponential_buckets(0.000_05, 1.5, 28)),
             events_dropped: Counter::default(),
@@ -157,6 +161,11 @@ impl Telemetry {
             "orphan_groups_deleted",
             "Container groups of this cluster deleted because their node and pod were both gone",
             telemetry.orphan_groups_deleted.clone(),
+        );
+        registry.register(
+            "pods_deleted_during_watch_gap",
+            "Pods found deleted when a list of this node's pods completed (deleted while the watch was broken or the daemon stopped); their container groups were deleted",
+            telemetry.pods_deleted_during_watch_gap.clone(),
         );
         registry.register(
             "admission_reviews",

@@ -24,17 +24,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use eci_proto::EciError;
-use eci_proto::v20180808::{
-    ContainerGroupStatus, DeleteContainerGroupRequest, DescribeContainerGroupStatusRequest,
-    DescribeContainerGroupsRequest, Tag,
-};
+use eci_proto::v20180808::{ContainerGroupStatus, DescribeContainerGroupStatusRequest, Tag};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Reporter};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -51,8 +48,14 @@ use create::CreateJob;
 pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
 /// Reason of pod conditions and events when ECI cannot run a pod.
 pub const PROVIDER_FAILED: &str = "ProviderFailed";
+/// The field manager of our pod status writes (server-side apply): the fields it owns are
+/// ours, everything else on the status is someone else's.
+const FIELD_MANAGER: &str = "virtual-node-eci";
 /// Pod status writes in flight at most (each pod's writes are sequential).
 const STATUS_WRITERS: usize = 32;
+/// Status writes for changed readiness gates or generations in flight at most: rare, and
+/// each one small.
+const REFRESH_WRITERS: usize = 4;
 /// Instance-id annotations in flight at most.
 const ANNOTATION_WRITERS: usize = 16;
 
@@ -129,6 +132,9 @@ struct Inner {
     annotations: WorkQueue<String, ((String, String), String)>,
     /// Group states waiting to be applied to their pods, by pod UID.
     statuses: WorkQueue<String, (ContainerGroupStatus, u64)>,
+    /// Pods whose status must be written again though their group did not change (a readiness
+    /// gate or the generation did), by pod UID.
+    refreshes: WorkQueue<String, ()>,
     /// Groups being deleted, and who waits for them to be gone.
     awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
     /// Keeps the groups' service account tokens fresh (one timer queue for all pods).
@@ -202,6 +208,7 @@ impl PodController {
                 creations: WorkQueue::default(),
                 annotations: WorkQueue::default(),
                 statuses: WorkQueue::default(),
+                refreshes: WorkQueue::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
             }),
         }
@@ -266,7 +273,10 @@ impl PodController {
             self.inner.client.clone(),
         );
         let (stop_tokens, stop_services) = (stop.clone(), stop.clone());
-        access.spawn(async move { Ok(tokens.run(stop_tokens).await) });
+        access.spawn(async move {
+            tokens.run(stop_tokens).await;
+            Ok(())
+        });
         access.spawn(async move { Ok(services.run(client, stop_services).await?) });
         let listed_at = tokio::time::Instant::now();
         let adopted = loop {
@@ -314,15 +324,20 @@ impl PodController {
         let watch = self.clone().watch_pods(adopted, stop.clone());
         let poll = self.clone().poll_statuses(listed_at, stop.clone());
         let writers = self.clone().write_statuses(stop.clone());
+        let refreshers = self.clone().refresh_statuses(stop.clone());
         let creators = self.clone().create_groups(stop.clone());
         let annotators = self.clone().annotate_pods(stop.clone());
         let removals = self.clone().watch_removals(stop.clone());
         tokio::try_join!(
-            watch, poll, writers, creators, annotators, removals, access
+            watch, poll, writers, refreshers, creators, annotators, removals, access
         )?;
         Ok(())
     }
 
+    /// Watches this node's pods. Every (re)list — at start, and whenever the watch could not
+    /// resume (410 Gone after etcd compaction, an API server restart) — ends with
+    /// [`PodController::settle_list`]: pods tracked but not listed were deleted while nobody
+    /// watched, and their groups go. At start, "tracked" is the groups adopted from ECI.
     async fn watch_pods(
         self,
         adopted: Vec<Adopted>,
@@ -332,8 +347,12 @@ impl PodController {
         let config = watcher::Config::default()
             .fields(&format!("spec.nodeName={}", self.inner.settings.node_name));
         let mut events = watcher(api, config).default_backoff().boxed();
-        let mut adopted = Some(adopted);
+        // Adopted groups whose pod was not seen yet, by pod UID: their tags name the pod, so
+        // that its absence can be confirmed with a direct read.
+        let mut unseen: HashMap<String, Adopted> =
+            adopted.into_iter().map(|g| (g.uid.clone(), g)).collect();
         let mut listed: HashSet<String> = HashSet::new();
+        let mut relist = false;
         loop {
             let event = tokio::select! {
                 () = stop.cancelled() => return Ok(()),
@@ -344,20 +363,29 @@ impl PodController {
                 Some(Err(error)) => warn!(%error, "pod watch error; it recovers by itself"),
                 Some(Ok(watcher::Event::Init)) => listed.clear(),
                 Some(Ok(watcher::Event::InitApply(pod))) => {
-                    listed.insert(pod.uid().unwrap_or_default());
+                    let uid = pod.uid().unwrap_or_default();
+                    unseen.remove(&uid);
+                    listed.insert(uid);
                     self.observe(Arc::new(pod));
                 }
                 Some(Ok(watcher::Event::InitDone)) => {
-                    if let Some(groups) = adopted.take() {
-                        self.collect_orphans(&groups, &listed).await;
-                        info!(
-                            pods = listed.len(),
-                            groups = groups.len(),
-                            "resync complete: every pod and group of this node accounted for"
-                        );
-                    }
+                    let gone = self.settle_list(&listed, &mut unseen).await;
+                    info!(
+                        pods = listed.len(),
+                        gone,
+                        relist,
+                        "list complete: every pod and group of this node accounted for"
+                    );
+                    relist = true;
+                    // Not needed until the next list, which may be days away.
+                    listed = HashSet::new();
                 }
-                Some(Ok(watcher::Event::Apply(pod))) => self.observe(Arc::new(pod)),
+                Some(Ok(watcher::Event::Apply(pod))) => {
+                    if let Some(uid) = pod.uid() {
+                        unseen.remove(&uid);
+                    }
+                    self.observe(Arc::new(pod));
+                }
                 Some(Ok(watcher::Event::Delete(pod))) => self.forget(&pod).await,
             }
         }
@@ -380,6 +408,15 @@ impl PodController {
                 }
             }
             entry.keep(&pod);
+            // Ready waits for readiness gates others set, and the status acknowledges the
+            // generation: a change of either needs a write even when ECI shows nothing new.
+            if entry.group.is_some()
+                && !entry.deleting
+                && pod.metadata.deletion_timestamp.is_none()
+                && from_eci::refresh(&pod, SystemTime::now()).is_some()
+            {
+                self.inner.refreshes.push(uid.clone(), ());
+            }
             if pod.metadata.deletion_timestamp.is_some() {
                 if entry.deleting {
                     None

@@ -1,12 +1,14 @@
-//! ECI group status → Pod status: phase, conditions, container statuses, IPs, start time.
-//! Pure: the caller writes the result only when [`fingerprint`] says it changed.
-//!
-//! Not wired to a pod controller yet: that is the pod lifecycle work.
+//! ECI group status → Pod status: phase, conditions, container statuses, IPs, start time —
+//! the part of a pod's status a kubelet owns, and nothing else (see [`owned`]): the controller
+//! writes it with server-side apply under its own field manager, so conditions others own
+//! (`DisruptionTarget`, readiness-gate conditions) survive. Ready honours
+//! `spec.readinessGates`. Pure: the caller writes the result only when [`fingerprint`] says it
+//! changed.
 
 use std::time::SystemTime;
 
 use eci_proto::v20180808::{ContainerGroupStatus, ContainerInfo, ContainerState};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodReadinessGate};
 use serde_json::{Map, Value, json};
 
 use crate::k8s::rfc3339;
@@ -109,7 +111,9 @@ fn condition(kind: &str, ok: bool, reason: &str, message: &str) -> Value {
     let mut condition = json!({"type": kind, "status": if ok { "True" } else { "False" }});
     if !ok {
         condition["reason"] = json!(reason);
-        condition["message"] = json!(message);
+        if !message.is_empty() {
+            condition["message"] = json!(message);
+        }
     }
     condition
 }
@@ -121,9 +125,109 @@ fn not_done<'a>(infos: impl Iterator<Item = (&'a str, bool)>) -> Vec<&'a str> {
         .collect()
 }
 
-/// The Pod status for `group`. Conditions keep their `lastTransitionTime` from `pod` when
-/// their status did not change; `now` stamps the others. A failed schedule is explained with
-/// the group's latest Warning event.
+/// The condition types this daemon writes, as a kubelet does; every other condition on a pod
+/// (`DisruptionTarget`, readiness-gate conditions, …) belongs to someone else and is never
+/// written, so it survives our writes.
+pub const OWN_CONDITIONS: [&str; 4] = ["PodScheduled", "Initialized", "ContainersReady", "Ready"];
+
+/// The status fields besides `conditions` this daemon writes. Under server-side apply a field
+/// we wrote before and leave out of a later write is removed, so every write carries all of
+/// the ones that still apply.
+const OWN_FIELDS: [&str; 11] = [
+    "phase",
+    "reason",
+    "message",
+    "containerStatuses",
+    "initContainerStatuses",
+    "podIP",
+    "podIPs",
+    "hostIP",
+    "hostIPs",
+    "startTime",
+    "observedGeneration",
+];
+
+/// Reason of a Ready condition held False by a readiness gate (the kubelet's word).
+pub const READINESS_GATES_NOT_READY: &str = "ReadinessGatesNotReady";
+
+/// The Ready condition, derived as the kubelet's status manager does: the ContainersReady
+/// condition's status, reason and message while it is not True; else False with reason
+/// [`READINESS_GATES_NOT_READY`] while any of the pod's readiness gates has no condition or one
+/// that is not True (read from `current`, the conditions the pod shows, which others own);
+/// else True.
+fn ready(containers_ready: &Value, gates: &[PodReadinessGate], current: &[PodCondition]) -> Value {
+    if containers_ready["status"] != "True" {
+        let mut ready = containers_ready.clone();
+        ready["type"] = json!("Ready");
+        return ready;
+    }
+    let unready: Vec<String> = gates
+        .iter()
+        .filter_map(|gate| {
+            let kind = &gate.condition_type;
+            match current.iter().find(|c| &c.type_ == kind) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate {kind:?} does not exist."
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate {kind:?} is not \"True\", but {}",
+                    c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect();
+    if unready.is_empty() {
+        condition("Ready", true, "", "")
+    } else {
+        condition(
+            "Ready",
+            false,
+            READINESS_GATES_NOT_READY,
+            &unready.join(", "),
+        )
+    }
+}
+
+fn gates(pod: &Pod) -> &[PodReadinessGate] {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_deref())
+        .unwrap_or_default()
+}
+
+/// Gives each condition its `lastTransitionTime` — kept from `previous` while its status did
+/// not change, else `now` — and, where the pod has a generation (Kubernetes 1.33+), its
+/// `observedGeneration`.
+fn stamp(
+    conditions: &mut [Value],
+    previous: &[PodCondition],
+    generation: Option<i64>,
+    now: SystemTime,
+) {
+    let now_text = rfc3339(now);
+    for c in conditions {
+        let before = previous
+            .iter()
+            .find(|p| Some(p.type_.as_str()) == c["type"].as_str());
+        let time = match before {
+            Some(p) if Some(p.status.as_str()) == c["status"].as_str() => p
+                .last_transition_time
+                .as_ref()
+                .map_or_else(|| now_text.clone(), |t| t.0.to_string()),
+            _ => now_text.clone(),
+        };
+        c["lastTransitionTime"] = json!(time);
+        if let Some(generation) = generation {
+            c["observedGeneration"] = json!(generation);
+        }
+    }
+}
+
+/// The Pod status for `group`: every field this daemon owns (see [`owned`]). Conditions keep
+/// their `lastTransitionTime` from `pod` when their status did not change; `now` stamps the
+/// others. Ready honours `spec.readinessGates` against the conditions `pod` shows. A failed
+/// schedule is explained with the group's latest Warning event.
 pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> Value {
     let no_spec = k8s_openapi::api::core::v1::PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&no_spec);
@@ -151,7 +255,20 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
             .map(|s| (s["name"].as_str().unwrap_or_default(), s["ready"] == true)),
     );
     let list = |names: &[&str]| format!("[{}]", names.join(" "));
-    let conditions_ready = unready.is_empty() && phase == "Running";
+    let finished = phase == "Succeeded" || phase == "Failed";
+    let containers_ready = if finished {
+        // A finished pod's containers are not "unready", they are done.
+        condition("ContainersReady", false, "PodCompleted", "")
+    } else {
+        condition(
+            "ContainersReady",
+            unready.is_empty() && phase == "Running",
+            "ContainersNotReady",
+            &format!("containers with unready status: {}", list(&unready)),
+        )
+    };
+    let previous = current.conditions.unwrap_or_default();
+    let ready = ready(&containers_ready, gates(pod), &previous);
     let mut conditions = vec![
         condition("PodScheduled", true, "", ""),
         condition(
@@ -160,48 +277,23 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
             "ContainersNotInitialized",
             &format!("containers with incomplete status: {}", list(&initialized)),
         ),
-        condition(
-            "ContainersReady",
-            conditions_ready,
-            "ContainersNotReady",
-            &format!("containers with unready status: {}", list(&unready)),
-        ),
-        condition(
-            "Ready",
-            conditions_ready,
-            "ContainersNotReady",
-            &format!("containers with unready status: {}", list(&unready)),
-        ),
+        containers_ready,
+        ready,
     ];
-    if phase == "Succeeded" || phase == "Failed" {
-        // A finished pod's containers are not "unready", they are done.
-        for c in conditions.iter_mut().skip(2) {
-            c["reason"] = json!("PodCompleted");
-            c["message"] = json!("");
-        }
-    }
-    let now_text = rfc3339(now);
-    let previous = current.conditions.unwrap_or_default();
-    for c in &mut conditions {
-        let before = previous
-            .iter()
-            .find(|p| Some(p.type_.as_str()) == c["type"].as_str());
-        let time = match before {
-            Some(p) if Some(p.status.as_str()) == c["status"].as_str() => p
-                .last_transition_time
-                .as_ref()
-                .map_or_else(|| now_text.clone(), |t| t.0.to_string()),
-            _ => now_text.clone(),
-        };
-        c["lastTransitionTime"] = json!(time);
-    }
+    let generation = pod.metadata.generation;
+    stamp(&mut conditions, &previous, generation, now);
 
     let mut status = json!({
         "phase": phase,
         "conditions": conditions,
         "containerStatuses": main,
-        "initContainerStatuses": init,
     });
+    if !init.is_empty() {
+        status["initContainerStatuses"] = json!(init);
+    }
+    if let Some(generation) = generation {
+        status["observedGeneration"] = json!(generation);
+    }
     if !group.intranet_ip.is_empty() {
         status["podIP"] = json!(group.intranet_ip);
         status["podIPs"] = json!([{"ip": group.intranet_ip}]);
@@ -228,6 +320,152 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
         _ => {}
     }
     status
+}
+
+/// What of `status` (a pod status as JSON) this daemon owns: the [`OWN_FIELDS`] it has and the
+/// [`OWN_CONDITIONS`] among its conditions. A write built from it changes nothing of anyone
+/// else's, and compares with what [`pod_status`] computes.
+pub fn owned(status: &Value) -> Value {
+    let mut out = Map::new();
+    for key in OWN_FIELDS {
+        if let Some(value) = status.get(key).filter(|v| !v.is_null()) {
+            out.insert(key.to_owned(), value.clone());
+        }
+    }
+    let ours: Vec<Value> = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| {
+            c["type"]
+                .as_str()
+                .is_some_and(|t| OWN_CONDITIONS.contains(&t))
+        })
+        .cloned()
+        .collect();
+    if !ours.is_empty() {
+        out.insert("conditions".into(), Value::Array(ours));
+    }
+    Value::Object(out)
+}
+
+fn owned_of(pod: &Pod) -> Value {
+    pod.status
+        .as_ref()
+        .and_then(|s| serde_json::to_value(s).ok())
+        .map_or_else(|| json!({}), |s| owned(&s))
+}
+
+/// What this daemon owns of `pod`'s status with the phase, reason and message replaced: a
+/// write that says why a pod does not run without dropping what was written of it before.
+pub fn with_phase(pod: &Pod, phase: &str, reason: &str, message: &str) -> Value {
+    let mut status = owned_of(pod);
+    status["phase"] = json!(phase);
+    status["reason"] = json!(reason);
+    status["message"] = json!(message);
+    status
+}
+
+/// The status of a pod whose container group is gone for good: Failed with `reason` and
+/// `message`, containers not ready, and each container not already terminated shown as the
+/// kubelet shows a container it cannot find (`ContainerStatusUnknown`, exit code 137), its
+/// last known state kept as `lastState`.
+pub fn lost(pod: &Pod, reason: &str, message: &str, now: SystemTime) -> Value {
+    let mut status = with_phase(pod, "Failed", reason, message);
+    for key in ["containerStatuses", "initContainerStatuses"] {
+        for container in status[key].as_array_mut().into_iter().flatten() {
+            if container.pointer("/state/terminated").is_some() {
+                continue;
+            }
+            let last = container["state"].take();
+            container["lastState"] = if last.get("running").is_some() {
+                last
+            } else {
+                container["lastState"].take()
+            };
+            container["state"] = json!({"terminated": {
+                "exitCode": 137,
+                "reason": "ContainerStatusUnknown",
+                "message": "The container could not be located when the pod was terminated",
+            }});
+            container["ready"] = json!(false);
+            container["started"] = json!(false);
+        }
+    }
+    let previous = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let mut conditions: Vec<Value> = status["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["type"] != "ContainersReady" && c["type"] != "Ready")
+        .collect();
+    conditions.push(condition("ContainersReady", false, "PodCompleted", ""));
+    conditions.push(condition("Ready", false, "PodCompleted", ""));
+    stamp(&mut conditions, &previous, pod.metadata.generation, now);
+    status["conditions"] = Value::Array(conditions);
+    if let Some(generation) = pod.metadata.generation {
+        status["observedGeneration"] = json!(generation);
+    }
+    status
+}
+
+/// The status to write when the pod itself changed while its group did not: a readiness
+/// gate's condition (set by another controller) that changes what Ready must say, or a new
+/// `metadata.generation` to acknowledge. `None` when the pod shows what it should, and for a
+/// pod this daemon has not written a status for yet (no ContainersReady condition).
+///
+/// Ready is compared only for pods with readiness gates: on other pods a Ready that differs
+/// from ContainersReady was set by someone else on purpose (the node lifecycle controller
+/// marking the pods of an unreachable node), and the next ECI change settles it. The generation
+/// is compared only when the pod shows an `observedGeneration` at all: an API server without
+/// the field drops it, and comparing then would rewrite forever.
+pub fn refresh(pod: &Pod, now: SystemTime) -> Option<Value> {
+    let status = pod.status.as_ref()?;
+    let generation = pod.metadata.generation;
+    let generation_differs =
+        status.observed_generation.is_some() && status.observed_generation != generation;
+    let gates = gates(pod);
+    // The common case, on every watch event of every pod: decided before anything is built.
+    if gates.is_empty() && !generation_differs {
+        return None;
+    }
+    let conditions = status.conditions.as_deref().unwrap_or_default();
+    let containers_ready = conditions.iter().find(|c| c.type_ == "ContainersReady")?;
+    let wanted = ready(
+        &serde_json::to_value(containers_ready).ok()?,
+        gates,
+        conditions,
+    );
+    let shown = conditions.iter().find(|c| c.type_ == "Ready");
+    let ready_differs = !gates.is_empty()
+        && shown.is_none_or(|c| {
+            wanted["status"] != c.status.as_str()
+                || wanted["reason"].as_str() != c.reason.as_deref()
+                || wanted["message"].as_str() != c.message.as_deref()
+        });
+    if !ready_differs && !generation_differs {
+        return None;
+    }
+    let mut owned = owned(&serde_json::to_value(status).ok()?);
+    let mut ours: Vec<Value> = owned["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["type"] != "Ready")
+        .collect();
+    ours.push(wanted);
+    stamp(&mut ours, conditions, generation, now);
+    owned["conditions"] = Value::Array(ours);
+    if let Some(generation) = generation {
+        owned["observedGeneration"] = json!(generation);
+    }
+    Some(owned)
 }
 
 /// A hash of a status without its conditions' transition and probe times: equal fingerprints
@@ -508,5 +746,450 @@ mod tests {
         let started =
             |t: &str| json!({"containerStatuses": [{"name": "app", "lastTransitionTime": t}]});
         assert_ne!(fingerprint(&started("t1")), fingerprint(&started("t2")));
+    }
+
+    /// (gates, conditions others set, group) → (ContainersReady, Ready, Ready's reason, message)
+    type GateRow<'a> = (
+        &'a [&'a str],
+        &'a [(&'a str, &'a str)],
+        &'a ContainerGroupStatus,
+        (&'a str, &'a str, Option<&'a str>, Option<&'a str>),
+    );
+
+    /// Our conditions as (type, status, reason).
+    type Shown = Vec<(&'static str, String, Option<String>)>;
+
+    /// (gates, the gate's condition, our conditions shown, observedGeneration shown) → Ready
+    /// written, as (status, reason); `None`: nothing to write.
+    type RefreshRow = (
+        &'static [&'static str],
+        Option<&'static str>,
+        Shown,
+        Option<i64>,
+        Option<(&'static str, Option<&'static str>)>,
+    );
+
+    /// A pod with readiness gates, `shown` being the conditions it shows (type, status).
+    fn gated_pod(gates: &[&str], shown: &[(&str, &str)]) -> Pod {
+        let mut pod = mk_pod(false);
+        pod.metadata.generation = Some(3);
+        pod.spec.as_mut().unwrap().readiness_gates = Some(
+            gates
+                .iter()
+                .map(|g| PodReadinessGate {
+                    condition_type: (*g).into(),
+                })
+                .collect(),
+        );
+        let conditions = shown
+            .iter()
+            .map(|(kind, status)| json!({"type": kind, "status": status, "lastTransitionTime": "2026-11-21T03:00:00Z"}))
+            .collect::<Vec<_>>();
+        pod.status = Some(
+            serde_json::from_value(json!({"phase": "Running", "conditions": conditions})).unwrap(),
+        );
+        pod
+    }
+
+    #[test]
+    fn readiness_gates_hold_ready_like_the_kubelet() {
+        let running = mk_group(
+            "Running",
+            vec![
+                info("app", "Running", true, None),
+                info("side", "Running", true, None),
+            ],
+        );
+        let half = mk_group(
+            "Running",
+            vec![
+                info("app", "Running", true, None),
+                info("side", "Running", false, None),
+            ],
+        );
+        const LB: &str = "example.com/lb-ready";
+        const DNS: &str = "example.com/dns";
+        let table: &[GateRow<'_>] = &[
+            (&[], &[], &running, ("True", "True", None, None)),
+            (
+                &[LB],
+                &[(LB, "True")],
+                &running,
+                ("True", "True", None, None),
+            ),
+            (
+                &[LB],
+                &[],
+                &running,
+                (
+                    "True",
+                    "False",
+                    Some(READINESS_GATES_NOT_READY),
+                    Some(
+                        "corresponding condition of pod readiness gate \"example.com/lb-ready\" does not exist.",
+                    ),
+                ),
+            ),
+            (
+                &[LB],
+                &[(LB, "False")],
+                &running,
+                (
+                    "True",
+                    "False",
+                    Some(READINESS_GATES_NOT_READY),
+                    Some(
+                        "the status of pod readiness gate \"example.com/lb-ready\" is not \"True\", but False",
+                    ),
+                ),
+            ),
+            (
+                &[LB, DNS],
+                &[(LB, "True"), (DNS, "Unknown")],
+                &running,
+                (
+                    "True",
+                    "False",
+                    Some(READINESS_GATES_NOT_READY),
+                    Some(
+                        "the status of pod readiness gate \"example.com/dns\" is not \"True\", but Unknown",
+                    ),
+                ),
+            ),
+            (
+                &[LB, DNS],
+                &[],
+                &running,
+                (
+                    "True",
+                    "False",
+                    Some(READINESS_GATES_NOT_READY),
+                    Some(
+                        "corresponding condition of pod readiness gate \"example.com/lb-ready\" does not exist., corresponding condition of pod readiness gate \"example.com/dns\" does not exist.",
+                    ),
+                ),
+            ),
+            // Unready containers explain Ready themselves, gates or not.
+            (
+                &[LB],
+                &[(LB, "True")],
+                &half,
+                (
+                    "False",
+                    "False",
+                    Some("ContainersNotReady"),
+                    Some("containers with unready status: [side]"),
+                ),
+            ),
+            (
+                &[LB],
+                &[],
+                &half,
+                (
+                    "False",
+                    "False",
+                    Some("ContainersNotReady"),
+                    Some("containers with unready status: [side]"),
+                ),
+            ),
+        ];
+        for (gates, shown, group, (containers_ready, ready, reason, message)) in table {
+            let pod = gated_pod(gates, shown);
+            let status = pod_status(&pod, group, at(0));
+            let row = format!("gates {gates:?}, shown {shown:?}");
+            assert_eq!(
+                condition(&status, "ContainersReady")["status"],
+                *containers_ready,
+                "{row}"
+            );
+            let got = condition(&status, "Ready");
+            assert_eq!(
+                (
+                    got["status"].as_str(),
+                    got["reason"].as_str(),
+                    got["message"].as_str()
+                ),
+                (Some(*ready), *reason, *message),
+                "{row}"
+            );
+            // Only our conditions are written: the gate conditions are someone else's.
+            let types: Vec<&str> = status["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["type"].as_str().unwrap())
+                .collect();
+            assert_eq!(types, OWN_CONDITIONS, "{row}");
+            for c in status["conditions"].as_array().unwrap() {
+                assert_eq!(c["observedGeneration"], 3, "{row}: {c}");
+            }
+            assert_eq!(status["observedGeneration"], 3, "{row}");
+        }
+    }
+
+    #[test]
+    fn a_pod_without_a_generation_gets_no_observed_generation() {
+        let group = mk_group("Running", vec![info("app", "Running", true, None)]);
+        let status = pod_status(&mk_pod(false), &group, at(0));
+        assert!(status.get("observedGeneration").is_none());
+        assert!(
+            status["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c.get("observedGeneration").is_none())
+        );
+        // A pod without init containers gets no empty list (the API would not keep it, and
+        // the next comparison would see a change that is not one).
+        assert!(status.get("initContainerStatuses").is_none());
+    }
+
+    #[test]
+    fn refresh_rewrites_ready_when_a_gate_or_the_generation_changes_and_only_then() {
+        const LB: &str = "example.com/lb-ready";
+        let ours_ready = |ready: &str, reason: &str| -> Shown {
+            vec![
+                ("PodScheduled", "True".into(), None),
+                ("Initialized", "True".into(), None),
+                ("ContainersReady", "True".into(), None),
+                (
+                    "Ready",
+                    ready.into(),
+                    (!reason.is_empty()).then(|| reason.to_owned()),
+                ),
+            ]
+        };
+        let table: Vec<RefreshRow> = vec![
+            // The gate turned True while Ready says the gates hold it: Ready turns True.
+            (
+                &[LB],
+                Some("True"),
+                ours_ready("False", READINESS_GATES_NOT_READY),
+                Some(3),
+                Some(("True", None)),
+            ),
+            // The gate turned False while Ready is True: Ready turns False.
+            (
+                &[LB],
+                Some("False"),
+                ours_ready("True", ""),
+                Some(3),
+                Some(("False", Some(READINESS_GATES_NOT_READY))),
+            ),
+            // Nothing changed.
+            (&[LB], Some("True"), ours_ready("True", ""), Some(3), None),
+            // No gates: Ready that differs was set by someone else; not ours to fight.
+            (&[], None, ours_ready("False", ""), Some(3), None),
+            // A new generation is acknowledged even with nothing else to change.
+            (
+                &[],
+                None,
+                ours_ready("True", ""),
+                Some(2),
+                Some(("True", None)),
+            ),
+            // An API server that drops observedGeneration: never compared.
+            (&[], None, ours_ready("True", ""), None, None),
+            // Nothing written by us yet (no ContainersReady): nothing to refresh.
+            (
+                &[LB],
+                Some("True"),
+                vec![("PodScheduled", "True".into(), None)],
+                None,
+                None,
+            ),
+        ];
+        for (gates, gate, ours, observed, expected) in table {
+            let mut pod = gated_pod(gates, &[]);
+            let mut conditions: Vec<Value> = ours
+                .iter()
+                .map(|(kind, status, reason)| json!({"type": kind, "status": status, "reason": reason, "lastTransitionTime": "2026-11-21T03:00:00Z", "observedGeneration": observed}))
+                .collect();
+            if let Some(gate) = gate {
+                conditions.push(json!({"type": LB, "status": gate, "lastTransitionTime": "2026-11-21T03:00:01Z"}));
+            }
+            pod.status = Some(serde_json::from_value(json!({
+                "phase": "Running", "podIP": "192.168.0.2", "qosClass": "BestEffort",
+                "observedGeneration": observed, "conditions": conditions,
+                "containerStatuses": [{"name": "app", "image": "nginx:1.27", "imageID": "", "ready": true, "restartCount": 0, "state": {"running": {}}}],
+            })).unwrap());
+            let row = format!("gates {gates:?}, gate {gate:?}, observed {observed:?}");
+            let written = refresh(&pod, at(60));
+            let Some((status, reason)) = expected else {
+                assert_eq!(written, None, "{row}");
+                continue;
+            };
+            let written = written.unwrap_or_else(|| panic!("{row}: a write"));
+            let ready = condition(&written, "Ready");
+            assert_eq!(
+                (ready["status"].as_str(), ready["reason"].as_str()),
+                (Some(status), reason),
+                "{row}"
+            );
+            // Everything else we own is carried along (an apply drops what it leaves out)…
+            assert_eq!(written["podIP"], "192.168.0.2", "{row}");
+            assert_eq!(written["containerStatuses"][0]["name"], "app", "{row}");
+            assert_eq!(
+                condition(&written, "ContainersReady")["status"],
+                "True",
+                "{row}"
+            );
+            // …and nothing that is someone else's.
+            assert!(written.get("qosClass").is_none(), "{row}");
+            assert!(
+                written["conditions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|c| c["type"] != LB),
+                "{row}"
+            );
+            assert_eq!(written["observedGeneration"], 3, "{row}");
+            // Times move only for a condition whose status changed.
+            let moved = ready["lastTransitionTime"] != "2026-11-21T03:00:00Z";
+            let before = ours
+                .iter()
+                .find(|(k, ..)| *k == "Ready")
+                .map(|(_, s, _)| s.as_str());
+            assert_eq!(moved, before != Some(status), "{row}");
+            assert_eq!(
+                condition(&written, "Initialized")["lastTransitionTime"],
+                "2026-11-21T03:00:00Z",
+                "{row}"
+            );
+            // Applying it again changes nothing.
+            let mut after = pod.clone();
+            let mut shown = written.clone();
+            shown["conditions"]
+                .as_array_mut()
+                .unwrap()
+                .extend(gate.map(|g| json!({"type": LB, "status": g})));
+            after.status = Some(serde_json::from_value(shown).unwrap());
+            assert_eq!(refresh(&after, at(90)), None, "{row}: settled");
+        }
+    }
+
+    #[test]
+    fn only_our_fields_and_conditions_are_owned() {
+        let shown = json!({
+            "phase": "Running", "qosClass": "Burstable", "nominatedNodeName": "x", "podIP": "10.0.0.1",
+            "reason": null,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+                {"type": "example.com/lb-ready", "status": "True"},
+                {"type": "Ready", "status": "True"},
+            ],
+        });
+        assert_eq!(
+            owned(&shown),
+            json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [
+                {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]})
+        );
+        assert_eq!(owned(&json!({"qosClass": "BestEffort"})), json!({}));
+    }
+
+    #[test]
+    fn failures_replace_phase_reason_and_message_and_keep_the_rest() {
+        let group = mk_group(
+            "Running",
+            vec![
+                info("app", "Running", true, None),
+                info("side", "Running", true, None),
+            ],
+        );
+        let mut pod = mk_pod(false);
+        let mut shown = pod_status(&pod, &group, at(0));
+        shown["conditions"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "DisruptionTarget", "status": "True"}));
+        shown["qosClass"] = json!("BestEffort");
+        pod.status = Some(serde_json::from_value(shown).unwrap());
+
+        let pending = with_phase(&pod, "Pending", "ProviderFailed", "quota");
+        assert_eq!(
+            (
+                pending["phase"].as_str(),
+                pending["reason"].as_str(),
+                pending["message"].as_str()
+            ),
+            (Some("Pending"), Some("ProviderFailed"), Some("quota"))
+        );
+        assert_eq!(pending["podIP"], "192.168.0.2");
+        assert!(pending.get("qosClass").is_none());
+        assert!(
+            pending["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["type"] != "DisruptionTarget")
+        );
+
+        let lost = lost(
+            &pod,
+            "NotFound",
+            "the ECI container group eci-1 no longer exists",
+            at(60),
+        );
+        assert_eq!(
+            (lost["phase"].as_str(), lost["reason"].as_str()),
+            (Some("Failed"), Some("NotFound"))
+        );
+        for kind in ["ContainersReady", "Ready"] {
+            let c = condition(&lost, kind);
+            assert_eq!(
+                (c["status"].as_str(), c["reason"].as_str()),
+                (Some("False"), Some("PodCompleted")),
+                "{kind}"
+            );
+            assert_eq!(c["lastTransitionTime"], rfc3339(at(60)), "{kind}");
+        }
+        assert_eq!(
+            condition(&lost, "Initialized")["lastTransitionTime"],
+            rfc3339(at(0))
+        );
+        let app = &lost["containerStatuses"][0];
+        assert_eq!(
+            app["state"]["terminated"]["reason"],
+            "ContainerStatusUnknown"
+        );
+        assert_eq!(app["state"]["terminated"]["exitCode"], 137);
+        assert_eq!(
+            app["lastState"]["running"]["startedAt"],
+            "2026-11-21T03:00:00Z"
+        );
+        assert_eq!(
+            (app["ready"].as_bool(), app["started"].as_bool()),
+            (Some(false), Some(false))
+        );
+        assert_eq!(
+            app["containerID"], "eci://app-id",
+            "what is known of the container stays"
+        );
+        // A container already terminated keeps its own account of how it ended.
+        let mut done = pod.clone();
+        let mut exited = pod_status(
+            &pod,
+            &mk_group(
+                "Running",
+                vec![
+                    info("app", "Terminated", false, Some(2)),
+                    info("side", "Running", true, None),
+                ],
+            ),
+            at(0),
+        );
+        exited["qosClass"] = json!("BestEffort");
+        done.status = Some(serde_json::from_value(exited).unwrap());
+        let lost = super::lost(&done, "NotFound", "gone", at(60));
+        assert_eq!(
+            lost["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            2
+        );
+        assert_eq!(
+            lost["containerStatuses"][1]["state"]["terminated"]["reason"],
+            "ContainerStatusUnknown"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The copy of a pod the controller keeps once its container group exists.
 //!
 //! After creation the controller reads a pod only to write its status (container names and
-//! images, the current status), to delete it (grace period) and to publish Events about it.
+//! images, readiness gates, generation, the current status), to delete it (grace period) and to publish Events about it.
 //! Everything else — env, volumes, probes, affinity, managed fields, annotations — is dropped:
 //! at 10,000 pods a whole `Pod` per pod is most of the daemon's memory.
 //!
@@ -24,10 +24,9 @@ pub(super) enum Kept {
     Packed(Packed),
 }
 
-/// A slim pod as JSON, with the two fields read without unpacking it.
+/// A slim pod as JSON, with the field read without unpacking it.
 #[derive(Debug, Clone)]
 pub(super) struct Packed {
-    resource_version: Option<Box<str>>,
     phase: Option<Box<str>>,
     json: Arc<[u8]>,
 }
@@ -43,10 +42,6 @@ impl Kept {
         let slimmed = slim(pod);
         match serde_json::to_vec(&slimmed) {
             Ok(json) => Self::Packed(Packed {
-                resource_version: slimmed
-                    .metadata
-                    .resource_version
-                    .map(String::into_boxed_str),
                 phase: slimmed
                     .status
                     .and_then(|s| s.phase)
@@ -66,14 +61,6 @@ impl Kept {
     /// Whether only the slim copy is kept (a creation must read the whole pod again).
     pub(super) fn is_slim(&self) -> bool {
         matches!(self, Self::Packed(_))
-    }
-
-    /// The pod's resourceVersion.
-    pub(super) fn resource_version(&self) -> Option<&str> {
-        match self {
-            Self::Whole(pod) => pod.metadata.resource_version.as_deref(),
-            Self::Packed(packed) => packed.resource_version.as_deref(),
-        }
     }
 
     /// The pod's phase.
@@ -117,6 +104,8 @@ pub(super) fn slim(pod: &Pod) -> Pod {
             namespace: meta.namespace.clone(),
             uid: meta.uid.clone(),
             resource_version: meta.resource_version.clone(),
+            // Acknowledged as `observedGeneration` in the status.
+            generation: meta.generation,
             deletion_timestamp: meta.deletion_timestamp.clone(),
             deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
             ..ObjectMeta::default()
@@ -128,6 +117,8 @@ pub(super) fn slim(pod: &Pod) -> Pod {
                 .as_ref()
                 .map(|init| init.iter().map(slim_container).collect()),
             node_name: spec.node_name.clone(),
+            // Ready waits for them.
+            readiness_gates: spec.readiness_gates.clone(),
             restart_policy: spec.restart_policy.clone(),
             termination_grace_period_seconds: spec.termination_grace_period_seconds,
             ..PodSpec::default()
@@ -149,7 +140,7 @@ mod tests {
 
     fn mk_pod() -> Pod {
         serde_json::from_value(json!({
-            "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1", "resourceVersion": "42",
+            "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1", "resourceVersion": "42", "generation": 2,
                 "labels": {"app": "web"}, "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{…}"},
                 "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
                 "deletionTimestamp": "2026-11-21T10:00:00Z", "deletionGracePeriodSeconds": 15},
@@ -158,6 +149,7 @@ mod tests {
                 "containers": [{"name": "app", "image": "nginx:1.27", "args": ["-g", "daemon off;"],
                     "env": [{"name": "B", "value": "2"}], "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
                 "volumes": [{"name": "data", "emptyDir": {}}],
+                "readinessGates": [{"conditionType": "example.com/lb-ready"}],
                 "tolerations": [{"operator": "Exists"}]},
             "status": {"phase": "Running", "podIP": "10.0.0.7",
                 "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-21T09:00:00Z"}]},
@@ -172,6 +164,7 @@ mod tests {
         assert_eq!(kept.metadata.name.as_deref(), Some("web-0"));
         assert_eq!(kept.metadata.uid.as_deref(), Some("u-1"));
         assert_eq!(kept.metadata.resource_version.as_deref(), Some("42"));
+        assert_eq!(kept.metadata.generation, Some(2));
         assert_eq!(kept.metadata.deletion_grace_period_seconds, Some(15));
         assert!(kept.metadata.deletion_timestamp.is_some());
         assert!(kept.metadata.labels.is_none());
@@ -179,6 +172,10 @@ mod tests {
         assert!(kept.metadata.managed_fields.is_none());
         let spec = kept.spec.as_ref().unwrap();
         assert_eq!(spec.termination_grace_period_seconds, Some(45));
+        assert_eq!(
+            spec.readiness_gates.as_ref().unwrap()[0].condition_type,
+            "example.com/lb-ready"
+        );
         assert_eq!(spec.containers[0].name, "app");
         assert_eq!(spec.containers[0].image.as_deref(), Some("nginx:1.27"));
         assert!(spec.containers[0].env.is_none() && spec.containers[0].args.is_none());
@@ -193,7 +190,6 @@ mod tests {
         let pod = mk_pod();
         let packed = Kept::packed(&pod);
         assert!(packed.is_slim());
-        assert_eq!(packed.resource_version(), Some("42"));
         assert_eq!(packed.phase(), Some("Running"));
         assert_eq!(packed.pod().as_deref(), Some(&slim(&pod)));
         let Kept::Packed(inner) = &packed else {

@@ -14,9 +14,15 @@ pub(super) struct CreateJob {
 impl PodController {
     pub(super) async fn explain_skip(&self, pod: &Pod, reason: &'static str) {
         info!(pod = %pod_key(pod), reason, "not running this pod on ECI");
-        let status =
-            json!({"phase": "Pending", "reason": "NotSupportedOnVirtualNode", "message": reason});
-        self.write_status(pod, status).await;
+        self.write_status(pod, |current| {
+            Some(from_eci::with_phase(
+                current,
+                "Pending",
+                "NotSupportedOnVirtualNode",
+                reason,
+            ))
+        })
+        .await;
         self.event(pod, EventType::Warning, "NotSupportedOnVirtualNode", reason)
             .await;
     }
@@ -315,8 +321,15 @@ impl PodController {
 
     pub(super) async fn set_provider_failed(&self, pod: &Pod, message: &str, permanent: bool) {
         let phase = if permanent { "Failed" } else { "Pending" };
-        let status = json!({"phase": phase, "reason": PROVIDER_FAILED, "message": message});
-        self.write_status(pod, status).await;
+        self.write_status(pod, |current| {
+            Some(from_eci::with_phase(
+                current,
+                phase,
+                PROVIDER_FAILED,
+                message,
+            ))
+        })
+        .await;
         self.event(pod, EventType::Warning, PROVIDER_FAILED, message)
             .await;
     }

@@ -1,26 +1,104 @@
-//! Deleting: graceful group deletion, batched waits for removal, pod removal, orphans.
+//! Deleting: graceful group deletion, batched waits for removal, pod removal, pods that went
+//! while nobody watched.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use eci_proto::EciError;
+use eci_proto::v20180808::{DeleteContainerGroupRequest, DescribeContainerGroupsRequest};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Preconditions};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{Adopted, PodController, backoff, pod_key, slim};
+
+/// Reads in flight at most when confirming that unlisted pods are gone.
+const CONFIRMING: usize = 8;
+
+/// A pod tracked but missing from a list, and how to look it up.
+struct Missing {
+    uid: String,
+    /// Namespace and name: from the kept pod, or from an adopted group's tags.
+    key: Option<(String, String)>,
+}
 
 impl PodController {
-    /// Groups of this node whose pod is gone (confirmed by a direct read) are deleted.
-    pub(super) async fn collect_orphans(&self, groups: &[Adopted], listed: &HashSet<String>) {
-        for group in groups.iter().filter(|g| !listed.contains(&g.uid)) {
-            let (Some(namespace), Some(name)) = (&group.namespace, &group.name) else {
-                continue;
-            };
-            let pods: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
-            match pods.get_opt(name).await {
-                Ok(Some(pod)) if pod.uid().as_deref() == Some(group.uid.as_str()) => continue,
-                Ok(_) => {
-                    info!(eci_id = %group.id, pod = %format!("{namespace}/{name}"), "deleting an orphaned container group: its pod no longer exists");
-                    self.delete_group(&group.id, true).await;
-                    self.tracked().remove(&group.uid);
+    /// Settles a completed (re)list: every pod tracked but not `listed` — deleted while the
+    /// watch was broken or the daemon stopped, so no Delete event will ever say so — is
+    /// confirmed gone with a direct read (a missing pod, or one of that name with another
+    /// UID) and then handled as a deletion: its group is deleted at once (the pod is gone, so
+    /// no grace period is left to honour) and it is counted in
+    /// `virtual_node_eci_pods_deleted_during_watch_gap_total`. At start the tracked pods are the
+    /// adopted groups (`unseen` holds the names their tags give), so orphans left by pods
+    /// deleted while the daemon was stopped go the same way. A pod that cannot be confirmed
+    /// gone (the read failed) stays tracked for the next list. How many pods were gone.
+    pub(super) async fn settle_list(
+        &self,
+        listed: &HashSet<String>,
+        unseen: &mut HashMap<String, Adopted>,
+    ) -> usize {
+        let kept: Vec<(String, Option<slim::Kept>)> = self
+            .tracked()
+            .iter()
+            .filter(|(uid, _)| !listed.contains(*uid))
+            .map(|(uid, t)| (uid.clone(), t.pod.clone()))
+            .collect();
+        let missing: Vec<Missing> = kept
+            .into_iter()
+            .map(|(uid, kept)| {
+                let key = kept
+                    .and_then(|kept| kept.pod())
+                    .map(|pod| (pod.namespace().unwrap_or_default(), pod.name_any()))
+                    .or_else(|| {
+                        let group = unseen.get(&uid)?;
+                        Some((group.namespace.clone()?, group.name.clone()?))
+                    });
+                Missing { uid, key }
+            })
+            .collect();
+        let confirmed: Vec<String> = futures::stream::iter(missing)
+            .map(|missing| async move { self.is_gone(&missing).await.then_some(missing.uid) })
+            .buffer_unordered(CONFIRMING)
+            .filter_map(|gone| async move { gone })
+            .collect()
+            .await;
+        for uid in &confirmed {
+            unseen.remove(uid);
+            let group = self.tracked().remove(uid).and_then(|t| t.group);
+            self.inner.telemetry.pods_deleted_during_watch_gap.inc();
+            match group {
+                Some(id) => {
+                    info!(pod_uid = %uid, eci_id = %id, "the pod was deleted while nobody watched; deleting its container group");
+                    self.delete_group(&id, true).await;
                 }
-                Err(error) => {
-                    warn!(%error, eci_id = %group.id, "cannot confirm whether the group's pod exists; keeping the group");
+                None => {
+                    info!(pod_uid = %uid, "the pod was deleted while nobody watched; it had no container group");
                 }
+            }
+        }
+        confirmed.len()
+    }
+
+    /// Whether a pod missing from a list is really gone (a failed read says no).
+    async fn is_gone(&self, missing: &Missing) -> bool {
+        let Some((namespace, name)) = &missing.key else {
+            // An adopted group whose tags do not name its pod: nothing to look up, so it is
+            // left to the cluster-wide orphan collector.
+            warn!(pod_uid = %missing.uid, "a container group of this node names no pod; keeping it");
+            return false;
+        };
+        let pods: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
+        self.inner.telemetry.kube_request("pod_get");
+        match pods.get_opt(name).await {
+            Ok(Some(pod)) => pod.uid().as_deref() != Some(missing.uid.as_str()),
+            Ok(None) => true,
+            Err(error) => {
+                warn!(%error, pod = %format!("{namespace}/{name}"), "cannot confirm that an unlisted pod is gone; the next list tries again");
+                false
             }
         }
     }

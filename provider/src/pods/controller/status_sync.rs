@@ -1,46 +1,88 @@
-//! Statuses: incremental polling, pod status writes, events, vanished groups.
+//! Statuses: incremental polling, pod status writes (server-side apply of what we own),
+//! readiness re-evaluation, events, vanished groups.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use eci_proto::v20180808::ContainerGroupStatus;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::{
+    FIELD_MANAGER, PodController, REFRESH_WRITERS, STATUS_WRITERS, hash_of, pod_key, slim, tag,
+};
+use crate::pods::from_eci;
+use crate::pods::to_eci::naming;
+
+/// What a status write came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Written {
+    /// Stored; the [`from_eci::fingerprint`] of what was written.
+    Stored(u64),
+    /// Nothing to write: the pod, read again after a conflict, already shows it.
+    Unneeded,
+    /// Not stored (logged); the next poll or event tries again.
+    Failed,
+}
 
 impl PodController {
-    /// Writes a pod status with optimistic concurrency: the patch carries the latest
-    /// resourceVersion we know; on a conflict the pod is read again and the write retried once.
-    /// Whether the status was stored.
-    pub(super) async fn write_status(&self, pod: &Pod, status: Value) -> bool {
+    /// Writes what `compute` makes of `pod` as the pod's status, with server-side apply under
+    /// our field manager on the `status` subresource: only the fields and conditions we own
+    /// change (see [`from_eci::owned`]), so conditions others own survive, and whatever we
+    /// wrote before and leave out now is removed. The apply carries `pod`'s resourceVersion:
+    /// on a conflict the pod is read again and the status computed again from it (a readiness
+    /// gate may have changed meanwhile), up to three times.
+    pub(super) async fn write_status(
+        &self,
+        pod: &Pod,
+        compute: impl Fn(&Pod) -> Option<Value>,
+    ) -> Written {
         let api: Api<Pod> = Api::namespaced(
             self.inner.client.clone(),
             &pod.namespace().unwrap_or_default(),
         );
         let uid = pod.uid().unwrap_or_default();
-        let latest_rv = |fallback: &Pod| {
-            self.tracked()
-                .get(&uid)
-                .and_then(|t| t.pod.as_ref()?.resource_version().map(str::to_owned))
-                .or_else(|| fallback.metadata.resource_version.clone())
-        };
-        for attempt in 0..2 {
-            let body = json!({"metadata": {"resourceVersion": latest_rv(pod)}, "status": &status});
+        let name = pod.name_any();
+        // Forced: a field someone else wrote with the same meaning (the scheduler's
+        // PodScheduled, the node lifecycle controller's Ready) is ours to write, as it is a
+        // kubelet's. Other managers' conditions are never in what we apply.
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let mut fresh: Option<Pod> = None;
+        for attempt in 0..3 {
+            let basis = fresh.as_ref().unwrap_or(pod);
+            let Some(status) = compute(basis) else {
+                return Written::Unneeded;
+            };
+            let body = json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": basis.namespace(),
+                    "resourceVersion": basis.resource_version(),
+                },
+                "status": &status,
+            });
             self.inner.telemetry.kube_request("pod_status_patch");
-            match api
-                .patch_status(
-                    &pod.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(body),
-                )
-                .await
-            {
+            match api.patch_status(&name, &params, &Patch::Apply(body)).await {
                 Ok(updated) => {
                     self.remember(&uid, updated);
-                    return true;
+                    return Written::Stored(from_eci::fingerprint(&status));
                 }
-                Err(kube::Error::Api(conflict)) if conflict.code == 409 && attempt == 0 => {
+                Err(kube::Error::Api(conflict)) if conflict.code == 409 && attempt < 2 => {
                     self.inner.telemetry.kube_request("pod_get");
-                    match api.get(&pod.name_any()).await {
-                        Ok(fresh) if fresh.uid().as_deref() == Some(uid.as_str()) => {
-                            self.remember(&uid, fresh);
+                    match api.get(&name).await {
+                        Ok(again) if again.uid().as_deref() == Some(uid.as_str()) => {
+                            self.remember(&uid, again.clone());
+                            fresh = Some(again);
                         }
-                        _ => return false,
+                        _ => return Written::Failed,
                     }
                 }
                 Err(error) => {
@@ -49,11 +91,11 @@ impl PodController {
                         t.written = None;
                         t.applied = None;
                     }
-                    return false;
+                    return Written::Failed;
                 }
             }
         }
-        false
+        Written::Failed
     }
 
     /// Keeps the copy of a pod the API just returned: its resourceVersion is what the next
@@ -168,6 +210,43 @@ impl PodController {
         Ok(())
     }
 
+    /// Refresh writers: pods whose readiness gates or generation changed while their group
+    /// did not (see [`from_eci::refresh`]) get their status written again, so a gate turning
+    /// True turns Ready without waiting for ECI to change.
+    pub(super) async fn refresh_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let this = &self;
+        this.inner
+            .refreshes
+            .serve(REFRESH_WRITERS, &stop, move |uid, ()| async move {
+                this.refresh_status(&uid).await;
+            })
+            .await;
+        Ok(())
+    }
+
+    async fn refresh_status(&self, uid: &str) {
+        let kept = {
+            let tracked = self.tracked();
+            match tracked.get(uid) {
+                Some(t) if !t.deleting && t.group.is_some() => t.pod.clone(),
+                _ => None,
+            }
+        };
+        let Some(pod) = kept.and_then(|kept| kept.pod()) else {
+            return;
+        };
+        let now = SystemTime::now();
+        if let Written::Stored(written) = self
+            .write_status(&pod, |current| from_eci::refresh(current, now))
+            .await
+        {
+            debug!(pod = %pod_key(&pod), "status written again for the pod's readiness gates or generation");
+            if let Some(entry) = self.tracked().get_mut(uid) {
+                entry.written = Some(written);
+            }
+        }
+    }
+
     pub(super) fn count_phases(&self) {
         let mut counts: BTreeMap<String, i64> = BTreeMap::new();
         for kept in self.tracked().values().filter_map(|t| t.pod.as_ref()) {
@@ -216,19 +295,29 @@ impl PodController {
             (kept, entry.written, new_events)
         };
         let Some(pod) = kept.pod() else { return };
-        let status = from_eci::pod_status(&pod, &group, SystemTime::now());
+        let now = SystemTime::now();
+        let status = from_eci::pod_status(&pod, &group, now);
         let fingerprint = from_eci::fingerprint(&status);
         // Nothing new: what we wrote last, or — before our first write, e.g. an adopted pod
-        // after a restart — what the pod already shows.
+        // after a restart — what the pod already shows of ours.
         let unchanged = match written {
             Some(written) => written == fingerprint,
             None => pod.status.as_ref().is_some_and(|current| {
-                serde_json::to_value(current)
-                    .is_ok_and(|current| from_eci::fingerprint(&current) == fingerprint)
+                serde_json::to_value(current).is_ok_and(|current| {
+                    from_eci::fingerprint(&from_eci::owned(&current)) == fingerprint
+                })
             }),
         };
-        let stored = unchanged || self.write_status(&pod, status).await;
-        if !unchanged && stored {
+        let outcome = if unchanged {
+            Written::Unneeded
+        } else {
+            // Computed from the pod it is written to: again from a fresh read after a conflict.
+            self.write_status(&pod, |current| {
+                Some(from_eci::pod_status(current, &group, now))
+            })
+            .await
+        };
+        if let Written::Stored(_) = outcome {
             if let Some(changed) = humantime::parse_rfc3339_weak(&group.status_change_time)
                 .ok()
                 .and_then(|t| SystemTime::now().duration_since(t).ok())
@@ -239,9 +328,14 @@ impl PodController {
                     .observe(changed.as_secs_f64());
             }
         }
-        if stored {
+        let written = match outcome {
+            Written::Stored(written) => Some(written),
+            Written::Unneeded => Some(fingerprint),
+            Written::Failed => None,
+        };
+        if let Some(written) = written {
             if let Some(entry) = self.tracked().get_mut(uid) {
-                entry.written = Some(fingerprint);
+                entry.written = Some(written);
                 entry.applied = Some(state);
             }
         }
@@ -282,10 +376,10 @@ impl PodController {
             if let Ok(false) = self.group_exists(&id).await {
                 warn!(pod = %pod_key(&pod), eci_id = %id, "the container group vanished");
                 let message = format!("the ECI container group {id} no longer exists");
-                self.write_status(
-                    &pod,
-                    json!({"phase": "Failed", "reason": "NotFound", "message": message}),
-                )
+                let now = SystemTime::now();
+                self.write_status(&pod, |current| {
+                    Some(from_eci::lost(current, "NotFound", &message, now))
+                })
                 .await;
                 self.event(&pod, EventType::Warning, "NotFound", &message)
                     .await;
