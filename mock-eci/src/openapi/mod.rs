@@ -12,7 +12,6 @@
 pub mod wire;
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,9 +28,9 @@ use eci_proto::openapi::signature::{SIGNATURE_METHOD, SIGNATURE_VERSION, verify}
 use eci_proto::v20180808::eci_server::Eci;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use serde_json::{Value, json};
+use tls_serve::{ClientAuth, ReloadableCertificate, Timeouts, TlsServer};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tower::ServiceExt as _;
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::service::MockEci;
@@ -86,7 +85,7 @@ pub struct OpenApiFront {
     addr: SocketAddr,
     ca_pem: String,
     front: Arc<Front>,
-    shutdown: watch::Sender<bool>,
+    shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -94,13 +93,13 @@ pub struct OpenApiFront {
 #[derive(Debug, thiserror::Error)]
 pub enum FrontError {
     /// The certificate could not be generated.
-    #[error("cannot generate the OpenAPI front's certificate: {0}")]
+    #[error("cannot generate the OpenAPI front's certificate")]
     Certificate(#[source] rcgen::Error),
     /// TLS could not be set up.
-    #[error("cannot set up TLS for the OpenAPI front: {0}")]
-    Tls(#[source] rustls::Error),
+    #[error("cannot set up TLS for the OpenAPI front")]
+    Tls(#[source] tls_serve::ServerError),
     /// The TLS directory could not be written.
-    #[error("cannot write {path} (--openapi-tls-dir): {source}")]
+    #[error("cannot write {path} (--openapi-tls-dir)")]
     TlsDir {
         /// The file or directory.
         path: std::path::PathBuf,
@@ -108,11 +107,11 @@ pub enum FrontError {
         #[source]
         source: std::io::Error,
     },
-    /// A PEM file in the TLS directory is unusable.
-    #[error("unusable PEM in --openapi-tls-dir: {0}")]
-    Pem(#[source] rustls::pki_types::pem::Error),
+    /// The certificate and key in the TLS directory are unusable.
+    #[error("unusable certificate or key in --openapi-tls-dir")]
+    Pem(#[source] tls_serve::CertificateError),
     /// The listener has no address.
-    #[error("the OpenAPI listener has no address: {0}")]
+    #[error("the OpenAPI listener has no address")]
     Address(#[source] std::io::Error),
 }
 
@@ -127,7 +126,7 @@ impl OpenApiFront {
         tls_dir: Option<&Path>,
     ) -> Result<Self, FrontError> {
         let addr = listener.local_addr().map_err(FrontError::Address)?;
-        let (ca_pem, acceptor) = tls(tls_dir)?;
+        let (ca_pem, server) = tls(tls_dir)?;
         let front = Arc::new(Front {
             mock,
             credentials,
@@ -140,8 +139,11 @@ impl OpenApiFront {
         let router = Router::new()
             .route("/", axum::routing::any(handle))
             .with_state(front.clone());
-        let (shutdown, signal) = watch::channel(false);
-        let task = tokio::spawn(serve(listener, acceptor, router, signal));
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let stop = shutdown.clone();
+            async move { server.serve(listener, router, stop).await }
+        });
         tracing::info!(%addr, "OpenAPI front serving (HTTPS)");
         Ok(Self {
             addr,
@@ -180,7 +182,7 @@ impl OpenApiFront {
 
     /// Stops serving.
     pub async fn stop(self) {
-        let _ = self.shutdown.send(true);
+        self.shutdown.cancel();
         let _ = self.task.await;
     }
 }
@@ -250,71 +252,20 @@ fn material(dir: Option<&Path>) -> Result<Material, FrontError> {
     Ok(material)
 }
 
-fn tls(dir: Option<&Path>) -> Result<(String, tokio_rustls::TlsAcceptor), FrontError> {
-    use rustls::pki_types::pem::PemObject as _;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+fn tls(dir: Option<&Path>) -> Result<(String, TlsServer), FrontError> {
     let material = material(dir)?;
-    let chain =
-        vec![CertificateDer::from_pem_slice(material.cert.as_bytes()).map_err(FrontError::Pem)?];
-    let private =
-        PrivateKeyDer::from_pem_slice(material.key.as_bytes()).map_err(FrontError::Pem)?;
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(FrontError::Tls)?
-    .with_no_client_auth()
-    .with_single_cert(chain, private)
-    .map_err(FrontError::Tls)?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok((
-        material.ca,
-        tokio_rustls::TlsAcceptor::from(Arc::new(config)),
-    ))
-}
-
-async fn serve(
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    router: Router,
-    mut signal: watch::Receiver<bool>,
-) {
-    loop {
-        let accepted = tokio::select! {
-            _ = signal.wait_for(|stop| *stop) => return,
-            accepted = listener.accept() => accepted,
-        };
-        let Ok((stream, _)) = accepted else { continue };
-        let _ = stream.set_nodelay(true);
-        let (acceptor, router, mut signal) = (acceptor.clone(), router.clone(), signal.clone());
-        tokio::spawn(async move {
-            let Ok(stream) = acceptor.accept(stream).await else {
-                debug!("OpenAPI TLS handshake failed");
-                return;
-            };
-            let service = hyper::service::service_fn(
-                move |request: hyper::Request<hyper::body::Incoming>| {
-                    let router = router.clone();
-                    async move {
-                        Ok::<_, Infallible>(
-                            router
-                                .oneshot(request.map(axum::body::Body::new))
-                                .await
-                                .unwrap_or_else(|never| match never {}),
-                        )
-                    }
-                },
-            );
-            let builder =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            let connection =
-                builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            tokio::select! {
-                result = connection => if let Err(error) = result { debug!(%error, "OpenAPI connection ended with an error") },
-                _ = signal.wait_for(|stop| *stop) => {}
-            }
+    let certificate =
+        ReloadableCertificate::from_pem(material.cert.as_bytes(), material.key.as_bytes())
+            .map_err(FrontError::Pem)?;
+    let server = TlsServer::new(Arc::new(certificate), ClientAuth::None)
+        .map_err(FrontError::Tls)?
+        // A stop comes from a test or a shutting-down fake: requests in flight (an injected
+        // delay included) get a short grace, not a production drain.
+        .with_timeouts(Timeouts {
+            drain: Duration::from_secs(2),
+            ..Timeouts::default()
         });
-    }
+    Ok((material.ca, server))
 }
 
 fn request_id() -> String {

@@ -4,14 +4,12 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tracing::info;
 
@@ -19,7 +17,7 @@ use tracing::info;
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
     /// A file could not be read.
-    #[error("webhook certificate: cannot read {path}: {source}")]
+    #[error("webhook certificate: cannot read {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -28,13 +26,13 @@ pub enum CertError {
         source: std::io::Error,
     },
     /// The PEM content is not a usable certificate and key.
-    #[error("webhook certificate: {0}")]
-    Invalid(String),
+    #[error("webhook certificate: tls.crt and tls.key are not a usable certificate and key")]
+    Invalid(#[source] tls_serve::CertificateError),
     /// Generating failed.
-    #[error("webhook certificate: cannot generate one: {0}")]
+    #[error("webhook certificate: cannot generate one")]
     Generate(#[source] rcgen::Error),
     /// The Secret could not be read or written.
-    #[error("webhook certificate Secret {name}: {source}")]
+    #[error("webhook certificate Secret {name}")]
     Secret {
         /// `<namespace>/<name>`.
         name: String,
@@ -66,20 +64,10 @@ impl std::fmt::Debug for Material {
 }
 
 impl Material {
-    /// The rustls form.
+    /// The rustls form (the key checked against the certificate).
     pub fn certified_key(&self) -> Result<Arc<CertifiedKey>, CertError> {
-        let chain: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
-                .collect::<Result<_, _>>()
-                .map_err(|e| CertError::Invalid(format!("tls.crt: {e}")))?;
-        if chain.is_empty() {
-            return Err(CertError::Invalid("tls.crt holds no certificate".into()));
-        }
-        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
-            .map_err(|e| CertError::Invalid(format!("tls.key: {e}")))?;
-        let signing = rustls::crypto::ring::sign::any_supported_type(&key)
-            .map_err(|e| CertError::Invalid(format!("tls.key: {e}")))?;
-        Ok(Arc::new(CertifiedKey::new(chain, signing)))
+        tls_serve::certified_key(self.cert_pem.as_bytes(), self.key_pem.as_bytes())
+            .map_err(CertError::Invalid)
     }
 }
 
@@ -211,43 +199,10 @@ pub async fn from_secret(
     }
 }
 
-/// A certificate rustls serves, swappable while running.
-#[derive(Debug)]
-pub struct Reloadable {
-    current: RwLock<Arc<CertifiedKey>>,
-}
-
-impl Reloadable {
-    /// Serves `key`.
-    pub fn new(key: Arc<CertifiedKey>) -> Self {
-        Self {
-            current: RwLock::new(key),
-        }
-    }
-
-    /// Serves `key` from now on.
-    pub fn replace(&self, key: Arc<CertifiedKey>) {
-        *self
-            .current
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = key;
-    }
-}
-
-impl ResolvesServerCert for Reloadable {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(Arc::clone(
-            &self
-                .current
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::chain::Chain;
 
     #[test]
     fn generated_material_is_usable_and_debug_hides_the_key() {
@@ -269,13 +224,16 @@ mod tests {
         let read = from_dir(dir.path()).unwrap();
         assert_eq!(read.ca_pem, None);
         std::fs::write(dir.path().join("tls.key"), "garbage").unwrap();
-        assert!(
-            from_dir(dir.path())
-                .unwrap_err()
-                .to_string()
-                .contains("tls.key")
+        let invalid = from_dir(dir.path()).unwrap_err();
+        assert_eq!(
+            Chain(&invalid).to_string(),
+            "webhook certificate: tls.crt and tls.key are not a usable certificate and key: \
+             the private key is not valid PEM: no items found",
+            "each part once"
         );
         std::fs::remove_file(dir.path().join("tls.crt")).unwrap();
-        assert!(matches!(from_dir(dir.path()), Err(CertError::Read { .. })));
+        let missing = from_dir(dir.path()).unwrap_err();
+        assert!(matches!(missing, CertError::Read { .. }));
+        assert!(!missing.to_string().contains("No such file"), "{missing}");
     }
 }

@@ -1,7 +1,6 @@
 //! The embedded Selector admission webhook: HTTPS server, certificate, registration, caches,
 //! and the normalNodePrefer spill watcher. Off unless `--webhook` (WEBHOOK_ENABLED).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,22 +12,25 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Reporter};
+use tls_serve::{CertificateFiles, ClientAuth, ReloadableCertificate, TlsServer};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt as _;
 use tracing::{debug, info, warn};
 
 use super::cache::Caches;
-use super::certs::{Material, Reloadable};
 use super::register::Registration;
 use super::review::Admission;
 use super::{cache, certs, register, spill};
 use crate::admission::selector::engine::Vnode;
 use crate::config::Settings;
+use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::{ResultLabels, Telemetry};
+
+/// How often the certificate files are checked for a renewal.
+const CERT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
 struct Served {
     admission: Admission,
@@ -91,62 +93,6 @@ fn vnode(settings: &Settings) -> Vnode {
     }
 }
 
-fn tls_config(resolver: Arc<Reloadable>) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .context("TLS setup")?
-    .with_no_client_auth()
-    .with_cert_resolver(resolver);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
-}
-
-async fn serve(
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    router: Router,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
-    loop {
-        let accepted = tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            accepted = listener.accept() => accepted,
-        };
-        let Ok((stream, _)) = accepted else { continue };
-        let _ = stream.set_nodelay(true);
-        let (acceptor, router, stop) = (acceptor.clone(), router.clone(), stop.clone());
-        tokio::spawn(async move {
-            let Ok(stream) = acceptor.accept(stream).await else {
-                debug!("webhook TLS handshake failed");
-                return;
-            };
-            let service = hyper::service::service_fn(
-                move |request: hyper::Request<hyper::body::Incoming>| {
-                    let router = router.clone();
-                    async move {
-                        Ok::<_, Infallible>(
-                            router
-                                .oneshot(request.map(axum::body::Body::new))
-                                .await
-                                .unwrap_or_else(|never| match never {}),
-                        )
-                    }
-                },
-            );
-            let builder =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            let connection =
-                builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            tokio::select! {
-                result = connection => if let Err(error) = result { debug!(%error, "webhook connection ended with an error") },
-                () = stop.cancelled() => {}
-            }
-        });
-    }
-}
-
 async fn publish_warnings(
     recorder: EventPublisher,
     mut warnings: mpsc::Receiver<(ObjectReference, String)>,
@@ -195,32 +141,25 @@ async fn keep_registered(
     }
 }
 
-async fn reload_files(
+/// Follows certificate renewals with the caBundle: when the served certificate was reloaded
+/// from `dir`, the CA next to it is what the API server must trust from now on.
+async fn follow_ca(
     dir: std::path::PathBuf,
-    mut current: Material,
-    resolver: Arc<Reloadable>,
+    mut renewals: watch::Receiver<u64>,
     ca: watch::Sender<Option<String>>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut ticks = tokio::time::interval(Duration::from_secs(10));
     loop {
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            _ = ticks.tick() => {}
+            changed = renewals.changed() => changed?,
         }
-        match certs::from_dir(&dir) {
-            Ok(fresh) if fresh != current => match fresh.certified_key() {
-                Ok(key) => {
-                    resolver.replace(key);
-                    ca.send_replace(fresh.ca_pem.clone());
-                    info!(dir = %dir.display(), "webhook certificate reloaded");
-                    current = fresh;
-                }
-                Err(error) => warn!(%error, "keeping the previous webhook certificate"),
-            },
-            Ok(_) => {}
-            Err(error) => warn!(%error, "keeping the previous webhook certificate"),
-        }
+        let fresh = std::fs::read_to_string(dir.join("ca.crt")).ok();
+        ca.send_if_modified(|current| {
+            let changed = *current != fresh;
+            current.clone_from(&fresh);
+            changed
+        });
     }
 }
 
@@ -247,7 +186,7 @@ pub async fn run(
         match attempt {
             Ok(material) => break material,
             Err(error) => {
-                warn!(%error, retry_in = ?wait, "no webhook certificate yet; pods are admitted without the webhook meanwhile");
+                warn!(error = %Chain(&error), retry_in = ?wait, "no webhook certificate yet; pods are admitted without the webhook meanwhile");
                 tokio::select! {
                     () = stop.cancelled() => return Ok(()),
                     () = tokio::time::sleep(wait) => {}
@@ -256,8 +195,8 @@ pub async fn run(
             }
         }
     };
-    let resolver = Arc::new(Reloadable::new(material.certified_key()?));
-    let acceptor = tls_config(Arc::clone(&resolver))?;
+    let certificate = Arc::new(ReloadableCertificate::new(material.certified_key()?));
+    let server = TlsServer::new(certificate.clone(), ClientAuth::None)?;
     let listener = TcpListener::bind(config.webhook_addr)
         .await
         .with_context(|| {
@@ -361,24 +300,32 @@ pub async fn run(
             .map_named("webhook registration"),
     );
     if let Some(dir) = config.webhook_cert_dir.clone() {
+        // cert-manager (or whoever writes the files) renews them; a changed ca.crt alone (a CA
+        // rotation announced before the leaf changes) counts as a renewal too.
+        let files = CertificateFiles {
+            companions: vec![dir.join("ca.crt")],
+            ..CertificateFiles::in_dir(&dir)
+        };
+        let renewals = certificate.subscribe();
+        let (certificate, watch_stop) = (certificate.clone(), stop.clone());
         tasks.spawn(
-            reload_files(
-                dir,
-                material,
-                Arc::clone(&resolver),
-                ca_sender,
-                stop.clone(),
-            )
+            async move {
+                files
+                    .watch(certificate, CERT_RELOAD_INTERVAL, watch_stop)
+                    .await;
+                Ok(())
+            }
             .map_named("certificate reload"),
         );
+        tasks.spawn(follow_ca(dir, renewals, ca_sender, stop.clone()).map_named("caBundle"));
     }
+    let router = router(served, &config.webhook_path);
+    let serve_stop = stop.clone();
     tasks.spawn(
-        serve(
-            listener,
-            acceptor,
-            router(served, &config.webhook_path),
-            stop.clone(),
-        )
+        async move {
+            server.serve(listener, router, serve_stop).await;
+            Ok(())
+        }
         .map_named("webhook server"),
     );
 

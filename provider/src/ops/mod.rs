@@ -1,6 +1,7 @@
 //! What operators see: Prometheus metrics, Kubernetes Events, and the `/healthz`, `/readyz`,
 //! `/metrics` server. A leaf every area may call; it calls nothing of theirs.
 
+pub mod chain;
 pub mod events;
 pub mod metrics;
 pub mod server;
