@@ -17,30 +17,29 @@ mod create;
 mod delete;
 mod status_sync;
 
-use super::{refs, slim};
+use super::slim;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use eci_proto::EciError;
 use eci_proto::v20180808::{ContainerGroupStatus, DescribeContainerGroupStatusRequest, Tag};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{EventType, Reporter};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::events::Reporter;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::Settings;
 use crate::eci::Backend;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
 use crate::pods::from_eci;
-use crate::pods::to_eci::{self, Context, naming};
+use crate::pods::to_eci::naming;
 use crate::pods::workqueue::WorkQueue;
 use create::CreateJob;
 

@@ -1,7 +1,23 @@
 //! Creating container groups: references, translation, retries, failures on the pod.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::{
+    ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
+    pod_key, pod_key_parts,
+};
+use crate::pods::to_eci::{self, Context};
+use crate::pods::{from_eci, refs};
 
 /// A pod waiting for its group: how many attempts failed, and when it was first seen (the
 /// creation latency metric starts there).
