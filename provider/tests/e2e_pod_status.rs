@@ -480,8 +480,10 @@ async fn pods_deleted_while_the_daemon_is_stopped_leave_no_group() {
             pods.delete(name, &DeleteParams::default().grace_period(0))
                 .await?;
         }
-        // Deleted gracefully: with nobody to stop it, it waits Terminating for the daemon.
-        pods.delete("s2", &DeleteParams::default()).await?;
+        // Deleted gracefully: with nobody to stop it, it waits Terminating for the daemon (a
+        // short grace period: the group uses all of it to stop).
+        pods.delete("s2", &DeleteParams::default().grace_period(2))
+            .await?;
 
         let daemon = h.start_daemon(0, FAST_DAEMON)?;
         wait_group_pods(h, &scene.admin, &["s3"]).await?;
