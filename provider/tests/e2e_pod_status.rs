@@ -550,7 +550,7 @@ async fn pods_deleted_while_the_watch_is_broken_by_etcd_compaction_leave_no_grou
             "the watch was answered 410 Gone:\n{after}"
         );
         assert!(
-            after.lines().any(|l| l.contains("list complete") && l.contains("gone=2") && l.contains("relist=true")),
+            after.lines().any(|l| l.contains("resync complete") && l.contains("gone=2") && l.contains("relist=true")),
             "a relist found the two pods gone:\n{after}"
         );
         Ok(())

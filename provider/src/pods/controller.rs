@@ -373,7 +373,7 @@ impl PodController {
                         pods = listed.len(),
                         gone,
                         relist,
-                        "list complete: every pod and group of this node accounted for"
+                        "resync complete: every pod and group of this node accounted for"
                     );
                     relist = true;
                     // Not needed until the next list, which may be days away.
