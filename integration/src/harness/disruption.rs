@@ -75,10 +75,8 @@ impl Harness {
     /// Compacts the fixture's etcd up to its current revision and returns that revision.
     pub async fn compact_etcd(&self) -> Result<i64, HarnessError> {
         self.fixture_only("compacting etcd")?;
-        let url = etcd::url_in(&self.fixture_dir).map_err(|e| setup(e.to_string()))?;
-        etcd::compact(&url)
-            .await
-            .map_err(|e| setup(format!("{e}: {:?}", std::error::Error::source(&e))))
+        let url = etcd::url_in(&self.fixture_dir)?;
+        Ok(etcd::compact(&url).await?)
     }
 
     /// Starts a second kube-apiserver on the fixture's etcd: the fixture apiserver's flags with

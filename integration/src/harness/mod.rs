@@ -33,6 +33,9 @@ pub enum HarnessError {
     /// A child process could not be started.
     #[error(transparent)]
     Process(#[from] ProcessError),
+    /// The fixture's etcd could not be reached or refused.
+    #[error(transparent)]
+    Etcd(#[from] crate::cluster::etcd::EtcdError),
     /// The environment is not usable.
     #[error("{0}")]
     Setup(String),

@@ -25,7 +25,8 @@ use crate::pods::to_eci::naming;
 pub(super) enum Written {
     /// Stored; the [`from_eci::fingerprint`] of what was written.
     Stored(u64),
-    /// Nothing to write: the pod, read again after a conflict, already shows it.
+    /// Nothing to write: `compute` found the pod (as given, or read again after a conflict)
+    /// already showing what it would write.
     Unneeded,
     /// Not stored (logged); the next poll or event tries again.
     Failed,
