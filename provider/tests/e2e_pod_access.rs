@@ -16,7 +16,12 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(90);
 const KUBE_PROXY_TAG: &str = "k8s.aliyun.com/eci-kube-proxy-enabled";
-const FAST_MOCK: &[&str] = &["--provisioning-delay", "300ms", "--scheduling-delay", "50ms"];
+const FAST_MOCK: &[&str] = &[
+    "--provisioning-delay",
+    "300ms",
+    "--scheduling-delay",
+    "50ms",
+];
 const FAST_DAEMON: &[(&str, &str)] = &[
     ("POD_STATUS_POLL_INTERVAL", "250ms"),
     ("POD_RESYNC_INTERVAL", "2s"),
@@ -170,7 +175,10 @@ fn link_variables(prefix: &str, ip: &str, ports: &[(&str, i32)]) -> Vec<(String,
             ));
         }
     }
-    out.push((format!("{prefix}_PORT"), format!("tcp://{ip}:{}", ports[0].1)));
+    out.push((
+        format!("{prefix}_PORT"),
+        format!("tcp://{ip}:{}", ports[0].1),
+    ));
     for (_, port) in ports {
         let at = format!("{prefix}_PORT_{port}_TCP");
         out.push((at.clone(), format!("tcp://{ip}:{port}")));
@@ -248,25 +256,45 @@ async fn kube_proxy_off_and_a_configured_apiserver_address_reach_eci() {
         let mut env = FAST_DAEMON.to_vec();
         env.extend([
             ("ECI_KUBE_PROXY", "false"),
-            ("ECI_KUBERNETES_SERVICE_HOST", "apiserver.vpc.example.internal"),
+            (
+                "ECI_KUBERNETES_SERVICE_HOST",
+                "apiserver.vpc.example.internal",
+            ),
             ("ECI_KUBERNETES_SERVICE_PORT", "6443"),
         ]);
         h.start_daemon(0, &env)?;
         let node = h.node_name(0);
         let spec = json!({"containers": [{"name": "app", "image": "registry.example.com/app:1"}]});
         create_pod(h, &ns, &pod_spec("plain", &node, json!({}), spec.clone())).await?;
-        create_pod(h, &ns, &pod_spec("wants-proxy", &node, json!({KUBE_PROXY_TAG: "true"}), spec)).await?;
+        create_pod(
+            h,
+            &ns,
+            &pod_spec("wants-proxy", &node, json!({KUBE_PROXY_TAG: "true"}), spec),
+        )
+        .await?;
         wait_running(h, &ns, "plain").await?;
         wait_running(h, &ns, "wants-proxy").await?;
 
         let plain = group_of(&mock.admin, "plain").await;
-        assert_eq!(tag(&plain, KUBE_PROXY_TAG).as_deref(), Some("false"), "ECI_KUBE_PROXY=false reaches ECI: {plain}");
+        assert_eq!(
+            tag(&plain, KUBE_PROXY_TAG).as_deref(),
+            Some("false"),
+            "ECI_KUBE_PROXY=false reaches ECI: {plain}"
+        );
         let wants = group_of(&mock.admin, "wants-proxy").await;
-        assert_eq!(tag(&wants, KUBE_PROXY_TAG).as_deref(), Some("true"), "the pod's annotation wins: {wants}");
+        assert_eq!(
+            tag(&wants, KUBE_PROXY_TAG).as_deref(),
+            Some("true"),
+            "the pod's annotation wins: {wants}"
+        );
         let env = env_of(&plain);
         assert_eq!(
             with_prefix(&env, "KUBERNETES_"),
-            link_variables("KUBERNETES", "apiserver.vpc.example.internal", &[("https", 6443)]),
+            link_variables(
+                "KUBERNETES",
+                "apiserver.vpc.example.internal",
+                &[("https", 6443)]
+            ),
             "the configured address, the whole family: {env:?}"
         );
         Ok(())
@@ -276,7 +304,8 @@ async fn kube_proxy_off_and_a_configured_apiserver_address_reach_eci() {
 
 /// TokenReview of `token` for `audiences` (none: the apiserver's own): the status.
 async fn review(h: &Harness, token: &str, audiences: &[&str]) -> Value {
-    let review: TokenReview = serde_json::from_value(json!({"spec": {"token": token, "audiences": audiences}})).unwrap();
+    let review: TokenReview =
+        serde_json::from_value(json!({"spec": {"token": token, "audiences": audiences}})).unwrap();
     let answer = Api::<TokenReview>::all(h.client())
         .create(&PostParams::default(), &review)
         .await

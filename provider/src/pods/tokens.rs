@@ -5,10 +5,11 @@
 //!   `expirationSeconds` (default 3600), bound to the pod (`boundObjectRef` kind Pod, name, uid),
 //!   as the pod's service account.
 //! - **Refresh**: at 80 % of a token's lifetime or once it is 24 h old, whichever comes first, up
-//!   to 10 s early (the kubelet's rule and jitter), every token volume of the pod is rebuilt
-//!   with new tokens and handed to the running group with `UpdateContainerGroup`
-//!   (`IncrementalUpdate`, the volumes by name as `ConfigFileVolume`s): the files change in
-//!   place, no container is restarted.
+//!   to 10 s early (the kubelet's rule and jitter), the tokens that are due are issued again —
+//!   the others are read back from the group and kept, as the kubelet's token cache keeps
+//!   them — and the pod's token volumes are handed to the running group with
+//!   `UpdateContainerGroup` (`IncrementalUpdate`, the volumes by name as `ConfigFileVolume`s):
+//!   the files change in place, no container is restarted.
 //! - **One timer queue** for all pods (a pod waiting for its refresh is a few hundred bytes of
 //!   data, not a task), drained by a few workers; a failed attempt is retried with back-off.
 //! - **After a restart** the groups adopted from the previous process are described in batches
@@ -38,6 +39,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::Settings;
 use crate::eci::Backend;
+use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
 use crate::pods::refs::{self, Token, TokenSource};
 use crate::pods::to_eci::{self, Context, Rejection};
@@ -128,18 +130,6 @@ impl RefreshError {
     }
 }
 
-/// An error with its causes, `a: b: c`, for one log field.
-pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
-}
-
 // ---------------------------------------------------------------------------------------------
 // The kubelet's rule (pure)
 // ---------------------------------------------------------------------------------------------
@@ -212,10 +202,87 @@ fn group_refresh_delay(
         .min()
 }
 
+/// The tokens a group holds for the pod's sources, and how long until each is due (no
+/// jitter): every `serviceAccountToken` file of the pod's projected volumes, read back from
+/// the group's volume of the same name, when it is a JWT bound to the pod. A source whose file
+/// cannot be read is missing (and is issued again).
+pub fn held_tokens(
+    pod: &Pod,
+    group: &eci_proto::v20180808::ContainerGroup,
+    now_unix: i64,
+) -> BTreeMap<TokenSource, (Token, Duration)> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let mut held = BTreeMap::new();
+    for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        let Some(files) = group
+            .volumes
+            .iter()
+            .find(|v| v.name == volume.name)
+            .and_then(|v| v.config_file_volume.as_ref())
+        else {
+            continue;
+        };
+        for projection in volume
+            .projected
+            .iter()
+            .flat_map(|p| p.sources.iter().flatten())
+            .filter_map(|source| source.service_account_token.as_ref())
+        {
+            let token = files
+                .config_file_to_path
+                .iter()
+                .find(|file| file.path == projection.path)
+                .and_then(|file| {
+                    base64::engine::general_purpose::STANDARD
+                        .decode(&file.content)
+                        .ok()
+                })
+                .and_then(|bytes| String::from_utf8(bytes).ok());
+            let Some(token) = token else { continue };
+            let due = jwt_claims(&token)
+                .and_then(|claims| claims_refresh_delay(&claims, uid, now_unix, Duration::ZERO));
+            if let Some(due) = due {
+                held.entry(TokenSource::of(projection))
+                    .or_insert((Token::new(token), due));
+            }
+        }
+    }
+    held
+}
+
+/// What a refresh does: the sources to issue now (not held, or due within the jitter window)
+/// and, of the tokens kept, how long until the first is due.
+pub fn plan(
+    sources: &BTreeSet<TokenSource>,
+    held: &BTreeMap<TokenSource, (Token, Duration)>,
+) -> (BTreeSet<TokenSource>, Option<Duration>) {
+    let window = Duration::from_secs(MAX_JITTER_SECONDS);
+    let mut issue = BTreeSet::new();
+    let mut kept: Option<Duration> = None;
+    for source in sources {
+        match held.get(source) {
+            Some((_, due)) if *due > window => {
+                kept = Some(kept.map_or(*due, |k| k.min(*due)));
+            }
+            _ => {
+                issue.insert(source.clone());
+            }
+        }
+    }
+    (issue, kept)
+}
+
 /// A random delay below `limit_seconds` whole seconds (the kubelet's jitter is whole seconds).
 fn random_seconds(limit_seconds: u64) -> Duration {
     let random = uuid::Uuid::new_v4().as_u128();
     Duration::from_secs(u64::try_from(random % u128::from(limit_seconds)).unwrap_or(0))
+}
+
+/// Seconds since the epoch (the clock JWT times are in).
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// The wait before attempt `attempt + 1` of a failing refresh: 1 s, doubling, at most 30 s.
@@ -561,7 +628,7 @@ impl<W: Work> Refresher<W> {
                 () = self.shared.wake.notified() => {}
                 () = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {}
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => match joined {
-                    Ok((task, next)) => self.settle(task, &next),
+                    Ok((task, next)) => self.settle(&task, &next),
                     Err(failure) => error!(error = %failure, "a token refresh task failed; its pods are no longer refreshed"),
                 },
             }
@@ -569,7 +636,7 @@ impl<W: Work> Refresher<W> {
         while in_flight.join_next().await.is_some() {}
     }
 
-    fn settle(&self, task: Task, next: &[Next]) {
+    fn settle(&self, task: &Task, next: &[Next]) {
         let now = Instant::now();
         let mut schedule = self.schedule();
         for (entry, next) in task.entries().iter().zip(next) {
@@ -643,16 +710,16 @@ impl Renewal {
         let pod = format!("{}/{}", entry.namespace, entry.name);
         match self.try_refresh(entry).await {
             Ok(Some(delay)) => {
-                debug!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, next_in = ?delay, "refreshed the service account tokens in the container group");
+                debug!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, next_in = ?delay, "next token refresh scheduled");
                 Next::After(delay)
             }
             Ok(None) => Next::Done,
             Err(failure) if failure.is_retryable() => {
-                warn!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, attempt = entry.attempt, error = %chain(&failure), "could not refresh the service account tokens; retrying");
+                warn!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, attempt = entry.attempt, error = %Chain(&failure), "could not refresh the service account tokens; retrying");
                 Next::Retry
             }
             Err(failure) => {
-                error!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, error = %chain(&failure), "cannot refresh the service account tokens; they will expire in the container group");
+                error!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, error = %Chain(&failure), "cannot refresh the service account tokens; they will expire in the container group");
                 Next::Done
             }
         }
@@ -679,15 +746,50 @@ impl Renewal {
         if refs.tokens.is_empty() {
             return Ok(None);
         }
+        // Like the kubelet, only the tokens that are due are issued again; the others are
+        // read back from the group and kept.
+        let request = DescribeContainerGroupsRequest {
+            region_id: self.settings.config.region.clone(),
+            container_group_ids: vec![entry.group.clone()],
+            ..DescribeContainerGroupsRequest::default()
+        };
+        let answer = self
+            .backend
+            .describe_container_groups(request)
+            .await
+            .map_err(RefreshError::Describe)?;
+        let Some(group) = answer
+            .container_groups
+            .iter()
+            .find(|g| g.container_group_id == entry.group)
+        else {
+            return Ok(None);
+        };
+        let held = held_tokens(&pod, group, unix_now());
+        let (due, kept) = plan(&refs.tokens, &held);
+        let jitter = random_seconds(MAX_JITTER_SECONDS);
+        let kept = kept.map(|k| k.saturating_sub(jitter));
+        if due.is_empty() {
+            // Woken before anything is due (an adopted group's schedule is approximate).
+            return Ok(kept);
+        }
         let config_maps = self
             .fetch::<ConfigMap>(&entry.namespace, &refs.config_maps, "ConfigMap")
             .await?;
         let secrets = self
             .fetch::<Secret>(&entry.namespace, &refs.secrets, "Secret")
             .await?;
-        let issued = issue(&self.client, &self.telemetry, &pod, &refs.tokens)
+        let issued = issue(&self.client, &self.telemetry, &pod, &due)
             .await
             .map_err(RefreshError::Token)?;
+        let mut tokens = issued.tokens;
+        for (source, (token, _)) in held {
+            tokens.entry(source).or_insert(token);
+        }
+        let next = match (issued.refresh_in, kept) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let settings = &self.settings;
         // Only the volume fields matter here: volumes read neither Services nor DNS.
         let cx = Context {
@@ -700,7 +802,7 @@ impl Renewal {
             cluster_domain: &settings.config.cluster_domain,
             config_maps: &config_maps,
             secrets: &secrets,
-            service_account_tokens: &issued.tokens,
+            service_account_tokens: &tokens,
             default_spec: (2.0, 4.0),
             apiserver: None,
             services: &[],
@@ -715,7 +817,10 @@ impl Renewal {
             ..UpdateContainerGroupRequest::default()
         };
         match self.backend.update_container_group(request).await {
-            Ok(_) => Ok(issued.refresh_in),
+            Ok(_) => {
+                debug!(pod = %format!("{}/{}", entry.namespace, entry.name), pod_uid = %entry.uid, eci_id = %entry.group, tokens = due.len(), "refreshed service account tokens in the running group");
+                Ok(next)
+            }
             Err(failure) if failure.is_not_found() => Ok(None),
             Err(failure) => Err(RefreshError::Update(failure)),
         }
@@ -767,7 +872,7 @@ impl Renewal {
             Ok(answer) => answer.container_groups,
             Err(failure) => {
                 let failure = RefreshError::Describe(failure);
-                warn!(groups = entries.len(), attempt = entries.first().map_or(0, |e| e.attempt), error = %chain(&failure), "could not read the adopted groups' tokens; retrying");
+                warn!(groups = entries.len(), attempt = entries.first().map_or(0, |e| e.attempt), error = %Chain(&failure), "could not read the adopted groups' tokens; retrying");
                 return vec![Next::Retry; entries.len()];
             }
         };
@@ -775,9 +880,7 @@ impl Renewal {
             .iter()
             .map(|g| (g.container_group_id.as_str(), g))
             .collect();
-        let now_unix = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let now_unix = unix_now();
         entries
             .iter()
             .map(|entry| match by_id.get(entry.group.as_str()) {
@@ -913,6 +1016,62 @@ mod tests {
             Some(s(480))
         );
         assert_eq!(group_refresh_delay(&group, "u2", now, Duration::ZERO), None);
+    }
+
+    #[test]
+    fn only_due_tokens_are_issued_again() {
+        let now = 1_000_000;
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "shop", "name": "web", "uid": "u1"},
+            "spec": {"containers": [{"name": "app", "image": "app"}], "volumes": [
+                {"name": "api", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
+                {"name": "vault", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "audience": "vault", "expirationSeconds": 600}}]}},
+                {"name": "lost", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "audience": "lost"}}]}},
+            ]},
+        }))
+        .unwrap();
+        let bound = json!({"namespace": "shop", "pod": {"name": "web", "uid": "u1"}, "warnafter": now - 100 + 3607});
+        let api = jwt(&json!({"iat": now - 100, "exp": now + 31_536_000, "kubernetes.io": bound}));
+        let vault = jwt(
+            &json!({"iat": now - 475, "exp": now + 125, "aud": ["vault"], "kubernetes.io": {"pod": {"uid": "u1"}}}),
+        );
+        let file = |path: &str, content: &str| json!({"path": path, "content": base64::engine::general_purpose::STANDARD.encode(content)});
+        let group: eci_proto::v20180808::ContainerGroup = serde_json::from_value(json!({
+            "container_group_id": "eci-1",
+            "volumes": [
+                {"name": "api", "type": "ConfigFileVolume", "config_file_volume": {"config_file_to_path": [file("token", &api), file("ca.crt", "CA")]}},
+                {"name": "vault", "type": "ConfigFileVolume", "config_file_volume": {"config_file_to_path": [file("token", &vault)]}},
+                {"name": "lost", "type": "ConfigFileVolume", "config_file_volume": {"config_file_to_path": [file("token", "not a JWT")]}},
+            ],
+        }))
+        .unwrap();
+        let source = |audience: &str, expiration_seconds| TokenSource {
+            audience: audience.into(),
+            expiration_seconds,
+        };
+        let held = held_tokens(&pod, &group, now);
+        assert_eq!(held.len(), 2, "the unreadable one is not held");
+        let (token, due) = &held[&source("", 3607)];
+        assert_eq!(
+            (token.expose(), *due),
+            (api.as_str(), Duration::from_secs(2786))
+        );
+        assert_eq!(held[&source("vault", 600)].1, Duration::from_secs(5));
+        let sources = refs::token_volume_references(&pod).tokens;
+        let (issue, kept) = plan(&sources, &held);
+        assert_eq!(
+            issue,
+            [source("lost", 3600), source("vault", 600)].into(),
+            "due within the jitter window, or not readable"
+        );
+        assert_eq!(kept, Some(Duration::from_secs(2786)));
+        // Nothing held (a group whose files cannot be read): everything is issued.
+        let (issue, kept) = plan(&sources, &BTreeMap::new());
+        assert_eq!((issue, kept), (sources.clone(), None));
     }
 
     fn entry(uid: &str, inspect: bool) -> Entry {
@@ -1114,7 +1273,7 @@ mod tests {
     fn errors_say_their_part_once_and_chain_the_cause() {
         let failure = RefreshError::Update(EciError::new("IncorrectStatus", "busy"));
         assert_eq!(
-            chain(&failure),
+            Chain(&failure).to_string(),
             "UpdateContainerGroup failed: ECI error IncorrectStatus: busy (RequestId: )"
         );
         assert!(failure.is_retryable());

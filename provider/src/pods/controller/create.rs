@@ -207,9 +207,15 @@ impl PodController {
         let issued = if refs.tokens.is_empty() {
             crate::pods::tokens::Issued::default()
         } else {
-            crate::pods::tokens::issue(&self.inner.client, &self.inner.telemetry, pod, &refs.tokens)
+            let issued = crate::pods::tokens::issue(
+                &self.inner.client,
+                &self.inner.telemetry,
+                pod,
+                &refs.tokens,
+            );
+            issued
                 .await
-                .map_err(|e| Failure::Retry(crate::pods::tokens::chain(&e)))?
+                .map_err(|e| Failure::Retry(crate::ops::chain::Chain(&e).to_string()))?
         };
         // The Service environment comes from the cache, complete only once it listed.
         if !self.inner.services.ready(Duration::from_secs(5)).await {

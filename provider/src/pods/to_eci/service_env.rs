@@ -177,6 +177,7 @@ pub fn variables<'a>(
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_pass_by_value)] // the builders take `json!(..)` literals
 mod tests {
     use serde_json::json;
 
