@@ -5,7 +5,7 @@
 //! replica, or the pod's deletion, decides about it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use eci_proto::EciError;
 use eci_proto::v20180808::{
@@ -14,13 +14,14 @@ use eci_proto::v20180808::{
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
+use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
 use crate::eci::Backend;
+use crate::k8s::lease::{self, Acquire, LeaseLock, Request};
+use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
 use crate::pods::to_eci::naming;
 
@@ -83,25 +84,28 @@ pub fn candidates(
         .collect()
 }
 
-/// Whether `me` may lead given the election Lease as it is (pure): it is ours, or its holder
-/// stopped renewing it.
-pub fn may_lead(lease: &Value, me: &str, now: SystemTime) -> bool {
-    let holder = lease
-        .pointer("/spec/holderIdentity")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    if holder == me || holder.is_empty() {
-        return true;
+/// This replica as a candidate for the election: its node name is its identity (one process
+/// per node, the node Lease sees to it); the Lease lasts three rounds, so a leader that misses
+/// one keeps the role.
+pub fn election_candidate(node_name: &str, interval: Duration) -> lease::Candidate {
+    lease::Candidate {
+        holder: node_name.to_owned(),
+        instance: None,
+        duration: interval.saturating_mul(3).max(Duration::from_secs(15)),
+        renew_interval: interval,
+        owner: None,
     }
-    let renewed = lease
-        .pointer("/spec/renewTime")
-        .and_then(Value::as_str)
-        .and_then(|t| humantime::parse_rfc3339_weak(t).ok());
-    let duration = lease
-        .pointer("/spec/leaseDurationSeconds")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    renewed.is_none_or(|at| at + Duration::from_secs(duration) <= now)
+}
+
+/// The metric name of an election request.
+fn operation(request: Request) -> &'static str {
+    match request {
+        Request::Get => "gc_lease_get",
+        Request::Create => "gc_lease_create",
+        Request::TakeOver => "gc_lease_take_over",
+        Request::Renew => "gc_lease_renew",
+        Request::Release => "gc_lease_release",
+    }
 }
 
 /// The collector.
@@ -110,6 +114,7 @@ pub struct OrphanCollector {
     backend: Backend,
     settings: Settings,
     telemetry: std::sync::Arc<Telemetry>,
+    election: LeaseLock,
 }
 
 impl std::fmt::Debug for OrphanCollector {
@@ -128,16 +133,24 @@ impl OrphanCollector {
         settings: Settings,
         telemetry: std::sync::Arc<Telemetry>,
     ) -> Self {
+        let election = LeaseLock::new(
+            client.clone(),
+            &settings.config.pod_namespace,
+            GC_LEASE,
+            election_candidate(&settings.node_name, settings.config.orphan_gc_interval),
+        );
         Self {
             client,
             backend,
             settings,
             telemetry,
+            election,
         }
     }
 
     /// Runs rounds every `orphan_gc_interval` until cancelled (never fails: a failed round is
-    /// logged and the next one tries again).
+    /// logged and the next one tries again). A leader releases the election when it stops, so
+    /// another replica leads from its next round.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
         let interval = self.settings.config.orphan_gc_interval;
         if interval.is_zero() {
@@ -148,103 +161,48 @@ impl OrphanCollector {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first round waits one interval: a fleet starting together settles first.
         ticks.tick().await;
+        let mut leading: Option<Lease> = None;
         loop {
             tokio::select! {
-                () = stop.cancelled() => return Ok(()),
+                () = stop.cancelled() => break,
                 _ = ticks.tick() => {}
             }
-            match self.lead().await {
-                Ok(true) => {}
-                Ok(false) => {
+            leading = match self.lead().await {
+                Ok(Acquire::Acquired(lease)) => Some(*lease),
+                Ok(Acquire::Held(_) | Acquire::Contended) => {
                     debug!("another replica collects orphaned groups");
                     continue;
                 }
                 Err(error) => {
-                    warn!(%error, "cannot take part in the orphan collector election; skipping this round");
+                    warn!(error = %Chain(&error), "cannot take part in the orphan collector election; skipping this round");
                     continue;
                 }
-            }
+            };
             tokio::select! {
-                () = stop.cancelled() => return Ok(()),
+                () = stop.cancelled() => break,
                 result = self.round() => match result {
                     Ok(deleted) if deleted > 0 => info!(deleted, "orphan collection round finished"),
                     Ok(_) => debug!("orphan collection round found nothing"),
-                    Err(error) => warn!(%error, "orphan collection round failed; the next one retries"),
+                    Err(error) => warn!(error = %Chain(&error), "orphan collection round failed; the next one retries"),
                 },
             }
         }
+        if let Some(held) = leading {
+            let count = |request| self.telemetry.kube_request(operation(request));
+            match self.election.release(&held, &count).await {
+                Ok(_) => info!("released the orphan collector election"),
+                Err(error) => {
+                    debug!(error = %Chain(&error), "could not release the orphan collector election; it expires instead");
+                }
+            }
+        }
+        Ok(())
     }
 
-    /// Takes or renews the election Lease; false when another replica leads.
-    async fn lead(&self) -> Result<bool, kube::Error> {
-        let namespace = &self.settings.config.pod_namespace;
-        let me = &self.settings.node_name;
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), namespace);
-        // Three intervals: a leader that misses one round keeps the role.
-        let duration = i32::try_from(
-            self.settings
-                .config
-                .orphan_gc_interval
-                .as_secs()
-                .saturating_mul(3)
-                .max(15),
-        )
-        .unwrap_or(i32::MAX);
-        let now = humantime::format_rfc3339_micros(SystemTime::now()).to_string();
-        self.telemetry.kube_request("gc_lease_get");
-        let existing = leases.get_opt(GC_LEASE).await?;
-        let mut desired = json!({
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": GC_LEASE, "namespace": namespace},
-            "spec": {"holderIdentity": me, "leaseDurationSeconds": duration, "renewTime": now},
-        });
-        let result = match existing {
-            None => {
-                desired["spec"]["acquireTime"] = json!(now);
-                self.telemetry.kube_request("gc_lease_create");
-                leases
-                    .create(
-                        &PostParams::default(),
-                        &serde_json::from_value(desired).map_err(kube::Error::SerdeError)?,
-                    )
-                    .await
-            }
-            Some(lease) => {
-                let current = serde_json::to_value(&lease).unwrap_or_default();
-                if !may_lead(&current, me, SystemTime::now()) {
-                    return Ok(false);
-                }
-                let ours = lease
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.holder_identity.as_deref())
-                    == Some(me.as_str());
-                desired["metadata"]["resourceVersion"] = json!(lease.resource_version());
-                desired["spec"]["acquireTime"] = if ours {
-                    current
-                        .pointer("/spec/acquireTime")
-                        .cloned()
-                        .unwrap_or_else(|| json!(now))
-                } else {
-                    json!(now)
-                };
-                self.telemetry.kube_request("gc_lease_renew");
-                leases
-                    .replace(
-                        GC_LEASE,
-                        &PostParams::default(),
-                        &serde_json::from_value(desired).map_err(kube::Error::SerdeError)?,
-                    )
-                    .await
-            }
-        };
-        match result {
-            Ok(_) => Ok(true),
-            // Someone else wrote first: they lead this round.
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-            Err(error) => Err(error),
-        }
+    /// Takes or renews the election Lease.
+    async fn lead(&self) -> Result<Acquire, kube::Error> {
+        let count = |request| self.telemetry.kube_request(operation(request));
+        self.election.try_acquire(&count).await
     }
 
     async fn cluster_groups(&self) -> Result<Vec<ContainerGroupStatus>, EciError> {
@@ -348,10 +306,10 @@ impl OrphanCollector {
 #[derive(Debug, thiserror::Error)]
 pub enum RoundError {
     /// Listing the cluster's groups failed.
-    #[error("cannot list this cluster's container groups: {0}")]
+    #[error("cannot list this cluster's container groups")]
     Eci(#[source] EciError),
     /// Reading nodes failed.
-    #[error("cannot read nodes: {0}")]
+    #[error("cannot read nodes")]
     Kube(#[source] kube::Error),
 }
 
@@ -436,15 +394,39 @@ mod tests {
 
     #[test]
     fn the_election_goes_to_the_holder_or_past_a_silent_one() {
-        let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s);
-        let lease = json!({"spec": {
-            "holderIdentity": "vn-0",
-            "leaseDurationSeconds": 30,
-            "renewTime": humantime::format_rfc3339_micros(at(0)).to_string(),
-        }});
-        assert!(may_lead(&lease, "vn-0", at(5)));
-        assert!(!may_lead(&lease, "vn-1", at(5)));
-        assert!(may_lead(&lease, "vn-1", at(30)));
-        assert!(may_lead(&json!({"spec": {}}), "vn-1", at(0)));
+        use crate::k8s::lease::{Verdict, claimed, judge};
+        let at =
+            |s: u64| std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s);
+        let interval = Duration::from_secs(10);
+        let (vn0, vn1) = (
+            election_candidate("vn-0", interval),
+            election_candidate("vn-1", interval),
+        );
+        assert_eq!(vn0.duration, Duration::from_secs(30), "three rounds");
+        assert_eq!(
+            election_candidate("vn-0", Duration::from_secs(1)).duration,
+            Duration::from_secs(15),
+            "at least 15 s"
+        );
+        let lease = claimed(GC_LEASE, "ns", &vn0, None, at(0));
+        assert_eq!(judge(&lease, &vn0, at(5)), Verdict::Ours);
+        assert!(matches!(judge(&lease, &vn1, at(5)), Verdict::Held(_)));
+        assert_eq!(
+            judge(&lease, &vn1, at(30)),
+            Verdict::Free,
+            "silent for three rounds"
+        );
+        let mut nobody = lease;
+        nobody.spec.as_mut().unwrap().holder_identity = None;
+        assert_eq!(judge(&nobody, &vn1, at(0)), Verdict::Free);
+    }
+
+    #[test]
+    fn round_errors_say_their_part_once() {
+        let error = RoundError::Eci(EciError::new("Throttling", "slow down"));
+        assert_eq!(
+            Chain(&error).to_string(),
+            "cannot list this cluster's container groups: ECI error Throttling: slow down (RequestId: )"
+        );
     }
 }

@@ -1,7 +1,9 @@
-//! The Kubernetes edge shared by every area: the access declarations RBAC is generated from and
-//! the resource-quantity grammar. A leaf: it calls no area.
+//! The Kubernetes edge shared by every area: the access declarations RBAC is generated from,
+//! Lease holding (node Lease, elections) and the resource-quantity grammar. A leaf: it calls no
+//! area.
 
 pub mod access;
+pub mod lease;
 pub mod quantity;
 
 use std::time::SystemTime;
