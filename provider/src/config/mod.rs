@@ -435,17 +435,9 @@ fn is_dns_subdomain(name: &str) -> bool {
         })
 }
 
+/// A quota is an amount: a quantity of zero or more (the one parser, `k8s::quantity`).
 fn is_quantity(text: &str) -> bool {
-    let digits_end = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(digits_end);
-    !number.is_empty()
-        && number.parse::<f64>().is_ok()
-        && matches!(
-            suffix,
-            "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei"
-        )
+    crate::k8s::quantity::is_amount(text)
 }
 
 /// What the node area (registration, Lease, status, capacity) is given.
