@@ -20,7 +20,7 @@ use crate::admission::selector::crd::Selector;
 use crate::admission::selector::engine::{
     Capacity, Placement, Resources, Rule, default_rules, pod_requests, rules_from_profile,
 };
-use crate::k8s::quantity;
+use crate::k8s::quantity::Quantity;
 use crate::ops::events::EventPublisher;
 
 fn read<T: Clone>(lock: &RwLock<T>) -> T {
@@ -354,8 +354,9 @@ fn node_facts(node: &Node, vnode_label: (&str, &str)) -> NodeFacts {
     let get = |name: &str| {
         allocatable
             .and_then(|a| a.get(name))
-            .and_then(|q| quantity::parse(&q.0).ok())
-            .unwrap_or(0.0)
+            .and_then(|q| Quantity::parse(&q.0).ok())
+            .filter(|q| !q.is_negative())
+            .unwrap_or_default()
     };
     NodeFacts {
         virtual_node: node.labels().get(vnode_label.0).map(String::as_str) == Some(vnode_label.1),
@@ -493,14 +494,18 @@ mod tests {
 
     #[test]
     fn capacity_counts_schedulable_normal_nodes_and_vnode_use_by_namespace() {
-        let r = |cpu, memory| Resources { cpu, memory };
+        let q = |text: &str| Quantity::parse(text).unwrap();
+        let r = |cpu, memory| Resources {
+            cpu: q(cpu),
+            memory: q(memory),
+        };
         let nodes = HashMap::from([
             (
                 "n1".to_owned(),
                 NodeFacts {
                     virtual_node: false,
                     schedulable: true,
-                    allocatable: r(4.0, 8.0),
+                    allocatable: r("4", "8"),
                 },
             ),
             (
@@ -508,7 +513,7 @@ mod tests {
                 NodeFacts {
                     virtual_node: false,
                     schedulable: false,
-                    allocatable: r(4.0, 8.0),
+                    allocatable: r("4", "8"),
                 },
             ),
             (
@@ -516,7 +521,7 @@ mod tests {
                 NodeFacts {
                     virtual_node: true,
                     schedulable: true,
-                    allocatable: r(6000.0, 1e12),
+                    allocatable: r("6000", "1e12"),
                 },
             ),
         ]);
@@ -524,34 +529,34 @@ mod tests {
             PodFacts {
                 node: "n1".into(),
                 namespace: "a".into(),
-                requests: r(1.0, 2.0),
+                requests: r("1", "2"),
             },
             PodFacts {
                 node: "n2".into(),
                 namespace: "a".into(),
-                requests: r(1.0, 2.0),
+                requests: r("1", "2"),
             },
             PodFacts {
                 node: "vn".into(),
                 namespace: "a".into(),
-                requests: r(2.0, 3.0),
+                requests: r("2", "3"),
             },
             PodFacts {
                 node: "vn".into(),
                 namespace: "b".into(),
-                requests: r(0.5, 1.0),
+                requests: r("0.5", "1"),
             },
             PodFacts {
                 node: "gone".into(),
                 namespace: "a".into(),
-                requests: r(9.0, 9.0),
+                requests: r("9", "9"),
             },
         ];
         let capacity = capacity_of(&nodes, pods.iter());
-        assert_eq!(capacity.normal_allocatable, r(4.0, 8.0));
-        assert_eq!(capacity.normal_requested, r(1.0, 2.0));
-        assert_eq!(capacity.vnode_requested["a"], r(2.0, 3.0));
-        assert_eq!(capacity.vnode_requested["b"], r(0.5, 1.0));
+        assert_eq!(capacity.normal_allocatable, r("4", "8"));
+        assert_eq!(capacity.normal_requested, r("1", "2"));
+        assert_eq!(capacity.vnode_requested["a"], r("2", "3"));
+        assert_eq!(capacity.vnode_requested["b"], r("0.5", "1"));
     }
 
     #[test]

@@ -80,6 +80,30 @@ impl Ord for Quantity {
     }
 }
 
+/// Zero.
+impl Default for Quantity {
+    fn default() -> Self {
+        Self {
+            nanos: 0,
+            format: Format::DecimalSi,
+        }
+    }
+}
+
+impl std::ops::Add for Quantity {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        self.plus(other)
+    }
+}
+
+impl std::ops::AddAssign for Quantity {
+    fn add_assign(&mut self, other: Self) {
+        *self = self.plus(other);
+    }
+}
+
 impl std::hash::Hash for Quantity {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.nanos.hash(state);

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::crd::{Effect, Selector};
 use super::labels;
-use crate::k8s::quantity;
+use crate::k8s::quantity::{Quantity, QuantityError};
 
 /// Annotation: which Selector placed the pod.
 pub const SELECTOR_ANNOTATION: &str = "virtual-node-eci.aliyun.com/selector";
@@ -59,13 +59,14 @@ impl Default for Vnode {
     }
 }
 
-/// CPU (cores) and memory (bytes).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// CPU (cores) and memory (bytes), exact: budgets are compared with sums of requests, and
+/// floats drift (ten requests of `100m` would exceed a budget of `1`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Resources {
     /// Cores.
-    pub cpu: f64,
+    pub cpu: Quantity,
     /// Bytes.
-    pub memory: f64,
+    pub memory: Quantity,
 }
 
 impl Resources {
@@ -109,9 +110,9 @@ pub enum Placement {
         /// The namespace.
         namespace: String,
         /// The budget (a missing resource is unlimited).
-        cpu: Option<f64>,
+        cpu: Option<Quantity>,
         /// The budget in bytes.
-        memory: Option<f64>,
+        memory: Option<Quantity>,
     },
 }
 
@@ -238,7 +239,16 @@ pub fn rule_from_selector(selector: &Selector) -> Result<Rule, String> {
         let mut cpu = None;
         let mut memory = None;
         for (resource, value) in &limit.limits {
-            let parsed = quantity::parse(&value.0)
+            let parsed = Quantity::parse(&value.0)
+                .and_then(|q| {
+                    if q.is_negative() {
+                        Err(QuantityError::Negative {
+                            text: value.0.clone(),
+                        })
+                    } else {
+                        Ok(q)
+                    }
+                })
                 .map_err(|e| format!("policy.namespaceResourceLimit.limits.{resource}: {e}"))?;
             match resource.as_str() {
                 "cpu" | "requests.cpu" => cpu = Some(parsed),
@@ -453,8 +463,9 @@ pub fn pod_requests(pod: &Pod) -> Resources {
                         .and_then(|m| m.get(name))
                         .or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))
                 })
-                .and_then(|q| quantity::parse(&q.0).ok())
-                .unwrap_or(0.0)
+                .and_then(|q| Quantity::parse(&q.0).ok())
+                .filter(|q| !q.is_negative())
+                .unwrap_or_default()
         };
         Resources {
             cpu: get("cpu"),
@@ -530,8 +541,9 @@ pub fn decide(input: Input<'_>) -> Decision {
                 prefer_normal_nodes(&mut pod, input.vnode);
                 annotate(&mut pod, POLICY_ANNOTATION, "normalNodePrefer");
                 let capacity = input.capacity;
-                let share = |requested: f64, allocatable: f64| {
-                    (allocatable > 0.0).then(|| requested * 100.0 / allocatable)
+                let share = |requested: Quantity, allocatable: Quantity| {
+                    (allocatable.nanos() > 0)
+                        .then(|| requested.as_f64() * 100.0 / allocatable.as_f64())
                 };
                 let cpu_share = share(
                     capacity.normal_requested.cpu,
@@ -572,13 +584,13 @@ pub fn decide(input: Input<'_>) -> Decision {
                     keep_off_virtual_nodes(&mut pod, input.vnode);
                     let text = format!(
                         "namespace {namespace} would hold {:.3} cores and {:.0} MiB on virtual nodes, beyond the {} budget ({} cores, {} MiB): this pod stays on normal nodes",
-                        wanted.cpu,
-                        wanted.memory / 1_048_576.0,
+                        wanted.cpu.as_f64(),
+                        wanted.memory.as_f64() / 1_048_576.0,
                         rule.origin,
-                        cpu.map_or("unlimited".to_owned(), |c| format!("{c:.3}")),
+                        cpu.map_or("unlimited".to_owned(), |c| format!("{:.3}", c.as_f64())),
                         memory.map_or("unlimited".to_owned(), |m| format!(
                             "{:.0}",
-                            m / 1_048_576.0
+                            m.as_f64() / 1_048_576.0
                         )),
                     );
                     reason += &format!(": {text}");

@@ -11,6 +11,7 @@ use super::engine::{
     SELECTOR_ANNOTATION, Vnode, decide, default_rules, pending_effect_patch, pod_requests,
     rule_from_selector, rules_from_profile,
 };
+use crate::k8s::quantity::Quantity;
 
 #[allow(clippy::needless_pass_by_value)] // json! borrows
 fn mk_pod(namespace: &str, labels: Value, spec: Value) -> Pod {
@@ -70,6 +71,10 @@ impl World {
             own_namespace_only: self.own_namespace_only,
         })
     }
+}
+
+fn q(text: &str) -> Quantity {
+    Quantity::parse(text).unwrap()
 }
 
 fn view(pod: &Pod) -> Value {
@@ -225,12 +230,12 @@ fn normal_node_prefer_prefers_normal_nodes_and_spills_at_the_ratio() {
     let spec = json!({"objectLabels": {}, "policy": {"normalNodePrefer": {"cpuRatio": 80, "memoryRatio": 90}}});
     let mut world = World::new(vec![rule(spec)]);
     world.capacity.normal_allocatable = Resources {
-        cpu: 100.0,
-        memory: 1000.0,
+        cpu: q("100"),
+        memory: q("1000"),
     };
     world.capacity.normal_requested = Resources {
-        cpu: 79.0,
-        memory: 899.0,
+        cpu: q("79"),
+        memory: q("899"),
     };
     let calm = view(&world.decide(&nginx()).pod);
     assert_eq!(
@@ -246,7 +251,7 @@ fn normal_node_prefer_prefers_normal_nodes_and_spills_at_the_ratio() {
         "normalNodePrefer"
     );
 
-    world.capacity.normal_requested.cpu = 80.0;
+    world.capacity.normal_requested.cpu = q("80");
     let busy = view(&world.decide(&nginx()).pod);
     assert_eq!(
         busy["spec"]["tolerations"],
@@ -255,8 +260,8 @@ fn normal_node_prefer_prefers_normal_nodes_and_spills_at_the_ratio() {
     );
 
     world.capacity.normal_requested = Resources {
-        cpu: 10.0,
-        memory: 950.0,
+        cpu: q("10"),
+        memory: q("950"),
     };
     let full = world.decide(&nginx());
     assert_eq!(
@@ -291,8 +296,8 @@ fn namespace_resource_limit_places_pods_while_the_budget_lasts() {
     world.capacity.vnode_requested = HashMap::from([(
         "team-a".to_owned(),
         Resources {
-            cpu: 3.0,
-            memory: 1.0e9,
+            cpu: q("3"),
+            memory: q("1e9"),
         },
     )]);
     let within = world.decide(&pod);
@@ -305,8 +310,8 @@ fn namespace_resource_limit_places_pods_while_the_budget_lasts() {
     world.capacity.vnode_requested.insert(
         "team-a".into(),
         Resources {
-            cpu: 3.5,
-            memory: 1.0e9,
+            cpu: q("3.5"),
+            memory: q("1e9"),
         },
     );
     let beyond = world.decide(&pod);
@@ -321,6 +326,34 @@ fn namespace_resource_limit_places_pods_while_the_budget_lasts() {
     // Another namespace: the Selector does not apply (the defaults may).
     let elsewhere = mk_pod("team-b", json!({}), json!({}));
     assert_eq!(world.decide(&elsewhere).pod, elsewhere);
+}
+
+#[test]
+fn a_budget_is_compared_exactly() {
+    // 100m used and 200m asked is exactly the 300m budget (as floats, 0.1 + 0.2 > 0.3).
+    let spec = json!({
+        "objectLabels": {},
+        "policy": {"namespaceResourceLimit": {"namespace": "team-a", "limits": {"cpu": "300m"}}},
+    });
+    let mut world = World::new(vec![rule(spec)]);
+    world.capacity.vnode_requested = HashMap::from([(
+        "team-a".to_owned(),
+        Resources {
+            cpu: q("100m"),
+            memory: q("0"),
+        },
+    )]);
+    let pod = mk_pod(
+        "team-a",
+        json!({}),
+        json!({"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "200m"}}}]}),
+    );
+    let decision = world.decide(&pod);
+    assert!(decision.warning.is_none(), "{:?}", decision.warning);
+    assert_eq!(
+        view(&decision.pod)["spec"]["nodeSelector"]["k8s.aliyun.com/vnode"],
+        "true"
+    );
 }
 
 #[test]
@@ -642,6 +675,6 @@ fn requests_sum_containers_and_take_the_largest_init_container() {
         }),
     );
     let requests = pod_requests(&pod);
-    assert!((requests.cpu - 4.0).abs() < 1e-9);
-    assert!((requests.memory - 2.0 * 1_073_741_824.0).abs() < 1.0);
+    assert_eq!(requests.cpu, q("4"));
+    assert_eq!(requests.memory, q("2Gi"));
 }
