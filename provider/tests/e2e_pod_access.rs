@@ -42,7 +42,7 @@ where
 
 /// A pod for kube-scheduler to place on `node` (it tolerates the virtual nodes' taint and
 /// selects `node` by hostname).
-fn pod_spec(name: &str, node: &str, annotations: Value, spec: Value) -> Pod {
+fn pod_spec(name: &str, node: &str, annotations: &Value, spec: Value) -> Pod {
     let mut spec = spec;
     spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
     spec["tolerations"] = json!([{"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]);
@@ -211,8 +211,8 @@ async fn pods_see_the_apiserver_and_their_namespaces_services() {
         let node = h.node_name(0);
         let container = json!({"name": "app", "image": "registry.example.com/app:1",
             "env": [{"name": "FIRST", "value": "1"}, {"name": "BACKEND_SERVICE_PORT", "value": "mine"}]});
-        create_pod(h, &ns, &pod_spec("linked", &node, json!({}), json!({"containers": [container.clone()]}))).await?;
-        create_pod(h, &ns, &pod_spec("unlinked", &node, json!({}), json!({"enableServiceLinks": false, "containers": [container]}))).await?;
+        create_pod(h, &ns, &pod_spec("linked", &node, &json!({}), json!({"containers": [container.clone()]}))).await?;
+        create_pod(h, &ns, &pod_spec("unlinked", &node, &json!({}), json!({"enableServiceLinks": false, "containers": [container]}))).await?;
         wait_running(h, &ns, "linked").await?;
         wait_running(h, &ns, "unlinked").await?;
 
@@ -265,11 +265,11 @@ async fn kube_proxy_off_and_a_configured_apiserver_address_reach_eci() {
         h.start_daemon(0, &env)?;
         let node = h.node_name(0);
         let spec = json!({"containers": [{"name": "app", "image": "registry.example.com/app:1"}]});
-        create_pod(h, &ns, &pod_spec("plain", &node, json!({}), spec.clone())).await?;
+        create_pod(h, &ns, &pod_spec("plain", &node, &json!({}), spec.clone())).await?;
         create_pod(
             h,
             &ns,
-            &pod_spec("wants-proxy", &node, json!({KUBE_PROXY_TAG: "true"}), spec),
+            &pod_spec("wants-proxy", &node, &json!({KUBE_PROXY_TAG: "true"}), spec),
         )
         .await?;
         wait_running(h, &ns, "plain").await?;
@@ -321,7 +321,7 @@ async fn a_projected_token_is_refreshed_in_the_running_group_before_it_expires()
         let mock = h.start_mock_eci(FAST_MOCK).await?;
         h.start_daemon(0, FAST_DAEMON)?;
         let node = h.node_name(0);
-        create_pod(h, &ns, &pod_spec("vault-client", &node, json!({}), json!({
+        create_pod(h, &ns, &pod_spec("vault-client", &node, &json!({}), json!({
             "containers": [{"name": "app", "image": "registry.example.com/app:1",
                 "volumeMounts": [{"name": "vault", "mountPath": "/var/run/secrets/vault"}]}],
             "volumes": [{"name": "vault", "projected": {"sources": [

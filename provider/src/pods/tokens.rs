@@ -1071,7 +1071,7 @@ mod tests {
         assert_eq!(kept, Some(Duration::from_secs(2786)));
         // Nothing held (a group whose files cannot be read): everything is issued.
         let (issue, kept) = plan(&sources, &BTreeMap::new());
-        assert_eq!((issue, kept), (sources.clone(), None));
+        assert_eq!((issue, kept), (sources, None));
     }
 
     fn entry(uid: &str, inspect: bool) -> Entry {
