@@ -2,7 +2,7 @@
 //! OpenAPI front and the kubelet API all serve through it.
 //!
 //! It owns what every TLS endpoint needs and none should write again: rustls with TLS 1.2 as
-//! the floor, HTTP/1.1 and HTTP/2 by ALPN, handshakes off the accept loop under a deadline (a
+//! the floor, HTTP/1.1 (with upgrades) and HTTP/2 by ALPN, handshakes off the accept loop under a deadline (a
 //! slow client delays nobody else), a certificate replaced while serving (from files it
 //! watches, or by the caller) without dropping connections, a graceful drain on a
 //! `CancellationToken`, and a place for a client-certificate verifier. What is served is an

@@ -220,7 +220,11 @@ async fn connection(
         .timer(hyper_util::rt::TokioTimer::new())
         .http2()
         .timer(hyper_util::rt::TokioTimer::new());
-    let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    // With upgrades: HTTP/1.1 `Connection: Upgrade` (SPDY/3.1 and WebSocket streams of the
+    // kubelet API) hands the connection to the handler through `hyper::upgrade::on`; a plain
+    // `serve_connection` would answer the 101 and then drop the upgraded stream.
+    let connection =
+        builder.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service);
     tokio::pin!(connection);
     let result = tokio::select! {
         result = connection.as_mut() => result,

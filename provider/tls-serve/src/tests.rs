@@ -458,3 +458,61 @@ async fn a_client_verifier_plugs_in_and_the_handler_sees_the_client_certificate(
     running.stop.cancel();
     running.task.await.unwrap();
 }
+
+/// A handler that takes the connection over after `101 Switching Protocols` (as SPDY and
+/// WebSocket streams of the kubelet API do) and echoes what it reads.
+fn upgrading_router() -> Router {
+    Router::new().route(
+        "/echo",
+        get(|mut request: axum::extract::Request| async move {
+            let upgrade = hyper::upgrade::on(&mut request);
+            tokio::spawn(async move {
+                let mut io = hyper_util::rt::TokioIo::new(upgrade.await.unwrap());
+                let mut buffer = [0_u8; 64];
+                let read = io.read(&mut buffer).await.unwrap();
+                io.write_all(&buffer[..read]).await.unwrap();
+                io.shutdown().await.unwrap();
+            });
+            axum::response::Response::builder()
+                .status(hyper::StatusCode::SWITCHING_PROTOCOLS)
+                .header(hyper::header::CONNECTION, "Upgrade")
+                .header(hyper::header::UPGRADE, "echo")
+                .body(axum::body::Body::empty())
+                .unwrap()
+        }),
+    )
+}
+
+#[tokio::test]
+async fn an_http1_upgrade_hands_the_connection_to_the_handler() {
+    let pki = Pki::new("test CA");
+    let server = TlsServer::new(serving(&pki.leaf(&["localhost"])), ClientAuth::None).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let stop = stop.clone();
+        async move { server.serve(listener, upgrading_router(), stop).await }
+    });
+
+    let mut stream = Client::trusting(&pki.ca_pem).connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /echo HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0_u8; 1];
+        assert_eq!(stream.read(&mut byte).await.unwrap(), 1, "{head:?}");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    stream.write_all(b"through the upgrade").await.unwrap();
+    let mut echoed = Vec::new();
+    stream.read_to_end(&mut echoed).await.unwrap();
+    assert_eq!(echoed, b"through the upgrade");
+
+    stop.cancel();
+    task.await.unwrap();
+}
