@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use mock_eci::config::MockConfig;
-use mock_eci::server::MockServer;
+use mock_eci::server::{ErrorChain, MockServer};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(%error, "mock-eci stopped");
+            tracing::error!(error = %ErrorChain(&error), "mock-eci stopped");
             ExitCode::FAILURE
         }
     }

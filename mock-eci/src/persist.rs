@@ -9,7 +9,7 @@ use crate::engine::{SNAPSHOT_VERSION, Snapshot};
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
     /// The file could not be read or written.
-    #[error("state file {path}: {source}")]
+    #[error("state file {path}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -18,9 +18,7 @@ pub enum PersistError {
         source: io::Error,
     },
     /// The file is not a mock-eci state file of this version.
-    #[error(
-        "state file {path} is not a valid mock-eci state file (delete it to start empty): {source}"
-    )]
+    #[error("state file {path} is not a valid mock-eci state file (delete it to start empty)")]
     Corrupt {
         /// The file.
         path: PathBuf,

@@ -19,6 +19,23 @@ use crate::openapi::{FrontCredentials, OpenApiFront};
 use crate::persist::{self, PersistError};
 use crate::service::MockEci;
 
+/// An error and its causes on one line, for log lines: errors here say their own part once and
+/// chain the cause, which a field holding only `Display` (and JSON logs) would drop.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
 /// Starting or running the servers failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -26,9 +43,7 @@ pub enum ServeError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// A listening address could not be bound.
-    #[error(
-        "cannot listen on {addr} (set by {flag}); choose another address or free the port: {source}"
-    )]
+    #[error("cannot listen on {addr} (set by {flag}); choose another address or free the port")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -45,13 +60,13 @@ pub enum ServeError {
     #[error(transparent)]
     State(#[from] PersistError),
     /// The gRPC server failed.
-    #[error("the gRPC server failed: {0}")]
+    #[error("the gRPC server failed")]
     Grpc(#[source] tonic::transport::Error),
     /// The admin server failed.
-    #[error("the admin server failed: {0}")]
+    #[error("the admin server failed")]
     Admin(#[source] io::Error),
     /// A server task panicked or was cancelled.
-    #[error("a server task ended abnormally: {0}")]
+    #[error("a server task ended abnormally")]
     Task(#[source] tokio::task::JoinError),
 }
 
@@ -248,7 +263,7 @@ async fn write_state_until(
             () = stopped(signal.clone()) => return,
         }
         if let Err(error) = save(mock, path).await {
-            warn!(%error, "could not write the state file; groups may not survive a restart");
+            warn!(error = %ErrorChain(&error), "could not write the state file; groups may not survive a restart");
         }
     }
 }
@@ -265,4 +280,22 @@ async fn save(mock: &MockEci, path: &Path) -> Result<(), PersistError> {
                 source: io::Error::other(error),
             })
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_say_their_part_once_and_the_chain_says_the_cause() {
+        let error = ServeError::State(PersistError::Io {
+            path: "/state.json".into(),
+            source: io::Error::other("disk full"),
+        });
+        assert_eq!(error.to_string(), "state file /state.json");
+        assert_eq!(
+            ErrorChain(&error).to_string(),
+            "state file /state.json: disk full"
+        );
+    }
 }

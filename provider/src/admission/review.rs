@@ -12,7 +12,7 @@ use crate::admission::selector::engine::{Input, Vnode, decide};
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
     /// The body is not an AdmissionReview.
-    #[error("malformed AdmissionReview: {0}")]
+    #[error("malformed AdmissionReview")]
     Malformed(#[source] serde_json::Error),
     /// It has no request.
     #[error("the AdmissionReview carries no request")]
@@ -305,5 +305,17 @@ mod tests {
             .review(&review("Pod", "CREATE", with_request, true))
             .unwrap();
         assert!(dry.event.is_none(), "dry runs have no side effects");
+    }
+
+    #[test]
+    fn a_malformed_review_says_where_once() {
+        let error =
+            ReviewError::Malformed(serde_json::from_slice::<serde_json::Value>(b"{").unwrap_err());
+        assert!(crate::ops::chain::says_each_part_once(&error));
+        assert!(
+            crate::ops::chain::Chain(&error)
+                .to_string()
+                .starts_with("malformed AdmissionReview: EOF")
+        );
     }
 }

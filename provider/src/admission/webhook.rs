@@ -56,11 +56,10 @@ async fn review(State(served): State<Arc<Served>>, body: Bytes) -> Response {
             )
         }
         Err(error) => {
+            // The cause (where the JSON broke) is what the caller needs to see.
+            let error = Chain(&error).to_string();
             debug!(%error, "refused a malformed admission request");
-            (
-                "invalid",
-                (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
-            )
+            ("invalid", (StatusCode::BAD_REQUEST, error).into_response())
         }
     };
     served

@@ -89,10 +89,10 @@ pub type Backend = Arc<dyn EciBackend>;
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The embedded mock-eci did not start.
-    #[error("the embedded mock-eci could not start: {0}")]
+    #[error("the embedded mock-eci could not start")]
     Embedded(#[source] mock_eci::ServeError),
     /// The gRPC endpoint is not a valid URL.
-    #[error("--eci (ECI_BACKEND): {endpoint:?} is not a usable gRPC endpoint: {source}")]
+    #[error("--eci (ECI_BACKEND): {endpoint:?} is not a usable gRPC endpoint")]
     Endpoint {
         /// The endpoint.
         endpoint: String,

@@ -36,7 +36,7 @@ const LISTED: usize = 10;
 #[derive(Debug, thiserror::Error)]
 pub enum DrainError {
     /// A call the decommission depends on failed.
-    #[error("decommissioning node {node}: could not {action}: {source}")]
+    #[error("decommissioning node {node}: could not {action}")]
     Api {
         /// The node.
         node: String,
@@ -567,5 +567,23 @@ mod tests {
             refusals.refused("a", now);
         }
         assert!(refusals.may_try("a", now + MAX_EVICTION_BACKOFF));
+    }
+
+    #[test]
+    fn an_api_error_says_its_part_once() {
+        let error = DrainError::Api {
+            node: "vn-0".into(),
+            action: "cordon the node",
+            source: kube::Error::Api(
+                kube::core::Status::failure("boom", "Conflict")
+                    .with_code(409)
+                    .boxed(),
+            ),
+        };
+        assert_eq!(
+            error.to_string(),
+            "decommissioning node vn-0: could not cordon the node"
+        );
+        assert!(crate::ops::chain::says_each_part_once(&error));
     }
 }

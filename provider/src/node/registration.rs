@@ -13,7 +13,7 @@ use crate::ops::metrics::Telemetry;
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrationError {
     /// The API refused or failed.
-    #[error("could not register node {node}: {source}")]
+    #[error("could not register node {node}")]
     Api {
         /// The node.
         node: String,

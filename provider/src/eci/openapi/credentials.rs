@@ -42,7 +42,7 @@ pub struct Credentials {
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialsError {
     /// The credentials path could not be read.
-    #[error("cannot read credentials from {path} (ECI_CREDENTIALS_PATH): {source}")]
+    #[error("cannot read credentials from {path} (ECI_CREDENTIALS_PATH)")]
     Read {
         /// The path.
         path: PathBuf,
@@ -298,7 +298,7 @@ impl RoleSource {
             // Still valid: keep signing with them and try again on the next call.
             Err(error) => match cached.as_ref() {
                 Some((credentials, expires)) if now < *expires => {
-                    warn!(%error, "refreshing RAM role credentials failed; using the current ones until they expire");
+                    warn!(error = %crate::ops::chain::Chain(&error), "refreshing RAM role credentials failed; using the current ones until they expire");
                     Ok(credentials.clone())
                 }
                 _ => Err(error),
@@ -518,5 +518,14 @@ mod tests {
             error.contains("\"Nope\"") && error.contains("404"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_read_error_says_its_part_once() {
+        let error = CredentialsError::Read {
+            path: "/creds".into(),
+            source: std::io::Error::other("denied"),
+        };
+        assert!(crate::ops::chain::says_each_part_once(&error));
     }
 }

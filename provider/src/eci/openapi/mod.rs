@@ -37,7 +37,7 @@ const IDS_PER_CALL: usize = 20;
 #[derive(Debug, thiserror::Error)]
 pub enum OpenApiError {
     /// The extra CA file could not be read.
-    #[error("--eci-ca-file (ECI_CA_FILE) {path}: {source}")]
+    #[error("--eci-ca-file (ECI_CA_FILE): cannot read {path}")]
     CaFile {
         /// The file.
         path: String,
@@ -46,7 +46,7 @@ pub enum OpenApiError {
         source: std::io::Error,
     },
     /// The extra CA file holds no usable certificate.
-    #[error("--eci-ca-file (ECI_CA_FILE) {path}: not a PEM certificate: {source}")]
+    #[error("--eci-ca-file (ECI_CA_FILE) {path}: not a PEM certificate")]
     CaCertificate {
         /// The file.
         path: String,
@@ -55,7 +55,7 @@ pub enum OpenApiError {
         source: reqwest::Error,
     },
     /// The HTTP client could not be built.
-    #[error("cannot build the HTTPS client: {0}")]
+    #[error("cannot build the HTTPS client")]
     Client(#[source] reqwest::Error),
 }
 
@@ -108,7 +108,10 @@ impl OpenApiBackend {
     /// One signed call; the body of a successful answer.
     async fn call(&self, action: &'static str, form: Form) -> Result<Value, EciError> {
         let credentials = self.credentials.current().await.map_err(|error| {
-            EciError::new(client_codes::CREDENTIALS_UNAVAILABLE, error.to_string())
+            EciError::new(
+                client_codes::CREDENTIALS_UNAVAILABLE,
+                crate::ops::chain::Chain(&error).to_string(),
+            )
         })?;
         let now = SystemTime::now();
         let timestamp = humantime::format_rfc3339_seconds(now).to_string();
@@ -428,5 +431,18 @@ mod tests {
         assert!(error.is_throttling());
         let error = service_error("X", 404, None, b"", "t", None);
         assert!(!error.is_retryable());
+    }
+
+    #[test]
+    fn setup_errors_say_their_part_once() {
+        let error = OpenApiError::CaFile {
+            path: "/etc/ca.pem".into(),
+            source: std::io::Error::other("gone"),
+        };
+        assert!(crate::ops::chain::says_each_part_once(&error));
+        assert_eq!(
+            crate::ops::chain::Chain(&error).to_string(),
+            "--eci-ca-file (ECI_CA_FILE): cannot read /etc/ca.pem: gone"
+        );
     }
 }
