@@ -1,8 +1,8 @@
 //! virtual-node-eci: Alibaba Cloud ECI as Kubernetes capacity.
 //!
 //! One process serves one virtual Node (one StatefulSet replica). The folders are the jobs, and
-//! calls flow one way: `app` wires the areas (`node`, `pods`, `fleet`, `admission`), which
-//! call the edges (`k8s`, `eci`) and the leaves (`ops`, `config`). The architecture test
+//! calls flow one way: `app` wires the areas (`node`, `pods`, `fleet`, `admission`,
+//! `kubelet`), which call the edges (`k8s`, `eci`) and the leaves (`ops`, `config`). The architecture test
 //! (`tests/architecture.rs`) keeps it so. (`k8s`, not `kube`: a crate-root `kube` module would
 //! shadow the kube crate in every `use`.)
 
@@ -15,6 +15,7 @@ pub mod config;
 pub mod eci;
 pub mod fleet;
 pub mod k8s;
+pub mod kubelet;
 pub mod node;
 pub mod ops;
 pub mod pods;

@@ -106,6 +106,8 @@ pub struct Harness {
     run_id: String,
     node_names: Vec<String>,
     namespaces: Vec<String>,
+    /// Daemon process name → its kubelet API port.
+    kubelet_ports: Vec<(String, u16)>,
 }
 
 async fn client_for(kubeconfig: &Path) -> Result<(kube::Client, String), HarnessError> {
@@ -183,6 +185,7 @@ impl Harness {
             run_id,
             node_names: Vec::new(),
             namespaces: Vec::new(),
+            kubelet_ports: Vec::new(),
         }
     }
 
@@ -269,6 +272,7 @@ impl Harness {
                 format!("grpc://{}", mock.grpc.trim_start_matches("http://")),
             )],
         };
+        let kubelet_port = free_port()?;
         let mut env: Vec<(String, String)> = [
             ("POD_NAME", name.as_str()),
             ("POD_NAMESPACE", "kube-system"),
@@ -277,6 +281,8 @@ impl Harness {
             ("ECI_SECURITY_GROUP", "sg-e2e"),
             ("ECI_CLUSTER_NAME", &format!("e2e-{}", self.run_id)),
             ("METRICS_ADDR", "127.0.0.1:0"),
+            // Every daemon on this host serves its kubelet API on 127.0.0.1: a port each.
+            ("KUBELET_PORT", &kubelet_port.to_string()),
             ("LEASE_DURATION_SECONDS", "8"),
             ("LEASE_RENEW_INTERVAL", "1s"),
             ("ECI_PROBE_INTERVAL", "250ms"),
@@ -309,10 +315,23 @@ impl Harness {
             n => format!("{name}.{n}"),
         };
         self.spawn(&process_name, &program, &[], &env)?;
+        if let Some((_, port)) = env.iter().find(|(key, _)| key == "KUBELET_PORT") {
+            self.kubelet_ports
+                .push((process_name.clone(), port.parse().unwrap_or_default()));
+        }
         if !self.node_names.contains(&name) {
             self.node_names.push(name);
         }
         Ok(process_name)
+    }
+
+    /// The kubelet API port of the daemon process `process` (as [`Self::start_daemon`] named
+    /// it), on 127.0.0.1.
+    pub fn kubelet_port(&self, process: &str) -> Option<u16> {
+        self.kubelet_ports
+            .iter()
+            .find(|(name, _)| name == process)
+            .map(|(_, port)| *port)
     }
 
     /// Stops mock-eci (SIGTERM) — an ECI outage as the daemons see it.

@@ -26,6 +26,7 @@ use crate::eci as backend;
 use crate::fleet::drain::{Decommission, Outcome};
 use crate::fleet::membership::{Membership, StopKind};
 use crate::fleet::orphans::OrphanCollector;
+use crate::kubelet;
 use crate::node::guard as node_watch;
 use crate::node::lease::{LeaseIdentity, NodeLease};
 use crate::node::registration;
@@ -164,6 +165,20 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         );
         let stop = stop.clone();
         tasks.spawn(async move { ("orphan collector", collector.run(stop).await) });
+    }
+    // The kubelet API (logs, exec, metrics of this node's pods), at the address the Node
+    // advertises; it stops with the other areas.
+    {
+        let (config, client, backend) = (settings.kubelet(), client.clone(), Arc::clone(&backend));
+        let (telemetry, stop) = (Arc::clone(&telemetry), stop.clone());
+        tasks.spawn(async move {
+            (
+                "kubelet API",
+                kubelet::run(config, client, backend, telemetry, stop)
+                    .await
+                    .map_err(anyhow::Error::from),
+            )
+        });
     }
     {
         let router = ops::router(Arc::clone(&telemetry), Arc::clone(&readiness));

@@ -183,6 +183,27 @@ pub struct Config {
     #[arg(long, env = "KUBELET_PORT", default_value_t = 10250)]
     pub kubelet_port: u16,
 
+    /// Address the kubelet API listens on (HTTPS, port KUBELET_PORT). Default: the node's
+    /// InternalIP (POD_IP), the address the Node advertises to the apiserver.
+    #[arg(long, env = "KUBELET_ADDRESS")]
+    pub kubelet_address: Option<IpAddr>,
+
+    /// A directory with tls.crt and tls.key for the kubelet API, reloaded when they change.
+    /// Without it the daemon requests a certificate through a CertificateSigningRequest
+    /// (signer kubernetes.io/kubelet-serving) and serves a self-signed one until it is issued.
+    #[arg(long, env = "KUBELET_CERT_DIR")]
+    pub kubelet_cert_dir: Option<PathBuf>,
+
+    /// The CA (PEM) that client certificates of the kubelet API are verified against. Default:
+    /// `client-ca-file` of the ConfigMap kube-system/extension-apiserver-authentication.
+    #[arg(long, env = "KUBELET_CLIENT_CA_FILE")]
+    pub kubelet_client_ca_file: Option<PathBuf>,
+
+    /// How often `kubectl logs -f` polls ECI for new lines while lines keep coming (ECI has no
+    /// log streaming; idle followers back off to 5x this).
+    #[arg(long, env = "KUBELET_LOG_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub kubelet_log_poll_interval: Duration,
+
     /// Address of /healthz, /readyz and /metrics (port 0 picks a free port).
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:10255")]
     pub metrics_addr: SocketAddr,
@@ -506,6 +527,25 @@ pub struct FleetConfig {
     pub orphan_gc_max_deletions: usize,
 }
 
+/// What the kubelet API area (HTTPS server, authentication, logs) is given.
+#[derive(Debug, Clone)]
+pub struct KubeletConfig {
+    /// The node name (the SubjectAccessReview's `nodes/<name>`, the pods served).
+    pub node_name: String,
+    /// The node's InternalIP (what the serving certificate names).
+    pub internal_ip: IpAddr,
+    /// Where the API listens.
+    pub listen: SocketAddr,
+    /// A directory with tls.crt and tls.key to serve, when given.
+    pub cert_dir: Option<PathBuf>,
+    /// The client CA file, when given instead of the cluster's.
+    pub client_ca_file: Option<PathBuf>,
+    /// How often a log follower polls ECI while lines keep coming.
+    pub log_poll_interval: Duration,
+    /// The ECI region (every ECI request names it).
+    pub region: String,
+}
+
 /// What the ECI edge (backend choice, OpenAPI client, credentials, pacing) is given.
 #[derive(Debug, Clone)]
 pub struct EciConfig {
@@ -577,6 +617,23 @@ impl Settings {
             eci_probe_interval: config.eci_probe_interval,
             eci_unreachable_threshold: config.eci_unreachable_threshold,
             node_status_max_interval: config.node_status_max_interval,
+        }
+    }
+
+    /// The kubelet API area's part.
+    pub fn kubelet(&self) -> KubeletConfig {
+        let config = &self.config;
+        KubeletConfig {
+            node_name: self.node_name.clone(),
+            internal_ip: self.internal_ip,
+            listen: SocketAddr::new(
+                config.kubelet_address.unwrap_or(self.internal_ip),
+                config.kubelet_port,
+            ),
+            cert_dir: config.kubelet_cert_dir.clone(),
+            client_ca_file: config.kubelet_client_ca_file.clone(),
+            log_poll_interval: config.kubelet_log_poll_interval,
+            region: config.region.clone(),
         }
     }
 
@@ -759,6 +816,13 @@ impl Config {
                 flag: "--kubernetes-service-port (ECI_KUBERNETES_SERVICE_PORT)",
                 problem: "0".into(),
                 fix: "give the apiserver's port as pods reach it, e.g. 6443",
+            });
+        }
+        if self.kubelet_log_poll_interval.is_zero() {
+            return Err(ConfigError {
+                flag: "--kubelet-log-poll-interval (KUBELET_LOG_POLL_INTERVAL)",
+                problem: "0".into(),
+                fix: "poll at most every few seconds, e.g. 1s (each poll is one DescribeContainerLog call)",
             });
         }
         if self.max_concurrent_creates == 0 {
@@ -1018,6 +1082,33 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(bad.flag, "--eci-endpoint (ECI_ENDPOINT)");
+    }
+
+    #[test]
+    fn the_kubelet_api_listens_where_the_node_advertises_it() {
+        let defaults = parse_embedded(&["--node-name", "n", "--pod-ip", "10.1.2.3"]).unwrap();
+        let kubelet = defaults.kubelet();
+        assert_eq!(kubelet.listen, "10.1.2.3:10250".parse().unwrap());
+        assert_eq!(kubelet.listen.port(), defaults.node().kubelet_port);
+        assert_eq!(kubelet.listen.ip(), defaults.node().internal_ip);
+        assert_eq!(kubelet.log_poll_interval, Duration::from_secs(1));
+        let set = parse_embedded(&[
+            "--node-name",
+            "n",
+            "--kubelet-port",
+            "11250",
+            "--kubelet-address",
+            "0.0.0.0",
+            "--kubelet-cert-dir",
+            "/etc/kubelet-tls",
+        ])
+        .unwrap()
+        .kubelet();
+        assert_eq!(set.listen, "0.0.0.0:11250".parse().unwrap());
+        assert_eq!(set.cert_dir, Some(PathBuf::from("/etc/kubelet-tls")));
+        let error =
+            parse_embedded(&["--node-name", "n", "--kubelet-log-poll-interval", "0s"]).unwrap_err();
+        assert!(error.flag.starts_with("--kubelet-log-poll-interval"));
     }
 
     #[test]

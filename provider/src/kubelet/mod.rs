@@ -1,0 +1,126 @@
+//! The kubelet API of the virtual node: HTTPS on the address the Node advertises (InternalIP,
+//! `KUBELET_PORT`), its serving certificate, authentication and authorization as the kubelet
+//! does them, container logs from ECI, `/pods`, `/healthz`, and the metrics and streaming routes
+//! (`metrics`, `streams`) merged behind the same guard. May call `k8s`, `eci`, `ops`, `config`.
+
+pub mod certs;
+pub mod metrics;
+pub mod streams;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tls_serve::{ClientAuth, TlsServer};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, info, info_span};
+
+use crate::config::KubeletConfig;
+use crate::eci::Backend;
+use crate::ops::metrics::Telemetry;
+
+/// The kubelet API cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    /// The listen address is taken or not ours.
+    #[error(
+        "--kubelet-port/--kubelet-address (KUBELET_PORT/KUBELET_ADDRESS): cannot listen on {address}; choose a free port or an address of this host"
+    )]
+    Listen {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No serving certificate.
+    #[error("kubelet API serving certificate")]
+    Certificate(#[from] certs::CertError),
+    /// The TLS configuration was refused.
+    #[error("kubelet API TLS")]
+    Tls(#[from] tls_serve::ServerError),
+}
+
+/// What every handler of the kubelet API shares (cheap to clone).
+#[derive(Clone)]
+pub struct KubeletState {
+    /// This node's part of the configuration.
+    pub config: Arc<KubeletConfig>,
+    /// The Kubernetes API, as the daemon.
+    pub client: kube::Client,
+    /// ECI.
+    pub eci: Backend,
+    /// The daemon's metrics.
+    pub telemetry: Arc<Telemetry>,
+}
+
+impl std::fmt::Debug for KubeletState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletState")
+            .field("node", &self.config.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every route of the kubelet API, each request in its own span.
+pub fn router(state: KubeletState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(metrics::routes())
+        .merge(streams::routes())
+        .fallback(not_found)
+        .layer(middleware::from_fn(request_span))
+        .with_state(state)
+}
+
+/// What the kubelet answers for a path it does not serve.
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "404 page not found\n").into_response()
+}
+
+/// One span per request: method and path (never the query: exec commands travel in it).
+async fn request_span(request: Request, next: Next) -> Response {
+    let span = info_span!(
+        "kubelet_api",
+        method = %request.method(),
+        path = %request.uri().path(),
+        user = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    async move {
+        let response = next.run(request).await;
+        tracing::Span::current().record("status", response.status().as_u16());
+        response
+    }
+    .instrument(span)
+    .await
+}
+
+/// Serves the kubelet API until `stop`.
+pub async fn run(
+    config: KubeletConfig,
+    client: kube::Client,
+    eci: Backend,
+    telemetry: Arc<Telemetry>,
+    stop: CancellationToken,
+) -> Result<(), KubeletError> {
+    let address = config.listen;
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| KubeletError::Listen { address, source })?;
+    let (certificate, keep_current) = certs::serving(&config, stop.clone())?;
+    let server = TlsServer::new(certificate, ClientAuth::None)?;
+    let state = KubeletState {
+        config: Arc::new(config),
+        client,
+        eci,
+        telemetry,
+    };
+    info!(%address, "serving the kubelet API");
+    tokio::join!(server.serve(listener, router(state), stop), keep_current);
+    Ok(())
+}
