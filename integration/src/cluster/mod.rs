@@ -230,6 +230,7 @@ impl ControlPlane {
         plane.start_etcd_and_apiserver(&options).await?;
         plane.start_controllers(&options)?;
         let client = plane.client().await?;
+        grant_kubelet_api_to_apiserver(&client).await?;
         if options.ecs_nodes > 0 {
             plane.start_kwok()?;
             for ordinal in 0..options.ecs_nodes {
@@ -566,6 +567,33 @@ impl ControlPlane {
             process.terminate(grace).await;
         }
         let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
+    }
+}
+
+/// The apiserver calls kubelets (logs, exec, port-forward) as its `--kubelet-client-certificate`
+/// user, which kubelets authorize with a SubjectAccessReview: bind it to the built-in
+/// `system:kubelet-api-admin` role, as kubeadm-style installs do.
+async fn grant_kubelet_api_to_apiserver(client: &kube::Client) -> Result<(), ClusterError> {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "kube-apiserver-kubelet-api-admin"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "system:kubelet-api-admin",
+        },
+        "subjects": [{
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "User",
+            "name": pki::APISERVER_KUBELET_CLIENT,
+        }],
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    match bindings.create(&PostParams::default(), &binding).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(error) => Err(error.into()),
     }
 }
 

@@ -61,6 +61,9 @@ pub struct Pki {
     pub service_account: CertFiles,
 }
 
+/// The CN (the user) of the apiserver's client certificate towards kubelets.
+pub(super) const APISERVER_KUBELET_CLIENT: &str = "kube-apiserver-kubelet-client";
+
 /// The CN of the front-proxy client, the one name aggregated APIs accept request headers from.
 pub(super) const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
 
@@ -162,7 +165,7 @@ impl Pki {
         let apiserver_kubelet_client = ca.issue(
             dir,
             "apiserver-kubelet-client",
-            "kube-apiserver-kubelet-client",
+            APISERVER_KUBELET_CLIENT,
             &[],
             &[],
         )?;

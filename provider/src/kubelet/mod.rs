@@ -3,6 +3,7 @@
 //! does them, container logs from ECI, `/pods`, `/healthz`, and the metrics and streaming routes
 //! (`metrics`, `streams`) merged behind the same guard. May call `k8s`, `eci`, `ops`, `config`.
 
+pub mod auth;
 pub mod certs;
 pub mod metrics;
 pub mod streams;
@@ -56,6 +57,8 @@ pub struct KubeletState {
     pub eci: Backend,
     /// The daemon's metrics.
     pub telemetry: Arc<Telemetry>,
+    /// Authentication and authorization (applied to every route by [`router`]).
+    pub guard: Arc<auth::Guard>,
 }
 
 impl std::fmt::Debug for KubeletState {
@@ -73,6 +76,8 @@ pub fn router(state: KubeletState) -> Router {
         .merge(metrics::routes())
         .merge(streams::routes())
         .fallback(not_found)
+        // Every path, the unknown ones too, is behind the guard, as on a kubelet.
+        .layer(middleware::from_fn_with_state(state.clone(), auth::guard))
         .layer(middleware::from_fn(request_span))
         .with_state(state)
 }
@@ -112,15 +117,35 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|source| KubeletError::Listen { address, source })?;
-    let (certificate, keep_current) = certs::serving(&config, stop.clone())?;
-    let server = TlsServer::new(certificate, ClientAuth::None)?;
+    let (certificate, keep_certificate) = certs::serving(&config, stop.clone())?;
+    let server = TlsServer::new(
+        certificate,
+        ClientAuth::Verify(Arc::new(auth::RequestClientCertificate::default())),
+    )?;
+    let client_ca = Arc::new(auth::ClientCa::default());
+    let ca_source = match &config.client_ca_file {
+        Some(path) => auth::ClientCaSource::File(path.clone()),
+        None => auth::ClientCaSource::Cluster(client.clone()),
+    };
+    // Loaded before the first request, so the apiserver's first call is not refused.
+    ca_source.load_into(&client_ca).await;
+    let guard = Arc::new(auth::Guard::new(
+        config.node_name.clone(),
+        Arc::new(auth::ApiReviewer::new(client.clone())),
+        Arc::clone(&client_ca),
+    ));
     let state = KubeletState {
         config: Arc::new(config),
         client,
         eci,
         telemetry,
+        guard,
     };
     info!(%address, "serving the kubelet API");
-    tokio::join!(server.serve(listener, router(state), stop), keep_current);
+    tokio::join!(
+        server.serve(listener, router(state), stop.clone()),
+        keep_certificate,
+        ca_source.keep_current(client_ca, stop),
+    );
     Ok(())
 }
