@@ -27,6 +27,8 @@ use crate::pods::to_eci::naming;
 
 /// Name of the election Lease (in the daemon's namespace).
 pub const GC_LEASE: &str = "virtual-node-eci-orphan-gc";
+/// How long a stopping leader tries to release the election.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A group the collector may delete once its pod is confirmed gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,10 +191,15 @@ impl OrphanCollector {
         }
         if let Some(held) = leading {
             let count = |request| self.telemetry.kube_request(operation(request));
-            match self.election.release(&held, &count).await {
-                Ok(_) => info!("released the orphan collector election"),
-                Err(error) => {
+            // Bounded: a stop must not wait on an unreachable apiserver for a courtesy.
+            let release = self.election.release(&held, &count);
+            match tokio::time::timeout(RELEASE_TIMEOUT, release).await {
+                Ok(Ok(_)) => info!("released the orphan collector election"),
+                Ok(Err(error)) => {
                     debug!(error = %Chain(&error), "could not release the orphan collector election; it expires instead");
+                }
+                Err(_) => {
+                    debug!("releasing the orphan collector election timed out; it expires instead")
                 }
             }
         }
