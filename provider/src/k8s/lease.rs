@@ -232,6 +232,8 @@ pub fn claimed(
     let mut metadata = previous.map(|p| p.metadata.clone()).unwrap_or_default();
     metadata.name = Some(name.to_owned());
     metadata.namespace = Some(namespace.to_owned());
+    // The apiserver tracks field ownership itself; sending the old record back would claim it.
+    metadata.managed_fields = None;
     let annotations = metadata.annotations.get_or_insert_with(BTreeMap::new);
     annotations.remove(RELEASED_ANNOTATION);
     match &me.instance {
