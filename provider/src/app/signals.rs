@@ -15,7 +15,7 @@ pub async fn shutdown_signal() {
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the daemon gracefully");
-                std::future::pending().await
+                std::future::pending::<()>().await;
             }
         }
     };
