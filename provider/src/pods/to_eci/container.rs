@@ -168,6 +168,21 @@ pub(super) fn size(container: &Container, at: &str) -> Result<Size, Rejection> {
 }
 
 /// One container in ECI's terms (`env` resolved by the caller).
+/// `words` with `$(NAME)` expanded from the container's final environment, as the kubelet
+/// expands command and args.
+fn expand_all(words: Option<&[String]>, env: &[eci::EnvironmentVar]) -> Vec<String> {
+    let defined = |name: &str| {
+        env.iter()
+            .find(|v| v.key == name && v.field_ref.is_none())
+            .map(|v| v.value.as_str())
+    };
+    words
+        .unwrap_or_default()
+        .iter()
+        .map(|word| super::expansion::expand(word, defined))
+        .collect()
+}
+
 pub(super) fn container(
     container: &Container,
     env: Vec<eci::EnvironmentVar>,
@@ -238,8 +253,8 @@ pub(super) fn container(
         cpu,
         memory,
         gpu,
-        command: container.command.clone().unwrap_or_default(),
-        arg: container.args.clone().unwrap_or_default(),
+        command: expand_all(container.command.as_deref(), &env),
+        arg: expand_all(container.args.as_deref(), &env),
         working_dir: container.working_dir.clone().unwrap_or_default(),
         image_pull_policy: container.image_pull_policy.clone().unwrap_or_default(),
         environment_var: env,

@@ -6,6 +6,7 @@ use eci_proto::v20180808::{EnvironmentVar, FieldRef};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::downward::{self, FieldValue};
+use super::expansion;
 use super::{Context, Rejection, missing, reject};
 
 fn valid_env_name(name: &str) -> bool {
@@ -70,7 +71,23 @@ pub(super) fn environment(
     for (index, var) in container.env.iter().flatten().enumerate() {
         let at = format!("{at}.env[{index}]");
         let Some(source) = &var.value_from else {
-            vars.push(literal(&var.name, var.value.clone().unwrap_or_default()));
+            // `$(NAME)` sees the Service variables and everything defined before it, as in
+            // the kubelet; a name whose value only ECI knows (status.podIP) stays as written.
+            let defined = |name: &str| {
+                vars.iter()
+                    .rev()
+                    .find(|v| v.key == name)
+                    .map(|v| (v.field_ref.is_none()).then_some(v.value.as_str()))
+                    .unwrap_or_else(|| {
+                        services
+                            .iter()
+                            .rev()
+                            .find(|(key, _)| key == name)
+                            .map(|(_, value)| value.as_str())
+                    })
+            };
+            let value = expansion::expand(var.value.as_deref().unwrap_or_default(), defined);
+            vars.push(literal(&var.name, value));
             continue;
         };
         if let Some(selector) = &source.field_ref {

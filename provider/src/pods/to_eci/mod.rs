@@ -5,6 +5,7 @@
 mod container;
 mod downward;
 mod env;
+mod expansion;
 pub mod naming;
 pub mod service_env;
 mod volumes;

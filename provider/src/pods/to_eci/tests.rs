@@ -693,3 +693,45 @@ fn kube_proxy_travels_as_a_tag() {
         "{error}"
     );
 }
+
+#[test]
+fn dollar_references_are_expanded_as_the_kubelet_does() {
+    let mut fixture = Fixture::new();
+    fixture.apiserver = Some(service("default", "kubernetes", "10.96.0.1", 443));
+    let pod = mk_pod(one(json!({
+        "name": "app", "image": "app",
+        "command": ["/bin/server", "--api=https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"],
+        "args": ["--greeting=$(GREETING)", "--literal=$$(GREETING)", "--unknown=$(NOPE)", "--ip=$(MY_IP)"],
+        "env": [
+            {"name": "NAME", "value": "world"},
+            {"name": "GREETING", "value": "hello $(NAME)"},
+            // Defined later: not visible to GREETING, as in Kubernetes.
+            {"name": "EARLY", "value": "$(LATER)"},
+            {"name": "LATER", "value": "late"},
+            {"name": "API", "value": "$(KUBERNETES_SERVICE_HOST)"},
+            {"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "IP_URL", "value": "http://$(MY_IP)/"},
+        ],
+    })));
+    let request = translate_ok(&pod, &fixture);
+    let env = env_of(&request);
+    assert_eq!(env["GREETING"].0, "hello world");
+    assert_eq!(env["EARLY"].0, "$(LATER)");
+    assert_eq!(env["API"].0, "10.96.0.1");
+    // Only ECI knows the pod IP when the group starts: the reference stays as written.
+    assert_eq!(env["IP_URL"].0, "http://$(MY_IP)/");
+    let container = &request.container[0];
+    assert_eq!(
+        container.command,
+        ["/bin/server", "--api=https://10.96.0.1:443"]
+    );
+    assert_eq!(
+        container.arg,
+        [
+            "--greeting=hello world",
+            "--literal=$(GREETING)",
+            "--unknown=$(NOPE)",
+            "--ip=$(MY_IP)"
+        ]
+    );
+}
