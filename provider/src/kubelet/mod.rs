@@ -5,7 +5,10 @@
 
 pub mod auth;
 pub mod certs;
+pub mod logs;
 pub mod metrics;
+pub mod pods;
+pub mod spdy;
 pub mod streams;
 
 use std::sync::Arc;
@@ -59,6 +62,8 @@ pub struct KubeletState {
     pub telemetry: Arc<Telemetry>,
     /// Authentication and authorization (applied to every route by [`router`]).
     pub guard: Arc<auth::Guard>,
+    /// Cancelled when the daemon stops: long responses (log follows, streams) end with it.
+    pub stop: CancellationToken,
 }
 
 impl std::fmt::Debug for KubeletState {
@@ -73,6 +78,11 @@ impl std::fmt::Debug for KubeletState {
 pub fn router(state: KubeletState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/pods", get(pods::list))
+        .route(
+            "/containerLogs/{namespace}/{pod}/{container}",
+            get(logs::container_logs),
+        )
         .merge(metrics::routes())
         .merge(streams::routes())
         .fallback(not_found)
@@ -140,6 +150,7 @@ pub async fn run(
         eci,
         telemetry,
         guard,
+        stop: stop.clone(),
     };
     info!(%address, "serving the kubelet API");
     tokio::join!(
