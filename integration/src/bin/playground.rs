@@ -55,21 +55,34 @@ struct Args {
 /// The host node's name.
 const HOST_NODE: &str = "host-0";
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
         )
         .init();
-    match run(Args::parse()).await {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("playground: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match runtime.block_on(run(Args::parse())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("playground: {error:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // The stdin watch blocks a thread in read(2) until the parent closes the pipe; a runtime
+    // dropped normally would wait for it forever, so a failed start would hang its caller.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    code
 }
 
 fn say(line: &str) {

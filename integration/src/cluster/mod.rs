@@ -202,7 +202,28 @@ pub async fn client_for(path: &Path) -> Result<kube::Client, ClusterError> {
 impl ControlPlane {
     /// Builds or finds the binaries, generates the PKI and starts every component, waiting for
     /// each to be ready before the next.
+    ///
+    /// Ports are picked free just before use, so another process may take one in between; a
+    /// component that exits with "address already in use" makes the whole start begin again
+    /// (fresh etcd data, new ports), up to three times.
     pub async fn start(options: ControlPlaneOptions) -> Result<Self, ClusterError> {
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(options.clone()).await {
+                Err(ClusterError::Exited {
+                    component, tail, ..
+                }) if attempt < ATTEMPTS && tail.contains("address already in use") => {
+                    tracing::warn!(%component, attempt, "a port was taken while starting; starting the control plane again");
+                    let _ = std::fs::remove_dir_all(options.dir.join("etcd"));
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn start_once(options: ControlPlaneOptions) -> Result<Self, ClusterError> {
         let upstream = Upstream::locate().await?;
         let dir = options.dir.clone();
         let pki_dir = dir.join("pki");
