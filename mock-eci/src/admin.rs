@@ -9,6 +9,8 @@
 //! | `GET /admin/groups` | every group as DescribeContainerGroups shows it, events included |
 //! | `POST /admin/groups/{id}/vanish` | the group disappears out of band |
 //! | `POST /admin/groups/{id}/expire` | the group is reclaimed and ends `Expired` |
+//! | `POST /admin/groups/{id}/containers/{name}/log` | the body's lines are written into the running container's log, now |
+//! | `POST /admin/groups/{id}/containers/{name}/exit` | the running container exits now: `{"exit_code": 3}` (default 0) |
 
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
@@ -29,6 +31,11 @@ pub fn router(mock: MockEci) -> Router {
         .route("/admin/groups", get(groups))
         .route("/admin/groups/{id}/vanish", post(vanish))
         .route("/admin/groups/{id}/expire", post(expire))
+        .route("/admin/groups/{id}/containers/{name}/log", post(append_log))
+        .route(
+            "/admin/groups/{id}/containers/{name}/exit",
+            post(exit_container),
+        )
         .with_state(mock)
 }
 
@@ -67,6 +74,38 @@ async fn vanish(State(mock): State<MockEci>, Path(id): Path<String>) -> Response
 
 async fn expire(State(mock): State<MockEci>, Path(id): Path<String>) -> Response {
     answer(mock.expire(&id))
+}
+
+async fn append_log(
+    State(mock): State<MockEci>,
+    Path((id, name)): Path<(String, String)>,
+    body: String,
+) -> Response {
+    let lines: Vec<String> = body.lines().map(str::to_owned).collect();
+    answer(mock.append_log(&id, &name, &lines))
+}
+
+/// The body of `POST …/exit`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Exit {
+    exit_code: i32,
+}
+
+async fn exit_container(
+    State(mock): State<MockEci>,
+    Path((id, name)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    let exit: Exit = if body.is_empty() {
+        Exit::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(exit) => exit,
+            Err(error) => return (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
+        }
+    };
+    answer(mock.exit_container(&id, &name, exit.exit_code))
 }
 
 fn answer(result: Result<(), EciError>) -> Response {

@@ -812,6 +812,7 @@ impl Engine {
             state,
             run.behaviour.log_interval_ms,
             now,
+            &run.appended,
             LogQuery {
                 since,
                 tail,
@@ -1008,6 +1009,38 @@ impl Engine {
         self.group(id)?;
         self.remove(id);
         Ok(())
+    }
+
+    /// Lines written into a running container's log (a test switch), at `now`.
+    pub fn append_log(
+        &mut self,
+        id: &str,
+        container: &str,
+        lines: &[String],
+        now: Millis,
+    ) -> Result<(), EciError> {
+        self.advance(now);
+        self.group(id)?;
+        self.with_group(id, now, |group, _| group.append_log(container, lines, now))
+            .unwrap_or_else(|| Err(format!("no group {id}")))
+            .map_err(|message| EciError::new(codes::INCORRECT_STATUS, message))
+    }
+
+    /// A running container exits now with `exit_code` (a test switch).
+    pub fn exit_container(
+        &mut self,
+        id: &str,
+        container: &str,
+        exit_code: i32,
+        now: Millis,
+    ) -> Result<(), EciError> {
+        self.advance(now);
+        self.group(id)?;
+        self.with_group(id, now, |group, cx| {
+            group.exit_now(container, exit_code, cx)
+        })
+        .unwrap_or_else(|| Err(format!("no group {id}")))
+        .map_err(|message| EciError::new(codes::INCORRECT_STATUS, message))
     }
 
     /// Spot reclaim (a test switch): the group ends `Expired`.

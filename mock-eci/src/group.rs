@@ -22,6 +22,8 @@ pub const RESTART_DURATION_MS: Millis = 1_000;
 const MAX_EVENTS: usize = 50;
 /// Exit code of a container killed by SIGKILL.
 const SIGKILL_EXIT: i32 = 137;
+/// Appended log lines kept per container (the oldest go first).
+pub const MAX_APPENDED_LINES: usize = 10_000;
 
 /// The state of one run of a container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +106,10 @@ pub struct ContainerRun {
     pub restart_count: u32,
     /// Waiting for a back-off to end before its next run.
     pub backing_off: bool,
+    /// Lines a test wrote into the log through the admin API, with their times (those of the
+    /// current and the previous run; at most [`MAX_APPENDED_LINES`]).
+    #[serde(default)]
+    pub appended: Vec<(Millis, String)>,
 }
 
 impl ContainerRun {
@@ -116,6 +122,7 @@ impl ContainerRun {
             started: false,
             restart_count: 0,
             backing_off: false,
+            appended: Vec::new(),
         }
     }
 
@@ -295,6 +302,55 @@ impl Group {
                 .zip(self.runs(which))
                 .find(|(spec, _)| spec.name == name)
         })
+    }
+
+    /// Where a container of either list is, by name.
+    fn locate(&self, name: &str) -> Option<(Which, usize)> {
+        [Which::Regular, Which::Init].into_iter().find_map(|which| {
+            self.specs(which)
+                .iter()
+                .position(|spec| spec.name == name)
+                .map(|index| (which, index))
+        })
+    }
+
+    /// A test writes `lines` into the log of the running container `name` at `now` (admin
+    /// API). Lines older than the previous run are forgotten.
+    pub fn append_log(&mut self, name: &str, lines: &[String], now: Millis) -> Result<(), String> {
+        let (which, index) = self
+            .locate(name)
+            .ok_or_else(|| format!("no container {name:?} in {}", self.id))?;
+        let run = &mut self.runs_mut(which)[index];
+        if !run.state.is_running() {
+            return Err(format!("container {name:?} of {} is not running", self.id));
+        }
+        let keep_from = run
+            .previous
+            .as_ref()
+            .and_then(RunState::started_at)
+            .or(run.state.started_at())
+            .unwrap_or(now);
+        run.appended.retain(|(at, _)| *at >= keep_from);
+        run.appended
+            .extend(lines.iter().map(|line| (now, line.clone())));
+        let excess = run.appended.len().saturating_sub(MAX_APPENDED_LINES);
+        run.appended.drain(..excess);
+        Ok(())
+    }
+
+    /// A test ends the running container `name` now with `exit_code` (admin API), as if its
+    /// process exited: the restart policy decides what follows.
+    pub fn exit_now(&mut self, name: &str, exit_code: i32, cx: &mut Cx<'_>) -> Result<(), String> {
+        let (which, index) = self
+            .locate(name)
+            .ok_or_else(|| format!("no container {name:?} in {}", self.id))?;
+        if !self.runs(which)[index].state.is_running() {
+            return Err(format!("container {name:?} of {} is not running", self.id));
+        }
+        let reason = crate::behaviour::default_reason(exit_code);
+        self.terminate(which, index, exit_code, reason, "", None, cx);
+        self.after_exit(which, index, exit_code, cx);
+        Ok(())
     }
 
     /// The zone the group is in.
@@ -827,6 +883,7 @@ impl Group {
                 run.restart_count = old.restart_count;
                 run.previous = old.previous;
                 run.state = old.state;
+                run.appended = old.appended;
             }
         }
         for run in &mut self.containers {

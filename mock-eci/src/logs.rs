@@ -20,13 +20,16 @@ pub struct LogQuery {
     pub timestamps: bool,
 }
 
-/// The log of one run.
+/// The log of one run: its synthetic lines and the `appended` lines (admin API) that fall in
+/// the run, in time order (at one instant: synthetic, then appended in the order written, then
+/// the exit line), then `since`, `tail` and `limit_bytes`.
 pub fn render(
     name: &str,
     image: &str,
     state: &RunState,
     interval_ms: Millis,
     now: Millis,
+    appended: &[(Millis, String)],
     query: LogQuery,
 ) -> String {
     let (started_at, end, exit) = match state {
@@ -51,41 +54,51 @@ pub fn render(
         Some(since) if since > started_at => (since - started_at + interval - 1) / interval,
         _ => 0,
     };
-    let exit_line = exit.filter(|_| query.since.is_none_or(|since| end >= since));
-
     let heartbeats = if first_k > last_k {
         0
     } else {
         last_k - first_k + 1
     };
-    let total = heartbeats + i64::from(exit_line.is_some());
     let tail = i64::try_from(query.tail).unwrap_or(i64::MAX);
-    let skip = (total - tail).max(0);
+    // Only the newest `tail` synthetic lines can be among the newest `tail` of all: the rest
+    // is never computed.
+    let skip = (heartbeats - tail).max(0);
+    let in_window =
+        |at: Millis| at >= started_at && at <= end && query.since.is_none_or(|s| at >= s);
+
+    // (time, order within an instant, text)
+    let mut lines: Vec<(Millis, u8, String)> = Vec::new();
+    if heartbeats > 0 {
+        for k in (first_k + skip)..=last_k {
+            let text = if k == 0 {
+                format!("[{name}] starting {image}")
+            } else {
+                format!("[{name}] heartbeat {k}")
+            };
+            lines.push((started_at + k * interval, 0, text));
+        }
+    }
+    lines.extend(
+        appended
+            .iter()
+            .filter(|(at, _)| in_window(*at))
+            .map(|(at, text)| (*at, 1, text.clone())),
+    );
+    if let Some(code) = exit.filter(|_| in_window(end)) {
+        lines.push((end, 2, format!("[{name}] exited with code {code}")));
+    }
+    // Stable: appended lines keep the order they were written in.
+    lines.sort_by_key(|(at, order, _)| (*at, *order));
+    let first = lines.len().saturating_sub(query.tail);
 
     let mut out = String::new();
-    let mut push = |at: Millis, text: &str| {
+    for (at, _, text) in &lines[first..] {
         if query.timestamps {
-            out.push_str(&rfc3339_nanos(at));
+            out.push_str(&rfc3339_nanos(*at));
             out.push(' ');
         }
         out.push_str(text);
         out.push('\n');
-    };
-    for k in (first_k + skip.min(heartbeats))..=last_k {
-        if heartbeats == 0 {
-            break;
-        }
-        let text = if k == 0 {
-            format!("[{name}] starting {image}")
-        } else {
-            format!("[{name}] heartbeat {k}")
-        };
-        push(started_at + k * interval, &text);
-    }
-    if let Some(code) = exit_line {
-        if skip <= heartbeats {
-            push(end, &format!("[{name}] exited with code {code}"));
-        }
     }
     if let Some(limit) = query.limit_bytes {
         truncate_at_char_boundary(&mut out, limit);
@@ -122,6 +135,7 @@ mod tests {
             &RunState::Running { started_at: 0 },
             1_000,
             3_500,
+            &[],
             ALL,
         );
         assert_eq!(
@@ -140,7 +154,7 @@ mod tests {
             started_at: 0,
             finished_at: 2_000,
         };
-        let log = render("app", "busybox", &state, 1_000, 99_000, ALL);
+        let log = render("app", "busybox", &state, 1_000, 99_000, &[], ALL);
         assert_eq!(
             log,
             "[app] starting busybox\n[app] heartbeat 1\n[app] exited with code 3\n"
@@ -151,6 +165,7 @@ mod tests {
             &state,
             1_000,
             99_000,
+            &[],
             LogQuery { tail: 1, ..ALL },
         );
         assert_eq!(tail, "[app] exited with code 3\n");
@@ -168,6 +183,7 @@ mod tests {
             &running,
             1_000,
             now,
+            &[],
             LogQuery { tail: 2, ..ALL },
         );
         assert_eq!(tail, "[app] heartbeat 9\n[app] heartbeat 10\n");
@@ -177,6 +193,7 @@ mod tests {
             &running,
             1_000,
             now,
+            &[],
             LogQuery {
                 since: Some(now - 1_500),
                 ..ALL
@@ -189,6 +206,7 @@ mod tests {
             &running,
             1_000,
             now,
+            &[],
             LogQuery {
                 limit_bytes: Some(10),
                 ..ALL
@@ -201,6 +219,7 @@ mod tests {
             &running,
             1_000,
             now,
+            &[],
             LogQuery {
                 tail: 1,
                 timestamps: true,
@@ -214,11 +233,80 @@ mod tests {
     }
 
     #[test]
+    fn appended_lines_merge_in_time_order_within_their_run() {
+        let state = RunState::Terminated {
+            exit_code: 0,
+            reason: "Completed".into(),
+            message: String::new(),
+            signal: None,
+            started_at: 10_000,
+            finished_at: 13_000,
+        };
+        let appended = [
+            (9_000, "from an earlier run".to_owned()),
+            (11_000, "first".to_owned()),
+            (11_000, "second".to_owned()),
+            (12_500, "third".to_owned()),
+            (13_000, "last words".to_owned()),
+            (14_000, "from a later run".to_owned()),
+        ];
+        let log = render("app", "img", &state, 1_000, 99_000, &appended, ALL);
+        assert_eq!(
+            log,
+            "[app] starting img\n[app] heartbeat 1\nfirst\nsecond\n[app] heartbeat 2\nthird\nlast words\n[app] exited with code 0\n"
+        );
+        let tail = render(
+            "app",
+            "img",
+            &state,
+            1_000,
+            99_000,
+            &appended,
+            LogQuery { tail: 3, ..ALL },
+        );
+        assert_eq!(tail, "third\nlast words\n[app] exited with code 0\n");
+        let since = render(
+            "app",
+            "img",
+            &state,
+            1_000,
+            99_000,
+            &appended,
+            LogQuery {
+                since: Some(11_000),
+                tail: 2,
+                ..ALL
+            },
+        );
+        assert_eq!(since, "last words\n[app] exited with code 0\n");
+        let stamped = render(
+            "app",
+            "img",
+            &state,
+            1_000,
+            99_000,
+            &appended,
+            LogQuery {
+                since: Some(11_000),
+                timestamps: true,
+                ..ALL
+            },
+        );
+        assert_eq!(
+            stamped.lines().take(2).collect::<Vec<_>>(),
+            [
+                "1970-01-01T00:00:11.000000000Z [app] heartbeat 1",
+                "1970-01-01T00:00:11.000000000Z first"
+            ]
+        );
+    }
+
+    #[test]
     fn waiting_container_has_no_log() {
         let waiting = RunState::Waiting {
             reason: "ContainerCreating".into(),
             message: String::new(),
         };
-        assert_eq!(render("app", "nginx", &waiting, 1_000, 5_000, ALL), "");
+        assert_eq!(render("app", "nginx", &waiting, 1_000, 5_000, &[], ALL), "");
     }
 }

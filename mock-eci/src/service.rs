@@ -182,6 +182,26 @@ impl MockEci {
         Ok(())
     }
 
+    /// Writes `lines` into the log of a running container, now.
+    pub fn append_log(&self, id: &str, container: &str, lines: &[String]) -> Result<(), EciError> {
+        let now = self.now();
+        self.engine().append_log(id, container, lines, now)
+    }
+
+    /// Ends a running container now with `exit_code`, as if its process exited.
+    pub fn exit_container(
+        &self,
+        id: &str,
+        container: &str,
+        exit_code: i32,
+    ) -> Result<(), EciError> {
+        let now = self.now();
+        self.engine()
+            .exit_container(id, container, exit_code, now)?;
+        self.shared.dirty.notify_one();
+        Ok(())
+    }
+
     /// Reclaims a group as a spot instance would be: it ends `Expired`.
     pub fn expire(&self, id: &str) -> Result<(), EciError> {
         let now = self.now();

@@ -841,3 +841,136 @@ async fn injected_faults_fail_the_chosen_share_of_calls() {
     assert!(error.is_retryable());
     h.create(mk_request("unaffected")).await;
 }
+
+#[tokio::test]
+async fn tests_write_into_logs_and_end_containers_through_the_admin_endpoint() {
+    let mut h = start_with(MockConfig::parse_from([
+        "mock-eci",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--provisioning-delay",
+        "300ms",
+        "--restart-backoff",
+        "500ms",
+        "--no-rate-limits",
+    ]))
+    .await;
+    let admin = format!("http://{}", h.server.admin_addr().unwrap());
+    let http = reqwest::Client::new();
+    let mut request = mk_request("appended");
+    // One synthetic line (the start) per run: the rest is what the test writes.
+    request.container = vec![mk_container(
+        "app",
+        vec![env("MOCK_ECI_LOG_INTERVAL", "1h")],
+    )];
+    let id = h.create(request).await;
+    let base = DescribeContainerLogRequest {
+        region_id: REGION.into(),
+        container_group_id: id.clone(),
+        container_name: "app".into(),
+        timestamps: true,
+        ..Default::default()
+    };
+    let post = |path: String, body: &'static str| {
+        let http = http.clone();
+        async move { http.post(path).body(body).send().await.unwrap().status() }
+    };
+    let log_path = format!("{admin}/admin/groups/{id}/containers/app/log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while post(log_path.clone(), "not yet\n").await != 204 {
+        assert!(std::time::Instant::now() < deadline, "never running");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(post(log_path.clone(), "one\ntwo\n").await, 204);
+    let current = log(&mut h, base.clone()).await;
+    let lines: Vec<(&str, &str)> = current
+        .lines()
+        .map(|line| line.split_once(' ').unwrap())
+        .collect();
+    assert_eq!(
+        lines.iter().map(|(_, text)| *text).collect::<Vec<_>>(),
+        [
+            "[app] starting registry.example.com/app:1",
+            "not yet",
+            "one",
+            "two"
+        ],
+        "{current}"
+    );
+    assert_eq!(
+        lines[2].0, lines[3].0,
+        "lines written together share their time"
+    );
+    assert!(lines[1].0 <= lines[2].0);
+    let tail = log(
+        &mut h,
+        DescribeContainerLogRequest {
+            tail: Some(1),
+            timestamps: false,
+            ..base.clone()
+        },
+    )
+    .await;
+    assert_eq!(tail, "two\n");
+
+    // The container exits; the policy (Always) restarts it after the back-off.
+    let exit_path = format!("{admin}/admin/groups/{id}/containers/app/exit");
+    assert_eq!(post(exit_path.clone(), r#"{"exit_code": 3}"#).await, 204);
+    assert_eq!(
+        post(exit_path.clone(), "").await,
+        409,
+        "not running any more"
+    );
+    assert_eq!(post(log_path.clone(), "ignored\n").await, 409);
+    let previous = |h: &mut Harness| {
+        let request = DescribeContainerLogRequest {
+            last_time: true,
+            timestamps: false,
+            ..base.clone()
+        };
+        let mut client = h.client.clone();
+        async move { client.describe_container_log(request).await }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while post(log_path.clone(), "second run\n").await != 204 {
+        assert!(std::time::Instant::now() < deadline, "never restarted");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let old = previous(&mut h).await.unwrap().into_inner().content;
+    assert_eq!(
+        old,
+        "[app] starting registry.example.com/app:1\nnot yet\none\ntwo\n[app] exited with code 3\n"
+    );
+    let new = log(
+        &mut h,
+        DescribeContainerLogRequest {
+            timestamps: false,
+            ..base
+        },
+    )
+    .await;
+    assert_eq!(
+        new,
+        "[app] starting registry.example.com/app:1\nsecond run\n"
+    );
+
+    assert_eq!(
+        post(
+            format!("{admin}/admin/groups/{id}/containers/nope/log"),
+            "x"
+        )
+        .await,
+        409
+    );
+    assert_eq!(
+        post(
+            format!("{admin}/admin/groups/eci-none/containers/app/exit"),
+            ""
+        )
+        .await,
+        404
+    );
+    assert_eq!(post(exit_path, "{\"code\": 1}").await, 400);
+}
