@@ -112,7 +112,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     }
     {
         let controller = PodController::new(
-            settings.clone(),
+            settings.pods(),
             client.clone(),
             Arc::clone(&backend),
             Arc::clone(&telemetry),

@@ -575,7 +575,58 @@ pub struct EciConfig {
     pub client_rate_limits: bool,
 }
 
+/// What the pods area (controller, translation, tokens) is given.
+#[derive(Debug, Clone)]
+pub struct PodsConfig {
+    /// The node whose pods these are.
+    pub node_name: String,
+    /// The cluster name tagged on groups.
+    pub cluster_name: String,
+    /// The ECI region.
+    pub region: String,
+    /// The vSwitch id(s) groups get their IPs from.
+    pub vswitch: String,
+    /// The groups' security group.
+    pub security_group: String,
+    /// Nameservers for `ClusterFirst` DNS.
+    pub cluster_dns: Vec<String>,
+    /// The cluster's DNS domain.
+    pub cluster_domain: String,
+    /// Whether ECI pods get ClusterIP Service access (`ECI_KUBE_PROXY`).
+    pub kube_proxy: bool,
+    /// The apiserver address pods are told, when not the `default/kubernetes` Service's.
+    pub kubernetes_service_host: Option<String>,
+    /// Its port.
+    pub kubernetes_service_port: Option<u16>,
+    /// Creates in flight at most.
+    pub max_concurrent_creates: usize,
+    /// How often group statuses are polled.
+    pub pod_status_poll_interval: Duration,
+    /// How often every group is listed in full.
+    pub pod_resync_interval: Duration,
+}
+
 impl Settings {
+    /// The pods area's part.
+    pub fn pods(&self) -> PodsConfig {
+        let config = &self.config;
+        PodsConfig {
+            node_name: self.node_name.clone(),
+            cluster_name: self.cluster_name.clone(),
+            region: config.region.clone(),
+            vswitch: self.vswitch.clone(),
+            security_group: self.security_group.clone(),
+            cluster_dns: config.cluster_dns.clone(),
+            cluster_domain: config.cluster_domain.clone(),
+            kube_proxy: config.kube_proxy,
+            kubernetes_service_host: config.kubernetes_service_host.clone(),
+            kubernetes_service_port: config.kubernetes_service_port,
+            max_concurrent_creates: config.max_concurrent_creates,
+            pod_status_poll_interval: config.pod_status_poll_interval,
+            pod_resync_interval: config.pod_resync_interval,
+        }
+    }
+
     /// The ECI edge's part.
     pub fn eci(&self) -> EciConfig {
         let config = &self.config;

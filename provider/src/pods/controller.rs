@@ -34,7 +34,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::config::Settings;
+use crate::config::PodsConfig;
 use crate::eci::Backend;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
@@ -119,7 +119,7 @@ pub struct PodController {
 }
 
 struct Inner {
-    settings: Settings,
+    config: PodsConfig,
     client: kube::Client,
     backend: Backend,
     telemetry: Arc<Telemetry>,
@@ -145,7 +145,7 @@ struct Inner {
 impl std::fmt::Debug for PodController {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PodController")
-            .field("node", &self.inner.settings.node_name)
+            .field("node", &self.inner.config.node_name)
             .finish_non_exhaustive()
     }
 }
@@ -178,16 +178,16 @@ fn backoff(attempt: u32) -> Duration {
 }
 
 impl PodController {
-    /// A controller for `settings.node_name`.
+    /// A controller for `config.node_name`.
     pub fn new(
-        settings: Settings,
+        config: PodsConfig,
         client: kube::Client,
         backend: Backend,
         telemetry: Arc<Telemetry>,
     ) -> Self {
         let reporter = Reporter {
             controller: "virtual-node-eci".into(),
-            instance: Some(settings.node_name.clone()),
+            instance: Some(config.node_name.clone()),
         };
         Self {
             inner: Arc::new(Inner {
@@ -195,11 +195,11 @@ impl PodController {
                 tokens: crate::pods::tokens::TokenRefresher::new(
                     client.clone(),
                     Arc::clone(&backend),
-                    settings.clone(),
+                    config.clone(),
                     Arc::clone(&telemetry),
                 ),
                 services: crate::pods::services::ServiceCache::new(),
-                settings,
+                config,
                 client,
                 backend,
                 telemetry,
@@ -224,11 +224,11 @@ impl PodController {
         vec![
             Tag {
                 key: naming::TAG_CLUSTER.into(),
-                value: self.inner.settings.cluster_name.clone(),
+                value: self.inner.config.cluster_name.clone(),
             },
             Tag {
                 key: naming::TAG_NODE.into(),
-                value: self.inner.settings.node_name.clone(),
+                value: self.inner.config.node_name.clone(),
             },
         ]
     }
@@ -246,7 +246,7 @@ impl PodController {
                 .inner
                 .backend
                 .describe_container_group_status(DescribeContainerGroupStatusRequest {
-                    region_id: self.inner.settings.config.region.clone(),
+                    region_id: self.inner.config.region.clone(),
                     tag: self.node_tags(),
                     limit: Some(200),
                     next_token: next_token.clone(),
@@ -343,9 +343,9 @@ impl PodController {
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
         let api: Api<Pod> = Api::all(self.inner.client.clone());
-        let config = watcher::Config::default()
-            .fields(&format!("spec.nodeName={}", self.inner.settings.node_name));
-        let mut events = watcher(api, config).default_backoff().boxed();
+        let this_node = watcher::Config::default()
+            .fields(&format!("spec.nodeName={}", self.inner.config.node_name));
+        let mut events = watcher(api, this_node).default_backoff().boxed();
         // Adopted groups whose pod was not seen yet, by pod UID: their tags name the pod, so
         // that its absence can be confirmed with a direct read.
         let mut unseen: HashMap<String, Adopted> =

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::config::Settings;
+use crate::config::PodsConfig;
 use crate::eci::Backend;
 use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
@@ -667,13 +667,13 @@ impl TokenRefresher {
     pub fn new(
         client: kube::Client,
         backend: Backend,
-        settings: Settings,
+        config: PodsConfig,
         telemetry: Arc<Telemetry>,
     ) -> Self {
         Self::with_work(Renewal {
             client,
             backend,
-            settings,
+            config,
             telemetry,
         })
     }
@@ -683,14 +683,14 @@ impl TokenRefresher {
 pub struct Renewal {
     client: kube::Client,
     backend: Backend,
-    settings: Settings,
+    config: PodsConfig,
     telemetry: Arc<Telemetry>,
 }
 
 impl std::fmt::Debug for Renewal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Renewal")
-            .field("node", &self.settings.node_name)
+            .field("node", &self.config.node_name)
             .finish_non_exhaustive()
     }
 }
@@ -749,7 +749,7 @@ impl Renewal {
         // Like the kubelet, only the tokens that are due are issued again; the others are
         // read back from the group and kept.
         let request = DescribeContainerGroupsRequest {
-            region_id: self.settings.config.region.clone(),
+            region_id: self.config.region.clone(),
             container_group_ids: vec![entry.group.clone()],
             ..DescribeContainerGroupsRequest::default()
         };
@@ -790,27 +790,27 @@ impl Renewal {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let settings = &self.settings;
+        let config = &self.config;
         // Only the volume fields matter here: volumes read neither Services nor DNS.
         let cx = Context {
-            region: &settings.config.region,
-            vswitch: &settings.vswitch,
-            security_group: &settings.security_group,
-            cluster_name: &settings.cluster_name,
-            node_name: &settings.node_name,
-            cluster_dns: &settings.config.cluster_dns,
-            cluster_domain: &settings.config.cluster_domain,
+            region: &config.region,
+            vswitch: &config.vswitch,
+            security_group: &config.security_group,
+            cluster_name: &config.cluster_name,
+            node_name: &config.node_name,
+            cluster_dns: &config.cluster_dns,
+            cluster_domain: &config.cluster_domain,
             config_maps: &config_maps,
             secrets: &secrets,
             service_account_tokens: &tokens,
             default_spec: (2.0, 4.0),
             apiserver: None,
             services: &[],
-            kube_proxy: settings.config.kube_proxy,
+            kube_proxy: config.kube_proxy,
         };
         let volumes = to_eci::token_volumes(&pod, &cx).map_err(RefreshError::Volumes)?;
         let request = UpdateContainerGroupRequest {
-            region_id: settings.config.region.clone(),
+            region_id: config.region.clone(),
             container_group_id: entry.group.clone(),
             volume: volumes,
             update_type: "IncrementalUpdate".into(),
@@ -863,7 +863,7 @@ impl Renewal {
     /// Reads the tokens in adopted groups and schedules their refreshes from their claims.
     async fn inspect(&self, entries: &[Entry]) -> Vec<Next> {
         let request = DescribeContainerGroupsRequest {
-            region_id: self.settings.config.region.clone(),
+            region_id: self.config.region.clone(),
             container_group_ids: entries.iter().map(|e| e.group.clone()).collect(),
             limit: Some(i32::try_from(INSPECT_BATCH).unwrap_or(20)),
             ..DescribeContainerGroupsRequest::default()

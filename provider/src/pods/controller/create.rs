@@ -77,7 +77,7 @@ impl PodController {
     /// ConfigMap, an outage) never hold a slot the others need. Waiting pods are data, not
     /// tasks (only a pod backing off has a small timer task), a few bytes each.
     pub(super) async fn create_groups(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let workers = self.inner.settings.config.max_concurrent_creates;
+        let workers = self.inner.config.max_concurrent_creates;
         let this = &self;
         this.inner
             .creations
@@ -223,11 +223,11 @@ impl PodController {
                 "the Service cache has not listed the cluster's Services yet".into(),
             ));
         }
-        let settings = &self.inner.settings;
+        let config = &self.inner.config;
         let apiserver = to_eci::service_env::apiserver_service(
             self.inner.services.apiserver().as_deref(),
-            settings.config.kubernetes_service_host.as_deref(),
-            settings.config.kubernetes_service_port,
+            config.kubernetes_service_host.as_deref(),
+            config.kubernetes_service_port,
         );
         let links = pod.spec.as_ref().and_then(|s| s.enable_service_links) != Some(false);
         let services = if links {
@@ -236,20 +236,20 @@ impl PodController {
             Vec::new()
         };
         let cx = Context {
-            region: &settings.config.region,
-            vswitch: &settings.vswitch,
-            security_group: &settings.security_group,
-            cluster_name: &settings.cluster_name,
-            node_name: &settings.node_name,
-            cluster_dns: &settings.config.cluster_dns,
-            cluster_domain: &settings.config.cluster_domain,
+            region: &config.region,
+            vswitch: &config.vswitch,
+            security_group: &config.security_group,
+            cluster_name: &config.cluster_name,
+            node_name: &config.node_name,
+            cluster_dns: &config.cluster_dns,
+            cluster_domain: &config.cluster_domain,
             config_maps: &config_maps,
             secrets: &secrets,
             service_account_tokens: &issued.tokens,
             default_spec: (2.0, 4.0),
             apiserver: apiserver.as_ref(),
             services: &services,
-            kube_proxy: settings.config.kube_proxy,
+            kube_proxy: config.kube_proxy,
         };
         let request = to_eci::translate(pod, &cx).map_err(|rejection| {
             let message = rejection.to_string();

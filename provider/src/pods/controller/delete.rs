@@ -190,7 +190,6 @@ impl PodController {
     pub(super) async fn watch_removals(self, stop: CancellationToken) -> anyhow::Result<()> {
         let mut ticks = tokio::time::interval(
             self.inner
-                .settings
                 .config
                 .pod_status_poll_interval
                 .min(Duration::from_millis(500)),
@@ -219,7 +218,7 @@ impl PodController {
                     .inner
                     .backend
                     .describe_container_groups(DescribeContainerGroupsRequest {
-                        region_id: self.inner.settings.config.region.clone(),
+                        region_id: self.inner.config.region.clone(),
                         container_group_ids: chunk.to_vec(),
                         limit: Some(20),
                         ..DescribeContainerGroupsRequest::default()
@@ -252,7 +251,7 @@ impl PodController {
             .inner
             .backend
             .describe_container_groups(DescribeContainerGroupsRequest {
-                region_id: self.inner.settings.config.region.clone(),
+                region_id: self.inner.config.region.clone(),
                 container_group_ids: vec![id.to_owned()],
                 ..DescribeContainerGroupsRequest::default()
             })
@@ -267,7 +266,7 @@ impl PodController {
                 .inner
                 .backend
                 .delete_container_group(DeleteContainerGroupRequest {
-                    region_id: self.inner.settings.config.region.clone(),
+                    region_id: self.inner.config.region.clone(),
                     container_group_id: id.to_owned(),
                     force,
                     ..DeleteContainerGroupRequest::default()

@@ -133,7 +133,7 @@ impl PodController {
         listed_at: tokio::time::Instant,
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
-        let config = &self.inner.settings.config;
+        let config = &self.inner.config;
         let mut ticks = tokio::time::interval(config.pod_status_poll_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_full = listed_at;
