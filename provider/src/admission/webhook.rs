@@ -24,7 +24,7 @@ use super::register::Registration;
 use super::review::Admission;
 use super::{cache, certs, register, spill};
 use crate::admission::selector::engine::Vnode;
-use crate::config::Settings;
+use crate::config::AdmissionConfig;
 use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::{ResultLabels, Telemetry};
@@ -83,11 +83,11 @@ fn router(served: Arc<Served>, path: &str) -> Router {
         .with_state(served)
 }
 
-fn vnode(settings: &Settings) -> Vnode {
+fn vnode(config: &AdmissionConfig) -> Vnode {
     Vnode {
-        taint_key: settings.config.taint_key.clone(),
-        taint_value: settings.config.taint_value.clone(),
-        taint_effect: settings.config.taint_effect.as_str().to_owned(),
+        taint_key: config.taint_key.clone(),
+        taint_value: config.taint_value.clone(),
+        taint_effect: config.taint_effect.as_str().to_owned(),
         ..Vnode::default()
     }
 }
@@ -165,11 +165,10 @@ async fn follow_ca(
 /// Serves, registers and feeds the webhook until cancelled; a failed part fails it.
 pub async fn run(
     client: kube::Client,
-    settings: Settings,
+    config: AdmissionConfig,
     telemetry: Arc<Telemetry>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let config = &settings.config;
     let namespace = config.pod_namespace.clone();
     let names = certs::service_names(&config.webhook_service, &namespace);
     // The webhook is optional to the node (failurePolicy Ignore): a certificate that cannot be
@@ -210,12 +209,12 @@ pub async fn run(
         client.clone(),
         Reporter {
             controller: "virtual-node-eci".into(),
-            instance: Some(settings.node_name.clone()),
+            instance: Some(config.node_name.clone()),
         },
         Arc::clone(&telemetry),
     );
     let caches = Arc::new(Caches::new(!config.no_default_selectors));
-    let vnode = vnode(&settings);
+    let vnode = vnode(&config);
     let (warnings, warnings_out) = mpsc::channel(256);
     let served = Arc::new(Served {
         admission: Admission {

@@ -143,16 +143,16 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         });
     }
     if settings.config.webhook_enabled {
-        let (client, settings, telemetry, stop) = (
+        let (client, config, telemetry, stop) = (
             client.clone(),
-            settings.clone(),
+            settings.admission(),
             Arc::clone(&telemetry),
             stop.clone(),
         );
         tasks.spawn(async move {
             (
                 "Selector webhook",
-                admission::run(client, settings, telemetry, stop).await,
+                admission::run(client, config, telemetry, stop).await,
             )
         });
     }
@@ -160,7 +160,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         let collector = OrphanCollector::new(
             client.clone(),
             Arc::clone(&backend),
-            settings.clone(),
+            fleet_config.clone(),
             Arc::clone(&telemetry),
         );
         let stop = stop.clone();

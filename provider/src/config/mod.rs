@@ -606,7 +606,70 @@ pub struct PodsConfig {
     pub pod_resync_interval: Duration,
 }
 
+/// What the admission area (Selector engine, webhook) is given.
+#[derive(Debug, Clone)]
+pub struct AdmissionConfig {
+    /// This replica's node (Events' reporter instance).
+    pub node_name: String,
+    /// The daemon's namespace (webhook Service and Secret live there).
+    pub pod_namespace: String,
+    /// The virtual nodes' taint key, tolerated by the pods the webhook sends to them.
+    pub taint_key: String,
+    /// Its value.
+    pub taint_value: String,
+    /// Its effect.
+    pub taint_effect: TaintEffect,
+    /// Where the webhook listens.
+    pub webhook_addr: SocketAddr,
+    /// The path the API server calls.
+    pub webhook_path: String,
+    /// The Service in front of the webhook.
+    pub webhook_service: String,
+    /// That Service's port.
+    pub webhook_service_port: u16,
+    /// A directory with tls.crt/tls.key (else a self-managed certificate).
+    pub webhook_cert_dir: Option<PathBuf>,
+    /// The Secret holding the self-managed certificate.
+    pub webhook_secret: String,
+    /// The MutatingWebhookConfiguration's name.
+    pub webhook_configuration: String,
+    /// The API server's timeout for a call.
+    pub webhook_timeout_seconds: i32,
+    /// Namespaces never mutated.
+    pub webhook_skip_namespaces: Vec<String>,
+    /// Selectors apply only in their own namespace.
+    pub selectors_own_namespace_only: bool,
+    /// The legacy eci-profile ConfigMap (`namespace/name`).
+    pub eci_profile_configmap: String,
+    /// No built-in Selectors.
+    pub no_default_selectors: bool,
+}
+
 impl Settings {
+    /// The admission area's part.
+    pub fn admission(&self) -> AdmissionConfig {
+        let config = &self.config;
+        AdmissionConfig {
+            node_name: self.node_name.clone(),
+            pod_namespace: config.pod_namespace.clone(),
+            taint_key: config.taint_key.clone(),
+            taint_value: config.taint_value.clone(),
+            taint_effect: config.taint_effect,
+            webhook_addr: config.webhook_addr,
+            webhook_path: config.webhook_path.clone(),
+            webhook_service: config.webhook_service.clone(),
+            webhook_service_port: config.webhook_service_port,
+            webhook_cert_dir: config.webhook_cert_dir.clone(),
+            webhook_secret: config.webhook_secret.clone(),
+            webhook_configuration: config.webhook_configuration.clone(),
+            webhook_timeout_seconds: config.webhook_timeout_seconds,
+            webhook_skip_namespaces: config.webhook_skip_namespaces.clone(),
+            selectors_own_namespace_only: config.selectors_own_namespace_only,
+            eci_profile_configmap: config.eci_profile_configmap.clone(),
+            no_default_selectors: config.no_default_selectors,
+        }
+    }
+
     /// The pods area's part.
     pub fn pods(&self) -> PodsConfig {
         let config = &self.config;

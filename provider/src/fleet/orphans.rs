@@ -18,7 +18,7 @@ use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::config::Settings;
+use crate::config::FleetConfig;
 use crate::eci::Backend;
 use crate::k8s::lease::{self, Acquire, LeaseLock, Request};
 use crate::ops::chain::Chain;
@@ -114,7 +114,7 @@ fn operation(request: Request) -> &'static str {
 pub struct OrphanCollector {
     client: kube::Client,
     backend: Backend,
-    settings: Settings,
+    config: FleetConfig,
     telemetry: std::sync::Arc<Telemetry>,
     election: LeaseLock,
 }
@@ -122,7 +122,7 @@ pub struct OrphanCollector {
 impl std::fmt::Debug for OrphanCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OrphanCollector")
-            .field("node", &self.settings.node_name)
+            .field("node", &self.config.node_name)
             .finish_non_exhaustive()
     }
 }
@@ -132,19 +132,19 @@ impl OrphanCollector {
     pub fn new(
         client: kube::Client,
         backend: Backend,
-        settings: Settings,
+        config: FleetConfig,
         telemetry: std::sync::Arc<Telemetry>,
     ) -> Self {
         let election = LeaseLock::new(
             client.clone(),
-            &settings.config.pod_namespace,
+            &config.pod_namespace,
             GC_LEASE,
-            election_candidate(&settings.node_name, settings.config.orphan_gc_interval),
+            election_candidate(&config.node_name, config.orphan_gc_interval),
         );
         Self {
             client,
             backend,
-            settings,
+            config,
             telemetry,
             election,
         }
@@ -154,7 +154,7 @@ impl OrphanCollector {
     /// logged and the next one tries again). A leader releases the election when it stops, so
     /// another replica leads from its next round.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let interval = self.settings.config.orphan_gc_interval;
+        let interval = self.config.orphan_gc_interval;
         if interval.is_zero() {
             stop.cancelled().await;
             return Ok(());
@@ -219,10 +219,10 @@ impl OrphanCollector {
             let page = self
                 .backend
                 .describe_container_group_status(DescribeContainerGroupStatusRequest {
-                    region_id: self.settings.config.region.clone(),
+                    region_id: self.config.region.clone(),
                     tag: vec![Tag {
                         key: naming::TAG_CLUSTER.into(),
-                        value: self.settings.cluster_name.clone(),
+                        value: self.config.cluster_name.clone(),
                     }],
                     limit: Some(200),
                     next_token: next_token.clone(),
@@ -256,7 +256,7 @@ impl OrphanCollector {
         let mut deleted = 0;
         let mut kept: BTreeMap<String, usize> = BTreeMap::new();
         for candidate in candidates(&groups, &existing) {
-            if deleted >= self.settings.config.orphan_gc_max_deletions {
+            if deleted >= self.config.orphan_gc_max_deletions {
                 info!(
                     limit = deleted,
                     "orphan collection: per-round limit reached; the next round continues"
@@ -279,7 +279,7 @@ impl OrphanCollector {
             let result = self
                 .backend
                 .delete_container_group(DeleteContainerGroupRequest {
-                    region_id: self.settings.config.region.clone(),
+                    region_id: self.config.region.clone(),
                     container_group_id: candidate.group_id.clone(),
                     force: true,
                     ..DeleteContainerGroupRequest::default()
