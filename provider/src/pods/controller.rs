@@ -32,6 +32,7 @@ use kube::api::Api;
 use kube::runtime::events::Reporter;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::PodsConfig;
@@ -55,6 +56,8 @@ const STATUS_WRITERS: usize = 32;
 /// Status writes for changed readiness gates or generations in flight at most: rare, and
 /// each one small.
 const REFRESH_WRITERS: usize = 4;
+/// How long per-pod work in flight (deletions, status writes) may take after a stop.
+const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 /// Instance-id annotations in flight at most.
 const ANNOTATION_WRITERS: usize = 16;
 
@@ -134,6 +137,12 @@ struct Inner {
     /// Pods whose status must be written again though their group did not change (a readiness
     /// gate or the generation did), by pod UID.
     refreshes: WorkQueue<String, ()>,
+    /// Per-pod work started by the watch (deletions, skip explanations) and create back-off
+    /// timers: owned, so a stop lets in-flight ECI calls finish before the process ends.
+    pod_tasks: TaskTracker,
+    /// Cancelled once in-flight work had its grace after a stop: what is still waiting then
+    /// (a deletion waiting for its group to go) is left to the successor, which resumes it.
+    abandon: CancellationToken,
     /// Groups being deleted, and who waits for them to be gone.
     awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
     /// Keeps the groups' service account tokens fresh (one timer queue for all pods).
@@ -209,6 +218,8 @@ impl PodController {
                 statuses: WorkQueue::default(),
                 refreshes: WorkQueue::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
+                pod_tasks: TaskTracker::new(),
+                abandon: CancellationToken::new(),
             }),
         }
     }
@@ -327,10 +338,46 @@ impl PodController {
         let creators = self.clone().create_groups(stop.clone());
         let annotators = self.clone().annotate_pods(stop.clone());
         let removals = self.clone().watch_removals(stop.clone());
-        tokio::try_join!(
+        let outcome = tokio::try_join!(
             watch, poll, writers, refreshers, creators, annotators, removals, access
-        )?;
+        );
+        self.finish_pod_tasks().await;
+        outcome?;
         Ok(())
+    }
+
+    /// Runs `work` as a task of this controller: a stop waits for it (up to
+    /// [`IN_FLIGHT_GRACE`]), then abandons it.
+    pub(super) fn spawn_pod_task(
+        &self,
+        work: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let abandon = self.inner.abandon.clone();
+        self.inner.pod_tasks.spawn(async move {
+            tokio::select! {
+                () = abandon.cancelled() => {}
+                () = work => {}
+            }
+        });
+    }
+
+    /// After the loops stopped: lets per-pod work in flight (an ECI delete, a status write)
+    /// finish within [`IN_FLIGHT_GRACE`], then abandons what is left and waits for it to end.
+    async fn finish_pod_tasks(&self) {
+        let tasks = &self.inner.pod_tasks;
+        tasks.close();
+        if tokio::time::timeout(IN_FLIGHT_GRACE, tasks.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                left = tasks.len(),
+                grace = ?IN_FLIGHT_GRACE,
+                "per-pod work still running after the stop; leaving it to the successor"
+            );
+            self.inner.abandon.cancel();
+            tasks.wait().await;
+        }
     }
 
     /// Watches this node's pods. Every (re)list — at start, and whenever the watch could not
@@ -449,11 +496,13 @@ impl PodController {
                 self.inner.creations.push(uid, job);
             }
             Some(Action::Delete) => {
-                tokio::spawn(async move { controller.delete(pod, uid).await }.instrument(span));
+                let deletion = controller.clone();
+                controller.spawn_pod_task(deletion.delete(pod, uid).instrument(span));
             }
             Some(Action::Skip(reason)) => {
-                tokio::spawn(
-                    async move { controller.explain_skip(&pod, reason).await }.instrument(span),
+                let explaining = controller.clone();
+                controller.spawn_pod_task(
+                    async move { explaining.explain_skip(&pod, reason).await }.instrument(span),
                 );
             }
         }

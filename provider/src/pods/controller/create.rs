@@ -79,14 +79,20 @@ impl PodController {
     pub(super) async fn create_groups(self, stop: CancellationToken) -> anyhow::Result<()> {
         let workers = self.inner.config.max_concurrent_creates;
         let this = &self;
+        let stopping = &stop;
         this.inner
             .creations
             .serve(workers, &stop, move |uid, job| async move {
                 if let Some(next) = this.create_once(&uid, job).await {
-                    let controller = this.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(backoff(next.attempt)).await;
-                        controller.inner.creations.push(uid, next);
+                    let (controller, stop) = (this.clone(), stopping.clone());
+                    // A timer, not work: it ends with the stop (the successor retries).
+                    this.spawn_pod_task(async move {
+                        tokio::select! {
+                            () = stop.cancelled() => {}
+                            () = tokio::time::sleep(backoff(next.attempt)) => {
+                                controller.inner.creations.push(uid, next);
+                            }
+                        }
                     });
                 }
             })
