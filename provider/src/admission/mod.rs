@@ -3,11 +3,11 @@
 //! normalNodePrefer spill watcher. May call `k8s`, `ops`, `config`.
 
 pub mod cache;
-pub mod certs;
 pub mod register;
 pub mod review;
 pub mod selector;
 pub mod spill;
 pub mod webhook;
+pub mod webhook_cert;
 
 pub use webhook::{KUBE_API, run};

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use super::cache::Caches;
 use super::register::Registration;
 use super::review::Admission;
-use super::{cache, certs, register, spill};
+use super::{cache, register, spill, webhook_cert};
 use crate::admission::selector::engine::Vnode;
 use crate::config::AdmissionConfig;
 use crate::ops::chain::Chain;
@@ -170,15 +170,21 @@ pub async fn run(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let namespace = config.pod_namespace.clone();
-    let names = certs::service_names(&config.webhook_service, &namespace);
+    let names = webhook_cert::service_names(&config.webhook_service, &namespace);
     // The webhook is optional to the node (failurePolicy Ignore): a certificate that cannot be
     // had yet is retried, not a reason to stop serving the node.
     let mut wait = Duration::from_secs(1);
     let material = loop {
         let attempt = match &config.webhook_cert_dir {
-            Some(dir) => certs::from_dir(dir),
+            Some(dir) => webhook_cert::from_dir(dir),
             None => {
-                certs::from_secret(client.clone(), &namespace, &config.webhook_secret, &names).await
+                webhook_cert::from_secret(
+                    client.clone(),
+                    &namespace,
+                    &config.webhook_secret,
+                    &names,
+                )
+                .await
             }
         };
         match attempt {

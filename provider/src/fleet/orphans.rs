@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::FleetConfig;
 use crate::eci::Backend;
-use crate::k8s::lease::{self, Acquire, LeaseLock, Request};
+use crate::k8s::election::{self, Acquire, LeaseLock, Request};
 use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
 use crate::pods::to_eci::naming;
@@ -89,8 +89,8 @@ pub fn candidates(
 /// This replica as a candidate for the election: its node name is its identity (one process
 /// per node, the node Lease sees to it); the Lease lasts three rounds, so a leader that misses
 /// one keeps the role.
-pub fn election_candidate(node_name: &str, interval: Duration) -> lease::Candidate {
-    lease::Candidate {
+pub fn election_candidate(node_name: &str, interval: Duration) -> election::Candidate {
+    election::Candidate {
         holder: node_name.to_owned(),
         instance: None,
         duration: interval.saturating_mul(3).max(Duration::from_secs(15)),
@@ -401,7 +401,7 @@ mod tests {
 
     #[test]
     fn the_election_goes_to_the_holder_or_past_a_silent_one() {
-        use crate::k8s::lease::{Verdict, claimed, judge};
+        use crate::k8s::election::{Verdict, claimed, judge};
         let at =
             |s: u64| std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s);
         let interval = Duration::from_secs(10);

@@ -3,7 +3,7 @@
 //! area.
 
 pub mod access;
-pub mod lease;
+pub mod election;
 pub mod quantity;
 
 use std::time::SystemTime;

@@ -5,7 +5,7 @@
 //! an annotation, so a second process for the same node can tell a live holder (it renews:
 //! refuse to start) from a crashed one (it stopped renewing: take over) and from a cleanly
 //! stopped one (released: take over at once). The Lease itself is held through
-//! [`crate::k8s::lease`], the one Lease helper.
+//! [`crate::k8s::election`], the one Lease helper.
 
 use std::time::Duration;
 
@@ -14,8 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::k8s::lease::{Candidate, LeaseLock, Renewal, Request, SecondLook, Verdict};
-pub use crate::k8s::lease::{INSTANCE_ANNOTATION, RELEASED_ANNOTATION, RENEW_INTERVAL_ANNOTATION};
+use crate::k8s::election::{Candidate, LeaseLock, Renewal, Request, SecondLook, Verdict};
+pub use crate::k8s::election::{
+    INSTANCE_ANNOTATION, RELEASED_ANNOTATION, RENEW_INTERVAL_ANNOTATION,
+};
 use crate::ops::chain::Chain;
 use crate::ops::metrics::{ResultLabels, Telemetry};
 
@@ -152,7 +154,7 @@ impl NodeLease {
             let attempt = match existing {
                 None => lock.take(None, &count).await,
                 Some(existing) => {
-                    match crate::k8s::lease::judge(&existing, &lock.candidate, lock.now()) {
+                    match crate::k8s::election::judge(&existing, &lock.candidate, lock.now()) {
                         Verdict::Ours | Verdict::Free => lock.take(Some(&existing), &count).await,
                         Verdict::Held(first) => {
                             let instance = first.holder.instance.clone().unwrap_or_default();
@@ -163,7 +165,7 @@ impl NodeLease {
                                 .unwrap_or_default();
                             tokio::time::sleep(wait).await;
                             let again = lock.observe(&count).await.map_err(error)?;
-                            match crate::k8s::lease::second_look(&first, again.as_ref()) {
+                            match crate::k8s::election::second_look(&first, again.as_ref()) {
                                 SecondLook::Renewed { at } => {
                                     return Err(LeaseError::HeldByLiveProcess {
                                         node: identity.node.clone(),

@@ -7,8 +7,8 @@ use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
 use super::*;
-use crate::k8s::lease::fake::{FakeLeases, paused_clock};
-use crate::k8s::lease::{Holder, Refusal, after_refusal, claimed, judge};
+use crate::k8s::election::fake::{FakeLeases, paused_clock};
+use crate::k8s::election::{Holder, Refusal, after_refusal, claimed, judge};
 
 fn identity(instance: &str) -> LeaseIdentity {
     LeaseIdentity {
@@ -136,7 +136,7 @@ fn count(telemetry: &Telemetry, operation: &str) -> u64 {
 async fn acquire(
     fake: &FakeLeases,
     instance: &str,
-    clock: &crate::k8s::lease::Clock,
+    clock: &crate::k8s::election::Clock,
     telemetry: &Telemetry,
 ) -> Result<NodeLease, LeaseError> {
     let identity = identity(instance);
