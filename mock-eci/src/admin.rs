@@ -11,6 +11,8 @@
 //! | `POST /admin/groups/{id}/expire` | the group is reclaimed and ends `Expired` |
 //! | `POST /admin/groups/{id}/containers/{name}/log` | the body's lines are written into the running container's log, now |
 //! | `POST /admin/groups/{id}/containers/{name}/exit` | the running container exits now: `{"exit_code": 3}` (default 0) |
+//! | `GET /admin/usage` | the load rules the metric calls follow |
+//! | `PUT /admin/usage` | new load rules from now on: `{"rules": [{"group_name_prefix": "ns-web-", "container": "app", "cpu": 0.8, "memory_bytes": 104857600}]}` (see `usage`) |
 
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
@@ -36,7 +38,25 @@ pub fn router(mock: MockEci) -> Router {
             "/admin/groups/{id}/containers/{name}/exit",
             post(exit_container),
         )
+        .route("/admin/usage", get(loads).put(set_loads))
         .with_state(mock)
+}
+
+async fn loads(State(mock): State<MockEci>) -> Response {
+    Json(mock.loads()).into_response()
+}
+
+async fn set_loads(
+    State(mock): State<MockEci>,
+    Json(rules): Json<crate::usage::LoadRules>,
+) -> Response {
+    match mock.set_loads(rules) {
+        Ok(view) => {
+            tracing::info!(rules = ?view.rules, "load rules changed");
+            Json(view).into_response()
+        }
+        Err(message) => (StatusCode::BAD_REQUEST, message).into_response(),
+    }
 }
 
 async fn metrics(State(mock): State<MockEci>) -> Response {

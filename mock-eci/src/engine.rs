@@ -118,6 +118,8 @@ pub struct Engine {
     generation: u64,
     /// The last `TotalCount` computed for a filter, reused while paging through it.
     count_cache: Option<(u64, String, usize)>,
+    /// The load rules the metric calls follow (a test control; not persisted).
+    usage: usage::Loads,
 }
 
 impl Engine {
@@ -133,6 +135,7 @@ impl Engine {
             id_counter: 0,
             generation: 0,
             count_cache: None,
+            usage: usage::Loads::default(),
         }
     }
 
@@ -156,6 +159,7 @@ impl Engine {
             id_counter: snapshot.id_counter,
             generation: 0,
             count_cache: None,
+            usage: usage::Loads::default(),
         };
         for group in snapshot.groups {
             engine.index(&group);
@@ -946,7 +950,7 @@ impl Engine {
                 at += period_ms;
             }
             while at <= end.min(running_until) && records.len() < 1_440 {
-                records.push(usage::record(group, at, period_ms, true));
+                records.push(usage::record(group, &self.usage, at, true));
                 at += period_ms;
             }
         }
@@ -985,11 +989,13 @@ impl Engine {
             .filter_map(|id| self.groups.get(id))
             .map(|group| MonitorData {
                 container_group_id: group.id.clone(),
-                records: if group.status == GroupStatus::Running {
+                // The newest sample, measured now: to the second, as ECI writes times. A group
+                // updating its volumes keeps running, so it keeps its figures.
+                records: if matches!(group.status, GroupStatus::Running | GroupStatus::Updating) {
                     vec![usage::record(
                         group,
-                        now / 60_000 * 60_000,
-                        60_000,
+                        &self.usage,
+                        now - now.rem_euclid(1_000),
                         with_containers,
                     )]
                 } else {
@@ -1001,6 +1007,17 @@ impl Engine {
             request_id: String::new(),
             monitor_datas,
         })
+    }
+
+    /// The load rules the metric calls follow.
+    pub fn loads(&self) -> usage::LoadRules {
+        self.usage.current()
+    }
+
+    /// Puts load rules in force from `now` on (a test switch); invalid rules change nothing.
+    pub fn set_loads(&mut self, rules: usage::LoadRules, now: Millis) -> Result<(), String> {
+        self.advance(now);
+        self.usage.set(rules, now)
     }
 
     /// Out-of-band removal (a test switch): the group vanishes as if deleted elsewhere.

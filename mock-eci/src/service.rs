@@ -174,6 +174,19 @@ impl MockEci {
         self.engine().len()
     }
 
+    /// The load rules the metric calls follow.
+    pub fn loads(&self) -> crate::usage::LoadRules {
+        self.engine().loads()
+    }
+
+    /// Puts load rules in force from now on; invalid rules change nothing.
+    pub fn set_loads(&self, rules: crate::usage::LoadRules) -> Result<crate::usage::LoadRules, String> {
+        let now = self.now();
+        let mut engine = self.engine();
+        engine.set_loads(rules, now)?;
+        Ok(engine.loads())
+    }
+
     /// Removes a group out of band, as if someone deleted it in the console.
     pub fn vanish(&self, id: &str) -> Result<(), EciError> {
         let now = self.now();

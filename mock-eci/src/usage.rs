@@ -1,40 +1,277 @@
-//! Plausible, deterministic resource usage for the metric calls.
+//! Resource usage for the metric calls: a load per container that tests set at run time, and
+//! counters consistent with it.
 //!
-//! Usage of a group at a time is a function of its id, container name and the time bucket:
-//! repeated calls agree, and different groups differ. CPU stays between 5% and 45% of the
-//! container's share, memory between 20% and 60%.
+//! A container's CPU use is piecewise constant: by default a fixed share of its CPU (5–45 %,
+//! drawn from its group id and name, so repeated calls agree and groups differ), and from the
+//! moment a test sets a load ([`LoadRule`], through `PUT /admin/usage`) whatever the newest
+//! matching rule says. `UsageCoreNanoSeconds` is the integral of `UsageNanoCores` over the
+//! container's current run, so it only grows while the run lasts and restarts from zero with
+//! the next run, as a cgroup's `cpuacct.usage` does. Memory follows the load the same way
+//! (default 20–60 % of the container's share).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
 
 use eci_proto::v20180808::{
     ContainerMetric, CpuMetric, FilesystemMetric, MemoryMetric, MetricRecord,
     NetworkInterfaceMetric, NetworkMetric,
 };
+use serde::{Deserialize, Serialize};
 
 use crate::clock::{Millis, rfc3339};
-use crate::group::Group;
+use crate::group::{Group, RunState};
 use crate::rng;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+/// Rule sets kept: the oldest goes first (its successor then reaches back in its place).
+const MAX_EPOCHS: usize = 256;
 
-/// The record of `group` for the period starting at `at`.
-pub fn record(group: &Group, at: Millis, period_ms: Millis, with_containers: bool) -> MetricRecord {
-    let bucket = at / period_ms.max(1);
-    let containers: Vec<ContainerMetric> = group
+/// The load of the containers a rule selects. Every selector given must match; none given
+/// selects every container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LoadRule {
+    /// Only the group with this id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<String>,
+    /// Only groups whose name starts with this (the provider names groups
+    /// `<namespace>-<pod>`, so `ns-web-` selects a Deployment's pods, later ones included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_name_prefix: Option<String>,
+    /// Only the container with this name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// CPU in use, in cores (`0.25` is 250m); absent: the default share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    /// Working set in bytes; absent: the default share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+}
+
+impl LoadRule {
+    fn selects(&self, group: &Group, container: &str) -> bool {
+        self.group_id.as_ref().is_none_or(|id| *id == group.id)
+            && self.group_name_prefix.as_ref().is_none_or(|prefix| {
+                group
+                    .request
+                    .container_group_name
+                    .starts_with(prefix.as_str())
+            })
+            && self.container.as_ref().is_none_or(|name| name == container)
+    }
+}
+
+/// What `GET`/`PUT /admin/usage` carry: the rules in force, the last matching one winning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LoadRules {
+    /// The rules.
+    pub rules: Vec<LoadRule>,
+}
+
+impl LoadRules {
+    /// Whether every figure is usable.
+    pub fn validate(&self) -> Result<(), String> {
+        for (i, rule) in self.rules.iter().enumerate() {
+            if let Some(cpu) = rule.cpu {
+                if !cpu.is_finite() || cpu < 0.0 {
+                    return Err(format!(
+                        "rule {i}: cpu must be a number of cores ≥ 0, not {cpu}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Epoch {
+    from: Millis,
+    rules: Arc<Vec<LoadRule>>,
+}
+
+/// The load rules over time: every change starts an epoch, so counters integrate each
+/// container's use across changes.
+#[derive(Debug, Clone)]
+pub struct Loads {
+    epochs: VecDeque<Epoch>,
+}
+
+impl Default for Loads {
+    fn default() -> Self {
+        Self {
+            epochs: VecDeque::from([Epoch {
+                from: Millis::MIN,
+                rules: Arc::new(Vec::new()),
+            }]),
+        }
+    }
+}
+
+impl Loads {
+    /// The rules in force.
+    pub fn current(&self) -> LoadRules {
+        LoadRules {
+            rules: self
+                .epochs
+                .back()
+                .map(|epoch| epoch.rules.as_ref().clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Puts `rules` in force from `now` on.
+    pub fn set(&mut self, rules: LoadRules, now: Millis) -> Result<(), String> {
+        rules.validate()?;
+        // Two changes at one instant: the later wins.
+        while self.epochs.len() > 1 && self.epochs.back().is_some_and(|e| e.from >= now) {
+            self.epochs.pop_back();
+        }
+        self.epochs.push_back(Epoch {
+            from: now,
+            rules: Arc::new(rules.rules),
+        });
+        while self.epochs.len() > MAX_EPOCHS {
+            self.epochs.pop_front();
+            if let Some(first) = self.epochs.front_mut() {
+                first.from = Millis::MIN;
+            }
+        }
+        Ok(())
+    }
+
+    /// The rule (if any) deciding `container` of `group` in `epoch`.
+    fn rule<'a>(
+        epoch: &'a Epoch,
+        group: &Group,
+        container: &str,
+    ) -> impl Iterator<Item = &'a LoadRule> {
+        epoch
+            .rules
+            .iter()
+            .rev()
+            .filter(move |rule| rule.selects(group, container))
+    }
+
+    /// CPU in cores of `container` (`share` cores allotted) during `epoch`.
+    fn cores(epoch: &Epoch, group: &Group, container: &str, share: f64) -> f64 {
+        Self::rule(epoch, group, container)
+            .find_map(|rule| rule.cpu)
+            .unwrap_or_else(|| share * default_fraction(group, container, "cpu", 0.05, 0.4))
+    }
+
+    fn epoch_at(&self, at: Millis) -> &Epoch {
+        self.epochs
+            .iter()
+            .rev()
+            .find(|epoch| epoch.from <= at)
+            .or_else(|| self.epochs.front())
+            .expect("the first epoch reaches back to the beginning")
+    }
+
+    /// Core-nanoseconds used by `container` from `from` to `to`: the integral of its CPU.
+    fn used(&self, group: &Group, container: &str, share: f64, from: Millis, to: Millis) -> f64 {
+        let mut total = 0.0;
+        let epochs: Vec<&Epoch> = self.epochs.iter().collect();
+        for (i, epoch) in epochs.iter().enumerate() {
+            let start = epoch.from.max(from);
+            let end = epochs.get(i + 1).map_or(to, |next| next.from.min(to));
+            if end > start {
+                #[allow(clippy::cast_precision_loss)]
+                let seconds = (end - start) as f64 / 1_000.0;
+                total += Self::cores(epoch, group, container, share) * seconds * 1e9;
+            }
+        }
+        total
+    }
+}
+
+/// A stable fraction in `[low, low + span)` for one container and figure.
+fn default_fraction(group: &Group, container: &str, figure: &str, low: f64, span: f64) -> f64 {
+    let draw = rng::SplitMix::new(rng::stable_hash(
+        format!("{}/{container}/{figure}", group.id).as_bytes(),
+    ))
+    .next_f64();
+    low + span * draw
+}
+
+/// The CPU (cores) and memory (GiB) share of each regular container: its own, else an even
+/// part of the group's.
+fn shares(group: &Group) -> Vec<(f64, f64)> {
+    #[allow(clippy::cast_precision_loss)]
+    let count = group.request.container.len().max(1) as f64;
+    group
         .request
         .container
         .iter()
         .map(|spec| {
-            let share_cpu = spec
-                .cpu
-                .unwrap_or(group.cpu / group.request.container.len().max(1) as f64);
-            let share_memory = spec
-                .memory
-                .unwrap_or(group.memory / group.request.container.len().max(1) as f64);
-            let draw = unit(&format!("{}/{}/{bucket}", group.id, spec.name));
-            ContainerMetric {
+            (
+                spec.cpu.unwrap_or(group.cpu / count),
+                spec.memory.unwrap_or(group.memory / count),
+            )
+        })
+        .collect()
+}
+
+/// The span of the current run that lies before `at`, if the run had started by then.
+fn run_span(state: &RunState, at: Millis) -> Option<(Millis, Millis)> {
+    match state {
+        RunState::Running { started_at } if *started_at <= at => Some((*started_at, at)),
+        RunState::Terminated {
+            started_at,
+            finished_at,
+            ..
+        } if *started_at <= at => Some((*started_at, at.min(*finished_at))),
+        _ => None,
+    }
+}
+
+/// The record of `group` at `at` under `loads`: per container (those whose current run had
+/// started by `at`) and summed for the group.
+pub fn record(group: &Group, loads: &Loads, at: Millis, with_containers: bool) -> MetricRecord {
+    let epoch = loads.epoch_at(at);
+    let containers: Vec<ContainerMetric> = group
+        .request
+        .container
+        .iter()
+        .zip(&group.containers)
+        .zip(shares(group))
+        .filter_map(|((spec, run), (share_cpu, share_memory))| {
+            let (from, to) = run_span(&run.state, at)?;
+            let running = run.state.is_running();
+            let cores = if running {
+                Loads::cores(epoch, group, &spec.name, share_cpu)
+            } else {
+                0.0
+            };
+            let working_set = Loads::rule(epoch, group, &spec.name)
+                .find_map(|rule| rule.memory_bytes)
+                .map_or_else(
+                    || share_memory * GIB * default_fraction(group, &spec.name, "memory", 0.2, 0.4),
+                    |bytes| {
+                        #[allow(clippy::cast_precision_loss)]
+                        let bytes = bytes as f64;
+                        bytes
+                    },
+                );
+            Some(ContainerMetric {
                 name: spec.name.clone(),
-                cpu: Some(cpu(share_cpu, draw, at - group.created_at)),
-                memory: Some(memory(share_memory, draw)),
-            }
+                cpu: Some(CpuMetric {
+                    usage_nano_cores: to_i64(cores * 1e9),
+                    usage_core_nano_seconds: to_i64(
+                        loads.used(group, &spec.name, share_cpu, from, to),
+                    ),
+                    load: to_i64(if share_cpu > 0.0 {
+                        cores / share_cpu * 100.0
+                    } else {
+                        0.0
+                    }),
+                    limit: to_i64(share_cpu * 1000.0),
+                }),
+                memory: Some(memory(share_memory * GIB, working_set)),
+            })
         })
         .collect();
     let sum = |f: fn(&ContainerMetric) -> i64| containers.iter().map(f).sum::<i64>();
@@ -43,7 +280,13 @@ pub fn record(group: &Group, at: Millis, period_ms: Millis, with_containers: boo
         usage_core_nano_seconds: sum(|c| {
             c.cpu.as_ref().map_or(0, |cpu| cpu.usage_core_nano_seconds)
         }),
-        load: sum(|c| c.cpu.as_ref().map_or(0, |cpu| cpu.load)),
+        load: to_i64(if group.cpu > 0.0 {
+            #[allow(clippy::cast_precision_loss)]
+            let nano_cores = sum(|c| c.cpu.as_ref().map_or(0, |cpu| cpu.usage_nano_cores)) as f64;
+            nano_cores / 1e9 / group.cpu * 100.0
+        } else {
+            0.0
+        }),
         limit: to_i64(group.cpu * 1000.0),
     };
     let total_memory = MemoryMetric {
@@ -51,11 +294,13 @@ pub fn record(group: &Group, at: Millis, period_ms: Millis, with_containers: boo
         working_set: sum(|c| c.memory.as_ref().map_or(0, |m| m.working_set)),
         rss: sum(|c| c.memory.as_ref().map_or(0, |m| m.rss)),
         cache: sum(|c| c.memory.as_ref().map_or(0, |m| m.cache)),
-        available_bytes: to_i64(group.memory * GIB)
-            - sum(|c| c.memory.as_ref().map_or(0, |m| m.working_set)),
+        available_bytes: (to_i64(group.memory * GIB)
+            - sum(|c| c.memory.as_ref().map_or(0, |m| m.working_set)))
+        .max(0),
     };
-    let elapsed_s = (at - group.created_at).max(0) / 1_000;
-    let net_draw = unit(&format!("{}/net", group.id));
+    let elapsed_s = (at - group.provisioned_at.unwrap_or(group.created_at)).max(0) / 1_000;
+    let net_draw =
+        rng::SplitMix::new(rng::stable_hash(format!("{}/net", group.id).as_bytes())).next_f64();
     MetricRecord {
         timestamp: rfc3339(at),
         cpu: Some(total_cpu),
@@ -85,34 +330,218 @@ pub fn record(group: &Group, at: Millis, period_ms: Millis, with_containers: boo
     }
 }
 
-fn cpu(share: f64, draw: f64, elapsed_ms: Millis) -> CpuMetric {
-    let fraction = 0.05 + 0.4 * draw;
-    let nano_cores = share * fraction * 1e9;
-    CpuMetric {
-        usage_nano_cores: to_i64(nano_cores),
-        usage_core_nano_seconds: to_i64(nano_cores * (elapsed_ms.max(0) as f64 / 1000.0)),
-        load: to_i64(fraction * 100.0),
-        limit: to_i64(share * 1000.0),
-    }
-}
-
-fn memory(share_gib: f64, draw: f64) -> MemoryMetric {
-    let total = share_gib * GIB;
-    let working_set = total * (0.2 + 0.4 * draw);
+fn memory(limit: f64, working_set: f64) -> MemoryMetric {
     MemoryMetric {
         usage_bytes: to_i64(working_set * 1.1),
         working_set: to_i64(working_set),
         rss: to_i64(working_set * 0.8),
         cache: to_i64(working_set * 0.3),
-        available_bytes: to_i64(total - working_set),
+        available_bytes: to_i64(limit - working_set),
     }
-}
-
-fn unit(key: &str) -> f64 {
-    rng::SplitMix::new(rng::stable_hash(key.as_bytes())).next_f64()
 }
 
 #[allow(clippy::cast_possible_truncation)]
 fn to_i64(value: f64) -> i64 {
     value.max(0.0).round() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use eci_proto::v20180808::{
+        Container, CreateContainerGroupRequest, DescribeMultiContainerGroupMetricRequest,
+        RestartContainerGroupRequest,
+    };
+
+    use super::*;
+    use crate::engine::Engine;
+    use crate::settings::Settings;
+
+    /// Running by then with the default settings (scheduling and provisioning take seconds).
+    const RUNNING_BY: Millis = 60_000;
+
+    fn engine_with(groups: &[&str]) -> (Engine, Vec<String>) {
+        let mut engine = Engine::new(Settings::default());
+        let container = |name: &str, cpu: f64| Container {
+            name: name.into(),
+            image: "nginx".into(),
+            cpu: Some(cpu),
+            memory: Some(1.0),
+            ..Container::default()
+        };
+        let ids = groups
+            .iter()
+            .map(|name| {
+                let region = engine.settings().region.clone();
+                engine
+                    .create(
+                        CreateContainerGroupRequest {
+                            region_id: region,
+                            security_group_id: "sg".into(),
+                            v_switch_id: "vsw".into(),
+                            container_group_name: (*name).into(),
+                            container: vec![container("app", 1.0), container("side", 0.5)],
+                            ..CreateContainerGroupRequest::default()
+                        },
+                        0,
+                    )
+                    .expect("created")
+            })
+            .collect();
+        engine.advance(RUNNING_BY);
+        (engine, ids)
+    }
+
+    fn read(engine: &mut Engine, id: &str, at: Millis) -> MetricRecord {
+        let region = engine.settings().region.clone();
+        let mut answer = engine
+            .multi_metric(
+                &DescribeMultiContainerGroupMetricRequest {
+                    region_id: region,
+                    container_group_ids: vec![id.to_owned()],
+                    metric_type: "all".into(),
+                    resource_group_id: String::new(),
+                },
+                at,
+            )
+            .expect("an answer");
+        answer.monitor_datas.remove(0).records.remove(0)
+    }
+
+    fn cpu_of(record: &MetricRecord, container: &str) -> (i64, i64) {
+        let cpu = record
+            .containers
+            .iter()
+            .find(|c| c.name == container)
+            .and_then(|c| c.cpu.clone())
+            .expect("the container's CPU");
+        (cpu.usage_nano_cores, cpu.usage_core_nano_seconds)
+    }
+
+    fn rules(json: &str) -> LoadRules {
+        serde_json::from_str(json).expect("rules")
+    }
+
+    #[test]
+    fn counters_integrate_the_load_across_changes() {
+        let (mut engine, ids) = engine_with(&["ns-web-0", "ns-db-0"]);
+        let (web, db) = (&ids[0], &ids[1]);
+        // Default: a fixed share of the container's CPU, integrated over its run.
+        let first = read(&mut engine, web, 70_000);
+        assert_eq!(first.timestamp, rfc3339(70_000));
+        let (cores, used_70) = cpu_of(&first, "app");
+        assert!((50_000_000..=450_000_000).contains(&cores), "{cores}");
+        let (_, used_80) = cpu_of(&read(&mut engine, web, 80_000), "app");
+        // 10 s at the default rate (the rate is rounded to whole nanocores on the wire).
+        assert!(
+            (used_80 - used_70 - cores * 10).abs() <= 10,
+            "{used_70} → {used_80} at {cores}"
+        );
+        // 2 cores from t=80 s, then 0.1 core for `app` from t=90 s.
+        engine
+            .set_loads(
+                rules(r#"{"rules": [{"group_name_prefix": "ns-web-", "cpu": 2.0}]}"#),
+                80_000,
+            )
+            .unwrap();
+        engine
+            .set_loads(
+                rules(r#"{"rules": [{"group_name_prefix": "ns-web-", "container": "app", "cpu": 0.1}]}"#),
+                90_000,
+            )
+            .unwrap();
+        // A PUT replaces the rules: `side` had 2 cores, and is back to its default share.
+        assert_eq!(
+            cpu_of(&read(&mut engine, web, 85_000), "side").0,
+            2_000_000_000
+        );
+        assert!(cpu_of(&read(&mut engine, web, 95_000), "side").0 < 500_000_000);
+        let table: &[(Millis, i64, i64)] = &[
+            (85_000, 2_000_000_000, 10_000_000_000),
+            (90_000, 100_000_000, 20_000_000_000),
+            (100_000, 100_000_000, 21_000_000_000),
+            // Times are to the second, as ECI writes them.
+            (100_999, 100_000_000, 21_000_000_000),
+        ];
+        let mut last = used_80;
+        for (at, want_cores, want_since_80) in table {
+            let record = read(&mut engine, web, *at);
+            let (got_cores, got_used) = cpu_of(&record, "app");
+            assert_eq!(
+                (got_cores, got_used - used_80),
+                (*want_cores, *want_since_80),
+                "at {at}"
+            );
+            assert!(got_used >= last, "monotonic");
+            last = got_used;
+            // The group sums its containers.
+            let (side_cores, _) = cpu_of(&record, "side");
+            assert_eq!(
+                record.cpu.as_ref().map(|c| c.usage_nano_cores),
+                Some(*want_cores + side_cores)
+            );
+        }
+        // Not selected: the other group keeps its default share.
+        let (db_cores, _) = cpu_of(&read(&mut engine, db, 100_000), "app");
+        assert!(db_cores < 1_000_000_000, "{db_cores}");
+        assert_eq!(engine.loads().rules.len(), 1);
+    }
+
+    #[test]
+    fn a_restart_starts_the_counter_again_and_memory_follows_the_load() {
+        let (mut engine, ids) = engine_with(&["ns-app-0"]);
+        let id = &ids[0];
+        engine
+            .set_loads(
+                rules(&format!(
+                    r#"{{"rules": [{{"group_id": "{id}", "cpu": 1.0, "memory_bytes": 1048576}}]}}"#
+                )),
+                RUNNING_BY,
+            )
+            .unwrap();
+        let before = cpu_of(&read(&mut engine, id, 120_000), "app").1;
+        assert!(before >= 60_000_000_000, "{before}");
+        let record = read(&mut engine, id, 120_000);
+        let memory = record.containers[0].memory.clone().expect("memory");
+        assert_eq!(memory.working_set, 1_048_576);
+        let region = engine.settings().region.clone();
+        engine
+            .restart(
+                &RestartContainerGroupRequest {
+                    region_id: region,
+                    container_group_id: id.clone(),
+                    ..RestartContainerGroupRequest::default()
+                },
+                120_000,
+            )
+            .unwrap();
+        let after = cpu_of(&read(&mut engine, id, 180_000), "app").1;
+        assert!(
+            after < before,
+            "a new run counts from zero: {after} vs {before}"
+        );
+        assert!(after > 0);
+    }
+
+    #[test]
+    fn bad_rules_change_nothing() {
+        let mut loads = Loads::default();
+        assert!(
+            loads
+                .set(rules(r#"{"rules": [{"cpu": -1.0}]}"#), 5)
+                .is_err()
+        );
+        assert!(serde_json::from_str::<LoadRules>(r#"{"rules": [{"cpus": 1}]}"#).is_err());
+        assert_eq!(loads.current(), LoadRules::default());
+        loads.set(rules(r#"{"rules": [{"cpu": 1.5}]}"#), 5).unwrap();
+        loads.set(rules(r#"{"rules": [{"cpu": 0.5}]}"#), 5).unwrap();
+        assert_eq!(
+            loads.current().rules[0].cpu,
+            Some(0.5),
+            "the later of two at one instant"
+        );
+        for at in 6..(6 + MAX_EPOCHS as Millis + 10) {
+            loads.set(LoadRules::default(), at).unwrap();
+        }
+        assert_eq!(loads.epochs.len(), MAX_EPOCHS);
+    }
 }

@@ -18,6 +18,7 @@ const ALL: &[&[Access]] = &[
     crate::admission::KUBE_API,
     crate::kubelet::auth::KUBE_API,
     crate::kubelet::pods::KUBE_API,
+    crate::kubelet::metrics::KUBE_API,
     crate::ops::events::KUBE_API,
 ];
 

@@ -1,0 +1,254 @@
+//! This node's pods as the metrics need them: which ECI group backs each running pod, and
+//! when its containers started. Filled by a watch of `spec.nodeName=<node>` and kept slim (a
+//! few strings per pod, never the `Pod`), so 3,000 pods cost a few hundred KiB.
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher::Event};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::pods::INSTANCE_ANNOTATION;
+
+/// One pod of this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEntry {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// The ECI group backing it, once recorded.
+    pub group_id: Option<String>,
+    /// `status.phase` is `Running`: only then does ECI have figures for it.
+    pub running: bool,
+    /// `status.startTime`.
+    pub start_time: Option<Timestamp>,
+    /// Start times of its running containers (`state.running.startedAt`), by name.
+    pub containers: Vec<(String, Timestamp)>,
+}
+
+impl PodEntry {
+    /// The slim entry of `pod` (`None` without a UID, which a stored pod always has).
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let metadata = &pod.metadata;
+        let status = pod.status.as_ref();
+        let containers = status
+            .and_then(|s| s.container_statuses.as_ref())
+            .map(|statuses| {
+                statuses
+                    .iter()
+                    .filter_map(|c| {
+                        let started = c.state.as_ref()?.running.as_ref()?.started_at.as_ref()?;
+                        Some((c.name.clone(), started.0))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Self {
+            namespace: metadata.namespace.clone().unwrap_or_default(),
+            name: metadata.name.clone().unwrap_or_default(),
+            uid: metadata.uid.clone()?,
+            group_id: metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(INSTANCE_ANNOTATION))
+                .filter(|id| !id.is_empty())
+                .cloned(),
+            running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
+            start_time: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+            containers,
+        })
+    }
+
+    /// When container `name` started, if it runs.
+    pub fn container_start(&self, name: &str) -> Option<Timestamp> {
+        self.containers
+            .iter()
+            .find(|(container, _)| container == name)
+            .map(|(_, at)| *at)
+    }
+
+    /// Whether ECI can be asked for its figures: its group is known and it runs.
+    pub fn measurable(&self) -> bool {
+        self.running && self.group_id.is_some()
+    }
+}
+
+/// The pods of this node by UID, with relists applied as a whole (what the watch's
+/// `Init`…`InitDone` brackets carry replaces everything, so pods deleted while the watch was
+/// broken disappear).
+#[derive(Debug, Default)]
+pub struct PodIndex {
+    pods: HashMap<String, PodEntry>,
+    /// Filled during a relist; swapped in at its end.
+    relisting: Option<HashMap<String, PodEntry>>,
+    listed: bool,
+}
+
+impl PodIndex {
+    /// Adds or updates a pod.
+    pub fn upsert(&mut self, entry: PodEntry) {
+        self.pods.insert(entry.uid.clone(), entry);
+    }
+
+    /// Removes a pod.
+    pub fn remove(&mut self, uid: &str) {
+        self.pods.remove(uid);
+    }
+
+    /// Applies one watch event.
+    pub fn apply(&mut self, event: Event<Pod>) {
+        match event {
+            Event::Init => self.relisting = Some(HashMap::new()),
+            Event::InitApply(pod) => {
+                if let Some(entry) = PodEntry::of(&pod) {
+                    self.relisting
+                        .get_or_insert_with(HashMap::new)
+                        .insert(entry.uid.clone(), entry);
+                }
+            }
+            Event::InitDone => {
+                if let Some(listed) = self.relisting.take() {
+                    self.pods = listed;
+                }
+                self.listed = true;
+            }
+            Event::Apply(pod) => {
+                if let Some(entry) = PodEntry::of(&pod) {
+                    self.upsert(entry);
+                }
+            }
+            Event::Delete(pod) => {
+                if let Some(uid) = pod.metadata.uid.as_deref() {
+                    self.remove(uid);
+                }
+            }
+        }
+    }
+
+    /// Whether a complete list has been applied (before it, the index may miss pods).
+    pub fn listed(&self) -> bool {
+        self.listed
+    }
+
+    /// Marks the index complete without a watch (benchmarks and tests fill it directly).
+    pub fn mark_listed(&mut self) {
+        self.listed = true;
+    }
+
+    /// Every pod.
+    pub fn pods(&self) -> impl Iterator<Item = &PodEntry> {
+        self.pods.values()
+    }
+
+    /// Whether the pod with `uid` is on this node.
+    pub fn contains(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
+    }
+
+    /// Number of pods.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+}
+
+/// A [`PodIndex`] shared between its watch and the scrapes, with a signal for "listed".
+#[derive(Debug)]
+pub struct SharedIndex {
+    index: RwLock<PodIndex>,
+    listed: watch::Sender<bool>,
+}
+
+impl Default for SharedIndex {
+    fn default() -> Self {
+        Self {
+            index: RwLock::new(PodIndex::default()),
+            listed: watch::Sender::new(false),
+        }
+    }
+}
+
+impl SharedIndex {
+    /// Reads the index.
+    pub fn read<T>(&self, read: impl FnOnce(&PodIndex) -> T) -> T {
+        read(&self.index.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Changes the index.
+    pub fn write<T>(&self, write: impl FnOnce(&mut PodIndex) -> T) -> T {
+        let (out, listed) = {
+            let mut index = self.index.write().unwrap_or_else(PoisonError::into_inner);
+            let out = write(&mut index);
+            (out, index.listed())
+        };
+        self.listed.send_if_modified(|was| {
+            let changed = *was != listed;
+            *was = listed;
+            changed
+        });
+        out
+    }
+
+    /// Waits until the first list is in, at most `within`; whether it is.
+    pub async fn wait_listed(&self, within: Duration) -> bool {
+        let mut listed = self.listed.subscribe();
+        tokio::time::timeout(within, listed.wait_for(|listed| *listed))
+            .await
+            .is_ok_and(|result| result.is_ok())
+    }
+
+    /// Watches the pods of `node` into the index until `stop` (a broken watch relists by
+    /// itself, with back-off).
+    pub async fn watch(
+        self: Arc<Self>,
+        client: kube::Client,
+        node: String,
+        stop: CancellationToken,
+    ) {
+        let api: Api<Pod> = Api::all(client);
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let mut events = watcher(api, config).default_backoff().boxed();
+        let mut announced = false;
+        loop {
+            let event = tokio::select! {
+                () = stop.cancelled() => return,
+                event = events.next() => event,
+            };
+            match event {
+                None => {
+                    warn!("the metrics' pod watch ended");
+                    return;
+                }
+                Some(Err(error)) => {
+                    warn!(error = %crate::ops::chain::Chain(&error), "metrics' pod watch error; it recovers by itself");
+                }
+                Some(Ok(event)) => {
+                    let done = matches!(event, Event::InitDone);
+                    let pods = self.write(|index| {
+                        index.apply(event);
+                        index.len()
+                    });
+                    if done && !announced {
+                        announced = true;
+                        info!(pods, "metrics: this node's pods listed");
+                    }
+                }
+            }
+        }
+    }
+}
