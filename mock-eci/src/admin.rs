@@ -9,6 +9,7 @@
 //! | `GET /admin/groups` | every group as DescribeContainerGroups shows it, events included |
 //! | `POST /admin/groups/{id}/vanish` | the group disappears out of band |
 //! | `POST /admin/groups/{id}/expire` | the group is reclaimed and ends `Expired` |
+//! | `GET /exec/{session}` | the WebSocket of an interactive `ExecContainerCommand` (see `exec_session`) |
 //! | `POST /admin/groups/{id}/containers/{name}/log` | the body's lines are written into the running container's log, now |
 //! | `POST /admin/groups/{id}/containers/{name}/exit` | the running container exits now: `{"exit_code": 3}` (default 0) |
 //! | `GET /admin/usage` | the load rules the metric calls follow |
@@ -39,6 +40,7 @@ pub fn router(mock: MockEci) -> Router {
             post(exit_container),
         )
         .route("/admin/usage", get(loads).put(set_loads))
+        .route("/exec/{session}", get(crate::exec_session::serve))
         .with_state(mock)
 }
 

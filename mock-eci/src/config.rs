@@ -98,6 +98,11 @@ pub struct MockConfig {
     #[arg(long, env = "MOCK_ECI_IP_CIDR", default_value = "192.168.0.0/16")]
     pub ip_cidr: Cidr,
 
+    /// Serve a TCP echo on every declared container port of running groups, at the group's IP
+    /// (port-forward tests; give an `--ip-cidr` of this host, e.g. 127.77.0.0/16).
+    #[arg(long, env = "MOCK_ECI_PORT_ECHO")]
+    pub port_echo: bool,
+
     /// Most groups holding capacity at once; beyond it new groups end ScheduleFailed.
     #[arg(long, env = "MOCK_ECI_MAX_GROUPS")]
     pub max_groups: Option<usize>,

@@ -118,6 +118,8 @@ pub struct Engine {
     generation: u64,
     /// The last `TotalCount` computed for a filter, reused while paging through it.
     count_cache: Option<(u64, String, usize)>,
+    /// Interactive exec sessions waiting for their WebSocket.
+    exec_sessions: crate::exec_session::Sessions,
     /// The load rules the metric calls follow (a test control; not persisted).
     usage: usage::Loads,
 }
@@ -135,6 +137,7 @@ impl Engine {
             id_counter: 0,
             generation: 0,
             count_cache: None,
+            exec_sessions: crate::exec_session::Sessions::default(),
             usage: usage::Loads::default(),
         }
     }
@@ -159,6 +162,7 @@ impl Engine {
             id_counter: snapshot.id_counter,
             generation: 0,
             count_cache: None,
+            exec_sessions: crate::exec_session::Sessions::default(),
             usage: usage::Loads::default(),
         };
         for group in snapshot.groups {
@@ -866,36 +870,64 @@ impl Engine {
                 ),
             ));
         }
+        let ip = group.ip.map(|ip| ip.to_string()).unwrap_or_default();
+        let cx = exec::ExecContext {
+            container: spec,
+            hostname: &group.request.container_group_name,
+            pod_ip: &ip,
+            now,
+        };
+        let sync_response = if request.sync {
+            exec::run(&request.command, cx)
+        } else {
+            String::new()
+        };
+        let pending = crate::exec_session::PendingExec {
+            command: request.command.clone(),
+            tty: request.tty,
+            stdin: request.stdin.unwrap_or(true),
+            env: exec::env(cx),
+            scratch: format!("{}/{}", group.id, spec.name),
+            expires: now + crate::exec_session::SESSION_TTL_MS,
+        };
         let session = format!(
             "{:016x}",
             rng::stable_hash(format!("{}/{}/{now}", group.id, spec.name).as_bytes())
         );
-        let sync_response = if request.sync {
-            let ip = group.ip.map(|ip| ip.to_string()).unwrap_or_default();
-            exec::run(
-                &request.command,
-                exec::ExecContext {
-                    container: spec,
-                    hostname: &group.request.container_group_name,
-                    pod_ip: &ip,
-                    now,
-                },
-            )
+        let web_socket_uri = if request.sync {
+            None
         } else {
-            String::new()
-        };
-        Ok(ExecContainerCommandResponse {
-            request_id: String::new(),
-            web_socket_uri: format!(
+            self.exec_sessions.open(pending, now)
+        }
+        .unwrap_or_else(|| {
+            format!(
                 "wss://eci-exec.{}.mock-eci.invalid/exec/{session}",
                 self.settings.region
-            ),
+            )
+        });
+        Ok(ExecContainerCommandResponse {
+            request_id: String::new(),
+            web_socket_uri,
             http_url: format!(
                 "https://eci-exec.{}.mock-eci.invalid/exec/{session}",
                 self.settings.region
             ),
             sync_response,
         })
+    }
+
+    /// Where interactive exec sessions are served (`ws://host:port`).
+    pub fn set_exec_base(&mut self, base: String) {
+        self.exec_sessions.set_base(base);
+    }
+
+    /// Takes the interactive exec session `session` for its one connection.
+    pub fn take_exec(
+        &mut self,
+        session: &str,
+        now: Millis,
+    ) -> Option<crate::exec_session::PendingExec> {
+        self.exec_sessions.take(session, now)
     }
 
     /// DescribeContainerGroupMetric.

@@ -57,7 +57,8 @@ fn is_shell(program: &str) -> bool {
     matches!(program, "sh" | "bash" | "/bin/sh" | "/bin/bash")
 }
 
-fn env(cx: ExecContext<'_>) -> Vec<(String, String)> {
+/// The container's environment as its processes see it.
+pub fn env(cx: ExecContext<'_>) -> Vec<(String, String)> {
     let mut vars = vec![("HOSTNAME".to_owned(), cx.hostname.to_owned())];
     for var in &cx.container.environment_var {
         let value = match var

@@ -127,11 +127,18 @@ impl MockServer {
         let admin_addr = admin
             .as_ref()
             .and_then(|listener| listener.local_addr().ok());
+        if let Some(addr) = admin_addr {
+            // Interactive execs are streamed by the admin listener.
+            mock.set_exec_base(format!("ws://{addr}"));
+        }
         let (shutdown, signal) = watch::channel(false);
         let state = config
             .state_file
             .clone()
             .map(|path| (path, config.state_flush_interval));
+        if config.port_echo {
+            tokio::spawn(crate::echo::run(mock.clone(), signal.clone()));
+        }
         let task = tokio::spawn(serve(grpc, admin, mock.clone(), state, signal));
         info!(grpc = %grpc_addr, admin = ?admin_addr, region = %config.region, "mock-eci serving");
         Ok(Self {

@@ -187,6 +187,17 @@ impl MockEci {
         Ok(engine.loads())
     }
 
+    /// Serves interactive exec sessions from `base` (`ws://host:port`) from now on.
+    pub fn set_exec_base(&self, base: String) {
+        self.engine().set_exec_base(base);
+    }
+
+    /// Takes the interactive exec session `session` for its one connection.
+    pub fn take_exec(&self, session: &str) -> Option<crate::exec_session::PendingExec> {
+        let now = self.now();
+        self.engine().take_exec(session, now)
+    }
+
     /// Removes a group out of band, as if someone deleted it in the console.
     pub fn vanish(&self, id: &str) -> Result<(), EciError> {
         let now = self.now();

@@ -1,0 +1,517 @@
+//! Interactive `ExecContainerCommand` (no `Sync`): the command runs as a real local process and
+//! its `WebSocketUri` streams it.
+//!
+//! **The process.** `Command[0]` is executed directly with the rest as its arguments (a shell
+//! only when the command names one), in a scratch directory per container
+//! (`$TMPDIR/mock-eci-exec/<group>/<container>`, kept between execs as a container's filesystem
+//! would be), with the container's environment (field references resolved as in `exec`), plus
+//! `HOSTNAME`, `HOME` (the scratch directory) and a default `PATH` as a runtime would add. With
+//! `TTY=true` it gets a pseudo-terminal: the pty pair comes from `rustix` (safe wrappers: the
+//! workspace forbids `unsafe`), and `setsid --ctty` (util-linux) makes the terminal the
+//! process's controlling terminal, which a safe `Command` cannot do; resizes go to the pty with
+//! `TIOCSWINSZ`. Stdin, TTY and exit codes are therefore real.
+//!
+//! **The stream.** Alibaba Cloud does not document the frames of its exec WebSocket. mock-eci
+//! speaks the Kubernetes channel protocol (`v5.channel.k8s.io`, also `v4.channel.k8s.io`), which
+//! a Kubernetes-based service would expose and which carries what a kubelet needs: binary
+//! messages whose first byte is the channel — 0 stdin, 1 stdout, 2 stderr, 3 the final
+//! `metav1.Status` (with the exit code as a `NonZeroExitCode` cause), 4 terminal size
+//! (`{"Width":…,"Height":…}`); in v5 the client closes stdin with `[255, 0]`. A URI serves one
+//! connection within 30 s of the call, as ECI's do; it is served by the admin listener
+//! (`GET /exec/{session}`), `ws://<admin address>/exec/<session>`.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use futures::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tracing::{debug, info};
+
+use crate::clock::Millis;
+use crate::service::MockEci;
+
+/// How long a `WebSocketUri` stays usable.
+pub const SESSION_TTL_MS: Millis = 30_000;
+/// The subprotocols served, newest first.
+pub const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
+
+/// Channel numbers of the stream.
+pub mod channel {
+    /// Stdin (client to server).
+    pub const STDIN: u8 = 0;
+    /// Stdout.
+    pub const STDOUT: u8 = 1;
+    /// Stderr.
+    pub const STDERR: u8 = 2;
+    /// The final status.
+    pub const ERROR: u8 = 3;
+    /// Terminal size.
+    pub const RESIZE: u8 = 4;
+    /// v5: the client closes the channel in the next byte.
+    pub const CLOSE: u8 = 255;
+}
+
+/// A running exec could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecSessionError {
+    /// The scratch directory could not be made.
+    #[error("cannot prepare the scratch directory {path}")]
+    Scratch {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// No pseudo-terminal could be opened.
+    #[error("cannot open a pseudo-terminal")]
+    Pty(#[source] io::Error),
+    /// The command could not be started.
+    #[error("cannot run {program:?}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What an `ExecContainerCommand` asked for, waiting for its WebSocket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingExec {
+    /// The command, as given.
+    pub command: Vec<String>,
+    /// `TTY`.
+    pub tty: bool,
+    /// `Stdin`.
+    pub stdin: bool,
+    /// The container's environment.
+    pub env: Vec<(String, String)>,
+    /// `<group id>/<container>`: the scratch directory's place.
+    pub scratch: String,
+    /// When the URI stops working.
+    pub expires: Millis,
+}
+
+/// Sessions handed out and not yet connected to.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    /// `ws://host:port` of the server that serves them, once it listens.
+    base: Option<String>,
+    pending: HashMap<String, PendingExec>,
+}
+
+impl Sessions {
+    /// Where the sessions are served from now on.
+    pub fn set_base(&mut self, base: String) {
+        self.base = Some(base);
+    }
+
+    /// Records `exec` and returns its URI, or `None` when nothing serves sessions.
+    pub fn open(&mut self, exec: PendingExec, now: Millis) -> Option<String> {
+        let base = self.base.clone()?;
+        self.pending.retain(|_, pending| pending.expires > now);
+        let session = uuid::Uuid::new_v4().simple().to_string();
+        self.pending.insert(session.clone(), exec);
+        Some(format!("{base}/exec/{session}"))
+    }
+
+    /// Takes the session for its one connection.
+    pub fn take(&mut self, session: &str, now: Millis) -> Option<PendingExec> {
+        self.pending
+            .remove(session)
+            .filter(|pending| pending.expires > now)
+    }
+}
+
+/// `GET /exec/{session}` on the admin listener: the WebSocket of one exec.
+pub async fn serve(
+    State(mock): State<MockEci>,
+    Path(session): Path<String>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let Some(exec) = mock.take_exec(&session) else {
+        return (
+            StatusCode::NOT_FOUND,
+            "no such exec session (used already, or older than 30 s)",
+        )
+            .into_response();
+    };
+    let upgrade = upgrade.protocols(PROTOCOLS);
+    let v5 = upgrade
+        .selected_protocol()
+        .is_some_and(|p| p.as_bytes() == PROTOCOLS[0].as_bytes());
+    upgrade.on_upgrade(move |socket| async move {
+        info!(command = ?exec.command, tty = exec.tty, stdin = exec.stdin, "exec session started");
+        run(socket, exec, v5).await;
+    })
+}
+
+/// The child's stdin: a pipe, or the terminal's master side.
+struct Input {
+    writer: Box<dyn AsyncWrite + Send + Unpin>,
+    /// A terminal has no end of input of its own: its EOF character (^D) says it.
+    pty: bool,
+}
+
+async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
+    let (mut sink, mut source) = socket.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(32);
+    let sender = tokio::spawn(async move {
+        while let Some(message) = out_rx.recv().await {
+            if sink.send(Message::Binary(message.into())).await.is_err() {
+                return;
+            }
+        }
+        let _ = sink.send(Message::Close(None)).await;
+    });
+    let started = match start(&exec) {
+        Ok(started) => started,
+        Err(error) => {
+            let status = json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {},
+                "status": "Failure", "reason": "InternalError",
+                "message": crate::server::ErrorChain(&error).to_string(),
+            });
+            let _ = out_tx
+                .send(frame(channel::ERROR, status.to_string().as_bytes()))
+                .await;
+            drop(out_tx);
+            let _ = sender.await;
+            return;
+        }
+    };
+    let Started {
+        mut child,
+        input,
+        outputs,
+        pty,
+    } = started;
+    let pumps: Vec<_> = outputs
+        .into_iter()
+        .map(|(channel, reader)| tokio::spawn(pump(reader, channel, out_tx.clone())))
+        .collect();
+    let mut input = if exec.stdin { input } else { None };
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            message = source.next() => match message {
+                Some(Ok(Message::Binary(data))) => {
+                    handle_input(&data, &mut input, pty.as_ref(), v5).await;
+                }
+                Some(Ok(Message::Text(text))) => {
+                    handle_input(text.as_bytes(), &mut input, pty.as_ref(), v5).await;
+                }
+                Some(Ok(_)) => {}
+                // The client went away: the command goes with it, as an exec's does.
+                Some(Err(_)) | None => {
+                    let _ = child.start_kill();
+                    break child.wait().await;
+                }
+            },
+        }
+    };
+    drop(input);
+    for pump in pumps {
+        let _ = pump.await;
+    }
+    let status = match status {
+        Ok(status) => exit_status(status),
+        Err(error) => json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "reason": "InternalError",
+            "message": format!("waiting for the command: {error}"),
+        }),
+    };
+    debug!(%status, "exec session ended");
+    let _ = out_tx
+        .send(frame(channel::ERROR, status.to_string().as_bytes()))
+        .await;
+    drop(out_tx);
+    let _ = sender.await;
+}
+
+async fn handle_input(data: &[u8], input: &mut Option<Input>, pty: Option<&OwnedFd>, v5: bool) {
+    let Some((&channel, payload)) = data.split_first() else {
+        return;
+    };
+    match channel {
+        channel::STDIN => {
+            let failed = match input.as_mut() {
+                Some(input) => {
+                    input.writer.write_all(payload).await.is_err()
+                        || input.writer.flush().await.is_err()
+                }
+                None => false,
+            };
+            if failed {
+                *input = None;
+            }
+        }
+        channel::RESIZE => {
+            if let (Some(master), Ok(size)) =
+                (pty, serde_json::from_slice::<serde_json::Value>(payload))
+            {
+                let dimension = |key: &str| {
+                    size.get(key)
+                        .and_then(serde_json::Value::as_u64)
+                        .and_then(|n| u16::try_from(n).ok())
+                        .unwrap_or(0)
+                };
+                let _ = rustix::termios::tcsetwinsize(
+                    master,
+                    rustix::termios::Winsize {
+                        ws_row: dimension("Height"),
+                        ws_col: dimension("Width"),
+                        ws_xpixel: 0,
+                        ws_ypixel: 0,
+                    },
+                );
+            }
+        }
+        channel::CLOSE if v5 && payload.first() == Some(&channel::STDIN) => {
+            if let Some(mut open) = input.take() {
+                if open.pty {
+                    let _ = open.writer.write_all(&[4]).await;
+                }
+                let _ = open.writer.shutdown().await;
+            }
+        }
+        _ => {}
+    }
+}
+
+fn frame(channel: u8, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 1);
+    out.push(channel);
+    out.extend_from_slice(data);
+    out
+}
+
+/// The final status the kubelet writes for an exit status.
+pub fn exit_status(status: ExitStatus) -> serde_json::Value {
+    use std::os::unix::process::ExitStatusExt as _;
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+        .unwrap_or(1);
+    if code == 0 {
+        return json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
+    }
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure",
+        "message": format!("command terminated with non-zero exit code: exit status {code}"),
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]},
+    })
+}
+
+/// A stream of the child's output: a pipe, or the terminal's master side.
+type Output = Box<dyn AsyncRead + Send + Unpin>;
+
+async fn pump(mut output: Output, channel: u8, out: mpsc::Sender<Vec<u8>>) {
+    let mut buffer = vec![0u8; 32 * 1024];
+    loop {
+        // A terminal reads EIO once the child and its descendants closed it: the end.
+        let read = output.read(&mut buffer).await;
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if out.send(frame(channel, &buffer[..n])).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+struct Started {
+    child: tokio::process::Child,
+    input: Option<Input>,
+    outputs: Vec<(u8, Output)>,
+    pty: Option<OwnedFd>,
+}
+
+fn start(exec: &PendingExec) -> Result<Started, ExecSessionError> {
+    let scratch = std::env::temp_dir()
+        .join("mock-eci-exec")
+        .join(&exec.scratch);
+    std::fs::create_dir_all(&scratch).map_err(|source| ExecSessionError::Scratch {
+        path: scratch.clone(),
+        source,
+    })?;
+    let program = exec.command.first().cloned().unwrap_or_default();
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        ("HOME".into(), scratch.display().to_string()),
+    ];
+    if exec.tty {
+        env.push(("TERM".into(), "xterm".into()));
+    }
+    for (key, value) in &exec.env {
+        env.retain(|(k, _)| k != key);
+        env.push((key.clone(), value.clone()));
+    }
+    let spawn_error = |source| ExecSessionError::Spawn {
+        program: program.clone(),
+        source,
+    };
+    if !exec.tty {
+        let mut command = tokio::process::Command::new(&program);
+        command
+            .args(exec.command.iter().skip(1))
+            .env_clear()
+            .envs(env)
+            .current_dir(&scratch)
+            .stdin(if exec.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().map_err(spawn_error)?;
+        let input = child.stdin.take().map(|stdin| Input {
+            writer: Box::new(stdin),
+            pty: false,
+        });
+        let mut outputs: Vec<(u8, Output)> = Vec::new();
+        if let Some(stdout) = child.stdout.take() {
+            outputs.push((channel::STDOUT, Box::new(stdout)));
+        }
+        if let Some(stderr) = child.stderr.take() {
+            outputs.push((channel::STDERR, Box::new(stderr)));
+        }
+        return Ok(Started {
+            child,
+            input,
+            outputs,
+            pty: None,
+        });
+    }
+    let (master, slave) = open_pty().map_err(ExecSessionError::Pty)?;
+    let stdio = || {
+        slave
+            .try_clone()
+            .map(Stdio::from)
+            .map_err(ExecSessionError::Pty)
+    };
+    let mut command = tokio::process::Command::new("setsid");
+    command
+        .arg("--ctty")
+        .arg("--wait")
+        .arg(&program)
+        .args(exec.command.iter().skip(1))
+        .env_clear()
+        .envs(env)
+        .current_dir(&scratch)
+        .stdin(stdio()?)
+        .stdout(stdio()?)
+        .stderr(stdio()?)
+        .kill_on_drop(true);
+    let child = command.spawn().map_err(spawn_error)?;
+    // Only the child holds the terminal's other end now: its exit ends our reads.
+    drop(slave);
+    // Blocking reads and writes of the master run on tokio's blocking pool (tokio::fs::File):
+    // registering the descriptor with the reactor would take `unsafe`.
+    let file = |fd: &OwnedFd| {
+        fd.try_clone()
+            .map(|fd| tokio::fs::File::from_std(std::fs::File::from(fd)))
+            .map_err(ExecSessionError::Pty)
+    };
+    Ok(Started {
+        child,
+        input: Some(Input {
+            writer: Box::new(file(&master)?),
+            pty: true,
+        }),
+        outputs: vec![(channel::STDOUT, Box::new(file(&master)?))],
+        pty: Some(master),
+    })
+}
+
+fn open_pty() -> io::Result<(OwnedFd, std::fs::File)> {
+    use rustix::pty::OpenptFlags;
+    let master =
+        rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    rustix::pty::grantpt(&master)?;
+    rustix::pty::unlockpt(&master)?;
+    let name = rustix::pty::ptsname(&master, Vec::new())?;
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(std::ffi::OsStr::new(&*String::from_utf8_lossy(
+            name.as_bytes(),
+        )))?;
+    Ok((master, slave))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_serve_once_and_expire() {
+        let mut sessions = Sessions::default();
+        let exec = PendingExec {
+            command: vec!["true".into()],
+            tty: false,
+            stdin: false,
+            env: Vec::new(),
+            scratch: "g/c".into(),
+            expires: 1_000 + SESSION_TTL_MS,
+        };
+        assert_eq!(
+            sessions.open(exec.clone(), 1_000),
+            None,
+            "nothing serves them yet"
+        );
+        sessions.set_base("ws://127.0.0.1:1".into());
+        let uri = sessions.open(exec.clone(), 1_000).expect("a URI");
+        let session = uri.rsplit('/').next().expect("session").to_owned();
+        assert!(uri.starts_with("ws://127.0.0.1:1/exec/"));
+        assert_eq!(sessions.take(&session, 2_000), Some(exec.clone()));
+        assert_eq!(
+            sessions.take(&session, 2_000),
+            None,
+            "one connection per URI"
+        );
+        let uri = sessions.open(exec, 1_000).expect("a URI");
+        let session = uri.rsplit('/').next().expect("session").to_owned();
+        assert_eq!(
+            sessions.take(&session, 1_000 + SESSION_TTL_MS),
+            None,
+            "expired"
+        );
+    }
+
+    #[test]
+    fn exit_statuses_become_the_kubelets_status() {
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(exit_status(ExitStatus::from_raw(0))["status"], "Success");
+        let failed = exit_status(ExitStatus::from_raw(3 << 8));
+        assert_eq!(failed["reason"], "NonZeroExitCode");
+        assert_eq!(failed["details"]["causes"][0]["reason"], "ExitCode");
+        assert_eq!(failed["details"]["causes"][0]["message"], "3");
+        // Killed by SIGKILL: 128 + 9, as a shell reports it.
+        assert_eq!(
+            exit_status(ExitStatus::from_raw(9))["details"]["causes"][0]["message"],
+            "137"
+        );
+    }
+}

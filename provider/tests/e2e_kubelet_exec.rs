@@ -1,0 +1,360 @@
+//! End to end on the real control plane: exec, attach and port-forward as kubectl reaches them
+//! through the apiserver (SPDY/3.1 from the apiserver to the daemon's kubelet API, whatever
+//! kubectl speaks to the apiserver), bridged to mock-eci's exec sessions (real local
+//! processes) and echo listeners.
+//!
+//! - `echo hi | kubectl exec -i POD -- cat` prints `hi`; `sh -c 'exit 3'` makes kubectl exit 3;
+//!   arguments with spaces, quotes and empty strings arrive exactly; stdout and stderr stay
+//!   apart; the container's environment is the command's;
+//! - `kubectl exec -it` under a pseudo-terminal (`script`) gives the command a terminal;
+//! - `kubectl attach` prints what the container writes after it attached;
+//! - `kubectl port-forward` carries bytes both ways to the container's port.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use integration::harness::{Harness, HarnessError};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+
+const WAIT: Duration = Duration::from_secs(90);
+/// Group IPs on this host's loopback, so port-forward reaches mock-eci's echo listeners.
+const MOCK: &[&str] = &[
+    "--provisioning-delay",
+    "300ms",
+    "--scheduling-delay",
+    "50ms",
+    "--ip-cidr",
+    "127.77.0.0/16",
+    "--port-echo",
+];
+const DAEMON: &[(&str, &str)] = &[
+    ("POD_STATUS_POLL_INTERVAL", "250ms"),
+    ("POD_RESYNC_INTERVAL", "2s"),
+    ("KUBELET_LOG_POLL_INTERVAL", "250ms"),
+];
+const INSTANCE_ID: &str = "k8s.aliyun.com/eci-instance-id";
+
+async fn with_harness<F>(scenario: F)
+where
+    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
+{
+    let mut h = Harness::start().await.expect("the harness starts");
+    let result = scenario(&mut h).await;
+    if result.is_err() {
+        eprintln!("{}", h.dump().await);
+    }
+    h.shutdown(Duration::from_secs(10)).await;
+    result.unwrap();
+}
+
+fn failed(message: impl Into<String>) -> HarnessError {
+    HarnessError::Setup(message.into())
+}
+
+struct Scene {
+    ns: String,
+    admin: String,
+    group: String,
+}
+
+/// mock-eci, one daemon, and a running pod `box` with container `app` (port 8080).
+async fn start(h: &mut Harness, suffix: &str) -> Result<Scene, HarnessError> {
+    let ns = h.create_namespace(suffix).await?;
+    let mock = h.start_mock_eci(MOCK).await?;
+    h.start_daemon(0, DAEMON)?;
+    let node = h.node_name(0);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "box"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "app",
+                "image": "registry.example.com/app:1",
+                "env": [
+                    {"name": "GREETING", "value": "hello from the pod"},
+                    {"name": "MOCK_ECI_LOG_INTERVAL", "value": "1h"},
+                ],
+                "ports": [{"containerPort": 8080}],
+            }],
+        },
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+    pods.create(&PostParams::default(), &pod).await?;
+    h.wait_for("pod box running with its group recorded", WAIT, |_| {
+        let pods = pods.clone();
+        async move { group_of(&pods).await.is_some() }
+    })
+    .await?;
+    let group = group_of(&pods).await.unwrap_or_default();
+    Ok(Scene {
+        ns,
+        admin: mock.admin,
+        group,
+    })
+}
+
+/// The pod's group, once it runs with its group recorded.
+async fn group_of(pods: &Api<Pod>) -> Option<String> {
+    let pod = serde_json::to_value(pods.get("box").await.ok()?).ok()?;
+    let running = pod["status"]["containerStatuses"][0]["state"]["running"].is_object();
+    let id = pod["metadata"]["annotations"][INSTANCE_ID].as_str()?;
+    running.then(|| id.to_owned())
+}
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs kubectl with `stdin` as its input.
+async fn kubectl(h: &Harness, args: &[&str], stdin: &[u8]) -> Run {
+    let mut child = tokio::process::Command::new(h.kubectl())
+        .arg("--kubeconfig")
+        .arg(h.kubeconfig())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl runs");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin).await.unwrap();
+    drop(input);
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("kubectl ends within 60 s")
+        .unwrap();
+    Run {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_exec_carries_stdin_output_exit_codes_and_exact_arguments() {
+    with_harness(async |h| {
+        let scene = start(h, "exec").await?;
+        let ns = scene.ns.as_str();
+
+        let started = Instant::now();
+        let cat = kubectl(
+            h,
+            &["exec", "-i", "-n", ns, "box", "-c", "app", "--", "cat"],
+            b"hi\n",
+        )
+        .await;
+        eprintln!("echo hi | kubectl exec -i -- cat: {:?}", started.elapsed());
+        assert_eq!(
+            (cat.code, cat.stdout.as_str()),
+            (Some(0), "hi\n"),
+            "{}",
+            cat.stderr
+        );
+
+        // More than a flow-control window of stdin, back in order.
+        let big: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let echoed = kubectl(h, &["exec", "-i", "-n", ns, "box", "--", "cat"], &big).await;
+        assert_eq!(echoed.code, Some(0), "{}", echoed.stderr);
+        assert!(
+            echoed.stdout.as_bytes() == big.as_slice(),
+            "300 kB through cat"
+        );
+
+        let exit = kubectl(
+            h,
+            &["exec", "-n", ns, "box", "--", "sh", "-c", "exit 3"],
+            b"",
+        )
+        .await;
+        assert_eq!(
+            exit.code,
+            Some(3),
+            "kubectl exits with the command's code: {}",
+            exit.stderr
+        );
+
+        let args = kubectl(
+            h,
+            &[
+                "exec", "-n", ns, "box", "--", "printf", "[%s]", "a b", "\"q\"", "it's", "",
+                "$HOME", "*",
+            ],
+            b"",
+        )
+        .await;
+        assert_eq!(
+            args.stdout, "[a b][\"q\"][it's][][$HOME][*]",
+            "{}",
+            args.stderr
+        );
+
+        let split = kubectl(
+            h,
+            &[
+                "exec",
+                "-n",
+                ns,
+                "box",
+                "--",
+                "sh",
+                "-c",
+                "echo out; echo err >&2; printenv GREETING",
+            ],
+            b"",
+        )
+        .await;
+        assert_eq!(split.code, Some(0));
+        assert_eq!(split.stdout, "out\nhello from the pod\n");
+        assert!(
+            split.stderr.contains("err"),
+            "stderr apart: {:?}",
+            split.stderr
+        );
+
+        let missing = kubectl(h, &["exec", "-n", ns, "box", "--", "no-such-program"], b"").await;
+        assert_ne!(missing.code, Some(0));
+        assert!(
+            missing.stderr.contains("no-such-program"),
+            "{}",
+            missing.stderr
+        );
+
+        // Through the mock's real process: the per-container scratch directory persists.
+        let write = kubectl(
+            h,
+            &[
+                "exec",
+                "-n",
+                ns,
+                "box",
+                "--",
+                "sh",
+                "-c",
+                "echo kept > note",
+            ],
+            b"",
+        )
+        .await;
+        assert_eq!(write.code, Some(0), "{}", write.stderr);
+        let read = kubectl(h, &["exec", "-n", ns, "box", "--", "cat", "note"], b"").await;
+        assert_eq!(read.stdout, "kept\n");
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_exec_it_attach_and_port_forward() {
+    with_harness(async |h| {
+        let scene = start(h, "tty").await?;
+        let ns = scene.ns.as_str();
+
+        // -it needs a terminal on kubectl's side: `script` gives it one.
+        let command = format!(
+            "{} --kubeconfig {} exec -it -n {ns} box -- sh -c 'test -t 0 && test -t 1 && echo TTY-OK; stty size'",
+            h.kubectl().display(),
+            h.kubeconfig().display()
+        );
+        let mut script = tokio::process::Command::new("script")
+            .args(["-qec", &command, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("script runs");
+        // Keep script's stdin open until it ends: its EOF would end the session early.
+        let _stdin = script.stdin.take();
+        let mut out = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            script.stdout.take().unwrap().read_to_string(&mut out),
+        )
+        .await
+        .map_err(|_| failed("kubectl exec -it did not end"))?
+        .unwrap();
+        let status = script.wait().await.unwrap();
+        assert!(out.contains("TTY-OK"), "the command has a terminal: {out:?}");
+        assert!(status.success(), "{out:?}");
+        let size_line = out.lines().find(|l| l.trim().split(' ').count() == 2 && l.trim().chars().all(|c| c.is_ascii_digit() || c == ' '));
+        assert!(size_line.is_some(), "stty size printed rows and columns: {out:?}");
+
+        // attach: what the container writes after attaching.
+        let mut attach = tokio::process::Command::new(h.kubectl())
+            .arg("--kubeconfig")
+            .arg(h.kubeconfig())
+            .args(["attach", "-n", ns, "box", "-c", "app"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("kubectl attach runs");
+        let mut attached = tokio::io::BufReader::new(attach.stdout.take().unwrap()).lines();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = false;
+        while !seen && Instant::now() < deadline {
+            let response = reqwest::Client::new()
+                .post(format!("{}/admin/groups/{}/containers/app/log", scene.admin, scene.group))
+                .body("attached line\n")
+                .send()
+                .await
+                .map_err(|e| failed(format!("mock-eci admin: {e}")))?;
+            assert_eq!(response.status(), 204);
+            if let Ok(Ok(Some(line))) = tokio::time::timeout(Duration::from_secs(2), attached.next_line()).await {
+                seen = line == "attached line";
+            }
+        }
+        assert!(seen, "kubectl attach printed the container's new output");
+        let _ = attach.kill().await;
+
+        // port-forward: bytes both ways to the container's port.
+        let mut forward = tokio::process::Command::new(h.kubectl())
+            .arg("--kubeconfig")
+            .arg(h.kubeconfig())
+            .args(["port-forward", "-n", ns, "pod/box", ":8080"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("kubectl port-forward runs");
+        let mut lines = tokio::io::BufReader::new(forward.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .map_err(|_| failed("port-forward printed no address"))?
+            .unwrap()
+            .unwrap_or_default();
+        // "Forwarding from 127.0.0.1:PORT -> 8080"
+        let local = line
+            .split_whitespace()
+            .nth(2)
+            .ok_or_else(|| failed(format!("unexpected port-forward line {line:?}")))?
+            .to_owned();
+        for round in 0..3 {
+            let started = Instant::now();
+            let mut socket = tokio::net::TcpStream::connect(&local).await.unwrap();
+            let message = format!("ping {round} {}", "x".repeat(100_000));
+            socket.write_all(message.as_bytes()).await.unwrap();
+            let mut echoed = vec![0u8; message.len()];
+            tokio::time::timeout(Duration::from_secs(30), socket.read_exact(&mut echoed))
+                .await
+                .map_err(|_| failed("no echo through port-forward"))?
+                .unwrap();
+            assert!(echoed == message.as_bytes(), "the echo came back whole");
+            eprintln!("port-forward round trip of {} bytes: {:?}", message.len(), started.elapsed());
+        }
+        let _ = forward.kill().await;
+        Ok(())
+    })
+    .await;
+}
