@@ -456,22 +456,22 @@ async fn read_frames<R: AsyncRead + Unpin>(
                     shared.changed.notify_waiters();
                 }
                 Frame::Settings { entries, .. } => {
-                    for (_, id, value) in entries {
-                        match id {
-                            settings::INITIAL_WINDOW_SIZE => {
-                                if let Ok(mut flow) = shared.flow.lock() {
-                                    let delta = i64::from(value) - flow.initial;
-                                    flow.initial = i64::from(value);
-                                    flow.active = true;
-                                    for window in flow.streams.values_mut() {
-                                        *window += delta;
-                                    }
-                                }
-                                shared.changed.notify_waiters();
+                    // Only the initial window matters to us; the others are advisory.
+                    let initial = entries
+                        .iter()
+                        .rev()
+                        .find(|(_, id, _)| *id == settings::INITIAL_WINDOW_SIZE)
+                        .map(|(_, _, value)| i64::from(*value));
+                    if let Some(initial) = initial {
+                        if let Ok(mut flow) = shared.flow.lock() {
+                            let delta = initial - flow.initial;
+                            flow.initial = initial;
+                            flow.active = true;
+                            for window in flow.streams.values_mut() {
+                                *window += delta;
                             }
-                            settings::MAX_CONCURRENT_STREAMS => {}
-                            _ => {}
                         }
+                        shared.changed.notify_waiters();
                     }
                 }
                 Frame::Ping { id } => {

@@ -183,7 +183,7 @@ pub fn decode_one(input: &[u8]) -> Result<Option<(Frame, usize)>, SpdyError> {
         if version != VERSION {
             return Err(SpdyError::Version(version));
         }
-        control((first & 0xffff) as u16, flags, payload)?
+        control((first & 0xffff) as u16, flags, &payload)?
     };
     Ok(Some((frame, total)))
 }
@@ -208,44 +208,44 @@ fn need(
     }
 }
 
-fn control(kind: u16, flags: u8, payload: Bytes) -> Result<Frame, SpdyError> {
+fn control(kind: u16, flags: u8, payload: &Bytes) -> Result<Frame, SpdyError> {
     Ok(match kind {
         kind::SYN_STREAM => {
-            need("SYN_STREAM", &payload, None, 10)?;
+            need("SYN_STREAM", payload, None, 10)?;
             Frame::SynStream {
-                stream: be32(&payload, 0) & STREAM_MASK,
-                associated: be32(&payload, 4) & STREAM_MASK,
+                stream: be32(payload, 0) & STREAM_MASK,
+                associated: be32(payload, 4) & STREAM_MASK,
                 priority: payload[8] >> 5,
                 flags,
                 block: payload.slice(10..),
             }
         }
         kind::SYN_REPLY => {
-            need("SYN_REPLY", &payload, None, 4)?;
+            need("SYN_REPLY", payload, None, 4)?;
             Frame::SynReply {
-                stream: be32(&payload, 0) & STREAM_MASK,
+                stream: be32(payload, 0) & STREAM_MASK,
                 fin: flags & FLAG_FIN != 0,
                 block: payload.slice(4..),
             }
         }
         kind::HEADERS => {
-            need("HEADERS", &payload, None, 4)?;
+            need("HEADERS", payload, None, 4)?;
             Frame::Headers {
-                stream: be32(&payload, 0) & STREAM_MASK,
+                stream: be32(payload, 0) & STREAM_MASK,
                 fin: flags & FLAG_FIN != 0,
                 block: payload.slice(4..),
             }
         }
         kind::RST_STREAM => {
-            need("RST_STREAM", &payload, Some(8), 8)?;
+            need("RST_STREAM", payload, Some(8), 8)?;
             Frame::RstStream {
-                stream: be32(&payload, 0) & STREAM_MASK,
-                status: be32(&payload, 4),
+                stream: be32(payload, 0) & STREAM_MASK,
+                status: be32(payload, 4),
             }
         }
         kind::SETTINGS => {
-            need("SETTINGS", &payload, None, 4)?;
-            let count = be32(&payload, 0) as usize;
+            need("SETTINGS", payload, None, 4)?;
+            let count = be32(payload, 0) as usize;
             if count.checked_mul(8).and_then(|n| n.checked_add(4)) != Some(payload.len()) {
                 return Err(SpdyError::Length {
                     kind: "SETTINGS",
@@ -255,11 +255,11 @@ fn control(kind: u16, flags: u8, payload: Bytes) -> Result<Frame, SpdyError> {
             let entries = (0..count)
                 .map(|i| {
                     let at = 4 + i * 8;
-                    let word = be32(&payload, at);
+                    let word = be32(payload, at);
                     (
                         (word >> 24) as u8,
                         word & 0x00ff_ffff,
-                        be32(&payload, at + 4),
+                        be32(payload, at + 4),
                     )
                 })
                 .collect();
@@ -269,23 +269,23 @@ fn control(kind: u16, flags: u8, payload: Bytes) -> Result<Frame, SpdyError> {
             }
         }
         kind::PING => {
-            need("PING", &payload, Some(4), 4)?;
+            need("PING", payload, Some(4), 4)?;
             Frame::Ping {
-                id: be32(&payload, 0),
+                id: be32(payload, 0),
             }
         }
         kind::GOAWAY => {
-            need("GOAWAY", &payload, Some(8), 8)?;
+            need("GOAWAY", payload, Some(8), 8)?;
             Frame::GoAway {
-                last_good: be32(&payload, 0) & STREAM_MASK,
-                status: be32(&payload, 4),
+                last_good: be32(payload, 0) & STREAM_MASK,
+                status: be32(payload, 4),
             }
         }
         kind::WINDOW_UPDATE => {
-            need("WINDOW_UPDATE", &payload, Some(8), 8)?;
+            need("WINDOW_UPDATE", payload, Some(8), 8)?;
             Frame::WindowUpdate {
-                stream: be32(&payload, 0) & STREAM_MASK,
-                delta: be32(&payload, 4) & STREAM_MASK,
+                stream: be32(payload, 0) & STREAM_MASK,
+                delta: be32(payload, 4) & STREAM_MASK,
             }
         }
         other => Frame::Unknown { kind: other },

@@ -439,11 +439,8 @@ pub(super) fn complete_json_values(pending: &mut Vec<u8>) -> Vec<Vec<u8>> {
                 values.push(value.to_string().into_bytes());
             }
             Some(Err(error)) if error.is_eof() => break,
-            Some(Err(_)) => {
-                consumed = pending.len();
-                break;
-            }
-            None => {
+            // Garbage (or nothing left): drop it all.
+            Some(Err(_)) | None => {
                 consumed = pending.len();
                 break;
             }
