@@ -124,7 +124,9 @@ async fn three_replicas_give_three_ready_tainted_nodes_that_survive_restarts() {
             assert_eq!(quantity(&node["status"]["capacity"]["pods"]), 3000.0, "{node}");
             assert_eq!(quantity(&node["status"]["allocatable"]["cpu"]), 6000.0, "{node}");
             assert_eq!(node["status"]["addresses"], json!([{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}]));
-            assert_eq!(node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
+            // The port the harness gave this daemon's kubelet API (one per process on the host).
+            let kubelet_port = h.kubelet_port(&name).expect("the harness started this daemon");
+            assert_eq!(node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"], kubelet_port);
             assert_eq!(lease(h, &name).await["spec"]["holderIdentity"], name.as_str());
         }
 

@@ -201,6 +201,9 @@ fn statefulset(w: &Webhook, mock: &MockEciEndpoints) -> StatefulSet {
         // mock-eci runs on the host, whose network the host agent's pods share.
         ("ECI_BACKEND", grpc.as_str()),
         ("ECI_CLUSTER_NAME", &format!("e2e-{}", w.name)),
+        // The ConfigMap (dropped above) would give them; mock-eci checks them as ECI does.
+        ("ECI_VSWITCH", "vsw-e2e"),
+        ("ECI_SECURITY_GROUP", "sg-e2e"),
         ("WEBHOOK_SERVICE", &w.name),
         ("WEBHOOK_CONFIGURATION", &w.name),
         ("WEBHOOK_SECRET", &w.secret),
