@@ -26,7 +26,7 @@ pub mod frame;
 pub mod headers;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use conn::{Connection, Stream, StreamWriter};
 pub use frame::Frame;

@@ -236,26 +236,26 @@ fn decode_never_panics_on_mangled_input() {
     }
 }
 
-mod connection {
+pub(crate) mod connection {
     use std::time::Duration;
 
     use bytes::{Bytes, BytesMut};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 
     use super::super::Connection;
     use super::super::frame::{Frame, decode_one, encode};
     use super::super::headers::{Deflater, Headers, Inflater};
 
     /// A client driven by hand with the codec: what spdystream does, frame by frame.
-    pub(crate) struct Client {
-        io: DuplexStream,
+    pub(crate) struct Client<T = DuplexStream> {
+        io: T,
         deflater: Deflater,
         pub(crate) inflater: Inflater,
         buffer: BytesMut,
     }
 
-    impl Client {
-        pub(crate) fn new(io: DuplexStream) -> Self {
+    impl<T: AsyncRead + AsyncWrite + Unpin> Client<T> {
+        pub(crate) fn new(io: T) -> Self {
             Self {
                 io,
                 deflater: Deflater::default(),

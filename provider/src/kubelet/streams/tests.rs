@@ -128,3 +128,366 @@ fn websocket_framing_binary_and_base64() {
     assert_eq!(base64.decode(&Message::Text("x!!".into())), None);
     assert_eq!(base64.decode(&Message::Binary(vec![0].into())), None);
 }
+
+/// The routes served in process against an embedded mock-eci (real processes, echo ports) and a
+/// Kubernetes API that knows one pod, driven by hand: SPDY with our codec, WebSocket with
+/// tungstenite.
+mod in_process {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use clap::Parser as _;
+    use eci_proto::v20180808::{
+        Container, CreateContainerGroupRequest, DescribeContainerGroupsRequest, Port,
+    };
+    use futures::{SinkExt as _, StreamExt as _};
+    use serde_json::{Value, json};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpStream;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+
+    use crate::config::KubeletConfig;
+    use crate::eci::Backend;
+    use crate::eci::GrpcBackend;
+    use crate::kubelet::spdy::Frame;
+    use crate::kubelet::spdy::tests::connection::Client;
+    use crate::kubelet::{KubeletState, auth};
+    use crate::ops::metrics::Telemetry;
+
+    const NODE: &str = "vn-0";
+    const ECHO_PORT: u16 = 18_090;
+
+    struct Scene {
+        addr: std::net::SocketAddr,
+        _mock: mock_eci::MockServer,
+    }
+
+    /// A Kubernetes API answering every request with the pod `ns/box` on this node.
+    fn kube_client(group: &str) -> kube::Client {
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "box", "namespace": "ns", "uid": "uid-1",
+                "annotations": {"k8s.aliyun.com/eci-instance-id": group}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "app:1"}]},
+        })
+        .to_string();
+        let service =
+            tower::service_fn(move |_request: axum::http::Request<kube::client::Body>| {
+                let pod = pod.clone();
+                async move {
+                    Ok::<_, std::convert::Infallible>(
+                        axum::http::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(kube::client::Body::from(pod.into_bytes()))
+                            .expect("response"),
+                    )
+                }
+            });
+        kube::Client::new(service, "default")
+    }
+
+    async fn scene() -> Scene {
+        let config = mock_eci::MockConfig::parse_from([
+            "mock-eci",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--provisioning-delay",
+            "50ms",
+            "--scheduling-delay",
+            "10ms",
+            "--no-rate-limits",
+            "--ip-cidr",
+            "127.79.0.0/16",
+            "--port-echo",
+        ]);
+        let mock = mock_eci::MockServer::start(config).await.expect("mock-eci");
+        let eci: Backend = Arc::new(GrpcBackend::connect_lazy(&mock.endpoint()).expect("endpoint"));
+        let group = eci
+            .create_container_group(CreateContainerGroupRequest {
+                region_id: "cn-hangzhou".into(),
+                security_group_id: "sg-1".into(),
+                v_switch_id: "vsw-1".into(),
+                container_group_name: "ns-box".into(),
+                container: vec![Container {
+                    name: "app".into(),
+                    image: "app:1".into(),
+                    port: vec![Port {
+                        port: i32::from(ECHO_PORT),
+                        protocol: "TCP".into(),
+                    }],
+                    ..Container::default()
+                }],
+                ..CreateContainerGroupRequest::default()
+            })
+            .await
+            .expect("group")
+            .container_group_id;
+        let mut ip = String::new();
+        for _ in 0..100 {
+            let groups = eci
+                .describe_container_groups(DescribeContainerGroupsRequest {
+                    region_id: "cn-hangzhou".into(),
+                    container_group_ids: vec![group.clone()],
+                    ..DescribeContainerGroupsRequest::default()
+                })
+                .await
+                .expect("describe");
+            if let Some(running) = groups
+                .container_groups
+                .first()
+                .filter(|g| g.status == "Running")
+            {
+                ip.clone_from(&running.intranet_ip);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // mock-eci's echo listener follows the group within half a second.
+        for _ in 0..100 {
+            if TcpStream::connect((ip.as_str(), ECHO_PORT)).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let client = kube_client(&group);
+        let state = KubeletState {
+            config: Arc::new(KubeletConfig {
+                node_name: NODE.into(),
+                internal_ip: "127.0.0.1".parse().expect("ip"),
+                listen: "127.0.0.1:0".parse().expect("addr"),
+                cert_dir: None,
+                client_ca_file: None,
+                log_poll_interval: Duration::from_millis(100),
+                region: "cn-hangzhou".into(),
+            }),
+            client: client.clone(),
+            eci,
+            telemetry: Arc::new(Telemetry::new()),
+            guard: Arc::new(auth::Guard::new(
+                NODE.into(),
+                Arc::new(auth::ApiReviewer::new(client)),
+                Arc::new(auth::ClientCa::default()),
+            )),
+            stop: tokio_util::sync::CancellationToken::new(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, super::routes().with_state(state)).await;
+        });
+        Scene { addr, _mock: mock }
+    }
+
+    /// Sends the upgrade request and reads the answer's head.
+    async fn upgrade(
+        addr: std::net::SocketAddr,
+        path: &str,
+        protocols: &[&str],
+    ) -> (TcpStream, String) {
+        let mut socket = TcpStream::connect(addr).await.expect("connect");
+        let mut request = format!(
+            "POST {path} HTTP/1.1\r\nHost: kubelet\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nContent-Length: 0\r\n"
+        );
+        for protocol in protocols {
+            request.push_str(&format!("X-Stream-Protocol-Version: {protocol}\r\n"));
+        }
+        request.push_str("\r\n");
+        socket.write_all(request.as_bytes()).await.expect("write");
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            if socket.read(&mut byte).await.expect("read") == 0 {
+                break;
+            }
+            head.push(byte[0]);
+        }
+        (socket, String::from_utf8_lossy(&head).to_lowercase())
+    }
+
+    /// Reads frames until every stream in `ids` ended; the data per stream.
+    async fn collect(client: &mut Client<TcpStream>, ids: &[u32]) -> Vec<Vec<u8>> {
+        let mut data = vec![Vec::new(); ids.len()];
+        let mut open: Vec<u32> = ids.to_vec();
+        while !open.is_empty() {
+            match client.next().await {
+                Some(Frame::Data {
+                    stream,
+                    fin,
+                    data: chunk,
+                }) => {
+                    if let Some(i) = ids.iter().position(|id| *id == stream) {
+                        data[i].extend_from_slice(&chunk);
+                    }
+                    if fin {
+                        open.retain(|id| *id != stream);
+                    }
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        data
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spdy_exec_websocket_exec_and_spdy_port_forward() {
+        let scene = scene().await;
+
+        // SPDY exec: stdin through a shell, stdout, stderr and the exit code.
+        let path = "/exec/ns/box/app?command=sh&command=-c&command=cat%3B+echo+oops+%3E%262%3B+exit+3&input=1&output=1&error=1";
+        let (socket, head) = upgrade(
+            scene.addr,
+            path,
+            &["v4.channel.k8s.io", "v5.channel.k8s.io"],
+        )
+        .await;
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        assert!(
+            head.contains("x-stream-protocol-version: v5.channel.k8s.io"),
+            "{head}"
+        );
+        let mut client = Client::new(socket);
+        for (id, kind) in [(1, "error"), (3, "stdin"), (5, "stdout"), (7, "stderr")] {
+            client.open(id, &[("streamtype", kind)], false).await;
+        }
+        client
+            .send(Frame::Data {
+                stream: 3,
+                fin: true,
+                data: Bytes::from_static(b"hi\n"),
+            })
+            .await;
+        let [error, stdout, stderr]: [Vec<u8>; 3] = collect(&mut client, &[1, 5, 7])
+            .await
+            .try_into()
+            .expect("three");
+        assert_eq!(stdout, b"hi\n");
+        assert_eq!(stderr, b"oops\n");
+        let status: Value = serde_json::from_slice(&error).expect("a Status");
+        assert_eq!(status["status"], "Failure");
+        assert_eq!(status["reason"], "NonZeroExitCode");
+        assert_eq!(
+            status["details"]["causes"][0],
+            json!({"reason": "ExitCode", "message": "3"})
+        );
+
+        // No common protocol: 403, as the kubelet answers.
+        let (_, head) = upgrade(scene.addr, path, &["v9.channel.k8s.io"]).await;
+        assert!(head.starts_with("http/1.1 403"), "{head}");
+        // A pod of another node is 404; a missing command is 400.
+        let (_, head) = upgrade(
+            scene.addr,
+            "/exec/ns/box/uid-2/app?command=true&output=1",
+            &["v5.channel.k8s.io"],
+        )
+        .await;
+        assert!(head.starts_with("http/1.1 404"), "{head}");
+        let (_, head) = upgrade(
+            scene.addr,
+            "/exec/ns/box/app?output=1",
+            &["v5.channel.k8s.io"],
+        )
+        .await;
+        assert!(head.starts_with("http/1.1 400"), "{head}");
+
+        // WebSocket exec (v5): stdin closed by the close signal.
+        let url = format!(
+            "ws://{}/exec/ns/box/app?command=cat&input=1&output=1&error=1",
+            scene.addr
+        );
+        let mut request = url.into_client_request().expect("request");
+        request.headers_mut().insert(
+            "sec-websocket-protocol",
+            "v5.channel.k8s.io".parse().expect("header"),
+        );
+        let (mut ws, response) = tokio_tungstenite::connect_async(request).await.expect("ws");
+        assert_eq!(
+            response.headers()["sec-websocket-protocol"],
+            "v5.channel.k8s.io"
+        );
+        ws.send(Message::Binary(b"\x00over websocket".to_vec().into()))
+            .await
+            .expect("send");
+        ws.send(Message::Binary(vec![255, 0].into()))
+            .await
+            .expect("close stdin");
+        let (mut out, mut status) = (Vec::new(), Value::Null);
+        while let Some(Ok(message)) = ws.next().await {
+            if let Message::Binary(data) = message {
+                match data.split_first() {
+                    Some((1, rest)) => out.extend_from_slice(rest),
+                    Some((3, rest)) => status = serde_json::from_slice(rest).expect("status"),
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!(out, b"over websocket");
+        assert_eq!(status["status"], "Success");
+
+        // SPDY port-forward: a pair per connection, bytes both ways to the group's port.
+        let (socket, head) =
+            upgrade(scene.addr, "/portForward/ns/box", &["portforward.k8s.io"]).await;
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        let mut client = Client::new(socket);
+        let port = ECHO_PORT.to_string();
+        client
+            .open(
+                1,
+                &[("streamtype", "error"), ("port", &port), ("requestid", "0")],
+                true,
+            )
+            .await;
+        client
+            .open(
+                3,
+                &[("streamtype", "data"), ("port", &port), ("requestid", "0")],
+                false,
+            )
+            .await;
+        let mut echoed = Vec::new();
+        client
+            .send(Frame::Data {
+                stream: 3,
+                fin: true,
+                data: Bytes::from_static(b"ping"),
+            })
+            .await;
+        let [error, data]: [Vec<u8>; 2] =
+            collect(&mut client, &[1, 3]).await.try_into().expect("two");
+        echoed.extend_from_slice(&data);
+        assert_eq!(
+            echoed,
+            b"ping",
+            "error stream: {}",
+            String::from_utf8_lossy(&error)
+        );
+        assert!(error.is_empty());
+        // A port nothing listens on: the error stream says so.
+        client
+            .open(
+                5,
+                &[("streamtype", "error"), ("port", "1"), ("requestid", "1")],
+                true,
+            )
+            .await;
+        client
+            .open(
+                7,
+                &[("streamtype", "data"), ("port", "1"), ("requestid", "1")],
+                false,
+            )
+            .await;
+        let [error, _]: [Vec<u8>; 2] = collect(&mut client, &[5, 7]).await.try_into().expect("two");
+        let error = String::from_utf8_lossy(&error);
+        assert!(
+            error.starts_with("error forwarding port 1 to pod ns/box, uid uid-1:"),
+            "{error}"
+        );
+    }
+}
