@@ -412,7 +412,7 @@ mod tests {
             .containers
             .iter()
             .find(|c| c.name == container)
-            .and_then(|c| c.cpu.clone())
+            .and_then(|c| c.cpu)
             .expect("the container's CPU");
         (cpu.usage_nano_cores, cpu.usage_core_nano_seconds)
     }
@@ -501,7 +501,7 @@ mod tests {
         let before = cpu_of(&read(&mut engine, id, 120_000), "app").1;
         assert!(before >= 60_000_000_000, "{before}");
         let record = read(&mut engine, id, 120_000);
-        let memory = record.containers[0].memory.clone().expect("memory");
+        let memory = record.containers[0].memory.expect("memory");
         assert_eq!(memory.working_set, 1_048_576);
         let region = engine.settings().region.clone();
         engine

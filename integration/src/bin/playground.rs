@@ -40,6 +40,10 @@ struct Args {
     /// temporary directory, removed at exit).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Run metrics-server, so `kubectl top` and HorizontalPodAutoscalers work
+    /// (`--metrics-server false` saves its start-up and its scrapes).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    metrics_server: bool,
     /// Only the control plane, the host node and the ECS nodes: no mock-eci, no daemons (the
     /// end-to-end harness deploys what each test needs).
     #[arg(long, hide = true)]
@@ -105,6 +109,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     say("building or finding the upstream binaries (a cold build prints its progress)");
     let mut options = ControlPlaneOptions::new(&dir);
     options.ecs_nodes = args.ecs_nodes;
+    options.metrics_server = args.metrics_server;
     let plane = tokio::select! {
         plane = ControlPlane::start(options) => plane.context("start the control plane")?,
         () = &mut stop => return Ok(()),
@@ -165,7 +170,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(Ok(())) = outcome {
         if !args.bare {
-            instructions(&dir, args.replicas);
+            instructions(&dir, args.replicas, args.metrics_server);
         }
         stop.await;
     }
@@ -211,7 +216,7 @@ fn write_env(dir: &Path, contents: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn instructions(dir: &Path, replicas: u32) {
+fn instructions(dir: &Path, replicas: u32, metrics_server: bool) {
     println!(
         "virtual-node-eci playground: a real control plane, {replicas} virtual node(s), mock-eci as ECI; logs in {}",
         dir.display()
@@ -225,6 +230,14 @@ fn instructions(dir: &Path, replicas: u32) {
     );
     println!("kubectl -n demo create deployment web --image=nginx --replicas=4");
     println!("kubectl -n demo get pods -o wide");
+    if metrics_server {
+        println!(
+            "kubectl -n demo top pod   # figures from ECI's metric calls, scraped by metrics-server every 10 s"
+        );
+        println!(
+            "curl -s -X PUT $MOCK_ECI_ADMIN/admin/usage -d '{{\"rules\": [{{\"group_name_prefix\": \"demo-web-\", \"cpu\": 0.5}}]}}' -H 'content-type: application/json'   # their load"
+        );
+    }
     println!("kubectl -n kube-system scale statefulset virtual-node-eci --replicas=4");
     println!("curl -s $MOCK_ECI_ADMIN/admin/groups   # mock-eci's container groups");
     println!();

@@ -59,10 +59,18 @@ pub struct Pki {
     pub scheduler: CertFiles,
     /// The service-account token signing key (private) and its public half.
     pub service_account: CertFiles,
+    /// metrics-server's identity, towards the apiserver and the kubelets.
+    pub metrics_server: CertFiles,
+    /// metrics-server's serving certificate (`metrics-server.kube-system.svc`, the name the
+    /// aggregator checks).
+    pub metrics_server_serving: CertFiles,
 }
 
 /// The CN (the user) of the apiserver's client certificate towards kubelets.
 pub(super) const APISERVER_KUBELET_CLIENT: &str = "kube-apiserver-kubelet-client";
+
+/// The CN (the user) of metrics-server's client certificate.
+pub(super) const METRICS_SERVER_USER: &str = "metrics-server";
 
 /// The CN of the front-proxy client, the one name aggregated APIs accept request headers from.
 pub(super) const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
@@ -182,6 +190,17 @@ impl Pki {
             Authority::new(dir, "front-proxy-ca", "virtual-node-eci e2e front-proxy CA")?;
         let front_proxy_client =
             front_proxy.issue(dir, "front-proxy-client", FRONT_PROXY_CLIENT, &[], &[])?;
+        let metrics_server = ca.issue(dir, "metrics-server", METRICS_SERVER_USER, &[], &[])?;
+        let metrics_server_serving = ca.issue(
+            dir,
+            "metrics-server-serving",
+            "metrics-server",
+            &[],
+            &[
+                "metrics-server.kube-system.svc",
+                "metrics-server.kube-system.svc.cluster.local",
+            ],
+        )?;
         let signing = KeyPair::generate().map_err(generate("service-account key"))?;
         let service_account = CertFiles {
             cert: dir.join("service-account.pub"),
@@ -199,6 +218,8 @@ impl Pki {
             controller_manager,
             scheduler,
             service_account,
+            metrics_server,
+            metrics_server_serving,
         })
     }
 }

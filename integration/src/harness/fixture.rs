@@ -23,6 +23,14 @@ use crate::process::binary;
 /// The daemon's ServiceAccount (`deploy/base/serviceaccount.yaml`).
 pub const DAEMON_SERVICE_ACCOUNT: (&str, &str) = ("kube-system", "virtual-node-eci");
 
+/// What a test binary's fixture runs besides the control plane, the host node and the ECS
+/// nodes. The first test of a binary to start a harness decides (the cluster is shared).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FixtureOptions {
+    /// metrics-server (the Metrics API behind `kubectl top` and the HPA).
+    pub metrics_server: bool,
+}
+
 /// What every test of this binary shares.
 #[derive(Debug)]
 pub(super) struct Shared {
@@ -45,14 +53,19 @@ static SHARED: OnceCell<Shared> = OnceCell::const_new();
 
 /// The shared cluster, started by the first test that asks.
 pub(super) async fn shared() -> Result<&'static Shared, HarnessError> {
-    SHARED.get_or_try_init(start).await
+    shared_with(FixtureOptions::default()).await
+}
+
+/// The shared cluster, started with `options` if this is the first ask.
+pub(super) async fn shared_with(options: FixtureOptions) -> Result<&'static Shared, HarnessError> {
+    SHARED.get_or_try_init(|| start(options)).await
 }
 
 fn setup(message: impl Into<String>) -> HarnessError {
     HarnessError::Setup(message.into())
 }
 
-async fn start() -> Result<Shared, HarnessError> {
+async fn start(options: FixtureOptions) -> Result<Shared, HarnessError> {
     let upstream = Upstream::locate()
         .await
         .map_err(|e| setup(format!("upstream binaries: {e}")))?;
@@ -65,7 +78,16 @@ async fn start() -> Result<Shared, HarnessError> {
         (PathBuf::from(path), None, false)
     } else {
         let mut child = std::process::Command::new(binary("integration", "playground")?)
-            .args(["--bare", "--stop-on-stdin-eof", "--ecs-nodes", "2", "--dir"])
+            .args(["--bare", "--stop-on-stdin-eof", "--ecs-nodes", "2"])
+            .args([
+                "--metrics-server",
+                if options.metrics_server {
+                    "true"
+                } else {
+                    "false"
+                },
+            ])
+            .arg("--dir")
             .arg(&dir)
             // The directory (logs, PKI, the host's pods) goes with the playground unless asked
             // to stay for a post-mortem; a failing test prints the tails it needs first.

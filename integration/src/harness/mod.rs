@@ -16,7 +16,7 @@ use serde_json::Value;
 
 pub use crate::process::{Process, ProcessError, binary, build_binaries, free_port};
 pub use disruption::SecondApiserver;
-pub use fixture::DAEMON_SERVICE_ACCOUNT;
+pub use fixture::{DAEMON_SERVICE_ACCOUNT, FixtureOptions};
 
 /// Setting up or running a scenario failed.
 #[derive(Debug, thiserror::Error)]
@@ -132,11 +132,18 @@ impl Harness {
     /// Joins the test binary's cluster (starting it on first use) with a fresh scratch
     /// directory and run id.
     pub async fn start() -> Result<Self, HarnessError> {
+        Self::start_with(FixtureOptions::default()).await
+    }
+
+    /// [`Self::start`], asking for `options` in the fixture if this is the binary's first
+    /// harness (the cluster is shared: the first one decides; with `E2E_KUBECONFIG` the
+    /// cluster has what it has).
+    pub async fn start_with(options: FixtureOptions) -> Result<Self, HarnessError> {
         let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
             what: "create a temporary directory".into(),
             source,
         })?;
-        let shared = fixture::shared().await?;
+        let shared = fixture::shared_with(options).await?;
         let (client, api_url) = client_for(&shared.kubeconfig).await?;
         let kind = if shared.fixture {
             ClusterKind::Fixture
