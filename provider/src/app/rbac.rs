@@ -17,6 +17,7 @@ const ALL: &[&[Access]] = &[
     crate::pods::services::KUBE_API,
     crate::admission::KUBE_API,
     crate::kubelet::auth::KUBE_API,
+    crate::kubelet::certs::KUBE_API,
     crate::kubelet::pods::KUBE_API,
     crate::kubelet::metrics::KUBE_API,
     crate::ops::events::KUBE_API,

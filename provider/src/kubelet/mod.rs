@@ -127,7 +127,7 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|source| KubeletError::Listen { address, source })?;
-    let (certificate, keep_certificate) = certs::serving(&config, stop.clone())?;
+    let (certificate, keep_certificate) = certs::serving(&config, client.clone(), stop.clone())?;
     let server = TlsServer::new(
         certificate,
         ClientAuth::Verify(Arc::new(auth::RequestClientCertificate::default())),

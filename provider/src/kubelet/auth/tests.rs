@@ -191,8 +191,7 @@ impl Reviewer for FakeReviewer {
         Ok(node == "vn-0"
             && self
                 .grants
-                .iter()
-                .any(|grant| *grant == (user.name.as_str(), verb, subresource)))
+                .contains(&(user.name.as_str(), verb, subresource)))
     }
 }
 

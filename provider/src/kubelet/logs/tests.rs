@@ -230,7 +230,9 @@ fn since_comes_before_tail() {
 #[test]
 fn polled_pages_merge_without_duplicates_or_losses() {
     // (pages as ECI returns them from the last timestamp on, the lines expected new from each)
-    let table: &[(&str, &[&[(&str, &str)]], &[&str])] = &[
+    /// (what the case shows, the pages ECI returns one poll after another, the lines written)
+    type Case<'a> = (&'a str, &'a [&'a [(&'a str, &'a str)]], &'a [&'a str]);
+    let table: &[Case<'_>] = &[
         (
             "pages that overlap on the last timestamp",
             &[
@@ -338,7 +340,7 @@ fn output_strips_or_writes_timestamps_and_counts_limit_bytes() {
     );
 }
 
-fn pod(phase: &str, container: serde_json::Value) -> Pod {
+fn pod(phase: &str, container: &serde_json::Value) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1"},
         "spec": {"containers": [{"name": "app"}]},
@@ -352,14 +354,14 @@ fn a_follow_ends_with_its_container_instance() {
     let status = |restarts: i32, state: serde_json::Value| json!({"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": restarts, "state": state});
     let running = status(1, json!({"running": {}}));
     assert_eq!(
-        instance(Some(&pod("Running", running.clone())), "uid-1", "app", 1),
+        instance(Some(&pod("Running", &running)), "uid-1", "app", 1),
         Instance::Running
     );
     assert_eq!(
         instance(
             Some(&pod(
                 "Running",
-                status(1, json!({"terminated": {"exitCode": 0}}))
+                &status(1, json!({"terminated": {"exitCode": 0}}))
             )),
             "uid-1",
             "app",
@@ -369,7 +371,7 @@ fn a_follow_ends_with_its_container_instance() {
     );
     assert_eq!(
         instance(
-            Some(&pod("Running", status(2, json!({"running": {}})))),
+            Some(&pod("Running", &status(2, json!({"running": {}})))),
             "uid-1",
             "app",
             1
@@ -377,7 +379,7 @@ fn a_follow_ends_with_its_container_instance() {
         Instance::Restarted
     );
     assert_eq!(
-        instance(Some(&pod("Succeeded", running.clone())), "uid-1", "app", 1),
+        instance(Some(&pod("Succeeded", &running)), "uid-1", "app", 1),
         Instance::Ended
     );
     assert_eq!(
@@ -386,7 +388,7 @@ fn a_follow_ends_with_its_container_instance() {
         "pod gone"
     );
     assert_eq!(
-        instance(Some(&pod("Running", running)), "uid-2", "app", 1),
+        instance(Some(&pod("Running", &running)), "uid-2", "app", 1),
         Instance::Ended,
         "another pod of the same name"
     );
@@ -394,7 +396,7 @@ fn a_follow_ends_with_its_container_instance() {
         instance(
             Some(&pod(
                 "Pending",
-                status(0, json!({"waiting": {"reason": "ContainerCreating"}}))
+                &status(0, json!({"waiting": {"reason": "ContainerCreating"}}))
             )),
             "uid-1",
             "app",
