@@ -199,7 +199,7 @@ impl OrphanCollector {
                     debug!(error = %Chain(&error), "could not release the orphan collector election; it expires instead");
                 }
                 Err(_) => {
-                    debug!("releasing the orphan collector election timed out; it expires instead")
+                    debug!("releasing the orphan collector election timed out; it expires instead");
                 }
             }
         }
