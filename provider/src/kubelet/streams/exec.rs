@@ -462,6 +462,7 @@ async fn attach(
     // Output from now on: what the container writes after the client attached.
     let mut since = jiff::Timestamp::now();
     let mut seen_at_since: Vec<String> = Vec::new();
+    let mut polls = 0u64;
     loop {
         let answer = state
             .eci
@@ -500,10 +501,30 @@ async fn attach(
                 }
             }
         }
+        polls += 1;
+        // The container's end ends the attach (checked every few polls: one pod read each).
+        if polls % 4 == 0 && !still_running(state, target).await {
+            return Ok(success());
+        }
         tokio::select! {
             () = tokio::time::sleep(state.config.log_poll_interval) => {}
             () = streams.gone.cancelled() => return Ok(success()),
             () = state.stop.cancelled() => return Ok(success()),
         }
+    }
+}
+
+/// Whether the attached container still runs (the pod, this pod, still on this node).
+async fn still_running(state: &KubeletState, target: &Target) -> bool {
+    match state.pod_on_this_node(&target.namespace, &target.pod).await {
+        Ok(Some(pod)) => {
+            pod.metadata.uid.as_deref() == Some(target.uid.as_str())
+                && super::super::pods::container_status(&pod, &target.container)
+                    .and_then(|status| status.state.as_ref())
+                    .is_none_or(|state| state.terminated.is_none())
+        }
+        Ok(None) => false,
+        // The API could not say: keep attached rather than cut a live session.
+        Err(_) => true,
     }
 }
