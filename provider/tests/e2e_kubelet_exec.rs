@@ -22,14 +22,12 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
 const WAIT: Duration = Duration::from_secs(90);
-/// Group IPs on this host's loopback, so port-forward reaches mock-eci's echo listeners.
+/// mock-eci's flags but the IP block.
 const MOCK: &[&str] = &[
     "--provisioning-delay",
     "300ms",
     "--scheduling-delay",
     "50ms",
-    "--ip-cidr",
-    "127.77.0.0/16",
     "--port-echo",
 ];
 const DAEMON: &[(&str, &str)] = &[
@@ -62,10 +60,14 @@ struct Scene {
     group: String,
 }
 
-/// mock-eci, one daemon, and a running pod `box` with container `app` (port 8080).
-async fn start(h: &mut Harness, suffix: &str) -> Result<Scene, HarnessError> {
+/// mock-eci, one daemon, and a running pod `box` with container `app` (port 8080). Group IPs
+/// come from `cidr` on this host's loopback, so port-forward reaches mock-eci's echo
+/// listeners; each scenario has its own block, as the tests of this binary run side by side.
+async fn start(h: &mut Harness, suffix: &str, cidr: &str) -> Result<Scene, HarnessError> {
     let ns = h.create_namespace(suffix).await?;
-    let mock = h.start_mock_eci(MOCK).await?;
+    let mut flags = MOCK.to_vec();
+    flags.extend(["--ip-cidr", cidr]);
+    let mock = h.start_mock_eci(&flags).await?;
     h.start_daemon(0, DAEMON)?;
     let node = h.node_name(0);
     let pod: Pod = serde_json::from_value(json!({
@@ -144,7 +146,7 @@ async fn kubectl(h: &Harness, args: &[&str], stdin: &[u8]) -> Run {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_exec_carries_stdin_output_exit_codes_and_exact_arguments() {
     with_harness(async |h| {
-        let scene = start(h, "exec").await?;
+        let scene = start(h, "exec", "127.77.0.0/16").await?;
         let ns = scene.ns.as_str();
 
         let started = Instant::now();
@@ -257,7 +259,7 @@ async fn kubectl_exec_carries_stdin_output_exit_codes_and_exact_arguments() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_exec_it_attach_and_port_forward() {
     with_harness(async |h| {
-        let scene = start(h, "tty").await?;
+        let scene = start(h, "tty", "127.76.0.0/16").await?;
         let ns = scene.ns.as_str();
 
         // -it needs a terminal on kubectl's side: `script` gives it one.

@@ -475,3 +475,27 @@ pub(crate) mod connection {
         assert_eq!(reader.await.expect("join"), 64 * 1024);
     }
 }
+
+#[test]
+fn decode_survives_random_input() {
+    // A deterministic stand-in for the fuzz target: random bytes, and random bytes behind a
+    // valid control-frame header (so the type-specific parsers and the inflater see them).
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for round in 0..20_000u32 {
+        let length = (next() % 64) as usize;
+        let mut input: Vec<u8> = (0..length).map(|_| next() as u8).collect();
+        if round % 2 == 0 {
+            let kind = (next() % 11) as u8;
+            let mut header = vec![0x80, 0x03, 0x00, kind, 0, 0, 0, length as u8];
+            header.append(&mut input);
+            input = header;
+        }
+        let _ = decode(&input);
+    }
+}
