@@ -180,7 +180,10 @@ impl MockEci {
     }
 
     /// Puts load rules in force from now on; invalid rules change nothing.
-    pub fn set_loads(&self, rules: crate::usage::LoadRules) -> Result<crate::usage::LoadRules, String> {
+    pub fn set_loads(
+        &self,
+        rules: crate::usage::LoadRules,
+    ) -> Result<crate::usage::LoadRules, String> {
         let now = self.now();
         let mut engine = self.engine();
         engine.set_loads(rules, now)?;
