@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use integration::cluster::metrics_server::{API_SERVICE, RESOLUTION, available};
-use integration::harness::{ClusterKind, FixtureOptions, Harness, HarnessError};
+use integration::harness::{ClusterKind, EciApi, FixtureOptions, Harness, HarnessError};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Pod;
@@ -111,9 +111,11 @@ struct Scene {
     kubelet: String,
 }
 
-async fn start(h: &mut Harness, suffix: &str) -> Result<Scene, HarnessError> {
+/// The test's namespace, mock-eci (reached through `api`) and one daemon.
+async fn start(h: &mut Harness, suffix: &str, api: EciApi) -> Result<Scene, HarnessError> {
     require_metrics_api(h).await?;
     let ns = h.create_namespace(suffix).await?;
+    h.use_eci_api(api);
     let mock = h.start_mock_eci(FAST_MOCK).await?;
     let process = h.start_daemon(0, FAST_DAEMON)?;
     let port = h
@@ -336,30 +338,33 @@ async fn wait_top(
     Ok(started.elapsed())
 }
 
+/// Creates the pod `busy` on the scene's node and waits until it runs with its group recorded.
+async fn run_busy_pod(h: &Harness, scene: &Scene) -> Result<(), HarnessError> {
+    let labels = json!({"app": "busy"});
+    let mut pod = template(&labels, &scene.node);
+    pod["metadata"]["name"] = json!("busy");
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    let pods: Api<Pod> = Api::namespaced(h.client(), &scene.ns);
+    pods.create(&PostParams::default(), &pod).await?;
+    h.wait_for("pod busy running, its group recorded", WAIT, |_| {
+        let pods = pods.clone();
+        async move {
+            pods.get_opt("busy").await.ok().flatten().is_some_and(|p| {
+                p.status.and_then(|s| s.phase).as_deref() == Some("Running")
+                    && p.metadata
+                        .annotations
+                        .is_some_and(|a| a.contains_key(INSTANCE_ID))
+            })
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_top_follows_the_load_of_pods_on_eci() {
     with_harness(async |h| {
-        let scene = start(h, "top").await?;
-        let labels = json!({"app": "busy"});
-        let mut pod = template(&labels, &scene.node);
-        pod["metadata"]["name"] = json!("busy");
-        let pod: Pod = serde_json::from_value(pod).unwrap();
-        Api::<Pod>::namespaced(h.client(), &scene.ns)
-            .create(&PostParams::default(), &pod)
-            .await?;
-        let pods: Api<Pod> = Api::namespaced(h.client(), &scene.ns);
-        h.wait_for("pod busy running, its group recorded", WAIT, |_| {
-            let pods = pods.clone();
-            async move {
-                pods.get_opt("busy").await.ok().flatten().is_some_and(|p| {
-                    p.status.and_then(|s| s.phase).as_deref() == Some("Running")
-                        && p.metadata
-                            .annotations
-                            .is_some_and(|a| a.contains_key(INSTANCE_ID))
-                })
-            }
-        })
-        .await?;
+        let scene = start(h, "top", EciApi::Grpc).await?;
+        run_busy_pod(h, &scene).await?;
         let prefix = format!("{}-busy", scene.ns);
         let bound = resolution(h) * 3;
 
@@ -465,6 +470,21 @@ async fn kubectl_top_follows_the_load_of_pods_on_eci() {
     .await;
 }
 
+/// The same figures over the Alibaba Cloud OpenAPI backend (mock-eci's signed HTTPS front):
+/// the metric call's JSON shape reaches `kubectl top` as the gRPC contract's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_top_works_over_the_openapi_backend() {
+    with_harness(async |h| {
+        let scene = start(h, "openapi", EciApi::OpenApi).await?;
+        run_busy_pod(h, &scene).await?;
+        set_load(&scene, &format!("{}-busy", scene.ns), 0.5, 100 * MIB).await?;
+        let pod_args = ["pod", "busy", "-n", scene.ns.as_str()];
+        wait_top(h, &pod_args, 400..=600, 95 * MIB..=105 * MIB).await?;
+        Ok(())
+    })
+    .await;
+}
+
 /// The Deployment's desired replicas.
 async fn replicas(deployments: &Api<Deployment>) -> Option<i32> {
     deployments
@@ -479,7 +499,7 @@ async fn replicas(deployments: &Api<Deployment>) -> Option<i32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_hpa_scales_a_deployment_on_eci_out_and_back_in() {
     with_harness(async |h| {
-        let scene = start(h, "hpa").await?;
+        let scene = start(h, "hpa", EciApi::Grpc).await?;
         let labels = json!({"app": "web"});
         let deployment: Deployment = serde_json::from_value(json!({
             "metadata": {"name": "web"},
