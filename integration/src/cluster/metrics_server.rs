@@ -156,7 +156,8 @@ impl ControlPlane {
                 format!("--authentication-kubeconfig={kubeconfig_path}"),
                 format!("--authorization-kubeconfig={kubeconfig_path}"),
                 // The virtual nodes serve their kubelet API with a self-signed certificate
-                // unless KUBELET_CERT_DIR gives them one, so there is no CA to verify it with;
+                // until their kubelet-serving CSR is approved (nothing in the fixture approves
+                // it) or KUBELET_CERT_DIR gives them one, so there is no CA to verify it with;
                 // the upstream manifests' test setting. Client authentication (metrics-server's
                 // certificate, authorized for nodes/metrics) still applies.
                 "--kubelet-insecure-tls".into(),
