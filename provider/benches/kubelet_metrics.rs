@@ -19,7 +19,7 @@ use eci_proto::v20180808::{Container, CreateContainerGroupRequest, Tag};
 use futures::StreamExt as _;
 use mock_eci::{MockConfig, MockServer};
 use virtual_node_eci::eci::{Backend, GrpcBackend, Paced};
-use virtual_node_eci::kubelet::metrics::{
+use virtual_node_eci::kubelet::resource_metrics::{
     CACHE_TTL, PodEntry, Scraper, SharedIndex, resource_metrics, summary,
 };
 use virtual_node_eci::ops::metrics::Telemetry;

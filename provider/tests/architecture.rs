@@ -182,3 +182,29 @@ fn calls_flow_one_way_with_no_cycle_between_folders() {
         "import cycle between folders; the graph: {graph:#?}"
     );
 }
+
+#[test]
+fn no_two_modules_share_a_name() {
+    let mut files = Vec::new();
+    rust_files(&source_dir(), &mut files);
+    let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for file in files {
+        let relative = file
+            .strip_prefix(source_dir())
+            .expect("under src")
+            .to_string_lossy()
+            .into_owned();
+        let module = relative.strip_suffix("/mod.rs").unwrap_or(&relative);
+        let module = module.strip_suffix(".rs").unwrap_or(module);
+        let name = module.rsplit('/').next().unwrap_or(module).to_owned();
+        // Crate roots and test modules are not names a reader navigates by.
+        if !matches!(name.as_str(), "lib" | "main" | "tests") {
+            by_name.entry(name).or_default().push(relative);
+        }
+    }
+    let shared: Vec<(&String, &Vec<String>)> = by_name
+        .iter()
+        .filter(|(_, files)| files.len() > 1)
+        .collect();
+    assert!(shared.is_empty(), "modules sharing a name: {shared:#?}");
+}

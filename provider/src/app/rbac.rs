@@ -18,8 +18,8 @@ const ALL: &[&[Access]] = &[
     crate::admission::KUBE_API,
     crate::kubelet::auth::KUBE_API,
     crate::kubelet::certs::KUBE_API,
-    crate::kubelet::pods::KUBE_API,
-    crate::kubelet::metrics::KUBE_API,
+    crate::kubelet::pod_lookup::KUBE_API,
+    crate::kubelet::resource_metrics::KUBE_API,
     crate::ops::events::KUBE_API,
 ];
 

@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tracing::{Instrument as _, debug, warn};
 
 use super::KubeletState;
-use super::pods::{LookupError, Target, container_status};
+use super::pod_lookup::{LookupError, Target, container_status};
 use crate::ops::chain::Chain;
 
 /// ECI's largest `Tail`.

@@ -6,8 +6,8 @@
 pub mod auth;
 pub mod certs;
 pub mod logs;
-pub mod metrics;
-pub mod pods;
+pub mod pod_lookup;
+pub mod resource_metrics;
 pub mod spdy;
 pub mod streams;
 
@@ -78,12 +78,12 @@ impl std::fmt::Debug for KubeletState {
 pub fn router(state: KubeletState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/pods", get(pods::list))
+        .route("/pods", get(pod_lookup::list))
         .route(
             "/containerLogs/{namespace}/{pod}/{container}",
             get(logs::container_logs),
         )
-        .merge(metrics::routes())
+        .merge(resource_metrics::routes())
         .merge(streams::routes())
         .fallback(not_found)
         // Every path, the unknown ones too, is behind the guard, as on a kubelet.

@@ -19,7 +19,7 @@ use axum::routing::get;
 use tracing::{Instrument as _, debug, warn};
 
 use super::KubeletState;
-use super::pods::LookupError;
+use super::pod_lookup::LookupError;
 
 /// The remotecommand protocols over SPDY, newest first (`X-Stream-Protocol-Version`).
 pub const EXEC_PROTOCOLS: [&str; 5] = [
@@ -209,7 +209,7 @@ fn switching_to_spdy(protocol: &str) -> Response {
 }
 
 /// The pod's uid, when the path names one, must be the pod's.
-fn check_uid(uid: Option<&str>, target: &super::pods::Target) -> Result<(), StreamError> {
+fn check_uid(uid: Option<&str>, target: &super::pod_lookup::Target) -> Result<(), StreamError> {
     match uid {
         Some(uid) if uid != target.uid => Err(StreamError::Lookup(LookupError::NoPod {
             namespace: target.namespace.clone(),

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::super::KubeletState;
-use super::super::pods::Target;
+use super::super::pod_lookup::Target;
 use super::super::spdy::{Connection, Stream, StreamWriter};
 use super::ExecOptions;
 
@@ -519,7 +519,7 @@ async fn still_running(state: &KubeletState, target: &Target) -> bool {
     match state.pod_on_this_node(&target.namespace, &target.pod).await {
         Ok(Some(pod)) => {
             pod.metadata.uid.as_deref() == Some(target.uid.as_str())
-                && super::super::pods::container_status(&pod, &target.container)
+                && super::super::pod_lookup::container_status(&pod, &target.container)
                     .and_then(|status| status.state.as_ref())
                     .is_none_or(|state| state.terminated.is_none())
         }

@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tracing::{Instrument as _, debug, info, warn};
 
 use super::super::KubeletState;
-use super::super::pods::LookupError;
+use super::super::pod_lookup::LookupError;
 use super::super::spdy::{Connection, Stream};
 use super::{PORT_FORWARD_PROTOCOL, StreamError, Upgrade, negotiate, offered, upgrade_kind};
 

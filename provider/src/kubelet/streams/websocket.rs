@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug};
 
 use super::super::KubeletState;
-use super::super::pods::Target;
+use super::super::pod_lookup::Target;
 use super::exec::{self, ClientStreams, Command, Sink, StatusFormat};
 use super::portforward::{self, PodAddress};
 use super::{ExecOptions, StreamError};
