@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use integration::harness::{Harness, HarnessError};
+use integration::harness::{Harness, HarnessError, run_scenario};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -40,19 +40,6 @@ const VNODE_TAINT: &str = "k8s.aliyun.com/vnode";
 const TAG_NODE: &str = "k8s.aliyun.com/node-name";
 const TAG_POD_NAME: &str = "k8s.aliyun.com/pod-name";
 const TAG_POD_UID: &str = "k8s.aliyun.com/pod-uid";
-
-async fn with_harness<F>(scenario: F)
-where
-    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
-{
-    let mut h = Harness::start().await.expect("the harness starts");
-    let result = scenario(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
-}
 
 fn env_with<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     let mut env: Vec<(&str, &str)> = FAST_DAEMON.to_vec();
@@ -341,7 +328,7 @@ async fn events_with_reason(h: &Harness, reason: &str) -> Vec<Event> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_in_drains_the_highest_replica_honours_budgets_and_leaves_nothing_behind() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let ns = h.create_namespace("scale-in").await?;
         let ns = ns.as_str();
         h.start_mock_eci(FAST_MOCK).await?;
@@ -473,7 +460,7 @@ struct Observed {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_replica_keeps_its_node_ready_with_the_same_uid_and_its_groups() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let ns = h.create_namespace("restart").await?;
         let ns = ns.as_str();
         h.start_mock_eci(FAST_MOCK).await?;
@@ -585,7 +572,7 @@ async fn a_restarted_replica_keeps_its_node_ready_with_the_same_uid_and_its_grou
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_lost_without_drain_leaves_no_group_once_its_pods_are_gone() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let ns = h.create_namespace("lost").await?;
         let ns = ns.as_str();
         h.start_mock_eci(FAST_MOCK).await?;
@@ -642,7 +629,7 @@ async fn a_replica_lost_without_drain_leaves_no_group_once_its_pods_are_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_deleted_under_a_live_replica_comes_back_and_removed_pods_lose_their_groups() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let ns = h.create_namespace("recreated").await?;
         let ns = ns.as_str();
         h.start_mock_eci(FAST_MOCK).await?;
@@ -722,7 +709,7 @@ async fn a_node_deleted_under_a_live_replica_comes_back_and_removed_pods_lose_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unfinished_drain_keeps_the_node_cordoned_scale_out_readopts_and_the_manual_runbook_works()
  {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let ns = h.create_namespace("runbook").await?;
         let ns = ns.as_str();
         h.start_mock_eci(FAST_MOCK).await?;

@@ -15,7 +15,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use integration::harness::{Harness, HarnessError};
+use integration::harness::{Harness, HarnessError, run_scenario};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -36,19 +36,6 @@ const DAEMON: &[(&str, &str)] = &[
     ("KUBELET_LOG_POLL_INTERVAL", "250ms"),
 ];
 const INSTANCE_ID: &str = "k8s.aliyun.com/eci-instance-id";
-
-async fn with_harness<F>(scenario: F)
-where
-    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
-{
-    let mut h = Harness::start().await.expect("the harness starts");
-    let result = scenario(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
-}
 
 fn failed(message: impl Into<String>) -> HarnessError {
     HarnessError::Setup(message.into())
@@ -145,7 +132,7 @@ async fn kubectl(h: &Harness, args: &[&str], stdin: &[u8]) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_exec_carries_stdin_output_exit_codes_and_exact_arguments() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let scene = start(h, "exec", "127.77.0.0/16").await?;
         let ns = scene.ns.as_str();
 
@@ -258,7 +245,7 @@ async fn kubectl_exec_carries_stdin_output_exit_codes_and_exact_arguments() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_exec_it_attach_and_port_forward() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let scene = start(h, "tty", "127.76.0.0/16").await?;
         let ns = scene.ns.as_str();
 

@@ -18,7 +18,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use integration::harness::{Harness, HarnessError};
+use integration::harness::{Harness, HarnessError, run_scenario};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
@@ -43,19 +43,6 @@ const FAST_DAEMON: &[(&str, &str)] = &[
 ];
 const INSTANCE_ID: &str = "k8s.aliyun.com/eci-instance-id";
 const IMAGE: &str = "registry.example.com/app:1";
-
-async fn with_harness<F>(scenario: F)
-where
-    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
-{
-    let mut h = Harness::start().await.expect("the harness starts");
-    let result = scenario(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
-}
 
 fn failed(message: impl Into<String>) -> HarnessError {
     HarnessError::Setup(message.into())
@@ -238,7 +225,7 @@ fn lines_of(text: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_logs_answers_what_the_kubelet_would() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let scene = start(h, "logs").await?;
         let group = run_pod(h, &scene, &pod_on("talker", &scene.node, "Always", &[])).await?;
         let first: Vec<String> = (1..=10).map(|i| format!("line {i}")).collect();
@@ -360,7 +347,7 @@ async fn kubectl_logs_answers_what_the_kubelet_would() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_logs_follow_prints_every_line_once_until_the_container_ends() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let scene = start(h, "follow").await?;
         // Synthetic heartbeats twice a second, and bursts the test writes (several lines in
         // one instant, which the follower must neither repeat nor drop).
@@ -506,7 +493,7 @@ fn identity_from(cert: &std::path::Path, key: &std::path::Path) -> reqwest::Iden
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubelet_api_is_closed_to_strangers_and_open_to_the_apiserver() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let scene = start(h, "guard").await?;
         run_pod(h, &scene, &pod_on("guarded", &scene.node, "Always", &[])).await?;
         let ns = &scene.ns;

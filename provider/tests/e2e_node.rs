@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use integration::harness::{Harness, HarnessError};
+use integration::harness::{Harness, HarnessError, run_scenario};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -15,19 +15,6 @@ const WAIT: Duration = Duration::from_secs(90);
 const VNODE_TAINT: &str = "k8s.aliyun.com/vnode";
 
 /// Runs `scenario`; on failure prints the harness dump; always cleans up.
-async fn with_harness<F>(scenario: F)
-where
-    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
-{
-    let mut h = Harness::start().await.expect("the harness starts");
-    let result = scenario(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
-}
-
 async fn node(h: &Harness, name: &str) -> Option<Value> {
     let nodes: Api<Node> = Api::all(h.client());
     nodes
@@ -102,7 +89,7 @@ const INSTANCE: &str = "virtual-node-eci.aliyun.com/holder-instance";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_give_three_ready_tainted_nodes_that_survive_restarts() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         h.start_mock_eci(&[]).await?;
         for ordinal in 0..3 {
             h.start_daemon(ordinal, &[])?;
@@ -170,7 +157,7 @@ async fn three_replicas_give_three_ready_tainted_nodes_that_survive_restarts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eci_outage_turns_the_node_not_ready_and_recovery_ready_again() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         h.start_mock_eci(&[]).await?;
         h.start_daemon(0, &[])?;
         let name = h.node_name(0);
@@ -191,7 +178,7 @@ async fn an_eci_outage_turns_the_node_not_ready_and_recovery_ready_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_for_a_served_node_refuses_to_start() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         h.start_mock_eci(&[]).await?;
         h.start_daemon(0, &[])?;
         let name = h.node_name(0);

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use integration::harness::{Harness, HarnessError};
+use integration::harness::{Harness, HarnessError, run_scenario};
 use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, PostParams};
@@ -26,19 +26,6 @@ const FAST_DAEMON: &[(&str, &str)] = &[
     ("POD_STATUS_POLL_INTERVAL", "250ms"),
     ("POD_RESYNC_INTERVAL", "2s"),
 ];
-
-async fn with_harness<F>(scenario: F)
-where
-    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
-{
-    let mut h = Harness::start().await.expect("the harness starts");
-    let result = scenario(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
-}
 
 /// A pod for kube-scheduler to place on `node` (it tolerates the virtual nodes' taint and
 /// selects `node` by hostname).
@@ -198,7 +185,7 @@ fn with_prefix(env: &[(String, String)], prefix: &str) -> Vec<(String, String)> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_see_the_apiserver_and_their_namespaces_services() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let ns = h.create_namespace("access").await?;
         // Before the daemon starts, so its Service cache has them when the pods come.
         let backend = create_service(h, &ns, json!({"metadata": {"name": "backend"}, "spec": {"ports": [
@@ -250,7 +237,7 @@ async fn pods_see_the_apiserver_and_their_namespaces_services() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_proxy_off_and_a_configured_apiserver_address_reach_eci() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let ns = h.create_namespace("access-off").await?;
         let mock = h.start_mock_eci(FAST_MOCK).await?;
         let mut env = FAST_DAEMON.to_vec();
@@ -316,7 +303,7 @@ async fn review(h: &Harness, token: &str, audiences: &[&str]) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_projected_token_is_refreshed_in_the_running_group_before_it_expires() {
     const AUDIENCE: &str = "vault.example.com";
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let ns = h.create_namespace("tokens").await?;
         let mock = h.start_mock_eci(FAST_MOCK).await?;
         h.start_daemon(0, FAST_DAEMON)?;

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use integration::harness::run_scenario;
 use integration::harness::{ClusterKind, Harness, HarnessError};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
@@ -54,19 +55,6 @@ const FAST_DAEMON: &[(&str, &str)] = &[
     // Off: a group left behind must be deleted by the daemon's own list, not by the collector.
     ("ORPHAN_GC_INTERVAL", "0"),
 ];
-
-async fn with_harness<F>(scenario: F)
-where
-    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
-{
-    let mut h = Harness::start().await.expect("the harness starts");
-    let result = scenario(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
-}
 
 /// A scenario's namespace, virtual node, mock-eci admin URL and daemon process.
 struct Scene {
@@ -260,7 +248,7 @@ fn owns_condition(pod: &Value, manager: &str, kind: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_condition_another_manager_adds_survives_ten_of_our_status_writes() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let scene = start(h, &[]).await?;
         // Exits after half a second, restarts a second later, forever: every turn is a status
         // change the daemon writes.
@@ -331,7 +319,7 @@ async fn a_condition_another_manager_adds_survives_ten_of_our_status_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_readiness_gate_holds_ready_until_its_condition_is_true() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let scene = start(h, &[]).await?;
         let pods: Api<Pod> = Api::namespaced(h.client(), &scene.ns);
         // Every state the pod shows, as (Ready, the gate's condition): Ready must never turn
@@ -465,7 +453,7 @@ async fn a_readiness_gate_holds_ready_until_its_condition_is_true() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_deleted_while_the_daemon_is_stopped_leave_no_group() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         let scene = start(h, &[]).await?;
         create_running(h, &scene, &["s0", "s1", "s2", "s3"]).await?;
         wait_group_pods(h, &scene.admin, &["s0", "s1", "s2", "s3"]).await?;
@@ -505,7 +493,7 @@ async fn pods_deleted_while_the_daemon_is_stopped_leave_no_group() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_deleted_while_the_watch_is_broken_by_etcd_compaction_leave_no_group() {
-    with_harness(async |h| {
+    run_scenario(async |h| {
         if h.kind() == ClusterKind::External {
             eprintln!(
                 "pods_deleted_while_the_watch_is_broken_by_etcd_compaction_leave_no_group: NOT RUN \

@@ -128,6 +128,26 @@ impl std::fmt::Debug for Harness {
     }
 }
 
+/// One end-to-end scenario: starts a harness, runs `scenario` with it, prints the fixture's
+/// state ([`Harness::dump`]) when the scenario fails, shuts the harness down either way, then
+/// fails the test with the scenario's error.
+///
+/// # Panics
+/// When the harness cannot start or the scenario fails: this is a test's body.
+#[allow(clippy::print_stderr, clippy::unwrap_used)]
+pub async fn run_scenario<F>(scenario: F)
+where
+    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
+{
+    let mut h = Harness::start().await.expect("the harness starts");
+    let result = scenario(&mut h).await;
+    if result.is_err() {
+        eprintln!("{}", h.dump().await);
+    }
+    h.shutdown(Duration::from_secs(10)).await;
+    result.unwrap();
+}
+
 impl Harness {
     /// Joins the test binary's cluster (starting it on first use) with a fresh scratch
     /// directory and run id.
