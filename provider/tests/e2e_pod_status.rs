@@ -92,12 +92,7 @@ fn container(env: &[(&str, &str)]) -> Value {
 }
 
 async fn get(h: &Harness, ns: &str, name: &str) -> Option<Value> {
-    let pods: Api<Pod> = Api::namespaced(h.client(), ns);
-    pods.get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .map(|p| serde_json::to_value(p).unwrap())
+    h.pod_json(ns, name).await
 }
 
 async fn wait_pod(
@@ -107,12 +102,7 @@ async fn wait_pod(
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Result<Value, HarnessError> {
-    h.wait_for(&format!("pod {ns}/{name}: {what}"), WAIT, |h| {
-        let check = &check;
-        async move { get(h, ns, name).await.is_some_and(|p| check(&p)) }
-    })
-    .await?;
-    Ok(get(h, ns, name).await.unwrap())
+    h.wait_pod(ns, name, what, WAIT, check).await
 }
 
 fn phase(pod: &Value) -> &str {

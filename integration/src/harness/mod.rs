@@ -576,6 +576,46 @@ impl Harness {
         self.processes.iter_mut().find(|p| p.name() == name)
     }
 
+    /// The pod as JSON, or `None` when it does not exist (or cannot be read right now).
+    pub async fn pod_json(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
+        let pods: Api<Pod> = Api::namespaced(self.client(), namespace);
+        pods.get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|pod| serde_json::to_value(pod).ok())
+    }
+
+    /// Waits up to `timeout` until the pod exists and `check` holds for it (`what` names the
+    /// condition in the error), and returns it.
+    pub async fn wait_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> Result<serde_json::Value, HarnessError> {
+        let last = std::sync::Mutex::new(None);
+        self.wait_for(&format!("pod {namespace}/{name}: {what}"), timeout, |h| {
+            let (check, last) = (&check, &last);
+            async move {
+                let pod = h.pod_json(namespace, name).await;
+                let holds = pod.as_ref().is_some_and(check);
+                if holds {
+                    *last
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = pod;
+                }
+                holds
+            }
+        })
+        .await?;
+        last.into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .ok_or_else(|| HarnessError::Setup(format!("pod {namespace}/{name} vanished")))
+    }
+
     /// Polls `condition` until it holds or `timeout` passes.
     pub async fn wait_for<'a, F, Fut>(
         &'a self,

@@ -104,12 +104,7 @@ async fn create(h: &Harness, ns: &str, pod: &Pod) -> Result<(), HarnessError> {
 }
 
 async fn get(h: &Harness, ns: &str, name: &str) -> Option<Value> {
-    let pods: Api<Pod> = Api::namespaced(h.client(), ns);
-    pods.get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .map(|p| serde_json::to_value(p).unwrap())
+    h.pod_json(ns, name).await
 }
 
 async fn wait_pod(
@@ -119,12 +114,7 @@ async fn wait_pod(
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Result<Value, HarnessError> {
-    h.wait_for(&format!("pod {ns}/{name}: {what}"), WAIT, |h| {
-        let check = &check;
-        async move { get(h, ns, name).await.is_some_and(|p| check(&p)) }
-    })
-    .await?;
-    Ok(get(h, ns, name).await.unwrap())
+    h.wait_pod(ns, name, what, WAIT, check).await
 }
 
 /// Changes mock-eci's fault controls (outage, stock, …).
