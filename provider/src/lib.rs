@@ -18,4 +18,5 @@ pub mod k8s;
 pub mod kubelet;
 pub mod node;
 pub mod ops;
+pub mod placement;
 pub mod pods;

@@ -1,5 +1,5 @@
 //! Placement at admission: the eci-profile `Selector` engine (pure) and the HTTPS webhook the
-//! API server calls, with its certificate, registration, watch-fed caches and the
+//! API server calls, with its registration, watch-fed caches and the
 //! normalNodePrefer spill watcher. May call `k8s`, `ops`, `config`.
 
 pub mod cache;
@@ -8,6 +8,5 @@ pub mod review;
 pub mod selector;
 pub mod spill;
 pub mod webhook;
-pub mod webhook_cert;
 
 pub use webhook::{KUBE_API, run};

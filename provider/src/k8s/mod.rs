@@ -1,10 +1,13 @@
 //! The Kubernetes edge shared by every area: the access declarations RBAC is generated from,
-//! Lease holding (node Lease, elections) and the resource-quantity grammar. A leaf: it calls no
-//! area.
+//! Lease holding (node Lease, elections), the resource-quantity grammar, a pod's requests and
+//! the serving certificate shared through a Secret (webhook, scheduler extender).
+//! A leaf: it calls no area.
 
 pub mod access;
 pub mod election;
 pub mod quantity;
+pub mod requests;
+pub mod serving_cert;
 
 use std::time::SystemTime;
 

@@ -1,0 +1,121 @@
+//! A pod's resource requests as the scheduler counts them: the containers summed, each init
+//! container's raise taken when larger, the pod overhead added; limits stand in for missing
+//! requests (the API server defaults them so).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
+
+use super::quantity::Quantity;
+
+/// Requests by resource name (`cpu`, `memory`, extended resources).
+pub type Requests = BTreeMap<String, Quantity>;
+
+fn of(resources: Option<&ResourceRequirements>) -> Requests {
+    let mut out = Requests::new();
+    let Some(resources) = resources else {
+        return out;
+    };
+    for (name, quantity) in resources.limits.iter().flatten() {
+        out.insert(name.clone(), parse(&quantity.0));
+    }
+    for (name, quantity) in resources.requests.iter().flatten() {
+        out.insert(name.clone(), parse(&quantity.0));
+    }
+    out
+}
+
+/// Unparseable or negative amounts count as nothing (the API server refuses such pods).
+fn parse(text: &str) -> Quantity {
+    Quantity::parse(text)
+        .ok()
+        .filter(|q| !q.is_negative())
+        .unwrap_or_default()
+}
+
+/// Adds `more` into `sum`.
+pub fn add(sum: &mut Requests, more: &Requests) {
+    for (name, quantity) in more {
+        *sum.entry(name.clone()).or_default() += *quantity;
+    }
+}
+
+/// The pod's effective requests.
+pub fn pod_requests(pod: &Pod) -> Requests {
+    let Some(spec) = &pod.spec else {
+        return Requests::new();
+    };
+    let mut sum = Requests::new();
+    for container in &spec.containers {
+        add(&mut sum, &of(container.resources.as_ref()));
+    }
+    for init in spec.init_containers.iter().flatten() {
+        for (name, quantity) in of(init.resources.as_ref()) {
+            let entry = sum.entry(name).or_default();
+            *entry = (*entry).max(quantity);
+        }
+    }
+    for (name, quantity) in spec.overhead.iter().flatten() {
+        *sum.entry(name.clone()).or_default() += parse(&quantity.0);
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn q(text: &str) -> Quantity {
+        Quantity::parse(text).unwrap()
+    }
+
+    #[test]
+    fn containers_sum_init_containers_raise_overhead_adds() {
+        let cases = [
+            (
+                "two containers",
+                serde_json::json!({"spec": {"containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "100m", "memory": "1Gi"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "200m"}}},
+                ]}}),
+                vec![("cpu", "300m"), ("memory", "1Gi")],
+            ),
+            (
+                "limits stand in for requests",
+                serde_json::json!({"spec": {"containers": [
+                    {"name": "a", "resources": {"limits": {"cpu": "2", "nvidia.com/gpu": "1"}}},
+                ]}}),
+                vec![("cpu", "2"), ("nvidia.com/gpu", "1")],
+            ),
+            (
+                "a larger init container raises",
+                serde_json::json!({"spec": {
+                    "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "3"}}}],
+                    "containers": [{"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+                }}),
+                vec![("cpu", "3"), ("memory", "1Gi")],
+            ),
+            (
+                "overhead adds",
+                serde_json::json!({"spec": {
+                    "overhead": {"cpu": "250m"},
+                    "containers": [{"name": "a", "resources": {"requests": {"cpu": "1"}}}],
+                }}),
+                vec![("cpu", "1250m")],
+            ),
+            (
+                "nothing asked",
+                serde_json::json!({"spec": {"containers": [{"name": "a"}]}}),
+                vec![],
+            ),
+        ];
+        for (name, value, want) in cases {
+            let want: Requests = want.into_iter().map(|(k, v)| (k.into(), q(v))).collect();
+            assert_eq!(pod_requests(&pod(value)), want, "{name}");
+        }
+    }
+}
