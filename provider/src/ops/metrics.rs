@@ -39,6 +39,27 @@ pub struct KubeLabels {
     pub operation: &'static str,
 }
 
+/// Labels of ResourcePolicy placements.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlacementLabels {
+    /// The policy (`namespace/name`).
+    pub policy: String,
+    /// The unit, 1-based.
+    pub unit: String,
+    /// `extender` (at bind) or `admission` (webhook-only placement).
+    pub by: &'static str,
+}
+
+/// Labels of the scheduler extender's calls.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabels {
+    /// `filter`, `prioritize` or `bind`.
+    pub verb: &'static str,
+}
+
+/// A histogram constructor a `Family` can hold.
+pub type HistogramMaker = fn() -> Histogram;
+
 /// The daemon's metrics.
 #[derive(Debug)]
 pub struct Telemetry {
@@ -74,6 +95,16 @@ pub struct Telemetry {
     pub admission_seconds: Histogram,
     /// Background events dropped because their queue was full.
     pub events_dropped: Counter,
+    /// Pods placed by a ResourcePolicy, by policy, unit and how.
+    pub placement_pods_placed: Family<PlacementLabels, Counter>,
+    /// Binds refused because the unit filled up meanwhile (the scheduler retries the pod).
+    pub placement_bind_refusals: Counter,
+    /// Time to answer the scheduler extender, by verb.
+    pub placement_extender_seconds: Family<VerbLabels, Histogram, HistogramMaker>,
+}
+
+fn extender_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
 }
 
 /// Pod latencies: finer where the service levels are (200 ms to accept a pod, 2 s to show an
@@ -106,6 +137,9 @@ impl Telemetry {
             admission_reviews: Family::default(),
             admission_seconds: Histogram::new(exponential_buckets(0.000_05, 1.5, 28)),
             events_dropped: Counter::default(),
+            placement_pods_placed: Family::default(),
+            placement_bind_refusals: Counter::default(),
+            placement_extender_seconds: Family::new_with_constructor(extender_histogram),
         };
         registry.register(
             "eci_reachable",
@@ -181,6 +215,21 @@ impl Telemetry {
             "events_dropped",
             "Events not published because the background queue was full (they are best-effort)",
             telemetry.events_dropped.clone(),
+        );
+        registry.register(
+            "placement_pods_placed",
+            "Pods placed in a ResourcePolicy unit, by policy, unit (1-based) and how (extender at bind, admission without one)",
+            telemetry.placement_pods_placed.clone(),
+        );
+        registry.register(
+            "placement_bind_refusals",
+            "Scheduler binds refused because the ResourcePolicy unit reached its max meanwhile (the scheduler retries)",
+            telemetry.placement_bind_refusals.clone(),
+        );
+        registry.register(
+            "placement_extender_seconds",
+            "Time to answer kube-scheduler's extender calls, by verb",
+            telemetry.placement_extender_seconds.clone(),
         );
         *telemetry
             .registry

@@ -5,6 +5,8 @@
 //! `controller` (status counts, deletion costs); every replica answers the admission side
 //! (`admit`) for the webhook. May call `k8s`, `ops`, `config`.
 
+pub mod admit;
 pub mod decide;
+pub mod extender;
 pub mod index;
 pub mod policy;

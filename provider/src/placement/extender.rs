@@ -1,0 +1,439 @@
+//! The kube-scheduler extender (filter, prioritize, bind), served over HTTPS by the elected
+//! replica. Filter keeps only the nodes of the unit the pod goes to; prioritize prefers earlier
+//! units; bind re-checks the unit's cap atomically, marks the pod (unit labels and
+//! annotations, deletion cost) and creates the Binding. Pods no policy selects pass untouched.
+//!
+//! The wire types are kube-scheduler's `extender/v1` (Go field names, no JSON tags); no
+//! maintained Rust crate has them, so they are written here.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tracing::{debug, info};
+
+use super::decide::{self, Outcome};
+use super::index::{PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, Refusal};
+use crate::ops::events::EventPublisher;
+use crate::ops::metrics::{PlacementLabels, Telemetry, VerbLabels};
+
+/// The path prefix the scheduler's `urlPrefix` names.
+pub const PREFIX: &str = "/resourcepolicy";
+/// kube-scheduler's best extender score.
+const MAX_SCORE: i64 = 10;
+
+/// `ExtenderArgs`.
+#[derive(Debug, Deserialize, Serialize, Default)]
+pub struct ExtenderArgs {
+    /// The pod being scheduled.
+    #[serde(rename = "Pod", alias = "pod")]
+    pub pod: Option<Pod>,
+    /// The candidate nodes, when the extender is not `nodeCacheCapable`.
+    #[serde(rename = "Nodes", alias = "nodes", default)]
+    pub nodes: Option<NodeList>,
+    /// The candidate nodes' names (`nodeCacheCapable`).
+    #[serde(rename = "NodeNames", alias = "nodenames", default)]
+    pub node_names: Option<Vec<String>>,
+}
+
+/// A `NodeList` reduced to what is read of it.
+#[derive(Debug, Deserialize, Serialize, Default)]
+pub struct NodeList {
+    /// The nodes.
+    #[serde(default)]
+    pub items: Vec<k8s_openapi::api::core::v1::Node>,
+}
+
+/// `ExtenderFilterResult`.
+#[derive(Debug, Deserialize, Serialize, Default, PartialEq)]
+pub struct FilterResult {
+    /// The nodes that may take the pod.
+    #[serde(rename = "NodeNames")]
+    pub node_names: Option<Vec<String>>,
+    /// Nodes ruled out, with why (preemption may help).
+    #[serde(rename = "FailedNodes", default)]
+    pub failed_nodes: BTreeMap<String, String>,
+    /// Nodes ruled out that preemption cannot help.
+    #[serde(rename = "FailedAndUnresolvableNodes", default)]
+    pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    /// A failure of the extender itself.
+    #[serde(rename = "Error", default)]
+    pub error: String,
+}
+
+/// `HostPriority`.
+#[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct HostPriority {
+    /// The node.
+    #[serde(rename = "Host")]
+    pub host: String,
+    /// 0 to 10.
+    #[serde(rename = "Score")]
+    pub score: i64,
+}
+
+/// `ExtenderBindingArgs`.
+#[derive(Debug, Deserialize, Serialize, Default)]
+pub struct BindingArgs {
+    /// The pod's name.
+    #[serde(rename = "PodName", alias = "podName")]
+    pub pod_name: String,
+    /// Its namespace.
+    #[serde(rename = "PodNamespace", alias = "podNamespace")]
+    pub pod_namespace: String,
+    /// Its UID.
+    #[serde(rename = "PodUID", alias = "podUID")]
+    pub pod_uid: String,
+    /// The node chosen.
+    #[serde(rename = "Node", alias = "node")]
+    pub node: String,
+}
+
+/// `ExtenderBindingResult`.
+#[derive(Debug, Deserialize, Serialize, Default, PartialEq, Eq)]
+pub struct BindingResult {
+    /// Why the bind failed (empty: bound).
+    #[serde(rename = "Error", default)]
+    pub error: String,
+}
+
+/// A bind that did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The pod could not be read.
+    #[error("cannot read pod {pod}")]
+    ReadPod {
+        /// `namespace/name`.
+        pod: String,
+        /// The API's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The pod is gone or was replaced by another of the same name.
+    #[error("pod {pod} with UID {uid} no longer exists")]
+    Gone {
+        /// `namespace/name`.
+        pod: String,
+        /// The UID bound for.
+        uid: String,
+    },
+    /// The unit has no place left, or the node is in no unit.
+    #[error("refused")]
+    Refused(#[source] Refusal),
+    /// Marking the pod for its unit failed.
+    #[error("cannot mark pod {pod} for its unit")]
+    Mark {
+        /// `namespace/name`.
+        pod: String,
+        /// The API's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating the Binding failed.
+    #[error("cannot bind pod {pod} to {node}")]
+    Bind {
+        /// `namespace/name`.
+        pod: String,
+        /// The node.
+        node: String,
+        /// The API's error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What the handlers share.
+pub struct Extender {
+    /// The index.
+    pub index: Arc<PlacementIndex>,
+    /// The API client (binds as the daemon).
+    pub client: kube::Client,
+    /// Metrics.
+    pub telemetry: Arc<Telemetry>,
+    /// Events on pods.
+    pub events: EventPublisher,
+}
+
+impl std::fmt::Debug for Extender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extender").finish_non_exhaustive()
+    }
+}
+
+/// The routes under [`PREFIX`].
+pub fn router(extender: Arc<Extender>) -> Router {
+    Router::new()
+        .route(&format!("{PREFIX}/filter"), post(filter))
+        .route(&format!("{PREFIX}/prioritize"), post(prioritize))
+        .route(&format!("{PREFIX}/bind"), post(bind))
+        .with_state(extender)
+}
+
+fn observe(telemetry: &Telemetry, verb: &'static str, started: Instant) {
+    telemetry
+        .placement_extender_seconds
+        .get_or_create(&VerbLabels { verb })
+        .observe(started.elapsed().as_secs_f64());
+}
+
+fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
+    match (&args.node_names, &args.nodes) {
+        (Some(names), _) => names.clone(),
+        (None, Some(list)) => list
+            .items
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect(),
+        (None, None) => Vec::new(),
+    }
+}
+
+async fn filter(
+    State(extender): State<Arc<Extender>>,
+    axum::Json(args): axum::Json<ExtenderArgs>,
+) -> axum::Json<FilterResult> {
+    let started = Instant::now();
+    let result = filter_nodes(&extender.index, &args, SystemTime::now());
+    observe(&extender.telemetry, "filter", started);
+    axum::Json(result)
+}
+
+/// The filter's answer (pure but for the index).
+pub fn filter_nodes(index: &PlacementIndex, args: &ExtenderArgs, now: SystemTime) -> FilterResult {
+    let candidates = candidate_names(args);
+    let pass = || FilterResult {
+        node_names: Some(candidates.clone()),
+        ..FilterResult::default()
+    };
+    let Some(pod) = &args.pod else {
+        return pass();
+    };
+    let entry = PodEntry::of(pod);
+    let Some(policy) = index.policy_for(&entry.namespace, &entry.labels) else {
+        return pass();
+    };
+    let all_failed = |why: &str| -> BTreeMap<String, String> {
+        candidates
+            .iter()
+            .map(|n| (n.clone(), why.to_owned()))
+            .collect()
+    };
+    let (choice, members) = match index.choose(&policy, &entry, Some(&candidates), now) {
+        Ok(chosen) => chosen,
+        Err(refusal) => {
+            return FilterResult {
+                node_names: Some(Vec::new()),
+                failed_and_unresolvable_nodes: all_failed(&refusal.to_string()),
+                ..FilterResult::default()
+            };
+        }
+    };
+    let spec = &policy.policy.spec;
+    let explanation = decide::explain(spec, &choice);
+    index.remember_explanation(&entry.uid, explanation.clone());
+    let because = format!("ResourcePolicy {}: {explanation}", policy.key);
+    match choice.outcome {
+        Outcome::Place(unit) => {
+            let keep = &members[unit];
+            let failed = candidates
+                .iter()
+                .filter(|n| !keep.contains(n))
+                .map(|n| (n.clone(), because.clone()))
+                .collect();
+            FilterResult {
+                node_names: Some(keep.clone()),
+                failed_nodes: failed,
+                ..FilterResult::default()
+            }
+        }
+        Outcome::Wait { .. } => {
+            debug!(pod = %entry.name, namespace = %entry.namespace, %explanation, "pod waits for its unit");
+            FilterResult {
+                node_names: Some(Vec::new()),
+                failed_nodes: all_failed(&because),
+                ..FilterResult::default()
+            }
+        }
+        Outcome::Nowhere => FilterResult {
+            node_names: Some(Vec::new()),
+            failed_nodes: all_failed(&because),
+            ..FilterResult::default()
+        },
+    }
+}
+
+async fn prioritize(
+    State(extender): State<Arc<Extender>>,
+    axum::Json(args): axum::Json<ExtenderArgs>,
+) -> axum::Json<Vec<HostPriority>> {
+    let started = Instant::now();
+    let result = prioritize_nodes(&extender.index, &args);
+    observe(&extender.telemetry, "prioritize", started);
+    axum::Json(result)
+}
+
+/// Scores: the first unit 10, later units less, nodes in no unit 0.
+pub fn prioritize_nodes(index: &PlacementIndex, args: &ExtenderArgs) -> Vec<HostPriority> {
+    let candidates = candidate_names(args);
+    let policy = args.pod.as_ref().and_then(|pod| {
+        let entry = PodEntry::of(pod);
+        index.policy_for(&entry.namespace, &entry.labels)
+    });
+    candidates
+        .into_iter()
+        .map(|host| {
+            let score = policy
+                .as_ref()
+                .and_then(|policy| {
+                    let spec = &policy.policy.spec;
+                    let labels = index.node_labels(&host)?;
+                    let unit = decide::unit_of_node(spec, &labels, index.vnodes())?;
+                    let count = i64::try_from(spec.units.len()).ok()?.max(1);
+                    let unit = i64::try_from(unit).ok()?;
+                    Some(MAX_SCORE * (count - unit) / count)
+                })
+                .unwrap_or(0);
+            HostPriority { host, score }
+        })
+        .collect()
+}
+
+async fn bind(
+    State(extender): State<Arc<Extender>>,
+    axum::Json(args): axum::Json<BindingArgs>,
+) -> axum::Json<BindingResult> {
+    let started = Instant::now();
+    let result = match extender.bind(&args).await {
+        Ok(()) => BindingResult::default(),
+        Err(error) => {
+            let error = crate::ops::chain::Chain(&error).to_string();
+            info!(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node, %error, "bind refused; the scheduler retries the pod");
+            BindingResult { error }
+        }
+    };
+    observe(&extender.telemetry, "bind", started);
+    axum::Json(result)
+}
+
+impl Extender {
+    async fn bind(&self, args: &BindingArgs) -> Result<(), BindError> {
+        let key = format!("{}/{}", args.pod_namespace, args.pod_name);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &args.pod_namespace);
+        // The index may lag the pod's creation; the pod's labels decide its policy.
+        let pod = pods
+            .get_opt(&args.pod_name)
+            .await
+            .map_err(|source| BindError::ReadPod {
+                pod: key.clone(),
+                source,
+            })?
+            .filter(|p| args.pod_uid.is_empty() || p.metadata.uid.as_deref() == Some(&args.pod_uid))
+            .ok_or_else(|| BindError::Gone {
+                pod: key.clone(),
+                uid: args.pod_uid.clone(),
+            })?;
+        let entry = PodEntry::of(&pod);
+        let Some(policy) = self.index.policy_for(&entry.namespace, &entry.labels) else {
+            return self.create_binding(&pods, args, &key).await;
+        };
+        let placement = self
+            .index
+            .reserve_on_node(&policy, &entry, &args.node, &entry.uid)
+            .map_err(|refusal| {
+                if matches!(refusal, Refusal::Full { .. }) {
+                    self.telemetry.placement_bind_refusals.inc();
+                }
+                BindError::Refused(refusal)
+            })?;
+        let marked = async {
+            let mut annotations = placement.annotations.clone();
+            annotations.insert(PLACED_BY_ANNOTATION.into(), "extender".into());
+            let patch = json!({"metadata": {"labels": placement.labels, "annotations": annotations}});
+            pods.patch(&args.pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|source| BindError::Mark {
+                    pod: key.clone(),
+                    source,
+                })?;
+            self.create_binding(&pods, args, &key).await
+        }
+        .await;
+        if let Err(error) = marked {
+            self.index.release(&entry.uid);
+            return Err(error);
+        }
+        self.telemetry
+            .placement_pods_placed
+            .get_or_create(&PlacementLabels {
+                policy: policy.key.clone(),
+                unit: (placement.unit + 1).to_string(),
+                by: "extender",
+            })
+            .inc();
+        let note = self.index.take_explanation(&entry.uid).unwrap_or_else(|| {
+            format!(
+                "placed in unit {} ({})",
+                placement.unit + 1,
+                placement.description
+            )
+        });
+        info!(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node, policy = %policy.key, %note, "bound");
+        self.events.publish_later(
+            Event {
+                type_: EventType::Normal,
+                reason: "Placed".into(),
+                note: Some(format!("ResourcePolicy {}: {note}", policy.key)),
+                action: "Bind".into(),
+                secondary: None,
+            },
+            ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(args.pod_namespace.clone()),
+                name: Some(args.pod_name.clone()),
+                uid: Some(entry.uid.clone()),
+                ..ObjectReference::default()
+            },
+        );
+        Ok(())
+    }
+
+    async fn create_binding(
+        &self,
+        pods: &Api<Pod>,
+        args: &BindingArgs,
+        key: &str,
+    ) -> Result<(), BindError> {
+        let binding: Binding = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": args.pod_name, "namespace": args.pod_namespace, "uid": args.pod_uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
+        }))
+        .unwrap_or_default();
+        pods.create_subresource::<_, serde_json::Value>(
+            "binding",
+            &args.pod_name,
+            &PostParams::default(),
+            &binding,
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| BindError::Bind {
+            pod: key.to_owned(),
+            node: args.node.clone(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
