@@ -57,7 +57,11 @@ pub fn desired(
         "reinvocationPolicy": "Never",
         "timeoutSeconds": registration.timeout_seconds,
         "clientConfig": client,
-        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+        "rules": [
+            {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"},
+            // What the ResourcePolicy schema cannot check is refused here, with the field.
+            {"operations": ["CREATE", "UPDATE"], "apiGroups": ["scheduling.alibabacloud.com"], "apiVersions": ["v1alpha1"], "resources": ["resourcepolicies"], "scope": "Namespaced"},
+        ],
         "objectSelector": {"matchExpressions": [{"key": SELF_LABEL.0, "operator": "NotIn", "values": [SELF_LABEL.1]}]},
     });
     if !registration.skip_namespaces.is_empty() {

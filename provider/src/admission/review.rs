@@ -37,6 +37,8 @@ pub struct Admission {
     pub vnode: Vnode,
     /// Selectors only apply in their own namespace.
     pub own_namespace_only: bool,
+    /// ResourcePolicy placement, when on.
+    pub placement: Option<std::sync::Arc<crate::placement::Shared>>,
 }
 
 impl Admission {
@@ -52,6 +54,12 @@ impl Admission {
 
     fn respond(&self, request: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome) {
         let allow = AdmissionResponse::from(request);
+        if request.kind.group == "scheduling.alibabacloud.com"
+            && request.kind.kind == "ResourcePolicy"
+            && matches!(request.operation, Operation::Create | Operation::Update)
+        {
+            return (review_policy(request, allow), Outcome::default());
+        }
         let is_pod_create = request.kind.group.is_empty()
             && request.kind.kind == "Pod"
             && request.operation == Operation::Create
@@ -83,6 +91,24 @@ impl Admission {
             vnode: &self.vnode,
             own_namespace_only: self.own_namespace_only,
         });
+        let mut decision = decision;
+        let mut placed = None;
+        if let Some(placement) = self.placement.as_ref().filter(|p| p.is_synced()) {
+            let enforcement = placement.enforcement.borrow().clone();
+            if let Some(admitted) = crate::placement::admit::admit(
+                &placement.index,
+                decision.pod.clone(),
+                &enforcement,
+                request.dry_run,
+                std::time::SystemTime::now(),
+            ) {
+                decision.pod = admitted.pod;
+                placed = Some(format!(
+                    "ResourcePolicy {}: {}",
+                    admitted.policy, admitted.note
+                ));
+            }
+        }
         let mut outcome = Outcome::default();
         let mut response = allow;
         if let Some(warning) = &decision.warning {
@@ -119,6 +145,11 @@ impl Admission {
             "virtual-node-eci.aliyun.com/selector".into(),
             decision.reason,
         );
+        if let Some(placed) = placed {
+            response
+                .audit_annotations
+                .insert("virtual-node-eci.aliyun.com/placement".into(), placed);
+        }
         match response.clone().with_patch(patch) {
             Ok(patched) => {
                 outcome.patched = true;
@@ -127,6 +158,36 @@ impl Admission {
             Err(_) => (response, outcome),
         }
     }
+}
+
+/// A ResourcePolicy create or update: refused, naming each field and why, when the schema let
+/// through what cannot work.
+fn review_policy(
+    request: &AdmissionRequest<DynamicObject>,
+    allow: AdmissionResponse,
+) -> AdmissionResponse {
+    let Some(object) = &request.object else {
+        return allow;
+    };
+    let spec = serde_json::to_value(object)
+        .ok()
+        .and_then(|v| v.get("spec").cloned())
+        .unwrap_or_default();
+    let problems =
+        match serde_json::from_value::<crate::placement::policy::ResourcePolicySpec>(spec) {
+            Ok(spec) => crate::placement::policy::validate(&spec),
+            // The schema refuses malformed specs with its own words.
+            Err(_) => return allow,
+        };
+    if problems.is_empty() {
+        return allow;
+    }
+    let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    allow.deny(format!(
+        "ResourcePolicy {}: {}",
+        request.name,
+        problems.join("; ")
+    ))
 }
 
 /// The review as sent: the patch as the base64 string webhooks conventionally send (kube
@@ -161,6 +222,7 @@ mod tests {
             caches: Arc::new(Caches::new(true)),
             vnode: Vnode::default(),
             own_namespace_only: false,
+            placement: None,
         }
     }
 

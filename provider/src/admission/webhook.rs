@@ -167,6 +167,7 @@ async fn follow_ca(
 pub async fn run(
     client: kube::Client,
     config: AdmissionConfig,
+    placement: Option<Arc<crate::placement::Shared>>,
     telemetry: Arc<Telemetry>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -228,6 +229,7 @@ pub async fn run(
             caches: Arc::clone(&caches),
             vnode: vnode.clone(),
             own_namespace_only: config.selectors_own_namespace_only,
+            placement,
         },
         telemetry: Arc::clone(&telemetry),
         events: warnings,

@@ -33,6 +33,7 @@ use crate::node::registration;
 use crate::node::status as node_status;
 use crate::ops::metrics::Telemetry;
 use crate::ops::server::{self as ops, Readiness};
+use crate::placement::Placement;
 use crate::pods::PodController;
 
 /// How long the areas get to finish in-flight work (ECI calls, status writes) after the stop
@@ -142,7 +143,23 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             )
         });
     }
+    // ResourcePolicy placement: the webhook reads its index, so it is built first.
+    let placement = settings
+        .config
+        .placement_enabled
+        .then(|| Placement::new(settings.placement()));
+    let placement_shared = placement.as_ref().map(Placement::shared);
+    if let Some(placement) = placement {
+        let (client, telemetry, stop) = (client.clone(), Arc::clone(&telemetry), stop.clone());
+        tasks.spawn(async move {
+            (
+                "ResourcePolicy placement",
+                placement.run(client, telemetry, stop).await,
+            )
+        });
+    }
     if settings.config.webhook_enabled {
+        let placement = placement_shared.clone();
         let (client, config, telemetry, stop) = (
             client.clone(),
             settings.admission(),
@@ -152,7 +169,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         tasks.spawn(async move {
             (
                 "Selector webhook",
-                admission::run(client, config, telemetry, stop).await,
+                admission::run(client, config, placement, telemetry, stop).await,
             )
         });
     }

@@ -16,6 +16,7 @@ const ALL: &[&[Access]] = &[
     crate::pods::KUBE_API,
     crate::pods::services::KUBE_API,
     crate::admission::KUBE_API,
+    crate::placement::KUBE_API,
     crate::kubelet::auth::KUBE_API,
     crate::kubelet::certs::KUBE_API,
     crate::kubelet::pod_lookup::KUBE_API,

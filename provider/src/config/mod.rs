@@ -374,6 +374,26 @@ pub struct Config {
     #[arg(long, env = "NO_DEFAULT_SELECTORS")]
     pub no_default_selectors: bool,
 
+    /// ResourcePolicy placement (`scheduling.alibabacloud.com/v1alpha1`): ordered units, caps,
+    /// reverse-order scale-in. Idle until the CRD is installed.
+    #[arg(long, env = "PLACEMENT_ENABLED", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub placement_enabled: bool,
+
+    /// Serve kube-scheduler's extender for ResourcePolicy from the elected replica. `false`
+    /// leaves placement to admission alone (the first unit with room, no waiting, no bind-time
+    /// cap).
+    #[arg(long, env = "PLACEMENT_EXTENDER", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub placement_extender: bool,
+
+    /// Where the elected replica serves the extender (HTTPS).
+    #[arg(long, env = "PLACEMENT_EXTENDER_ADDR", default_value = "0.0.0.0:10263")]
+    pub placement_extender_addr: SocketAddr,
+
+    /// A directory with tls.crt and tls.key for the extender (reloaded when they change).
+    /// Without it the extender serves the webhook's certificate from WEBHOOK_SECRET.
+    #[arg(long, env = "PLACEMENT_EXTENDER_CERT_DIR")]
+    pub placement_extender_cert_dir: Option<std::path::PathBuf>,
+
     /// Log format (level from RUST_LOG, default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -645,7 +665,52 @@ pub struct AdmissionConfig {
     pub no_default_selectors: bool,
 }
 
+/// What the placement area (ResourcePolicy) is given.
+#[derive(Debug, Clone)]
+pub struct PlacementConfig {
+    /// This replica's node (the election's identity, Events' reporter instance).
+    pub node_name: String,
+    /// This replica's pod, labelled while it leads (the extender Service selects it).
+    pub pod_name: Option<String>,
+    /// The daemon's namespace (election Lease, certificate Secret).
+    pub pod_namespace: String,
+    /// The virtual nodes' label and taint.
+    pub taint_key: String,
+    /// Its value.
+    pub taint_value: String,
+    /// Its effect.
+    pub taint_effect: TaintEffect,
+    /// Serve the extender when elected.
+    pub extender: bool,
+    /// Where.
+    pub extender_addr: SocketAddr,
+    /// Its certificate files, if not the webhook's Secret.
+    pub extender_cert_dir: Option<PathBuf>,
+    /// The webhook's certificate Secret (shared with the extender).
+    pub webhook_secret: String,
+    /// The webhook's Service (the certificate's names).
+    pub webhook_service: String,
+}
+
 impl Settings {
+    /// The placement area's part.
+    pub fn placement(&self) -> PlacementConfig {
+        let config = &self.config;
+        PlacementConfig {
+            node_name: self.node_name.clone(),
+            pod_name: config.pod_name.clone(),
+            pod_namespace: config.pod_namespace.clone(),
+            taint_key: config.taint_key.clone(),
+            taint_value: config.taint_value.clone(),
+            taint_effect: config.taint_effect,
+            extender: config.placement_extender,
+            extender_addr: config.placement_extender_addr,
+            extender_cert_dir: config.placement_extender_cert_dir.clone(),
+            webhook_secret: config.webhook_secret.clone(),
+            webhook_service: config.webhook_service.clone(),
+        }
+    }
+
     /// The admission area's part.
     pub fn admission(&self) -> AdmissionConfig {
         let config = &self.config;

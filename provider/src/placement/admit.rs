@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::{
 };
 
 use super::decide::{self, Outcome};
-use super::index::{
+use super::policy::{Resource, Unit};
+use super::state::{
     PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, RESERVATION_ANNOTATION, placement,
 };
-use super::policy::{Resource, Unit};
 
 /// Who enforces the unit order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,7 +142,9 @@ fn pin(pod: &mut Pod, units: &[&Unit], vnodes: &decide::VirtualNodes) {
         return;
     };
     let affinity = spec.affinity.get_or_insert_with(Affinity::default);
-    let node_affinity = affinity.node_affinity.get_or_insert_with(NodeAffinity::default);
+    let node_affinity = affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
     let existing: Vec<NodeSelectorTerm> = node_affinity
         .required_during_scheduling_ignored_during_execution
         .as_ref()

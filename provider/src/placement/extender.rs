@@ -21,7 +21,7 @@ use serde_json::json;
 use tracing::{debug, info};
 
 use super::decide::{self, Outcome};
-use super::index::{PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, Refusal};
+use super::state::{PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, Refusal};
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::{PlacementLabels, Telemetry, VerbLabels};
 
@@ -356,13 +356,18 @@ impl Extender {
         let marked = async {
             let mut annotations = placement.annotations.clone();
             annotations.insert(PLACED_BY_ANNOTATION.into(), "extender".into());
-            let patch = json!({"metadata": {"labels": placement.labels, "annotations": annotations}});
-            pods.patch(&args.pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|source| BindError::Mark {
-                    pod: key.clone(),
-                    source,
-                })?;
+            let patch =
+                json!({"metadata": {"labels": placement.labels, "annotations": annotations}});
+            pods.patch(
+                &args.pod_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|source| BindError::Mark {
+                pod: key.clone(),
+                source,
+            })?;
             self.create_binding(&pods, args, &key).await
         }
         .await;

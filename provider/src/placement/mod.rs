@@ -1,12 +1,610 @@
 //! ResourcePolicy placement (ACK-compatible `scheduling.alibabacloud.com/v1alpha1`): pods go
 //! to the first unit (node pool, then ECI) with room, capped per unit, and leave in reverse
 //! order on scale-in. The policy types and the decisions are pure (`policy`, `decide`); the
-//! `index` is fed by watches; the elected replica serves the scheduler `extender` and runs the
-//! `controller` (status counts, deletion costs); every replica answers the admission side
+//! `state` index is fed by watches; the elected replica serves the scheduler `extender` and
+//! runs the `upkeep` (status counts, deletion costs); every replica answers the admission side
 //! (`admit`) for the webhook. May call `k8s`, `ops`, `config`.
 
 pub mod admit;
 pub mod decide;
 pub mod extender;
-pub mod index;
 pub mod policy;
+pub mod state;
+pub mod upkeep;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::events::Reporter;
+use kube::runtime::watcher::{self, Event as WatchEvent};
+use serde_json::json;
+use tls_serve::{CertificateFiles, ClientAuth, ReloadableCertificate, TlsServer};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use self::admit::Enforcement;
+use self::decide::VirtualNodes;
+use self::policy::ResourcePolicy;
+use self::state::PlacementIndex;
+use crate::config::PlacementConfig;
+use crate::k8s::access::{Access, Scope};
+use crate::k8s::election::{Acquire, Candidate, LeaseLock, Request};
+use crate::k8s::serving_cert;
+use crate::ops::chain::Chain;
+use crate::ops::events::EventPublisher;
+use crate::ops::metrics::Telemetry;
+
+/// The election Lease (in the daemon's namespace) whose holder serves the extender.
+pub const LEASE: &str = "virtual-node-eci-placement";
+/// The label the leader sets on its own pod; the extender's Service selects it.
+pub const LEADER_LABEL: &str = "placement.virtual-node-eci.aliyun.com/leader";
+/// How long the Lease is valid without renewal.
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+/// How often it is renewed (and contended for).
+const RENEW_INTERVAL: Duration = Duration::from_secs(3);
+/// How often the certificate files are checked for a renewal.
+const CERT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What the webhook reads of placement.
+#[derive(Debug)]
+pub struct Shared {
+    /// The index.
+    pub index: Arc<PlacementIndex>,
+    /// Who enforces the unit order now.
+    pub enforcement: watch::Receiver<Enforcement>,
+    /// True once policies, nodes and pods were listed (before, admission leaves pods alone).
+    pub synced: AtomicBool,
+    policies_synced: AtomicBool,
+    nodes_synced: AtomicBool,
+    pods_synced: AtomicBool,
+}
+
+impl Shared {
+    /// Whether the index has seen a full list of everything.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    fn mark(&self, which: &AtomicBool) {
+        which.store(true, Ordering::SeqCst);
+        let all = self.policies_synced.load(Ordering::SeqCst)
+            && self.nodes_synced.load(Ordering::SeqCst)
+            && self.pods_synced.load(Ordering::SeqCst);
+        if all && !self.synced.swap(true, Ordering::SeqCst) {
+            info!("ResourcePolicy placement has listed policies, nodes and pods");
+        }
+    }
+}
+
+/// The placement area: built first (the webhook reads it), then run.
+#[derive(Debug)]
+pub struct Placement {
+    config: PlacementConfig,
+    shared: Arc<Shared>,
+    enforcement: watch::Sender<Enforcement>,
+}
+
+impl Placement {
+    /// The area for `config`.
+    pub fn new(config: PlacementConfig) -> Self {
+        let vnodes = VirtualNodes {
+            taint_key: config.taint_key.clone(),
+            taint_value: config.taint_value.clone(),
+            taint_effect: config.taint_effect.as_str().to_owned(),
+            ..VirtualNodes::default()
+        };
+        let initial = Enforcement::Admission {
+            why: "no replica has been elected to serve the scheduler extender yet".into(),
+        };
+        let (enforcement, receiver) = watch::channel(initial);
+        Self {
+            config,
+            shared: Arc::new(Shared {
+                index: Arc::new(PlacementIndex::new(vnodes)),
+                enforcement: receiver,
+                synced: AtomicBool::new(false),
+                policies_synced: AtomicBool::new(false),
+                nodes_synced: AtomicBool::new(false),
+                pods_synced: AtomicBool::new(false),
+            }),
+            enforcement,
+        }
+    }
+
+    /// What the webhook reads.
+    pub fn shared(&self) -> Arc<Shared> {
+        Arc::clone(&self.shared)
+    }
+
+    /// Feeds the index, takes part in the election and, while elected, serves the extender
+    /// and keeps statuses and deletion costs; until `stop`.
+    pub async fn run(
+        self,
+        client: kube::Client,
+        telemetry: Arc<Telemetry>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let mut tasks: JoinSet<()> = JoinSet::new();
+        let index = Arc::clone(&self.shared.index);
+        {
+            let (client, shared, stop) = (client.clone(), Arc::clone(&self.shared), stop.clone());
+            tasks.spawn(feed_policies(client, shared, stop));
+        }
+        {
+            let (client, shared, stop) = (client.clone(), Arc::clone(&self.shared), stop.clone());
+            tasks.spawn(feed_nodes(client, shared, stop));
+        }
+        {
+            let (client, shared, stop) = (client.clone(), Arc::clone(&self.shared), stop.clone());
+            tasks.spawn(feed_pods(client, shared, stop));
+        }
+        let events = EventPublisher::new(
+            client.clone(),
+            Reporter {
+                controller: "virtual-node-eci".into(),
+                instance: Some(self.config.node_name.clone()),
+            },
+            Arc::clone(&telemetry),
+        );
+        let leadership = Leadership {
+            config: self.config,
+            client,
+            index,
+            telemetry,
+            events,
+            enforcement: self.enforcement,
+            receiver: self.shared.enforcement.clone(),
+        };
+        leadership.run(stop.clone()).await;
+        stop.cancel();
+        while tasks.join_next().await.is_some() {}
+        Ok(())
+    }
+}
+
+/// The watcher's stream as index updates; a failed list or watch is retried with back-off
+/// (a missing CRD is reported, not fatal: placement idles until it is installed).
+async fn feed<K, F>(api: Api<K>, what: &'static str, stop: CancellationToken, mut apply: F)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    F: FnMut(WatchEvent<K>),
+{
+    let stream = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map_err(|error| {
+            warn!(what, error = %Chain(&error), "placement watch failed; retrying");
+            error
+        });
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            next = stream.next() => match next {
+                Some(Ok(event)) => apply(event),
+                Some(Err(_)) => {}
+                None => return,
+            },
+        }
+    }
+}
+
+async fn feed_policies(client: kube::Client, shared: Arc<Shared>, stop: CancellationToken) {
+    let index = Arc::clone(&shared.index);
+    let mut listing: Vec<ResourcePolicy> = Vec::new();
+    feed(
+        Api::<ResourcePolicy>::all(client),
+        "ResourcePolicy",
+        stop,
+        |event| match event {
+            WatchEvent::Apply(p) => index.apply_policy(p),
+            WatchEvent::Delete(p) => index.delete_policy(&p),
+            WatchEvent::Init => listing.clear(),
+            WatchEvent::InitApply(p) => listing.push(p),
+            WatchEvent::InitDone => {
+                index.set_policies(std::mem::take(&mut listing));
+                shared.mark(&shared.policies_synced);
+            }
+        },
+    )
+    .await;
+}
+
+async fn feed_nodes(client: kube::Client, shared: Arc<Shared>, stop: CancellationToken) {
+    let index = Arc::clone(&shared.index);
+    let mut listing: Vec<Node> = Vec::new();
+    feed(
+        Api::<Node>::all(client),
+        "node",
+        stop,
+        |event| match event {
+            WatchEvent::Apply(n) => index.apply_node(&n),
+            WatchEvent::Delete(n) => index.delete_node(&n),
+            WatchEvent::Init => listing.clear(),
+            WatchEvent::InitApply(n) => listing.push(n),
+            WatchEvent::InitDone => {
+                index.set_nodes(std::mem::take(&mut listing));
+                shared.mark(&shared.nodes_synced);
+            }
+        },
+    )
+    .await;
+}
+
+async fn feed_pods(client: kube::Client, shared: Arc<Shared>, stop: CancellationToken) {
+    let index = Arc::clone(&shared.index);
+    let mut listing: Vec<Pod> = Vec::new();
+    feed(Api::<Pod>::all(client), "pod", stop, |event| match event {
+        WatchEvent::Apply(p) => index.apply_pod(&p),
+        WatchEvent::Delete(p) => index.delete_pod(&p),
+        WatchEvent::Init => listing.clear(),
+        WatchEvent::InitApply(p) => listing.push(p),
+        WatchEvent::InitDone => {
+            index.set_pods(std::mem::take(&mut listing));
+            shared.mark(&shared.pods_synced);
+        }
+    })
+    .await;
+}
+
+fn operation(request: Request) -> &'static str {
+    match request {
+        Request::Get => "placement_lease_get",
+        Request::Create => "placement_lease_create",
+        Request::TakeOver => "placement_lease_take_over",
+        Request::Renew => "placement_lease_renew",
+        Request::Release => "placement_lease_release",
+    }
+}
+
+struct Leadership {
+    config: PlacementConfig,
+    client: kube::Client,
+    index: Arc<PlacementIndex>,
+    telemetry: Arc<Telemetry>,
+    events: EventPublisher,
+    enforcement: watch::Sender<Enforcement>,
+    receiver: watch::Receiver<Enforcement>,
+}
+
+/// What this replica is doing as leader.
+struct Term {
+    stop: CancellationToken,
+    tasks: JoinSet<()>,
+    lease: Lease,
+}
+
+impl Leadership {
+    fn set_enforcement(&self, next: Enforcement) {
+        let changed = self.enforcement.send_if_modified(|current| {
+            let changed = *current != next;
+            current.clone_from(&next);
+            changed
+        });
+        if changed {
+            match &next {
+                Enforcement::Extender => {
+                    info!("ResourcePolicy unit order is enforced by the scheduler extender")
+                }
+                Enforcement::Admission { why } => {
+                    warn!(%why, "ResourcePolicy unit order cannot be enforced by the scheduler extender; pods are placed at admission instead (first unit with room; no waiting, no bind-time cap)")
+                }
+            }
+        }
+    }
+
+    async fn run(self, stop: CancellationToken) {
+        let lock = LeaseLock::new(
+            self.client.clone(),
+            &self.config.pod_namespace,
+            LEASE,
+            Candidate {
+                holder: self.config.node_name.clone(),
+                instance: Some(uuid::Uuid::new_v4().to_string()),
+                duration: LEASE_DURATION,
+                renew_interval: RENEW_INTERVAL,
+                owner: None,
+            },
+        );
+        let mut term: Option<Term> = None;
+        let mut ticks = tokio::time::interval(RENEW_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+            let count = |request| self.telemetry.kube_request(operation(request));
+            let attempt = match &term {
+                Some(held) => lock
+                    .renew(&held.lease, &count)
+                    .await
+                    .map(|renewal| match renewal {
+                        crate::k8s::election::Renewal::Renewed(lease)
+                        | crate::k8s::election::Renewal::Changed(lease) => Some(lease),
+                        crate::k8s::election::Renewal::Lost(_)
+                        | crate::k8s::election::Renewal::Deleted => None,
+                    }),
+                None => lock.try_acquire(&count).await.map(|acquire| match acquire {
+                    Acquire::Acquired(lease) => Some(*lease),
+                    Acquire::Held(held) => {
+                        debug!(holder = %held.holder.identity, "another replica serves placement");
+                        None
+                    }
+                    Acquire::Contended => None,
+                }),
+            };
+            match attempt {
+                Ok(Some(lease)) => {
+                    if let Some(held) = term.as_mut() {
+                        held.lease = lease;
+                    } else {
+                        info!(lease = LEASE, "elected to serve ResourcePolicy placement");
+                        term = Some(self.begin(lease).await);
+                    }
+                    self.set_enforcement(self.own_enforcement());
+                }
+                Ok(None) => {
+                    if let Some(ended) = term.take() {
+                        warn!("lost the placement election; no longer serving the extender");
+                        self.end(ended, false, &lock).await;
+                    }
+                    self.set_enforcement(self.others_enforcement(&lock, &count).await);
+                }
+                Err(error) => {
+                    warn!(error = %Chain(&error), "cannot take part in the placement election; retrying");
+                    if term.is_none() {
+                        self.set_enforcement(self.others_enforcement(&lock, &count).await);
+                    }
+                }
+            }
+        }
+        if let Some(ended) = term.take() {
+            self.end(ended, true, &lock).await;
+        }
+    }
+
+    /// While we lead.
+    fn own_enforcement(&self) -> Enforcement {
+        if self.config.extender {
+            Enforcement::Extender
+        } else {
+            Enforcement::Admission {
+                why: "PLACEMENT_EXTENDER=false: the elected replica serves no scheduler extender"
+                    .into(),
+            }
+        }
+    }
+
+    /// While another replica leads (or nobody does).
+    async fn others_enforcement(
+        &self,
+        lock: &LeaseLock,
+        count: &crate::k8s::election::Count<'_>,
+    ) -> Enforcement {
+        if !self.config.extender {
+            return self.own_enforcement();
+        }
+        match lock.observe(count).await {
+            Ok(Some(lease)) => {
+                match crate::k8s::election::judge(&lease, &lock.candidate, lock.now()) {
+                    crate::k8s::election::Verdict::Held(_) => Enforcement::Extender,
+                    _ => Enforcement::Admission {
+                        why: format!(
+                            "the placement Lease {}/{LEASE} has expired or was released: no replica serves the scheduler extender",
+                            self.config.pod_namespace
+                        ),
+                    },
+                }
+            }
+            Ok(None) => Enforcement::Admission {
+                why: format!(
+                    "no replica holds the placement Lease {}/{LEASE}: no scheduler extender is serving",
+                    self.config.pod_namespace
+                ),
+            },
+            Err(error) => Enforcement::Admission {
+                why: format!("cannot read the placement Lease: {}", Chain(&error)),
+            },
+        }
+    }
+
+    async fn begin(&self, lease: Lease) -> Term {
+        let stop = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        self.label_own_pod(true).await;
+        {
+            let (client, index, receiver, stop) = (
+                self.client.clone(),
+                Arc::clone(&self.index),
+                self.receiver.clone(),
+                stop.clone(),
+            );
+            tasks.spawn(upkeep::run(client, index, receiver, stop));
+        }
+        if self.config.extender {
+            let served = Arc::new(extender::Extender {
+                index: Arc::clone(&self.index),
+                client: self.client.clone(),
+                telemetry: Arc::clone(&self.telemetry),
+                events: self.events.clone(),
+            });
+            let (config, client, stop) = (self.config.clone(), self.client.clone(), stop.clone());
+            tasks.spawn(serve_extender(config, client, served, stop));
+        }
+        Term { stop, tasks, lease }
+    }
+
+    async fn end(&self, mut term: Term, release: bool, lock: &LeaseLock) {
+        term.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while term.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        term.tasks.abort_all();
+        self.label_own_pod(false).await;
+        if release {
+            let count = |request| self.telemetry.kube_request(operation(request));
+            match tokio::time::timeout(Duration::from_secs(5), lock.release(&term.lease, &count))
+                .await
+            {
+                Ok(Ok(_)) => info!("released the placement election"),
+                _ => debug!("could not release the placement election; it expires instead"),
+            }
+        }
+    }
+
+    /// Marks (or unmarks) this replica's pod as the one the extender Service sends to.
+    async fn label_own_pod(&self, leading: bool) {
+        let Some(pod) = &self.config.pod_name else {
+            return;
+        };
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.config.pod_namespace);
+        let value = if leading {
+            json!("true")
+        } else {
+            serde_json::Value::Null
+        };
+        let patch = json!({"metadata": {"labels": {LEADER_LABEL: value}}});
+        if let Err(error) = pods
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            // Outside a pod (a test host) there is nothing to label.
+            debug!(%pod, error = %Chain(&error), "could not label this replica's pod for the extender Service");
+        }
+    }
+}
+
+/// Serves the extender until `stop`: binding the address is retried (a previous leader on the
+/// same host may still hold it for a moment).
+async fn serve_extender(
+    config: PlacementConfig,
+    client: kube::Client,
+    served: Arc<extender::Extender>,
+    stop: CancellationToken,
+) {
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let material = loop {
+        let attempt = match &config.extender_cert_dir {
+            Some(dir) => serving_cert::from_dir(dir),
+            None => {
+                let names =
+                    serving_cert::service_names(&config.webhook_service, &config.pod_namespace);
+                serving_cert::from_secret(
+                    client.clone(),
+                    &config.pod_namespace,
+                    &config.webhook_secret,
+                    &names,
+                )
+                .await
+            }
+        };
+        match attempt.and_then(|m| m.certified_key()) {
+            Ok(key) => break key,
+            Err(error) => {
+                warn!(error = %Chain(&error), "no certificate for the scheduler extender yet; retrying");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+        }
+    };
+    let certificate = Arc::new(ReloadableCertificate::new(material));
+    if let Some(dir) = config.extender_cert_dir.clone() {
+        let (certificate, stop) = (Arc::clone(&certificate), stop.clone());
+        tasks.spawn(async move {
+            CertificateFiles::in_dir(&dir)
+                .watch(certificate, CERT_RELOAD_INTERVAL, stop)
+                .await;
+        });
+    }
+    let server = match TlsServer::new(certificate, ClientAuth::None) {
+        Ok(server) => server,
+        Err(error) => {
+            warn!(error = %Chain(&error), "cannot serve the scheduler extender");
+            return;
+        }
+    };
+    let mut wait = Duration::from_millis(100);
+    let listener = loop {
+        match tokio::net::TcpListener::bind(config.extender_addr).await {
+            Ok(listener) => break listener,
+            Err(error) => {
+                warn!(address = %config.extender_addr, %error, "cannot listen for the scheduler extender yet; retrying");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        }
+    };
+    info!(address = %config.extender_addr, prefix = extender::PREFIX, "serving the scheduler extender");
+    server
+        .serve(listener, extender::router(served), stop.clone())
+        .await;
+    stop.cancel();
+    while tasks.join_next().await.is_some() {}
+}
+
+/// The API accesses of placement (see [`crate::k8s::access`]).
+pub const KUBE_API: &[Access] = &[
+    Access {
+        scope: Scope::Cluster,
+        group: "scheduling.alibabacloud.com",
+        resource: "resourcepolicies",
+        verbs: &["list", "watch"],
+        why: "the ResourcePolicy index",
+    },
+    Access {
+        scope: Scope::Cluster,
+        group: "scheduling.alibabacloud.com",
+        resource: "resourcepolicies/status",
+        verbs: &["patch"],
+        why: "per-unit counts in each policy's status",
+    },
+    Access {
+        scope: Scope::Cluster,
+        group: "",
+        resource: "nodes",
+        verbs: &["list", "watch"],
+        why: "which unit each node is in, and the room left on it",
+    },
+    Access {
+        scope: Scope::Cluster,
+        group: "",
+        resource: "pods",
+        verbs: &["get", "list", "watch", "patch"],
+        why: "counting pods per unit; marking placed pods (unit, deletion cost); the leader's own label",
+    },
+    Access {
+        scope: Scope::Cluster,
+        group: "",
+        resource: "pods/binding",
+        verbs: &["create"],
+        why: "the scheduler extender binds the pods it placed",
+    },
+    Access {
+        scope: Scope::OwnNamespace,
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["get", "create", "update"],
+        why: "the placement election",
+    },
+    Access {
+        scope: Scope::OwnNamespace,
+        group: "",
+        resource: "secrets",
+        verbs: &["get", "create"],
+        why: "the extender's certificate (the webhook's, shared)",
+    },
+];

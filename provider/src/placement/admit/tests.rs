@@ -2,8 +2,8 @@ use serde_json::json;
 
 use super::*;
 use crate::placement::decide::VirtualNodes;
-use crate::placement::index::{DELETION_COST_ANNOTATION, UNIT_ANNOTATION};
 use crate::placement::policy::ResourcePolicy;
+use crate::placement::state::{DELETION_COST_ANNOTATION, UNIT_ANNOTATION};
 
 fn index() -> PlacementIndex {
     let index = PlacementIndex::new(VirtualNodes::default());
@@ -85,7 +85,8 @@ fn with_the_extender_the_pod_is_narrowed_to_every_unit_and_tolerates_virtual_nod
             {"matchExpressions": [{"key": "k8s.aliyun.com/vnode", "operator": "In", "values": ["true"]}]},
         ])
     );
-    let tolerations = serde_json::to_value(&admitted.pod.spec.as_ref().unwrap().tolerations).unwrap();
+    let tolerations =
+        serde_json::to_value(&admitted.pod.spec.as_ref().unwrap().tolerations).unwrap();
     assert_eq!(
         tolerations,
         json!([{"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"}])
@@ -152,7 +153,11 @@ fn without_an_extender_admission_picks_the_first_unit_with_room_and_reserves_it(
     )
     .unwrap();
     assert_eq!(second.unit, Some(1));
-    assert!(second.note.starts_with("placed in unit 2 (eci): unit 1 (ecs paidtype=subscription) full (max 1)"));
+    assert!(
+        second
+            .note
+            .starts_with("placed in unit 2 (eci): unit 1 (ecs paidtype=subscription) full (max 1)")
+    );
     // A dry run decides the same but reserves nothing.
     let dry = admit(
         &index,

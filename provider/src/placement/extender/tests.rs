@@ -127,7 +127,11 @@ fn answers_use_the_schedulers_field_names() {
     )
     .unwrap();
     assert_eq!(
-        (binding.pod_name.as_str(), binding.pod_uid.as_str(), binding.node.as_str()),
+        (
+            binding.pod_name.as_str(),
+            binding.pod_uid.as_str(),
+            binding.node.as_str()
+        ),
         ("p", "u", "n")
     );
     let priority = serde_json::to_value(HostPriority {
