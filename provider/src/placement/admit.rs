@@ -14,7 +14,8 @@ use k8s_openapi::api::core::v1::{
 use super::decide::{self, Outcome};
 use super::policy::{Resource, Unit};
 use super::state::{
-    PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, RESERVATION_ANNOTATION, placement,
+    PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, REASON_ANNOTATION, RESERVATION_ANNOTATION,
+    placement,
 };
 
 /// Who enforces the unit order.
@@ -86,11 +87,9 @@ pub fn admit(
                                 annotations.extend(granted.annotations);
                                 annotations.insert(PLACED_BY_ANNOTATION.into(), "admission".into());
                                 annotations.insert(RESERVATION_ANNOTATION.into(), id);
-                                (
-                                    vec![&spec.units[unit]],
-                                    Some(unit),
-                                    format!("{explanation} (at admission: {why})"),
-                                )
+                                let note = format!("{explanation} (at admission: {why})");
+                                annotations.insert(REASON_ANNOTATION.into(), note.clone());
+                                (vec![&spec.units[unit]], Some(unit), note)
                             }
                             Err(refusal) => (every_unit, None, refusal.to_string()),
                         }

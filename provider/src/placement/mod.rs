@@ -421,13 +421,14 @@ impl Leadership {
         let mut tasks = JoinSet::new();
         self.label_own_pod(true).await;
         {
-            let (client, index, receiver, stop) = (
+            let (client, index, receiver, events, stop) = (
                 self.client.clone(),
                 Arc::clone(&self.index),
                 self.receiver.clone(),
+                self.events.clone(),
                 stop.clone(),
             );
-            tasks.spawn(upkeep::run(client, index, receiver, stop));
+            tasks.spawn(upkeep::run(client, index, receiver, events, stop));
         }
         if self.config.extender {
             let served = Arc::new(extender::Extender {

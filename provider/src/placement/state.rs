@@ -21,6 +21,8 @@ pub const UNIT_ANNOTATION: &str = "placement.virtual-node-eci.aliyun.com/unit";
 pub const POLICY_ANNOTATION: &str = "placement.virtual-node-eci.aliyun.com/policy";
 /// Annotation: how the pod was placed (`extender` or `admission`).
 pub const PLACED_BY_ANNOTATION: &str = "placement.virtual-node-eci.aliyun.com/placed-by";
+/// Annotation: why admission placed the pod where it did (published as an Event once bound).
+pub const REASON_ANNOTATION: &str = "placement.virtual-node-eci.aliyun.com/reason";
 /// Annotation: an admission-time reservation's id (until the pod shows up in the index).
 pub const RESERVATION_ANNOTATION: &str = "placement.virtual-node-eci.aliyun.com/reservation";
 /// The ReplicaSet controller's scale-in order.

@@ -19,9 +19,10 @@ use super::decide;
 use super::policy::{self, ResourcePolicy, ResourcePolicyStatus, UnitStatus};
 use super::state::{
     DELETION_COST_ANNOTATION, PLACED_BY_ANNOTATION, POLICY_ANNOTATION, PlacementIndex, PolicyEntry,
-    UNIT_ANNOTATION,
+    REASON_ANNOTATION, UNIT_ANNOTATION,
 };
 use crate::ops::chain::Chain;
+use crate::ops::events::EventPublisher;
 
 /// How often the upkeep runs (it only writes what changed).
 const PERIOD: Duration = Duration::from_secs(3);
@@ -127,10 +128,12 @@ pub async fn run(
     client: kube::Client,
     index: Arc<PlacementIndex>,
     enforcement: tokio::sync::watch::Receiver<Enforcement>,
+    events: EventPublisher,
     stop: CancellationToken,
 ) {
     let mut written: HashMap<String, ResourcePolicyStatus> = HashMap::new();
     let mut reported: HashSet<String> = HashSet::new();
+    let mut announced: HashSet<String> = HashSet::new();
     let mut ticks = tokio::time::interval(PERIOD);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -151,9 +154,50 @@ pub async fn run(
             )
             .instrument(span)
             .await;
+            announce_admission_placements(&index, &entry, &events, &mut announced);
         }
         let live: HashSet<String> = index.policies().into_iter().map(|p| p.key).collect();
         written.retain(|k, _| live.contains(k));
+    }
+}
+
+/// Pods admission placed get their Event once bound (at admission their name may not exist
+/// yet: `generateName`).
+fn announce_admission_placements(
+    index: &PlacementIndex,
+    entry: &PolicyEntry,
+    events: &EventPublisher,
+    announced: &mut HashSet<String>,
+) {
+    for pod in index.pods_in(&entry.namespace) {
+        let (Some(_), Some(note)) = (&pod.node, pod.annotations.get(REASON_ANNOTATION)) else {
+            continue;
+        };
+        if pod.annotations.get(POLICY_ANNOTATION) != Some(&entry.key)
+            || !announced.insert(pod.uid.clone())
+        {
+            continue;
+        }
+        events.publish_later(
+            kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Normal,
+                reason: "Placed".into(),
+                note: Some(format!("ResourcePolicy {}: {note}", entry.key)),
+                action: "Admit".into(),
+                secondary: None,
+            },
+            k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(pod.namespace.clone()),
+                name: Some(pod.name.clone()),
+                uid: Some(pod.uid.clone()),
+                ..Default::default()
+            },
+        );
+    }
+    if announced.len() > 50_000 {
+        announced.clear();
     }
 }
 
