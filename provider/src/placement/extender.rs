@@ -3,6 +3,11 @@
 //! units; bind re-checks the unit's cap atomically, marks the pod (unit labels and
 //! annotations, deletion cost) and creates the Binding. Pods no policy selects pass untouched.
 //!
+//! The cap holds at filter time: kube-scheduler filters one pod at a time, and a pod the filter
+//! places takes its place in the same critical section, so the next pod's filter counts it.
+//! Bind re-checks (another scheduler, a restarted leader); note that with `ignorable: true`
+//! kube-scheduler binds a pod itself when our bind refuses it, so the filter is the guard.
+//!
 //! The wire types are kube-scheduler's `extender/v1` (Go field names, no JSON tags); no
 //! maintained Rust crate has them, so they are written here.
 
@@ -226,16 +231,19 @@ pub fn filter_nodes(index: &PlacementIndex, args: &ExtenderArgs, now: SystemTime
             .map(|n| (n.clone(), why.to_owned()))
             .collect()
     };
-    let (choice, members) = match index.choose(&policy, &entry, Some(&candidates), now) {
-        Ok(chosen) => chosen,
-        Err(refusal) => {
-            return FilterResult {
-                node_names: Some(Vec::new()),
-                failed_and_unresolvable_nodes: all_failed(&refusal.to_string()),
-                ..FilterResult::default()
-            };
-        }
-    };
+    // The place is taken now, not at bind: see `choose_and_reserve`.
+    let reserve_as = (!entry.uid.is_empty()).then_some(entry.uid.as_str());
+    let (choice, members) =
+        match index.choose_and_reserve(&policy, &entry, Some(&candidates), now, reserve_as) {
+            Ok(chosen) => chosen,
+            Err(refusal) => {
+                return FilterResult {
+                    node_names: Some(Vec::new()),
+                    failed_and_unresolvable_nodes: all_failed(&refusal.to_string()),
+                    ..FilterResult::default()
+                };
+            }
+        };
     let spec = &policy.policy.spec;
     let explanation = decide::explain(spec, &choice);
     index.remember_explanation(&entry.uid, explanation.clone());

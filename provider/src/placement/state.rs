@@ -342,13 +342,32 @@ impl PlacementIndex {
         candidates: Option<&[String]>,
         now: SystemTime,
     ) -> Result<(Choice, Vec<Vec<String>>), Refusal> {
-        let state = self.lock();
+        self.choose_and_reserve(policy, pod, candidates, now, None)
+    }
+
+    /// [`Self::choose`], and when the pod is placed, a place taken for it under `reserve_as`
+    /// in the same critical section. kube-scheduler runs one scheduling cycle at a time, so a
+    /// place taken at filter time is counted when the next pod is filtered: a burst cannot
+    /// overshoot a unit's `max` even before any bind. The pod's own earlier reservation (a
+    /// retry) is not counted against it.
+    pub fn choose_and_reserve(
+        &self,
+        policy: &PolicyEntry,
+        pod: &PodEntry,
+        candidates: Option<&[String]>,
+        now: SystemTime,
+        reserve_as: Option<&str>,
+    ) -> Result<(Choice, Vec<Vec<String>>), Refusal> {
+        let mut state = self.lock();
         let spec = &policy.policy.spec;
         let group =
             decide::group_of(spec, &pod.labels).map_err(|key| Refusal::MissingGroupLabel {
                 policy: policy.key.clone(),
                 key,
             })?;
+        if let Some(id) = reserve_as {
+            state.reservations.remove(id);
+        }
         let members = unit_members(&state, policy, candidates, &self.vnodes, pod);
         let views: Vec<UnitView> = (0..spec.units.len())
             .map(|unit| {
@@ -358,6 +377,18 @@ impl PlacementIndex {
             })
             .collect();
         let choice = decide::choose(spec, &views, &pod.requests, pod.age(now));
+        if let (Some(id), Outcome::Place(unit)) = (reserve_as, &choice.outcome) {
+            state.reservations.insert(
+                id.to_owned(),
+                Reservation {
+                    policy: policy.key.clone(),
+                    unit: *unit,
+                    group,
+                    requests: pod.requests.clone(),
+                    at: Instant::now(),
+                },
+            );
+        }
         Ok((choice, members))
     }
 
@@ -518,7 +549,9 @@ fn node_entry(node: &Node) -> (String, NodeEntry) {
 fn insert_pod(state: &mut State, entry: PodEntry) {
     // Seen bound (or seen carrying its admission reservation): the reservation is fulfilled;
     // from now on the pod itself is counted.
-    if entry.node.is_some() {
+    // Bound, or marked by our bind (counted by its marks from now on): its own reservation
+    // would count it twice.
+    if entry.node.is_some() || entry.annotations.contains_key(POLICY_ANNOTATION) {
         state.reservations.remove(&entry.uid);
     }
     if let Some(id) = entry.annotations.get(RESERVATION_ANNOTATION) {

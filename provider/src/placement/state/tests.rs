@@ -234,3 +234,63 @@ fn ignore_previous_pod_leaves_older_pods_out() {
     let entry = index.policies().pop().unwrap();
     assert_eq!(index.unit_counts(&entry)[0].values().sum::<u32>(), 0);
 }
+
+/// A burst through the filter: each filter takes its place before the next pod is filtered,
+/// so unit 1 (max 5) takes exactly five of twenty pods and the rest go on.
+#[test]
+fn places_are_taken_at_filter_time() {
+    let (index, entry) = index_with(seed());
+    let candidates: Vec<String> = ["sub-1", "sub-2", "payg-1", "vk-0"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let mut units = Vec::new();
+    for i in 0..20 {
+        let pod = PodEntry::of(&pod(
+            &format!("p{i}"),
+            serde_json::json!({"app": "web"}),
+            None,
+        ));
+        let (choice, _) = index
+            .choose_and_reserve(
+                &entry,
+                &pod,
+                Some(&candidates),
+                SystemTime::now(),
+                Some(&pod.uid),
+            )
+            .unwrap();
+        units.push(placed_unit(&choice).unwrap());
+        // A retried filter of the same pod keeps its place rather than taking another.
+        let (again, _) = index
+            .choose_and_reserve(
+                &entry,
+                &pod,
+                Some(&candidates),
+                SystemTime::now(),
+                Some(&pod.uid),
+            )
+            .unwrap();
+        assert_eq!(placed_unit(&again), Some(units[i]));
+    }
+    assert_eq!(units.iter().filter(|u| **u == 0).count(), 5);
+    assert_eq!(units.iter().filter(|u| **u == 1).count(), 15);
+    // The bind of one of the five re-checks and keeps its own place.
+    let first = PodEntry::of(&pod("p0", serde_json::json!({"app": "web"}), None));
+    assert_eq!(
+        index
+            .reserve_on_node(&entry, &first, "sub-1", &first.uid)
+            .unwrap()
+            .unit,
+        0
+    );
+    // Marked by its bind (labels and annotations land before the Binding): counted once.
+    let mut marked = pod("p0", serde_json::json!({"app": "web"}), None);
+    marked.metadata.annotations = Some(placement(&entry, 0).annotations.into_iter().collect());
+    index.apply_pod(&marked);
+    let late = PodEntry::of(&pod("late", serde_json::json!({"app": "web"}), None));
+    let (choice, _) = index
+        .choose(&entry, &late, Some(&candidates), SystemTime::now())
+        .unwrap();
+    assert_eq!(placed_unit(&choice), Some(1));
+}
