@@ -131,7 +131,7 @@ async fn story(h: &mut Harness) -> Result<(), HarnessError> {
         "the server built from upstream: {version}"
     );
 
-    apply_local_overlay(h.kubectl(), h.kubeconfig(), h.dir(), 2).await?;
+    apply_local_overlay(h.kubectl(), h.kubeconfig(), h.dir(), 2, &h.placement_env()).await?;
     let mock = wait_installed(&h.client(), 2, WAIT).await?;
     let admin = format!("http://{mock}:8080");
 

@@ -26,6 +26,12 @@ use virtual_node_eci::k8s::access::Scope;
 /// The label and taint of the fixture's host node, where the local overlay puts its pods.
 const HOST_AGENT: &str = "virtual-node-eci.aliyun.com/host-agent";
 
+/// The label the elected replica puts on its own pod (`placement::LEADER_LABEL`): the
+/// extender's Service selects it on top of the pod template's labels.
+const PLACEMENT_LEADER_LABEL: &str = "placement.virtual-node-eci.aliyun.com/leader";
+/// The extender's Service.
+const PLACEMENT_SERVICE: &str = "virtual-node-eci-placement";
+
 /// Whether a kustomization only lists resources (no patches or transformers), so reading its
 /// files is what kustomize produces.
 fn is_plain(dir: &Path) -> bool {
@@ -419,11 +425,23 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
                 .unwrap()
                 .starts_with("virtual-node-eci")
     }) {
+        let mut selector = service["spec"]["selector"].clone();
+        let leader = selector
+            .as_object_mut()
+            .unwrap()
+            .remove(PLACEMENT_LEADER_LABEL);
+        assert_eq!(
+            leader.is_some(),
+            service["metadata"]["name"] == PLACEMENT_SERVICE,
+            "{}: only the extender's Service selects the elected replica",
+            key(service)
+        );
         assert!(
-            selector_matches(&service["spec"]["selector"], labels),
+            leader.is_none_or(|value| value == "true"),
             "{}",
             key(service)
         );
+        assert!(selector_matches(&selector, labels), "{}", key(service));
         for port in service["spec"]["ports"].as_array().unwrap() {
             container_port(container, port["targetPort"].as_str().unwrap());
         }
@@ -697,6 +715,62 @@ fn the_aliyun_overlay_is_consistent() {
     assert_eq!(config["data"]["ECI_CREDENTIALS_PATH"], mount["mountPath"]);
 }
 
+/// The kube-scheduler configuration a user adds for the extender.
+const SCHEDULER_EXAMPLE: &str = "scheduler-extender.yaml";
+
+#[test]
+fn the_scheduler_example_calls_the_extender_service_with_the_daemons_ca() {
+    let objects = render("mock");
+    let set = find(&objects, "StatefulSet", "virtual-node-eci");
+    let container = &set["spec"]["template"]["spec"]["containers"][0];
+    let config = daemon_config(&objects, container);
+    let service = find(&objects, "Service", PLACEMENT_SERVICE);
+    let port = &service["spec"]["ports"][0];
+    assert_eq!(
+        container_port(container, port["targetPort"].as_str().unwrap()),
+        port_of(&env_value(&objects, container, "PLACEMENT_EXTENDER_ADDR"))
+    );
+    let text =
+        std::fs::read_to_string(deploy_dir().join("examples").join(SCHEDULER_EXAMPLE)).unwrap();
+    let example: Value = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(
+        example["apiVersion"], "kubescheduler.config.k8s.io/v1",
+        "the upstream API"
+    );
+    assert_eq!(
+        example["percentageOfNodesToScore"], 100,
+        "the extender sees every node"
+    );
+    let extenders = example["extenders"].as_array().unwrap();
+    assert_eq!(extenders.len(), 1);
+    let extender = &extenders[0];
+    assert_eq!(
+        extender["urlPrefix"],
+        format!(
+            "https://{PLACEMENT_SERVICE}.{}.svc:{}/resourcepolicy",
+            service["metadata"]["namespace"].as_str().unwrap(),
+            port["port"]
+        )
+    );
+    for (field, value) in [
+        ("filterVerb", json!("filter")),
+        ("prioritizeVerb", json!("prioritize")),
+        ("bindVerb", json!("bind")),
+        ("enableHTTPS", json!(true)),
+        ("nodeCacheCapable", json!(true)),
+        ("ignorable", json!(true)),
+    ] {
+        assert_eq!(extender[field], value, "{field}");
+    }
+    assert!(
+        text.contains(&format!(
+            "get secret {} -o jsonpath='{{.data.ca\\.crt}}'",
+            config.webhook_secret
+        )),
+        "caData comes from the daemon's certificate Secret"
+    );
+}
+
 /// `kubectl --kubeconfig … ARGS` against the harness's cluster.
 async fn kubectl(h: &Harness, args: &[&str]) -> std::process::Output {
     tokio::process::Command::new(h.kubectl())
@@ -768,18 +842,18 @@ async fn the_mock_overlay_applies_with_kubectl_and_reads_back_as_written() {
     }
 
     // The CRD's schema is enforced: the examples pass, mistakes are refused with the field.
-    let examples = deploy_dir().join("examples");
-    let output = kubectl(
-        &h,
-        &[
-            "apply",
-            "--dry-run=server",
-            "--validate=strict",
-            "-f",
-            examples.to_str().unwrap(),
-        ],
-    )
-    .await;
+    // (The scheduler configuration is a file for kube-scheduler, not an API object.)
+    let mut args = vec!["apply", "--dry-run=server", "--validate=strict"];
+    let examples: Vec<String> = std::fs::read_dir(deploy_dir().join("examples"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| !path.ends_with(SCHEDULER_EXAMPLE))
+        .map(|path| path.to_str().unwrap().to_owned())
+        .collect();
+    for example in &examples {
+        args.extend(["-f", example]);
+    }
+    let output = kubectl(&h, &args).await;
     assert!(
         output.status.success(),
         "the examples: {}",

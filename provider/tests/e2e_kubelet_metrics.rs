@@ -46,6 +46,7 @@ where
 {
     let mut h = Harness::start_with(FixtureOptions {
         metrics_server: true,
+        ..FixtureOptions::default()
     })
     .await
     .expect("the harness starts");

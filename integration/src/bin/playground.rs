@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use integration::cluster::{ControlPlane, ControlPlaneOptions};
+use integration::cluster::{ControlPlane, ControlPlaneOptions, PlacementExtender};
 use integration::harness::binary;
 use integration::harness::deploy::{apply_local_overlay, wait_installed};
 use integration::host::{HostAgent, HostConfig};
@@ -44,6 +44,12 @@ struct Args {
     /// (`--metrics-server false` saves its start-up and its scrapes).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     metrics_server: bool,
+    /// Configure kube-scheduler with the daemons' ResourcePolicy extender (filter, prioritize,
+    /// bind over HTTPS on a free port of 127.0.0.1, certificate from the cluster CA; ignorable,
+    /// so scheduling goes on while no daemon serves it); `--placement-extender false` leaves
+    /// the scheduler as upstream ships it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    placement_extender: bool,
     /// Only the control plane, the host node and the ECS nodes: no mock-eci, no daemons (the
     /// end-to-end harness deploys what each test needs).
     #[arg(long, hide = true)]
@@ -110,6 +116,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut options = ControlPlaneOptions::new(&dir);
     options.ecs_nodes = args.ecs_nodes;
     options.metrics_server = args.metrics_server;
+    options.placement_extender = args.placement_extender;
     let plane = tokio::select! {
         plane = ControlPlane::start(options) => plane.context("start the control plane")?,
         () = &mut stop => return Ok(()),
@@ -154,7 +161,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         if !args.bare {
             let kubectl = plane.upstream().path("kubectl")?;
             say("kubectl apply -k deploy/overlays/local");
-            apply_local_overlay(kubectl, plane.kubeconfig(), &dir, args.replicas).await?;
+            // The daemons serve the extender where kube-scheduler calls it (the elected one).
+            let daemon_env = plane
+                .placement_extender()
+                .map(PlacementExtender::env)
+                .unwrap_or_default();
+            apply_local_overlay(
+                kubectl,
+                plane.kubeconfig(),
+                &dir,
+                args.replicas,
+                &daemon_env,
+            )
+            .await?;
             say("waiting for mock-eci and the virtual nodes to be Ready");
             let mock = wait_installed(&client, args.replicas, Duration::from_secs(300)).await?;
             env += &format!(
@@ -170,7 +189,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(Ok(())) = outcome {
         if !args.bare {
-            instructions(&dir, args.replicas, args.metrics_server);
+            instructions(
+                &dir,
+                args.replicas,
+                args.metrics_server,
+                plane.placement_extender(),
+            );
         }
         stop.await;
     }
@@ -216,7 +240,12 @@ fn write_env(dir: &Path, contents: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn instructions(dir: &Path, replicas: u32, metrics_server: bool) {
+fn instructions(
+    dir: &Path,
+    replicas: u32,
+    metrics_server: bool,
+    placement_extender: Option<&PlacementExtender>,
+) {
     println!(
         "virtual-node-eci playground: a real control plane, {replicas} virtual node(s), mock-eci as ECI; logs in {}",
         dir.display()
@@ -236,6 +265,12 @@ fn instructions(dir: &Path, replicas: u32, metrics_server: bool) {
         );
         println!(
             "curl -s -X PUT $MOCK_ECI_ADMIN/admin/usage -d '{{\"rules\": [{{\"group_name_prefix\": \"demo-web-\", \"cpu\": 0.5}}]}}' -H 'content-type: application/json'   # their load"
+        );
+    }
+    if let Some(extender) = placement_extender {
+        println!(
+            "# kube-scheduler calls the elected daemon's ResourcePolicy extender at {} (filter, prioritize, bind; ignorable)",
+            extender.url_prefix()
         );
     }
     println!("kubectl -n kube-system scale statefulset virtual-node-eci --replicas=4");

@@ -2,11 +2,13 @@
 //! playground: etcd → kube-apiserver → kube-controller-manager and kube-scheduler (→ kwok for
 //! simulated ECS nodes), upstream binaries from [`upstream`], PKI from [`pki`], each component a
 //! child process logging into the fixture's directory. It calls only the processes it starts and
-//! the API through kube-rs; the host-node agent and the daemons are started by its users.
+//! the API through kube-rs; the host-node agent and the daemons are started by its users
+//! (kube-scheduler may be told to call the daemons' extender: [`placement_extender`]).
 
 pub mod etcd;
 pub mod metrics_server;
 mod pki;
+pub mod placement_extender;
 pub mod upstream;
 
 use std::path::{Path, PathBuf};
@@ -18,6 +20,7 @@ use serde_json::json;
 
 use crate::process::{Process, ProcessError, free_port};
 pub use pki::{CertFiles, Pki, PkiError};
+pub use placement_extender::PlacementExtender;
 pub use upstream::{Upstream, UpstreamError};
 
 /// A random number in `range` (different in every process and call): the loopback ranges a
@@ -125,6 +128,10 @@ pub struct ControlPlaneOptions {
     /// Off by default: it scrapes every node every 10 s, which the daemons under a load
     /// benchmark should not pay for.
     pub metrics_server: bool,
+    /// Configure kube-scheduler with the daemon's ResourcePolicy extender on a free port of
+    /// 127.0.0.1, with a serving certificate for it; see [`placement_extender`]. Off by
+    /// default: nothing serves it until a daemon is started with [`PlacementExtender::env`].
+    pub placement_extender: bool,
 }
 
 impl ControlPlaneOptions {
@@ -138,6 +145,7 @@ impl ControlPlaneOptions {
             ready_timeout: Duration::from_secs(120),
             service_network: random_in(100..=199),
             metrics_server: false,
+            placement_extender: false,
         }
     }
 
@@ -156,6 +164,7 @@ pub struct ControlPlane {
     pki: Pki,
     api_port: u16,
     kubeconfig: PathBuf,
+    placement_extender: Option<PlacementExtender>,
     /// Started first to last; stopped last to first.
     processes: Vec<Process>,
 }
@@ -239,6 +248,12 @@ impl ControlPlane {
         })?;
         let kubernetes_service_ip = format!("127.{}.0.1", options.service_network);
         let pki = Pki::generate(&pki_dir, &kubernetes_service_ip)?;
+        let placement_extender = if options.placement_extender {
+            Some(PlacementExtender::prepare(&dir, &pki)?)
+        } else {
+            PlacementExtender::forget(&dir)?;
+            None
+        };
         let api_port = free_port()?;
         let server = format!("https://127.0.0.1:{api_port}");
         let kubeconfig_path = dir.join("kubeconfig");
@@ -252,6 +267,7 @@ impl ControlPlane {
             pki,
             api_port,
             kubeconfig: kubeconfig_path,
+            placement_extender,
             processes: Vec::new(),
         };
         plane.start_etcd_and_apiserver(&options).await?;
@@ -453,12 +469,10 @@ impl ControlPlane {
         let scheduler_config = self.dir.join("scheduler.yaml");
         write(
             &scheduler_config,
-            &json!({
-                "apiVersion": "kubescheduler.config.k8s.io/v1",
-                "kind": "KubeSchedulerConfiguration",
-                "clientConnection": {"kubeconfig": display(&scheduler_kubeconfig)},
-                "leaderElection": {"leaderElect": false},
-            })
+            &placement_extender::scheduler_config(
+                &scheduler_kubeconfig,
+                self.placement_extender.as_ref(),
+            )
             .to_string(),
         )?;
         let scheduler = self.upstream.path("kube-scheduler")?.to_owned();
@@ -569,6 +583,11 @@ impl ControlPlane {
     /// The fixture's directory: PKI, etcd data and every component's log.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where kube-scheduler calls the daemon's extender, when started with it.
+    pub fn placement_extender(&self) -> Option<&PlacementExtender> {
+        self.placement_extender.as_ref()
     }
 
     /// The generated PKI.

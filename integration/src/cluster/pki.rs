@@ -64,6 +64,9 @@ pub struct Pki {
     /// metrics-server's serving certificate (`metrics-server.kube-system.svc`, the name the
     /// aggregator checks).
     pub metrics_server_serving: CertFiles,
+    /// The daemon's scheduler-extender serving certificate (127.0.0.1 and
+    /// [`PLACEMENT_EXTENDER_DNS`]), handed to the daemons when the fixture runs the extender.
+    pub placement_extender: CertFiles,
 }
 
 /// The CN (the user) of the apiserver's client certificate towards kubelets.
@@ -71,6 +74,10 @@ pub(super) const APISERVER_KUBELET_CLIENT: &str = "kube-apiserver-kubelet-client
 
 /// The CN (the user) of metrics-server's client certificate.
 pub(super) const METRICS_SERVER_USER: &str = "metrics-server";
+
+/// The DNS name of the daemon's scheduler-extender Service (`deploy/base/services.yaml`), put
+/// into its serving certificate beside 127.0.0.1.
+pub const PLACEMENT_EXTENDER_DNS: &str = "virtual-node-eci-placement.kube-system.svc";
 
 /// The CN of the front-proxy client, the one name aggregated APIs accept request headers from.
 pub(super) const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
@@ -201,6 +208,13 @@ impl Pki {
                 "metrics-server.kube-system.svc.cluster.local",
             ],
         )?;
+        let placement_extender = ca.issue(
+            dir,
+            "placement-extender",
+            "virtual-node-eci-placement",
+            &[],
+            &["127.0.0.1", PLACEMENT_EXTENDER_DNS],
+        )?;
         let signing = KeyPair::generate().map_err(generate("service-account key"))?;
         let service_account = CertFiles {
             cert: dir.join("service-account.pub"),
@@ -220,6 +234,7 @@ impl Pki {
             service_account,
             metrics_server,
             metrics_server_serving,
+            placement_extender,
         })
     }
 }

@@ -15,12 +15,14 @@ use super::HarnessError;
 pub const VIRTUAL_NODE_SELECTOR: &str = "type=virtual-kubelet";
 
 /// Writes a kustomization in `dir` over `deploy/overlays/local` with `replicas` daemon replicas
-/// and applies it with `kubectl`.
+/// and `env` set in the daemon's container (added, or replacing the manifest's value), and
+/// applies it with `kubectl`.
 pub async fn apply_local_overlay(
     kubectl: &Path,
     kubeconfig: &Path,
     dir: &Path,
     replicas: u32,
+    env: &[(String, String)],
 ) -> Result<(), HarnessError> {
     let io = |what: &str| {
         let what = what.to_owned();
@@ -37,11 +39,30 @@ pub async fn apply_local_overlay(
         "{climb}{}",
         local.display().to_string().trim_start_matches('/')
     );
+    let mut kustomization = serde_json::json!({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [local],
+        "replicas": [{"name": "virtual-node-eci", "count": replicas}],
+    });
+    if !env.is_empty() {
+        // A strategic merge patch: `env` merges by name.
+        let env: Vec<_> = env
+            .iter()
+            .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
+            .collect();
+        let patch = serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "virtual-node-eci", "namespace": "kube-system"},
+            "spec": {"template": {"spec": {"containers": [{"name": "virtual-node-eci", "env": env}]}}},
+        });
+        kustomization["patches"] = serde_json::json!([{"patch": patch.to_string()}]);
+    }
+    // JSON is YAML.
     std::fs::write(
         overlay.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {local}\nreplicas:\n  - name: virtual-node-eci\n    count: {replicas}\n"
-        ),
+        kustomization.to_string(),
     )
     .map_err(io("write the overlay"))?;
     let output = tokio::process::Command::new(kubectl)

@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::sync::OnceCell;
 
 use super::HarnessError;
-use crate::cluster::{Upstream, client_for};
+use crate::cluster::{PlacementExtender, Upstream, client_for};
 use crate::process::binary;
 
 /// The daemon's ServiceAccount (`deploy/base/serviceaccount.yaml`).
@@ -29,6 +29,10 @@ pub const DAEMON_SERVICE_ACCOUNT: (&str, &str) = ("kube-system", "virtual-node-e
 pub struct FixtureOptions {
     /// metrics-server (the Metrics API behind `kubectl top` and the HPA).
     pub metrics_server: bool,
+    /// kube-scheduler calls the daemon's ResourcePolicy extender over HTTPS
+    /// ([`super::Harness::placement_extender`]; daemons serve it when started with
+    /// [`super::Harness::placement_env`]).
+    pub placement_extender: bool,
 }
 
 /// What every test of this binary shares.
@@ -44,6 +48,8 @@ pub(super) struct Shared {
     pub(super) fixture: bool,
     /// The playground's directory (component logs), for the fixture.
     pub(super) dir: PathBuf,
+    /// Where kube-scheduler calls the daemon's extender, when the fixture has it.
+    pub(super) placement_extender: Option<PlacementExtender>,
     /// Kept for the life of the process: dropping neither closes nor waits.
     _supervisor: Option<std::process::Child>,
     _tempdir: tempfile::TempDir,
@@ -74,19 +80,14 @@ async fn start(options: FixtureOptions) -> Result<Shared, HarnessError> {
         source,
     })?;
     let dir = tempdir.path().to_owned();
+    let flag = |on: bool| if on { "true" } else { "false" };
     let (kubeconfig, supervisor, fixture) = if let Some(path) = std::env::var_os("E2E_KUBECONFIG") {
         (PathBuf::from(path), None, false)
     } else {
         let mut child = std::process::Command::new(binary("integration", "playground")?)
             .args(["--bare", "--stop-on-stdin-eof", "--ecs-nodes", "2"])
-            .args([
-                "--metrics-server",
-                if options.metrics_server {
-                    "true"
-                } else {
-                    "false"
-                },
-            ])
+            .args(["--metrics-server", flag(options.metrics_server)])
+            .args(["--placement-extender", flag(options.placement_extender)])
             .arg("--dir")
             .arg(&dir)
             // The directory (logs, PKI, the host's pods) goes with the playground unless asked
@@ -115,6 +116,10 @@ async fn start(options: FixtureOptions) -> Result<Shared, HarnessError> {
         .path("kubectl")
         .map_err(|e| setup(e.to_string()))?
         .to_owned();
+    // Written by the playground's control plane next to its kubeconfig; none in `E2E_KUBECONFIG`'s
+    // fresh directory.
+    let placement_extender = PlacementExtender::read(&dir)
+        .map_err(|e| setup(format!("{e}: {:?}", std::error::Error::source(&e))))?;
     apply_daemon_rbac(&kubectl, &kubeconfig).await?;
     let daemon_kubeconfig = dir.join("daemon.kubeconfig");
     write_daemon_kubeconfig(&kubeconfig, &daemon_kubeconfig).await?;
@@ -124,6 +129,7 @@ async fn start(options: FixtureOptions) -> Result<Shared, HarnessError> {
         upstream,
         fixture,
         dir,
+        placement_extender,
         _supervisor: supervisor,
         _tempdir: tempdir,
     })

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
+pub use crate::cluster::PlacementExtender;
 pub use crate::process::{Process, ProcessError, binary, build_binaries, free_port};
 pub use disruption::SecondApiserver;
 pub use fixture::{DAEMON_SERVICE_ACCOUNT, FixtureOptions};
@@ -108,6 +109,7 @@ pub struct Harness {
     namespaces: Vec<String>,
     /// Daemon process name → its kubelet API port.
     kubelet_ports: Vec<(String, u16)>,
+    placement_extender: Option<PlacementExtender>,
 }
 
 async fn client_for(kubeconfig: &Path) -> Result<(kube::Client, String), HarnessError> {
@@ -173,6 +175,7 @@ impl Harness {
         let mut harness = Self::assemble(dir, kind, shared.kubeconfig.clone(), client, api_url);
         harness.daemon_kubeconfig = shared.daemon_kubeconfig.clone();
         harness.fixture_dir = shared.dir.clone();
+        harness.placement_extender = shared.placement_extender.clone();
         harness.kubectl = shared
             .upstream
             .path("kubectl")
@@ -213,6 +216,7 @@ impl Harness {
             node_names: Vec::new(),
             namespaces: Vec::new(),
             kubelet_ports: Vec::new(),
+            placement_extender: None,
         }
     }
 
@@ -350,6 +354,24 @@ impl Harness {
             self.node_names.push(name);
         }
         Ok(process_name)
+    }
+
+    /// Where the fixture's kube-scheduler calls the daemon's ResourcePolicy extender (filter,
+    /// prioritize, bind under `https://ADDR/resourcepolicy`, trusting `cert_dir/ca.crt`): `Some`
+    /// when the binary's fixture was started with [`FixtureOptions::placement_extender`], `None`
+    /// otherwise and with `E2E_KUBECONFIG`.
+    pub fn placement_extender(&self) -> Option<PlacementExtender> {
+        self.placement_extender.clone()
+    }
+
+    /// `PLACEMENT_EXTENDER_ADDR` and `PLACEMENT_EXTENDER_CERT_DIR` for [`Self::start_daemon`],
+    /// so the elected replica serves the extender where kube-scheduler calls it; empty without
+    /// one.
+    pub fn placement_env(&self) -> Vec<(String, String)> {
+        self.placement_extender
+            .as_ref()
+            .map(PlacementExtender::env)
+            .unwrap_or_default()
     }
 
     /// The kubelet API port of the daemon process `process` (as [`Self::start_daemon`] named
