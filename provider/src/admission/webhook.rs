@@ -172,7 +172,8 @@ pub async fn run(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let namespace = config.pod_namespace.clone();
-    let names = webhook_cert::service_names(&config.webhook_service, &namespace);
+    // One certificate for the webhook's Service and the scheduler extender's.
+    let names = crate::placement::certificate_names(&config.webhook_service, &namespace);
     // The webhook is optional to the node (failurePolicy Ignore): a certificate that cannot be
     // had yet is retried, not a reason to stop serving the node.
     let mut wait = Duration::from_secs(1);

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::sign::CertifiedKey;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Getting a certificate failed.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +70,9 @@ impl Material {
             .map_err(CertError::Invalid)
     }
 }
+
+/// Annotation on the shared Secret: the DNS names its certificate was made for.
+pub const NAMES_ANNOTATION: &str = "virtual-node-eci.aliyun.com/dns-names";
 
 /// The DNS names a Service is reached by.
 pub fn service_names(service: &str, namespace: &str) -> Vec<String> {
@@ -157,6 +160,26 @@ pub async fn from_secret(
     };
     if let Some(existing) = secrets.get_opt(name).await.map_err(error)? {
         info!(secret = %format!("{namespace}/{name}"), "using the shared webhook certificate");
+        let recorded: Vec<&str> = existing
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NAMES_ANNOTATION))
+            .map(|n| n.split(',').collect())
+            .unwrap_or_default();
+        let missing: Vec<&String> = names
+            .iter()
+            .filter(|n| !recorded.contains(&n.as_str()))
+            .collect();
+        if !missing.is_empty() {
+            // Made by an older version, or for other Services: clients of the names it lacks
+            // fail the TLS name check. A new one is made when the Secret is deleted.
+            warn!(
+                secret = %format!("{namespace}/{name}"),
+                ?missing,
+                "the shared certificate may not name these services; delete the Secret and restart the replicas to have one made that does"
+            );
+        }
         return read(&existing);
     }
     let fresh = generate(names)?;
@@ -179,6 +202,10 @@ pub async fn from_secret(
             labels: Some(BTreeMap::from([(
                 "app.kubernetes.io/managed-by".to_owned(),
                 "virtual-node-eci".to_owned(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                NAMES_ANNOTATION.to_owned(),
+                names.join(","),
             )])),
             ..Default::default()
         },

@@ -42,6 +42,9 @@ use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
 
+/// The Service in front of the elected replica's extender (deploy/base/services.yaml); the
+/// shared serving certificate names it.
+pub const SERVICE: &str = "virtual-node-eci-placement";
 /// The election Lease (in the daemon's namespace) whose holder serves the extender.
 pub const LEASE: &str = "virtual-node-eci-placement";
 /// The label the leader sets on its own pod; the extender's Service selects it.
@@ -484,6 +487,13 @@ impl Leadership {
     }
 }
 
+/// The names the shared certificate must carry: the webhook's Service and the extender's.
+pub fn certificate_names(webhook_service: &str, namespace: &str) -> Vec<String> {
+    let mut names = serving_cert::service_names(webhook_service, namespace);
+    names.extend(serving_cert::service_names(SERVICE, namespace));
+    names
+}
+
 /// Serves the extender until `stop`: binding the address is retried (a previous leader on the
 /// same host may still hold it for a moment).
 async fn serve_extender(
@@ -497,8 +507,7 @@ async fn serve_extender(
         let attempt = match &config.extender_cert_dir {
             Some(dir) => serving_cert::from_dir(dir),
             None => {
-                let names =
-                    serving_cert::service_names(&config.webhook_service, &config.pod_namespace);
+                let names = certificate_names(&config.webhook_service, &config.pod_namespace);
                 serving_cert::from_secret(
                     client.clone(),
                     &config.pod_namespace,

@@ -44,13 +44,17 @@ pub struct ResourcePolicySpec {
     pub selector: BTreeMap<String, String>,
     /// Only `prefer`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
     #[x_kube(validation = kube::core::Rule::new("self == 'prefer'").message("strategy: only 'prefer' is supported"))]
     pub strategy: Option<String>,
-    /// Where pods go, in order; scale-in removes them in reverse.
+    /// Where pods go, in order; scale-in removes them in reverse. (The bounds keep the CEL
+    /// rules within the apiserver's cost budget.)
+    #[schemars(length(max = 32))]
     #[x_kube(validation = kube::core::Rule::new("size(self) >= 1").message("units: at least one unit is needed"))]
     pub units: Vec<Unit>,
     /// `BeforeNextUnit` or `AfterAllUnits` (default): when preemption may be tried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
     #[x_kube(validation = kube::core::Rule::new("self in ['BeforeNextUnit', 'AfterAllUnits']").message("preemptPolicy: must be BeforeNextUnit or AfterAllUnits"))]
     pub preempt_policy: Option<String>,
     /// Leave pods created before the policy out of the counts (default false).
@@ -61,6 +65,7 @@ pub struct ResourcePolicySpec {
     pub ignore_terminating_pod: Option<bool>,
     /// Pod labels whose values split the pods into groups, each counted against `max` alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 317)))]
     #[x_kube(validation = kube::core::Rule::new("self.all(k, size(k) > 0)").message("matchLabelKeys: a key is empty"))]
     pub match_label_keys: Vec<String>,
     /// When a pod may move on to the next unit.
@@ -73,6 +78,7 @@ pub struct ResourcePolicySpec {
 #[serde(rename_all = "camelCase")]
 pub struct Unit {
     /// `ecs` (nodes chosen by `nodeSelector`) or `eci` (virtual nodes).
+    #[schemars(length(max = 16))]
     #[x_kube(validation = kube::core::Rule::new("self in ['ecs', 'eci']").message("resource: only 'ecs' and 'eci' units are supported ('elastic' and 'acs' are not, yet)"))]
     pub resource: String,
     /// Labels the unit's nodes carry.
@@ -101,10 +107,12 @@ pub struct WhenTryNextUnits {
     /// `ExceedMax`, `LackResourceAndNoTerminating`, `TimeoutOrExceedMax` or
     /// `LackResourceOrExceedMax` (default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     #[x_kube(validation = kube::core::Rule::new("self in ['ExceedMax', 'LackResourceAndNoTerminating', 'TimeoutOrExceedMax', 'LackResourceOrExceedMax']").message("whenTryNextUnits.policy: must be ExceedMax, LackResourceAndNoTerminating, TimeoutOrExceedMax or LackResourceOrExceedMax"))]
     pub policy: Option<String>,
     /// How long `TimeoutOrExceedMax` waits in a unit (a duration such as `1m`; default 15m).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     #[x_kube(validation = kube::core::Rule::new("self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$')").message("whenTryNextUnits.timeout: must be a duration such as 30s, 1m or 1h30m"))]
     pub timeout: Option<String>,
 }
