@@ -114,9 +114,10 @@ pub struct PodFacts {
 
 /// Whether a policy's pod counts against its unit's limits.
 pub fn counts(spec: &ResourcePolicySpec, pod: &PodFacts) -> bool {
-    !pod.finished
-        && !(pod.terminating && spec.ignores_terminating())
-        && !(pod.predates_policy && spec.ignores_previous())
+    let left_out = pod.finished
+        || (pod.terminating && spec.ignores_terminating())
+        || (pod.predates_policy && spec.ignores_previous());
+    !left_out
 }
 
 /// One unit as a pod about to be placed sees it (its own group's counts).

@@ -285,19 +285,19 @@ struct Term {
 }
 
 impl Leadership {
-    fn set_enforcement(&self, next: Enforcement) {
+    fn set_enforcement(&self, next: &Enforcement) {
         let changed = self.enforcement.send_if_modified(|current| {
-            let changed = *current != next;
-            current.clone_from(&next);
+            let changed = current != next;
+            current.clone_from(next);
             changed
         });
         if changed {
-            match &next {
+            match next {
                 Enforcement::Extender => {
-                    info!("ResourcePolicy unit order is enforced by the scheduler extender")
+                    info!("ResourcePolicy unit order is enforced by the scheduler extender");
                 }
                 Enforcement::Admission { why } => {
-                    warn!(%why, "ResourcePolicy unit order cannot be enforced by the scheduler extender; pods are placed at admission instead (first unit with room; no waiting, no bind-time cap)")
+                    warn!(%why, "ResourcePolicy unit order cannot be enforced by the scheduler extender; pods are placed at admission instead (first unit with room; no waiting, no bind-time cap)");
                 }
             }
         }
@@ -352,19 +352,19 @@ impl Leadership {
                         info!(lease = LEASE, "elected to serve ResourcePolicy placement");
                         term = Some(self.begin(lease).await);
                     }
-                    self.set_enforcement(self.own_enforcement());
+                    self.set_enforcement(&self.own_enforcement());
                 }
                 Ok(None) => {
                     if let Some(ended) = term.take() {
                         warn!("lost the placement election; no longer serving the extender");
                         self.end(ended, false, &lock).await;
                     }
-                    self.set_enforcement(self.others_enforcement(&lock, &count).await);
+                    self.set_enforcement(&self.others_enforcement(&lock, &count).await);
                 }
                 Err(error) => {
                     warn!(error = %Chain(&error), "cannot take part in the placement election; retrying");
                     if term.is_none() {
-                        self.set_enforcement(self.others_enforcement(&lock, &count).await);
+                        self.set_enforcement(&self.others_enforcement(&lock, &count).await);
                     }
                 }
             }

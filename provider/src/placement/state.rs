@@ -98,10 +98,7 @@ impl PodEntry {
             return Duration::ZERO;
         };
         let now = Timestamp::try_from(now).unwrap_or(created);
-        now.duration_since(created)
-            .unsigned_abs()
-            .try_into()
-            .unwrap_or(Duration::ZERO)
+        now.duration_since(created).unsigned_abs()
     }
 }
 

@@ -260,10 +260,10 @@ async fn upkeep(
             .await
         {
             Ok(_) => {
-                info!(pod = %key, annotations = ?correction.annotations, "set the pod's unit and deletion cost")
+                info!(pod = %key, annotations = ?correction.annotations, "set the pod's unit and deletion cost");
             }
             Err(error) => {
-                debug!(pod = %key, error = %Chain(&error), "could not set the pod's unit; retrying")
+                debug!(pod = %key, error = %Chain(&error), "could not set the pod's unit; retrying");
             }
         }
     }

@@ -1,3 +1,6 @@
+// Fixtures take `json!` values built inline by each caller.
+#![allow(clippy::needless_pass_by_value)]
+
 use serde_json::json;
 
 use super::*;

@@ -322,15 +322,15 @@ fn counting_follows_ignore_terminating_and_ignore_previous() {
     };
     let terminating = PodFacts {
         terminating: true,
-        ..live.clone()
+        ..live
     };
     let old = PodFacts {
         predates_policy: true,
-        ..live.clone()
+        ..live
     };
     let done = PodFacts {
         finished: true,
-        ..live.clone()
+        ..live
     };
     // Defaults: terminating ignored, previous counted.
     assert!(counts(&spec, &live));
