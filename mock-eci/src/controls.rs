@@ -43,6 +43,15 @@ pub struct Fault {
     pub error_code: String,
     /// Added latency in milliseconds before a call is served.
     pub latency_ms: u64,
+    /// Share of calls, 0.0–1.0, delayed by `slow_latency_ms` instead of `latency_ms`: a long
+    /// tail (0.01 at 5000 ms makes the p99 5 s).
+    pub slow_rate: f64,
+    /// The latency of the slow share, in milliseconds.
+    pub slow_latency_ms: u64,
+    /// Share of served calls, 0.0–1.0, whose answer is lost on the way back: the call takes
+    /// effect (a group is created, deleted, …) but the client sees a dropped connection (gRPC
+    /// `Unavailable` without an ECI code, HTTP 503 on the OpenAPI front), as after a timeout.
+    pub lost_answer_rate: f64,
 }
 
 impl Default for Fault {
@@ -51,7 +60,20 @@ impl Default for Fault {
             error_rate: 0.0,
             error_code: codes::SERVICE_UNAVAILABLE.into(),
             latency_ms: 0,
+            slow_rate: 0.0,
+            slow_latency_ms: 0,
+            lost_answer_rate: 0.0,
         }
+    }
+}
+
+impl Fault {
+    /// Whether it changes nothing (and can be forgotten).
+    fn is_noop(&self) -> bool {
+        self.error_rate == 0.0
+            && self.latency_ms == 0
+            && (self.slow_rate == 0.0 || self.slow_latency_ms == 0)
+            && self.lost_answer_rate == 0.0
     }
 }
 
@@ -80,7 +102,7 @@ pub struct ControlsPatch {
     pub rate_limits_enabled: Option<bool>,
     /// Limits to set, by action name.
     pub rate_limits: Option<BTreeMap<String, RateLimit>>,
-    /// Faults to set, by action name or `*`; a fault with rate 0 and no latency clears it.
+    /// Faults to set, by action name or `*`; a fault that changes nothing clears it.
     pub faults: Option<BTreeMap<String, Fault>>,
     /// Outage on or off.
     pub outage: Option<bool>,
@@ -132,6 +154,8 @@ pub enum Verdict {
     Serve {
         /// Injected latency.
         latency_ms: u64,
+        /// Serve it, then lose the answer (the client sees a dropped connection).
+        lose_answer: bool,
     },
     /// Answer with this error (after `latency_ms`).
     Fail {
@@ -168,7 +192,11 @@ impl Controls {
     /// Decides about one call of `action` at `now`.
     pub fn admit(&mut self, action: Action, now: Millis) -> Verdict {
         let fault = self.faults.get(&action).cloned().unwrap_or_default();
-        let latency_ms = fault.latency_ms;
+        let latency_ms = if fault.slow_rate > 0.0 && self.rng.next_f64() < fault.slow_rate {
+            fault.slow_latency_ms
+        } else {
+            fault.latency_ms
+        };
         if self.outage {
             return Verdict::Fail {
                 error: EciError::new(
@@ -199,7 +227,12 @@ impl Controls {
                 latency_ms,
             };
         }
-        Verdict::Serve { latency_ms }
+        let lose_answer =
+            fault.lost_answer_rate > 0.0 && self.rng.next_f64() < fault.lost_answer_rate;
+        Verdict::Serve {
+            latency_ms,
+            lose_answer,
+        }
     }
 
     fn take_token(&mut self, action: Action, now: Millis) -> bool {
@@ -259,10 +292,14 @@ impl Controls {
         }
         let mut faults = Vec::new();
         for (name, fault) in patch.faults.iter().flatten() {
-            if !(0.0..=1.0).contains(&fault.error_rate) {
-                return Err(format!(
-                    "fault of {name}: error_rate must be between 0 and 1"
-                ));
+            for (field, rate) in [
+                ("error_rate", fault.error_rate),
+                ("slow_rate", fault.slow_rate),
+                ("lost_answer_rate", fault.lost_answer_rate),
+            ] {
+                if !(0.0..=1.0).contains(&rate) {
+                    return Err(format!("fault of {name}: {field} must be between 0 and 1"));
+                }
             }
             faults.extend(
                 resolve(name)?
@@ -279,7 +316,7 @@ impl Controls {
             self.buckets.remove(&action);
         }
         for (action, fault) in faults {
-            if fault.error_rate == 0.0 && fault.latency_ms == 0 {
+            if fault.is_noop() {
                 self.faults.remove(&action);
             } else {
                 self.faults.insert(action, fault);
@@ -342,7 +379,10 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(
                 controls.admit(Action::CreateContainerGroup, 0),
-                Verdict::Serve { latency_ms: 0 }
+                Verdict::Serve {
+                    latency_ms: 0,
+                    lose_answer: false
+                }
             );
         }
     }
@@ -372,6 +412,48 @@ mod tests {
             other => panic!("expected the outage, got {other:?}"),
         }
         assert!(controls.view().faults.is_empty());
+    }
+
+    #[test]
+    fn a_slow_tail_and_lost_answers() {
+        let mut controls = controls();
+        let patch: ControlsPatch = serde_json::from_str(
+            r#"{"rate_limits_enabled": false, "faults": {"*": {"latency_ms": 10, "slow_rate": 0.1, "slow_latency_ms": 5000, "lost_answer_rate": 0.25}}}"#,
+        )
+        .unwrap();
+        controls.apply(&patch).unwrap();
+        let (mut slow, mut lost) = (0, 0);
+        for _ in 0..10_000 {
+            match controls.admit(Action::CreateContainerGroup, 0) {
+                Verdict::Serve {
+                    latency_ms,
+                    lose_answer,
+                } => {
+                    assert!(latency_ms == 10 || latency_ms == 5000, "{latency_ms}");
+                    slow += usize::from(latency_ms == 5000);
+                    lost += usize::from(lose_answer);
+                }
+                other => panic!("served, with trouble: {other:?}"),
+            }
+        }
+        assert!((800..1200).contains(&slow), "about a tenth slow: {slow}");
+        assert!((2200..2800).contains(&lost), "about a quarter lost: {lost}");
+        let error = controls
+            .apply(
+                &serde_json::from_str(r#"{"faults": {"*": {"lost_answer_rate": 2.0}}}"#).unwrap(),
+            )
+            .unwrap_err();
+        assert!(
+            error.contains("lost_answer_rate must be between 0 and 1"),
+            "{error}"
+        );
+        controls
+            .apply(&serde_json::from_str(r#"{"faults": {"*": {}}}"#).unwrap())
+            .unwrap();
+        assert!(
+            controls.view().faults.is_empty(),
+            "an empty fault clears it"
+        );
     }
 
     #[test]

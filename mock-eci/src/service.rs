@@ -29,6 +29,10 @@ use crate::engine::{Engine, Snapshot};
 use crate::persist::{self, PersistError};
 use crate::telemetry::Telemetry;
 
+/// The `result` label of calls served whose answer was lost on purpose
+/// ([`crate::controls::Fault::lost_answer_rate`]).
+pub const LOST_ANSWER: &str = "AnswerLost";
+
 /// Responses carry the request id in a field as well as in metadata.
 trait WithRequestId {
     fn set_request_id(&mut self, request_id: String);
@@ -277,9 +281,12 @@ impl MockEci {
         let started = Instant::now();
         let request_id = uuid::Uuid::new_v4().to_string().to_uppercase();
         let verdict = self.controls_lock().admit(action, self.now());
-        let (latency_ms, injected) = match verdict {
-            Verdict::Serve { latency_ms } => (latency_ms, None),
-            Verdict::Fail { error, latency_ms } => (latency_ms, Some(error)),
+        let (latency_ms, injected, lose_answer) = match verdict {
+            Verdict::Serve {
+                latency_ms,
+                lose_answer,
+            } => (latency_ms, None, lose_answer),
+            Verdict::Fail { error, latency_ms } => (latency_ms, Some(error), false),
         };
         if latency_ms > 0 {
             tokio::time::sleep(Duration::from_millis(latency_ms)).await;
@@ -297,6 +304,14 @@ impl MockEci {
         };
         let seconds = started.elapsed().as_secs_f64();
         match result {
+            Ok(_) if lose_answer => {
+                // Served, but the answer never arrives: a dropped connection, no ECI code.
+                self.shared.telemetry.record(action, LOST_ANSWER, seconds);
+                debug!(action = %action, request_id = %request_id, "served; answer lost (simulated)");
+                Err(Status::unavailable(format!(
+                    "connection reset: the answer to {action} was lost (simulated)"
+                )))
+            }
             Ok(mut body) => {
                 self.shared.telemetry.record(action, "ok", seconds);
                 body.set_request_id(request_id.clone());
