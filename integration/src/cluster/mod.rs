@@ -36,6 +36,37 @@ pub fn random_in(range: std::ops::RangeInclusive<u8>) -> u8 {
 pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 /// The label kwok manages simulated nodes by.
 pub const KWOK_NODE_LABEL: (&str, &str) = ("type", "kwok");
+/// The user the daemon's ServiceAccount token authenticates as (`deploy/base`).
+pub const DAEMON_USER: &str = "system:serviceaccount:kube-system:virtual-node-eci";
+/// kube-apiserver's audit log, in the control plane's directory (see [`audit_policy`]); when it
+/// grows past 200 MB it is rotated beside itself (`audit-<time>.log`, every one kept), and a
+/// second apiserver started from [`etcd::APISERVER_ARGS_FILE`] appends to the same file (one
+/// `write` per event, `O_APPEND`), so read every `*.log` of its directory.
+pub const AUDIT_LOG: &str = "audit/audit.log";
+/// The audit policy kube-apiserver runs with, in the control plane's directory.
+pub const AUDIT_POLICY: &str = "audit-policy.yaml";
+
+/// The apiserver's audit policy: every request of the daemon's ServiceAccount ([`DAEMON_USER`])
+/// at `Metadata` level — who, verb, resource, namespace and name, the response code — and
+/// nothing else. The security checks need exactly that ("no request of ours was denied");
+/// other users' requests (the controllers', kwok's heartbeats, the tests') would multiply the
+/// log's size and the apiserver's encoding work for no check, and a benchmark's figures should
+/// not pay for them. `RequestReceived` is omitted (the `ResponseComplete` stage carries the
+/// same request and its code; watches also log `ResponseStarted`). Requests made by an
+/// administrator impersonating the ServiceAccount (`kubectl auth can-i --as`) are matched
+/// against the administrator, before impersonation, so they are not logged.
+pub fn audit_policy() -> String {
+    json!({
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [
+            {"level": "Metadata", "users": [DAEMON_USER]},
+            {"level": "None"},
+        ],
+    })
+    .to_string()
+}
 
 /// Starting or running the control plane failed.
 #[derive(Debug, thiserror::Error)]
@@ -338,6 +369,15 @@ impl ControlPlane {
 
         let pki = self.pki.clone();
         let apiserver = self.upstream.path("kube-apiserver")?.to_owned();
+        let policy = self.dir.join(AUDIT_POLICY);
+        write(&policy, &audit_policy())?;
+        let audit_log = self.dir.join(AUDIT_LOG);
+        if let Some(audit_dir) = audit_log.parent() {
+            std::fs::create_dir_all(audit_dir).map_err(|source| ClusterError::Write {
+                path: audit_dir.to_owned(),
+                source,
+            })?;
+        }
         let flags = vec![
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".into(),
@@ -386,6 +426,15 @@ impl ControlPlane {
             "--endpoint-reconciler-type=none".into(),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
+            // The daemon's requests (see `audit_policy`), written as they complete ("blocking"
+            // mode: one small append per request, so the log is complete when a test reads it).
+            format!("--audit-policy-file={}", display(&policy)),
+            format!("--audit-log-path={}", display(&audit_log)),
+            "--audit-log-format=json".into(),
+            "--audit-log-mode=blocking".into(),
+            "--audit-log-maxsize=200".into(),
+            "--audit-log-maxbackup=0".into(),
+            "--audit-log-maxage=0".into(),
         ];
         write(&self.dir.join(etcd::APISERVER_ARGS_FILE), &flags.join("\n"))?;
         self.spawn("kube-apiserver", &apiserver, &flags)?;
@@ -583,6 +632,11 @@ impl ControlPlane {
     /// The fixture's directory: PKI, etcd data and every component's log.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// kube-apiserver's audit log ([`AUDIT_LOG`]; the daemon's requests, see [`audit_policy`]).
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join(AUDIT_LOG)
     }
 
     /// Where kube-scheduler calls the daemon's extender, when started with it.

@@ -50,6 +50,8 @@ pub(super) struct Shared {
     pub(super) dir: PathBuf,
     /// Where kube-scheduler calls the daemon's extender, when the fixture has it.
     pub(super) placement_extender: Option<PlacementExtender>,
+    /// kube-apiserver's audit log of the daemon's requests, for the fixture.
+    pub(super) audit_log: Option<PathBuf>,
     /// Kept for the life of the process: dropping neither closes nor waits.
     _supervisor: Option<std::process::Child>,
     _tempdir: tempfile::TempDir,
@@ -128,6 +130,7 @@ async fn start(options: FixtureOptions) -> Result<Shared, HarnessError> {
         daemon_kubeconfig,
         upstream,
         fixture,
+        audit_log: fixture.then(|| dir.join(crate::cluster::AUDIT_LOG)),
         dir,
         placement_extender,
         _supervisor: supervisor,

@@ -110,6 +110,7 @@ pub struct Harness {
     /// Daemon process name → its kubelet API port.
     kubelet_ports: Vec<(String, u16)>,
     placement_extender: Option<PlacementExtender>,
+    audit_log: Option<PathBuf>,
 }
 
 async fn client_for(kubeconfig: &Path) -> Result<(kube::Client, String), HarnessError> {
@@ -176,6 +177,7 @@ impl Harness {
         harness.daemon_kubeconfig = shared.daemon_kubeconfig.clone();
         harness.fixture_dir = shared.dir.clone();
         harness.placement_extender = shared.placement_extender.clone();
+        harness.audit_log = shared.audit_log.clone();
         harness.kubectl = shared
             .upstream
             .path("kubectl")
@@ -217,6 +219,7 @@ impl Harness {
             namespaces: Vec::new(),
             kubelet_ports: Vec::new(),
             placement_extender: None,
+            audit_log: None,
         }
     }
 
@@ -478,6 +481,13 @@ impl Harness {
     /// the host agent's pods (`<namespace>_<pod>/<container>.log` and `.pid`).
     pub fn fixture_dir(&self) -> &Path {
         &self.fixture_dir
+    }
+
+    /// kube-apiserver's audit log: every request of the daemon's ServiceAccount at `Metadata`
+    /// level (`integration::cluster::audit_policy`), rotated files beside it. `None` with
+    /// `E2E_KUBECONFIG`: an existing cluster's audit log is not ours to read.
+    pub fn audit_log(&self) -> Option<&Path> {
+        self.audit_log.as_deref()
     }
 
     /// The output so far of a container the host agent runs (fixture only).
