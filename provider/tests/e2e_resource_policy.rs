@@ -1779,21 +1779,12 @@ async fn an_invalid_policy_is_refused_with_the_field_and_why() {
             })
             .to_string()
         };
-        // The seed's manifest, as written for ACK, is accepted unchanged.
-        let ack = manifest("test", json!({
-            "selector": {"key1": "value1"},
-            "strategy": "prefer",
-            "units": [
-                {"nodeSelector": {"unit": "first"}, "podLabels": {"key1": "value1"}, "podAnnotations": {"key1": "value1"}, "resource": "ecs"},
-                {"nodeSelector": {"unit": "second"}, "max": 10, "resource": "ecs"},
-                {"resource": "eci"},
-            ],
-            "preemptPolicy": "AfterAllUnits",
-            "ignorePreviousPod": false,
-            "ignoreTerminatingPod": true,
-            "matchLabelKeys": ["pod-template-hash"],
-            "whenTryNextUnits": {"policy": "TimeoutOrExceedMax", "timeout": "1m"},
-        }));
+        // The seed's manifest, as written for ACK (deploy/examples), is accepted unchanged.
+        let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/examples/resourcepolicy-ack.yaml");
+        let ack = std::fs::read_to_string(example)
+            .unwrap()
+            .replace("namespace: default", &format!("namespace: {ns}"));
         let applied = kubectl_with_input(&h, &["apply", "-f", "-"], Some(&ack)).await;
         assert!(applied.ok, "the seed's manifest applies: {}", applied.stderr);
 

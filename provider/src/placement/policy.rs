@@ -408,22 +408,17 @@ mod tests {
         serde_json::from_value(value).unwrap()
     }
 
+    /// The ACK example under deploy/examples (every field of ACK's schema).
+    pub(crate) const ACK_EXAMPLE: &str = "deploy/examples/resourcepolicy-ack.yaml";
+
     #[test]
     fn the_seeds_manifest_reads_with_its_defaults() {
-        let spec = spec(serde_json::json!({
-            "selector": {"key1": "value1"},
-            "strategy": "prefer",
-            "units": [
-                {"nodeSelector": {"unit": "first"}, "podLabels": {"key1": "value1"}, "podAnnotations": {"key1": "value1"}, "resource": "ecs"},
-                {"nodeSelector": {"unit": "second"}, "max": 10, "resource": "ecs"},
-                {"resource": "eci"},
-            ],
-            "preemptPolicy": "AfterAllUnits",
-            "ignorePreviousPod": false,
-            "ignoreTerminatingPod": true,
-            "matchLabelKeys": ["pod-template-hash"],
-            "whenTryNextUnits": {"policy": "TimeoutOrExceedMax", "timeout": "1m"},
-        }));
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(ACK_EXAMPLE);
+        let text = std::fs::read_to_string(path).unwrap();
+        let policy: ResourcePolicy = serde_saphyr::from_str(&text).unwrap();
+        let spec = policy.spec;
         assert!(validate(&spec).is_empty(), "{:?}", validate(&spec));
         assert_eq!(spec.next_units(), NextUnits::TimeoutOrExceedMax);
         assert_eq!(spec.timeout(), Duration::from_secs(60));
