@@ -380,4 +380,46 @@ mod tests {
                 .starts_with("malformed AdmissionReview: EOF")
         );
     }
+
+    fn policy_review(operation: &str, spec: Value) -> Vec<u8> {
+        let kind = json!({"group": "scheduling.alibabacloud.com", "version": "v1alpha1", "kind": "ResourcePolicy"});
+        let resource = json!({"group": "scheduling.alibabacloud.com", "version": "v1alpha1", "resource": "resourcepolicies"});
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "req-2", "kind": kind, "resource": resource,
+                "requestKind": kind, "requestResource": resource,
+                "name": "nginx", "namespace": "default", "operation": operation,
+                "userInfo": {"username": "alice"},
+                "object": {"apiVersion": "scheduling.alibabacloud.com/v1alpha1", "kind": "ResourcePolicy",
+                           "metadata": {"name": "nginx", "namespace": "default"}, "spec": spec},
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn resource_policies_the_schema_let_through_are_refused_naming_the_field() {
+        let (out, _) = admission()
+            .review(&policy_review(
+                "CREATE",
+                json!({"units": [{"resource": "ecs", "maxResources": {"cpu": "lots"}}, {"resource": "eci"}]}),
+            ))
+            .unwrap();
+        let answer = response(&out);
+        assert_eq!(answer["allowed"], false);
+        let message = answer["status"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("ResourcePolicy nginx: spec.units[0].maxResources.cpu: "),
+            "{message}"
+        );
+        let (out, _) = admission()
+            .review(&policy_review(
+                "UPDATE",
+                json!({"units": [{"resource": "ecs", "maxResources": {"cpu": "4"}}, {"resource": "eci"}]}),
+            ))
+            .unwrap();
+        assert_eq!(response(&out)["allowed"], true);
+    }
 }
