@@ -32,6 +32,8 @@ use crate::ops::metrics::{PlacementLabels, Telemetry, VerbLabels};
 
 /// The path prefix the scheduler's `urlPrefix` names.
 pub const PREFIX: &str = "/resourcepolicy";
+/// The largest request body taken.
+const BODY_LIMIT: usize = 128 * 1024 * 1024;
 /// kube-scheduler's best extender score.
 const MAX_SCORE: i64 = 10;
 
@@ -179,6 +181,9 @@ pub fn router(extender: Arc<Extender>) -> Router {
         .route(&format!("{PREFIX}/filter"), post(filter))
         .route(&format!("{PREFIX}/prioritize"), post(prioritize))
         .route(&format!("{PREFIX}/bind"), post(bind))
+        // Without `nodeCacheCapable` every call carries whole Node objects: tens of MiB on a
+        // large cluster, beyond axum's 2 MiB default.
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(extender)
 }
 
