@@ -19,6 +19,20 @@ use super::{
 use crate::pods::to_eci::{self, Context};
 use crate::pods::{from_eci, refs};
 
+/// Failed creation attempts after which the pod says why it is still Pending (once; the
+/// daemon keeps trying).
+const REPORT_AFTER_ATTEMPTS: u32 = 3;
+
+/// Whether the failure of creation attempt `attempt` (counted from 0) is reported on the pod
+/// (`ProviderFailed`, phase Pending): once the problem persisted, and only while ECI shows no
+/// group for the pod. A group the status poll already found (`group_seen`) was made by an
+/// earlier attempt whose answer was lost — a timeout, a dropped connection — and the pod
+/// already shows its state: a Pending written over it would stay, since the group's state
+/// does not change again and so is never written again.
+fn report_failure(attempt: u32, group_seen: bool) -> bool {
+    attempt == REPORT_AFTER_ATTEMPTS && !group_seen
+}
+
 /// A pod waiting for its group: how many attempts failed, and when it was first seen (the
 /// creation latency metric starts there).
 #[derive(Debug, Clone, Copy)]
@@ -185,7 +199,8 @@ impl PodController {
                 }
                 Err(Failure::Retry(message)) => {
                     self.inner.telemetry.pod_create_retries.inc();
-                    if job.attempt == 3 {
+                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.group.is_some());
+                    if report_failure(job.attempt, group_seen) {
                         // Tell the user once the problem persists, then keep trying.
                         self.set_provider_failed(&pod, &message, false).await;
                     }
@@ -358,7 +373,30 @@ impl PodController {
             ))
         })
         .await;
+        // What the pod shows is no longer the group's state last applied: should the group
+        // exist after all (a poll applied it while this was written), the next listing writes
+        // its state again.
+        if let Some(uid) = pod.uid()
+            && let Some(entry) = self.tracked().get_mut(&uid)
+        {
+            entry.applied = None;
+            entry.written = None;
+        }
         self.event(pod, EventType::Warning, PROVIDER_FAILED, message)
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_persistent_failure_is_reported_once_and_never_over_a_group_eci_shows() {
+        let reported: Vec<u32> = (0..10).filter(|a| report_failure(*a, false)).collect();
+        assert_eq!(reported, [REPORT_AFTER_ATTEMPTS], "once, when it persisted");
+        // The first attempt's answer was lost, yet the group exists and the status poll found
+        // it (the fault suite's lost_create_answers case stranded pods in Pending this way).
+        assert!((0..10).all(|a| !report_failure(a, true)));
     }
 }
