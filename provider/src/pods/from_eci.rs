@@ -419,22 +419,34 @@ pub fn lost(pod: &Pod, reason: &str, message: &str, now: SystemTime) -> Value {
 /// `metadata.generation` to acknowledge. `None` when the pod shows what it should, and for a
 /// pod this daemon has not written a status for yet (no ContainersReady condition).
 ///
-/// Ready is compared only for pods with readiness gates: on other pods a Ready that differs
-/// from ContainersReady was set by someone else on purpose (the node lifecycle controller
-/// marking the pods of an unreachable node), and the next ECI change settles it. The generation
-/// is compared only when the pod shows an `observedGeneration` at all: an API server without
-/// the field drops it, and comparing then would rewrite forever.
+/// Without readiness gates Ready follows ContainersReady, by status: someone else may have set
+/// it apart — the node lifecycle controller marks every pod of a node it lost touch with
+/// NotReady, once, when the node turns NotReady (its Lease went stale, or the daemon reported
+/// ECI unreachable) — and, as a kubelet's status manager does when it serves again, the pod is
+/// given back what its containers say. The next ECI change would not do it: a running group
+/// may never change again, and its pods would stay out of their Services' endpoints.
+///
+/// The generation is compared only when the pod shows an `observedGeneration` at all: an API
+/// server without the field drops it, and comparing then would rewrite forever.
 pub fn refresh(pod: &Pod, now: SystemTime) -> Option<Value> {
     let status = pod.status.as_ref()?;
     let generation = pod.metadata.generation;
     let generation_differs =
         status.observed_generation.is_some() && status.observed_generation != generation;
     let gates = gates(pod);
+    let conditions = status.conditions.as_deref().unwrap_or_default();
     // The common case, on every watch event of every pod: decided before anything is built.
     if gates.is_empty() && !generation_differs {
-        return None;
+        let status_of = |kind: &str| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == kind)
+                .map(|c| c.status.as_str())
+        };
+        if status_of("Ready") == Some(status_of("ContainersReady")?) {
+            return None;
+        }
     }
-    let conditions = status.conditions.as_deref().unwrap_or_default();
     let containers_ready = conditions.iter().find(|c| c.type_ == "ContainersReady")?;
     let wanted = ready(
         &serde_json::to_value(containers_ready).ok()?,
@@ -442,12 +454,14 @@ pub fn refresh(pod: &Pod, now: SystemTime) -> Option<Value> {
         conditions,
     );
     let shown = conditions.iter().find(|c| c.type_ == "Ready");
-    let ready_differs = !gates.is_empty()
-        && shown.is_none_or(|c| {
-            wanted["status"] != c.status.as_str()
-                || wanted["reason"].as_str() != c.reason.as_deref()
-                || wanted["message"].as_str() != c.message.as_deref()
-        });
+    let ready_differs = shown.is_none_or(|c| {
+        wanted["status"] != c.status.as_str()
+            // Reason and message are the gates' account (without gates, whatever the status
+            // was set with: not ours to fight over).
+            || (!gates.is_empty()
+                && (wanted["reason"].as_str() != c.reason.as_deref()
+                    || wanted["message"].as_str() != c.message.as_deref()))
+    });
     if !ready_differs && !generation_differs {
         return None;
     }
@@ -945,7 +959,7 @@ mod tests {
     }
 
     #[test]
-    fn refresh_rewrites_ready_when_a_gate_or_the_generation_changes_and_only_then() {
+    fn refresh_rewrites_ready_when_a_gate_someone_else_or_the_generation_changes_and_only_then() {
         const LB: &str = "example.com/lb-ready";
         let ours_ready = |ready: &str, reason: &str| -> Shown {
             vec![
@@ -978,8 +992,17 @@ mod tests {
             ),
             // Nothing changed.
             (&[LB], Some("True"), ours_ready("True", ""), Some(3), None),
-            // No gates: Ready that differs was set by someone else; not ours to fight.
-            (&[], None, ours_ready("False", ""), Some(3), None),
+            // No gates: a Ready set apart from ContainersReady by someone else (the node
+            // lifecycle controller, on the pods of a node it lost touch with) is put back.
+            (
+                &[],
+                None,
+                ours_ready("False", ""),
+                Some(3),
+                Some(("True", None)),
+            ),
+            // No gates, nothing changed.
+            (&[], None, ours_ready("True", ""), Some(3), None),
             // A new generation is acknowledged even with nothing else to change.
             (
                 &[],
