@@ -381,6 +381,7 @@ mod tests {
         );
     }
 
+    #[allow(clippy::needless_pass_by_value)] // json! borrows
     fn policy_review(operation: &str, spec: Value) -> Vec<u8> {
         let kind = json!({"group": "scheduling.alibabacloud.com", "version": "v1alpha1", "kind": "ResourcePolicy"});
         let resource = json!({"group": "scheduling.alibabacloud.com", "version": "v1alpha1", "resource": "resourcepolicies"});
