@@ -237,6 +237,24 @@ fn unreachable(endpoint: &str, action: &str, error: &reqwest::Error) -> EciError
     )
 }
 
+/// The service's message without the string to sign it echoes on `SignatureDoesNotMatch`:
+/// that is the whole request — the AccessKey id, the STS token, every parameter (a pod's
+/// environment included) — and the message is logged and shown on pods.
+fn without_string_to_sign(message: &str) -> String {
+    // ASCII lowercasing keeps byte offsets.
+    let Some(at) = message.to_ascii_lowercase().find("string to sign") else {
+        return message.to_owned();
+    };
+    let kept = message[..at].trim_end_matches([' ', ':', '.']);
+    let kept = kept
+        .strip_suffix("server")
+        .unwrap_or(kept)
+        .trim_end_matches([' ', '.']);
+    format!(
+        "{kept}. (The service's string to sign is left out: it repeats the request and its credentials.)"
+    )
+}
+
 /// The error an unsuccessful answer stands for, with a hint where the fix is on this side.
 fn service_error(
     action: &str,
@@ -253,7 +271,7 @@ fn service_error(
             .to_owned()
     };
     let mut code = text("Code");
-    let mut message = text("Message");
+    let mut message = without_string_to_sign(&text("Message"));
     if code.is_empty() {
         // Not the service's JSON: a proxy or load balancer answered.
         code = match http_status {
@@ -400,6 +418,20 @@ impl OpenApiBackend {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_echoed_string_to_sign_never_reaches_a_message() {
+        let echoed = "Specified signature is not matched with our calculation. server string to sign is:POST&%2F&AccessKeyId%3Dkey-id%26SecurityToken%3Dsts";
+        let kept = super::without_string_to_sign(echoed);
+        assert_eq!(
+            kept,
+            "Specified signature is not matched with our calculation. (The service's string to sign is left out: it repeats the request and its credentials.)"
+        );
+        assert_eq!(
+            super::without_string_to_sign("Specified access key is not found."),
+            "Specified access key is not found."
+        );
+    }
+
     use super::*;
 
     #[test]
