@@ -13,7 +13,7 @@
 //! `KUBELET_LOG_POLL_INTERVAL` while lines arrive, backing off to 5x when none do.
 
 use std::convert::Infallible;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, State};
@@ -199,7 +199,7 @@ impl LogOptions {
             container_group_id: target.group_id.clone(),
             container_name: target.container.clone(),
             start_time: match (self.since_seconds, self.since) {
-                (None, Some(since)) => rfc3339_nanos(since),
+                (None, Some(since)) => request_time(since),
                 _ => String::new(),
             },
             tail: i32::try_from(tail).ok(),
@@ -242,15 +242,22 @@ pub fn next_request(
     request.tail = i32::try_from(ECI_MAX_TAIL).ok();
     // Absolute from now on: `sinceSeconds` again would count from the poll, not the request.
     if let Some(from) = cursor.last.or(options.since) {
-        request.start_time = rfc3339_nanos(from);
+        request.start_time = request_time(from);
         request.since_seconds = None;
     }
     request
 }
 
-/// RFC 3339 in UTC with nine fractional digits: the kubelet's `RFC3339NanoFixed`.
+/// RFC 3339 in UTC with nine fractional digits: the kubelet's `RFC3339NanoFixed`. Any time a
+/// query or ECI can name, 1970 and before included (humantime's formatter panics there).
 pub fn rfc3339_nanos(at: Timestamp) -> String {
-    humantime::format_rfc3339_nanos(SystemTime::from(at)).to_string()
+    at.strftime("%Y-%m-%dT%H:%M:%S.%9fZ").to_string()
+}
+
+/// A time to ask ECI for logs from: no log is older than the epoch, so earlier times (a
+/// `sinceTime` of 1960, a `sinceSeconds` of centuries) ask from the epoch.
+fn request_time(at: Timestamp) -> String {
+    rfc3339_nanos(at.max(Timestamp::UNIX_EPOCH))
 }
 
 /// One log line: its timestamp and its text (without the line break).

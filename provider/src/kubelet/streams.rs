@@ -11,6 +11,8 @@ mod exec;
 mod portforward;
 mod websocket;
 
+pub use self::exec::complete_json_values;
+
 use axum::Router;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -142,6 +144,31 @@ impl ExecOptions {
             ));
         }
         Ok(options)
+    }
+}
+
+/// The ports a WebSocket port-forward asks for (`?ports=80,443`; `port` and `ports`, repeated
+/// or comma-joined): at least one and at most 127, as each takes two of the one-byte channels.
+/// Pure, so the fuzz target `kubelet_request` calls it.
+pub fn forwarded_ports(query: Option<&str>) -> Result<Vec<u16>, StreamError> {
+    let ports: Result<Vec<u16>, _> = query
+        .map(|query| {
+            form_urlencoded::parse(query.as_bytes())
+                .filter(|(key, _)| key == "ports" || key == "port")
+                .flat_map(|(_, value)| {
+                    value
+                        .split(',')
+                        .map(|port| port.trim().parse::<u16>())
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        })
+        .unwrap_or_else(|| Ok(Vec::new()));
+    match ports {
+        Ok(ports) if !ports.is_empty() && ports.len() <= 127 => Ok(ports),
+        _ => Err(StreamError::BadRequest(
+            "query parameter \"port\" is required: a comma-separated list of ports".into(),
+        )),
     }
 }
 

@@ -25,6 +25,15 @@ pub fn phase(status: &str) -> Option<&'static str> {
     }
 }
 
+/// A time ECI reported, as the API server takes it (RFC 3339 in UTC); `None` when it is empty or
+/// not a time: the API server refuses a status with an unreadable time whole, and the pod would
+/// never show its state.
+fn time(text: &str) -> Option<Value> {
+    let at: jiff::Timestamp = text.parse().ok()?;
+    // 0000-01-01T00:00:00Z: earlier years have no RFC 3339 form.
+    (at.as_second() >= -62_167_219_200).then(|| Value::String(at.to_string()))
+}
+
 fn state(state: Option<&ContainerState>, container_id: &str) -> Value {
     let Some(state) = state else {
         return json!({"waiting": {"reason": "ContainerCreating"}});
@@ -35,7 +44,7 @@ fn state(state: Option<&ContainerState>, container_id: &str) -> Value {
         "Running" => {
             out.insert(
                 "running".into(),
-                json!({"startedAt": text(&state.start_time)}),
+                json!({"startedAt": time(&state.start_time)}),
             );
         }
         "Terminated" => {
@@ -43,8 +52,8 @@ fn state(state: Option<&ContainerState>, container_id: &str) -> Value {
                 "exitCode": state.exit_code.unwrap_or(0),
                 "reason": text(&state.reason),
                 "message": text(&state.message),
-                "startedAt": text(&state.start_time),
-                "finishedAt": text(&state.finish_time),
+                "startedAt": time(&state.start_time),
+                "finishedAt": time(&state.finish_time),
             });
             if let Some(signal) = state.signal {
                 terminated["signal"] = json!(signal);
@@ -294,15 +303,16 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
     if let Some(generation) = generation {
         status["observedGeneration"] = json!(generation);
     }
-    if !group.intranet_ip.is_empty() {
+    // Only an address: the API server refuses a status whose pod IP is not one.
+    if group.intranet_ip.parse::<std::net::IpAddr>().is_ok() {
         status["podIP"] = json!(group.intranet_ip);
         status["podIPs"] = json!([{"ip": group.intranet_ip}]);
         // The ECI instance is the pod's host.
         status["hostIP"] = json!(group.intranet_ip);
         status["hostIPs"] = json!([{"ip": group.intranet_ip}]);
     }
-    if !group.creation_time.is_empty() {
-        status["startTime"] = json!(group.creation_time);
+    if let Some(started) = time(&group.creation_time) {
+        status["startTime"] = started;
     }
     match group.status.as_str() {
         "ScheduleFailed" => {
@@ -577,6 +587,40 @@ mod tests {
             .iter()
             .find(|c| c["type"] == kind)
             .unwrap()
+    }
+
+    /// Found by the fuzz target `eci_to_status` (its input is kept as
+    /// `fuzz/corpus/eci_to_status/crash-unreadable-finish-time`): ECI's times and address went
+    /// into the status as ECI wrote them, and the API server refuses a whole status over one
+    /// unreadable time or IP, so the pod would never have shown its state.
+    #[test]
+    fn unreadable_times_and_addresses_from_eci_are_left_out() {
+        let mut app = info("app", "Terminated", false, Some(1));
+        let state = app.current_state.as_mut().unwrap();
+        state.start_time = "2026-11-21T11:00:00+08:00".into();
+        state.finish_time = "2026-11-21T07:58:01%".into();
+        let mut side = info("side", "Running", true, None);
+        side.current_state.as_mut().unwrap().start_time = "yesterday".into();
+        let mut group = mk_group("Running", vec![app, side]);
+        group.intranet_ip = "192.168.0.999".into();
+        group.creation_time = "-0001-01-01T00:00:00Z".into();
+        let status = pod_status(&mk_pod(false), &group, at(0));
+        let typed: k8s_openapi::api::core::v1::PodStatus =
+            serde_json::from_value(status.clone()).expect("a PodStatus");
+        assert_eq!(typed.pod_ip, None);
+        assert_eq!(typed.start_time, None);
+        let terminated = &status["containerStatuses"][0]["state"]["terminated"];
+        assert_eq!(terminated["startedAt"], "2026-11-21T03:00:00Z", "in UTC");
+        assert!(terminated.get("finishedAt").is_none(), "{terminated}");
+        assert_eq!(
+            status["containerStatuses"][1]["state"],
+            json!({"running": {}})
+        );
+        group.intranet_ip = "fd00::2".into();
+        assert_eq!(
+            pod_status(&mk_pod(false), &group, at(0))["podIP"],
+            "fd00::2"
+        );
     }
 
     #[test]

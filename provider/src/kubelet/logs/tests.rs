@@ -193,6 +193,40 @@ fn pages_are_read_with_their_timestamps() {
     assert_eq!(parse_page(""), vec![]);
 }
 
+/// Found by the fuzz target `kubelet_request` (its input is kept as
+/// `fuzz/corpus/kubelet_request/crash-log-line-before-1970`): humantime's formatter panics for
+/// times before the epoch, which a `sinceTime`, a `sinceSeconds` or ECI's own log lines can name.
+#[test]
+fn times_before_1970_are_written_not_a_panic() {
+    assert_eq!(
+        rfc3339_nanos(at("2026-11-21T08:00:03.5Z")),
+        "2026-11-21T08:00:03.500000000Z"
+    );
+    assert_eq!(
+        rfc3339_nanos(at("1960-01-02T03:04:05.000000007Z")),
+        "1960-01-02T03:04:05.000000007Z"
+    );
+    // ECI is asked from the epoch: it keeps no older line.
+    let old = parse("sinceTime=1960-01-01T00:00:00Z").unwrap();
+    assert_eq!(
+        old.first_request(&target(), "r").start_time,
+        "1970-01-01T00:00:00.000000000Z"
+    );
+    let ages = parse("sinceSeconds=999999999999&follow=1").unwrap();
+    assert_eq!(ages.since, Some(Timestamp::MIN));
+    assert_eq!(
+        next_request(&ages, &Cursor::default(), &target(), "r", false).start_time,
+        "1970-01-01T00:00:00.000000000Z"
+    );
+    // A line ECI dates before 1970 is written with its own time.
+    let page = parse_page("1013-11-21T08:00:05.5+08:00 restarted\n");
+    let mut output = Output::new(&parse("timestamps=1").unwrap());
+    assert_eq!(
+        String::from_utf8(output.render(&page)).unwrap(),
+        "1013-11-21T00:00:05.500000000Z restarted\n"
+    );
+}
+
 fn lines(spec: &[(&str, &str)]) -> Vec<Line> {
     spec.iter()
         .map(|(stamp, text)| Line {

@@ -427,8 +427,9 @@ fn prefixed(channel: u8, data: &[u8]) -> Bytes {
 }
 
 /// Takes the complete JSON values off the front of `pending` (the resize stream is a stream of
-/// JSON objects, which frames may split or join); invalid bytes are dropped.
-pub(super) fn complete_json_values(pending: &mut Vec<u8>) -> Vec<Vec<u8>> {
+/// JSON objects, which frames may split or join); invalid bytes are dropped. Public for the
+/// fuzz target `kubelet_request`.
+pub fn complete_json_values(pending: &mut Vec<u8>) -> Vec<Vec<u8>> {
     let mut values = Vec::new();
     let mut stream = serde_json::Deserializer::from_slice(pending).into_iter::<Value>();
     let mut consumed = 0;

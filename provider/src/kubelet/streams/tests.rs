@@ -92,6 +92,35 @@ fn upgrades_and_protocols_are_negotiated() {
 }
 
 #[test]
+fn websocket_port_forward_ports_are_read_from_the_query() {
+    assert_eq!(
+        forwarded_ports(Some("ports=8080,%209090&port=53")).expect("valid"),
+        [8080, 9090, 53]
+    );
+    let many = format!("ports={}", vec!["1"; 127].join(","));
+    assert_eq!(forwarded_ports(Some(&many)).expect("127 fit").len(), 127);
+    for refused in [
+        None,
+        Some(""),
+        Some("other=1"),
+        Some("ports="),
+        Some("ports=65536"),
+        Some("ports=80,x"),
+        Some("ports=-1"),
+    ] {
+        assert!(
+            matches!(forwarded_ports(refused), Err(StreamError::BadRequest(_))),
+            "{refused:?}"
+        );
+    }
+    let too_many = format!("ports={}", vec!["1"; 128].join(","));
+    assert!(
+        forwarded_ports(Some(&too_many)).is_err(),
+        "128 ports need 256 channels"
+    );
+}
+
+#[test]
 fn resize_stream_values_are_taken_whole() {
     let mut pending = br#"{"Width":80,"Height":24}{"Width":100,"#.to_vec();
     let values = complete_json_values(&mut pending);

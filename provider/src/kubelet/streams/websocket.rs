@@ -23,7 +23,7 @@ use super::super::KubeletState;
 use super::super::pod_lookup::Target;
 use super::exec::{self, ClientStreams, Command, Sink, StatusFormat};
 use super::portforward::{self, PodAddress};
-use super::{ExecOptions, StreamError};
+use super::{ExecOptions, forwarded_ports};
 
 /// exec and attach over WebSocket, newest first.
 pub(super) const EXEC_PROTOCOLS: [&str; 5] = [
@@ -212,29 +212,9 @@ pub(super) async fn serve_port_forward(
     address: PodAddress,
     request: Request,
 ) -> Response {
-    let ports: Result<Vec<u16>, _> = request
-        .uri()
-        .query()
-        .map(|query| {
-            form_urlencoded::parse(query.as_bytes())
-                .filter(|(key, _)| key == "ports" || key == "port")
-                .flat_map(|(_, value)| {
-                    value
-                        .split(',')
-                        .map(|port| port.trim().parse::<u16>())
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        })
-        .unwrap_or_else(|| Ok(Vec::new()));
-    let ports = match ports {
-        Ok(ports) if !ports.is_empty() && ports.len() <= 127 => ports,
-        _ => {
-            return StreamError::BadRequest(
-                "query parameter \"port\" is required: a comma-separated list of ports".into(),
-            )
-            .into_response();
-        }
+    let ports = match forwarded_ports(request.uri().query()) {
+        Ok(ports) => ports,
+        Err(error) => return error.into_response(),
     };
     let (upgrade, framing) = match upgrade(request, &state, PORT_FORWARD_PROTOCOLS).await {
         Ok(upgraded) => upgraded,

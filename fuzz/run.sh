@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Runs every fuzz target (or the ones named) for a bounded time, starting from its seed corpus
+# in fuzz/corpus/<target>; fails if any target crashes, printing the input that did it.
+#
+#   fuzz/run.sh [seconds-per-target] [target...]      (default: 60 s, every target)
+#
+# Needs the nightly toolchain (installed by rustup, not downloaded here) and cargo-fuzz, which
+# is installed from crates.io when missing. Builds into fuzz/target; what the fuzzer adds to a
+# corpus goes to fuzz/target/corpus/<target> (kept between local runs, never committed), a
+# crashing input to fuzz/artifacts/<target>/.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+seconds=${1:-60}
+shift || true
+if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: fuzz/run.sh [seconds-per-target] [target...]" >&2
+  exit 2
+fi
+
+if ! rustup toolchain list | grep -q '^nightly'; then
+  echo "fuzz/run.sh: cargo-fuzz needs the nightly toolchain (rustup toolchain install nightly)" >&2
+  exit 1
+fi
+if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+  cargo install cargo-fuzz --version 0.13.2 --locked
+fi
+cargo +nightly fuzz --version
+
+# The build goes to fuzz/target whatever the caller's environment names.
+unset CARGO_TARGET_DIR
+# Release with debug assertions and overflow checks, AddressSanitizer (the default): the same
+# flags for the build and every run, so the runs reuse the build.
+flags=(--release --debug-assertions)
+
+# The lock file is committed: a dependency change must update it, not this run.
+cargo +nightly metadata --locked --format-version 1 >/dev/null
+
+if (($# > 0)); then
+  targets=("$@")
+else
+  mapfile -t targets < <(cargo +nightly fuzz list)
+fi
+
+start=$(date +%s)
+cargo +nightly fuzz build "${flags[@]}"
+echo "built ${#targets[@]} targets in $(($(date +%s) - start)) s"
+
+logs=target/fuzz-logs
+mkdir -p "$logs"
+failed=()
+for target in "${targets[@]}"; do
+  work=target/corpus/$target
+  mkdir -p "$work" "corpus/$target"
+  log=$logs/$target.log
+  # -timeout: an input that takes 30 s is a hang (a request the daemon would never answer).
+  if cargo +nightly fuzz run "${flags[@]}" "$target" "$work" "corpus/$target" -- \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 >"$log" 2>&1; then
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
+    units=$(find "$work" -type f | wc -l)
+    echo "$target: ${runs:-?} inputs in ${seconds} s (${rate:-?}/s), no crash; $units inputs in $work"
+  else
+    failed+=("$target")
+    echo "$target: FAILED — the fuzzer's last words ($log):" >&2
+    grep -E 'panicked at|ERROR: |SUMMARY: ' "$log" | head -n 5 >&2 || true
+    tail -n 30 "$log" >&2
+    artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
+    if [[ -n $artifact ]]; then
+      echo "$target: the input is $artifact; replay from fuzz/: cargo +nightly fuzz run ${flags[*]} $target $artifact" >&2
+    fi
+  fi
+done
+if ((${#failed[@]} > 0)); then
+  echo "fuzz targets that failed: ${failed[*]}" >&2
+  exit 1
+fi
