@@ -432,7 +432,7 @@ impl PodController {
                     }
                     self.observe(Arc::new(pod));
                 }
-                Some(Ok(watcher::Event::Delete(pod))) => self.forget(&pod).await,
+                Some(Ok(watcher::Event::Delete(pod))) => self.forget(&pod),
             }
         }
     }
@@ -452,6 +452,20 @@ impl PodController {
                     let record = (pod_key_parts(&pod), id.clone());
                     self.inner.annotations.push(uid.clone(), record);
                 }
+            }
+            // What we last wrote is not what the pod shows: someone wrote over it — a process
+            // that served this node before and woke up late (SIGSTOP, a long pause), a person —
+            // or this copy is older than our last write. Either way the next listing compares
+            // the group's state with what the pod shows then and writes only where they differ,
+            // as a kubelet's status manager reconciles a status that is not its own.
+            if let Some(written) = entry.written
+                && entry.group.is_some()
+                && !entry.deleting
+                && pod.metadata.deletion_timestamp.is_none()
+                && shown(&pod) != Some(written)
+            {
+                entry.written = None;
+                entry.applied = None;
             }
             entry.keep(&pod);
             // Ready waits for readiness gates others set, and the status acknowledges the
@@ -520,6 +534,13 @@ enum Failure {
     Permanent(String),
 }
 
+/// The fingerprint of the part of the pod's status this daemon writes, as the pod shows it
+/// (compared with the fingerprint of what was last written).
+fn shown(pod: &Pod) -> Option<u64> {
+    let status = serde_json::to_value(pod.status.as_ref()?).ok()?;
+    Some(from_eci::fingerprint(&from_eci::owned(&status)))
+}
+
 /// An in-process hash (never persisted).
 fn hash_of<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
     use std::hash::Hasher as _;
@@ -581,3 +602,289 @@ pub const KUBE_API: &[crate::k8s::access::Access] = &[
         why: "service account tokens for projected volumes",
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use eci_proto::v20180808::*;
+    use serde_json::json;
+
+    use super::*;
+    use crate::eci::EciBackend;
+
+    /// An ECI whose DeleteContainerGroup answers ServiceUnavailable until it recovers; every
+    /// other call answers nothing (no group listed).
+    #[derive(Debug, Default)]
+    struct RefusingDeletes {
+        recovered: AtomicBool,
+        refused: AtomicUsize,
+        deleted: Mutex<Vec<String>>,
+    }
+
+    fn unexpected<T>() -> Result<T, EciError> {
+        Err(EciError::new("Unexpected", "not in this test"))
+    }
+
+    #[async_trait::async_trait]
+    impl EciBackend for RefusingDeletes {
+        async fn create_container_group(
+            &self,
+            _: CreateContainerGroupRequest,
+        ) -> Result<CreateContainerGroupResponse, EciError> {
+            unexpected()
+        }
+        async fn describe_container_groups(
+            &self,
+            _: DescribeContainerGroupsRequest,
+        ) -> Result<DescribeContainerGroupsResponse, EciError> {
+            Ok(DescribeContainerGroupsResponse::default())
+        }
+        async fn describe_container_group_status(
+            &self,
+            _: DescribeContainerGroupStatusRequest,
+        ) -> Result<DescribeContainerGroupStatusResponse, EciError> {
+            Ok(DescribeContainerGroupStatusResponse::default())
+        }
+        async fn delete_container_group(
+            &self,
+            request: DeleteContainerGroupRequest,
+        ) -> Result<DeleteContainerGroupResponse, EciError> {
+            if !self.recovered.load(Ordering::SeqCst) {
+                self.refused.fetch_add(1, Ordering::SeqCst);
+                return Err(EciError::new("ServiceUnavailable", "try later"));
+            }
+            self.deleted
+                .lock()
+                .unwrap()
+                .push(request.container_group_id);
+            Ok(DeleteContainerGroupResponse::default())
+        }
+        async fn update_container_group(
+            &self,
+            _: UpdateContainerGroupRequest,
+        ) -> Result<UpdateContainerGroupResponse, EciError> {
+            unexpected()
+        }
+        async fn restart_container_group(
+            &self,
+            _: RestartContainerGroupRequest,
+        ) -> Result<RestartContainerGroupResponse, EciError> {
+            unexpected()
+        }
+        async fn describe_container_log(
+            &self,
+            _: DescribeContainerLogRequest,
+        ) -> Result<DescribeContainerLogResponse, EciError> {
+            unexpected()
+        }
+        async fn exec_container_command(
+            &self,
+            _: ExecContainerCommandRequest,
+        ) -> Result<ExecContainerCommandResponse, EciError> {
+            unexpected()
+        }
+        async fn describe_container_group_metric(
+            &self,
+            _: DescribeContainerGroupMetricRequest,
+        ) -> Result<DescribeContainerGroupMetricResponse, EciError> {
+            unexpected()
+        }
+        async fn describe_multi_container_group_metric(
+            &self,
+            _: DescribeMultiContainerGroupMetricRequest,
+        ) -> Result<DescribeMultiContainerGroupMetricResponse, EciError> {
+            unexpected()
+        }
+    }
+
+    /// A controller over `eci` and an API server that answers every request with success,
+    /// recording `METHOD path` of each.
+    fn controller(eci: Arc<RefusingDeletes>) -> (PodController, Arc<Mutex<Vec<String>>>) {
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&requests);
+        let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
+            seen.lock()
+                .unwrap()
+                .push(format!("{} {}", request.method(), request.uri().path()));
+            async move {
+                let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
+                Ok::<_, std::convert::Infallible>(
+                    hyper::Response::builder()
+                        .status(200)
+                        .body(kube::client::Body::from(body.to_string().into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        let config = PodsConfig {
+            node_name: "vn-0".into(),
+            cluster_name: "c".into(),
+            region: "cn-test".into(),
+            vswitch: "vsw".into(),
+            security_group: "sg".into(),
+            cluster_dns: Vec::new(),
+            cluster_domain: "cluster.local".into(),
+            kube_proxy: false,
+            kubernetes_service_host: None,
+            kubernetes_service_port: None,
+            max_concurrent_creates: 1,
+            pod_status_poll_interval: Duration::from_secs(1),
+            pod_resync_interval: Duration::from_secs(60),
+        };
+        let controller = PodController::new(
+            config,
+            kube::Client::new(service, "default"),
+            eci,
+            Arc::new(Telemetry::new()),
+        );
+        (controller, requests)
+    }
+
+    fn terminating_pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "web-0", "namespace": "default", "uid": "u-1",
+                "deletionTimestamp": "2026-11-21T03:00:00Z", "deletionGracePeriodSeconds": 1,
+            },
+            "spec": {"nodeName": "vn-0", "containers": [{"name": "app", "image": "nginx:1.27"}]},
+        }))
+        .unwrap()
+    }
+
+    fn track(controller: &PodController, deleting: bool) {
+        controller.tracked().insert(
+            "u-1".into(),
+            Tracked {
+                group: Some("eci-1".into()),
+                deleting,
+                ..Tracked::default()
+            },
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_whose_group_eci_will_not_delete_stays_until_it_does() {
+        let eci = Arc::new(RefusingDeletes::default());
+        let (controller, requests) = controller(Arc::clone(&eci));
+        track(&controller, true);
+        let pod = Arc::new(terminating_pod());
+        controller
+            .clone()
+            .delete(Arc::clone(&pod), "u-1".into())
+            .await;
+        assert!(eci.refused.load(Ordering::SeqCst) >= 8, "retried");
+        assert!(
+            requests
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|r| !r.starts_with("DELETE")),
+            "the pod is not removed from under its group: {requests:?}"
+        );
+        assert!(
+            !controller.tracked()["u-1"].deleting,
+            "the next full listing drives its deletion again"
+        );
+        // ECI deletes again: the next attempt removes group and pod.
+        eci.recovered.store(true, Ordering::SeqCst);
+        controller.tracked().get_mut("u-1").unwrap().deleting = true;
+        controller.clone().delete(pod, "u-1".into()).await;
+        assert!(eci.deleted.lock().unwrap().contains(&"eci-1".to_owned()));
+        assert!(
+            requests
+                .lock()
+                .unwrap()
+                .contains(&"DELETE /api/v1/namespaces/default/pods/web-0".to_owned())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_removed_pods_group_is_deleted_in_the_background_until_eci_deletes_it() {
+        let eci = Arc::new(RefusingDeletes::default());
+        let (controller, _) = controller(Arc::clone(&eci));
+        track(&controller, false);
+        let before = tokio::time::Instant::now();
+        controller.forget(&terminating_pod());
+        assert_eq!(
+            before.elapsed(),
+            Duration::ZERO,
+            "the watch does not wait on ECI"
+        );
+        assert!(controller.tracked().is_empty());
+        // Ten minutes of refusals: far past one deletion's eight attempts.
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(eci.refused.load(Ordering::SeqCst) > 16, "still trying");
+        assert!(eci.deleted.lock().unwrap().is_empty());
+        eci.recovered.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        assert_eq!(*eci.deleted.lock().unwrap(), ["eci-1"]);
+    }
+
+    fn group(status: &str, ready: bool) -> ContainerGroupStatus {
+        ContainerGroupStatus {
+            container_group_id: "eci-1".into(),
+            status: status.into(),
+            intranet_ip: "192.168.0.2".into(),
+            creation_time: "2026-11-21T02:59:58Z".into(),
+            containers: vec![ContainerInfo {
+                name: "app".into(),
+                ready,
+                started: status == "Running",
+                current_state: Some(ContainerState {
+                    state: if status == "Running" {
+                        "Running"
+                    } else {
+                        "Waiting"
+                    }
+                    .into(),
+                    start_time: "2026-11-21T03:00:00Z".into(),
+                    ..ContainerState::default()
+                }),
+                container_id: "app-id".into(),
+                ..ContainerInfo::default()
+            }],
+            ..ContainerGroupStatus::default()
+        }
+    }
+
+    /// The pod as the API server answers after `status` was applied: the fields of others
+    /// (`qosClass`) and the `lastProbeTime: null` it adds to every condition included.
+    fn served(status: &serde_json::Value) -> Pod {
+        let mut status = status.clone();
+        status["qosClass"] = json!("BestEffort");
+        for c in status["conditions"].as_array_mut().into_iter().flatten() {
+            c["lastProbeTime"] = serde_json::Value::Null;
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "default", "uid": "u-1"},
+            "spec": {"containers": [{"name": "app", "image": "nginx:1.27"}]},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pod_shows_what_was_written_until_someone_writes_over_it() {
+        let base = served(&json!({"phase": "Pending"}));
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let running = from_eci::pod_status(&base, &group("Running", true), now);
+        let written = from_eci::fingerprint(&running);
+        assert_eq!(
+            shown(&served(&running)),
+            Some(written),
+            "our own write, echoed"
+        );
+        // A late writer's older view (the group still starting) over ours.
+        let stale = from_eci::pod_status(&base, &group("Pending", false), now);
+        assert_ne!(shown(&served(&stale)), Some(written));
+        // The node lifecycle controller's mark on a pod of a node it lost touch with.
+        let mut marked = running;
+        for c in marked["conditions"].as_array_mut().unwrap() {
+            if c["type"] == "Ready" {
+                c["status"] = json!("False");
+            }
+        }
+        assert_ne!(shown(&served(&marked)), Some(written));
+    }
+}

@@ -188,7 +188,7 @@ impl PodController {
                     if !wanted {
                         // The pod went away while its group was being created: no leak.
                         info!(eci_id = %id, "the pod was deleted during creation; deleting its new container group");
-                        self.delete_group(&id, true).await;
+                        self.delete_group_eventually(id);
                         return None;
                     }
                     info!(eci_id = %id, "created container group");

@@ -73,7 +73,7 @@ impl PodController {
             match group {
                 Some(id) => {
                     info!(pod_uid = %uid, eci_id = %id, "the pod was deleted while nobody watched; deleting its container group");
-                    self.delete_group(&id, true).await;
+                    self.delete_group_eventually(id);
                 }
                 None => {
                     info!(pod_uid = %uid, "the pod was deleted while nobody watched; it had no container group");
@@ -103,14 +103,32 @@ impl PodController {
         }
     }
 
-    pub(super) async fn forget(&self, pod: &Pod) {
+    /// A pod left the watch. Removed without going through our deletion (force-deleted, or by
+    /// the pod garbage collector), its group must go too — in the background: the watch must
+    /// not wait on ECI (an outage would hold every other pod of the node back).
+    pub(super) fn forget(&self, pod: &Pod) {
         let Some(uid) = pod.uid() else { return };
         let group = self.tracked().remove(&uid).and_then(|t| t.group);
-        // Removed without going through our deletion (force-deleted): the group must go too.
         if let Some(id) = group {
             info!(pod = %pod_key(pod), eci_id = %id, "pod removed; deleting its container group");
-            self.delete_group(&id, true).await;
+            self.delete_group_eventually(id);
         }
+    }
+
+    /// Deletes group `id` (force) in the background, again and again until ECI confirms it
+    /// gone, for a group whose pod is gone already: nothing else would ever delete it while
+    /// this replica runs (the orphan collector leaves the groups of live nodes alone). A stop
+    /// abandons it; the successor adopts the group and, finding its pod gone, deletes it.
+    pub(super) fn delete_group_eventually(&self, id: String) {
+        let controller = self.clone();
+        self.spawn_pod_task(async move {
+            let mut round = 0;
+            while !controller.delete_group(&id, true).await {
+                round += 1;
+                warn!(eci_id = %id, round, "the container group of a removed pod is not deleted yet; trying again");
+                tokio::time::sleep(backoff(round + 3)).await;
+            }
+        });
     }
 
     pub(super) async fn delete(self, pod: Arc<Pod>, uid: String) {
@@ -121,7 +139,10 @@ impl PodController {
             .unwrap_or(30)
             .max(0);
         if let Some(id) = &group {
-            self.delete_group(id, false).await;
+            if !self.delete_group(id, false).await {
+                self.keep_terminating(&uid, id);
+                return;
+            }
             let grace = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
             let (gone, until_gone) = tokio::sync::oneshot::channel();
             self.inner
@@ -133,7 +154,10 @@ impl PodController {
                 .push(gone);
             if tokio::time::timeout(grace, until_gone).await.is_err() {
                 // The grace period is over: stop it now.
-                self.delete_group(id, true).await;
+                if !self.delete_group(id, true).await {
+                    self.keep_terminating(&uid, id);
+                    return;
+                }
             }
         }
         // The group is gone: the pod's removal from the watch must not delete it again.
@@ -168,6 +192,16 @@ impl PodController {
         }
         warn!("could not delete the pod; the next resync tries again");
         if let Some(t) = self.tracked().get_mut(&uid) {
+            t.deleting = false;
+        }
+    }
+
+    /// ECI would not delete the pod's group: the pod stays (Terminating) rather than be
+    /// removed from under a group that would then run on with nobody to delete it, and the
+    /// deletion starts again when the next full listing drives the pods again.
+    fn keep_terminating(&self, uid: &str, id: &str) {
+        warn!(eci_id = %id, "could not delete the container group; the pod stays until it is gone, the next full listing tries again");
+        if let Some(t) = self.tracked().get_mut(uid) {
             t.deleting = false;
         }
     }
@@ -259,7 +293,9 @@ impl PodController {
         Ok(!answer.container_groups.is_empty())
     }
 
-    pub(super) async fn delete_group(&self, id: &str, force: bool) {
+    /// Deletes group `id` (retrying what ECI may answer later, up to eight times): whether ECI
+    /// accepted the deletion or knows no such group.
+    pub(super) async fn delete_group(&self, id: &str, force: bool) -> bool {
         let mut attempt = 0;
         loop {
             let result = self
@@ -273,15 +309,15 @@ impl PodController {
                 })
                 .await;
             match result {
-                Ok(_) => return,
-                Err(error) if error.is_not_found() => return,
+                Ok(_) => return true,
+                Err(error) if error.is_not_found() => return true,
                 Err(error) if error.is_retryable() && attempt < 8 => {
                     attempt += 1;
                     tokio::time::sleep(backoff(attempt)).await;
                 }
                 Err(error) => {
-                    warn!(eci_id = %id, %error, "could not delete the container group; the next resync retries");
-                    return;
+                    warn!(eci_id = %id, %error, "could not delete the container group");
+                    return false;
                 }
             }
         }
