@@ -5,6 +5,8 @@
 pub mod deploy;
 mod disruption;
 mod fixture;
+pub mod invariants;
+mod restart;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,6 +20,7 @@ pub use crate::cluster::PlacementExtender;
 pub use crate::process::{Process, ProcessError, binary, build_binaries, free_port};
 pub use disruption::SecondApiserver;
 pub use fixture::{DAEMON_SERVICE_ACCOUNT, FixtureOptions};
+pub use restart::{Component, Restarted, Stop};
 
 /// Setting up or running a scenario failed.
 #[derive(Debug, thiserror::Error)]
