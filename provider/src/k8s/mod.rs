@@ -15,3 +15,26 @@ use std::time::SystemTime;
 pub fn rfc3339(at: SystemTime) -> String {
     humantime::format_rfc3339_seconds(at).to_string()
 }
+
+/// RFC 3339 with microseconds, for logs and messages. Unlike humantime's formatter, which
+/// panics on times before 1970, any time a Lease may carry is written (or shown as is).
+pub fn rfc3339_micros(at: SystemTime) -> String {
+    k8s_openapi::jiff::Timestamp::try_from(at)
+        .map(|t| format!("{t:.6}"))
+        .unwrap_or_else(|_| format!("{at:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn times_before_1970_are_written_not_a_panic() {
+        assert_eq!(
+            super::rfc3339_micros(UNIX_EPOCH + Duration::from_micros(1_500_000)),
+            "1970-01-01T00:00:01.500000Z"
+        );
+        let before = UNIX_EPOCH - Duration::from_secs(86_400);
+        assert_eq!(super::rfc3339_micros(before), "1969-12-31T00:00:00.000000Z");
+    }
+}

@@ -158,7 +158,7 @@ impl NodeLease {
                         Verdict::Ours | Verdict::Free => lock.take(Some(&existing), &count).await,
                         Verdict::Held(first) => {
                             let instance = first.holder.instance.clone().unwrap_or_default();
-                            info!(node = %identity.node, holder = %instance, renewed = %humantime::format_rfc3339_micros(first.renewed), "the Lease is held by another process; waiting to see whether it is alive");
+                            info!(node = %identity.node, holder = %instance, renewed = %crate::k8s::rfc3339_micros(first.renewed), "the Lease is held by another process; waiting to see whether it is alive");
                             let wait = first
                                 .silent_after
                                 .duration_since(lock.now())
@@ -170,7 +170,7 @@ impl NodeLease {
                                     return Err(LeaseError::HeldByLiveProcess {
                                         node: identity.node.clone(),
                                         instance,
-                                        renewed: humantime::format_rfc3339_micros(at).to_string(),
+                                        renewed: crate::k8s::rfc3339_micros(at),
                                     });
                                 }
                                 // Still the silent holder (or it released): it is gone.
