@@ -215,8 +215,14 @@ where
     }
 }
 
+/// The daemons' environment: [`DAEMON_ENV`], `RUST_LOG` from `FAULTS_RUST_LOG` when that is
+/// set (to debug a case), then `extra`.
 fn daemon_env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    static RUST_LOG: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let mut env = DAEMON_ENV.to_vec();
+    if let Some(filter) = RUST_LOG.get_or_init(|| std::env::var("FAULTS_RUST_LOG").ok()) {
+        env.push(("RUST_LOG", filter.as_str()));
+    }
     for (key, value) in extra {
         env.retain(|(k, _)| k != key);
         env.push((key, value));

@@ -768,12 +768,14 @@ mod tests {
         let eci = Arc::new(RefusingDeletes::default());
         let (controller, requests) = controller(Arc::clone(&eci));
         track(&controller, true);
-        let pod = Arc::new(terminating_pod());
-        controller
-            .clone()
-            .delete(Arc::clone(&pod), "u-1".into())
-            .await;
-        assert!(eci.refused.load(Ordering::SeqCst) >= 8, "retried");
+        let deleting = tokio::spawn(
+            controller
+                .clone()
+                .delete(Arc::new(terminating_pod()), "u-1".into()),
+        );
+        // Ten minutes of refusals: far past one deletion's eight attempts.
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(eci.refused.load(Ordering::SeqCst) > 16, "still trying");
         assert!(
             requests
                 .lock()
@@ -782,14 +784,13 @@ mod tests {
                 .all(|r| !r.starts_with("DELETE")),
             "the pod is not removed from under its group: {requests:?}"
         );
-        assert!(
-            !controller.tracked()["u-1"].deleting,
-            "the next full listing drives its deletion again"
-        );
-        // ECI deletes again: the next attempt removes group and pod.
+        assert!(!deleting.is_finished());
+        // ECI deletes again: group, then pod.
         eci.recovered.store(true, Ordering::SeqCst);
-        controller.tracked().get_mut("u-1").unwrap().deleting = true;
-        controller.clone().delete(pod, "u-1".into()).await;
+        tokio::time::timeout(Duration::from_secs(120), deleting)
+            .await
+            .expect("the deletion ends once ECI deletes")
+            .unwrap();
         assert!(eci.deleted.lock().unwrap().contains(&"eci-1".to_owned()));
         assert!(
             requests

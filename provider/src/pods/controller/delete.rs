@@ -139,10 +139,7 @@ impl PodController {
             .unwrap_or(30)
             .max(0);
         if let Some(id) = &group {
-            if !self.delete_group(id, false).await {
-                self.keep_terminating(&uid, id);
-                return;
-            }
+            self.delete_group_until_accepted(id, false).await;
             let grace = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
             let (gone, until_gone) = tokio::sync::oneshot::channel();
             self.inner
@@ -154,10 +151,7 @@ impl PodController {
                 .push(gone);
             if tokio::time::timeout(grace, until_gone).await.is_err() {
                 // The grace period is over: stop it now.
-                if !self.delete_group(id, true).await {
-                    self.keep_terminating(&uid, id);
-                    return;
-                }
+                self.delete_group_until_accepted(id, true).await;
             }
         }
         // The group is gone: the pod's removal from the watch must not delete it again.
@@ -196,13 +190,17 @@ impl PodController {
         }
     }
 
-    /// ECI would not delete the pod's group: the pod stays (Terminating) rather than be
-    /// removed from under a group that would then run on with nobody to delete it, and the
-    /// deletion starts again when the next full listing drives the pods again.
-    fn keep_terminating(&self, uid: &str, id: &str) {
-        warn!(eci_id = %id, "could not delete the container group; the pod stays until it is gone, the next full listing tries again");
-        if let Some(t) = self.tracked().get_mut(uid) {
-            t.deleting = false;
+    /// Deletes group `id` of a pod being deleted, again and again until ECI accepts: the pod
+    /// stays (Terminating) meanwhile rather than be removed from under a group that would then
+    /// run on with nobody to delete it (the orphan collector leaves the groups of live nodes
+    /// alone). A stop abandons it; the successor finds the pod still Terminating and starts
+    /// over.
+    async fn delete_group_until_accepted(&self, id: &str, force: bool) {
+        let mut round = 0;
+        while !self.delete_group(id, force).await {
+            round += 1;
+            warn!(eci_id = %id, round, "could not delete the container group; the pod stays until it is gone, trying again");
+            tokio::time::sleep(backoff(round + 3)).await;
         }
     }
 
