@@ -426,9 +426,14 @@ fn prefixed(channel: u8, data: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
+/// The most bytes of one unfinished resize message kept while waiting for its end: a real one
+/// (`{"Width":…,"Height":…}`) is ~30 bytes; a client that never finishes one must not grow
+/// the buffer (and the re-parse of it on every frame) without bound.
+pub const MAX_PENDING_RESIZE: usize = 4096;
+
 /// Takes the complete JSON values off the front of `pending` (the resize stream is a stream of
-/// JSON objects, which frames may split or join); invalid bytes are dropped. Public for the
-/// fuzz target `kubelet_request`.
+/// JSON objects, which frames may split or join); invalid bytes, and an unfinished value longer
+/// than [`MAX_PENDING_RESIZE`], are dropped. Public for the fuzz target `kubelet_request`.
 pub fn complete_json_values(pending: &mut Vec<u8>) -> Vec<Vec<u8>> {
     let mut values = Vec::new();
     let mut stream = serde_json::Deserializer::from_slice(pending).into_iter::<Value>();
@@ -448,6 +453,13 @@ pub fn complete_json_values(pending: &mut Vec<u8>) -> Vec<Vec<u8>> {
         }
     }
     pending.drain(..consumed);
+    if pending.len() > MAX_PENDING_RESIZE {
+        debug!(
+            bytes = pending.len(),
+            "dropping an unfinished resize message longer than any real one"
+        );
+        pending.clear();
+    }
     values
 }
 

@@ -4,7 +4,7 @@
 use axum::extract::ws::Message;
 use axum::http::{HeaderMap, HeaderValue};
 
-use super::exec::complete_json_values;
+use super::exec::{MAX_PENDING_RESIZE, complete_json_values};
 use super::websocket::Framing;
 use super::*;
 
@@ -132,6 +132,23 @@ fn resize_stream_values_are_taken_whole() {
     pending.extend_from_slice(b"garbage");
     assert!(complete_json_values(&mut pending).is_empty());
     assert!(pending.is_empty(), "invalid bytes are dropped");
+}
+
+#[test]
+fn an_unfinished_resize_message_is_dropped_past_its_bound() {
+    let mut pending = br#"{"Width":"#.to_vec();
+    // Whitespace keeps the value valid and unfinished for ever.
+    let mut sent = pending.len();
+    while sent <= MAX_PENDING_RESIZE {
+        assert_eq!(pending.len(), sent, "kept while within the bound");
+        pending.extend_from_slice(&[b' '; 512]);
+        sent += 512;
+        assert!(complete_json_values(&mut pending).is_empty());
+    }
+    assert!(pending.is_empty(), "dropped once past the bound");
+    // The stream goes on: the next whole message is taken.
+    pending.extend_from_slice(br#"{"Width":80,"Height":24}"#);
+    assert_eq!(complete_json_values(&mut pending).len(), 1);
 }
 
 #[test]
