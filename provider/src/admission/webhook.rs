@@ -33,6 +33,11 @@ use crate::ops::metrics::{ResultLabels, Telemetry};
 /// How often the certificate files are checked for a renewal.
 const CERT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
+/// The largest AdmissionReview read: the API server takes request bodies up to 3 MiB, and a
+/// review carries the object (and, for an update, the old one too) in its envelope. A larger
+/// body is answered 413 before it is buffered whole.
+const BODY_LIMIT: usize = 8 * 1024 * 1024;
+
 struct Served {
     admission: Admission,
     telemetry: Arc<Telemetry>,
@@ -81,6 +86,7 @@ async fn review(State(served): State<Arc<Served>>, body: Bytes) -> Response {
 fn router(served: Arc<Served>, path: &str) -> Router {
     Router::new()
         .route(path, axum::routing::post(review))
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(served)
 }
 
@@ -414,3 +420,65 @@ pub const KUBE_API: &[crate::k8s::access::Access] = &[
         why: "register the webhook and keep its caBundle current",
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt as _;
+
+    use super::*;
+
+    fn served() -> Arc<Served> {
+        Arc::new(Served {
+            admission: Admission {
+                caches: Arc::new(Caches::new(true)),
+                vnode: Vnode::default(),
+                own_namespace_only: false,
+                placement: None,
+            },
+            telemetry: Arc::new(Telemetry::new()),
+            events: mpsc::channel(1).0,
+        })
+    }
+
+    async fn post(body: Vec<u8>) -> (StatusCode, String) {
+        let answer = router(served(), "/mutate-pods")
+            .oneshot(
+                Request::post("/mutate-pods")
+                    .header("content-type", "application/json")
+                    .body(Body::from(body))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let status = answer.status();
+        let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn malformed_and_oversize_reviews_get_a_clear_refusal() {
+        let (status, text) = post(b"{\"kind\": 1".to_vec()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(text.starts_with("malformed AdmissionReview"), "{text}");
+
+        // Padding inside a valid document: only the size is wrong.
+        let mut big = b"{\"pad\": \"".to_vec();
+        big.resize(BODY_LIMIT + 1, b'x');
+        big.extend_from_slice(b"\"}");
+        let (status, text) = post(big).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(text.contains("length limit exceeded"), "{text}");
+
+        // Just within the limit is read (and refused only for what it says).
+        let mut fits = b"{\"pad\": \"".to_vec();
+        fits.resize(BODY_LIMIT - 2, b'x');
+        fits.extend_from_slice(b"\"}");
+        let (status, text) = post(fits).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(text.starts_with("malformed AdmissionReview"), "{text}");
+    }
+}

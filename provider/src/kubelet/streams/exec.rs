@@ -429,7 +429,7 @@ fn prefixed(channel: u8, data: &[u8]) -> Bytes {
 /// The most bytes of one unfinished resize message kept while waiting for its end: a real one
 /// (`{"Width":…,"Height":…}`) is ~30 bytes; a client that never finishes one must not grow
 /// the buffer (and the re-parse of it on every frame) without bound.
-pub const MAX_PENDING_RESIZE: usize = 4096;
+pub(super) const MAX_PENDING_RESIZE: usize = 4096;
 
 /// Takes the complete JSON values off the front of `pending` (the resize stream is a stream of
 /// JSON objects, which frames may split or join); invalid bytes, and an unfinished value longer
