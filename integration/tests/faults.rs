@@ -215,6 +215,19 @@ where
     }
 }
 
+/// How a process ended, for a case's notes.
+fn exit_text(status: Option<std::process::ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match status {
+        None => "had not exited within the bound".to_owned(),
+        Some(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => format!("exited with code {code}"),
+            (None, Some(signal)) => format!("was ended by signal {signal}"),
+            (None, None) => format!("ended ({status})"),
+        },
+    }
+}
+
 /// The daemons' environment: [`DAEMON_ENV`], `RUST_LOG` from `FAULTS_RUST_LOG` when that is
 /// set (to debug a case), then `extra`.
 fn daemon_env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
@@ -720,7 +733,8 @@ async fn sigterm_scale_in(h: &mut Harness, report: &mut Report) -> Result<(), Ha
         .is_none();
     let notes = vec![
         format!(
-            "{on_last} pods were on replica 1's node when it got SIGTERM; it exited {status:?} after {:.1} s",
+            "{on_last} pods were on replica 1's node when it got SIGTERM; it {} after {:.1} s",
+            exit_text(status),
             drained_in.as_secs_f64()
         ),
         format!("replica 1 complained: {}", complaints(h, &leaving)),
@@ -867,7 +881,7 @@ async fn watch_expiry_by_compaction(
             "{daemon}: 410 Gone seen {expired}; relist: {}",
             relisted.map_or("none".to_owned(), |l| l
                 .split_once("resync complete")
-                .map_or(l, |(_, r)| r)
+                .map_or(l, |(_, r)| r.trim_start_matches([':', ' ']))
                 .trim()
                 .to_owned())
         ));
@@ -1406,9 +1420,10 @@ async fn two_processes_one_node(h: &mut Harness, report: &mut Report) -> Result<
     let convergence = h.converge(&scene.expect(h, 250, false), CONVERGE).await;
     let lost_lease = logged(h, &old, &["took over the Lease"]);
     let notes = vec![
-        format!("the duplicate exited {refused:?}"),
+        format!("the duplicate {}", exit_text(refused)),
         format!(
-            "the thawed holder exited {stood_down:?}; it logged losing the Lease: {lost_lease}"
+            "the thawed holder {}; it logged losing the Lease: {lost_lease}",
+            exit_text(stood_down)
         ),
         format!("the thawed holder complained: {}", complaints(h, &old)),
         mock_trouble(h).await,
