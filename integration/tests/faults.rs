@@ -606,7 +606,8 @@ fn complaints(h: &Harness, process: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // The cases
 
-const KILL9: &str = "kill -9 of a replica in the middle of a 1,000-pod burst (500 pods bound to each of the two virtual nodes), the replica restarted at once; then all 1,000 pods deleted and the other replica killed with -9 in the middle of the deletions, restarted at once";
+const KILL9: &str = "kill -9 of a replica in the middle of a 1,000-pod burst (500 pods bound to each of the two virtual nodes), the replica restarted at once";
+const KILL9_DELETION: &str = "after kill9_mid_burst: all 1,000 pods deleted at once and the other replica killed with -9 once 300 of the groups are gone, restarted at once";
 
 async fn kill9_burst_and_deletion(
     h: &mut Harness,
@@ -667,7 +668,7 @@ async fn kill9_burst_and_deletion(
     let left = pods_in(h, &ns).await.len();
     report.phase(
         "kill9_mid_deletion",
-        KILL9,
+        KILL9_DELETION,
         &convergence,
         vec![(left == 0, format!("every pod removed ({left} left)"))],
         notes,
@@ -1196,7 +1197,9 @@ async fn eci_deletions_failing(h: &mut Harness, report: &mut Report) -> Result<(
     Ok(())
 }
 
-const THROTTLING: &str = "throttling at 10× the quota: mock-eci allows a tenth of ECI's documented quotas (CreateContainerGroup and DeleteContainerGroup 100/min, DescribeContainerGroups 200/min, DescribeContainerGroupStatus 1,000/min) while both replicas pace to the documented ones; a 150-pod burst, then 50 of them deleted";
+const THROTTLING: &str = "throttling at 10× the quota: mock-eci allows a tenth of ECI's documented quotas (CreateContainerGroup and DeleteContainerGroup 100/min, DescribeContainerGroups 200/min, DescribeContainerGroupStatus 1,000/min) while both replicas pace to the documented ones; a 150-pod burst";
+const THROTTLING_DELETION: &str =
+    "after throttling_10x_quota, under the same quotas: 50 of its pods deleted";
 
 async fn throttling_ten_times(h: &mut Harness, report: &mut Report) -> Result<(), HarnessError> {
     let flags = [
@@ -1239,18 +1242,21 @@ async fn throttling_ten_times(h: &mut Harness, report: &mut Report) -> Result<()
     let doomed: Vec<String> = (0..50).map(|i| format!("p-{i:04}")).collect();
     delete_pods(h, &ns, &doomed, false).await;
     let convergence = h.converge(&scene.expect(h, 100, true), CONVERGE).await;
-    let throttled = mock_calls(h, "DeleteContainerGroup", "Throttling.User").await;
+    // Whether ECI throttles these deletions depends on how they spread over time: no claim,
+    // mock-eci's answers are in the notes.
     report.phase(
         "throttling_10x_quota_deletion",
-        THROTTLING,
+        THROTTLING_DELETION,
         &convergence,
-        vec![(throttled >= 0.0, "deletions under the same quota".into())],
+        Vec::new(),
         vec![mock_trouble(h).await],
     );
     Ok(())
 }
 
-const SLOW: &str = "slow answers: every mock-eci call takes 20 ms and 1.5 % of them 5 s (p99 5 s), through a 300-pod burst and the deletion of 100 of its pods";
+const SLOW: &str = "slow answers: every mock-eci call takes 20 ms and 1.5 % of them 5 s (p99 5 s), through a 300-pod burst";
+const SLOW_DELETION: &str =
+    "after slow_answers_p99_5s, with the same slow answers: 100 of its pods deleted";
 
 async fn slow_answers(h: &mut Harness, report: &mut Report) -> Result<(), HarnessError> {
     let scene = Scene::start(h, "slow", &[], &[]).await?;
@@ -1293,7 +1299,7 @@ async fn slow_answers(h: &mut Harness, report: &mut Report) -> Result<(), Harnes
     let convergence = h.converge(&scene.expect(h, 200, true), CONVERGE).await;
     report.phase(
         "slow_answers_p99_5s_deletion",
-        SLOW,
+        SLOW_DELETION,
         &convergence,
         Vec::new(),
         vec![mock_trouble(h).await],
@@ -1301,7 +1307,8 @@ async fn slow_answers(h: &mut Harness, report: &mut Report) -> Result<(), Harnes
     Ok(())
 }
 
-const LOST: &str = "answers lost after the work was done: 30 % of CreateContainerGroup answers are lost once the group exists (the daemon sees a dropped connection and retries with the same ClientToken), through a 200-pod burst; then 30 % of DeleteContainerGroup answers are lost while 100 pods are deleted";
+const LOST: &str = "answers lost after the work was done: 30 % of CreateContainerGroup answers are lost once the group exists (the daemon sees a dropped connection and retries with the same ClientToken), through a 200-pod burst";
+const LOST_DELETE: &str = "after lost_create_answers: 30 % of DeleteContainerGroup answers are lost once the deletion has begun, while 100 of its pods are deleted";
 
 async fn lost_answers(h: &mut Harness, report: &mut Report) -> Result<(), HarnessError> {
     let scene = Scene::start(h, "lost", &[], &[]).await?;
@@ -1341,7 +1348,7 @@ async fn lost_answers(h: &mut Harness, report: &mut Report) -> Result<(), Harnes
     let lost = mock_calls(h, "DeleteContainerGroup", "AnswerLost").await;
     report.phase(
         "lost_delete_answers",
-        LOST,
+        LOST_DELETE,
         &convergence,
         vec![(lost > 0.0, "answers were lost".into())],
         vec![

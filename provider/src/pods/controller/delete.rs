@@ -19,6 +19,15 @@ use super::{Adopted, PodController, backoff, pod_key, slim};
 /// Reads in flight at most when confirming that unlisted pods are gone.
 const CONFIRMING: usize = 8;
 
+/// Whose deletion waits while a group deletion is retried, for the log line that says so.
+#[derive(Clone, Copy)]
+enum Waiting {
+    /// The pod's own deletion: it stays Terminating until the group is gone.
+    PodTerminating,
+    /// Nothing: the pod is gone already and only its group is left.
+    PodRemoved,
+}
+
 /// A pod tracked but missing from a list, and how to look it up.
 struct Missing {
     uid: String,
@@ -122,12 +131,9 @@ impl PodController {
     pub(super) fn delete_group_eventually(&self, id: String) {
         let controller = self.clone();
         self.spawn_pod_task(async move {
-            let mut round = 0;
-            while !controller.delete_group(&id, true).await {
-                round += 1;
-                warn!(eci_id = %id, round, "the container group of a removed pod is not deleted yet; trying again");
-                tokio::time::sleep(backoff(round + 3)).await;
-            }
+            controller
+                .delete_group_until_accepted(&id, true, Waiting::PodRemoved)
+                .await;
         });
     }
 
@@ -139,7 +145,8 @@ impl PodController {
             .unwrap_or(30)
             .max(0);
         if let Some(id) = &group {
-            self.delete_group_until_accepted(id, false).await;
+            self.delete_group_until_accepted(id, false, Waiting::PodTerminating)
+                .await;
             let grace = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
             let (gone, until_gone) = tokio::sync::oneshot::channel();
             self.inner
@@ -151,7 +158,8 @@ impl PodController {
                 .push(gone);
             if tokio::time::timeout(grace, until_gone).await.is_err() {
                 // The grace period is over: stop it now.
-                self.delete_group_until_accepted(id, true).await;
+                self.delete_group_until_accepted(id, true, Waiting::PodTerminating)
+                    .await;
             }
         }
         // The group is gone: the pod's removal from the watch must not delete it again.
@@ -190,16 +198,24 @@ impl PodController {
         }
     }
 
-    /// Deletes group `id` of a pod being deleted, again and again until ECI accepts: the pod
-    /// stays (Terminating) meanwhile rather than be removed from under a group that would then
-    /// run on with nobody to delete it (the orphan collector leaves the groups of live nodes
-    /// alone). A stop abandons it; the successor finds the pod still Terminating and starts
-    /// over.
-    async fn delete_group_until_accepted(&self, id: &str, force: bool) {
+    /// Deletes group `id`, again and again until ECI accepts (or says it is gone already).
+    /// For a pod being deleted, the pod stays (Terminating) meanwhile rather than be removed
+    /// from under a group that would then run on with nobody to delete it (the orphan
+    /// collector leaves the groups of live nodes alone). A stop abandons it; the successor
+    /// finds the pod still Terminating (or, for a removed pod, adopts the group and finds its
+    /// pod gone) and starts over.
+    async fn delete_group_until_accepted(&self, id: &str, force: bool, waiting: Waiting) {
         let mut round = 0;
         while !self.delete_group(id, force).await {
             round += 1;
-            warn!(eci_id = %id, round, "could not delete the container group; the pod stays until it is gone, trying again");
+            match waiting {
+                Waiting::PodTerminating => {
+                    warn!(eci_id = %id, round, "could not delete the container group; the pod stays until it is gone, trying again");
+                }
+                Waiting::PodRemoved => {
+                    warn!(eci_id = %id, round, "the container group of a removed pod is not deleted yet; trying again");
+                }
+            }
             tokio::time::sleep(backoff(round + 3)).await;
         }
     }
