@@ -440,6 +440,13 @@ impl Schedule {
         self.due.insert(key, entry);
     }
 
+    /// Drops what pod `uid` had scheduled; whether it had anything.
+    pub fn remove(&mut self, uid: &str) -> bool {
+        self.by_uid
+            .remove(uid)
+            .is_some_and(|key| self.due.remove(&key).is_some())
+    }
+
     /// When the next entry is due.
     pub fn next(&self) -> Option<Instant> {
         self.due.keys().next().map(|(at, _)| *at)
@@ -595,6 +602,13 @@ impl<W: Work> Refresher<W> {
             );
             self.shared.wake.notify_one();
         }
+    }
+
+    /// A pod that is gone: its refresh is dropped now rather than kept until it falls due
+    /// (up to 24 hours away) only to find the pod gone — under churn those entries would pile
+    /// up with the token lifetime. A refresh in progress finishes and finds the pod gone.
+    pub fn forget(&self, uid: &str) {
+        self.schedule().remove(uid);
     }
 
     /// Pods waiting for a refresh (or an inspection), not counting those in progress.
@@ -1256,6 +1270,50 @@ mod tests {
             );
         }
         assert!(refresher.scheduled() > 0);
+        stop.cancel();
+        tokio::time::timeout(s(1), running)
+            .await
+            .expect("stops at once")
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forgotten_pod_is_neither_kept_nor_refreshed() {
+        let start = Instant::now();
+        let refresher = Refresher::with_work(Scripted {
+            start,
+            ran: Mutex::new(Vec::new()),
+            failures_left: AtomicU32::new(0),
+        });
+        let stop = CancellationToken::new();
+        let running = tokio::spawn({
+            let (refresher, stop) = (refresher.clone(), stop.clone());
+            async move { refresher.run(stop).await }
+        });
+        let s = Duration::from_secs;
+        for name in ["kept", "gone-1", "gone-2"] {
+            refresher.track(&pod(name), &format!("eci-{name}"), s(60));
+        }
+        assert_eq!(refresher.scheduled(), 3);
+        refresher.forget("gone-1");
+        refresher.forget("gone-2");
+        refresher.forget("never-tracked");
+        assert_eq!(
+            refresher.scheduled(),
+            1,
+            "only the live pod's refresh is kept"
+        );
+        tokio::time::sleep(s(70)).await;
+        let ran: Vec<String> = refresher
+            .shared
+            .work
+            .ran
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, w)| w.clone())
+            .collect();
+        assert_eq!(ran, ["refresh kept#0"]);
         stop.cancel();
         tokio::time::timeout(s(1), running)
             .await

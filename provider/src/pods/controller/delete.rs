@@ -78,6 +78,7 @@ impl PodController {
         for uid in &confirmed {
             unseen.remove(uid);
             let group = self.tracked().remove(uid).and_then(|t| t.group);
+            self.inner.tokens.forget(uid);
             self.inner.telemetry.pods_deleted_during_watch_gap.inc();
             match group {
                 Some(id) => {
@@ -118,6 +119,7 @@ impl PodController {
     pub(super) fn forget(&self, pod: &Pod) {
         let Some(uid) = pod.uid() else { return };
         let group = self.tracked().remove(&uid).and_then(|t| t.group);
+        self.inner.tokens.forget(&uid);
         if let Some(id) = group {
             info!(pod = %pod_key(pod), eci_id = %id, "pod removed; deleting its container group");
             self.delete_group_eventually(id);
