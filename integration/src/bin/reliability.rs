@@ -58,6 +58,9 @@ struct Args {
     work_dir: Option<PathBuf>,
 }
 
+/// `--churn-duration`'s default (the header names the flag only when it differs).
+const DEFAULT_CHURN: Duration = Duration::from_secs(600);
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -370,10 +373,18 @@ impl Report<'_> {
         let _ = writeln!(md, "# Reliability report\n");
         let _ = writeln!(
             md,
-            "Written by `cargo run -p integration --bin reliability --release -- --runs {}` on {now} (commit {commit}{}), in {:.0} minutes. \
+            "Written by `cargo run -p integration --bin reliability --release -- --runs {}{}` on {now} (commit {commit}{}), in {:.0} minutes. \
              Every figure below comes from real processes: kube-apiserver, kube-controller-manager, kube-scheduler and etcd built from upstream, \
              the daemons as their ServiceAccount under deploy/'s RBAC, mock-eci as ECI. The raw records are in the work directory the command names.\n",
             self.args.runs,
+            if self.args.churn_duration == DEFAULT_CHURN {
+                String::new()
+            } else {
+                format!(
+                    " --churn-duration {}",
+                    humantime::format_duration(self.args.churn_duration)
+                )
+            },
             if dirty {
                 ", with uncommitted changes"
             } else {
@@ -385,7 +396,7 @@ impl Report<'_> {
         self.faults(&mut md);
         self.security(&mut md);
         self.churn(&mut md);
-        Self::limits(&mut md);
+        self.limits(&mut md);
         md
     }
 
@@ -800,14 +811,15 @@ impl Report<'_> {
         let _ = writeln!(md, "\n</details>\n");
     }
 
-    fn limits(md: &mut String) {
+    fn limits(&self, md: &mut String) {
+        let churn = humantime::format_duration(self.args.churn_duration);
         let _ = writeln!(
             md,
             "## What this does not show\n\n\
 - **ECI is mock-eci.** Its lifecycle, errors, throttling and idempotency follow the documented API, but not the real service's latencies, error mix, eventual consistency or quotas per account; a duplicate or leak that only the real service's behaviour would provoke cannot show here.\n\
 - **One 2-core machine, loopback only.** The control plane, the daemons, mock-eci and the load share two cores; there is no real network (no packet loss, no partitions but the ones made by stopping processes), and the ECS nodes are kwok's.\n\
 - **Few runs.** Three runs of each fault case catch what goes wrong often, not a race that strikes once in a hundred runs.\n\
-- **Ten minutes of churn.** The slopes bound leaks to the limits above over that window; slower ones — per token refresh (every ~48 minutes), per orphan-collector round (10 minutes by default), per day — need longer runs. The churn creates and deletes bare pods only (no logs, exec, webhook or ResourcePolicy traffic).\n\
+- **{churn} of churn.** The slopes bound leaks to the limits above over that window; slower ones — per token refresh (every ~48 minutes), per orphan-collector round (10 minutes by default), per day — need longer runs. The churn creates and deletes bare pods only (no logs, exec, webhook or ResourcePolicy traffic).\n\
 - **The audit check covers the paths the workload took.** A request that only an untested path makes (the accesses listed as not exercised) is covered by `kubectl auth can-i` and `provider/tests/deploy.rs` (the RBAC equals the declared list) but was not seen answered.\n\
 - **The credential scan looks for the exact values** (and their base64 and URL encodings) in what it reads: logs at info and debug level, Events, Pods, Nodes, `/metrics`, the kubelet API's `/pods` and mock-eci's answers — not in core dumps, the process environment (`/proc/<pid>/environ` holds `ECI_SECRET_KEY` as the manifests pass it), or logs at `trace`.\n\
 - **The TLS check covers protocol versions**, not cipher suites, certificate validation by clients, or the plain-HTTP `/metrics` and `/healthz` port (10255), which is plain by design.\n\
