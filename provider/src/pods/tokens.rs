@@ -1193,11 +1193,14 @@ mod tests {
             .unwrap()
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn one_queue_refreshes_on_time_retries_with_back_off_and_stops() {
-        let start = Instant::now();
+    /// A scripted refresher (its clock starting now) running until the token is cancelled.
+    fn running_refresher() -> (
+        Refresher<Scripted>,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
         let refresher = Refresher::with_work(Scripted {
-            start,
+            start: Instant::now(),
             ran: Mutex::new(Vec::new()),
             failures_left: AtomicU32::new(0),
         });
@@ -1206,6 +1209,12 @@ mod tests {
             let (refresher, stop) = (refresher.clone(), stop.clone());
             async move { refresher.run(stop).await }
         });
+        (refresher, stop, running)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_queue_refreshes_on_time_retries_with_back_off_and_stops() {
+        let (refresher, stop, running) = running_refresher();
         let s = Duration::from_secs;
         refresher.track(&pod("p"), "eci-p", s(480));
         refresher.track(&pod("once"), "eci-once", s(600));
@@ -1279,17 +1288,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_forgotten_pod_is_neither_kept_nor_refreshed() {
-        let start = Instant::now();
-        let refresher = Refresher::with_work(Scripted {
-            start,
-            ran: Mutex::new(Vec::new()),
-            failures_left: AtomicU32::new(0),
-        });
-        let stop = CancellationToken::new();
-        let running = tokio::spawn({
-            let (refresher, stop) = (refresher.clone(), stop.clone());
-            async move { refresher.run(stop).await }
-        });
+        let (refresher, stop, running) = running_refresher();
         let s = Duration::from_secs;
         for name in ["kept", "gone-1", "gone-2"] {
             refresher.track(&pod(name), &format!("eci-{name}"), s(60));
