@@ -440,11 +440,11 @@ impl Schedule {
         self.due.insert(key, entry);
     }
 
-    /// Drops what pod `uid` had scheduled; whether it had anything.
-    pub fn remove(&mut self, uid: &str) -> bool {
-        self.by_uid
-            .remove(uid)
-            .is_some_and(|key| self.due.remove(&key).is_some())
+    /// Drops what pod `uid` had scheduled, if anything.
+    pub fn remove(&mut self, uid: &str) {
+        if let Some(key) = self.by_uid.remove(uid) {
+            self.due.remove(&key);
+        }
     }
 
     /// When the next entry is due.
