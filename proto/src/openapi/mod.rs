@@ -1,7 +1,9 @@
 //! The HTTP side of the ECI OpenAPI (RPC style): how requests are signed and how the API's
 //! `PascalCase` parameter and field names relate to this contract's `snake_case` ones. Shared by
 //! the daemon's OpenAPI client and mock-eci's OpenAPI front, which must agree byte for byte.
+//! [`documented`] is the judge of both: the service's names, extracted from the official SDK.
 
+pub mod documented;
 pub mod naming;
 pub mod signature;
 
