@@ -46,6 +46,15 @@ except ImportError as error:  # the Rust test checks this first; a direct run ge
 
 WAIT_SECONDS = 90
 
+# Answer fields whose SDK name is a generator defect, so that no answer can fill them: a server
+# sending the natural name is not at fault. Shown as INFO rows.
+SDK_NAME_DEFECTS = {
+    ("DescribeContainerGroupStatus", f"Data[].PodStatus.ContainerStatuses[].{state}.Running.StartedAt"): (
+        "the SDK reads this as StartedAtstartedAt (a defect of its generator), so it drops it"
+    )
+    for state in ("State", "LastState")
+}
+
 
 # ---------------------------------------------------------------------------------------------
 # Results
@@ -206,13 +215,22 @@ class Sdk:
             self.results.fail(action, "answer is JSON", repr(self.wire.body[:200]))
             return
         documented = self.names.response.get(action, {})
+        unknown_parents: list[str] = []
         for path, value in raw_paths(body):
+            if any(path.startswith(parent + ".") or path.startswith(parent + "[]") for parent in unknown_parents):
+                continue  # reported with its unknown parent
             kind = documented.get(path)
-            if kind is None:
+            if kind is None and (action, path) in SDK_NAME_DEFECTS:
+                if (action, path) not in self.reported_shape:
+                    self.reported_shape.add((action, path))
+                    self.results.add("INFO", action, f"answer field {path}", SDK_NAME_DEFECTS[(action, path)])
+            elif kind is None:
                 key = (action, path)
+                if isinstance(value, (dict, list)):
+                    unknown_parents.append(path)
                 if key not in self.reported_shape:
                     self.reported_shape.add(key)
-                    shown = json.dumps(value)[:80] if not isinstance(value, (dict, list)) else type(value).__name__
+                    shown = json.dumps(value)[:80] if not isinstance(value, (dict, list)) else summary(value)
                     self.results.fail(
                         action,
                         f"answer field {path}",
@@ -227,6 +245,13 @@ class Sdk:
                         f"answer field {path} type",
                         f"mock-eci sent {json.dumps(value)[:60]}; the SDK types it {kind}",
                     )
+
+
+def summary(value) -> str:
+    """`{Path, Server}` for an object, `[3 items]` for a list."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(value)) + "}"
+    return f"[{len(value)} items: {json.dumps(value)[:60]}]"
 
 
 def describe_error(error: Exception) -> str:
@@ -361,12 +386,21 @@ def f_exec_probes(r):
     )
 
 
+def security_context(r):
+    c = app(r)
+    if c.security_context is None:
+        c.security_context = m.CreateContainerGroupRequestContainerSecurityContext()
+    return c.security_context
+
+
 def f_security_context(r):
-    app(r).security_context = m.CreateContainerGroupRequestContainerSecurityContext(
-        capability=m.CreateContainerGroupRequestContainerSecurityContextCapability(add=["NET_ADMIN"]),
-        read_only_root_filesystem=True,
-        run_as_user=1000,
-    )
+    context = security_context(r)
+    context.capability = m.CreateContainerGroupRequestContainerSecurityContextCapability(add=["NET_ADMIN"])
+    context.run_as_user = 1000
+
+
+def f_read_only_root(r):
+    security_context(r).read_only_root_filesystem = True
 
 
 def f_privileged(r):
@@ -465,6 +499,18 @@ def f_config_file(r):
             ),
         ),
         "/etc/app",
+    )
+
+
+def f_read_only_mount(r):
+    add_volume(
+        r,
+        m.CreateContainerGroupRequestVolume(
+            name="scratch",
+            type="EmptyDirVolume",
+            empty_dir_volume=m.CreateContainerGroupRequestVolumeEmptyDirVolume(),
+        ),
+        "/scratch",
         read_only=True,
     )
 
@@ -475,11 +521,22 @@ def f_nfs(r):
         m.CreateContainerGroupRequestVolume(
             name="shared",
             type="NFSVolume",
-            nfsvolume=m.CreateContainerGroupRequestVolumeNFSVolume(server="nas.example.com", path="/share", read_only=False),
+            nfsvolume=m.CreateContainerGroupRequestVolumeNFSVolume(server="nas.example.com", path="/share"),
         ),
         "/shared",
         sub_path="app",
         mount_propagation="HostToContainer",
+    )
+
+
+def f_nfs_read_only(r):
+    add_volume(
+        r,
+        m.CreateContainerGroupRequestVolume(
+            name="shared-ro",
+            type="NFSVolume",
+            nfsvolume=m.CreateContainerGroupRequestVolumeNFSVolume(server="nas.example.com", path="/archive", read_only=True),
+        ),
     )
 
 
@@ -580,19 +637,22 @@ FEATURES = [
     ("HttpGet readiness probe", f_http_readiness),
     ("TcpSocket liveness probe", f_tcp_liveness),
     ("Exec probes", f_exec_probes),
-    ("container SecurityContext (Capability.Add, ReadOnlyRootFilesystem, RunAsUser)", f_security_context),
-    ("SecurityContextPrivileged", f_privileged),
+    ("container SecurityContext (Capability.Add, RunAsUser)", f_security_context),
+    ("container SecurityContext.ReadOnlyRootFilesystem=True", f_read_only_root),
+    ("SecurityContextPrivileged=True", f_privileged),
     ("SecurityContextRunAsGroup", f_run_as_group),
-    ("SecurityContextRunAsNonRoot", f_run_as_non_root),
+    ("SecurityContextRunAsNonRoot=True", f_run_as_non_root),
     ("lifecycle PostStart Exec", f_lifecycle_exec),
     ("lifecycle PreStop HttpGet (Path, Port, Scheme, Host, HttpHeader)", f_lifecycle_http),
     ("lifecycle PreStop TcpSocket", f_lifecycle_tcp),
-    ("Stdin, StdinOnce, Tty", f_tty),
+    ("Stdin, StdinOnce, Tty =True", f_tty),
     ("TerminationMessagePath/Policy", f_termination_message),
     ("init container (command, args, env with FieldRef, SecurityContext)", f_init_container),
     ("EmptyDirVolume", f_empty_dir),
     ("ConfigFileVolume (Mode, DefaultMode)", f_config_file),
+    ("VolumeMount.ReadOnly=True", f_read_only_mount),
     ("NFSVolume (mounted with SubPath, MountPropagation)", f_nfs),
+    ("NFSVolume.ReadOnly=True", f_nfs_read_only),
     ("DiskVolume", f_disk),
     ("FlexVolume", f_flex),
     ("HostPathVolume", f_host_path),
@@ -602,7 +662,7 @@ FEATURES = [
     ("ImageRegistryCredential", f_registry_credentials),
     ("SecurityContext.Sysctl", f_sysctls),
     ("HostName", f_host_name),
-    ("ShareProcessNamespace", f_share_process_namespace),
+    ("ShareProcessNamespace=True", f_share_process_namespace),
     ("TerminationGracePeriodSeconds, ActiveDeadlineSeconds", f_group_lifetimes),
     ("two VSwitchIds with ScheduleStrategy", f_placement),
     ("SpotStrategy", f_spot),
@@ -908,11 +968,9 @@ class Run:
             sent = rich
         else:
             sent = self.rich_request(accepted, "-r")
-            rich_id, why = self.create(sent, "rich group without the refused features")
+            rich_id, _ = self.create(sent, "rich group without the refused features")
             if rich_id:
                 self.results.add("INFO", "CreateContainerGroup", "later checks use the rich group without the refused features")
-            else:
-                self.results.fail("CreateContainerGroup", "rich group without the refused features", why)
         others = []
         for suffix in ("b", "c"):
             group_id, _ = self.create(base_request(self.args, f"conformance-{self.run_id}-{suffix}", self.run_tag), f"small group {suffix}")
@@ -1006,6 +1064,12 @@ class Run:
             )
             return self.sdk.call("ExecContainerCommand", request, check)
 
+        request = m.ExecContainerCommandRequest(
+            region_id=self.args.region, container_group_id=rich_id, container_name="app", command=json.dumps(["/bin/sh"]),
+        )
+        answer = self.sdk.call("ExecContainerCommand", request, "no flags (the service's defaults)")
+        if answer is not None:
+            self.results.expect("ExecContainerCommand", "no flags: WebSocketUri", bool(answer.body.web_socket_uri), f"WebSocketUri {answer.body.web_socket_uri!r}")
         answer = run(["echo", "conformance"], "Sync echo")
         if answer is not None:
             self.results.expect("ExecContainerCommand", "Sync: SyncResponse is the output", (answer.body.sync_response or "").strip() == "conformance", f"SyncResponse {answer.body.sync_response!r}")
@@ -1021,19 +1085,24 @@ class Run:
             region_id=self.args.region, container_group_id=rich_id, container_name="app",
             command=json.dumps(["/bin/sh"]), tty=True, stdin=True,
         )
-        answer = self.sdk.call("ExecContainerCommand", request, "interactive (TTY, Stdin)")
+        answer = self.sdk.call("ExecContainerCommand", request, "TTY=True, Stdin=True")
         if answer is not None:
-            self.results.expect("ExecContainerCommand", "interactive: WebSocketUri", bool(answer.body.web_socket_uri), f"WebSocketUri {answer.body.web_socket_uri!r}")
+            self.results.expect("ExecContainerCommand", "TTY, Stdin: WebSocketUri", bool(answer.body.web_socket_uri), f"WebSocketUri {answer.body.web_socket_uri!r}")
 
     def log_checks(self, rich_id):
         request = m.DescribeContainerLogRequest(
             region_id=self.args.region, container_group_id=rich_id, container_name="app",
-            tail=10, timestamps=True, since_seconds=600, limit_bytes=65536,
+            tail=10, since_seconds=600, limit_bytes=65536,
         )
-        answer = self.sdk.call("DescribeContainerLog", request, "Tail, Timestamps, SinceSeconds, LimitBytes")
+        answer = self.sdk.call("DescribeContainerLog", request, "Tail, SinceSeconds, LimitBytes")
         if answer is not None:
             self.results.expect("DescribeContainerLog", "ContainerName echoes the container", answer.body.container_name == "app", f"{answer.body.container_name!r}")
             self.results.expect("DescribeContainerLog", "Content is text", isinstance(answer.body.content, str), f"{answer.body.content!r}")
+        request = m.DescribeContainerLogRequest(
+            region_id=self.args.region, container_group_id=rich_id, container_name="app", tail=5, timestamps=True,
+        )
+        if self.sdk.call("DescribeContainerLog", request, "Timestamps=True") is not None:
+            self.results.ok("DescribeContainerLog", "Timestamps=True")
 
     def check_record(self, action, where, record, containers):
         problems = []
@@ -1060,8 +1129,13 @@ class Run:
         self.results.expect(action, f"{where}: the SDK reads every figure", not problems, "; ".join(problems))
 
     def metric_checks(self, rich_id, others, sent):
-        request = m.DescribeContainerGroupMetricRequest(region_id=self.args.region, container_group_id=rich_id)
-        answer = self.sdk.call("DescribeContainerGroupMetric", request, "latest records")
+        request = m.DescribeContainerGroupMetricRequest(region_id=self.args.region, container_group_id=rich_id, period="15")
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            answer = self.sdk.call("DescribeContainerGroupMetric", request, "Period=15")
+            if answer is None or answer.body.records or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)  # a record exists once a 15 s period of running has passed
         if answer is not None:
             records = answer.body.records or []
             self.results.expect("DescribeContainerGroupMetric", "ContainerGroupId echoed", answer.body.container_group_id == rich_id, f"{answer.body.container_group_id!r}")
