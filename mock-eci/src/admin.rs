@@ -32,6 +32,7 @@ pub fn router(mock: MockEci) -> Router {
         .route("/metrics", get(metrics))
         .route("/admin/controls", get(controls).patch(patch_controls))
         .route("/admin/groups", get(groups))
+        .route("/admin/groups/{id}/request", get(created_with))
         .route("/admin/groups/{id}/vanish", post(vanish))
         .route("/admin/groups/{id}/expire", post(expire))
         .route("/admin/groups/{id}/containers/{name}/log", post(append_log))
@@ -42,6 +43,14 @@ pub fn router(mock: MockEci) -> Router {
         .route("/admin/usage", get(loads).put(set_loads))
         .route("/exec/{session}", get(crate::exec_session::serve))
         .with_state(mock)
+}
+
+/// What group `id` was created with: the parameters as the fake received them.
+async fn created_with(State(mock): State<MockEci>, Path(id): Path<String>) -> Response {
+    match mock.created_with(&id) {
+        Some(request) => Json(request).into_response(),
+        None => (StatusCode::NOT_FOUND, format!("no group {id}")).into_response(),
+    }
 }
 
 async fn loads(State(mock): State<MockEci>) -> Response {

@@ -638,6 +638,11 @@ impl Engine {
         Ok(())
     }
 
+    /// The request group `id` was created with (updates applied).
+    pub fn created_with(&self, id: &str) -> Option<CreateContainerGroupRequest> {
+        self.group(id).ok().map(|group| group.request.clone())
+    }
+
     /// UpdateContainerGroup.
     pub fn update(
         &mut self,
@@ -705,10 +710,19 @@ impl Engine {
                                 format!("the group has no volume {:?}", change.name),
                             )
                         })?;
-                    *slot = change.clone();
+                    *slot = with_kept_modes(slot, change.clone());
                 }
             } else {
-                updated.volume.clone_from(&request.volume);
+                updated.volume = request
+                    .volume
+                    .iter()
+                    .map(|change| {
+                        match group.request.volume.iter().find(|v| v.name == change.name) {
+                            Some(before) => with_kept_modes(before, change.clone()),
+                            None => change.clone(),
+                        }
+                    })
+                    .collect();
             }
         }
         let rewritten = rewritten_files(&group.request.volume, &updated.volume);
@@ -873,7 +887,13 @@ impl Engine {
         let ip = group.ip.map(|ip| ip.to_string()).unwrap_or_default();
         let cx = exec::ExecContext {
             container: spec,
-            hostname: &group.request.container_group_name,
+            // `HostName` when the create named one; the group's name otherwise, as ECI does.
+            hostname: if group.request.host_name.is_empty() {
+                &group.request.container_group_name
+            } else {
+                &group.request.host_name
+            },
+            group_name: &group.request.container_group_name,
             pod_ip: &ip,
             now,
         };
@@ -1120,6 +1140,28 @@ fn not_found(id: &str) -> EciError {
     )
 }
 
+/// `after` with the file modes of `before`: UpdateContainerGroup has no `Mode` or
+/// `DefaultMode` parameter, so a rewritten file keeps the mode it was created with (by path)
+/// and the volume its default mode.
+fn with_kept_modes(before: &Volume, mut after: Volume) -> Volume {
+    let (Some(old), Some(new)) = (&before.config_file_volume, &mut after.config_file_volume) else {
+        return after;
+    };
+    if new.default_mode.is_none() {
+        new.default_mode = old.default_mode;
+    }
+    for file in &mut new.config_file_to_path {
+        if file.mode.is_none() {
+            file.mode = old
+                .config_file_to_path
+                .iter()
+                .find(|o| o.path == file.path)
+                .and_then(|o| o.mode);
+        }
+    }
+    after
+}
+
 /// The names of the `ConfigFileVolume`s whose files an update changes, when that is all it
 /// changes about the volumes (the same volumes, in the same order, of the same types): such an
 /// update rewrites the files in place. `None` when anything else about the volumes changes.
@@ -1267,6 +1309,66 @@ mod tests {
             next_token: next_token.into(),
             ..DescribeContainerGroupStatusRequest::default()
         }
+    }
+
+    fn files(volume: &Volume) -> Vec<(String, Option<i32>)> {
+        volume
+            .config_file_volume
+            .iter()
+            .flat_map(|v| &v.config_file_to_path)
+            .map(|f| (f.path.clone(), f.mode))
+            .collect()
+    }
+
+    #[test]
+    fn an_update_without_modes_keeps_the_files_modes() {
+        use eci_proto::v20180808::{ConfigFileToPath, ConfigFileVolume};
+        let volume = |content: &str, mode: Option<i32>, default_mode: Option<i32>| Volume {
+            name: "token".into(),
+            r#type: "ConfigFileVolume".into(),
+            config_file_volume: Some(ConfigFileVolume {
+                config_file_to_path: vec![
+                    ConfigFileToPath {
+                        path: "token".into(),
+                        content: content.into(),
+                        mode,
+                    },
+                    ConfigFileToPath {
+                        path: "ca.crt".into(),
+                        content: "Y2E=".into(),
+                        mode: None,
+                    },
+                ],
+                default_mode,
+            }),
+            ..Volume::default()
+        };
+        let mut engine = Engine::new(Settings::default());
+        let mut request = mk_request("web", "vn-0");
+        request.volume = vec![volume("b2xk", Some(0o600), Some(0o440))];
+        let id = engine.create(request, 0).unwrap();
+        // What UpdateContainerGroup can say: paths and contents, no modes.
+        let update = UpdateContainerGroupRequest {
+            region_id: "cn-hangzhou".into(),
+            container_group_id: id.clone(),
+            volume: vec![volume("bmV3", None, None)],
+            ..UpdateContainerGroupRequest::default()
+        };
+        engine.update(&update, 1).unwrap();
+        let stored = &engine.group(&id).unwrap().request.volume[0];
+        assert_eq!(
+            files(stored),
+            [
+                ("token".to_owned(), Some(0o600)),
+                ("ca.crt".to_owned(), None)
+            ]
+        );
+        let kept = stored.config_file_volume.as_ref().unwrap();
+        assert_eq!(kept.default_mode, Some(0o440));
+        assert_eq!(
+            kept.config_file_to_path[0].content, "bmV3",
+            "the content is new"
+        );
     }
 
     #[test]

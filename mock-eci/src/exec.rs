@@ -14,8 +14,10 @@ use crate::clock::{Millis, rfc3339};
 pub struct ExecContext<'a> {
     /// The container spec.
     pub container: &'a Container,
-    /// The group's name, which is the hostname.
+    /// The hostname: the create's `HostName`, else the group's name.
     pub hostname: &'a str,
+    /// The group's name (`metadata.name` as ECI's field references see it).
+    pub group_name: &'a str,
     /// The group's intranet IP.
     pub pod_ip: &'a str,
     /// The current time.
@@ -67,7 +69,7 @@ pub fn env(cx: ExecContext<'_>) -> Vec<(String, String)> {
             .map(|field| field.field_path.as_str())
         {
             Some("status.podIP") => cx.pod_ip.to_owned(),
-            Some("metadata.name") => cx.hostname.to_owned(),
+            Some("metadata.name") => cx.group_name.to_owned(),
             _ => var.value.clone(),
         };
         vars.push((var.key.clone(), value));
@@ -85,6 +87,7 @@ mod tests {
         ExecContext {
             container,
             hostname: "default-web-0",
+            group_name: "default-web-0",
             pod_ip: "192.168.0.2",
             now: 1_456_231_584_000,
         }

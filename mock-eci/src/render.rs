@@ -62,9 +62,11 @@ pub fn container_group(group: &Group, settings: &Settings, with_events: bool) ->
         },
         ram_role_name: request.ram_role_name.clone(),
         resource_group_id: request.resource_group_id.clone(),
-        termination_grace_period_seconds: group.grace_seconds,
-        active_deadline_seconds: request.active_deadline_seconds,
-        eip_instance_id: request.eip_instance_id.clone(),
+        eci_security_context: request.security_context.clone(),
+        // Stable per group, in the service's id formats.
+        eni_instance_id: format!("eni-{:016x}", rng::stable_hash(group.id.as_bytes())),
+        vpc_id: format!("vpc-{}", settings.region),
+        ephemeral_storage: request.ephemeral_storage,
     }
 }
 
@@ -150,6 +152,10 @@ fn containers(group: &Group, which: Which, view: View) -> Vec<ContainerInfo> {
                 info.volume_mounts.clone_from(&spec.volume_mount);
                 info.readiness_probe.clone_from(&spec.readiness_probe);
                 info.liveness_probe.clone_from(&spec.liveness_probe);
+                info.security_context.clone_from(&spec.security_context);
+                info.stdin = spec.stdin;
+                info.stdin_once = spec.stdin_once;
+                info.tty = spec.tty;
             }
             info
         })

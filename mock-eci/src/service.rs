@@ -173,6 +173,15 @@ impl MockEci {
         self.engine().all_groups(now)
     }
 
+    /// The request group `id` was created with (updates applied): every parameter the fake
+    /// received and keeps, including those no answer shows (`HostName`, `DnsPolicy`, …).
+    pub fn created_with(
+        &self,
+        id: &str,
+    ) -> Option<eci_proto::v20180808::CreateContainerGroupRequest> {
+        self.engine().created_with(id)
+    }
+
     /// Number of groups.
     pub fn group_count(&self) -> usize {
         self.engine().len()

@@ -314,13 +314,15 @@ pub fn record(group: &Group, loads: &Loads, at: Millis, with_containers: bool) -
                 tx_bytes: elapsed_s * to_i64(1_000.0 + 4_000.0 * net_draw),
                 tx_packets: elapsed_s * 15,
                 tx_errors: 0,
+                ..NetworkInterfaceMetric::default()
             }],
         }),
         filesystem: vec![FilesystemMetric {
             fs_name: "/".into(),
-            usage_bytes: to_i64(0.5 * GIB + net_draw * GIB),
-            capacity_bytes: to_i64(30.0 * GIB),
-            available_bytes: to_i64(29.5 * GIB - net_draw * GIB),
+            usage: to_i64(0.5 * GIB + net_draw * GIB),
+            capacity: to_i64(30.0 * GIB),
+            available: to_i64(29.5 * GIB - net_draw * GIB),
+            category: "system".into(),
         }],
         containers: if with_containers {
             containers

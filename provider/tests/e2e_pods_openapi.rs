@@ -46,3 +46,8 @@ async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_group_per_p
 async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked() {
     pods::a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked(EciApi::OpenApi).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_identity_and_security_reach_eci() {
+    pods::a_pods_identity_and_security_reach_eci(EciApi::OpenApi).await;
+}

@@ -5,10 +5,14 @@
 //! Every request is checked as the service checks it: API version, signature method, a known
 //! AccessKey id, the STS token when one is configured, a timestamp within 15 minutes, a nonce
 //! never seen in that window, and the signature itself (a mismatch answers
-//! `SignatureDoesNotMatch` with the string the server signed). Then the flat parameters are
-//! decoded into the contract's request (unknown ones are refused with `InvalidParameter`) and
-//! served by the gRPC service's own implementation, throttling and injected faults included.
+//! `SignatureDoesNotMatch` with the string the server signed). Parameters the service does not
+//! define for the action (the official SDK's name table) are refused with `InvalidParameter`
+//! naming them; the rest are decoded into the contract's request (documented parameters the fake
+//! does not model are ignored, as a service ignoring a feature would) and served by the gRPC
+//! service's own implementation, throttling and injected faults included. Answers take the
+//! service's shapes ([`answer`]).
 
+pub mod answer;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -23,8 +27,8 @@ use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use eci_proto::EciError;
-use eci_proto::openapi::API_VERSION;
 use eci_proto::openapi::signature::{SIGNATURE_METHOD, SIGNATURE_VERSION, verify};
+use eci_proto::openapi::{API_VERSION, documented};
 use eci_proto::v20180808::eci_server::Eci;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use serde_json::{Value, json};
@@ -324,7 +328,8 @@ impl Front {
                 format!("Specified parameter Version is not valid; ECI serves {API_VERSION}."),
             ));
         }
-        if required("Format")? != "JSON" {
+        // The generated SDKs send `json`, the older ones `JSON`.
+        if !required("Format")?.eq_ignore_ascii_case("JSON") {
             return Err(EciError::new(
                 "InvalidParameter.Format",
                 "this fake answers JSON only",
@@ -396,23 +401,49 @@ impl Front {
     }
 }
 
+/// `params` as `action`'s request; documented parameters the contract does not carry are
+/// ignored (the front refused undocumented ones already).
+fn decoded<T: serde::de::DeserializeOwned>(
+    action: &str,
+    params: &[(String, String)],
+) -> Result<T, EciError> {
+    // The Python SDK writes booleans `True`/`False`, the others `true`/`false`: the service
+    // takes either.
+    let params: Vec<(String, String)> = params
+        .iter()
+        .map(|(name, value)| {
+            let boolean =
+                documented::request_parameter(action, name) == Some(documented::Kind::Bool);
+            let value = if boolean {
+                value.to_ascii_lowercase()
+            } else {
+                value.clone()
+            };
+            (name.clone(), value)
+        })
+        .collect();
+    let decoded = wire::decode_lenient(&params)
+        .map_err(|problem| EciError::new("InvalidParameter", format!("{action}: {problem}")))?;
+    if !decoded.unmodelled.is_empty() {
+        debug!(action, ignored = ?decoded.unmodelled, "documented parameters this fake does not model");
+    }
+    Ok(decoded.request)
+}
+
 macro_rules! dispatch {
-    ($front:expr, $action:expr, $params:expr, { $($name:literal => $method:ident,)+ }) => {
+    ($front:expr, $action:expr, $params:expr, { $($name:literal => $method:ident => $encode:path,)+ }) => {
         match $action {
             $($name => {
-                let request = wire::decode($params)
-                    .map_err(|problem| EciError::new("InvalidParameter", format!("{}: {problem}", $name)))?;
+                let request = decoded($name, $params)?;
                 $front
                     .mock
                     .$method(tonic::Request::new(request))
                     .await
-                    .map(|response| wire::encode(&response.into_inner()))
+                    .map(|response| $encode(&response.into_inner()))
                     .map_err(|status| EciError::from_status(&status))
             })+
             "DescribeContainerGroupStatus" => {
-                let request = wire::decode($params).map_err(|problem| {
-                    EciError::new("InvalidParameter", format!("DescribeContainerGroupStatus: {problem}"))
-                })?;
+                let request = decoded("DescribeContainerGroupStatus", $params)?;
                 $front
                     .mock
                     .describe_container_group_status(tonic::Request::new(request))
@@ -434,16 +465,42 @@ async fn serve_action(
     params: &[(String, String)],
 ) -> Result<Value, EciError> {
     dispatch!(front, action, params, {
-        "CreateContainerGroup" => create_container_group,
-        "DescribeContainerGroups" => describe_container_groups,
-        "DeleteContainerGroup" => delete_container_group,
-        "UpdateContainerGroup" => update_container_group,
-        "RestartContainerGroup" => restart_container_group,
-        "DescribeContainerLog" => describe_container_log,
-        "ExecContainerCommand" => exec_container_command,
-        "DescribeContainerGroupMetric" => describe_container_group_metric,
-        "DescribeMultiContainerGroupMetric" => describe_multi_container_group_metric,
+        "CreateContainerGroup" => create_container_group => wire::encode,
+        "DescribeContainerGroups" => describe_container_groups => answer::describe_container_groups,
+        "DeleteContainerGroup" => delete_container_group => wire::encode,
+        "UpdateContainerGroup" => update_container_group => wire::encode,
+        "RestartContainerGroup" => restart_container_group => wire::encode,
+        "DescribeContainerLog" => describe_container_log => wire::encode,
+        "ExecContainerCommand" => exec_container_command => wire::encode,
+        "DescribeContainerGroupMetric" => describe_container_group_metric => answer::describe_container_group_metric,
+        "DescribeMultiContainerGroupMetric" => describe_multi_container_group_metric => answer::describe_multi_container_group_metric,
     })
+}
+
+/// Refuses parameters the service does not define for `action` (the official SDK's name table,
+/// `eci_proto::openapi::documented`), naming them. Stricter than the service, which may ignore
+/// an unknown name: here that would hide a client bug that the real service would turn into a
+/// silently different instance.
+fn undocumented(action: &str, params: &[(String, String)]) -> Result<(), EciError> {
+    if !documented::actions().contains(&action) {
+        // Answered by the dispatch (`InvalidAction.NotFound`).
+        return Ok(());
+    }
+    let unknown: Vec<&str> = params
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .filter(|name| !documented::accepts_parameter(action, name))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(EciError::new(
+        "InvalidParameter",
+        format!(
+            "{action}: parameter(s) the service does not define: {}",
+            unknown.join(", ")
+        ),
+    ))
 }
 
 async fn handle(
@@ -481,6 +538,10 @@ async fn handle(
         .find(|(k, _)| k == "Action")
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
+    if let Err(error) = undocumented(&action, &params) {
+        debug!(code = %error.code, %action, "OpenAPI request refused");
+        return error_response(&error);
+    }
     match serve_action(&front, &action, &params).await {
         Ok(body) => Json(body).into_response(),
         Err(error) => error_response(&error),

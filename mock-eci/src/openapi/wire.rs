@@ -24,6 +24,9 @@ pub const COMMON: &[&str] = &[
     "Timestamp",
     "Signature",
     "SecurityToken",
+    // The official SDKs send it on every call (the Go SDK empty, the generated ones
+    // `SignatureType` unset or empty).
+    "SignatureType",
 ];
 
 /// Parameters holding a JSON array of strings.
@@ -89,10 +92,11 @@ fn qs_path(name: &str) -> Result<String, String> {
     Ok(path)
 }
 
-/// Decodes an action's parameters (the common ones are skipped) into its
-/// request message. Unknown parameters are an error naming them, as the service would reject
-/// them.
-pub fn decode<T: DeserializeOwned>(params: &[(String, String)]) -> Result<T, String> {
+/// Decodes an action's parameters (the common ones are skipped) into its request message,
+/// listing those it has no member for.
+pub fn decode_lenient<T: DeserializeOwned>(
+    params: &[(String, String)],
+) -> Result<Decoded<T>, String> {
     let mut query = form_urlencoded::Serializer::new(String::new());
     for (name, value) in params {
         if COMMON.contains(&name.as_str()) {
@@ -118,10 +122,32 @@ pub fn decode<T: DeserializeOwned>(params: &[(String, String)]) -> Result<T, Str
         unknown.push(path.to_string());
     })
     .map_err(|e| e.to_string())?;
-    if unknown.is_empty() {
-        Ok(decoded)
+    Ok(Decoded {
+        request: decoded,
+        unmodelled: unknown,
+    })
+}
+
+/// A decoded request, and the parameters the contract has no member for.
+#[derive(Debug)]
+pub struct Decoded<T> {
+    /// The request message.
+    pub request: T,
+    /// Parameters the contract does not carry (`owner_id`, `container.1.environment_var_hide`):
+    /// the front lets through only documented ones, which the fake then ignores.
+    pub unmodelled: Vec<String>,
+}
+
+/// [`decode_lenient`], refusing parameters the contract does not carry.
+pub fn decode<T: DeserializeOwned>(params: &[(String, String)]) -> Result<T, String> {
+    let decoded = decode_lenient(params)?;
+    if decoded.unmodelled.is_empty() {
+        Ok(decoded.request)
     } else {
-        Err(format!("unknown parameter(s): {}", unknown.join(", ")))
+        Err(format!(
+            "unknown parameter(s): {}",
+            decoded.unmodelled.join(", ")
+        ))
     }
 }
 
@@ -144,7 +170,8 @@ fn phase(status: &str) -> &'static str {
 
 fn container_status(info: &eci_proto::v20180808::ContainerInfo) -> Value {
     let state = |state: Option<&eci_proto::v20180808::ContainerState>| match state {
-        Some(s) if s.state == "Running" => json!({"Running": {"StartedAt": s.start_time}}),
+        // The service's member name, as its SDK reads it.
+        Some(s) if s.state == "Running" => json!({"Running": {"StartedAtstartedAt": s.start_time}}),
         Some(s) if s.state == "Terminated" => json!({"Terminated": {
             "ExitCode": s.exit_code, "Signal": s.signal, "Reason": s.reason, "Message": s.message,
             "StartedAt": s.start_time, "FinishedAt": s.finish_time, "ContainerID": info.container_id
@@ -261,6 +288,182 @@ mod tests {
         assert_eq!(request.volume[0].nfs_volume.as_ref().unwrap().server, "nas");
         assert_eq!(request.host_aliase[0].hostname, ["db"]);
         assert_eq!(request.termination_grace_period_seconds, Some(0));
+    }
+
+    /// A value of `kind` a client could send.
+    fn sample(kind: eci_proto::openapi::documented::Kind) -> &'static str {
+        use eci_proto::openapi::documented::Kind;
+        match kind {
+            Kind::Int => "1",
+            Kind::Float => "1.5",
+            Kind::Bool => "true",
+            Kind::JsonArray => r#"["eci-1"]"#,
+            Kind::Json => "{}",
+            // Digits: the SDK types some numbers as text (`Period`), which the contract reads
+            // as numbers.
+            Kind::String | Kind::Object | Kind::List => "1",
+        }
+    }
+
+    /// Every documented parameter of `action` decoded at once (indexes `1`); the ones the
+    /// contract has no member for.
+    fn unmodelled<T: DeserializeOwned>(action: &str) -> Vec<String> {
+        let params: Vec<(String, String)> =
+            eci_proto::openapi::documented::request_parameters(action)
+                .into_iter()
+                .map(|(name, kind)| {
+                    let first: Vec<&str> = name
+                        .split('.')
+                        .map(|segment| if segment == "N" { "1" } else { segment })
+                        .collect();
+                    (first.join("."), sample(kind).to_owned())
+                })
+                .collect();
+        let refused: Vec<String> = params
+            .iter()
+            .filter_map(|param| {
+                decode_lenient::<T>(std::slice::from_ref(param))
+                    .err()
+                    .map(|e| format!("{}={}: {e}", param.0, param.1))
+            })
+            .collect();
+        assert_eq!(
+            refused,
+            Vec::<String>::new(),
+            "{action}: documented parameters that do not decode"
+        );
+        let decoded = decode_lenient::<T>(&params).unwrap_or_else(|e| {
+            panic!("{action}: the documented parameters together do not decode: {e}")
+        });
+        let mut names = decoded.unmodelled;
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn every_documented_parameter_decodes_and_the_ignored_ones_are_known() {
+        use eci_proto::v20180808::{
+            DeleteContainerGroupRequest, DescribeContainerGroupMetricRequest,
+            DescribeContainerGroupStatusRequest, DescribeContainerLogRequest,
+            DescribeMultiContainerGroupMetricRequest, RestartContainerGroupRequest,
+            UpdateContainerGroupRequest,
+        };
+        let report = [
+            (
+                "CreateContainerGroup",
+                unmodelled::<CreateContainerGroupRequest>("CreateContainerGroup"),
+            ),
+            (
+                "DescribeContainerGroups",
+                unmodelled::<DescribeContainerGroupsRequest>("DescribeContainerGroups"),
+            ),
+            (
+                "DescribeContainerGroupStatus",
+                unmodelled::<DescribeContainerGroupStatusRequest>("DescribeContainerGroupStatus"),
+            ),
+            (
+                "DeleteContainerGroup",
+                unmodelled::<DeleteContainerGroupRequest>("DeleteContainerGroup"),
+            ),
+            (
+                "UpdateContainerGroup",
+                unmodelled::<UpdateContainerGroupRequest>("UpdateContainerGroup"),
+            ),
+            (
+                "RestartContainerGroup",
+                unmodelled::<RestartContainerGroupRequest>("RestartContainerGroup"),
+            ),
+            (
+                "DescribeContainerLog",
+                unmodelled::<DescribeContainerLogRequest>("DescribeContainerLog"),
+            ),
+            (
+                "ExecContainerCommand",
+                unmodelled::<ExecContainerCommandRequest>("ExecContainerCommand"),
+            ),
+            (
+                "DescribeContainerGroupMetric",
+                unmodelled::<DescribeContainerGroupMetricRequest>("DescribeContainerGroupMetric"),
+            ),
+            (
+                "DescribeMultiContainerGroupMetric",
+                unmodelled::<DescribeMultiContainerGroupMetricRequest>(
+                    "DescribeMultiContainerGroupMetric",
+                ),
+            ),
+        ];
+        // What the fake accepts and does not model: account routing, and features it has no
+        // behaviour for (EIP bandwidth, IPv6, data caches, …). A parameter it does model
+        // showing up here would mean its name and the contract's member disagree.
+        const ACCOUNT: [&str; 4] = [
+            "owner_account",
+            "owner_id",
+            "resource_owner_account",
+            "resource_owner_id",
+        ];
+        let create_only = [
+            "acr_registry_info",
+            "compute_category",
+            "container.0.environment_var_hide",
+            "container_resource_view",
+            "core_pattern",
+            "cpu_architecture",
+            "cpu_options_core",
+            "cpu_options_numa",
+            "cpu_options_threads_per_core",
+            "data_cache_bucket",
+            "data_cache_bursting_enabled",
+            "data_cache_pl",
+            "data_cache_provisioned_iops",
+            "egress_bandwidth",
+            "eip_bandwidth",
+            "eip_common_bandwidth_package",
+            "eip_isp",
+            "fixed_ip",
+            "fixed_ip_retain_hour",
+            "gpu_driver_version",
+            "host_security_context",
+            "image_accelerate_mode",
+            "ingress_bandwidth",
+            "insecure_registry",
+            "ipv6_address_count",
+            "ipv6_gateway_bandwidth",
+            "ipv6_gateway_bandwidth_enable",
+            "ntp_server",
+            "os_type",
+            "overhead_reservation_option",
+            "plain_http_registry",
+            "private_ip_address",
+            "schedule_strategy",
+            "strict_spot",
+        ];
+        let with_account = |extra: &[&str]| {
+            let mut names: Vec<String> = ACCOUNT
+                .iter()
+                .chain(extra)
+                .map(|n| (*n).to_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        for (action, names) in report {
+            let expected = match action {
+                "CreateContainerGroup" => with_account(&create_only),
+                "DescribeContainerGroups" => with_account(&["compute_category"]),
+                "DescribeContainerGroupStatus" => vec!["v_switch_id".to_owned()],
+                "UpdateContainerGroup" => with_account(&[
+                    "acr_registry_info",
+                    // The service's plural spelling for this action only.
+                    "container.0.lifecycle_post_start_handler.?.http_get.?.http_headers",
+                    "resource_group_id",
+                ]),
+                _ => with_account(&[]),
+            };
+            assert_eq!(
+                names, expected,
+                "{action}: documented parameters the fake ignores"
+            );
+        }
     }
 
     #[test]

@@ -59,7 +59,7 @@ fn state(state: Option<&ContainerState>, container_id: &str) -> Value {
                 terminated["signal"] = json!(signal);
             }
             if !container_id.is_empty() {
-                terminated["containerID"] = json!(format!("eci://{container_id}"));
+                terminated["containerID"] = json!(container_id);
             }
             out.insert("terminated".into(), terminated);
         }
@@ -90,26 +90,45 @@ fn strip_nulls(value: Value) -> Value {
     }
 }
 
+/// `containerID` for a container of group `group_id`: the service reports no runtime id, so it
+/// is derived from what it does report — the group, the container and its restart count (a
+/// restarted container is a new runtime container, as the kubelet's ids change) — once the
+/// container has run at all.
+fn derived_container_id(group_id: &str, info: &ContainerInfo) -> Option<String> {
+    let ran = info.previous_state.is_some()
+        || info
+            .current_state
+            .as_ref()
+            .is_some_and(|s| matches!(s.state.as_str(), "Running" | "Terminated"));
+    ran.then(|| format!("eci://{group_id}/{}/{}", info.name, info.restart_count))
+}
+
 fn container_statuses(
+    group_id: &str,
     spec: &[k8s_openapi::api::core::v1::Container],
     infos: &[ContainerInfo],
 ) -> Vec<Value> {
     spec.iter()
         .map(|container| {
             let info = infos.iter().find(|i| i.name == container.name);
-            let container_id = info.map(|i| i.container_id.as_str()).unwrap_or_default();
+            let container_id = info
+                .and_then(|i| derived_container_id(group_id, i))
+                .unwrap_or_default();
+            let current = info.and_then(|i| i.current_state.as_ref());
+            // ECI has no startup probes: a running container has started.
+            let started = current.is_some_and(|s| s.state == "Running");
             let mut status = json!({
                 "name": container.name,
                 "image": container.image.clone().unwrap_or_default(),
                 "imageID": "",
                 "ready": info.is_some_and(|i| i.ready),
-                "started": info.is_some_and(|i| i.started),
+                "started": started,
                 "restartCount": info.map_or(0, |i| i.restart_count),
-                "state": state(info.and_then(|i| i.current_state.as_ref()), container_id),
+                "state": state(current, &container_id),
                 "lastState": info.and_then(|i| i.previous_state.as_ref()).map_or_else(|| json!({}), |p| state(Some(p), "")),
             });
             if !container_id.is_empty() {
-                status["containerID"] = json!(format!("eci://{container_id}"));
+                status["containerID"] = json!(container_id);
             }
             status
         })
@@ -245,11 +264,13 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
         .map(str::to_owned)
         .or_else(|| current.phase.clone())
         .unwrap_or_else(|| "Pending".into());
+    let group_id = group.container_group_id.as_str();
     let init = container_statuses(
+        group_id,
         spec.init_containers.as_deref().unwrap_or_default(),
         &group.init_containers,
     );
-    let main = container_statuses(&spec.containers, &group.containers);
+    let main = container_statuses(group_id, &spec.containers, &group.containers);
 
     let initialized = not_done(init.iter().map(|s| {
         (
@@ -548,7 +569,6 @@ mod tests {
         ContainerInfo {
             name: name.into(),
             ready,
-            started: state == "Running",
             restart_count: 0,
             current_state: Some(ContainerState {
                 state: state.into(),
@@ -556,7 +576,7 @@ mod tests {
                 start_time: "2026-11-21T03:00:00Z".into(),
                 ..ContainerState::default()
             }),
-            container_id: format!("{name}-id"),
+            // DescribeContainerGroups carries no `Started` and no runtime id.
             ..ContainerInfo::default()
         }
     }
@@ -663,7 +683,11 @@ mod tests {
         );
         assert_eq!(ready["message"], "containers with unready status: [side]");
         let app = &status["containerStatuses"][0];
-        assert_eq!(app["containerID"], "eci://app-id");
+        assert_eq!(
+            app["containerID"], "eci://eci-1/app/0",
+            "derived: the answer has no id"
+        );
+        assert_eq!(app["started"], true, "derived from the Running state");
         assert_eq!(app["state"]["running"]["startedAt"], "2026-11-21T03:00:00Z");
         assert_eq!(app["image"], "nginx:1.27");
     }
@@ -737,7 +761,7 @@ mod tests {
         assert_eq!(condition(&status, "Ready")["reason"], "PodCompleted");
         assert_eq!(
             status["containerStatuses"][0]["state"]["terminated"]["containerID"],
-            "eci://app-id"
+            "eci://eci-1/app/0"
         );
     }
 
@@ -1231,7 +1255,7 @@ mod tests {
             (Some(false), Some(false))
         );
         assert_eq!(
-            app["containerID"], "eci://app-id",
+            app["containerID"], "eci://eci-1/app/0",
             "what is known of the container stays"
         );
         // A container already terminated keeps its own account of how it ended.

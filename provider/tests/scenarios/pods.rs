@@ -590,3 +590,69 @@ pub(crate) async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_l
     })
     .await;
 }
+
+/// What the group was created with, as mock-eci received it (`HostName`, `DnsPolicy` and the
+/// sysctls are in no answer).
+async fn created_with(admin: &str, id: &str) -> Value {
+    reqwest::get(format!("{admin}/admin/groups/{id}/request"))
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Kubernetes' promises a group must keep: a StatefulSet pod's hostname, the DNS policy, sysctls
+/// and security settings reach ECI by the service's own parameters (on the OpenAPI backend, the
+/// front refuses any name the service does not define); a probe ECI cannot express is named in
+/// a Warning Event, the pod still running.
+pub(crate) async fn a_pods_identity_and_security_reach_eci(api: EciApi) {
+    with_harness(api, async |h| {
+        let Scene { node, admin, ns } = start(h).await?;
+        let app = json!({"name": "app", "image": "registry.example.com/db:1",
+            "ports": [{"containerPort": 5432}],
+            "securityContext": {"runAsGroup": 70, "capabilities": {"add": ["NET_ADMIN"]}},
+            "livenessProbe": {"httpGet": {"path": "/healthz", "port": 5432, "httpHeaders": [{"name": "X-Probe", "value": "1"}]}}});
+        let pod = pod_spec("db-0", &node, json!({
+            "hostname": "db-0", "subdomain": "db", "shareProcessNamespace": true,
+            "securityContext": {"runAsUser": 70, "runAsNonRoot": true, "sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "600"}]},
+            "containers": [app]
+        }));
+        create(h, &ns, &pod).await?;
+        let running = wait_pod(h, &ns, "db-0", "Running", |p| phase(p) == "Running").await?;
+        let id = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap().to_owned();
+        let request = created_with(&admin, &id).await;
+        assert_eq!(request["host_name"], "db-0", "the pod's hostname, not <namespace>-<name>");
+        assert_eq!(request["dns_policy"], "None", "the cluster DNS is the group's only resolver");
+        assert_eq!(request["share_process_namespace"], true);
+        assert_eq!(request["security_context"]["sysctl"], json!([{"name": "net.ipv4.tcp_keepalive_time", "value": "600"}]));
+        let container = &request["container"][0];
+        assert_eq!(
+            (&container["security_context_run_as_group"], &container["security_context_run_as_non_root"], &container["security_context"]["run_as_user"]),
+            (&json!(70), &json!(true), &json!(70)),
+            "{container}"
+        );
+        let probe = &container["liveness_probe"]["http_get"];
+        assert_eq!(probe["path"], "/healthz");
+        if matches!(api, EciApi::OpenApi) {
+            assert_eq!(probe["http_header"], json!([]), "ECI's probes take no headers: none travel");
+        }
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(h.client(), &ns);
+        h.wait_for("a Warning Event naming the probe's headers", WAIT, |_| {
+            let events = events.clone();
+            async move {
+                events.list(&Default::default()).await.is_ok_and(|list| {
+                    list.items.iter().any(|e| {
+                        e.reason.as_deref() == Some("NotFullySupportedOnECI")
+                            && e.message.as_deref().is_some_and(|m| m.contains("httpHeaders (X-Probe)"))
+                    })
+                })
+            }
+        })
+        .await?;
+        Ok(())
+    })
+    .await;
+}

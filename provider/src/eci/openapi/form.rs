@@ -13,8 +13,8 @@ use eci_proto::v20180808::{
     DescribeContainerGroupMetricRequest, DescribeContainerGroupStatusRequest,
     DescribeContainerGroupsRequest, DescribeContainerLogRequest,
     DescribeMultiContainerGroupMetricRequest, DnsConfig, ExecContainerCommandRequest,
-    HttpGetAction, ImageRegistryCredential, LifecycleHandler, Probe, RestartContainerGroupRequest,
-    Tag, UpdateContainerGroupRequest, Volume,
+    ImageRegistryCredential, LifecycleHandler, Probe, RestartContainerGroupRequest, Tag,
+    UpdateContainerGroupRequest, Volume,
 };
 
 /// Flat `Name=value` parameters under construction.
@@ -108,29 +108,21 @@ impl Form {
     }
 }
 
-fn http_get(form: &mut Form, action: &HttpGetAction) {
-    form.text("Path", &action.path);
-    form.number("Port", action.port);
-    form.text("Scheme", &action.scheme);
-    form.text("Host", &action.host);
-    form.list("HttpHeader", &action.http_header, |form, header| {
-        form.text("Name", &header.name);
-        form.text("Value", &header.value);
-    });
-}
-
+/// A probe: ECI's `HttpGet` has `Path`, `Port` and `Scheme` only and its `TcpSocket` a `Port`
+/// (no host, no headers; the translation reports a pod that asks for them).
 fn probe(form: &mut Form, probe: &Probe) {
     if let Some(exec) = &probe.exec {
         form.nested("Exec", |form| form.strings("Command", &exec.command));
     }
     if let Some(action) = &probe.http_get {
-        form.nested("HttpGet", |form| http_get(form, action));
+        form.nested("HttpGet", |form| {
+            form.text("Path", &action.path);
+            form.number("Port", action.port);
+            form.text("Scheme", &action.scheme);
+        });
     }
     if let Some(socket) = &probe.tcp_socket {
-        form.nested("TcpSocket", |form| {
-            form.number("Port", socket.port);
-            form.text("Host", &socket.host);
-        });
+        form.nested("TcpSocket", |form| form.number("Port", socket.port));
     }
     form.number("InitialDelaySeconds", probe.initial_delay_seconds);
     form.number("PeriodSeconds", probe.period_seconds);
@@ -173,7 +165,8 @@ fn security_context(form: &mut Form, context: &ContainerSecurityContext) {
     form.optional("RunAsUser", context.run_as_user);
 }
 
-fn container(form: &mut Form, c: &Container) {
+/// What `Container.N` and `InitContainer.N` share.
+fn container_common(form: &mut Form, c: &Container) {
     form.text("Name", &c.name);
     form.text("Image", &c.image);
     form.optional("Cpu", c.cpu);
@@ -203,15 +196,34 @@ fn container(form: &mut Form, c: &Container) {
         form.flag("ReadOnly", mount.read_only);
         form.text("MountPropagation", &mount.mount_propagation);
     });
+    if let Some(context) = &c.security_context {
+        form.nested("SecurityContext", |form| security_context(form, context));
+    }
+    form.text("TerminationMessagePath", &c.termination_message_path);
+    form.text("TerminationMessagePolicy", &c.termination_message_policy);
+}
+
+/// `InitContainer.N`: no probes, lifecycle handlers, `Stdin`/`StdinOnce`/`Tty` or flat
+/// `SecurityContext…` members (the service has no such parameters for init containers).
+fn init_container(form: &mut Form, c: &Container) {
+    container_common(form, c);
+}
+
+/// `Container.N`.
+fn container(form: &mut Form, c: &Container) {
+    container_common(form, c);
     if let Some(p) = &c.readiness_probe {
         form.nested("ReadinessProbe", |form| probe(form, p));
     }
     if let Some(p) = &c.liveness_probe {
         form.nested("LivenessProbe", |form| probe(form, p));
     }
-    if let Some(context) = &c.security_context {
-        form.nested("SecurityContext", |form| security_context(form, context));
-    }
+    form.optional("SecurityContextPrivileged", c.security_context_privileged);
+    form.optional("SecurityContextRunAsGroup", c.security_context_run_as_group);
+    form.optional(
+        "SecurityContextRunAsNonRoot",
+        c.security_context_run_as_non_root,
+    );
     if let Some(handler) = &c.lifecycle_post_start_handler {
         lifecycle(form, "LifecyclePostStartHandler", handler);
     }
@@ -221,11 +233,16 @@ fn container(form: &mut Form, c: &Container) {
     form.flag("Stdin", c.stdin);
     form.flag("StdinOnce", c.stdin_once);
     form.flag("Tty", c.tty);
-    form.text("TerminationMessagePath", &c.termination_message_path);
-    form.text("TerminationMessagePolicy", &c.termination_message_policy);
 }
 
-fn volume(form: &mut Form, v: &Volume) {
+/// Which action a volume is encoded for: UpdateContainerGroup takes no file modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VolumeFor {
+    Create,
+    Update,
+}
+
+fn volume(form: &mut Form, v: &Volume, purpose: VolumeFor) {
     form.text("Name", &v.name);
     form.text("Type", &v.r#type);
     if let Some(dir) = &v.empty_dir_volume {
@@ -249,10 +266,14 @@ fn volume(form: &mut Form, v: &Volume) {
                 |form, file| {
                     form.text("Path", &file.path);
                     form.text("Content", &file.content);
-                    form.optional("Mode", file.mode);
+                    if purpose == VolumeFor::Create {
+                        form.optional("Mode", file.mode);
+                    }
                 },
             );
-            form.optional("DefaultMode", files.default_mode);
+            if purpose == VolumeFor::Create {
+                form.optional("DefaultMode", files.default_mode);
+            }
         });
     }
     if let Some(disk) = &v.disk_volume {
@@ -308,11 +329,24 @@ pub fn create_container_group(r: &CreateContainerGroupRequest) -> Form {
     form.text("InstanceType", &r.instance_type);
     form.tags(&r.tag);
     form.list("Container", &r.container, container);
-    form.list("InitContainer", &r.init_container, container);
-    form.list("Volume", &r.volume, volume);
+    form.list("InitContainer", &r.init_container, init_container);
+    form.list("Volume", &r.volume, |form, v| {
+        volume(form, v, VolumeFor::Create)
+    });
     if let Some(dns) = &r.dns_config {
         form.nested("DnsConfig", |form| dns_config(form, dns));
     }
+    form.text("DnsPolicy", &r.dns_policy);
+    form.text("HostName", &r.host_name);
+    if let Some(context) = &r.security_context {
+        form.nested("SecurityContext", |form| {
+            form.list("Sysctl", &context.sysctl, |form, sysctl| {
+                form.text("Name", &sysctl.name);
+                form.text("Value", &sysctl.value);
+            });
+        });
+    }
+    form.flag("ShareProcessNamespace", r.share_process_namespace);
     form.list("HostAliase", &r.host_aliase, |form, alias| {
         form.text("Ip", &alias.ip);
         form.strings("Hostname", &alias.hostname);
@@ -376,20 +410,23 @@ pub fn delete_container_group(r: &DeleteContainerGroupRequest) -> Form {
     form.text("RegionId", &r.region_id);
     form.text("ContainerGroupId", &r.container_group_id);
     form.text("ClientToken", &r.client_token);
-    form.flag("Force", r.force);
+    // `force` is the gRPC fake's extension: the service has no such parameter.
     form
 }
 
-/// UpdateContainerGroup.
+/// UpdateContainerGroup without containers: the daemon updates volumes (token refreshes) and
+/// tags only, and the service spells some container members differently for this action
+/// (`LifecyclePostStartHandlerHttpGetHttpHeaders`); the client refuses a request with
+/// containers before it gets here. Files carry no `Mode`: the action has no such parameter.
 pub fn update_container_group(r: &UpdateContainerGroupRequest) -> Form {
     let mut form = Form::default();
     form.text("RegionId", &r.region_id);
     form.text("ContainerGroupId", &r.container_group_id);
     form.text("RestartPolicy", &r.restart_policy);
     form.tags(&r.tag);
-    form.list("Container", &r.container, container);
-    form.list("InitContainer", &r.init_container, container);
-    form.list("Volume", &r.volume, volume);
+    form.list("Volume", &r.volume, |form, v| {
+        volume(form, v, VolumeFor::Update)
+    });
     if let Some(dns) = &r.dns_config {
         form.nested("DnsConfig", |form| dns_config(form, dns));
     }
@@ -466,7 +503,7 @@ mod tests {
 
     use eci_proto::v20180808::{
         Capability, ConfigFileToPath, ConfigFileVolume, EnvironmentVar, ExecAction, FieldRef,
-        HostAliase, NfsVolume, Port, TcpSocketAction, VolumeMount,
+        HostAliase, HttpGetAction, NfsVolume, Port, TcpSocketAction, VolumeMount,
     };
 
     use super::*;
@@ -692,18 +729,116 @@ mod tests {
     }
 
     #[test]
-    fn delete_sends_force_only_when_asked() {
-        let request = DeleteContainerGroupRequest {
+    fn delete_never_sends_force() {
+        // The service's DeleteContainerGroup has no `Force`: the gRPC fake's extension stays
+        // off the wire.
+        let forced = DeleteContainerGroupRequest {
             region_id: "r".into(),
             container_group_id: "eci-1".into(),
             client_token: "t".into(),
-            force: false,
-        };
-        assert!(!map(delete_container_group(&request)).contains_key("Force"));
-        let forced = DeleteContainerGroupRequest {
             force: true,
-            ..request
         };
-        assert_eq!(map(delete_container_group(&forced))["Force"], "true");
+        let params = map(delete_container_group(&forced));
+        assert_eq!(
+            params.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["ClientToken", "ContainerGroupId", "RegionId"]
+        );
+    }
+
+    #[test]
+    fn probes_carry_no_host_or_headers_and_init_containers_no_probe_members() {
+        let action = HttpGetAction {
+            path: "/healthz".into(),
+            port: 8080,
+            scheme: "HTTP".into(),
+            host: "10.0.0.9".into(),
+            http_header: vec![eci_proto::v20180808::HttpHeader {
+                name: "X-Probe".into(),
+                value: "1".into(),
+            }],
+        };
+        let mut app = mk_container("app");
+        app.liveness_probe = Some(Probe {
+            http_get: Some(action.clone()),
+            ..Probe::default()
+        });
+        app.readiness_probe = Some(Probe {
+            tcp_socket: Some(TcpSocketAction {
+                port: 80,
+                host: "10.0.0.9".into(),
+            }),
+            ..Probe::default()
+        });
+        app.lifecycle_post_start_handler = Some(LifecycleHandler {
+            http_get: Some(action),
+            ..LifecycleHandler::default()
+        });
+        let mut init = mk_container("init");
+        init.stdin = true;
+        init.tty = true;
+        init.security_context_run_as_group = Some(3000);
+        let params = map(create_container_group(&CreateContainerGroupRequest {
+            container: vec![app],
+            init_container: vec![init],
+            ..CreateContainerGroupRequest::default()
+        }));
+        let keys: Vec<&str> = params.keys().map(String::as_str).collect();
+        assert!(keys.contains(&"Container.1.LivenessProbe.HttpGet.Path"));
+        assert!(keys.contains(&"Container.1.ReadinessProbe.TcpSocket.Port"));
+        for absent in [
+            "Container.1.LivenessProbe.HttpGet.Host",
+            "Container.1.LivenessProbe.HttpGet.HttpHeader.1.Name",
+            "Container.1.ReadinessProbe.TcpSocket.Host",
+            "InitContainer.1.Stdin",
+            "InitContainer.1.Tty",
+            "InitContainer.1.SecurityContextRunAsGroup",
+        ] {
+            assert!(
+                !keys.contains(&absent),
+                "{absent} is not a parameter of the service"
+            );
+        }
+        // Lifecycle handlers do take a host and headers.
+        assert_eq!(
+            params["Container.1.LifecyclePostStartHandlerHttpGetHost"],
+            "10.0.0.9"
+        );
+        assert_eq!(
+            params["Container.1.LifecyclePostStartHandlerHttpGetHttpHeader.1.Name"],
+            "X-Probe"
+        );
+    }
+
+    #[test]
+    fn an_update_sends_no_file_modes() {
+        let files = ConfigFileVolume {
+            config_file_to_path: vec![ConfigFileToPath {
+                path: "token".into(),
+                content: "dA==".into(),
+                mode: Some(0o600),
+            }],
+            default_mode: Some(0o644),
+        };
+        let params = map(update_container_group(&UpdateContainerGroupRequest {
+            container_group_id: "eci-1".into(),
+            volume: vec![Volume {
+                name: "token".into(),
+                r#type: "ConfigFileVolume".into(),
+                config_file_volume: Some(files),
+                ..Volume::default()
+            }],
+            ..UpdateContainerGroupRequest::default()
+        }));
+        let keys: Vec<&str> = params.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "ContainerGroupId",
+                "Volume.1.ConfigFileVolume.ConfigFileToPath.1.Content",
+                "Volume.1.ConfigFileVolume.ConfigFileToPath.1.Path",
+                "Volume.1.Name",
+                "Volume.1.Type",
+            ]
+        );
     }
 }

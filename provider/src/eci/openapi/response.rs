@@ -11,14 +11,23 @@ use eci_proto::openapi::naming::{rename_keys, to_snake};
 use eci_proto::v20180808::{ContainerGroup, ContainerGroupStatus};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// Code of a response the client cannot read (a proxy's page, a changed API).
 pub const INVALID_RESPONSE: &str = "SDK.InvalidResponse";
 
-/// A successful response body as the contract's `T`.
-pub fn parse<T: DeserializeOwned>(action: &str, body: Value) -> Result<T, EciError> {
+/// A successful response body as the contract's `T`. DescribeContainerGroups answers in
+/// shapes of its own (see [`reshape_group`]); they are brought to the contract's first.
+pub fn parse<T: DeserializeOwned>(action: &str, mut body: Value) -> Result<T, EciError> {
     let request_id = request_id(&body);
+    if action == "DescribeContainerGroups" {
+        if let Some(groups) = body
+            .get_mut("ContainerGroups")
+            .and_then(Value::as_array_mut)
+        {
+            groups.iter_mut().for_each(reshape_group);
+        }
+    }
     serde_json::from_value(rename_keys(body, &to_snake)).map_err(|error| {
         EciError::new(
             INVALID_RESPONSE,
@@ -26,6 +35,126 @@ pub fn parse<T: DeserializeOwned>(action: &str, body: Value) -> Result<T, EciErr
         )
         .with_request_id(request_id)
     })
+}
+
+/// Moves member `from` of `object` to `to` (when present).
+fn rename(object: &mut Map<String, Value>, from: &str, to: &str) {
+    if let Some(value) = object.remove(from) {
+        object.insert(to.to_owned(), value);
+    }
+}
+
+/// The objects of array member `key`.
+fn each<'a>(
+    object: &'a mut Map<String, Value>,
+    key: &str,
+) -> impl Iterator<Item = &'a mut Map<String, Value>> {
+    object
+        .get_mut(key)
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+}
+
+/// The flat volume members of an answer (`NFSVolumeServer`) under the request's nesting
+/// (`NFSVolume.Server`), as (member prefix, nested object).
+const FLAT_VOLUME_MEMBERS: &[&str] = &[
+    "NFSVolume",
+    "EmptyDirVolume",
+    "DiskVolume",
+    "FlexVolume",
+    "ConfigFileVolume",
+];
+
+fn reshape_volume(volume: &mut Map<String, Value>) {
+    for prefix in FLAT_VOLUME_MEMBERS {
+        let flat: Vec<String> = volume
+            .keys()
+            .filter(|k| k.len() > prefix.len() && k.starts_with(prefix))
+            .cloned()
+            .collect();
+        for key in flat {
+            let Some(value) = volume.remove(&key) else {
+                continue;
+            };
+            let member = match &key[prefix.len()..] {
+                // `ConfigFileVolumeConfigFileToPaths[]` → `ConfigFileToPath[]`.
+                "ConfigFileToPaths" => "ConfigFileToPath",
+                other => other,
+            };
+            let nested = volume
+                .entry((*prefix).to_owned())
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(nested) = nested.as_object_mut() {
+                nested.insert(member.to_owned(), value);
+            }
+        }
+    }
+}
+
+/// A probe of an answer: `Execs[]` is the request's `Exec.Command[]`.
+fn reshape_probe(probe: &mut Map<String, Value>) {
+    if let Some(command) = probe.remove("Execs") {
+        probe.insert("Exec".to_owned(), serde_json::json!({ "Command": command }));
+    }
+}
+
+fn reshape_container(container: &mut Map<String, Value>) {
+    // Init containers answer `Command[]`, containers `Commands[]`.
+    rename(container, "Command", "Commands");
+    for env in each(container, "EnvironmentVars") {
+        if let Some(Value::Object(mut from)) = env.remove("ValueFrom") {
+            if let Some(field_ref) = from.remove("FieldRef") {
+                env.insert("FieldRef".to_owned(), field_ref);
+            }
+        }
+    }
+    for key in ["ReadinessProbe", "LivenessProbe"] {
+        if let Some(probe) = container.get_mut(key).and_then(Value::as_object_mut) {
+            reshape_probe(probe);
+        }
+    }
+    if let Some(capability) = container
+        .get_mut("SecurityContext")
+        .and_then(Value::as_object_mut)
+        .and_then(|c| c.get_mut("Capability"))
+        .and_then(Value::as_object_mut)
+    {
+        rename(capability, "Adds", "Add");
+    }
+}
+
+/// One `ContainerGroups[]` entry of DescribeContainerGroups in the contract's shape: the answer
+/// flattens volume members (`NFSVolumeServer`), nests env references (`ValueFrom.FieldRef`),
+/// pluralises lists (`NameServers`, `Hostnames`, `Execs`, `Adds`, `Sysctls`) and spells the init
+/// containers' command `Command`; the contract keeps the request's names for all of them.
+pub fn reshape_group(group: &mut Value) {
+    let Some(group) = group.as_object_mut() else {
+        return;
+    };
+    for volume in each(group, "Volumes") {
+        reshape_volume(volume);
+    }
+    for key in ["Containers", "InitContainers"] {
+        for container in each(group, key) {
+            reshape_container(container);
+        }
+    }
+    if let Some(dns) = group.get_mut("DnsConfig").and_then(Value::as_object_mut) {
+        rename(dns, "NameServers", "NameServer");
+        rename(dns, "Searches", "Search");
+        rename(dns, "Options", "Option");
+    }
+    for alias in each(group, "HostAliases") {
+        rename(alias, "Hostnames", "Hostname");
+    }
+    if let Some(context) = group
+        .get_mut("EciSecurityContext")
+        .and_then(Value::as_object_mut)
+    {
+        rename(context, "Sysctls", "Sysctl");
+    }
 }
 
 /// The `RequestId` of any response body.

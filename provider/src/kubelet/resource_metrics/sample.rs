@@ -174,9 +174,9 @@ pub fn pod_sample(pod: &PodEntry, records: &[MetricRecord]) -> Option<PodSample>
         .collect();
     let fs = (!record.filesystem.is_empty()).then(|| {
         record.filesystem.iter().fold(Fs::default(), |sum, fs| Fs {
-            used: sum.used.saturating_add(unsigned(fs.usage_bytes)),
-            capacity: sum.capacity.saturating_add(unsigned(fs.capacity_bytes)),
-            available: sum.available.saturating_add(unsigned(fs.available_bytes)),
+            used: sum.used.saturating_add(unsigned(fs.usage)),
+            capacity: sum.capacity.saturating_add(unsigned(fs.capacity)),
+            available: sum.available.saturating_add(unsigned(fs.available)),
         })
     });
     // A record without group totals is summed from its containers.

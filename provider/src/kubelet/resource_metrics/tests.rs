@@ -73,13 +73,15 @@ fn record(time: &str, containers: &[(&str, i64, i64, i64)]) -> MetricRecord {
                 tx_bytes: 500,
                 tx_packets: 5,
                 tx_errors: 0,
+                ..NetworkInterfaceMetric::default()
             }],
         }),
         filesystem: vec![FilesystemMetric {
             fs_name: "/".into(),
-            usage_bytes: 10,
-            capacity_bytes: 100,
-            available_bytes: 90,
+            usage: 10,
+            capacity: 100,
+            available: 90,
+            category: "system".into(),
         }],
         containers: containers
             .iter()

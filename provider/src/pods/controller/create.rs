@@ -19,6 +19,10 @@ use super::{
 use crate::pods::to_eci::{self, Context};
 use crate::pods::{from_eci, refs};
 
+/// Event reason: the group was created, but ECI cannot do all the pod asks (see
+/// [`to_eci::limits`]).
+pub(super) const NOT_FULLY_SUPPORTED: &str = "NotFullySupportedOnECI";
+
 /// Failed creation attempts after which the pod says why it is still Pending (once; the
 /// daemon keeps trying).
 const REPORT_AFTER_ATTEMPTS: u32 = 3;
@@ -195,6 +199,12 @@ impl PodController {
                     self.inner
                         .annotations
                         .push(uid.to_owned(), (pod_key_parts(&pod), id));
+                    let limits = to_eci::limits(&pod);
+                    if !limits.is_empty() {
+                        // The group runs, but not exactly as asked: never silently.
+                        self.event(&pod, EventType::Warning, NOT_FULLY_SUPPORTED, &limits.join("; "))
+                            .await;
+                    }
                     None
                 }
                 Err(Failure::Retry(message)) => {

@@ -6,14 +6,16 @@
 //! probe, so a startup probe's window (`initialDelaySeconds + periodSeconds ×
 //! failureThreshold`) is added to the liveness probe's initial delay — the liveness probe
 //! then starts when the startup probe would have given up — and dropped when there is no
-//! liveness probe. gRPC probes are rejected. Security: `capabilities.add`, `runAsUser` and
-//! `readOnlyRootFilesystem` map; `privileged` is rejected; `capabilities.drop`,
-//! `runAsNonRoot`, `seccompProfile` and friends are not enforceable on ECI and are ignored.
+//! liveness probe. gRPC probes are rejected; what ECI's probes cannot express (another host,
+//! HTTP headers) is listed by [`probe_limits`] for a Warning Event. Security (the container's
+//! settings over the pod's): `capabilities.add`, `runAsUser`, `runAsGroup`, `runAsNonRoot`,
+//! `readOnlyRootFilesystem` and `privileged` map; `capabilities.drop`, `seccompProfile` and
+//! friends are not enforceable on ECI and are ignored.
 //! Lifecycle `sleep` handlers become `sleep <n>` exec handlers.
 
 use eci_proto::v20180808 as eci;
 use k8s_openapi::api::core::v1::{
-    Container, HTTPGetAction, LifecycleHandler, Probe, TCPSocketAction,
+    Container, HTTPGetAction, LifecycleHandler, PodSecurityContext, Probe, TCPSocketAction,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -38,6 +40,9 @@ fn port_number(container: &Container, port: &IntOrString, at: &str) -> Result<i3
     }
 }
 
+/// An HTTP GET action. `host` and `httpHeaders` are carried for lifecycle handlers, which ECI
+/// takes with them; the OpenAPI client leaves them out of probes, which ECI takes without
+/// (see [`probe_limits`]).
 fn http_get(
     container: &Container,
     action: &HTTPGetAction,
@@ -57,6 +62,112 @@ fn http_get(
                 value: header.value.clone(),
             })
             .collect(),
+    })
+}
+
+/// Hosts that mean "this pod" to a probe: the kubelet's default target is the pod's IP, and
+/// ECI's probes run against the group itself.
+fn is_own_host(host: &str) -> bool {
+    matches!(host, "" | "localhost" | "127.0.0.1" | "::1")
+}
+
+/// What ECI's probes cannot do that a container's probes ask for: ECI's `HttpGet` takes a path,
+/// port and scheme, its `TcpSocket` a port — no other host, no HTTP headers. Each entry names
+/// the field and what happens instead (the probe runs against the group without it), for a
+/// Warning Event: a different probe is never silent.
+pub(super) fn probe_limits(container: &Container, at: &str) -> Vec<String> {
+    let probes = [
+        ("readinessProbe", container.readiness_probe.as_ref()),
+        ("livenessProbe", container.liveness_probe.as_ref()),
+        ("startupProbe", container.startup_probe.as_ref()),
+    ];
+    let mut limits = Vec::new();
+    for (kind, probe) in probes {
+        let Some(probe) = probe else { continue };
+        if let Some(action) = &probe.http_get {
+            let headers: Vec<&str> = action
+                .http_headers
+                .iter()
+                .flatten()
+                .map(|h| h.name.as_str())
+                .collect();
+            if !headers.is_empty() {
+                limits.push(format!(
+                    "{at}.{kind}.httpGet.httpHeaders ({}): ECI's HTTP probes send no headers; the probe runs without them",
+                    headers.join(", ")
+                ));
+            }
+            if let Some(host) = action.host.as_deref().filter(|h| !is_own_host(h)) {
+                limits.push(format!(
+                    "{at}.{kind}.httpGet.host ({host}): ECI probes only the group itself; the probe targets the group"
+                ));
+            }
+        }
+        if let Some(host) = probe
+            .tcp_socket
+            .as_ref()
+            .and_then(|t| t.host.as_deref())
+            .filter(|h| !is_own_host(h))
+        {
+            limits.push(format!(
+                "{at}.{kind}.tcpSocket.host ({host}): ECI probes only the group itself; the probe targets the group"
+            ));
+        }
+    }
+    limits
+}
+
+/// A container's security settings in ECI's terms.
+struct Security {
+    context: Option<eci::ContainerSecurityContext>,
+    privileged: Option<bool>,
+    run_as_group: Option<i64>,
+    run_as_non_root: Option<bool>,
+}
+
+/// The container's security context over the pod's (the container's setting wins, as the
+/// kubelet applies them): `capabilities.add`, `readOnlyRootFilesystem`, `runAsUser`,
+/// `runAsGroup`, `runAsNonRoot` and `privileged` (which the account must be allowed).
+fn security(
+    container: &Container,
+    pod: Option<&PodSecurityContext>,
+    at: &str,
+) -> Result<Security, Rejection> {
+    let own = container.security_context.as_ref();
+    let run_as_user = own
+        .and_then(|s| s.run_as_user)
+        .or(pod.and_then(|p| p.run_as_user));
+    let run_as_group = own
+        .and_then(|s| s.run_as_group)
+        .or(pod.and_then(|p| p.run_as_group));
+    let run_as_non_root = own
+        .and_then(|s| s.run_as_non_root)
+        .or(pod.and_then(|p| p.run_as_non_root));
+    if run_as_non_root == Some(true) && run_as_user == Some(0) {
+        return Err(reject(
+            &format!("{at}.securityContext"),
+            "runAsNonRoot is set but runAsUser is 0 (root): the container could never start",
+        ));
+    }
+    let capability = own
+        .and_then(|s| s.capabilities.as_ref())
+        .and_then(|c| c.add.clone())
+        .map(|add| eci::Capability { add });
+    let read_only = own
+        .and_then(|s| s.read_only_root_filesystem)
+        .unwrap_or(false);
+    let context = (capability.is_some() || read_only || run_as_user.is_some()).then(|| {
+        eci::ContainerSecurityContext {
+            capability,
+            read_only_root_filesystem: read_only,
+            run_as_user,
+        }
+    });
+    Ok(Security {
+        context,
+        privileged: own.and_then(|s| s.privileged).filter(|p| *p),
+        run_as_group,
+        run_as_non_root: run_as_non_root.filter(|n| *n),
     })
 }
 
@@ -185,6 +296,7 @@ fn expand_all(words: Option<&[String]>, env: &[eci::EnvironmentVar]) -> Vec<Stri
 
 pub(super) fn container(
     container: &Container,
+    pod_security: Option<&PodSecurityContext>,
     env: Vec<eci::EnvironmentVar>,
     at: &str,
 ) -> Result<eci::Container, Rejection> {
@@ -227,24 +339,7 @@ pub(super) fn container(
         p.initial_delay_seconds.unwrap_or(0)
             + p.period_seconds.unwrap_or(10) * p.failure_threshold.unwrap_or(3)
     });
-    let security = match &container.security_context {
-        Some(sc) if sc.privileged == Some(true) => {
-            return Err(reject(
-                &format!("{at}.securityContext.privileged"),
-                "privileged containers cannot run on ECI",
-            ));
-        }
-        Some(sc) => Some(eci::ContainerSecurityContext {
-            capability: sc
-                .capabilities
-                .as_ref()
-                .and_then(|c| c.add.clone())
-                .map(|add| eci::Capability { add }),
-            read_only_root_filesystem: sc.read_only_root_filesystem.unwrap_or(false),
-            run_as_user: sc.run_as_user,
-        }),
-        None => None,
-    };
+    let security = security(container, pod_security, at)?;
     let Size { cpu, memory, gpu } = size(container, at)?;
     let lifecycle = container.lifecycle.as_ref();
     Ok(eci::Container {
@@ -270,7 +365,10 @@ pub(super) fn container(
             .as_ref()
             .map(|p| probe(container, p, &format!("{at}.livenessProbe"), startup_window))
             .transpose()?,
-        security_context: security,
+        security_context: security.context,
+        security_context_privileged: security.privileged,
+        security_context_run_as_group: security.run_as_group,
+        security_context_run_as_non_root: security.run_as_non_root,
         lifecycle_post_start_handler: lifecycle
             .and_then(|l| l.post_start.as_ref())
             .map(|h| handler(container, h, &format!("{at}.lifecycle.postStart")))

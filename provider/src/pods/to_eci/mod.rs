@@ -19,10 +19,10 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use eci_proto::v20180808::{
-    CreateContainerGroupRequest, DnsConfig, DnsOption, HostAliase, ImageRegistryCredential, Tag,
-    Volume,
+    CreateContainerGroupRequest, DnsConfig, DnsOption, HostAliase, ImageRegistryCredential,
+    PodSecurityContext as PodSecurity, Sysctl, Tag, Volume,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodSecurityContext, Secret, Service};
 use serde_json::Value;
 
 use crate::pods::refs::{Token, TokenSource};
@@ -172,7 +172,12 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
     for (index, c) in spec.containers.iter().enumerate() {
         let at = format!("spec.containers[{index}] ({})", c.name);
         let env = env::environment(pod, c, cx, &service_env, &at)?;
-        containers.push(container::container(c, env, &at)?);
+        containers.push(container::container(
+            c,
+            spec.security_context.as_ref(),
+            env,
+            &at,
+        )?);
     }
     let mut init_containers = Vec::new();
     for (index, c) in spec.init_containers.iter().flatten().enumerate() {
@@ -184,7 +189,18 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
             ));
         }
         let env = env::environment(pod, c, cx, &service_env, &at)?;
-        init_containers.push(container::container(c, env, &at)?);
+        let mut init = container::container(c, spec.security_context.as_ref(), env, &at)?;
+        if init.security_context_privileged == Some(true) {
+            return Err(reject(
+                &format!("{at}.securityContext.privileged"),
+                "ECI runs privileged containers, but not privileged init containers",
+            ));
+        }
+        // What `InitContainer.N` has no parameter for (see [`limits`]).
+        init.security_context_run_as_group = None;
+        init.security_context_run_as_non_root = None;
+        (init.stdin, init.stdin_once, init.tty) = (false, false, false);
+        init_containers.push(init);
     }
     let annotations = meta.annotations.clone().unwrap_or_default();
     let annotation = |key: &str| {
@@ -209,6 +225,7 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
         key: ANNOTATION_KUBE_PROXY.to_owned(),
         value: kube_proxy.to_string(),
     });
+    let dns_config = dns(pod, cx)?;
     let mut request = CreateContainerGroupRequest {
         region_id: cx.region.to_owned(),
         security_group_id: annotation(ANNOTATION_SECURITY_GROUP)
@@ -226,7 +243,8 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
         container: containers,
         init_container: init_containers,
         volume: volumes::volumes(pod, cx)?,
-        dns_config: dns(pod, cx)?,
+        dns_policy: dns_policy(pod, dns_config.is_some()).to_owned(),
+        dns_config,
         host_aliase: spec
             .host_aliases
             .iter()
@@ -251,6 +269,9 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
             .or(annotation(ANNOTATION_IMAGE_CACHE))
             == Some("true"),
         image_snapshot_id: annotation(ANNOTATION_IMC_ID).unwrap_or_default().to_owned(),
+        host_name: hostname(pod, cx),
+        security_context: sysctls(spec.security_context.as_ref())?,
+        share_process_namespace: spec.share_process_namespace == Some(true),
         ..CreateContainerGroupRequest::default()
     };
     if let Some(strategy) = annotation(ANNOTATION_SPOT_STRATEGY) {
@@ -280,6 +301,132 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
         apply_use_specs(&mut request, specs)?;
     }
     Ok(request)
+}
+
+/// What the group will do differently from what the pod asks, though it runs: one readable
+/// line per field, for a Warning Event when the group is created (ECI has no parameter for
+/// them; see `container::probe_limits`).
+pub fn limits(pod: &Pod) -> Vec<String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let mut limits = Vec::new();
+    for (index, c) in spec.containers.iter().enumerate() {
+        let at = format!("spec.containers[{index}] ({})", c.name);
+        limits.extend(container::probe_limits(c, &at));
+    }
+    let pod_context = spec.security_context.as_ref();
+    for (index, c) in spec.init_containers.iter().flatten().enumerate() {
+        let at = format!("spec.initContainers[{index}] ({})", c.name);
+        let own = c.security_context.as_ref();
+        if own
+            .and_then(|s| s.run_as_group)
+            .or(pod_context.and_then(|p| p.run_as_group))
+            .is_some()
+        {
+            limits.push(format!(
+                "{at}: runAsGroup is not applied to init containers on ECI (no such parameter)"
+            ));
+        }
+        if own
+            .and_then(|s| s.run_as_non_root)
+            .or(pod_context.and_then(|p| p.run_as_non_root))
+            == Some(true)
+        {
+            limits.push(format!(
+                "{at}: runAsNonRoot is not enforced for init containers on ECI (no such parameter)"
+            ));
+        }
+        if c.stdin == Some(true) || c.tty == Some(true) {
+            limits.push(format!(
+                "{at}: stdin and tty are not available to init containers on ECI"
+            ));
+        }
+    }
+    limits
+}
+
+/// Sysctls Kubernetes counts as safe (namespaced, isolated per pod): the kubelet allows these
+/// without `--allowed-unsafe-sysctls`, and ECI takes them as `SecurityContext.Sysctl.N`.
+const SAFE_SYSCTLS: &[&str] = &[
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_rmem",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.tcp_wmem",
+];
+
+/// `securityContext.sysctls`: the safe ones pass; any other is refused as the kubelet refuses
+/// it by default (`SysctlForbidden`), since a virtual node allows no unsafe sysctl.
+fn sysctls(context: Option<&PodSecurityContext>) -> Result<Option<PodSecurity>, Rejection> {
+    let requested = context.and_then(|c| c.sysctls.as_ref());
+    let mut sysctl = Vec::new();
+    for (index, entry) in requested.into_iter().flatten().enumerate() {
+        // `net.ipv4.conf.eth0.x` and `net/ipv4/...` spellings are normalised as the kubelet does.
+        let name = entry.name.replace('/', ".");
+        if !SAFE_SYSCTLS.contains(&name.as_str()) {
+            return Err(reject(
+                &format!("spec.securityContext.sysctls[{index}]"),
+                format!(
+                    "{name} is not a safe sysctl; virtual nodes allow no unsafe sysctls (SysctlForbidden)"
+                ),
+            ));
+        }
+        sysctl.push(Sysctl {
+            name,
+            value: entry.value.clone(),
+        });
+    }
+    Ok((!sysctl.is_empty()).then_some(PodSecurity { sysctl }))
+}
+
+/// The hostname inside the group, as the kubelet gives it: `spec.hostname` or else the pod's
+/// name, at most 63 characters without a trailing `-` or `.`; with `setHostnameAsFQDN` and a
+/// subdomain, the fully qualified name.
+fn hostname(pod: &Pod, cx: &Context<'_>) -> String {
+    let spec = pod.spec.as_ref();
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let short = spec
+        .and_then(|s| s.hostname.as_deref())
+        .filter(|h| !h.is_empty())
+        .unwrap_or(name);
+    let short = truncate_hostname(short);
+    let subdomain = spec
+        .and_then(|s| s.subdomain.as_deref())
+        .filter(|s| !s.is_empty());
+    match subdomain {
+        Some(subdomain) if spec.and_then(|s| s.set_hostname_as_fqdn) == Some(true) => {
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+            format!("{short}.{subdomain}.{namespace}.svc.{}", cx.cluster_domain)
+        }
+        _ => short.to_owned(),
+    }
+}
+
+/// The kubelet's hostname truncation: 63 bytes, then no trailing `-` or `.`.
+fn truncate_hostname(name: &str) -> &str {
+    let cut = name.char_indices().nth(63).map_or(name.len(), |(i, _)| i);
+    name[..cut].trim_end_matches(['-', '.'])
+}
+
+/// ECI's `DnsPolicy`: `Default` (the VPC's resolver, with any `DnsConfig` merged in, as the
+/// kubelet merges `dnsConfig` into the node's) for a pod asking for `Default` or when we have no
+/// resolver configuration to give; otherwise `None` (only our `DnsConfig`: the cluster DNS for
+/// `ClusterFirst`, the pod's own for `None`).
+fn dns_policy(pod: &Pod, have_config: bool) -> &'static str {
+    let asked = pod.spec.as_ref().and_then(|s| s.dns_policy.as_deref());
+    if asked == Some("Default") || !have_config {
+        "Default"
+    } else {
+        "None"
+    }
 }
 
 /// Only the pod's volumes that carry service account tokens, as ECI volumes: what a token

@@ -476,8 +476,8 @@ fn probes_hooks_and_security() {
 
     for (container, field) in [
         (
-            json!({"name": "app", "image": "app", "securityContext": {"privileged": true}}),
-            "securityContext.privileged",
+            json!({"name": "app", "image": "app", "securityContext": {"runAsNonRoot": true, "runAsUser": 0}}),
+            "securityContext",
         ),
         (
             json!({"name": "app", "image": "app", "livenessProbe": {"grpc": {"port": 9000}}}),
@@ -734,4 +734,180 @@ fn dollar_references_are_expanded_as_the_kubelet_does() {
             "--ip=$(MY_IP)"
         ]
     );
+}
+
+#[test]
+fn hostname_is_the_kubelets() {
+    let fixture = Fixture::new();
+    let app = json!([{"name": "app", "image": "app"}]);
+    let cases = [
+        (json!({"containers": app}), "web-0"),
+        (
+            json!({"containers": app, "hostname": "db-1", "subdomain": "db"}),
+            "db-1",
+        ),
+        (
+            json!({"containers": app, "hostname": "db-1", "subdomain": "db", "setHostnameAsFQDN": true}),
+            "db-1.db.default.svc.cluster.local",
+        ),
+    ];
+    for (spec, expected) in cases {
+        assert_eq!(translate_ok(&mk_pod(spec), &fixture).host_name, expected);
+    }
+    // A pod name longer than a hostname may be is cut as the kubelet cuts it.
+    let long = format!("{}-x", "a".repeat(62));
+    let pod = mk_pod_with(json!({"name": long}), json!({"containers": app}));
+    assert_eq!(
+        translate(&pod, &fixture.cx()).unwrap().host_name,
+        "a".repeat(62)
+    );
+}
+
+#[test]
+fn dns_policy_says_whose_resolver() {
+    let mut fixture = Fixture::new();
+    let app = json!([{"name": "app", "image": "app"}]);
+    let policy = |spec: Value, fixture: &Fixture| translate_ok(&mk_pod(spec), fixture).dns_policy;
+    assert_eq!(
+        policy(json!({"containers": app}), &fixture),
+        "None",
+        "cluster DNS given"
+    );
+    assert_eq!(
+        policy(json!({"containers": app, "dnsPolicy": "Default"}), &fixture),
+        "Default"
+    );
+    assert_eq!(
+        policy(
+            json!({"containers": app, "dnsPolicy": "None", "dnsConfig": {"nameservers": ["1.1.1.1"]}}),
+            &fixture
+        ),
+        "None"
+    );
+    fixture.dns.clear();
+    assert_eq!(
+        policy(json!({"containers": app}), &fixture),
+        "Default",
+        "no cluster DNS known"
+    );
+}
+
+#[test]
+fn security_settings_reach_the_group() {
+    let fixture = Fixture::new();
+    let pod = mk_pod(json!({
+        "shareProcessNamespace": true,
+        "securityContext": {"runAsUser": 1000, "runAsGroup": 3000, "runAsNonRoot": true,
+            "sysctls": [{"name": "net.ipv4.tcp_syncookies", "value": "1"}, {"name": "net/ipv4/ip_local_port_range", "value": "1024 65000"}]},
+        "initContainers": [{"name": "init", "image": "busybox"}],
+        "containers": [
+            {"name": "app", "image": "app", "securityContext": {"runAsGroup": 4000}},
+            {"name": "priv", "image": "app", "securityContext": {"privileged": true, "runAsUser": 0, "runAsNonRoot": false}}
+        ]
+    }));
+    let request = translate_ok(&pod, &fixture);
+    assert!(request.share_process_namespace);
+    let sysctls: Vec<(&str, &str)> = request
+        .security_context
+        .as_ref()
+        .unwrap()
+        .sysctl
+        .iter()
+        .map(|s| (s.name.as_str(), s.value.as_str()))
+        .collect();
+    assert_eq!(
+        sysctls,
+        [
+            ("net.ipv4.tcp_syncookies", "1"),
+            ("net.ipv4.ip_local_port_range", "1024 65000")
+        ]
+    );
+    let app = &request.container[0];
+    assert_eq!(
+        (
+            app.security_context.as_ref().and_then(|s| s.run_as_user),
+            app.security_context_run_as_group,
+            app.security_context_run_as_non_root,
+            app.security_context_privileged,
+        ),
+        (Some(1000), Some(4000), Some(true), None),
+        "the container's setting over the pod's"
+    );
+    let privileged = &request.container[1];
+    assert_eq!(
+        (
+            privileged.security_context_privileged,
+            privileged.security_context_run_as_non_root,
+            privileged
+                .security_context
+                .as_ref()
+                .and_then(|s| s.run_as_user),
+        ),
+        (Some(true), None, Some(0))
+    );
+    let init = &request.init_container[0];
+    assert_eq!(
+        (
+            init.security_context_run_as_group,
+            init.security_context_run_as_non_root
+        ),
+        (None, None),
+        "InitContainer.N has no such parameters"
+    );
+    let limits = limits(&pod);
+    assert!(
+        limits
+            .iter()
+            .any(|l| l.contains("initContainers[0] (init): runAsGroup")),
+        "{limits:?}"
+    );
+
+    let unsafe_sysctl = mk_pod(
+        json!({"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]},
+        "containers": [{"name": "app", "image": "app"}]}),
+    );
+    let error = rejection(&unsafe_sysctl, &fixture);
+    assert!(
+        error.field.starts_with("spec.securityContext.sysctls[0]"),
+        "{error}"
+    );
+    assert!(error.reason.contains("SysctlForbidden"), "{error}");
+    let privileged_init = mk_pod(
+        json!({"initContainers": [{"name": "init", "image": "b", "securityContext": {"privileged": true}}],
+        "containers": [{"name": "app", "image": "app"}]}),
+    );
+    assert!(
+        rejection(&privileged_init, &fixture)
+            .field
+            .ends_with("securityContext.privileged")
+    );
+}
+
+#[test]
+fn probes_ecis_cannot_express_are_named() {
+    let fixture = Fixture::new();
+    let pod = mk_pod(one(
+        json!({"name": "app", "image": "app", "ports": [{"containerPort": 80}],
+        "livenessProbe": {"httpGet": {"port": 80, "host": "10.0.0.9", "httpHeaders": [{"name": "X-Probe", "value": "1"}]}},
+        "readinessProbe": {"tcpSocket": {"port": 80, "host": "localhost"}}}),
+    ));
+    let request = translate_ok(&pod, &fixture);
+    assert!(
+        request.container[0].liveness_probe.is_some(),
+        "the probe still runs"
+    );
+    let limits = limits(&pod);
+    assert_eq!(limits.len(), 2, "{limits:?}");
+    assert!(
+        limits[0].contains("livenessProbe.httpGet.httpHeaders (X-Probe)"),
+        "{limits:?}"
+    );
+    assert!(
+        limits[1].contains("livenessProbe.httpGet.host (10.0.0.9)"),
+        "{limits:?}"
+    );
+    let plain = mk_pod(one(
+        json!({"name": "app", "image": "app", "readinessProbe": {"httpGet": {"port": 80}}}),
+    ));
+    assert!(super::limits(&plain).is_empty());
 }
