@@ -405,11 +405,17 @@ fn every_field_the_client_reads_is_documented() {
         "container_groups[].containers[].liveness_probe.http_get.host",
         "container_groups[].containers[].liveness_probe.http_get.http_header",
     ];
-    let mut unexpected: Vec<String> =
-        unfed::<DescribeContainerGroupsResponse>("DescribeContainerGroups")
-            .into_iter()
-            .filter(|path| !describe_allowed.contains(&path.as_str()))
-            .collect();
+    let describe = unfed::<DescribeContainerGroupsResponse>("DescribeContainerGroups");
+    for allowed in describe_allowed {
+        assert!(
+            describe.iter().any(|path| path == allowed),
+            "{allowed} is fed now: take it off the list"
+        );
+    }
+    let mut unexpected: Vec<String> = describe
+        .into_iter()
+        .filter(|path| !describe_allowed.contains(&path.as_str()))
+        .collect();
     unexpected.extend(unfed::<DescribeContainerGroupMetricResponse>(
         "DescribeContainerGroupMetric",
     ));
