@@ -1,7 +1,9 @@
 //! OpenAPI JSON responses → the contract's types (pure).
 //!
 //! Most responses are the contract's messages with `PascalCase` names; they are renamed and
-//! deserialised, ignoring members the contract does not carry. `DescribeContainerGroupStatus`
+//! deserialised, ignoring members the contract does not carry. DescribeContainerGroups answers
+//! in shapes of its own, brought to the contract's first ([`reshape_group`]); every member read
+//! is one the service's SDK defines (tested in `conformance.rs`). `DescribeContainerGroupStatus`
 //! is different: the service answers with a Kubernetes-style `PodStatus` per group and no tags
 //! or events, so [`StatusPage`] keeps only what identifies a group and its phase, and the client
 //! completes the groups with `DescribeContainerGroups`.
@@ -57,8 +59,8 @@ fn each<'a>(
         .filter_map(Value::as_object_mut)
 }
 
-/// The flat volume members of an answer (`NFSVolumeServer`) under the request's nesting
-/// (`NFSVolume.Server`), as (member prefix, nested object).
+/// Volume kinds whose members the answer flattens (`NFSVolumeServer`): each is the prefix of
+/// its flat members and the name of the request's nested object (`NFSVolume.Server`).
 const FLAT_VOLUME_MEMBERS: &[&str] = &[
     "NFSVolume",
     "EmptyDirVolume",
