@@ -617,6 +617,7 @@ pub(crate) async fn a_pods_identity_and_security_reach_eci(api: EciApi) {
             "livenessProbe": {"httpGet": {"path": "/healthz", "port": 5432, "httpHeaders": [{"name": "X-Probe", "value": "1"}]}}});
         let pod = pod_spec("db-0", &node, json!({
             "hostname": "db-0", "subdomain": "db", "shareProcessNamespace": true,
+            "dnsPolicy": "None", "dnsConfig": {"nameservers": ["10.0.0.53"]},
             "securityContext": {"runAsUser": 70, "runAsNonRoot": true, "sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "600"}]},
             "containers": [app]
         }));
@@ -625,7 +626,8 @@ pub(crate) async fn a_pods_identity_and_security_reach_eci(api: EciApi) {
         let id = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap().to_owned();
         let request = created_with(&admin, &id).await;
         assert_eq!(request["host_name"], "db-0", "the pod's hostname, not <namespace>-<name>");
-        assert_eq!(request["dns_policy"], "None", "the cluster DNS is the group's only resolver");
+        assert_eq!(request["dns_policy"], "None", "the pod's resolvers are the group's only ones");
+        assert_eq!(request["dns_config"]["name_server"], json!(["10.0.0.53"]));
         assert_eq!(request["share_process_namespace"], true);
         assert_eq!(request["security_context"]["sysctl"], json!([{"name": "net.ipv4.tcp_keepalive_time", "value": "600"}]));
         let container = &request["container"][0];
