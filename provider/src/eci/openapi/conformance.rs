@@ -357,9 +357,8 @@ fn defaults(value: &Value, path: &str, out: &mut Vec<String>) {
         }
         Value::Array(items) if items.is_empty() => out.push(path.to_owned()),
         Value::Array(items) => defaults(&items[0], &format!("{path}[]"), out),
-        Value::Null => out.push(path.to_owned()),
+        Value::Null | Value::Bool(false) => out.push(path.to_owned()),
         Value::String(s) if s.is_empty() => out.push(path.to_owned()),
-        Value::Bool(false) => out.push(path.to_owned()),
         Value::Number(n) if n.as_f64() == Some(0.0) => out.push(path.to_owned()),
         _ => {}
     }

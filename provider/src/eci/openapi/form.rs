@@ -331,7 +331,7 @@ pub fn create_container_group(r: &CreateContainerGroupRequest) -> Form {
     form.list("Container", &r.container, container);
     form.list("InitContainer", &r.init_container, init_container);
     form.list("Volume", &r.volume, |form, v| {
-        volume(form, v, VolumeFor::Create)
+        volume(form, v, VolumeFor::Create);
     });
     if let Some(dns) = &r.dns_config {
         form.nested("DnsConfig", |form| dns_config(form, dns));
@@ -425,7 +425,7 @@ pub fn update_container_group(r: &UpdateContainerGroupRequest) -> Form {
     form.text("RestartPolicy", &r.restart_policy);
     form.tags(&r.tag);
     form.list("Volume", &r.volume, |form, v| {
-        volume(form, v, VolumeFor::Update)
+        volume(form, v, VolumeFor::Update);
     });
     if let Some(dns) = &r.dns_config {
         form.nested("DnsConfig", |form| dns_config(form, dns));

@@ -156,13 +156,13 @@ fn security(
     let read_only = own
         .and_then(|s| s.read_only_root_filesystem)
         .unwrap_or(false);
-    let context = (capability.is_some() || read_only || run_as_user.is_some()).then(|| {
+    let context = (capability.is_some() || read_only || run_as_user.is_some()).then_some(
         eci::ContainerSecurityContext {
             capability,
             read_only_root_filesystem: read_only,
             run_as_user,
-        }
-    });
+        },
+    );
     Ok(Security {
         context,
         privileged: own.and_then(|s| s.privileged).filter(|p| *p),
