@@ -300,12 +300,12 @@ fn instructions(
     println!(
         "kubectl label namespace demo virtual-node-affinity-injection=enabled   # the webhook sends its pods to virtual nodes"
     );
-    println!("kubectl -n demo create deployment web --image=nginx --replicas=4");
+    println!("kubectl -n demo create deployment web --image=nginx --replicas=4 --port=80");
     println!("kubectl -n demo get pods -o wide");
     println!("kubectl -n demo logs deploy/web");
     println!("kubectl -n demo exec deploy/web -- ls /");
     println!(
-        "kubectl -n demo port-forward deploy/web 8080:80 &   # then: echo hello | nc -q1 127.0.0.1 8080 (mock-eci echoes)"
+        "kubectl -n demo port-forward deploy/web 8080:80 &   # then: curl -s --http0.9 -m 2 127.0.0.1:8080 (mock-eci echoes the request)"
     );
     if metrics_server {
         println!(
