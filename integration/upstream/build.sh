@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes components the end-to-end suite, the benchmarks and the playground
 # run: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
-# etcd, kwok and metrics-server, each from its upstream Go module pinned by the go.mod/go.sum
-# beside this script. Go is test infrastructure only; the product is Rust.
+# etcd, kwok and metrics-server, and the tools the chart and alert tests run: helm
+# (helm.sh/helm/v3) and promtool (github.com/prometheus/prometheus), each from its upstream Go
+# module pinned by the go.mod/go.sum beside this script. Go is test infrastructure only; the product is Rust.
 #
 # Binaries are cached outside the work tree, one directory per component and version
 # (default ~/.cache/virtual-node-eci/<component>-<version>/bin; UPSTREAM_CACHE overrides), so
@@ -39,13 +40,26 @@ build() {
     cd "$here/$dir"
     go build -v -ldflags "$ldflags" -o "$tmp/" "$@" 2>&1
   ) | {
-    local n=0 last=$SECONDS
-    while IFS= read -r line; do
-      case "$line" in
-        "#"*|*.go:*) printf '%s\n' "$line" >&2 ;;
-        *) n=$((n + 1)) ;;
-      esac
-      if (( n % 100 == 0 && n > 0 )) || (( SECONDS - last >= 30 )); then
+    # `read -t` wakes up every 5 s even while one big package compiles for minutes, so a
+    # progress line comes at least every 30 s.
+    local n=0 last=$SECONDS line rc partial=""
+    while true; do
+      if IFS= read -r -t 5 line; then
+        line="$partial$line" partial=""
+        case "$line" in
+          "#"*|*.go:*) printf '%s\n' "$line" >&2 ;;
+          *) n=$((n + 1)) ;;
+        esac
+        if (( n % 100 == 0 && n > 0 )); then
+          say "  $dir: $n packages compiled, $((SECONDS - started)) s"
+          last=$SECONDS
+        fi
+      else
+        rc=$?
+        (( rc > 128 )) || break # end of output (a timeout is > 128)
+        partial="$partial$line" # a timeout keeps what it read of an unfinished line
+      fi
+      if (( SECONDS - last >= 30 )); then
         say "  $dir: $n packages compiled, $((SECONDS - started)) s"
         last=$SECONDS
       fi
@@ -71,7 +85,8 @@ k8s=$(version kubernetes k8s.io/kubernetes)
 k8s_bin="$cache/k8s-$k8s/bin"
 k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 if missing "$k8s_bin" "${k8s_tools[@]}"; then
-  say "building Kubernetes $k8s (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl) into $k8s_bin; a cold build takes a while on 2 cores"
+  say "building Kubernetes $k8s (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl) into $k8s_bin"
+  say "a cold cache builds everything once: about 10 minutes on 2 cores (Kubernetes ~2,000 packages, ~5.5 min; etcd, kwok, metrics-server, helm, promtool after it), then it is cached"
   minor=${k8s#v1.}
   minor=${minor%%.*}
   ldflags="-s -w"
@@ -113,6 +128,34 @@ if missing "$ms_bin" metrics-server; then
     sigs.k8s.io/metrics-server/cmd/metrics-server
 fi
 emit "$ms_bin" metrics-server
+
+# helm: the chart's lint, template and install tests.
+helm=$(version helm helm.sh/helm/v3)
+helm_bin="$cache/helm-$helm/bin"
+if missing "$helm_bin" helm; then
+  say "building helm $helm into $helm_bin"
+  # As helm's Makefile: the Kubernetes version `helm template` and `helm lint` assume is the
+  # one its client-go module speaks (v0.N -> 1.N).
+  kminor=$(cd "$here/helm" && go list -m -f '{{.Version}}' k8s.io/client-go)
+  kminor=${kminor#v0.}
+  kminor=${kminor%%.*}
+  ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kminor"
+  done
+  build helm "$helm_bin" "$ldflags" helm.sh/helm/v3/cmd/helm
+fi
+emit "$helm_bin" helm
+
+# promtool: `check rules` and `test rules` of the alerts.
+prom=$(version prometheus github.com/prometheus/prometheus)
+prom_bin="$cache/promtool-$prom/bin"
+if missing "$prom_bin" promtool; then
+  say "building promtool $prom into $prom_bin"
+  build prometheus "$prom_bin" "-s -w -X github.com/prometheus/common/version.Version=$prom" \
+    github.com/prometheus/prometheus/cmd/promtool
+fi
+emit "$prom_bin" promtool
 
 if [ "$built" = 1 ]; then
   rm -rf "$GOCACHE"

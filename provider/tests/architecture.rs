@@ -145,7 +145,7 @@ fn the_folders_are_the_documented_jobs() {
     let found: BTreeSet<&str> = graph.keys().map(String::as_str).collect();
     assert_eq!(
         found, expected,
-        "provider/src's folders changed: update this test and README's Architecture section"
+        "provider/src's folders changed: update this test and docs/architecture.md"
     );
     for folder in &found {
         let opening = std::fs::read_to_string(source_dir().join(folder).join("mod.rs"))

@@ -20,7 +20,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use integration::cluster::{ControlPlane, ControlPlaneOptions, PlacementExtender};
 use integration::harness::binary;
-use integration::harness::deploy::{apply_local_overlay, wait_installed};
+use integration::harness::deploy::{apply_local_overlay_with, wait_installed};
 use integration::host::{HostAgent, HostConfig};
 use tokio::io::AsyncReadExt as _;
 use tokio::signal::unix::{SignalKind, signal};
@@ -28,7 +28,20 @@ use tracing_subscriber::EnvFilter;
 
 /// Try virtual-node-eci locally on a real control plane: mock-eci plays ECI.
 #[derive(Debug, Parser)]
-#[command(name = "playground")]
+#[command(
+    name = "playground",
+    long_about = "Try virtual-node-eci locally on a real control plane: mock-eci plays ECI.\n\n\
+Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built from their \
+upstream Go modules by integration/upstream/build.sh and cached in ~/.cache/virtual-node-eci; \
+the first run builds them, about 10 minutes on 2 cores, printing progress at least every 30 s), \
+kwok ECS nodes, metrics-server, and a host node whose agent runs the project's own pods as local \
+processes; then installs deploy/overlays/local (mock-eci and the virtual-node-eci StatefulSet) \
+with kubectl. mock-eci gives container groups addresses on this machine's loopback and echoes \
+every declared TCP port there, so `kubectl port-forward` to a pod on a virtual node answers.\n\n\
+Each phase says how long it took. When everything is Ready it writes DIR/env (source it: the \
+built kubectl on PATH, KUBECONFIG, MOCK_ECI_ADMIN), prints what to try, and runs until Ctrl-C \
+(SIGINT) or SIGTERM, then stops everything within 30 s."
+)]
 struct Args {
     /// Virtual nodes: replicas of the virtual-node-eci StatefulSet (0 allowed).
     #[arg(long, default_value_t = 2)]
@@ -51,14 +64,15 @@ struct Args {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     placement_extender: bool,
     /// Only the control plane, the host node and the ECS nodes: no mock-eci, no daemons (the
-    /// end-to-end harness deploys what each test needs).
-    #[arg(long, hide = true)]
+    /// end-to-end harness runs it so and deploys what each test needs).
+    #[arg(long)]
     bare: bool,
-    /// Also stop when standard input reaches its end (the harness holds the other end).
-    #[arg(long, hide = true)]
+    /// Also stop when standard input reaches its end (the end-to-end harness holds the other
+    /// end, so the playground stops with the test process however it ends).
+    #[arg(long)]
     stop_on_stdin_eof: bool,
     /// Remove `--dir` and everything in it at exit.
-    #[arg(long, hide = true)]
+    #[arg(long)]
     remove_dir_on_exit: bool,
 }
 
@@ -99,6 +113,26 @@ fn say(line: &str) {
     eprintln!("[playground] {line}");
 }
 
+/// `what` and how long it took since `started`, restarting the clock for the next phase.
+fn done(what: &str, started: &mut std::time::Instant) {
+    say(&format!(
+        "{what} ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    ));
+    *started = std::time::Instant::now();
+}
+
+/// mock-eci's settings in the playground: group IPs from a block of this machine's loopback
+/// (not the pod or Service blocks, 127.1-199.x.x) with a TCP echo on every declared port, so
+/// port-forward to a pod on a virtual node reaches something.
+fn mock_eci_env() -> Vec<(String, String)> {
+    let block = integration::cluster::random_in(200..=254);
+    vec![
+        ("MOCK_ECI_PORT_ECHO".to_owned(), "true".to_owned()),
+        ("MOCK_ECI_IP_CIDR".to_owned(), format!("127.{block}.0.0/16")),
+    ]
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
     let temporary = tempfile::tempdir()?;
     let dir = match &args.dir {
@@ -112,6 +146,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     say(&format!("directory {}", dir.display()));
     let mut stop = stop_signal(args.stop_on_stdin_eof)?;
 
+    let begun = std::time::Instant::now();
+    let mut phase = begun;
     say("building or finding the upstream binaries (a cold build prints its progress)");
     let mut options = ControlPlaneOptions::new(&dir);
     options.ecs_nodes = args.ecs_nodes;
@@ -121,12 +157,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         plane = ControlPlane::start(options) => plane.context("start the control plane")?,
         () = &mut stop => return Ok(()),
     };
-    say(&format!("control plane ready at {}", plane.server()));
+    done(
+        &format!("control plane ready at {}", plane.server()),
+        &mut phase,
+    );
     let client = plane.client().await?;
 
     say("building virtual-node-eci and mock-eci");
     let daemon = binary("virtual-node-eci", "virtual-node-eci")?;
     binary("mock-eci", "mock-eci")?;
+    done("virtual-node-eci and mock-eci built", &mut phase);
     let bin_dir = daemon
         .parent()
         .context("the daemon binary has a directory")?
@@ -166,16 +206,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .placement_extender()
                 .map(PlacementExtender::env)
                 .unwrap_or_default();
-            apply_local_overlay(
+            apply_local_overlay_with(
                 kubectl,
                 plane.kubeconfig(),
                 &dir,
                 args.replicas,
                 &daemon_env,
+                &mock_eci_env(),
             )
             .await?;
             say("waiting for mock-eci and the virtual nodes to be Ready");
             let mock = wait_installed(&client, args.replicas, Duration::from_secs(300)).await?;
+            done("mock-eci and the virtual nodes Ready", &mut phase);
             env += &format!(
                 "export MOCK_ECI_ADDR={mock}:50051\nexport MOCK_ECI_ADMIN=http://{mock}:8080\n"
             );
@@ -188,6 +230,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         () = &mut stop => None,
     };
     if let Some(Ok(())) = outcome {
+        say(&format!("ready in {:.1} s", begun.elapsed().as_secs_f64()));
         if !args.bare {
             instructions(
                 &dir,
@@ -257,8 +300,13 @@ fn instructions(
     println!(
         "kubectl label namespace demo virtual-node-affinity-injection=enabled   # the webhook sends its pods to virtual nodes"
     );
-    println!("kubectl -n demo create deployment web --image=nginx --replicas=4");
+    println!("kubectl -n demo create deployment web --image=nginx --replicas=4 --port=80");
     println!("kubectl -n demo get pods -o wide");
+    println!("kubectl -n demo logs deploy/web");
+    println!("kubectl -n demo exec deploy/web -- ls /");
+    println!(
+        "kubectl -n demo port-forward deploy/web 8080:80 &   # then: curl -s --http0.9 -m 2 127.0.0.1:8080 (mock-eci echoes the request)"
+    );
     if metrics_server {
         println!(
             "kubectl -n demo top pod   # figures from ECI's metric calls, scraped by metrics-server every 10 s"
@@ -274,6 +322,9 @@ fn instructions(
         );
     }
     println!("kubectl -n kube-system scale statefulset virtual-node-eci --replicas=4");
+    println!(
+        "kubectl drain virtual-node-eci-3 --ignore-daemonsets && kubectl -n kube-system scale statefulset virtual-node-eci --replicas={replicas}"
+    );
     println!("curl -s $MOCK_ECI_ADMIN/admin/groups   # mock-eci's container groups");
     println!();
     println!("Ctrl-C stops everything.");

@@ -52,16 +52,21 @@ impl Upstream {
     /// build prints its progress to stderr as it goes) and reads where it put the binaries.
     pub async fn locate() -> Result<Self, UpstreamError> {
         let script = build_script();
-        let output = tokio::process::Command::new("bash")
+        let run = |source| UpstreamError::Run {
+            script: script.clone(),
+            source,
+        };
+        // spawn + wait_with_output, not `output()`: tokio's `output()` pipes stderr whatever
+        // was asked, which would hide a cold build's progress (and a failed build's reasons)
+        // until the end. Only stdout, the `name=path` lines, is captured.
+        let child = tokio::process::Command::new("bash")
             .arg(&script)
             .stdin(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .output()
-            .await
-            .map_err(|source| UpstreamError::Run {
-                script: script.clone(),
-                source,
-            })?;
+            .spawn()
+            .map_err(run)?;
+        let output = child.wait_with_output().await.map_err(run)?;
         if !output.status.success() {
             return Err(UpstreamError::Failed {
                 script,

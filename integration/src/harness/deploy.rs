@@ -24,6 +24,19 @@ pub async fn apply_local_overlay(
     replicas: u32,
     env: &[(String, String)],
 ) -> Result<(), HarnessError> {
+    apply_local_overlay_with(kubectl, kubeconfig, dir, replicas, env, &[]).await
+}
+
+/// [`apply_local_overlay`], also setting `mock_env` in mock-eci's container (the playground
+/// turns on its echo listeners this way).
+pub async fn apply_local_overlay_with(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    dir: &Path,
+    replicas: u32,
+    env: &[(String, String)],
+    mock_env: &[(String, String)],
+) -> Result<(), HarnessError> {
     let io = |what: &str| {
         let what = what.to_owned();
         move |source| HarnessError::Io { what, source }
@@ -45,7 +58,14 @@ pub async fn apply_local_overlay(
         "resources": [local],
         "replicas": [{"name": "virtual-node-eci", "count": replicas}],
     });
-    if !env.is_empty() {
+    let mut patches = Vec::new();
+    for (kind, name, env) in [
+        ("StatefulSet", "virtual-node-eci", env),
+        ("Deployment", "mock-eci", mock_env),
+    ] {
+        if env.is_empty() {
+            continue;
+        }
         // A strategic merge patch: `env` merges by name.
         let env: Vec<_> = env
             .iter()
@@ -53,11 +73,14 @@ pub async fn apply_local_overlay(
             .collect();
         let patch = serde_json::json!({
             "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "virtual-node-eci", "namespace": "kube-system"},
-            "spec": {"template": {"spec": {"containers": [{"name": "virtual-node-eci", "env": env}]}}},
+            "kind": kind,
+            "metadata": {"name": name, "namespace": "kube-system"},
+            "spec": {"template": {"spec": {"containers": [{"name": name, "env": env}]}}},
         });
-        kustomization["patches"] = serde_json::json!([{"patch": patch.to_string()}]);
+        patches.push(serde_json::json!({"patch": patch.to_string()}));
+    }
+    if !patches.is_empty() {
+        kustomization["patches"] = serde_json::Value::Array(patches);
     }
     // JSON is YAML.
     std::fs::write(

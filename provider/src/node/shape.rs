@@ -18,17 +18,37 @@ pub const MANAGED_ANNOTATION: &str = "virtual-node-eci.aliyun.com/managed";
 /// Annotation: this node was cordoned by its own decommission (value: when). A replica that
 /// serves the node again lifts that cordon — and only that one, never an admin's.
 pub const DECOMMISSION_ANNOTATION: &str = "virtual-node-eci.aliyun.com/decommissioning";
-/// The Kubernetes minor version we present ourselves as compatible with.
+/// The Kubernetes version we present ourselves as until the control plane's is known.
 pub const KUBERNETES_COMPAT: &str = "v1.33.0";
 
 pub use crate::k8s::rfc3339;
 
-/// The node's `kubeletVersion`: the Kubernetes version we are compatible with, then what we are.
+/// The node's `kubeletVersion` before the control plane's version is known: the Kubernetes
+/// version we are compatible with, then what we are.
 pub fn kubelet_version() -> String {
     format!(
         "{KUBERNETES_COMPAT}-virtual-node-eci-{}",
         env!("CARGO_PKG_VERSION")
     )
+}
+
+/// The node's `kubeletVersion` under a control plane whose `/version` says `git_version`: its
+/// `vMAJOR.MINOR.PATCH` (a vendor's suffix dropped), then what we are — as ack-virtual-node
+/// does, so version-skew checks (kubectl, upgrade tools, conformance dashboards) see a kubelet
+/// of the control plane's own minor. `None` when `git_version` is not such a version.
+pub fn kubelet_version_for(git_version: &str) -> Option<String> {
+    let core = git_version.strip_prefix('v')?;
+    let core = core.split(['-', '+']).next()?;
+    let parts: Vec<&str> = core.split('.').collect();
+    let [major, minor, patch] = parts.as_slice() else {
+        return None;
+    };
+    let number = |part: &str| part.parse::<u32>().ok();
+    let (major, minor, patch) = (number(major)?, number(minor)?, number(patch)?);
+    Some(format!(
+        "v{major}.{minor}.{patch}-virtual-node-eci-{}",
+        env!("CARGO_PKG_VERSION")
+    ))
 }
 
 fn architecture() -> &'static str {
@@ -246,6 +266,7 @@ pub fn status(
     health: &EciHealth,
     previous: Option<&Value>,
     now: SystemTime,
+    kubelet_version: &str,
 ) -> Value {
     let now_text = rfc3339(now);
     let previous_conditions = previous
@@ -290,7 +311,7 @@ pub fn status(
             "kernelVersion": "",
             "osImage": "Alibaba Cloud Elastic Container Instance",
             "containerRuntimeVersion": "eci://2018-08-08",
-            "kubeletVersion": kubelet_version(),
+            "kubeletVersion": kubelet_version,
             "kubeProxyVersion": "",
             "operatingSystem": "linux",
             "architecture": architecture(),
@@ -471,7 +492,13 @@ mod tests {
     fn status_has_capacity_addresses_and_conditions() {
         let config = mk_config(&["--quota-pods", "100", "--kubelet-port", "11250"]);
         let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
-        let status = status(&config, &EciHealth::Reachable, None, now);
+        let status = status(
+            &config,
+            &EciHealth::Reachable,
+            None,
+            now,
+            &kubelet_version(),
+        );
         assert_eq!(
             status["capacity"],
             json!({"cpu": "6000", "memory": "12Ti", "pods": "100", "ephemeral-storage": "90Ti"})
@@ -513,8 +540,9 @@ mod tests {
         let config = mk_config(&[]);
         let t0 = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
         let t1 = t0 + std::time::Duration::from_secs(60);
-        let first = status(&config, &EciHealth::Reachable, None, t0);
-        let second = status(&config, &EciHealth::Reachable, Some(&first), t1);
+        let version = kubelet_version();
+        let first = status(&config, &EciHealth::Reachable, None, t0, &version);
+        let second = status(&config, &EciHealth::Reachable, Some(&first), t1, &version);
         assert_eq!(second["conditions"][0]["lastTransitionTime"], rfc3339(t0));
         assert_eq!(second["conditions"][0]["lastHeartbeatTime"], rfc3339(t1));
         assert_eq!(fingerprint(&first), fingerprint(&second));
@@ -523,7 +551,7 @@ mod tests {
             since: t0,
             error: "connection refused".into(),
         };
-        let third = status(&config, &down, Some(&second), t1);
+        let third = status(&config, &down, Some(&second), t1, &version);
         assert_eq!(third["conditions"][0]["status"], "False");
         assert_eq!(third["conditions"][0]["reason"], "EciUnreachable");
         assert!(
@@ -534,5 +562,42 @@ mod tests {
         );
         assert_eq!(third["conditions"][0]["lastTransitionTime"], rfc3339(t1));
         assert_ne!(fingerprint(&second), fingerprint(&third));
+    }
+
+    #[test]
+    fn the_kubelet_version_follows_the_control_plane() {
+        let ours = env!("CARGO_PKG_VERSION");
+        for (server, expected) in [
+            ("v1.37.2", Some(format!("v1.37.2-virtual-node-eci-{ours}"))),
+            (
+                "v1.31.4-aliyun.1",
+                Some(format!("v1.31.4-virtual-node-eci-{ours}")),
+            ),
+            (
+                "v1.30.0-eks-1a2b3c",
+                Some(format!("v1.30.0-virtual-node-eci-{ours}")),
+            ),
+            (
+                "v1.38.0+k3s1",
+                Some(format!("v1.38.0-virtual-node-eci-{ours}")),
+            ),
+            ("1.37.2", None),
+            ("v1.37", None),
+            ("v1.x.2", None),
+            ("", None),
+        ] {
+            assert_eq!(kubelet_version_for(server), expected, "{server:?}");
+        }
+        let status = status(
+            &mk_config(&[]),
+            &EciHealth::Reachable,
+            None,
+            SystemTime::UNIX_EPOCH,
+            "v1.37.2-virtual-node-eci-0.1.0",
+        );
+        assert_eq!(
+            status["nodeInfo"]["kubeletVersion"],
+            "v1.37.2-virtual-node-eci-0.1.0"
+        );
     }
 }

@@ -49,6 +49,7 @@ pub async fn probe(backend: &Backend, config: &NodeConfig) -> Result<(), EciErro
 pub struct StatusReporter {
     tracker: HealthTracker,
     last_written: Option<(Value, Instant)>,
+    kubelet_version: String,
 }
 
 impl StatusReporter {
@@ -57,6 +58,15 @@ impl StatusReporter {
         Self {
             tracker: HealthTracker::new(config.eci_unreachable_threshold),
             last_written: None,
+            kubelet_version: shape::kubelet_version(),
+        }
+    }
+
+    /// Reports the kubelet version that goes with a control plane at `git_version` (its
+    /// `/version`); an unparsable one keeps the current.
+    pub fn follow_control_plane(&mut self, git_version: &str) {
+        if let Some(version) = shape::kubelet_version_for(git_version) {
+            self.kubelet_version = version;
         }
     }
 
@@ -93,7 +103,13 @@ impl StatusReporter {
     pub fn due(&self, config: &NodeConfig, now: Instant) -> Option<(Value, EciHealth)> {
         let health = self.tracker.health(now);
         let previous = self.last_written.as_ref().map(|(status, _)| status);
-        let status = shape::status(config, &health, previous, SystemTime::now());
+        let status = shape::status(
+            config,
+            &health,
+            previous,
+            SystemTime::now(),
+            &self.kubelet_version,
+        );
         let stale = self.last_written.as_ref().is_none_or(|(written, at)| {
             shape::fingerprint(written) != shape::fingerprint(&status)
                 || now.duration_since(*at) >= config.node_status_max_interval
@@ -112,6 +128,30 @@ impl StatusReporter {
     }
 }
 
+/// Asks the API server its version (`/version`, readable by every authenticated caller) so the
+/// node reports a kubelet of the same minor; without an answer within 10 s the node reports
+/// [`shape::KUBERNETES_COMPAT`] until the daemon restarts.
+async fn follow_control_plane(nodes: &Api<Node>, reporter: &mut StatusReporter) {
+    let client = nodes.clone().into_client();
+    match tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        client.apiserver_version(),
+    )
+    .await
+    {
+        Ok(Ok(info)) => reporter.follow_control_plane(&info.git_version),
+        Ok(Err(error)) => {
+            warn!(%error, "could not read the API server's version; reporting kubelet {}", shape::KUBERNETES_COMPAT);
+        }
+        Err(_) => {
+            warn!(
+                "the API server's version took over 10 s; reporting kubelet {}",
+                shape::KUBERNETES_COMPAT
+            );
+        }
+    }
+}
+
 /// Probes and reports until cancelled.
 pub async fn run(
     nodes: Api<Node>,
@@ -122,6 +162,7 @@ pub async fn run(
     stop: CancellationToken,
 ) -> Result<(), kube::Error> {
     let mut reporter = StatusReporter::new(&config);
+    follow_control_plane(&nodes, &mut reporter).await;
     let mut ticks = tokio::time::interval(config.eci_probe_interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
