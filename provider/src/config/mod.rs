@@ -564,6 +564,8 @@ pub struct KubeletConfig {
     pub log_poll_interval: Duration,
     /// The ECI region (every ECI request names it).
     pub region: String,
+    /// The cluster name tagged on groups (a pod's group is looked up by it and the pod's UID).
+    pub cluster_name: String,
 }
 
 /// What the ECI edge (backend choice, OpenAPI client, credentials, pacing) is given.
@@ -813,6 +815,7 @@ impl Settings {
             client_ca_file: config.kubelet_client_ca_file.clone(),
             log_poll_interval: config.kubelet_log_poll_interval,
             region: config.region.clone(),
+            cluster_name: self.cluster_name.clone(),
         }
     }
 
