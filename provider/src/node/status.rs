@@ -195,6 +195,7 @@ mod tests {
             "--eci=embedded",
             "--vswitch=vsw-test",
             "--security-group=sg-test",
+            "--cluster-name=c",
         ])
         .settings()
         .unwrap()

@@ -105,7 +105,14 @@ struct Adopted {
 }
 
 impl Adopted {
-    fn from_group(group: &ContainerGroupStatus) -> Option<Self> {
+    /// The group, when it carries this cluster's and this node's tags (ECI is asked by them;
+    /// an answer holding another cluster's group anyway must not make it ours to delete).
+    fn from_group(group: &ContainerGroupStatus, cluster: &str, node: &str) -> Option<Self> {
+        let ours = tag(group, naming::TAG_CLUSTER).as_deref() == Some(cluster)
+            && tag(group, naming::TAG_NODE).as_deref() == Some(node);
+        if !ours {
+            return None;
+        }
         Some(Self {
             id: group.container_group_id.clone(),
             uid: tag(group, naming::TAG_POD_UID)?,
@@ -346,7 +353,10 @@ impl PodController {
             let mut adopted = Vec::new();
             let listing = self
                 .visit_groups(None, |page| {
-                    adopted.extend(page.iter().filter_map(Adopted::from_group));
+                    let config = &self.inner.config;
+                    adopted.extend(page.iter().filter_map(|group| {
+                        Adopted::from_group(group, &config.cluster_name, &config.node_name)
+                    }));
                 })
                 .await;
             match listing {
@@ -822,6 +832,29 @@ mod tests {
                 ..Tracked::default()
             },
         );
+    }
+
+    #[test]
+    fn only_groups_tagged_with_this_cluster_and_node_are_adopted() {
+        let group = |cluster: &str, node: &str| ContainerGroupStatus {
+            container_group_id: "eci-1".into(),
+            tags: [
+                (naming::TAG_CLUSTER, cluster),
+                (naming::TAG_NODE, node),
+                (naming::TAG_POD_UID, "u-1"),
+            ]
+            .into_iter()
+            .map(|(key, value)| Tag {
+                key: key.into(),
+                value: value.into(),
+            })
+            .collect(),
+            ..ContainerGroupStatus::default()
+        };
+        assert!(Adopted::from_group(&group("c", "vn-0"), "c", "vn-0").is_some());
+        // Another cluster with the same StatefulSet node names, on the same account.
+        assert!(Adopted::from_group(&group("other", "vn-0"), "c", "vn-0").is_none());
+        assert!(Adopted::from_group(&group("c", "vn-1"), "c", "vn-0").is_none());
     }
 
     #[tokio::test(start_paused = true)]
