@@ -23,6 +23,7 @@ use virtual_node_eci::kubelet::resource_metrics::{
     CACHE_TTL, PodEntry, Scraper, SharedIndex, resource_metrics, summary,
 };
 use virtual_node_eci::ops::metrics::Telemetry;
+use virtual_node_eci::pods::GroupDirectory;
 
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -127,12 +128,12 @@ async fn main() {
     // The daemon's view: one running pod per group, and ECI paced and metered as in the daemon.
     let index = Arc::new(SharedIndex::default());
     index.write(|index| {
-        for (i, id) in ids.iter().enumerate() {
+        for i in 0..ids.len() {
             index.upsert(PodEntry {
                 namespace: format!("ns-{}", i % 50),
                 name: format!("bench-pod-{i}"),
                 uid: format!("uid-{i}"),
-                group_id: Some(id.clone()),
+                group_id: None,
                 running: true,
                 start_time: Some(jiff::Timestamp::now()),
                 containers: vec![("app".into(), jiff::Timestamp::now())],
@@ -140,6 +141,12 @@ async fn main() {
         }
         index.mark_listed();
     });
+    // The pod controller's record of which group runs which pod.
+    let groups = GroupDirectory::fixed(
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| (format!("uid-{i}"), id.clone())),
+    );
     let eci: Backend = Arc::new(Paced::new(
         Arc::clone(&grpc),
         true,
@@ -151,6 +158,7 @@ async fn main() {
         Arc::clone(&eci),
         region.clone(),
         Arc::clone(&index),
+        groups.clone(),
         Duration::ZERO,
     );
 
@@ -191,7 +199,13 @@ async fn main() {
     );
 
     // The daemon's lifetime: scrapes within it cost no call; 20 at once after it, one refresh.
-    let cached = Scraper::new(Arc::clone(&eci), region, Arc::clone(&index), CACHE_TTL);
+    let cached = Scraper::new(
+        Arc::clone(&eci),
+        region,
+        Arc::clone(&index),
+        groups,
+        CACHE_TTL,
+    );
     cached.snapshot().await.unwrap();
     let before = metric_calls(&server);
     let started = Instant::now();

@@ -68,3 +68,21 @@ fn no_backend_named_means_alibaba_cloud_and_its_credentials_are_asked_for() {
         printed[0]
     );
 }
+
+#[test]
+fn without_a_cluster_name_the_daemon_exits_with_one_line_naming_the_flag() {
+    let output = run_daemon(&[
+        ("NODE_NAME", "virtual-node-eci-0"),
+        ("ECI_BACKEND", "embedded"),
+        ("ECI_VSWITCH", "vsw-1"),
+        ("ECI_SECURITY_GROUP", "sg-1"),
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{:?}", lines(&output));
+    let printed = lines(&output);
+    assert_eq!(printed.len(), 1, "one line, got {printed:#?}");
+    assert!(
+        printed[0].contains("--cluster-name (ECI_CLUSTER_NAME, or ALIYUN_CLUSTERID): not set"),
+        "{}",
+        printed[0]
+    );
+}

@@ -347,3 +347,92 @@ async fn kubectl_exec_it_attach_and_port_forward() {
     })
     .await;
 }
+
+/// A pod `box` in `ns` with `GREETING` and `image` (its log's first line names the image).
+async fn create_box(
+    h: &Harness,
+    ns: &str,
+    greeting: &str,
+    image: &str,
+) -> Result<(), HarnessError> {
+    let node = h.node_name(0);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "box"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "app",
+                "image": image,
+                "env": [
+                    {"name": "GREETING", "value": greeting},
+                    {"name": "MOCK_ECI_LOG_INTERVAL", "value": "1h"},
+                ],
+            }],
+        },
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(h.client(), ns);
+    pods.create(&PostParams::default(), &pod).await?;
+    Ok(())
+}
+
+/// The attack of issue 26: a pod author writes the id of another namespace's group into their
+/// own pod's `eci-instance-id` annotation. `kubectl exec` and `kubectl logs` on their pod still
+/// reach their own group only, and the daemon writes the pod's own id back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_id_annotation_naming_another_namespaces_group_opens_nothing_of_it() {
+    run_scenario(async |h| {
+        let victim = h.create_namespace("victim").await?;
+        let attacker = h.create_namespace("attacker").await?;
+        h.start_mock_eci(&MOCK[..4]).await?;
+        h.start_daemon(0, DAEMON)?;
+        create_box(h, &victim, "the victim's secret", "registry.example.com/victim-db:1").await?;
+        create_box(h, &attacker, "the attacker's own", "registry.example.com/attacker:1").await?;
+        let (victims, attackers): (Api<Pod>, Api<Pod>) = (
+            Api::namespaced(h.client(), &victim),
+            Api::namespaced(h.client(), &attacker),
+        );
+        h.wait_for("both pods running with their groups recorded", WAIT, |_| {
+            let (victims, attackers) = (victims.clone(), attackers.clone());
+            async move { group_of(&victims).await.is_some() && group_of(&attackers).await.is_some() }
+        })
+        .await?;
+        let victim_group = group_of(&victims).await.unwrap();
+        let own_group = group_of(&attackers).await.unwrap();
+
+        let overwrite = format!("{INSTANCE_ID}={victim_group}");
+        let annotate = kubectl(
+            h,
+            &["annotate", "--overwrite", "-n", &attacker, "pod", "box", &overwrite],
+            b"",
+        )
+        .await;
+        assert_eq!(annotate.code, Some(0), "{}", annotate.stderr);
+
+        let exec = kubectl(h, &["exec", "-n", &attacker, "box", "--", "printenv", "GREETING"], b"").await;
+        assert_eq!(
+            (exec.code, exec.stdout.as_str()),
+            (Some(0), "the attacker's own\n"),
+            "exec ran in the pod's own group: {}",
+            exec.stderr
+        );
+        let logs = kubectl(h, &["logs", "-n", &attacker, "box"], b"").await;
+        assert_eq!(logs.code, Some(0), "{}", logs.stderr);
+        assert!(
+            logs.stdout.contains("starting registry.example.com/attacker:1")
+                && !logs.stdout.contains("victim"),
+            "the log is the pod's own group's: {}",
+            logs.stdout
+        );
+
+        h.wait_for("the pod's own group id written back over the forged one", WAIT, |_| {
+            let (attackers, own) = (attackers.clone(), own_group.clone());
+            async move { group_of(&attackers).await == Some(own) }
+        })
+        .await?;
+        Ok(())
+    })
+    .await;
+}

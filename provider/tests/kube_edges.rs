@@ -70,6 +70,7 @@ fn settings() -> Settings {
         "--eci=embedded",
         "--vswitch=vsw-test",
         "--security-group=sg-test",
+        "--cluster-name=c",
     ])
     .settings()
     .unwrap()

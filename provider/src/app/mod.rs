@@ -111,13 +111,14 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             ("lease renewal", result.map_err(anyhow::Error::from))
         });
     }
+    let controller = PodController::new(
+        settings.pods(),
+        client.clone(),
+        Arc::clone(&backend),
+        Arc::clone(&telemetry),
+    );
+    let groups = controller.groups();
     {
-        let controller = PodController::new(
-            settings.pods(),
-            client.clone(),
-            Arc::clone(&backend),
-            Arc::clone(&telemetry),
-        );
         let stop = stop.clone();
         tasks.spawn(async move { ("pod controller", controller.run(stop).await) });
     }
@@ -191,7 +192,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         tasks.spawn(async move {
             (
                 "kubelet API",
-                kubelet::run(config, client, backend, telemetry, stop)
+                kubelet::run(config, client, backend, groups, telemetry, stop)
                     .await
                     .map_err(anyhow::Error::from),
             )

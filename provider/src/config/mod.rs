@@ -131,13 +131,14 @@ pub struct Config {
     #[arg(long, env = "ECI_SECURITY_GROUP")]
     pub security_group: Option<String>,
 
-    /// Cluster name, tagged on every container group so replicas of different clusters
-    /// sharing an account never touch each other's groups.
+    /// Cluster name (required, or ALIYUN_CLUSTERID): tagged on every container group, and a
+    /// replica touches only groups tagged with it, so clusters sharing an ECI account never
+    /// adopt or delete each other's groups. Unique per cluster, the same on every replica.
     #[arg(long, env = "ECI_CLUSTER_NAME")]
     pub cluster_name: Option<String>,
 
     /// ACK cluster id, used as the cluster name when ECI_CLUSTER_NAME is not set.
-    #[arg(long, env = "ALIYUN_CLUSTERID", hide = true)]
+    #[arg(long, env = "ALIYUN_CLUSTERID")]
     pub aliyun_cluster_id: Option<String>,
 
     /// Advertised CPU capacity in cores. Default 6000: ~3000 pods (Alibaba's guidance per
@@ -564,6 +565,8 @@ pub struct KubeletConfig {
     pub log_poll_interval: Duration,
     /// The ECI region (every ECI request names it).
     pub region: String,
+    /// The cluster name tagged on groups (a pod's group is looked up by it and the pod's UID).
+    pub cluster_name: String,
 }
 
 /// What the ECI edge (backend choice, OpenAPI client, credentials, pacing) is given.
@@ -813,6 +816,7 @@ impl Settings {
             client_ca_file: config.kubelet_client_ca_file.clone(),
             log_poll_interval: config.kubelet_log_poll_interval,
             region: config.region.clone(),
+            cluster_name: self.cluster_name.clone(),
         }
     }
 
@@ -835,6 +839,29 @@ impl Settings {
 }
 
 impl Config {
+    /// The cluster name tagged on groups: required, as a default shared by every cluster on an
+    /// account would let them adopt and delete each other's groups.
+    fn cluster_name(&self) -> Result<String, ConfigError> {
+        let name = self
+            .cluster_name
+            .clone()
+            .or_else(|| self.aliyun_cluster_id.clone())
+            .filter(|name| !name.is_empty())
+            .ok_or(ConfigError {
+                flag: "--cluster-name (ECI_CLUSTER_NAME, or ALIYUN_CLUSTERID)",
+                problem: "not set".into(),
+                fix: "give this cluster's id (on ACK, the cluster id), the same on every replica and unique among the clusters sharing the ECI account: replicas touch only the groups tagged with it",
+            })?;
+        if name.chars().count() > 128 {
+            return Err(ConfigError {
+                flag: "--cluster-name (ECI_CLUSTER_NAME, or ALIYUN_CLUSTERID)",
+                problem: "longer than 128 characters".into(),
+                fix: "use a shorter name: ECI tag values hold at most 128",
+            });
+        }
+        Ok(name)
+    }
+
     /// Checks the configuration and derives the settings.
     pub fn settings(self) -> Result<Settings, ConfigError> {
         let node_name = self
@@ -1011,12 +1038,7 @@ impl Config {
                 fix: "allow at least 1",
             });
         }
-        let cluster_name = self
-            .cluster_name
-            .clone()
-            .or_else(|| self.aliyun_cluster_id.clone())
-            .filter(|name| !name.is_empty())
-            .unwrap_or_else(|| "default".to_owned());
+        let cluster_name = self.cluster_name()?;
         let internal_ip = self.pod_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
         Ok(Settings {
             vswitch,
@@ -1034,7 +1056,20 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// The settings of `args`, with a cluster name when they give none (every daemon needs
+    /// one; the test about that uses [`parse_as_given`]).
     fn parse(args: &[&str]) -> Result<Settings, ConfigError> {
+        let named = args
+            .iter()
+            .any(|a| a.starts_with("--cluster-name") || a.starts_with("--aliyun-cluster-id"));
+        let mut all = args.to_vec();
+        if !named {
+            all.extend(["--cluster-name", "c"]);
+        }
+        parse_as_given(&all)
+    }
+
+    fn parse_as_given(args: &[&str]) -> Result<Settings, ConfigError> {
         let mut all = vec!["virtual-node-eci"];
         all.extend_from_slice(args);
         Config::try_parse_from(all).unwrap().settings()
@@ -1061,7 +1096,7 @@ mod tests {
         let settings = parse_embedded(&["--pod-name", "virtual-node-eci-2"]).unwrap();
         assert_eq!(settings.node_name, "virtual-node-eci-2");
         assert_eq!(settings.backend, BackendChoice::Embedded);
-        assert_eq!(settings.cluster_name, "default");
+        assert_eq!(settings.cluster_name, "c");
         assert_eq!(
             (settings.vswitch.as_str(), settings.security_group.as_str()),
             ("vsw-1", "sg-1")
@@ -1198,6 +1233,40 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(named.cluster_name, "prod");
+    }
+
+    #[test]
+    fn without_a_cluster_name_the_daemon_refuses_to_start() {
+        // Two clusters on one account both defaulting to one name adopted and deleted each
+        // other's groups: there is no default.
+        let network = [
+            "--eci",
+            "embedded",
+            "--node-name",
+            "n",
+            "--vswitch",
+            "v",
+            "--security-group",
+            "s",
+        ];
+        for missing in [
+            &[][..],
+            &["--cluster-name", ""],
+            &["--aliyun-cluster-id", ""],
+        ] {
+            let mut args = network.to_vec();
+            args.extend_from_slice(missing);
+            let error = parse_as_given(&args).unwrap_err();
+            assert_eq!(
+                error.flag, "--cluster-name (ECI_CLUSTER_NAME, or ALIYUN_CLUSTERID)",
+                "{missing:?}"
+            );
+            assert!(!error.to_string().contains('\n'), "one line: {error}");
+        }
+        let long = "c".repeat(129);
+        let mut args = network.to_vec();
+        args.extend(["--cluster-name", long.as_str()]);
+        assert!(parse_as_given(&args).unwrap_err().problem.contains("128"));
     }
 
     #[test]

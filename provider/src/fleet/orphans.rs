@@ -54,6 +54,16 @@ fn tag<'a>(group: &'a ContainerGroupStatus, key: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
+/// The groups tagged with `cluster` (pure). ECI is asked by that tag already; an answer that
+/// holds another cluster's group anyway (a proxy, a service change) must not make this
+/// collector judge — and delete — it.
+pub fn of_cluster(groups: Vec<ContainerGroupStatus>, cluster: &str) -> Vec<ContainerGroupStatus> {
+    groups
+        .into_iter()
+        .filter(|group| tag(group, naming::TAG_CLUSTER) == Some(cluster))
+        .collect()
+}
+
 /// The node names the groups were created for (pure).
 pub fn nodes_of(groups: &[ContainerGroupStatus]) -> BTreeSet<String> {
     groups
@@ -239,7 +249,10 @@ impl OrphanCollector {
 
     /// One round; returns how many groups it deleted.
     pub async fn round(&self) -> Result<usize, RoundError> {
-        let groups = self.cluster_groups().await.map_err(RoundError::Eci)?;
+        let groups = of_cluster(
+            self.cluster_groups().await.map_err(RoundError::Eci)?,
+            &self.config.cluster_name,
+        );
         let nodes: Api<Node> = Api::all(self.client.clone());
         let mut existing = BTreeSet::new();
         for node in nodes_of(&groups) {
@@ -397,6 +410,18 @@ mod tests {
         assert_eq!(found[0].group_id, "b");
         assert_eq!(found[0].uid, "uid-b");
         assert!(candidates(&groups, &nodes_of(&groups)).is_empty());
+    }
+
+    #[test]
+    fn groups_of_another_cluster_are_never_judged() {
+        let mut foreign = owned("theirs", "vn-9");
+        foreign.tags[0].value = "other".into();
+        let untagged = mk_group("untagged", &[(naming::TAG_NODE, "vn-9")]);
+        let ours = of_cluster(vec![owned("a", "vn-9"), foreign, untagged], "c");
+        let ids: Vec<&str> = ours.iter().map(|g| g.container_group_id.as_str()).collect();
+        assert_eq!(ids, ["a"]);
+        let found = candidates(&ours, &BTreeSet::new());
+        assert_eq!(found.len(), 1, "vn-9 is gone: only our group of it goes");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The kubelet API of the virtual node: HTTPS on the address the Node advertises (InternalIP,
 //! `KUBELET_PORT`), its serving certificate, authentication and authorization as the kubelet
 //! does them, container logs from ECI, `/pods`, `/healthz`, and the metrics and streaming routes
-//! (`metrics`, `streams`) merged behind the same guard. May call `k8s`, `eci`, `ops`, `config`.
+//! (`metrics`, `streams`) merged behind the same guard. May call `k8s`, `eci`, `ops`, `config`, and `pods` for which group runs a pod.
 
 pub mod auth;
 pub mod certs;
@@ -26,6 +26,7 @@ use tracing::{Instrument as _, info, info_span};
 use crate::config::KubeletConfig;
 use crate::eci::Backend;
 use crate::ops::metrics::Telemetry;
+use crate::pods::GroupDirectory;
 
 /// The kubelet API cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +59,8 @@ pub struct KubeletState {
     pub client: kube::Client,
     /// ECI.
     pub eci: Backend,
+    /// Which group runs which pod, as the pod controller created or adopted them.
+    pub groups: GroupDirectory,
     /// The daemon's metrics.
     pub telemetry: Arc<Telemetry>,
     /// Authentication and authorization (applied to every route by [`router`]).
@@ -120,6 +123,7 @@ pub async fn run(
     config: KubeletConfig,
     client: kube::Client,
     eci: Backend,
+    groups: GroupDirectory,
     telemetry: Arc<Telemetry>,
     stop: CancellationToken,
 ) -> Result<(), KubeletError> {
@@ -148,6 +152,7 @@ pub async fn run(
         config: Arc::new(config),
         client,
         eci,
+        groups,
         telemetry,
         guard,
         stop: stop.clone(),

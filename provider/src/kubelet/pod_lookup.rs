@@ -1,7 +1,10 @@
 //! The pods this node serves, as the kubelet API finds them: a pod by namespace and name only
 //! when it is bound to this node (else 404, as a kubelet that does not run it answers), the
-//! container in its spec, and its ECI container group (the pod's instance-id annotation, else
-//! looked up by the group's name and the pod's uid tag). Also `GET /pods`.
+//! container in its spec, and its ECI container group — found by what this daemon owns: the
+//! pod controller's record of the group it created or adopted for the pod's UID, else ECI
+//! asked for the group tagged with this cluster and that UID. Never by the pod's
+//! `eci-instance-id` annotation: whoever may edit the pod writes that, and an id of another
+//! namespace's group there would open that group to them. Also `GET /pods`.
 
 use axum::Json;
 use axum::extract::State;
@@ -17,8 +20,7 @@ use tracing::warn;
 use super::KubeletState;
 use crate::k8s::access::{Access, Scope};
 use crate::ops::chain::Chain;
-use crate::pods::INSTANCE_ANNOTATION;
-use crate::pods::to_eci::naming::{TAG_POD_UID, container_group_name};
+use crate::pods::to_eci::naming::{TAG_CLUSTER, TAG_POD_UID, container_group_name};
 
 /// The Kubernetes API accesses of pod lookups.
 pub const KUBE_API: &[Access] = &[Access {
@@ -187,16 +189,10 @@ impl KubeletState {
             });
         }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let annotated = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(INSTANCE_ANNOTATION))
-            .filter(|id| !id.is_empty())
-            .cloned();
-        let group_id = match annotated {
+        let group_id = match self.groups.group_of(&uid) {
             Some(id) => id,
-            // The annotation is written off the creation path: a group may exist before it.
+            // The controller records a group once ECI accepted it, and adopts them at start:
+            // in between (a restart's first seconds) ECI is asked by the group's own tags.
             None => self
                 .find_group(namespace, name, &uid)
                 .await?
@@ -215,7 +211,8 @@ impl KubeletState {
         Ok((pod, target))
     }
 
-    /// The id of the group running the pod with `uid`, asked of ECI by name and uid tag.
+    /// The id of the group running the pod with `uid`, asked of ECI by its name and its
+    /// cluster and pod-UID tags — and only a group that carries both tags is taken.
     async fn find_group(
         &self,
         namespace: &str,
@@ -227,11 +224,7 @@ impl KubeletState {
             .describe_container_groups(DescribeContainerGroupsRequest {
                 region_id: self.config.region.clone(),
                 container_group_name: container_group_name(namespace, name),
-                tag: vec![Tag {
-                    key: TAG_POD_UID.to_owned(),
-                    value: uid.to_owned(),
-                }],
-                limit: Some(1),
+                tag: self.owned_tags(uid),
                 ..DescribeContainerGroupsRequest::default()
             })
             .await
@@ -239,11 +232,26 @@ impl KubeletState {
                 pod: format!("{namespace}/{name}"),
                 source,
             })?;
+        let wanted = self.owned_tags(uid);
         Ok(answer
             .container_groups
             .into_iter()
-            .next()
+            .find(|group| wanted.iter().all(|tag| group.tags.contains(tag)))
             .map(|group| group.container_group_id))
+    }
+
+    /// The tags of the group this daemon creates for the pod with `uid`.
+    fn owned_tags(&self, uid: &str) -> Vec<Tag> {
+        vec![
+            Tag {
+                key: TAG_CLUSTER.to_owned(),
+                value: self.config.cluster_name.clone(),
+            },
+            Tag {
+                key: TAG_POD_UID.to_owned(),
+                value: uid.to_owned(),
+            },
+        ]
     }
 }
 
@@ -265,7 +273,156 @@ pub async fn list(State(state): State<KubeletState>) -> Result<Response, LookupE
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use clap::Parser as _;
+    use eci_proto::v20180808::{Container, CreateContainerGroupRequest};
+
     use super::*;
+    use crate::config::KubeletConfig;
+    use crate::eci::{Backend, GrpcBackend};
+    use crate::kubelet::auth;
+    use crate::ops::metrics::Telemetry;
+    use crate::pods::GroupDirectory;
+
+    const NODE: &str = "vn-0";
+
+    /// A Kubernetes API answering every request with the pod `ns/box` (uid `uid-1`) on this
+    /// node, whose instance-id annotation its author set to `annotated`.
+    fn kube_client(annotated: &str) -> kube::Client {
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "box", "namespace": "ns", "uid": "uid-1",
+                "annotations": {"k8s.aliyun.com/eci-instance-id": annotated}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "app:1"}]},
+        })
+        .to_string();
+        let service =
+            tower::service_fn(move |_request: axum::http::Request<kube::client::Body>| {
+                let pod = pod.clone();
+                async move {
+                    Ok::<_, std::convert::Infallible>(
+                        axum::http::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(kube::client::Body::from(pod.into_bytes()))
+                            .expect("response"),
+                    )
+                }
+            });
+        kube::Client::new(service, "default")
+    }
+
+    async fn mock() -> (mock_eci::MockServer, Backend) {
+        let config = mock_eci::MockConfig::parse_from([
+            "mock-eci",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--no-rate-limits",
+        ]);
+        let mock = mock_eci::MockServer::start(config).await.expect("mock-eci");
+        let eci: Backend = Arc::new(GrpcBackend::connect_lazy(&mock.endpoint()).expect("endpoint"));
+        (mock, eci)
+    }
+
+    /// A group named `name` with the given tags; its id.
+    async fn group(eci: &Backend, name: &str, tags: &[(&str, &str)]) -> String {
+        eci.create_container_group(CreateContainerGroupRequest {
+            region_id: "cn-hangzhou".into(),
+            security_group_id: "sg-1".into(),
+            v_switch_id: "vsw-1".into(),
+            container_group_name: name.into(),
+            container: vec![Container {
+                name: "app".into(),
+                image: "app:1".into(),
+                ..Container::default()
+            }],
+            tag: tags
+                .iter()
+                .map(|(key, value)| Tag {
+                    key: (*key).to_owned(),
+                    value: (*value).to_owned(),
+                })
+                .collect(),
+            ..CreateContainerGroupRequest::default()
+        })
+        .await
+        .expect("group")
+        .container_group_id
+    }
+
+    fn state(client: kube::Client, eci: Backend, groups: GroupDirectory) -> KubeletState {
+        KubeletState {
+            config: Arc::new(KubeletConfig {
+                node_name: NODE.into(),
+                internal_ip: "127.0.0.1".parse().expect("ip"),
+                listen: "127.0.0.1:0".parse().expect("addr"),
+                cert_dir: None,
+                client_ca_file: None,
+                log_poll_interval: Duration::from_millis(100),
+                region: "cn-hangzhou".into(),
+                cluster_name: "c".into(),
+            }),
+            client: client.clone(),
+            eci,
+            groups,
+            telemetry: Arc::new(Telemetry::new()),
+            guard: Arc::new(auth::Guard::new(
+                NODE.into(),
+                Arc::new(auth::ApiReviewer::new(client)),
+                Arc::new(auth::ClientCa::default()),
+            )),
+            stop: tokio_util::sync::CancellationToken::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pods_group_is_the_one_the_controller_records_not_the_one_its_annotation_names() {
+        let (_mock, eci) = mock().await;
+        // Another namespace's group, whose id the attacker wrote on their own pod.
+        let victim = group(
+            &eci,
+            "victim-db",
+            &[(TAG_CLUSTER, "c"), (TAG_POD_UID, "uid-victim")],
+        )
+        .await;
+        let own = group(
+            &eci,
+            "ns-box",
+            &[(TAG_CLUSTER, "c"), (TAG_POD_UID, "uid-1")],
+        )
+        .await;
+        let kubelet = state(
+            kube_client(&victim),
+            Arc::clone(&eci),
+            GroupDirectory::fixed([("uid-1".to_owned(), own.clone())]),
+        );
+        let (_, target) = kubelet.locate("ns", "box", "app").await.expect("located");
+        assert_eq!(target.group_id, own);
+
+        // Before the controller recorded it (a restart's first seconds): ECI is asked by the
+        // group's own tags, and the annotation still counts for nothing.
+        let kubelet = state(kube_client(&victim), eci, GroupDirectory::default());
+        let (_, target) = kubelet.locate("ns", "box", "app").await.expect("located");
+        assert_eq!(target.group_id, own);
+    }
+
+    #[tokio::test]
+    async fn a_group_of_another_cluster_is_never_a_pods_group() {
+        let (_mock, eci) = mock().await;
+        // Another cluster on the same account has a pod of the same namespace, name and uid.
+        let foreign = group(
+            &eci,
+            "ns-box",
+            &[(TAG_CLUSTER, "other"), (TAG_POD_UID, "uid-1")],
+        )
+        .await;
+        let kubelet = state(kube_client(&foreign), eci, GroupDirectory::default());
+        let error = kubelet.locate("ns", "box", "app").await.unwrap_err();
+        assert!(matches!(error, LookupError::NoGroup { .. }), "{error:?}");
+    }
 
     #[test]
     fn containers_of_every_kind_are_found_with_their_status() {

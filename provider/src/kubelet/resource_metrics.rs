@@ -4,7 +4,8 @@
 //!
 //! The figures come from `DescribeMultiContainerGroupMetric`, 20 groups a call (the API's
 //! maximum), for the running pods of this node (a watch of `spec.nodeName`, started by the
-//! first scrape so a node nobody scrapes costs nothing). One refresh is served for
+//! first scrape so a node nobody scrapes costs nothing), each pod's group as the pod
+//! controller records it ([`GroupDirectory`], never the pod's user-writable annotation). One refresh is served for
 //! [`CACHE_TTL`] and concurrent scrapes share it (single flight), so a scrape of 3,000 pods
 //! costs at most 150 ECI calls however many clients ask. Each sample carries the time ECI
 //! measured it; the node's figures are sums over its pods, with counters that never go back
@@ -45,6 +46,7 @@ use super::KubeletState;
 use crate::eci::Backend;
 use crate::k8s::access::{Access, Scope};
 use crate::ops::chain::Chain;
+use crate::pods::GroupDirectory;
 
 /// The Kubernetes API accesses the metrics make.
 pub const KUBE_API: &[Access] = &[Access {
@@ -135,6 +137,8 @@ struct Inner {
     region: String,
     ttl: Duration,
     index: Arc<SharedIndex>,
+    /// Which group runs which pod.
+    groups: GroupDirectory,
     /// The newest refresh.
     current: Mutex<Option<Arc<Snapshot>>>,
     /// Held by the one refresh under way (single flight).
@@ -153,14 +157,22 @@ impl std::fmt::Debug for Inner {
 }
 
 impl Scraper {
-    /// A scraper of the pods in `index`, refreshing at most once per `ttl`.
-    pub fn new(eci: Backend, region: String, index: Arc<SharedIndex>, ttl: Duration) -> Self {
+    /// A scraper of the pods in `index`, run by the groups `groups` names, refreshing at most
+    /// once per `ttl`.
+    pub fn new(
+        eci: Backend,
+        region: String,
+        index: Arc<SharedIndex>,
+        groups: GroupDirectory,
+        ttl: Duration,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 eci,
                 region,
                 ttl,
                 index,
+                groups,
                 current: Mutex::new(None),
                 gate: Arc::new(tokio::sync::Mutex::new(())),
                 counters: Mutex::new(NodeCounters::default()),
@@ -235,8 +247,15 @@ impl Inner {
         let pods: HashMap<String, PodEntry> = self.index.read(|index| {
             index
                 .pods()
-                .filter(|pod| pod.measurable())
-                .filter_map(|pod| Some((pod.group_id.clone()?, pod.clone())))
+                .filter(|pod| pod.running)
+                .filter_map(|pod| {
+                    let group = self.groups.group_of(&pod.uid)?;
+                    let entry = PodEntry {
+                        group_id: Some(group.clone()),
+                        ..pod.clone()
+                    };
+                    Some((group, entry))
+                })
                 .collect()
         });
         let batches = batches(pods.values());
@@ -352,6 +371,7 @@ impl Lazy {
                     Arc::clone(&state.eci),
                     state.config.region.clone(),
                     index,
+                    state.groups.clone(),
                     CACHE_TTL,
                 ),
                 started: Timestamp::now(),

@@ -350,6 +350,7 @@ mod tests {
             "--eci=embedded",
             "--vswitch=vsw-test",
             "--security-group=sg-test",
+            "--cluster-name=c",
         ];
         all.extend_from_slice(args);
         Config::parse_from(all).settings().unwrap().node()

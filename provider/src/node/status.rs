@@ -236,6 +236,7 @@ mod tests {
             "--eci=embedded",
             "--vswitch=vsw-test",
             "--security-group=sg-test",
+            "--cluster-name=c",
         ])
         .settings()
         .unwrap()

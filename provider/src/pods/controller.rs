@@ -105,13 +105,65 @@ struct Adopted {
 }
 
 impl Adopted {
-    fn from_group(group: &ContainerGroupStatus) -> Option<Self> {
+    /// The group, when it carries this cluster's and this node's tags (ECI is asked by them;
+    /// an answer holding another cluster's group anyway must not make it ours to delete).
+    fn from_group(group: &ContainerGroupStatus, cluster: &str, node: &str) -> Option<Self> {
+        let ours = tag(group, naming::TAG_CLUSTER).as_deref() == Some(cluster)
+            && tag(group, naming::TAG_NODE).as_deref() == Some(node);
+        if !ours {
+            return None;
+        }
         Some(Self {
             id: group.container_group_id.clone(),
             uid: tag(group, naming::TAG_POD_UID)?,
             namespace: tag(group, naming::TAG_NAMESPACE),
             name: tag(group, naming::TAG_POD_NAME),
         })
+    }
+}
+
+/// Which container group runs which pod of this node, by pod UID: the groups this controller
+/// created (`ClientToken` = pod UID) or adopted by their own cluster, node and pod-UID tags —
+/// never what a pod's annotations say, which whoever may edit the pod can write. The kubelet
+/// API and the metrics read it. Cheap to clone; readers see the controller's state as it is.
+#[derive(Clone, Default)]
+pub struct GroupDirectory {
+    pods: Arc<Mutex<HashMap<String, Tracked>>>,
+}
+
+impl GroupDirectory {
+    /// The group running the pod with `pod_uid`, once created or adopted.
+    pub fn group_of(&self, pod_uid: &str) -> Option<String> {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(pod_uid)?
+            .group
+            .clone()
+    }
+
+    /// A directory of fixed (pod UID, group id) pairs, for tools and tests that run the kubelet
+    /// API or the metrics without a controller.
+    pub fn fixed(pairs: impl IntoIterator<Item = (String, String)>) -> Self {
+        let pods = pairs
+            .into_iter()
+            .map(|(uid, group)| {
+                let tracked = Tracked {
+                    group: Some(group),
+                    ..Tracked::default()
+                };
+                (uid, tracked)
+            })
+            .collect();
+        Self {
+            pods: Arc::new(Mutex::new(pods)),
+        }
+    }
+}
+
+impl std::fmt::Debug for GroupDirectory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupDirectory").finish_non_exhaustive()
     }
 }
 
@@ -127,7 +179,8 @@ struct Inner {
     backend: Backend,
     telemetry: Arc<Telemetry>,
     events: EventPublisher,
-    pods: Mutex<HashMap<String, Tracked>>,
+    /// Shared with the readers of [`GroupDirectory`].
+    pods: Arc<Mutex<HashMap<String, Tracked>>>,
     /// Pods waiting for their group to be created, by pod UID.
     creations: WorkQueue<String, CreateJob>,
     /// Group ids to record on their pods (namespace and name), by pod UID.
@@ -212,7 +265,7 @@ impl PodController {
                 client,
                 backend,
                 telemetry,
-                pods: Mutex::new(HashMap::new()),
+                pods: Arc::default(),
                 creations: WorkQueue::default(),
                 annotations: WorkQueue::default(),
                 statuses: WorkQueue::default(),
@@ -221,6 +274,13 @@ impl PodController {
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
             }),
+        }
+    }
+
+    /// Which group runs which pod, as this controller knows it (for the kubelet API).
+    pub fn groups(&self) -> GroupDirectory {
+        GroupDirectory {
+            pods: Arc::clone(&self.inner.pods),
         }
     }
 
@@ -293,7 +353,10 @@ impl PodController {
             let mut adopted = Vec::new();
             let listing = self
                 .visit_groups(None, |page| {
-                    adopted.extend(page.iter().filter_map(Adopted::from_group));
+                    let config = &self.inner.config;
+                    adopted.extend(page.iter().filter_map(|group| {
+                        Adopted::from_group(group, &config.cluster_name, &config.node_name)
+                    }));
                 })
                 .await;
             match listing {
@@ -443,11 +506,19 @@ impl PodController {
             let mut tracked = self.tracked();
             let entry = tracked.entry(uid.clone()).or_default();
             // Before `keep`: a slimmed copy has no annotations. A group adopted after a restart
-            // may never have been recorded on its pod (the process died before it could).
+            // may never have been recorded on its pod (the process died before it could), and
+            // whoever may edit the pod may write another id over ours: the annotation is only
+            // ever our output (nothing reads it back), so ours is written again.
             if let Some(id) = &entry.group {
-                if pod.annotations().get(INSTANCE_ANNOTATION) == Some(id) {
+                let shown = pod.annotations().get(INSTANCE_ANNOTATION);
+                if shown == Some(id) {
                     entry.annotated = true;
-                } else if !entry.annotated && pod.metadata.deletion_timestamp.is_none() {
+                } else if (!entry.annotated || shown.is_some())
+                    && pod.metadata.deletion_timestamp.is_none()
+                {
+                    if shown.is_some() {
+                        warn!(pod = %pod_key(&pod), shown = ?shown, eci_id = %id, "the pod's instance-id annotation was changed; writing the pod's own group back");
+                    }
                     entry.annotated = true;
                     let record = (pod_key_parts(&pod), id.clone());
                     self.inner.annotations.push(uid.clone(), record);
@@ -761,6 +832,29 @@ mod tests {
                 ..Tracked::default()
             },
         );
+    }
+
+    #[test]
+    fn only_groups_tagged_with_this_cluster_and_node_are_adopted() {
+        let group = |cluster: &str, node: &str| ContainerGroupStatus {
+            container_group_id: "eci-1".into(),
+            tags: [
+                (naming::TAG_CLUSTER, cluster),
+                (naming::TAG_NODE, node),
+                (naming::TAG_POD_UID, "u-1"),
+            ]
+            .into_iter()
+            .map(|(key, value)| Tag {
+                key: key.into(),
+                value: value.into(),
+            })
+            .collect(),
+            ..ContainerGroupStatus::default()
+        };
+        assert!(Adopted::from_group(&group("c", "vn-0"), "c", "vn-0").is_some());
+        // Another cluster with the same StatefulSet node names, on the same account.
+        assert!(Adopted::from_group(&group("other", "vn-0"), "c", "vn-0").is_none());
+        assert!(Adopted::from_group(&group("c", "vn-1"), "c", "vn-0").is_none());
     }
 
     #[tokio::test(start_paused = true)]

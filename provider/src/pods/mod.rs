@@ -11,4 +11,6 @@ pub mod to_eci;
 pub mod tokens;
 pub mod workqueue;
 
-pub use controller::{INSTANCE_ANNOTATION, KUBE_API, PROVIDER_FAILED, PodController};
+pub use controller::{
+    GroupDirectory, INSTANCE_ANNOTATION, KUBE_API, PROVIDER_FAILED, PodController,
+};

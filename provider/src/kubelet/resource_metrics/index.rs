@@ -1,5 +1,5 @@
-//! This node's pods as the metrics need them: which ECI group backs each running pod, and
-//! when its containers started. Filled by a watch of `spec.nodeName=<node>` and kept slim (a
+//! This node's pods as the metrics need them: which pods run, and when their containers
+//! started (which ECI group backs each comes from the pod controller at refresh time). Filled by a watch of `spec.nodeName=<node>` and kept slim (a
 //! few strings per pod, never the `Pod`), so 3,000 pods cost a few hundred KiB.
 
 use std::collections::HashMap;
@@ -16,8 +16,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::pods::INSTANCE_ANNOTATION;
-
 /// One pod of this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodEntry {
@@ -27,7 +25,8 @@ pub struct PodEntry {
     pub name: String,
     /// UID.
     pub uid: String,
-    /// The ECI group backing it, once recorded.
+    /// The ECI group backing it, as the pod controller records it: filled by a refresh,
+    /// never from the pod's annotations (whoever may edit the pod writes those).
     pub group_id: Option<String>,
     /// `status.phase` is `Running`: only then does ECI have figures for it.
     pub running: bool,
@@ -58,12 +57,7 @@ impl PodEntry {
             namespace: metadata.namespace.clone().unwrap_or_default(),
             name: metadata.name.clone().unwrap_or_default(),
             uid: metadata.uid.clone()?,
-            group_id: metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(INSTANCE_ANNOTATION))
-                .filter(|id| !id.is_empty())
-                .cloned(),
+            group_id: None,
             running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
             start_time: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
             containers,

@@ -629,8 +629,11 @@ fn pod(name: &str, uid: &str, phase: &str, group: Option<&str>) -> Pod {
 #[test]
 fn the_index_keeps_what_the_metrics_need_and_relists_whole() {
     let entry = PodEntry::of(&pod("a", "u-a", "Running", Some("eci-a"))).expect("an entry");
-    assert_eq!(entry.group_id.as_deref(), Some("eci-a"));
-    assert!(entry.running && entry.measurable());
+    assert_eq!(
+        entry.group_id, None,
+        "the annotation is never read: the pod controller says which group runs a pod"
+    );
+    assert!(entry.running);
     assert_eq!(entry.start_time, Some(at(0)));
     assert_eq!(
         entry.containers,
@@ -640,12 +643,7 @@ fn the_index_keeps_what_the_metrics_need_and_relists_whole() {
     assert!(
         !PodEntry::of(&pod("b", "u-b", "Pending", Some("eci-b")))
             .unwrap()
-            .measurable()
-    );
-    assert!(
-        !PodEntry::of(&pod("c", "u-c", "Running", None))
-            .unwrap()
-            .measurable()
+            .running
     );
 
     let mut index = PodIndex::default();
@@ -692,6 +690,8 @@ fn errors_say_their_own_part_once() {
 #[derive(Debug, Default)]
 struct FakeEci {
     calls: AtomicUsize,
+    /// Every group asked for.
+    asked: std::sync::Mutex<Vec<String>>,
     failing: std::sync::Mutex<HashSet<String>>,
     latency: Duration,
 }
@@ -757,6 +757,10 @@ impl crate::eci::EciBackend for FakeEci {
         request: DescribeMultiContainerGroupMetricRequest,
     ) -> Result<DescribeMultiContainerGroupMetricResponse, EciError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        self.asked
+            .lock()
+            .unwrap()
+            .extend(request.container_group_ids.iter().cloned());
         assert!(request.container_group_ids.len() <= BATCH);
         assert_eq!(request.metric_type, "all");
         assert_eq!(request.region_id, "cn-test");
@@ -791,17 +795,41 @@ fn scraper_of(pods: usize, eci: Arc<FakeEci>, ttl: Duration) -> (Scraper, Arc<Sh
     let index = Arc::new(SharedIndex::default());
     index.write(|index| {
         for n in 0..pods {
-            index.upsert(entry(
-                "ns",
-                &format!("p{n}"),
-                Some(&format!("eci-{n}")),
-                true,
-            ));
+            index.upsert(entry("ns", &format!("p{n}"), None, true));
         }
         index.mark_listed();
     });
-    let scraper = Scraper::new(eci, "cn-test".into(), Arc::clone(&index), ttl);
+    let groups =
+        GroupDirectory::fixed((0..pods).map(|n| (format!("uid-p{n}"), format!("eci-{n}"))));
+    let scraper = Scraper::new(eci, "cn-test".into(), Arc::clone(&index), groups, ttl);
     (scraper, index)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_is_measured_by_the_group_the_controller_records_never_by_its_annotation() {
+    let eci = Arc::new(FakeEci::default());
+    let index = Arc::new(SharedIndex::default());
+    // Its author pointed the annotation at another namespace's group, eci-9.
+    index.write(|index| {
+        index.apply(Event::Init);
+        index.apply(Event::InitApply(pod("a", "u-a", "Running", Some("eci-9"))));
+        index.apply(Event::InitApply(pod("b", "u-b", "Running", Some("eci-8"))));
+        index.apply(Event::InitDone);
+    });
+    // The controller knows a's group (eci-3); b's it has not recorded yet.
+    let groups = GroupDirectory::fixed([("u-a".to_owned(), "eci-3".to_owned())]);
+    let scraper = Scraper::new(
+        Arc::clone(&eci) as Backend,
+        "cn-test".into(),
+        index,
+        groups,
+        Duration::from_secs(5),
+    );
+    let snapshot = scraper.snapshot().await.unwrap();
+    assert_eq!(*eci.asked.lock().unwrap(), ["eci-3"]);
+    assert_eq!(snapshot.pods.len(), 1);
+    assert_eq!(snapshot.pods[0].name, "a");
+    assert_eq!(snapshot.node.core_nanos, 3_000_000_000, "eci-3's figures");
 }
 
 #[tokio::test(start_paused = true)]
@@ -904,6 +932,7 @@ async fn a_scrape_before_the_first_list_waits_for_it_then_gives_up() {
         eci,
         "cn-test".into(),
         Arc::clone(&index),
+        GroupDirectory::fixed([("uid-p1".to_owned(), "eci-1".to_owned())]),
         Duration::from_secs(5),
     );
     let late_list = tokio::spawn({
@@ -924,6 +953,7 @@ async fn a_scrape_before_the_first_list_waits_for_it_then_gives_up() {
         Arc::new(FakeEci::default()),
         "cn-test".into(),
         Arc::new(SharedIndex::default()),
+        GroupDirectory::default(),
         Duration::from_secs(5),
     );
     assert!(matches!(

@@ -211,11 +211,10 @@ mod in_process {
     }
 
     /// A Kubernetes API answering every request with the pod `ns/box` on this node.
-    fn kube_client(group: &str) -> kube::Client {
+    fn kube_client() -> kube::Client {
         let pod = json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "box", "namespace": "ns", "uid": "uid-1",
-                "annotations": {"k8s.aliyun.com/eci-instance-id": group}},
+            "metadata": {"name": "box", "namespace": "ns", "uid": "uid-1"},
             "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "app:1"}]},
         })
         .to_string();
@@ -299,7 +298,7 @@ mod in_process {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let client = kube_client(&group);
+        let client = kube_client();
         let state = KubeletState {
             config: Arc::new(KubeletConfig {
                 node_name: NODE.into(),
@@ -309,9 +308,11 @@ mod in_process {
                 client_ca_file: None,
                 log_poll_interval: Duration::from_millis(100),
                 region: "cn-hangzhou".into(),
+                cluster_name: "c".into(),
             }),
             client: client.clone(),
             eci,
+            groups: crate::pods::GroupDirectory::fixed([("uid-1".to_owned(), group.clone())]),
             telemetry: Arc::new(Telemetry::new()),
             guard: Arc::new(auth::Guard::new(
                 NODE.into(),

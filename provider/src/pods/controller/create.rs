@@ -341,7 +341,7 @@ impl PodController {
                 ANNOTATION_WRITERS,
                 &stop,
                 move |uid, (key, id)| async move {
-                    if !this.annotate(&key, &id).await {
+                    if !this.annotate(&key, &uid, &id).await {
                         // The next event for the pod tries again.
                         if let Some(entry) = this.tracked().get_mut(&uid) {
                             entry.annotated = false;
@@ -353,18 +353,20 @@ impl PodController {
         Ok(())
     }
 
-    /// Whether the id is now recorded on the pod.
-    async fn annotate(&self, (namespace, name): &(String, String), id: &str) -> bool {
+    /// Whether the id is now recorded on the pod with `uid` (or that pod is gone).
+    async fn annotate(&self, (namespace, name): &(String, String), uid: &str, id: &str) -> bool {
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
         self.inner.telemetry.kube_request("pod_annotate");
-        let patch = json!({"metadata": {"annotations": {INSTANCE_ANNOTATION: id}}});
+        // The uid is a precondition: a pod recreated under the name is another pod, whose
+        // group this is not (the apiserver refuses to change a uid).
+        let patch = json!({"metadata": {"uid": uid, "annotations": {INSTANCE_ANNOTATION: id}}});
         match api
             .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
         {
             Ok(_) => true,
-            // Gone: nothing left to record.
-            Err(kube::Error::Api(response)) if response.code == 404 => true,
+            // Gone, or the name is another pod's now: nothing left to record.
+            Err(kube::Error::Api(response)) if [404, 409, 422].contains(&response.code) => true,
             Err(error) => {
                 warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, %error, "could not record the ECI instance id on the pod");
                 false
