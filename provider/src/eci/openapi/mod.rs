@@ -1,8 +1,6 @@
 //! The real Alibaba Cloud ECI OpenAPI: RPC-style signed POSTs over HTTPS (reqwest + rustls),
 //! behind the same [`EciBackend`] trait as the gRPC client.
 
-#[cfg(test)]
-mod conformance;
 pub mod credentials;
 pub mod form;
 pub mod response;

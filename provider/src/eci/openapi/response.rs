@@ -3,7 +3,7 @@
 //! Most responses are the contract's messages with `PascalCase` names; they are renamed and
 //! deserialised, ignoring members the contract does not carry. DescribeContainerGroups answers
 //! in shapes of its own, brought to the contract's first ([`reshape_group`]); every member read
-//! is one the service's SDK defines (tested in `conformance.rs`). `DescribeContainerGroupStatus`
+//! is one the service's SDK defines (tested in `provider/tests/openapi_names.rs`). `DescribeContainerGroupStatus`
 //! is different: the service answers with a Kubernetes-style `PodStatus` per group and no tags
 //! or events, so [`StatusPage`] keeps only what identifies a group and its phase, and the client
 //! completes the groups with `DescribeContainerGroups`.

@@ -1,8 +1,10 @@
-//! The client held to the service's names (the official SDK's table in
+//! The OpenAPI client held to the service's names (the official SDK's table in
 //! `eci_proto::openapi::documented`): every parameter it sends for a corpus of rich pods is
 //! one the service defines for the action, and every answer field it reads is one the service
 //! sends. mock-eci is held to the same table by its own tests, so the two sides can no longer
 //! agree on a name the service does not know.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
 
@@ -17,9 +19,9 @@ use eci_proto::v20180808::{
 };
 use serde_json::{Map, Value, json};
 
-use super::form::{self, Form};
-use super::response;
-use crate::pods::to_eci::{self, Context};
+use virtual_node_eci::eci::openapi::form::{self, Form};
+use virtual_node_eci::eci::openapi::response;
+use virtual_node_eci::pods::to_eci::{self, Context};
 
 /// The keys of `form` that `action` does not define.
 fn undocumented(action: &str, form: Form) -> BTreeSet<String> {
