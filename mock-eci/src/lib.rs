@@ -3,32 +3,24 @@
 //! It behaves like the real service where providers break: provisioning takes time, calls are
 //! throttled, capacity runs out, retries must be idempotent, containers exit and restart, groups
 //! vanish. Everything is deterministic: timing follows tokio's (pausable) clock, ids and delays
-//! follow `--seed`, container behaviour follows reserved variables ([`behaviour`]).
+//! follow `--seed`, container behaviour follows reserved variables ([`engine::behaviour`]).
+//!
+//! The folders show the flow, one way (`tests/layout.rs` checks it):
+//! - [`fronts`]: what listens — gRPC wiring, the OpenAPI front, the admin API, exec-session
+//!   WebSockets, echo listeners;
+//! - [`service`]: the shared [`MockEci`] handle — locking, controls, telemetry, the state file;
+//! - [`engine`]: the pure state machine — groups, timers, checks, answers, usage, logs;
+//! - shared leaves any of them may use: [`actions`], [`clock`], [`rng`], [`settings`].
 
 pub mod actions;
-pub mod admin;
-pub mod behaviour;
 pub mod clock;
-pub mod config;
-pub mod controls;
-pub mod echo;
 pub mod engine;
-pub mod exec;
-pub mod exec_session;
-pub mod group;
-pub mod logs;
-pub mod openapi;
-pub mod persist;
-pub mod render;
+pub mod fronts;
 pub mod rng;
-pub mod server;
 pub mod service;
 pub mod settings;
-pub mod telemetry;
-pub mod timers;
-pub mod usage;
-pub mod validate;
 
-pub use config::MockConfig;
-pub use server::{MockServer, ServeError};
-pub use service::MockEci;
+pub use engine::validate;
+pub use fronts::{MockServer, ServeError};
+pub use service::config::MockConfig;
+pub use service::{MockEci, persist};

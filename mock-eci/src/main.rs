@@ -3,8 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use mock_eci::config::MockConfig;
-use mock_eci::server::{ErrorChain, MockServer};
+use mock_eci::MockConfig;
+use mock_eci::MockServer;
+use mock_eci::fronts::ErrorChain;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]

@@ -19,8 +19,10 @@
 //! (`{"Width":…,"Height":…}`); in v5 the client closes stdin with `[255, 0]`. A URI serves one
 //! connection within 30 s of the call, as ECI's do; it is served by the admin listener
 //! (`GET /exec/{session}`), `ws://<admin address>/exec/<session>`.
+//!
+//! The session itself (what was asked, its one-use id, its expiry) is engine data:
+//! `engine::exec_session`. This front only takes it and serves it.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -36,11 +38,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
-use crate::clock::Millis;
+use crate::engine::exec_session::PendingExec;
 use crate::service::MockEci;
 
-/// How long a `WebSocketUri` stays usable.
-pub const SESSION_TTL_MS: Millis = 30_000;
 /// The subprotocols served, newest first.
 pub const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
 
@@ -84,54 +84,6 @@ pub enum ExecSessionError {
         #[source]
         source: io::Error,
     },
-}
-
-/// What an `ExecContainerCommand` asked for, waiting for its WebSocket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingExec {
-    /// The command, as given.
-    pub command: Vec<String>,
-    /// `TTY`.
-    pub tty: bool,
-    /// `Stdin`.
-    pub stdin: bool,
-    /// The container's environment.
-    pub env: Vec<(String, String)>,
-    /// `<group id>/<container>`: the scratch directory's place.
-    pub scratch: String,
-    /// When the URI stops working.
-    pub expires: Millis,
-}
-
-/// Sessions handed out and not yet connected to.
-#[derive(Debug, Default)]
-pub struct Sessions {
-    /// `ws://host:port` of the server that serves them, once it listens.
-    base: Option<String>,
-    pending: HashMap<String, PendingExec>,
-}
-
-impl Sessions {
-    /// Where the sessions are served from now on.
-    pub fn set_base(&mut self, base: String) {
-        self.base = Some(base);
-    }
-
-    /// Records `exec` and returns its URI, or `None` when nothing serves sessions.
-    pub fn open(&mut self, exec: PendingExec, now: Millis) -> Option<String> {
-        let base = self.base.clone()?;
-        self.pending.retain(|_, pending| pending.expires > now);
-        let session = uuid::Uuid::new_v4().simple().to_string();
-        self.pending.insert(session.clone(), exec);
-        Some(format!("{base}/exec/{session}"))
-    }
-
-    /// Takes the session for its one connection.
-    pub fn take(&mut self, session: &str, now: Millis) -> Option<PendingExec> {
-        self.pending
-            .remove(session)
-            .filter(|pending| pending.expires > now)
-    }
 }
 
 /// `GET /exec/{session}` on the admin listener: the WebSocket of one exec.
@@ -181,7 +133,7 @@ async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
             let status = json!({
                 "kind": "Status", "apiVersion": "v1", "metadata": {},
                 "status": "Failure", "reason": "InternalError",
-                "message": crate::server::ErrorChain(&error).to_string(),
+                "message": super::ErrorChain(&error).to_string(),
             });
             let _ = out_tx
                 .send(frame(channel::ERROR, status.to_string().as_bytes()))
@@ -460,45 +412,9 @@ fn open_pty() -> io::Result<(OwnedFd, std::fs::File)> {
         )))?;
     Ok((master, slave))
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sessions_serve_once_and_expire() {
-        let mut sessions = Sessions::default();
-        let exec = PendingExec {
-            command: vec!["true".into()],
-            tty: false,
-            stdin: false,
-            env: Vec::new(),
-            scratch: "g/c".into(),
-            expires: 1_000 + SESSION_TTL_MS,
-        };
-        assert_eq!(
-            sessions.open(exec.clone(), 1_000),
-            None,
-            "nothing serves them yet"
-        );
-        sessions.set_base("ws://127.0.0.1:1".into());
-        let uri = sessions.open(exec.clone(), 1_000).expect("a URI");
-        let session = uri.rsplit('/').next().expect("session").to_owned();
-        assert!(uri.starts_with("ws://127.0.0.1:1/exec/"));
-        assert_eq!(sessions.take(&session, 2_000), Some(exec.clone()));
-        assert_eq!(
-            sessions.take(&session, 2_000),
-            None,
-            "one connection per URI"
-        );
-        let uri = sessions.open(exec, 1_000).expect("a URI");
-        let session = uri.rsplit('/').next().expect("session").to_owned();
-        assert_eq!(
-            sessions.take(&session, 1_000 + SESSION_TTL_MS),
-            None,
-            "expired"
-        );
-    }
 
     #[test]
     fn exit_statuses_become_the_kubelets_status() {

@@ -8,8 +8,8 @@ use eci_proto::error::codes;
 use eci_proto::status::RestartPolicy;
 use eci_proto::v20180808::{Container, CreateContainerGroupRequest, Tag, Volume};
 
-use crate::behaviour::{self, Behaviour};
 use crate::clock::Millis;
+use crate::engine::behaviour::{self, Behaviour};
 
 /// Most tags on a group, and in a filter.
 pub const MAX_TAGS: usize = 20;

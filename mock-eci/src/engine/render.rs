@@ -5,7 +5,7 @@ use eci_proto::v20180808::{
 };
 
 use crate::clock::{Millis, rfc3339, rfc3339_millis};
-use crate::group::{ContainerRun, Group, GroupEvent, RunState, Which};
+use crate::engine::group::{ContainerRun, Group, GroupEvent, RunState, Which};
 use crate::rng;
 use crate::settings::Settings;
 

@@ -1,5 +1,9 @@
-//! The gRPC face of the engine: request ids, injected faults, throttling and metrics around
-//! every action, then the action itself under one lock.
+//! The service: the shared [`MockEci`] handle, the gRPC face of the engine. Request ids,
+//! injected faults, throttling ([`controls`]) and metrics ([`telemetry`]) around every action,
+//! then the action itself under one lock; the state file ([`persist`]); the flags it is built
+//! from ([`config`]).
+//!
+//! May call: the `engine` and the shared leaves. Never a front (`tests/layout.rs` checks it).
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -23,14 +27,19 @@ use tracing::debug;
 
 use crate::actions::Action;
 use crate::clock::{Clock, Millis};
-use crate::config::MockConfig;
-use crate::controls::{Controls, ControlsPatch, ControlsView, Verdict};
 use crate::engine::{Engine, Snapshot};
-use crate::persist::{self, PersistError};
-use crate::telemetry::Telemetry;
+use crate::service::config::MockConfig;
+use crate::service::controls::{Controls, ControlsPatch, ControlsView, Verdict};
+use crate::service::persist::PersistError;
+use crate::service::telemetry::Telemetry;
+
+pub mod config;
+pub mod controls;
+pub mod persist;
+pub mod telemetry;
 
 /// The `result` label of calls served whose answer was lost on purpose
-/// ([`crate::controls::Fault::lost_answer_rate`]).
+/// ([`crate::service::controls::Fault::lost_answer_rate`]).
 pub const LOST_ANSWER: &str = "AnswerLost";
 
 /// Responses carry the request id in a field as well as in metadata.
@@ -188,15 +197,15 @@ impl MockEci {
     }
 
     /// The load rules the metric calls follow.
-    pub fn loads(&self) -> crate::usage::LoadRules {
+    pub fn loads(&self) -> crate::engine::usage::LoadRules {
         self.engine().loads()
     }
 
     /// Puts load rules in force from now on; invalid rules change nothing.
     pub fn set_loads(
         &self,
-        rules: crate::usage::LoadRules,
-    ) -> Result<crate::usage::LoadRules, String> {
+        rules: crate::engine::usage::LoadRules,
+    ) -> Result<crate::engine::usage::LoadRules, String> {
         let now = self.now();
         let mut engine = self.engine();
         engine.set_loads(rules, now)?;
@@ -209,7 +218,7 @@ impl MockEci {
     }
 
     /// Takes the interactive exec session `session` for its one connection.
-    pub fn take_exec(&self, session: &str) -> Option<crate::exec_session::PendingExec> {
+    pub fn take_exec(&self, session: &str) -> Option<crate::engine::exec_session::PendingExec> {
         let now = self.now();
         self.engine().take_exec(session, now)
     }

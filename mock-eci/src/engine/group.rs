@@ -9,10 +9,10 @@ use eci_proto::status::{GroupStatus, RestartPolicy};
 use eci_proto::v20180808::{Container, CreateContainerGroupRequest};
 use serde::{Deserialize, Serialize};
 
-use crate::behaviour::{Behaviour, Readiness};
 use crate::clock::Millis;
+use crate::engine::behaviour::{Behaviour, Readiness};
+use crate::engine::timers::{TimerKind, Timers};
 use crate::settings::Settings;
-use crate::timers::{TimerKind, Timers};
 
 /// How long `ErrImagePull` shows before `ImagePullBackOff`.
 const PULL_BACKOFF_MS: Millis = 5_000;
@@ -222,7 +222,7 @@ impl Group {
     pub fn new(
         id: String,
         request: CreateContainerGroupRequest,
-        valid: crate::validate::ValidCreate,
+        valid: crate::engine::validate::ValidCreate,
         fingerprint: u64,
         cx: &mut Cx<'_>,
     ) -> Self {
@@ -347,7 +347,7 @@ impl Group {
         if !self.runs(which)[index].state.is_running() {
             return Err(format!("container {name:?} of {} is not running", self.id));
         }
-        let reason = crate::behaviour::default_reason(exit_code);
+        let reason = crate::engine::behaviour::default_reason(exit_code);
         self.terminate(which, index, exit_code, reason, "", None, cx);
         self.after_exit(which, index, exit_code, cx);
         Ok(())

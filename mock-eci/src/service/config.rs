@@ -9,7 +9,7 @@ use clap::Parser;
 
 use crate::actions::Action;
 use crate::clock::millis;
-use crate::controls::{Fault, RateLimit};
+use crate::service::controls::{Fault, RateLimit};
 use crate::settings::{Cidr, DelayRange, Settings};
 
 /// A local fake of the Alibaba Cloud ECI API (2018-08-08), served over gRPC.

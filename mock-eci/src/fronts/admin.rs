@@ -13,7 +13,7 @@
 //! | `POST /admin/groups/{id}/containers/{name}/log` | the body's lines are written into the running container's log, now |
 //! | `POST /admin/groups/{id}/containers/{name}/exit` | the running container exits now: `{"exit_code": 3}` (default 0) |
 //! | `GET /admin/usage` | the load rules the metric calls follow |
-//! | `PUT /admin/usage` | new load rules from now on: `{"rules": [{"group_name_prefix": "ns-web-", "container": "app", "cpu": 0.8, "memory_bytes": 104857600}]}` (see `usage`) |
+//! | `PUT /admin/usage` | new load rules from now on: `{"rules": [{"group_name_prefix": "ns-web-", "container": "app", "cpu": 0.8, "memory_bytes": 104857600}]}` (see `engine::usage`) |
 
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
@@ -22,8 +22,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use eci_proto::EciError;
 
-use crate::controls::ControlsPatch;
 use crate::service::MockEci;
+use crate::service::controls::ControlsPatch;
 
 /// The admin routes.
 pub fn router(mock: MockEci) -> Router {
@@ -41,7 +41,7 @@ pub fn router(mock: MockEci) -> Router {
             post(exit_container),
         )
         .route("/admin/usage", get(loads).put(set_loads))
-        .route("/exec/{session}", get(crate::exec_session::serve))
+        .route("/exec/{session}", get(super::exec_session::serve))
         .with_state(mock)
 }
 
@@ -59,7 +59,7 @@ async fn loads(State(mock): State<MockEci>) -> Response {
 
 async fn set_loads(
     State(mock): State<MockEci>,
-    Json(rules): Json<crate::usage::LoadRules>,
+    Json(rules): Json<crate::engine::usage::LoadRules>,
 ) -> Response {
     match mock.set_loads(rules) {
         Ok(view) => {

@@ -1,4 +1,10 @@
-//! Serving: the gRPC API, the admin endpoint and the state-file writer, stopped together.
+//! The fronts: everything that listens. This module wires the gRPC API, the OpenAPI front
+//! ([`openapi`]), the admin HTTP API ([`admin`]), the exec-session WebSockets
+//! ([`exec_session`]), the echo listeners ([`echo`]) and the state-file writer, and stops them
+//! together.
+//!
+//! May call: `service` (the shared [`MockEci`] handle), the engine's plain data types, and the
+//! shared leaves. Nothing below calls back into a front (`tests/layout.rs` checks it).
 
 use std::future::Future;
 use std::io;
@@ -13,11 +19,15 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
-use crate::admin;
-use crate::config::MockConfig;
-use crate::openapi::{FrontCredentials, OpenApiFront};
-use crate::persist::{self, PersistError};
+use crate::fronts::openapi::{FrontCredentials, OpenApiFront};
 use crate::service::MockEci;
+use crate::service::config::MockConfig;
+use crate::service::persist::{self, PersistError};
+
+pub mod admin;
+pub mod echo;
+pub mod exec_session;
+pub mod openapi;
 
 /// An error and its causes on one line, for log lines: errors here say their own part once and
 /// chain the cause, which a field holding only `Display` (and JSON logs) would drop.
@@ -55,7 +65,7 @@ pub enum ServeError {
     },
     /// The OpenAPI front could not start.
     #[error(transparent)]
-    OpenApi(#[from] crate::openapi::FrontError),
+    OpenApi(#[from] crate::fronts::openapi::FrontError),
     /// The state file could not be loaded.
     #[error(transparent)]
     State(#[from] PersistError),
@@ -137,7 +147,7 @@ impl MockServer {
             .clone()
             .map(|path| (path, config.state_flush_interval));
         if config.port_echo {
-            tokio::spawn(crate::echo::run(mock.clone(), signal.clone()));
+            tokio::spawn(crate::fronts::echo::run(mock.clone(), signal.clone()));
         }
         let task = tokio::spawn(serve(grpc, admin, mock.clone(), state, signal));
         info!(grpc = %grpc_addr, admin = ?admin_addr, region = %config.region, "mock-eci serving");

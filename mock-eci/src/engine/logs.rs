@@ -5,7 +5,7 @@
 //! it ends. Lines are computed from the run's times, never stored, so logs cost no memory.
 
 use crate::clock::{Millis, rfc3339_nanos};
-use crate::group::RunState;
+use crate::engine::group::RunState;
 
 /// What part of a log to return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

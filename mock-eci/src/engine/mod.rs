@@ -1,5 +1,13 @@
-//! The simulated ECI service: every action as a pure function of the state, the request and the
-//! time. The gRPC layer ([`crate::service`]) adds request ids, throttling and faults around it.
+//! The engine: the simulated ECI service as a pure state machine — every action a function of
+//! the state, the request and the time. The layer above (`service`) adds request ids,
+//! throttling, faults, locking and persistence around it.
+//!
+//! Owns the groups and their containers ([`group`], [`behaviour`]), the agenda ([`timers`]),
+//! request checks ([`validate`]), answers ([`render`]), metrics ([`usage`]), logs ([`logs`]),
+//! `ExecContainerCommand` ([`exec`], and the pending interactive sessions in [`exec_session`]).
+//!
+//! May call: its own parts and the shared leaves (`clock`, `rng`, `settings`, `actions`). Never
+//! `service` or `fronts` (`tests/layout.rs` checks it).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -22,12 +30,21 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{Millis, parse_rfc3339};
-use crate::group::{Cx, Group, RunState, Which};
-use crate::logs::{self, LogQuery};
+use crate::engine::group::{Cx, Group, RunState, Which};
+use crate::engine::logs::LogQuery;
+use crate::engine::timers::{Timer, TimerKind, Timers};
 use crate::rng;
 use crate::settings::Settings;
-use crate::timers::{Timer, TimerKind, Timers};
-use crate::{exec, render, usage, validate};
+
+pub mod behaviour;
+pub mod exec;
+pub mod exec_session;
+pub mod group;
+pub mod logs;
+pub mod render;
+pub mod timers;
+pub mod usage;
+pub mod validate;
 
 /// Version of the state file format.
 pub const SNAPSHOT_VERSION: u32 = 1;
@@ -119,7 +136,7 @@ pub struct Engine {
     /// The last `TotalCount` computed for a filter, reused while paging through it.
     count_cache: Option<(u64, String, usize)>,
     /// Interactive exec sessions waiting for their WebSocket.
-    exec_sessions: crate::exec_session::Sessions,
+    exec_sessions: crate::engine::exec_session::Sessions,
     /// The load rules the metric calls follow (a test control; not persisted).
     usage: usage::Loads,
 }
@@ -137,7 +154,7 @@ impl Engine {
             id_counter: 0,
             generation: 0,
             count_cache: None,
-            exec_sessions: crate::exec_session::Sessions::default(),
+            exec_sessions: crate::engine::exec_session::Sessions::default(),
             usage: usage::Loads::default(),
         }
     }
@@ -162,7 +179,7 @@ impl Engine {
             id_counter: snapshot.id_counter,
             generation: 0,
             count_cache: None,
-            exec_sessions: crate::exec_session::Sessions::default(),
+            exec_sessions: crate::engine::exec_session::Sessions::default(),
             usage: usage::Loads::default(),
         };
         for group in snapshot.groups {
@@ -902,13 +919,13 @@ impl Engine {
         } else {
             String::new()
         };
-        let pending = crate::exec_session::PendingExec {
+        let pending = crate::engine::exec_session::PendingExec {
             command: request.command.clone(),
             tty: request.tty,
             stdin: request.stdin.unwrap_or(true),
             env: exec::env(cx),
             scratch: format!("{}/{}", group.id, spec.name),
-            expires: now + crate::exec_session::SESSION_TTL_MS,
+            expires: now + crate::engine::exec_session::SESSION_TTL_MS,
         };
         let session = format!(
             "{:016x}",
@@ -946,7 +963,7 @@ impl Engine {
         &mut self,
         session: &str,
         now: Millis,
-    ) -> Option<crate::exec_session::PendingExec> {
+    ) -> Option<crate::engine::exec_session::PendingExec> {
         self.exec_sessions.take(session, now)
     }
 

@@ -19,7 +19,7 @@ use eci_proto::v20180808::{
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{Millis, rfc3339};
-use crate::group::{Group, RunState};
+use crate::engine::group::{Group, RunState};
 use crate::rng;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
