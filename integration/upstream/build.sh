@@ -152,7 +152,10 @@ prom=$(version prometheus github.com/prometheus/prometheus)
 prom_bin="$cache/promtool-$prom/bin"
 if missing "$prom_bin" promtool; then
   say "building promtool $prom into $prom_bin"
-  build prometheus "$prom_bin" "-s -w -X github.com/prometheus/common/version.Version=$prom" \
+  # `remove_all_sd`: Prometheus's own build tag leaving out every service-discovery plugin
+  # (AWS, Azure, GCE, Kubernetes, … SDKs); promtool only checks and tests rules here.
+  GOFLAGS="$GOFLAGS -tags=remove_all_sd" \
+    build prometheus "$prom_bin" "-s -w -X github.com/prometheus/common/version.Version=$prom" \
     github.com/prometheus/prometheus/cmd/promtool
 fi
 emit "$prom_bin" promtool
