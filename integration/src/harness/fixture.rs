@@ -195,16 +195,29 @@ async fn apply_daemon_rbac(kubectl: &Path, kubeconfig: &Path) -> Result<(), Harn
 /// A kubeconfig for the admin's cluster whose user is a (12 h) token of the daemon's
 /// ServiceAccount, issued through TokenRequest.
 async fn write_daemon_kubeconfig(admin: &Path, out: &Path) -> Result<(), HarnessError> {
+    write_service_account_kubeconfig(admin, DAEMON_SERVICE_ACCOUNT, out)
+        .await
+        .map(drop)
+}
+
+/// A kubeconfig for the admin's cluster whose user is a (12 h) TokenRequest token of the
+/// ServiceAccount `account` (namespace, name): what a user holding only that account's
+/// rights would have. Returns the token.
+pub(super) async fn write_service_account_kubeconfig(
+    admin: &Path,
+    account: (&str, &str),
+    out: &Path,
+) -> Result<String, HarnessError> {
     let client = client_for(admin)
         .await
         .map_err(|e| setup(format!("{e}: {:?}", std::error::Error::source(&e))))?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client, DAEMON_SERVICE_ACCOUNT.0);
+    let accounts: Api<ServiceAccount> = Api::namespaced(client, account.0);
     let request: TokenRequest = serde_json::from_value(json!({
         "spec": {"audiences": [], "expirationSeconds": 12 * 3600},
     }))
     .map_err(|e| setup(e.to_string()))?;
     let token = accounts
-        .create_token_request(DAEMON_SERVICE_ACCOUNT.1, &PostParams::default(), &request)
+        .create_token_request(account.1, &PostParams::default(), &request)
         .await?
         .status
         .map(|s| s.token)
@@ -225,16 +238,18 @@ async fn write_daemon_kubeconfig(admin: &Path, out: &Path) -> Result<(), Harness
         .cloned()
         .ok_or_else(|| setup(format!("{} names no cluster", admin.display())))?;
     config.clusters = vec![cluster];
+    let user = account.1;
     let value = json!({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": serde_json::to_value(&config.clusters).map_err(|e| setup(e.to_string()))?,
-        "users": [{"name": "virtual-node-eci", "user": {"token": token}}],
-        "contexts": [{"name": "virtual-node-eci", "context": {"cluster": context.cluster, "user": "virtual-node-eci"}}],
-        "current-context": "virtual-node-eci",
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": context.cluster, "user": user}}],
+        "current-context": user,
     });
     std::fs::write(out, value.to_string()).map_err(|source| HarnessError::Io {
         what: format!("write {}", out.display()),
         source,
-    })
+    })?;
+    Ok(token)
 }

@@ -7,6 +7,7 @@ mod disruption;
 mod fixture;
 pub mod invariants;
 mod restart;
+mod tenant;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,6 +22,7 @@ pub use crate::process::{Process, ProcessError, binary, build_binaries, free_por
 pub use disruption::SecondApiserver;
 pub use fixture::{DAEMON_SERVICE_ACCOUNT, FixtureOptions};
 pub use restart::{Component, Restarted, Stop};
+pub use tenant::{KubectlRun, TENANT_ACCOUNT, Tenant};
 
 /// Setting up or running a scenario failed.
 #[derive(Debug, thiserror::Error)]
