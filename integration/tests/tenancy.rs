@@ -8,9 +8,9 @@
 //!   pod's `k8s.aliyun.com/eci-instance-id`, then runs `kubectl exec` and `kubectl logs` on it:
 //!   both reach the tenant's own group, and the annotation is written back.
 //!
-//! With `SECURITY_OUT=<file>` each attack appends one JSON object (`check` = `tenant: <attack>`,
-//! `status`, `summary`, `details`) to the file, as `tests/security.rs` does: the reliability
-//! report lists them in its own section.
+//! With `TENANCY_OUT=<file>` each attack appends one JSON object (`attack`, `status`: `pass`
+//! when refused, else `fail`; `summary`, `details`) to the file: the reliability report
+//! (`integration/src/bin/reliability.rs`) lists them in its own section.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -42,15 +42,15 @@ fn failed(message: impl Into<String>) -> HarnessError {
     HarnessError::Setup(message.into())
 }
 
-/// One attack's outcome, printed and appended to `SECURITY_OUT` when set.
+/// One attack's outcome, printed and appended to `TENANCY_OUT` when set.
 fn record(attack: &str, refused: bool, summary: &str, details: &Value) {
     let status = if refused { "pass" } else { "fail" };
     eprintln!("[tenant] {attack}: {} — {summary}", status.to_uppercase());
-    let Some(path) = std::env::var_os("SECURITY_OUT") else {
+    let Some(path) = std::env::var_os("TENANCY_OUT") else {
         return;
     };
     let line = json!({
-        "check": format!("tenant: {attack}"),
+        "attack": attack,
         "status": status,
         "summary": summary,
         "details": details,
@@ -59,8 +59,8 @@ fn record(attack: &str, refused: bool, summary: &str, details: &Value) {
         .create(true)
         .append(true)
         .open(&path)
-        .expect("SECURITY_OUT can be opened");
-    writeln!(file, "{line}").expect("SECURITY_OUT can be written");
+        .expect("TENANCY_OUT can be opened");
+    writeln!(file, "{line}").expect("TENANCY_OUT can be written");
 }
 
 /// A pod `name` on the test's first virtual node, as any pod author would write it.

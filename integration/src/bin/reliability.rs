@@ -12,11 +12,13 @@
 //!    passed, notes);
 //! 2. the security checks — `cargo test -p integration --test security` with `SECURITY_OUT`
 //!    (one object per check: check, status, summary, details);
-//! 3. the load held — `cargo run -p integration --bin churn --release` for `--churn-duration`;
+//! 3. the hostile-tenant suite — `cargo test -p integration --test tenancy` with `TENANCY_OUT`
+//!    (one object per attack: attack, status, summary, details);
+//! 4. the load held — `cargo run -p integration --bin churn --release` for `--churn-duration`;
 //!
 //! then writes `docs/reliability.md` (`--out`) with the versions (Kubernetes, etcd, kwok from
 //! `integration/upstream`, rustc), the machine, every case of every run, the security checks,
-//! the churn's slopes and samples, and what all this does not show. The raw outputs (JSON lines,
+//! the attacks tried and their outcome, the churn's slopes and samples, and what all this does not show. The raw outputs (JSON lines,
 //! each command's output) stay in `--work-dir`. A step that fails is reported as failed and the
 //! next one still runs; the exit code is non-zero if anything failed.
 
@@ -47,6 +49,9 @@ struct Args {
     /// Leave out the security checks.
     #[arg(long)]
     skip_security: bool,
+    /// Leave out the hostile-tenant suite.
+    #[arg(long)]
+    skip_tenancy: bool,
     /// Leave out the churn load.
     #[arg(long)]
     skip_churn: bool,
@@ -220,6 +225,21 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         security = Some((step, records));
     }
 
+    let mut tenancy: Option<(Step, Vec<Value>)> = None;
+    if !args.skip_tenancy {
+        let out = work.join("tenancy.jsonl");
+        let _ = std::fs::remove_file(&out);
+        say("hostile-tenant suite");
+        let step = cargo(
+            &["test", "-p", "integration", "--test", "tenancy"],
+            &[("TENANCY_OUT", &out)],
+            &work.join("tenancy.log"),
+        )?;
+        let records = json_lines(&out);
+        all_ok &= step.ok && records.iter().all(|r| r["status"] != "fail");
+        tenancy = Some((step, records));
+    }
+
     let mut churn: Option<(Step, Option<Value>)> = None;
     if !args.skip_churn {
         let out = work.join("churn.json");
@@ -256,6 +276,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         faults_exist,
         fault_runs: &fault_runs,
         security: security.as_ref(),
+        tenancy: tenancy.as_ref(),
         churn: churn.as_ref(),
         elapsed: started.elapsed(),
     }
@@ -340,6 +361,7 @@ struct Report<'a> {
     faults_exist: bool,
     fault_runs: &'a [(Step, Vec<Value>)],
     security: Option<&'a (Step, Vec<Value>)>,
+    tenancy: Option<&'a (Step, Vec<Value>)>,
     churn: Option<&'a (Step, Option<Value>)>,
     elapsed: Duration,
 }
@@ -395,6 +417,7 @@ impl Report<'_> {
         self.versions(&mut md);
         self.faults(&mut md);
         self.security(&mut md);
+        self.tenancy(&mut md);
         self.churn(&mut md);
         self.limits(&mut md);
         md
@@ -537,6 +560,45 @@ impl Report<'_> {
                     failure(&step.log)
                 );
             }
+        }
+        let _ = writeln!(md);
+    }
+
+    fn tenancy(&self, md: &mut String) {
+        let _ = writeln!(md, "## A hostile tenant\n");
+        let Some((step, records)) = self.tenancy else {
+            let _ = writeln!(md, "NOT RUN: `--skip-tenancy`.\n");
+            return;
+        };
+        let _ = writeln!(
+            md,
+            "`cargo test -p integration --test tenancy` ({}, {:.0} s): a user bound only to the `admin` ClusterRole in their own namespace, acting with their own token, tries each attack through kubectl and the daemon's listeners.\n",
+            if step.ok {
+                "passed".to_owned()
+            } else {
+                format!("FAILED: {}", step.status)
+            },
+            step.seconds
+        );
+        if records.is_empty() {
+            let _ = writeln!(md, "**No attack recorded**: see tenancy.log.\n");
+            return;
+        }
+        let _ = writeln!(
+            md,
+            "| attack | refused | what happened |\n| --- | --- | --- |"
+        );
+        for record in records {
+            let refused = match record["status"].as_str() {
+                Some("pass") => "yes".to_owned(),
+                other => format!("**NO** ({})", other.unwrap_or("?")),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {refused} | {} |",
+                cell(&record["attack"]),
+                cell(&record["summary"])
+            );
         }
         let _ = writeln!(md);
     }
