@@ -108,6 +108,8 @@ fn served_series() -> BTreeSet<String> {
     let result = |r: &str| ResultLabels { result: r.into() };
     telemetry.eci_probes.get_or_create(&result("ok")).inc();
     telemetry.lease_renewals.get_or_create(&result("ok")).inc();
+    telemetry.token_refreshes.get_or_create(&result("ok")).inc();
+    telemetry.drains.get_or_create(&result("drained")).inc();
     telemetry
         .admission_reviews
         .get_or_create(&result("patched"))

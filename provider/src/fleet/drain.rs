@@ -322,11 +322,16 @@ impl Decommission {
                 Err(error) => return Err(self.api_error("list the node's pods")(error)),
             };
             let plan = plan(&pods, self.config.drain_evict_unmanaged_pods);
+            self.telemetry
+                .drain_pods_left
+                .set(i64::try_from(plan.left()).unwrap_or(i64::MAX));
             if plan.left() == 0 {
+                Telemetry::count(&self.telemetry.drains, "drained");
                 info!(node = %self.config.node_name, elapsed = ?started.elapsed(), ignored = plan.ignored.len(), "drained: no pod is left on the node");
                 return Ok(Outcome::Drained);
             }
             if Instant::now() >= deadline {
+                Telemetry::count(&self.telemetry.drains, "timed_out");
                 let left = plan.describe_left();
                 warn!(node = %self.config.node_name, %left, timeout = ?self.config.drain_timeout, "the drain deadline passed: leaving the node cordoned with its remaining pods");
                 self.node_event(

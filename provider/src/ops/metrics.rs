@@ -101,6 +101,12 @@ pub struct Telemetry {
     pub placement_bind_refusals: Counter,
     /// Time to answer the scheduler extender, by verb.
     pub placement_extender_seconds: Family<VerbLabels, Histogram, HistogramMaker>,
+    /// Service account token refreshes by result (`ok`, `retry`, `failed`).
+    pub token_refreshes: Family<ResultLabels, Counter>,
+    /// Pods the last decommission drain was waiting for (0 when none ran or it emptied the node).
+    pub drain_pods_left: Gauge,
+    /// Finished decommission drains by result (`drained`, `timed_out`).
+    pub drains: Family<ResultLabels, Counter>,
 }
 
 fn extender_histogram() -> Histogram {
@@ -140,6 +146,9 @@ impl Telemetry {
             placement_pods_placed: Family::default(),
             placement_bind_refusals: Counter::default(),
             placement_extender_seconds: Family::new_with_constructor(extender_histogram),
+            token_refreshes: Family::default(),
+            drain_pods_left: Gauge::default(),
+            drains: Family::default(),
         };
         registry.register(
             "eci_reachable",
@@ -231,6 +240,21 @@ impl Telemetry {
             "Time to answer kube-scheduler's extender calls, by verb",
             telemetry.placement_extender_seconds.clone(),
         );
+        registry.register(
+            "token_refreshes",
+            "Service account token refreshes by result: ok, retry (failed, retried with back-off), failed (given up: the tokens expire in the group)",
+            telemetry.token_refreshes.clone(),
+        );
+        registry.register(
+            "drain_pods_left",
+            "Pods the last decommission drain of this node was waiting for: 0 when none ran or it emptied the node",
+            telemetry.drain_pods_left.clone(),
+        );
+        registry.register(
+            "drains",
+            "Finished decommission drains by result: drained, timed_out (the node stays cordoned with pods left)",
+            telemetry.drains.clone(),
+        );
         *telemetry
             .registry
             .lock()
@@ -242,6 +266,15 @@ impl Telemetry {
     pub fn kube_request(&self, operation: &'static str) {
         self.kube_requests
             .get_or_create(&KubeLabels { operation })
+            .inc();
+    }
+
+    /// Counts one result of a result-labelled counter.
+    pub fn count(family: &Family<ResultLabels, Counter>, result: &str) {
+        family
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
             .inc();
     }
 

@@ -722,7 +722,14 @@ impl Work for Renewal {
 impl Renewal {
     async fn refresh(&self, entry: &Entry) -> Next {
         let pod = format!("{}/{}", entry.namespace, entry.name);
-        match self.try_refresh(entry).await {
+        let outcome = self.try_refresh(entry).await;
+        let result = match &outcome {
+            Ok(_) => "ok",
+            Err(failure) if failure.is_retryable() => "retry",
+            Err(_) => "failed",
+        };
+        Telemetry::count(&self.telemetry.token_refreshes, result);
+        match outcome {
             Ok(Some(delay)) => {
                 debug!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, next_in = ?delay, "next token refresh scheduled");
                 Next::After(delay)
