@@ -310,6 +310,8 @@ fn the_ack_virtual_node_spellings_and_the_options_render() {
         "webhook.certificate=certManager",
         "certManager.issuerRef.name=ca",
         "drainTimeout=10m",
+        "nodeLabels.team=platform",
+        "nodeLabels.node\\.kubernetes\\.io/pool=eci",
     ]);
     let objects = template(&sets).unwrap();
     let find = |kind: &str, name: &str| {
@@ -322,6 +324,12 @@ fn the_ack_virtual_node_spellings_and_the_options_render() {
     assert_eq!(set["spec"]["replicas"], 3);
     let pod = &set["spec"]["template"]["spec"];
     assert_eq!(pod["containers"][0]["image"], "registry.example/vne:1.2.3");
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    assert!(
+        env.iter().any(|e| e["name"] == "NODE_LABELS"
+            && e["value"] == "node.kubernetes.io/pool=eci,team=platform"),
+        "nodeLabels become NODE_LABELS, sorted"
+    );
     assert_eq!(pod["terminationGracePeriodSeconds"], 660);
     let secret = find("Secret", "virtual-node-eci-credentials");
     assert_eq!(secret["stringData"]["ECI_ACCESS_KEY"], "LTAIexample");
@@ -555,9 +563,31 @@ async fn install_scale_uninstall(h: &mut Harness) -> Result<(), HarnessError> {
 
     let mut upgrade = vec!["upgrade"];
     upgrade.extend(release);
-    upgrade.extend(["--set", "replicaCount=3"]);
+    upgrade.extend([
+        "--set",
+        "replicaCount=3",
+        "--set",
+        "nodeLabels.team=platform",
+    ]);
     helm_on(h, &upgrade).await?;
     wait_ready_nodes(h, 3).await?;
+    h.wait_for(
+        "every virtual node carries nodeLabels",
+        WAIT,
+        |h| async move {
+            let nodes = virtual_nodes(h).await;
+            nodes.len() == 3
+                && nodes.iter().all(|n| {
+                    n.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("team"))
+                        .map(String::as_str)
+                        == Some("platform")
+                })
+        },
+    )
+    .await?;
     let names: Vec<String> = virtual_nodes(h)
         .await
         .into_iter()

@@ -94,3 +94,12 @@ how to remove them afterwards.
 {{- define "vne.keep" -}}
 helm.sh/resource-policy: keep
 {{- end -}}
+
+{{/* NODE_LABELS from a map: key=value pairs, sorted, separated by commas. */}}
+{{- define "virtual-node-eci.nodeLabels" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := . -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key (toString $value)) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end }}

@@ -7,8 +7,12 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+mod node_labels;
 mod secret;
 
+pub use node_labels::{
+    SET_BY_DAEMON as NODE_LABELS_SET_BY_DAEMON, is_reserved as is_reserved_label,
+};
 pub use secret::Secret;
 
 /// Taint effects a node taint may have.
@@ -179,6 +183,12 @@ pub struct Config {
         default_value = "NoSchedule"
     )]
     pub taint_effect: TaintEffect,
+
+    /// Extra labels on every virtual node, as the kubelet's --node-labels takes them
+    /// (`key=value,key=value`); keys in the kubernetes.io and k8s.io namespaces only under
+    /// kubelet.kubernetes.io/ or node.kubernetes.io/, and none the daemon sets itself.
+    #[arg(long, env = "NODE_LABELS", default_value = "")]
+    pub node_labels: String,
 
     /// Port of the kubelet API, advertised as the node's kubelet endpoint.
     #[arg(long, env = "KUBELET_PORT", default_value_t = 10250)]
@@ -461,6 +471,8 @@ pub struct Settings {
     pub vswitch: String,
     /// The groups' security group (`ECI_SECURITY_GROUP`), checked to be set.
     pub security_group: String,
+    /// The administrator's extra node labels (`NODE_LABELS`), validated.
+    pub node_labels: std::collections::BTreeMap<String, String>,
 }
 
 fn is_dns_subdomain(name: &str) -> bool {
@@ -501,6 +513,8 @@ pub struct NodeConfig {
     pub taint_value: String,
     /// The node taint's effect.
     pub taint_effect: TaintEffect,
+    /// The administrator's extra node labels (`NODE_LABELS`, validated).
+    pub extra_labels: std::collections::BTreeMap<String, String>,
     /// The advertised kubelet port.
     pub kubelet_port: u16,
     /// Advertised CPU capacity (a quantity).
@@ -789,6 +803,7 @@ impl Settings {
             taint_key: config.taint_key.clone(),
             taint_value: config.taint_value.clone(),
             taint_effect: config.taint_effect,
+            extra_labels: self.node_labels.clone(),
             kubelet_port: config.kubelet_port,
             quota_cpu: config.quota_cpu.clone(),
             quota_memory: config.quota_memory.clone(),
@@ -1040,7 +1055,14 @@ impl Config {
         }
         let cluster_name = self.cluster_name()?;
         let internal_ip = self.pod_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let node_labels = node_labels::parse(&self.node_labels, &node_labels::SET_BY_DAEMON)
+            .map_err(|problem| ConfigError {
+                flag: "--node-labels (NODE_LABELS)",
+                problem,
+                fix: "give key=value pairs separated by commas, with keys of your own namespace (or under node.kubernetes.io/)",
+            })?;
         Ok(Settings {
+            node_labels,
             vswitch,
             security_group,
             node_name,

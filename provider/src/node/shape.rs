@@ -59,9 +59,9 @@ fn architecture() -> &'static str {
     }
 }
 
-/// Our labels.
+/// Our labels: the administrator's extra ones (`NODE_LABELS`), then the daemon's own.
 pub fn desired_labels(config: &NodeConfig) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
+    let mut labels = config.extra_labels.clone();
     for (key, value) in [
         (VNODE_LABEL, "true"),
         ("type", "virtual-kubelet"),
@@ -384,6 +384,35 @@ mod tests {
                 .get("topology.kubernetes.io/zone")
                 .is_none()
         );
+    }
+
+    #[test]
+    fn the_administrators_labels_join_ours_and_leave_with_the_setting() {
+        let config = mk_config(&["--node-labels", "team=platform,node.kubernetes.io/pool=eci"]);
+        let node = new_node(&config);
+        assert_eq!(node["metadata"]["labels"]["team"], "platform");
+        assert_eq!(node["metadata"]["labels"]["node.kubernetes.io/pool"], "eci");
+        // Dropped from the setting: the adoption patch removes it (it is in the managed record).
+        let mut existing = node;
+        existing["metadata"]["annotations"][MANAGED_ANNOTATION] = json!(managed_record(&config));
+        let patch = adoption_patch(&mk_node(existing), &mk_config(&[])).unwrap();
+        assert_eq!(
+            patch["metadata"]["labels"],
+            json!({"team": null, "node.kubernetes.io/pool": null})
+        );
+    }
+
+    #[test]
+    fn no_extra_label_can_override_ours() {
+        // Every label the daemon sets is either reserved (refused by NODE_LABELS' parser) or
+        // named in the list the parser refuses by name: the two cannot drift apart.
+        for key in desired_labels(&mk_config(&["--zone", "z"])).keys() {
+            assert!(
+                crate::config::is_reserved_label(key)
+                    || crate::config::NODE_LABELS_SET_BY_DAEMON.contains(&key.as_str()),
+                "{key} could be overridden through NODE_LABELS"
+            );
+        }
     }
 
     #[test]
