@@ -48,3 +48,8 @@ async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_leaked() {
 async fn a_pods_identity_and_security_reach_eci() {
     pods::a_pods_identity_and_security_reach_eci(EciApi::Grpc).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pod_costs_one_create_and_one_delete() {
+    pods::each_pod_costs_one_create_and_one_delete(EciApi::Grpc).await;
+}

@@ -553,7 +553,9 @@ impl PodController {
                     None
                 } else {
                     entry.deleting = true;
-                    Some(Action::Delete)
+                    // The group as known now: the pod's removal may reach `forget` before
+                    // the deletion task runs, and it leaves the group to this deletion.
+                    Some(Action::Delete(entry.group.clone()))
                 }
             } else if entry.group.is_some()
                 || entry.creating
@@ -580,9 +582,9 @@ impl PodController {
                 };
                 self.inner.creations.push(uid, job);
             }
-            Some(Action::Delete) => {
+            Some(Action::Delete(group)) => {
                 let deletion = controller.clone();
-                controller.spawn_pod_task(deletion.delete(pod, uid).instrument(span));
+                controller.spawn_pod_task(deletion.delete(pod, uid, group).instrument(span));
             }
             Some(Action::Skip(reason)) => {
                 let explaining = controller.clone();
@@ -596,7 +598,8 @@ impl PodController {
 
 enum Action {
     Create,
-    Delete,
+    /// Delete the pod's group (if it has one yet) and then the pod.
+    Delete(Option<String>),
     Skip(&'static str),
 }
 
@@ -862,11 +865,11 @@ mod tests {
         let eci = Arc::new(RefusingDeletes::default());
         let (controller, requests) = controller(Arc::clone(&eci));
         track(&controller, true);
-        let deleting = tokio::spawn(
-            controller
-                .clone()
-                .delete(Arc::new(terminating_pod()), "u-1".into()),
-        );
+        let deleting = tokio::spawn(controller.clone().delete(
+            Arc::new(terminating_pod()),
+            "u-1".into(),
+            Some("eci-1".into()),
+        ));
         // Ten minutes of refusals: far past one deletion's eight attempts.
         tokio::time::sleep(Duration::from_secs(600)).await;
         assert!(eci.refused.load(Ordering::SeqCst) > 16, "still trying");
@@ -914,6 +917,36 @@ mod tests {
         eci.recovered.store(true, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(120)).await;
         assert_eq!(*eci.deleted.lock().unwrap(), ["eci-1"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_removed_while_its_deletion_runs_costs_one_delete() {
+        // A grace period of 0: the watch shows the deletionTimestamp and then the removal, so
+        // `forget` may run before or while the deletion task does.
+        let eci = Arc::new(RefusingDeletes::default());
+        eci.recovered.store(true, Ordering::SeqCst);
+        let (controller, _) = controller(Arc::clone(&eci));
+        track(&controller, true);
+        controller.forget(&terminating_pod());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(
+            eci.deleted.lock().unwrap().is_empty(),
+            "the removal leaves the group to the deletion under way"
+        );
+        controller
+            .clone()
+            .delete(
+                Arc::new(terminating_pod()),
+                "u-1".into(),
+                Some("eci-1".into()),
+            )
+            .await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            *eci.deleted.lock().unwrap(),
+            ["eci-1"],
+            "one delete, by the deletion"
+        );
     }
 
     fn group(status: &str, ready: bool) -> ContainerGroupStatus {

@@ -658,3 +658,71 @@ pub(crate) async fn a_pods_identity_and_security_reach_eci(api: EciApi) {
     })
     .await;
 }
+
+/// The ECI calls one pod's life costs, as mock-eci counted them (every result, errors too):
+/// `(CreateContainerGroup, DeleteContainerGroup)`.
+async fn lifecycle_calls(h: &Harness) -> (f64, f64) {
+    let text = h.mock_metrics().await.unwrap_or_default();
+    let all = |action: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("mock_eci_calls_total{"))
+            .filter(|l| l.contains(&format!("action=\"{action}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    (all("CreateContainerGroup"), all("DeleteContainerGroup"))
+}
+
+pub(crate) async fn each_pod_costs_one_create_and_one_delete(api: EciApi) {
+    with_harness(api, async |h| {
+        let Scene { node, admin, ns } = start(h).await?;
+        // Grace periods as users write them: none (removed at once), short ones that ECI
+        // honours to the end, and the default 30 s (the app stops at SIGTERM before that).
+        let graces = [Some(0), Some(1), Some(2), Some(3), None];
+        let mut names = Vec::new();
+        for (i, grace) in graces.iter().cycle().take(20).enumerate() {
+            let name = format!("life-{i}");
+            let spec = match grace {
+                Some(grace) => {
+                    json!({"terminationGracePeriodSeconds": grace, "containers": [container(&[])]})
+                }
+                None => json!({"containers": [container(&[("MOCK_ECI_STOP_AFTER", "500ms")])]}),
+            };
+            create(h, &ns, &pod_spec(&name, &node, spec)).await?;
+            names.push(name);
+        }
+        for name in &names {
+            wait_pod(h, &ns, name, "Running", |p| phase(p) == "Running").await?;
+        }
+        let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+        for name in &names {
+            pods.delete(name, &DeleteParams::default()).await?;
+        }
+        h.wait_for("every pod and group gone", WAIT, |h| {
+            let (ns, admin) = (ns.clone(), admin.clone());
+            async move {
+                let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+                let left = pods.list(&Default::default()).await.map(|l| l.items.len());
+                left.ok() == Some(0) && groups(&admin).await.is_empty()
+            }
+        })
+        .await?;
+        let (creates, deletes) = lifecycle_calls(h).await;
+        let counted: Vec<String> = h
+            .mock_metrics()
+            .await
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("mock_eci_calls_total{") && l.contains("ContainerGroup\""))
+            .map(str::to_owned)
+            .collect();
+        if (creates, deletes) != (20.0, 20.0) {
+            // An error, not a panic: the harness then prints the daemon's log.
+            return Err(HarnessError::Setup(format!(
+                "one CreateContainerGroup and one DeleteContainerGroup per pod (errors included) expected, mock-eci counted {creates} and {deletes}: {counted:#?}"
+            )));
+        }
+        Ok(())
+    })
+    .await;
+}

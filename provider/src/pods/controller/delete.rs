@@ -18,6 +18,40 @@ use super::{Adopted, PodController, backoff, pod_key, slim};
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
 const CONFIRMING: usize = 8;
+/// How long past a pod's grace period its group may take to disappear before it is deleted
+/// again by force: ECI ends the group itself when the grace period it was created with runs
+/// out, and the removal watcher sees that within a poll or two.
+const REMOVAL_SLACK: Duration = Duration::from_secs(2);
+
+/// How a pod's container group is deleted, from the pod's deletion grace period.
+///
+/// ECI honours the grace period the group was created with: a graceful delete ends in the
+/// group's removal without a second call. A forced delete is sent only when no grace is left,
+/// or when the group outlives its grace period (plus [`REMOVAL_SLACK`]) and is still there.
+/// Deletions share an account-wide quota (1,000 a minute per region), so one wasted call per
+/// pod halves the speed of every scale-in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GroupDeletion {
+    /// No grace period: one forced delete.
+    Immediate,
+    /// One graceful delete, then wait this long for the group to go.
+    Graceful {
+        /// The grace period plus the slack.
+        wait: Duration,
+    },
+}
+
+impl GroupDeletion {
+    /// The plan for a pod deleted with `grace_seconds` (negative read as none).
+    fn for_grace(grace_seconds: i64) -> Self {
+        match u64::try_from(grace_seconds) {
+            Ok(0) | Err(_) => Self::Immediate,
+            Ok(seconds) => Self::Graceful {
+                wait: Duration::from_secs(seconds).saturating_add(REMOVAL_SLACK),
+            },
+        }
+    }
+}
 
 /// Whose deletion waits while a group deletion is retried, for the log line that says so.
 #[derive(Clone, Copy)]
@@ -118,11 +152,22 @@ impl PodController {
     /// not wait on ECI (an outage would hold every other pod of the node back).
     pub(super) fn forget(&self, pod: &Pod) {
         let Some(uid) = pod.uid() else { return };
-        let group = self.tracked().remove(&uid).and_then(|t| t.group);
+        let Some(tracked) = self.tracked().remove(&uid) else {
+            return;
+        };
         self.inner.tokens.forget(&uid);
-        if let Some(id) = group {
-            info!(pod = %pod_key(pod), eci_id = %id, "pod removed; deleting its container group");
-            self.delete_group_eventually(id);
+        match tracked.group {
+            // Our own deletion of the pod is under way (a grace period of 0 brings the pod's
+            // removal right after its deletionTimestamp): it deletes the group until ECI
+            // accepts, whatever becomes of the pod, so a second call would only be refused.
+            Some(id) if tracked.deleting => {
+                debug!(pod = %pod_key(pod), eci_id = %id, "pod removed while its deletion runs; that deletion ends the container group");
+            }
+            Some(id) => {
+                info!(pod = %pod_key(pod), eci_id = %id, "pod removed; deleting its container group");
+                self.delete_group_eventually(id);
+            }
+            None => {}
         }
     }
 
@@ -139,30 +184,13 @@ impl PodController {
         });
     }
 
-    pub(super) async fn delete(self, pod: Arc<Pod>, uid: String) {
-        let group = self.tracked().get(&uid).and_then(|t| t.group.clone());
-        let grace = pod
-            .metadata
-            .deletion_grace_period_seconds
-            .unwrap_or(30)
-            .max(0);
+    /// Deletes `group` (the pod's, when its deletion was seen) as the pod's grace period
+    /// allows, then the pod.
+    pub(super) async fn delete(self, pod: Arc<Pod>, uid: String, group: Option<String>) {
+        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(30);
         if let Some(id) = &group {
-            self.delete_group_until_accepted(id, false, Waiting::PodTerminating)
+            self.delete_group_for_pod(id, GroupDeletion::for_grace(grace))
                 .await;
-            let grace = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
-            let (gone, until_gone) = tokio::sync::oneshot::channel();
-            self.inner
-                .awaiting_removal
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(id.clone())
-                .or_default()
-                .push(gone);
-            if tokio::time::timeout(grace, until_gone).await.is_err() {
-                // The grace period is over: stop it now.
-                self.delete_group_until_accepted(id, true, Waiting::PodTerminating)
-                    .await;
-            }
         }
         // The group is gone: the pod's removal from the watch must not delete it again.
         if let Some(t) = self.tracked().get_mut(&uid) {
@@ -197,6 +225,38 @@ impl PodController {
         warn!("could not delete the pod; the next resync tries again");
         if let Some(t) = self.tracked().get_mut(&uid) {
             t.deleting = false;
+        }
+    }
+
+    /// Deletes the group of a pod being deleted as `plan` says; returns once ECI accepted a
+    /// deletion and the group is gone or has outlived its grace period.
+    async fn delete_group_for_pod(&self, id: &str, plan: GroupDeletion) {
+        let wait = match plan {
+            GroupDeletion::Immediate => {
+                self.delete_group_until_accepted(id, true, Waiting::PodTerminating)
+                    .await;
+                return;
+            }
+            GroupDeletion::Graceful { wait } => wait,
+        };
+        self.delete_group_until_accepted(id, false, Waiting::PodTerminating)
+            .await;
+        let (gone, until_gone) = tokio::sync::oneshot::channel();
+        self.inner
+            .awaiting_removal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id.to_owned())
+            .or_default()
+            .push(gone);
+        if tokio::time::timeout(wait, until_gone).await.is_ok() {
+            return;
+        }
+        // Past its grace period: stop it now, unless it went meanwhile (a failed read counts
+        // as still there).
+        if self.group_exists(id).await.unwrap_or(true) {
+            self.delete_group_until_accepted(id, true, Waiting::PodTerminating)
+                .await;
         }
     }
 
@@ -336,6 +396,29 @@ impl PodController {
                     return false;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{GroupDeletion, REMOVAL_SLACK};
+
+    #[test]
+    fn one_graceful_delete_unless_no_grace_is_left() {
+        let graceful = |seconds| GroupDeletion::Graceful {
+            wait: Duration::from_secs(seconds) + REMOVAL_SLACK,
+        };
+        for (grace, plan) in [
+            (0, GroupDeletion::Immediate),
+            (-1, GroupDeletion::Immediate),
+            (1, graceful(1)),
+            (30, graceful(30)),
+            (i64::MAX, graceful(u64::try_from(i64::MAX).unwrap())),
+        ] {
+            assert_eq!(GroupDeletion::for_grace(grace), plan, "grace {grace}");
         }
     }
 }
