@@ -56,3 +56,8 @@ async fn a_pods_identity_and_security_reach_eci() {
 async fn each_pod_costs_one_create_and_one_delete() {
     pods::each_pod_costs_one_create_and_one_delete(EciApi::OpenApi).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_publishes_no_eci_event_twice() {
+    pods::a_restart_publishes_no_eci_event_twice(EciApi::OpenApi).await;
+}

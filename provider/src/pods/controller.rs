@@ -15,6 +15,7 @@
 
 mod create;
 mod delete;
+mod eci_events;
 mod status_sync;
 
 use super::slim;
@@ -73,8 +74,8 @@ struct Tracked {
     /// Hash of the status last written (a hash, not the JSON: memory per pod matters at
     /// thousands of pods).
     written: Option<u64>,
-    /// Hashes of the ECI events already turned into Events.
-    events_seen: HashSet<u64>,
+    /// The newest ECI event already turned into an Event.
+    events: eci_events::EventWatermark,
     /// Hash of the ECI group state last applied to the pod: a poll returns a group for every
     /// change within its window, and most of those are repeats that need no work at all.
     applied: Option<u64>,
@@ -372,8 +373,12 @@ impl PodController {
         };
         {
             let mut tracked = self.tracked();
+            let now = SystemTime::now();
             for group in &adopted {
-                tracked.entry(group.uid.clone()).or_default().group = Some(group.id.clone());
+                let entry = tracked.entry(group.uid.clone()).or_default();
+                entry.group = Some(group.id.clone());
+                // The previous process published what happened before.
+                entry.events = eci_events::EventWatermark::since(now);
             }
         }
         info!(

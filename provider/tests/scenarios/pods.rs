@@ -726,3 +726,69 @@ pub(crate) async fn each_pod_costs_one_create_and_one_delete(api: EciApi) {
     })
     .await;
 }
+
+/// How many Event objects say `reason` about pod `name` (core/v1 view of every Event).
+async fn events_about(h: &Harness, ns: &str, name: &str, reason: &str) -> usize {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(h.client(), ns);
+    events
+        .list(&Default::default())
+        .await
+        .map(|list| {
+            list.items
+                .iter()
+                .filter(|e| {
+                    e.involved_object.name.as_deref() == Some(name)
+                        && e.reason.as_deref() == Some(reason)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+pub(crate) async fn a_restart_publishes_no_eci_event_twice(api: EciApi) {
+    with_harness(api, async |h| {
+        let Scene { node, ns, .. } = start(h).await?;
+        let names = ["ev-0", "ev-1", "ev-2"];
+        for name in names {
+            let spec = json!({"containers": [container(&[])]});
+            create(h, &ns, &pod_spec(name, &node, spec)).await?;
+        }
+        for name in names {
+            wait_pod(h, &ns, name, "Running", |p| phase(p) == "Running").await?;
+            h.wait_for(&format!("{name}'s Started Event"), WAIT, |h| {
+                let ns = ns.clone();
+                async move { events_about(h, &ns, name, "Started").await == 1 }
+            })
+            .await?;
+        }
+        // A restart: the successor adopts the groups, whose answers list the same events.
+        let daemon = h.node_name(0);
+        let status = h
+            .process(&daemon)
+            .ok_or_else(|| HarnessError::Setup("the daemon is not running".into()))?
+            .terminate(Duration::from_secs(20))
+            .await;
+        if !status.is_some_and(|s| s.success()) {
+            return Err(HarnessError::Setup(format!("the daemon did not stop cleanly: {status:?}")));
+        }
+        h.start_daemon(0, FAST_DAEMON)?;
+        // The successor is at work once a new pod runs (it polled every group meanwhile).
+        create(h, &ns, &pod_spec("after", &node, json!({"containers": [container(&[])]}))).await?;
+        wait_pod(h, &ns, "after", "Running", |p| phase(p) == "Running").await?;
+        h.wait_for("the new pod's Started Event", WAIT, |h| {
+            let ns = ns.clone();
+            async move { events_about(h, &ns, "after", "Started").await == 1 }
+        })
+        .await?;
+        for name in names {
+            let started = events_about(h, &ns, name, "Started").await;
+            if started != 1 {
+                return Err(HarnessError::Setup(format!(
+                    "{name}: {started} Started Events after the restart, expected the one from before"
+                )));
+            }
+        }
+        Ok(())
+    })
+    .await;
+}

@@ -190,7 +190,7 @@ impl PodController {
             group.tags = Vec::new();
             group
                 .events
-                .retain(|e| e.r#type == "Warning" || !entry.events_seen.contains(&event_hash(e)));
+                .retain(|e| e.r#type == "Warning" || entry.events.is_new(e));
             self.inner.statuses.push(uid, (group, state));
         }
     }
@@ -287,12 +287,7 @@ impl PodController {
             let Some(kept) = entry.pod.clone() else {
                 return;
             };
-            let new_events: Vec<_> = group
-                .events
-                .iter()
-                .filter(|e| entry.events_seen.insert(event_hash(e)))
-                .cloned()
-                .collect();
+            let new_events = entry.events.take_new(&group.events);
             (kept, entry.written, new_events)
         };
         let Some(pod) = kept.pod() else { return };
@@ -394,10 +389,6 @@ impl PodController {
 }
 
 /// Identifies an ECI event among a group's events (ECI repeats them with a growing count).
-fn event_hash(event: &eci_proto::v20180808::Event) -> u64 {
-    hash_of(&(&event.reason, &event.message, event.count))
-}
-
 /// The `since_second` window covering every change since the last complete poll, `elapsed`
 /// ago: whole seconds rounded up, plus one for second-granular change times. (Wider windows
 /// only return the same changes again; a change missed anyway is caught by the full resync.)
