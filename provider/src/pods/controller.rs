@@ -13,7 +13,7 @@
 //! - Start-up: groups tagged with this cluster and node are adopted by pod UID; groups whose pod
 //!   no longer exists are deleted; nothing of other nodes or clusters is ever touched.
 
-mod admit;
+mod gate;
 mod create;
 mod delete;
 mod status_sync;
