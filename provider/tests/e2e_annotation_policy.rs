@@ -18,7 +18,7 @@ const RAM_ROLE: &str = "k8s.aliyun.com/eci-ram-role-name";
 const TRUSTED: &str = "e2e.virtual-node-eci/trusted";
 const SERVED: &str = "e2e.virtual-node-eci/served";
 
-fn pod(name: &str, node: &str, annotations: Value) -> Pod {
+fn pod(name: &str, node: &str, annotations: &Value) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "annotations": annotations},
         "spec": {
@@ -178,16 +178,16 @@ async fn scenario(h: &mut Harness, policy_name: &str) -> Result<(), HarnessError
     let create = PostParams::default();
     // An unrestricted pod of a served namespace runs as before.
     tenant_pods
-        .create(&create, &pod("plain", &node, json!({})))
+        .create(&create, &pod("plain", &node, &json!({})))
         .await?;
     tenant_pods
         .create(
             &create,
-            &pod("role", &node, json!({RAM_ROLE: "admin-role"})),
+            &pod("role", &node, &json!({RAM_ROLE: "admin-role"})),
         )
         .await?;
     outside_pods
-        .create(&create, &pod("outsider", &node, json!({})))
+        .create(&create, &pod("outsider", &node, &json!({})))
         .await?;
     wait_running(h, &tenant, "plain").await?;
     let role = wait_refused(

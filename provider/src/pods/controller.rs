@@ -13,9 +13,9 @@
 //! - Start-up: groups tagged with this cluster and node are adopted by pod UID; groups whose pod
 //!   no longer exists are deleted; nothing of other nodes or clusters is ever touched.
 
-mod gate;
 mod create;
 mod delete;
+mod gate;
 mod status_sync;
 
 use super::slim;
