@@ -285,6 +285,21 @@ pub struct Config {
     #[arg(long, env = "MAX_CONCURRENT_CREATES", default_value_t = 32)]
     pub max_concurrent_creates: usize,
 
+    /// Serve only pods of namespaces whose labels match this selector (`kubectl -l` syntax,
+    /// e.g. `eci.aliyun.com/tenant=true`). Pods bound here from other namespaces stay Pending
+    /// with reason NamespaceNotServed: nothing of them is read and no instance is created.
+    /// Unset: every namespace.
+    #[arg(long, env = "NAMESPACE_SELECTOR")]
+    pub namespace_selector: Option<String>,
+
+    /// The ConfigMap (in POD_NAMESPACE) saying which namespaces may use which
+    /// `k8s.aliyun.com/` annotations: key = annotation name without the prefix (e.g.
+    /// `eci-ram-role-name`), value = a namespace label selector, or `none`. Annotations it
+    /// does not name stay allowed everywhere; while it is missing or invalid, pods wait.
+    /// Unset: every annotation allowed everywhere, as in ack-virtual-node.
+    #[arg(long, env = "ANNOTATION_POLICY_CONFIGMAP")]
+    pub annotation_policy_configmap: Option<String>,
+
     /// What a stop signal means: `auto` decides from the StatefulSet (this replica's ordinal at
     /// or above `spec.replicas`, or the StatefulSet being deleted, means scale-in: drain and
     /// remove the node; anything else is a restart), `restart` always keeps the node and its
@@ -641,6 +656,12 @@ pub struct PodsConfig {
     pub pod_status_poll_interval: Duration,
     /// How often every group is listed in full.
     pub pod_resync_interval: Duration,
+    /// The daemon's namespace (where the annotation policy ConfigMap lives).
+    pub pod_namespace: String,
+    /// Only namespaces matching this label selector are served (`None`: all).
+    pub namespace_selector: Option<String>,
+    /// The annotation policy ConfigMap's name (`None`: no policy).
+    pub annotation_policy_configmap: Option<String>,
 }
 
 /// What the admission area (Selector engine, webhook) is given.
@@ -769,6 +790,15 @@ impl Settings {
             max_concurrent_creates: config.max_concurrent_creates,
             pod_status_poll_interval: config.pod_status_poll_interval,
             pod_resync_interval: config.pod_resync_interval,
+            pod_namespace: config.pod_namespace.clone(),
+            namespace_selector: config
+                .namespace_selector
+                .clone()
+                .filter(|s| !s.trim().is_empty()),
+            annotation_policy_configmap: config
+                .annotation_policy_configmap
+                .clone()
+                .filter(|s| !s.trim().is_empty()),
         }
     }
 
@@ -1051,6 +1081,24 @@ impl Config {
                 flag: "--max-concurrent-creates (MAX_CONCURRENT_CREATES)",
                 problem: "0".into(),
                 fix: "allow at least 1",
+            });
+        }
+        if let Some(text) = &self.namespace_selector
+            && let Err(error) = crate::k8s::label_selector::parse(text)
+        {
+            return Err(ConfigError {
+                flag: "--namespace-selector (NAMESPACE_SELECTOR)",
+                problem: error.to_string(),
+                fix: "write a label selector as kubectl -l takes it, e.g. eci.aliyun.com/tenant=true",
+            });
+        }
+        if let Some(name) = &self.annotation_policy_configmap
+            && name.contains('/')
+        {
+            return Err(ConfigError {
+                flag: "--annotation-policy-configmap (ANNOTATION_POLICY_CONFIGMAP)",
+                problem: name.clone(),
+                fix: "give the ConfigMap's name only: it is read from POD_NAMESPACE",
             });
         }
         let cluster_name = self.cluster_name()?;

@@ -5,6 +5,7 @@
 
 pub mod access;
 pub mod election;
+pub mod label_selector;
 pub mod quantity;
 pub mod requests;
 pub mod serving_cert;

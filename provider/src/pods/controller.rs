@@ -16,6 +16,7 @@
 mod create;
 mod delete;
 mod eci_events;
+mod gate;
 mod status_sync;
 
 use super::slim;
@@ -79,6 +80,9 @@ struct Tracked {
     /// Hash of the ECI group state last applied to the pod: a poll returns a group for every
     /// change within its window, and most of those are repeats that need no work at all.
     applied: Option<u64>,
+    /// Hash of the refusal last shown on the pod, while the namespace scope or the
+    /// annotation policy refuses it.
+    held: Option<u64>,
 }
 
 impl Tracked {
@@ -203,6 +207,8 @@ struct Inner {
     tokens: crate::pods::tokens::TokenRefresher,
     /// The Services ECI pods see in their environment (one watch).
     services: crate::pods::services::ServiceCache,
+    /// The namespace scope and annotation policy, as currently known.
+    tenancy: crate::pods::tenancy::feed::PolicyFeed,
 }
 
 impl std::fmt::Debug for PodController {
@@ -262,6 +268,7 @@ impl PodController {
                     Arc::clone(&telemetry),
                 ),
                 services: crate::pods::services::ServiceCache::new(),
+                tenancy: crate::pods::tenancy::feed::PolicyFeed::new(tenancy_settings(&config)),
                 config,
                 client,
                 backend,
@@ -349,6 +356,12 @@ impl PodController {
             Ok(())
         });
         access.spawn(async move { Ok(services.run(client, stop_services).await?) });
+        let (tenancy, client, stop_tenancy) = (
+            self.inner.tenancy.clone(),
+            self.inner.client.clone(),
+            stop.clone(),
+        );
+        access.spawn(async move { Ok(tenancy.run(client, stop_tenancy).await?) });
         let listed_at = tokio::time::Instant::now();
         let adopted = loop {
             let mut adopted = Vec::new();
@@ -406,8 +419,9 @@ impl PodController {
         let creators = self.clone().create_groups(stop.clone());
         let annotators = self.clone().annotate_pods(stop.clone());
         let removals = self.clone().watch_removals(stop.clone());
+        let requeues = self.clone().requeue_held(stop.clone());
         let outcome = tokio::try_join!(
-            watch, poll, writers, refreshers, creators, annotators, removals, access
+            watch, poll, writers, refreshers, creators, annotators, removals, requeues, access
         );
         self.finish_pod_tasks().await;
         outcome?;
@@ -628,6 +642,21 @@ fn hash_of<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
     hasher.finish()
 }
 
+/// The administrators' settings of the namespace scope and annotation policy. A scope that
+/// does not parse (the configuration checks it first) selects no namespace: closed, not open.
+fn tenancy_settings(config: &PodsConfig) -> crate::pods::tenancy::feed::Settings {
+    use crate::pods::tenancy::Written;
+    let scope = config
+        .namespace_selector
+        .as_deref()
+        .map(|text| Written::parse(text).unwrap_or_else(|_| Written::nobody()));
+    let policy = config
+        .annotation_policy_configmap
+        .clone()
+        .map(|name| (config.pod_namespace.clone(), name));
+    crate::pods::tenancy::feed::Settings { scope, policy }
+}
+
 /// Pods that must not become container groups, and why.
 fn not_for_virtual_nodes(pod: &Pod) -> Option<&'static str> {
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
@@ -679,6 +708,20 @@ pub const KUBE_API: &[crate::k8s::access::Access] = &[
         resource: "serviceaccounts/token",
         verbs: &["create"],
         why: "service account tokens for projected volumes",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "namespaces",
+        verbs: &["list", "watch"],
+        why: "namespace labels, judged by --namespace-selector and the annotation policy (only watched when one is set)",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::OwnNamespace,
+        group: "",
+        resource: "configmaps",
+        verbs: &["list", "watch"],
+        why: "the annotation policy ConfigMap (--annotation-policy-configmap), one object watched",
     },
 ];
 
@@ -810,6 +853,9 @@ mod tests {
             max_concurrent_creates: 1,
             pod_status_poll_interval: Duration::from_secs(1),
             pod_resync_interval: Duration::from_secs(60),
+            pod_namespace: "kube-system".into(),
+            namespace_selector: None,
+            annotation_policy_configmap: None,
         };
         let controller = PodController::new(
             config,

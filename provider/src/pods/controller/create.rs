@@ -12,6 +12,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::gate::Admission;
 use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
     pod_key, pod_key_parts,
@@ -164,6 +165,12 @@ impl PodController {
         };
         let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
         async {
+            // Before anything of the pod is read or created: the administrators' say.
+            match self.admit(&pod, uid).await {
+                Admission::Go => {}
+                Admission::Held => return None,
+                Admission::Later => return Some(retry),
+            }
             let pod = match self.apply_pending_effect(pod).await {
                 Ok(pod) => pod,
                 Err(Failure::Retry(message) | Failure::Permanent(message)) => {

@@ -1,0 +1,151 @@
+//! The administrators' say before a pod becomes a container group: the namespace scope and
+//! the annotation policy ([`crate::pods::tenancy`]). A refused pod stays Pending with a
+//! condition and a Warning Event, and nothing of it is read or created; it is judged again
+//! when the policy, its namespace's labels or the pod itself change.
+
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::create::CreateJob;
+use super::{PodController, hash_of};
+use crate::pods::from_eci;
+use crate::pods::tenancy::Verdict;
+
+/// The condition a refused pod shows (the one ack-virtual-node users know from creation).
+const CONDITION: &str = "ContainerInstanceCreated";
+
+/// What to do with a pod after judging it.
+pub(super) enum Admission {
+    /// Create its group.
+    Go,
+    /// Refused: it waits for a change (policy, namespace labels, the pod).
+    Held,
+    /// Not decidable yet: try again after a back-off.
+    Later,
+}
+
+/// The annotations the pod will have when its group is created: its own and those a Selector
+/// deferred to binding adds (the policy judges the pod as bound, whoever wrote them).
+fn annotations_as_bound(pod: &Pod) -> Vec<String> {
+    let mut names: Vec<String> = pod.annotations().keys().cloned().collect();
+    if let Some(patch) = crate::admission::selector::engine::pending_effect_patch(pod)
+        && let Some(added) = patch
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.as_object())
+    {
+        names.extend(
+            added
+                .iter()
+                .filter(|(_, value)| !value.is_null())
+                .map(|(name, _)| name.clone()),
+        );
+    }
+    names
+}
+
+impl PodController {
+    /// Judges `pod` (with `uid`) and, when refused, tells its author once per reason.
+    pub(super) async fn admit(&self, pod: &Pod, uid: &str) -> Admission {
+        let names = annotations_as_bound(pod);
+        let namespace = pod.namespace().unwrap_or_default();
+        match self
+            .inner
+            .tenancy
+            .judge(names.iter().map(String::as_str), &namespace)
+        {
+            Verdict::Allowed => {
+                if let Some(entry) = self.tracked().get_mut(uid)
+                    && entry.held.take().is_some()
+                {
+                    info!("the pod is allowed now; creating its container group");
+                }
+                Admission::Go
+            }
+            Verdict::Undecided(why) => {
+                debug!(why, "cannot judge the pod yet");
+                Admission::Later
+            }
+            Verdict::Refused { reason, message } => {
+                let fingerprint = hash_of(&message);
+                let new = {
+                    let mut tracked = self.tracked();
+                    let Some(entry) = tracked.get_mut(uid) else {
+                        return Admission::Held;
+                    };
+                    // Judged again on the pod's next change, or a policy or label change.
+                    entry.creating = false;
+                    entry.held.replace(fingerprint) != Some(fingerprint)
+                };
+                if new {
+                    warn!(reason, %message, "refusing the pod");
+                    self.show_refusal(pod, uid, reason, &message).await;
+                }
+                Admission::Held
+            }
+        }
+    }
+
+    async fn show_refusal(&self, pod: &Pod, uid: &str, reason: &str, message: &str) {
+        let now = crate::k8s::rfc3339(SystemTime::now());
+        self.write_status(pod, |current| {
+            let mut status = from_eci::with_phase(current, "Pending", reason, message);
+            let condition = json!({
+                "type": CONDITION, "status": "False", "reason": reason,
+                "message": message, "lastTransitionTime": now,
+            });
+            match status["conditions"].as_array_mut() {
+                Some(conditions) => conditions.push(condition),
+                None => status["conditions"] = json!([condition]),
+            }
+            Some(status)
+        })
+        .await;
+        // Not the group's state: once a group exists, its state is written over this.
+        if let Some(entry) = self.tracked().get_mut(uid) {
+            entry.applied = None;
+            entry.written = None;
+        }
+        self.event(pod, EventType::Warning, reason, message).await;
+    }
+
+    /// Judges the held pods again whenever the policy or a namespace's labels change.
+    pub(super) async fn requeue_held(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let mut changes = self.inner.tenancy.changes();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                changed = changes.changed() => if changed.is_err() { return Ok(()) },
+            }
+            let held: Vec<String> = self
+                .tracked()
+                .iter_mut()
+                .filter(|(_, t)| {
+                    t.held.is_some() && t.group.is_none() && !t.deleting && !t.creating
+                })
+                .map(|(uid, t)| {
+                    t.creating = true;
+                    uid.clone()
+                })
+                .collect();
+            if !held.is_empty() {
+                debug!(
+                    pods = held.len(),
+                    "the policy or namespace labels changed; judging held pods again"
+                );
+            }
+            for uid in held {
+                let job = CreateJob {
+                    attempt: 0,
+                    seen: tokio::time::Instant::now(),
+                };
+                self.inner.creations.push(uid, job);
+            }
+        }
+    }
+}
