@@ -319,6 +319,9 @@ impl Harness {
             ("ECI_VSWITCH", "vsw-e2e"),
             ("ECI_SECURITY_GROUP", "sg-e2e"),
             ("ECI_CLUSTER_NAME", &format!("e2e-{}", self.run_id)),
+            // mock-eci's gRPC API and its exec streams (ws://, on its admin port, whichever
+            // API the daemon uses) are plaintext on loopback; a test of the refusal overrides it.
+            ("ECI_ALLOW_INSECURE_ENDPOINT", "true"),
             ("METRICS_ADDR", "127.0.0.1:0"),
             // Every daemon on this host serves its kubelet API on 127.0.0.1: a port each.
             ("KUBELET_PORT", &kubelet_port.to_string()),
