@@ -1514,6 +1514,8 @@ async fn overlay_statefulset(
     let secret = format!("{name}-webhook-tls");
     for (key, value) in [
         ("ECI_BACKEND", grpc.as_str()),
+        // Plain gRPC and ws:// exec streams to the local mock-eci.
+        ("ECI_ALLOW_INSECURE_ENDPOINT", "true"),
         ("ECI_CLUSTER_NAME", cluster.as_str()),
         ("ECI_VSWITCH", "vsw-e2e"),
         ("ECI_SECURITY_GROUP", "sg-e2e"),

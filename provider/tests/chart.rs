@@ -290,6 +290,8 @@ fn values_the_daemon_cannot_honour_are_refused_by_name() {
         "grpc://mock-eci.kube-system.svc:50051"
     );
     assert_eq!(config["data"]["ECI_CLUSTER_NAME"], "c1");
+    // mock-eci is plaintext; only the mock values allow it.
+    assert_eq!(config["data"]["ECI_ALLOW_INSECURE_ENDPOINT"], "true");
     assert!(
         mock.iter()
             .any(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "mock-eci")
@@ -443,6 +445,8 @@ fn fixture_values(h: &Harness, grpc: &str) -> Value {
     let host = "virtual-node-eci.aliyun.com/host-agent";
     let mut extra_env = vec![
         json!({"name": "ECI_BACKEND", "value": format!("grpc://{}", grpc.trim_start_matches("http://"))}),
+        // The harness's mock-eci speaks plain gRPC on loopback.
+        json!({"name": "ECI_ALLOW_INSECURE_ENDPOINT", "value": "true"}),
         json!({"name": "RUST_LOG", "value": "info"}),
         // The test's pod has no controller: evict it on the drain instead of waiting for it.
         json!({"name": "DRAIN_EVICT_UNMANAGED_PODS", "value": "true"}),

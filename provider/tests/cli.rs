@@ -86,3 +86,92 @@ fn without_a_cluster_name_the_daemon_exits_with_one_line_naming_the_flag() {
         printed[0]
     );
 }
+
+/// The network and cluster name every backend needs, plus an AccessKey.
+const NETWORK: &[(&str, &str)] = &[
+    ("NODE_NAME", "virtual-node-eci-0"),
+    ("ECI_VSWITCH", "vsw-1"),
+    ("ECI_SECURITY_GROUP", "sg-1"),
+    ("ECI_CLUSTER_NAME", "c"),
+    ("ECI_ACCESS_KEY", "id"),
+    ("ECI_SECRET_KEY", "not-a-real-secret"),
+    ("METRICS_ADDR", "127.0.0.1:0"),
+];
+
+fn run_with_network(env: &[(&str, &str)]) -> Output {
+    let mut all = NETWORK.to_vec();
+    all.extend_from_slice(env);
+    run_daemon(&all)
+}
+
+#[test]
+fn plaintext_eci_endpoints_are_refused_without_the_insecure_flag() {
+    for (env, flag) in [
+        (
+            &[
+                ("ECI_BACKEND", "openapi"),
+                ("ECI_ENDPOINT", "http://127.0.0.1:9"),
+            ][..],
+            "--eci-endpoint (ECI_ENDPOINT)",
+        ),
+        (
+            &[
+                ("ECI_BACKEND", "openapi"),
+                ("ECI_ENDPOINT", "http://127.0.0.1:9"),
+                ("ECI_ALLOW_INSECURE_ENDPOINT", "false"),
+            ][..],
+            "--eci-endpoint (ECI_ENDPOINT)",
+        ),
+        (
+            &[("ECI_BACKEND", "grpc://127.0.0.1:9")][..],
+            "--eci (ECI_BACKEND)",
+        ),
+    ] {
+        let output = run_with_network(env);
+        let printed = lines(&output);
+        assert_eq!(output.status.code(), Some(2), "{env:?}: {printed:?}");
+        assert_eq!(printed.len(), 1, "{env:?}: one line, got {printed:#?}");
+        assert!(printed[0].contains(flag), "{env:?}: {}", printed[0]);
+        assert!(
+            printed[0].contains("--eci-allow-insecure-endpoint (ECI_ALLOW_INSECURE_ENDPOINT)"),
+            "the fix is named: {}",
+            printed[0]
+        );
+        assert!(
+            !printed[0].contains("not-a-real-secret"),
+            "the secret leaked: {}",
+            printed[0]
+        );
+    }
+}
+
+#[test]
+fn with_the_insecure_flag_a_plaintext_endpoint_starts_with_a_warning() {
+    for backend in [
+        &[
+            ("ECI_BACKEND", "openapi"),
+            ("ECI_ENDPOINT", "http://127.0.0.1:9"),
+        ][..],
+        &[("ECI_BACKEND", "grpc://127.0.0.1:9")][..],
+    ] {
+        let mut env = backend.to_vec();
+        env.push(("ECI_ALLOW_INSECURE_ENDPOINT", "true"));
+        // Past the configuration check the daemon looks for Kubernetes, which this run has
+        // none of: exit code 1, after the warning.
+        let output = run_with_network(&env);
+        let printed = lines(&output);
+        assert_eq!(output.status.code(), Some(1), "{env:?}: {printed:#?}");
+        assert!(
+            printed.iter().any(|line| line.contains("WARN")
+                && line.contains("ECI_ALLOW_INSECURE_ENDPOINT")
+                && line.contains("unencrypted")),
+            "{env:?}: no warning in {printed:#?}"
+        );
+        assert!(
+            !printed
+                .iter()
+                .any(|line| line.contains("invalid configuration")),
+            "{env:?}: {printed:#?}"
+        );
+    }
+}

@@ -695,6 +695,8 @@ fn the_aliyun_overlay_is_consistent() {
     );
     let config = find(&objects, "ConfigMap", "virtual-node-eci-config");
     assert_eq!(config["data"]["ECI_BACKEND"], "openapi");
+    // Alibaba Cloud is reached over TLS only.
+    assert!(config["data"].get("ECI_ALLOW_INSECURE_ENDPOINT").is_none());
     // Credentials come from the mounted Secret the daemon re-reads on rotation.
     let set = find(&objects, "StatefulSet", "virtual-node-eci");
     let pod = &set["spec"]["template"]["spec"];

@@ -8,14 +8,16 @@
 //!   apart; the container's environment is the command's;
 //! - `kubectl exec -it` under a pseudo-terminal (`script`) gives the command a terminal;
 //! - `kubectl attach` prints what the container writes after it attached;
-//! - `kubectl port-forward` carries bytes both ways to the container's port.
+//! - `kubectl port-forward` carries bytes both ways to the container's port;
+//! - a `ws://` exec stream from ECI is refused without `ECI_ALLOW_INSECURE_ENDPOINT`, and kubectl
+//!   says why.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use integration::harness::{Harness, HarnessError, run_scenario};
+use integration::harness::{EciApi, Harness, HarnessError, run_scenario};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -432,6 +434,58 @@ async fn an_instance_id_annotation_naming_another_namespaces_group_opens_nothing
             async move { group_of(&attackers).await == Some(own) }
         })
         .await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// Encrypted transport (issue 26): mock-eci hands out `ws://` exec streams. A daemon reaching
+/// it over the HTTPS OpenAPI front (which needs no flag) but without
+/// `ECI_ALLOW_INSECURE_ENDPOINT` runs the pod, and refuses the plaintext stream: kubectl exec
+/// fails, naming the reason and the flag, and no output of the command arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_through_a_plaintext_stream_is_refused_with_the_reason() {
+    run_scenario(async |h| {
+        let ns = h.create_namespace("plain").await?;
+        h.use_eci_api(EciApi::OpenApi);
+        h.start_mock_eci(&MOCK[..4]).await?;
+        let mut daemon = DAEMON.to_vec();
+        daemon.push(("ECI_ALLOW_INSECURE_ENDPOINT", "false"));
+        h.start_daemon(0, &daemon)?;
+        create_box(h, &ns, "said over plaintext", "registry.example.com/app:1").await?;
+        let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+        h.wait_for("pod box running with its group recorded", WAIT, |_| {
+            let pods = pods.clone();
+            async move { group_of(&pods).await.is_some() }
+        })
+        .await?;
+
+        let exec = kubectl(
+            h,
+            &["exec", "-n", &ns, "box", "--", "printenv", "GREETING"],
+            b"",
+        )
+        .await;
+        assert_ne!(exec.code, Some(0), "exec must fail: {}", exec.stdout);
+        assert!(
+            !exec.stdout.contains("said over plaintext"),
+            "{}",
+            exec.stdout
+        );
+        for reason in [
+            "refusing ECI's exec stream",
+            "ws://",
+            "wss://",
+            "--eci-allow-insecure-endpoint",
+        ] {
+            assert!(
+                exec.stderr.contains(reason),
+                "kubectl's error names {reason:?}: {}",
+                exec.stderr
+            );
+        }
+        // The stream's query (its session token) is not shown.
+        assert!(!exec.stderr.contains('?'), "{}", exec.stderr);
         Ok(())
     })
     .await;

@@ -200,6 +200,8 @@ fn statefulset(w: &Webhook, mock: &MockEciEndpoints) -> StatefulSet {
     for (name, value) in [
         // mock-eci runs on the host, whose network the host agent's pods share.
         ("ECI_BACKEND", grpc.as_str()),
+        // Plain gRPC and ws:// exec streams to the local mock-eci.
+        ("ECI_ALLOW_INSECURE_ENDPOINT", "true"),
         ("ECI_CLUSTER_NAME", &format!("e2e-{}", w.name)),
         // The ConfigMap (dropped above) would give them; mock-eci checks them as ECI does.
         ("ECI_VSWITCH", "vsw-e2e"),

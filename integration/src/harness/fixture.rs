@@ -73,7 +73,21 @@ fn setup(message: impl Into<String>) -> HarnessError {
     HarnessError::Setup(message.into())
 }
 
+/// A control plane of its own, independent of the binary's shared one (its own playground,
+/// directory, ports, etcd and CA; the daemon's RBAC applied), even with `E2E_KUBECONFIG`: a
+/// second cluster for tests of two clusters on one ECI account. It stops when dropped.
+pub(super) async fn independent(options: FixtureOptions) -> Result<Shared, HarnessError> {
+    start_cluster(options, false).await
+}
+
 async fn start(options: FixtureOptions) -> Result<Shared, HarnessError> {
+    start_cluster(options, true).await
+}
+
+async fn start_cluster(
+    options: FixtureOptions,
+    external_allowed: bool,
+) -> Result<Shared, HarnessError> {
     let upstream = Upstream::locate()
         .await
         .map_err(|e| setup(format!("upstream binaries: {e}")))?;
@@ -83,7 +97,8 @@ async fn start(options: FixtureOptions) -> Result<Shared, HarnessError> {
     })?;
     let dir = tempdir.path().to_owned();
     let flag = |on: bool| if on { "true" } else { "false" };
-    let (kubeconfig, supervisor, fixture) = if let Some(path) = std::env::var_os("E2E_KUBECONFIG") {
+    let external = std::env::var_os("E2E_KUBECONFIG").filter(|_| external_allowed);
+    let (kubeconfig, supervisor, fixture) = if let Some(path) = external {
         (PathBuf::from(path), None, false)
     } else {
         let mut child = std::process::Command::new(binary("integration", "playground")?)

@@ -278,7 +278,7 @@ fn push_example(
 impl Harness {
     /// The name the daemons of this harness tag their groups with (`ECI_CLUSTER_NAME`).
     pub fn cluster_name(&self) -> String {
-        format!("e2e-{}", self.run_id)
+        self.cluster_name.clone()
     }
 
     /// The address of daemon `process`'s ops listener (`/metrics`), from the line it logs when

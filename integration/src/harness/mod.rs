@@ -116,6 +116,11 @@ pub struct Harness {
     kubelet_ports: Vec<(String, u16)>,
     placement_extender: Option<PlacementExtender>,
     audit_log: Option<PathBuf>,
+    /// The cluster name the daemons tag their groups with.
+    cluster_name: String,
+    /// The control plane this harness owns (a second cluster), stopped when dropped; `None`
+    /// for the binary's shared one.
+    own_cluster: Option<Box<fixture::Shared>>,
 }
 
 async fn client_for(kubeconfig: &Path) -> Result<(kube::Client, String), HarnessError> {
@@ -206,6 +211,7 @@ impl Harness {
         api_url: String,
     ) -> Self {
         let run_id = uuid::Uuid::new_v4().simple().to_string()[..6].to_owned();
+        let cluster_name = format!("e2e-{run_id}");
         Self {
             dir,
             kind,
@@ -225,7 +231,52 @@ impl Harness {
             kubelet_ports: Vec::new(),
             placement_extender: None,
             audit_log: None,
+            cluster_name,
+            own_cluster: None,
         }
+    }
+
+    /// A second harness on a control plane of its own (its own playground: apiserver, etcd,
+    /// controllers, kubeconfig, daemon RBAC), sharing this harness's mock-eci (start it first)
+    /// and run id — so its daemons serve the *same node names* and its namespaces have the same
+    /// names — but tagging its groups with a different cluster name: two clusters on one ECI
+    /// account. Its control plane and processes stop when it is shut down or dropped; the
+    /// mock-eci process stays this harness's.
+    pub async fn start_independent_cluster(&self) -> Result<Self, HarnessError> {
+        let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
+            what: "create a temporary directory".into(),
+            source,
+        })?;
+        let own = fixture::independent(FixtureOptions::default()).await?;
+        let (client, api_url) = client_for(&own.kubeconfig).await?;
+        let mut second = Self::assemble(
+            dir,
+            ClusterKind::Fixture,
+            own.kubeconfig.clone(),
+            client,
+            api_url,
+        );
+        second.run_id.clone_from(&self.run_id);
+        second.cluster_name = format!("e2e-{}-second", self.run_id);
+        second.daemon_kubeconfig = own.daemon_kubeconfig.clone();
+        second.fixture_dir = own.dir.clone();
+        second.audit_log = own.audit_log.clone();
+        second.kubectl = own
+            .upstream
+            .path("kubectl")
+            .map_err(|e| HarnessError::Setup(e.to_string()))?
+            .to_owned();
+        second.mock = self.mock.clone();
+        second.eci_api = self.eci_api;
+        second.own_cluster = Some(Box::new(own));
+        second
+            .wait_for(
+                "the second cluster's API to answer",
+                Duration::from_secs(30),
+                |h| async move { h.client.apiserver_version().await.is_ok() },
+            )
+            .await?;
+        Ok(second)
     }
 
     /// The node (and daemon pod) name of replica `ordinal`: a prefix unique to the test keeps
@@ -318,7 +369,10 @@ impl Harness {
             ("POD_IP", "127.0.0.1"),
             ("ECI_VSWITCH", "vsw-e2e"),
             ("ECI_SECURITY_GROUP", "sg-e2e"),
-            ("ECI_CLUSTER_NAME", &format!("e2e-{}", self.run_id)),
+            ("ECI_CLUSTER_NAME", &self.cluster_name),
+            // mock-eci's gRPC API and its exec streams (ws://, on its admin port, whichever
+            // API the daemon uses) are plaintext on loopback; a test of the refusal overrides it.
+            ("ECI_ALLOW_INSECURE_ENDPOINT", "true"),
             ("METRICS_ADDR", "127.0.0.1:0"),
             // Every daemon on this host serves its kubelet API on 127.0.0.1: a port each.
             ("KUBELET_PORT", &kubelet_port.to_string()),

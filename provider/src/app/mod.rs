@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::admission;
-use crate::config::Settings;
+use crate::config::{Settings, TransportPolicy};
 use crate::eci as backend;
 use crate::fleet::drain::{Decommission, Outcome};
 use crate::fleet::membership::{Membership, StopKind};
@@ -44,6 +44,13 @@ const LEASE_RELEASE_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs the daemon until `shutdown` completes (Ok) or a critical task fails (Err).
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    if settings.transport == TransportPolicy::PlaintextAllowed {
+        // Said at every start, so a forgotten flag in a real deployment shows in its logs.
+        warn!(
+            backend = ?settings.backend,
+            "--eci-allow-insecure-endpoint (ECI_ALLOW_INSECURE_ENDPOINT) is set: ECI requests, the pods' Secret values and exec streams may travel unencrypted; use it only with a local mock-eci"
+        );
+    }
     let telemetry = Arc::new(Telemetry::new());
     let readiness = Arc::new(Readiness::default());
     let metrics_addr = settings.config.metrics_addr;

@@ -9,11 +9,13 @@ use clap::{Parser, ValueEnum};
 
 mod node_labels;
 mod secret;
+mod transport;
 
 pub use node_labels::{
     SET_BY_DAEMON as NODE_LABELS_SET_BY_DAEMON, is_reserved as is_reserved_label,
 };
 pub use secret::Secret;
+pub use transport::{AddressKind, Transport, TransportError, TransportPolicy};
 
 /// Taint effects a node taint may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -80,6 +82,22 @@ pub struct Config {
     /// OpenAPI endpoint (default `https://eci.<region>.aliyuncs.com`).
     #[arg(long, env = "ECI_ENDPOINT")]
     pub eci_endpoint: Option<String>,
+
+    /// Let ECI traffic travel unencrypted: an `http://` ECI_ENDPOINT, a `grpc://` backend and
+    /// `ws://` exec streams, which are refused otherwise (they would carry the AccessKey's
+    /// signature, STS token and the pods' Secret values in the clear). Only for a mock-eci on
+    /// loopback or inside the cluster; warned about at every start.
+    #[arg(
+        long,
+        env = "ECI_ALLOW_INSECURE_ENDPOINT",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub eci_allow_insecure_endpoint: bool,
 
     /// An extra CA certificate (PEM) to trust for the OpenAPI endpoint, e.g. an egress proxy's.
     #[arg(long, env = "ECI_CA_FILE")]
@@ -488,6 +506,8 @@ pub struct Settings {
     pub security_group: String,
     /// The administrator's extra node labels (`NODE_LABELS`), validated.
     pub node_labels: std::collections::BTreeMap<String, String>,
+    /// Whether ECI traffic may be plaintext (`--eci-allow-insecure-endpoint`).
+    pub transport: TransportPolicy,
 }
 
 fn is_dns_subdomain(name: &str) -> bool {
@@ -596,6 +616,8 @@ pub struct KubeletConfig {
     pub region: String,
     /// The cluster name tagged on groups (a pod's group is looked up by it and the pod's UID).
     pub cluster_name: String,
+    /// Whether ECI's exec stream URIs may be `ws://`.
+    pub stream_transport: TransportPolicy,
 }
 
 /// What the ECI edge (backend choice, OpenAPI client, credentials, pacing) is given.
@@ -862,6 +884,12 @@ impl Settings {
             log_poll_interval: config.kubelet_log_poll_interval,
             region: config.region.clone(),
             cluster_name: self.cluster_name.clone(),
+            // The embedded mock-eci lives in this process and hands out streams on its own
+            // loopback listener: nothing leaves the host, so plaintext needs no flag there.
+            stream_transport: match self.backend {
+                BackendChoice::Embedded => TransportPolicy::PlaintextAllowed,
+                _ => self.transport,
+            },
         }
     }
 
@@ -905,6 +933,51 @@ impl Config {
             });
         }
         Ok(name)
+    }
+
+    /// Refuses a backend reached in the clear unless `transport` allows it.
+    fn check_transport(
+        &self,
+        backend: &BackendChoice,
+        transport: TransportPolicy,
+    ) -> Result<(), ConfigError> {
+        const INSECURE_FIX: &str = "use an https:// endpoint, or for a mock-eci on loopback or inside the cluster pass --eci-allow-insecure-endpoint (ECI_ALLOW_INSECURE_ENDPOINT)";
+        match backend {
+            BackendChoice::Embedded => Ok(()),
+            // Served without TLS: this build's gRPC client has none.
+            BackendChoice::Grpc(endpoint) => match transport.check(endpoint, AddressKind::Endpoint)
+            {
+                Ok(_) => Ok(()),
+                Err(_) => Err(ConfigError {
+                    flag: "--eci (ECI_BACKEND)",
+                    problem: format!(
+                        "{:?} is plaintext gRPC: the pods' Secret values would travel unencrypted",
+                        self.eci.clone().unwrap_or_default()
+                    ),
+                    fix: "use --eci openapi with an https:// endpoint, or for a mock-eci on loopback or inside the cluster pass --eci-allow-insecure-endpoint (ECI_ALLOW_INSECURE_ENDPOINT)",
+                }),
+            },
+            BackendChoice::OpenApi => {
+                let Some(endpoint) = &self.eci_endpoint else {
+                    return Ok(()); // The default is Alibaba Cloud's https:// endpoint.
+                };
+                match transport.check(endpoint, AddressKind::Endpoint) {
+                    Ok(_) => Ok(()),
+                    Err(TransportError::Plaintext { address, .. }) => Err(ConfigError {
+                        flag: "--eci-endpoint (ECI_ENDPOINT)",
+                        problem: format!(
+                            "{address:?} is plaintext http: the AccessKey signature, STS token and the pods' Secret values would travel unencrypted"
+                        ),
+                        fix: INSECURE_FIX,
+                    }),
+                    Err(TransportError::Scheme { address, .. }) => Err(ConfigError {
+                        flag: "--eci-endpoint (ECI_ENDPOINT)",
+                        problem: format!("{address:?} is not an http(s) URL"),
+                        fix: "write e.g. https://eci.cn-hangzhou.aliyuncs.com",
+                    }),
+                }
+            }
+        }
     }
 
     /// Checks the configuration and derives the settings.
@@ -967,16 +1040,9 @@ impl Config {
                     fix: "set ECI_ACCESS_KEY and ECI_SECRET_KEY, ECI_CREDENTIALS_PATH (a mounted Secret) or ECI_RAM_ROLE",
                 });
             }
-            if let Some(endpoint) = &self.eci_endpoint {
-                if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
-                    return Err(ConfigError {
-                        flag: "--eci-endpoint (ECI_ENDPOINT)",
-                        problem: format!("{endpoint:?} is not an http(s) URL"),
-                        fix: "write e.g. https://eci.cn-hangzhou.aliyuncs.com",
-                    });
-                }
-            }
         }
+        let transport = TransportPolicy::from_flag(self.eci_allow_insecure_endpoint);
+        self.check_transport(&backend, transport)?;
         // Every backend needs them (mock-eci refuses a create without them, as ECI does): a
         // missing one is a configuration error now, not a failed pod later.
         let vswitch = self
@@ -1117,6 +1183,7 @@ impl Config {
             cluster_name,
             backend,
             internal_ip,
+            transport,
             config: self,
         })
     }
@@ -1283,6 +1350,7 @@ mod tests {
         let grpc = parse(&[
             "--node-name=n",
             "--eci=grpc://127.0.0.1:50051",
+            "--eci-allow-insecure-endpoint",
             "--vswitch=v",
             "--security-group=s",
         ])
@@ -1400,6 +1468,78 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(bad.flag, "--eci-endpoint (ECI_ENDPOINT)");
+    }
+
+    #[test]
+    fn plaintext_backends_need_the_insecure_flag() {
+        use TransportPolicy::{EncryptedOnly, PlaintextAllowed};
+        let base = [
+            "--node-name",
+            "n",
+            "--vswitch",
+            "v",
+            "--security-group",
+            "s",
+            "--access-key",
+            "id",
+            "--secret-key",
+            "not-a-real-secret",
+        ];
+        let openapi = |endpoint: &'static str| -> Vec<&'static str> {
+            vec!["--eci", "openapi", "--eci-endpoint", endpoint]
+        };
+        let grpc = vec!["--eci", "grpc://127.0.0.1:50051"];
+        let https = openapi("https://eci.example");
+        let http = openapi("http://127.0.0.1:8080");
+        let upper_http = openapi("HTTP://127.0.0.1:8080");
+        let embedded = vec!["--eci", "embedded"];
+        let default = vec!["--eci", "openapi"];
+        // (backend flags, extra flags, Ok(transport, kubelet stream policy) or Err(flag at fault))
+        type Want = Result<(TransportPolicy, TransportPolicy), &'static str>;
+        let table: Vec<(&Vec<&str>, &[&str], Want)> = vec![
+            (&default, &[], Ok((EncryptedOnly, EncryptedOnly))),
+            (&https, &[], Ok((EncryptedOnly, EncryptedOnly))),
+            (&http, &[], Err("--eci-endpoint (ECI_ENDPOINT)")),
+            (&upper_http, &[], Err("--eci-endpoint (ECI_ENDPOINT)")),
+            (&grpc, &[], Err("--eci (ECI_BACKEND)")),
+            (&embedded, &[], Ok((EncryptedOnly, PlaintextAllowed))),
+            (
+                &http,
+                &["--eci-allow-insecure-endpoint"],
+                Ok((PlaintextAllowed, PlaintextAllowed)),
+            ),
+            (
+                &grpc,
+                &["--eci-allow-insecure-endpoint=true"],
+                Ok((PlaintextAllowed, PlaintextAllowed)),
+            ),
+            (
+                &https,
+                &["--eci-allow-insecure-endpoint"],
+                Ok((PlaintextAllowed, PlaintextAllowed)),
+            ),
+            (
+                &grpc,
+                &["--eci-allow-insecure-endpoint=false"],
+                Err("--eci (ECI_BACKEND)"),
+            ),
+        ];
+        for (backend, extra, want) in table {
+            let mut args = base.to_vec();
+            args.extend_from_slice(backend);
+            args.extend_from_slice(extra);
+            let got = parse(&args)
+                .map(|settings| (settings.transport, settings.kubelet().stream_transport))
+                .map_err(|error| {
+                    assert!(
+                        error.fix.contains("--eci-allow-insecure-endpoint"),
+                        "{args:?}: {error}"
+                    );
+                    assert!(!error.to_string().contains("not-a-real-secret"), "{error}");
+                    error.flag
+                });
+            assert_eq!(got, want, "{args:?}");
+        }
     }
 
     #[test]

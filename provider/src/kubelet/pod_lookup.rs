@@ -364,6 +364,7 @@ mod tests {
                 log_poll_interval: Duration::from_millis(100),
                 region: "cn-hangzhou".into(),
                 cluster_name: "c".into(),
+                stream_transport: crate::config::TransportPolicy::PlaintextAllowed,
             }),
             client: client.clone(),
             eci,

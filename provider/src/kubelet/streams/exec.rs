@@ -33,6 +33,7 @@ use super::super::KubeletState;
 use super::super::pod_lookup::Target;
 use super::super::spdy::{Connection, Stream, StreamWriter};
 use super::ExecOptions;
+use crate::config::AddressKind;
 
 /// How long the client has to open its streams after the upgrade (the kubelet's default).
 const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -54,6 +55,9 @@ pub(super) enum ExecError {
     /// ECI refused or failed the call.
     #[error("ECI ExecContainerCommand")]
     Eci(#[source] eci_proto::EciError),
+    /// ECI handed out a stream the transport policy refuses (`ws://` without the flag).
+    #[error("refusing ECI's exec stream")]
+    Insecure(#[source] crate::config::TransportError),
     /// ECI's WebSocket could not be reached.
     #[error("cannot connect to ECI's exec stream")]
     Connect(#[source] tokio_tungstenite::tungstenite::Error),
@@ -306,6 +310,13 @@ async fn exec(
         })
         .await
         .map_err(ExecError::Eci)?;
+    // The stream carries what the user types and what the command prints: TLS unless the
+    // operator allowed plaintext.
+    state
+        .config
+        .stream_transport
+        .check(&answer.web_socket_uri, AddressKind::Stream)
+        .map_err(ExecError::Insecure)?;
     let mut request = answer
         .web_socket_uri
         .as_str()
