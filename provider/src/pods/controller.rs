@@ -15,6 +15,7 @@
 
 mod create;
 mod delete;
+mod misconfig;
 mod status_sync;
 
 use super::slim;
@@ -202,6 +203,8 @@ struct Inner {
     tokens: crate::pods::tokens::TokenRefresher,
     /// The Services ECI pods see in their environment (one watch).
     services: crate::pods::services::ServiceCache,
+    /// What ECI says of the daemon's configuration, shared with the node status.
+    misconfig: Arc<crate::eci::misconfig::Monitor>,
 }
 
 impl std::fmt::Debug for PodController {
@@ -273,8 +276,15 @@ impl PodController {
                 awaiting_removal: Mutex::new(HashMap::new()),
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
+                misconfig: Arc::default(),
             }),
         }
+    }
+
+    /// What ECI says of the daemon's configuration, as this controller's creations found it
+    /// (the node status reports it and adds its own probes' findings).
+    pub fn misconfig_monitor(&self) -> Arc<crate::eci::misconfig::Monitor> {
+        Arc::clone(&self.inner.misconfig)
     }
 
     /// Which group runs which pod, as this controller knows it (for the kubelet API).
@@ -577,6 +587,7 @@ impl PodController {
                 let job = CreateJob {
                     attempt: 0,
                     seen: tokio::time::Instant::now(),
+                    misconfigured: false,
                 };
                 self.inner.creations.push(uid, job);
             }
@@ -603,6 +614,17 @@ enum Action {
 enum Failure {
     Retry(String),
     Permanent(String),
+    /// ECI refuses the daemon's configuration: not the pod's fault; it waits.
+    Misconfigured(crate::eci::misconfig::Misconfiguration),
+}
+
+impl Failure {
+    fn message(&self) -> String {
+        match self {
+            Self::Retry(message) | Self::Permanent(message) => message.clone(),
+            Self::Misconfigured(found) => found.describe(),
+        }
+    }
 }
 
 /// The fingerprint of the part of the pod's status this daemon writes, as the pod shows it
