@@ -10,7 +10,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use integration::harness::{E2E_ACCESS_KEY_ID, E2E_ACCESS_KEY_SECRET, EciApi, Harness, HarnessError};
+use integration::harness::{
+    E2E_ACCESS_KEY_ID, E2E_ACCESS_KEY_SECRET, EciApi, Harness, HarnessError,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
@@ -18,7 +20,12 @@ use serde_json::{Value, json};
 const WAIT: Duration = Duration::from_secs(90);
 const CONDITION: &str = "EciMisconfigured";
 const TAINT: &str = "virtual-node.eci/misconfigured";
-const FAST_MOCK: &[&str] = &["--provision-delay", "300ms", "--scheduling-delay", "50ms"];
+const FAST_MOCK: &[&str] = &[
+    "--provisioning-delay",
+    "300ms",
+    "--scheduling-delay",
+    "50ms",
+];
 const FAST_DAEMON: &[(&str, &str)] = &[
     ("POD_STATUS_POLL_INTERVAL", "250ms"),
     ("POD_RESYNC_INTERVAL", "2s"),
@@ -68,33 +75,48 @@ fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
 }
 
 fn tainted(node: &Value) -> bool {
-    node["spec"]["taints"]
-        .as_array()
-        .is_some_and(|taints| taints.iter().any(|t| t["key"] == TAINT && t["effect"] == "NoSchedule"))
+    node["spec"]["taints"].as_array().is_some_and(|taints| {
+        taints
+            .iter()
+            .any(|t| t["key"] == TAINT && t["effect"] == "NoSchedule")
+    })
 }
 
 /// Waits until the node shows the misconfiguration `code` (condition and taint), and answers
 /// the node.
-async fn wait_misconfigured(h: &Harness, name: &str, code: &str, reason: &str) -> Result<Value, HarnessError> {
-    h.wait_for(&format!("node {name}: {CONDITION}=True ({code}) and tainted"), WAIT, |h| async move {
-        node(h, name).await.is_some_and(|n| {
-            condition(&n, CONDITION).is_some_and(|c| {
-                c["status"] == "True"
-                    && c["reason"] == reason
-                    && c["message"].as_str().unwrap_or_default().contains(code)
-            }) && tainted(&n)
-        })
-    })
+async fn wait_misconfigured(
+    h: &Harness,
+    name: &str,
+    code: &str,
+    reason: &str,
+) -> Result<Value, HarnessError> {
+    h.wait_for(
+        &format!("node {name}: {CONDITION}=True ({code}) and tainted"),
+        WAIT,
+        |h| async move {
+            node(h, name).await.is_some_and(|n| {
+                condition(&n, CONDITION).is_some_and(|c| {
+                    c["status"] == "True"
+                        && c["reason"] == reason
+                        && c["message"].as_str().unwrap_or_default().contains(code)
+                }) && tainted(&n)
+            })
+        },
+    )
     .await?;
     Ok(node(h, name).await.unwrap())
 }
 
 async fn wait_configured(h: &Harness, name: &str) -> Result<(), HarnessError> {
-    h.wait_for(&format!("node {name}: {CONDITION}=False and untainted"), WAIT, |h| async move {
-        node(h, name).await.is_some_and(|n| {
-            condition(&n, CONDITION).is_some_and(|c| c["status"] == "False") && !tainted(&n)
-        })
-    })
+    h.wait_for(
+        &format!("node {name}: {CONDITION}=False and untainted"),
+        WAIT,
+        |h| async move {
+            node(h, name).await.is_some_and(|n| {
+                condition(&n, CONDITION).is_some_and(|c| c["status"] == "False") && !tainted(&n)
+            })
+        },
+    )
     .await
 }
 
@@ -120,8 +142,11 @@ async fn create_placed(h: &Harness, ns: &str, name: &str, node: &str) -> Result<
 
 async fn create(h: &Harness, ns: &str, pod: Value) -> Result<(), HarnessError> {
     let pods: Api<Pod> = Api::namespaced(h.client(), ns);
-    pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap())
-        .await?;
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).unwrap(),
+    )
+    .await?;
     Ok(())
 }
 
@@ -130,9 +155,21 @@ fn phase(pod: &Value) -> &str {
 }
 
 /// Waits until the bound pod shows the misconfiguration, and checks it is Pending, not Failed.
-async fn wait_pod_waiting(h: &Harness, ns: &str, name: &str, code: &str, reason: &str) -> Result<(), HarnessError> {
+async fn wait_pod_waiting(
+    h: &Harness,
+    ns: &str,
+    name: &str,
+    code: &str,
+    reason: &str,
+) -> Result<(), HarnessError> {
     let pod = h
-        .wait_pod(ns, name, &format!("Pending with {reason} ({code})"), WAIT, |p| p["status"]["reason"] == reason)
+        .wait_pod(
+            ns,
+            name,
+            &format!("Pending with {reason} ({code})"),
+            WAIT,
+            |p| p["status"]["reason"] == reason,
+        )
         .await?;
     assert_eq!(phase(&pod), "Pending", "{pod}");
     let message = pod["status"]["message"].as_str().unwrap_or_default();
@@ -154,7 +191,8 @@ async fn wait_unschedulable(h: &Harness, ns: &str, name: &str) -> Result<(), Har
 }
 
 async fn wait_running(h: &Harness, ns: &str, name: &str) -> Result<(), HarnessError> {
-    h.wait_pod(ns, name, "Running", WAIT, |p| phase(p) == "Running").await?;
+    h.wait_pod(ns, name, "Running", WAIT, |p| phase(p) == "Running")
+        .await?;
     Ok(())
 }
 
@@ -177,10 +215,17 @@ async fn each_refusal_keeps_pods_waiting_until_it_is_fixed(api: EciApi) {
         let name = h.node_name(0);
         wait_configured(h, &name).await?;
         for (i, (code, reason)) in CODES.iter().enumerate() {
-            set_controls(&mock.admin, json!({"faults": {"*": {"error_rate": 1.0, "error_code": code}}})).await;
+            set_controls(
+                &mock.admin,
+                json!({"faults": {"*": {"error_rate": 1.0, "error_code": code}}}),
+            )
+            .await;
             let refused = wait_misconfigured(h, &name, code, reason).await?;
             let ready = condition(&refused, "Ready").unwrap();
-            assert_eq!(ready["status"], "True", "ECI answers, so no eviction: {refused}");
+            assert_eq!(
+                ready["status"], "True",
+                "ECI answers, so no eviction: {refused}"
+            );
 
             let (bound, placed) = (format!("bound-{i}"), format!("placed-{i}"));
             create_bound(h, &ns, &bound, &name).await?;
@@ -194,7 +239,13 @@ async fn each_refusal_keeps_pods_waiting_until_it_is_fixed(api: EciApi) {
             wait_running(h, &ns, &placed).await?;
         }
         let output = h.process_output(&process).unwrap_or_default();
-        assert_eq!(output.matches("virtual-node-eci is serving its node").count(), 1, "one daemon run throughout");
+        assert_eq!(
+            output
+                .matches("virtual-node-eci is serving its node")
+                .count(),
+            1,
+            "one daemon run throughout"
+        );
         Ok(())
     })
     .await;
@@ -228,6 +279,9 @@ fn mount_secret(dir: &Path, version: u32, secret: &str) {
     }
 }
 
+/// A rotation gone wrong and put right, both through the mounted Secret only. (A daemon that
+/// starts with refused credentials reports the node the same way, but creates nothing — nor
+/// marks its pods — until its start-up listing of the node's groups succeeds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_secret_is_fixed_by_correcting_the_mounted_secret_without_a_restart() {
     with_harness(EciApi::OpenApi, async |h| {
@@ -235,28 +289,55 @@ async fn a_wrong_secret_is_fixed_by_correcting_the_mounted_secret_without_a_rest
         h.start_mock_eci(FAST_MOCK).await?;
         let secret_dir = h.dir().join("eci-credentials");
         std::fs::create_dir_all(&secret_dir).unwrap();
-        // The right AccessKey id with the wrong secret: the service answers SignatureDoesNotMatch.
-        mount_secret(&secret_dir, 1, "not-the-secret");
+        mount_secret(&secret_dir, 1, E2E_ACCESS_KEY_SECRET);
         let path = secret_dir.display().to_string();
         let mut env = FAST_DAEMON.to_vec();
         env.extend([
-            // Empty: the harness's static pair is not used; the mounted Secret is.
+            // Unset: not the harness's static pair but the mounted Secret signs.
             ("ECI_ACCESS_KEY", ""),
             ("ECI_SECRET_KEY", ""),
             ("ECI_CREDENTIALS_PATH", path.as_str()),
         ]);
         let process = h.start_daemon(0, &env)?;
         let name = h.node_name(0);
+        wait_configured(h, &name).await?;
+        create_bound(h, &ns, "before", &name).await?;
+        wait_running(h, &ns, "before").await?;
+
+        // The right AccessKey id with the wrong secret: the service answers SignatureDoesNotMatch.
+        mount_secret(&secret_dir, 2, "not-the-secret");
         wait_misconfigured(h, &name, "SignatureDoesNotMatch", "EciCredentialsRefused").await?;
         create_bound(h, &ns, "waiting", &name).await?;
-        wait_pod_waiting(h, &ns, "waiting", "SignatureDoesNotMatch", "EciCredentialsRefused").await?;
+        wait_pod_waiting(
+            h,
+            &ns,
+            "waiting",
+            "SignatureDoesNotMatch",
+            "EciCredentialsRefused",
+        )
+        .await?;
+        let before = h.pod_json(&ns, "before").await.unwrap();
+        assert_eq!(
+            phase(&before),
+            "Running",
+            "a running pod is left alone: {before}"
+        );
 
-        mount_secret(&secret_dir, 2, E2E_ACCESS_KEY_SECRET);
+        mount_secret(&secret_dir, 3, E2E_ACCESS_KEY_SECRET);
         wait_configured(h, &name).await?;
         wait_running(h, &ns, "waiting").await?;
         let output = h.process_output(&process).unwrap_or_default();
-        assert!(output.contains("credentials file"), "the mounted Secret signed the calls");
-        assert_eq!(output.matches("virtual-node-eci is serving its node").count(), 1, "no restart");
+        assert!(
+            output.contains("credentials file"),
+            "the mounted Secret signed the calls"
+        );
+        assert_eq!(
+            output
+                .matches("virtual-node-eci is serving its node")
+                .count(),
+            1,
+            "no restart"
+        );
         Ok(())
     })
     .await;

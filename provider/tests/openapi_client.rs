@@ -402,7 +402,8 @@ async fn misconfiguration_answers_arrive_alike_over_openapi_and_grpc() {
         ("Account.Arrearage", Problem::Account),
         ("SDK.ForeignResponse", Problem::NotEci),
     ] {
-        fixture.patch(serde_json::json!({"faults": {"*": {"error_rate": 1.0, "error_code": code}}}));
+        fixture
+            .patch(serde_json::json!({"faults": {"*": {"error_rate": 1.0, "error_code": code}}}));
         let over_openapi = openapi
             .describe_container_groups(request.clone())
             .await
@@ -427,6 +428,9 @@ async fn misconfiguration_answers_arrive_alike_over_openapi_and_grpc() {
         }
     }
     fixture.patch(serde_json::json!({"faults": {"*": {"error_rate": 0.0}}}));
-    openapi.describe_container_groups(request.clone()).await.unwrap();
+    openapi
+        .describe_container_groups(request.clone())
+        .await
+        .unwrap();
     grpc.describe_container_groups(request).await.unwrap();
 }

@@ -129,9 +129,17 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         tasks.spawn(async move {
             (
                 "node status",
-                node_status::run(nodes, backend, config, telemetry, misconfig, uid_receiver, stop)
-                    .await
-                    .map_err(anyhow::Error::from),
+                node_status::run(
+                    nodes,
+                    backend,
+                    config,
+                    telemetry,
+                    misconfig,
+                    uid_receiver,
+                    stop,
+                )
+                .await
+                .map_err(anyhow::Error::from),
             )
         });
     }

@@ -126,7 +126,9 @@ pub enum ErrorClass {
 fn problem_of(code: &str) -> Option<Problem> {
     let family = code.split('.').next().unwrap_or(code);
     match family {
-        "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "IncompleteSignature"
+        "InvalidAccessKeyId"
+        | "SignatureDoesNotMatch"
+        | "IncompleteSignature"
         | "InvalidSecurityToken" => Some(Problem::Credentials),
         "InvalidTimeStamp" | "IllegalTimestamp" => match code {
             // A malformed or missing timestamp is this client's bug, not the clock.
@@ -193,7 +195,9 @@ impl Refusals {
     /// The one to show: the most fundamental kind first (credentials before permissions, …),
     /// then by action name, so the choice is stable.
     pub fn current(&self) -> Option<&Misconfiguration> {
-        self.0.values().min_by_key(|m| (m.problem, m.action.clone()))
+        self.0
+            .values()
+            .min_by_key(|m| (m.problem, m.action.clone()))
     }
 }
 

@@ -606,7 +606,14 @@ mod tests {
         let t1 = t0 + std::time::Duration::from_secs(60);
         let version = kubelet_version();
         let first = status(&config, &EciHealth::Reachable, None, None, t0, &version);
-        let second = status(&config, &EciHealth::Reachable, None, Some(&first), t1, &version);
+        let second = status(
+            &config,
+            &EciHealth::Reachable,
+            None,
+            Some(&first),
+            t1,
+            &version,
+        );
         assert_eq!(second["conditions"][0]["lastTransitionTime"], rfc3339(t0));
         assert_eq!(second["conditions"][0]["lastHeartbeatTime"], rfc3339(t1));
         assert_eq!(fingerprint(&first), fingerprint(&second));
@@ -646,7 +653,10 @@ mod tests {
         assert_eq!(ours["status"], "True");
         assert_eq!(ours["reason"], "EciPermissionDenied");
         let message = ours["message"].as_str().unwrap();
-        assert!(message.contains("Forbidden.RAM") && message.contains("RAM"), "{message}");
+        assert!(
+            message.contains("Forbidden.RAM") && message.contains("RAM"),
+            "{message}"
+        );
         assert_eq!(
             conditions[0]["status"], "True",
             "ECI answers: Ready stays, so the node lifecycle controller evicts nothing"
@@ -665,8 +675,15 @@ mod tests {
             (tainted[1].key.as_str(), tainted[1].effect.as_str()),
             (MISCONFIGURED_TAINT, "NoSchedule")
         );
-        assert_eq!(misconfigured_taints(&tainted, true), None, "already tainted");
-        assert_eq!(misconfigured_taints(&tainted, false), Some(vec![other.clone()]));
+        assert_eq!(
+            misconfigured_taints(&tainted, true),
+            None,
+            "already tainted"
+        );
+        assert_eq!(
+            misconfigured_taints(&tainted, false),
+            Some(vec![other.clone()])
+        );
         assert_eq!(misconfigured_taints(&[other], false), None);
     }
 

@@ -251,7 +251,14 @@ pub async fn run(
         }
         let misconfigured = changes.borrow_and_update().clone();
         if tainted != Some(misconfigured.is_some()) {
-            match sync_taint(&nodes, &config.node_name, misconfigured.is_some(), &telemetry).await {
+            match sync_taint(
+                &nodes,
+                &config.node_name,
+                misconfigured.is_some(),
+                &telemetry,
+            )
+            .await
+            {
                 Ok(()) => tainted = Some(misconfigured.is_some()),
                 Err(error) => {
                     warn!(node = %config.node_name, %error, "could not update the node's misconfiguration taint; retrying at the next probe");

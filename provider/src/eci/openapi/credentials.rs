@@ -176,13 +176,15 @@ impl FileSource {
     async fn fingerprint(&self, is_dir: bool) -> Fingerprint {
         let mut fingerprint = Vec::new();
         for member in self.members(is_dir) {
-            let entry = tokio::fs::metadata(&member).await.map_or((None, 0, 0), |m| {
-                (
-                    m.modified().ok(),
-                    m.len(),
-                    std::os::unix::fs::MetadataExt::ino(&m),
-                )
-            });
+            let entry = tokio::fs::metadata(&member)
+                .await
+                .map_or((None, 0, 0), |m| {
+                    (
+                        m.modified().ok(),
+                        m.len(),
+                        std::os::unix::fs::MetadataExt::ino(&m),
+                    )
+                });
             fingerprint.push(entry);
         }
         fingerprint

@@ -496,7 +496,10 @@ mod tests {
         let error = service_error("X", 404, None, b"", "t", None);
         assert!(!error.is_retryable());
         let error = service_error("X", 403, None, b"<html>Access denied</html>", "t", None);
-        assert_eq!(error.code, "SDK.ForeignResponse", "not the service's refusal");
+        assert_eq!(
+            error.code, "SDK.ForeignResponse",
+            "not the service's refusal"
+        );
         assert!(error.message.contains("HTTP 403"), "{error}");
         // A 2xx the client cannot read is not a refusal at all.
         let error = service_error("X", 200, None, b"<html>portal</html>", "t", None);
