@@ -177,14 +177,27 @@ async fn wait_pod_waiting(
     Ok(())
 }
 
-/// Waits until kube-scheduler says the pod cannot go anywhere because of the taint.
+/// Waits until kube-scheduler says the pod cannot go anywhere because of a taint (its message
+/// counts untolerated taints without naming them; the pod tolerates every other taint of its
+/// only candidate node, so the one it does not is ours).
 async fn wait_unschedulable(h: &Harness, ns: &str, name: &str) -> Result<(), HarnessError> {
     let pod = h
-        .wait_pod(ns, name, "unschedulable for the taint", WAIT, |p| {
-            condition(p, "PodScheduled").is_some_and(|c| {
-                c["status"] == "False" && c["message"].as_str().unwrap_or_default().contains(TAINT)
-            })
-        })
+        .wait_pod(
+            ns,
+            name,
+            "unschedulable for an untolerated taint",
+            WAIT,
+            |p| {
+                condition(p, "PodScheduled").is_some_and(|c| {
+                    c["status"] == "False"
+                        && c["reason"] == "Unschedulable"
+                        && c["message"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .contains("untolerated taint")
+                })
+            },
+        )
         .await?;
     assert!(pod["spec"]["nodeName"].is_null(), "{pod}");
     Ok(())
