@@ -15,7 +15,7 @@
 
 mod create;
 mod delete;
-mod misconfig;
+mod misconfigured;
 mod status_sync;
 
 use super::slim;

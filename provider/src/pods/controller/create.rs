@@ -313,7 +313,7 @@ impl PodController {
         debug_assert_eq!(request.client_token, uid);
         let outcome = self.inner.backend.create_container_group(request).await;
         // The one place a creation's answer is judged: the pod's problem, the node's
-        // (a misconfiguration, see `misconfig.rs`), or a moment's.
+        // (a misconfiguration, see `misconfigured.rs`), or a moment's.
         let response = self.judge_creation(outcome)?;
         if let Some(due) = issued.refresh_in {
             self.inner
