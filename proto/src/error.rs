@@ -43,6 +43,9 @@ pub mod codes {
     pub const INTERNAL_ERROR: &str = "InternalError";
     /// The account has an overdue payment.
     pub const ACCOUNT_ARREARAGE: &str = "Account.Arrearage";
+    /// Client-side: the answer did not come from the service (no ECI error in it: a proxy's
+    /// or load balancer's refusal page, a gRPC refusal without an ECI code).
+    pub const FOREIGN_RESPONSE: &str = "SDK.ForeignResponse";
 }
 
 /// An error answered by ECI: its code, message and request id.
@@ -133,6 +136,9 @@ impl EciError {
                 Code::ResourceExhausted => codes::THROTTLING,
                 Code::NotFound => codes::CONTAINER_GROUP_NOT_FOUND,
                 Code::InvalidArgument => codes::INVALID_PARAMETER,
+                // Every refusal of the service carries its code: one without is from
+                // something in front of it (an authenticating proxy, a wrong endpoint).
+                Code::PermissionDenied | Code::Unauthenticated => codes::FOREIGN_RESPONSE,
                 _ => codes::INTERNAL_ERROR,
             }
             .to_owned()
@@ -176,6 +182,8 @@ pub fn grpc_code_for(code: &str) -> Code {
         Code::FailedPrecondition
     } else if family.starts_with("Forbidden") || family == "Account" {
         Code::PermissionDenied
+    } else if family == "SignatureDoesNotMatch" || family == "IncompleteSignature" {
+        Code::Unauthenticated
     } else if family == "ServiceUnavailable" {
         Code::Unavailable
     } else {
@@ -200,6 +208,9 @@ mod tests {
             ("IncorrectStatus", Code::FailedPrecondition),
             ("Forbidden.RAM", Code::PermissionDenied),
             ("Account.Arrearage", Code::PermissionDenied),
+            ("SignatureDoesNotMatch", Code::Unauthenticated),
+            ("InvalidAccessKeyId.NotFound", Code::NotFound),
+            ("InvalidTimeStamp.Expired", Code::InvalidArgument),
             ("ServiceUnavailable", Code::Unavailable),
             ("DryRun.Success", Code::Aborted),
             ("InternalError", Code::Internal),
@@ -232,6 +243,8 @@ mod tests {
         assert!(back.is_retryable());
         let back = EciError::from_status(&Status::invalid_argument("bad"));
         assert!(!back.is_retryable());
+        let back = EciError::from_status(&Status::permission_denied("HTTP 403 from a proxy"));
+        assert_eq!(back.code, codes::FOREIGN_RESPONSE);
     }
 
     #[test]

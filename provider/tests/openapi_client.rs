@@ -378,3 +378,59 @@ async fn an_unreachable_endpoint_is_a_retryable_error_naming_it() {
         "{error}"
     );
 }
+
+/// Every answer that means "misconfigured" reaches the daemon with its code over both
+/// backends, and is judged the node's problem (`eci::misconfig`), not the request's.
+#[tokio::test]
+async fn misconfiguration_answers_arrive_alike_over_openapi_and_grpc() {
+    use virtual_node_eci::eci::GrpcBackend;
+    use virtual_node_eci::eci::misconfig::{ErrorClass, Problem, classify};
+    let fixture = Fixture::start(None).await;
+    let openapi = fixture.client();
+    let grpc = GrpcBackend::connect_lazy(&fixture.server.endpoint()).unwrap();
+    let request = DescribeContainerGroupsRequest {
+        region_id: "cn-hangzhou".into(),
+        ..DescribeContainerGroupsRequest::default()
+    };
+    for (code, problem) in [
+        ("Forbidden.RAM", Problem::Permission),
+        ("Forbidden.NoPermission", Problem::Permission),
+        ("InvalidAccessKeyId.NotFound", Problem::Credentials),
+        ("InvalidAccessKeyId.Inactive", Problem::Credentials),
+        ("SignatureDoesNotMatch", Problem::Credentials),
+        ("InvalidTimeStamp.Expired", Problem::ClockSkew),
+        ("Account.Arrearage", Problem::Account),
+        ("SDK.ForeignResponse", Problem::NotEci),
+    ] {
+        fixture
+            .patch(serde_json::json!({"faults": {"*": {"error_rate": 1.0, "error_code": code}}}));
+        let over_openapi = openapi
+            .describe_container_groups(request.clone())
+            .await
+            .unwrap_err();
+        let over_grpc = grpc
+            .describe_container_groups(request.clone())
+            .await
+            .unwrap_err();
+        for (front, error) in [("openapi", &over_openapi), ("grpc", &over_grpc)] {
+            assert_eq!(error.code, code, "{front}: {error}");
+            assert_eq!(
+                classify(error),
+                ErrorClass::Configuration(problem),
+                "{front}: {error}"
+            );
+        }
+        if code == "SDK.ForeignResponse" {
+            assert!(over_openapi.message.contains("HTTP 403"), "{over_openapi}");
+            assert!(over_grpc.request_id.is_empty(), "no service answered");
+        } else {
+            assert!(!over_openapi.request_id.is_empty(), "{over_openapi}");
+        }
+    }
+    fixture.patch(serde_json::json!({"faults": {"*": {"error_rate": 0.0}}}));
+    openapi
+        .describe_container_groups(request.clone())
+        .await
+        .unwrap();
+    grpc.describe_container_groups(request).await.unwrap();
+}

@@ -334,8 +334,8 @@ impl Harness {
     }
 
     /// Starts daemon replica `ordinal` against mock-eci (`start_mock_eci` first), with short
-    /// test timings and `extra` environment variables (which override the defaults). Its
-    /// process is named after its node.
+    /// test timings and `extra` environment variables (which override the defaults; an empty
+    /// value removes one). Its process is named after its node.
     pub fn start_daemon(
         &mut self,
         ordinal: u32,
@@ -394,7 +394,10 @@ impl Harness {
         ));
         for (key, value) in extra {
             env.retain(|(k, _)| k != key);
-            env.push(((*key).to_owned(), (*value).to_owned()));
+            // An empty value unsets a default (the AccessKey pair, to sign from a file instead).
+            if !value.is_empty() {
+                env.push(((*key).to_owned(), (*value).to_owned()));
+            }
         }
         let program = binary("virtual-node-eci", "virtual-node-eci")?;
         // Several processes may serve one node name over a test (restarts, duplicates).

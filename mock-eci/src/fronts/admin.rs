@@ -5,7 +5,7 @@
 //! | `GET /healthz` | `ok` |
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /admin/controls` | the switches as JSON |
-//! | `PATCH /admin/controls` | change switches: `{"outage": true}`, `{"rate_limits_enabled": false}`, `{"faults": {"*": {"error_rate": 0.5, "error_code": "InternalError", "latency_ms": 20}}}`, `{"rate_limits": {"CreateContainerGroup": {"per_minute": 60, "burst": 5}}}`, `{"no_stock": true}`, `{"max_groups": 10}` (`null` removes the cap) |
+//! | `PATCH /admin/controls` | change switches: `{"outage": true}`, `{"rate_limits_enabled": false}`, `{"faults": {"*": {"error_rate": 0.5, "error_code": "InternalError", "latency_ms": 20}}}` (any code the service answers: `Forbidden.RAM`, `InvalidAccessKeyId.NotFound`, `Account.Arrearage`, …; `SDK.ForeignResponse` answers as a proxy in front of ECI would: an HTML 403 on the OpenAPI front, a gRPC `PermissionDenied` without an ECI code on the gRPC one), `{"rate_limits": {"CreateContainerGroup": {"per_minute": 60, "burst": 5}}}`, `{"no_stock": true}`, `{"max_groups": 10}` (`null` removes the cap) |
 //! | `GET /admin/groups` | every group as DescribeContainerGroups shows it, events included |
 //! | `POST /admin/groups/{id}/vanish` | the group disappears out of band |
 //! | `POST /admin/groups/{id}/expire` | the group is reclaimed and ends `Expired` |

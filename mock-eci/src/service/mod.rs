@@ -344,6 +344,13 @@ impl MockEci {
             Err(error) => {
                 self.shared.telemetry.record(action, &error.code, seconds);
                 debug!(action = %action, request_id = %request_id, code = %error.code, message = %error.message, "call failed");
+                if error.code == eci_proto::error::codes::FOREIGN_RESPONSE {
+                    // Something in front of the service refused the call: a bare gRPC
+                    // refusal, no ECI code, no request id (what tonic makes of a proxy's 403).
+                    return Err(Status::permission_denied(format!(
+                        "{action}: refused by a proxy in front of ECI (simulated)"
+                    )));
+                }
                 Err(error.with_request_id(request_id).into_status())
             }
         }

@@ -125,6 +125,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         Arc::clone(&telemetry),
     );
     let groups = controller.groups();
+    let misconfig = controller.misconfig_monitor();
     {
         let stop = stop.clone();
         tasks.spawn(async move { ("pod controller", controller.run(stop).await) });
@@ -135,9 +136,17 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         tasks.spawn(async move {
             (
                 "node status",
-                node_status::run(nodes, backend, config, telemetry, uid_receiver, stop)
-                    .await
-                    .map_err(anyhow::Error::from),
+                node_status::run(
+                    nodes,
+                    backend,
+                    config,
+                    telemetry,
+                    misconfig,
+                    uid_receiver,
+                    stop,
+                )
+                .await
+                .map_err(anyhow::Error::from),
             )
         });
     }

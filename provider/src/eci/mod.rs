@@ -3,6 +3,7 @@
 //! (mock-eci in-process, mock-eci over gRPC, the real OpenAPI) is decided at start-up.
 
 mod grpc;
+pub mod misconfig;
 pub mod openapi;
 mod rate_budget;
 

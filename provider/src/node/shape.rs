@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use serde_json::{Value, json};
 
 use crate::config::NodeConfig;
+use crate::eci::misconfig::Misconfiguration;
 use crate::node::eci_health::EciHealth;
 
 /// The label (and taint key) of virtual nodes that eci-profile targets.
@@ -204,8 +205,66 @@ fn condition(kind: &str, status: &str, reason: &str, message: &str) -> Value {
     json!({"type": kind, "status": status, "reason": reason, "message": message})
 }
 
-/// The node conditions for a health.
-pub fn conditions(config: &NodeConfig, health: &EciHealth) -> Vec<Value> {
+/// Type of the node condition that says whether ECI refuses this daemon's configuration.
+/// Abnormal-true, like the kubelet's pressure conditions and node-problem-detector's.
+pub const MISCONFIGURED_CONDITION: &str = "EciMisconfigured";
+
+/// The misconfiguration condition: True with the service's code and the fix, or False.
+fn misconfiguration_condition(misconfigured: Option<&Misconfiguration>) -> Value {
+    match misconfigured {
+        Some(found) => condition(
+            MISCONFIGURED_CONDITION,
+            "True",
+            found.problem.reason(),
+            &format!(
+                "{}; new pods are kept off this node (taint {}) until a call succeeds",
+                found.describe(),
+                MISCONFIGURED_TAINT
+            ),
+        ),
+        None => condition(
+            MISCONFIGURED_CONDITION,
+            "False",
+            "EciConfigured",
+            "ECI accepts this daemon's credentials, permissions, clock and account",
+        ),
+    }
+}
+
+/// The taint that keeps new pods off the node while ECI refuses its configuration.
+pub const MISCONFIGURED_TAINT: &str = "virtual-node.eci/misconfigured";
+
+/// The node's taints with [`MISCONFIGURED_TAINT`] added (`misconfigured`) or removed, the
+/// others kept in order — or `None` when they already are so.
+pub fn misconfigured_taints(current: &[Taint], misconfigured: bool) -> Option<Vec<Taint>> {
+    let has = current.iter().any(|t| t.key == MISCONFIGURED_TAINT);
+    if has == misconfigured {
+        return None;
+    }
+    let mut taints: Vec<Taint> = current
+        .iter()
+        .filter(|t| t.key != MISCONFIGURED_TAINT)
+        .cloned()
+        .collect();
+    if misconfigured {
+        taints.push(Taint {
+            key: MISCONFIGURED_TAINT.to_owned(),
+            value: None,
+            // NoSchedule, not NoExecute: the pods already running keep running — their
+            // groups are fine, only new calls are refused.
+            effect: "NoSchedule".to_owned(),
+            time_added: None,
+        });
+    }
+    Some(taints)
+}
+
+/// The node conditions for a health and a misconfiguration.
+pub fn conditions(
+    config: &NodeConfig,
+    health: &EciHealth,
+    misconfigured: Option<&Misconfiguration>,
+) -> Vec<Value> {
     let region = &config.region;
     let ready = match health {
         EciHealth::Reachable => condition(
@@ -256,6 +315,7 @@ pub fn conditions(config: &NodeConfig, health: &EciHealth) -> Vec<Value> {
             "EciNetworkReady",
             "container groups get their IPs from the configured vSwitches",
         ),
+        misconfiguration_condition(misconfigured),
     ]
 }
 
@@ -264,6 +324,7 @@ pub fn conditions(config: &NodeConfig, health: &EciHealth) -> Vec<Value> {
 pub fn status(
     config: &NodeConfig,
     health: &EciHealth,
+    misconfigured: Option<&Misconfiguration>,
     previous: Option<&Value>,
     now: SystemTime,
     kubelet_version: &str,
@@ -272,7 +333,7 @@ pub fn status(
     let previous_conditions = previous
         .and_then(|status| status.get("conditions"))
         .and_then(Value::as_array);
-    let conditions: Vec<Value> = conditions(config, health)
+    let conditions: Vec<Value> = conditions(config, health, misconfigured)
         .into_iter()
         .map(|mut condition| {
             let before = previous_conditions
@@ -526,6 +587,7 @@ mod tests {
             &config,
             &EciHealth::Reachable,
             None,
+            None,
             now,
             &kubelet_version(),
         );
@@ -562,7 +624,8 @@ mod tests {
             .iter()
             .map(|c| c["status"].as_str().unwrap())
             .collect();
-        assert_eq!(pressure, vec!["False"; 4]);
+        assert_eq!(pressure, vec!["False"; 5]);
+        assert_eq!(status["conditions"][5]["type"], MISCONFIGURED_CONDITION);
     }
 
     #[test]
@@ -571,8 +634,15 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
         let t1 = t0 + std::time::Duration::from_secs(60);
         let version = kubelet_version();
-        let first = status(&config, &EciHealth::Reachable, None, t0, &version);
-        let second = status(&config, &EciHealth::Reachable, Some(&first), t1, &version);
+        let first = status(&config, &EciHealth::Reachable, None, None, t0, &version);
+        let second = status(
+            &config,
+            &EciHealth::Reachable,
+            None,
+            Some(&first),
+            t1,
+            &version,
+        );
         assert_eq!(second["conditions"][0]["lastTransitionTime"], rfc3339(t0));
         assert_eq!(second["conditions"][0]["lastHeartbeatTime"], rfc3339(t1));
         assert_eq!(fingerprint(&first), fingerprint(&second));
@@ -581,7 +651,7 @@ mod tests {
             since: t0,
             error: "connection refused".into(),
         };
-        let third = status(&config, &down, Some(&second), t1, &version);
+        let third = status(&config, &down, None, Some(&second), t1, &version);
         assert_eq!(third["conditions"][0]["status"], "False");
         assert_eq!(third["conditions"][0]["reason"], "EciUnreachable");
         assert!(
@@ -592,6 +662,58 @@ mod tests {
         );
         assert_eq!(third["conditions"][0]["lastTransitionTime"], rfc3339(t1));
         assert_ne!(fingerprint(&second), fingerprint(&third));
+    }
+
+    #[test]
+    fn a_misconfiguration_is_a_condition_and_a_taint() {
+        use crate::eci::misconfig::{Problem, misconfiguration};
+        let found = misconfiguration(
+            "CreateContainerGroup",
+            &eci_proto::EciError::new("Forbidden.RAM", "User not authorized"),
+        )
+        .unwrap();
+        assert_eq!(found.problem, Problem::Permission);
+        let config = mk_config(&[]);
+        let conditions = conditions(&config, &EciHealth::Reachable, Some(&found));
+        let ours = conditions
+            .iter()
+            .find(|c| c["type"] == MISCONFIGURED_CONDITION)
+            .unwrap();
+        assert_eq!(ours["status"], "True");
+        assert_eq!(ours["reason"], "EciPermissionDenied");
+        let message = ours["message"].as_str().unwrap();
+        assert!(
+            message.contains("Forbidden.RAM") && message.contains("RAM"),
+            "{message}"
+        );
+        assert_eq!(
+            conditions[0]["status"], "True",
+            "ECI answers: Ready stays, so the node lifecycle controller evicts nothing"
+        );
+
+        let other = Taint {
+            key: "k8s.aliyun.com/vnode".into(),
+            value: Some("true".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        };
+        let tainted = misconfigured_taints(std::slice::from_ref(&other), true).unwrap();
+        assert_eq!(tainted.len(), 2);
+        assert_eq!(tainted[0], other);
+        assert_eq!(
+            (tainted[1].key.as_str(), tainted[1].effect.as_str()),
+            (MISCONFIGURED_TAINT, "NoSchedule")
+        );
+        assert_eq!(
+            misconfigured_taints(&tainted, true),
+            None,
+            "already tainted"
+        );
+        assert_eq!(
+            misconfigured_taints(&tainted, false),
+            Some(vec![other.clone()])
+        );
+        assert_eq!(misconfigured_taints(&[other], false), None);
     }
 
     #[test]
@@ -621,6 +743,7 @@ mod tests {
         let status = status(
             &mk_config(&[]),
             &EciHealth::Reachable,
+            None,
             None,
             SystemTime::UNIX_EPOCH,
             "v1.37.2-virtual-node-eci-0.1.0",

@@ -1,5 +1,12 @@
 //! Keeps the Node's status honest: probes ECI on a timer and patches the status subresource
 //! when anything changed, and at least every `node_status_max_interval` for the heartbeat.
+//!
+//! A configuration ECI refuses (credentials, RAM permissions, clock, account, an endpoint that
+//! is not ECI — [`crate::eci::misconfig`]) is the node's problem: the `EciMisconfigured`
+//! condition says which and how to fix it, and the `virtual-node.eci/misconfigured:NoSchedule`
+//! taint keeps new pods away (kube-scheduler's TaintToleration filter honours it). Ready stays
+//! as reachability says: a NotReady node gets the node lifecycle controller's `not-ready`
+//! NoExecute taint and its running pods evicted, though their groups run fine.
 
 use std::time::SystemTime;
 
@@ -15,6 +22,7 @@ use tracing::{info, warn};
 use super::shape;
 use crate::config::NodeConfig;
 use crate::eci::Backend;
+use crate::eci::misconfig::{Misconfiguration, Monitor};
 use crate::node::eci_health::{EciHealth, HealthTracker};
 use crate::ops::metrics::{ResultLabels, Telemetry};
 
@@ -26,8 +34,16 @@ pub fn is_unreachable(error: &EciError) -> bool {
     error.is_retryable() && !error.is_throttling()
 }
 
-/// One cheap call: a one-item status page of this cluster's groups.
-pub async fn probe(backend: &Backend, config: &NodeConfig) -> Result<(), EciError> {
+/// The action [`probe`] calls.
+const PROBE_ACTION: &str = "DescribeContainerGroupStatus";
+
+/// One cheap call: a one-item status page of this cluster's groups. Its outcome goes to
+/// `monitor`; the answer is the error only when ECI did not answer at all.
+pub async fn probe(
+    backend: &Backend,
+    config: &NodeConfig,
+    monitor: &Monitor,
+) -> Result<(), EciError> {
     let request = DescribeContainerGroupStatusRequest {
         region_id: config.region.clone(),
         limit: Some(1),
@@ -37,7 +53,9 @@ pub async fn probe(backend: &Backend, config: &NodeConfig) -> Result<(), EciErro
         }],
         ..DescribeContainerGroupStatusRequest::default()
     };
-    match backend.describe_container_group_status(request).await {
+    let outcome = backend.describe_container_group_status(request).await;
+    monitor.record(PROBE_ACTION, outcome.as_ref().map(|_| ()));
+    match outcome {
         Err(error) if is_unreachable(&error) => Err(error),
         // An answer — even a throttled or refused call — means ECI is reachable.
         _ => Ok(()),
@@ -100,12 +118,18 @@ impl StatusReporter {
 
     /// The status to write now, if one is due: when it differs from the last written one or
     /// the last write is `max_interval` old.
-    pub fn due(&self, config: &NodeConfig, now: Instant) -> Option<(Value, EciHealth)> {
+    pub fn due(
+        &self,
+        config: &NodeConfig,
+        now: Instant,
+        misconfigured: Option<&Misconfiguration>,
+    ) -> Option<(Value, EciHealth)> {
         let health = self.tracker.health(now);
         let previous = self.last_written.as_ref().map(|(status, _)| status);
         let status = shape::status(
             config,
             &health,
+            misconfigured,
             previous,
             SystemTime::now(),
             &self.kubelet_version,
@@ -152,12 +176,50 @@ async fn follow_control_plane(nodes: &Api<Node>, reporter: &mut StatusReporter) 
     }
 }
 
-/// Probes and reports until cancelled.
+/// Adds or removes [`shape::MISCONFIGURED_TAINT`] so the node shows `misconfigured`; whether
+/// it does now. The taints are a list the apiserver replaces whole: the write carries the
+/// resourceVersion read, so a concurrent change of another taint is never lost (a conflict
+/// is retried at the next check).
+async fn sync_taint(
+    nodes: &Api<Node>,
+    name: &str,
+    misconfigured: bool,
+    telemetry: &Telemetry,
+) -> Result<(), kube::Error> {
+    telemetry.kube_request("node_get");
+    let node = nodes.get(name).await?;
+    let current = node
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.taints.clone())
+        .unwrap_or_default();
+    let Some(taints) = shape::misconfigured_taints(&current, misconfigured) else {
+        return Ok(());
+    };
+    let patch = json!({
+        "metadata": {"resourceVersion": node.metadata.resource_version},
+        "spec": {"taints": taints},
+    });
+    telemetry.kube_request("node_patch");
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    if misconfigured {
+        warn!(node = %name, taint = shape::MISCONFIGURED_TAINT, "ECI refuses this daemon's configuration: new pods are kept off the node");
+    } else {
+        info!(node = %name, taint = shape::MISCONFIGURED_TAINT, "ECI accepts this daemon's configuration again: the node takes new pods");
+    }
+    Ok(())
+}
+
+/// Probes and reports until cancelled; also reports at once when the pod creators meet a
+/// misconfiguration (`monitor`).
 pub async fn run(
     nodes: Api<Node>,
     backend: Backend,
     config: NodeConfig,
     telemetry: std::sync::Arc<Telemetry>,
+    monitor: std::sync::Arc<Monitor>,
     mut node_uid: tokio::sync::watch::Receiver<String>,
     stop: CancellationToken,
 ) -> Result<(), kube::Error> {
@@ -165,31 +227,56 @@ pub async fn run(
     follow_control_plane(&nodes, &mut reporter).await;
     let mut ticks = tokio::time::interval(config.eci_probe_interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut changes = monitor.subscribe();
+    // What the node's taints show, once known.
+    let mut tainted: Option<bool> = None;
     loop {
-        tokio::select! {
+        let probe_due = tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            _ = ticks.tick() => {}
-        }
+            _ = ticks.tick() => true,
+            Ok(()) = changes.changed() => false,
+        };
         if node_uid.has_changed().unwrap_or(false) {
             // A new Node object: its status starts empty, so write ours at once.
             node_uid.mark_unchanged();
             reporter.forget();
+            tainted = None;
         }
-        let outcome = tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            outcome = probe(&backend, &config) => outcome,
-        };
-        reporter.record(outcome, &telemetry);
+        if probe_due {
+            let outcome = tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                outcome = probe(&backend, &config, &monitor) => outcome,
+            };
+            reporter.record(outcome, &telemetry);
+        }
+        let misconfigured = changes.borrow_and_update().clone();
+        if tainted != Some(misconfigured.is_some()) {
+            match sync_taint(
+                &nodes,
+                &config.node_name,
+                misconfigured.is_some(),
+                &telemetry,
+            )
+            .await
+            {
+                Ok(()) => tainted = Some(misconfigured.is_some()),
+                Err(error) => {
+                    warn!(node = %config.node_name, %error, "could not update the node's misconfiguration taint; retrying at the next probe");
+                }
+            }
+        }
         let now = Instant::now();
-        let Some((status, health)) = reporter.due(&config, now) else {
+        let Some((status, health)) = reporter.due(&config, now, misconfigured.as_ref()) else {
             continue;
         };
         telemetry.kube_request("node_status_patch");
+        // Strategic merge: conditions merge by type, so those other components add to the
+        // node (node-problem-detector's, say) are kept.
         match nodes
             .patch_status(
                 &config.node_name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
+                &Patch::Strategic(json!({"status": status})),
             )
             .await
         {
@@ -199,6 +286,9 @@ pub async fn run(
                 telemetry.node_ready.set(i64::from(ready));
                 if let EciHealth::Unreachable { error, .. } = &health {
                     warn!(node = %config.node_name, %error, "ECI unreachable: node NotReady (EciUnreachable)");
+                }
+                if let Some(found) = &misconfigured {
+                    warn!(node = %config.node_name, code = %found.code, action = %found.action, request_id = %found.request_id, fix = found.problem.fix(), "ECI refuses this daemon's configuration ({})", shape::MISCONFIGURED_CONDITION);
                 }
                 info!(node = %config.node_name, ready, "node status written");
                 reporter.written(status, now);
@@ -212,13 +302,22 @@ pub async fn run(
 }
 
 /// The API accesses of this module (see [`crate::k8s::access`]).
-pub const KUBE_API: &[crate::k8s::access::Access] = &[crate::k8s::access::Access {
-    scope: crate::k8s::access::Scope::Cluster,
-    group: "",
-    resource: "nodes/status",
-    verbs: &["patch"],
-    why: "report Ready, capacity and the heartbeat",
-}];
+pub const KUBE_API: &[crate::k8s::access::Access] = &[
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "nodes/status",
+        verbs: &["patch"],
+        why: "report Ready, capacity and the heartbeat",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "nodes",
+        verbs: &["get", "patch"],
+        why: "taint the node while ECI refuses the daemon's configuration",
+    },
+];
 
 #[cfg(test)]
 mod tests {
@@ -261,7 +360,7 @@ mod tests {
 
         reporter.record(Ok(()), &telemetry);
         let (status, _) = reporter
-            .due(&config, Instant::now())
+            .due(&config, Instant::now(), None)
             .expect("the first status is always written");
         assert_eq!(ready(&status), "True");
         reporter.written(status, Instant::now());
@@ -270,12 +369,12 @@ mod tests {
         for _ in 0..5 {
             tokio::time::advance(Duration::from_secs(10)).await;
             reporter.record(Ok(()), &telemetry);
-            assert!(reporter.due(&config, Instant::now()).is_none());
+            assert!(reporter.due(&config, Instant::now(), None).is_none());
         }
         tokio::time::advance(Duration::from_secs(10)).await;
         reporter.record(Ok(()), &telemetry);
         let (heartbeat, _) = reporter
-            .due(&config, Instant::now())
+            .due(&config, Instant::now(), None)
             .expect("the heartbeat is due at 60 s");
         reporter.written(heartbeat, Instant::now());
 
@@ -287,7 +386,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(10)).await;
         reporter.record(Err(unavailable()), &telemetry);
         let (down, health) = reporter
-            .due(&config, Instant::now())
+            .due(&config, Instant::now(), None)
             .expect("a change is written at once");
         assert!(matches!(health, EciHealth::Unreachable { .. }));
         assert_eq!(ready(&down), "False");
@@ -303,7 +402,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(10)).await;
         reporter.record(Ok(()), &telemetry);
         let (up, _) = reporter
-            .due(&config, Instant::now())
+            .due(&config, Instant::now(), None)
             .expect("recovery is written at once");
         assert_eq!(ready(&up), "True");
     }

@@ -17,6 +17,7 @@ mod create;
 mod delete;
 mod eci_events;
 mod gate;
+mod misconfigured;
 mod status_sync;
 
 use super::slim;
@@ -209,6 +210,8 @@ struct Inner {
     services: crate::pods::services::ServiceCache,
     /// The namespace scope and annotation policy, as currently known.
     tenancy: crate::pods::tenancy::feed::PolicyFeed,
+    /// What ECI says of the daemon's configuration, shared with the node status.
+    misconfig: Arc<crate::eci::misconfig::Monitor>,
 }
 
 impl std::fmt::Debug for PodController {
@@ -281,8 +284,15 @@ impl PodController {
                 awaiting_removal: Mutex::new(HashMap::new()),
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
+                misconfig: Arc::default(),
             }),
         }
+    }
+
+    /// What ECI says of the daemon's configuration, as this controller's creations found it
+    /// (the node status reports it and adds its own probes' findings).
+    pub fn misconfig_monitor(&self) -> Arc<crate::eci::misconfig::Monitor> {
+        Arc::clone(&self.inner.misconfig)
     }
 
     /// Which group runs which pod, as this controller knows it (for the kubelet API).
@@ -595,11 +605,7 @@ impl PodController {
         match action {
             None => {}
             Some(Action::Create) => {
-                let job = CreateJob {
-                    attempt: 0,
-                    seen: tokio::time::Instant::now(),
-                };
-                self.inner.creations.push(uid, job);
+                self.inner.creations.push(uid, CreateJob::fresh());
             }
             Some(Action::Delete(group)) => {
                 let deletion = controller.clone();
@@ -625,6 +631,17 @@ enum Action {
 enum Failure {
     Retry(String),
     Permanent(String),
+    /// ECI refuses the daemon's configuration: not the pod's fault; it waits.
+    Misconfigured(crate::eci::misconfig::Misconfiguration),
+}
+
+impl Failure {
+    fn message(&self) -> String {
+        match self {
+            Self::Retry(message) | Self::Permanent(message) => message.clone(),
+            Self::Misconfigured(found) => found.describe(),
+        }
+    }
 }
 
 /// The fingerprint of the part of the pod's status this daemon writes, as the pod shows it

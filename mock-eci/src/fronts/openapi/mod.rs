@@ -288,6 +288,15 @@ fn http_status(error: &EciError) -> StatusCode {
 }
 
 fn error_response(error: &EciError) -> Response {
+    if error.code == eci_proto::error::codes::FOREIGN_RESPONSE {
+        // An injected proxy refusal: an HTML page, as a gateway or captive portal answers.
+        return (
+            StatusCode::FORBIDDEN,
+            [(axum::http::header::CONTENT_TYPE, "text/html")],
+            "<html><body><h1>403 Forbidden</h1>Access denied by proxy (simulated)</body></html>",
+        )
+            .into_response();
+    }
     let request_id = if error.request_id.is_empty() {
         request_id()
     } else {

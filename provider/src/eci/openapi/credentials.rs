@@ -116,6 +116,22 @@ impl CredentialSource {
         }
     }
 
+    /// Forgets cached file credentials, so the next request reads them again: the service
+    /// refused them, and a rewrite the fingerprint cannot see (same size, same second on a
+    /// coarse clock) must not keep the node refused until a restart.
+    pub fn refused(&self) {
+        if let Self::File(source) = self
+            && let Some((seen, _)) = source
+                .cached
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .as_mut()
+        {
+            // No real fingerprint is empty: the next use reads the files again.
+            seen.clear();
+        }
+    }
+
     /// The credentials to sign the next request with.
     pub async fn current(&self) -> Result<Credentials, CredentialsError> {
         match self {
@@ -126,8 +142,9 @@ impl CredentialSource {
     }
 }
 
-/// Identity of the files' content: any rewrite changes a modification time or a length.
-type Fingerprint = Vec<(Option<SystemTime>, u64)>;
+/// Identity of the files' content: any rewrite changes a modification time, a length or (when
+/// kubelet swaps a mounted Secret's `..data` link to new files) an inode.
+type Fingerprint = Vec<(Option<SystemTime>, u64, u64)>;
 
 /// Credentials from a file of `NAME=value` lines or a directory of one file per name (how a
 /// Kubernetes Secret is mounted).
@@ -161,7 +178,13 @@ impl FileSource {
         for member in self.members(is_dir) {
             let entry = tokio::fs::metadata(&member)
                 .await
-                .map_or((None, 0), |m| (m.modified().ok(), m.len()));
+                .map_or((None, 0, 0), |m| {
+                    (
+                        m.modified().ok(),
+                        m.len(),
+                        std::os::unix::fs::MetadataExt::ino(&m),
+                    )
+                });
             fingerprint.push(entry);
         }
         fingerprint
@@ -181,12 +204,14 @@ impl FileSource {
             }
         }
         let credentials = self.read(is_dir).await?;
-        info!(path = %self.path.display(), access_key_id = %credentials.access_key_id, "credentials (re)loaded");
-        *self
+        let before = self
             .cached
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some((fingerprint, credentials.clone()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .replace((fingerprint, credentials.clone()));
+        if before.is_none_or(|(_, old)| old != credentials) {
+            info!(path = %self.path.display(), access_key_id = %credentials.access_key_id, "credentials (re)loaded");
+        }
         Ok(credentials)
     }
 
@@ -428,6 +453,59 @@ mod tests {
             ),
             "{error}"
         );
+    }
+
+    /// How kubelet updates a mounted Secret: the files live in a timestamped directory and
+    /// the `..data` link is swapped to a new one; the names are links through `..data`.
+    fn mount_secret_version(dir: &Path, version: &str, id: &str, secret: &str) {
+        let data = dir.join(format!("..{version}"));
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join(ACCESS_KEY_NAME), id).unwrap();
+        std::fs::write(data.join(SECRET_KEY_NAME), secret).unwrap();
+        let staged = dir.join("..data_tmp");
+        std::os::unix::fs::symlink(format!("..{version}"), &staged).unwrap();
+        std::fs::rename(&staged, dir.join("..data")).unwrap();
+        for name in [ACCESS_KEY_NAME, SECRET_KEY_NAME] {
+            let link = dir.join(name);
+            if std::fs::symlink_metadata(&link).is_err() {
+                std::os::unix::fs::symlink(format!("..data/{name}"), &link).unwrap();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mounted_secret_swapped_to_equal_sized_files_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        mount_secret_version(dir.path(), "v1", "id-1", "wrong-1");
+        let source = CredentialSource::file(dir.path().to_owned());
+        assert_eq!(source.current().await.unwrap().access_key_id, "id-1");
+        // Same lengths, possibly the same modification second: the new inode tells.
+        mount_secret_version(dir.path(), "v2", "id-2", "right-2");
+        let rotated = source.current().await.unwrap();
+        assert_eq!(rotated.access_key_id, "id-2");
+        assert_eq!(rotated.access_key_secret.expose(), "right-2");
+    }
+
+    #[tokio::test]
+    async fn refused_file_credentials_are_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("credentials");
+        std::fs::write(&file, "ECI_ACCESS_KEY=id-1\nECI_SECRET_KEY=secret-1\n").unwrap();
+        let source = CredentialSource::file(file.clone());
+        assert_eq!(source.current().await.unwrap().access_key_id, "id-1");
+        // Rewritten in place to the same size, the old modification time put back: the
+        // fingerprint cannot see it, but a refusal makes the next call look.
+        let modified = std::fs::metadata(&file).unwrap().modified().unwrap();
+        std::fs::write(&file, "ECI_ACCESS_KEY=id-2\nECI_SECRET_KEY=secret-2\n").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(modified)
+            .unwrap();
+        assert_eq!(source.current().await.unwrap().access_key_id, "id-1");
+        source.refused();
+        assert_eq!(source.current().await.unwrap().access_key_id, "id-2");
     }
 
     async fn metadata_server(expiration: SystemTime, hardened: bool) -> (String, Arc<AtomicUsize>) {

@@ -171,14 +171,24 @@ impl OpenApiBackend {
                 debug!(action, request_id = %response::request_id(&body), "ECI call succeeded");
                 Ok(body)
             }
-            parsed => Err(service_error(
-                action,
-                status.as_u16(),
-                parsed.as_ref(),
-                &bytes,
-                &timestamp,
-                server_date.as_deref(),
-            )),
+            parsed => {
+                let error = service_error(
+                    action,
+                    status.as_u16(),
+                    parsed.as_ref(),
+                    &bytes,
+                    &timestamp,
+                    server_date.as_deref(),
+                );
+                if super::misconfig::classify(&error)
+                    == super::misconfig::ErrorClass::Configuration(
+                        super::misconfig::Problem::Credentials,
+                    )
+                {
+                    self.credentials.refused();
+                }
+                Err(error)
+            }
         }
     }
 
@@ -279,6 +289,9 @@ fn service_error(
         code = match http_status {
             429 => "Throttling",
             500..=599 => "ServiceUnavailable",
+            // A refusal without the service's error body: whatever refused is not ECI (an
+            // authenticating proxy, a wrong endpoint) — a configuration problem.
+            400..=499 => eci_proto::error::codes::FOREIGN_RESPONSE,
             _ => response::INVALID_RESPONSE,
         }
         .to_owned();
@@ -482,6 +495,15 @@ mod tests {
         assert!(error.is_throttling());
         let error = service_error("X", 404, None, b"", "t", None);
         assert!(!error.is_retryable());
+        let error = service_error("X", 403, None, b"<html>Access denied</html>", "t", None);
+        assert_eq!(
+            error.code, "SDK.ForeignResponse",
+            "not the service's refusal"
+        );
+        assert!(error.message.contains("HTTP 403"), "{error}");
+        // A 2xx the client cannot read is not a refusal at all.
+        let error = service_error("X", 200, None, b"<html>portal</html>", "t", None);
+        assert_eq!(error.code, response::INVALID_RESPONSE);
     }
 
     #[test]

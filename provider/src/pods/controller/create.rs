@@ -44,6 +44,20 @@ fn report_failure(attempt: u32, group_seen: bool) -> bool {
 pub(super) struct CreateJob {
     pub(super) attempt: u32,
     pub(super) seen: tokio::time::Instant,
+    /// The last attempt met a misconfiguration, already shown on the pod: the job waits for
+    /// the configuration to be accepted again (or its back-off) and is not reported again.
+    pub(super) misconfigured: bool,
+}
+
+impl CreateJob {
+    /// A first attempt, for a pod seen now.
+    pub(super) fn fresh() -> Self {
+        Self {
+            attempt: 0,
+            seen: tokio::time::Instant::now(),
+            misconfigured: false,
+        }
+    }
 }
 
 impl PodController {
@@ -104,11 +118,16 @@ impl PodController {
             .serve(workers, &stop, move |uid, job| async move {
                 if let Some(next) = this.create_once(&uid, job).await {
                     let (controller, stop) = (this.clone(), stopping.clone());
+                    let mut configuration = this.inner.misconfig.subscribe();
                     // A timer, not work: it ends with the stop (the successor retries).
                     this.spawn_pod_task(async move {
                         tokio::select! {
                             () = stop.cancelled() => {}
                             () = tokio::time::sleep(backoff(next.attempt)) => {
+                                controller.inner.creations.push(uid, next);
+                            }
+                            // Fixed: go now, not at the end of a back-off of up to 30 s.
+                            Ok(_) = configuration.wait_for(Option::is_none), if next.misconfigured => {
                                 controller.inner.creations.push(uid, next);
                             }
                         }
@@ -154,12 +173,13 @@ impl PodController {
         let retry = CreateJob {
             attempt: job.attempt + 1,
             seen: job.seen,
+            misconfigured: false,
         };
         let pod = match self.whole_pod(uid).await {
             Ok(Some(pod)) => pod,
             Ok(None) => return None,
-            Err(Failure::Retry(message) | Failure::Permanent(message)) => {
-                debug!(pod_uid = %uid, %message, "retrying");
+            Err(failure) => {
+                debug!(pod_uid = %uid, message = %failure.message(), "retrying");
                 return Some(retry);
             }
         };
@@ -173,8 +193,8 @@ impl PodController {
             }
             let pod = match self.apply_pending_effect(pod).await {
                 Ok(pod) => pod,
-                Err(Failure::Retry(message) | Failure::Permanent(message)) => {
-                    debug!(%message, attempt = job.attempt, "retrying");
+                Err(failure) => {
+                    debug!(message = %failure.message(), attempt = job.attempt, "retrying");
                     return Some(retry);
                 }
             };
@@ -228,6 +248,17 @@ impl PodController {
                     warn!(%message, "this pod cannot run on ECI");
                     self.set_provider_failed(&pod, &message, true).await;
                     None
+                }
+                Err(Failure::Misconfigured(found)) => {
+                    self.inner.telemetry.pod_create_retries.inc();
+                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.group.is_some());
+                    if !job.misconfigured && !group_seen {
+                        self.explain_misconfiguration(&pod, &found).await;
+                    }
+                    Some(CreateJob {
+                        misconfigured: true,
+                        ..retry
+                    })
                 }
             }
         }
@@ -298,18 +329,16 @@ impl PodController {
             }
         })?;
         debug_assert_eq!(request.client_token, uid);
-        match self.inner.backend.create_container_group(request).await {
-            Ok(response) => {
-                if let Some(due) = issued.refresh_in {
-                    self.inner
-                        .tokens
-                        .track(pod, &response.container_group_id, due);
-                }
-                Ok(response.container_group_id)
-            }
-            Err(error) if error.is_retryable() => Err(Failure::Retry(error.to_string())),
-            Err(error) => Err(Failure::Permanent(error.to_string())),
+        let outcome = self.inner.backend.create_container_group(request).await;
+        // The one place a creation's answer is judged: the pod's problem, the node's
+        // (a misconfiguration, see `misconfigured.rs`), or a moment's.
+        let response = self.judge_creation(outcome)?;
+        if let Some(due) = issued.refresh_in {
+            self.inner
+                .tokens
+                .track(pod, &response.container_group_id, due);
         }
+        Ok(response.container_group_id)
     }
 
     pub(super) async fn fetch<K>(

@@ -140,11 +140,7 @@ impl PodController {
                 );
             }
             for uid in held {
-                let job = CreateJob {
-                    attempt: 0,
-                    seen: tokio::time::Instant::now(),
-                };
-                self.inner.creations.push(uid, job);
+                self.inner.creations.push(uid, CreateJob::fresh());
             }
         }
     }
