@@ -12,6 +12,10 @@
 //! ([`RequestClientCertificate`]); the chain is verified here, per request, against the CA
 //! in force now — as the kubelet's `RequestClientCert` plus x509 authenticator do — so a CA
 //! rotation needs no new listener and an unknown certificate is a 401, not a failed handshake.
+//!
+//! The scheduler extender (`placement::extender::caller`) authenticates and authorizes its
+//! callers with the same pieces: [`Authenticator`], [`Authorizer`], [`ClientCa`],
+//! [`RequestClientCertificate`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -50,21 +54,21 @@ pub const KUBE_API: &[Access] = &[
         group: "authentication.k8s.io",
         resource: "tokenreviews",
         verbs: &["create"],
-        why: "the kubelet API checks bearer tokens with a TokenReview",
+        why: "the kubelet API and the scheduler extender check bearer tokens with a TokenReview",
     },
     Access {
         scope: Scope::Cluster,
         group: "authorization.k8s.io",
         resource: "subjectaccessreviews",
         verbs: &["create"],
-        why: "the kubelet API asks a SubjectAccessReview whether a caller may use nodes/<subresource> of this node",
+        why: "the kubelet API asks a SubjectAccessReview whether a caller may use nodes/<subresource> of this node; the scheduler extender whether it may create pods/binding",
     },
     Access {
         scope: Scope::Cluster,
         group: "",
         resource: "configmaps",
         verbs: &["get"],
-        why: "the kubelet API's client CA: client-ca-file of kube-system/extension-apiserver-authentication",
+        why: "the client CA of the kubelet API and the scheduler extender: client-ca-file of kube-system/extension-apiserver-authentication",
     },
 ];
 
@@ -101,7 +105,7 @@ pub enum AuthError {
     #[error("{}/{} has no {CLIENT_CA_KEY}", CLIENT_CA_CONFIGMAP.0, CLIENT_CA_CONFIGMAP.1)]
     NoClientCa,
     /// The client CA file could not be read.
-    #[error("--kubelet-client-ca-file (KUBELET_CLIENT_CA_FILE): cannot read {path}")]
+    #[error("cannot read the client CA file {path}")]
     ClientCaFile {
         /// The file.
         path: PathBuf,
@@ -189,18 +193,47 @@ pub fn subresources(path: &str) -> Vec<&'static str> {
     out
 }
 
+/// What a SubjectAccessReview asks about a resource (its `resourceAttributes`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ResourceQuestion {
+    /// The verb.
+    pub verb: &'static str,
+    /// The API group (`""`: core).
+    pub group: &'static str,
+    /// The resource.
+    pub resource: &'static str,
+    /// The subresource (`""`: none).
+    pub subresource: &'static str,
+    /// The namespace (`""`: every namespace, or a cluster-scoped resource).
+    pub namespace: String,
+    /// The object's name (`""`: any).
+    pub name: String,
+}
+
+impl ResourceQuestion {
+    /// The kubelet's question: `verb` on `nodes/<subresource>` of `node`.
+    pub fn node(verb: &'static str, subresource: &'static str, node: &str) -> Self {
+        Self {
+            verb,
+            group: "",
+            resource: "nodes",
+            subresource,
+            namespace: String::new(),
+            name: node.to_owned(),
+        }
+    }
+}
+
 /// The questions asked of the Kubernetes API (a trait, so the caches are tested without one).
 #[async_trait::async_trait]
 pub trait Reviewer: Send + Sync + 'static {
     /// Who `token` is; `None` when the API does not accept it.
     async fn review_token(&self, token: &str) -> Result<Option<UserInfo>, AuthError>;
-    /// Whether `user` may `verb` `nodes/<subresource>` of `node`.
+    /// Whether `user` may do what `question` asks.
     async fn review_access(
         &self,
         user: &UserInfo,
-        verb: &str,
-        subresource: &str,
-        node: &str,
+        question: &ResourceQuestion,
     ) -> Result<bool, AuthError>;
 }
 
@@ -257,11 +290,10 @@ impl Reviewer for ApiReviewer {
     async fn review_access(
         &self,
         user: &UserInfo,
-        verb: &str,
-        subresource: &str,
-        node: &str,
+        question: &ResourceQuestion,
     ) -> Result<bool, AuthError> {
         let reviews: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let some = |value: &str| (!value.is_empty()).then(|| value.to_owned());
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.name.clone()),
@@ -269,12 +301,12 @@ impl Reviewer for ApiReviewer {
                 groups: Some(user.groups.clone()),
                 extra: (!user.extra.is_empty()).then(|| user.extra.clone()),
                 resource_attributes: Some(ResourceAttributes {
-                    group: Some(String::new()),
-                    version: Some("v1".into()),
-                    resource: Some("nodes".into()),
-                    subresource: Some(subresource.to_owned()),
-                    name: Some(node.to_owned()),
-                    verb: Some(verb.to_owned()),
+                    group: Some(question.group.to_owned()),
+                    resource: Some(question.resource.to_owned()),
+                    subresource: some(question.subresource),
+                    namespace: some(&question.namespace),
+                    name: some(&question.name),
+                    verb: Some(question.verb.to_owned()),
                     ..ResourceAttributes::default()
                 }),
                 ..SubjectAccessReviewSpec::default()
@@ -342,8 +374,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct AccessKey {
     user: UserInfo,
-    verb: &'static str,
-    subresource: &'static str,
+    question: ResourceQuestion,
 }
 
 /// What the guard decided about a request.
@@ -449,7 +480,7 @@ impl ClientCa {
 /// Where the client CA comes from.
 #[derive(Clone)]
 pub enum ClientCaSource {
-    /// `KUBELET_CLIENT_CA_FILE`.
+    /// A PEM file (`KUBELET_CLIENT_CA_FILE`, `PLACEMENT_EXTENDER_CLIENT_CA_FILE`).
     File(PathBuf),
     /// The cluster's `kube-system/extension-apiserver-authentication`.
     Cluster(kube::Client),
@@ -500,12 +531,12 @@ impl ClientCaSource {
     /// yet: client certificates are refused, bearer tokens still work).
     pub async fn load_into(&self, target: &ClientCa) {
         match self.read().await.and_then(|pem| target.set_pem(&pem)) {
-            Ok(true) => info!(source = %self.describe(), "kubelet API client CA loaded"),
+            Ok(true) => info!(source = %self.describe(), "client CA loaded"),
             Ok(false) => {}
             Err(error) => warn!(
                 source = %self.describe(),
                 error = %Chain(&error),
-                "cannot load the kubelet API client CA; client certificates are refused until it loads"
+                "cannot load the client CA; client certificates are refused until it loads"
             ),
         }
     }
@@ -522,42 +553,37 @@ impl ClientCaSource {
     }
 }
 
-/// Authentication and authorization of every kubelet API request.
-pub struct Guard {
-    node: String,
+/// Who is calling: a client certificate of the client CA, else a bearer token a TokenReview
+/// accepts; token reviews are cached.
+pub struct Authenticator {
     reviewer: Arc<dyn Reviewer>,
     client_ca: Arc<ClientCa>,
     tokens: TtlCache<[u8; 32], Option<UserInfo>>,
-    decisions: TtlCache<AccessKey, bool>,
 }
 
-impl std::fmt::Debug for Guard {
+impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Guard")
-            .field("node", &self.node)
+        f.debug_struct("Authenticator")
             .field("cached_tokens", &self.tokens.len())
-            .field("cached_decisions", &self.decisions.len())
             .finish_non_exhaustive()
     }
 }
 
 /// The bearer token of an `Authorization` header.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-impl Guard {
-    /// A guard for `node`, asking `reviewer`, trusting client certificates of `client_ca`.
-    pub fn new(node: String, reviewer: Arc<dyn Reviewer>, client_ca: Arc<ClientCa>) -> Self {
+impl Authenticator {
+    /// Asking `reviewer` about tokens, trusting client certificates of `client_ca`.
+    pub fn new(reviewer: Arc<dyn Reviewer>, client_ca: Arc<ClientCa>) -> Self {
         Self {
-            node,
             reviewer,
             client_ca,
             tokens: TtlCache::new(CACHE_CAPACITY),
-            decisions: TtlCache::new(CACHE_CAPACITY),
         }
     }
 
@@ -595,6 +621,87 @@ impl Guard {
             .insert(digest, user.clone(), ttl, Instant::now());
         Ok(user)
     }
+}
+
+/// Whether a user may do something: SubjectAccessReviews, cached (allowed and denied answers
+/// with the kubelet's TTLs).
+pub struct Authorizer {
+    reviewer: Arc<dyn Reviewer>,
+    decisions: TtlCache<AccessKey, bool>,
+}
+
+impl std::fmt::Debug for Authorizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authorizer")
+            .field("cached_decisions", &self.decisions.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Authorizer {
+    /// Asking `reviewer`.
+    pub fn new(reviewer: Arc<dyn Reviewer>) -> Self {
+        Self {
+            reviewer,
+            decisions: TtlCache::new(CACHE_CAPACITY),
+        }
+    }
+
+    /// Whether `user` may do what `question` asks.
+    pub async fn allowed(
+        &self,
+        user: &UserInfo,
+        question: &ResourceQuestion,
+    ) -> Result<bool, AuthError> {
+        let key = AccessKey {
+            user: user.clone(),
+            question: question.clone(),
+        };
+        if let Some(allowed) = self.decisions.get(&key, Instant::now()) {
+            return Ok(allowed);
+        }
+        let allowed = self.reviewer.review_access(user, question).await?;
+        let ttl = if allowed { ALLOWED_TTL } else { DENIED_TTL };
+        self.decisions.insert(key, allowed, ttl, Instant::now());
+        Ok(allowed)
+    }
+}
+
+/// Authentication and authorization of every kubelet API request.
+pub struct Guard {
+    node: String,
+    authenticator: Authenticator,
+    authorizer: Authorizer,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("node", &self.node)
+            .field("authenticator", &self.authenticator)
+            .field("authorizer", &self.authorizer)
+            .finish()
+    }
+}
+
+impl Guard {
+    /// A guard for `node`, asking `reviewer`, trusting client certificates of `client_ca`.
+    pub fn new(node: String, reviewer: Arc<dyn Reviewer>, client_ca: Arc<ClientCa>) -> Self {
+        Self {
+            node,
+            authenticator: Authenticator::new(Arc::clone(&reviewer), client_ca),
+            authorizer: Authorizer::new(reviewer),
+        }
+    }
+
+    /// Who is calling (see [`Authenticator::authenticate`]).
+    pub async fn authenticate(
+        &self,
+        certificates: Option<&[CertificateDer<'static>]>,
+        token: Option<&str>,
+    ) -> Result<Option<UserInfo>, AuthError> {
+        self.authenticator.authenticate(certificates, token).await
+    }
 
     /// Whether `user` may make this request.
     pub async fn authorize(
@@ -606,24 +713,8 @@ impl Guard {
         let verb = verb(method);
         let subresources = subresources(path);
         for subresource in &subresources {
-            let key = AccessKey {
-                user: user.clone(),
-                verb,
-                subresource,
-            };
-            let allowed = match self.decisions.get(&key, Instant::now()) {
-                Some(allowed) => allowed,
-                None => {
-                    let allowed = self
-                        .reviewer
-                        .review_access(&user, verb, subresource, &self.node)
-                        .await?;
-                    let ttl = if allowed { ALLOWED_TTL } else { DENIED_TTL };
-                    self.decisions.insert(key, allowed, ttl, Instant::now());
-                    allowed
-                }
-            };
-            if allowed {
+            let question = ResourceQuestion::node(verb, subresource, &self.node);
+            if self.authorizer.allowed(&user, &question).await? {
                 return Ok(Verdict::Allowed(user));
             }
         }

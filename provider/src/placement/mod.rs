@@ -3,7 +3,8 @@
 //! order on scale-in. The policy types and the decisions are pure (`policy`, `decide`); the
 //! `state` index is fed by watches; the elected replica serves the scheduler `extender` and
 //! runs the `upkeep` (status counts, deletion costs); every replica answers the admission side
-//! (`admit`) for the webhook. May call `k8s`, `ops`, `config`.
+//! (`admit`) for the webhook. May call `k8s`, `ops`, `config`, and the kubelet API's caller
+//! authentication (`kubelet::auth`), which the extender shares.
 
 pub mod admit;
 pub mod decide;
@@ -38,6 +39,7 @@ use crate::config::PlacementConfig;
 use crate::k8s::access::{Access, Scope};
 use crate::k8s::election::{Acquire, Candidate, LeaseLock, Request};
 use crate::k8s::serving_cert;
+use crate::kubelet::auth;
 use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
@@ -537,7 +539,10 @@ async fn serve_extender(
                 .await;
         });
     }
-    let server = match TlsServer::new(certificate, ClientAuth::None) {
+    // Client certificates are asked for but optional (token callers connect too); the chain
+    // is judged per request against the CA in force then (`extender::caller`).
+    let client_auth = ClientAuth::Verify(Arc::new(auth::RequestClientCertificate::default()));
+    let server = match TlsServer::new(certificate, client_auth) {
         Ok(server) => server,
         Err(error) => {
             warn!(error = %Chain(&error), "cannot serve the scheduler extender");
@@ -558,12 +563,35 @@ async fn serve_extender(
             }
         }
     };
+    let callers = callers(&config, &client, &mut tasks, &stop).await;
     info!(address = %config.extender_addr, prefix = extender::PREFIX, "serving the scheduler extender");
     server
-        .serve(listener, extender::router(served), stop.clone())
+        .serve(listener, extender::router(served, callers), stop.clone())
         .await;
     stop.cancel();
     while tasks.join_next().await.is_some() {}
+}
+
+/// Who may call the extender: the client CA loaded (before the first call, so kube-scheduler's
+/// first is not refused) and kept current on `tasks`.
+async fn callers(
+    config: &PlacementConfig,
+    client: &kube::Client,
+    tasks: &mut JoinSet<()>,
+    stop: &CancellationToken,
+) -> Arc<extender::caller::CallerGuard> {
+    let client_ca = Arc::new(auth::ClientCa::default());
+    let source = match &config.extender_client_ca_file {
+        Some(path) => auth::ClientCaSource::File(path.clone()),
+        None => auth::ClientCaSource::Cluster(client.clone()),
+    };
+    source.load_into(&client_ca).await;
+    tasks.spawn(source.keep_current(Arc::clone(&client_ca), stop.clone()));
+    Arc::new(extender::caller::CallerGuard::new(
+        Arc::new(auth::ApiReviewer::new(client.clone())),
+        client_ca,
+        extender::BODY_LIMIT,
+    ))
 }
 
 /// The API accesses of placement (see [`crate::k8s::access`]).

@@ -183,15 +183,14 @@ impl Reviewer for FakeReviewer {
     async fn review_access(
         &self,
         user: &UserInfo,
-        verb: &str,
-        subresource: &str,
-        node: &str,
+        question: &ResourceQuestion,
     ) -> Result<bool, AuthError> {
         self.access_reviews.fetch_add(1, Ordering::SeqCst);
-        Ok(node == "vn-0"
+        Ok(question.resource == "nodes"
+            && question.name == "vn-0"
             && self
                 .grants
-                .contains(&(user.name.as_str(), verb, subresource)))
+                .contains(&(user.name.as_str(), question.verb, question.subresource)))
     }
 }
 
