@@ -3,8 +3,7 @@
 //! order on scale-in. The policy types and the decisions are pure (`policy`, `decide`); the
 //! `state` index is fed by watches; the elected replica serves the scheduler `extender` and
 //! runs the `upkeep` (status counts, deletion costs); every replica answers the admission side
-//! (`admit`) for the webhook. May call `k8s`, `ops`, `config`, and the kubelet API's caller
-//! authentication (`kubelet::auth`), which the extender shares.
+//! (`admit`) for the webhook. May call `k8s`, `ops`, `config`.
 
 pub mod admit;
 pub mod decide;
@@ -37,9 +36,9 @@ use self::policy::ResourcePolicy;
 use self::state::PlacementIndex;
 use crate::config::PlacementConfig;
 use crate::k8s::access::{Access, Scope};
+use crate::k8s::callers;
 use crate::k8s::election::{Acquire, Candidate, LeaseLock, Request};
 use crate::k8s::serving_cert;
-use crate::kubelet::auth;
 use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
@@ -541,7 +540,7 @@ async fn serve_extender(
     }
     // Client certificates are asked for but optional (token callers connect too); the chain
     // is judged per request against the CA in force then (`extender::caller`).
-    let client_auth = ClientAuth::Verify(Arc::new(auth::RequestClientCertificate::default()));
+    let client_auth = ClientAuth::Verify(Arc::new(callers::RequestClientCertificate::default()));
     let server = match TlsServer::new(certificate, client_auth) {
         Ok(server) => server,
         Err(error) => {
@@ -580,15 +579,15 @@ async fn callers(
     tasks: &mut JoinSet<()>,
     stop: &CancellationToken,
 ) -> Arc<extender::caller::CallerGuard> {
-    let client_ca = Arc::new(auth::ClientCa::default());
+    let client_ca = Arc::new(callers::ClientCa::default());
     let source = match &config.extender_client_ca_file {
-        Some(path) => auth::ClientCaSource::File(path.clone()),
-        None => auth::ClientCaSource::Cluster(client.clone()),
+        Some(path) => callers::ClientCaSource::File(path.clone()),
+        None => callers::ClientCaSource::Cluster(client.clone()),
     };
     source.load_into(&client_ca).await;
     tasks.spawn(source.keep_current(Arc::clone(&client_ca), stop.clone()));
     Arc::new(extender::caller::CallerGuard::new(
-        Arc::new(auth::ApiReviewer::new(client.clone())),
+        Arc::new(callers::ApiReviewer::new(client.clone())),
         client_ca,
         extender::BODY_LIMIT,
     ))

@@ -1,7 +1,7 @@
 //! Who may call the scheduler extender. Its bind creates `pods/binding` as the daemon, and its
 //! filter holds places in units, so it answers only a caller that could bind pods itself.
 //!
-//! Authentication is the kubelet API's (`crate::kubelet::auth`): a client certificate
+//! Authentication is the kubelet API's (`crate::k8s::callers`): a client certificate
 //! chaining to the client CA (kube-scheduler's, through `extenders[].tlsConfig`
 //! `certFile`/`keyFile` or `certData`/`keyData`), else a bearer token a TokenReview accepts;
 //! neither → 401. Authorization is one SubjectAccessReview, [`question`]: may the caller
@@ -22,7 +22,7 @@ use rustls::pki_types::CertificateDer;
 use tls_serve::ConnectionInfo;
 use tracing::{debug, warn};
 
-use crate::kubelet::auth::{
+use crate::k8s::callers::{
     AuthError, Authenticator, Authorizer, ClientCa, ResourceQuestion, Reviewer, UserInfo, bearer,
 };
 use crate::ops::chain::Chain;

@@ -151,13 +151,6 @@ fn declared_lengths_against_the_limit() {
     }
 }
 
-#[test]
-fn the_body_limit_holds_a_5000_node_cluster_and_is_below_the_old_128_mib() {
-    let five_thousand_nodes = 5_000 * 16 * 1024;
-    assert!(super::super::BODY_LIMIT > five_thousand_nodes);
-    assert!(super::super::BODY_LIMIT < 128 * 1024 * 1024);
-}
-
 #[tokio::test]
 async fn callers_are_judged_by_token_and_the_binding_question() {
     let reviewer = cluster();
