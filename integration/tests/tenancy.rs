@@ -12,6 +12,11 @@
 //!   `k8s.aliyun.com/eci-ram-role-name` and `eci-security-group` on their own pod: it stays
 //!   Pending with `AnnotationNotAllowed` and mock-eci gets no group; the tenant cannot label
 //!   their namespace into the allowed set (the `admin` role may not patch namespaces).
+//! - **scheduler extender**: the tenant calls the ResourcePolicy extender's `/bind` (a pending
+//!   pod of another namespace onto a virtual node) and `/filter` (pods of their capped policy,
+//!   to take its place) with no credentials (401) and with their own token (403), and declares
+//!   a 100 MiB body (413): the pod stays unbound, and the tenant's real pod still gets the
+//!   unit's only place.
 //!
 //! With `TENANCY_OUT=<file>` each attack appends one JSON object (`attack`, `status`: `pass`
 //! when refused, else `fail`; `summary`, `details`) to the file: the reliability report
@@ -22,7 +27,7 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-use integration::harness::{Harness, HarnessError, Tenant, run_scenario};
+use integration::harness::{FixtureOptions, Harness, HarnessError, Tenant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
@@ -42,6 +47,27 @@ const DAEMON: &[(&str, &str)] = &[
 const INSTANCE_ID: &str = "k8s.aliyun.com/eci-instance-id";
 
 // ---- shared plumbing ----
+
+/// Runs `scenario` on the binary's shared cluster, started (by whichever test comes first)
+/// with kube-scheduler calling the daemon's extender, so every test here asks for the same.
+async fn run_scenario<F>(scenario: F)
+where
+    F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
+{
+    let options = FixtureOptions {
+        placement_extender: true,
+        ..FixtureOptions::default()
+    };
+    let mut h = Harness::start_with(options)
+        .await
+        .expect("the harness starts");
+    let result = scenario(&mut h).await;
+    if result.is_err() {
+        eprintln!("{}", h.dump().await);
+    }
+    h.shutdown(Duration::from_secs(10)).await;
+    result.unwrap();
+}
 
 fn failed(message: impl Into<String>) -> HarnessError {
     HarnessError::Setup(message.into())
@@ -301,6 +327,261 @@ async fn a_tenant_cannot_choose_the_ram_role_or_security_group_under_the_shared_
         assert!(still_pending, "the refused pod stays Pending");
         assert!(relabel_refused, "the tenant may not label their namespace: {relabel:?}");
         assert!(cannot_patch, "kubectl auth can-i patch namespace says no: {can_patch:?}");
+        Ok(())
+    })
+    .await;
+}
+
+/// The ResourcePolicy CRD as deploy/ ships it (the harness applies only the Selector CRD),
+/// served before this returns.
+async fn install_resource_policy_crd(h: &Harness) -> Result<(), HarnessError> {
+    let crd = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/base/resourcepolicy-crd.yaml");
+    for args in [
+        vec![
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &crd.display().to_string(),
+        ],
+        vec![
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/resourcepolicies.scheduling.alibabacloud.com",
+        ],
+    ] {
+        let output = tokio::process::Command::new(h.kubectl())
+            .arg("--kubeconfig")
+            .arg(h.kubeconfig())
+            .args(&args)
+            .output()
+            .await
+            .map_err(|source| HarnessError::Io {
+                what: "run kubectl".into(),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(failed(format!(
+                "kubectl {args:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One HTTPS POST to the extender (trusting the fixture's CA) as a tenant could send it: its
+/// own JSON `body`, or a `declared` Content-Length it never sends in full. The status code,
+/// and the answer's head; `None` when no HTTP answer came.
+async fn post_to_extender(
+    extender: &integration::cluster::PlacementExtender,
+    verb: &str,
+    token: Option<&str>,
+    body: &[u8],
+    declared: Option<usize>,
+) -> Option<(u16, String)> {
+    use rustls::pki_types::pem::PemObject as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_file(extender.ca_file()).ok()?)
+        .ok()?;
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .ok()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(extender.addr).await.ok()?;
+        let name = rustls::pki_types::ServerName::IpAddress(extender.addr.ip().into());
+        let mut tls = connector.connect(name, tcp).await.ok()?;
+        let mut head = format!(
+            "POST /resourcepolicy/{verb} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            extender.addr,
+            declared.unwrap_or(body.len()),
+        );
+        if let Some(token) = token {
+            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        }
+        head.push_str("\r\n");
+        tls.write_all(head.as_bytes()).await.ok()?;
+        tls.write_all(body).await.ok()?;
+        tls.flush().await.ok()?;
+        // The answer's head is enough (a refused body is never read, so the connection may
+        // stay open waiting for the rest of it).
+        let mut answer = Vec::new();
+        let mut buffer = [0_u8; 4096];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            let read = tls.read(&mut buffer).await.ok()?;
+            if read == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buffer[..read]);
+        }
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        let status = text.split(' ').nth(1)?.parse().ok()?;
+        Some((status, text.lines().next().unwrap_or_default().to_owned()))
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_extender_refuses_a_tenant() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+
+    run_scenario(async |h| {
+        let Some(extender) = h.placement_extender() else {
+            return Err(failed("the fixture runs kube-scheduler with the extender"));
+        };
+        install_resource_policy_crd(h).await?;
+        let victim = h.create_tenant("victim-bind").await?;
+        let attacker = h.create_tenant("binder").await?;
+        let ns = attacker.namespace().to_owned();
+        h.start_mock_eci(MOCK).await?;
+        let mut env: Vec<(String, String)> =
+            DAEMON.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        env.extend(h.placement_env());
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        h.start_daemon(0, &env)?;
+        let node = h.node_name(0);
+        let toleration = json!([{"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]);
+
+        // The victim's pod, pending for good: it selects a label no node has.
+        let victim_pods: Api<Pod> = Api::namespaced(victim.client(), victim.namespace());
+        let pending: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "pending"},
+            "spec": {
+                "nodeSelector": {"e2e-no-such-node": "true"},
+                "tolerations": toleration,
+                "containers": [{"name": "app", "image": "registry.example.com/victim:1"}],
+            },
+        }))
+        .unwrap();
+        victim_pods.create(&PostParams::default(), &pending).await?;
+        // The attacker's namespace gets a policy with one place on the virtual nodes (written
+        // by the administrator: `admin` does not cover the CRD).
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("scheduling.alibabacloud.com", "v1alpha1", "ResourcePolicy"),
+            "resourcepolicies",
+        );
+        let policies: Api<DynamicObject> = Api::namespaced_with(h.client(), &ns, &resource);
+        let policy: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "scheduling.alibabacloud.com/v1alpha1",
+            "kind": "ResourcePolicy",
+            "metadata": {"name": "capped"},
+            "spec": {"selector": {"app": "capped"}, "units": [{"resource": "eci", "max": 1}]},
+        }))
+        .unwrap();
+        policies.create(&PostParams::default(), &policy).await?;
+        // Its status is written by the elected replica, which then serves the extender too.
+        h.wait_for("the elected replica to count the policy", WAIT, |_| {
+            let policies = policies.clone();
+            async move {
+                policies.get_opt("capped").await.ok().flatten().is_some_and(|p| {
+                    let status = p.data.get("status").cloned().unwrap_or_default();
+                    !status["observedGeneration"].is_null()
+                })
+            }
+        })
+        .await?;
+        h.wait_for("the extender to answer over HTTPS", WAIT, |_| {
+            let extender = extender.clone();
+            async move { post_to_extender(&extender, "filter", None, b"{}", None).await.is_some() }
+        })
+        .await?;
+
+        let bind = serde_json::to_vec(&json!({
+            "PodName": "pending", "PodNamespace": victim.namespace(), "PodUID": "", "Node": node,
+        }))
+        .unwrap();
+        let forged_filter = |uid: &str| {
+            serde_json::to_vec(&json!({
+                "Pod": {
+                    "metadata": {"name": format!("forged-{uid}"), "namespace": ns, "uid": uid, "labels": {"app": "capped"}},
+                    "spec": {"containers": [{"name": "app", "image": "x"}]},
+                },
+                "NodeNames": [node],
+            }))
+            .unwrap()
+        };
+        let token = attacker.token();
+        let mut answers = Vec::new();
+        for (name, verb, token, body, declared, expected) in [
+            ("bind, no credentials", "bind", None, bind.clone(), None, 401),
+            ("bind, the tenant's token", "bind", Some(token), bind.clone(), None, 403),
+            ("filter, no credentials", "filter", None, forged_filter("forged-1"), None, 401),
+            ("filter, the tenant's token", "filter", Some(token), forged_filter("forged-2"), None, 403),
+            ("a 100 MiB body declared", "filter", Some(token), b"{".to_vec(), Some(100 << 20), 413),
+        ] {
+            let answer = post_to_extender(&extender, verb, token, &body, declared).await;
+            let ok = answer.as_ref().is_some_and(|(status, _)| *status == expected);
+            answers.push((name, expected, answer, ok));
+        }
+        let statuses_ok = answers.iter().all(|(.., ok)| *ok);
+
+        // Nothing was bound…
+        let still_pending = victim_pods
+            .get("pending")
+            .await?
+            .spec
+            .is_some_and(|spec| spec.node_name.is_none());
+        // …and nothing reserved: the unit's one place goes to the tenant's real pod, well
+        // within the 60 s a forged filter's reservation would hold it.
+        let pods: Api<Pod> = Api::namespaced(attacker.client(), &ns);
+        let real: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "real", "labels": {"app": "capped"}},
+            "spec": {
+                "tolerations": toleration,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "app", "image": "registry.example.com/attacker:1"}],
+            },
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &real).await?;
+        let placed = h
+            .wait_for("the real pod placed by the extender", Duration::from_secs(40), |_| {
+                let (pods, node) = (pods.clone(), node.clone());
+                async move {
+                    pods.get_opt("real").await.ok().flatten().is_some_and(|pod| {
+                        let placed_by = pod
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get("placement.virtual-node-eci.aliyun.com/placed-by"))
+                            .cloned();
+                        pod.spec.and_then(|s| s.node_name) == Some(node)
+                            && placed_by.as_deref() == Some("extender")
+                    })
+                }
+            })
+            .await
+            .is_ok();
+
+        let refused = statuses_ok && still_pending && placed;
+        let details: Vec<Value> = answers
+            .iter()
+            .map(|(name, expected, answer, ok)| {
+                json!({"call": name, "expected": expected, "answer": answer.as_ref().map(|(_, head)| head), "ok": ok})
+            })
+            .collect();
+        record(
+            "scheduler extender",
+            refused,
+            "the extender answers a tenant's /bind and /filter with 401 without credentials and 403 with their token, a declared 100 MiB body with 413; nothing is bound or reserved",
+            &json!({"calls": details, "victim_pod_unbound": still_pending, "real_pod_placed": placed}),
+        );
+        assert!(statuses_ok, "the extender's answers: {answers:?}");
+        assert!(still_pending, "the victim's pod was not bound");
+        assert!(placed, "the unit's place was not taken by a forged filter");
         Ok(())
     })
     .await;

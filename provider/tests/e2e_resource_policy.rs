@@ -363,8 +363,13 @@ async fn start_daemon(
     wait_schedulable(h, &h.node_name(0), &["k8s.aliyun.com/vnode"]).await?;
     let extender = h.placement_extender().unwrap();
     let ca = std::fs::read(extender.ca_file()).unwrap();
+    // The probe calls as kube-scheduler does (its client certificate): the extender answers
+    // nobody else.
+    let mut identity = std::fs::read(extender.client_cert_file()).unwrap();
+    identity.extend(std::fs::read(extender.client_key_file()).unwrap());
     let client = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .identity(reqwest::Identity::from_pem(&identity).unwrap())
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();

@@ -1,8 +1,10 @@
 //! The daemon's ResourcePolicy scheduler extender in the fixture: kube-scheduler is configured
 //! to call `https://127.0.0.1:PORT/resourcepolicy/{filter,prioritize,bind}` (see
 //! [`scheduler_config`]), and whichever daemon replica is elected serves it there with a
-//! serving certificate from the fixture's CA. The fixture only picks the port and writes the
-//! certificate: nothing listens until a daemon started with [`PlacementExtender::env`] does,
+//! serving certificate from the fixture's CA. kube-scheduler authenticates to it with its own
+//! client certificate (`system:kube-scheduler`, copied here as `scheduler.crt`/`.key`), which
+//! the daemon checks against the cluster's client CA. The fixture only picks the port and
+//! writes the certificates: nothing listens until a daemon started with [`PlacementExtender::env`] does,
 //! and the extender is `ignorable`, so scheduling goes on without it.
 //!
 //! [`super::ControlPlane`] writes everything into [`DIR`] of its directory (the certificate
@@ -20,7 +22,8 @@ use crate::process::free_port;
 /// The extender's Service name in the serving certificate (`deploy/base/services.yaml`).
 pub use super::pki::PLACEMENT_EXTENDER_DNS;
 
-/// The directory (in the control plane's) holding `tls.crt`, `tls.key` and `ca.crt`.
+/// The directory (in the control plane's) holding `tls.crt`, `tls.key`, `ca.crt` and
+/// kube-scheduler's client certificate `scheduler.crt`, `scheduler.key`.
 pub const DIR: &str = "placement-extender";
 /// The file in [`DIR`] holding the extender's socket address.
 pub const ADDR_FILE: &str = "addr";
@@ -60,6 +63,16 @@ impl PlacementExtender {
         self.cert_dir.join("ca.crt")
     }
 
+    /// kube-scheduler's client certificate towards the extender (its own identity).
+    pub fn client_cert_file(&self) -> PathBuf {
+        self.cert_dir.join("scheduler.crt")
+    }
+
+    /// Its key.
+    pub fn client_key_file(&self) -> PathBuf {
+        self.cert_dir.join("scheduler.key")
+    }
+
     /// What the control plane in `dir` wrote, or `None` when it runs without the extender.
     pub fn read(dir: &Path) -> Result<Option<Self>, ClusterError> {
         let cert_dir = dir.join(DIR);
@@ -89,6 +102,8 @@ impl PlacementExtender {
             (&pki.placement_extender.cert, "tls.crt"),
             (&pki.placement_extender.key, "tls.key"),
             (&pki.ca.cert, "ca.crt"),
+            (&pki.scheduler.cert, "scheduler.crt"),
+            (&pki.scheduler.key, "scheduler.key"),
         ] {
             let to = cert_dir.join(to);
             std::fs::copy(from, &to).map_err(io(&to))?;
@@ -116,8 +131,9 @@ impl PlacementExtender {
     }
 
     /// The scheduler's `extenders` entry (kubescheduler.config.k8s.io/v1 `Extender`): every
-    /// pod goes through filter, prioritize and bind over HTTPS trusting only the fixture's CA;
-    /// `ignorable`, so an extender that is down or failing never stops scheduling.
+    /// pod goes through filter, prioritize and bind over HTTPS trusting only the fixture's CA,
+    /// presenting kube-scheduler's client certificate; `ignorable`, so an extender that is
+    /// down or failing (or refuses to bind a pod no policy places) never stops scheduling.
     fn extender_config(&self) -> Value {
         json!({
             "urlPrefix": self.url_prefix(),
@@ -126,7 +142,11 @@ impl PlacementExtender {
             "bindVerb": "bind",
             "weight": 1,
             "enableHTTPS": true,
-            "tlsConfig": {"caFile": display(&self.ca_file())},
+            "tlsConfig": {
+                "caFile": display(&self.ca_file()),
+                "certFile": display(&self.client_cert_file()),
+                "keyFile": display(&self.client_key_file()),
+            },
             "httpTimeout": "5s",
             "nodeCacheCapable": true,
             "ignorable": true,
@@ -197,7 +217,11 @@ mod tests {
                     "bindVerb": "bind",
                     "weight": 1,
                     "enableHTTPS": true,
-                    "tlsConfig": {"caFile": "/c/placement-extender/ca.crt"},
+                    "tlsConfig": {
+                        "caFile": "/c/placement-extender/ca.crt",
+                        "certFile": "/c/placement-extender/scheduler.crt",
+                        "keyFile": "/c/placement-extender/scheduler.key",
+                    },
                     "httpTimeout": "5s",
                     "nodeCacheCapable": true,
                     "ignorable": true,
@@ -228,7 +252,13 @@ mod tests {
         let pki = Pki::generate(&pki_dir, "127.100.0.1").unwrap();
         let prepared = PlacementExtender::prepare(dir.path(), &pki).unwrap();
         assert_eq!(prepared.addr.ip(), Ipv4Addr::LOCALHOST);
-        for file in ["tls.crt", "tls.key", "ca.crt"] {
+        for file in [
+            "tls.crt",
+            "tls.key",
+            "ca.crt",
+            "scheduler.crt",
+            "scheduler.key",
+        ] {
             assert!(prepared.cert_dir.join(file).is_file(), "{file}");
         }
         assert_eq!(

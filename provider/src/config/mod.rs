@@ -438,6 +438,13 @@ pub struct Config {
     #[arg(long, env = "PLACEMENT_EXTENDER_CERT_DIR")]
     pub placement_extender_cert_dir: Option<std::path::PathBuf>,
 
+    /// PEM bundle of the CA whose client certificates the extender accepts (kube-scheduler's;
+    /// user = CN, groups = O). Default: the cluster's client CA, client-ca-file of
+    /// kube-system/extension-apiserver-authentication. Bearer tokens are accepted too; either
+    /// way the caller must be allowed to create pods/binding in every namespace.
+    #[arg(long, env = "PLACEMENT_EXTENDER_CLIENT_CA_FILE")]
+    pub placement_extender_client_ca_file: Option<std::path::PathBuf>,
+
     /// Log format (level from RUST_LOG, default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -746,6 +753,8 @@ pub struct PlacementConfig {
     pub extender_addr: SocketAddr,
     /// Its certificate files, if not the webhook's Secret.
     pub extender_cert_dir: Option<PathBuf>,
+    /// The CA of its callers' client certificates, if not the cluster's client CA.
+    pub extender_client_ca_file: Option<PathBuf>,
     /// The webhook's certificate Secret (shared with the extender).
     pub webhook_secret: String,
     /// The webhook's Service (the certificate's names).
@@ -766,6 +775,7 @@ impl Settings {
             extender: config.placement_extender,
             extender_addr: config.placement_extender_addr,
             extender_cert_dir: config.placement_extender_cert_dir.clone(),
+            extender_client_ca_file: config.placement_extender_client_ca_file.clone(),
             webhook_secret: config.webhook_secret.clone(),
             webhook_service: config.webhook_service.clone(),
         }

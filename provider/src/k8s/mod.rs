@@ -1,9 +1,11 @@
 //! The Kubernetes edge shared by every area: the access declarations RBAC is generated from,
 //! Lease holding (node Lease, elections), the resource-quantity grammar, a pod's requests and
-//! the serving certificate shared through a Secret (webhook, scheduler extender).
+//! the serving certificate shared through a Secret (webhook, scheduler extender), and who is
+//! calling a listener (`callers`: client certificates, TokenReview, SubjectAccessReview).
 //! A leaf: it calls no area.
 
 pub mod access;
+pub mod callers;
 pub mod election;
 pub mod label_selector;
 pub mod quantity;

@@ -1,7 +1,12 @@
 //! The kube-scheduler extender (filter, prioritize, bind), served over HTTPS by the elected
 //! replica. Filter keeps only the nodes of the unit the pod goes to; prioritize prefers earlier
 //! units; bind re-checks the unit's cap atomically, marks the pod (unit labels and
-//! annotations, deletion cost) and creates the Binding. Pods no policy selects pass untouched.
+//! annotations, deletion cost) and creates the Binding. Pods no policy selects pass filter and
+//! prioritize untouched, and bind refuses them: the extender binds only the pods it places
+//! (kube-scheduler, with the extender `ignorable`, then binds them itself).
+//!
+//! Every call is authenticated and authorized first ([`caller`]: kube-scheduler's client
+//! certificate or a token of someone who may create `pods/binding` everywhere).
 //!
 //! The cap holds at filter time: kube-scheduler filters one pod at a time, and a pod the filter
 //! places takes its place in the same critical section, so the next pod's filter counts it.
@@ -30,10 +35,26 @@ use super::state::{PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, Refusal};
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::{PlacementLabels, Telemetry, VerbLabels};
 
+pub mod caller;
+
 /// The path prefix the scheduler's `urlPrefix` names.
 pub const PREFIX: &str = "/resourcepolicy";
-/// The largest request body taken.
-const BODY_LIMIT: usize = 128 * 1024 * 1024;
+/// The largest cluster Kubernetes supports, in nodes.
+const MAX_NODES: usize = 5_000;
+/// A generous Node as kube-scheduler sends it: it drops `managedFields` from its cache, so
+/// what is left is dominated by `status.images` — at most 50 (the kubelet's default
+/// `nodeStatusMaxImages`) of typically a tag and a digest (~200 bytes each: ~10 KiB) — plus
+/// labels, annotations, conditions, addresses, capacity and nodeInfo (a few KiB).
+const NODE_BYTES: usize = 16 * 1024;
+/// The pod: no stored object exceeds etcd's default request limit of 1.5 MiB.
+const POD_BYTES: usize = 1536 * 1024;
+/// The largest request body taken. kube-scheduler's largest call is filter (or prioritize)
+/// without `nodeCacheCapable`: `ExtenderArgs` with the pod and every candidate Node whole,
+/// and with `percentageOfNodesToScore: 100` every node of a 5,000-node cluster can be a
+/// candidate: 5,000 × 16 KiB + 1.5 MiB + some room for the envelope ≈ 80 MiB. With
+/// `nodeCacheCapable: true` (what deploy/examples configure) the same call carries names
+/// only, well under 1 MiB. Beyond it: 413.
+pub const BODY_LIMIT: usize = MAX_NODES * NODE_BYTES + POD_BYTES + 64 * 1024;
 /// kube-scheduler's best extender score.
 const MAX_SCORE: i64 = 10;
 
@@ -132,6 +153,14 @@ pub enum BindError {
         /// The UID bound for.
         uid: String,
     },
+    /// No ResourcePolicy selects the pod: not the extender's to bind.
+    #[error(
+        "pod {pod} is matched by no ResourcePolicy; the extender binds only the pods it places"
+    )]
+    NoPolicy {
+        /// `namespace/name`.
+        pod: String,
+    },
     /// The unit has no place left, or the node is in no unit.
     #[error("refused")]
     Refused(#[source] Refusal),
@@ -175,15 +204,17 @@ impl std::fmt::Debug for Extender {
     }
 }
 
-/// The routes under [`PREFIX`].
-pub fn router(extender: Arc<Extender>) -> Router {
+/// The routes under [`PREFIX`], each behind `callers` (who may call, how large a body).
+pub fn router(extender: Arc<Extender>, callers: Arc<caller::CallerGuard>) -> Router {
     Router::new()
         .route(&format!("{PREFIX}/filter"), post(filter))
         .route(&format!("{PREFIX}/prioritize"), post(prioritize))
         .route(&format!("{PREFIX}/bind"), post(bind))
         // Without `nodeCacheCapable` every call carries whole Node objects: tens of MiB on a
-        // large cluster, beyond axum's 2 MiB default.
+        // large cluster, beyond axum's 2 MiB default. This holds a body sent without a length
+        // to the limit; `caller::guard` refuses one declared too long before reading it.
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .route_layer(axum::middleware::from_fn_with_state(callers, caller::guard))
         .with_state(extender)
 }
 
@@ -355,7 +386,7 @@ impl Extender {
             })?;
         let entry = PodEntry::of(&pod);
         let Some(policy) = self.index.policy_for(&entry.namespace, &entry.labels) else {
-            return self.create_binding(&pods, args, &key).await;
+            return Err(BindError::NoPolicy { pod: key });
         };
         let placement = self
             .index

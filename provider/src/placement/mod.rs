@@ -36,6 +36,7 @@ use self::policy::ResourcePolicy;
 use self::state::PlacementIndex;
 use crate::config::PlacementConfig;
 use crate::k8s::access::{Access, Scope};
+use crate::k8s::callers;
 use crate::k8s::election::{Acquire, Candidate, LeaseLock, Request};
 use crate::k8s::serving_cert;
 use crate::ops::chain::Chain;
@@ -537,7 +538,10 @@ async fn serve_extender(
                 .await;
         });
     }
-    let server = match TlsServer::new(certificate, ClientAuth::None) {
+    // Client certificates are asked for but optional (token callers connect too); the chain
+    // is judged per request against the CA in force then (`extender::caller`).
+    let client_auth = ClientAuth::Verify(Arc::new(callers::RequestClientCertificate::default()));
+    let server = match TlsServer::new(certificate, client_auth) {
         Ok(server) => server,
         Err(error) => {
             warn!(error = %Chain(&error), "cannot serve the scheduler extender");
@@ -558,12 +562,35 @@ async fn serve_extender(
             }
         }
     };
+    let callers = callers(&config, &client, &mut tasks, &stop).await;
     info!(address = %config.extender_addr, prefix = extender::PREFIX, "serving the scheduler extender");
     server
-        .serve(listener, extender::router(served), stop.clone())
+        .serve(listener, extender::router(served, callers), stop.clone())
         .await;
     stop.cancel();
     while tasks.join_next().await.is_some() {}
+}
+
+/// Who may call the extender: the client CA loaded (before the first call, so kube-scheduler's
+/// first is not refused) and kept current on `tasks`.
+async fn callers(
+    config: &PlacementConfig,
+    client: &kube::Client,
+    tasks: &mut JoinSet<()>,
+    stop: &CancellationToken,
+) -> Arc<extender::caller::CallerGuard> {
+    let client_ca = Arc::new(callers::ClientCa::default());
+    let source = match &config.extender_client_ca_file {
+        Some(path) => callers::ClientCaSource::File(path.clone()),
+        None => callers::ClientCaSource::Cluster(client.clone()),
+    };
+    source.load_into(&client_ca).await;
+    tasks.spawn(source.keep_current(Arc::clone(&client_ca), stop.clone()));
+    Arc::new(extender::caller::CallerGuard::new(
+        Arc::new(callers::ApiReviewer::new(client.clone())),
+        client_ca,
+        extender::BODY_LIMIT,
+    ))
 }
 
 /// The API accesses of placement (see [`crate::k8s::access`]).
