@@ -61,3 +61,9 @@ async fn each_pod_costs_one_create_and_one_delete() {
 async fn a_restart_publishes_no_eci_event_twice() {
     pods::a_restart_publishes_no_eci_event_twice(EciApi::OpenApi).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_answers_on_token_mounting_pods_cost_no_pod_and_no_group() {
+    pods::lost_create_answers_on_token_mounting_pods_cost_no_pod_and_no_group(EciApi::OpenApi)
+        .await;
+}

@@ -34,18 +34,6 @@ use tracing::{debug, info, warn};
 
 use crate::k8s::access::{Access, Scope};
 
-/// `error: cause: cause's cause` (`ops::chain` sits above this edge, so it is not called).
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(next) = cause {
-        text.push_str(": ");
-        text.push_str(&next.to_string());
-        cause = next.source();
-    }
-    text
-}
-
 /// The Kubernetes API accesses authentication and authorization make.
 pub const KUBE_API: &[Access] = &[
     Access {
@@ -460,7 +448,7 @@ impl ClientCaSource {
             Ok(false) => {}
             Err(error) => warn!(
                 source = %self.describe(),
-                error = %chain(&error),
+                error = %tls_serve::Chain(&error),
                 "cannot load the client CA; client certificates are refused until it loads"
             ),
         }
@@ -657,6 +645,9 @@ impl ClientCertVerifier for RequestClientCertificate {
         self.algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+pub mod fake;
 
 #[cfg(test)]
 mod tests {

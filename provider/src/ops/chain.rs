@@ -2,23 +2,8 @@
 //! cause (`#[source]`); a log field holding only `Display` would drop the cause, and JSON logs
 //! print nothing more, so log sites write `error = %Chain(&error)`.
 
-use std::fmt;
-
-/// `error: cause: cause's cause`.
-#[derive(Debug, Clone, Copy)]
-pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut cause = self.0.source();
-        while let Some(error) = cause {
-            write!(f, ": {error}")?;
-            cause = error.source();
-        }
-        Ok(())
-    }
-}
+/// `error: cause: cause's cause` (one implementation for the workspace, in tls-serve).
+pub use tls_serve::Chain;
 
 /// Whether `error`'s `Display` says only its own part, not its cause's again (for unit tests
 /// of this crate's error types; causes from other crates are theirs).

@@ -792,3 +792,88 @@ pub(crate) async fn a_restart_publishes_no_eci_event_twice(api: EciApi) {
     })
     .await;
 }
+
+/// mock-eci's count of `action` calls that ended in `result` (e.g. `AnswerLost`).
+async fn calls_ending(h: &Harness, action: &str, result: &str) -> f64 {
+    let text = h.mock_metrics().await.unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("mock_eci_calls_total{"))
+        .filter(|l| {
+            l.contains(&format!("action=\"{action}\""))
+                && l.contains(&format!("result=\"{result}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A create whose answer is lost made the group all the same. Pods mount their service
+/// account token (the real admission adds the projected volume): the pod must end up running
+/// on the one group made, not Failed beside a group nobody tracks. Then a pod deleted while
+/// every create answer is lost leaves no group behind (it did: the group made by an unanswered
+/// attempt was tracked by nobody once its pod went, until the next restart's adoption).
+pub(crate) async fn lost_create_answers_on_token_mounting_pods_cost_no_pod_and_no_group(
+    api: EciApi,
+) {
+    with_harness(api, async |h| {
+        let Scene { node, admin, ns } = start(h).await?;
+        let lose_creates =
+            |rate: f64| json!({"faults": {"CreateContainerGroup": {"lost_answer_rate": rate}}});
+        set_controls(&admin, lose_creates(1.0)).await;
+        create(
+            h,
+            &ns,
+            &pod_spec("lost-0", &node, json!({"containers": [container(&[])]})),
+        )
+        .await?;
+        h.wait_for("a create answer to be lost", WAIT, |h| async move {
+            calls_ending(h, "CreateContainerGroup", "AnswerLost").await >= 1.0
+        })
+        .await?;
+        set_controls(&admin, lose_creates(0.0)).await;
+        let running = wait_pod(h, &ns, "lost-0", "Running (not Failed)", |p| {
+            matches!(phase(p), "Running" | "Failed")
+        })
+        .await?;
+        if phase(&running) != "Running" {
+            return Err(HarnessError::Setup(format!(
+                "the pod failed after a lost create answer: {}",
+                running["status"]
+            )));
+        }
+        let mounted = running["spec"]["volumes"].to_string();
+        assert!(
+            mounted.contains("kube-api-access"),
+            "the pod mounts its token: {mounted}"
+        );
+        let live = groups(&admin).await;
+        assert_eq!(live.len(), 1, "one group for the pod: {live:#?}");
+
+        // Deleted while every create answer is lost: the group made meanwhile must go too.
+        set_controls(&admin, lose_creates(1.0)).await;
+        let before = calls_ending(h, "CreateContainerGroup", "AnswerLost").await;
+        create(
+            h,
+            &ns,
+            &pod_spec("lost-1", &node, json!({"containers": [container(&[])]})),
+        )
+        .await?;
+        h.wait_for("lost-1's create answer to be lost", WAIT, |h| async move {
+            calls_ending(h, "CreateContainerGroup", "AnswerLost").await > before
+        })
+        .await?;
+        let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+        pods.delete("lost-1", &DeleteParams::default()).await?;
+        h.wait_for("lost-1 and its group gone, lost-0's kept", WAIT, |h| {
+            let (ns, admin) = (ns.clone(), admin.clone());
+            async move {
+                let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+                let gone = matches!(pods.get_opt("lost-1").await, Ok(None));
+                gone && groups(&admin).await.len() == 1
+            }
+        })
+        .await?;
+        set_controls(&admin, lose_creates(0.0)).await;
+        Ok(())
+    })
+    .await;
+}

@@ -121,19 +121,6 @@ pub struct CertificateFiles {
     pub companions: Vec<PathBuf>,
 }
 
-/// `error: cause: …` on one line: the errors here say their own part once and chain the cause,
-/// which a log field holding only `Display` (and JSON logs) would drop.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(next) = cause {
-        text.push_str(": ");
-        text.push_str(&next.to_string());
-        cause = next.source();
-    }
-    text
-}
-
 fn read(path: &Path) -> Result<Vec<u8>, CertificateError> {
     std::fs::read(path).map_err(|source| CertificateError::Read {
         path: path.to_owned(),
@@ -202,7 +189,7 @@ impl CertificateFiles {
                 }
                 Err(error) => warn!(
                     cert = %self.cert.display(),
-                    error = %chain(&error),
+                    error = %crate::Chain(&error),
                     "the certificate files changed but cannot be served; keeping the previous certificate"
                 ),
             }
@@ -260,9 +247,11 @@ mod tests {
         let error = files.load().unwrap_err();
         assert_eq!(error.to_string(), "cannot read /nonexistent/tls/tls.crt");
         assert!(
-            chain(&error).starts_with("cannot read /nonexistent/tls/tls.crt: No such file"),
+            crate::Chain(&error)
+                .to_string()
+                .starts_with("cannot read /nonexistent/tls/tls.crt: No such file"),
             "{}",
-            chain(&error)
+            crate::Chain(&error)
         );
     }
 

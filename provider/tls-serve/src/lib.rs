@@ -9,11 +9,13 @@
 //! axum `Router`; certificates are the caller's to obtain.
 
 mod certificate;
+mod chain;
 mod server;
 #[cfg(test)]
 mod tests;
 
 pub use certificate::{CertificateError, CertificateFiles, ReloadableCertificate, certified_key};
+pub use chain::Chain;
 pub(crate) use server::crypto_provider;
 pub use server::{ClientAuth, ConnectionInfo, ServerError, Timeouts, TlsServer};
 

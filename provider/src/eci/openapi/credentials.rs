@@ -100,7 +100,8 @@ impl CredentialSource {
             http,
             endpoint: endpoint.trim_end_matches('/').to_owned(),
             role,
-            cached: tokio::sync::Mutex::new(None),
+            cached: Mutex::new(None),
+            refreshing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -289,7 +290,33 @@ pub struct RoleSource {
     http: reqwest::Client,
     endpoint: String,
     role: String,
-    cached: tokio::sync::Mutex<Option<(Credentials, SystemTime)>>,
+    /// The latest credentials and when they expire; locked only to read or replace them.
+    cached: Mutex<Option<(Credentials, SystemTime)>>,
+    /// Held by the one caller fetching from the metadata service.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// What the cached role credentials allow at an instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Freshness {
+    /// Valid beyond the refresh margin: sign with them.
+    Fresh(Credentials),
+    /// Still valid but inside the margin: sign with them, and one caller renews them.
+    Renewable(Credentials),
+    /// None yet, or expired: every caller needs new ones.
+    Missing,
+}
+
+impl Freshness {
+    fn of(cached: Option<&(Credentials, SystemTime)>, now: SystemTime) -> Self {
+        match cached {
+            Some((credentials, expires)) if now + ROLE_REFRESH_MARGIN < *expires => {
+                Self::Fresh(credentials.clone())
+            }
+            Some((credentials, expires)) if now < *expires => Self::Renewable(credentials.clone()),
+            _ => Self::Missing,
+        }
+    }
 }
 
 /// The metadata service's answer.
@@ -305,30 +332,53 @@ struct RoleAnswer {
 }
 
 impl RoleSource {
+    /// Only a caller without valid credentials waits for the metadata service: while one
+    /// caller renews credentials that are still valid, every other request signs with them.
     async fn current(&self) -> Result<Credentials, CredentialsError> {
-        // One refresh at a time; callers wait for it rather than all asking the service.
-        let mut cached = self.cached.lock().await;
-        let now = SystemTime::now();
-        if let Some((credentials, expires)) = cached.as_ref() {
-            if now + ROLE_REFRESH_MARGIN < *expires {
-                return Ok(credentials.clone());
-            }
-        }
-        match self.fetch().await {
-            Ok((credentials, expires)) => {
-                info!(role = %self.role, access_key_id = %credentials.access_key_id, expires = %humantime::format_rfc3339_seconds(expires), "RAM role credentials refreshed");
-                *cached = Some((credentials.clone(), expires));
-                Ok(credentials)
-            }
-            // Still valid: keep signing with them and try again on the next call.
-            Err(error) => match cached.as_ref() {
-                Some((credentials, expires)) if now < *expires => {
-                    warn!(error = %crate::ops::chain::Chain(&error), "refreshing RAM role credentials failed; using the current ones until they expire");
-                    Ok(credentials.clone())
+        match self.freshness() {
+            Freshness::Fresh(credentials) => Ok(credentials),
+            Freshness::Renewable(credentials) => {
+                let Ok(_renewing) = self.refreshing.try_lock() else {
+                    return Ok(credentials);
+                };
+                match self.fetch_and_keep().await {
+                    Ok(renewed) => Ok(renewed),
+                    Err(error) => {
+                        warn!(error = %crate::ops::chain::Chain(&error), "refreshing RAM role credentials failed; using the current ones until they expire");
+                        Ok(credentials)
+                    }
                 }
-                _ => Err(error),
-            },
+            }
+            Freshness::Missing => {
+                let _fetching = self.refreshing.lock().await;
+                // Whoever held the lock before may just have fetched them.
+                match self.freshness() {
+                    Freshness::Fresh(credentials) | Freshness::Renewable(credentials) => {
+                        Ok(credentials)
+                    }
+                    Freshness::Missing => self.fetch_and_keep().await,
+                }
+            }
         }
+    }
+
+    fn freshness(&self) -> Freshness {
+        let cached = self
+            .cached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Freshness::of(cached.as_ref(), SystemTime::now())
+    }
+
+    async fn fetch_and_keep(&self) -> Result<Credentials, CredentialsError> {
+        let (credentials, expires) = self.fetch().await?;
+        info!(role = %self.role, access_key_id = %credentials.access_key_id, expires = %humantime::format_rfc3339_seconds(expires), "RAM role credentials refreshed");
+        *self
+            .cached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((credentials.clone(), expires));
+        Ok(credentials)
     }
 
     fn error(&self, reason: impl Into<String>) -> CredentialsError {
@@ -584,6 +634,97 @@ mod tests {
         assert_eq!(source.current().await.unwrap().access_key_id, "STS.id-1");
         assert_eq!(source.current().await.unwrap().access_key_id, "STS.id-2");
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn role_credentials_are_fresh_renewable_or_missing() {
+        let now = SystemTime::now();
+        let key = Credentials {
+            access_key_id: "STS.id".into(),
+            access_key_secret: Secret::new("s".to_owned()),
+            security_token: None,
+        };
+        let minutes = |m: u64| Duration::from_secs(m * 60);
+        let cases = [
+            (None, Freshness::Missing),
+            (Some(now + minutes(60)), Freshness::Fresh(key.clone())),
+            (Some(now + minutes(16)), Freshness::Fresh(key.clone())),
+            (Some(now + minutes(14)), Freshness::Renewable(key.clone())),
+            (
+                Some(now + Duration::from_secs(1)),
+                Freshness::Renewable(key.clone()),
+            ),
+            (Some(now), Freshness::Missing),
+            (Some(now - minutes(1)), Freshness::Missing),
+        ];
+        for (expires, want) in cases {
+            let cached = expires.map(|at| (key.clone(), at));
+            assert_eq!(Freshness::of(cached.as_ref(), now), want, "{expires:?}");
+        }
+    }
+
+    /// A metadata service answering with credentials inside the refresh margin, at once except
+    /// for the second request: `arrived` is notified when it comes in, and it is answered once
+    /// `release` is notified.
+    async fn slow_metadata_server(
+        arrived: Arc<tokio::sync::Notify>,
+        release: Arc<tokio::sync::Notify>,
+    ) -> String {
+        use axum::routing::get;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let app = axum::Router::new().route(
+            "/latest/meta-data/ram/security-credentials/{role}",
+            get(move || {
+                let (calls, arrived, release) = (calls.clone(), arrived.clone(), release.clone());
+                async move {
+                    let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                    if n == 2 {
+                        arrived.notify_one();
+                        release.notified().await;
+                    }
+                    let expires = SystemTime::now() + Duration::from_secs(600);
+                    serde_json::json!({
+                        "AccessKeyId": format!("STS.id-{n}"),
+                        "AccessKeySecret": "role-secret",
+                        "SecurityToken": "role-token",
+                        "Expiration": humantime::format_rfc3339_seconds(expires).to_string(),
+                        "Code": "Success"
+                    })
+                    .to_string()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{address}")
+    }
+
+    #[tokio::test]
+    async fn a_slow_renewal_does_not_hold_up_requests_while_the_credentials_are_valid() {
+        let (arrived, release) = (Arc::default(), Arc::new(tokio::sync::Notify::new()));
+        let endpoint = slow_metadata_server(Arc::clone(&arrived), release.clone()).await;
+        let source = Arc::new(CredentialSource::ram_role(
+            reqwest::Client::new(),
+            &endpoint,
+            "EciRole".into(),
+        ));
+        assert_eq!(source.current().await.unwrap().access_key_id, "STS.id-1");
+        // Ten minutes left: the next caller starts a renewal, which the service holds up.
+        let renewing = tokio::spawn({
+            let source = source.clone();
+            async move { source.current().await.unwrap().access_key_id }
+        });
+        arrived.notified().await;
+        // Another request meanwhile signs with the valid credentials instead of waiting (a
+        // generous bound: without the renewal in its way it answers at once).
+        for _ in 0..3 {
+            let answer = tokio::time::timeout(Duration::from_secs(10), source.current()).await;
+            let id = answer.expect("a request waited for the renewal").unwrap();
+            assert_eq!(id.access_key_id, "STS.id-1");
+        }
+        release.notify_one();
+        assert_eq!(renewing.await.unwrap(), "STS.id-2");
     }
 
     #[tokio::test]

@@ -1,4 +1,4 @@
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -8,6 +8,7 @@ use axum::http::header;
 use rustls::pki_types::UnixTime;
 
 use super::*;
+use crate::k8s::callers::fake::{FakeReviewer, with_token};
 
 #[test]
 fn paths_map_to_subresources_as_the_kubelet_maps_them() {
@@ -158,45 +159,6 @@ fn client_certificates_name_their_user_only_when_they_chain_to_the_client_ca() {
     ));
 }
 
-/// Tokens and grants of a pretend cluster, counting the reviews asked.
-#[derive(Default)]
-struct FakeReviewer {
-    /// token → user name.
-    tokens: Vec<(&'static str, &'static str)>,
-    /// (user, verb, subresource) allowed on the node `vn-0`.
-    grants: Vec<(&'static str, &'static str, &'static str)>,
-    token_reviews: AtomicUsize,
-    access_reviews: AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl Reviewer for FakeReviewer {
-    async fn review_token(&self, token: &str) -> Result<Option<UserInfo>, AuthError> {
-        self.token_reviews.fetch_add(1, Ordering::SeqCst);
-        Ok(self
-            .tokens
-            .iter()
-            .find(|(known, _)| *known == token)
-            .map(|(_, name)| UserInfo {
-                name: (*name).to_owned(),
-                ..UserInfo::default()
-            }))
-    }
-
-    async fn review_access(
-        &self,
-        user: &UserInfo,
-        question: &ResourceQuestion,
-    ) -> Result<bool, AuthError> {
-        self.access_reviews.fetch_add(1, Ordering::SeqCst);
-        Ok(question.resource == "nodes"
-            && question.name == "vn-0"
-            && self
-                .grants
-                .contains(&(user.name.as_str(), question.verb, question.subresource)))
-    }
-}
-
 fn guard_with(reviewer: FakeReviewer) -> (Guard, Arc<FakeReviewer>) {
     let reviewer = Arc::new(reviewer);
     let guard = Guard::new(
@@ -207,20 +169,11 @@ fn guard_with(reviewer: FakeReviewer) -> (Guard, Arc<FakeReviewer>) {
     (guard, reviewer)
 }
 
-fn with_token(token: &str) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        header::AUTHORIZATION,
-        format!("Bearer {token}").parse().unwrap(),
-    );
-    headers
-}
-
 #[tokio::test]
 async fn no_credentials_a_refused_token_and_a_forbidden_user() {
     let (guard, reviewer) = guard_with(FakeReviewer {
         tokens: vec![("reader-token", "reader")],
-        grants: vec![("reader", "get", "stats")],
+        grants: vec![("reader", ResourceQuestion::node("get", "stats", "vn-0"))],
         ..FakeReviewer::default()
     });
     let judge = |headers: HeaderMap, path: &'static str| {
@@ -266,7 +219,10 @@ async fn no_credentials_a_refused_token_and_a_forbidden_user() {
 async fn the_fine_grained_subresource_is_asked_first_and_proxy_still_grants() {
     let (guard, reviewer) = guard_with(FakeReviewer {
         tokens: vec![("admin-token", "admin"), ("pods-token", "lister")],
-        grants: vec![("admin", "get", "proxy"), ("lister", "get", "pods")],
+        grants: vec![
+            ("admin", ResourceQuestion::node("get", "proxy", "vn-0")),
+            ("lister", ResourceQuestion::node("get", "pods", "vn-0")),
+        ],
         ..FakeReviewer::default()
     });
     let allowed = |token: &'static str| {
@@ -313,7 +269,7 @@ async fn the_fine_grained_subresource_is_asked_first_and_proxy_still_grants() {
 async fn answers_are_cached_briefly() {
     let (guard, reviewer) = guard_with(FakeReviewer {
         tokens: vec![("admin-token", "admin")],
-        grants: vec![("admin", "get", "proxy")],
+        grants: vec![("admin", ResourceQuestion::node("get", "proxy", "vn-0"))],
         ..FakeReviewer::default()
     });
     for _ in 0..5 {

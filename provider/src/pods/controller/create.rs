@@ -4,6 +4,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use eci_proto::EciError;
+use eci_proto::error::codes;
+use eci_proto::v20180808::{
+    CreateContainerGroupResponse, DescribeContainerGroupStatusRequest,
+    DescribeContainerGroupStatusResponse, Tag,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
@@ -17,7 +23,7 @@ use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
     pod_key, pod_key_parts,
 };
-use crate::pods::to_eci::{self, Context};
+use crate::pods::to_eci::{self, Context, naming};
 use crate::pods::{from_eci, refs};
 
 /// Event reason: the group was created, but ECI cannot do all the pod asks (see
@@ -177,7 +183,14 @@ impl PodController {
         };
         let pod = match self.whole_pod(uid).await {
             Ok(Some(pod)) => pod,
-            Ok(None) => return None,
+            Ok(None) => {
+                if job.attempt > 0 {
+                    // Off the creation worker: the look-up retries with back-off.
+                    let (this, uid) = (self.clone(), uid.to_owned());
+                    self.spawn_pod_task(async move { this.sweep_unanswered(&uid).await });
+                }
+                return None;
+            }
             Err(failure) => {
                 debug!(pod_uid = %uid, message = %failure.message(), "retrying");
                 return Some(retry);
@@ -330,6 +343,7 @@ impl PodController {
         })?;
         debug_assert_eq!(request.client_token, uid);
         let outcome = self.inner.backend.create_container_group(request).await;
+        let outcome = self.recover_lost_answer(&uid, outcome).await;
         // The one place a creation's answer is judged: the pod's problem, the node's
         // (a misconfiguration, see `misconfigured.rs`), or a moment's.
         let response = self.judge_creation(outcome)?;
@@ -339,6 +353,82 @@ impl PodController {
                 .track(pod, &response.container_group_id, due);
         }
         Ok(response.container_group_id)
+    }
+
+    /// ECI refuses a `ClientToken` reused with other parameters (`IdempotentParameterMismatch`),
+    /// and a retry after a lost answer is such a reuse when anything the request is made from
+    /// changed in between: a service account token issued again, a Service, a ConfigMap. The
+    /// earlier attempt made the group, so it is looked up by its own tags (this cluster and
+    /// node, the pod's UID) and taken as the answer; its tokens are refreshed on the usual
+    /// schedule.
+    async fn recover_lost_answer(
+        &self,
+        uid: &str,
+        outcome: Result<CreateContainerGroupResponse, EciError>,
+    ) -> Result<CreateContainerGroupResponse, EciError> {
+        match &outcome {
+            Err(error) if error.code == codes::IDEMPOTENT_PARAMETER_MISMATCH => {}
+            _ => return outcome,
+        }
+        let page = self.groups_of_pod(uid).await?;
+        let Some(group) = page.data.into_iter().next() else {
+            return outcome;
+        };
+        info!(eci_id = %group.container_group_id, "an earlier create's answer was lost; its container group is this pod's");
+        Ok(CreateContainerGroupResponse {
+            request_id: page.request_id,
+            container_group_id: group.container_group_id,
+        })
+    }
+
+    /// The groups of this node tagged with the pod UID `uid` (at most one, unless something
+    /// else created groups under our tags).
+    async fn groups_of_pod(
+        &self,
+        uid: &str,
+    ) -> Result<DescribeContainerGroupStatusResponse, EciError> {
+        let mut tags = self.node_tags();
+        tags.push(Tag {
+            key: naming::TAG_POD_UID.into(),
+            value: uid.to_owned(),
+        });
+        let mut page = self
+            .inner
+            .backend
+            .describe_container_group_status(DescribeContainerGroupStatusRequest {
+                region_id: self.inner.config.region.clone(),
+                tag: tags,
+                limit: Some(20),
+                ..DescribeContainerGroupStatusRequest::default()
+            })
+            .await?;
+        page.data
+            .retain(|group| super::tag(group, naming::TAG_POD_UID).as_deref() == Some(uid));
+        Ok(page)
+    }
+
+    /// A pod that went away while its creation was being retried. An earlier attempt's answer
+    /// may have been lost after ECI made the group (a timeout, a dropped connection), and
+    /// nothing else would ever delete that group while this node lives (the orphan collector
+    /// spares live nodes' groups, and only a restart's adoption lists them): it is looked up by
+    /// its tags and deleted. One read per such pod.
+    async fn sweep_unanswered(&self, uid: &str) {
+        for attempt in 0..4 {
+            match self.groups_of_pod(uid).await {
+                Ok(page) => {
+                    for group in page.data {
+                        info!(pod_uid = %uid, eci_id = %group.container_group_id, "the pod went away while its creation was retried; deleting the group an unanswered attempt made");
+                        self.delete_group_eventually(group.container_group_id);
+                    }
+                    return;
+                }
+                Err(error) => {
+                    debug!(pod_uid = %uid, %error, attempt, "cannot look for a group an unanswered create made; retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+            }
+        }
+        warn!(pod_uid = %uid, "could not look for a group an unanswered create may have made; the next restart's adoption finds it if it exists");
     }
 
     pub(super) async fn fetch<K>(

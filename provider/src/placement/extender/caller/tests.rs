@@ -6,42 +6,7 @@ use axum::routing::post;
 use tower::ServiceExt as _;
 
 use super::*;
-
-/// Tokens and grants of a pretend cluster, counting the reviews asked.
-#[derive(Default)]
-struct FakeReviewer {
-    /// token → user name.
-    tokens: Vec<(&'static str, &'static str)>,
-    /// Users allowed exactly the extender's question.
-    binders: Vec<&'static str>,
-    token_reviews: AtomicUsize,
-    access_reviews: AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl Reviewer for FakeReviewer {
-    async fn review_token(&self, token: &str) -> Result<Option<UserInfo>, AuthError> {
-        self.token_reviews.fetch_add(1, Ordering::SeqCst);
-        Ok(self
-            .tokens
-            .iter()
-            .find(|(known, _)| *known == token)
-            .map(|(_, name)| UserInfo {
-                name: (*name).to_owned(),
-                ..UserInfo::default()
-            }))
-    }
-
-    async fn review_access(
-        &self,
-        user: &UserInfo,
-        asked: &ResourceQuestion,
-    ) -> Result<bool, AuthError> {
-        self.access_reviews.fetch_add(1, Ordering::SeqCst);
-        // Only the documented question, cluster-wide, is ever granted.
-        Ok(*asked == question() && self.binders.contains(&user.name.as_str()))
-    }
-}
+use crate::k8s::callers::fake::{FakeReviewer, with_token};
 
 fn cluster() -> Arc<FakeReviewer> {
     Arc::new(FakeReviewer {
@@ -49,7 +14,7 @@ fn cluster() -> Arc<FakeReviewer> {
             ("scheduler-token", "system:kube-scheduler"),
             ("tenant-token", "tenant-admin"),
         ],
-        binders: vec!["system:kube-scheduler"],
+        grants: vec![("system:kube-scheduler", question())],
         ..FakeReviewer::default()
     })
 }
@@ -60,15 +25,6 @@ fn guard_of(reviewer: &Arc<FakeReviewer>, body_limit: usize) -> CallerGuard {
         Arc::new(ClientCa::default()),
         body_limit,
     )
-}
-
-fn with_token(token: &str) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        header::AUTHORIZATION,
-        format!("Bearer {token}").parse().unwrap(),
-    );
-    headers
 }
 
 fn user(name: &str) -> UserInfo {
