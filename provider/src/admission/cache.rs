@@ -417,6 +417,100 @@ fn capacity_of<'a>(
     capacity
 }
 
+/// One kind's facts by key, with relists applied whole: what a relist does not name was
+/// deleted while the watch was broken (its deletion event may be compacted away for good).
+#[derive(Debug)]
+struct Relisted<T> {
+    current: HashMap<String, T>,
+    /// Filled during a relist; swapped in at its end.
+    relisting: Option<HashMap<String, T>>,
+}
+
+impl<T> Default for Relisted<T> {
+    fn default() -> Self {
+        Self {
+            current: HashMap::new(),
+            relisting: None,
+        }
+    }
+}
+
+impl<T> Relisted<T> {
+    /// Applies one watch event, `facts` telling what of an object is kept (None: nothing, as
+    /// if deleted); true when `current` changed.
+    fn apply<K>(
+        &mut self,
+        event: &watcher::Event<K>,
+        key: impl Fn(&K) -> String,
+        facts: impl Fn(&K) -> Option<T>,
+    ) -> bool {
+        match event {
+            watcher::Event::Init => {
+                self.relisting = Some(HashMap::new());
+                false
+            }
+            watcher::Event::InitApply(object) => {
+                if let (Some(listed), Some(facts)) = (self.relisting.as_mut(), facts(object)) {
+                    listed.insert(key(object), facts);
+                }
+                false
+            }
+            watcher::Event::InitDone => match self.relisting.take() {
+                Some(listed) => {
+                    self.current = listed;
+                    true
+                }
+                None => false,
+            },
+            watcher::Event::Apply(object) => {
+                match facts(object) {
+                    Some(facts) => self.current.insert(key(object), facts),
+                    None => self.current.remove(&key(object)),
+                };
+                true
+            }
+            watcher::Event::Delete(object) => self.current.remove(&key(object)).is_some(),
+        }
+    }
+}
+
+/// The node and pod facts the capacity view is computed from, fed by watch events.
+#[derive(Debug, Default)]
+struct CapacityIndex {
+    vnode_label: (String, String),
+    nodes: Relisted<NodeFacts>,
+    pods: Relisted<PodFacts>,
+    /// Changed since the view was last computed.
+    dirty: bool,
+}
+
+impl CapacityIndex {
+    fn new(vnode_label: (String, String)) -> Self {
+        Self {
+            vnode_label,
+            ..Self::default()
+        }
+    }
+
+    fn apply_node(&mut self, event: &watcher::Event<Node>) {
+        let label = (self.vnode_label.0.as_str(), self.vnode_label.1.as_str());
+        self.dirty |= self
+            .nodes
+            .apply(event, ResourceExt::name_any, |n| Some(node_facts(n, label)));
+    }
+
+    fn apply_pod(&mut self, event: &watcher::Event<Pod>) {
+        let uid = |p: &Pod| p.uid().unwrap_or_default();
+        self.dirty |= self.pods.apply(event, uid, pod_facts);
+    }
+
+    /// The view, if anything changed since the last one.
+    fn take_changed(&mut self) -> Option<Capacity> {
+        std::mem::take(&mut self.dirty)
+            .then(|| capacity_of(&self.nodes.current, self.pods.current.values()))
+    }
+}
+
 /// Keeps the capacity view — but only once some rule needs it (a cluster-wide pod watch is
 /// not free), and from then on.
 pub async fn watch_capacity(
@@ -439,49 +533,25 @@ pub async fn watch_capacity(
     let mut pod_events = watcher(pods_api, watcher::Config::default())
         .default_backoff()
         .boxed();
-    let mut nodes: HashMap<String, NodeFacts> = HashMap::new();
-    let mut pods: HashMap<String, PodFacts> = HashMap::new();
-    let mut dirty = false;
+    let mut index = CapacityIndex::new(vnode_label);
     // Recomputing is O(pods): at most once a second, however busy the watch.
     let mut ticks = tokio::time::interval(Duration::from_secs(1));
-    let label = (vnode_label.0.as_str(), vnode_label.1.as_str());
     loop {
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
             event = node_events.next() => match event {
                 None => anyhow::bail!("the node watch ended"),
-                Some(Ok(watcher::Event::InitApply(n) | watcher::Event::Apply(n))) => {
-                    nodes.insert(n.name_any(), node_facts(&n, label));
-                    dirty = true;
-                }
-                Some(Ok(watcher::Event::Delete(n))) => {
-                    nodes.remove(&n.name_any());
-                    dirty = true;
-                }
-                Some(Ok(_)) => {}
+                Some(Ok(event)) => index.apply_node(&event),
                 Some(Err(error)) => debug!(%error, "node watch error; it recovers by itself"),
             },
             event = pod_events.next() => match event {
                 None => anyhow::bail!("the pod watch ended"),
-                Some(Ok(watcher::Event::InitApply(p) | watcher::Event::Apply(p))) => {
-                    let uid = p.uid().unwrap_or_default();
-                    match pod_facts(&p) {
-                        Some(facts) => pods.insert(uid, facts),
-                        None => pods.remove(&uid),
-                    };
-                    dirty = true;
-                }
-                Some(Ok(watcher::Event::Delete(p))) => {
-                    pods.remove(&p.uid().unwrap_or_default());
-                    dirty = true;
-                }
-                Some(Ok(_)) => {}
+                Some(Ok(event)) => index.apply_pod(&event),
                 Some(Err(error)) => debug!(%error, "pod watch error; it recovers by itself"),
             },
             _ = ticks.tick() => {
-                if dirty {
-                    dirty = false;
-                    caches.set_capacity(capacity_of(&nodes, pods.values()));
+                if let Some(capacity) = index.take_changed() {
+                    caches.set_capacity(capacity);
                 }
             }
         }
@@ -491,6 +561,86 @@ pub async fn watch_capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mk_node(name: &str, virtual_node: bool, cpu: &str) -> Node {
+        let labels = if virtual_node {
+            serde_json::json!({"type": "virtual-kubelet"})
+        } else {
+            serde_json::json!({})
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": {"cpu": cpu, "memory": "8Gi"}},
+        }))
+        .unwrap()
+    }
+
+    fn mk_pod(uid: &str, namespace: &str, node: &str, cpu: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": uid, "namespace": namespace, "uid": uid},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": cpu}}}],
+            },
+            "status": {"phase": "Running"},
+        }))
+        .unwrap()
+    }
+
+    /// What kube-runtime's watcher yields for a (re)list of `objects`.
+    fn relist<K: Clone>(objects: &[K]) -> Vec<watcher::Event<K>> {
+        let mut events = vec![watcher::Event::Init];
+        events.extend(objects.iter().cloned().map(watcher::Event::InitApply));
+        events.push(watcher::Event::InitDone);
+        events
+    }
+
+    #[test]
+    fn a_relist_drops_the_pods_and_nodes_deleted_while_the_watch_was_broken() {
+        let cpu = |text: &str| Quantity::parse(text).unwrap();
+        let mut index = CapacityIndex::new(("type".into(), "virtual-kubelet".into()));
+        let (n1, n2, vn) = (
+            mk_node("n1", false, "4"),
+            mk_node("n2", false, "4"),
+            mk_node("vn", true, "6000"),
+        );
+        for event in relist(&[n1.clone(), n2, vn.clone()]) {
+            index.apply_node(&event);
+        }
+        let (kept, gone, on_gone_node) = (
+            mk_pod("kept", "a", "vn", "1"),
+            mk_pod("gone", "a", "vn", "2"),
+            mk_pod("on-n2", "a", "n2", "3"),
+        );
+        for event in relist(&[kept.clone(), gone, on_gone_node]) {
+            index.apply_pod(&event);
+        }
+        let before = index.take_changed().expect("listed");
+        assert_eq!(before.vnode_requested["a"].cpu, cpu("3"));
+        assert_eq!(before.normal_allocatable.cpu, cpu("8"));
+        assert_eq!(before.normal_requested.cpu, cpu("3"));
+
+        // The watch broke; meanwhile `gone`, `on-n2` and node n2 were deleted and the
+        // deletions compacted away: the relist is the only news of them.
+        for event in relist(&[n1, vn]) {
+            index.apply_node(&event);
+        }
+        for event in relist(&[kept]) {
+            index.apply_pod(&event);
+        }
+        let after = index.take_changed().expect("relisted");
+        assert_eq!(
+            after.vnode_requested["a"].cpu,
+            cpu("1"),
+            "only `kept` is left"
+        );
+        assert_eq!(after.normal_allocatable.cpu, cpu("4"), "n2 is gone");
+        assert_eq!(
+            after.normal_requested.cpu,
+            Quantity::default(),
+            "its pod too"
+        );
+    }
 
     #[test]
     fn capacity_counts_schedulable_normal_nodes_and_vnode_use_by_namespace() {
