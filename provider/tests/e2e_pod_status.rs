@@ -27,6 +27,7 @@ use integration::harness::run_scenario;
 use integration::harness::{ClusterKind, Harness, HarnessError};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt as _;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(90);
