@@ -1,14 +1,15 @@
 //! What admission answers from: Selectors (validated into rules), namespace labels, the legacy
-//! ConfigMap and — only while a rule needs it — a capacity view of nodes and pods. Each is fed
-//! by a watch; no admission request ever waits on the API.
+//! ConfigMap and — only once a rule needs it — a capacity view of nodes and pods. Each is fed
+//! by a kube-runtime watch (the capacity view by the replica's shared pod and node watches),
+//! relists applied whole; no admission request ever waits on the API.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
-use kube::api::Api;
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
@@ -21,6 +22,7 @@ use crate::admission::selector::engine::{
     Capacity, Placement, Resources, Rule, default_rules, pod_requests, rules_from_profile,
 };
 use crate::k8s::quantity::Quantity;
+use crate::k8s::shared_watch::{ClusterWatches, PAGE_SIZE};
 use crate::ops::events::EventPublisher;
 
 fn read<T: Clone>(lock: &RwLock<T>) -> T {
@@ -147,7 +149,7 @@ pub async fn watch_selectors(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let api: Api<Selector> = Api::all(client);
-    let mut events = watcher(api, watcher::Config::default())
+    let mut events = watcher(api, watcher::Config::default().page_size(PAGE_SIZE))
         .default_backoff()
         .boxed();
     let mut known: BTreeMap<String, Selector> = BTreeMap::new();
@@ -227,16 +229,16 @@ pub async fn watch_selectors(
     }
 }
 
-/// Watches namespace labels.
+/// Watches namespace labels; a relist drops the namespaces it does not name.
 pub async fn watch_namespaces(
     client: kube::Client,
     caches: Arc<Caches>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let api: Api<Namespace> = Api::all(client);
-    let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    // Only labels are read: metadata is all that is fetched.
+    let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
+    let config = watcher::Config::default().page_size(PAGE_SIZE);
+    let mut events = watcher(api, config).default_backoff().boxed();
     let mut listing: Option<HashSet<String>> = None;
     loop {
         let event = tokio::select! {
@@ -511,10 +513,17 @@ impl CapacityIndex {
     }
 }
 
+fn lock(index: &Mutex<CapacityIndex>) -> MutexGuard<'_, CapacityIndex> {
+    // Facts half-applied by a panicking reader are still facts; the next relist mends them.
+    index
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Keeps the capacity view — but only once some rule needs it (a cluster-wide pod watch is
-/// not free), and from then on.
+/// not free), and from then on. It reads the replica's shared pod and node watches.
 pub async fn watch_capacity(
-    client: kube::Client,
+    watches: ClusterWatches,
     caches: Arc<Caches>,
     vnode_label: (String, String),
     stop: CancellationToken,
@@ -524,33 +533,28 @@ pub async fn watch_capacity(
         () = stop.cancelled() => return Ok(()),
         result = needed.wait_for(|n| *n) => { result?; }
     }
-    info!("a Selector needs the capacity view: watching nodes and pods");
-    let nodes_api: Api<Node> = Api::all(client.clone());
-    let pods_api: Api<Pod> = Api::all(client);
-    let mut node_events = watcher(nodes_api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut pod_events = watcher(pods_api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut index = CapacityIndex::new(vnode_label);
+    info!("a Selector needs the capacity view: reading the shared node and pod watches");
+    let index = Arc::new(Mutex::new(CapacityIndex::new(vnode_label)));
+    {
+        let index = Arc::clone(&index);
+        watches
+            .nodes
+            .subscribe(Box::new(move |event| lock(&index).apply_node(event)));
+    }
+    {
+        let index = Arc::clone(&index);
+        watches
+            .pods
+            .subscribe(Box::new(move |event| lock(&index).apply_pod(event)));
+    }
     // Recomputing is O(pods): at most once a second, however busy the watch.
     let mut ticks = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            event = node_events.next() => match event {
-                None => anyhow::bail!("the node watch ended"),
-                Some(Ok(event)) => index.apply_node(&event),
-                Some(Err(error)) => debug!(%error, "node watch error; it recovers by itself"),
-            },
-            event = pod_events.next() => match event {
-                None => anyhow::bail!("the pod watch ended"),
-                Some(Ok(event)) => index.apply_pod(&event),
-                Some(Err(error)) => debug!(%error, "pod watch error; it recovers by itself"),
-            },
             _ = ticks.tick() => {
-                if let Some(capacity) = index.take_changed() {
+                let changed = lock(&index).take_changed();
+                if let Some(capacity) = changed {
                     caches.set_capacity(capacity);
                 }
             }
