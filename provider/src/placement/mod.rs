@@ -642,3 +642,58 @@ pub const KUBE_API: &[Access] = &[
         why: "the extender's certificate (the webhook's, shared)",
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Arc<Shared> {
+        Arc::new(Shared {
+            index: Arc::new(PlacementIndex::new(VirtualNodes::default())),
+            enforcement: watch::channel(Enforcement::Extender).1,
+            synced: AtomicBool::new(false),
+            policies_synced: AtomicBool::new(true),
+            nodes_synced: AtomicBool::new(true),
+            pods_synced: AtomicBool::new(false),
+        })
+    }
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "a", "uid": uid},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_pod_reader_applies_a_relist_whole_and_marks_the_index_listed() {
+        let shared = shared();
+        let mut read = pod_reader(Arc::clone(&shared));
+        let uids = |shared: &Shared| {
+            let mut uids: Vec<String> = shared
+                .index
+                .pods_in("a")
+                .into_iter()
+                .map(|p| p.uid)
+                .collect();
+            uids.sort();
+            uids
+        };
+        read(&WatchEvent::Init);
+        read(&WatchEvent::InitApply(pod("x")));
+        read(&WatchEvent::InitApply(pod("y")));
+        assert!(!shared.is_synced(), "not before the list ends");
+        assert!(uids(&shared).is_empty(), "a list lands at its end");
+        read(&WatchEvent::InitDone);
+        assert!(shared.is_synced());
+        read(&WatchEvent::Apply(pod("z")));
+        assert_eq!(uids(&shared), ["x", "y", "z"]);
+        // The watch broke; x and z were deleted meanwhile and only the relist says so.
+        read(&WatchEvent::Init);
+        read(&WatchEvent::InitApply(pod("y")));
+        assert_eq!(uids(&shared), ["x", "y", "z"], "kept until the relist ends");
+        read(&WatchEvent::InitDone);
+        assert_eq!(uids(&shared), ["y"]);
+    }
+}
