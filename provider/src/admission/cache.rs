@@ -1,14 +1,15 @@
 //! What admission answers from: Selectors (validated into rules), namespace labels, the legacy
-//! ConfigMap and — only while a rule needs it — a capacity view of nodes and pods. Each is fed
-//! by a watch; no admission request ever waits on the API.
+//! ConfigMap and — only once a rule needs it — a capacity view of nodes and pods. Each is fed
+//! by a kube-runtime watch (the capacity view by the replica's shared pod and node watches),
+//! relists applied whole; no admission request ever waits on the API.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
-use kube::api::Api;
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
@@ -21,6 +22,7 @@ use crate::admission::selector::engine::{
     Capacity, Placement, Resources, Rule, default_rules, pod_requests, rules_from_profile,
 };
 use crate::k8s::quantity::Quantity;
+use crate::k8s::shared_watch::{ClusterWatches, PAGE_SIZE};
 use crate::ops::events::EventPublisher;
 
 fn read<T: Clone>(lock: &RwLock<T>) -> T {
@@ -147,7 +149,7 @@ pub async fn watch_selectors(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let api: Api<Selector> = Api::all(client);
-    let mut events = watcher(api, watcher::Config::default())
+    let mut events = watcher(api, watcher::Config::default().page_size(PAGE_SIZE))
         .default_backoff()
         .boxed();
     let mut known: BTreeMap<String, Selector> = BTreeMap::new();
@@ -227,16 +229,16 @@ pub async fn watch_selectors(
     }
 }
 
-/// Watches namespace labels.
+/// Watches namespace labels; a relist drops the namespaces it does not name.
 pub async fn watch_namespaces(
     client: kube::Client,
     caches: Arc<Caches>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let api: Api<Namespace> = Api::all(client);
-    let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    // Only labels are read: metadata is all that is fetched.
+    let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
+    let config = watcher::Config::default().page_size(PAGE_SIZE);
+    let mut events = watcher(api, config).default_backoff().boxed();
     let mut listing: Option<HashSet<String>> = None;
     loop {
         let event = tokio::select! {
@@ -417,10 +419,111 @@ fn capacity_of<'a>(
     capacity
 }
 
+/// One kind's facts by key, with relists applied whole: what a relist does not name was
+/// deleted while the watch was broken (its deletion event may be compacted away for good).
+#[derive(Debug)]
+struct Relisted<T> {
+    current: HashMap<String, T>,
+    /// Filled during a relist; swapped in at its end.
+    relisting: Option<HashMap<String, T>>,
+}
+
+impl<T> Default for Relisted<T> {
+    fn default() -> Self {
+        Self {
+            current: HashMap::new(),
+            relisting: None,
+        }
+    }
+}
+
+impl<T> Relisted<T> {
+    /// Applies one watch event, `facts` telling what of an object is kept (None: nothing, as
+    /// if deleted); true when `current` changed.
+    fn apply<K>(
+        &mut self,
+        event: &watcher::Event<K>,
+        key: impl Fn(&K) -> String,
+        facts: impl Fn(&K) -> Option<T>,
+    ) -> bool {
+        match event {
+            watcher::Event::Init => {
+                self.relisting = Some(HashMap::new());
+                false
+            }
+            watcher::Event::InitApply(object) => {
+                if let (Some(listed), Some(facts)) = (self.relisting.as_mut(), facts(object)) {
+                    listed.insert(key(object), facts);
+                }
+                false
+            }
+            watcher::Event::InitDone => match self.relisting.take() {
+                Some(listed) => {
+                    self.current = listed;
+                    true
+                }
+                None => false,
+            },
+            watcher::Event::Apply(object) => {
+                match facts(object) {
+                    Some(facts) => self.current.insert(key(object), facts),
+                    None => self.current.remove(&key(object)),
+                };
+                true
+            }
+            watcher::Event::Delete(object) => self.current.remove(&key(object)).is_some(),
+        }
+    }
+}
+
+/// The node and pod facts the capacity view is computed from, fed by watch events.
+#[derive(Debug, Default)]
+struct CapacityIndex {
+    vnode_label: (String, String),
+    nodes: Relisted<NodeFacts>,
+    pods: Relisted<PodFacts>,
+    /// Changed since the view was last computed.
+    dirty: bool,
+}
+
+impl CapacityIndex {
+    fn new(vnode_label: (String, String)) -> Self {
+        Self {
+            vnode_label,
+            ..Self::default()
+        }
+    }
+
+    fn apply_node(&mut self, event: &watcher::Event<Node>) {
+        let label = (self.vnode_label.0.as_str(), self.vnode_label.1.as_str());
+        self.dirty |= self
+            .nodes
+            .apply(event, ResourceExt::name_any, |n| Some(node_facts(n, label)));
+    }
+
+    fn apply_pod(&mut self, event: &watcher::Event<Pod>) {
+        let uid = |p: &Pod| p.uid().unwrap_or_default();
+        self.dirty |= self.pods.apply(event, uid, pod_facts);
+    }
+
+    /// The view, if anything changed since the last one.
+    fn take_changed(&mut self) -> Option<Capacity> {
+        std::mem::take(&mut self.dirty)
+            .then(|| capacity_of(&self.nodes.current, self.pods.current.values()))
+    }
+}
+
+fn lock(index: &Mutex<CapacityIndex>) -> MutexGuard<'_, CapacityIndex> {
+    // Facts half-applied by a panicking reader are still facts; the next relist mends them.
+    index
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Keeps the capacity view — but only once some rule needs it (a cluster-wide pod watch is
-/// not free), and from then on.
+/// not free), and from then on. It reads the replica's shared pod and node watches.
 pub async fn watch_capacity(
-    client: kube::Client,
+    watches: ClusterWatches,
     caches: Arc<Caches>,
     vnode_label: (String, String),
     stop: CancellationToken,
@@ -430,58 +533,29 @@ pub async fn watch_capacity(
         () = stop.cancelled() => return Ok(()),
         result = needed.wait_for(|n| *n) => { result?; }
     }
-    info!("a Selector needs the capacity view: watching nodes and pods");
-    let nodes_api: Api<Node> = Api::all(client.clone());
-    let pods_api: Api<Pod> = Api::all(client);
-    let mut node_events = watcher(nodes_api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut pod_events = watcher(pods_api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut nodes: HashMap<String, NodeFacts> = HashMap::new();
-    let mut pods: HashMap<String, PodFacts> = HashMap::new();
-    let mut dirty = false;
+    info!("a Selector needs the capacity view: reading the shared node and pod watches");
+    let index = Arc::new(Mutex::new(CapacityIndex::new(vnode_label)));
+    {
+        let index = Arc::clone(&index);
+        watches
+            .nodes
+            .subscribe(Box::new(move |event| lock(&index).apply_node(event)));
+    }
+    {
+        let index = Arc::clone(&index);
+        watches
+            .pods
+            .subscribe(Box::new(move |event| lock(&index).apply_pod(event)));
+    }
     // Recomputing is O(pods): at most once a second, however busy the watch.
     let mut ticks = tokio::time::interval(Duration::from_secs(1));
-    let label = (vnode_label.0.as_str(), vnode_label.1.as_str());
     loop {
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            event = node_events.next() => match event {
-                None => anyhow::bail!("the node watch ended"),
-                Some(Ok(watcher::Event::InitApply(n) | watcher::Event::Apply(n))) => {
-                    nodes.insert(n.name_any(), node_facts(&n, label));
-                    dirty = true;
-                }
-                Some(Ok(watcher::Event::Delete(n))) => {
-                    nodes.remove(&n.name_any());
-                    dirty = true;
-                }
-                Some(Ok(_)) => {}
-                Some(Err(error)) => debug!(%error, "node watch error; it recovers by itself"),
-            },
-            event = pod_events.next() => match event {
-                None => anyhow::bail!("the pod watch ended"),
-                Some(Ok(watcher::Event::InitApply(p) | watcher::Event::Apply(p))) => {
-                    let uid = p.uid().unwrap_or_default();
-                    match pod_facts(&p) {
-                        Some(facts) => pods.insert(uid, facts),
-                        None => pods.remove(&uid),
-                    };
-                    dirty = true;
-                }
-                Some(Ok(watcher::Event::Delete(p))) => {
-                    pods.remove(&p.uid().unwrap_or_default());
-                    dirty = true;
-                }
-                Some(Ok(_)) => {}
-                Some(Err(error)) => debug!(%error, "pod watch error; it recovers by itself"),
-            },
             _ = ticks.tick() => {
-                if dirty {
-                    dirty = false;
-                    caches.set_capacity(capacity_of(&nodes, pods.values()));
+                let changed = lock(&index).take_changed();
+                if let Some(capacity) = changed {
+                    caches.set_capacity(capacity);
                 }
             }
         }
@@ -491,6 +565,86 @@ pub async fn watch_capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mk_node(name: &str, virtual_node: bool, cpu: &str) -> Node {
+        let labels = if virtual_node {
+            serde_json::json!({"type": "virtual-kubelet"})
+        } else {
+            serde_json::json!({})
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": {"cpu": cpu, "memory": "8Gi"}},
+        }))
+        .unwrap()
+    }
+
+    fn mk_pod(uid: &str, namespace: &str, node: &str, cpu: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": uid, "namespace": namespace, "uid": uid},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": cpu}}}],
+            },
+            "status": {"phase": "Running"},
+        }))
+        .unwrap()
+    }
+
+    /// What kube-runtime's watcher yields for a (re)list of `objects`.
+    fn relist<K: Clone>(objects: &[K]) -> Vec<watcher::Event<K>> {
+        let mut events = vec![watcher::Event::Init];
+        events.extend(objects.iter().cloned().map(watcher::Event::InitApply));
+        events.push(watcher::Event::InitDone);
+        events
+    }
+
+    #[test]
+    fn a_relist_drops_the_pods_and_nodes_deleted_while_the_watch_was_broken() {
+        let cpu = |text: &str| Quantity::parse(text).unwrap();
+        let mut index = CapacityIndex::new(("type".into(), "virtual-kubelet".into()));
+        let (n1, n2, vn) = (
+            mk_node("n1", false, "4"),
+            mk_node("n2", false, "4"),
+            mk_node("vn", true, "6000"),
+        );
+        for event in relist(&[n1.clone(), n2, vn.clone()]) {
+            index.apply_node(&event);
+        }
+        let (kept, gone, on_gone_node) = (
+            mk_pod("kept", "a", "vn", "1"),
+            mk_pod("gone", "a", "vn", "2"),
+            mk_pod("on-n2", "a", "n2", "3"),
+        );
+        for event in relist(&[kept.clone(), gone, on_gone_node]) {
+            index.apply_pod(&event);
+        }
+        let before = index.take_changed().expect("listed");
+        assert_eq!(before.vnode_requested["a"].cpu, cpu("3"));
+        assert_eq!(before.normal_allocatable.cpu, cpu("8"));
+        assert_eq!(before.normal_requested.cpu, cpu("3"));
+
+        // The watch broke; meanwhile `gone`, `on-n2` and node n2 were deleted and the
+        // deletions compacted away: the relist is the only news of them.
+        for event in relist(&[n1, vn]) {
+            index.apply_node(&event);
+        }
+        for event in relist(&[kept]) {
+            index.apply_pod(&event);
+        }
+        let after = index.take_changed().expect("relisted");
+        assert_eq!(
+            after.vnode_requested["a"].cpu,
+            cpu("1"),
+            "only `kept` is left"
+        );
+        assert_eq!(after.normal_allocatable.cpu, cpu("4"), "n2 is gone");
+        assert_eq!(
+            after.normal_requested.cpu,
+            Quantity::default(),
+            "its pod too"
+        );
+    }
 
     #[test]
     fn capacity_counts_schedulable_normal_nodes_and_vnode_use_by_namespace() {

@@ -26,6 +26,7 @@ use super::{cache, register, spill};
 use crate::admission::selector::engine::Vnode;
 use crate::config::AdmissionConfig;
 use crate::k8s::serving_cert as webhook_cert;
+use crate::k8s::shared_watch::ClusterWatches;
 use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::{ResultLabels, Telemetry};
@@ -169,11 +170,13 @@ async fn follow_ca(
     }
 }
 
-/// Serves, registers and feeds the webhook until cancelled; a failed part fails it.
+/// Serves, registers and feeds the webhook until cancelled; a failed part fails it. The
+/// capacity view reads the replica's shared pod and node `watches`.
 pub async fn run(
     client: kube::Client,
     config: AdmissionConfig,
     placement: Option<Arc<crate::placement::Shared>>,
+    watches: ClusterWatches,
     telemetry: Arc<Telemetry>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -289,7 +292,7 @@ pub async fn run(
     );
     tasks.spawn(
         cache::watch_capacity(
-            client.clone(),
+            watches,
             Arc::clone(&caches),
             (vnode.label_key.clone(), vnode.label_value.clone()),
             stop.clone(),

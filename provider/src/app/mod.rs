@@ -26,6 +26,7 @@ use crate::eci as backend;
 use crate::fleet::drain::{Decommission, Outcome};
 use crate::fleet::membership::{Membership, StopKind};
 use crate::fleet::orphans::OrphanCollector;
+use crate::k8s::shared_watch::ClusterWatches;
 use crate::kubelet;
 use crate::node::guard as node_watch;
 use crate::node::lease::{LeaseIdentity, NodeLease};
@@ -166,12 +167,25 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         .placement_enabled
         .then(|| Placement::new(settings.placement()));
     let placement_shared = placement.as_ref().map(Placement::shared);
+    // One cluster-wide pod watch and one node watch per replica, read by placement and the
+    // admission capacity view alike; each starts with its first reader.
+    let watches = ClusterWatches::default();
+    {
+        let (watches, client, stop) = (watches.clone(), client.clone(), stop.clone());
+        tasks.spawn(async move {
+            (
+                "shared pod and node watches",
+                watches.run(client, stop).await.map_err(anyhow::Error::from),
+            )
+        });
+    }
     if let Some(placement) = placement {
         let (client, telemetry, stop) = (client.clone(), Arc::clone(&telemetry), stop.clone());
+        let watches = watches.clone();
         tasks.spawn(async move {
             (
                 "ResourcePolicy placement",
-                placement.run(client, telemetry, stop).await,
+                placement.run(client, &watches, telemetry, stop).await,
             )
         });
     }
@@ -186,7 +200,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         tasks.spawn(async move {
             (
                 "Selector webhook",
-                admission::run(client, config, placement, telemetry, stop).await,
+                admission::run(client, config, placement, watches, telemetry, stop).await,
             )
         });
     }

@@ -1,7 +1,8 @@
 //! The Kubernetes edge shared by every area: the access declarations RBAC is generated from,
 //! Lease holding (node Lease, elections), the resource-quantity grammar, a pod's requests and
 //! the serving certificate shared through a Secret (webhook, scheduler extender), and who is
-//! calling a listener (`callers`: client certificates, TokenReview, SubjectAccessReview).
+//! calling a listener (`callers`: client certificates, TokenReview, SubjectAccessReview), and
+//! the one pod and node watch per replica the areas share (`shared_watch`).
 //! A leaf: it calls no area.
 
 pub mod access;
@@ -11,6 +12,7 @@ pub mod label_selector;
 pub mod quantity;
 pub mod requests;
 pub mod serving_cert;
+pub mod shared_watch;
 
 use std::time::SystemTime;
 

@@ -1,7 +1,8 @@
 //! ResourcePolicy placement (ACK-compatible `scheduling.alibabacloud.com/v1alpha1`): pods go
 //! to the first unit (node pool, then ECI) with room, capped per unit, and leave in reverse
 //! order on scale-in. The policy types and the decisions are pure (`policy`, `decide`); the
-//! `state` index is fed by watches; the elected replica serves the scheduler `extender` and
+//! `state` index is fed by the policy watch and the replica's shared node and pod watches
+//! (`k8s::shared_watch`); the elected replica serves the scheduler `extender` and
 //! runs the `upkeep` (status counts, deletion costs); every replica answers the admission side
 //! (`admit`) for the webhook. May call `k8s`, `ops`, `config`.
 
@@ -33,12 +34,13 @@ use tracing::{debug, info, warn};
 use self::admit::Enforcement;
 use self::decide::VirtualNodes;
 use self::policy::ResourcePolicy;
-use self::state::PlacementIndex;
+use self::state::{PlacementIndex, PodEntry};
 use crate::config::PlacementConfig;
 use crate::k8s::access::{Access, Scope};
 use crate::k8s::callers;
 use crate::k8s::election::{Acquire, Candidate, LeaseLock, Request};
 use crate::k8s::serving_cert;
+use crate::k8s::shared_watch::{ClusterWatches, Reader};
 use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
@@ -128,11 +130,13 @@ impl Placement {
         Arc::clone(&self.shared)
     }
 
-    /// Feeds the index, takes part in the election and, while elected, serves the extender
+    /// Feeds the index (policies from their own watch, nodes and pods from the replica's
+    /// shared ones), takes part in the election and, while elected, serves the extender
     /// and keeps statuses and deletion costs; until `stop`.
     pub async fn run(
         self,
         client: kube::Client,
+        watches: &ClusterWatches,
         telemetry: Arc<Telemetry>,
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
@@ -142,14 +146,10 @@ impl Placement {
             let (client, shared, stop) = (client.clone(), Arc::clone(&self.shared), stop.clone());
             tasks.spawn(feed_policies(client, shared, stop));
         }
-        {
-            let (client, shared, stop) = (client.clone(), Arc::clone(&self.shared), stop.clone());
-            tasks.spawn(feed_nodes(client, shared, stop));
-        }
-        {
-            let (client, shared, stop) = (client.clone(), Arc::clone(&self.shared), stop.clone());
-            tasks.spawn(feed_pods(client, shared, stop));
-        }
+        watches
+            .nodes
+            .subscribe(node_reader(Arc::clone(&self.shared)));
+        watches.pods.subscribe(pod_reader(Arc::clone(&self.shared)));
         let events = EventPublisher::new(
             client.clone(),
             Reporter {
@@ -181,7 +181,8 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     F: FnMut(WatchEvent<K>),
 {
-    let stream = watcher::watcher(api, watcher::Config::default())
+    let config = watcher::Config::default().page_size(crate::k8s::shared_watch::PAGE_SIZE);
+    let stream = watcher::watcher(api, config)
         .default_backoff()
         .map_err(|error| {
             warn!(what, error = %Chain(&error), "placement watch failed; retrying");
@@ -221,41 +222,37 @@ async fn feed_policies(client: kube::Client, shared: Arc<Shared>, stop: Cancella
     .await;
 }
 
-async fn feed_nodes(client: kube::Client, shared: Arc<Shared>, stop: CancellationToken) {
-    let index = Arc::clone(&shared.index);
-    let mut listing: Vec<Node> = Vec::new();
-    feed(
-        Api::<Node>::all(client),
-        "node",
-        stop,
-        |event| match event {
-            WatchEvent::Apply(n) => index.apply_node(&n),
-            WatchEvent::Delete(n) => index.delete_node(&n),
-            WatchEvent::Init => listing.clear(),
-            WatchEvent::InitApply(n) => listing.push(n),
-            WatchEvent::InitDone => {
-                index.set_nodes(std::mem::take(&mut listing));
-                shared.mark(&shared.nodes_synced);
-            }
-        },
-    )
-    .await;
+/// Placement's reader of the shared node watch: a relist replaces every node.
+fn node_reader(shared: Arc<Shared>) -> Reader<Node> {
+    let mut listing: Option<Vec<Node>> = None;
+    Box::new(move |event| match event {
+        WatchEvent::Apply(n) => shared.index.apply_node(n),
+        WatchEvent::Delete(n) => shared.index.delete_node(n),
+        WatchEvent::Init => listing = Some(Vec::new()),
+        WatchEvent::InitApply(n) => listing.get_or_insert_default().push(n.clone()),
+        WatchEvent::InitDone => {
+            shared.index.set_nodes(listing.take().unwrap_or_default());
+            shared.mark(&shared.nodes_synced);
+        }
+    })
 }
 
-async fn feed_pods(client: kube::Client, shared: Arc<Shared>, stop: CancellationToken) {
-    let index = Arc::clone(&shared.index);
-    let mut listing: Vec<Pod> = Vec::new();
-    feed(Api::<Pod>::all(client), "pod", stop, |event| match event {
-        WatchEvent::Apply(p) => index.apply_pod(&p),
-        WatchEvent::Delete(p) => index.delete_pod(&p),
-        WatchEvent::Init => listing.clear(),
-        WatchEvent::InitApply(p) => listing.push(p),
+/// Placement's reader of the shared pod watch: a relist, kept as slim views meanwhile,
+/// replaces every pod (those it does not name were deleted while the watch was broken).
+fn pod_reader(shared: Arc<Shared>) -> Reader<Pod> {
+    let mut listing: Option<Vec<PodEntry>> = None;
+    Box::new(move |event| match event {
+        WatchEvent::Apply(p) => shared.index.apply_pod(p),
+        WatchEvent::Delete(p) => shared.index.delete_pod(p),
+        WatchEvent::Init => listing = Some(Vec::new()),
+        WatchEvent::InitApply(p) => listing.get_or_insert_default().push(PodEntry::of(p)),
         WatchEvent::InitDone => {
-            index.set_pods(std::mem::take(&mut listing));
+            shared
+                .index
+                .replace_pods(listing.take().unwrap_or_default());
             shared.mark(&shared.pods_synced);
         }
     })
-    .await;
 }
 
 fn operation(request: Request) -> &'static str {
@@ -645,3 +642,58 @@ pub const KUBE_API: &[Access] = &[
         why: "the extender's certificate (the webhook's, shared)",
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Arc<Shared> {
+        Arc::new(Shared {
+            index: Arc::new(PlacementIndex::new(VirtualNodes::default())),
+            enforcement: watch::channel(Enforcement::Extender).1,
+            synced: AtomicBool::new(false),
+            policies_synced: AtomicBool::new(true),
+            nodes_synced: AtomicBool::new(true),
+            pods_synced: AtomicBool::new(false),
+        })
+    }
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "a", "uid": uid},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_pod_reader_applies_a_relist_whole_and_marks_the_index_listed() {
+        let shared = shared();
+        let mut read = pod_reader(Arc::clone(&shared));
+        let uids = |shared: &Shared| {
+            let mut uids: Vec<String> = shared
+                .index
+                .pods_in("a")
+                .into_iter()
+                .map(|p| p.uid)
+                .collect();
+            uids.sort();
+            uids
+        };
+        read(&WatchEvent::Init);
+        read(&WatchEvent::InitApply(pod("x")));
+        read(&WatchEvent::InitApply(pod("y")));
+        assert!(!shared.is_synced(), "not before the list ends");
+        assert!(uids(&shared).is_empty(), "a list lands at its end");
+        read(&WatchEvent::InitDone);
+        assert!(shared.is_synced());
+        read(&WatchEvent::Apply(pod("z")));
+        assert_eq!(uids(&shared), ["x", "y", "z"]);
+        // The watch broke; x and z were deleted meanwhile and only the relist says so.
+        read(&WatchEvent::Init);
+        read(&WatchEvent::InitApply(pod("y")));
+        assert_eq!(uids(&shared), ["x", "y", "z"], "kept until the relist ends");
+        read(&WatchEvent::InitDone);
+        assert_eq!(uids(&shared), ["y"]);
+    }
+}

@@ -264,10 +264,15 @@ impl PlacementIndex {
 
     /// Replaces every pod (a relist).
     pub fn set_pods(&self, pods: impl IntoIterator<Item = Pod>) {
+        self.replace_pods(pods.into_iter().map(|pod| PodEntry::of(&pod)));
+    }
+
+    /// Replaces every pod by their slim views (a relist kept as views, not whole pods).
+    pub fn replace_pods(&self, entries: impl IntoIterator<Item = PodEntry>) {
         let mut state = self.lock();
         state.pods.clear();
-        for pod in pods {
-            insert_pod(&mut state, PodEntry::of(&pod));
+        for entry in entries {
+            insert_pod(&mut state, entry);
         }
     }
 
