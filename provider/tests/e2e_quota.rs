@@ -8,7 +8,10 @@
 //!
 //! The burst is sized so that a replica pacing itself to the *whole* quota (as each did before
 //! the quotas were shared) overshoots it several-fold: 25 creations per replica are a quarter
-//! of one replica's burst, but 250 together are two and a half times the account's.
+//! of one replica's burst, but 250 together are two and a half times the account's. So that
+//! the demand does not depend on how fast this machine's API server takes pods, the replicas
+//! are frozen (SIGSTOP) while the pods are created, and while they are deleted, and thawed
+//! together.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -39,6 +42,9 @@ const DAEMON_ENV: &[(&str, &str)] = &[
     // under a shared quota wait a little for their probes' turn, which is not an outage.
     ("ECI_PROBE_INTERVAL", "1s"),
     ("ECI_UNREACHABLE_THRESHOLD", "10s"),
+    // The replicas are frozen for a few seconds while pods are created: longer than the
+    // harness's 8 s Lease would make that a takeover test.
+    ("LEASE_DURATION_SECONDS", "40"),
 ];
 const VNODE_TAINT: &str = "k8s.aliyun.com/vnode";
 const REPLICAS_METRIC: &str = "virtual_node_eci_eci_quota_replicas";
@@ -173,6 +179,23 @@ async fn create_pods(h: &Harness, ns: &str, nodes: &[String]) -> Result<(), Harn
     Ok(())
 }
 
+/// Runs `work` with every daemon stopped (SIGSTOP), then continues them all (SIGCONT), also
+/// when `work` failed.
+async fn frozen(
+    h: &mut Harness,
+    daemons: &[String],
+    work: impl AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
+) -> Result<(), HarnessError> {
+    for daemon in daemons {
+        h.signal_process(daemon, "STOP")?;
+    }
+    let result = work(h).await;
+    for daemon in daemons {
+        h.signal_process(daemon, "CONT")?;
+    }
+    result
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_replicas_together_stay_within_the_accounts_quotas() {
     run_scenario(async |h: &mut Harness| {
@@ -216,8 +239,11 @@ async fn ten_replicas_together_stay_within_the_accounts_quotas() {
         ));
         let total = usize::try_from(REPLICAS * PODS_PER_REPLICA).unwrap();
         let ns = h.create_namespace("quota").await?;
+        // The replicas are frozen while the pods are created and thawed together, so each
+        // sees its 25 pods at once: the demand is the whole burst, whatever the speed of this
+        // machine's API server.
         let started = Instant::now();
-        create_pods(h, &ns, &nodes).await?;
+        frozen(h, &daemons, async |h: &mut Harness| create_pods(h, &ns, &nodes).await).await?;
         h.wait_for(&format!("{total} pods Running"), WAIT, |h| {
             let ns = ns.clone();
             async move { running_pods(h, &ns).await == Some(total) }
@@ -225,9 +251,13 @@ async fn ten_replicas_together_stay_within_the_accounts_quotas() {
         .await?;
         let running_after = started.elapsed();
         let deleting = Instant::now();
-        Api::<Pod>::namespaced(h.client(), &ns)
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await?;
+        frozen(h, &daemons, async |h: &mut Harness| {
+            Api::<Pod>::namespaced(h.client(), &ns)
+                .delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await?;
+            Ok(())
+        })
+        .await?;
         h.wait_for("every pod gone", WAIT, |h| {
             let ns = ns.clone();
             async move {
