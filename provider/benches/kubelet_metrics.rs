@@ -149,7 +149,7 @@ async fn main() {
     );
     let eci: Backend = Arc::new(Paced::new(
         Arc::clone(&grpc),
-        true,
+        Some(Arc::new(virtual_node_eci::eci::Pacer::default())),
         Arc::new(Telemetry::new()),
     ));
     // A lifetime of zero: every scrape refreshes (what each of metrics-server's scrapes does,

@@ -434,3 +434,61 @@ async fn misconfiguration_answers_arrive_alike_over_openapi_and_grpc() {
         .unwrap();
     grpc.describe_container_groups(request).await.unwrap();
 }
+
+/// An incremental poll over many changed groups describes them 20 ids a call: pages throttled
+/// by the service (here DescribeContainerGroups allows 2 at once, then 10 a second) are
+/// fetched again after a back-off, and the poll answers with every group instead of failing
+/// on the first throttled page.
+#[tokio::test]
+async fn a_throttled_page_is_retried_not_the_whole_poll_dropped() {
+    let fixture = Fixture::start(None).await;
+    let client = fixture.client();
+    for i in 0..100 {
+        client
+            .create_container_group(mk_request(
+                &format!("pod-{i}"),
+                &format!("uid-{i}"),
+                &[("node", "vn-0")],
+            ))
+            .await
+            .unwrap();
+    }
+    fixture.patch(serde_json::json!({
+        "rate_limits_enabled": true,
+        "rate_limits": {"DescribeContainerGroups": {"per_minute": 600, "burst": 2}},
+    }));
+    let status = client
+        .describe_container_group_status(DescribeContainerGroupStatusRequest {
+            region_id: "cn-hangzhou".into(),
+            since_second: Some(600),
+            tag: vec![Tag {
+                key: "node".into(),
+                value: "vn-0".into(),
+            }],
+            limit: Some(200),
+            ..DescribeContainerGroupStatusRequest::default()
+        })
+        .await
+        .expect("throttled pages are fetched again");
+    assert_eq!(status.data.len(), 100);
+    assert!(
+        status.data.iter().all(|g| !g.containers.is_empty()),
+        "every group completed by its DescribeContainerGroups page"
+    );
+    let throttled = fixture
+        .server
+        .openapi()
+        .unwrap()
+        .recorded()
+        .iter()
+        .filter(|r| {
+            r.params
+                .iter()
+                .any(|(k, v)| k == "Action" && v == "DescribeContainerGroups")
+        })
+        .count();
+    assert!(
+        throttled > 5,
+        "5 pages of 20 ids, some of them asked again: {throttled} calls"
+    );
+}

@@ -26,6 +26,7 @@ use crate::eci as backend;
 use crate::fleet::drain::{Decommission, Outcome};
 use crate::fleet::membership::{Membership, StopKind};
 use crate::fleet::orphans::OrphanCollector;
+use crate::fleet::replicas;
 use crate::k8s::shared_watch::ClusterWatches;
 use crate::kubelet;
 use crate::node::guard as node_watch;
@@ -42,6 +43,21 @@ use crate::pods::PodController;
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long releasing the Lease may take once the areas stopped.
 const LEASE_RELEASE_GRACE: Duration = Duration::from_secs(5);
+
+/// How long the start waits for the fleet's first count of live replicas before pacing as if
+/// alone (the count keeps following the fleet afterwards).
+const REPLICA_COUNT_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until the live replicas are first counted, so a replica started with nine others
+/// does not spend the whole account's burst before it knows of them.
+async fn wait_for_replica_count(mut count: watch::Receiver<u32>) {
+    match tokio::time::timeout(REPLICA_COUNT_WAIT, count.wait_for(|n| *n > 0)).await {
+        Ok(Ok(n)) => info!(replicas = *n, "ECI quotas shared among the live replicas"),
+        Ok(Err(_)) | Err(_) => warn!(
+            "the live replicas could not be counted yet; pacing ECI calls as the only replica until they are"
+        ),
+    }
+}
 
 /// Runs the daemon until `shutdown` completes (Ok) or a critical task fails (Err).
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
@@ -75,12 +91,15 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         kube::Client::try_from(no_retry).context("cannot build a Kubernetes client")?;
     let client = kube::Client::try_from(kube_config).context("cannot build a Kubernetes client")?;
     let eci_config = settings.eci();
-    let (backend, backend_guard) = backend::connect(&eci_config).await?;
-    let backend: backend::Backend = Arc::new(backend::Paced::new(
-        backend,
-        eci_config.client_rate_limits,
-        Arc::clone(&telemetry),
-    ));
+    // ECI's quotas are the account's: each replica paces itself to 1/N of them, N the live
+    // replicas (0 until the fleet's count is first known, paced as 1 meanwhile).
+    let (replica_sender, replica_count) = watch::channel(0_u32);
+    let pacer = eci_config
+        .client_rate_limits
+        .then(|| Arc::new(backend::Pacer::new(replica_count.clone())));
+    let (backend, backend_guard) = backend::connect(&eci_config, pacer.clone()).await?;
+    let backend: backend::Backend =
+        Arc::new(backend::Paced::new(backend, pacer, Arc::clone(&telemetry)));
 
     let nodes: Api<Node> = Api::all(client.clone());
     let node_config = settings.node();
@@ -119,6 +138,17 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             ("lease renewal", result.map_err(anyhow::Error::from))
         });
     }
+    {
+        let (client, region) = (client.clone(), fleet_config.region.clone());
+        let (telemetry, stop) = (Arc::clone(&telemetry), stop.clone());
+        tasks.spawn(async move {
+            (
+                "replica count",
+                replicas::run(client, region, replica_sender, telemetry, stop).await,
+            )
+        });
+    }
+    wait_for_replica_count(replica_count).await;
     let controller = PodController::new(
         settings.pods(),
         client.clone(),

@@ -5,6 +5,7 @@
 mod grpc;
 pub mod misconfig;
 pub mod openapi;
+pub mod paging;
 mod rate_budget;
 
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use eci_proto::v20180808::{
     RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
 };
 pub use grpc::GrpcBackend;
-pub use rate_budget::{Paced, Pacer};
+pub use rate_budget::{Paced, Pacer, ReplicaCount, Share, alone, share, share_of};
 use tracing::info;
 
 use self::openapi::credentials::{CredentialSource, Credentials};
@@ -128,8 +129,12 @@ impl BackendGuard {
     }
 }
 
-/// Builds the configured backend.
-pub async fn connect(config: &EciConfig) -> Result<(Backend, BackendGuard), BackendError> {
+/// Builds the configured backend. `pacer` (pacing on) also paces the pages the OpenAPI
+/// client fetches inside one call of the trait.
+pub async fn connect(
+    config: &EciConfig,
+    pacer: Option<Arc<Pacer>>,
+) -> Result<(Backend, BackendGuard), BackendError> {
     match &config.backend {
         BackendChoice::Embedded => {
             let mut mock = mock_eci::MockConfig::defaults();
@@ -187,7 +192,7 @@ pub async fn connect(config: &EciConfig) -> Result<(Backend, BackendGuard), Back
                 },
             };
             let source = credentials.describe();
-            let backend = openapi::OpenApiBackend::new(&options, credentials)?;
+            let backend = openapi::OpenApiBackend::new(&options, credentials)?.with_pacer(pacer);
             info!(endpoint = %backend.endpoint(), credentials = %source, "using the Alibaba Cloud ECI OpenAPI");
             Ok((Arc::new(backend), BackendGuard { embedded: None }))
         }

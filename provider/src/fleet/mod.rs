@@ -1,7 +1,8 @@
-//! This replica among the StatefulSet's: is a stop a restart or a scale-in (membership), the
-//! decommission that drains a removed node, and the cluster-wide orphan collector. May call
+//! This replica among the StatefulSet's: is a stop a restart or a scale-in (membership), how
+//! many replicas are alive to share ECI's quotas (replicas), the decommission that drains a removed node, and the cluster-wide orphan collector. May call
 //! `node` (its shape and Lease), `pods` (group naming), `k8s`, `eci`, `ops`, `config`.
 
 pub mod drain;
 pub mod membership;
 pub mod orphans;
+pub mod replicas;

@@ -107,6 +107,8 @@ pub struct Telemetry {
     pub drain_pods_left: Gauge,
     /// Finished decommission drains by result (`drained`, `timed_out`).
     pub drains: Family<ResultLabels, Counter>,
+    /// Live replicas this one shares ECI's per-account quotas with (itself included).
+    pub eci_quota_replicas: Gauge,
 }
 
 fn extender_histogram() -> Histogram {
@@ -149,7 +151,14 @@ impl Telemetry {
             token_refreshes: Family::default(),
             drain_pods_left: Gauge::default(),
             drains: Family::default(),
+            eci_quota_replicas: Gauge::default(),
         };
+        telemetry.eci_quota_replicas.set(1);
+        registry.register(
+            "eci_quota_replicas",
+            "Live replicas sharing the account's ECI quotas (this one included): each paces every action to 1/N of its documented quota",
+            telemetry.eci_quota_replicas.clone(),
+        );
         registry.register(
             "eci_reachable",
             "1 while the ECI API answers the periodic probe",

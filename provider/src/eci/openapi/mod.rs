@@ -5,6 +5,7 @@ pub mod credentials;
 pub mod form;
 pub mod response;
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use eci_proto::EciError;
@@ -22,13 +23,14 @@ use eci_proto::v20180808::{
     ExecContainerCommandRequest, ExecContainerCommandResponse, RestartContainerGroupRequest,
     RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
 };
+use futures::{StreamExt as _, TryStreamExt as _};
 use serde_json::Value;
 use tracing::debug;
 
 use self::credentials::CredentialSource;
 use self::form::Form;
 use self::response::{StatusPage, group_status};
-use super::EciBackend;
+use super::{EciBackend, Pacer, paging};
 
 /// Most ids one describe call takes.
 const IDS_PER_CALL: usize = 20;
@@ -76,6 +78,8 @@ pub struct OpenApiBackend {
     http: reqwest::Client,
     endpoint: String,
     credentials: CredentialSource,
+    /// Paces the DescribeContainerGroups pages a status call fetches (None: pacing off).
+    pacer: Option<Arc<Pacer>>,
 }
 
 /// Client-side codes (the service's own codes never start with `SDK.`).
@@ -99,7 +103,28 @@ impl OpenApiBackend {
             http: http_client(options)?,
             endpoint: options.endpoint.trim_end_matches('/').to_owned(),
             credentials,
+            pacer: None,
         })
+    }
+
+    /// Paces the pages fetched inside one call (a status poll's DescribeContainerGroups
+    /// pages) from their own action's budget.
+    #[must_use]
+    pub fn with_pacer(mut self, pacer: Option<Arc<Pacer>>) -> Self {
+        self.pacer = pacer;
+        self
+    }
+
+    /// One DescribeContainerGroups page: paced from that action's budget, retried when
+    /// throttled.
+    async fn groups_page(
+        &self,
+        request: DescribeContainerGroupsRequest,
+    ) -> Result<DescribeContainerGroupsResponse, EciError> {
+        paging::page(self.pacer.as_deref(), "DescribeContainerGroups", || {
+            self.describe_container_groups(request.clone())
+        })
+        .await
     }
 
     /// Where requests go.
@@ -197,16 +222,24 @@ impl OpenApiBackend {
         region_id: &str,
         ids: &[String],
     ) -> Result<Vec<ContainerGroup>, EciError> {
-        let pages = futures::future::try_join_all(ids.chunks(IDS_PER_CALL).map(|chunk| {
-            self.describe_container_groups(DescribeContainerGroupsRequest {
-                region_id: region_id.to_owned(),
-                container_group_ids: chunk.to_vec(),
-                limit: i32::try_from(IDS_PER_CALL).ok(),
-                with_event: true,
-                ..DescribeContainerGroupsRequest::default()
+        // The futures are made first and then run a few at a time: a stream combinator's
+        // closure borrowing `self` would make this future not `Send` for the async trait.
+        let calls: Vec<_> = ids
+            .chunks(IDS_PER_CALL)
+            .map(|chunk| {
+                self.groups_page(DescribeContainerGroupsRequest {
+                    region_id: region_id.to_owned(),
+                    container_group_ids: chunk.to_vec(),
+                    limit: i32::try_from(IDS_PER_CALL).ok(),
+                    with_event: true,
+                    ..DescribeContainerGroupsRequest::default()
+                })
             })
-        }))
-        .await?;
+            .collect();
+        let pages: Vec<DescribeContainerGroupsResponse> = futures::stream::iter(calls)
+            .buffered(paging::PAGE_CONCURRENCY)
+            .try_collect()
+            .await?;
         Ok(pages.into_iter().flat_map(|p| p.container_groups).collect())
     }
 }
@@ -387,7 +420,7 @@ impl OpenApiBackend {
         let page_size = i32::try_from(IDS_PER_CALL).unwrap_or(20);
         if request.since_second.is_none() || !request.container_group_ids.is_empty() {
             let page = self
-                .describe_container_groups(DescribeContainerGroupsRequest {
+                .groups_page(DescribeContainerGroupsRequest {
                     region_id: request.region_id,
                     zone_id: request.zone_id,
                     container_group_ids: request.container_group_ids,
