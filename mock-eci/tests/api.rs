@@ -991,9 +991,19 @@ async fn a_denied_ram_role_or_security_group_is_refused_for_that_value_only() {
     assert_eq!(status.code(), Code::PermissionDenied);
     let error = EciError::from_status(&status);
     assert_eq!(error.code, "Forbidden.RAM");
-    assert!(error.message.contains("RamRoleName \"AdminRole\""), "{error}");
-    assert!(!error.request_id.is_empty(), "the service's refusal has a request id");
-    assert_eq!(h.server.mock().group_count(), 0, "a refused create leaves nothing");
+    assert!(
+        error.message.contains("RamRoleName \"AdminRole\""),
+        "{error}"
+    );
+    assert!(
+        !error.request_id.is_empty(),
+        "the service's refusal has a request id"
+    );
+    assert_eq!(
+        h.server.mock().group_count(),
+        0,
+        "a refused create leaves nothing"
+    );
 
     let mut allowed = mk_request("other-role");
     allowed.ram_role_name = "AppRole".into();
@@ -1009,7 +1019,11 @@ async fn a_denied_ram_role_or_security_group_is_refused_for_that_value_only() {
         .await
         .unwrap();
     assert_eq!(view["denied"]["security_groups"][0], "sg-platform");
-    assert_eq!(view["denied"]["ram_roles"], serde_json::json!([]), "replaced");
+    assert_eq!(
+        view["denied"]["ram_roles"],
+        serde_json::json!([]),
+        "replaced"
+    );
     let mut request = mk_request("denied-group");
     request.security_group_id = "sg-platform".into();
     let error = h.try_create(request).await.unwrap_err();

@@ -131,11 +131,19 @@ pub struct MockConfig {
 
     /// Refuse creates naming this RAM role (`RamRoleName`) with `Forbidden.RAM`, HTTP 403, as
     /// the service refuses a role the caller may not pass. Repeatable.
-    #[arg(long = "deny-ram-role", env = "MOCK_ECI_DENY_RAM_ROLES", value_delimiter = ',')]
+    #[arg(
+        long = "deny-ram-role",
+        env = "MOCK_ECI_DENY_RAM_ROLES",
+        value_delimiter = ','
+    )]
     pub deny_ram_roles: Vec<String>,
 
     /// Refuse creates in this security group (`SecurityGroupId`) the same way. Repeatable.
-    #[arg(long = "deny-security-group", env = "MOCK_ECI_DENY_SECURITY_GROUPS", value_delimiter = ',')]
+    #[arg(
+        long = "deny-security-group",
+        env = "MOCK_ECI_DENY_SECURITY_GROUPS",
+        value_delimiter = ','
+    )]
     pub deny_security_groups: Vec<String>,
 
     /// Keep the groups in this file so they survive a restart (written shortly after every
