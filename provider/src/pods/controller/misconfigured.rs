@@ -327,7 +327,8 @@ mod tests {
             change(&mut request);
             pod_chosen(&request, own)
         };
-        let cases: [(fn(&mut CreateContainerGroupRequest), &[&str]); 9] = [
+        type Change = fn(&mut CreateContainerGroupRequest);
+        let cases: [(Change, &[&str]); 9] = [
             (|_| {}, &[]),
             (
                 |r| r.ram_role_name = "Admin".into(),
