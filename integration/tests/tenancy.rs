@@ -17,6 +17,12 @@
 //!   to take its place) with no credentials (401) and with their own token (403), and declares
 //!   a 100 MiB body (413): the pod stays unbound, and the tenant's real pod still gets the
 //!   unit's only place.
+//! - **node taint by a forbidden RAM role**: under the default policy (everything allowed) the
+//!   tenant names, in `k8s.aliyun.com/eci-ram-role-name`, a RAM role the account may not use;
+//!   ECI refuses the create with `Forbidden.RAM`. That is the pod's problem alone: it stays
+//!   Pending with the code on its `ContainerInstanceCreated` condition and a Warning Event,
+//!   the node is never tainted `virtual-node.eci/misconfigured` (watched throughout), and
+//!   another tenant's pod runs there.
 //!
 //! With `TENANCY_OUT=<file>` each attack appends one JSON object (`attack`, `status`: `pass`
 //! when refused, else `fail`; `summary`, `details`) to the file: the reliability report
@@ -582,6 +588,153 @@ async fn the_scheduler_extender_refuses_a_tenant() {
         assert!(statuses_ok, "the extender's answers: {answers:?}");
         assert!(still_pending, "the victim's pod was not bound");
         assert!(placed, "the unit's place was not taken by a forged filter");
+        Ok(())
+    })
+    .await;
+}
+
+/// Every sighting of the misconfiguration on `node` (its `EciMisconfigured=True` condition or
+/// its `virtual-node.eci/misconfigured` taint), from a watch of the Node: a state that came and
+/// went between two polls is seen too.
+fn watch_misconfiguration(
+    h: &Harness,
+    node: &str,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+) {
+    use futures::StreamExt as _;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let nodes: Api<Node> = Api::all(h.client());
+    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let sink = std::sync::Arc::clone(&seen);
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(watcher(nodes, config).default_backoff().applied_objects());
+        while let Some(event) = stream.next().await {
+            let Ok(node) = event else { continue };
+            let node = serde_json::to_value(node).unwrap_or_default();
+            let condition = node["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "EciMisconfigured" && c["status"] == "True");
+            let taint = node["spec"]["taints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|t| t["key"] == "virtual-node.eci/misconfigured");
+            if condition.is_some() || taint.is_some() {
+                sink.lock()
+                    .unwrap()
+                    .push(json!({"condition": condition, "taint": taint}));
+            }
+        }
+    });
+    (task, seen)
+}
+
+/// How many creates mock-eci refused with `code`, from its metrics.
+async fn refused_creates(admin: &str, code: &str) -> u64 {
+    let prefix =
+        format!(r#"mock_eci_calls_total{{action="CreateContainerGroup",result="{code}"}} "#);
+    let Ok(response) = reqwest::get(format!("{admin}/metrics")).await else {
+        return 0;
+    };
+    let text = response.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ram_role_the_account_may_not_use_refuses_only_the_pod_that_names_it() {
+    use k8s_openapi::api::core::v1::Event;
+    const ROLE: &str = "AliyunECSInstanceForAdminRole";
+    const CODE: &str = "Forbidden.RAM";
+    run_scenario(async |h| {
+        let attacker = h.create_tenant("taint-attacker").await?;
+        let bystander = h.create_tenant("bystander").await?;
+        let mut mock_flags = MOCK.to_vec();
+        mock_flags.extend(["--deny-ram-role", ROLE]);
+        let mock = h.start_mock_eci(&mock_flags).await?;
+        let node = h.node_name(0);
+        let (watch, sightings) = watch_misconfiguration(h, &node);
+        // The default annotation policy: every annotation allowed everywhere.
+        h.start_daemon(0, DAEMON)?;
+        let ns = attacker.namespace();
+
+        let mut pod = pod_manifest(h, "escalate", "hi", "registry.example.com/attacker:1");
+        pod.metadata.annotations = Some(
+            [("k8s.aliyun.com/eci-ram-role-name".to_owned(), ROLE.to_owned())].into(),
+        );
+        Api::<Pod>::namespaced(attacker.client(), ns)
+            .create(&PostParams::default(), &pod)
+            .await?;
+        // The attack has acted — and was retried — once ECI refused the create twice.
+        let retried = h
+            .wait_for("mock-eci refused the attacker's create twice", WAIT, |_| {
+                let admin = mock.admin.clone();
+                async move { refused_creates(&admin, CODE).await >= 2 }
+            })
+            .await
+            .is_ok();
+        // The taint would keep this pod off the node.
+        let bystander_runs = tenant_pod(h, &bystander, "ordinary", "hello", "registry.example.com/app:1")
+            .await
+            .is_ok();
+        let explained = h
+            .wait_pod(ns, "escalate", "Pending, ContainerInstanceCreated=False naming the code", WAIT, |p| {
+                p["status"]["phase"] == "Pending"
+                    && p["status"]["conditions"].as_array().into_iter().flatten().any(|c| {
+                        c["type"] == "ContainerInstanceCreated"
+                            && c["status"] == "False"
+                            && c["reason"].as_str().is_some_and(|r| r.contains(CODE))
+                            && c["message"].as_str().is_some_and(|m| m.contains(ROLE))
+                    })
+            })
+            .await
+            .is_ok();
+        let events: Api<Event> = Api::namespaced(h.client(), ns);
+        let warned = h
+            .wait_for("a Warning Event naming the code on the attacker's pod", WAIT, |_| {
+                let events = events.clone();
+                async move {
+                    events.list(&Default::default()).await.is_ok_and(|list| {
+                        list.items.iter().any(|e| {
+                            e.type_.as_deref() == Some("Warning")
+                                && e.involved_object.name.as_deref() == Some("escalate")
+                                && e.reason.as_deref().is_some_and(|r| r.contains(CODE))
+                        })
+                    })
+                }
+            })
+            .await
+            .is_ok();
+        watch.abort();
+        let seen = sightings.lock().unwrap().clone();
+        let node_clean = seen.is_empty();
+        let refused = retried && bystander_runs && explained && warned && node_clean;
+        record(
+            "node taint by a forbidden RAM role",
+            refused,
+            "a pod naming a RAM role the account may not use (Forbidden.RAM) stays Pending with the code on its own condition and a Warning Event; the node is never tainted misconfigured and another tenant's pod runs",
+            &json!({
+                "refusals_retried": retried,
+                "bystander_running": bystander_runs,
+                "pod_condition": explained,
+                "warning_event": warned,
+                "node_sightings": seen,
+            }),
+        );
+        assert!(retried, "mock-eci refused the attacker's create, and it was retried");
+        assert!(node_clean, "the node was never shown misconfigured: {seen:?}");
+        assert!(bystander_runs, "the other tenant's pod runs on the node");
+        assert!(explained, "the attacker's pod shows the refusal on its condition");
+        assert!(warned, "the attacker's pod has a Warning Event naming the code");
         Ok(())
     })
     .await;

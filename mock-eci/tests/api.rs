@@ -974,3 +974,63 @@ async fn tests_write_into_logs_and_end_containers_through_the_admin_endpoint() {
     );
     assert_eq!(post(exit_path, "{\"code\": 1}").await, 400);
 }
+
+#[tokio::test]
+async fn a_denied_ram_role_or_security_group_is_refused_for_that_value_only() {
+    let mut h = start(&[
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--deny-ram-role",
+        "AdminRole",
+    ])
+    .await;
+    let admin = format!("http://{}", h.server.admin_addr().unwrap());
+    let mut request = mk_request("denied-role");
+    request.ram_role_name = "AdminRole".into();
+    let status = h.client.create_container_group(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    let error = EciError::from_status(&status);
+    assert_eq!(error.code, "Forbidden.RAM");
+    assert!(
+        error.message.contains("RamRoleName \"AdminRole\""),
+        "{error}"
+    );
+    assert!(
+        !error.request_id.is_empty(),
+        "the service's refusal has a request id"
+    );
+    assert_eq!(
+        h.server.mock().group_count(),
+        0,
+        "a refused create leaves nothing"
+    );
+
+    let mut allowed = mk_request("other-role");
+    allowed.ram_role_name = "AppRole".into();
+    h.create(allowed).await;
+
+    let view: serde_json::Value = reqwest::Client::new()
+        .patch(format!("{admin}/admin/controls"))
+        .json(&serde_json::json!({"denied": {"security_groups": ["sg-platform"]}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["denied"]["security_groups"][0], "sg-platform");
+    assert_eq!(
+        view["denied"]["ram_roles"],
+        serde_json::json!([]),
+        "replaced"
+    );
+    let mut request = mk_request("denied-group");
+    request.security_group_id = "sg-platform".into();
+    let error = h.try_create(request).await.unwrap_err();
+    assert_eq!(error.code, "Forbidden.RAM");
+    let mut request = mk_request("role-allowed-now");
+    request.ram_role_name = "AdminRole".into();
+    h.create(request).await;
+    assert_eq!(h.server.mock().group_count(), 2);
+    h.server.stop().await.unwrap();
+}

@@ -129,6 +129,23 @@ pub struct MockConfig {
     #[arg(long = "latency", env = "MOCK_ECI_LATENCY", value_delimiter = ',', value_parser = parse_latency)]
     pub latency: Vec<(String, Duration)>,
 
+    /// Refuse creates naming this RAM role (`RamRoleName`) with `Forbidden.RAM`, HTTP 403, as
+    /// the service refuses a role the caller may not pass. Repeatable.
+    #[arg(
+        long = "deny-ram-role",
+        env = "MOCK_ECI_DENY_RAM_ROLES",
+        value_delimiter = ','
+    )]
+    pub deny_ram_roles: Vec<String>,
+
+    /// Refuse creates in this security group (`SecurityGroupId`) the same way. Repeatable.
+    #[arg(
+        long = "deny-security-group",
+        env = "MOCK_ECI_DENY_SECURITY_GROUPS",
+        value_delimiter = ','
+    )]
+    pub deny_security_groups: Vec<String>,
+
     /// Keep the groups in this file so they survive a restart (written shortly after every
     /// change and on shutdown; loaded at start).
     #[arg(long, env = "MOCK_ECI_STATE_FILE")]
@@ -169,6 +186,14 @@ impl MockConfig {
             max_groups: self.max_groups,
             no_stock: self.no_stock,
             seed: self.seed,
+        }
+    }
+
+    /// The values creates may not name.
+    pub fn denials(&self) -> crate::service::denials::Denials {
+        crate::service::denials::Denials {
+            ram_roles: self.deny_ram_roles.iter().cloned().collect(),
+            security_groups: self.deny_security_groups.iter().cloned().collect(),
         }
     }
 

@@ -7,11 +7,13 @@ use std::collections::BTreeMap;
 
 use eci_proto::EciError;
 use eci_proto::error::codes;
+use eci_proto::v20180808::CreateContainerGroupRequest;
 use serde::{Deserialize, Serialize};
 
 use crate::actions::Action;
 use crate::clock::Millis;
 use crate::rng::SplitMix;
+use crate::service::denials::Denials;
 
 /// A token bucket's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,6 +94,8 @@ pub struct ControlsView {
     pub no_stock: bool,
     /// Cap on groups holding capacity.
     pub max_groups: Option<usize>,
+    /// Parameter values a create may not name (see [`Denials`]).
+    pub denied: Denials,
 }
 
 /// A partial update of the controls. A fault given for `"*"` applies to every action.
@@ -111,6 +115,8 @@ pub struct ControlsPatch {
     /// Cap on groups (`null` removes it; absent keeps it).
     #[serde(default, with = "double_option")]
     pub max_groups: Option<Option<usize>>,
+    /// The denied values, replacing those in force (`{}` denies nothing).
+    pub denied: Option<Denials>,
 }
 
 mod double_option {
@@ -144,6 +150,7 @@ pub struct Controls {
     buckets: BTreeMap<Action, Bucket>,
     faults: BTreeMap<Action, Fault>,
     outage: bool,
+    denied: Denials,
     rng: SplitMix,
 }
 
@@ -185,8 +192,21 @@ impl Controls {
             buckets: BTreeMap::new(),
             faults,
             outage: false,
+            denied: Denials::default(),
             rng: SplitMix::new(seed ^ 0x5EED),
         }
+    }
+
+    /// The same controls, refusing creates that name `denied` values.
+    #[must_use]
+    pub fn with_denials(mut self, denied: Denials) -> Self {
+        self.denied = denied;
+        self
+    }
+
+    /// The refusal of a create naming a denied value, if it does.
+    pub fn refusal(&self, request: &CreateContainerGroupRequest) -> Option<EciError> {
+        self.denied.refusal(request)
     }
 
     /// Decides about one call of `action` at `now`.
@@ -268,6 +288,7 @@ impl Controls {
             outage: self.outage,
             no_stock: false,
             max_groups: None,
+            denied: self.denied.clone(),
         }
     }
 
@@ -324,6 +345,9 @@ impl Controls {
         }
         if let Some(outage) = patch.outage {
             self.outage = outage;
+        }
+        if let Some(denied) = &patch.denied {
+            self.denied = denied.clone();
         }
         Ok(())
     }

@@ -35,6 +35,7 @@ use crate::service::telemetry::Telemetry;
 
 pub mod config;
 pub mod controls;
+pub mod denials;
 pub mod persist;
 pub mod telemetry;
 
@@ -115,7 +116,8 @@ impl MockEci {
             &config.rate_limit_overrides(),
             config.fault_map(),
             config.seed,
-        );
+        )
+        .with_denials(config.denials());
         Self {
             shared: Arc::new(Shared {
                 engine: Mutex::new(engine),
@@ -363,10 +365,15 @@ impl Eci for MockEci {
         &self,
         request: Request<CreateContainerGroupRequest>,
     ) -> Result<Response<CreateContainerGroupResponse>, Status> {
+        // Judged before the engine sees it: a refused create leaves no group behind.
+        let refusal = self.controls_lock().refusal(request.get_ref());
         self.call(
             Action::CreateContainerGroup,
             request,
             |engine, request, now| {
+                if let Some(error) = refusal {
+                    return Err(error);
+                }
                 let container_group_id = engine.create(request, now)?;
                 Ok(CreateContainerGroupResponse {
                     request_id: String::new(),

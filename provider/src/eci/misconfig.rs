@@ -2,6 +2,9 @@
 //! "try again": a refused AccessKey, a missing RAM permission, a skewed clock, an account in
 //! arrears, or an answer from something that is not ECI (a proxy's error page). Those are the
 //! node's problem: every pod would meet them, so failing pods one by one only churns them.
+//! Except a permission refusal of a create carrying parameters a pod chose (a RAM role, a
+//! security group, …): that one is the pod's, and its creator never records it here
+//! (`pods::controller::misconfigured`), so no tenant can taint the node.
 //!
 //! [`classify`] is the pure decision; [`Monitor`] remembers the latest such answer per action
 //! until a call succeeds again, and lets the node status and the pod creators follow it.

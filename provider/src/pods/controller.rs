@@ -633,6 +633,8 @@ enum Failure {
     Permanent(String),
     /// ECI refuses the daemon's configuration: not the pod's fault; it waits.
     Misconfigured(crate::eci::misconfig::Misconfiguration),
+    /// ECI refuses a parameter the pod chose: the pod's alone; it waits and is retried.
+    Refused(misconfigured::PodRefusal),
 }
 
 impl Failure {
@@ -640,6 +642,7 @@ impl Failure {
         match self {
             Self::Retry(message) | Self::Permanent(message) => message.clone(),
             Self::Misconfigured(found) => found.describe(),
+            Self::Refused(refusal) => refusal.describe(),
         }
     }
 }

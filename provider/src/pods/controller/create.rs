@@ -21,7 +21,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::gate::Admission;
 use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
-    pod_key, pod_key_parts,
+    misconfigured, pod_key, pod_key_parts,
 };
 use crate::pods::to_eci::{self, Context, naming};
 use crate::pods::{from_eci, refs};
@@ -50,9 +50,20 @@ fn report_failure(attempt: u32, group_seen: bool) -> bool {
 pub(super) struct CreateJob {
     pub(super) attempt: u32,
     pub(super) seen: tokio::time::Instant,
-    /// The last attempt met a misconfiguration, already shown on the pod: the job waits for
-    /// the configuration to be accepted again (or its back-off) and is not reported again.
-    pub(super) misconfigured: bool,
+    /// What the last attempt met that is already shown on the pod (not shown again).
+    pub(super) shown: Shown,
+}
+
+/// A refusal already shown on a waiting pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shown {
+    /// Nothing.
+    Nothing,
+    /// A misconfiguration: the job waits for the configuration to be accepted again (or its
+    /// back-off).
+    Misconfiguration,
+    /// A refusal of the pod's own parameters, by its fingerprint: the job waits its back-off.
+    Refusal(u64),
 }
 
 impl CreateJob {
@@ -61,7 +72,7 @@ impl CreateJob {
         Self {
             attempt: 0,
             seen: tokio::time::Instant::now(),
-            misconfigured: false,
+            shown: Shown::Nothing,
         }
     }
 }
@@ -133,7 +144,7 @@ impl PodController {
                                 controller.inner.creations.push(uid, next);
                             }
                             // Fixed: go now, not at the end of a back-off of up to 30 s.
-                            Ok(_) = configuration.wait_for(Option::is_none), if next.misconfigured => {
+                            Ok(_) = configuration.wait_for(Option::is_none), if next.shown == Shown::Misconfiguration => {
                                 controller.inner.creations.push(uid, next);
                             }
                         }
@@ -179,7 +190,7 @@ impl PodController {
         let retry = CreateJob {
             attempt: job.attempt + 1,
             seen: job.seen,
-            misconfigured: false,
+            shown: Shown::Nothing,
         };
         let pod = match self.whole_pod(uid).await {
             Ok(Some(pod)) => pod,
@@ -265,13 +276,23 @@ impl PodController {
                 Err(Failure::Misconfigured(found)) => {
                     self.inner.telemetry.pod_create_retries.inc();
                     let group_seen = self.tracked().get(uid).is_some_and(|t| t.group.is_some());
-                    if !job.misconfigured && !group_seen {
+                    if job.shown != Shown::Misconfiguration && !group_seen {
                         self.explain_misconfiguration(&pod, &found).await;
                     }
                     Some(CreateJob {
-                        misconfigured: true,
+                        shown: Shown::Misconfiguration,
                         ..retry
                     })
+                }
+                Err(Failure::Refused(refusal)) => {
+                    self.inner.telemetry.pod_create_retries.inc();
+                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.group.is_some());
+                    let shown = Shown::Refusal(super::hash_of(&refusal.describe()));
+                    if job.shown != shown && !group_seen {
+                        self.explain_refusal(&pod, uid, &refusal).await;
+                    }
+                    debug!(code = %refusal.code, attempt = job.attempt, "ECI refused the pod's own parameters; retrying");
+                    Some(CreateJob { shown, ..retry })
                 }
             }
         }
@@ -342,11 +363,18 @@ impl PodController {
             }
         })?;
         debug_assert_eq!(request.client_token, uid);
+        let chosen = misconfigured::pod_chosen(
+            &request,
+            misconfigured::OwnParameters {
+                vswitch: &config.vswitch,
+                security_group: &config.security_group,
+            },
+        );
         let outcome = self.inner.backend.create_container_group(request).await;
         let outcome = self.recover_lost_answer(&uid, outcome).await;
         // The one place a creation's answer is judged: the pod's problem, the node's
         // (a misconfiguration, see `misconfigured.rs`), or a moment's.
-        let response = self.judge_creation(outcome)?;
+        let response = self.judge_creation(outcome, chosen)?;
         if let Some(due) = issued.refresh_in {
             self.inner
                 .tokens

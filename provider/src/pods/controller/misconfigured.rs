@@ -1,42 +1,189 @@
-//! A creation refused because the daemon is misconfigured (credentials, RAM permissions,
-//! clock, account, an endpoint that is not ECI) is not the pod's fault: the pod stays Pending
-//! with the service's code and the fix, the node learns of it through the shared
+//! Whose problem a refused creation is.
+//!
+//! A refusal of the daemon's configuration (credentials, RAM permissions, clock, account, an
+//! endpoint that is not ECI) is not the pod's fault: the pod stays Pending with the service's
+//! code and the fix, the node learns of it through the shared
 //! [`Monitor`](crate::eci::misconfig::Monitor) (condition and taint), and the pod is created
 //! as soon as the configuration is accepted again.
+//!
+//! But a pod may choose identity, network and resource-group parameters itself (its own
+//! annotations, or a Selector's applied to it): a RAM role, a security group, vSwitches, a
+//! resource group, an EIP, an image cache. A permission refusal of such a create says
+//! nothing about the daemon — any namespace admin could otherwise taint the node for every
+//! tenant by naming a role the account may not pass. It is the pod's alone ([`judge`]): no
+//! word to the monitor, the code and message on the pod, retries with a growing back-off.
+//! Credentials, clock, account and endpoint refusals cannot be caused by a pod's parameter
+//! and stay the node's whatever the pod carries.
 
 use eci_proto::EciError;
-use eci_proto::v20180808::CreateContainerGroupResponse;
+use eci_proto::v20180808::{CreateContainerGroupRequest, CreateContainerGroupResponse};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::EventType;
+use serde_json::json;
 use tracing::warn;
 
 use super::{Failure, PodController};
-use crate::eci::misconfig::{self, ErrorClass, Misconfiguration};
+use crate::eci::misconfig::{self, ErrorClass, Misconfiguration, Problem};
 use crate::pods::from_eci;
 
 /// The action whose answers are judged here.
 const CREATE: &str = "CreateContainerGroup";
 
+/// The monitor's name for creates with parameters the pod chose. Their successes prove the
+/// credentials, clock, account and endpoint (every entry cleared by any success), never that
+/// the daemon's own creates are permitted: the `CREATE` entry is not theirs to clear.
+const CREATE_WITH_POD_PARAMETERS: &str = "CreateContainerGroup with the pod's parameters";
+
+/// The condition a refused pod shows (the one ack-virtual-node users know from creation).
+const CONDITION: &str = "ContainerInstanceCreated";
+
+/// The daemon's own choice of the parameters a pod can override.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct OwnParameters<'a> {
+    /// `--vswitch` as the create carries it.
+    pub(super) vswitch: &'a str,
+    /// `--security-group`.
+    pub(super) security_group: &'a str,
+}
+
+/// The identity, network and resource-group parameters of `request` that are not the
+/// daemon's own, as `Name "value"`: only the pod (or a Selector applied to it) can have put
+/// them there.
+pub(super) fn pod_chosen(
+    request: &CreateContainerGroupRequest,
+    own: OwnParameters<'_>,
+) -> Vec<String> {
+    let mut chosen: Vec<String> = [
+        (
+            "SecurityGroupId",
+            request.security_group_id.as_str(),
+            own.security_group,
+        ),
+        ("VSwitchId", request.v_switch_id.as_str(), own.vswitch),
+        ("RamRoleName", request.ram_role_name.as_str(), ""),
+        ("ResourceGroupId", request.resource_group_id.as_str(), ""),
+        ("EipInstanceId", request.eip_instance_id.as_str(), ""),
+        ("ImageSnapshotId", request.image_snapshot_id.as_str(), ""),
+    ]
+    .into_iter()
+    .filter(|(_, value, daemons)| value != daemons)
+    .map(|(name, value, _)| format!("{name} {value:?}"))
+    .collect();
+    if request.auto_create_eip {
+        chosen.push("AutoCreateEip true".to_owned());
+    }
+    chosen
+}
+
+/// Whose problem a refused create is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Blame {
+    /// The daemon's configuration: the node shows it, the pod waits for the fix.
+    Node(Problem),
+    /// A parameter the pod chose, which this account may not use: the pod's alone.
+    Pod,
+    /// A moment's (throttling, an outage): retry as it is.
+    Transient,
+    /// The request itself: retrying it unchanged will not help.
+    Request,
+}
+
+/// What one create answer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Judgement {
+    /// The monitor's name for the answer; `None`: it says nothing about the node.
+    pub(super) record_as: Option<&'static str>,
+    /// For a refusal, whose problem it is.
+    pub(super) blame: Option<Blame>,
+}
+
+/// Judges a create's `outcome`; `pod_chose`: the request carries [`pod_chosen`] parameters.
+/// Only the probe and creates with the daemon's own parameters speak for the node on
+/// permissions.
+pub(super) fn judge(outcome: Result<(), &EciError>, pod_chose: bool) -> Judgement {
+    let Err(error) = outcome else {
+        let record_as = if pod_chose {
+            CREATE_WITH_POD_PARAMETERS
+        } else {
+            CREATE
+        };
+        return Judgement {
+            record_as: Some(record_as),
+            blame: None,
+        };
+    };
+    let blame = match misconfig::classify(error) {
+        ErrorClass::Configuration(Problem::Permission) if pod_chose => Blame::Pod,
+        ErrorClass::Configuration(problem) => Blame::Node(problem),
+        ErrorClass::Transient => Blame::Transient,
+        ErrorClass::Request => Blame::Request,
+    };
+    Judgement {
+        record_as: matches!(blame, Blame::Node(_)).then_some(CREATE),
+        blame: Some(blame),
+    }
+}
+
+/// A create refused for parameters the pod chose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PodRefusal {
+    /// The service's code (`Forbidden.RAM`, …): the pod's reason.
+    pub(super) code: String,
+    /// The service's message.
+    pub(super) message: String,
+    /// The request id, for the log.
+    pub(super) request_id: String,
+    /// What the pod chose ([`pod_chosen`]).
+    pub(super) chosen: Vec<String>,
+}
+
+impl PodRefusal {
+    /// One line for the pod's condition and Event (without the request id, so it stays the
+    /// same while the refusal does).
+    pub(super) fn describe(&self) -> String {
+        format!(
+            "ECI refused {CREATE} with {}: {}. This pod chooses {} (by its annotations or a Selector's), which this Alibaba Cloud account or the daemon's RAM policy does not allow: remove or change it, or have an administrator grant it; the daemon keeps retrying with a growing back-off",
+            self.code,
+            self.message.trim_end_matches('.'),
+            self.chosen.join(", ")
+        )
+    }
+}
+
 impl PodController {
     /// What a CreateContainerGroup answer means: the group, or how the pod's creation failed.
+    /// `chosen`: the request's [`pod_chosen`] parameters.
     pub(super) fn judge_creation(
         &self,
         outcome: Result<CreateContainerGroupResponse, EciError>,
+        chosen: Vec<String>,
     ) -> Result<CreateContainerGroupResponse, Failure> {
-        self.inner
-            .misconfig
-            .record(CREATE, outcome.as_ref().map(|_| ()));
+        let judgement = judge(outcome.as_ref().map(|_| ()), !chosen.is_empty());
+        if let Some(action) = judgement.record_as {
+            self.inner
+                .misconfig
+                .record(action, outcome.as_ref().map(|_| ()));
+        }
         let error = match outcome {
             Ok(response) => return Ok(response),
             Err(error) => error,
         };
-        Err(match misconfig::classify(&error) {
-            ErrorClass::Configuration(_) => match misconfig::misconfiguration(CREATE, &error) {
+        Err(match judgement.blame {
+            Some(Blame::Node(_)) => match misconfig::misconfiguration(CREATE, &error) {
                 Some(found) => Failure::Misconfigured(found),
                 None => Failure::Retry(error.to_string()),
             },
-            ErrorClass::Transient => Failure::Retry(error.to_string()),
-            ErrorClass::Request => Failure::Permanent(error.to_string()),
+            // Pending and retried, not Failed: as ack-virtual-node (virtual-kubelet) keeps a
+            // pod whose creation the provider fails Pending and retries it. A permission is
+            // the account's to grant; once an administrator does, the pod runs as written.
+            Some(Blame::Pod) => Failure::Refused(PodRefusal {
+                code: error.code,
+                message: error.message,
+                request_id: error.request_id,
+                chosen,
+            }),
+            Some(Blame::Transient) | None => Failure::Retry(error.to_string()),
+            Some(Blame::Request) => Failure::Permanent(error.to_string()),
         })
     }
 
@@ -54,5 +201,182 @@ impl PodController {
         })
         .await;
         self.event(pod, EventType::Warning, reason, &message).await;
+    }
+
+    /// Shows a refusal of the pod's own parameters on the pod: Pending with the service's code
+    /// as reason, the `ContainerInstanceCreated=False` condition, a Warning Event. Once per
+    /// refusal, not at every retry.
+    pub(super) async fn explain_refusal(&self, pod: &Pod, uid: &str, refusal: &PodRefusal) {
+        let reason = refusal.code.as_str();
+        let message = refusal.describe();
+        warn!(code = %refusal.code, request_id = %refusal.request_id, chosen = ?refusal.chosen, "ECI refuses a parameter the pod chose; the pod waits");
+        let now = crate::k8s::rfc3339(std::time::SystemTime::now());
+        self.write_status(pod, |current| {
+            let mut status = from_eci::with_phase(current, "Pending", reason, &message);
+            let condition = json!({
+                "type": CONDITION, "status": "False", "reason": reason,
+                "message": message, "lastTransitionTime": now,
+            });
+            match status["conditions"].as_array_mut() {
+                Some(conditions) => conditions.push(condition),
+                None => status["conditions"] = json!([condition]),
+            }
+            Some(status)
+        })
+        .await;
+        // Not the group's state: once a group exists, its state is written over this.
+        if let Some(entry) = self.tracked().get_mut(uid) {
+            entry.applied = None;
+            entry.written = None;
+        }
+        self.event(pod, EventType::Warning, reason, &message).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_daemons_own_parameters_speak_for_the_node() {
+        use Blame::{Node, Pod, Request, Transient};
+        use Problem::{Account, ClockSkew, Credentials, NotEci, Permission};
+        let own = Some(CREATE);
+        let cases: [(&str, bool, Option<&str>, Blame); 16] = [
+            ("Forbidden.RAM", false, own, Node(Permission)),
+            ("Forbidden.RAM", true, None, Pod),
+            ("NoPermission", true, None, Pod),
+            ("Forbidden.NoPermission", true, None, Pod),
+            ("ActionUnauthorized", true, None, Pod),
+            ("NoPermission", false, own, Node(Permission)),
+            // Not a pod's parameter's doing, whatever the pod carries.
+            ("InvalidAccessKeyId.NotFound", true, own, Node(Credentials)),
+            ("SignatureDoesNotMatch", true, own, Node(Credentials)),
+            ("InvalidTimeStamp.Expired", true, own, Node(ClockSkew)),
+            ("Account.Arrearage", true, own, Node(Account)),
+            ("SDK.ForeignResponse", true, own, Node(NotEci)),
+            // Nothing about the node either way.
+            ("Throttling.User", true, None, Transient),
+            ("ServiceUnavailable", false, None, Transient),
+            ("InvalidParameter", false, None, Request),
+            ("InvalidSecurityGroupId.NotFound", true, None, Request),
+            ("Forbidden.InstanceNotFound", true, None, Request),
+        ];
+        for (code, pod_chose, record_as, blame) in cases {
+            let error = EciError::new(code, "m");
+            assert_eq!(
+                judge(Err(&error), pod_chose),
+                Judgement {
+                    record_as,
+                    blame: Some(blame)
+                },
+                "{code}, pod chose: {pod_chose}"
+            );
+        }
+        // A success with the pod's parameters clears credentials and the like, not the
+        // daemon's own create permission.
+        for (pod_chose, record_as) in [(false, CREATE), (true, CREATE_WITH_POD_PARAMETERS)] {
+            assert_eq!(
+                judge(Ok(()), pod_chose),
+                Judgement {
+                    record_as: Some(record_as),
+                    blame: None
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn a_success_with_pod_parameters_does_not_clear_the_daemons_permission_refusal() {
+        let mut refusals = misconfig::Refusals::default();
+        refusals.record(CREATE, Err(&EciError::new("Forbidden.RAM", "no")));
+        refusals.record(CREATE_WITH_POD_PARAMETERS, Ok(()));
+        assert_eq!(
+            refusals.current().map(|m| m.problem),
+            Some(Problem::Permission)
+        );
+        // Credentials concern every call: the pod's success proves them.
+        let probe = "DescribeContainerGroupStatus";
+        refusals.record(probe, Err(&EciError::new("SignatureDoesNotMatch", "no")));
+        assert_eq!(
+            refusals.current().map(|m| m.problem),
+            Some(Problem::Credentials)
+        );
+        refusals.record(CREATE_WITH_POD_PARAMETERS, Ok(()));
+        assert_eq!(
+            refusals.current().map(|m| m.problem),
+            Some(Problem::Permission)
+        );
+        refusals.record(CREATE, Ok(()));
+        assert_eq!(refusals.current(), None);
+    }
+
+    #[test]
+    fn the_pods_choices_are_what_differs_from_the_daemons_own() {
+        let own = OwnParameters {
+            vswitch: "vsw-a,vsw-b",
+            security_group: "sg-own",
+        };
+        let daemons = CreateContainerGroupRequest {
+            v_switch_id: "vsw-a,vsw-b".into(),
+            security_group_id: "sg-own".into(),
+            ..CreateContainerGroupRequest::default()
+        };
+        let with = |change: fn(&mut CreateContainerGroupRequest)| {
+            let mut request = daemons.clone();
+            change(&mut request);
+            pod_chosen(&request, own)
+        };
+        type Change = fn(&mut CreateContainerGroupRequest);
+        let cases: [(Change, &[&str]); 9] = [
+            (|_| {}, &[]),
+            (
+                |r| r.ram_role_name = "Admin".into(),
+                &["RamRoleName \"Admin\""],
+            ),
+            (
+                |r| r.security_group_id = "sg-x".into(),
+                &["SecurityGroupId \"sg-x\""],
+            ),
+            (|r| r.v_switch_id = "vsw-a".into(), &["VSwitchId \"vsw-a\""]),
+            (
+                |r| r.resource_group_id = "rg-1".into(),
+                &["ResourceGroupId \"rg-1\""],
+            ),
+            (
+                |r| r.eip_instance_id = "eip-1".into(),
+                &["EipInstanceId \"eip-1\""],
+            ),
+            (|r| r.auto_create_eip = true, &["AutoCreateEip true"]),
+            (
+                |r| r.image_snapshot_id = "imc-1".into(),
+                &["ImageSnapshotId \"imc-1\""],
+            ),
+            // Instance sizes and spot settings are no identity: a refusal is about stock.
+            (|r| r.spot_strategy = "SpotAsPriceGo".into(), &[]),
+        ];
+        for (change, expected) in cases {
+            assert_eq!(with(change), expected);
+        }
+    }
+
+    #[test]
+    fn the_refusal_names_code_message_and_the_pods_choice() {
+        let refusal = PodRefusal {
+            code: "Forbidden.RAM".into(),
+            message: "User not authorized.".into(),
+            request_id: "R-1".into(),
+            chosen: vec!["RamRoleName \"Admin\"".into()],
+        };
+        let text = refusal.describe();
+        for part in [
+            "Forbidden.RAM",
+            "User not authorized",
+            "RamRoleName \"Admin\"",
+            "retrying",
+        ] {
+            assert!(text.contains(part), "{part} in {text}");
+        }
+        assert!(!text.contains("R-1"));
     }
 }
