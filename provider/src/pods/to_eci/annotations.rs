@@ -156,7 +156,7 @@ pub const TABLE: &[Entry] = &[
         |v, r| number::<f64>(v, "a price per hour")
             .and_then(non_negative)
             .map(|p| r.spot_price_limit = Some(p)),
-        "a price per hour (0 or more, up to 3 decimals)",
+        "a price per hour (0 or more)",
         "0.25"
     ),
     mapped!(
