@@ -36,8 +36,7 @@ fn pod(annotations: &BTreeMap<&str, &str>) -> Pod {
 /// What the client sends for the pod: (parameter as names.tsv writes it, value), as a multiset.
 fn sent(annotations: &BTreeMap<&str, &str>) -> BTreeSet<(String, String)> {
     let dns = vec!["10.96.0.10".to_owned()];
-    let (none_cm, none_secret, none_tokens) =
-        (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    let (none_cm, none_secret, none_tokens) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     let cx = Context {
         region: "cn-hangzhou",
         vswitch: "vsw-default",
@@ -102,7 +101,12 @@ fn mapped_annotations_send_exactly_their_documented_parameters() {
             .symmetric_difference(&after)
             .map(|(key, _)| key.as_str())
             .collect();
-        assert!(!changed.is_empty(), "{}={} changes nothing sent", entry.key, entry.example);
+        assert!(
+            !changed.is_empty(),
+            "{}={} changes nothing sent",
+            entry.key,
+            entry.example
+        );
         let listed: BTreeSet<&str> = parameters.iter().copied().collect();
         assert!(
             changed.is_subset(&listed),
@@ -129,14 +133,23 @@ fn render() -> String {
                 format!("mapped to {}", names.join(", "))
             }
             Outcome::NotDriven(what) => {
-                format!("**not driven** (Warning Event `AnnotationNotHonoured`, the group is still created): {what}")
+                format!(
+                    "**not driven** (Warning Event `AnnotationNotHonoured`, the group is still created): {what}"
+                )
             }
             Outcome::NotYetHonoured { why, .. } => {
                 format!("**checked, not honoured** (Warning Event `AnnotationNotHonoured`): {why}")
             }
             Outcome::WrittenBack(from) => format!("written back by the daemon: {from}"),
         };
-        writeln!(out, "| `{}` | {} | {} |", entry.key, cell(&what), cell(entry.accepts)).unwrap();
+        writeln!(
+            out,
+            "| `{}` | {} | {} |",
+            entry.key,
+            cell(&what),
+            cell(entry.accepts)
+        )
+        .unwrap();
     }
     out.push('\n');
     out.push_str(END);
@@ -147,8 +160,13 @@ fn render() -> String {
 fn the_compatibility_page_lists_every_annotation_as_the_table_says() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(PAGE);
     let page = std::fs::read_to_string(&path).unwrap();
-    let start = page.find(BEGIN).expect("the page has the generated table's start marker");
-    let end = page[start..].find(END).map(|e| start + e + END.len()).expect("end marker");
+    let start = page
+        .find(BEGIN)
+        .expect("the page has the generated table's start marker");
+    let end = page[start..]
+        .find(END)
+        .map(|e| start + e + END.len())
+        .expect("end marker");
     let wanted = render();
     if page[start..end] == wanted {
         return;
@@ -158,5 +176,7 @@ fn the_compatibility_page_lists_every_annotation_as_the_table_says() {
         std::fs::write(&path, updated).unwrap();
         return;
     }
-    panic!("{PAGE}'s annotation table is out of date: UPDATE_GENERATED=1 cargo test -p virtual-node-eci --test annotations");
+    panic!(
+        "{PAGE}'s annotation table is out of date: UPDATE_GENERATED=1 cargo test -p virtual-node-eci --test annotations"
+    );
 }
