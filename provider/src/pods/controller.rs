@@ -45,7 +45,7 @@ use crate::ops::metrics::Telemetry;
 use crate::pods::from_eci;
 use crate::pods::to_eci::naming;
 use crate::pods::workqueue::WorkQueue;
-use create::CreateJob;
+use create::{CreateJob, WriteBack};
 
 /// Annotation recording the pod's ECI instance.
 pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
@@ -190,7 +190,7 @@ struct Inner {
     /// Pods waiting for their group to be created, by pod UID.
     creations: WorkQueue<String, CreateJob>,
     /// Group ids to record on their pods (namespace and name), by pod UID.
-    annotations: WorkQueue<String, ((String, String), String)>,
+    annotations: WorkQueue<String, ((String, String), WriteBack)>,
     /// Group states waiting to be applied to their pods, by pod UID.
     statuses: WorkQueue<String, (ContainerGroupStatus, u64)>,
     /// Pods whose status must be written again though their group did not change (a readiness
@@ -549,7 +549,7 @@ impl PodController {
                         warn!(pod = %pod_key(&pod), shown = ?shown, eci_id = %id, "the pod's instance-id annotation was changed; writing the pod's own group back");
                     }
                     entry.annotated = true;
-                    let record = (pod_key_parts(&pod), id.clone());
+                    let record = (pod_key_parts(&pod), WriteBack::new(id, ""));
                     self.inner.annotations.push(uid.clone(), record);
                 }
             }
@@ -631,6 +631,8 @@ enum Action {
 enum Failure {
     Retry(String),
     Permanent(String),
+    /// A pod annotation's value is malformed (the message names it): never created.
+    InvalidAnnotation(String),
     /// ECI refuses the daemon's configuration: not the pod's fault; it waits.
     Misconfigured(crate::eci::misconfig::Misconfiguration),
     /// ECI refuses a parameter the pod chose: the pod's alone; it waits and is retried.
@@ -640,7 +642,9 @@ enum Failure {
 impl Failure {
     fn message(&self) -> String {
         match self {
-            Self::Retry(message) | Self::Permanent(message) => message.clone(),
+            Self::Retry(message) | Self::Permanent(message) | Self::InvalidAnnotation(message) => {
+                message.clone()
+            }
             Self::Misconfigured(found) => found.describe(),
             Self::Refused(refusal) => refusal.describe(),
         }

@@ -369,6 +369,30 @@ pub fn create_container_group(r: &CreateContainerGroupRequest) -> Form {
     form.flag("AutoCreateEip", r.auto_create_eip);
     form.flag("DryRun", r.dry_run);
     form.optional("EphemeralStorage", r.ephemeral_storage);
+    form.text("ScheduleStrategy", &r.schedule_strategy);
+    form.strings("ComputeCategory", &r.compute_category);
+    form.text("GpuDriverVersion", &r.gpu_driver_version);
+    form.optional("StrictSpot", r.strict_spot);
+    form.optional("EipBandwidth", r.eip_bandwidth);
+    form.text("EipCommonBandwidthPackage", &r.eip_common_bandwidth_package);
+    form.text("EipISP", &r.eip_isp);
+    form.optional("Ipv6AddressCount", r.ipv6_address_count);
+    form.text("PrivateIpAddress", &r.private_ip_address);
+    form.text("FixedIp", &r.fixed_ip);
+    form.strings("NtpServer", &r.ntp_server);
+    form.text("CorePattern", &r.core_pattern);
+    form.optional("IngressBandwidth", r.ingress_bandwidth);
+    form.optional("EgressBandwidth", r.egress_bandwidth);
+    form.list("AcrRegistryInfo", &r.acr_registry_info, |form, acr| {
+        form.text("InstanceId", &acr.instance_id);
+        form.text("InstanceName", &acr.instance_name);
+        form.text("RegionId", &acr.region_id);
+        form.strings("Domain", &acr.domain);
+        form.text("ArnService", &acr.arn_service);
+        form.text("ArnUser", &acr.arn_user);
+    });
+    form.text("PlainHttpRegistry", &r.plain_http_registry);
+    form.text("InsecureRegistry", &r.insecure_registry);
     form
 }
 

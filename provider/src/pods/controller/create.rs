@@ -23,12 +23,32 @@ use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
     misconfigured, pod_key, pod_key_parts,
 };
-use crate::pods::to_eci::{self, Context, naming};
+use crate::pods::to_eci::{self, Context, annotations, naming};
 use crate::pods::{from_eci, refs};
 
 /// Event reason: the group was created, but ECI cannot do all the pod asks (see
 /// [`to_eci::limits`]).
 pub(super) const NOT_FULLY_SUPPORTED: &str = "NotFullySupportedOnECI";
+
+/// The condition ack-virtual-node users watch for creation (also written by `gate.rs`).
+const INSTANCE_CREATED: &str = "ContainerInstanceCreated";
+
+/// What the daemon writes on a pod once its group exists: the group's id and what the
+/// creation's answer said (see [`annotations::written_back`]), in one metadata patch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct WriteBack(BTreeMap<&'static str, String>);
+
+impl WriteBack {
+    /// From the creation's answer (`request_id` empty when it is not known: a group adopted
+    /// after a restart).
+    pub(super) fn new(group_id: &str, request_id: &str) -> Self {
+        Self(annotations::written_back(group_id, request_id))
+    }
+
+    fn group_id(&self) -> &str {
+        self.0.get(INSTANCE_ANNOTATION).map_or("", String::as_str)
+    }
+}
 
 /// Failed creation attempts after which the pod says why it is still Pending (once; the
 /// daemon keeps trying).
@@ -223,7 +243,8 @@ impl PodController {
                 }
             };
             match self.try_create(&pod, uid).await {
-                Ok(id) => {
+                Ok(created) => {
+                    let id = created.group_id().to_owned();
                     self.inner
                         .telemetry
                         .pod_create_seconds
@@ -249,7 +270,13 @@ impl PodController {
                     info!(eci_id = %id, "created container group");
                     self.inner
                         .annotations
-                        .push(uid.to_owned(), (pod_key_parts(&pod), id));
+                        .push(uid.to_owned(), (pod_key_parts(&pod), created));
+                    let unused = annotations::notices(&pod.annotations().clone());
+                    if !unused.is_empty() {
+                        // Created without them: the author hears which and why.
+                        self.event(&pod, EventType::Warning, annotations::NOT_HONOURED, &unused.join("; "))
+                            .await;
+                    }
                     let limits = to_eci::limits(&pod);
                     if !limits.is_empty() {
                         // The group runs, but not exactly as asked: never silently.
@@ -271,6 +298,11 @@ impl PodController {
                 Err(Failure::Permanent(message)) => {
                     warn!(%message, "this pod cannot run on ECI");
                     self.set_provider_failed(&pod, &message, true).await;
+                    None
+                }
+                Err(Failure::InvalidAnnotation(message)) => {
+                    warn!(%message, "the pod's annotation is malformed; not creating its group");
+                    self.set_invalid_annotation(&pod, &message).await;
                     None
                 }
                 Err(Failure::Misconfigured(found)) => {
@@ -300,7 +332,7 @@ impl PodController {
         .await
     }
 
-    pub(super) async fn try_create(&self, pod: &Pod, uid: &str) -> Result<String, Failure> {
+    pub(super) async fn try_create(&self, pod: &Pod, uid: &str) -> Result<WriteBack, Failure> {
         let namespace = pod.namespace().unwrap_or_default();
         let refs = refs::references(pod);
         let config_maps = self
@@ -356,7 +388,9 @@ impl PodController {
         };
         let request = to_eci::translate(pod, &cx).map_err(|rejection| {
             let message = rejection.to_string();
-            if rejection.retryable {
+            if annotations::rejected_annotation(&rejection).is_some() {
+                Failure::InvalidAnnotation(message)
+            } else if rejection.retryable {
                 Failure::Retry(message)
             } else {
                 Failure::Permanent(message)
@@ -380,7 +414,10 @@ impl PodController {
                 .tokens
                 .track(pod, &response.container_group_id, due);
         }
-        Ok(response.container_group_id)
+        Ok(WriteBack::new(
+            &response.container_group_id,
+            &response.request_id,
+        ))
     }
 
     /// ECI refuses a `ClientToken` reused with other parameters (`IdempotentParameterMismatch`),
@@ -494,8 +531,8 @@ impl PodController {
             .serve(
                 ANNOTATION_WRITERS,
                 &stop,
-                move |uid, (key, id)| async move {
-                    if !this.annotate(&key, &uid, &id).await {
+                move |uid, (key, back)| async move {
+                    if !this.annotate(&key, &uid, &back).await {
                         // The next event for the pod tries again.
                         if let Some(entry) = this.tracked().get_mut(&uid) {
                             entry.annotated = false;
@@ -507,13 +544,20 @@ impl PodController {
         Ok(())
     }
 
-    /// Whether the id is now recorded on the pod with `uid` (or that pod is gone).
-    async fn annotate(&self, (namespace, name): &(String, String), uid: &str, id: &str) -> bool {
+    /// Whether the group's id (and what else the creation's answer gave, see [`WriteBack`]) is
+    /// now recorded on the pod with `uid` (or that pod is gone): one patch per pod.
+    async fn annotate(
+        &self,
+        (namespace, name): &(String, String),
+        uid: &str,
+        back: &WriteBack,
+    ) -> bool {
+        let id = back.group_id();
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
         self.inner.telemetry.kube_request("pod_annotate");
         // The uid is a precondition: a pod recreated under the name is another pod, whose
         // group this is not (the apiserver refuses to change a uid).
-        let patch = json!({"metadata": {"uid": uid, "annotations": {INSTANCE_ANNOTATION: id}}});
+        let patch = json!({"metadata": {"uid": uid, "annotations": back.0}});
         match api
             .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
@@ -526,6 +570,38 @@ impl PodController {
                 false
             }
         }
+    }
+
+    /// A malformed annotation: the pod is Failed with the condition ACK users watch
+    /// (`ContainerInstanceCreated=False`, reason `InvalidAnnotation`, the message naming the
+    /// annotation and what it accepts) and a Warning Event; nothing is created.
+    async fn set_invalid_annotation(&self, pod: &Pod, message: &str) {
+        let now = crate::k8s::rfc3339(std::time::SystemTime::now());
+        self.write_status(pod, |current| {
+            let mut status = from_eci::with_phase(current, "Failed", annotations::INVALID, message);
+            let condition = json!({
+                "type": INSTANCE_CREATED, "status": "False", "reason": annotations::INVALID,
+                "message": message, "lastTransitionTime": now,
+            });
+            let conditions = status["conditions"].as_array_mut();
+            match conditions {
+                Some(list) => {
+                    list.retain(|c| c["type"] != INSTANCE_CREATED);
+                    list.push(condition);
+                }
+                None => status["conditions"] = json!([condition]),
+            }
+            Some(status)
+        })
+        .await;
+        if let Some(uid) = pod.uid()
+            && let Some(entry) = self.tracked().get_mut(&uid)
+        {
+            entry.applied = None;
+            entry.written = None;
+        }
+        self.event(pod, EventType::Warning, annotations::INVALID, message)
+            .await;
     }
 
     pub(super) async fn set_provider_failed(&self, pod: &Pod, message: &str, permanent: bool) {
@@ -564,5 +640,13 @@ mod tests {
         // The first attempt's answer was lost, yet the group exists and the status poll found
         // it (the fault suite's lost_create_answers case stranded pods in Pending this way).
         assert!((0..10).all(|a| !report_failure(a, true)));
+    }
+
+    #[test]
+    fn the_write_back_carries_the_group_id_under_the_instance_annotation() {
+        let back = WriteBack::new("eci-1", "req-1");
+        assert_eq!(back.group_id(), "eci-1");
+        assert_eq!(back.0.len(), 2, "{back:?}");
+        assert_eq!(WriteBack::new("eci-2", "").group_id(), "eci-2");
     }
 }

@@ -2,6 +2,7 @@
 //! Secrets the pod references (and the service account tokens its projected volumes ask for),
 //! takes the Services from its cache, and passes them in [`Context`].
 
+pub mod annotations;
 mod container;
 mod downward;
 mod env;
@@ -12,7 +13,6 @@ mod volumes;
 
 pub(crate) use volumes::has_token;
 
-use crate::k8s::quantity;
 use std::collections::BTreeMap;
 
 use std::sync::Arc;
@@ -27,30 +27,9 @@ use serde_json::Value;
 
 use crate::pods::refs::{Token, TokenSource};
 
-/// Pod annotation: `vCPU-memory` pairs and/or ECS instance types for the group.
-pub const ANNOTATION_USE_SPECS: &str = "k8s.aliyun.com/eci-use-specs";
-/// Annotations: spot instances.
-pub const ANNOTATION_SPOT_STRATEGY: &str = "k8s.aliyun.com/eci-spot-strategy";
-/// Spot price limit.
-pub const ANNOTATION_SPOT_PRICE_LIMIT: &str = "k8s.aliyun.com/eci-spot-price-limit";
-/// Spot protection duration (hours).
-pub const ANNOTATION_SPOT_DURATION: &str = "k8s.aliyun.com/eci-spot-duration";
-/// Automatic image cache matching.
-pub const ANNOTATION_AUTO_IMC: &str = "k8s.aliyun.com/eci-auto-imc";
-/// Automatic image cache matching (older name).
-pub const ANNOTATION_IMAGE_CACHE: &str = "k8s.aliyun.com/eci-image-cache";
-/// A specific image cache.
-pub const ANNOTATION_IMC_ID: &str = "k8s.aliyun.com/eci-imc-id";
-/// vSwitch override.
-pub const ANNOTATION_VSWITCH: &str = "k8s.aliyun.com/eci-vswitch";
-/// Security group override.
-pub const ANNOTATION_SECURITY_GROUP: &str = "k8s.aliyun.com/eci-security-group";
-/// RAM role.
-pub const ANNOTATION_RAM_ROLE: &str = "k8s.aliyun.com/eci-ram-role-name";
-/// Resource group.
-pub const ANNOTATION_RESOURCE_GROUP: &str = "k8s.aliyun.com/eci-resource-group-id";
-/// An EIP: `true` creates one.
-pub const ANNOTATION_WITH_EIP: &str = "k8s.aliyun.com/eci-with-eip";
+/// Pod annotation: `vCPU-memory` pairs and/or ECS instance types for the group (what every
+/// annotation does: [`annotations::TABLE`]).
+pub const ANNOTATION_USE_SPECS: &str = annotations::USE_SPECS;
 /// ClusterIP Service access from the group (`true`/`false`): ack-virtual-node's pod annotation.
 /// On a pod it overrides `ECI_KUBE_PROXY`; the group carries the decision as a tag of the same
 /// key (the public CreateContainerGroup has no parameter for it).
@@ -203,37 +182,17 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
         init_containers.push(init);
     }
     let annotations = meta.annotations.clone().unwrap_or_default();
-    let annotation = |key: &str| {
-        annotations
-            .get(key)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
-    };
-    let kube_proxy = match annotation(ANNOTATION_KUBE_PROXY) {
-        None => cx.kube_proxy,
-        Some("true") => true,
-        Some("false") => false,
-        Some(other) => {
-            return Err(reject(
-                &format!("metadata.annotations[{ANNOTATION_KUBE_PROXY}]"),
-                format!("{other:?} is neither \"true\" nor \"false\""),
-            ));
-        }
-    };
     let mut tags = naming::tags(cx.cluster_name, cx.node_name, &namespace, &name, &uid);
+    // The pod's `eci-kube-proxy-enabled` replaces it (see `annotations`).
     tags.push(Tag {
         key: ANNOTATION_KUBE_PROXY.to_owned(),
-        value: kube_proxy.to_string(),
+        value: cx.kube_proxy.to_string(),
     });
     let dns_config = dns(pod, cx)?;
     let mut request = CreateContainerGroupRequest {
         region_id: cx.region.to_owned(),
-        security_group_id: annotation(ANNOTATION_SECURITY_GROUP)
-            .unwrap_or(cx.security_group)
-            .to_owned(),
-        v_switch_id: annotation(ANNOTATION_VSWITCH)
-            .unwrap_or(cx.vswitch)
-            .to_owned(),
+        security_group_id: cx.security_group.to_owned(),
+        v_switch_id: cx.vswitch.to_owned(),
         container_group_name: naming::container_group_name(&namespace, &name),
         restart_policy: spec
             .restart_policy
@@ -258,48 +217,14 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
         client_token: uid,
         active_deadline_seconds: spec.active_deadline_seconds,
         termination_grace_period_seconds: Some(spec.termination_grace_period_seconds.unwrap_or(30)),
-        ram_role_name: annotation(ANNOTATION_RAM_ROLE)
-            .unwrap_or_default()
-            .to_owned(),
-        resource_group_id: annotation(ANNOTATION_RESOURCE_GROUP)
-            .unwrap_or_default()
-            .to_owned(),
-        auto_create_eip: annotation(ANNOTATION_WITH_EIP) == Some("true"),
-        auto_match_image_cache: annotation(ANNOTATION_AUTO_IMC)
-            .or(annotation(ANNOTATION_IMAGE_CACHE))
-            == Some("true"),
-        image_snapshot_id: annotation(ANNOTATION_IMC_ID).unwrap_or_default().to_owned(),
         host_name: hostname(pod, cx),
         security_context: sysctls(spec.security_context.as_ref())?,
         share_process_namespace: spec.share_process_namespace == Some(true),
         ..CreateContainerGroupRequest::default()
     };
-    if let Some(strategy) = annotation(ANNOTATION_SPOT_STRATEGY) {
-        request.spot_strategy = strategy.to_owned();
-        request.spot_price_limit = annotation(ANNOTATION_SPOT_PRICE_LIMIT)
-            .map(|p| {
-                p.parse::<f64>().map_err(|_| {
-                    reject(
-                        &format!("metadata.annotations[{ANNOTATION_SPOT_PRICE_LIMIT}]"),
-                        format!("{p:?} is not a price"),
-                    )
-                })
-            })
-            .transpose()?;
-        request.spot_duration = annotation(ANNOTATION_SPOT_DURATION)
-            .map(|d| {
-                d.parse::<i32>().map_err(|_| {
-                    reject(
-                        &format!("metadata.annotations[{ANNOTATION_SPOT_DURATION}]"),
-                        format!("{d:?} is not a number of hours"),
-                    )
-                })
-            })
-            .transpose()?;
-    }
-    if let Some(specs) = annotation(ANNOTATION_USE_SPECS) {
-        apply_use_specs(&mut request, specs)?;
-    }
+    // Last: `eci-use-specs` sizes against the containers, and the pod's annotations override
+    // the daemon's defaults set above.
+    annotations::apply(&annotations, &mut request)?;
     Ok(request)
 }
 
@@ -433,57 +358,6 @@ fn dns_policy(pod: &Pod, have_config: bool) -> &'static str {
 /// refresh hands to the running group (`UpdateContainerGroup`).
 pub fn token_volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, Rejection> {
     volumes::token_volumes(pod, cx)
-}
-
-/// `eci-use-specs`: the first `vCPU-memory` pair sets the group size (and must fit the
-/// containers); ECS types are passed as `InstanceType` when no pair is given.
-fn apply_use_specs(
-    request: &mut CreateContainerGroupRequest,
-    specs: &str,
-) -> Result<(), Rejection> {
-    let at = format!("metadata.annotations[{ANNOTATION_USE_SPECS}]");
-    let mut types = Vec::new();
-    for entry in specs.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        if entry.starts_with("ecs.") {
-            types.push(entry.to_owned());
-            continue;
-        }
-        let (cpu, memory) = entry.split_once('-').ok_or_else(|| {
-            reject(
-                &at,
-                format!(
-                    "{entry:?} is neither a vCPU-memory pair (2-4Gi) nor an ECS type (ecs.c6.large)"
-                ),
-            )
-        })?;
-        let cpu: f64 = cpu
-            .parse()
-            .map_err(|_| reject(&at, format!("{entry:?}: {cpu:?} is not a number of vCPUs")))?;
-        let memory = quantity::parse(memory).map_err(|e| reject(&at, e.to_string()))?;
-        let memory = if memory < 1024.0 {
-            memory
-        } else {
-            quantity::gib(memory)
-        };
-        if request.cpu.is_none() {
-            let need_cpu: f64 = request.container.iter().filter_map(|c| c.cpu).sum();
-            let need_memory: f64 = request.container.iter().filter_map(|c| c.memory).sum();
-            if need_cpu > cpu + 1e-9 || need_memory > memory + 1e-9 {
-                return Err(reject(
-                    &at,
-                    format!(
-                        "{entry} is smaller than the containers need ({need_cpu} vCPU, {need_memory} GiB)"
-                    ),
-                ));
-            }
-            request.cpu = Some(cpu);
-            request.memory = Some(memory);
-        }
-    }
-    if request.cpu.is_none() && !types.is_empty() {
-        request.instance_type = types.join(",");
-    }
-    Ok(())
 }
 
 /// DNS: `ClusterFirst` (the default) points at the cluster DNS with the usual search path;

@@ -1,0 +1,289 @@
+//! End to end on the real control plane with mock-eci's OpenAPI front (which decodes the
+//! signed flat parameters on its own and refuses names the service does not define): every
+//! mapped annotation of the table (`pods::to_eci::annotations::TABLE`), one pod each with its
+//! example value, reaches mock-eci as the parameters the table names — what mock-eci recorded
+//! (`/admin/groups/{id}/request`) holds what the annotation adds to the request. The pod gets
+//! the creation's answer written back (`eci-instance-id`, `eci-request-id`) in its one
+//! annotation write. A malformed value fails the pod (condition `ContainerInstanceCreated`
+//! False, reason `InvalidAnnotation`, Warning Event, no group); an annotation the daemon does
+//! not drive is named in a Warning Event and the group is still created.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use integration::harness::{EciApi, Harness, HarnessError};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+use virtual_node_eci::pods::to_eci::annotations::{INSTANCE_ID, Outcome, REQUEST_ID, TABLE};
+use virtual_node_eci::pods::to_eci::{self, Context};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// What an annotation needs beside it to mean anything (as in `tests/annotations.rs`).
+fn companions(key: &str) -> BTreeMap<&'static str, &'static str> {
+    match key {
+        "k8s.aliyun.com/acr-service-arns" | "k8s.aliyun.com/acr-user-arns" => {
+            BTreeMap::from([("k8s.aliyun.com/acr-instance-ids", "cri-1")])
+        }
+        "k8s.aliyun.com/eci-spot-price-limit" | "k8s.aliyun.com/eci-spot-duration" => {
+            BTreeMap::from([("k8s.aliyun.com/eci-spot-strategy", "SpotAsPriceGo")])
+        }
+        "k8s.aliyun.com/eci-spot-strategy" => {
+            BTreeMap::from([("k8s.aliyun.com/eci-spot-price-limit", "0.5")])
+        }
+        _ => BTreeMap::new(),
+    }
+}
+
+fn pod(name: &str, node: &str, annotations: &BTreeMap<&str, &str>) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+            "containers": [{"name": "app", "image": "registry.example.com/app:1",
+                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}],
+        },
+    }))
+    .unwrap()
+}
+
+/// The request the daemon's translation makes of `pod`, locally (only the difference two
+/// such requests make is compared with what mock-eci recorded).
+fn translated(pod: &Pod) -> Value {
+    let mut pod = pod.clone();
+    pod.metadata.namespace = Some("ns".into());
+    pod.metadata.uid = Some("u-1".into());
+    let dns = vec!["10.96.0.10".to_owned()];
+    let (cms, secrets, tokens) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    let cx = Context {
+        region: "cn-hangzhou",
+        vswitch: "vsw-default",
+        security_group: "sg-default",
+        cluster_name: "c1",
+        node_name: "n",
+        cluster_dns: &dns,
+        cluster_domain: "cluster.local",
+        config_maps: &cms,
+        secrets: &secrets,
+        service_account_tokens: &tokens,
+        default_spec: (2.0, 4.0),
+        apiserver: None,
+        services: &[],
+        kube_proxy: true,
+    };
+    serde_json::to_value(to_eci::translate(&pod, &cx).unwrap()).unwrap()
+}
+
+/// Checks that `received` holds what `with` adds to `without`: changed scalars equal, added
+/// list elements present, objects member by member.
+fn holds(with: &Value, without: &Value, received: &Value, at: &str) -> Result<(), String> {
+    match (with, without) {
+        (Value::Object(w), _) => {
+            for (key, value) in w {
+                let before = without.get(key).unwrap_or(&Value::Null);
+                if value != before {
+                    let got = received.get(key).unwrap_or(&Value::Null);
+                    holds(value, before, got, &format!("{at}.{key}"))?;
+                }
+            }
+            Ok(())
+        }
+        (Value::Array(w), _) => {
+            let before = without.as_array().cloned().unwrap_or_default();
+            let got = received.as_array().cloned().unwrap_or_default();
+            match w.iter().find(|e| !before.contains(e) && !got.contains(e)) {
+                Some(missing) => Err(format!("{at}: {missing} not in {received}")),
+                None => Ok(()),
+            }
+        }
+        _ if with == received => Ok(()),
+        _ => Err(format!("{at}: sent {with}, mock-eci recorded {received}")),
+    }
+}
+
+async fn created_with(admin: &str, id: &str) -> Value {
+    reqwest::get(format!("{admin}/admin/groups/{id}/request"))
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn group_count(admin: &str) -> usize {
+    let groups: Vec<Value> = reqwest::get(format!("{admin}/admin/groups"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    groups.len()
+}
+
+async fn wait_event(
+    h: &Harness,
+    ns: &str,
+    name: &str,
+    reason: &str,
+    naming: &str,
+) -> Result<(), HarnessError> {
+    let events: Api<Event> = Api::namespaced(h.client(), ns);
+    h.wait_for(
+        &format!("a Warning Event {reason} on {name} naming {naming}"),
+        WAIT,
+        |_| {
+            let events = events.clone();
+            async move {
+                events.list(&Default::default()).await.is_ok_and(|list| {
+                    list.items.iter().any(|e| {
+                        e.involved_object.name.as_deref() == Some(name)
+                            && e.type_.as_deref() == Some("Warning")
+                            && e.reason.as_deref() == Some(reason)
+                            && e.message.as_deref().is_some_and(|m| m.contains(naming))
+                    })
+                })
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mapped_annotation_reaches_eci_and_the_others_are_reported() {
+    let mut h = Harness::start().await.expect("the harness starts");
+    h.use_eci_api(EciApi::OpenApi);
+    let result = scenario(&mut h).await;
+    if result.is_err() {
+        eprintln!("{}", h.dump().await);
+    }
+    h.shutdown(Duration::from_secs(10)).await;
+    result.unwrap();
+}
+
+async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
+    let ns = h.create_namespace("annotations").await?;
+    let mock = h
+        .start_mock_eci(&[
+            "--provisioning-delay",
+            "300ms",
+            "--scheduling-delay",
+            "50ms",
+        ])
+        .await?;
+    h.start_daemon(
+        0,
+        &[
+            ("POD_STATUS_POLL_INTERVAL", "250ms"),
+            ("POD_RESYNC_INTERVAL", "2s"),
+        ],
+    )?;
+    let node = h.node_name(0);
+    let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+    let create = PostParams::default();
+    let mut cases = Vec::new();
+    for (index, entry) in TABLE.iter().enumerate() {
+        if !matches!(entry.outcome, Outcome::Mapped { .. }) {
+            continue;
+        }
+        let without = companions(entry.key);
+        let mut with = without.clone();
+        with.insert(entry.key, entry.example);
+        let name = format!("mapped-{index}");
+        pods.create(&create, &pod(&name, &node, &with)).await?;
+        cases.push((
+            name,
+            entry.key,
+            translated(&pod("x", &node, &with)),
+            translated(&pod("x", &node, &without)),
+        ));
+    }
+    let malformed = BTreeMap::from([("k8s.aliyun.com/eci-spot-strategy", "Spot")]);
+    pods.create(&create, &pod("malformed", &node, &malformed))
+        .await?;
+    let undriven = BTreeMap::from([("k8s.aliyun.com/eci-instance-family", "ecs.c6")]);
+    pods.create(&create, &pod("undriven", &node, &undriven))
+        .await?;
+
+    for (name, key, with, without) in &cases {
+        let pod = h
+            .wait_pod(
+                &ns,
+                name,
+                "its group's id and request id written back",
+                WAIT,
+                |p| {
+                    p["metadata"]["annotations"][INSTANCE_ID].is_string()
+                        && p["metadata"]["annotations"][REQUEST_ID].is_string()
+                },
+            )
+            .await?;
+        let id = pod["metadata"]["annotations"][INSTANCE_ID]
+            .as_str()
+            .unwrap();
+        let received = created_with(&mock.admin, id).await;
+        if let Err(problem) = holds(with, without, &received, "request") {
+            return Err(HarnessError::Setup(format!("{key} on {name}: {problem}")));
+        }
+    }
+
+    let failed = h
+        .wait_pod(
+            &ns,
+            "malformed",
+            "Failed with InvalidAnnotation",
+            WAIT,
+            |p| {
+                p["status"]["phase"] == "Failed"
+                    && p["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| {
+                            c["type"] == "ContainerInstanceCreated"
+                                && c["status"] == "False"
+                                && c["reason"] == "InvalidAnnotation"
+                                && c["message"]
+                                    .as_str()
+                                    .is_some_and(|m| m.contains("eci-spot-strategy"))
+                        })
+            },
+        )
+        .await?;
+    wait_event(
+        h,
+        &ns,
+        "malformed",
+        "InvalidAnnotation",
+        "eci-spot-strategy",
+    )
+    .await?;
+    assert!(
+        failed["metadata"]["annotations"][INSTANCE_ID].is_null(),
+        "no group for {failed}"
+    );
+
+    h.wait_pod(&ns, "undriven", "Running", WAIT, |p| {
+        p["status"]["phase"] == "Running"
+    })
+    .await?;
+    wait_event(
+        h,
+        &ns,
+        "undriven",
+        "AnnotationNotHonoured",
+        "eci-instance-family",
+    )
+    .await?;
+
+    // One group per created pod: the mapped ones and the undriven one, none for the malformed.
+    assert_eq!(group_count(&mock.admin).await, cases.len() + 1);
+    Ok(())
+}
