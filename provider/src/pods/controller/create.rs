@@ -405,7 +405,7 @@ impl PodController {
             },
         );
         let outcome = self.inner.backend.create_container_group(request).await;
-        let outcome = self.recover_lost_answer(&uid, outcome).await;
+        let outcome = self.recover_lost_answer(uid, outcome).await;
         // The one place a creation's answer is judged: the pod's problem, the node's
         // (a misconfiguration, see `misconfigured.rs`), or a moment's.
         let response = self.judge_creation(outcome, chosen)?;
