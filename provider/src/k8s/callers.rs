@@ -647,7 +647,7 @@ impl ClientCertVerifier for RequestClientCertificate {
 }
 
 #[cfg(test)]
-pub mod fake;
+pub mod fake_reviewer;
 
 #[cfg(test)]
 mod tests {

@@ -8,7 +8,7 @@ use axum::http::header;
 use rustls::pki_types::UnixTime;
 
 use super::*;
-use crate::k8s::callers::fake::{FakeReviewer, with_token};
+use crate::k8s::callers::fake_reviewer::{FakeReviewer, with_token};
 
 #[test]
 fn paths_map_to_subresources_as_the_kubelet_maps_them() {

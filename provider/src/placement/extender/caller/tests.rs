@@ -6,7 +6,7 @@ use axum::routing::post;
 use tower::ServiceExt as _;
 
 use super::*;
-use crate::k8s::callers::fake::{FakeReviewer, with_token};
+use crate::k8s::callers::fake_reviewer::{FakeReviewer, with_token};
 
 fn cluster() -> Arc<FakeReviewer> {
     Arc::new(FakeReviewer {
