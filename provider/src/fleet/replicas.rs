@@ -64,6 +64,9 @@ pub async fn run(
         match event {
             None => anyhow::bail!("the watch of the virtual nodes ended"),
             Some(Err(error)) => warn!(%error, "virtual node watch error; it recovers by itself"),
+            // The store is filled at the end of a list: counting before would say "1" (the
+            // floor), and the start-up wait for the count would end on it.
+            Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
             Some(Ok(_)) => {
                 let live = live_count(store.state().iter().map(AsRef::as_ref));
                 telemetry.eci_quota_replicas.set(i64::from(live));

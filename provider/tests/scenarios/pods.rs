@@ -861,6 +861,12 @@ pub(crate) async fn lost_create_answers_on_token_mounting_pods_cost_no_pod_and_n
             calls_ending(h, "CreateContainerGroup", "AnswerLost").await > before
         })
         .await?;
+        // The unanswered attempt made lost-1's group: the sweep has something to delete.
+        h.wait_for("lost-1's group made", WAIT, |_| {
+            let admin = admin.clone();
+            async move { groups(&admin).await.len() == 2 }
+        })
+        .await?;
         let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
         pods.delete("lost-1", &DeleteParams::default()).await?;
         h.wait_for("lost-1 and its group gone, lost-0's kept", WAIT, |h| {

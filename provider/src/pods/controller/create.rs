@@ -405,7 +405,7 @@ impl PodController {
             },
         );
         let outcome = self.inner.backend.create_container_group(request).await;
-        let outcome = self.recover_lost_answer(uid, outcome).await;
+        let outcome = self.recover_lost_answer(uid, outcome).await?;
         // The one place a creation's answer is judged: the pod's problem, the node's
         // (a misconfiguration, see `misconfigured.rs`), or a moment's.
         let response = self.judge_creation(outcome, chosen)?;
@@ -426,24 +426,34 @@ impl PodController {
     /// earlier attempt made the group, so it is looked up by its own tags (this cluster and
     /// node, the pod's UID) and taken as the answer; its tokens are refreshed on the usual
     /// schedule.
+    ///
+    /// The mismatch says such a group was made, so until it is found (a failed look-up, a
+    /// listing that lags) the pod is retried, never failed beside a group nobody tracks; and a
+    /// failed look-up is not judged as the create's answer.
     async fn recover_lost_answer(
         &self,
         uid: &str,
         outcome: Result<CreateContainerGroupResponse, EciError>,
-    ) -> Result<CreateContainerGroupResponse, EciError> {
+    ) -> Result<Result<CreateContainerGroupResponse, EciError>, Failure> {
         match &outcome {
             Err(error) if error.code == codes::IDEMPOTENT_PARAMETER_MISMATCH => {}
-            _ => return outcome,
+            _ => return Ok(outcome),
         }
-        let page = self.groups_of_pod(uid).await?;
+        let page = self.groups_of_pod(uid).await.map_err(|error| {
+            Failure::Retry(format!(
+                "an earlier create's answer was lost and its group cannot be looked up yet: {error}"
+            ))
+        })?;
         let Some(group) = page.data.into_iter().next() else {
-            return outcome;
+            return Err(Failure::Retry(
+                "an earlier create's answer was lost and its group is not listed yet".into(),
+            ));
         };
         info!(eci_id = %group.container_group_id, "an earlier create's answer was lost; its container group is this pod's");
-        Ok(CreateContainerGroupResponse {
+        Ok(Ok(CreateContainerGroupResponse {
             request_id: page.request_id,
             container_group_id: group.container_group_id,
-        })
+        }))
     }
 
     /// The groups of this node tagged with the pod UID `uid` (at most one, unless something

@@ -64,6 +64,13 @@ pub(super) fn pod_chosen(
         ("ResourceGroupId", request.resource_group_id.as_str(), ""),
         ("EipInstanceId", request.eip_instance_id.as_str(), ""),
         ("ImageSnapshotId", request.image_snapshot_id.as_str(), ""),
+        (
+            "EipCommonBandwidthPackage",
+            request.eip_common_bandwidth_package.as_str(),
+            "",
+        ),
+        ("PrivateIpAddress", request.private_ip_address.as_str(), ""),
+        ("FixedIp", request.fixed_ip.as_str(), ""),
     ]
     .into_iter()
     .filter(|(_, value, daemons)| value != daemons)
@@ -71,6 +78,14 @@ pub(super) fn pod_chosen(
     .collect();
     if request.auto_create_eip {
         chosen.push("AutoCreateEip true".to_owned());
+    }
+    // ACR Enterprise instances and the RAM role ARNs to reach them are identities too: the
+    // account may not be allowed to use them.
+    for acr in &request.acr_registry_info {
+        chosen.push(format!(
+            "AcrRegistryInfo {:?} (ArnService {:?}, ArnUser {:?})",
+            acr.instance_id, acr.arn_service, acr.arn_user
+        ));
     }
     chosen
 }
@@ -328,7 +343,7 @@ mod tests {
             pod_chosen(&request, own)
         };
         type Change = fn(&mut CreateContainerGroupRequest);
-        let cases: [(Change, &[&str]); 9] = [
+        let cases: [(Change, &[&str]); 13] = [
             (|_| {}, &[]),
             (
                 |r| r.ram_role_name = "Admin".into(),
@@ -351,6 +366,25 @@ mod tests {
             (
                 |r| r.image_snapshot_id = "imc-1".into(),
                 &["ImageSnapshotId \"imc-1\""],
+            ),
+            (
+                |r| r.eip_common_bandwidth_package = "cbwp-1".into(),
+                &["EipCommonBandwidthPackage \"cbwp-1\""],
+            ),
+            (
+                |r| r.private_ip_address = "192.168.0.9".into(),
+                &["PrivateIpAddress \"192.168.0.9\""],
+            ),
+            (|r| r.fixed_ip = "true".into(), &["FixedIp \"true\""]),
+            (
+                |r| {
+                    r.acr_registry_info = vec![eci_proto::v20180808::AcrRegistryInfo {
+                        instance_id: "cri-1".into(),
+                        arn_service: "acs:ram::1:role/x".into(),
+                        ..Default::default()
+                    }];
+                },
+                &["AcrRegistryInfo \"cri-1\" (ArnService \"acs:ram::1:role/x\", ArnUser \"\")"],
             ),
             // Instance sizes and spot settings are no identity: a refusal is about stock.
             (|r| r.spot_strategy = "SpotAsPriceGo".into(), &[]),

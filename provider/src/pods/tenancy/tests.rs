@@ -23,6 +23,7 @@ fn shared_cluster() -> Policy {
         ("eci-eip-instanceid", trusted),
         ("eci-resource-group-id", trusted),
         ("eip-common-bandwidth-package-id", "none"),
+        ("acr-service-arns", trusted),
     ]);
     Policy::Loaded {
         source: "kube-system/eci-annotation-policy".into(),
@@ -67,6 +68,7 @@ fn the_verdict_follows_annotations_namespace_labels_scope_and_policy() {
         ],
     );
     let not_allowed_group = refused(ANNOTATION_NOT_ALLOWED, &[SECURITY_GROUP]);
+    let not_allowed_acr = refused(ANNOTATION_NOT_ALLOWED, &["acr-service-arns"]);
     let not_allowed_bandwidth = refused(ANNOTATION_NOT_ALLOWED, &["in no namespace"]);
     let not_served = refused(NAMESPACE_NOT_SERVED, &["team-x", "eci=on"]);
     let unavailable = refused(POLICY_UNAVAILABLE, &["kube-system/p", "missing"]);
@@ -124,6 +126,14 @@ fn the_verdict_follows_annotations_namespace_labels_scope_and_policy() {
             None,
             &loaded,
             &not_allowed_group,
+        ),
+        (
+            "an ACR role ARN in a tenant namespace",
+            vec!["k8s.aliyun.com/acr-service-arns"],
+            Labels::Known(&tenant),
+            None,
+            &loaded,
+            &not_allowed_acr,
         ),
         (
             "`none` allows it nowhere, trusted or not",

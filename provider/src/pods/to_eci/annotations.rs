@@ -879,6 +879,12 @@ fn use_specs(specs: &str, request: &mut CreateContainerGroupRequest) -> Result<(
         } else {
             quantity::gib(memory)
         };
+        // "NaN", "inf" and "0" parse as numbers; no instance has such a size.
+        if !(cpu.is_finite() && cpu > 0.0 && memory.is_finite() && memory > 0.0) {
+            return Err(format!(
+                "{entry:?}: vCPUs and memory must be positive numbers"
+            ));
+        }
         if request.cpu.is_none() {
             let need_cpu: f64 = request.container.iter().filter_map(|c| c.cpu).sum();
             let need_memory: f64 = request.container.iter().filter_map(|c| c.memory).sum();

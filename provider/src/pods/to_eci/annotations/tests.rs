@@ -254,6 +254,9 @@ fn malformed_values_are_refused_naming_the_annotation() {
     let cases = [
         (USE_SPECS, "big"),
         (USE_SPECS, "0.5-1Gi"),
+        (USE_SPECS, "NaN-4Gi"),
+        (USE_SPECS, "inf-4Gi"),
+        (USE_SPECS, "0-0"),
         (
             "k8s.aliyun.com/eci-vswitch",
             "vsw-1,vsw-2,vsw-3,vsw-4,vsw-5,vsw-6,vsw-7,vsw-8,vsw-9,vsw-10,vsw-11",
