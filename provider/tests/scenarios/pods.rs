@@ -796,14 +796,8 @@ pub(crate) async fn a_restart_publishes_no_eci_event_twice(api: EciApi) {
 /// mock-eci's count of `action` calls that ended in `result` (e.g. `AnswerLost`).
 async fn calls_ending(h: &Harness, action: &str, result: &str) -> f64 {
     let text = h.mock_metrics().await.unwrap_or_default();
-    text.lines()
-        .filter(|l| l.starts_with("mock_eci_calls_total{"))
-        .filter(|l| {
-            l.contains(&format!("action=\"{action}\""))
-                && l.contains(&format!("result=\"{result}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    let labels = format!(r#"action="{action}",result="{result}""#);
+    integration::harness::invariants::sample(&text, "mock_eci_calls_total", &labels)
 }
 
 /// A create whose answer is lost made the group all the same. Pods mount their service
