@@ -30,9 +30,6 @@ use crate::pods::{from_eci, refs};
 /// [`to_eci::limits`]).
 pub(super) const NOT_FULLY_SUPPORTED: &str = "NotFullySupportedOnECI";
 
-/// The condition ack-virtual-node users watch for creation (also written by `gate.rs`).
-const INSTANCE_CREATED: &str = "ContainerInstanceCreated";
-
 /// What the daemon writes on a pod once its group exists: the group's id and what the
 /// creation's answer said (see [`annotations::written_back`]), in one metadata patch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -321,7 +318,7 @@ impl PodController {
                     let group_seen = self.tracked().get(uid).is_some_and(|t| t.group.is_some());
                     let shown = Shown::Refusal(super::hash_of(&refusal.describe()));
                     if job.shown != shown && !group_seen {
-                        self.explain_refusal(&pod, uid, &refusal).await;
+                        self.explain_refusal(&pod, &refusal).await;
                     }
                     debug!(code = %refusal.code, attempt = job.attempt, "ECI refused the pod's own parameters; retrying");
                     Some(CreateJob { shown, ..retry })
@@ -586,31 +583,7 @@ impl PodController {
     /// (`ContainerInstanceCreated=False`, reason `InvalidAnnotation`, the message naming the
     /// annotation and what it accepts) and a Warning Event; nothing is created.
     async fn set_invalid_annotation(&self, pod: &Pod, message: &str) {
-        let now = crate::k8s::rfc3339(std::time::SystemTime::now());
-        self.write_status(pod, |current| {
-            let mut status = from_eci::with_phase(current, "Failed", annotations::INVALID, message);
-            let condition = json!({
-                "type": INSTANCE_CREATED, "status": "False", "reason": annotations::INVALID,
-                "message": message, "lastTransitionTime": now,
-            });
-            let conditions = status["conditions"].as_array_mut();
-            match conditions {
-                Some(list) => {
-                    list.retain(|c| c["type"] != INSTANCE_CREATED);
-                    list.push(condition);
-                }
-                None => status["conditions"] = json!([condition]),
-            }
-            Some(status)
-        })
-        .await;
-        if let Some(uid) = pod.uid()
-            && let Some(entry) = self.tracked().get_mut(&uid)
-        {
-            entry.applied = None;
-            entry.written = None;
-        }
-        self.event(pod, EventType::Warning, annotations::INVALID, message)
+        self.show_not_created(pod, "Failed", annotations::INVALID, message)
             .await;
     }
 

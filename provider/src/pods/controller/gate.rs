@@ -3,22 +3,14 @@
 //! condition and a Warning Event, and nothing of it is read or created; it is judged again
 //! when the policy, its namespace's labels or the pod itself change.
 
-use std::time::SystemTime;
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::runtime::events::EventType;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::create::CreateJob;
 use super::{PodController, hash_of};
-use crate::pods::from_eci;
 use crate::pods::tenancy::Verdict;
-
-/// The condition a refused pod shows (the one ack-virtual-node users know from creation).
-const CONDITION: &str = "ContainerInstanceCreated";
 
 /// What to do with a pod after judging it.
 pub(super) enum Admission {
@@ -84,34 +76,12 @@ impl PodController {
                 };
                 if new {
                     warn!(reason, %message, "refusing the pod");
-                    self.show_refusal(pod, uid, reason, &message).await;
+                    self.show_not_created(pod, "Pending", reason, &message)
+                        .await;
                 }
                 Admission::Held
             }
         }
-    }
-
-    async fn show_refusal(&self, pod: &Pod, uid: &str, reason: &str, message: &str) {
-        let now = crate::k8s::rfc3339(SystemTime::now());
-        self.write_status(pod, |current| {
-            let mut status = from_eci::with_phase(current, "Pending", reason, message);
-            let condition = json!({
-                "type": CONDITION, "status": "False", "reason": reason,
-                "message": message, "lastTransitionTime": now,
-            });
-            match status["conditions"].as_array_mut() {
-                Some(conditions) => conditions.push(condition),
-                None => status["conditions"] = json!([condition]),
-            }
-            Some(status)
-        })
-        .await;
-        // Not the group's state: once a group exists, its state is written over this.
-        if let Some(entry) = self.tracked().get_mut(uid) {
-            entry.applied = None;
-            entry.written = None;
-        }
-        self.event(pod, EventType::Warning, reason, message).await;
     }
 
     /// Judges the held pods again whenever the policy or a namespace's labels change.

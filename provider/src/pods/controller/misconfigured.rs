@@ -19,7 +19,6 @@ use eci_proto::EciError;
 use eci_proto::v20180808::{CreateContainerGroupRequest, CreateContainerGroupResponse};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::EventType;
-use serde_json::json;
 use tracing::warn;
 
 use super::{Failure, PodController};
@@ -33,9 +32,6 @@ const CREATE: &str = "CreateContainerGroup";
 /// credentials, clock, account and endpoint (every entry cleared by any success), never that
 /// the daemon's own creates are permitted: the `CREATE` entry is not theirs to clear.
 const CREATE_WITH_POD_PARAMETERS: &str = "CreateContainerGroup with the pod's parameters";
-
-/// The condition a refused pod shows (the one ack-virtual-node users know from creation).
-const CONDITION: &str = "ContainerInstanceCreated";
 
 /// The daemon's own choice of the parameters a pod can override.
 #[derive(Debug, Clone, Copy)]
@@ -221,30 +217,12 @@ impl PodController {
     /// Shows a refusal of the pod's own parameters on the pod: Pending with the service's code
     /// as reason, the `ContainerInstanceCreated=False` condition, a Warning Event. Once per
     /// refusal, not at every retry.
-    pub(super) async fn explain_refusal(&self, pod: &Pod, uid: &str, refusal: &PodRefusal) {
+    pub(super) async fn explain_refusal(&self, pod: &Pod, refusal: &PodRefusal) {
         let reason = refusal.code.as_str();
         let message = refusal.describe();
         warn!(code = %refusal.code, request_id = %refusal.request_id, chosen = ?refusal.chosen, "ECI refuses a parameter the pod chose; the pod waits");
-        let now = crate::k8s::rfc3339(std::time::SystemTime::now());
-        self.write_status(pod, |current| {
-            let mut status = from_eci::with_phase(current, "Pending", reason, &message);
-            let condition = json!({
-                "type": CONDITION, "status": "False", "reason": reason,
-                "message": message, "lastTransitionTime": now,
-            });
-            match status["conditions"].as_array_mut() {
-                Some(conditions) => conditions.push(condition),
-                None => status["conditions"] = json!([condition]),
-            }
-            Some(status)
-        })
-        .await;
-        // Not the group's state: once a group exists, its state is written over this.
-        if let Some(entry) = self.tracked().get_mut(uid) {
-            entry.applied = None;
-            entry.written = None;
-        }
-        self.event(pod, EventType::Warning, reason, &message).await;
+        self.show_not_created(pod, "Pending", reason, &message)
+            .await;
     }
 }
 

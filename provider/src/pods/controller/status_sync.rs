@@ -20,6 +20,9 @@ use super::{
 use crate::pods::from_eci;
 use crate::pods::to_eci::naming;
 
+/// The pod condition saying whether the ECI instance was created (ack-virtual-node's name).
+pub(super) const INSTANCE_CREATED: &str = "ContainerInstanceCreated";
+
 /// What a status write came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Written {
@@ -97,6 +100,42 @@ impl PodController {
             }
         }
         Written::Failed
+    }
+
+    /// Shows on the pod why no group was created for it: `phase`, `reason` and `message` in
+    /// its status, the `ContainerInstanceCreated=False` condition, one Warning Event. Not the
+    /// group's state: once a group exists, its state is written over this.
+    pub(super) async fn show_not_created(
+        &self,
+        pod: &Pod,
+        phase: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        let now = crate::k8s::rfc3339(SystemTime::now());
+        self.write_status(pod, |current| {
+            let mut status = from_eci::with_phase(current, phase, reason, message);
+            let condition = json!({
+                "type": INSTANCE_CREATED, "status": "False", "reason": reason,
+                "message": message, "lastTransitionTime": now,
+            });
+            match status["conditions"].as_array_mut() {
+                Some(conditions) => {
+                    conditions.retain(|c| c["type"] != INSTANCE_CREATED);
+                    conditions.push(condition);
+                }
+                None => status["conditions"] = json!([condition]),
+            }
+            Some(status)
+        })
+        .await;
+        if let Some(uid) = pod.uid()
+            && let Some(entry) = self.tracked().get_mut(&uid)
+        {
+            entry.applied = None;
+            entry.written = None;
+        }
+        self.event(pod, EventType::Warning, reason, message).await;
     }
 
     /// Keeps the copy of a pod the API just returned: its resourceVersion is what the next
