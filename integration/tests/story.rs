@@ -336,9 +336,5 @@ async fn scale_out_drain_under_a_budget_and_scale_in_strand_nothing() {
         "the story installs deploy/overlays/local, which needs the fixture's host node"
     );
     let result = story(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
+    h.finish(result).await;
 }

@@ -68,11 +68,7 @@ where
         .await
         .expect("the harness starts");
     let result = scenario(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
+    h.finish(result).await;
 }
 
 fn failed(message: impl Into<String>) -> HarnessError {

@@ -706,9 +706,5 @@ async fn the_chart_installs_scales_and_uninstalls_on_the_real_control_plane() {
         "installs into the fixture's cluster only; it would install into a real one"
     );
     let result = install_scale_uninstall(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
+    h.finish(result).await;
 }

@@ -161,11 +161,7 @@ async fn every_mapped_annotation_reaches_eci_and_the_others_are_reported() {
     let mut h = Harness::start().await.expect("the harness starts");
     h.use_eci_api(EciApi::OpenApi);
     let result = scenario(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
+    h.finish(result).await;
 }
 
 async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {

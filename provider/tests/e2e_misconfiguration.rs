@@ -50,11 +50,7 @@ where
     let mut h = Harness::start().await.expect("the harness starts");
     h.use_eci_api(api);
     let result = scenario(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
+    h.finish(result).await;
 }
 
 async fn node(h: &Harness, name: &str) -> Option<Value> {

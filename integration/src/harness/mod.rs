@@ -141,24 +141,42 @@ impl std::fmt::Debug for Harness {
     }
 }
 
-/// One end-to-end scenario: starts a harness, runs `scenario` with it, prints the fixture's
-/// state ([`Harness::dump`]) when the scenario fails, shuts the harness down either way, then
-/// fails the test with the scenario's error.
+/// One end-to-end scenario: starts a harness, runs `scenario` with it and ends it with
+/// [`Harness::finish`].
 ///
 /// # Panics
 /// When the harness cannot start or the scenario fails: this is a test's body.
-#[allow(clippy::print_stderr, clippy::unwrap_used)]
 pub async fn run_scenario<F>(scenario: F)
 where
     F: AsyncFnOnce(&mut Harness) -> Result<(), HarnessError>,
 {
     let mut h = Harness::start().await.expect("the harness starts");
     let result = scenario(&mut h).await;
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
+    h.finish(result).await;
+}
+
+/// The error and every cause under it, on one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text += &format!(": {inner}");
+        cause = inner.source();
     }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
+    text
+}
+
+/// `items` without their `metadata.managedFields`: a dump is read by a person, and those
+/// entries triple its length.
+fn without_managed_fields(mut items: Value) -> Value {
+    if let Some(items) = items.as_array_mut() {
+        for item in items {
+            if let Some(metadata) = item.get_mut("metadata").and_then(Value::as_object_mut) {
+                metadata.remove("managedFields");
+            }
+        }
+    }
+    items
 }
 
 impl Harness {
@@ -750,7 +768,10 @@ impl Harness {
             format!(
                 "---- {label} ----\n{}\n",
                 match value {
-                    Ok(value) => serde_json::to_string_pretty(&value).unwrap_or_default(),
+                    Ok(value) => {
+                        serde_json::to_string_pretty(&without_managed_fields(value))
+                            .unwrap_or_default()
+                    }
                     Err(error) => format!("<{error}>"),
                 }
             )
@@ -802,6 +823,31 @@ impl Harness {
             );
         }
         out
+    }
+
+    /// Ends a scenario with its `result`: on failure prints the error, the fixture's state
+    /// ([`Self::dump`]) and the error once more; shuts the harness down either way; then fails
+    /// the test.
+    ///
+    /// CI shows only the beginning and the end of a failing test's output, so the error opens
+    /// and closes it. The test fails through `resume_unwind`, which skips the panic hook: its
+    /// backtrace of the runtime's frames would fill the end of the output and says nothing
+    /// the error does not.
+    ///
+    /// # Panics
+    /// When `result` is an error: this ends a test's body.
+    #[allow(clippy::print_stderr)]
+    pub async fn finish(self, result: Result<(), HarnessError>) {
+        let failure = result.err().map(|error| error_chain(&error));
+        if let Some(failure) = &failure {
+            eprintln!("==== scenario failed: {failure}");
+            eprintln!("{}", self.dump().await);
+            eprintln!("==== scenario failed: {failure}");
+        }
+        self.shutdown(Duration::from_secs(10)).await;
+        if let Some(failure) = failure {
+            std::panic::resume_unwind(Box::new(failure));
+        }
     }
 
     /// Stops every process (SIGTERM, then SIGKILL after `grace`), then deletes the Nodes,

@@ -50,11 +50,7 @@ where
             )));
         }
     }
-    if result.is_err() {
-        eprintln!("{}", h.dump().await);
-    }
-    h.shutdown(Duration::from_secs(10)).await;
-    result.unwrap();
+    h.finish(result).await;
 }
 
 /// What a scenario works with: its virtual node, mock-eci's admin endpoint and its namespace.
