@@ -36,6 +36,10 @@ pub struct Correction {
     pub namespace: String,
     /// Name.
     pub name: String,
+    /// UID (what the once-only warnings remember).
+    pub uid: String,
+    /// Bound without the extender having placed it (no [`PLACED_BY_ANNOTATION`]).
+    pub placed_without_extender: bool,
     /// Annotations to set.
     pub annotations: BTreeMap<String, String>,
 }
@@ -116,6 +120,8 @@ pub fn corrections(index: &PlacementIndex, entry: &PolicyEntry) -> Vec<Correctio
             out.push(Correction {
                 namespace: pod.namespace.clone(),
                 name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                placed_without_extender: !pod.annotations.contains_key(PLACED_BY_ANNOTATION),
                 annotations: missing,
             });
         }
@@ -158,7 +164,22 @@ pub async fn run(
         }
         let live: HashSet<String> = index.policies().into_iter().map(|p| p.key).collect();
         written.retain(|k, _| live.contains(k));
+        let live_pods = live_pod_uids(&index);
+        reported.retain(|uid| live_pods.contains(uid));
+        announced.retain(|uid| live_pods.contains(uid));
     }
+}
+
+/// The UIDs of the pods the index holds in the namespaces of its policies: what the
+/// once-only warnings and Events may still need to remember (a deleted pod's entry would
+/// only grow the sets).
+fn live_pod_uids(index: &PlacementIndex) -> HashSet<String> {
+    let namespaces: HashSet<String> = index.policies().into_iter().map(|p| p.namespace).collect();
+    namespaces
+        .iter()
+        .flat_map(|namespace| index.pods_in(namespace))
+        .map(|pod| pod.uid)
+        .collect()
 }
 
 /// Pods admission placed get their Event once bound (at admission their name may not exist
@@ -195,9 +216,6 @@ fn announce_admission_placements(
                 ..Default::default()
             },
         );
-    }
-    if announced.len() > 50_000 {
-        announced.clear();
     }
 }
 
@@ -237,15 +255,7 @@ async fn upkeep(
     }
     for correction in corrections(index, entry) {
         let key = format!("{}/{}", correction.namespace, correction.name);
-        let pod = index
-            .pods_in(&correction.namespace)
-            .into_iter()
-            .find(|p| p.name == correction.name);
-        if extender
-            && pod
-                .as_ref()
-                .is_some_and(|p| !p.annotations.contains_key(PLACED_BY_ANNOTATION))
-            && reported.insert(key.clone())
+        if extender && correction.placed_without_extender && reported.insert(correction.uid.clone())
         {
             warn!(pod = %key, "pod was bound without the scheduler extender, so its unit order was not enforced (is kube-scheduler configured with the extender? see deploy/examples/scheduler-extender.yaml); its deletion cost follows its node's unit");
         }
@@ -266,9 +276,6 @@ async fn upkeep(
                 debug!(pod = %key, error = %Chain(&error), "could not set the pod's unit; retrying");
             }
         }
-    }
-    if reported.len() > 10_000 {
-        reported.clear();
     }
 }
 
@@ -343,5 +350,22 @@ mod tests {
         assert_eq!(names, vec!["x", "z"]);
         assert_eq!(fixes[0].annotations[DELETION_COST_ANNOTATION], "200");
         assert_eq!(fixes[0].annotations[UNIT_ANNOTATION], "1");
+        assert_eq!(fixes[0].uid, "x");
+        assert!(
+            fixes[0].placed_without_extender,
+            "x has no placed-by annotation"
+        );
+    }
+
+    #[test]
+    fn only_pods_still_in_the_index_are_remembered() {
+        let index = index();
+        assert_eq!(
+            live_pod_uids(&index),
+            HashSet::from(["x".to_owned(), "y".to_owned(), "z".to_owned()])
+        );
+        // A deleted pod leaves the index, and so the once-only sets.
+        index.set_pods(Vec::<Pod>::new());
+        assert!(live_pod_uids(&index).is_empty());
     }
 }
