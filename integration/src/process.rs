@@ -25,15 +25,49 @@ pub enum ProcessError {
     Build(String),
 }
 
+/// Where [`free_port`] looks when the kernel does not say its ephemeral range.
+const EPHEMERAL_START: u16 = 32_768;
+/// The lowest port [`free_port`] hands out.
+const LOWEST_PORT: u16 = 15_000;
+/// How many ports this process has handed out: each is handed out once.
+static HANDED_OUT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// The first port of the kernel's ephemeral range (`ip_local_port_range`).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .filter(|start| *start > LOWEST_PORT + 1_000)
+        .unwrap_or(EPHEMERAL_START)
+}
+
 /// A port on 127.0.0.1 that was free a moment ago (for a child process to listen on).
+///
+/// Taken from below the kernel's ephemeral range, never from it: the kernel picks the local
+/// port of every outgoing connection and of every `:0` listener from that range, so a port
+/// found free there can be taken by any connection on the machine before the child binds it
+/// (a daemon that cannot bind its port, or a test that reaches some other process on it).
+/// Below the range only another caller of this function can take it: each process walks the
+/// range from a start its pid picks, and hands every port out once.
 pub fn free_port() -> Result<u16, ProcessError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .map_err(|source| ProcessError::Io {
-            what: "find a free port".into(),
-            source,
-        })
+    use std::sync::atomic::Ordering;
+    let span = u32::from(ephemeral_start() - LOWEST_PORT);
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let step = HANDED_OUT.fetch_add(1, Ordering::Relaxed);
+        let offset = u16::try_from(start.wrapping_add(step) % span).unwrap_or(0);
+        let port = LOWEST_PORT + offset;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(ProcessError::Io {
+        what: "find a free port".into(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("every port from {LOWEST_PORT} to the ephemeral range is taken"),
+        ),
+    })
 }
 
 /// A running child process.
@@ -242,4 +276,26 @@ fn target_dir() -> Result<PathBuf, ProcessError> {
         dir.pop();
     }
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_and_below_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        assert!(
+            ports
+                .iter()
+                .all(|p| (LOWEST_PORT..ephemeral_start()).contains(p)),
+            "{ports:?}"
+        );
+        // Each one can be listened on.
+        for port in ports {
+            std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
+    }
 }
