@@ -194,6 +194,9 @@ pub struct Group {
     pub epoch: u32,
     /// Hash of the creation request, to detect a reused ClientToken.
     pub fingerprint: u64,
+    /// The vSwitch and zone it landed on (`None` in state files written before zones).
+    #[serde(default)]
+    pub placement: Option<crate::engine::placement::Placement>,
 }
 
 /// Borrowed context of a transition: settings, the agenda and the time.
@@ -256,6 +259,7 @@ impl Group {
             events: Vec::new(),
             epoch: 0,
             fingerprint,
+            placement: None,
         };
         cx.timers.set(
             cx.now + cx.settings.scheduling_delay_ms,
@@ -355,10 +359,25 @@ impl Group {
 
     /// The zone the group is in.
     pub fn zone<'a>(&'a self, settings: &'a Settings) -> &'a str {
-        if self.request.zone_id.is_empty() {
+        if let Some(placed) = &self.placement {
+            &placed.zone
+        } else if self.request.zone_id.is_empty() {
             &settings.zone
         } else {
             &self.request.zone_id
+        }
+    }
+
+    /// The vSwitch the group is on: where it was placed, else the first listed.
+    pub fn vswitch(&self) -> &str {
+        match &self.placement {
+            Some(placed) => &placed.vswitch,
+            None => self
+                .request
+                .v_switch_id
+                .split(',')
+                .next()
+                .unwrap_or_default(),
         }
     }
 
