@@ -8,7 +8,7 @@ use eci_proto::EciError;
 use eci_proto::error::codes;
 use eci_proto::v20180808::{
     CreateContainerGroupResponse, DescribeContainerGroupStatusRequest,
-    DescribeContainerGroupStatusResponse, Tag,
+    DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest, Tag,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams};
@@ -33,17 +33,33 @@ pub(super) const NOT_FULLY_SUPPORTED: &str = "NotFullySupportedOnECI";
 /// What the daemon writes on a pod once its group exists: the group's id and what the
 /// creation's answer said (see [`annotations::written_back`]), in one metadata patch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct WriteBack(BTreeMap<&'static str, String>);
+pub(super) struct WriteBack {
+    values: BTreeMap<&'static str, String>,
+    /// The create listed several vSwitches, so only the service knows the zone the group
+    /// landed in: the writer reads it (one describe) and adds it to the same patch.
+    look_up_zone: bool,
+}
 
 impl WriteBack {
     /// From the creation's answer (`request_id` empty when it is not known: a group adopted
     /// after a restart).
     pub(super) fn new(group_id: &str, request_id: &str) -> Self {
-        Self(annotations::written_back(group_id, request_id))
+        Self {
+            values: annotations::written_back(group_id, request_id),
+            look_up_zone: false,
+        }
+    }
+
+    /// The zone is to be read before writing (see `look_up_zone`).
+    fn with_zone_lookup(mut self, several_vswitches: bool) -> Self {
+        self.look_up_zone = several_vswitches;
+        self
     }
 
     fn group_id(&self) -> &str {
-        self.0.get(INSTANCE_ANNOTATION).map_or("", String::as_str)
+        self.values
+            .get(INSTANCE_ANNOTATION)
+            .map_or("", String::as_str)
     }
 }
 
@@ -394,6 +410,7 @@ impl PodController {
             }
         })?;
         debug_assert_eq!(request.client_token, uid);
+        let several_vswitches = request.v_switch_id.contains(',');
         let chosen = misconfigured::pod_chosen(
             &request,
             misconfigured::OwnParameters {
@@ -411,10 +428,10 @@ impl PodController {
                 .tokens
                 .track(pod, &response.container_group_id, due);
         }
-        Ok(WriteBack::new(
-            &response.container_group_id,
-            &response.request_id,
-        ))
+        Ok(
+            WriteBack::new(&response.container_group_id, &response.request_id)
+                .with_zone_lookup(several_vswitches),
+        )
     }
 
     /// ECI refuses a `ClientToken` reused with other parameters (`IdempotentParameterMismatch`),
@@ -564,7 +581,13 @@ impl PodController {
         self.inner.telemetry.kube_request("pod_annotate");
         // The uid is a precondition: a pod recreated under the name is another pod, whose
         // group this is not (the apiserver refuses to change a uid).
-        let patch = json!({"metadata": {"uid": uid, "annotations": back.0}});
+        let mut values = back.values.clone();
+        if back.look_up_zone
+            && let Some(zone) = self.zone_of(id).await
+        {
+            values.insert(annotations::ZONE, zone);
+        }
+        let patch = json!({"metadata": {"uid": uid, "annotations": values}});
         match api
             .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
@@ -575,6 +598,38 @@ impl PodController {
             Err(error) => {
                 warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, %error, "could not record the ECI instance id on the pod");
                 false
+            }
+        }
+    }
+
+    /// The zone group `id` landed in, as DescribeContainerGroups says (`None`, logged, when it
+    /// cannot be read: the pod is annotated without it rather than not at all).
+    async fn zone_of(&self, id: &str) -> Option<String> {
+        let answer = self
+            .inner
+            .backend
+            .describe_container_groups(DescribeContainerGroupsRequest {
+                region_id: self.inner.config.region.clone(),
+                container_group_ids: vec![id.to_owned()],
+                ..DescribeContainerGroupsRequest::default()
+            })
+            .await;
+        match answer {
+            Ok(answer) => {
+                let zone = answer
+                    .container_groups
+                    .into_iter()
+                    .find(|group| group.container_group_id == id)
+                    .map(|group| group.zone_id)
+                    .filter(|zone| !zone.is_empty());
+                if zone.is_none() {
+                    warn!(eci_id = %id, "the container group's zone is not in its description");
+                }
+                zone
+            }
+            Err(error) => {
+                warn!(eci_id = %id, %error, "cannot read the container group's zone; annotating the pod without it");
+                None
             }
         }
     }
@@ -629,7 +684,9 @@ mod tests {
     fn the_write_back_carries_the_group_id_under_the_instance_annotation() {
         let back = WriteBack::new("eci-1", "req-1");
         assert_eq!(back.group_id(), "eci-1");
-        assert_eq!(back.0.len(), 2, "{back:?}");
+        assert_eq!(back.values.len(), 2, "{back:?}");
+        assert!(!back.look_up_zone, "one vSwitch: nothing to look up");
+        assert!(back.with_zone_lookup(true).look_up_zone);
         assert_eq!(WriteBack::new("eci-2", "").group_id(), "eci-2");
     }
 }

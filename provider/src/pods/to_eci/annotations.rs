@@ -65,6 +65,10 @@ pub const INSTANCE_ID: &str = "k8s.aliyun.com/eci-instance-id";
 /// Written back: the id of the request that created the group.
 pub const REQUEST_ID: &str = "k8s.aliyun.com/eci-request-id";
 
+/// Written back when the create listed several vSwitches: the zone the group landed in (the
+/// well-known topology key, so users and tools read it where they read a node's zone).
+pub const ZONE: &str = "topology.kubernetes.io/zone";
+
 /// Event reason: the pod carries annotations the group is created without.
 pub const NOT_HONOURED: &str = "AnnotationNotHonoured";
 /// Condition and Event reason: an annotation's value is malformed (the message names it).
