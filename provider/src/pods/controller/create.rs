@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use eci_proto::EciError;
 use eci_proto::error::codes;
@@ -77,6 +77,41 @@ fn report_failure(attempt: u32, group_seen: bool) -> bool {
     attempt == REPORT_AFTER_ATTEMPTS && !group_seen
 }
 
+/// Condition and Event reason (ACK's): no zone of the pod's vSwitches has stock.
+pub(super) const NO_STOCK: &str = "NoStock";
+
+/// What a create refused for lack of stock in every listed zone comes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum StockVerdict {
+    /// The pod stays Pending and is retried with back-off (what it shows).
+    Wait(String),
+    /// The pod fails (why).
+    Fail(String),
+}
+
+/// The pod's `eci-fail-strategy` and `eci-max-pending-minute` (`limit`) applied to a create
+/// refused for stock after the pod `waited` since its creation; `service` is ECI's message.
+fn on_no_stock(
+    strategy: annotations::FailStrategy,
+    waited: Duration,
+    limit: Duration,
+    service: &str,
+) -> StockVerdict {
+    let minutes = limit.as_secs() / 60;
+    let service = service.trim_end_matches('.');
+    match strategy {
+        annotations::FailStrategy::FailFast => StockVerdict::Fail(format!(
+            "No zone of the pod's vSwitches has stock ({service}); eci-fail-strategy is fail-fast, so the pod is not retried"
+        )),
+        annotations::FailStrategy::Retry if waited >= limit => StockVerdict::Fail(format!(
+            "No zone of the pod's vSwitches had stock for {minutes} minutes, the pod's eci-max-pending-minute ({service}); give it vSwitches in more zones or other instance specifications"
+        )),
+        annotations::FailStrategy::Retry => StockVerdict::Wait(format!(
+            "No zone of the pod's vSwitches has stock ({service}); the pod stays Pending and is retried with back-off for up to {minutes} minutes after its creation (eci-max-pending-minute)"
+        )),
+    }
+}
+
 /// A pod waiting for its group: how many attempts failed, and when it was first seen (the
 /// creation latency metric starts there).
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +132,8 @@ pub(super) enum Shown {
     Misconfiguration,
     /// A refusal of the pod's own parameters, by its fingerprint: the job waits its back-off.
     Refusal(u64),
+    /// No zone has stock: the job waits its back-off.
+    NoStock,
 }
 
 impl CreateJob {
@@ -328,6 +365,34 @@ impl PodController {
                         shown: Shown::Misconfiguration,
                         ..retry
                     })
+                }
+                Err(Failure::NoStock(message)) => {
+                    self.inner.telemetry.pod_create_retries.inc();
+                    let (strategy, limit) = annotations::on_no_stock(pod.annotations());
+                    let waited = pod
+                        .creation_timestamp()
+                        .and_then(|t| SystemTime::from(t.0).elapsed().ok())
+                        .unwrap_or_default();
+                    match on_no_stock(strategy, waited, limit, &message) {
+                        StockVerdict::Wait(shown) => {
+                            let group_seen =
+                                self.tracked().get(uid).is_some_and(|t| t.group.is_some());
+                            if job.shown != Shown::NoStock && !group_seen {
+                                self.show_not_created(&pod, "Pending", NO_STOCK, &shown).await;
+                            }
+                            debug!(attempt = job.attempt, "no zone has stock; retrying");
+                            Some(CreateJob {
+                                shown: Shown::NoStock,
+                                ..retry
+                            })
+                        }
+                        StockVerdict::Fail(why) => {
+                            warn!(%why, "no zone has stock; failing the pod");
+                            self.show_not_created_as(&pod, "Failed", PROVIDER_FAILED, NO_STOCK, &why)
+                                .await;
+                            None
+                        }
+                    }
                 }
                 Err(Failure::Refused(refusal)) => {
                     self.inner.telemetry.pod_create_retries.inc();
@@ -678,6 +743,46 @@ mod tests {
         // The first attempt's answer was lost, yet the group exists and the status poll found
         // it (the fault suite's lost_create_answers case stranded pods in Pending this way).
         assert!((0..10).all(|a| !report_failure(a, true)));
+    }
+
+    #[test]
+    fn no_stock_waits_or_fails_as_the_pod_asks() {
+        use annotations::FailStrategy::{FailFast, Retry};
+        let minute = Duration::from_secs(60);
+        let cases = [
+            // (strategy, waited, limit, fails, the message says)
+            (
+                Retry,
+                Duration::ZERO,
+                240 * minute,
+                false,
+                "up to 240 minutes",
+            ),
+            (Retry, 239 * minute, 240 * minute, false, "stays Pending"),
+            (Retry, 240 * minute, 240 * minute, true, "for 240 minutes"),
+            (
+                Retry,
+                31 * minute,
+                30 * minute,
+                true,
+                "eci-max-pending-minute",
+            ),
+            (FailFast, Duration::ZERO, 240 * minute, true, "fail-fast"),
+            (FailFast, 500 * minute, 240 * minute, true, "not retried"),
+        ];
+        for (strategy, waited, limit, fails, says) in cases {
+            let verdict = on_no_stock(strategy, waited, limit, "out of stock in zone-a.");
+            let (failed, text) = match &verdict {
+                StockVerdict::Fail(text) => (true, text),
+                StockVerdict::Wait(text) => (false, text),
+            };
+            assert_eq!(failed, fails, "{strategy:?} {waited:?}: {verdict:?}");
+            assert!(text.contains(says), "{text}");
+            assert!(
+                text.contains("out of stock in zone-a"),
+                "ECI's words kept: {text}"
+            );
+        }
     }
 
     #[test]
