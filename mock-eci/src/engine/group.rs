@@ -132,6 +132,9 @@ impl ContainerRun {
     }
 }
 
+/// Event reason of a spot reclaim, announced and done (ACK's word).
+pub const SPOT_TO_BE_RELEASED: &str = "SpotToBeReleased";
+
 /// One event on a group, deduplicated by type, reason and message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupEvent {
@@ -751,13 +754,24 @@ impl Group {
         self.touch(cx.now);
     }
 
+    /// The service's notice ahead of a spot reclaim (ECI gives about 3 minutes): a Warning
+    /// event; the group runs on until [`Self::expire`].
+    pub fn announce_reclaim(&mut self, now: Millis) {
+        self.event(
+            now,
+            "Warning",
+            SPOT_TO_BE_RELEASED,
+            "The spot instance will be reclaimed in about 3 minutes",
+        );
+    }
+
     /// Spot reclaim: the group ends `Expired`.
     pub fn expire(&mut self, cx: &mut Cx<'_>) {
         self.kill_running(SIGKILL_EXIT, "Expired", cx);
         self.event(
             cx.now,
             "Warning",
-            "SpotToBeReleased",
+            SPOT_TO_BE_RELEASED,
             "The spot instance was reclaimed by the cloud provider",
         );
         self.finish(GroupStatus::Expired, cx);

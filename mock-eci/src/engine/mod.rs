@@ -1152,6 +1152,22 @@ impl Engine {
         .map_err(|message| EciError::new(codes::INCORRECT_STATUS, message))
     }
 
+    /// Spot reclaim announced (a test switch): the group gets the service's Warning event and
+    /// runs on.
+    pub fn announce_reclaim(&mut self, id: &str, now: Millis) -> Result<(), EciError> {
+        self.advance(now);
+        let group = self.group(id)?;
+        if group.status.is_final() || group.status == GroupStatus::Terminating {
+            return Err(incorrect_status(
+                group,
+                "announced for reclaim",
+                "a non-final status",
+            ));
+        }
+        self.with_group(id, now, |group, cx| group.announce_reclaim(cx.now));
+        Ok(())
+    }
+
     /// Spot reclaim (a test switch): the group ends `Expired`.
     pub fn expire(&mut self, id: &str, now: Millis) -> Result<(), EciError> {
         self.advance(now);
@@ -1362,15 +1378,17 @@ mod tests {
 
     #[test]
     fn a_create_lands_in_the_first_listed_zone_with_stock_and_says_where() {
-        let mut settings = Settings::default();
-        settings.vswitch_zones = [
-            ("vsw-a", "zone-a"),
-            ("vsw-b", "zone-b"),
-            ("vsw-c", "zone-c"),
-        ]
-        .into_iter()
-        .map(|(v, z)| (v.to_owned(), z.to_owned()))
-        .collect();
+        let settings = Settings {
+            vswitch_zones: [
+                ("vsw-a", "zone-a"),
+                ("vsw-b", "zone-b"),
+                ("vsw-c", "zone-c"),
+            ]
+            .into_iter()
+            .map(|(v, z)| (v.to_owned(), z.to_owned()))
+            .collect(),
+            ..Settings::default()
+        };
         let mut engine = Engine::new(settings);
         engine.set_no_stock_zones(["zone-a".to_owned(), "zone-b".to_owned()].into());
         let described = |engine: &mut Engine, id: &str| {
@@ -1433,6 +1451,31 @@ mod tests {
         assert!(
             error.code.starts_with(codes::INVALID_PARAMETER),
             "{error:?}"
+        );
+    }
+
+    #[test]
+    fn a_reclaim_is_announced_ahead_and_the_group_runs_on() {
+        let mut engine = Engine::new(Settings::default());
+        let id = engine.create(mk_request("spot", "vn-0"), 0).unwrap();
+        // Past provisioning (2 to 4 s by default): Running.
+        engine.announce_reclaim(&id, 10_000).unwrap();
+        let group = engine.group(&id).unwrap();
+        assert_eq!(group.status, GroupStatus::Running);
+        assert!(
+            group
+                .events
+                .iter()
+                .any(|e| e.kind == "Warning" && e.reason == group::SPOT_TO_BE_RELEASED),
+            "{:?}",
+            group.events
+        );
+        engine.expire(&id, 11_000).unwrap();
+        let error = engine.announce_reclaim(&id, 12_000).unwrap_err();
+        assert_eq!(
+            error.code,
+            codes::INCORRECT_STATUS,
+            "a reclaimed group is final"
         );
     }
 

@@ -261,6 +261,14 @@ impl MockEci {
         Ok(())
     }
 
+    /// Announces a spot reclaim of a group (a Warning `SpotToBeReleased` event); it runs on.
+    pub fn announce_reclaim(&self, id: &str) -> Result<(), EciError> {
+        let now = self.now();
+        self.engine().announce_reclaim(id, now)?;
+        self.shared.dirty.notify_one();
+        Ok(())
+    }
+
     /// Reclaims a group as a spot instance would be: it ends `Expired`.
     pub fn expire(&self, id: &str) -> Result<(), EciError> {
         let now = self.now();

@@ -20,8 +20,7 @@ use super::{
 use crate::pods::from_eci;
 use crate::pods::to_eci::naming;
 
-/// The pod condition saying whether the ECI instance was created (ack-virtual-node's name).
-pub(super) const INSTANCE_CREATED: &str = "ContainerInstanceCreated";
+use crate::pods::from_eci::INSTANCE_CREATED;
 
 /// What a status write came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -350,7 +350,9 @@ fn unmapped_annotations_are_reported_and_mapped_ones_are_not() {
 fn the_no_stock_annotations_say_how_long_to_wait_and_whether_to() {
     use std::time::Duration;
     let minutes = |m: u64| Duration::from_secs(m * 60);
-    let cases: [(&[(&str, &str)], FailStrategy, Duration); 7] = [
+    // (the pod's annotations, its strategy, how long it may wait)
+    type Case<'a> = (&'a [(&'a str, &'a str)], FailStrategy, Duration);
+    let cases: [Case<'_>; 7] = [
         (&[], FailStrategy::Retry, minutes(240)),
         (
             &[(FAIL_STRATEGY, "fail-back")],
