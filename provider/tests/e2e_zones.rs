@@ -4,7 +4,8 @@
 //! (`topology.kubernetes.io/zone`); `VSwitchOrdered` honours the order; with no stock anywhere
 //! a `fail-fast` pod fails at once with a readable reason and no group, and a pod with the
 //! default strategy waits Pending (`ContainerInstanceCreated=False`, reason `NoStock`) and
-//! runs once stock returns.
+//! runs once stock returns. A spot reclaim mock-eci announces shows on the running pod
+//! (`ContainerInstanceCreated` reason `SpotToBeReleased`, a Warning Event) before the release.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -12,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use integration::harness::{Harness, HarnessError};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
@@ -178,6 +179,50 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
                 && condition(p, "ContainerInstanceCreated").is_none_or(|c| c["status"] != "False")
         },
     )
+    .await?;
+
+    // A spot reclaim announced ahead: the condition and a Warning Event, the pod still runs.
+    let running = h.pod_json(&ns, "lands-in-c").await.unwrap();
+    let id = running["metadata"]["annotations"][INSTANCE_ID]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        condition(&running, "ContainerInstanceCreated").is_some_and(|c| c["status"] == "True"),
+        "{running}"
+    );
+    reqwest::Client::new()
+        .post(format!("{}/admin/groups/{id}/announce-reclaim", mock.admin))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    h.wait_pod(
+        &ns,
+        "lands-in-c",
+        "the reclaim announced on its condition",
+        WAIT,
+        |p| {
+            p["status"]["phase"] == "Running"
+                && condition(p, "ContainerInstanceCreated")
+                    .is_some_and(|c| c["status"] == "True" && c["reason"] == "SpotToBeReleased")
+        },
+    )
+    .await?;
+    let events: Api<Event> = Api::namespaced(h.client(), &ns);
+    h.wait_for("a Warning Event SpotToBeReleased on the pod", WAIT, |_| {
+        let events = events.clone();
+        async move {
+            events.list(&Default::default()).await.is_ok_and(|list| {
+                list.items.iter().any(|e| {
+                    e.involved_object.name.as_deref() == Some("lands-in-c")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.reason.as_deref() == Some("SpotToBeReleased")
+                })
+            })
+        }
+    })
     .await?;
     Ok(())
 }
