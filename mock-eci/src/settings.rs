@@ -1,5 +1,6 @@
 //! Engine settings: timing, capacity and region, resolved from the command line.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
@@ -163,6 +164,13 @@ pub struct Settings {
     pub max_groups: Option<usize>,
     /// Every new group fails to schedule for lack of stock.
     pub no_stock: bool,
+    /// The zone of each vSwitch a create may list; one not listed is in the request's `ZoneId`
+    /// or, without one, in [`Settings::zone`].
+    #[serde(default)]
+    pub vswitch_zones: BTreeMap<String, String>,
+    /// Zones without stock: a create lands in another listed zone, or is refused.
+    #[serde(default)]
+    pub no_stock_zones: BTreeSet<String>,
     /// Seed for ids and delays.
     pub seed: u64,
 }
@@ -198,6 +206,8 @@ impl Default for Settings {
             },
             max_groups: None,
             no_stock: false,
+            vswitch_zones: BTreeMap::new(),
+            no_stock_zones: BTreeSet::new(),
             seed: 0,
         }
     }

@@ -137,9 +137,7 @@ fn render() -> String {
                     "**not driven** (Warning Event `AnnotationNotHonoured`, the group is still created): {what}"
                 )
             }
-            Outcome::NotYetHonoured { why, .. } => {
-                format!("**checked, not honoured** (Warning Event `AnnotationNotHonoured`): {why}")
-            }
+            Outcome::ByDaemon { how, .. } => format!("honoured by the daemon: {how}"),
             Outcome::WrittenBack(from) => format!("written back by the daemon: {from}"),
         };
         writeln!(

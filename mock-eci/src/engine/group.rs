@@ -132,6 +132,9 @@ impl ContainerRun {
     }
 }
 
+/// Event reason of a spot reclaim, announced and done (ACK's word).
+pub const SPOT_TO_BE_RELEASED: &str = "SpotToBeReleased";
+
 /// One event on a group, deduplicated by type, reason and message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupEvent {
@@ -194,6 +197,9 @@ pub struct Group {
     pub epoch: u32,
     /// Hash of the creation request, to detect a reused ClientToken.
     pub fingerprint: u64,
+    /// The vSwitch and zone it landed on (`None` in state files written before zones).
+    #[serde(default)]
+    pub placement: Option<crate::engine::placement::Placement>,
 }
 
 /// Borrowed context of a transition: settings, the agenda and the time.
@@ -256,6 +262,7 @@ impl Group {
             events: Vec::new(),
             epoch: 0,
             fingerprint,
+            placement: None,
         };
         cx.timers.set(
             cx.now + cx.settings.scheduling_delay_ms,
@@ -355,10 +362,25 @@ impl Group {
 
     /// The zone the group is in.
     pub fn zone<'a>(&'a self, settings: &'a Settings) -> &'a str {
-        if self.request.zone_id.is_empty() {
+        if let Some(placed) = &self.placement {
+            &placed.zone
+        } else if self.request.zone_id.is_empty() {
             &settings.zone
         } else {
             &self.request.zone_id
+        }
+    }
+
+    /// The vSwitch the group is on: where it was placed, else the first listed.
+    pub fn vswitch(&self) -> &str {
+        match &self.placement {
+            Some(placed) => &placed.vswitch,
+            None => self
+                .request
+                .v_switch_id
+                .split(',')
+                .next()
+                .unwrap_or_default(),
         }
     }
 
@@ -732,13 +754,24 @@ impl Group {
         self.touch(cx.now);
     }
 
+    /// The service's notice ahead of a spot reclaim (ECI gives about 3 minutes): a Warning
+    /// event; the group runs on until [`Self::expire`].
+    pub fn announce_reclaim(&mut self, now: Millis) {
+        self.event(
+            now,
+            "Warning",
+            SPOT_TO_BE_RELEASED,
+            "The spot instance will be reclaimed in about 3 minutes",
+        );
+    }
+
     /// Spot reclaim: the group ends `Expired`.
     pub fn expire(&mut self, cx: &mut Cx<'_>) {
         self.kill_running(SIGKILL_EXIT, "Expired", cx);
         self.event(
             cx.now,
             "Warning",
-            "SpotToBeReleased",
+            SPOT_TO_BE_RELEASED,
             "The spot instance was reclaimed by the cloud provider",
         );
         self.finish(GroupStatus::Expired, cx);

@@ -41,6 +41,7 @@ pub mod exec;
 pub mod exec_session;
 pub mod group;
 pub mod logs;
+pub mod placement;
 pub mod render;
 pub mod timers;
 pub mod usage;
@@ -208,6 +209,16 @@ impl Engine {
     /// Switches "no stock" on or off for groups scheduled from now on.
     pub fn set_no_stock(&mut self, no_stock: bool) {
         self.settings.no_stock = no_stock;
+    }
+
+    /// Sets the zones without stock, for creates from now on.
+    pub fn set_no_stock_zones(&mut self, zones: BTreeSet<String>) {
+        self.settings.no_stock_zones = zones;
+    }
+
+    /// Adds or changes vSwitch → zone entries, for creates from now on.
+    pub fn map_vswitch_zones(&mut self, zones: BTreeMap<String, String>) {
+        self.settings.vswitch_zones.extend(zones);
     }
 
     /// Sets the cap on groups holding capacity, for groups scheduled from now on.
@@ -390,7 +401,7 @@ impl Engine {
         let vswitch = self
             .groups
             .get(id)
-            .map(|group| group.request.v_switch_id.clone())
+            .map(|group| group.vswitch().to_owned())
             .unwrap_or_default();
         self.ips.allocate().ok_or_else(|| {
             (
@@ -442,12 +453,28 @@ impl Engine {
                 return Ok(existing.id.clone());
             }
         }
+        let strategy = placement::Strategy::parse(&request.schedule_strategy)?;
         if request.dry_run {
             return Err(EciError::new(
                 codes::DRY_RUN_SUCCESS,
                 "Request validation has been passed with DryRun flag set.",
             ));
         }
+        let fallback = if request.zone_id.is_empty() {
+            self.settings.zone.as_str()
+        } else {
+            request.zone_id.as_str()
+        };
+        let placed = placement::place(
+            &request.v_switch_id,
+            strategy,
+            fingerprint ^ rng::mix(self.settings.seed ^ self.id_counter),
+            placement::Zones {
+                of_vswitch: &self.settings.vswitch_zones,
+                fallback,
+                no_stock: &self.settings.no_stock_zones,
+            },
+        )?;
         self.id_counter += 1;
         let id = format!(
             "eci-{}{}",
@@ -464,7 +491,8 @@ impl Engine {
             timers: &mut self.timers,
             now,
         };
-        let group = Group::new(id.clone(), request, valid, fingerprint, &mut cx);
+        let mut group = Group::new(id.clone(), request, valid, fingerprint, &mut cx);
+        group.placement = Some(placed);
         self.generation += 1;
         self.index(&group);
         self.groups.insert(id.clone(), group);
@@ -500,12 +528,7 @@ impl Engine {
                 && render::has_tags(&group.request.tag, &request.tag)
                 && (request.container_group_name.is_empty()
                     || group.request.container_group_name == request.container_group_name)
-                && (request.v_switch_id.is_empty()
-                    || group
-                        .request
-                        .v_switch_id
-                        .split(',')
-                        .any(|v| v == request.v_switch_id))
+                && (request.v_switch_id.is_empty() || group.vswitch() == request.v_switch_id)
                 && (request.security_group_id.is_empty()
                     || group.request.security_group_id == request.security_group_id)
                 && (request.zone_id.is_empty() || group.zone(&self.settings) == request.zone_id)
@@ -1129,6 +1152,22 @@ impl Engine {
         .map_err(|message| EciError::new(codes::INCORRECT_STATUS, message))
     }
 
+    /// Spot reclaim announced (a test switch): the group gets the service's Warning event and
+    /// runs on.
+    pub fn announce_reclaim(&mut self, id: &str, now: Millis) -> Result<(), EciError> {
+        self.advance(now);
+        let group = self.group(id)?;
+        if group.status.is_final() || group.status == GroupStatus::Terminating {
+            return Err(incorrect_status(
+                group,
+                "announced for reclaim",
+                "a non-final status",
+            ));
+        }
+        self.with_group(id, now, |group, cx| group.announce_reclaim(cx.now));
+        Ok(())
+    }
+
     /// Spot reclaim (a test switch): the group ends `Expired`.
     pub fn expire(&mut self, id: &str, now: Millis) -> Result<(), EciError> {
         self.advance(now);
@@ -1335,6 +1374,109 @@ mod tests {
             .flat_map(|v| &v.config_file_to_path)
             .map(|f| (f.path.clone(), f.mode))
             .collect()
+    }
+
+    #[test]
+    fn a_create_lands_in_the_first_listed_zone_with_stock_and_says_where() {
+        let settings = Settings {
+            vswitch_zones: [
+                ("vsw-a", "zone-a"),
+                ("vsw-b", "zone-b"),
+                ("vsw-c", "zone-c"),
+            ]
+            .into_iter()
+            .map(|(v, z)| (v.to_owned(), z.to_owned()))
+            .collect(),
+            ..Settings::default()
+        };
+        let mut engine = Engine::new(settings);
+        engine.set_no_stock_zones(["zone-a".to_owned(), "zone-b".to_owned()].into());
+        let described = |engine: &mut Engine, id: &str| {
+            let answer = engine
+                .describe_groups(
+                    &DescribeContainerGroupsRequest {
+                        region_id: "cn-hangzhou".into(),
+                        container_group_ids: vec![id.to_owned()],
+                        ..DescribeContainerGroupsRequest::default()
+                    },
+                    1,
+                )
+                .unwrap();
+            let group = &answer.container_groups[0];
+            (group.zone_id.clone(), group.v_switch_id.clone())
+        };
+        // Random order (the default): only c has stock.
+        let mut request = mk_request("web", "vn-0");
+        request.v_switch_id = "vsw-a,vsw-b,vsw-c".into();
+        let id = engine.create(request, 0).unwrap();
+        assert_eq!(
+            described(&mut engine, &id),
+            ("zone-c".into(), "vsw-c".into())
+        );
+        // Ordered: stock back in b, so b (listed before c) wins over c.
+        engine.set_no_stock_zones(["zone-a".to_owned()].into());
+        let mut request = mk_request("ordered", "vn-0");
+        request.v_switch_id = "vsw-a,vsw-b,vsw-c".into();
+        request.schedule_strategy = "VSwitchOrdered".into();
+        let id = engine.create(request, 0).unwrap();
+        assert_eq!(
+            described(&mut engine, &id),
+            ("zone-b".into(), "vsw-b".into())
+        );
+        // No stock in any listed zone: refused at once, nothing created.
+        engine.set_no_stock_zones(
+            [
+                "zone-a".to_owned(),
+                "zone-b".to_owned(),
+                "zone-c".to_owned(),
+            ]
+            .into(),
+        );
+        let before = engine.len();
+        let mut request = mk_request("none", "vn-0");
+        request.v_switch_id = "vsw-a,vsw-b,vsw-c".into();
+        let error = engine.create(request, 0).unwrap_err();
+        assert_eq!(error.code, codes::NO_STOCK);
+        assert_eq!(engine.len(), before);
+        // An unmapped vSwitch is in the default zone, which has stock.
+        let id = engine.create(mk_request("plain", "vn-0"), 0).unwrap();
+        assert_eq!(
+            described(&mut engine, &id),
+            ("cn-hangzhou-k".into(), "vsw".into())
+        );
+        // A strategy the service does not know is refused.
+        let mut request = mk_request("odd", "vn-0");
+        request.schedule_strategy = "Closest".into();
+        let error = engine.create(request, 0).unwrap_err();
+        assert!(
+            error.code.starts_with(codes::INVALID_PARAMETER),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn a_reclaim_is_announced_ahead_and_the_group_runs_on() {
+        let mut engine = Engine::new(Settings::default());
+        let id = engine.create(mk_request("spot", "vn-0"), 0).unwrap();
+        // Past provisioning (2 to 4 s by default): Running.
+        engine.announce_reclaim(&id, 10_000).unwrap();
+        let group = engine.group(&id).unwrap();
+        assert_eq!(group.status, GroupStatus::Running);
+        assert!(
+            group
+                .events
+                .iter()
+                .any(|e| e.kind == "Warning" && e.reason == group::SPOT_TO_BE_RELEASED),
+            "{:?}",
+            group.events
+        );
+        engine.expire(&id, 11_000).unwrap();
+        let error = engine.announce_reclaim(&id, 12_000).unwrap_err();
+        assert_eq!(
+            error.code,
+            codes::INCORRECT_STATUS,
+            "a reclaimed group is final"
+        );
     }
 
     #[test]

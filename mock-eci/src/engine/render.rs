@@ -21,12 +21,7 @@ pub fn container_group(group: &Group, settings: &Settings, with_events: bool) ->
         container_group_name: request.container_group_name.clone(),
         region_id: request.region_id.clone(),
         zone_id: group.zone(settings).to_owned(),
-        v_switch_id: request
-            .v_switch_id
-            .split(',')
-            .next()
-            .unwrap_or_default()
-            .to_owned(),
+        v_switch_id: group.vswitch().to_owned(),
         security_group_id: request.security_group_id.clone(),
         status: group.status.as_str().to_owned(),
         intranet_ip: ip(group),

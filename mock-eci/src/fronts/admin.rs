@@ -5,9 +5,10 @@
 //! | `GET /healthz` | `ok` |
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /admin/controls` | the switches as JSON |
-//! | `PATCH /admin/controls` | change switches: `{"outage": true}`, `{"rate_limits_enabled": false}`, `{"faults": {"*": {"error_rate": 0.5, "error_code": "InternalError", "latency_ms": 20}}}` (any code the service answers: `Forbidden.RAM`, `InvalidAccessKeyId.NotFound`, `Account.Arrearage`, …; `SDK.ForeignResponse` answers as a proxy in front of ECI would: an HTML 403 on the OpenAPI front, a gRPC `PermissionDenied` without an ECI code on the gRPC one), `{"rate_limits": {"CreateContainerGroup": {"per_minute": 60, "burst": 5}}}`, `{"no_stock": true}`, `{"max_groups": 10}` (`null` removes the cap), `{"denied": {"ram_roles": ["AdminRole"], "security_groups": ["sg-platform"]}}` (a create naming one of them is answered `Forbidden.RAM`, HTTP 403 / gRPC `PermissionDenied`; `{}` denies nothing) |
+//! | `PATCH /admin/controls` | change switches: `{"outage": true}`, `{"rate_limits_enabled": false}`, `{"faults": {"*": {"error_rate": 0.5, "error_code": "InternalError", "latency_ms": 20}}}` (any code the service answers: `Forbidden.RAM`, `InvalidAccessKeyId.NotFound`, `Account.Arrearage`, …; `SDK.ForeignResponse` answers as a proxy in front of ECI would: an HTML 403 on the OpenAPI front, a gRPC `PermissionDenied` without an ECI code on the gRPC one), `{"rate_limits": {"CreateContainerGroup": {"per_minute": 60, "burst": 5}}}`, `{"no_stock": true}` (every new group ends `ScheduleFailed`), `{"no_stock_zones": ["cn-hangzhou-a"]}` (those zones, replacing the set: a create lands in another zone it lists or is refused `OperationDenied.NoStock`), `{"vswitch_zones": {"vsw-a": "cn-hangzhou-a"}}` (adds vSwitch → zone entries; others are in `--zone`), `{"max_groups": 10}` (`null` removes the cap), `{"denied": {"ram_roles": ["AdminRole"], "security_groups": ["sg-platform"]}}` (a create naming one of them is answered `Forbidden.RAM`, HTTP 403 / gRPC `PermissionDenied`; `{}` denies nothing) |
 //! | `GET /admin/groups` | every group as DescribeContainerGroups shows it, events included |
 //! | `POST /admin/groups/{id}/vanish` | the group disappears out of band |
+//! | `POST /admin/groups/{id}/announce-reclaim` | the spot reclaim is announced (a Warning `SpotToBeReleased` event, as the service gives about 3 minutes ahead); the group runs on |
 //! | `POST /admin/groups/{id}/expire` | the group is reclaimed and ends `Expired` |
 //! | `GET /exec/{session}` | the WebSocket of an interactive `ExecContainerCommand` (see `exec_session`) |
 //! | `POST /admin/groups/{id}/containers/{name}/log` | the body's lines are written into the running container's log, now |
@@ -35,6 +36,10 @@ pub fn router(mock: MockEci) -> Router {
         .route("/admin/groups/{id}/request", get(created_with))
         .route("/admin/groups/{id}/vanish", post(vanish))
         .route("/admin/groups/{id}/expire", post(expire))
+        .route(
+            "/admin/groups/{id}/announce-reclaim",
+            post(announce_reclaim),
+        )
         .route("/admin/groups/{id}/containers/{name}/log", post(append_log))
         .route(
             "/admin/groups/{id}/containers/{name}/exit",
@@ -101,6 +106,10 @@ async fn groups(State(mock): State<MockEci>) -> Response {
 
 async fn vanish(State(mock): State<MockEci>, Path(id): Path<String>) -> Response {
     answer(mock.vanish(&id))
+}
+
+async fn announce_reclaim(State(mock): State<MockEci>, Path(id): Path<String>) -> Response {
+    answer(mock.announce_reclaim(&id))
 }
 
 async fn expire(State(mock): State<MockEci>, Path(id): Path<String>) -> Response {

@@ -111,6 +111,21 @@ pub struct MockConfig {
     #[arg(long, env = "MOCK_ECI_NO_STOCK")]
     pub no_stock: bool,
 
+    /// The zone of a vSwitch: `VSWITCH=ZONE`, e.g. `vsw-a=cn-hangzhou-a`. Repeatable;
+    /// comma-separated in the environment variable. A vSwitch not given is in `--zone`.
+    #[arg(long = "vswitch-zone", env = "MOCK_ECI_VSWITCH_ZONES", value_delimiter = ',', value_parser = parse_vswitch_zone)]
+    pub vswitch_zones: Vec<(String, String)>,
+
+    /// A zone without stock: creates land in another zone they list, or are refused
+    /// `OperationDenied.NoStock` (switchable at run time). Repeatable; comma-separated in the
+    /// environment variable.
+    #[arg(
+        long = "no-stock-zone",
+        env = "MOCK_ECI_NO_STOCK_ZONES",
+        value_delimiter = ','
+    )]
+    pub no_stock_zones: Vec<String>,
+
     /// Turn the per-action rate limits off (they default to the documented quotas).
     #[arg(long, env = "MOCK_ECI_NO_RATE_LIMITS")]
     pub no_rate_limits: bool,
@@ -185,6 +200,8 @@ impl MockConfig {
             ip_cidr: self.ip_cidr,
             max_groups: self.max_groups,
             no_stock: self.no_stock,
+            vswitch_zones: self.vswitch_zones.iter().cloned().collect(),
+            no_stock_zones: self.no_stock_zones.iter().cloned().collect(),
             seed: self.seed,
         }
     }
@@ -250,6 +267,17 @@ fn action_or_star(name: &str) -> Result<String, String> {
     } else {
         name.parse::<Action>()
             .map(|action| action.name().to_owned())
+    }
+}
+
+fn parse_vswitch_zone(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((vswitch, zone)) if !vswitch.trim().is_empty() && !zone.trim().is_empty() => {
+            Ok((vswitch.trim().to_owned(), zone.trim().to_owned()))
+        }
+        _ => Err(format!(
+            "{text:?}: write VSWITCH=ZONE, e.g. vsw-a=cn-hangzhou-a"
+        )),
     }
 }
 

@@ -3,7 +3,7 @@
 //! Set at start-up from flags and changed at run time through the admin endpoint, so an
 //! end-to-end test can start and stop an outage or a throttling storm.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use eci_proto::EciError;
 use eci_proto::error::codes;
@@ -96,6 +96,13 @@ pub struct ControlsView {
     pub max_groups: Option<usize>,
     /// Parameter values a create may not name (see [`Denials`]).
     pub denied: Denials,
+    /// Zones without stock: a create lands in another zone it lists, or is refused
+    /// `OperationDenied.NoStock`.
+    #[serde(default)]
+    pub no_stock_zones: BTreeSet<String>,
+    /// The zone of each known vSwitch (others are in the default zone).
+    #[serde(default)]
+    pub vswitch_zones: BTreeMap<String, String>,
 }
 
 /// A partial update of the controls. A fault given for `"*"` applies to every action.
@@ -117,6 +124,10 @@ pub struct ControlsPatch {
     pub max_groups: Option<Option<usize>>,
     /// The denied values, replacing those in force (`{}` denies nothing).
     pub denied: Option<Denials>,
+    /// The zones without stock, replacing those in force (`[]`: stock everywhere).
+    pub no_stock_zones: Option<BTreeSet<String>>,
+    /// vSwitch → zone entries to add or change.
+    pub vswitch_zones: Option<BTreeMap<String, String>>,
 }
 
 mod double_option {
@@ -279,7 +290,8 @@ impl Controls {
         }
     }
 
-    /// The current switches (without `no_stock` / `max_groups`, which live in the engine).
+    /// The current switches (without `no_stock`, `max_groups` and the zones, which live in the
+    /// engine).
     pub fn view(&self) -> ControlsView {
         ControlsView {
             rate_limits_enabled: self.rate_limits_enabled,
@@ -289,6 +301,8 @@ impl Controls {
             no_stock: false,
             max_groups: None,
             denied: self.denied.clone(),
+            no_stock_zones: BTreeSet::new(),
+            vswitch_zones: BTreeMap::new(),
         }
     }
 

@@ -160,6 +160,8 @@ impl MockEci {
         let engine = self.engine();
         view.no_stock = engine.settings().no_stock;
         view.max_groups = engine.settings().max_groups;
+        view.no_stock_zones = engine.settings().no_stock_zones.clone();
+        view.vswitch_zones = engine.settings().vswitch_zones.clone();
         view
     }
 
@@ -173,6 +175,12 @@ impl MockEci {
             }
             if let Some(max_groups) = patch.max_groups {
                 engine.set_max_groups(max_groups);
+            }
+            if let Some(zones) = &patch.no_stock_zones {
+                engine.set_no_stock_zones(zones.clone());
+            }
+            if let Some(zones) = &patch.vswitch_zones {
+                engine.map_vswitch_zones(zones.clone());
             }
         }
         Ok(self.controls())
@@ -249,6 +257,14 @@ impl MockEci {
         let now = self.now();
         self.engine()
             .exit_container(id, container, exit_code, now)?;
+        self.shared.dirty.notify_one();
+        Ok(())
+    }
+
+    /// Announces a spot reclaim of a group (a Warning `SpotToBeReleased` event); it runs on.
+    pub fn announce_reclaim(&self, id: &str) -> Result<(), EciError> {
+        let now = self.now();
+        self.engine().announce_reclaim(id, now)?;
         self.shared.dirty.notify_one();
         Ok(())
     }

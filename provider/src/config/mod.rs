@@ -517,6 +517,25 @@ pub struct Settings {
     pub transport: TransportPolicy,
 }
 
+/// `ECI_VSWITCH` as CreateContainerGroup takes it: 1 to 10 ids (ECI's limit per create),
+/// comma-separated without blanks, each an id's characters.
+fn vswitch_list(value: &str) -> Result<String, String> {
+    let ids: Vec<&str> = value.split(',').map(str::trim).collect();
+    if let Some(bad) = ids
+        .iter()
+        .find(|id| id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+    {
+        return Err(format!("{bad:?} in {value:?} is not a vSwitch id"));
+    }
+    if ids.len() > 10 {
+        return Err(format!(
+            "{} vSwitches given, ECI takes at most 10",
+            ids.len()
+        ));
+    }
+    Ok(ids.join(","))
+}
+
 fn is_dns_subdomain(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
@@ -1064,6 +1083,11 @@ impl Config {
                 problem: "not set".into(),
                 fix: "give the vSwitch id(s) container groups get their IPs from, comma-separated",
             })?;
+        let vswitch = vswitch_list(&vswitch).map_err(|problem| ConfigError {
+            flag: "--vswitch (ECI_VSWITCH)",
+            problem,
+            fix: "give 1 to 10 vSwitch ids of one VPC, comma-separated (several zones ride out one zone's lack of stock)",
+        })?;
         let security_group = self
             .security_group
             .clone()
@@ -1283,6 +1307,25 @@ mod tests {
         let error =
             parse(&["--node-name", "n", "--eci", "embedded", "--vswitch", "v"]).unwrap_err();
         assert_eq!(error.flag, "--security-group (ECI_SECURITY_GROUP)");
+    }
+
+    #[test]
+    fn several_vswitches_are_accepted_as_eci_takes_them() {
+        let cases: [(&str, Result<&str, &str>); 6] = [
+            ("vsw-a", Ok("vsw-a")),
+            ("vsw-a,vsw-b", Ok("vsw-a,vsw-b")),
+            (" vsw-a , vsw-b ", Ok("vsw-a,vsw-b")),
+            ("vsw-a,,vsw-b", Err("\"\" in")),
+            ("vsw-a;vsw-b", Err("is not a vSwitch id")),
+            ("v1,v2,v3,v4,v5,v6,v7,v8,v9,v10,v11", Err("11 vSwitches")),
+        ];
+        for (value, expected) in cases {
+            match (vswitch_list(value), expected) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{value}"),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{value}: {got}"),
+                (got, want) => panic!("{value}: {got:?}, expected {want:?}"),
+            }
+        }
     }
 
     #[test]

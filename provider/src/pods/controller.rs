@@ -637,14 +637,17 @@ enum Failure {
     Misconfigured(crate::eci::misconfig::Misconfiguration),
     /// ECI refuses a parameter the pod chose: the pod's alone; it waits and is retried.
     Refused(misconfigured::PodRefusal),
+    /// No zone of the pod's vSwitches has stock (ECI's message): its fail strategy decides.
+    NoStock(String),
 }
 
 impl Failure {
     fn message(&self) -> String {
         match self {
-            Self::Retry(message) | Self::Permanent(message) | Self::InvalidAnnotation(message) => {
-                message.clone()
-            }
+            Self::Retry(message)
+            | Self::Permanent(message)
+            | Self::InvalidAnnotation(message)
+            | Self::NoStock(message) => message.clone(),
             Self::Misconfigured(found) => found.describe(),
             Self::Refused(refusal) => refusal.describe(),
         }

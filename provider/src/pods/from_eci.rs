@@ -156,7 +156,52 @@ fn not_done<'a>(infos: impl Iterator<Item = (&'a str, bool)>) -> Vec<&'a str> {
 /// The condition types this daemon writes, as a kubelet does; every other condition on a pod
 /// (`DisruptionTarget`, readiness-gate conditions, …) belongs to someone else and is never
 /// written, so it survives our writes.
-pub const OWN_CONDITIONS: [&str; 4] = ["PodScheduled", "Initialized", "ContainersReady", "Ready"];
+pub const OWN_CONDITIONS: [&str; 5] = [
+    "PodScheduled",
+    INSTANCE_CREATED,
+    "Initialized",
+    "ContainersReady",
+    "Ready",
+];
+
+/// The pod condition saying whether the ECI instance was created (ack-virtual-node's name).
+pub const INSTANCE_CREATED: &str = "ContainerInstanceCreated";
+
+/// ACK's reason while the instance is being created (`Scheduling` in ECI's words).
+pub const CREATING: &str = "Creating";
+
+/// `ContainerInstanceCreated` for a group in ECI status `status`: False while ECI is still
+/// placing it (reason `Creating`, as ACK shows it) or when it could not (`ScheduleFailed`),
+/// True from the moment it has an instance. A pod whose create was refused outright never
+/// gets here: the controller writes that condition itself (`show_not_created`).
+///
+/// A spot instance ECI announced it will reclaim (a Warning `SpotToBeReleased` event, about 3
+/// minutes ahead) stays True with reason `SpotToBeReleased` and the service's message, as ACK
+/// shows it: the pod's owner can move the work before the instance goes.
+fn instance_created(group: &ContainerGroupStatus) -> Value {
+    let reclaim = group
+        .events
+        .iter()
+        .rev()
+        .find(|e| e.r#type == "Warning" && e.reason == SPOT_TO_BE_RELEASED);
+    match (group.status.as_str(), reclaim) {
+        ("" | "Scheduling", _) => condition(INSTANCE_CREATED, false, CREATING, "Creating"),
+        ("ScheduleFailed", _) => condition(
+            INSTANCE_CREATED,
+            false,
+            "ScheduleFailed",
+            "ECI could not place the container group (its events say why)",
+        ),
+        (_, Some(event)) => json!({
+            "type": INSTANCE_CREATED, "status": "True",
+            "reason": SPOT_TO_BE_RELEASED, "message": event.message,
+        }),
+        _ => condition(INSTANCE_CREATED, true, "", ""),
+    }
+}
+
+/// ECI's event (and ACK's condition reason) announcing a spot reclaim.
+pub const SPOT_TO_BE_RELEASED: &str = "SpotToBeReleased";
 
 /// The status fields besides `conditions` this daemon writes. Under server-side apply a field
 /// we wrote before and leave out of a later write is removed, so every write carries all of
@@ -301,6 +346,7 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
     let ready = ready(&containers_ready, gates(pod), &previous);
     let mut conditions = vec![
         condition("PodScheduled", true, "", ""),
+        instance_created(group),
         condition(
             "Initialized",
             initialized.is_empty(),
@@ -556,6 +602,50 @@ mod tests {
     use eci_proto::v20180808::Event;
 
     use super::*;
+
+    #[test]
+    fn the_instance_created_condition_follows_the_group_as_ack_shows_it() {
+        let cases = [
+            ("Scheduling", "False", Some(CREATING)),
+            ("", "False", Some(CREATING)),
+            ("ScheduleFailed", "False", Some("ScheduleFailed")),
+            ("Pending", "True", None),
+            ("Running", "True", None),
+            ("Succeeded", "True", None),
+            ("Failed", "True", None),
+            ("Expired", "True", None),
+        ];
+        let reclaim = |kind: &str| Event {
+            r#type: kind.into(),
+            reason: SPOT_TO_BE_RELEASED.into(),
+            message: "reclaimed in about 3 minutes".into(),
+            ..Event::default()
+        };
+        for (status, shown, reason) in cases {
+            let got = instance_created(&mk_group(status, vec![]));
+            assert_eq!(got["type"], INSTANCE_CREATED);
+            assert_eq!(got["status"], shown, "{status}");
+            assert_eq!(got["reason"].as_str(), reason, "{status}");
+            // An announced reclaim shows once the instance exists, never before.
+            let mut group = mk_group(status, vec![]);
+            group.events = vec![reclaim("Warning")];
+            let got = instance_created(&group);
+            assert_eq!(got["status"], shown, "{status}");
+            if shown == "True" {
+                assert_eq!(got["reason"], SPOT_TO_BE_RELEASED, "{status}");
+                assert_eq!(got["message"], "reclaimed in about 3 minutes");
+            } else {
+                assert_ne!(got["reason"], SPOT_TO_BE_RELEASED, "{status}");
+            }
+            // Only the service's Warning counts.
+            group.events = vec![reclaim("Normal")];
+            assert_eq!(
+                instance_created(&group)["reason"].as_str(),
+                reason,
+                "{status}"
+            );
+        }
+    }
 
     fn mk_pod(init: bool) -> Pod {
         let mut spec = json!({"containers": [{"name": "app", "image": "nginx:1.27"}, {"name": "side", "image": "envoy"}]});

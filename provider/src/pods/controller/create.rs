@@ -2,13 +2,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use eci_proto::EciError;
 use eci_proto::error::codes;
 use eci_proto::v20180808::{
     CreateContainerGroupResponse, DescribeContainerGroupStatusRequest,
-    DescribeContainerGroupStatusResponse, Tag,
+    DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest, Tag,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams};
@@ -33,17 +33,33 @@ pub(super) const NOT_FULLY_SUPPORTED: &str = "NotFullySupportedOnECI";
 /// What the daemon writes on a pod once its group exists: the group's id and what the
 /// creation's answer said (see [`annotations::written_back`]), in one metadata patch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct WriteBack(BTreeMap<&'static str, String>);
+pub(super) struct WriteBack {
+    values: BTreeMap<&'static str, String>,
+    /// The create listed several vSwitches, so only the service knows the zone the group
+    /// landed in: the writer reads it (one describe) and adds it to the same patch.
+    look_up_zone: bool,
+}
 
 impl WriteBack {
     /// From the creation's answer (`request_id` empty when it is not known: a group adopted
     /// after a restart).
     pub(super) fn new(group_id: &str, request_id: &str) -> Self {
-        Self(annotations::written_back(group_id, request_id))
+        Self {
+            values: annotations::written_back(group_id, request_id),
+            look_up_zone: false,
+        }
+    }
+
+    /// The zone is to be read before writing (see `look_up_zone`).
+    fn with_zone_lookup(mut self, several_vswitches: bool) -> Self {
+        self.look_up_zone = several_vswitches;
+        self
     }
 
     fn group_id(&self) -> &str {
-        self.0.get(INSTANCE_ANNOTATION).map_or("", String::as_str)
+        self.values
+            .get(INSTANCE_ANNOTATION)
+            .map_or("", String::as_str)
     }
 }
 
@@ -59,6 +75,41 @@ const REPORT_AFTER_ATTEMPTS: u32 = 3;
 /// does not change again and so is never written again.
 fn report_failure(attempt: u32, group_seen: bool) -> bool {
     attempt == REPORT_AFTER_ATTEMPTS && !group_seen
+}
+
+/// Condition and Event reason (ACK's): no zone of the pod's vSwitches has stock.
+pub(super) const NO_STOCK: &str = "NoStock";
+
+/// What a create refused for lack of stock in every listed zone comes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum StockVerdict {
+    /// The pod stays Pending and is retried with back-off (what it shows).
+    Wait(String),
+    /// The pod fails (why).
+    Fail(String),
+}
+
+/// The pod's `eci-fail-strategy` and `eci-max-pending-minute` (`limit`) applied to a create
+/// refused for stock after the pod `waited` since its creation; `service` is ECI's message.
+fn on_no_stock(
+    strategy: annotations::FailStrategy,
+    waited: Duration,
+    limit: Duration,
+    service: &str,
+) -> StockVerdict {
+    let minutes = limit.as_secs() / 60;
+    let service = service.trim_end_matches('.');
+    match strategy {
+        annotations::FailStrategy::FailFast => StockVerdict::Fail(format!(
+            "No zone of the pod's vSwitches has stock ({service}); eci-fail-strategy is fail-fast, so the pod is not retried"
+        )),
+        annotations::FailStrategy::Retry if waited >= limit => StockVerdict::Fail(format!(
+            "No zone of the pod's vSwitches had stock for {minutes} minutes, the pod's eci-max-pending-minute ({service}); give it vSwitches in more zones or other instance specifications"
+        )),
+        annotations::FailStrategy::Retry => StockVerdict::Wait(format!(
+            "No zone of the pod's vSwitches has stock ({service}); the pod stays Pending and is retried with back-off for up to {minutes} minutes after its creation (eci-max-pending-minute)"
+        )),
+    }
 }
 
 /// A pod waiting for its group: how many attempts failed, and when it was first seen (the
@@ -81,6 +132,8 @@ pub(super) enum Shown {
     Misconfiguration,
     /// A refusal of the pod's own parameters, by its fingerprint: the job waits its back-off.
     Refusal(u64),
+    /// No zone has stock: the job waits its back-off.
+    NoStock,
 }
 
 impl CreateJob {
@@ -313,6 +366,34 @@ impl PodController {
                         ..retry
                     })
                 }
+                Err(Failure::NoStock(message)) => {
+                    self.inner.telemetry.pod_create_retries.inc();
+                    let (strategy, limit) = annotations::on_no_stock(pod.annotations());
+                    let waited = pod
+                        .creation_timestamp()
+                        .and_then(|t| SystemTime::from(t.0).elapsed().ok())
+                        .unwrap_or_default();
+                    match on_no_stock(strategy, waited, limit, &message) {
+                        StockVerdict::Wait(shown) => {
+                            let group_seen =
+                                self.tracked().get(uid).is_some_and(|t| t.group.is_some());
+                            if job.shown != Shown::NoStock && !group_seen {
+                                self.show_not_created(&pod, "Pending", NO_STOCK, &shown).await;
+                            }
+                            debug!(attempt = job.attempt, "no zone has stock; retrying");
+                            Some(CreateJob {
+                                shown: Shown::NoStock,
+                                ..retry
+                            })
+                        }
+                        StockVerdict::Fail(why) => {
+                            warn!(%why, "no zone has stock; failing the pod");
+                            self.show_not_created_as(&pod, "Failed", PROVIDER_FAILED, NO_STOCK, &why)
+                                .await;
+                            None
+                        }
+                    }
+                }
                 Err(Failure::Refused(refusal)) => {
                     self.inner.telemetry.pod_create_retries.inc();
                     let group_seen = self.tracked().get(uid).is_some_and(|t| t.group.is_some());
@@ -394,6 +475,7 @@ impl PodController {
             }
         })?;
         debug_assert_eq!(request.client_token, uid);
+        let several_vswitches = request.v_switch_id.contains(',');
         let chosen = misconfigured::pod_chosen(
             &request,
             misconfigured::OwnParameters {
@@ -411,10 +493,10 @@ impl PodController {
                 .tokens
                 .track(pod, &response.container_group_id, due);
         }
-        Ok(WriteBack::new(
-            &response.container_group_id,
-            &response.request_id,
-        ))
+        Ok(
+            WriteBack::new(&response.container_group_id, &response.request_id)
+                .with_zone_lookup(several_vswitches),
+        )
     }
 
     /// ECI refuses a `ClientToken` reused with other parameters (`IdempotentParameterMismatch`),
@@ -564,7 +646,13 @@ impl PodController {
         self.inner.telemetry.kube_request("pod_annotate");
         // The uid is a precondition: a pod recreated under the name is another pod, whose
         // group this is not (the apiserver refuses to change a uid).
-        let patch = json!({"metadata": {"uid": uid, "annotations": back.0}});
+        let mut values = back.values.clone();
+        if back.look_up_zone
+            && let Some(zone) = self.zone_of(id).await
+        {
+            values.insert(annotations::ZONE, zone);
+        }
+        let patch = json!({"metadata": {"uid": uid, "annotations": values}});
         match api
             .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
@@ -575,6 +663,38 @@ impl PodController {
             Err(error) => {
                 warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, %error, "could not record the ECI instance id on the pod");
                 false
+            }
+        }
+    }
+
+    /// The zone group `id` landed in, as DescribeContainerGroups says (`None`, logged, when it
+    /// cannot be read: the pod is annotated without it rather than not at all).
+    async fn zone_of(&self, id: &str) -> Option<String> {
+        let answer = self
+            .inner
+            .backend
+            .describe_container_groups(DescribeContainerGroupsRequest {
+                region_id: self.inner.config.region.clone(),
+                container_group_ids: vec![id.to_owned()],
+                ..DescribeContainerGroupsRequest::default()
+            })
+            .await;
+        match answer {
+            Ok(answer) => {
+                let zone = answer
+                    .container_groups
+                    .into_iter()
+                    .find(|group| group.container_group_id == id)
+                    .map(|group| group.zone_id)
+                    .filter(|zone| !zone.is_empty());
+                if zone.is_none() {
+                    warn!(eci_id = %id, "the container group's zone is not in its description");
+                }
+                zone
+            }
+            Err(error) => {
+                warn!(eci_id = %id, %error, "cannot read the container group's zone; annotating the pod without it");
+                None
             }
         }
     }
@@ -626,10 +746,52 @@ mod tests {
     }
 
     #[test]
+    fn no_stock_waits_or_fails_as_the_pod_asks() {
+        use annotations::FailStrategy::{FailFast, Retry};
+        let minute = Duration::from_secs(60);
+        let cases = [
+            // (strategy, waited, limit, fails, the message says)
+            (
+                Retry,
+                Duration::ZERO,
+                240 * minute,
+                false,
+                "up to 240 minutes",
+            ),
+            (Retry, 239 * minute, 240 * minute, false, "stays Pending"),
+            (Retry, 240 * minute, 240 * minute, true, "for 240 minutes"),
+            (
+                Retry,
+                31 * minute,
+                30 * minute,
+                true,
+                "eci-max-pending-minute",
+            ),
+            (FailFast, Duration::ZERO, 240 * minute, true, "fail-fast"),
+            (FailFast, 500 * minute, 240 * minute, true, "not retried"),
+        ];
+        for (strategy, waited, limit, fails, says) in cases {
+            let verdict = on_no_stock(strategy, waited, limit, "out of stock in zone-a.");
+            let (failed, text) = match &verdict {
+                StockVerdict::Fail(text) => (true, text),
+                StockVerdict::Wait(text) => (false, text),
+            };
+            assert_eq!(failed, fails, "{strategy:?} {waited:?}: {verdict:?}");
+            assert!(text.contains(says), "{text}");
+            assert!(
+                text.contains("out of stock in zone-a"),
+                "ECI's words kept: {text}"
+            );
+        }
+    }
+
+    #[test]
     fn the_write_back_carries_the_group_id_under_the_instance_annotation() {
         let back = WriteBack::new("eci-1", "req-1");
         assert_eq!(back.group_id(), "eci-1");
-        assert_eq!(back.0.len(), 2, "{back:?}");
+        assert_eq!(back.values.len(), 2, "{back:?}");
+        assert!(!back.look_up_zone, "one vSwitch: nothing to look up");
+        assert!(back.with_zone_lookup(true).look_up_zone);
         assert_eq!(WriteBack::new("eci-2", "").group_id(), "eci-2");
     }
 }

@@ -179,6 +179,10 @@ impl PodController {
             Ok(response) => return Ok(response),
             Err(error) => error,
         };
+        if error.code == eci_proto::error::codes::NO_STOCK {
+            // Capacity, not the request or the configuration: the pod's fail strategy decides.
+            return Err(Failure::NoStock(error.message));
+        }
         Err(match judgement.blame {
             Some(Blame::Node(_)) => match misconfig::misconfiguration(CREATE, &error) {
                 Some(found) => Failure::Misconfigured(found),

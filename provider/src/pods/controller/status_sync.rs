@@ -20,8 +20,7 @@ use super::{
 use crate::pods::from_eci;
 use crate::pods::to_eci::naming;
 
-/// The pod condition saying whether the ECI instance was created (ack-virtual-node's name).
-pub(super) const INSTANCE_CREATED: &str = "ContainerInstanceCreated";
+use crate::pods::from_eci::INSTANCE_CREATED;
 
 /// What a status write came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,9 +111,24 @@ impl PodController {
         reason: &str,
         message: &str,
     ) {
+        self.show_not_created_as(pod, phase, reason, reason, message)
+            .await;
+    }
+
+    /// [`Self::show_not_created`] with a pod reason other than the condition's (a pod that
+    /// failed for lack of stock is `ProviderFailed`, its condition says `NoStock`, as ACK
+    /// shows them).
+    pub(super) async fn show_not_created_as(
+        &self,
+        pod: &Pod,
+        phase: &str,
+        pod_reason: &str,
+        reason: &str,
+        message: &str,
+    ) {
         let now = crate::k8s::rfc3339(SystemTime::now());
         self.write_status(pod, |current| {
-            let mut status = from_eci::with_phase(current, phase, reason, message);
+            let mut status = from_eci::with_phase(current, phase, pod_reason, message);
             let condition = json!({
                 "type": INSTANCE_CREATED, "status": "False", "reason": reason,
                 "message": message, "lastTransitionTime": now,

@@ -32,10 +32,10 @@ pub enum Outcome {
     /// Needs something this daemon does not drive (named): a Warning Event, the group is
     /// created without it.
     NotDriven(&'static str),
-    /// Checked, but not acted on yet (why): a Warning Event, the group is created.
-    NotYetHonoured {
-        /// Why not.
-        why: &'static str,
+    /// Not a CreateContainerGroup parameter: the daemon itself acts on it (how).
+    ByDaemon {
+        /// What the daemon does with it.
+        how: &'static str,
         /// Rejects a malformed value.
         check: fn(&str) -> Result<(), String>,
     },
@@ -65,6 +65,10 @@ pub const INSTANCE_ID: &str = "k8s.aliyun.com/eci-instance-id";
 /// Written back: the id of the request that created the group.
 pub const REQUEST_ID: &str = "k8s.aliyun.com/eci-request-id";
 
+/// Written back when the create listed several vSwitches: the zone the group landed in (the
+/// well-known topology key, so users and tools read it where they read a node's zone).
+pub const ZONE: &str = "topology.kubernetes.io/zone";
+
 /// Event reason: the pod carries annotations the group is created without.
 pub const NOT_HONOURED: &str = "AnnotationNotHonoured";
 /// Condition and Event reason: an annotation's value is malformed (the message names it).
@@ -84,7 +88,13 @@ macro_rules! mapped {
 const NO_FAMILY: &str = "choosing an instance family or generation (CreateContainerGroup has no parameter for it; list ECS types in eci-use-specs instead)";
 const NO_PRIVATE_POOL: &str = "ECS private pools (CreateContainerGroup has no parameter for them)";
 const NO_IMC_TUNING: &str = "tuning of image cache matching (CreateContainerGroup has no parameter for it; eci-auto-imc matches with the service's defaults)";
-const NO_MULTI_ZONE: &str = "not yet honoured: creation failures are retried with back-off until the pod is deleted, whatever this says";
+const ON_NO_STOCK: &str = "when no zone of the pod's vSwitches has stock (`OperationDenied.NoStock`): `fail-back` and `fail-over` (the default) keep the pod Pending (`ContainerInstanceCreated=False`, reason `NoStock`) and retry with back-off until eci-max-pending-minute has passed since the pod's creation; `fail-fast` fails the pod at once (`ProviderFailed`)";
+const PENDING_BOUND: &str = "bounds how long a pod waits for stock (from its creation; default 240) before it fails (`ProviderFailed`, condition reason `NoStock`); unlike ECI's own limit it does not end an instance stuck Pending after creation (an image that cannot be pulled)";
+
+/// Pod annotation: what to do when no zone has stock (see [`ON_NO_STOCK`]).
+pub const FAIL_STRATEGY: &str = "k8s.aliyun.com/eci-fail-strategy";
+/// Pod annotation: how many minutes a pod waits for stock.
+pub const MAX_PENDING_MINUTE: &str = "k8s.aliyun.com/eci-max-pending-minute";
 
 /// Every annotation ack-virtual-node documents, in the order they are applied.
 pub const TABLE: &[Entry] = &[
@@ -187,8 +197,8 @@ pub const TABLE: &[Entry] = &[
     },
     Entry {
         key: "k8s.aliyun.com/eci-fail-strategy",
-        outcome: Outcome::NotYetHonoured {
-            why: NO_MULTI_ZONE,
+        outcome: Outcome::ByDaemon {
+            how: ON_NO_STOCK,
             check: fail_strategy,
         },
         accepts: "`fail-back`, `fail-over` or `fail-fast`",
@@ -196,11 +206,11 @@ pub const TABLE: &[Entry] = &[
     },
     Entry {
         key: "k8s.aliyun.com/eci-max-pending-minute",
-        outcome: Outcome::NotYetHonoured {
-            why: NO_MULTI_ZONE,
+        outcome: Outcome::ByDaemon {
+            how: PENDING_BOUND,
             check: pending_minutes,
         },
-        accepts: "minutes, 1 to 1440",
+        accepts: "minutes, 10 to 1440 (ACK's range)",
         example: "30",
     },
     mapped!(
@@ -516,7 +526,7 @@ pub fn apply(
         };
         let outcome = match entry.outcome {
             Outcome::Mapped { apply, .. } => apply(value, request),
-            Outcome::NotYetHonoured { check, .. } => check(value),
+            Outcome::ByDaemon { check, .. } => check(value),
             Outcome::NotDriven(_) | Outcome::WrittenBack(_) => Ok(()),
         };
         outcome.map_err(|why| {
@@ -543,8 +553,7 @@ pub fn notices(annotations: &BTreeMap<String, String>) -> Vec<String> {
         .filter(|e| annotations.get(e.key).is_some_and(|v| !v.is_empty()))
         .filter_map(|e| match e.outcome {
             Outcome::NotDriven(what) => Some(format!("{}: not driven: {what}", e.key)),
-            Outcome::NotYetHonoured { why, .. } => Some(format!("{}: {why}", e.key)),
-            Outcome::Mapped { .. } | Outcome::WrittenBack(_) => None,
+            Outcome::Mapped { .. } | Outcome::ByDaemon { .. } | Outcome::WrittenBack(_) => None,
         })
         .collect()
 }
@@ -665,9 +674,36 @@ fn fail_strategy(value: &str) -> Result<(), String> {
 
 fn pending_minutes(value: &str) -> Result<(), String> {
     number::<i32>(value, "a number of minutes")
-        .and_then(|m| within(m, 1, 1440))
+        .and_then(|m| within(m, 10, 1440))
         .map(drop)
 }
+
+/// What to do when no zone has stock (`eci-fail-strategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailStrategy {
+    /// `fail-back` (the default) or `fail-over` (ACK documents them as the same): wait and retry.
+    Retry,
+    /// `fail-fast`: fail the pod at once.
+    FailFast,
+}
+
+/// The pod's fail strategy and how long it may wait for stock (its annotations were checked
+/// when its request was translated; a value that slips through counts as absent).
+pub fn on_no_stock(annotations: &BTreeMap<String, String>) -> (FailStrategy, std::time::Duration) {
+    let strategy = match annotations.get(FAIL_STRATEGY).map(|v| v.trim()) {
+        Some("fail-fast") => FailStrategy::FailFast,
+        _ => FailStrategy::Retry,
+    };
+    let minutes = annotations
+        .get(MAX_PENDING_MINUTE)
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|m| (10..=1440).contains(m))
+        .unwrap_or(DEFAULT_MAX_PENDING_MINUTES);
+    (strategy, std::time::Duration::from_secs(minutes * 60))
+}
+
+/// ACK's default wait (4 hours).
+pub const DEFAULT_MAX_PENDING_MINUTES: u64 = 240;
 
 fn custom_hosts(value: &str, request: &mut CreateContainerGroupRequest) -> Result<(), String> {
     let aliases: Vec<HostAlias> =

@@ -332,23 +332,75 @@ fn unmapped_annotations_are_reported_and_mapped_ones_are_not() {
         let annotations = BTreeMap::from([(entry.key.to_owned(), entry.example.to_owned())]);
         let notices = notices(&annotations);
         match entry.outcome {
-            Outcome::NotDriven(_) | Outcome::NotYetHonoured { .. } => {
+            Outcome::NotDriven(_) => {
                 assert_eq!(notices.len(), 1, "{}", entry.key);
                 assert!(notices[0].starts_with(entry.key), "{notices:?}");
                 let mut request = base();
                 apply(&annotations, &mut request).unwrap_or_else(|e| panic!("{}: {e}", entry.key));
                 assert_eq!(request, base(), "{} changes nothing", entry.key);
             }
-            Outcome::Mapped { .. } | Outcome::WrittenBack(_) => {
+            Outcome::Mapped { .. } | Outcome::ByDaemon { .. } | Outcome::WrittenBack(_) => {
                 assert!(notices.is_empty(), "{}: {notices:?}", entry.key);
             }
         }
     }
-    let fail = BTreeMap::from([(
-        "k8s.aliyun.com/eci-fail-strategy".to_owned(),
-        "fail-fast".to_owned(),
-    )]);
-    assert!(notices(&fail)[0].contains("not yet honoured"));
+}
+
+#[test]
+fn the_no_stock_annotations_say_how_long_to_wait_and_whether_to() {
+    use std::time::Duration;
+    let minutes = |m: u64| Duration::from_secs(m * 60);
+    // (the pod's annotations, its strategy, how long it may wait)
+    type Case<'a> = (&'a [(&'a str, &'a str)], FailStrategy, Duration);
+    let cases: [Case<'_>; 7] = [
+        (&[], FailStrategy::Retry, minutes(240)),
+        (
+            &[(FAIL_STRATEGY, "fail-back")],
+            FailStrategy::Retry,
+            minutes(240),
+        ),
+        (
+            &[(FAIL_STRATEGY, "fail-over")],
+            FailStrategy::Retry,
+            minutes(240),
+        ),
+        (
+            &[(FAIL_STRATEGY, "fail-fast")],
+            FailStrategy::FailFast,
+            minutes(240),
+        ),
+        (
+            &[(MAX_PENDING_MINUTE, "30")],
+            FailStrategy::Retry,
+            minutes(30),
+        ),
+        // Out of ACK's range (refused at translation): the default, never zero.
+        (
+            &[(MAX_PENDING_MINUTE, "0")],
+            FailStrategy::Retry,
+            minutes(240),
+        ),
+        (
+            &[(FAIL_STRATEGY, "fail-fast"), (MAX_PENDING_MINUTE, "1440")],
+            FailStrategy::FailFast,
+            minutes(1440),
+        ),
+    ];
+    for (given, strategy, wait) in cases {
+        let annotations = given
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        assert_eq!(on_no_stock(&annotations), (strategy, wait), "{given:?}");
+    }
+    for (value, accepted) in [("10", true), ("1440", true), ("9", false), ("1441", false)] {
+        let annotations = BTreeMap::from([(MAX_PENDING_MINUTE.to_owned(), value.to_owned())]);
+        assert_eq!(
+            apply(&annotations, &mut base()).is_ok(),
+            accepted,
+            "{value}"
+        );
+    }
 }
 
 #[test]
