@@ -14,6 +14,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::lifecycle::{Event, Lifecycle};
 use super::{Adopted, PodController, backoff, pod_key, slim};
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
@@ -111,13 +112,16 @@ impl PodController {
             .await;
         for uid in &confirmed {
             unseen.remove(uid);
-            let group = self.tracked().remove(uid).and_then(|t| t.group);
+            let group = self
+                .tracked()
+                .remove(uid)
+                .and_then(|t| t.lifecycle.into_group());
             self.inner.tokens.forget(uid);
             self.inner.telemetry.pods_deleted_during_watch_gap.inc();
             match group {
                 Some(id) => {
                     info!(pod_uid = %uid, eci_id = %id, "the pod was deleted while nobody watched; deleting its container group");
-                    self.delete_group_eventually(id);
+                    self.delete_group_eventually(id.into());
                 }
                 None => {
                     info!(pod_uid = %uid, "the pod was deleted while nobody watched; it had no container group");
@@ -156,18 +160,19 @@ impl PodController {
             return;
         };
         self.inner.tokens.forget(&uid);
-        match tracked.group {
+        match tracked.lifecycle {
             // Our own deletion of the pod is under way (a grace period of 0 brings the pod's
             // removal right after its deletionTimestamp): it deletes the group until ECI
             // accepts, whatever becomes of the pod, so a second call would only be refused.
-            Some(id) if tracked.deleting => {
+            Lifecycle::Deleting { group: Some(id) } => {
                 debug!(pod = %pod_key(pod), eci_id = %id, "pod removed while its deletion runs; that deletion ends the container group");
             }
-            Some(id) => {
-                info!(pod = %pod_key(pod), eci_id = %id, "pod removed; deleting its container group");
-                self.delete_group_eventually(id);
+            lifecycle => {
+                if let Some(id) = lifecycle.into_group() {
+                    info!(pod = %pod_key(pod), eci_id = %id, "pod removed; deleting its container group");
+                    self.delete_group_eventually(id.into());
+                }
             }
-            None => {}
         }
     }
 
@@ -193,9 +198,7 @@ impl PodController {
                 .await;
         }
         // The group is gone: the pod's removal from the watch must not delete it again.
-        if let Some(t) = self.tracked().get_mut(&uid) {
-            t.group = None;
-        }
+        self.settle(&uid, Event::GroupDeleted);
         let api: Api<Pod> = Api::namespaced(
             self.inner.client.clone(),
             &pod.namespace().unwrap_or_default(),
@@ -223,9 +226,7 @@ impl PodController {
             }
         }
         warn!("could not delete the pod; the next resync tries again");
-        if let Some(t) = self.tracked().get_mut(&uid) {
-            t.deleting = false;
-        }
+        self.settle(&uid, Event::PodDeletionFailed);
     }
 
     /// Deletes the group of a pod being deleted as `plan` says; returns once ECI accepted a
