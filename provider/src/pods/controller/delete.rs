@@ -64,35 +64,28 @@ enum Waiting {
 }
 
 /// A pod tracked but missing from a list, and how to look it up.
-struct Missing {
+pub(super) struct Missing {
     uid: String,
     /// Namespace and name: from the kept pod, or from an adopted group's tags.
     key: Option<(String, String)>,
 }
 
 impl PodController {
-    /// Settles a completed (re)list: every pod tracked but not `listed` — deleted while the
-    /// watch was broken or the daemon stopped, so no Delete event will ever say so — is
-    /// confirmed gone with a direct read (a missing pod, or one of that name with another
-    /// UID) and then handled as a deletion: its group is deleted at once (the pod is gone, so
-    /// no grace period is left to honour) and it is counted in
-    /// `virtual_node_eci_pods_deleted_during_watch_gap_total`. At start the tracked pods are the
-    /// adopted groups (`unseen` holds the names their tags give), so orphans left by pods
-    /// deleted while the daemon was stopped go the same way. A pod that cannot be confirmed
-    /// gone (the read failed) stays tracked for the next list. How many pods were gone.
-    pub(super) async fn settle_list(
+    /// The pods tracked but not `listed` by a completed (re)list, with how to look each up:
+    /// its kept copy, or for an adopted group whose pod was never seen, the names its tags
+    /// give (`unseen`). Only memory is read: the watch calls it and must not wait.
+    pub(super) fn unlisted(
         &self,
         listed: &HashSet<String>,
-        unseen: &mut HashMap<String, Adopted>,
-    ) -> usize {
+        unseen: &HashMap<String, Adopted>,
+    ) -> Vec<Missing> {
         let kept: Vec<(String, Option<slim::Kept>)> = self
             .tracked()
             .iter()
             .filter(|(uid, _)| !listed.contains(*uid))
             .map(|(uid, t)| (uid.clone(), t.pod.clone()))
             .collect();
-        let missing: Vec<Missing> = kept
-            .into_iter()
+        kept.into_iter()
             .map(|(uid, kept)| {
                 let key = kept
                     .and_then(|kept| kept.pod())
@@ -103,22 +96,35 @@ impl PodController {
                     });
                 Missing { uid, key }
             })
-            .collect();
+            .collect()
+    }
+
+    /// Settles a completed (re)list: every pod tracked but not listed ([`Self::unlisted`]) —
+    /// deleted while the watch was broken or the daemon stopped, so no Delete event will ever
+    /// say so — is confirmed gone with a direct read (a missing pod, or one of that name with
+    /// another UID) and then handled as a deletion: its group is deleted at once (the pod is
+    /// gone, so no grace period is left to honour) and it is counted in
+    /// `virtual_node_eci_pods_deleted_during_watch_gap_total`. At start the tracked pods are the
+    /// adopted groups, so orphans left by pods deleted while the daemon was stopped go the same
+    /// way. A pod that cannot be confirmed gone (the read failed) stays tracked for the next
+    /// list. Runs beside the watch, not in it; a pod an earlier list's settling already took
+    /// is not counted again. How many pods were gone.
+    pub(super) async fn settle_list(&self, missing: Vec<Missing>) -> usize {
         let confirmed: Vec<String> = futures::stream::iter(missing)
             .map(|missing| async move { self.is_gone(&missing).await.then_some(missing.uid) })
             .buffer_unordered(CONFIRMING)
             .filter_map(|gone| async move { gone })
             .collect()
             .await;
+        let mut gone = 0;
         for uid in &confirmed {
-            unseen.remove(uid);
-            let group = self
-                .tracked()
-                .remove(uid)
-                .and_then(|t| t.lifecycle.into_group());
+            let Some(tracked) = self.tracked().remove(uid) else {
+                continue;
+            };
+            gone += 1;
             self.inner.tokens.forget(uid);
             self.inner.telemetry.pods_deleted_during_watch_gap.inc();
-            match group {
+            match tracked.lifecycle.into_group() {
                 Some(id) => {
                     info!(pod_uid = %uid, eci_id = %id, "the pod was deleted while nobody watched; deleting its container group");
                     self.delete_group_eventually(id.into());
@@ -128,7 +134,7 @@ impl PodController {
                 }
             }
         }
-        confirmed.len()
+        gone
     }
 
     /// Whether a pod missing from a list is really gone (a failed read says no).
