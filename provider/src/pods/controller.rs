@@ -330,7 +330,7 @@ impl PodController {
 
     /// Moves the lifecycle of the pod with `uid` on by `event`, when it is tracked; what to do
     /// is the caller's (see [`Tracked::on`]).
-    fn settle(&self, uid: &str, event: Event<'_>) -> Option<Effect> {
+    fn advance(&self, uid: &str, event: Event<'_>) -> Option<Effect> {
         self.tracked().get_mut(uid)?.on(uid, event)
     }
 

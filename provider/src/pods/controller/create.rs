@@ -249,7 +249,7 @@ impl PodController {
                         .observe(job.seen.elapsed().as_secs_f64());
                     // Not when the pod began deleting meanwhile (or went).
                     let wanted = matches!(
-                        self.settle(uid, Event::Created(&id)),
+                        self.advance(uid, Event::Created(&id)),
                         Some(Effect::Annotate(_))
                     );
                     if !wanted {
@@ -288,13 +288,13 @@ impl PodController {
                 }
                 Err(Failure::Permanent(message)) => {
                     warn!(%message, "this pod cannot run on ECI");
-                    self.settle(uid, Event::CreateFailed);
+                    self.advance(uid, Event::CreateFailed);
                     self.set_provider_failed(&pod, &message, true).await;
                     None
                 }
                 Err(Failure::InvalidAnnotation(message)) => {
                     warn!(%message, "the pod's annotation is malformed; not creating its group");
-                    self.settle(uid, Event::CreateFailed);
+                    self.advance(uid, Event::CreateFailed);
                     self.set_invalid_annotation(&pod, &message).await;
                     None
                 }
@@ -537,7 +537,7 @@ impl PodController {
                 move |uid, (key, back)| async move {
                     if !this.annotate(&key, &uid, &back).await {
                         // The next event for the pod tries again.
-                        this.settle(&uid, Event::AnnotationFailed);
+                        this.advance(&uid, Event::AnnotationFailed);
                     }
                 },
             )

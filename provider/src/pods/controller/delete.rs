@@ -204,7 +204,7 @@ impl PodController {
                 .await;
         }
         // The group is gone: the pod's removal from the watch must not delete it again.
-        self.settle(&uid, Event::GroupDeleted);
+        self.advance(&uid, Event::GroupDeleted);
         let api: Api<Pod> = Api::namespaced(
             self.inner.client.clone(),
             &pod.namespace().unwrap_or_default(),
@@ -232,7 +232,7 @@ impl PodController {
             }
         }
         warn!("could not delete the pod; the next resync tries again");
-        self.settle(&uid, Event::PodDeletionFailed);
+        self.advance(&uid, Event::PodDeletionFailed);
     }
 
     /// Deletes the group of a pod being deleted as `plan` says; returns once ECI accepted a

@@ -267,8 +267,9 @@ fn observed(state: Lifecycle, pod: Observed<'_>) -> Result<Step, Lifecycle> {
         };
     }
     match state {
-        // A deletionTimestamp is never taken back.
-        Deleting { .. } => Err(state),
+        // A deletionTimestamp is never taken back: a copy without one predates it (a status
+        // write's answer kept just after the deletion began, shown again by a resync).
+        Deleting { .. } => stay(state),
         Created { group, annotated } => {
             let (annotated, effect) = annotation(group.clone(), annotated, pod.annotation);
             go(Created { group, annotated }, effect)

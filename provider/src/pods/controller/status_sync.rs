@@ -424,7 +424,7 @@ impl PodController {
                 .await;
                 self.event(&pod, EventType::Warning, "NotFound", &message)
                     .await;
-                self.settle(&uid, lifecycle::Event::Vanished);
+                self.advance(&uid, lifecycle::Event::Vanished);
             }
         }
     }

@@ -156,7 +156,8 @@ fn expected(event: &str, state: &Lifecycle) -> Outcome {
             | "observed unfit",
             Creating | GivenUp | Unanswered { .. } | Created { .. },
         ) => same(state),
-        // A deletionTimestamp is never removed.
+        // A deletionTimestamp is never removed: a copy without one is older than the
+        // deletion and changes nothing.
         (
             "observed"
             | "observed, no annotation"
@@ -164,7 +165,7 @@ fn expected(event: &str, state: &Lifecycle) -> Outcome {
             | "observed finished"
             | "observed unfit",
             Deleting { .. },
-        ) => REFUSED,
+        ) => same(state),
         // Deleting: what the pod has of a group goes first. A delete arriving while the create
         // is in flight deletes the pod alone; the create's answer is handled below.
         (
