@@ -184,6 +184,10 @@ impl Lifecycle {
         })
     }
 
+    #[allow(
+        clippy::match_same_arms,
+        reason = "a transition table: each event's rows stay together"
+    )]
     fn next(self, event: Event<'_>) -> Result<Step, Self> {
         use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Unanswered};
         match (self, event) {
@@ -268,8 +272,9 @@ fn observed(state: Lifecycle, pod: Observed<'_>) -> Result<Step, Lifecycle> {
     }
     match state {
         // A deletionTimestamp is never taken back: a copy without one predates it (a status
-        // write's answer kept just after the deletion began, shown again by a resync).
-        Deleting { .. } => stay(state),
+        // write's answer kept just after the deletion began, shown again by a resync). A
+        // create under way or given up is not started again.
+        Deleting { .. } | Creating | GivenUp => stay(state),
         Created { group, annotated } => {
             let (annotated, effect) = annotation(group.clone(), annotated, pod.annotation);
             go(Created { group, annotated }, effect)
@@ -278,7 +283,6 @@ fn observed(state: Lifecycle, pod: Observed<'_>) -> Result<Step, Lifecycle> {
             let (annotated, effect) = annotation(group.clone(), annotated, pod.annotation);
             go(Unanswered { group, annotated }, effect)
         }
-        Creating | GivenUp => stay(state),
         Idle | Held if pod.finished => stay(state),
         Idle | Held => match pod.unfit {
             Some(reason) => go(GivenUp, Effect::Skip(reason)),
@@ -294,9 +298,9 @@ fn observed(state: Lifecycle, pod: Observed<'_>) -> Result<Step, Lifecycle> {
 fn annotation(group: Box<str>, annotated: bool, shown: Option<&str>) -> (bool, Effect) {
     match shown {
         Some(shown) if *shown == *group => (true, Effect::Nothing),
-        Some(_) => (true, Effect::Annotate(group)),
         None if annotated => (true, Effect::Nothing),
-        None => (true, Effect::Annotate(group)),
+        // Missing and not queued, or someone else's id.
+        _ => (true, Effect::Annotate(group)),
     }
 }
 

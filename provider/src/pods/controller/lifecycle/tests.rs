@@ -126,6 +126,10 @@ fn same(state: &Lifecycle) -> Outcome {
 const REFUSED: Outcome = None;
 
 /// The specification, row by row: (event, state) → outcome.
+#[allow(
+    clippy::match_same_arms,
+    reason = "the specification: each event's rows stay together"
+)]
 fn expected(event: &str, state: &Lifecycle) -> Outcome {
     let nothing = Effect::Nothing;
     let delete_ours = || Effect::Delete(Some(OURS.into()));
