@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::gate::Admission;
+use super::lifecycle::{Effect, Event};
 use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
     misconfigured, pod_key, pod_key_parts,
@@ -230,7 +231,7 @@ impl PodController {
         let (pod, slim) = {
             let tracked = self.tracked();
             match tracked.get(uid) {
-                Some(t) if !t.deleting => match &t.pod {
+                Some(t) if !t.lifecycle.is_deleting() => match &t.pod {
                     Some(kept) => (kept.clone(), kept.is_slim()),
                     None => return Ok(None),
                 },
@@ -299,18 +300,11 @@ impl PodController {
                         .telemetry
                         .pod_create_seconds
                         .observe(job.seen.elapsed().as_secs_f64());
-                    let wanted = {
-                        let mut tracked = self.tracked();
-                        match tracked.get_mut(uid) {
-                            Some(entry) if !entry.deleting => {
-                                entry.group = Some(id.clone());
-                                entry.annotated = true;
-                                entry.creating = false;
-                                true
-                            }
-                            _ => false,
-                        }
-                    };
+                    // Not when the pod began deleting meanwhile (or went).
+                    let wanted = matches!(
+                        self.advance(uid, Event::Created(&id)),
+                        Some(Effect::Annotate(_))
+                    );
                     if !wanted {
                         // The pod went away while its group was being created: no leak.
                         info!(eci_id = %id, "the pod was deleted during creation; deleting its new container group");
@@ -337,7 +331,7 @@ impl PodController {
                 }
                 Err(Failure::Retry(message)) => {
                     self.inner.telemetry.pod_create_retries.inc();
-                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.group.is_some());
+                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.lifecycle.group().is_some());
                     if report_failure(job.attempt, group_seen) {
                         // Tell the user once the problem persists, then keep trying.
                         self.set_provider_failed(&pod, &message, false).await;
@@ -347,17 +341,19 @@ impl PodController {
                 }
                 Err(Failure::Permanent(message)) => {
                     warn!(%message, "this pod cannot run on ECI");
+                    self.advance(uid, Event::CreateFailed);
                     self.set_provider_failed(&pod, &message, true).await;
                     None
                 }
                 Err(Failure::InvalidAnnotation(message)) => {
                     warn!(%message, "the pod's annotation is malformed; not creating its group");
+                    self.advance(uid, Event::CreateFailed);
                     self.set_invalid_annotation(&pod, &message).await;
                     None
                 }
                 Err(Failure::Misconfigured(found)) => {
                     self.inner.telemetry.pod_create_retries.inc();
-                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.group.is_some());
+                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.lifecycle.group().is_some());
                     if job.shown != Shown::Misconfiguration && !group_seen {
                         self.explain_misconfiguration(&pod, &found).await;
                     }
@@ -396,7 +392,7 @@ impl PodController {
                 }
                 Err(Failure::Refused(refusal)) => {
                     self.inner.telemetry.pod_create_retries.inc();
-                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.group.is_some());
+                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.lifecycle.group().is_some());
                     let shown = Shown::Refusal(super::hash_of(&refusal.describe()));
                     if job.shown != shown && !group_seen {
                         self.explain_refusal(&pod, &refusal).await;
@@ -623,9 +619,7 @@ impl PodController {
                 move |uid, (key, back)| async move {
                     if !this.annotate(&key, &uid, &back).await {
                         // The next event for the pod tries again.
-                        if let Some(entry) = this.tracked().get_mut(&uid) {
-                            entry.annotated = false;
-                        }
+                        this.advance(&uid, Event::AnnotationFailed);
                     }
                 },
             )

@@ -14,6 +14,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::lifecycle::{Event, Lifecycle};
 use super::{Adopted, PodController, backoff, pod_key, slim};
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
@@ -63,35 +64,28 @@ enum Waiting {
 }
 
 /// A pod tracked but missing from a list, and how to look it up.
-struct Missing {
+pub(super) struct Missing {
     uid: String,
     /// Namespace and name: from the kept pod, or from an adopted group's tags.
     key: Option<(String, String)>,
 }
 
 impl PodController {
-    /// Settles a completed (re)list: every pod tracked but not `listed` — deleted while the
-    /// watch was broken or the daemon stopped, so no Delete event will ever say so — is
-    /// confirmed gone with a direct read (a missing pod, or one of that name with another
-    /// UID) and then handled as a deletion: its group is deleted at once (the pod is gone, so
-    /// no grace period is left to honour) and it is counted in
-    /// `virtual_node_eci_pods_deleted_during_watch_gap_total`. At start the tracked pods are the
-    /// adopted groups (`unseen` holds the names their tags give), so orphans left by pods
-    /// deleted while the daemon was stopped go the same way. A pod that cannot be confirmed
-    /// gone (the read failed) stays tracked for the next list. How many pods were gone.
-    pub(super) async fn settle_list(
+    /// The pods tracked but not `listed` by a completed (re)list, with how to look each up:
+    /// its kept copy, or for an adopted group whose pod was never seen, the names its tags
+    /// give (`unseen`). Only memory is read: the watch calls it and must not wait.
+    pub(super) fn unlisted(
         &self,
         listed: &HashSet<String>,
-        unseen: &mut HashMap<String, Adopted>,
-    ) -> usize {
+        unseen: &HashMap<String, Adopted>,
+    ) -> Vec<Missing> {
         let kept: Vec<(String, Option<slim::Kept>)> = self
             .tracked()
             .iter()
             .filter(|(uid, _)| !listed.contains(*uid))
             .map(|(uid, t)| (uid.clone(), t.pod.clone()))
             .collect();
-        let missing: Vec<Missing> = kept
-            .into_iter()
+        kept.into_iter()
             .map(|(uid, kept)| {
                 let key = kept
                     .and_then(|kept| kept.pod())
@@ -102,29 +96,45 @@ impl PodController {
                     });
                 Missing { uid, key }
             })
-            .collect();
+            .collect()
+    }
+
+    /// Settles a completed (re)list: every pod tracked but not listed ([`Self::unlisted`]) —
+    /// deleted while the watch was broken or the daemon stopped, so no Delete event will ever
+    /// say so — is confirmed gone with a direct read (a missing pod, or one of that name with
+    /// another UID) and then handled as a deletion: its group is deleted at once (the pod is
+    /// gone, so no grace period is left to honour) and it is counted in
+    /// `virtual_node_eci_pods_deleted_during_watch_gap_total`. At start the tracked pods are the
+    /// adopted groups, so orphans left by pods deleted while the daemon was stopped go the same
+    /// way. A pod that cannot be confirmed gone (the read failed) stays tracked for the next
+    /// list. Runs beside the watch, not in it; a pod an earlier list's settling already took
+    /// is not counted again. How many pods were gone.
+    pub(super) async fn settle_list(&self, missing: Vec<Missing>) -> usize {
         let confirmed: Vec<String> = futures::stream::iter(missing)
             .map(|missing| async move { self.is_gone(&missing).await.then_some(missing.uid) })
             .buffer_unordered(CONFIRMING)
             .filter_map(|gone| async move { gone })
             .collect()
             .await;
+        let mut gone = 0;
         for uid in &confirmed {
-            unseen.remove(uid);
-            let group = self.tracked().remove(uid).and_then(|t| t.group);
+            let Some(tracked) = self.tracked().remove(uid) else {
+                continue;
+            };
+            gone += 1;
             self.inner.tokens.forget(uid);
             self.inner.telemetry.pods_deleted_during_watch_gap.inc();
-            match group {
+            match tracked.lifecycle.into_group() {
                 Some(id) => {
                     info!(pod_uid = %uid, eci_id = %id, "the pod was deleted while nobody watched; deleting its container group");
-                    self.delete_group_eventually(id);
+                    self.delete_group_eventually(id.into());
                 }
                 None => {
                     info!(pod_uid = %uid, "the pod was deleted while nobody watched; it had no container group");
                 }
             }
         }
-        confirmed.len()
+        gone
     }
 
     /// Whether a pod missing from a list is really gone (a failed read says no).
@@ -156,18 +166,19 @@ impl PodController {
             return;
         };
         self.inner.tokens.forget(&uid);
-        match tracked.group {
+        match tracked.lifecycle {
             // Our own deletion of the pod is under way (a grace period of 0 brings the pod's
             // removal right after its deletionTimestamp): it deletes the group until ECI
             // accepts, whatever becomes of the pod, so a second call would only be refused.
-            Some(id) if tracked.deleting => {
+            Lifecycle::Deleting { group: Some(id) } => {
                 debug!(pod = %pod_key(pod), eci_id = %id, "pod removed while its deletion runs; that deletion ends the container group");
             }
-            Some(id) => {
-                info!(pod = %pod_key(pod), eci_id = %id, "pod removed; deleting its container group");
-                self.delete_group_eventually(id);
+            lifecycle => {
+                if let Some(id) = lifecycle.into_group() {
+                    info!(pod = %pod_key(pod), eci_id = %id, "pod removed; deleting its container group");
+                    self.delete_group_eventually(id.into());
+                }
             }
-            None => {}
         }
     }
 
@@ -193,9 +204,7 @@ impl PodController {
                 .await;
         }
         // The group is gone: the pod's removal from the watch must not delete it again.
-        if let Some(t) = self.tracked().get_mut(&uid) {
-            t.group = None;
-        }
+        self.advance(&uid, Event::GroupDeleted);
         let api: Api<Pod> = Api::namespaced(
             self.inner.client.clone(),
             &pod.namespace().unwrap_or_default(),
@@ -223,9 +232,7 @@ impl PodController {
             }
         }
         warn!("could not delete the pod; the next resync tries again");
-        if let Some(t) = self.tracked().get_mut(&uid) {
-            t.deleting = false;
-        }
+        self.advance(&uid, Event::PodDeletionFailed);
     }
 
     /// Deletes the group of a pod being deleted as `plan` says; returns once ECI accepted a

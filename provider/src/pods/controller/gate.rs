@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::create::CreateJob;
+use super::lifecycle::{Effect, Event, Lifecycle};
 use super::{PodController, hash_of};
 use crate::pods::tenancy::Verdict;
 
@@ -71,7 +72,7 @@ impl PodController {
                         return Admission::Held;
                     };
                     // Judged again on the pod's next change, or a policy or label change.
-                    entry.creating = false;
+                    entry.on(uid, Event::Refused);
                     entry.held.replace(fingerprint) != Some(fingerprint)
                 };
                 if new {
@@ -95,12 +96,10 @@ impl PodController {
             let held: Vec<String> = self
                 .tracked()
                 .iter_mut()
-                .filter(|(_, t)| {
-                    t.held.is_some() && t.group.is_none() && !t.deleting && !t.creating
-                })
-                .map(|(uid, t)| {
-                    t.creating = true;
-                    uid.clone()
+                .filter(|(_, t)| t.lifecycle == Lifecycle::Held)
+                .filter_map(|(uid, t)| {
+                    let effect = t.on(uid, Event::PolicyChanged)?;
+                    (effect == Effect::Create).then(|| uid.clone())
                 })
                 .collect();
             if !held.is_empty() {

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::lifecycle::{self, Lifecycle};
 use super::{
     FIELD_MANAGER, PodController, REFRESH_WRITERS, STATUS_WRITERS, hash_of, pod_key, slim, tag,
 };
@@ -282,7 +283,7 @@ impl PodController {
         let kept = {
             let tracked = self.tracked();
             match tracked.get(uid) {
-                Some(t) if !t.deleting && t.group.is_some() => t.pod.clone(),
+                Some(t) if t.lifecycle.live_group().is_some() => t.pod.clone(),
                 _ => None,
             }
         };
@@ -331,12 +332,13 @@ impl PodController {
             let Some(entry) = tracked.get_mut(uid) else {
                 return;
             };
-            if entry.deleting || group.status == "Terminating" || entry.applied == Some(state) {
+            if entry.lifecycle.is_deleting()
+                || group.status == "Terminating"
+                || entry.applied == Some(state)
+            {
                 return;
             }
-            entry
-                .group
-                .get_or_insert_with(|| group.container_group_id.clone());
+            entry.on(uid, lifecycle::Event::Found(&group.container_group_id));
             let Some(kept) = entry.pod.clone() else {
                 return;
             };
@@ -414,8 +416,12 @@ impl PodController {
         let suspects: Vec<(String, String, slim::Kept)> = self
             .tracked()
             .iter()
-            .filter(|(_, t)| !t.deleting && !t.creating)
-            .filter_map(|(uid, t)| Some((uid.clone(), t.group.clone()?, t.pod.clone()?)))
+            .filter_map(|(uid, t)| match &t.lifecycle {
+                Lifecycle::Created { group, .. } => {
+                    Some((uid.clone(), group.to_string(), t.pod.clone()?))
+                }
+                _ => None,
+            })
             .filter(|(_, id, kept)| {
                 !present.contains(id) && !matches!(kept.phase(), Some("Succeeded" | "Failed"))
             })
@@ -432,10 +438,7 @@ impl PodController {
                 .await;
                 self.event(&pod, EventType::Warning, "NotFound", &message)
                     .await;
-                if let Some(t) = self.tracked().get_mut(&uid) {
-                    t.group = None;
-                    t.creating = true; // a vanished group is not re-created
-                }
+                self.advance(&uid, lifecycle::Event::Vanished);
             }
         }
     }
