@@ -297,8 +297,9 @@ async fn pods_in(h: &Harness, ns: &str) -> Vec<Pod> {
 
 /// A pod for a virtual node: one small container, a grace period of 1 s, bound to `node` by
 /// `spec.nodeName` (a burst this size goes faster without the scheduler) or, with `None`,
-/// left to kube-scheduler. No service account token and no Service links: a thousand
-/// TokenRequests would measure the apiserver, not the fault.
+/// left to kube-scheduler. It mounts its service account token as users' pods do (admission
+/// adds the projected volume, the daemon asks for the token with a TokenRequest before the
+/// create): a fault during a create then meets the token path too. No Service links.
 fn bare_pod(name: &str, node: Option<&str>, tolerations: &[Value]) -> Pod {
     let mut all = vec![
         json!({"key": VNODE_TAINT, "operator": "Equal", "value": "true", "effect": "NoSchedule"}),
@@ -306,7 +307,6 @@ fn bare_pod(name: &str, node: Option<&str>, tolerations: &[Value]) -> Pod {
     all.extend_from_slice(tolerations);
     let mut spec = json!({
         "terminationGracePeriodSeconds": 1,
-        "automountServiceAccountToken": false,
         "enableServiceLinks": false,
         "tolerations": all,
         "containers": [{"name": "app", "image": "registry.example.com/app:1"}],
@@ -1591,7 +1591,6 @@ fn churn_pod(name: &str, labels: &Value, nodes: &[String]) -> Pod {
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "terminationGracePeriodSeconds": 1,
-            "automountServiceAccountToken": false,
             "enableServiceLinks": false,
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}],
