@@ -1,76 +1,193 @@
-//! Pod lifecycle benchmark: N pods on one replica against mock-eci with rate limits off, all
-//! real processes (the real control plane, mock-eci, the daemon; release builds).
+//! Pod lifecycle benchmark, side by side on one real control plane: N pods driven to Running
+//! and deleted again, first by kwok (which writes pod status and nothing else, so it shows what
+//! this apiserver allows), then by the daemon against mock-eci (rate limits off, and with
+//! mock-eci's documented per-account quotas when asked). The phases run one after the other in
+//! one process, on the same apiserver, so they do not compete; release builds of the daemon and
+//! mock-eci.
 //!
-//! Run: `cargo bench -p virtual-node-eci --bench pods` (`PODS_BENCH_SIZES=1000,10000` sets the
-//! sizes; `PODS_BENCH_RATE=1000` paces creation at that many pods per second, as a scheduler
-//! binding them would, instead of as fast as the API server takes them). Reports watch-event →
-//! ECI-accepted latency, ECI change → pod status latency, ECI calls and status writes per pod,
-//! the daemon's RSS and CPU, and the time to resync after a restart.
+//! Run: `cargo bench -p virtual-node-eci --bench pods`. Environment:
+//! - `PODS_BENCH_SIZES=1000,10000`: the sizes (one full comparison each);
+//! - `PODS_BENCH_REPLICAS=1`: the pods are spread over this many daemon replicas (and as many
+//!   kwok nodes);
+//! - `PODS_BENCH_QUOTAS=off` (`off`, `on` or `off,on`): the daemon phases to run;
+//! - `PODS_BENCH_RATE=0`: pods created per second (0: as fast as the apiserver takes them);
+//! - `PODS_BENCH_OUT=path` or `-- --out path`: also write the figures as JSON.
+//!
+//! Each phase reports the time from the first create to every pod Running and from the first
+//! delete to every pod gone, per-pod create → Running p50/p99 (from the benchmark's own pod
+//! watch), and the apiserver's own `apiserver_request_total` per pod by verb and resource (its
+//! `/metrics` read before and after the phase: everything the cluster asked during it, the
+//! benchmark's creates, deletes and one watch included). Daemon phases add ECI calls per pod by
+//! action (mock-eci's counters), status writes per pod, the daemon's CPU seconds and peak RSS.
+//! A table of ratios (ours / kwok) ends the run. No figure is asserted; the run fails when a
+//! pod never reaches Running, never goes, or leaves a container group behind.
 
-#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::print_stdout,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_precision_loss
+)]
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use integration::harness::Harness;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use serde_json::json;
+use kube::runtime::watcher;
+use serde_json::{Value, json};
 
-fn metric_lines(text: &str, name: &str) -> Vec<(String, f64)> {
+/// mock-eci's provisioning delay in these runs (creation → Running of a group).
+const PROVISIONING_DELAY: &str = "500ms";
+
+/// The label the benchmark's pods carry (its value names the phase).
+const PHASE_LABEL: &str = "bench.virtual-node-eci/phase";
+
+// ---------------------------------------------------------------------------------------------
+// Prometheus text
+
+/// `name{labels} value` lines whose name is exactly `name`, as (labels, value).
+fn series(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
     text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| {
-            l.rsplit_once(' ')
-                .map(|(k, v)| (k.to_owned(), v.parse().unwrap_or(0.0)))
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (key, value) = line.rsplit_once(' ')?;
+            let (metric, labels) = key.split_once('{').unwrap_or((key, "}"));
+            (metric == name).then(|| (labels_of(labels), value.parse().unwrap_or(0.0)))
         })
         .collect()
 }
 
-fn sum(text: &str, prefix: &str) -> f64 {
-    metric_lines(text, prefix).iter().map(|(_, v)| v).sum()
-}
-
-/// Quantile from a Prometheus histogram: the upper bound of the bucket where it falls.
-fn quantile(text: &str, name: &str, q: f64) -> String {
-    let buckets: Vec<(f64, f64)> = metric_lines(text, &format!("{name}_bucket"))
-        .into_iter()
-        .filter_map(|(k, v)| {
-            let le = k.split("le=\"").nth(1)?.split('"').next()?;
-            Some((
-                if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().ok()?
-                },
-                v,
-            ))
+/// `a="x",b="y"}` → {a: x, b: y} (label values here hold no quotes or commas).
+fn labels_of(text: &str) -> BTreeMap<String, String> {
+    text.trim_end_matches('}')
+        .split("\",")
+        .filter_map(|pair| {
+            let (key, value) = pair.split_once("=\"")?;
+            Some((key.to_owned(), value.trim_end_matches('"').to_owned()))
         })
-        .collect();
-    let total = buckets.last().map_or(0.0, |b| b.1);
-    let bound = buckets
-        .iter()
-        .find(|(_, count)| *count >= q * total)
-        .map_or(f64::NAN, |b| b.0);
-    format!("≤{:.0} ms", bound * 1000.0)
+        .collect()
 }
 
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
+/// Sum of `name`'s series grouped by `key` (series with the same key added up).
+fn grouped(
+    text: &str,
+    name: &str,
+    key: impl Fn(&BTreeMap<String, String>) -> Option<String>,
+) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for (labels, value) in series(text, name) {
+        if let Some(k) = key(&labels) {
+            *out.entry(k).or_default() += value;
+        }
+    }
+    out
+}
+
+/// `after - before`, per key, keeping keys that changed.
+fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+/// "VERB resource[/subresource]" of an apiserver request series.
+fn verb_resource(labels: &BTreeMap<String, String>) -> Option<String> {
+    let resource = labels.get("resource")?;
+    let sub = labels.get("subresource").filter(|s| !s.is_empty());
+    Some(match sub {
+        Some(sub) => format!("{} {resource}/{sub}", labels.get("verb")?),
+        None => format!("{} {resource}", labels.get("verb")?),
+    })
+}
+
+/// What the apiserver's `/metrics` says at one moment, reduced to what the benchmark compares.
+#[derive(Debug, Clone, Default)]
+struct ApiserverCounts {
+    /// Requests by "VERB resource[/subresource]".
+    requests: BTreeMap<String, f64>,
+    /// Requests answered 429 (flow control or max-inflight).
+    throttled: f64,
+    /// Seconds and count of pod writes (POST, PUT, PATCH, DELETE on pods and their subresources).
+    pod_write_seconds: f64,
+    pod_writes: f64,
+}
+
+impl ApiserverCounts {
+    fn parse(text: &str) -> Self {
+        let pod_write = |l: &BTreeMap<String, String>| {
+            (l.get("resource").map(String::as_str) == Some("pods")
+                && matches!(
+                    l.get("verb").map(String::as_str),
+                    Some("POST" | "PUT" | "PATCH" | "DELETE")
+                ))
+            .then(String::new)
+        };
+        let total = |name: &str| grouped(text, name, pod_write).values().sum::<f64>();
+        Self {
+            requests: grouped(text, "apiserver_request_total", verb_resource),
+            throttled: grouped(text, "apiserver_request_total", |l| {
+                (l.get("code").map(String::as_str) == Some("429")).then(String::new)
+            })
+            .values()
+            .sum(),
+            pod_write_seconds: total("apiserver_request_duration_seconds_sum"),
+            pod_writes: total("apiserver_request_duration_seconds_count"),
+        }
+    }
+
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            requests: diff(&self.requests, &before.requests),
+            throttled: self.throttled - before.throttled,
+            pod_write_seconds: self.pod_write_seconds - before.pod_write_seconds,
+            pod_writes: self.pod_writes - before.pod_writes,
+        }
+    }
+}
+
+async fn apiserver_counts(client: &kube::Client) -> ApiserverCounts {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client
+        .request_text(request)
+        .await
+        .expect("the apiserver's /metrics (as the administrator)");
+    ApiserverCounts::parse(&text)
+}
+
+async fn fetch(url: &str) -> String {
+    reqwest::get(url)
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .text()
+        .await
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+fn proc_status_kib(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))
+        .find(|l| l.starts_with(field))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|k| k.parse::<f64>().ok())
         .unwrap_or(0.0)
-        / 1024.0
 }
 
 /// CPU seconds (user + system) the process used so far.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may contain spaces) — utime and stime are the
-    // 14th and 15th fields of the line, the 12th and 13th after it.
+    // utime and stime are the 14th and 15th fields, the 12th and 13th after the command name
+    // (which may hold spaces, so split after its closing parenthesis).
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
@@ -81,200 +198,711 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
-async fn fetch(url: &str) -> String {
-    reqwest::get(url).await.unwrap().text().await.unwrap()
+// ---------------------------------------------------------------------------------------------
+// The pods' watch
+
+/// When each pod was created, seen Running and seen gone, from one watch of the phase's pods.
+#[derive(Debug, Default)]
+struct Timeline {
+    created: HashMap<String, Instant>,
+    running: HashMap<String, Instant>,
+    gone: HashMap<String, Instant>,
+    /// Pods whose phase is neither Pending nor Running (a failure to report).
+    failed: BTreeMap<String, String>,
 }
 
-async fn wait_until<F: AsyncFnMut() -> bool>(what: &str, timeout: Duration, mut condition: F) {
+type Shared = Arc<Mutex<Timeline>>;
+
+fn lock(timeline: &Shared) -> std::sync::MutexGuard<'_, Timeline> {
+    timeline
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Watches the phase's pods until aborted, recording first-Running and deletion times; returns
+/// once the watch's first list is in.
+async fn watch_pods(pods: Api<Pod>, phase: &str, timeline: Shared) -> tokio::task::JoinHandle<()> {
+    let config = watcher::Config::default().labels(&format!("{PHASE_LABEL}={phase}"));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let handle = tokio::spawn(async move {
+        let mut ready = Some(ready_tx);
+        let mut stream = watcher(pods, config).boxed();
+        while let Some(event) = stream.next().await {
+            let now = Instant::now();
+            match event {
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    let phase = pod.status.and_then(|s| s.phase).unwrap_or_default();
+                    let mut t = lock(&timeline);
+                    match phase.as_str() {
+                        "Running" => {
+                            t.running.entry(name).or_insert(now);
+                        }
+                        "" | "Pending" => {}
+                        other => {
+                            t.failed.insert(name, other.to_owned());
+                        }
+                    }
+                }
+                Ok(watcher::Event::Delete(pod)) => {
+                    let name = pod.metadata.name.unwrap_or_default();
+                    lock(&timeline).gone.entry(name).or_insert(now);
+                }
+                Ok(watcher::Event::Init) => {}
+                // The watcher relists by itself; a gap only delays what it sees.
+                Err(error) => println!("(pod watch: {error}; it retries)"),
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(60), ready_rx)
+        .await
+        .expect("the pod watch's first list")
+        .expect("the pod watch task");
+    handle
+}
+
+/// Waits (checking the watch's record, no API calls) until `done` holds, or fails the run.
+async fn wait_for(
+    what: &str,
+    timeout: Duration,
+    timeline: &Shared,
+    done: impl Fn(&Timeline) -> bool,
+) {
     let deadline = Instant::now() + timeout;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    loop {
+        {
+            let t = lock(timeline);
+            if done(&t) {
+                return;
+            }
+            let failed: Vec<_> = t.failed.iter().take(5).collect();
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {what}: {} created, {} seen Running, \
+                 {} gone, {} failed (e.g. {failed:?})",
+                t.created.len(),
+                t.running.len(),
+                t.gone.len(),
+                t.failed.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// `rate`: pods created per second (0: as fast as the API server takes them).
-async fn run(size: usize, rate: f64) {
-    let mut h = Harness::start().await.unwrap();
-    let mock = h
-        .start_mock_eci(&[
-            "--no-rate-limits",
-            "--provisioning-delay",
-            "500ms",
-            "--scheduling-delay",
-            "50ms",
-            "--ip-cidr",
-            "10.0.0.0/8",
-        ])
+/// `q`-quantile (nearest rank) of `values`, sorted.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+// ---------------------------------------------------------------------------------------------
+// One phase
+
+/// Who drives the pods to Running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    Kwok,
+    Ours { quotas: bool },
+}
+
+impl Driver {
+    fn label(self) -> &'static str {
+        match self {
+            Driver::Kwok => "kwok",
+            Driver::Ours { quotas: false } => "ours (quotas off)",
+            Driver::Ours { quotas: true } => "ours (quotas on)",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    size: usize,
+    replicas: u32,
+    /// Pods per second (0: as fast as the apiserver takes them).
+    rate: f64,
+}
+
+/// The figures of one phase.
+#[derive(Debug, Default)]
+struct Figures {
+    created_in: f64,
+    all_running: f64,
+    all_gone: f64,
+    running_p50: f64,
+    running_p99: f64,
+    apiserver: ApiserverCounts,
+    /// mock-eci's calls by action (every result), and those answered `Throttling*`.
+    eci_calls: BTreeMap<String, f64>,
+    eci_throttled: f64,
+    status_writes: Option<f64>,
+    events_dropped: Option<f64>,
+    cpu_to_running: Option<f64>,
+    cpu_total: Option<f64>,
+    peak_rss_mib: Option<f64>,
+    /// CPU seconds this benchmark process (creates, deletes, the pod watch) used in the phase.
+    bench_cpu: f64,
+}
+
+/// A daemon replica of a phase: its process name and metrics URL.
+struct Replica {
+    process: String,
+    metrics: String,
+}
+
+fn pod_manifest(name: &str, node: &str, phase: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {PHASE_LABEL: phase}},
+        "spec": {
+            "nodeName": node, "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{"name": "app", "image": "registry.example.com/app:1",
+                // The mock's container stops at once when asked to.
+                "env": [{"name": "MOCK_ECI_STOP_AFTER", "value": "0s"}]}],
+        },
+    }))
+    .unwrap()
+}
+
+/// A kwok-run node for `pods` pods, like the fixture's ECS nodes but with that pod capacity.
+async fn register_kwok_node(client: &kube::Client, name: &str, pods: usize) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let (label, value) = integration::cluster::KWOK_NODE_LABEL;
+    let capacity = json!({"cpu": "1000", "memory": "4Ti", "pods": pods.to_string()});
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {label: value, "kubernetes.io/hostname": name, "kubernetes.io/os": "linux"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
+        },
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+}
+
+async fn node_ready(client: &kube::Client, name: &str) -> bool {
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|node| {
+            node.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+async fn wait_nodes_ready(h: &Harness, names: &[String]) {
+    for name in names {
+        h.wait_for(
+            &format!("node {name} Ready"),
+            Duration::from_secs(120),
+            |h| async move { node_ready(&h.client(), name).await },
+        )
         .await
         .unwrap();
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let metrics_addr = format!("127.0.0.1:{metrics_port}");
-    let env = [
-        ("NO_ECI_CLIENT_RATE_LIMITS", "true"),
-        ("POD_STATUS_POLL_INTERVAL", "500ms"),
-        ("POD_RESYNC_INTERVAL", "60s"),
-        ("MAX_CONCURRENT_CREATES", "64"),
-        ("METRICS_ADDR", metrics_addr.as_str()),
-        ("ECI_QUOTA_POD", "20000"),
-        ("RUST_LOG", "warn,virtual_node_eci::pods=info"),
-    ];
-    let daemon = h.start_daemon(0, &env).unwrap();
-    let node = h.node_name(0);
-    let daemon_metrics = format!("http://{metrics_addr}/metrics");
-    wait_until("the daemon", Duration::from_secs(60), async || {
-        reqwest::get(&daemon_metrics).await.is_ok()
-    })
-    .await;
+    }
+}
 
-    let pods: Api<Pod> = Api::namespaced(h.client(), "default");
+/// Starts mock-eci and `replicas` daemons; returns them once their nodes are Ready.
+async fn start_ours(h: &mut Harness, load: Load, quotas: bool) -> Vec<Replica> {
+    let mut mock_args = vec![
+        "--provisioning-delay",
+        PROVISIONING_DELAY,
+        "--scheduling-delay",
+        "50ms",
+        "--ip-cidr",
+        "10.0.0.0/8",
+    ];
+    if !quotas {
+        mock_args.push("--no-rate-limits");
+    }
+    h.start_mock_eci(&mock_args).await.unwrap();
+    if load.replicas > 1 {
+        // Replicas learn how many share the account's quotas from the StatefulSet.
+        h.create_daemon_statefulset(i32::try_from(load.replicas).unwrap())
+            .await
+            .unwrap();
+    }
+    let per_node = load.size.div_ceil(load.replicas as usize);
+    let quota_pods = (per_node + 100).to_string();
+    let mut replicas = Vec::new();
+    for ordinal in 0..load.replicas {
+        let port = integration::harness::free_port().unwrap();
+        let addr = format!("127.0.0.1:{port}");
+        let mut env = vec![
+            ("POD_STATUS_POLL_INTERVAL", "500ms"),
+            ("POD_RESYNC_INTERVAL", "60s"),
+            ("MAX_CONCURRENT_CREATES", "64"),
+            ("METRICS_ADDR", addr.as_str()),
+            ("ECI_QUOTA_POD", quota_pods.as_str()),
+            ("RUST_LOG", "warn"),
+            // The product's defaults, not the harness's test timings (1 s Lease renewals and
+            // 250 ms probes would load the apiserver and ECI for nothing a user runs).
+            ("LEASE_DURATION_SECONDS", ""),
+            ("LEASE_RENEW_INTERVAL", ""),
+            ("ECI_PROBE_INTERVAL", ""),
+            ("ECI_UNREACHABLE_THRESHOLD", ""),
+            ("NODE_STATUS_MAX_INTERVAL", ""),
+        ];
+        if !quotas {
+            env.push(("NO_ECI_CLIENT_RATE_LIMITS", "true"));
+        }
+        let process = h.start_daemon(ordinal, &env).unwrap();
+        replicas.push(Replica {
+            process,
+            metrics: format!("http://{addr}/metrics"),
+        });
+    }
+    let nodes: Vec<String> = (0..load.replicas).map(|i| h.node_name(i)).collect();
+    wait_nodes_ready(h, &nodes).await;
+    replicas
+}
+
+/// Runs one phase on a harness of its own (the binary's shared control plane).
+async fn run_phase(driver: Driver, load: Load) -> Figures {
+    let mut h = Harness::start().await.unwrap();
+    let client = h.client();
+    let phase = format!("{}-{}", h.daemon_set_name(), load.size);
+    let (nodes, replicas) = match driver {
+        Driver::Kwok => {
+            let names: Vec<String> = (0..load.replicas)
+                .map(|i| format!("kwok-{}", h.node_name(i)))
+                .collect();
+            let per_node = load.size.div_ceil(load.replicas as usize).max(110);
+            for name in &names {
+                register_kwok_node(&client, name, per_node).await;
+            }
+            wait_nodes_ready(&h, &names).await;
+            (names, Vec::new())
+        }
+        Driver::Ours { quotas } => {
+            let replicas = start_ours(&mut h, load, quotas).await;
+            (
+                (0..load.replicas).map(|i| h.node_name(i)).collect(),
+                replicas,
+            )
+        }
+    };
+    let namespace = h.create_namespace("bench").await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let timeline: Shared = Arc::default();
+    let watch = watch_pods(pods.clone(), &phase, timeline.clone()).await;
+    // Let the node's first status and Lease writes settle out of the phase's counts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mock_before = match h.mock_eci() {
+        Some(m) => fetch(&format!("{}/metrics", m.admin)).await,
+        None => String::new(),
+    };
+    let before = apiserver_counts(&client).await;
+    let bench_cpu = cpu_seconds(std::process::id());
+    let size = load.size;
+    let names: Vec<String> = (0..size).map(|i| format!("bench-{i:05}")).collect();
+
     let started = Instant::now();
     let paced_start = tokio::time::Instant::now();
-    futures::stream::iter(0..size)
-        .for_each_concurrent(64, |i| {
+    futures::stream::iter(names.iter().enumerate())
+        .for_each_concurrent(64, |(i, name)| {
             let pods = pods.clone();
-            #[allow(clippy::cast_precision_loss)]
-            let due = (rate > 0.0).then(|| paced_start + Duration::from_secs_f64(i as f64 / rate));
-            let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("bench-{i:05}")}, "spec": {
-                "nodeName": node, "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 30,
-                "containers": [{"name": "app", "image": "registry.example.com/app:1", "env": [{"name": "MOCK_ECI_STOP_AFTER", "value": "0s"}]}]}}))
-            .unwrap();
+            let pod = pod_manifest(name, &nodes[i % nodes.len()], &phase);
+            let due = (load.rate > 0.0)
+                .then(|| paced_start + Duration::from_secs_f64(i as f64 / load.rate));
+            let timeline = timeline.clone();
             async move {
                 if let Some(due) = due {
                     tokio::time::sleep_until(due).await;
                 }
+                lock(&timeline).created.insert(name.clone(), Instant::now());
                 pods.create(&PostParams::default(), &pod).await.unwrap();
             }
         })
         .await;
     let created_in = started.elapsed();
-    // Count by metadata-only lists (a field selector rules out the API's remaining-item count,
-    // and whole pods at 10,000 a list would make the benchmark measure itself).
-    let count = async |fields: &str| {
-        pods.list_metadata(&ListParams::default().fields(fields))
-            .await
-            .map_or(0, |l| l.items.len())
-    };
-    let running = async || count("status.phase=Running").await == size;
-    wait_until("every pod Running", Duration::from_secs(1800), running).await;
-    let all_running = started.elapsed();
-    let pid = h.process(&daemon).unwrap().pid().unwrap();
-    let rss = rss_mib(pid);
-    let cpu = cpu_seconds(pid);
-    let daemon_text = fetch(&daemon_metrics).await;
-
-    // Restart: time until the new process has accounted for every pod and group.
-    h.process(&daemon).unwrap().kill().await;
-    let restarted = Instant::now();
-    let again = h.start_daemon(0, &env).unwrap();
-    wait_until("the resync", Duration::from_secs(600), async || {
-        h.process(&again)
-            .is_some_and(|p| p.output().contains("resync complete"))
+    let bound =
+        Duration::from_secs(300) + Duration::from_millis(100) * u32::try_from(size).unwrap();
+    wait_for("every pod Running", bound, &timeline, |t| {
+        t.running.len() == size
     })
     .await;
-    let resync = restarted.elapsed();
+    let (all_running, latencies) = {
+        let t = lock(&timeline);
+        let last = t.running.values().max().copied().unwrap_or(started);
+        let mut latencies: Vec<f64> = t
+            .running
+            .iter()
+            .map(|(name, at)| at.duration_since(t.created[name]).as_secs_f64())
+            .collect();
+        latencies.sort_by(f64::total_cmp);
+        (last.duration_since(started), latencies)
+    };
+    let pids: Vec<u32> = replicas
+        .iter()
+        .map(|r| h.process(&r.process).unwrap().pid().unwrap())
+        .collect();
+    let cpu_to_running: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
 
-    // Delete everything (graceful; the containers stop at once).
-    futures::stream::iter(0..size)
-        .for_each_concurrent(64, |i| {
+    let deleting = Instant::now();
+    futures::stream::iter(names.iter())
+        .for_each_concurrent(64, |name| {
             let pods = pods.clone();
             async move {
-                let _ = pods
-                    .delete(&format!("bench-{i:05}"), &DeleteParams::default())
-                    .await;
+                pods.delete(name, &DeleteParams::default()).await.unwrap();
             }
         })
         .await;
-    wait_until("every pod gone", Duration::from_secs(1800), async || {
-        count("").await == 0
-    })
-    .await;
-    let mock_text = fetch(&format!("{}/metrics", mock.admin)).await;
-    let second_text = fetch(&daemon_metrics).await;
-    let calls = |action: &str| {
-        sum(
-            &mock_text,
-            &format!("mock_eci_calls_total{{action=\"{action}\""),
-        )
+    wait_for("every pod gone", bound, &timeline, |t| t.gone.len() == size).await;
+    let all_gone = {
+        let t = lock(&timeline);
+        t.gone
+            .values()
+            .max()
+            .copied()
+            .unwrap_or(deleting)
+            .duration_since(deleting)
     };
-    let writes = sum(
-        &daemon_text,
-        "virtual_node_eci_kube_requests_total{operation=\"pod_status_patch\"}",
-    ) + sum(
-        &second_text,
-        "virtual_node_eci_kube_requests_total{operation=\"pod_status_patch\"}",
+    let after = apiserver_counts(&client).await;
+    watch.abort();
+    let left = pods
+        .list_metadata(&ListParams::default().labels(&format!("{PHASE_LABEL}={phase}")))
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert_eq!(
+        left, 0,
+        "{left} pods left behind after every pod was seen deleted"
     );
-    #[allow(clippy::cast_precision_loss)]
-    let n = size as f64;
-    let pace = if rate > 0.0 {
-        format!("created at {rate} pods/s")
-    } else {
-        "created as fast as the API server takes them".to_owned()
+
+    let mut figures = Figures {
+        created_in: created_in.as_secs_f64(),
+        all_running: all_running.as_secs_f64(),
+        all_gone: all_gone.as_secs_f64(),
+        running_p50: quantile(&latencies, 0.5),
+        running_p99: quantile(&latencies, 0.99),
+        apiserver: after.since(&before),
+        bench_cpu: cpu_seconds(std::process::id()) - bench_cpu,
+        ..Figures::default()
     };
-    println!("== {size} pods on one replica (mock-eci, rate limits off; {pace}) ==");
-    println!(
-        "created {size} pods in {:.1}s; all Running after {:.1}s",
-        created_in.as_secs_f64(),
-        all_running.as_secs_f64()
-    );
-    println!(
-        "pod seen → ECI accepted: p50 {}, p99 {}",
-        quantile(&daemon_text, "virtual_node_eci_pod_create_seconds", 0.5),
-        quantile(&daemon_text, "virtual_node_eci_pod_create_seconds", 0.99)
-    );
-    println!(
-        "ECI change → pod status written: p50 {}, p99 {}",
-        quantile(
-            &daemon_text,
-            "virtual_node_eci_pod_status_propagation_seconds",
-            0.5
-        ),
-        quantile(
-            &daemon_text,
-            "virtual_node_eci_pod_status_propagation_seconds",
-            0.99
-        )
-    );
-    println!(
-        "ECI calls per pod: create {:.2}, delete {:.2}, status reads {:.3}, describe {:.3}",
-        calls("CreateContainerGroup") / n,
-        calls("DeleteContainerGroup") / n,
-        calls("DescribeContainerGroupStatus") / n,
-        calls("DescribeContainerGroups") / n
-    );
-    println!(
-        "pod status writes per pod (create → running, across the restart): {:.2}",
-        writes / n
-    );
-    let mut by_operation = std::collections::BTreeMap::<String, f64>::new();
-    for text in [&daemon_text, &second_text] {
-        for (key, value) in metric_lines(text, "virtual_node_eci_kube_requests_total{") {
-            let operation = key
-                .split("operation=\"")
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-                .unwrap_or("?");
-            *by_operation.entry(operation.to_owned()).or_default() += value;
+    if !replicas.is_empty() {
+        daemon_figures(&mut h, &replicas, &pids, &mock_before, &mut figures).await;
+        figures.cpu_to_running = Some(cpu_to_running);
+        no_group_left(&h).await;
+    }
+    if driver == Driver::Kwok {
+        let api: Api<Node> = Api::all(client.clone());
+        for name in &nodes {
+            api.delete(name, &DeleteParams::default()).await.unwrap();
         }
     }
-    let by_operation: Vec<String> = by_operation
-        .iter()
-        .map(|(operation, count)| format!("{operation} {:.2}", count / n))
-        .collect();
-    println!("kube API requests per pod: {}", by_operation.join(", "));
-    println!(
-        "Events dropped (publish queue full): {}",
-        sum(&daemon_text, "virtual_node_eci_events_dropped_total")
-            + sum(&second_text, "virtual_node_eci_events_dropped_total")
-    );
-    println!("daemon RSS with {size} pods: {rss:.1} MiB");
-    println!("daemon CPU from start to every pod Running: {cpu:.1} s");
-    println!("resync after a restart: {:.1}s", resync.as_secs_f64());
     h.shutdown(Duration::from_secs(10)).await;
+    figures
+}
+
+/// ECI calls, status writes, CPU and memory of a daemon phase (after every pod is gone).
+async fn daemon_figures(
+    h: &mut Harness,
+    replicas: &[Replica],
+    pids: &[u32],
+    mock_before: &str,
+    figures: &mut Figures,
+) {
+    let mock_after = fetch(&format!("{}/metrics", h.mock_eci().unwrap().admin)).await;
+    let by_action =
+        |text: &str| grouped(text, "mock_eci_calls_total", |l| l.get("action").cloned());
+    let throttled = |text: &str| -> f64 {
+        grouped(text, "mock_eci_calls_total", |l| {
+            l.get("result")
+                .filter(|r| r.starts_with("Throttling"))
+                .map(|_| String::new())
+        })
+        .values()
+        .sum()
+    };
+    figures.eci_calls = diff(&by_action(&mock_after), &by_action(mock_before));
+    figures.eci_throttled = throttled(&mock_after) - throttled(mock_before);
+    let (mut writes, mut dropped) = (0.0, 0.0);
+    for replica in replicas {
+        let text = fetch(&replica.metrics).await;
+        writes += grouped(&text, "virtual_node_eci_kube_requests_total", |l| {
+            (l.get("operation").map(String::as_str) == Some("pod_status_patch")).then(String::new)
+        })
+        .values()
+        .sum::<f64>();
+        dropped += grouped(&text, "virtual_node_eci_events_dropped_total", |_| {
+            Some(String::new())
+        })
+        .values()
+        .sum::<f64>();
+    }
+    figures.status_writes = Some(writes);
+    figures.events_dropped = Some(dropped);
+    figures.cpu_total = Some(pids.iter().map(|p| cpu_seconds(*p)).sum());
+    // VmHWM: the process's peak resident set; the largest replica's.
+    figures.peak_rss_mib = Some(
+        pids.iter()
+            .map(|p| proc_status_kib(*p, "VmHWM:") / 1024.0)
+            .fold(0.0, f64::max),
+    );
+}
+
+/// Fails the run when mock-eci still holds a group of this phase's cluster after a while.
+async fn no_group_left(h: &Harness) {
+    let admin = h.mock_eci().unwrap().admin;
+    let cluster = h.cluster_name();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let groups: Vec<Value> =
+            serde_json::from_str(&fetch(&format!("{admin}/admin/groups")).await)
+                .expect("mock-eci's groups as JSON");
+        let ours = groups
+            .iter()
+            .filter(|g| {
+                g["tags"].as_array().is_some_and(|tags| {
+                    tags.iter().any(|t| {
+                        t["key"] == integration::harness::invariants::TAG_CLUSTER
+                            && t["value"] == cluster.as_str()
+                    })
+                })
+            })
+            .count();
+        if ours == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ours} container groups left in mock-eci 120 s after every pod was gone"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The report
+
+fn ratio(ours: f64, kwok: f64) -> String {
+    if kwok > 0.0 {
+        format!("{:.2}×", ours / kwok)
+    } else if ours > 0.0 {
+        "(kwok 0)".to_owned()
+    } else {
+        "–".to_owned()
+    }
+}
+
+fn row(name: &str, kwok: f64, ours: &[f64], unit: &str, digits: usize) -> Vec<String> {
+    let mut cells = vec![name.to_owned(), format!("{kwok:.digits$}{unit}")];
+    for value in ours {
+        cells.push(format!("{value:.digits$}{unit}"));
+        cells.push(ratio(*value, kwok));
+    }
+    cells
+}
+
+fn opt_row(name: &str, ours: &[Option<f64>], unit: &str, digits: usize) -> Vec<String> {
+    let mut cells = vec![name.to_owned(), "–".to_owned()];
+    for value in ours {
+        cells.push(value.map_or("–".into(), |v| format!("{v:.digits$}{unit}")));
+        cells.push(String::new());
+    }
+    cells
+}
+
+/// The comparison of `kwok` and the daemon phases as a Markdown table.
+fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
+    let n = load.size as f64;
+    let mut header = vec!["per run".to_owned(), "kwok".to_owned()];
+    for (driver, _) in ours {
+        header.push(driver.label().to_owned());
+        header.push("ratio".to_owned());
+    }
+    let pick = |f: &dyn Fn(&Figures) -> f64| ours.iter().map(|(_, o)| f(o)).collect::<Vec<_>>();
+    let mut rows = vec![
+        row(
+            "create calls done (s)",
+            kwok.created_in,
+            &pick(&|f: &Figures| f.created_in),
+            "",
+            1,
+        ),
+        row(
+            "first create → all Running (s)",
+            kwok.all_running,
+            &pick(&|f: &Figures| f.all_running),
+            "",
+            1,
+        ),
+        row(
+            "first delete → all gone (s)",
+            kwok.all_gone,
+            &pick(&|f: &Figures| f.all_gone),
+            "",
+            1,
+        ),
+        row(
+            "create → Running p50 (s)",
+            kwok.running_p50,
+            &pick(&|f: &Figures| f.running_p50),
+            "",
+            2,
+        ),
+        row(
+            "create → Running p99 (s)",
+            kwok.running_p99,
+            &pick(&|f: &Figures| f.running_p99),
+            "",
+            2,
+        ),
+    ];
+    let mut keys: Vec<&String> = kwok.apiserver.requests.keys().collect();
+    for (_, o) in ours {
+        keys.extend(o.apiserver.requests.keys());
+    }
+    keys.sort();
+    keys.dedup();
+    let per_pod =
+        |f: &Figures, key: &str| f.apiserver.requests.get(key).copied().unwrap_or(0.0) / n;
+    let total = |f: &Figures| f.apiserver.requests.values().sum::<f64>() / n;
+    rows.push(row(
+        "apiserver requests / pod, all",
+        total(kwok),
+        &pick(&total),
+        "",
+        2,
+    ));
+    for key in keys {
+        let ours: Vec<f64> = ours.iter().map(|(_, o)| per_pod(o, key)).collect();
+        rows.push(row(
+            &format!("  {key} / pod"),
+            per_pod(kwok, key),
+            &ours,
+            "",
+            3,
+        ));
+    }
+    let mean_ms =
+        |f: &Figures| 1000.0 * f.apiserver.pod_write_seconds / f.apiserver.pod_writes.max(1.0);
+    rows.push(row(
+        "apiserver pod-write latency, mean (ms)",
+        mean_ms(kwok),
+        &pick(&mean_ms),
+        "",
+        1,
+    ));
+    rows.push(row(
+        "apiserver 429s",
+        kwok.apiserver.throttled,
+        &pick(&|f: &Figures| f.apiserver.throttled),
+        "",
+        0,
+    ));
+    let mut actions: Vec<&String> = ours.iter().flat_map(|(_, o)| o.eci_calls.keys()).collect();
+    actions.sort();
+    actions.dedup();
+    for action in actions {
+        let values: Vec<Option<f64>> = ours
+            .iter()
+            .map(|(_, o)| Some(o.eci_calls.get(action).copied().unwrap_or(0.0) / n))
+            .collect();
+        rows.push(opt_row(&format!("ECI {action} / pod"), &values, "", 3));
+    }
+    let opt =
+        |f: &dyn Fn(&Figures) -> Option<f64>| ours.iter().map(|(_, o)| f(o)).collect::<Vec<_>>();
+    rows.push(opt_row(
+        "ECI calls throttled",
+        &opt(&|f: &Figures| Some(f.eci_throttled)),
+        "",
+        0,
+    ));
+    rows.push(opt_row(
+        "daemon status writes / pod",
+        &opt(&|f: &Figures| f.status_writes.map(|w| w / load.size as f64)),
+        "",
+        2,
+    ));
+    rows.push(opt_row(
+        "Events dropped",
+        &opt(&|f: &Figures| f.events_dropped),
+        "",
+        0,
+    ));
+    rows.push(opt_row(
+        "daemon CPU to all Running (s)",
+        &opt(&|f: &Figures| f.cpu_to_running),
+        "",
+        1,
+    ));
+    rows.push(opt_row(
+        "daemon CPU, whole run (s)",
+        &opt(&|f: &Figures| f.cpu_total),
+        "",
+        1,
+    ));
+    rows.push(opt_row(
+        "daemon peak RSS, largest replica (MiB)",
+        &opt(&|f: &Figures| f.peak_rss_mib),
+        "",
+        1,
+    ));
+    rows.push(row(
+        "benchmark process CPU (s)",
+        kwok.bench_cpu,
+        &pick(&|f: &Figures| f.bench_cpu),
+        "",
+        1,
+    ));
+    let mut out = format!("| {} |\n", header.join(" | "));
+    out.push_str(&format!("|{}\n", " --- |".repeat(header.len())));
+    for cells in rows {
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+    out
+}
+
+fn to_json(f: &Figures, size: usize) -> Value {
+    let n = size as f64;
+    let per_pod = |m: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
+        m.iter().map(|(k, v)| (k.clone(), v / n)).collect()
+    };
+    json!({
+        "created_in_s": f.created_in,
+        "all_running_s": f.all_running,
+        "all_gone_s": f.all_gone,
+        "create_to_running_p50_s": f.running_p50,
+        "create_to_running_p99_s": f.running_p99,
+        "apiserver_requests_per_pod": per_pod(&f.apiserver.requests),
+        "apiserver_429": f.apiserver.throttled,
+        "apiserver_pod_write_mean_s": f.apiserver.pod_write_seconds / f.apiserver.pod_writes.max(1.0),
+        "eci_calls_per_pod": per_pod(&f.eci_calls),
+        "eci_throttled": f.eci_throttled,
+        "status_writes_per_pod": f.status_writes.map(|w| w / n),
+        "events_dropped": f.events_dropped,
+        "daemon_cpu_to_running_s": f.cpu_to_running,
+        "daemon_cpu_total_s": f.cpu_total,
+        "daemon_peak_rss_mib": f.peak_rss_mib,
+        "bench_process_cpu_s": f.bench_cpu,
+    })
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
 }
 
 #[tokio::main]
@@ -285,11 +913,66 @@ async fn main() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
-    let rate: f64 = std::env::var("PODS_BENCH_RATE")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0.0);
+    let quotas: Vec<bool> = std::env::var("PODS_BENCH_QUOTAS")
+        .unwrap_or_else(|_| "off".into())
+        .split(',')
+        .map(|s| match s.trim() {
+            "on" => true,
+            "off" => false,
+            other => panic!("PODS_BENCH_QUOTAS: {other:?} is neither on nor off"),
+        })
+        .collect();
+    let replicas: u32 = env_or("PODS_BENCH_REPLICAS", 1).max(1);
+    let rate: f64 = env_or("PODS_BENCH_RATE", 0.0);
+    // cargo bench passes `--bench`; only `--out PATH` is ours.
+    let args: Vec<String> = std::env::args().collect();
+    let out = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1).cloned())
+        .or_else(|| std::env::var("PODS_BENCH_OUT").ok());
+    let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average at start: {}", load_avg.trim());
+    let mut report = Vec::new();
     for size in sizes {
-        run(size, rate).await;
+        let load = Load {
+            size,
+            replicas,
+            rate,
+        };
+        println!("== {size} pods over {replicas} node(s): kwok ==");
+        let kwok = run_phase(Driver::Kwok, load).await;
+        let mut ours = Vec::new();
+        for quotas in &quotas {
+            let driver = Driver::Ours { quotas: *quotas };
+            println!(
+                "== {size} pods over {replicas} replica(s): {} ==",
+                driver.label()
+            );
+            ours.push((driver, run_phase(driver, load).await));
+        }
+        let pace = if rate > 0.0 {
+            format!("created at {rate} pods/s")
+        } else {
+            "created as fast as the apiserver takes them".to_owned()
+        };
+        println!(
+            "\n{size} pods over {replicas} node(s), {pace}; mock-eci provisioning delay \
+             {PROVISIONING_DELAY}; load average now {}",
+            std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .trim()
+        );
+        println!("{}", table(load, &kwok, &ours));
+        let mut entry = json!({"pods": size, "replicas": replicas, "rate": rate,
+            "kwok": to_json(&kwok, size)});
+        for (driver, figures) in &ours {
+            entry[driver.label()] = to_json(figures, size);
+        }
+        report.push(entry);
+    }
+    if let Some(path) = out {
+        std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap()).unwrap();
+        println!("figures written to {path}");
     }
 }
