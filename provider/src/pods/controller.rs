@@ -328,6 +328,13 @@ impl PodController {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether the pod with `uid` has a group (created, adopted or found by its tags).
+    fn has_group(&self, uid: &str) -> bool {
+        self.tracked()
+            .get(uid)
+            .is_some_and(|t| t.lifecycle.group().is_some())
+    }
+
     /// Moves the lifecycle of the pod with `uid` on by `event`, when it is tracked; what to do
     /// is the caller's (see [`Tracked::on`]).
     fn advance(&self, uid: &str, event: Event<'_>) -> Option<Effect> {

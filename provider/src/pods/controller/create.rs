@@ -331,7 +331,7 @@ impl PodController {
                 }
                 Err(Failure::Retry(message)) => {
                     self.inner.telemetry.pod_create_retries.inc();
-                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.lifecycle.group().is_some());
+                    let group_seen = self.has_group(uid);
                     if report_failure(job.attempt, group_seen) {
                         // Tell the user once the problem persists, then keep trying.
                         self.set_provider_failed(&pod, &message, false).await;
@@ -353,7 +353,7 @@ impl PodController {
                 }
                 Err(Failure::Misconfigured(found)) => {
                     self.inner.telemetry.pod_create_retries.inc();
-                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.lifecycle.group().is_some());
+                    let group_seen = self.has_group(uid);
                     if job.shown != Shown::Misconfiguration && !group_seen {
                         self.explain_misconfiguration(&pod, &found).await;
                     }
@@ -372,7 +372,7 @@ impl PodController {
                     match on_no_stock(strategy, waited, limit, &message) {
                         StockVerdict::Wait(shown) => {
                             let group_seen =
-                                self.tracked().get(uid).is_some_and(|t| t.group.is_some());
+                                self.has_group(uid);
                             if job.shown != Shown::NoStock && !group_seen {
                                 self.show_not_created(&pod, "Pending", NO_STOCK, &shown).await;
                             }
@@ -392,7 +392,7 @@ impl PodController {
                 }
                 Err(Failure::Refused(refusal)) => {
                     self.inner.telemetry.pod_create_retries.inc();
-                    let group_seen = self.tracked().get(uid).is_some_and(|t| t.lifecycle.group().is_some());
+                    let group_seen = self.has_group(uid);
                     let shown = Shown::Refusal(super::hash_of(&refusal.describe()));
                     if job.shown != shown && !group_seen {
                         self.explain_refusal(&pod, &refusal).await;
