@@ -828,6 +828,39 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         "",
         0,
     ));
+    // With quotas on, ECI's own rate limit bounds the run: the floor is the burst at once and
+    // the rest at the documented rate (the target: within 10 % of it).
+    let floor = |driver: &Driver, action: &str| match driver {
+        Driver::Ours { quotas: true } => Some(quota_floor(action, n)),
+        _ => None,
+    };
+    for (action, what, took) in [
+        (
+            "CreateContainerGroup",
+            "creates",
+            (|f: &Figures| f.all_running) as fn(&Figures) -> f64,
+        ),
+        ("DeleteContainerGroup", "deletes", |f: &Figures| f.all_gone),
+    ] {
+        let floors: Vec<Option<f64>> = ours.iter().map(|(d, _)| floor(d, action)).collect();
+        let ratios: Vec<Option<f64>> = ours
+            .iter()
+            .zip(&floors)
+            .map(|((_, f), floor)| floor.map(|floor| took(f) / floor))
+            .collect();
+        rows.push(opt_row(
+            &format!("ECI quota floor for {n} {what} (s)"),
+            &floors,
+            "",
+            1,
+        ));
+        rows.push(opt_row(
+            &format!("  measured / floor ({what})"),
+            &ratios,
+            "×",
+            2,
+        ));
+    }
     rows.push(opt_row(
         "daemon status writes / pod",
         &opt(&|f: &Figures| f.status_writes.map(|w| w / load.size as f64)),
@@ -871,6 +904,14 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
     out
+}
+
+/// The shortest time ECI's documented quota for `action` allows `n` calls in: a burst at once,
+/// the rest at the per-minute rate.
+fn quota_floor(action: &str, n: f64) -> f64 {
+    let per_minute = eci_proto::quota::per_minute(action).unwrap_or(1);
+    let burst = f64::from(eci_proto::quota::burst(per_minute));
+    (n - burst).max(0.0) / f64::from(per_minute) * 60.0
 }
 
 fn to_json(f: &Figures, size: usize) -> Value {
@@ -968,6 +1009,13 @@ async fn main() {
             "kwok": to_json(&kwok, size)});
         for (driver, figures) in &ours {
             entry[driver.label()] = to_json(figures, size);
+            if *driver == (Driver::Ours { quotas: true }) {
+                let n = size as f64;
+                entry[driver.label()]["create_quota_floor_s"] =
+                    json!(quota_floor("CreateContainerGroup", n));
+                entry[driver.label()]["delete_quota_floor_s"] =
+                    json!(quota_floor("DeleteContainerGroup", n));
+            }
         }
         report.push(entry);
     }

@@ -208,3 +208,78 @@ fn no_two_modules_share_a_name() {
         .collect();
     assert!(shared.is_empty(), "modules sharing a name: {shared:#?}");
 }
+
+/// Every file that opens a watch of the Kubernetes API, with the kinds and scopes it watches.
+/// Pods are the largest and busiest kind: a replica watches each pod scope once, and the areas
+/// that need the same scope read one [`SharedWatch`] (`k8s/shared_watch.rs`). A new watch site
+/// must be listed here, which makes its scope a decision rather than an accident.
+///
+/// [`SharedWatch`]: virtual_node_eci::k8s::shared_watch::SharedWatch
+const WATCH_SITES: &[(&str, &[(&str, &str)])] = &[
+    // The shared watches: every pod, every node (admission and placement), and this node's
+    // pods (the pod controller and the kubelet API's metrics), each run once by the app.
+    (
+        "k8s/shared_watch.rs",
+        &[
+            ("Pod", "cluster"),
+            ("Node", "cluster"),
+            ("Pod", "spec.nodeName=<this node>"),
+        ],
+    ),
+    ("admission/spill.rs", &[("Pod", "spec.nodeName=")]),
+    (
+        "admission/cache.rs",
+        &[
+            ("Selector", "cluster"),
+            ("Namespace(metadata)", "cluster"),
+            ("ConfigMap", "metadata.name=<legacy config>"),
+        ],
+    ),
+    ("fleet/replicas.rs", &[("Node", "virtual nodes of the region")]),
+    ("node/guard.rs", &[("Node", "metadata.name=<this node>")]),
+    ("placement/mod.rs", &[("ResourcePolicy", "cluster")]),
+    ("pods/services.rs", &[("Service", "cluster")]),
+    (
+        "pods/tenancy/feed.rs",
+        &[
+            ("Namespace", "cluster"),
+            ("ConfigMap", "metadata.name=<annotation policy>"),
+        ],
+    ),
+];
+
+#[test]
+fn every_watch_is_listed_and_each_pod_scope_is_watched_once() {
+    let mut files = Vec::new();
+    rust_files(&source_dir(), &mut files);
+    let watching: BTreeSet<String> = files
+        .iter()
+        .filter(|file| {
+            std::fs::read_to_string(file)
+                .expect("readable source")
+                .contains("watcher(")
+        })
+        .map(|file| {
+            file.strip_prefix(source_dir())
+                .expect("under src")
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    let listed: BTreeSet<String> = WATCH_SITES.iter().map(|(f, _)| (*f).to_owned()).collect();
+    assert_eq!(
+        watching, listed,
+        "the files that open watches are not the listed ones: list a new one with what it watches"
+    );
+    let mut pod_scopes = BTreeSet::new();
+    for (file, watches) in WATCH_SITES {
+        for (kind, scope) in *watches {
+            if *kind == "Pod" {
+                assert!(
+                    pod_scopes.insert(*scope),
+                    "{file} watches pods with scope {scope}, which another watch already covers: read the shared one"
+                );
+            }
+        }
+    }
+}

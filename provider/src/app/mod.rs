@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -27,7 +27,7 @@ use crate::fleet::drain::{Decommission, Outcome};
 use crate::fleet::membership::{Membership, StopKind};
 use crate::fleet::orphans::OrphanCollector;
 use crate::fleet::replicas;
-use crate::k8s::shared_watch::ClusterWatches;
+use crate::k8s::shared_watch::{ClusterWatches, SharedWatch, bound_to};
 use crate::kubelet;
 use crate::node::guard as node_watch;
 use crate::node::lease::{LeaseIdentity, NodeLease};
@@ -149,11 +149,27 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         });
     }
     wait_for_replica_count(replica_count).await;
+    // One watch of this node's pods, read by the pod controller and the kubelet API's metrics.
+    let node_pods = SharedWatch::<Pod>::new("this node's pod");
+    {
+        let (watch, client, stop) = (Arc::clone(&node_pods), client.clone(), stop.clone());
+        let this_node = bound_to(&node_config.node_name);
+        tasks.spawn(async move {
+            (
+                "this node's pod watch",
+                watch
+                    .run(Api::all(client), this_node, stop)
+                    .await
+                    .map_err(anyhow::Error::from),
+            )
+        });
+    }
     let controller = PodController::new(
         settings.pods(),
         client.clone(),
         Arc::clone(&backend),
         Arc::clone(&telemetry),
+        Arc::clone(&node_pods),
     );
     let groups = controller.groups();
     let misconfig = controller.misconfig_monitor();
@@ -252,7 +268,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         tasks.spawn(async move {
             (
                 "kubelet API",
-                kubelet::run(config, client, backend, groups, telemetry, stop)
+                kubelet::run(config, client, backend, groups, node_pods, telemetry, stop)
                     .await
                     .map_err(anyhow::Error::from),
             )

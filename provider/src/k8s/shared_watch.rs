@@ -166,6 +166,12 @@ where
     }
 }
 
+/// The selection of the pods bound to `node`: the scope of a replica's own pods, watched once
+/// (the pod controller and the kubelet API's metrics index read the same watch).
+pub fn bound_to(node: &str) -> watcher::Config {
+    watcher::Config::default().fields(&format!("spec.nodeName={node}"))
+}
+
 /// The cluster-wide watches of this replica the areas share (admission's capacity view and
 /// placement read the same pods and nodes).
 #[derive(Debug, Clone)]

@@ -19,12 +19,14 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use k8s_openapi::api::core::v1::Pod;
 use tls_serve::{ClientAuth, TlsServer};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, info_span};
 
 use crate::config::KubeletConfig;
 use crate::eci::Backend;
+use crate::k8s::shared_watch::SharedWatch;
 use crate::ops::metrics::Telemetry;
 use crate::pods::GroupDirectory;
 
@@ -61,6 +63,8 @@ pub struct KubeletState {
     pub eci: Backend,
     /// Which group runs which pod, as the pod controller created or adopted them.
     pub groups: GroupDirectory,
+    /// This node's pods, one watch shared with the pod controller.
+    pub node_pods: Arc<SharedWatch<Pod>>,
     /// The daemon's metrics.
     pub telemetry: Arc<Telemetry>,
     /// Authentication and authorization (applied to every route by [`router`]).
@@ -124,6 +128,7 @@ pub async fn run(
     client: kube::Client,
     eci: Backend,
     groups: GroupDirectory,
+    node_pods: Arc<SharedWatch<Pod>>,
     telemetry: Arc<Telemetry>,
     stop: CancellationToken,
 ) -> Result<(), KubeletError> {
@@ -153,6 +158,7 @@ pub async fn run(
         client,
         eci,
         groups,
+        node_pods,
         telemetry,
         guard,
         stop: stop.clone(),

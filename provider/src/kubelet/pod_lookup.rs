@@ -369,6 +369,7 @@ mod tests {
             client: client.clone(),
             eci,
             groups,
+            node_pods: crate::k8s::shared_watch::SharedWatch::new("test pod"),
             telemetry: Arc::new(Telemetry::new()),
             guard: Arc::new(auth::Guard::new(
                 NODE.into(),

@@ -33,7 +33,6 @@ use eci_proto::v20180808::{
 use futures::StreamExt as _;
 use jiff::Timestamp;
 use tokio::time::Instant;
-use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
 pub use self::index::{PodEntry, PodIndex, SharedIndex};
@@ -341,8 +340,8 @@ impl Inner {
 }
 
 /// What the routes share: the scraper, started by the first request (which brings the
-/// client, ECI and the configuration), and the pod watch it reads, stopped when the routes
-/// are dropped with the server.
+/// client, ECI and the configuration). Its index reads this node's shared pod watch from then
+/// on; joining makes that watch list once more, for every reader.
 #[derive(Debug, Default)]
 struct Lazy {
     source: OnceLock<Source>,
@@ -353,19 +352,13 @@ struct Source {
     scraper: Scraper,
     /// When this node's metrics began to be served (the summary's node `startTime`).
     started: Timestamp,
-    _watch: DropGuard,
 }
 
 impl Lazy {
     fn source(&self, state: &KubeletState) -> &Source {
         self.source.get_or_init(|| {
             let index = Arc::new(SharedIndex::default());
-            let stop = CancellationToken::new();
-            tokio::spawn(Arc::clone(&index).watch(
-                state.client.clone(),
-                state.config.node_name.clone(),
-                stop.clone(),
-            ));
+            state.node_pods.subscribe(Arc::clone(&index).reader());
             Source {
                 scraper: Scraper::new(
                     Arc::clone(&state.eci),
@@ -375,7 +368,6 @@ impl Lazy {
                     CACHE_TTL,
                 ),
                 started: Timestamp::now(),
-                _watch: stop.drop_guard(),
             }
         })
     }

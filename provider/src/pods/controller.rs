@@ -29,18 +29,17 @@ use std::time::{Duration, SystemTime};
 
 use eci_proto::EciError;
 use eci_proto::v20180808::{ContainerGroupStatus, DescribeContainerGroupStatusRequest, Tag};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::Api;
 use kube::runtime::events::Reporter;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::PodsConfig;
 use crate::eci::Backend;
+use crate::k8s::shared_watch::SharedWatch;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
 use crate::pods::from_eci;
@@ -231,6 +230,8 @@ struct Inner {
     tenancy: crate::pods::tenancy::feed::PolicyFeed,
     /// What ECI says of the daemon's configuration, shared with the node status.
     misconfig: Arc<crate::eci::misconfig::Monitor>,
+    /// This node's pods: the replica's one watch of them (the kubelet API reads it too).
+    node_pods: Arc<SharedWatch<Pod>>,
 }
 
 impl std::fmt::Debug for PodController {
@@ -268,6 +269,69 @@ fn backoff(attempt: u32) -> Duration {
     capped.mul_f64(0.8 + f64::from(nanos % 400) / 1000.0)
 }
 
+/// The pod controller's reader of this node's pod watch: it runs on the watch's task, so it
+/// only updates the tracked pods and hands slow work (ECI calls, reads) to tasks and queues.
+struct PodReader {
+    controller: PodController,
+    /// Adopted groups whose pod was not seen yet, by pod UID: their tags name the pod, so
+    /// that its absence can be confirmed with a direct read.
+    unseen: HashMap<String, Adopted>,
+    /// The pods of the list in progress.
+    listed: HashSet<String>,
+    /// Whether a list was settled before (the next one is a relist).
+    relist: bool,
+    /// The controller's stop: after it, events are left to the successor.
+    stop: CancellationToken,
+}
+
+impl PodReader {
+    fn on(&mut self, event: &watcher::Event<Pod>) {
+        if self.stop.is_cancelled() {
+            return;
+        }
+        let controller = &self.controller;
+        match event {
+            watcher::Event::Init => self.listed.clear(),
+            watcher::Event::InitApply(pod) => {
+                let uid = pod.uid().unwrap_or_default();
+                self.unseen.remove(&uid);
+                self.listed.insert(uid);
+                controller.observe(Arc::new(pod.clone()));
+            }
+            watcher::Event::InitDone => self.settle(),
+            watcher::Event::Apply(pod) => {
+                if let Some(uid) = pod.uid() {
+                    self.unseen.remove(&uid);
+                }
+                controller.observe(Arc::new(pod.clone()));
+            }
+            watcher::Event::Delete(pod) => controller.forget(pod),
+        }
+    }
+
+    /// A list is complete: confirming that the unlisted pods are gone takes a read each
+    /// (thousands after a long gap), so it runs beside the watch, which goes on meanwhile.
+    fn settle(&mut self) {
+        let controller = &self.controller;
+        let missing = controller.unlisted(&self.listed, &self.unseen);
+        {
+            let tracked = controller.tracked();
+            self.unseen.retain(|uid, _| tracked.contains_key(uid));
+        }
+        let (settling, pods, relist) = (controller.clone(), self.listed.len(), self.relist);
+        controller.spawn_pod_task(async move {
+            let gone = settling.settle_list(missing).await;
+            info!(
+                pods,
+                gone, relist, "resync complete: every pod and group of this node accounted for"
+            );
+        });
+        self.relist = true;
+        // Not needed until the next list, which may be days away.
+        self.listed = HashSet::new();
+    }
+}
+
 impl PodController {
     /// A controller for `config.node_name`.
     pub fn new(
@@ -275,6 +339,7 @@ impl PodController {
         client: kube::Client,
         backend: Backend,
         telemetry: Arc<Telemetry>,
+        node_pods: Arc<SharedWatch<Pod>>,
     ) -> Self {
         let reporter = Reporter {
             controller: "virtual-node-eci".into(),
@@ -304,6 +369,7 @@ impl PodController {
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
                 misconfig: Arc::default(),
+                node_pods,
             }),
         }
     }
@@ -504,71 +570,28 @@ impl PodController {
         }
     }
 
-    /// Watches this node's pods. Every (re)list — at start, and whenever the watch could not
-    /// resume (410 Gone after etcd compaction, an API server restart) — ends with
-    /// [`PodController::settle_list`]: pods tracked but not listed were deleted while nobody
-    /// watched, and their groups go. At start, "tracked" is the groups adopted from ECI.
+    /// Reads this node's pods from the replica's shared watch of them until `stop`. Every
+    /// (re)list — at start, and whenever the watch could not resume (410 Gone after etcd
+    /// compaction, an API server restart) — ends with [`PodController::settle_list`]: pods
+    /// tracked but not listed were deleted while nobody watched, and their groups go. At start,
+    /// "tracked" is the groups adopted from ECI.
     async fn watch_pods(
         self,
         adopted: Vec<Adopted>,
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
-        let api: Api<Pod> = Api::all(self.inner.client.clone());
-        let this_node = watcher::Config::default()
-            .fields(&format!("spec.nodeName={}", self.inner.config.node_name));
-        let mut events = watcher(api, this_node).default_backoff().boxed();
-        // Adopted groups whose pod was not seen yet, by pod UID: their tags name the pod, so
-        // that its absence can be confirmed with a direct read.
-        let mut unseen: HashMap<String, Adopted> =
-            adopted.into_iter().map(|g| (g.uid.clone(), g)).collect();
-        let mut listed: HashSet<String> = HashSet::new();
-        let mut relist = false;
-        loop {
-            let event = tokio::select! {
-                () = stop.cancelled() => return Ok(()),
-                event = events.next() => event,
-            };
-            match event {
-                None => anyhow::bail!("the pod watch ended"),
-                Some(Err(error)) => warn!(%error, "pod watch error; it recovers by itself"),
-                Some(Ok(watcher::Event::Init)) => listed.clear(),
-                Some(Ok(watcher::Event::InitApply(pod))) => {
-                    let uid = pod.uid().unwrap_or_default();
-                    unseen.remove(&uid);
-                    listed.insert(uid);
-                    self.observe(Arc::new(pod));
-                }
-                Some(Ok(watcher::Event::InitDone)) => {
-                    // Confirming that the unlisted pods are gone takes a read each (thousands
-                    // after a long gap): beside the watch, which goes on meanwhile.
-                    let missing = self.unlisted(&listed, &unseen);
-                    {
-                        let tracked = self.tracked();
-                        unseen.retain(|uid, _| tracked.contains_key(uid));
-                    }
-                    let (settling, pods) = (self.clone(), listed.len());
-                    self.spawn_pod_task(async move {
-                        let gone = settling.settle_list(missing).await;
-                        info!(
-                            pods,
-                            gone,
-                            relist,
-                            "resync complete: every pod and group of this node accounted for"
-                        );
-                    });
-                    relist = true;
-                    // Not needed until the next list, which may be days away.
-                    listed = HashSet::new();
-                }
-                Some(Ok(watcher::Event::Apply(pod))) => {
-                    if let Some(uid) = pod.uid() {
-                        unseen.remove(&uid);
-                    }
-                    self.observe(Arc::new(pod));
-                }
-                Some(Ok(watcher::Event::Delete(pod))) => self.forget(&pod),
-            }
-        }
+        let mut reader = PodReader {
+            controller: self.clone(),
+            unseen: adopted.into_iter().map(|g| (g.uid.clone(), g)).collect(),
+            listed: HashSet::new(),
+            relist: false,
+            stop: stop.clone(),
+        };
+        self.inner
+            .node_pods
+            .subscribe(Box::new(move |event| reader.on(event)));
+        stop.cancelled().await;
+        Ok(())
     }
 
     fn observe(&self, pod: Arc<Pod>) {
@@ -908,6 +931,7 @@ mod tests {
             kube::Client::new(service, "default"),
             eci,
             Arc::new(Telemetry::new()),
+            SharedWatch::new("test pod"),
         );
         (controller, requests)
     }

@@ -1,20 +1,19 @@
 //! This node's pods as the metrics need them: which pods run, and when their containers
-//! started (which ECI group backs each comes from the pod controller at refresh time). Filled by a watch of `spec.nodeName=<node>` and kept slim (a
-//! few strings per pod, never the `Pod`), so 3,000 pods cost a few hundred KiB.
+//! started (which ECI group backs each comes from the pod controller at refresh time). Filled
+//! by reading this node's shared pod watch (`spec.nodeName=<node>`, the pod controller's too)
+//! and kept slim (a few strings per pod, never the `Pod`), so 3,000 pods cost a few hundred KiB.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
-use kube::runtime::watcher;
-use kube::runtime::{WatchStreamExt as _, watcher::Event};
+use kube::runtime::watcher::Event;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
+
+use crate::k8s::shared_watch::Reader;
 
 /// One pod of this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,11 +100,11 @@ impl PodIndex {
     }
 
     /// Applies one watch event.
-    pub fn apply(&mut self, event: Event<Pod>) {
+    pub fn apply(&mut self, event: &Event<Pod>) {
         match event {
             Event::Init => self.relisting = Some(HashMap::new()),
             Event::InitApply(pod) => {
-                if let Some(entry) = PodEntry::of(&pod) {
+                if let Some(entry) = PodEntry::of(pod) {
                     self.relisting
                         .get_or_insert_with(HashMap::new)
                         .insert(entry.uid.clone(), entry);
@@ -118,7 +117,7 @@ impl PodIndex {
                 self.listed = true;
             }
             Event::Apply(pod) => {
-                if let Some(entry) = PodEntry::of(&pod) {
+                if let Some(entry) = PodEntry::of(pod) {
                     self.upsert(entry);
                 }
             }
@@ -206,43 +205,19 @@ impl SharedIndex {
             .is_ok_and(|result| result.is_ok())
     }
 
-    /// Watches the pods of `node` into the index until `stop` (a broken watch relists by
-    /// itself, with back-off).
-    pub async fn watch(
-        self: Arc<Self>,
-        client: kube::Client,
-        node: String,
-        stop: CancellationToken,
-    ) {
-        let api: Api<Pod> = Api::all(client);
-        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let mut events = watcher(api, config).default_backoff().boxed();
+    /// The index's reader of this node's pod watch (see [`crate::k8s::shared_watch::SharedWatch`]): every event applied
+    /// as it arrives, the first complete list announced once.
+    pub fn reader(self: Arc<Self>) -> Reader<Pod> {
         let mut announced = false;
-        loop {
-            let event = tokio::select! {
-                () = stop.cancelled() => return,
-                event = events.next() => event,
-            };
-            match event {
-                None => {
-                    warn!("the metrics' pod watch ended");
-                    return;
-                }
-                Some(Err(error)) => {
-                    warn!(error = %crate::ops::chain::Chain(&error), "metrics' pod watch error; it recovers by itself");
-                }
-                Some(Ok(event)) => {
-                    let done = matches!(event, Event::InitDone);
-                    let pods = self.write(|index| {
-                        index.apply(event);
-                        index.len()
-                    });
-                    if done && !announced {
-                        announced = true;
-                        info!(pods, "metrics: this node's pods listed");
-                    }
-                }
+        Box::new(move |event: &Event<Pod>| {
+            let pods = self.write(|index| {
+                index.apply(event);
+                index.len()
+            });
+            if matches!(event, Event::InitDone) && !announced {
+                announced = true;
+                info!(pods, "metrics: this node's pods listed");
             }
-        }
+        })
     }
 }

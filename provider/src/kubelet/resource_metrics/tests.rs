@@ -648,22 +648,22 @@ fn the_index_keeps_what_the_metrics_need_and_relists_whole() {
 
     let mut index = PodIndex::default();
     assert!(!index.listed());
-    index.apply(Event::Init);
-    index.apply(Event::InitApply(pod("a", "u-a", "Running", Some("eci-a"))));
+    index.apply(&Event::Init);
+    index.apply(&Event::InitApply(pod("a", "u-a", "Running", Some("eci-a"))));
     assert!(index.is_empty(), "a relist lands at its end");
-    index.apply(Event::InitApply(pod("b", "u-b", "Running", Some("eci-b"))));
-    index.apply(Event::InitDone);
+    index.apply(&Event::InitApply(pod("b", "u-b", "Running", Some("eci-b"))));
+    index.apply(&Event::InitDone);
     assert!(index.listed());
     assert_eq!(index.len(), 2);
-    index.apply(Event::Apply(pod("c", "u-c", "Running", Some("eci-c"))));
-    index.apply(Event::Delete(pod("a", "u-a", "Running", Some("eci-a"))));
+    index.apply(&Event::Apply(pod("c", "u-c", "Running", Some("eci-c"))));
+    index.apply(&Event::Delete(pod("a", "u-a", "Running", Some("eci-a"))));
     let mut uids: Vec<&str> = index.pods().map(|p| p.uid.as_str()).collect();
     uids.sort_unstable();
     assert_eq!(uids, ["u-b", "u-c"]);
     // A relist after a broken watch replaces everything: b was deleted meanwhile.
-    index.apply(Event::Init);
-    index.apply(Event::InitApply(pod("c", "u-c", "Running", Some("eci-c"))));
-    index.apply(Event::InitDone);
+    index.apply(&Event::Init);
+    index.apply(&Event::InitApply(pod("c", "u-c", "Running", Some("eci-c"))));
+    index.apply(&Event::InitDone);
     assert!(index.contains("u-c") && !index.contains("u-b"));
 }
 
@@ -811,10 +811,10 @@ async fn a_pod_is_measured_by_the_group_the_controller_records_never_by_its_anno
     let index = Arc::new(SharedIndex::default());
     // Its author pointed the annotation at another namespace's group, eci-9.
     index.write(|index| {
-        index.apply(Event::Init);
-        index.apply(Event::InitApply(pod("a", "u-a", "Running", Some("eci-9"))));
-        index.apply(Event::InitApply(pod("b", "u-b", "Running", Some("eci-8"))));
-        index.apply(Event::InitDone);
+        index.apply(&Event::Init);
+        index.apply(&Event::InitApply(pod("a", "u-a", "Running", Some("eci-9"))));
+        index.apply(&Event::InitApply(pod("b", "u-b", "Running", Some("eci-8"))));
+        index.apply(&Event::InitDone);
     });
     // The controller knows a's group (eci-3); b's it has not recorded yet.
     let groups = GroupDirectory::fixed([("u-a".to_owned(), "eci-3".to_owned())]);

@@ -314,6 +314,7 @@ mod in_process {
             client: client.clone(),
             eci,
             groups: crate::pods::GroupDirectory::fixed([("uid-1".to_owned(), group.clone())]),
+            node_pods: crate::k8s::shared_watch::SharedWatch::new("test pod"),
             telemetry: Arc::new(Telemetry::new()),
             guard: Arc::new(auth::Guard::new(
                 NODE.into(),
