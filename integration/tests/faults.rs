@@ -872,7 +872,8 @@ async fn watch_expiry_by_compaction(
         let output = h.process_output(daemon).unwrap_or_default();
         let after = &output[offset.min(output.len())..];
         let expired = after.lines().any(|l| {
-            l.contains("pod watch error")
+            l.contains("shared watch failed")
+                && l.contains("this node")
                 && (l.contains("too old") || l.contains("410") || l.contains("Expired"))
         });
         let relisted = after

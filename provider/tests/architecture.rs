@@ -235,7 +235,10 @@ const WATCH_SITES: &[(&str, &[(&str, &str)])] = &[
             ("ConfigMap", "metadata.name=<legacy config>"),
         ],
     ),
-    ("fleet/replicas.rs", &[("Node", "virtual nodes of the region")]),
+    (
+        "fleet/replicas.rs",
+        &[("Node", "virtual nodes of the region")],
+    ),
     ("node/guard.rs", &[("Node", "metadata.name=<this node>")]),
     ("placement/mod.rs", &[("ResourcePolicy", "cluster")]),
     ("pods/services.rs", &[("Service", "cluster")]),

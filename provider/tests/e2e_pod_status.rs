@@ -534,7 +534,7 @@ async fn pods_deleted_while_the_watch_is_broken_by_etcd_compaction_leave_no_grou
         let after = h.process_output(&scene.daemon).unwrap_or_default();
         let after = &after[before.min(after.len())..];
         assert!(
-            after.lines().any(|l| l.contains("pod watch error") && (l.contains("too old") || l.contains("410") || l.contains("Expired"))),
+            after.lines().any(|l| l.contains("shared watch failed") && l.contains("this node") && (l.contains("too old") || l.contains("410") || l.contains("Expired"))),
             "the watch was answered 410 Gone:\n{after}"
         );
         assert!(
