@@ -784,12 +784,28 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         "",
         2,
     ));
-    for key in keys {
+    // Requests below one per hundred pods in every column are housekeeping that happened to
+    // fall in the phase (the namespace controller emptying the previous phase's namespace,
+    // discovery, Lease renewals): summed in one row rather than listed kind by kind.
+    let (listed, other): (Vec<&String>, Vec<&String>) = keys.into_iter().partition(|key| {
+        per_pod(kwok, key) >= 0.01 || ours.iter().any(|(_, o)| per_pod(o, key) >= 0.01)
+    });
+    for key in listed {
         let ours: Vec<f64> = ours.iter().map(|(_, o)| per_pod(o, key)).collect();
         rows.push(row(
             &format!("  {key} / pod"),
             per_pod(kwok, key),
             &ours,
+            "",
+            3,
+        ));
+    }
+    if !other.is_empty() {
+        let summed = |f: &Figures| other.iter().map(|key| per_pod(f, key)).sum::<f64>();
+        rows.push(row(
+            &format!("  {} other kinds, each < 0.01 / pod", other.len()),
+            summed(kwok),
+            &pick(&summed),
             "",
             3,
         ));
