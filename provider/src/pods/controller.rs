@@ -43,6 +43,7 @@ use crate::k8s::shared_watch::SharedWatch;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
 use crate::pods::from_eci;
+use crate::pods::loops::Loops;
 use crate::pods::to_eci::naming;
 use crate::pods::workqueue::WorkQueue;
 use create::{CreateJob, WriteBack};
@@ -197,6 +198,9 @@ pub struct PodController {
     inner: Arc<Inner>,
 }
 
+/// What the annotation writers record: the pod (namespace and name) and what to write on it.
+type Annotation = ((String, String), WriteBack);
+
 struct Inner {
     config: PodsConfig,
     client: kube::Client,
@@ -206,14 +210,14 @@ struct Inner {
     /// Shared with the readers of [`GroupDirectory`].
     pods: Arc<Mutex<HashMap<String, Tracked>>>,
     /// Pods waiting for their group to be created, by pod UID.
-    creations: WorkQueue<String, CreateJob>,
+    creations: Arc<WorkQueue<String, CreateJob>>,
     /// Group ids to record on their pods (namespace and name), by pod UID.
-    annotations: WorkQueue<String, ((String, String), WriteBack)>,
+    annotations: Arc<WorkQueue<String, Annotation>>,
     /// Group states waiting to be applied to their pods, by pod UID.
-    statuses: WorkQueue<String, (ContainerGroupStatus, u64)>,
+    statuses: Arc<WorkQueue<String, (ContainerGroupStatus, u64)>>,
     /// Pods whose status must be written again though their group did not change (a readiness
     /// gate or the generation did), by pod UID.
-    refreshes: WorkQueue<String, ()>,
+    refreshes: Arc<WorkQueue<String, ()>>,
     /// Per-pod work started by the watch (deletions, skip explanations) and create back-off
     /// timers: owned, so a stop lets in-flight ECI calls finish before the process ends.
     pod_tasks: TaskTracker,
@@ -361,10 +365,10 @@ impl PodController {
                 backend,
                 telemetry,
                 pods: Arc::default(),
-                creations: WorkQueue::default(),
-                annotations: WorkQueue::default(),
-                statuses: WorkQueue::default(),
-                refreshes: WorkQueue::default(),
+                creations: Arc::default(),
+                annotations: Arc::default(),
+                statuses: Arc::default(),
+                refreshes: Arc::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
@@ -449,27 +453,33 @@ impl PodController {
         }
     }
 
-    /// Runs until cancelled: adopt, watch pods, poll statuses.
+    /// Runs until cancelled: adopt, watch pods, poll statuses. Each loop is a task of its own
+    /// (see [`Loops`]): the first to fail stops the others, and its error names it.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
-        // Token refreshes and the Service cache: tasks of this controller, stopped by `stop`.
-        let mut access: tokio::task::JoinSet<anyhow::Result<()>> = tokio::task::JoinSet::new();
-        let (tokens, services, client) = (
-            self.inner.tokens.clone(),
-            self.inner.services.clone(),
-            self.inner.client.clone(),
-        );
-        let (stop_tokens, stop_services) = (stop.clone(), stop.clone());
-        access.spawn(async move {
+        let mut loops = Loops::new(&stop);
+        let stop = loops.stop().clone();
+        // Token refreshes and the Service cache start first: adoption does not need them.
+        let (tokens, stop_tokens) = (self.inner.tokens.clone(), stop.clone());
+        loops.spawn("tokens", async move {
             tokens.run(stop_tokens).await;
             Ok(())
         });
-        access.spawn(async move { Ok(services.run(client, stop_services).await?) });
+        let (services, client, stop_services) = (
+            self.inner.services.clone(),
+            self.inner.client.clone(),
+            stop.clone(),
+        );
+        loops.spawn("services", async move {
+            Ok(services.run(client, stop_services).await?)
+        });
         let (tenancy, client, stop_tenancy) = (
             self.inner.tenancy.clone(),
             self.inner.client.clone(),
             stop.clone(),
         );
-        access.spawn(async move { Ok(tenancy.run(client, stop_tenancy).await?) });
+        loops.spawn("tenancy", async move {
+            Ok(tenancy.run(client, stop_tenancy).await?)
+        });
         let listed_at = tokio::time::Instant::now();
         let adopted = loop {
             let mut adopted = Vec::new();
@@ -514,23 +524,15 @@ impl PodController {
                 g.name.clone()?,
             ))
         }));
-        let access = async move {
-            while let Some(joined) = access.join_next().await {
-                joined??;
-            }
-            Ok(())
-        };
-        let watch = self.clone().watch_pods(adopted, stop.clone());
-        let poll = self.clone().poll_statuses(listed_at, stop.clone());
-        let writers = self.clone().write_statuses(stop.clone());
-        let refreshers = self.clone().refresh_statuses(stop.clone());
-        let creators = self.clone().create_groups(stop.clone());
-        let annotators = self.clone().annotate_pods(stop.clone());
-        let removals = self.clone().watch_removals(stop.clone());
-        let requeues = self.clone().requeue_held(stop.clone());
-        let outcome = tokio::try_join!(
-            watch, poll, writers, refreshers, creators, annotators, removals, requeues, access
-        );
+        loops.spawn("watch", self.clone().watch_pods(adopted, stop.clone()));
+        loops.spawn("poll", self.clone().poll_statuses(listed_at, stop.clone()));
+        loops.spawn("writers", self.clone().write_statuses(stop.clone()));
+        loops.spawn("refreshers", self.clone().refresh_statuses(stop.clone()));
+        loops.spawn("creators", self.clone().create_groups(stop.clone()));
+        loops.spawn("annotators", self.clone().annotate_pods(stop.clone()));
+        loops.spawn("removals", self.clone().watch_removals(stop.clone()));
+        loops.spawn("requeues", self.clone().requeue_held(stop));
+        let outcome = loops.join().await;
         self.finish_pod_tasks().await;
         outcome?;
         Ok(())

@@ -4,6 +4,7 @@
 
 mod controller;
 pub mod from_eci;
+pub mod loops;
 pub mod refs;
 pub mod services;
 mod slim;

@@ -4,13 +4,20 @@
 //! The pod status pipeline uses it between the ECI poll and the status writers: a poll never
 //! waits for writes, a pod that changed twice before its turn is written once with the latest
 //! state, and two writes of one pod never race each other.
+//!
+//! [`WorkQueue::serve`] runs each worker as a task of its own, so workers run in parallel and
+//! none waits on another's slow poll; `serve` owns them and returns only once all have ended.
+//! A held key is released however its work ends, a panic included: a bug in one pod's work
+//! never leaves that pod stuck, and the panic is reported, not lost.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::error;
 
 #[derive(Debug)]
 struct State<K, V> {
@@ -95,25 +102,49 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         }
     }
 
-    /// Runs `workers` workers until `stop`: each takes the next key, awaits `work` on it (boxed,
-    /// so an idle worker holds a pointer rather than the state of a request in flight) and
-    /// releases the key.
-    pub async fn serve<F, Fut>(&self, workers: usize, stop: &CancellationToken, work: F)
+    /// Runs `workers` workers until `stop` and returns once every one has returned: each takes
+    /// the next key, awaits `work` on it (boxed, so an idle worker holds a pointer rather than
+    /// the state of a request in flight) and releases the key. Each worker is a task of its own,
+    /// owned by this call: on a multi-thread runtime they run in parallel, and one slow poll
+    /// delays no other worker. A work that panics still releases its key (the value it held is
+    /// dropped; the next push for the key brings it back): the panic is logged, and until
+    /// `stop` a new worker takes the lost one's place.
+    pub async fn serve<F, Fut>(self: &Arc<Self>, workers: usize, stop: &CancellationToken, work: F)
+    where
+        K: Send + 'static,
+        V: Send + 'static,
+        F: Fn(K, V) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let mut running = JoinSet::new();
+        for _ in 0..workers.max(1) {
+            running.spawn(Arc::clone(self).work_until(stop.clone(), work.clone()));
+        }
+        while let Some(ended) = running.join_next().await {
+            let Err(error) = ended else { continue };
+            if stop.is_cancelled() {
+                error!(%error, "a work queue worker failed while stopping");
+            } else {
+                error!(%error, "a work queue worker panicked; its key is released and a new worker takes its place");
+                running.spawn(Arc::clone(self).work_until(stop.clone(), work.clone()));
+            }
+        }
+    }
+
+    /// One worker of [`WorkQueue::serve`].
+    async fn work_until<F, Fut>(self: Arc<Self>, stop: CancellationToken, work: F)
     where
         F: Fn(K, V) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let worker = || async {
-            loop {
-                let (key, value) = tokio::select! {
-                    () = stop.cancelled() => return,
-                    next = self.next() => next,
-                };
-                Box::pin(work(key.clone(), value)).await;
-                self.done(&key);
-            }
-        };
-        futures::future::join_all((0..workers.max(1)).map(|_| worker())).await;
+        loop {
+            let (key, value) = tokio::select! {
+                () = stop.cancelled() => return,
+                next = self.next() => next,
+            };
+            let held = Held { queue: &self, key };
+            Box::pin(work(held.key.clone(), value)).await;
+        }
     }
 
     /// Keys waiting (not counting those being worked on).
@@ -127,9 +158,21 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
     }
 }
 
+/// A key a worker holds: released when dropped, so also when its work panics or is aborted.
+struct Held<'a, K: Eq + Hash + Clone, V> {
+    queue: &'a WorkQueue<K, V>,
+    key: K,
+}
+
+impl<K: Eq + Hash + Clone, V> Drop for Held<'_, K, V> {
+    fn drop(&mut self) {
+        self.queue.done(&self.key);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::time::Duration;
 
     use super::*;
 
@@ -176,7 +219,7 @@ mod tests {
             let (queue, stop, seen) = (Arc::clone(&queue), stop.clone(), Arc::clone(&seen));
             tokio::spawn(async move {
                 queue
-                    .serve(4, &stop, |key, value| {
+                    .serve(4, &stop, move |key, value| {
                         let seen = Arc::clone(&seen);
                         async move {
                             assert_eq!(key, value);
@@ -195,6 +238,87 @@ mod tests {
         let mut keys = seen.lock().unwrap().clone();
         keys.sort_unstable();
         assert_eq!(keys, (0..50).collect::<Vec<_>>());
+        assert!(queue.is_empty());
+    }
+
+    /// Workers are tasks of their own: on a runtime with two threads, two works that each hold
+    /// their thread until the other has started both run. Polled by one task, the first would
+    /// wait out its bound alone and the second start only after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn workers_run_in_parallel_on_a_multi_thread_runtime() {
+        let queue = Arc::new(WorkQueue::default());
+        queue.push("a", ());
+        queue.push("b", ());
+        let started = Arc::new((Mutex::new(0_usize), std::sync::Condvar::new()));
+        let met = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let serving = {
+            let (queue, stop) = (Arc::clone(&queue), stop.clone());
+            let (started, met) = (Arc::clone(&started), Arc::clone(&met));
+            tokio::spawn(async move {
+                queue
+                    .serve(2, &stop, move |key, ()| {
+                        let (started, met) = (Arc::clone(&started), Arc::clone(&met));
+                        async move {
+                            let (count, changed) = &*started;
+                            let mut count = count.lock().unwrap();
+                            *count += 1;
+                            changed.notify_all();
+                            // Blocks this thread on purpose: only another thread can wake it.
+                            let (_count, waited) = changed
+                                .wait_timeout_while(count, Duration::from_secs(10), |n| *n < 2)
+                                .unwrap();
+                            met.lock().unwrap().push((key, !waited.timed_out()));
+                        }
+                    })
+                    .await;
+            })
+        };
+        while met.lock().unwrap().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        stop.cancel();
+        serving.await.unwrap();
+        let mut met = met.lock().unwrap().clone();
+        met.sort_unstable();
+        assert_eq!(
+            met,
+            vec![("a", true), ("b", true)],
+            "each work saw the other start"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_panicking_work_releases_its_key_and_a_new_worker_takes_over() {
+        let queue = Arc::new(WorkQueue::default());
+        queue.push("a", 1);
+        let stop = CancellationToken::new();
+        let (panicking, mut panicked) = tokio::sync::mpsc::unbounded_channel();
+        let (done, mut worked) = tokio::sync::mpsc::unbounded_channel();
+        let serving = {
+            let (queue, stop) = (Arc::clone(&queue), stop.clone());
+            tokio::spawn(async move {
+                queue
+                    .serve(1, &stop, move |key, value| {
+                        let (panicking, done) = (panicking.clone(), done.clone());
+                        async move {
+                            if value == 1 {
+                                panicking.send(()).unwrap();
+                                panic!("the work for value 1 fails");
+                            }
+                            done.send((key, value)).unwrap();
+                        }
+                    })
+                    .await;
+            })
+        };
+        panicked.recv().await.unwrap();
+        // Waits for "a" to be released, and for a worker to take it: the only one panicked.
+        queue.push("a", 2);
+        let next = tokio::time::timeout(Duration::from_secs(10), worked.recv()).await;
+        assert_eq!(next.expect("a new worker took the key"), Some(("a", 2)));
+        stop.cancel();
+        serving.await.unwrap();
         assert!(queue.is_empty());
     }
 

@@ -199,27 +199,29 @@ impl PodController {
     /// tasks (only a pod backing off has a small timer task), a few bytes each.
     pub(super) async fn create_groups(self, stop: CancellationToken) -> anyhow::Result<()> {
         let workers = self.inner.config.max_concurrent_creates;
-        let this = &self;
-        let stopping = &stop;
-        this.inner
+        let (this, stopping) = (self.clone(), stop.clone());
+        self.inner
             .creations
-            .serve(workers, &stop, move |uid, job| async move {
-                if let Some(next) = this.create_once(&uid, job).await {
-                    let (controller, stop) = (this.clone(), stopping.clone());
-                    let mut configuration = this.inner.misconfig.subscribe();
-                    // A timer, not work: it ends with the stop (the successor retries).
-                    this.spawn_pod_task(async move {
-                        tokio::select! {
-                            () = stop.cancelled() => {}
-                            () = tokio::time::sleep(backoff(next.attempt)) => {
-                                controller.inner.creations.push(uid, next);
+            .serve(workers, &stop, move |uid, job| {
+                let (this, stopping) = (this.clone(), stopping.clone());
+                async move {
+                    if let Some(next) = this.create_once(&uid, job).await {
+                        let (controller, stop) = (this.clone(), stopping.clone());
+                        let mut configuration = this.inner.misconfig.subscribe();
+                        // A timer, not work: it ends with the stop (the successor retries).
+                        this.spawn_pod_task(async move {
+                            tokio::select! {
+                                () = stop.cancelled() => {}
+                                () = tokio::time::sleep(backoff(next.attempt)) => {
+                                    controller.inner.creations.push(uid, next);
+                                }
+                                // Fixed: go now, not at the end of a back-off of up to 30 s.
+                                Ok(_) = configuration.wait_for(Option::is_none), if next.shown == Shown::Misconfiguration => {
+                                    controller.inner.creations.push(uid, next);
+                                }
                             }
-                            // Fixed: go now, not at the end of a back-off of up to 30 s.
-                            Ok(_) = configuration.wait_for(Option::is_none), if next.shown == Shown::Misconfiguration => {
-                                controller.inner.creations.push(uid, next);
-                            }
-                        }
-                    });
+                        });
+                    }
                 }
             })
             .await;
@@ -610,19 +612,18 @@ impl PodController {
     /// Annotation writers: record each new group's id on its pod, off the creation path (a
     /// creation worker moves on to the next pod as soon as ECI accepted the group).
     pub(super) async fn annotate_pods(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let this = &self;
-        this.inner
+        let this = self.clone();
+        self.inner
             .annotations
-            .serve(
-                ANNOTATION_WRITERS,
-                &stop,
-                move |uid, (key, back)| async move {
+            .serve(ANNOTATION_WRITERS, &stop, move |uid, (key, back)| {
+                let this = this.clone();
+                async move {
                     if !this.annotate(&key, &uid, &back).await {
                         // The next event for the pod tries again.
                         this.advance(&uid, Event::AnnotationFailed);
                     }
-                },
-            )
+                }
+            })
             .await;
         Ok(())
     }

@@ -251,16 +251,13 @@ impl PodController {
 
     /// Status writers: apply queued group states to their pods, one pod at a time each.
     pub(super) async fn write_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let this = &self;
-        this.inner
+        let this = self.clone();
+        self.inner
             .statuses
-            .serve(
-                STATUS_WRITERS,
-                &stop,
-                move |uid, (group, state)| async move {
-                    this.apply_status(&uid, group, state).await;
-                },
-            )
+            .serve(STATUS_WRITERS, &stop, move |uid, (group, state)| {
+                let this = this.clone();
+                async move { this.apply_status(&uid, group, state).await }
+            })
             .await;
         Ok(())
     }
@@ -269,11 +266,12 @@ impl PodController {
     /// did not (see [`from_eci::refresh`]) get their status written again, so a gate turning
     /// True turns Ready without waiting for ECI to change.
     pub(super) async fn refresh_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let this = &self;
-        this.inner
+        let this = self.clone();
+        self.inner
             .refreshes
-            .serve(REFRESH_WRITERS, &stop, move |uid, ()| async move {
-                this.refresh_status(&uid).await;
+            .serve(REFRESH_WRITERS, &stop, move |uid, ()| {
+                let this = this.clone();
+                async move { this.refresh_status(&uid).await }
             })
             .await;
         Ok(())
