@@ -784,7 +784,7 @@ mod tests {
     /// An ECI whose DeleteContainerGroup answers ServiceUnavailable until it recovers; every
     /// other call answers nothing (no group listed).
     #[derive(Debug, Default)]
-    struct RefusingDeletes {
+    pub(super) struct RefusingDeletes {
         recovered: AtomicBool,
         refused: AtomicUsize,
         deleted: Mutex<Vec<String>>,
@@ -885,6 +885,17 @@ mod tests {
                 )
             }
         });
+        (
+            controller_over(eci, kube::Client::new(service, "default")),
+            requests,
+        )
+    }
+
+    /// A controller of node `vn-0` over `eci` and the API server behind `client`.
+    pub(super) fn controller_over(
+        eci: Arc<RefusingDeletes>,
+        client: kube::Client,
+    ) -> PodController {
         let config = PodsConfig {
             node_name: "vn-0".into(),
             cluster_name: "c".into(),
@@ -903,13 +914,7 @@ mod tests {
             namespace_selector: None,
             annotation_policy_configmap: None,
         };
-        let controller = PodController::new(
-            config,
-            kube::Client::new(service, "default"),
-            eci,
-            Arc::new(Telemetry::new()),
-        );
-        (controller, requests)
+        PodController::new(config, client, eci, Arc::new(Telemetry::new()))
     }
 
     fn terminating_pod() -> Pod {
