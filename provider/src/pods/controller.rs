@@ -809,7 +809,7 @@ mod tests {
     /// An ECI whose DeleteContainerGroup answers ServiceUnavailable until it recovers; every
     /// other call answers nothing (no group listed).
     #[derive(Debug, Default)]
-    struct RefusingDeletes {
+    pub(super) struct RefusingDeletes {
         recovered: AtomicBool,
         refused: AtomicUsize,
         deleted: Mutex<Vec<String>>,
@@ -910,6 +910,17 @@ mod tests {
                 )
             }
         });
+        (
+            controller_over(eci, kube::Client::new(service, "default")),
+            requests,
+        )
+    }
+
+    /// A controller of node `vn-0` over `eci` and the API server behind `client`.
+    pub(super) fn controller_over(
+        eci: Arc<RefusingDeletes>,
+        client: kube::Client,
+    ) -> PodController {
         let config = PodsConfig {
             node_name: "vn-0".into(),
             cluster_name: "c".into(),
@@ -928,14 +939,13 @@ mod tests {
             namespace_selector: None,
             annotation_policy_configmap: None,
         };
-        let controller = PodController::new(
+        PodController::new(
             config,
-            kube::Client::new(service, "default"),
+            client,
             eci,
             Arc::new(Telemetry::new()),
             SharedWatch::new("test pod"),
-        );
-        (controller, requests)
+        )
     }
 
     fn terminating_pod() -> Pod {

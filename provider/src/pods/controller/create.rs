@@ -10,6 +10,7 @@ use eci_proto::v20180808::{
     CreateContainerGroupResponse, DescribeContainerGroupStatusRequest,
     DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest, Tag,
 };
+use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
@@ -26,6 +27,9 @@ use super::{
 };
 use crate::pods::to_eci::{self, Context, annotations, naming};
 use crate::pods::{from_eci, refs};
+
+/// A pod's ConfigMaps and Secrets read at once, at most.
+const REFERENCE_READS: usize = 8;
 
 /// Event reason: the group was created, but ECI cannot do all the pod asks (see
 /// [`to_eci::limits`]).
@@ -411,23 +415,21 @@ impl PodController {
     pub(super) async fn try_create(&self, pod: &Pod, uid: &str) -> Result<WriteBack, Failure> {
         let namespace = pod.namespace().unwrap_or_default();
         let refs = refs::references(pod);
-        let config_maps = self
-            .fetch::<ConfigMap>(&namespace, &refs.config_maps)
-            .await?;
-        let secrets = self.fetch::<Secret>(&namespace, &refs.secrets).await?;
-        let issued = if refs.tokens.is_empty() {
-            crate::pods::tokens::Issued::default()
-        } else {
-            let issued = crate::pods::tokens::issue(
-                &self.inner.client,
-                &self.inner.telemetry,
-                pod,
-                &refs.tokens,
-            );
-            issued
+        // The references and the tokens depend on nothing of each other: asked at once, a
+        // token-mounting pod waits one round trip before its create, not one per object.
+        let tokens = async {
+            if refs.tokens.is_empty() {
+                return Ok(crate::pods::tokens::Issued::default());
+            }
+            crate::pods::tokens::issue(&self.inner.client, &self.inner.telemetry, pod, &refs.tokens)
                 .await
-                .map_err(|e| Failure::Retry(crate::ops::chain::Chain(&e).to_string()))?
+                .map_err(|e| Failure::Retry(crate::ops::chain::Chain(&e).to_string()))
         };
+        let (config_maps, secrets, issued) = tokio::try_join!(
+            self.fetch::<ConfigMap>(&namespace, &refs.config_maps),
+            self.fetch::<Secret>(&namespace, &refs.secrets),
+            tokens,
+        )?;
         // The Service environment comes from the cache, complete only once it listed.
         if !self.inner.services.ready(Duration::from_secs(5)).await {
             return Err(Failure::Retry(
@@ -595,18 +597,23 @@ impl PodController {
             + std::fmt::Debug,
     {
         let api: Api<K> = Api::namespaced(self.inner.client.clone(), namespace);
-        let mut found = BTreeMap::new();
-        for name in names {
-            self.inner.telemetry.kube_request("pod_reference_get");
-            match api.get_opt(name).await {
-                Ok(Some(object)) => {
-                    found.insert(name.clone(), object);
+        // Together: a pod's few references cost one round trip, not one each; a pod naming
+        // dozens does not open dozens of requests at once.
+        let reads = names.iter().cloned().map(|name| {
+            let (api, telemetry) = (api.clone(), Arc::clone(&self.inner.telemetry));
+            async move {
+                telemetry.kube_request("pod_reference_get");
+                match api.get_opt(&name).await {
+                    Ok(object) => Ok(object.map(|object| (name, object))),
+                    Err(error) => Err(Failure::Retry(format!("cannot read {name}: {error}"))),
                 }
-                Ok(None) => {}
-                Err(error) => return Err(Failure::Retry(format!("cannot read {name}: {error}"))),
             }
-        }
-        Ok(found)
+        });
+        let found: Vec<Option<(String, K)>> = futures::stream::iter(reads)
+            .buffer_unordered(REFERENCE_READS)
+            .try_collect()
+            .await?;
+        Ok(found.into_iter().flatten().collect())
     }
 
     /// Annotation writers: record each new group's id on its pod, off the creation path (a
@@ -788,5 +795,77 @@ mod tests {
         assert!(!back.look_up_zone, "one vSwitch: nothing to look up");
         assert!(back.with_zone_lookup(true).look_up_zone);
         assert_eq!(WriteBack::new("eci-2", "").group_id(), "eci-2");
+    }
+
+    /// A token-mounting pod's create asks for its root CA ConfigMap, its Secret and its token
+    /// at the same moment, each answered after a second: its create waits one round trip, not
+    /// three (under load each round trip is long, and a create worker waits through them all).
+    #[tokio::test(start_paused = true)]
+    async fn a_pods_references_and_tokens_are_asked_for_at_once() {
+        use std::sync::Mutex;
+
+        let started = tokio::time::Instant::now();
+        let asked: Arc<Mutex<Vec<(String, Duration)>>> = Arc::default();
+        let seen = Arc::clone(&asked);
+        let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
+            let path = request.uri().path().to_owned();
+            seen.lock()
+                .unwrap()
+                .push((format!("{} {path}", request.method()), started.elapsed()));
+            async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+                let body = if path.ends_with("/token") {
+                    json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                        "spec": {"audiences": [], "expirationSeconds": 3607},
+                        "status": {"token": "header.payload.signature", "expirationTimestamp": "2026-11-26T09:00:00Z"}})
+                } else if path.contains("/secrets/") {
+                    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": {}})
+                } else {
+                    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"ca.crt": "CA"}})
+                };
+                Ok::<_, std::convert::Infallible>(
+                    hyper::Response::builder()
+                        .status(200)
+                        .body(kube::client::Body::from(body.to_string().into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        let controller = super::super::tests::controller_over(
+            Arc::default(),
+            kube::Client::new(service, "default"),
+        );
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1"},
+            "spec": {"nodeName": "vn-0", "containers": [{"name": "app", "image": "nginx:1.27",
+                    "env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}],
+                "volumes": [{"name": "kube-api-access", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}}]},
+        }))
+        .unwrap();
+        // The Service cache never fills here, so the create stops there, after the reads.
+        let Err(Failure::Retry(why)) = controller.try_create(&pod, "u-1").await else {
+            panic!("the create is retried until the Service cache fills");
+        };
+        assert!(why.contains("Service cache"), "{why}");
+        let asked = asked.lock().unwrap().clone();
+        let paths: std::collections::BTreeSet<&str> =
+            asked.iter().map(|(what, _)| what.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "GET /api/v1/namespaces/shop/configmaps/kube-root-ca.crt",
+                "GET /api/v1/namespaces/shop/secrets/db",
+                "POST /api/v1/namespaces/shop/serviceaccounts/default/token",
+            ]
+            .into(),
+            "each asked once"
+        );
+        assert!(
+            asked.iter().all(|(_, at)| *at == Duration::ZERO),
+            "all asked at once, none waiting for another's answer: {asked:?}"
+        );
     }
 }
