@@ -227,7 +227,7 @@ struct Inner {
     /// Groups being deleted, and who waits for them to be gone.
     awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
     /// DescribeContainerGroups lookups of single groups, sharing calls.
-    group_reads: describe::GroupReads,
+    group_reads: Arc<describe::GroupReads>,
     /// Keeps the groups' service account tokens fresh (one timer queue for all pods).
     tokens: crate::pods::tokens::TokenRefresher,
     /// The Services ECI pods see in their environment (one watch).
@@ -306,7 +306,7 @@ impl PodController {
                 statuses: WorkQueue::default(),
                 refreshes: WorkQueue::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
-                group_reads: describe::GroupReads::default(),
+                group_reads: Arc::default(),
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
                 misconfig: Arc::default(),

@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use eci_proto::EciError;
 use eci_proto::v20180808::{ContainerGroup, DescribeContainerGroupsRequest};
@@ -57,28 +57,63 @@ pub(super) struct GroupReads {
     pending: Mutex<Pending>,
 }
 
-/// Clears the driver's claim if its future is dropped mid-call (a stop): the lookups it
-/// would have answered hear [`ReadError::Abandoned`] instead of waiting forever.
-struct Claim<'a> {
-    reads: &'a GroupReads,
-    /// The driver ran to its end and gave the claim up itself (a later driver may hold one
-    /// now, which is not this one's to clear).
+/// The right and duty to make the calls while lookups wait: one exists at a time. Owned by
+/// the future that runs it, so dropping that future at any point (a stop, even before it
+/// first ran) hands the lookups it would have answered [`ReadError::Abandoned`] instead of
+/// leaving them waiting forever.
+pub(super) struct Driver {
+    reads: Arc<GroupReads>,
+    /// It ran to its end and gave the claim up itself (a later driver may hold one now,
+    /// which is not this one's to clear).
     released: bool,
 }
 
-impl Drop for Claim<'_> {
+impl Drop for Driver {
     fn drop(&mut self) {
         if self.released {
             return;
         }
         let mut pending = self.reads.lock();
-        {
-            pending.driving = false;
-            pending.order.clear();
-            for sender in pending.waiting.drain().flat_map(|(_, senders)| senders) {
-                let _ = sender.send(Err(ReadError::Abandoned));
-            }
+        pending.driving = false;
+        pending.order.clear();
+        for sender in pending.waiting.drain().flat_map(|(_, senders)| senders) {
+            let _ = sender.send(Err(ReadError::Abandoned));
         }
+    }
+}
+
+impl Driver {
+    /// Makes calls (`fetch`, one batch of ids each, retried while throttled) until no lookup
+    /// is left waiting.
+    async fn run<F, Fut>(mut self, mut fetch: F)
+    where
+        F: FnMut(Vec<String>) -> Fut,
+        Fut: Future<Output = Result<Vec<ContainerGroup>, EciError>>,
+    {
+        // Lookups made in the same instant as the one that started the driver join its
+        // first call (a yield, not a wait: nothing is held back for later arrivals).
+        tokio::task::yield_now().await;
+        loop {
+            let batch = self.reads.next_batch();
+            if batch.is_empty() {
+                break;
+            }
+            let outcome =
+                crate::eci::paging::page(None, "DescribeContainerGroups", || fetch(batch.clone()))
+                    .await
+                    .map(|groups| {
+                        groups
+                            .into_iter()
+                            .map(|group| (group.container_group_id.clone(), group))
+                            .collect()
+                    });
+            if let Err(error) = &outcome {
+                debug!(ids = batch.len(), code = %error.code, "cannot describe container groups");
+            }
+            self.reads.answer(&batch, &outcome);
+        }
+        // `next_batch` gave the claim up with the lock held.
+        self.released = true;
     }
 }
 
@@ -87,9 +122,12 @@ impl GroupReads {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues lookups of `ids`; the answers to wait for, and whether the caller must start a
-    /// driver ([`Self::drive`]): true for exactly one caller while none is in flight.
-    fn join(&self, ids: &[String]) -> (Vec<(String, oneshot::Receiver<Read>)>, bool) {
+    /// Queues lookups of `ids`; the answers to wait for, and the driver the caller must start
+    /// ([`Driver::run`]) when none is in flight.
+    fn join(
+        self: &Arc<Self>,
+        ids: &[String],
+    ) -> (Vec<(String, oneshot::Receiver<Read>)>, Option<Driver>) {
         let mut pending = self.lock();
         let mut answers = Vec::with_capacity(ids.len());
         for id in ids {
@@ -104,7 +142,11 @@ impl GroupReads {
         }
         let start = !pending.driving && !pending.order.is_empty();
         pending.driving |= start;
-        (answers, start)
+        let driver = start.then(|| Driver {
+            reads: Arc::clone(self),
+            released: false,
+        });
+        (answers, driver)
     }
 
     /// Up to [`IDS_PER_CALL`] waiting ids, oldest first; none ends the driver's claim.
@@ -136,49 +178,16 @@ impl GroupReads {
         }
     }
 
-    /// Makes calls (`fetch`, one batch of ids each, retried while throttled) until no lookup
-    /// is left waiting. Started by the caller [`Self::join`] told to.
-    async fn drive<F, Fut>(&self, mut fetch: F)
-    where
-        F: FnMut(Vec<String>) -> Fut,
-        Fut: Future<Output = Result<Vec<ContainerGroup>, EciError>>,
-    {
-        let mut claim = Claim {
-            reads: self,
-            released: false,
-        };
-        // Lookups made in the same instant as the one that started the driver join its
-        // first call (a yield, not a wait: nothing is held back for later arrivals).
-        tokio::task::yield_now().await;
-        loop {
-            let batch = self.next_batch();
-            if batch.is_empty() {
-                break;
-            }
-            let outcome =
-                crate::eci::paging::page(None, "DescribeContainerGroups", || fetch(batch.clone()))
-                    .await
-                    .map(|groups| {
-                        groups
-                            .into_iter()
-                            .map(|group| (group.container_group_id.clone(), group))
-                            .collect()
-                    });
-            if let Err(error) = &outcome {
-                debug!(ids = batch.len(), code = %error.code, "cannot describe container groups");
-            }
-            self.answer(&batch, &outcome);
-        }
-        // `next_batch` gave the claim up with the lock held.
-        claim.released = true;
-    }
-
-    /// Looks `ids` up, sharing calls with other lookups; `start` runs a driver when one is
-    /// needed (it must run [`Self::drive`] to its end, or drop it).
-    async fn lookup(&self, ids: &[String], start: impl FnOnce()) -> HashMap<String, Read> {
-        let (answers, must_start) = self.join(ids);
-        if must_start {
-            start();
+    /// Looks `ids` up, sharing calls with other lookups; `start` is handed the driver when
+    /// one is needed, to run ([`Driver::run`]) or drop.
+    async fn lookup(
+        self: &Arc<Self>,
+        ids: &[String],
+        start: impl FnOnce(Driver),
+    ) -> HashMap<String, Read> {
+        let (answers, driver) = self.join(ids);
+        if let Some(driver) = driver {
+            start(driver);
         }
         let mut reads = HashMap::with_capacity(answers.len());
         for (id, answer) in answers {
@@ -196,31 +205,24 @@ impl PodController {
         let this = self.clone();
         self.inner
             .group_reads
-            .lookup(ids, move || {
-                let driver = this.clone();
-                this.spawn_pod_task(async move {
-                    let region = driver.inner.config.region.clone();
-                    let backend = driver.inner.backend.clone();
-                    driver
-                        .inner
-                        .group_reads
-                        .drive(|batch| {
-                            let backend = backend.clone();
-                            let request = DescribeContainerGroupsRequest {
-                                region_id: region.clone(),
-                                container_group_ids: batch,
-                                limit: Some(IDS_PER_CALL as i32),
-                                ..DescribeContainerGroupsRequest::default()
-                            };
-                            async move {
-                                backend
-                                    .describe_container_groups(request)
-                                    .await
-                                    .map(|answer| answer.container_groups)
-                            }
-                        })
-                        .await;
-                });
+            .lookup(ids, move |driver| {
+                let region = this.inner.config.region.clone();
+                let backend = this.inner.backend.clone();
+                this.spawn_pod_task(driver.run(move |batch| {
+                    let backend = backend.clone();
+                    let request = DescribeContainerGroupsRequest {
+                        region_id: region.clone(),
+                        container_group_ids: batch,
+                        limit: Some(IDS_PER_CALL as i32),
+                        ..DescribeContainerGroupsRequest::default()
+                    };
+                    async move {
+                        backend
+                            .describe_container_groups(request)
+                            .await
+                            .map(|answer| answer.container_groups)
+                    }
+                }));
             })
             .await
     }
@@ -238,7 +240,6 @@ impl PodController {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
@@ -295,18 +296,12 @@ mod tests {
         let lookups = ids.into_iter().map(|id| {
             let (reads, service) = (Arc::clone(reads), Arc::clone(service));
             async move {
-                let driver = (Arc::clone(&reads), service);
                 let mut answer = reads
-                    .lookup(std::slice::from_ref(&id), move || {
-                        tokio::spawn(async move {
-                            let (reads, service) = driver;
-                            reads
-                                .drive(|batch| {
-                                    let service = Arc::clone(&service);
-                                    async move { service.describe(batch).await }
-                                })
-                                .await;
-                        });
+                    .lookup(std::slice::from_ref(&id), move |driver| {
+                        tokio::spawn(driver.run(move |batch| {
+                            let service = Arc::clone(&service);
+                            async move { service.describe(batch).await }
+                        }));
                     })
                     .await;
                 answer.remove(&id).unwrap()
@@ -392,18 +387,25 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_dropped_driver_abandons_its_lookups_rather_than_leave_them_waiting() {
-        let reads = GroupReads::default();
-        let (answers, start) = reads.join(&["eci-1".to_owned()]);
-        assert!(start);
-        let never = reads.drive(|_| futures::future::pending());
+        let reads = Arc::new(GroupReads::default());
+        // Dropped while it runs.
+        let (answers, driver) = reads.join(&["eci-1".to_owned()]);
+        let never = driver.unwrap().run(|_| futures::future::pending());
         tokio::select! {
-            () = never => unreachable!("the call never answers"),
+            biased;
             () = tokio::task::yield_now() => {}
+            () = never => panic!("the call never answers"),
         }
         for (_, answer) in answers {
             assert!(matches!(answer.await, Ok(Err(ReadError::Abandoned))));
         }
-        let (_, start) = reads.join(&["eci-2".to_owned()]);
-        assert!(start, "a new driver may start");
+        // Dropped before it ever ran (a stop racing the spawn).
+        let (answers, driver) = reads.join(&["eci-2".to_owned()]);
+        drop(driver.unwrap().run(|_| futures::future::pending()));
+        for (_, answer) in answers {
+            assert!(matches!(answer.await, Ok(Err(ReadError::Abandoned))));
+        }
+        let (_, driver) = reads.join(&["eci-3".to_owned()]);
+        assert!(driver.is_some(), "a new driver may start");
     }
 }
