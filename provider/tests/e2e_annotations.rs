@@ -3,8 +3,10 @@
 //! mapped annotation of the table (`pods::to_eci::annotations::TABLE`), one pod each with its
 //! example value, reaches mock-eci as the parameters the table names — what mock-eci recorded
 //! (`/admin/groups/{id}/request`) holds what the annotation adds to the request. The pod gets
-//! the creation's answer written back (`eci-instance-id`, `eci-request-id`) in its one
-//! annotation write. A malformed value fails the pod (condition `ContainerInstanceCreated`
+//! the creation's answer (`eci-instance-id`, `eci-request-id`) and the group's description
+//! (`eci-instance-spec`, `eni-instance-id`, `eci-vpc`, `allocated-eipAddress` for the EIP
+//! annotations' pods) written back in its one annotation write, each value the one mock-eci
+//! reports for the group (`/admin/groups`). A malformed value fails the pod (condition `ContainerInstanceCreated`
 //! False, reason `InvalidAnnotation`, Warning Event, no group); an annotation the daemon does
 //! not drive is named in a Warning Event and the group is still created.
 
@@ -18,7 +20,9 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use virtual_node_eci::pods::to_eci::annotations::{INSTANCE_ID, Outcome, REQUEST_ID, TABLE};
+use virtual_node_eci::pods::to_eci::annotations::{
+    EIP_ADDRESS, ENI_INSTANCE_ID, INSTANCE_ID, INSTANCE_SPEC, Outcome, REQUEST_ID, TABLE, VPC,
+};
 use virtual_node_eci::pods::to_eci::{self, Context};
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -117,14 +121,45 @@ async fn created_with(admin: &str, id: &str) -> Value {
         .unwrap()
 }
 
-async fn group_count(admin: &str) -> usize {
-    let groups: Vec<Value> = reqwest::get(format!("{admin}/admin/groups"))
+async fn groups(admin: &str) -> Vec<Value> {
+    reqwest::get(format!("{admin}/admin/groups"))
         .await
         .unwrap()
         .json()
         .await
-        .unwrap();
-    groups.len()
+        .unwrap()
+}
+
+async fn group_count(admin: &str) -> usize {
+    groups(admin).await.len()
+}
+
+/// What the pod should show of its group `id`, from what mock-eci reports of it (a field
+/// mock-eci leaves empty is not written).
+async fn reported_by_mock(admin: &str, id: &str) -> BTreeMap<&'static str, String> {
+    let all = groups(admin).await;
+    let group = all
+        .iter()
+        .find(|g| g["container_group_id"] == id)
+        .unwrap_or_else(|| panic!("mock-eci reports no group {id}"));
+    let text = |field: &str| group[field].as_str().unwrap_or_default().to_owned();
+    let spec = match text("instance_type") {
+        named if !named.is_empty() => named,
+        _ => format!(
+            "{}-{}Gi",
+            group["cpu"].as_f64().unwrap(),
+            group["memory"].as_f64().unwrap()
+        ),
+    };
+    [
+        (INSTANCE_SPEC, spec),
+        (ENI_INSTANCE_ID, text("eni_instance_id")),
+        (VPC, text("vpc_id")),
+        (EIP_ADDRESS, text("internet_ip")),
+    ]
+    .into_iter()
+    .filter(|(_, value)| !value.is_empty())
+    .collect()
 }
 
 async fn wait_event(
@@ -208,6 +243,7 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
     pods.create(&create, &pod("undriven", &node, &undriven))
         .await?;
 
+    let mut with_eip = Vec::new();
     for (name, key, with, without) in &cases {
         let pod = h
             .wait_pod(
@@ -228,7 +264,33 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         if let Err(problem) = holds(with, without, &received, "request") {
             return Err(HarnessError::Setup(format!("{key} on {name}: {problem}")));
         }
+        let reported = reported_by_mock(&mock.admin, id).await;
+        for required in [INSTANCE_SPEC, ENI_INSTANCE_ID, VPC] {
+            assert!(
+                reported.contains_key(required),
+                "mock-eci reports {required}: {reported:?}"
+            );
+        }
+        for written in [INSTANCE_SPEC, ENI_INSTANCE_ID, VPC, EIP_ADDRESS] {
+            assert_eq!(
+                pod["metadata"]["annotations"][written].as_str(),
+                reported.get(written).map(String::as_str),
+                "{name} ({key}): {written} as mock-eci reports it"
+            );
+        }
+        if reported.contains_key(EIP_ADDRESS) {
+            with_eip.push(*key);
+        }
     }
+    // The EIP annotations' pods, and only they, have a public address written back.
+    with_eip.sort_unstable();
+    assert_eq!(
+        with_eip,
+        [
+            "k8s.aliyun.com/eci-eip-instanceid",
+            "k8s.aliyun.com/eci-with-eip"
+        ]
+    );
 
     let failed = h
         .wait_pod(

@@ -5,7 +5,9 @@
 //! a `fail-fast` pod fails at once with a readable reason and no group, and a pod with the
 //! default strategy waits Pending (`ContainerInstanceCreated=False`, reason `NoStock`) and
 //! runs once stock returns. A spot reclaim mock-eci announces shows on the running pod
-//! (`ContainerInstanceCreated` reason `SpotToBeReleased`, a Warning Event) before the release.
+//! (`ContainerInstanceCreated` reason `SpotToBeReleased`, a Warning Event) before the release,
+//! and after the release (the group `Expired`) the pod is Failed, reason `Expired`, its
+//! containers terminated.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -224,5 +226,39 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         }
     })
     .await?;
+
+    // The release that follows (mock-eci's `expire`, as the service ends the group
+    // `Expired`): the pod fails saying the spot instance was reclaimed, its containers
+    // terminated, and it keeps its written-back annotations.
+    reqwest::Client::new()
+        .post(format!("{}/admin/groups/{id}/expire", mock.admin))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    let released = h
+        .wait_pod(&ns, "lands-in-c", "Failed, reason Expired", WAIT, |p| {
+            p["status"]["phase"] == "Failed" && p["status"]["reason"] == "Expired"
+        })
+        .await?;
+    let message = released["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("reclaimed"), "{released}");
+    let statuses = released["status"]["containerStatuses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !statuses.is_empty()
+            && statuses
+                .iter()
+                .all(|c| c["state"]["terminated"].is_object()),
+        "every container terminated: {released}"
+    );
+    assert_eq!(
+        released["metadata"]["annotations"][INSTANCE_ID],
+        id.as_str()
+    );
+    assert_eq!(released["metadata"]["annotations"][ZONE], "zone-c");
     Ok(())
 }

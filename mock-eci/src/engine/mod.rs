@@ -1377,6 +1377,50 @@ mod tests {
     }
 
     #[test]
+    fn a_group_is_described_with_its_network_and_size_from_creation_on() {
+        let mut engine = Engine::new(Settings::default());
+        let describe = |engine: &mut Engine, id: &str| {
+            let answer = engine
+                .describe_groups(
+                    &DescribeContainerGroupsRequest {
+                        region_id: "cn-hangzhou".into(),
+                        container_group_ids: vec![id.to_owned()],
+                        ..DescribeContainerGroupsRequest::default()
+                    },
+                    0,
+                )
+                .unwrap();
+            answer.container_groups[0].clone()
+        };
+        let plain = engine.create(mk_request("plain", "vn-0"), 0).unwrap();
+        let mut with_eip = mk_request("eip", "vn-0");
+        with_eip.auto_create_eip = true;
+        let with_eip = engine.create(with_eip, 0).unwrap();
+        let mut bound = mk_request("bound", "vn-0");
+        bound.eip_instance_id = "eip-1".into();
+        let bound = engine.create(bound, 0).unwrap();
+
+        let group = describe(&mut engine, &plain);
+        assert!(group.eni_instance_id.starts_with("eni-"), "{group:?}");
+        assert!(group.vpc_id.starts_with("vpc-"), "{group:?}");
+        assert!(group.cpu > 0.0 && group.memory > 0.0, "{group:?}");
+        assert_eq!(group.internet_ip, "", "no EIP asked for");
+        for id in [&with_eip, &bound] {
+            let group = describe(&mut engine, id);
+            let address: std::net::Ipv4Addr = group.internet_ip.parse().unwrap();
+            assert!(
+                !address.is_private() && !address.is_unspecified(),
+                "{address}"
+            );
+            assert_eq!(
+                describe(&mut engine, id).internet_ip,
+                group.internet_ip,
+                "stable"
+            );
+        }
+    }
+
+    #[test]
     fn a_create_lands_in_the_first_listed_zone_with_stock_and_says_where() {
         let settings = Settings {
             vswitch_zones: [

@@ -1,5 +1,7 @@
 //! Groups as the API shows them: [`Group`] → `ContainerGroup` / `ContainerGroupStatus`.
 
+use std::net::Ipv4Addr;
+
 use eci_proto::v20180808::{
     ContainerGroup, ContainerGroupStatus, ContainerInfo, ContainerState, Event, Tag,
 };
@@ -25,7 +27,7 @@ pub fn container_group(group: &Group, settings: &Settings, with_events: bool) ->
         security_group_id: request.security_group_id.clone(),
         status: group.status.as_str().to_owned(),
         intranet_ip: ip(group),
-        internet_ip: String::new(),
+        internet_ip: public_ip(group),
         creation_time: rfc3339(group.created_at),
         succeeded_time: time(group.succeeded_at),
         failed_time: time(group.failed_at),
@@ -81,6 +83,18 @@ pub fn container_group_status(group: &Group) -> ContainerGroupStatus {
         events: events(group),
         status_change_time: rfc3339_millis(group.changed_at),
     }
+}
+
+/// The EIP address of a group created with one (`AutoCreateEip`, or an `EipInstanceId` to
+/// bind): the service allocates or binds it with the group, so it shows from creation on.
+/// Stable per group, in a public range.
+fn public_ip(group: &Group) -> String {
+    let request = &group.request;
+    if !request.auto_create_eip && request.eip_instance_id.is_empty() {
+        return String::new();
+    }
+    let [.., a, b, c] = rng::stable_hash(group.id.as_bytes()).to_be_bytes();
+    Ipv4Addr::new(47, a, b, c.max(1)).to_string()
 }
 
 fn ip(group: &Group) -> String {

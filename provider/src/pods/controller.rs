@@ -15,6 +15,7 @@
 
 mod create;
 mod delete;
+mod describe;
 mod eci_events;
 mod gate;
 mod lifecycle;
@@ -63,8 +64,10 @@ const STATUS_WRITERS: usize = 32;
 const REFRESH_WRITERS: usize = 4;
 /// How long per-pod work in flight (deletions, status writes) may take after a stop.
 const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
-/// Instance-id annotations in flight at most.
-const ANNOTATION_WRITERS: usize = 16;
+/// Annotation writes in flight at most. Each first reads its group, and the reads made at
+/// the same time share DescribeContainerGroups calls of up to 20 ids: twice that many
+/// writers keep a call full under a burst while the previous one is in flight.
+const ANNOTATION_WRITERS: usize = 40;
 
 #[derive(Debug, Default)]
 struct Tracked {
@@ -226,6 +229,8 @@ struct Inner {
     abandon: CancellationToken,
     /// Groups being deleted, and who waits for them to be gone.
     awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
+    /// DescribeContainerGroups lookups of single groups, sharing calls.
+    group_reads: Arc<describe::GroupReads>,
     /// Keeps the groups' service account tokens fresh (one timer queue for all pods).
     tokens: crate::pods::tokens::TokenRefresher,
     /// The Services ECI pods see in their environment (one watch).
@@ -370,6 +375,7 @@ impl PodController {
                 statuses: Arc::default(),
                 refreshes: Arc::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
+                group_reads: Arc::default(),
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
                 misconfig: Arc::default(),

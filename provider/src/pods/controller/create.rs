@@ -8,7 +8,7 @@ use eci_proto::EciError;
 use eci_proto::error::codes;
 use eci_proto::v20180808::{
     CreateContainerGroupResponse, DescribeContainerGroupStatusRequest,
-    DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest, Tag,
+    DescribeContainerGroupStatusResponse, Tag,
 };
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -41,7 +41,7 @@ pub(super) const NOT_FULLY_SUPPORTED: &str = "NotFullySupportedOnECI";
 pub(super) struct WriteBack {
     values: BTreeMap<&'static str, String>,
     /// The create listed several vSwitches, so only the service knows the zone the group
-    /// landed in: the writer reads it (one describe) and adds it to the same patch.
+    /// landed in: the writer adds it from the group's description to the same patch.
     look_up_zone: bool,
 }
 
@@ -636,7 +636,10 @@ impl PodController {
     }
 
     /// Whether the group's id (and what else the creation's answer gave, see [`WriteBack`]) is
-    /// now recorded on the pod with `uid` (or that pod is gone): one patch per pod.
+    /// now recorded on the pod with `uid` (or that pod is gone): one patch per pod, with what
+    /// the group's description adds ([`annotations::described`]). That read is shared with
+    /// the other writers' (one DescribeContainerGroups per up to 20 groups); when it fails the
+    /// pod is annotated with what is known rather than not at all.
     async fn annotate(
         &self,
         (namespace, name): &(String, String),
@@ -645,15 +648,20 @@ impl PodController {
     ) -> bool {
         let id = back.group_id();
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
+        let mut values = back.values.clone();
+        match self.describe_group(id).await {
+            Ok(Some(group)) => values.extend(annotations::described(&group, back.look_up_zone)),
+            Ok(None) => {
+                warn!(eci_id = %id, "the container group is not described yet; annotating the pod with the creation's answer only");
+            }
+            Err(error) => {
+                let error = crate::ops::chain::Chain(&error).to_string();
+                warn!(eci_id = %id, %error, "cannot describe the container group; annotating the pod with the creation's answer only");
+            }
+        }
         self.inner.telemetry.kube_request("pod_annotate");
         // The uid is a precondition: a pod recreated under the name is another pod, whose
         // group this is not (the apiserver refuses to change a uid).
-        let mut values = back.values.clone();
-        if back.look_up_zone
-            && let Some(zone) = self.zone_of(id).await
-        {
-            values.insert(annotations::ZONE, zone);
-        }
         let patch = json!({"metadata": {"uid": uid, "annotations": values}});
         match api
             .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
@@ -665,38 +673,6 @@ impl PodController {
             Err(error) => {
                 warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, %error, "could not record the ECI instance id on the pod");
                 false
-            }
-        }
-    }
-
-    /// The zone group `id` landed in, as DescribeContainerGroups says (`None`, logged, when it
-    /// cannot be read: the pod is annotated without it rather than not at all).
-    async fn zone_of(&self, id: &str) -> Option<String> {
-        let answer = self
-            .inner
-            .backend
-            .describe_container_groups(DescribeContainerGroupsRequest {
-                region_id: self.inner.config.region.clone(),
-                container_group_ids: vec![id.to_owned()],
-                ..DescribeContainerGroupsRequest::default()
-            })
-            .await;
-        match answer {
-            Ok(answer) => {
-                let zone = answer
-                    .container_groups
-                    .into_iter()
-                    .find(|group| group.container_group_id == id)
-                    .map(|group| group.zone_id)
-                    .filter(|zone| !zone.is_empty());
-                if zone.is_none() {
-                    warn!(eci_id = %id, "the container group's zone is not in its description");
-                }
-                zone
-            }
-            Err(error) => {
-                warn!(eci_id = %id, %error, "cannot read the container group's zone; annotating the pod without it");
-                None
             }
         }
     }

@@ -5,8 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use eci_proto::EciError;
-use eci_proto::v20180808::{DeleteContainerGroupRequest, DescribeContainerGroupsRequest};
+use eci_proto::v20180808::DeleteContainerGroupRequest;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -261,7 +260,7 @@ impl PodController {
         }
         // Past its grace period: stop it now, unless it went meanwhile (a failed read counts
         // as still there).
-        if self.group_exists(id).await.unwrap_or(true) {
+        if !matches!(self.describe_group(id).await, Ok(None)) {
             self.delete_group_until_accepted(id, true, Waiting::PodTerminating)
                 .await;
         }
@@ -303,7 +302,8 @@ impl PodController {
     }
 
     /// Tells deletions when their groups are gone: one DescribeContainerGroups per 20 groups
-    /// per interval, however many pods are being deleted.
+    /// per interval, however many pods are being deleted (the reads go through
+    /// [`Self::describe_groups`], shared with the other lookups of the moment).
     pub(super) async fn watch_removals(self, stop: CancellationToken) -> anyhow::Result<()> {
         let mut ticks = tokio::time::interval(
             self.inner
@@ -330,50 +330,22 @@ impl PodController {
                 });
                 waiting.keys().cloned().collect()
             };
-            for chunk in ids.chunks(20) {
-                let Ok(answer) = self
-                    .inner
-                    .backend
-                    .describe_container_groups(DescribeContainerGroupsRequest {
-                        region_id: self.inner.config.region.clone(),
-                        container_group_ids: chunk.to_vec(),
-                        limit: Some(20),
-                        ..DescribeContainerGroupsRequest::default()
-                    })
-                    .await
-                else {
-                    continue;
-                };
-                let present: HashSet<&str> = answer
-                    .container_groups
-                    .iter()
-                    .map(|g| g.container_group_id.as_str())
-                    .collect();
-                let mut waiting = self
-                    .inner
-                    .awaiting_removal
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                for id in chunk.iter().filter(|id| !present.contains(id.as_str())) {
-                    for sender in waiting.remove(id).into_iter().flatten() {
+            // Shared with the other lookups of the moment, 20 ids per call; a failed read
+            // counts as still there.
+            let reads = self.describe_groups(&ids).await;
+            let mut waiting = self
+                .inner
+                .awaiting_removal
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for (id, read) in reads {
+                if matches!(read, Ok(None)) {
+                    for sender in waiting.remove(&id).into_iter().flatten() {
                         let _ = sender.send(());
                     }
                 }
             }
         }
-    }
-
-    pub(super) async fn group_exists(&self, id: &str) -> Result<bool, EciError> {
-        let answer = self
-            .inner
-            .backend
-            .describe_container_groups(DescribeContainerGroupsRequest {
-                region_id: self.inner.config.region.clone(),
-                container_group_ids: vec![id.to_owned()],
-                ..DescribeContainerGroupsRequest::default()
-            })
-            .await?;
-        Ok(!answer.container_groups.is_empty())
     }
 
     /// Deletes group `id` (retrying what ECI may answer later, up to eight times): whether ECI

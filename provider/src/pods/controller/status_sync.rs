@@ -424,9 +424,12 @@ impl PodController {
                 !present.contains(id) && !matches!(kept.phase(), Some("Succeeded" | "Failed"))
             })
             .collect();
+        // One read for all of them (shared calls of up to 20 ids); a failed read says nothing.
+        let ids: Vec<String> = suspects.iter().map(|(_, id, _)| id.clone()).collect();
+        let mut reads = self.describe_groups(&ids).await;
         for (uid, id, kept) in suspects {
             let Some(pod) = kept.pod() else { continue };
-            if let Ok(false) = self.group_exists(&id).await {
+            if let Some(Ok(None)) = reads.remove(&id) {
                 warn!(pod = %pod_key(&pod), eci_id = %id, "the container group vanished");
                 let message = format!("the ECI container group {id} no longer exists");
                 let now = SystemTime::now();

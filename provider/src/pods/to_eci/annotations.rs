@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use eci_proto::v20180808::{
-    AcrRegistryInfo, CreateContainerGroupRequest, DnsConfig, DnsOption, HostAliase, Tag,
+    AcrRegistryInfo, ContainerGroup, CreateContainerGroupRequest, DnsConfig, DnsOption, HostAliase,
+    Tag,
 };
 use k8s_openapi::api::core::v1::{HostAlias, PodDNSConfig};
 
@@ -64,6 +65,15 @@ pub const KUBE_PROXY: &str = "k8s.aliyun.com/eci-kube-proxy-enabled";
 pub const INSTANCE_ID: &str = "k8s.aliyun.com/eci-instance-id";
 /// Written back: the id of the request that created the group.
 pub const REQUEST_ID: &str = "k8s.aliyun.com/eci-request-id";
+
+/// Written back: the group's ECS instance type, or ACK's `<vCPU>-<GiB>Gi` form.
+pub const INSTANCE_SPEC: &str = "k8s.aliyun.com/eci-instance-spec";
+/// Written back: the group's elastic network interface.
+pub const ENI_INSTANCE_ID: &str = "k8s.aliyun.com/eni-instance-id";
+/// Written back: the VPC the group runs in.
+pub const VPC: &str = "k8s.aliyun.com/eci-vpc";
+/// Written back: the group's public (EIP) address, when it has one.
+pub const EIP_ADDRESS: &str = "k8s.aliyun.com/allocated-eipAddress";
 
 /// Written back when the create listed several vSwitches: the zone the group landed in (the
 /// well-known topology key, so users and tools read it where they read a node's zone).
@@ -455,33 +465,29 @@ pub const TABLE: &[Entry] = &[
         example: "",
     },
     Entry {
-        key: "k8s.aliyun.com/eci-instance-spec",
+        key: INSTANCE_SPEC,
         outcome: Outcome::WrittenBack(
-            "not yet written: DescribeContainerGroups' InstanceType/Cpu/Memory arrive after the one annotation write",
+            "DescribeContainerGroups' InstanceType, or `<Cpu>-<Memory>Gi` when it names none",
         ),
         accepts: "",
         example: "",
     },
     Entry {
-        key: "k8s.aliyun.com/eni-instance-id",
-        outcome: Outcome::WrittenBack(
-            "not yet written: DescribeContainerGroups' EniInstanceId arrives after the one annotation write",
-        ),
+        key: ENI_INSTANCE_ID,
+        outcome: Outcome::WrittenBack("DescribeContainerGroups' EniInstanceId"),
         accepts: "",
         example: "",
     },
     Entry {
-        key: "k8s.aliyun.com/eci-vpc",
-        outcome: Outcome::WrittenBack(
-            "not yet written: DescribeContainerGroups' VpcId arrives after the one annotation write",
-        ),
+        key: VPC,
+        outcome: Outcome::WrittenBack("DescribeContainerGroups' VpcId"),
         accepts: "",
         example: "",
     },
     Entry {
-        key: "k8s.aliyun.com/allocated-eipAddress",
+        key: EIP_ADDRESS,
         outcome: Outcome::WrittenBack(
-            "not yet written: DescribeContainerGroups' InternetIp arrives after the one annotation write",
+            "DescribeContainerGroups' InternetIp, when the group has one (`eci-with-eip`, `eci-eip-instanceid`)",
         ),
         accepts: "",
         example: "",
@@ -489,7 +495,7 @@ pub const TABLE: &[Entry] = &[
     Entry {
         key: "k8s.aliyun.com/eci-matched-image-cache",
         outcome: Outcome::WrittenBack(
-            "not yet written: the service's answers name no matched image cache",
+            "not written: no field of CreateContainerGroup's or DescribeContainerGroups' answers (as the SDK defines them) names the image cache a group matched",
         ),
         accepts: "",
         example: "",
@@ -558,15 +564,47 @@ pub fn notices(annotations: &BTreeMap<String, String>) -> Vec<String> {
         .collect()
 }
 
-/// What the daemon writes on the pod once its group is created, from the creation's answer.
-/// The describe-only values (`eci-instance-spec`, `eni-instance-id`, `eci-vpc`,
-/// `allocated-eipAddress`) are not written: the pod gets one annotation write, right after
-/// the create, before any describe has seen the group; writing them would take a second
-/// write per pod (or holding the first until the status poll sees the group running).
+/// What the daemon writes on the pod once its group is created, from the creation's answer
+/// (the rest comes from the group's description, see [`described`]).
 pub fn written_back(group_id: &str, request_id: &str) -> BTreeMap<&'static str, String> {
     let mut out = BTreeMap::from([(INSTANCE_ID, group_id.to_owned())]);
     if !request_id.is_empty() {
         out.insert(REQUEST_ID, request_id.to_owned());
+    }
+    out
+}
+
+/// What the daemon writes on the pod from its group's description, beside [`written_back`]
+/// in the same write: only what the service filled in (an empty field is left out, never
+/// written empty), and the zone only when the create left it to the service (`zone`: it
+/// listed several vSwitches).
+pub fn described(group: &ContainerGroup, zone: bool) -> BTreeMap<&'static str, String> {
+    let spec = if !group.instance_type.is_empty() {
+        group.instance_type.clone()
+    } else if group.cpu > 0.0 && group.memory > 0.0 {
+        // ACK's form for a group sized by vCPU and memory, as `eci-use-specs` takes it.
+        format!("{}-{}Gi", group.cpu, group.memory)
+    } else {
+        String::new()
+    };
+    let mut out = BTreeMap::new();
+    for (key, value) in [
+        (INSTANCE_SPEC, spec),
+        (ENI_INSTANCE_ID, group.eni_instance_id.clone()),
+        (VPC, group.vpc_id.clone()),
+        (EIP_ADDRESS, group.internet_ip.clone()),
+        (
+            ZONE,
+            if zone {
+                group.zone_id.clone()
+            } else {
+                String::new()
+            },
+        ),
+    ] {
+        if !value.is_empty() {
+            out.insert(key, value);
+        }
     }
     out
 }

@@ -437,3 +437,52 @@ fn the_creation_answer_is_written_back() {
         ));
     }
 }
+
+#[test]
+fn the_groups_description_is_written_back_as_the_service_gave_it() {
+    let described_group = |instance_type: &str, cpu: f64, memory: f64, eip: &str| ContainerGroup {
+        container_group_id: "eci-1".into(),
+        instance_type: instance_type.into(),
+        cpu,
+        memory,
+        eni_instance_id: "eni-1".into(),
+        vpc_id: "vpc-1".into(),
+        internet_ip: eip.into(),
+        zone_id: "zone-b".into(),
+        ..ContainerGroup::default()
+    };
+    // (instance type, cpu, memory, internet ip, zone wanted) → (spec, eip, zone)
+    let cases = [
+        (
+            ("ecs.c6.large", 2.0, 4.0, "", false),
+            (Some("ecs.c6.large"), None, None),
+        ),
+        (("", 2.0, 4.0, "", false), (Some("2-4Gi"), None, None)),
+        (
+            ("", 0.5, 1.0, "47.1.2.3", true),
+            (Some("0.5-1Gi"), Some("47.1.2.3"), Some("zone-b")),
+        ),
+        (("", 0.0, 0.0, "", true), (None, None, Some("zone-b"))),
+    ];
+    for ((instance_type, cpu, memory, eip, zone), (spec, address, zone_written)) in cases {
+        let out = described(&described_group(instance_type, cpu, memory, eip), zone);
+        let at = format!("{instance_type:?} {cpu} {memory} {eip:?} {zone}: {out:?}");
+        assert_eq!(out.get(INSTANCE_SPEC).map(String::as_str), spec, "{at}");
+        assert_eq!(out.get(EIP_ADDRESS).map(String::as_str), address, "{at}");
+        assert_eq!(out.get(ZONE).map(String::as_str), zone_written, "{at}");
+        assert_eq!(out[ENI_INSTANCE_ID], "eni-1", "{at}");
+        assert_eq!(out[VPC], "vpc-1", "{at}");
+        assert!(
+            out.values().all(|v| !v.is_empty()),
+            "nothing written empty: {at}"
+        );
+        for key in out.keys().filter(|k| **k != ZONE) {
+            assert!(
+                matches!(entry(key).map(|e| e.outcome), Some(Outcome::WrittenBack(_))),
+                "{key} is a written-back entry of the table"
+            );
+        }
+    }
+    // A description with nothing filled in adds nothing.
+    assert!(described(&ContainerGroup::default(), true).is_empty());
+}
