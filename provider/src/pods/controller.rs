@@ -86,6 +86,11 @@ struct Tracked {
     /// Hash of the refusal last shown on the pod, while the namespace scope or the
     /// annotation policy refuses it.
     held: Option<u64>,
+    /// Bumped each time `written` and `applied` are forgotten. A status writer records what
+    /// it wrote only if no one forgot them while it worked: the pod watch, the pollers and
+    /// the writers run on different threads, and a reset that lands between a writer's read
+    /// and its record (someone else wrote over the pod meanwhile) must not be overwritten.
+    status_epoch: u16,
 }
 
 impl Tracked {
@@ -100,6 +105,28 @@ impl Tracked {
         } else {
             slim::Kept::whole(pod)
         });
+    }
+
+    /// What the pod shows is no longer known to be ours: the next listing compares the
+    /// group's state with the pod again and writes where they differ.
+    fn forget_status(&mut self) {
+        self.written = None;
+        self.applied = None;
+        self.status_epoch = self.status_epoch.wrapping_add(1);
+    }
+
+    /// Records a status write (`written`) and, when given, the group state it came from,
+    /// unless the status was forgotten since `epoch` was read: then nothing is recorded and
+    /// the next listing writes again.
+    fn record_status(&mut self, epoch: u16, written: u64, applied: Option<u64>) -> bool {
+        if self.status_epoch != epoch {
+            return false;
+        }
+        self.written = Some(written);
+        if applied.is_some() {
+            self.applied = applied;
+        }
+        true
     }
 
     /// Moves the pod's lifecycle on by `event`: what to do, or `None` when the transition
@@ -618,8 +645,7 @@ impl PodController {
                 && !terminating
                 && shown(&pod) != Some(written)
             {
-                entry.written = None;
-                entry.applied = None;
+                entry.forget_status();
             }
             // Read before `keep`: a slimmed copy has no annotations.
             let observed = lifecycle::Observed {
@@ -985,12 +1011,44 @@ mod tests {
         );
     }
 
+    /// The pod watch, the pollers and the status writers run on different threads: a writer
+    /// reads what was written, writes (or finds nothing to write), then records. A reset the
+    /// watch makes in between (someone else wrote over the pod: the node lifecycle controller
+    /// marking it not Ready while this process was frozen) must survive the record, or the
+    /// pod keeps the other writer's status until its group changes.
+    #[test]
+    fn a_status_forgotten_while_a_writer_worked_is_not_recorded_over() {
+        let mut entry = Tracked::default();
+        let epoch = entry.status_epoch;
+        assert!(
+            entry.record_status(epoch, 1, Some(10)),
+            "nothing in between"
+        );
+        assert_eq!((entry.written, entry.applied), (Some(1), Some(10)));
+
+        let epoch = entry.status_epoch;
+        entry.forget_status();
+        assert!(
+            !entry.record_status(epoch, 2, Some(20)),
+            "forgotten meanwhile"
+        );
+        assert_eq!((entry.written, entry.applied), (None, None));
+
+        let epoch = entry.status_epoch;
+        assert!(
+            entry.record_status(epoch, 3, None),
+            "a refresh records the write only"
+        );
+        assert_eq!((entry.written, entry.applied), (Some(3), None));
+    }
+
     #[test]
     fn a_tracked_pod_costs_no_more_than_before_the_lifecycle_enum() {
         // 160 bytes with the group as an Option<String> beside three booleans; 152 with the
-        // lifecycle enum (its group a boxed str).
+        // lifecycle enum (its group a boxed str); 160 again with the status epoch that keeps
+        // a concurrent reset from being recorded over.
         assert!(
-            std::mem::size_of::<Tracked>() <= 152,
+            std::mem::size_of::<Tracked>() <= 160,
             "{}",
             std::mem::size_of::<Tracked>()
         );

@@ -702,8 +702,7 @@ impl PodController {
         if let Some(uid) = pod.uid()
             && let Some(entry) = self.tracked().get_mut(&uid)
         {
-            entry.applied = None;
-            entry.written = None;
+            entry.forget_status();
         }
         self.event(pod, EventType::Warning, PROVIDER_FAILED, message)
             .await;

@@ -92,8 +92,7 @@ impl PodController {
                 Err(error) => {
                     warn!(pod = %pod_key(pod), %error, "could not write the pod status; the next poll retries");
                     if let Some(t) = self.tracked().get_mut(&uid) {
-                        t.written = None;
-                        t.applied = None;
+                        t.forget_status();
                     }
                     return Written::Failed;
                 }
@@ -147,8 +146,7 @@ impl PodController {
         if let Some(uid) = pod.uid()
             && let Some(entry) = self.tracked().get_mut(&uid)
         {
-            entry.applied = None;
-            entry.written = None;
+            entry.forget_status();
         }
         self.event(pod, EventType::Warning, reason, message).await;
     }
@@ -278,11 +276,11 @@ impl PodController {
     }
 
     async fn refresh_status(&self, uid: &str) {
-        let kept = {
+        let (kept, epoch) = {
             let tracked = self.tracked();
             match tracked.get(uid) {
-                Some(t) if t.lifecycle.live_group().is_some() => t.pod.clone(),
-                _ => None,
+                Some(t) if t.lifecycle.live_group().is_some() => (t.pod.clone(), t.status_epoch),
+                _ => (None, 0),
             }
         };
         let Some(pod) = kept.and_then(|kept| kept.pod()) else {
@@ -295,7 +293,7 @@ impl PodController {
         {
             debug!(pod = %pod_key(&pod), "status written again for the pod's readiness gates or generation");
             if let Some(entry) = self.tracked().get_mut(uid) {
-                entry.written = Some(written);
+                entry.record_status(epoch, written, None);
             }
         }
     }
@@ -325,7 +323,7 @@ impl PodController {
     /// Writes the pod status the group's state implies (when it differs from what the pod
     /// shows), then turns the group's new ECI events into Events in the background.
     pub(super) async fn apply_status(&self, uid: &str, group: ContainerGroupStatus, state: u64) {
-        let (kept, written, new_events) = {
+        let (kept, written, epoch, new_events) = {
             let mut tracked = self.tracked();
             let Some(entry) = tracked.get_mut(uid) else {
                 return;
@@ -341,7 +339,7 @@ impl PodController {
                 return;
             };
             let new_events = entry.events.take_new(&group.events);
-            (kept, entry.written, new_events)
+            (kept, entry.written, entry.status_epoch, new_events)
         };
         let Some(pod) = kept.pod() else { return };
         let now = SystemTime::now();
@@ -382,11 +380,10 @@ impl PodController {
             Written::Unneeded => Some(fingerprint),
             Written::Failed => None,
         };
-        if let Some(written) = written {
-            if let Some(entry) = self.tracked().get_mut(uid) {
-                entry.written = Some(written);
-                entry.applied = Some(state);
-            }
+        if let Some(written) = written
+            && let Some(entry) = self.tracked().get_mut(uid)
+        {
+            entry.record_status(epoch, written, Some(state));
         }
         let regarding = pod.object_ref(&());
         for event in new_events {
