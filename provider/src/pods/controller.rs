@@ -305,6 +305,17 @@ fn backoff(attempt: u32) -> Duration {
     capped.mul_f64(0.8 + f64::from(nanos % 400) / 1000.0)
 }
 
+/// Where a copy of a pod handed to [`PodController::observe_from`] comes from.
+#[derive(Clone, Copy)]
+enum Seen<'a> {
+    /// The pod watch: the newest copy; a pod not tracked yet starts being tracked.
+    Watch,
+    /// A redrive (after a full poll) of the copy it took from the tracked pods. The watch runs
+    /// on another thread and may have removed the pod or stored a newer copy since; then the
+    /// copy is stale and changes nothing (it must not bring a removed pod back).
+    Redrive(&'a slim::Kept),
+}
+
 /// The pod controller's reader of this node's pod watch: it runs on the watch's task, so it
 /// only updates the tracked pods and hands slow work (ECI calls, reads) to tasks and queues.
 struct PodReader {
@@ -630,11 +641,24 @@ impl PodController {
     }
 
     fn observe(&self, pod: Arc<Pod>) {
+        self.observe_from(pod, Seen::Watch);
+    }
+
+    fn observe_from(&self, pod: Arc<Pod>, seen: Seen<'_>) {
         let Some(uid) = pod.uid() else { return };
         let terminating = pod.metadata.deletion_timestamp.is_some();
         let effect = {
             let mut tracked = self.tracked();
-            let entry = tracked.entry(uid.clone()).or_default();
+            let entry = match seen {
+                Seen::Watch => tracked.entry(uid.clone()).or_default(),
+                Seen::Redrive(copy) => match tracked.get_mut(&uid) {
+                    Some(entry) if entry.pod.as_ref().is_some_and(|kept| kept.same_copy(copy)) => {
+                        entry
+                    }
+                    // Removed, or a newer copy came meanwhile (the watch drove it then).
+                    _ => return,
+                },
+            };
             // What we last wrote is not what the pod shows: someone wrote over it — a process
             // that served this node before and woke up late (SIGSTOP, a long pause), a person —
             // or this copy is older than our last write. Either way the next listing compares
@@ -1008,6 +1032,45 @@ mod tests {
                 lifecycle,
                 ..Tracked::default()
             },
+        );
+    }
+
+    fn running_pod() -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": "web-0", "namespace": "default", "uid": "u-1"},
+                "spec": {"nodeName": "vn-0", "containers": [{"name": "app", "image": "nginx:1.27"}]},
+                "status": {"phase": "Running"},
+            }))
+            .unwrap(),
+        )
+    }
+
+    /// A redrive (after a full poll) takes the tracked copies, then drives each again; the
+    /// pod watch runs on another thread meanwhile. A pod it removed in between must stay
+    /// removed (else it is counted, and its stale copy driven, forever), and a newer copy it
+    /// stored must not be replaced by the redrive's older one.
+    #[tokio::test]
+    async fn a_redrive_never_brings_back_a_pod_the_watch_removed_or_replaced() {
+        let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
+        track(&controller, false);
+        let first = running_pod();
+        controller.tracked().get_mut("u-1").unwrap().keep(&first);
+
+        let copies = controller.redrive_copies();
+        let newer = running_pod();
+        controller.tracked().get_mut("u-1").unwrap().keep(&newer);
+        let stored = controller.tracked()["u-1"].pod.clone().unwrap();
+        controller.redrive_from(&copies);
+        let kept = controller.tracked()["u-1"].pod.clone().unwrap();
+        assert!(kept.same_copy(&stored), "the newer copy stays");
+
+        let copies = controller.redrive_copies();
+        controller.forget(&newer);
+        controller.redrive_from(&copies);
+        assert!(
+            !controller.tracked().contains_key("u-1"),
+            "a removed pod is not tracked again"
         );
     }
 

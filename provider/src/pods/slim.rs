@@ -58,6 +58,16 @@ impl Kept {
         matches!(self, Self::Whole(kept) if Arc::ptr_eq(kept, pod))
     }
 
+    /// Whether `other` is this very copy (not merely an equal one): a later copy of the pod
+    /// replaced it if not.
+    pub(super) fn same_copy(&self, other: &Kept) -> bool {
+        match (self, other) {
+            (Self::Whole(a), Self::Whole(b)) => Arc::ptr_eq(a, b),
+            (Self::Packed(a), Self::Packed(b)) => Arc::ptr_eq(&a.json, &b.json),
+            _ => false,
+        }
+    }
+
     /// Whether only the slim copy is kept (a creation must read the whole pod again).
     pub(super) fn is_slim(&self) -> bool {
         matches!(self, Self::Packed(_))

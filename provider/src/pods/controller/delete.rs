@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::lifecycle::{Event, Lifecycle};
-use super::{Adopted, PodController, backoff, pod_key, slim};
+use super::{Adopted, PodController, Seen, backoff, pod_key, slim};
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
 const CONFIRMING: usize = 8;
@@ -290,14 +290,25 @@ impl PodController {
 
     /// Drives every tracked pod again (after a failed step, nothing else might wake it).
     pub(super) fn redrive(&self) {
-        let kept: Vec<slim::Kept> = self
-            .tracked()
+        let copies = self.redrive_copies();
+        self.redrive_from(&copies);
+    }
+
+    /// The copies of the tracked pods a redrive goes over.
+    pub(super) fn redrive_copies(&self) -> Vec<slim::Kept> {
+        self.tracked()
             .values()
             .filter_map(|t| t.pod.clone())
-            .collect();
-        let pods = kept.iter().filter_map(slim::Kept::pod);
-        for pod in pods {
-            self.observe(pod);
+            .collect()
+    }
+
+    /// Drives each pod of `copies` again, unless the pod watch (on another thread) removed it
+    /// or stored a newer copy since: see [`Seen::Redrive`].
+    pub(super) fn redrive_from(&self, copies: &[slim::Kept]) {
+        for copy in copies {
+            if let Some(pod) = copy.pod() {
+                self.observe_from(pod, Seen::Redrive(copy));
+            }
         }
     }
 
