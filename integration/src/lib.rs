@@ -5,4 +5,5 @@
 pub mod cluster;
 pub mod harness;
 pub mod host;
+pub mod measure;
 pub mod process;

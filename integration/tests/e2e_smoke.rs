@@ -12,7 +12,7 @@ use eci_proto::v20180808::{
     Container, CreateContainerGroupRequest, DescribeContainerGroupsRequest,
 };
 use integration::harness::{Harness, HarnessError};
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
@@ -60,29 +60,7 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
     // The daemon registers its node against this API and this mock-eci.
     h.start_daemon(0, &[])?;
     let node = h.node_name(0);
-    let nodes: Api<Node> = Api::all(h.client());
-    h.wait_for(
-        "the virtual node to be Ready",
-        Duration::from_secs(90),
-        |_| {
-            let (nodes, node) = (nodes.clone(), node.clone());
-            async move {
-                nodes
-                    .get_opt(&node)
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|n| n.status)
-                    .and_then(|s| s.conditions)
-                    .is_some_and(|conditions| {
-                        conditions
-                            .iter()
-                            .any(|c| c.type_ == "Ready" && c.status == "True")
-                    })
-            }
-        },
-    )
-    .await?;
+    h.wait_node_ready(&node, Duration::from_secs(90)).await?;
 
     // The built kubectl, with the harness's kubeconfig, sees the node Ready.
     let output = tokio::process::Command::new(h.kubectl())

@@ -25,58 +25,16 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use integration::harness::{Harness, HarnessError};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ServiceAccount};
+use integration::measure::{self, cpu_seconds, quantile};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
 /// Pods per batch (`TOKEN_COST_PODS` overrides it).
 const PODS: usize = 200;
 
-/// `apiserver_request_total` summed by "VERB resource[/subresource]".
-fn requests(text: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((key, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Some(("apiserver_request_total", labels)) = key.split_once('{') else {
-            continue;
-        };
-        let labels: HashMap<&str, &str> = labels
-            .trim_end_matches('}')
-            .split("\",")
-            .filter_map(|pair| {
-                let (k, v) = pair.split_once("=\"")?;
-                Some((k, v.trim_end_matches('"')))
-            })
-            .collect();
-        let (Some(verb), Some(resource)) = (labels.get("verb"), labels.get("resource")) else {
-            continue;
-        };
-        let name = match labels.get("subresource").filter(|s| !s.is_empty()) {
-            Some(sub) => format!("{verb} {resource}/{sub}"),
-            None => format!("{verb} {resource}"),
-        };
-        *out.entry(name).or_default() += value.parse::<f64>().unwrap_or(0.0);
-    }
-    out
-}
-
 async fn apiserver_requests(client: &kube::Client) -> BTreeMap<String, f64> {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    requests(&client.request_text(request).await.expect("/metrics"))
-}
-
-/// CPU seconds (user + system) process `pid` used so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-    let ticks: f64 = fields.get(11..13).map_or(0.0, |t| {
-        t.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
-    });
-    ticks / 100.0
+    measure::apiserver_requests(&measure::apiserver_metrics(client).await.expect("/metrics"))
 }
 
 fn pod(name: &str, node: &str, tokens: bool) -> Pod {
@@ -101,12 +59,6 @@ struct Batch {
     running_p99: f64,
     all_running: f64,
     daemon_cpu: f64,
-}
-
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 /// Creates `size` pods in a fresh namespace and waits for all of them to run.
@@ -266,21 +218,8 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
             ("ECI_UNREACHABLE_THRESHOLD", ""),
         ],
     )?;
-    let nodes: Api<Node> = Api::all(h.client());
-    let node = h.node_name(0);
-    h.wait_for("the virtual node Ready", Duration::from_secs(120), |_| {
-        let (nodes, node) = (nodes.clone(), node.clone());
-        async move {
-            nodes
-                .get_opt(&node)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|n| n.status?.conditions)
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        }
-    })
-    .await?;
+    h.wait_node_ready(&h.node_name(0), Duration::from_secs(120))
+        .await?;
     // A small warm-up batch of each kind, uncounted: the first pods of a kind pay for
     // connections and caches that later ones share.
     batch(h, &daemon, false, 10, "warm-plain").await?;

@@ -35,6 +35,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use integration::harness::Harness;
+use integration::measure::{
+    self, cpu_seconds, diff, grouped, proc_status_kib, quantile, verb_resource,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
@@ -48,63 +51,6 @@ const PHASE_LABEL: &str = "bench.virtual-node-eci/phase";
 
 // ---------------------------------------------------------------------------------------------
 // Prometheus text
-
-/// `name{labels} value` lines whose name is exactly `name`, as (labels, value).
-fn series(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|line| {
-            let (key, value) = line.rsplit_once(' ')?;
-            let (metric, labels) = key.split_once('{').unwrap_or((key, "}"));
-            (metric == name).then(|| (labels_of(labels), value.parse().unwrap_or(0.0)))
-        })
-        .collect()
-}
-
-/// `a="x",b="y"}` → {a: x, b: y} (label values here hold no quotes or commas).
-fn labels_of(text: &str) -> BTreeMap<String, String> {
-    text.trim_end_matches('}')
-        .split("\",")
-        .filter_map(|pair| {
-            let (key, value) = pair.split_once("=\"")?;
-            Some((key.to_owned(), value.trim_end_matches('"').to_owned()))
-        })
-        .collect()
-}
-
-/// Sum of `name`'s series grouped by `key` (series with the same key added up).
-fn grouped(
-    text: &str,
-    name: &str,
-    key: impl Fn(&BTreeMap<String, String>) -> Option<String>,
-) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for (labels, value) in series(text, name) {
-        if let Some(k) = key(&labels) {
-            *out.entry(k).or_default() += value;
-        }
-    }
-    out
-}
-
-/// `after - before`, per key, keeping keys that changed.
-fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
-        .collect()
-}
-
-/// "VERB resource[/subresource]" of an apiserver request series.
-fn verb_resource(labels: &BTreeMap<String, String>) -> Option<String> {
-    let resource = labels.get("resource")?;
-    let sub = labels.get("subresource").filter(|s| !s.is_empty());
-    Some(match sub {
-        Some(sub) => format!("{} {resource}/{sub}", labels.get("verb")?),
-        None => format!("{} {resource}", labels.get("verb")?),
-    })
-}
 
 /// What the apiserver's `/metrics` says at one moment, reduced to what the benchmark compares.
 #[derive(Debug, Clone, Default)]
@@ -152,12 +98,41 @@ impl ApiserverCounts {
 }
 
 async fn apiserver_counts(client: &kube::Client) -> ApiserverCounts {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client
-        .request_text(request)
+    let text = measure::apiserver_metrics(client)
         .await
         .expect("the apiserver's /metrics (as the administrator)");
     ApiserverCounts::parse(&text)
+}
+
+/// Samples the apiserver's in-flight and queued requests every 2 s until aborted; the peaks
+/// are left in `peaks` ("inflight mutating", "inflight readOnly", "queued").
+fn sample_apiserver_load(
+    client: kube::Client,
+    peaks: Arc<Mutex<BTreeMap<String, f64>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            if let Ok(text) = measure::apiserver_metrics(&client).await {
+                let mut now = grouped(&text, "apiserver_current_inflight_requests", |l| {
+                    l.get("request_kind").map(|k| format!("inflight {k}"))
+                });
+                let queued: f64 = grouped(
+                    &text,
+                    "apiserver_flowcontrol_current_inqueue_requests",
+                    |_| Some(String::new()),
+                )
+                .values()
+                .sum();
+                now.insert("queued".into(), queued);
+                let mut peaks = peaks.lock().unwrap();
+                for (k, v) in now {
+                    let peak = peaks.entry(k).or_insert(0.0);
+                    *peak = peak.max(v);
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    })
 }
 
 async fn fetch(url: &str) -> String {
@@ -172,31 +147,6 @@ async fn fetch(url: &str) -> String {
 
 // ---------------------------------------------------------------------------------------------
 // Processes
-
-fn proc_status_kib(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|k| k.parse::<f64>().ok())
-        .unwrap_or(0.0)
-}
-
-/// CPU seconds (user + system) the process used so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // utime and stime are the 14th and 15th fields, the 12th and 13th after the command name
-    // (which may hold spaces, so split after its closing parenthesis).
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-    let ticks: f64 = fields.get(11..13).map_or(0.0, |t| {
-        t.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
-    });
-    // USER_HZ is 100 on Linux.
-    ticks / 100.0
-}
 
 // ---------------------------------------------------------------------------------------------
 // The pods' watch
@@ -295,16 +245,6 @@ async fn wait_for(
     }
 }
 
-/// `q`-quantile (nearest rank) of `values`, sorted.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
 // ---------------------------------------------------------------------------------------------
 // One phase
 
@@ -345,6 +285,9 @@ struct Figures {
     /// mock-eci's calls by action (every result), and those answered `Throttling*`.
     eci_calls: BTreeMap<String, f64>,
     eci_throttled: f64,
+    /// The apiserver's peak requests in flight (by kind) and waiting in its flow-control
+    /// queues, sampled every 2 s through the phase.
+    apiserver_peaks: BTreeMap<String, f64>,
     status_writes: Option<f64>,
     events_dropped: Option<f64>,
     cpu_to_running: Option<f64>,
@@ -510,6 +453,8 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         None => String::new(),
     };
     let before = apiserver_counts(&client).await;
+    let peaks: Arc<Mutex<BTreeMap<String, f64>>> = Arc::default();
+    let sampler = sample_apiserver_load(client.clone(), Arc::clone(&peaks));
     let bench_cpu = cpu_seconds(std::process::id());
     let size = load.size;
     let names: Vec<String> = (0..size).map(|i| format!("bench-{i:05}")).collect();
@@ -576,6 +521,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
             .duration_since(deleting)
     };
     let after = apiserver_counts(&client).await;
+    sampler.abort();
     watch.abort();
     let left = pods
         .list_metadata(&ListParams::default().labels(&format!("{PHASE_LABEL}={phase}")))
@@ -595,6 +541,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         running_p50: quantile(&latencies, 0.5),
         running_p99: quantile(&latencies, 0.99),
         apiserver: after.since(&before),
+        apiserver_peaks: peaks.lock().unwrap().clone(),
         bench_cpu: cpu_seconds(std::process::id()) - bench_cpu,
         ..Figures::default()
     };
@@ -819,6 +766,16 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         "",
         1,
     ));
+    for what in ["inflight mutating", "inflight readOnly", "queued"] {
+        let peak = |f: &Figures| f.apiserver_peaks.get(what).copied().unwrap_or(0.0);
+        rows.push(row(
+            &format!("apiserver requests {what}, peak"),
+            peak(kwok),
+            &pick(&peak),
+            "",
+            0,
+        ));
+    }
     rows.push(row(
         "apiserver 429s",
         kwok.apiserver.throttled,
@@ -943,6 +900,7 @@ fn to_json(f: &Figures, size: usize) -> Value {
         "create_to_running_p99_s": f.running_p99,
         "apiserver_requests_per_pod": per_pod(&f.apiserver.requests),
         "apiserver_429": f.apiserver.throttled,
+        "apiserver_peaks": f.apiserver_peaks,
         "apiserver_pod_write_mean_s": f.apiserver.pod_write_seconds / f.apiserver.pod_writes.max(1.0),
         "eci_calls_per_pod": per_pod(&f.eci_calls),
         "eci_throttled": f.eci_throttled,

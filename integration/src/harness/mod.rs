@@ -728,6 +728,23 @@ impl Harness {
             .ok_or_else(|| HarnessError::Setup(format!("pod {namespace}/{name} vanished")))
     }
 
+    /// Waits up to `timeout` until Node `name` exists and its Ready condition is True.
+    pub async fn wait_node_ready(&self, name: &str, timeout: Duration) -> Result<(), HarnessError> {
+        let nodes: Api<Node> = Api::all(self.client());
+        self.wait_for(&format!("node {name} Ready"), timeout, |_| {
+            let nodes = nodes.clone();
+            async move {
+                nodes
+                    .get_opt(name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|n| deploy::is_ready(&n))
+            }
+        })
+        .await
+    }
+
     /// Polls `condition` until it holds or `timeout` passes.
     pub async fn wait_for<'a, F, Fut>(
         &'a self,
