@@ -212,7 +212,22 @@ impl Harness {
                 found.len()
             )));
         };
-        let (pid, args) = (*pid, args.clone());
+        let (pid, mut args) = (*pid, args.clone());
+        if component == Component::Etcd {
+            // The peer listener gets a fresh port: while etcd was down another process may
+            // have bound the old one (seen once: `bind: address already in use`, and the
+            // restarted etcd exited). Nothing connects to it in a one-member cluster, and the
+            // member's advertised peer URL comes from its data directory on a restart.
+            let fresh = format!(
+                "--listen-peer-urls=http://127.0.0.1:{}",
+                crate::process::free_port().map_err(|e| HarnessError::Setup(e.to_string()))?
+            );
+            for arg in &mut args {
+                if arg.starts_with("--listen-peer-urls=") {
+                    arg.clone_from(&fresh);
+                }
+            }
+        }
         let signalled = Instant::now();
         match stop {
             Stop::Kill => signal(pid, "KILL")?,
