@@ -35,9 +35,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use integration::harness::Harness;
-use integration::measure::{
-    self, cpu_seconds, diff, grouped, proc_status_kib, quantile, verb_resource,
-};
+use integration::measure::{self, cpu_seconds, diff, grouped, proc_status_kib, quantile};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
@@ -76,7 +74,7 @@ impl ApiserverCounts {
         };
         let total = |name: &str| grouped(text, name, pod_write).values().sum::<f64>();
         Self {
-            requests: grouped(text, "apiserver_request_total", verb_resource),
+            requests: measure::apiserver_requests(text),
             throttled: grouped(text, "apiserver_request_total", |l| {
                 (l.get("code").map(String::as_str) == Some("429")).then(String::new)
             })

@@ -685,7 +685,11 @@ impl PodController {
                     .map(String::as_str),
             };
             let effect = entry.on(&uid, Event::Observed(observed));
-            entry.keep(&pod);
+            // A redrive drives the very copy the entry holds: packing it again would only cost
+            // a serialisation and an allocation per tracked pod on every full poll.
+            if let Seen::Watch = seen {
+                entry.keep(&pod);
+            }
             // Ready waits for readiness gates others set, and the status acknowledges the
             // generation: a change of either needs a write even when ECI shows nothing new.
             if entry.lifecycle.live_group().is_some()
@@ -1072,6 +1076,24 @@ mod tests {
             !controller.tracked().contains_key("u-1"),
             "a removed pod is not tracked again"
         );
+    }
+
+    /// A redrive drives the copy the entry already holds; it leaves that copy as it is rather
+    /// than packing it again on every full poll.
+    #[tokio::test]
+    async fn a_redrive_keeps_the_copy_it_drove() {
+        let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
+        track(&controller, false);
+        controller
+            .tracked()
+            .get_mut("u-1")
+            .unwrap()
+            .keep(&running_pod());
+        let copies = controller.redrive_copies();
+        assert!(copies[0].is_slim(), "a pod with a group is kept packed");
+        controller.redrive_from(&copies);
+        let kept = controller.tracked()["u-1"].pod.clone().unwrap();
+        assert!(kept.same_copy(&copies[0]), "not packed again");
     }
 
     /// The pod watch, the pollers and the status writers run on different threads: a writer
