@@ -57,6 +57,8 @@ struct ApiserverCounts {
     requests: BTreeMap<String, f64>,
     /// Requests answered 429 (flow control or max-inflight).
     throttled: f64,
+    /// Pod writes answered 409 (a precondition or an apply conflict), by "VERB resource".
+    conflicts: BTreeMap<String, f64>,
     /// Seconds and count of pod writes (POST, PUT, PATCH, DELETE on pods and their subresources).
     pod_write_seconds: f64,
     pod_writes: f64,
@@ -80,6 +82,11 @@ impl ApiserverCounts {
             })
             .values()
             .sum(),
+            conflicts: grouped(text, "apiserver_request_total", |l| {
+                (l.get("code").map(String::as_str) == Some("409"))
+                    .then(|| measure::verb_resource(l))
+                    .flatten()
+            }),
             pod_write_seconds: total("apiserver_request_duration_seconds_sum"),
             pod_writes: total("apiserver_request_duration_seconds_count"),
         }
@@ -89,6 +96,7 @@ impl ApiserverCounts {
         Self {
             requests: diff(&self.requests, &before.requests),
             throttled: self.throttled - before.throttled,
+            conflicts: diff(&self.conflicts, &before.conflicts),
             pod_write_seconds: self.pod_write_seconds - before.pod_write_seconds,
             pod_writes: self.pod_writes - before.pod_writes,
         }
@@ -287,8 +295,13 @@ struct Figures {
     /// queues, sampled every 2 s through the phase.
     apiserver_peaks: BTreeMap<String, f64>,
     status_writes: Option<f64>,
+    /// The daemons' own API requests by operation (their `kube_requests_total`), summed over
+    /// the replicas: which part of the daemon asked for what the apiserver counted.
+    daemon_requests: BTreeMap<String, f64>,
     events_dropped: Option<f64>,
     cpu_to_running: Option<f64>,
+    /// The largest replica's resident set when every pod was Running.
+    rss_at_running_mib: Option<f64>,
     cpu_total: Option<f64>,
     peak_rss_mib: Option<f64>,
     /// CPU seconds this benchmark process (creates, deletes, the pod watch) used in the phase.
@@ -498,6 +511,12 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         .map(|r| h.process(&r.process).unwrap().pid().unwrap())
         .collect();
     let cpu_to_running: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
+    // Resident now, against the peak read at the end: a peak far above it is a burst's
+    // transient memory (queues, answers in flight, the allocator's arenas), not what is kept.
+    let rss_at_running = pids
+        .iter()
+        .map(|p| proc_status_kib(*p, "VmRSS:") / 1024.0)
+        .fold(0.0, f64::max);
 
     let deleting = Instant::now();
     futures::stream::iter(names.iter())
@@ -546,6 +565,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     if !replicas.is_empty() {
         daemon_figures(&mut h, &replicas, &pids, &mock_before, &mut figures).await;
         figures.cpu_to_running = Some(cpu_to_running);
+        figures.rss_at_running_mib = Some(rss_at_running);
         no_group_left(&h).await;
     }
     if driver == Driver::Kwok {
@@ -580,21 +600,28 @@ async fn daemon_figures(
     };
     figures.eci_calls = diff(&by_action(&mock_after), &by_action(mock_before));
     figures.eci_throttled = throttled(&mock_after) - throttled(mock_before);
-    let (mut writes, mut dropped) = (0.0, 0.0);
+    let mut dropped = 0.0;
     for replica in replicas {
         let text = fetch(&replica.metrics).await;
-        writes += grouped(&text, "virtual_node_eci_kube_requests_total", |l| {
-            (l.get("operation").map(String::as_str) == Some("pod_status_patch")).then(String::new)
-        })
-        .values()
-        .sum::<f64>();
+        let requests = grouped(&text, "virtual_node_eci_kube_requests_total", |l| {
+            l.get("operation").cloned()
+        });
+        for (operation, count) in requests {
+            *figures.daemon_requests.entry(operation).or_default() += count;
+        }
         dropped += grouped(&text, "virtual_node_eci_events_dropped_total", |_| {
             Some(String::new())
         })
         .values()
         .sum::<f64>();
     }
-    figures.status_writes = Some(writes);
+    figures.status_writes = Some(
+        figures
+            .daemon_requests
+            .get("pod_status_patch")
+            .copied()
+            .unwrap_or(0.0),
+    );
     figures.events_dropped = Some(dropped);
     figures.cpu_total = Some(pids.iter().map(|p| cpu_seconds(*p)).sum());
     // VmHWM: the process's peak resident set; the largest replica's.
@@ -781,6 +808,14 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         "",
         0,
     ));
+    let conflicts = |f: &Figures| f.apiserver.conflicts.values().fold(0.0, |a, b| a + b);
+    rows.push(row(
+        "apiserver 409s",
+        conflicts(kwok),
+        &pick(&conflicts),
+        "",
+        0,
+    ));
     let mut actions: Vec<&String> = ours.iter().flat_map(|(_, o)| o.eci_calls.keys()).collect();
     actions.sort();
     actions.dedup();
@@ -857,6 +892,12 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         1,
     ));
     rows.push(opt_row(
+        "daemon RSS at all Running, largest replica (MiB)",
+        &opt(&|f: &Figures| f.rss_at_running_mib),
+        "",
+        1,
+    ));
+    rows.push(opt_row(
         "daemon peak RSS, largest replica (MiB)",
         &opt(&|f: &Figures| f.peak_rss_mib),
         "",
@@ -898,6 +939,8 @@ fn to_json(f: &Figures, size: usize) -> Value {
         "create_to_running_p99_s": f.running_p99,
         "apiserver_requests_per_pod": per_pod(&f.apiserver.requests),
         "apiserver_429": f.apiserver.throttled,
+        "apiserver_409_per_pod": per_pod(&f.apiserver.conflicts),
+        "daemon_requests_per_pod": per_pod(&f.daemon_requests),
         "apiserver_peaks": f.apiserver_peaks,
         "apiserver_pod_write_mean_s": f.apiserver.pod_write_seconds / f.apiserver.pod_writes.max(1.0),
         "eci_calls_per_pod": per_pod(&f.eci_calls),
@@ -905,6 +948,7 @@ fn to_json(f: &Figures, size: usize) -> Value {
         "status_writes_per_pod": f.status_writes.map(|w| w / n),
         "events_dropped": f.events_dropped,
         "daemon_cpu_to_running_s": f.cpu_to_running,
+        "daemon_rss_at_running_mib": f.rss_at_running_mib,
         "daemon_cpu_total_s": f.cpu_total,
         "daemon_peak_rss_mib": f.peak_rss_mib,
         "bench_process_cpu_s": f.bench_cpu,

@@ -28,6 +28,8 @@ pub(super) enum Kept {
 #[derive(Debug, Clone)]
 pub(super) struct Packed {
     phase: Option<Box<str>>,
+    /// The hash of its resourceVersion.
+    version: u64,
     json: Arc<[u8]>,
 }
 
@@ -46,6 +48,7 @@ impl Kept {
                     .status
                     .and_then(|s| s.phase)
                     .map(String::into_boxed_str),
+                version: version_of(pod),
                 json: json.into(),
             }),
             // Not expected of a value that came from JSON; keep it unpacked rather than lose it.
@@ -81,6 +84,14 @@ impl Kept {
         }
     }
 
+    /// The hash of the copy's resourceVersion.
+    pub(super) fn version(&self) -> u64 {
+        match self {
+            Self::Whole(pod) => version_of(pod),
+            Self::Packed(packed) => packed.version,
+        }
+    }
+
     /// The pod (slim once packed). Cheap to call under a lock only for a whole pod: clone the
     /// `Kept` out first.
     pub(super) fn pod(&self) -> Option<Arc<Pod>> {
@@ -95,6 +106,14 @@ impl Kept {
             },
         }
     }
+}
+
+/// The hash of `pod`'s resourceVersion: versions are opaque, compared for equality only.
+pub(super) fn version_of(pod: &Pod) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    pod.metadata.resource_version.hash(&mut hasher);
+    hasher.finish()
 }
 
 fn slim_container(container: &Container) -> Container {

@@ -9,6 +9,10 @@
 //! none waits on another's slow poll; `serve` owns them and returns only once all have ended.
 //! A held key is released however its work ends, a panic included: a bug in one pod's work
 //! never leaves that pod stuck, and the panic is reported, not lost.
+//!
+//! Work on a key that does not go through the queue (another writer of the same pod) can
+//! [`WorkQueue::hold`] the key: it waits for the worker holding it, and no worker takes the key
+//! until it is released.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -33,6 +37,8 @@ struct State<K, V> {
 pub struct WorkQueue<K, V> {
     state: Mutex<State<K, V>>,
     ready: Notify,
+    /// Notified whenever a key is released (for [`WorkQueue::hold`]).
+    released: Notify,
 }
 
 impl<K: Eq + Hash + Clone, V> Default for WorkQueue<K, V> {
@@ -44,6 +50,7 @@ impl<K: Eq + Hash + Clone, V> Default for WorkQueue<K, V> {
                 working: HashSet::new(),
             }),
             ready: Notify::new(),
+            released: Notify::new(),
         }
     }
 }
@@ -95,10 +102,31 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
     pub fn done(&self, key: &K) {
         let mut state = self.state();
         state.working.remove(key);
-        if state.pending.contains_key(key) {
+        let ready = state.pending.contains_key(key);
+        if ready {
             state.order.push_back(key.clone());
-            drop(state);
+        }
+        drop(state);
+        if ready {
             self.ready.notify_one();
+        }
+        self.released.notify_waiters();
+    }
+
+    /// Holds `key` for work outside the queue: waits until no worker (or other holder) has it,
+    /// then keeps workers off it until the returned guard drops. A value pushed meanwhile
+    /// waits, as it does for a worker.
+    pub async fn hold(&self, key: K) -> Held<'_, K, V> {
+        loop {
+            // Registered before looking, so a release between the look and the wait is not
+            // missed.
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if self.state().working.insert(key.clone()) {
+                return Held { queue: self, key };
+            }
+            released.await;
         }
     }
 
@@ -158,8 +186,10 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
     }
 }
 
-/// A key a worker holds: released when dropped, so also when its work panics or is aborted.
-struct Held<'a, K: Eq + Hash + Clone, V> {
+/// A key a worker or [`WorkQueue::hold`] holds: released when dropped, so also when its work
+/// panics or is aborted.
+#[derive(Debug)]
+pub struct Held<'a, K: Eq + Hash + Clone, V> {
     queue: &'a WorkQueue<K, V>,
     key: K,
 }
@@ -186,6 +216,28 @@ mod tests {
         assert_eq!(queue.try_next(), Some(("a", 2)));
         assert_eq!(queue.try_next(), Some(("b", 1)));
         assert_eq!(queue.try_next(), None);
+    }
+
+    #[test]
+    fn a_key_held_outside_the_queue_waits_for_its_worker_and_keeps_workers_off() {
+        use futures::FutureExt as _;
+        let queue = WorkQueue::default();
+        queue.push("a", 1);
+        let (key, _) = queue.try_next().unwrap();
+        let hold = queue.hold("a");
+        tokio::pin!(hold);
+        assert!(
+            hold.as_mut().now_or_never().is_none(),
+            "a worker has the key"
+        );
+        queue.done(&key);
+        let held = hold.now_or_never().expect("released by its worker");
+        queue.push("a", 2);
+        queue.push("b", 1);
+        assert_eq!(queue.try_next(), Some(("b", 1)), "\"a\" is held");
+        assert_eq!(queue.try_next(), None);
+        drop(held);
+        assert_eq!(queue.try_next(), Some(("a", 2)), "ready once released");
     }
 
     #[test]

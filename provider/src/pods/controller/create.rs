@@ -12,6 +12,7 @@ use eci_proto::v20180808::{
 };
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -23,7 +24,7 @@ use super::gate::Admission;
 use super::lifecycle::{Effect, Event};
 use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
-    misconfigured, pod_key, pod_key_parts,
+    misconfigured, pod_key, pod_key_parts, slim,
 };
 use crate::pods::to_eci::{self, Context, annotations, naming};
 use crate::pods::{from_eci, refs};
@@ -659,21 +660,69 @@ impl PodController {
                 warn!(eci_id = %id, %error, "cannot describe the container group; annotating the pod with the creation's answer only");
             }
         }
-        self.inner.telemetry.kube_request("pod_annotate");
-        // The uid is a precondition: a pod recreated under the name is another pod, whose
-        // group this is not (the apiserver refuses to change a uid).
-        let patch = json!({"metadata": {"uid": uid, "annotations": values}});
-        match api
-            .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
-            Ok(_) => true,
-            // Gone, or the name is another pod's now: nothing left to record.
-            Err(kube::Error::Api(response)) if [404, 409, 422].contains(&response.code) => true,
-            Err(error) => {
-                warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, %error, "could not record the ECI instance id on the pod");
-                false
+        // Not beside a status write of the pod: one of the two would meet a conflict.
+        let _held = self.inner.statuses.hold(uid.to_owned()).await;
+        // First at the kept copy's version: when nothing changed the pod since, the answer
+        // is that copy plus these annotations, so the copy can move to the answer's version
+        // and the next status write does not meet a conflict of our own making.
+        let kept = self.kept_copy(uid);
+        let at = kept.as_ref().and_then(|pod| pod.resource_version());
+        for version in [at, None] {
+            self.inner.telemetry.kube_request("pod_annotate");
+            // The uid is a precondition: a pod recreated under the name is another pod, whose
+            // group this is not (the apiserver refuses to change a uid).
+            let mut patch = json!({"metadata": {"uid": uid, "annotations": values}});
+            if let Some(version) = &version {
+                patch["metadata"]["resourceVersion"] = json!(version);
             }
+            match api
+                .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(answer) => {
+                    if let (Some(kept), Some(_)) = (&kept, &version) {
+                        self.adopt_annotated(uid, kept, &answer.metadata);
+                    }
+                    return true;
+                }
+                // The version moved on (or the uid is another pod's): once more without it.
+                Err(kube::Error::Api(response)) if response.code == 409 && version.is_some() => {}
+                // Gone, or the name is another pod's now: nothing left to record.
+                Err(kube::Error::Api(response)) if [404, 409, 422].contains(&response.code) => {
+                    return true;
+                }
+                Err(error) => {
+                    warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, %error, "could not record the ECI instance id on the pod");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// The kept copy of the pod with `uid`, unpacked.
+    fn kept_copy(&self, uid: &str) -> Option<Arc<Pod>> {
+        let kept = self.tracked().get(uid)?.pod.clone()?;
+        kept.pod()
+    }
+
+    /// The annotation patch made at `kept`'s version was stored: the pod is now `kept` with
+    /// `answer`'s annotations and version. Kept as our write's answer, unless the kept copy
+    /// moved on meanwhile (then that copy is newer).
+    fn adopt_annotated(&self, uid: &str, kept: &Pod, answer: &ObjectMeta) {
+        let mut pod = kept.clone();
+        pod.metadata
+            .resource_version
+            .clone_from(&answer.resource_version);
+        pod.metadata.annotations.clone_from(&answer.annotations);
+        let mut tracked = self.tracked();
+        if let Some(entry) = tracked.get_mut(uid)
+            && entry
+                .pod
+                .as_ref()
+                .is_some_and(|now| now.version() == slim::version_of(kept))
+        {
+            entry.keep_answer(&Arc::new(pod));
         }
     }
 
@@ -842,5 +891,118 @@ mod tests {
             asked.iter().all(|(_, at)| *at == Duration::ZERO),
             "all asked at once, none waiting for another's answer: {asked:?}"
         );
+    }
+
+    /// A controller whose API server answers annotation patches: 409 to one carrying a
+    /// resourceVersion when `moved_on`, else the pod's metadata at version "11". Records the
+    /// patches' bodies.
+    fn annotating(
+        moved_on: bool,
+    ) -> (PodController, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+        let patches: Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Arc::default();
+        let seen = Arc::clone(&patches);
+        let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let body = request.into_body().collect_bytes().await.unwrap();
+                let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                let conditional = patch["metadata"].get("resourceVersion").is_some();
+                seen.lock().unwrap().push(patch.clone());
+                let (code, body) = if moved_on && conditional {
+                    (
+                        409,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
+                    )
+                } else {
+                    (
+                        200,
+                        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                        "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1",
+                            "resourceVersion": "11", "annotations": patch["metadata"]["annotations"]}}),
+                    )
+                };
+                Ok::<_, std::convert::Infallible>(
+                    hyper::Response::builder()
+                        .status(code)
+                        .body(kube::client::Body::from(body.to_string().into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        let controller = super::super::tests::controller_over(
+            Arc::default(),
+            kube::Client::new(service, "default"),
+        );
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1", "resourceVersion": "10"},
+            "spec": {"nodeName": "vn-0", "containers": [{"name": "app", "image": "nginx:1.27"}]},
+        }))
+        .unwrap();
+        let mut entry = super::super::Tracked {
+            lifecycle: super::super::Lifecycle::Created {
+                group: "eci-1".into(),
+                annotated: true,
+            },
+            ..super::super::Tracked::default()
+        };
+        entry.keep(&Arc::new(pod));
+        controller.tracked().insert("u-1".into(), entry);
+        (controller, patches)
+    }
+
+    fn kept_version(controller: &PodController) -> u64 {
+        controller.tracked()["u-1"].pod.as_ref().unwrap().version()
+    }
+
+    fn version(v: &str) -> u64 {
+        let mut pod = Pod::default();
+        pod.metadata.resource_version = Some(v.into());
+        slim::version_of(&pod)
+    }
+
+    /// The instance-id annotation is written at the kept copy's version; stored, the copy
+    /// moves to the answer's version, so the status write after it carries a current one
+    /// (before, every annotation left the copy a version behind until the watch caught up:
+    /// most of the 0.60 conflicts per pod measured with ten replicas).
+    #[tokio::test]
+    async fn the_annotation_moves_the_kept_copy_to_its_answers_version() {
+        let (controller, patches) = annotating(false);
+        let key = ("shop".to_owned(), "web-0".to_owned());
+        assert!(
+            controller
+                .annotate(&key, "u-1", &WriteBack::new("eci-1", ""))
+                .await
+        );
+        let patches = patches.lock().unwrap().clone();
+        assert_eq!(patches.len(), 1, "{patches:?}");
+        assert_eq!(patches[0]["metadata"]["resourceVersion"], "10");
+        assert_eq!(patches[0]["metadata"]["uid"], "u-1");
+        assert_eq!(kept_version(&controller), version("11"));
+    }
+
+    /// Someone changed the pod since the kept copy: the annotation is written anyway, once
+    /// more without the version, and the copy stays (the watch brings the newer one).
+    #[tokio::test]
+    async fn an_annotation_the_pod_moved_on_from_is_written_without_the_version() {
+        let (controller, patches) = annotating(true);
+        let key = ("shop".to_owned(), "web-0".to_owned());
+        assert!(
+            controller
+                .annotate(&key, "u-1", &WriteBack::new("eci-1", ""))
+                .await
+        );
+        let patches = patches.lock().unwrap().clone();
+        assert_eq!(patches.len(), 2, "{patches:?}");
+        assert!(patches[1]["metadata"].get("resourceVersion").is_none());
+        assert_eq!(
+            patches[1]["metadata"]["uid"], "u-1",
+            "the uid stays a precondition"
+        );
+        assert_eq!(
+            patches[1]["metadata"]["annotations"][INSTANCE_ANNOTATION],
+            "eci-1"
+        );
+        assert_eq!(kept_version(&controller), version("10"));
     }
 }

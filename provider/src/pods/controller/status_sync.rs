@@ -155,7 +155,7 @@ impl PodController {
     /// write carries (resourceVersions are opaque, so the latest answer wins, not a comparison).
     pub(super) fn remember(&self, uid: &str, pod: Pod) {
         if let Some(t) = self.tracked().get_mut(uid) {
-            t.keep(&Arc::new(pod));
+            t.keep_answer(&Arc::new(pod));
         }
     }
 
@@ -276,6 +276,8 @@ impl PodController {
     }
 
     async fn refresh_status(&self, uid: &str) {
+        // Not beside a status write of the pod: one of the two would meet a conflict.
+        let _held = self.inner.statuses.hold(uid.to_owned()).await;
         let (kept, epoch) = {
             let tracked = self.tracked();
             match tracked.get(uid) {
