@@ -12,7 +12,8 @@
 //! publications. When it is full the event is dropped and counted, as client-go's broadcaster
 //! does — Events are best-effort by design; statuses are not. How many publications are in flight
 //! follows the apiserver's answers ([`Window`]): it grows while a backlog waits and the apiserver
-//! takes what it is sent, and halves when it answers 429, a 5xx, or not at all. A fixed count
+//! takes what it is sent, and halves when it answers 429, a 5xx, later than its latency
+//! objective, or not at all: pods' own writes come first. A fixed count
 //! was the limit before the apiserver was: 8 publications at ~430 ms each publish ~19 Events/s,
 //! and 10,000 pods started in two minutes dropped 12,504 Events with no 429 answered.
 //!
@@ -51,25 +52,33 @@ const QUEUE_CAPACITY: usize = 4_096;
 const FIRST_WINDOW: usize = 8;
 /// Background publications in flight at most: a kubelet's client sends at most 50 Events/s
 /// (`--event-qps`); 64 in flight at the ~0.4 s a loaded apiserver takes per write is ~150/s,
-/// which a 10,000-pod start needs, and it is the apiserver's 429 that stops it sooner. The
-/// price, measured (docs/performance.md): at 10,000 pods on 2 cores every Event was written,
-/// and the pods' own writes waited behind them (all Running 2.29× kwok's time, 1.25× when
-/// 12,504 Events were dropped); the window does not yet yield to status writes.
+/// which a 10,000-pod start needs, and it is the apiserver's latency or its 429 that stops it
+/// sooner. Measured (docs/performance.md): with 429s alone closing it, at 10,000 pods on 2
+/// cores every Event was written and the pods' own writes waited behind them (all Running 2.29×
+/// kwok's time, 1.25× when 12,504 Events were dropped); hence [`SLOW_ANSWER`].
 const MAX_WINDOW: usize = 64;
+
+/// An answer slower than this means the apiserver is past its limit, for Events: it is the
+/// Kubernetes scalability objective for a single-object mutating call (p99 ≤ 1 s). Pods' own
+/// writes (creates, statuses) queue behind the same apiserver, and Events are best-effort, so
+/// Events back off before the apiserver has to refuse anything.
+const SLOW_ANSWER: Duration = Duration::from_secs(1);
 
 /// How an answer to a background publication bears on the [`Window`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Answer {
-    /// Written, or refused for the event's own sake (a 4xx other than 429: its namespace is
-    /// terminating, it is invalid): the apiserver has room.
+    /// Written in time, or refused for the event's own sake (a 4xx other than 429: its
+    /// namespace is terminating, it is invalid): the apiserver has room.
     Taken,
-    /// The apiserver is at its limit: it answered 429 or a 5xx, or did not answer.
+    /// The apiserver is at its limit: it answered 429 or a 5xx, did not answer, or answered
+    /// after [`SLOW_ANSWER`].
     Overloaded,
 }
 
 impl Answer {
-    fn of(result: &Result<(), kube::Error>) -> Self {
+    fn of(result: &Result<(), kube::Error>, took: Duration) -> Self {
         match result {
+            _ if took > SLOW_ANSWER => Self::Overloaded,
             Ok(()) => Self::Taken,
             Err(kube::Error::Api(status)) if status.code != 429 && status.code < 500 => Self::Taken,
             Err(_) => Self::Overloaded,
@@ -276,11 +285,12 @@ async fn drain(shared: Arc<Shared>, mut queued: mpsc::Receiver<Queued>) {
                 let Some((event, regarding)) = next else { break };
                 let shared = Arc::clone(&shared);
                 in_flight.spawn(async move {
+                    let sent = Instant::now();
                     let result = shared.publish(&event, &regarding).await;
                     if let Err(error) = &result {
                         debug!(%error, reason = %event.reason, "could not publish an event");
                     }
-                    Answer::of(&result)
+                    Answer::of(&result, sent.elapsed())
                 });
             }
         }
@@ -425,7 +435,7 @@ mod tests {
     }
 
     #[test]
-    fn only_429s_5xx_and_no_answer_are_overload() {
+    fn only_429s_5xx_late_and_no_answers_are_overload() {
         let api = |code: u16| {
             Err(kube::Error::Api(
                 kube::core::Status::failure("refused", "Refused")
@@ -433,15 +443,21 @@ mod tests {
                     .boxed(),
             ))
         };
-        assert_eq!(Answer::of(&Ok(())), Answer::Taken);
+        let soon = Duration::from_millis(400);
+        assert_eq!(Answer::of(&Ok(()), soon), Answer::Taken);
         for code in [400, 403, 404, 409, 422] {
-            assert_eq!(Answer::of(&api(code)), Answer::Taken, "{code}");
+            assert_eq!(Answer::of(&api(code), soon), Answer::Taken, "{code}");
         }
         for code in [429, 500, 503, 504] {
-            assert_eq!(Answer::of(&api(code)), Answer::Overloaded, "{code}");
+            assert_eq!(Answer::of(&api(code), soon), Answer::Overloaded, "{code}");
         }
         let no_answer = Err(kube::Error::Service("connection reset".into()));
-        assert_eq!(Answer::of(&no_answer), Answer::Overloaded);
+        assert_eq!(Answer::of(&no_answer, soon), Answer::Overloaded);
+        // Written, but past the apiserver's latency objective: the pods' writes wait too.
+        assert_eq!(Answer::of(&Ok(()), SLOW_ANSWER), Answer::Taken);
+        let late = SLOW_ANSWER + Duration::from_millis(1);
+        assert_eq!(Answer::of(&Ok(()), late), Answer::Overloaded);
+        assert_eq!(Answer::of(&api(404), late), Answer::Overloaded);
     }
 
     /// What a fake apiserver saw: Event writes answered, how many were in flight at most, and
@@ -552,6 +568,26 @@ mod tests {
             "after the first refusals, one at a time: {:?}",
             seen.in_flight_at_arrival
         );
+    }
+
+    /// An apiserver that takes every Event but past its latency objective closes the window
+    /// too: the pods' own writes queue behind the same apiserver.
+    #[tokio::test(start_paused = true)]
+    async fn an_apiserver_past_its_latency_objective_gets_one_event_at_a_time() {
+        let (publisher, seen, telemetry) = publisher_over(201, Duration::from_millis(1500));
+        for i in 0..40 {
+            publisher.publish_later(mk_event("Pulled", &format!("image {i}")), mk_ref("p"));
+        }
+        while seen.lock().unwrap().answered < 40 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let seen = seen.lock().unwrap();
+        assert!(
+            seen.in_flight_at_arrival[16..].iter().all(|n| *n == 1),
+            "after the first slow answers, one at a time: {:?}",
+            seen.in_flight_at_arrival
+        );
+        assert_eq!(telemetry.events_dropped.get(), 0, "slow, not lost");
     }
 
     #[tokio::test(start_paused = true)]

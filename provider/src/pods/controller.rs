@@ -399,14 +399,14 @@ impl PodReader {
                 let uid = pod.uid().unwrap_or_default();
                 self.unseen.remove(&uid);
                 self.listed.insert(uid);
-                controller.observe_from(Arc::new(pod.clone()), Seen::Listed);
+                controller.observe_from(kept_copy(pod), Seen::Listed);
             }
             watcher::Event::InitDone => self.settle(),
             watcher::Event::Apply(pod) => {
                 if let Some(uid) = pod.uid() {
                     self.unseen.remove(&uid);
                 }
-                controller.observe(Arc::new(pod.clone()));
+                controller.observe(kept_copy(pod));
             }
             watcher::Event::Delete(pod) => controller.forget(pod),
         }
@@ -433,6 +433,15 @@ impl PodReader {
         // Not needed until the next list, which may be days away.
         self.listed = HashSet::new();
     }
+}
+
+/// The copy of a watched pod the controller keeps (whole until its group exists): without its
+/// managed fields, which nothing here reads and which are a large part of a pod (measured with
+/// heaptrack at 3,000 pods: copies of watched pods were the largest share of the peak heap).
+fn kept_copy(pod: &Pod) -> Arc<Pod> {
+    let mut copy = pod.clone();
+    copy.metadata.managed_fields = None;
+    Arc::new(copy)
 }
 
 impl PodController {
@@ -1462,5 +1471,23 @@ mod tests {
         // A write that changed nothing is answered at the version held: nothing to wait for.
         controller.remember("u-1", (*at_version(&served(&running), "13")).clone());
         assert_eq!(controller.tracked()["u-1"].origin, Origin::Watched);
+    }
+
+    #[test]
+    fn a_kept_copy_leaves_the_managed_fields_behind() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "default", "uid": "u-1",
+                "annotations": {"a": "b"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply",
+                    "apiVersion": "v1", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:metadata": {"f:annotations": {"f:a": {}}}}}]},
+            "spec": {"containers": [{"name": "app", "image": "nginx:1.27"}]},
+        }))
+        .unwrap();
+        let kept = kept_copy(&pod);
+        assert!(kept.metadata.managed_fields.is_none());
+        let mut expected = pod;
+        expected.metadata.managed_fields = None;
+        assert_eq!(*kept, expected, "everything else is kept");
     }
 }
