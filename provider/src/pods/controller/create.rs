@@ -848,18 +848,10 @@ mod tests {
                 } else {
                     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"ca.crt": "CA"}})
                 };
-                Ok::<_, std::convert::Infallible>(
-                    hyper::Response::builder()
-                        .status(200)
-                        .body(kube::client::Body::from(body.to_string().into_bytes()))
-                        .unwrap(),
-                )
+                answer(200, &body)
             }
         });
-        let controller = super::super::tests::controller_over(
-            Arc::default(),
-            kube::Client::new(service, "default"),
-        );
+        let controller = over(service);
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1"},
             "spec": {"nodeName": "vn-0", "containers": [{"name": "app", "image": "nginx:1.27",
@@ -893,6 +885,32 @@ mod tests {
         );
     }
 
+    /// The fake API server's answer: `code` with `body`.
+    fn answer(
+        code: u16,
+        body: &serde_json::Value,
+    ) -> Result<hyper::Response<kube::client::Body>, std::convert::Infallible> {
+        Ok(hyper::Response::builder()
+            .status(code)
+            .body(kube::client::Body::from(body.to_string().into_bytes()))
+            .unwrap())
+    }
+
+    /// A controller of node vn-0 over no ECI and the fake API server `service`.
+    fn over<S>(service: S) -> PodController
+    where
+        S: tower::Service<
+                hyper::Request<kube::client::Body>,
+                Response = hyper::Response<kube::client::Body>,
+                Error = std::convert::Infallible,
+            > + Send
+            + Clone
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        super::super::tests::controller_over(Arc::default(), kube::Client::new(service, "default"))
+    }
+
     /// A controller whose API server answers annotation patches: 409 to one carrying a
     /// resourceVersion when `moved_on`, else the pod's metadata at version "11". Records the
     /// patches' bodies.
@@ -922,18 +940,10 @@ mod tests {
                             "resourceVersion": "11", "annotations": patch["metadata"]["annotations"]}}),
                     )
                 };
-                Ok::<_, std::convert::Infallible>(
-                    hyper::Response::builder()
-                        .status(code)
-                        .body(kube::client::Body::from(body.to_string().into_bytes()))
-                        .unwrap(),
-                )
+                answer(code, &body)
             }
         });
-        let controller = super::super::tests::controller_over(
-            Arc::default(),
-            kube::Client::new(service, "default"),
-        );
+        let controller = over(service);
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1", "resourceVersion": "10"},
             "spec": {"nodeName": "vn-0", "containers": [{"name": "app", "image": "nginx:1.27"}]},
@@ -948,6 +958,20 @@ mod tests {
         };
         entry.keep(&Arc::new(pod));
         controller.tracked().insert("u-1".into(), entry);
+        (controller, patches)
+    }
+
+    /// Records group eci-1 on pod shop/web-0 (see [`annotating`]): the controller after it,
+    /// and the patches the API server was sent.
+    async fn annotate_once(moved_on: bool) -> (PodController, Vec<serde_json::Value>) {
+        let (controller, patches) = annotating(moved_on);
+        let key = ("shop".to_owned(), "web-0".to_owned());
+        assert!(
+            controller
+                .annotate(&key, "u-1", &WriteBack::new("eci-1", ""))
+                .await
+        );
+        let patches = patches.lock().unwrap().clone();
         (controller, patches)
     }
 
@@ -967,14 +991,7 @@ mod tests {
     /// most of the 0.60 conflicts per pod measured with ten replicas).
     #[tokio::test]
     async fn the_annotation_moves_the_kept_copy_to_its_answers_version() {
-        let (controller, patches) = annotating(false);
-        let key = ("shop".to_owned(), "web-0".to_owned());
-        assert!(
-            controller
-                .annotate(&key, "u-1", &WriteBack::new("eci-1", ""))
-                .await
-        );
-        let patches = patches.lock().unwrap().clone();
+        let (controller, patches) = annotate_once(false).await;
         assert_eq!(patches.len(), 1, "{patches:?}");
         assert_eq!(patches[0]["metadata"]["resourceVersion"], "10");
         assert_eq!(patches[0]["metadata"]["uid"], "u-1");
@@ -985,14 +1002,7 @@ mod tests {
     /// more without the version, and the copy stays (the watch brings the newer one).
     #[tokio::test]
     async fn an_annotation_the_pod_moved_on_from_is_written_without_the_version() {
-        let (controller, patches) = annotating(true);
-        let key = ("shop".to_owned(), "web-0".to_owned());
-        assert!(
-            controller
-                .annotate(&key, "u-1", &WriteBack::new("eci-1", ""))
-                .await
-        );
-        let patches = patches.lock().unwrap().clone();
+        let (controller, patches) = annotate_once(true).await;
         assert_eq!(patches.len(), 2, "{patches:?}");
         assert!(patches[1]["metadata"].get("resourceVersion").is_none());
         assert_eq!(
