@@ -31,6 +31,7 @@ use std::time::{Duration, SystemTime};
 use eci_proto::EciError;
 use eci_proto::v20180808::{ContainerGroupStatus, DescribeContainerGroupStatusRequest, Tag};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
@@ -438,10 +439,31 @@ impl PodReader {
 /// The copy of a watched pod the controller keeps (whole until its group exists): without its
 /// managed fields, which nothing here reads and which are a large part of a pod (measured with
 /// heaptrack at 3,000 pods: copies of watched pods were the largest share of the peak heap).
+/// Every field but the managed ones is listed, so they are never cloned only to be dropped
+/// (this runs for every watch event of the node's pods).
 fn kept_copy(pod: &Pod) -> Arc<Pod> {
-    let mut copy = pod.clone();
-    copy.metadata.managed_fields = None;
-    Arc::new(copy)
+    let meta = &pod.metadata;
+    Arc::new(Pod {
+        metadata: ObjectMeta {
+            annotations: meta.annotations.clone(),
+            creation_timestamp: meta.creation_timestamp.clone(),
+            deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+            deletion_timestamp: meta.deletion_timestamp.clone(),
+            finalizers: meta.finalizers.clone(),
+            generate_name: meta.generate_name.clone(),
+            generation: meta.generation,
+            labels: meta.labels.clone(),
+            managed_fields: None,
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            owner_references: meta.owner_references.clone(),
+            resource_version: meta.resource_version.clone(),
+            self_link: meta.self_link.clone(),
+            uid: meta.uid.clone(),
+        },
+        spec: pod.spec.clone(),
+        status: pod.status.clone(),
+    })
 }
 
 impl PodController {
@@ -730,8 +752,9 @@ impl PodController {
             // the group's state with what the pod shows then and writes only where they differ,
             // as a kubelet's status manager reconciles a status that is not its own.
             let delivery = match seen {
-                Seen::Watch => entry.origin.deliver(slim::version_of(&pod), false),
-                Seen::Listed => entry.origin.deliver(slim::version_of(&pod), true),
+                Seen::Watch | Seen::Listed => entry
+                    .origin
+                    .deliver(slim::version_of(&pod), matches!(seen, Seen::Listed)),
                 Seen::Redrive(_) => Delivery::Keep,
             };
             if let Some(written) = entry.written
