@@ -174,16 +174,31 @@ impl Process {
         self.child.wait().await.ok()
     }
 
-    /// The last `lines` lines of its output.
+    /// The last `lines` lines of its output. A Go crash prints its reason (`fatal error: …`,
+    /// `panic: …`) once and then hundreds of lines of goroutine stacks, so when that line is
+    /// older than the tail it is put first: the tail alone would show only stack frames.
     pub fn tail(&self, lines: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        tail_of(&text, lines)
     }
 
     /// The whole output so far.
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// The last `lines` lines of `text`, preceded by the first Go crash reason when it is older.
+fn tail_of(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    let start = all.len().saturating_sub(lines);
+    let reason = all[..start]
+        .iter()
+        .find(|line| line.starts_with("fatal error: ") || line.starts_with("panic: "));
+    let tail = all[start..].join("\n");
+    match reason {
+        Some(reason) => format!("{reason}\n…\n{tail}"),
+        None => tail,
     }
 }
 
@@ -297,5 +312,16 @@ mod tests {
         for port in ports {
             std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
         }
+    }
+
+    #[test]
+    fn a_go_crash_keeps_its_reason_above_the_stacks() {
+        let log = "started\nfatal error: concurrent map writes\n\ngoroutine 1 [running]:\nframe a\nframe b\nframe c";
+        assert_eq!(
+            tail_of(log, 2),
+            "fatal error: concurrent map writes\n…\nframe b\nframe c"
+        );
+        assert_eq!(tail_of(log, 10), log, "the reason is in the tail already");
+        assert_eq!(tail_of("a\nb\nc", 2), "b\nc", "no crash, the tail alone");
     }
 }

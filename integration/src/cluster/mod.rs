@@ -309,10 +309,7 @@ impl ControlPlane {
             plane.start_metrics_server(&options).await?;
         }
         if options.ecs_nodes > 0 {
-            plane.start_kwok()?;
-            for ordinal in 0..options.ecs_nodes {
-                register_ecs_node(&client, &format!("ecs-{ordinal}")).await?;
-            }
+            plane.start_kwok(&client, &options).await?;
         }
         plane
             .wait_ready(
@@ -539,7 +536,92 @@ impl ControlPlane {
         )
     }
 
-    fn start_kwok(&mut self) -> Result<(), ClusterError> {
+    /// Starts kwok and registers its ECS nodes, one step at a time because of a data race in
+    /// kwok v0.8.0: every CEL environment it builds (one for its metrics server at start, one
+    /// per Stage on that Stage's first object) registers Go types in a process-wide map of
+    /// `github.com/wzshiming/easycel` (v0.6.0, the latest) without a lock. Two built at once
+    /// can end kwok with `fatal error: concurrent map writes` (CI saw it: the metrics
+    /// environment against the node Stages', the nodes registered while kwok started). Each
+    /// type is written once, so after the first environment of each kind only reads remain:
+    /// the fixture waits for kwok's server (up once the metrics environment is built), lets one
+    /// node take the node Stages, and one throwaway pod the pod Stages, before anything else.
+    async fn start_kwok(
+        &mut self,
+        client: &kube::Client,
+        options: &ControlPlaneOptions,
+    ) -> Result<(), ClusterError> {
+        let port = free_port()?;
+        self.spawn_kwok(port)?;
+        let healthz = format!("http://127.0.0.1:{port}/healthz");
+        let http = reqwest::Client::new();
+        self.wait_ready("kwok (its server)", options.ready_timeout, || {
+            let request = http.get(&healthz).timeout(Duration::from_secs(2));
+            async move { request.send().await.is_ok_and(|r| r.status().is_success()) }
+        })
+        .await?;
+        for ordinal in 0..options.ecs_nodes {
+            let name = format!("ecs-{ordinal}");
+            register_ecs_node(client, &name).await?;
+            if ordinal == 0 {
+                self.wait_ready(
+                    "kwok (the first ECS node Ready)",
+                    options.ready_timeout,
+                    || node_ready(client, &name),
+                )
+                .await?;
+            }
+        }
+        self.warm_kwok_pod_stages(client, options.ready_timeout)
+            .await
+    }
+
+    /// Runs one pod on `ecs-0` to Running and deletes it: kwok matches a pod's first event
+    /// against every pod Stage in one goroutine, which builds all their CEL environments (see
+    /// [`Self::start_kwok`]). The pod is in `kube-system`, where nothing counts pods.
+    async fn warm_kwok_pod_stages(
+        &mut self,
+        client: &kube::Client,
+        timeout: Duration,
+    ) -> Result<(), ClusterError> {
+        use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "kube-system");
+        self.wait_ready("kube-system's default ServiceAccount", timeout, || {
+            let accounts = accounts.clone();
+            async move { accounts.get_opt("default").await.ok().flatten().is_some() }
+        })
+        .await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "kwok-stage-warm-up"},
+            "spec": {
+                "nodeName": "ecs-0",
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        }))
+        .map_err(kube::Error::SerdeError)?;
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => return Err(error.into()),
+        }
+        self.wait_ready("kwok (a pod on ecs-0 Running)", timeout, || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get_opt("kwok-stage-warm-up").await.ok().flatten();
+                pod.and_then(|p| p.status?.phase).as_deref() == Some("Running")
+            }
+        })
+        .await?;
+        let now = kube::api::DeleteParams::default().grace_period(0);
+        match pods.delete("kwok-stage-warm-up", &now).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn spawn_kwok(&mut self, port: u16) -> Result<(), ClusterError> {
         let stages = self.upstream.path("kwok-stages")?.to_owned();
         let kwok = self.upstream.path("kwok")?.to_owned();
         let kubeconfig = display(&self.kubeconfig);
@@ -550,7 +632,7 @@ impl ControlPlane {
                 "--manage-nodes-with-label-selector={}={}",
                 KWOK_NODE_LABEL.0, KWOK_NODE_LABEL.1
             ),
-            format!("--server-address=127.0.0.1:{}", free_port()?),
+            format!("--server-address=127.0.0.1:{port}"),
         ];
         for stage in [
             "node/fast/node-initialize.yaml",
@@ -701,6 +783,21 @@ async fn grant_kubelet_api_to_apiserver(client: &kube::Client) -> Result<(), Clu
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
         Err(error) => Err(error.into()),
     }
+}
+
+/// Whether the node's Ready condition is True (false while it is missing or unreadable).
+async fn node_ready(client: &kube::Client, name: &str) -> bool {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let Ok(Some(node)) = nodes.get_opt(name).await else {
+        return false;
+    };
+    node.status
+        .and_then(|status| status.conditions)
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
 }
 
 /// Registers a simulated ECS node for kwok: labelled like an ordinary worker, 2 CPU, 4 GiB,
