@@ -11,6 +11,10 @@
 //!   kwok nodes);
 //! - `PODS_BENCH_QUOTAS=off` (`off`, `on` or `off,on`): the daemon phases to run;
 //! - `PODS_BENCH_RATE=0`: pods created per second (0: as fast as the apiserver takes them);
+//! - `PODS_BENCH_TOKENS=off`: `on` makes every pod mount its service account's token, as users'
+//!   pods do by default (the daemon then issues a TokenRequest and reads the namespace's
+//!   `kube-root-ca.crt` per pod, as a kubelet does; kwok does neither). Off by default, so runs
+//!   stay comparable with the recorded ones;
 //! - `PODS_BENCH_OUT=path` or `-- --out path`: also write the figures as JSON.
 //!
 //! Each phase reports the time from the first create to every pod Running and from the first
@@ -277,6 +281,8 @@ struct Load {
     replicas: u32,
     /// Pods per second (0: as fast as the apiserver takes them).
     rate: f64,
+    /// The pods mount their service account's token.
+    tokens: bool,
 }
 
 /// The figures of one phase.
@@ -314,11 +320,11 @@ struct Replica {
     metrics: String,
 }
 
-fn pod_manifest(name: &str, node: &str, phase: &str) -> Pod {
+fn pod_manifest(name: &str, node: &str, phase: &str, tokens: bool) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {PHASE_LABEL: phase}},
         "spec": {
-            "nodeName": node, "automountServiceAccountToken": false,
+            "nodeName": node, "automountServiceAccountToken": tokens,
             "terminationGracePeriodSeconds": 30,
             "containers": [{"name": "app", "image": "registry.example.com/app:1",
                 // The mock's container stops at once when asked to.
@@ -326,6 +332,31 @@ fn pod_manifest(name: &str, node: &str, phase: &str) -> Pod {
         },
     }))
     .unwrap()
+}
+
+/// Waits for what a token-mounting pod needs in `namespace`, both made by
+/// kube-controller-manager: the `default` ServiceAccount (admission refuses the pod without it)
+/// and the `kube-root-ca.crt` ConfigMap (its projected volume's CA).
+async fn wait_for_token_sources(client: &kube::Client, namespace: &str) {
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut pause = Duration::from_millis(50);
+    while accounts.get_opt("default").await.unwrap().is_none()
+        || config_maps
+            .get_opt("kube-root-ca.crt")
+            .await
+            .unwrap()
+            .is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{namespace}: no default ServiceAccount or kube-root-ca.crt after 120 s"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
 }
 
 /// A kwok-run node for `pods` pods, like the fixture's ECS nodes but with that pod capacity.
@@ -454,6 +485,9 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         }
     };
     let namespace = h.create_namespace("bench").await.unwrap();
+    if load.tokens {
+        wait_for_token_sources(&client, &namespace).await;
+    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let timeline: Shared = Arc::default();
     let watch = watch_pods(pods.clone(), &phase, timeline.clone()).await;
@@ -475,7 +509,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     futures::stream::iter(names.iter().enumerate())
         .for_each_concurrent(64, |(i, name)| {
             let pods = pods.clone();
-            let pod = pod_manifest(name, &nodes[i % nodes.len()], &phase);
+            let pod = pod_manifest(name, &nodes[i % nodes.len()], &phase, load.tokens);
             let due = (load.rate > 0.0)
                 .then(|| paced_start + Duration::from_secs_f64(i as f64 / load.rate));
             let timeline = timeline.clone();
@@ -981,6 +1015,11 @@ async fn main() {
         .collect();
     let replicas: u32 = env_or("PODS_BENCH_REPLICAS", 1).max(1);
     let rate: f64 = env_or("PODS_BENCH_RATE", 0.0);
+    let tokens = match std::env::var("PODS_BENCH_TOKENS").as_deref() {
+        Ok("on") => true,
+        Ok("off") | Err(_) => false,
+        Ok(other) => panic!("PODS_BENCH_TOKENS: {other:?} is neither on nor off"),
+    };
     // cargo bench passes `--bench`; only `--out PATH` is ours.
     let args: Vec<String> = std::env::args().collect();
     let out = args
@@ -996,6 +1035,7 @@ async fn main() {
             size,
             replicas,
             rate,
+            tokens,
         };
         println!("== {size} pods over {replicas} node(s): kwok ==");
         let kwok = run_phase(Driver::Kwok, load).await;
@@ -1013,16 +1053,21 @@ async fn main() {
         } else {
             "created as fast as the apiserver takes them".to_owned()
         };
+        let mounts = if tokens {
+            "each mounting its service account's token"
+        } else {
+            "no service account token"
+        };
         println!(
-            "\n{size} pods over {replicas} node(s), {pace}; mock-eci provisioning delay \
-             {PROVISIONING_DELAY}; load average now {}",
+            "\n{size} pods over {replicas} node(s), {pace}, {mounts}; mock-eci provisioning \
+             delay {PROVISIONING_DELAY}; load average now {}",
             std::fs::read_to_string("/proc/loadavg")
                 .unwrap_or_default()
                 .trim()
         );
         println!("{}", table(load, &kwok, &ours));
         let mut entry = json!({"pods": size, "replicas": replicas, "rate": rate,
-            "kwok": to_json(&kwok, size)});
+            "tokens": tokens, "kwok": to_json(&kwok, size)});
         for (driver, figures) in &ours {
             entry[driver.label()] = to_json(figures, size);
             if *driver == (Driver::Ours { quotas: true }) {
