@@ -540,8 +540,9 @@ impl ControlPlane {
     /// kwok v0.8.0: every CEL environment it builds (one for its metrics server at start, one
     /// per Stage on that Stage's first object) registers Go types in a process-wide map of
     /// `github.com/wzshiming/easycel` (v0.6.0, the latest) without a lock. Two built at once
-    /// can end kwok with `fatal error: concurrent map writes` (CI saw it: the metrics
-    /// environment against the node Stages', the nodes registered while kwok started). Each
+    /// can end kwok with a Go `fatal error` on concurrent map access (CI saw it; a `-race`
+    /// build named the metrics environment against the node Stages', the nodes having been
+    /// registered while kwok started). Each
     /// type is written once, so after the first environment of each kind only reads remain:
     /// the fixture waits for kwok's server (up once the metrics environment is built), lets one
     /// node take the node Stages, and one throwaway pod the pod Stages, before anything else.
