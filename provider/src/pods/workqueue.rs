@@ -175,6 +175,12 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         }
     }
 
+    /// Whether `key` has a value waiting or is worked on (or held).
+    pub fn is_busy(&self, key: &K) -> bool {
+        let state = self.state();
+        state.pending.contains_key(key) || state.working.contains(key)
+    }
+
     /// Keys waiting (not counting those being worked on).
     pub fn len(&self) -> usize {
         self.state().pending.len()
@@ -216,6 +222,18 @@ mod tests {
         assert_eq!(queue.try_next(), Some(("a", 2)));
         assert_eq!(queue.try_next(), Some(("b", 1)));
         assert_eq!(queue.try_next(), None);
+    }
+
+    #[test]
+    fn a_key_is_busy_from_its_push_until_its_work_is_done() {
+        let queue = WorkQueue::default();
+        assert!(!queue.is_busy(&"a"));
+        queue.push("a", 1);
+        assert!(queue.is_busy(&"a"), "waiting");
+        let (key, _) = queue.try_next().unwrap();
+        assert!(queue.is_busy(&"a"), "worked on");
+        queue.done(&key);
+        assert!(!queue.is_busy(&"a"), "done");
     }
 
     #[test]

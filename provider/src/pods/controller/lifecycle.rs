@@ -27,14 +27,14 @@ pub(super) enum Lifecycle {
     Unanswered {
         /// The group's id.
         group: Box<str>,
-        /// Whether its id is on the pod or queued to be written there.
+        /// Whether its id is on the pod or queued to ride on its next status apply.
         annotated: bool,
     },
     /// The pod's group exists: created, adopted at start-up, or found by the poll.
     Created {
         /// The group's id.
         group: Box<str>,
-        /// Whether its id is on the pod or queued to be written there.
+        /// Whether its id is on the pod or queued to ride on its next status apply.
         annotated: bool,
     },
     /// The pod is being deleted: its deletion task deletes `group` (the group known when the
@@ -73,8 +73,6 @@ pub(super) enum Event<'a> {
     CreateFailed,
     /// The status poll lists this group with the pod's UID tag.
     Found(&'a str),
-    /// The annotation writer could not record the group's id on the pod.
-    AnnotationFailed,
     /// The namespace scope or the annotation policy refused the pod.
     Refused,
     /// The policy or a namespace's labels changed.
@@ -227,15 +225,6 @@ impl Lifecycle {
                 annotated: false,
             }),
             (state, Event::Found(_)) => stay(state),
-            (Unanswered { group, .. }, Event::AnnotationFailed) => stay(Unanswered {
-                group,
-                annotated: false,
-            }),
-            (Created { group, .. }, Event::AnnotationFailed) => stay(Created {
-                group,
-                annotated: false,
-            }),
-            (state, Event::AnnotationFailed) => stay(state),
             (Idle | Held | Creating | GivenUp, Event::Refused) => stay(Held),
             // A group an earlier attempt made runs on; no create for it is under way.
             (Unanswered { group, annotated }, Event::Refused) => stay(Created { group, annotated }),
@@ -313,7 +302,6 @@ impl Event<'_> {
             Self::Created(_) => "created",
             Self::CreateFailed => "create failed",
             Self::Found(_) => "found",
-            Self::AnnotationFailed => "annotation failed",
             Self::Refused => "refused",
             Self::PolicyChanged => "policy changed",
             Self::Vanished => "vanished",

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::carried;
 use super::lifecycle::{self, Lifecycle};
 use super::{
     FIELD_MANAGER, PodController, REFRESH_WRITERS, STATUS_WRITERS, hash_of, pod_key, slim, tag,
@@ -39,8 +40,9 @@ impl PodController {
     /// Writes what `compute` makes of `pod` as the pod's status, with server-side apply under
     /// our field manager on the `status` subresource: only the fields and conditions we own
     /// change (see [`from_eci::owned`]), so conditions others own survive, and whatever we
-    /// wrote before and leave out now is removed. The apply carries `pod`'s resourceVersion:
-    /// on a conflict the pod is read again and the status computed again from it (a readiness
+    /// wrote before and leave out now is removed. The apply also carries our annotations of
+    /// the pod (see [`carried`](super::carried)). It carries `pod`'s resourceVersion: on a
+    /// conflict the pod is read again and the status computed again from it (a readiness
     /// gate may have changed meanwhile), up to three times.
     pub(super) async fn write_status(
         &self,
@@ -63,7 +65,7 @@ impl PodController {
             let Some(status) = compute(basis) else {
                 return Written::Unneeded;
             };
-            let body = json!({
+            let mut body = json!({
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {
@@ -73,9 +75,18 @@ impl PodController {
                 },
                 "status": &status,
             });
+            let carried = self.carried_values(&uid);
+            if let Some(values) = &carried {
+                body["metadata"]["annotations"] = carried::as_json(values);
+            }
             self.inner.telemetry.kube_request("pod_status_patch");
             match api.patch_status(&name, &params, &Patch::Apply(body)).await {
                 Ok(updated) => {
+                    if let Some(t) = self.tracked().get_mut(&uid)
+                        && let Some(values) = &carried
+                    {
+                        t.carried.stored(values);
+                    }
                     self.remember(&uid, updated);
                     return Written::Stored(from_eci::fingerprint(&status));
                 }
@@ -83,6 +94,7 @@ impl PodController {
                     self.inner.telemetry.kube_request("pod_get");
                     match api.get(&name).await {
                         Ok(again) if again.uid().as_deref() == Some(uid.as_str()) => {
+                            debug!(pod = %pod_key(pod), sent = ?basis.resource_version(), found = ?again.resource_version(), last_writer = ?last_writer(&again), "a status apply met a conflict; applying again to the pod as read");
                             self.remember(&uid, again.clone());
                             fresh = Some(again);
                         }
@@ -151,6 +163,27 @@ impl PodController {
         self.event(pod, EventType::Warning, reason, message).await;
     }
 
+    /// The annotations of ours the pod's next status apply carries.
+    fn carried_values(&self, uid: &str) -> Option<carried::Values> {
+        self.tracked().get(uid)?.carried.values().cloned()
+    }
+
+    /// A status poll went by: pods whose annotations waited [`carried::FLUSH_AFTER_POLLS`]
+    /// polls for a status write get one of their own — unless a status write of the pod is
+    /// queued or under way already (it carries them: a burst's queue can be seconds long).
+    pub(super) fn flush_carried(&self) {
+        let due: Vec<String> = self
+            .tracked()
+            .iter_mut()
+            .filter_map(|(uid, t)| t.carried.poll_passed().then(|| uid.clone()))
+            .collect();
+        for uid in due {
+            if !self.inner.statuses.is_busy(&uid) {
+                self.inner.refreshes.push(uid, ());
+            }
+        }
+    }
+
     /// Keeps the copy of a pod the API just returned: its resourceVersion is what the next
     /// write carries (resourceVersions are opaque, so the latest answer wins, not a comparison).
     pub(super) fn remember(&self, uid: &str, pod: Pod) {
@@ -213,6 +246,7 @@ impl PodController {
                 continue;
             }
             seen_until = started;
+            self.flush_carried();
             if full {
                 last_full = started;
                 self.detect_vanished(&present).await;
@@ -262,7 +296,8 @@ impl PodController {
 
     /// Refresh writers: pods whose readiness gates or generation changed while their group
     /// did not (see [`from_eci::refresh`]) get their status written again, so a gate turning
-    /// True turns Ready without waiting for ECI to change.
+    /// True turns Ready without waiting for ECI to change; so do pods whose new annotations
+    /// waited for a status write too long (the status as it shows, with them).
     pub(super) async fn refresh_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
         let this = self.clone();
         self.inner
@@ -275,24 +310,26 @@ impl PodController {
         Ok(())
     }
 
-    async fn refresh_status(&self, uid: &str) {
+    pub(super) async fn refresh_status(&self, uid: &str) {
         // Not beside a status write of the pod: one of the two would meet a conflict.
         let _held = self.inner.statuses.hold(uid.to_owned()).await;
-        let (kept, epoch) = {
+        let (kept, epoch, pending) = {
             let tracked = self.tracked();
             match tracked.get(uid) {
-                Some(t) if t.lifecycle.live_group().is_some() => (t.pod.clone(), t.status_epoch),
-                _ => (None, 0),
+                Some(t) if t.lifecycle.live_group().is_some() => {
+                    (t.pod.clone(), t.status_epoch, t.carried.is_pending())
+                }
+                _ => (None, 0, false),
             }
         };
         let Some(pod) = kept.and_then(|kept| kept.pod()) else {
             return;
         };
         let now = SystemTime::now();
-        if let Written::Stored(written) = self
-            .write_status(&pod, |current| from_eci::refresh(current, now))
-            .await
-        {
+        let compute = |current: &Pod| {
+            from_eci::refresh(current, now).or_else(|| pending.then(|| shown_status(current)))
+        };
+        if let Written::Stored(written) = self.write_status(&pod, compute).await {
             debug!(pod = %pod_key(&pod), "status written again for the pod's readiness gates or generation");
             if let Some(entry) = self.tracked().get_mut(uid) {
                 entry.record_status(epoch, written, None);
@@ -442,6 +479,28 @@ impl PodController {
             }
         }
     }
+}
+
+/// Who wrote the pod last, as its managed fields say (for the log of a conflict).
+fn last_writer(pod: &Pod) -> Option<String> {
+    let entries = pod.metadata.managed_fields.as_ref()?;
+    let last = entries.iter().max_by_key(|entry| entry.time.clone())?;
+    Some(format!(
+        "{} {} {}",
+        last.manager.as_deref().unwrap_or_default(),
+        last.operation.as_deref().unwrap_or_default(),
+        last.subresource.as_deref().unwrap_or_default(),
+    ))
+}
+
+/// The status fields and conditions of ours the pod shows (for a write that changes none).
+fn shown_status(pod: &Pod) -> Value {
+    let status = pod
+        .status
+        .as_ref()
+        .and_then(|status| serde_json::to_value(status).ok())
+        .unwrap_or_default();
+    from_eci::owned(&status)
 }
 
 /// Identifies an ECI event among a group's events (ECI repeats them with a growing count).

@@ -52,7 +52,7 @@ const PLAIN: Observed<'static> = Observed {
 };
 
 /// Every event (the pod shown in each way that makes a difference).
-fn events() -> [(&'static str, Event<'static>); 17] {
+fn events() -> [(&'static str, Event<'static>); 16] {
     [
         ("adopted", Event::Adopted(NEW)),
         ("observed", Event::Observed(PLAIN)),
@@ -94,7 +94,6 @@ fn events() -> [(&'static str, Event<'static>); 17] {
         ("created", Event::Created(NEW)),
         ("create failed", Event::CreateFailed),
         ("found", Event::Found(NEW)),
-        ("annotation failed", Event::AnnotationFailed),
         ("refused", Event::Refused),
         ("policy changed", Event::PolicyChanged),
         ("vanished", Event::Vanished),
@@ -197,10 +196,6 @@ fn expected(event: &str, state: &Lifecycle) -> Outcome {
         ("found", Creating | GivenUp) => to(unanswered(NEW, false), nothing),
         ("found", _) => same(state),
 
-        ("annotation failed", Unanswered { .. }) => to(unanswered(OURS, false), nothing),
-        ("annotation failed", Created { .. }) => to(created(OURS, false), nothing),
-        ("annotation failed", _) => same(state),
-
         ("refused", Idle | Held | Creating | GivenUp) => to(Held, nothing),
         ("refused", Unanswered { .. }) => to(created(OURS, true), nothing),
         ("refused", _) => same(state),
@@ -238,7 +233,7 @@ fn every_state_meets_every_event_as_specified() {
 }
 
 #[test]
-fn an_annotation_is_written_once_until_it_fails_or_is_written_over() {
+fn an_annotation_is_written_once_until_it_is_written_over() {
     let seen = |annotation| {
         Event::Observed(Observed {
             annotation,
@@ -252,10 +247,6 @@ fn an_annotation_is_written_once_until_it_fails_or_is_written_over() {
     assert_eq!(step.effect, Effect::Annotate(OURS.into()));
     let step = step.next.on(seen(None)).unwrap();
     assert_eq!(step.effect, Effect::Nothing);
-    // The write failed: the next event writes again.
-    let step = step.next.on(Event::AnnotationFailed).unwrap();
-    let step = step.next.on(seen(None)).unwrap();
-    assert_eq!(step.effect, Effect::Annotate(OURS.into()));
     let step = step.next.on(seen(Some(OURS))).unwrap();
     assert_eq!(
         (step.next.clone(), step.effect),
