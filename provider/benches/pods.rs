@@ -66,6 +66,12 @@ struct ApiserverCounts {
     /// Seconds and count of pod writes (POST, PUT, PATCH, DELETE on pods and their subresources).
     pod_write_seconds: f64,
     pod_writes: f64,
+    /// Seconds and count of pod creates (the benchmark's own: what the create rate waits on).
+    pod_create_seconds: f64,
+    pod_creates: f64,
+    /// Seconds and count of calls to mutating admission webhooks (the daemon's, in its phase).
+    webhook_seconds: f64,
+    webhook_calls: f64,
 }
 
 impl ApiserverCounts {
@@ -79,6 +85,20 @@ impl ApiserverCounts {
             .then(String::new)
         };
         let total = |name: &str| grouped(text, name, pod_write).values().sum::<f64>();
+        let pod_create = |l: &BTreeMap<String, String>| {
+            (l.get("resource").map(String::as_str) == Some("pods")
+                && l.get("subresource").is_none_or(String::is_empty)
+                && l.get("verb").map(String::as_str) == Some("POST"))
+            .then(String::new)
+        };
+        let creates = |name: &str| grouped(text, name, pod_create).values().sum::<f64>();
+        let webhook = |name: &str| {
+            grouped(text, name, |l| {
+                (l.get("type").map(String::as_str) == Some("admit")).then(String::new)
+            })
+            .values()
+            .sum::<f64>()
+        };
         Self {
             requests: measure::apiserver_requests(text),
             throttled: grouped(text, "apiserver_request_total", |l| {
@@ -93,6 +113,10 @@ impl ApiserverCounts {
             }),
             pod_write_seconds: total("apiserver_request_duration_seconds_sum"),
             pod_writes: total("apiserver_request_duration_seconds_count"),
+            pod_create_seconds: creates("apiserver_request_duration_seconds_sum"),
+            pod_creates: creates("apiserver_request_duration_seconds_count"),
+            webhook_seconds: webhook("apiserver_admission_webhook_admission_duration_seconds_sum"),
+            webhook_calls: webhook("apiserver_admission_webhook_admission_duration_seconds_count"),
         }
     }
 
@@ -103,6 +127,10 @@ impl ApiserverCounts {
             conflicts: diff(&self.conflicts, &before.conflicts),
             pod_write_seconds: self.pod_write_seconds - before.pod_write_seconds,
             pod_writes: self.pod_writes - before.pod_writes,
+            pod_create_seconds: self.pod_create_seconds - before.pod_create_seconds,
+            pod_creates: self.pod_creates - before.pod_creates,
+            webhook_seconds: self.webhook_seconds - before.webhook_seconds,
+            webhook_calls: self.webhook_calls - before.webhook_calls,
         }
     }
 }
@@ -825,6 +853,24 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         "",
         1,
     ));
+    let create_ms =
+        |f: &Figures| 1000.0 * f.apiserver.pod_create_seconds / f.apiserver.pod_creates.max(1.0);
+    rows.push(row(
+        "  of which pod creates, mean (ms)",
+        create_ms(kwok),
+        &pick(&create_ms),
+        "",
+        1,
+    ));
+    let webhook_ms =
+        |f: &Figures| 1000.0 * f.apiserver.webhook_seconds / f.apiserver.webhook_calls.max(1.0);
+    rows.push(row(
+        "  their call to the admission webhook, mean (ms)",
+        webhook_ms(kwok),
+        &pick(&webhook_ms),
+        "",
+        1,
+    ));
     for what in ["inflight mutating", "inflight readOnly", "queued"] {
         let peak = |f: &Figures| f.apiserver_peaks.get(what).copied().unwrap_or(0.0);
         rows.push(row(
@@ -977,6 +1023,8 @@ fn to_json(f: &Figures, size: usize) -> Value {
         "daemon_requests_per_pod": per_pod(&f.daemon_requests),
         "apiserver_peaks": f.apiserver_peaks,
         "apiserver_pod_write_mean_s": f.apiserver.pod_write_seconds / f.apiserver.pod_writes.max(1.0),
+        "apiserver_pod_create_mean_s": f.apiserver.pod_create_seconds / f.apiserver.pod_creates.max(1.0),
+        "apiserver_webhook_mean_s": f.apiserver.webhook_seconds / f.apiserver.webhook_calls.max(1.0),
         "eci_calls_per_pod": per_pod(&f.eci_calls),
         "eci_throttled": f.eci_throttled,
         "status_writes_per_pod": f.status_writes.map(|w| w / n),
