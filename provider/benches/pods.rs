@@ -135,6 +135,9 @@ impl ApiserverCounts {
     }
 }
 
+/// Picks a latency's seconds and count out of the apiserver's figures.
+type SumAndCount = fn(&ApiserverCounts) -> (f64, f64);
+
 async fn apiserver_counts(client: &kube::Client) -> ApiserverCounts {
     let text = measure::apiserver_metrics(client)
         .await
@@ -844,33 +847,24 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
             3,
         ));
     }
-    let mean_ms =
-        |f: &Figures| 1000.0 * f.apiserver.pod_write_seconds / f.apiserver.pod_writes.max(1.0);
-    rows.push(row(
-        "apiserver pod-write latency, mean (ms)",
-        mean_ms(kwok),
-        &pick(&mean_ms),
-        "",
-        1,
-    ));
-    let create_ms =
-        |f: &Figures| 1000.0 * f.apiserver.pod_create_seconds / f.apiserver.pod_creates.max(1.0);
-    rows.push(row(
-        "  of which pod creates, mean (ms)",
-        create_ms(kwok),
-        &pick(&create_ms),
-        "",
-        1,
-    ));
-    let webhook_ms =
-        |f: &Figures| 1000.0 * f.apiserver.webhook_seconds / f.apiserver.webhook_calls.max(1.0);
-    rows.push(row(
-        "  their call to the admission webhook, mean (ms)",
-        webhook_ms(kwok),
-        &pick(&webhook_ms),
-        "",
-        1,
-    ));
+    let means: [(&str, SumAndCount); 3] = [
+        ("apiserver pod-write latency, mean (ms)", |a| {
+            (a.pod_write_seconds, a.pod_writes)
+        }),
+        ("  of which pod creates, mean (ms)", |a| {
+            (a.pod_create_seconds, a.pod_creates)
+        }),
+        ("  their call to the admission webhook, mean (ms)", |a| {
+            (a.webhook_seconds, a.webhook_calls)
+        }),
+    ];
+    for (name, sum_and_count) in means {
+        let mean_ms = |f: &Figures| {
+            let (seconds, count) = sum_and_count(&f.apiserver);
+            1000.0 * seconds / count.max(1.0)
+        };
+        rows.push(row(name, mean_ms(kwok), &pick(&mean_ms), "", 1));
+    }
     for what in ["inflight mutating", "inflight readOnly", "queued"] {
         let peak = |f: &Figures| f.apiserver_peaks.get(what).copied().unwrap_or(0.0);
         rows.push(row(
