@@ -69,9 +69,6 @@ struct ApiserverCounts {
     /// Seconds and count of pod creates (the benchmark's own: what the create rate waits on).
     pod_create_seconds: f64,
     pod_creates: f64,
-    /// Seconds and count of calls to mutating admission webhooks (the daemon's, in its phase).
-    webhook_seconds: f64,
-    webhook_calls: f64,
 }
 
 impl ApiserverCounts {
@@ -92,13 +89,6 @@ impl ApiserverCounts {
             .then(String::new)
         };
         let creates = |name: &str| grouped(text, name, pod_create).values().sum::<f64>();
-        let webhook = |name: &str| {
-            grouped(text, name, |l| {
-                (l.get("type").map(String::as_str) == Some("admit")).then(String::new)
-            })
-            .values()
-            .sum::<f64>()
-        };
         Self {
             requests: measure::apiserver_requests(text),
             throttled: grouped(text, "apiserver_request_total", |l| {
@@ -115,8 +105,6 @@ impl ApiserverCounts {
             pod_writes: total("apiserver_request_duration_seconds_count"),
             pod_create_seconds: creates("apiserver_request_duration_seconds_sum"),
             pod_creates: creates("apiserver_request_duration_seconds_count"),
-            webhook_seconds: webhook("apiserver_admission_webhook_admission_duration_seconds_sum"),
-            webhook_calls: webhook("apiserver_admission_webhook_admission_duration_seconds_count"),
         }
     }
 
@@ -129,8 +117,6 @@ impl ApiserverCounts {
             pod_writes: self.pod_writes - before.pod_writes,
             pod_create_seconds: self.pod_create_seconds - before.pod_create_seconds,
             pod_creates: self.pod_creates - before.pod_creates,
-            webhook_seconds: self.webhook_seconds - before.webhook_seconds,
-            webhook_calls: self.webhook_calls - before.webhook_calls,
         }
     }
 }
@@ -847,15 +833,12 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
             3,
         ));
     }
-    let means: [(&str, SumAndCount); 3] = [
+    let means: [(&str, SumAndCount); 2] = [
         ("apiserver pod-write latency, mean (ms)", |a| {
             (a.pod_write_seconds, a.pod_writes)
         }),
         ("  of which pod creates, mean (ms)", |a| {
             (a.pod_create_seconds, a.pod_creates)
-        }),
-        ("  their call to the admission webhook, mean (ms)", |a| {
-            (a.webhook_seconds, a.webhook_calls)
         }),
     ];
     for (name, sum_and_count) in means {
@@ -1018,7 +1001,6 @@ fn to_json(f: &Figures, size: usize) -> Value {
         "apiserver_peaks": f.apiserver_peaks,
         "apiserver_pod_write_mean_s": f.apiserver.pod_write_seconds / f.apiserver.pod_writes.max(1.0),
         "apiserver_pod_create_mean_s": f.apiserver.pod_create_seconds / f.apiserver.pod_creates.max(1.0),
-        "apiserver_webhook_mean_s": f.apiserver.webhook_seconds / f.apiserver.webhook_calls.max(1.0),
         "eci_calls_per_pod": per_pod(&f.eci_calls),
         "eci_throttled": f.eci_throttled,
         "status_writes_per_pod": f.status_writes.map(|w| w / n),
