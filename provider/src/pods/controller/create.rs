@@ -925,6 +925,58 @@ mod tests {
         ));
     }
 
+    /// The annotations carry no uid of their own: the apply carries the kept copy's
+    /// resourceVersion, so a pod deleted and recreated under the name answers 409, and the
+    /// read after it finds another uid — nothing is written on the other pod (the merge patch
+    /// this replaced carried the uid as a precondition for the same reason).
+    #[tokio::test]
+    async fn a_pod_recreated_under_the_name_never_gets_the_groups_id() {
+        let requests: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let seen = Arc::clone(&requests);
+        let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let method = request.method().to_string();
+                seen.lock().unwrap().push(method.clone());
+                if method == "PATCH" {
+                    answer(
+                        409,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
+                    )
+                } else {
+                    answer(
+                        200,
+                        &json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-2", "resourceVersion": "20"},
+                        "spec": {"containers": [{"name": "app", "image": "nginx:1.27"}]}}),
+                    )
+                }
+            }
+        });
+        let (annotated, _) = annotating();
+        let controller = over(service);
+        let entry = annotated.tracked().remove("u-1").unwrap();
+        controller.tracked().insert("u-1".into(), entry);
+        let key = ("shop".to_owned(), "web-0".to_owned());
+        controller
+            .annotate(&key, "u-1", &WriteBack::new("eci-1", ""))
+            .await;
+        let written = controller
+            .write_status(&kept(&controller), |_| Some(json!({"phase": "Running"})))
+            .await;
+        assert_eq!(written, super::super::status_sync::Written::Failed);
+        assert_eq!(
+            *requests.lock().unwrap(),
+            ["PATCH", "GET"],
+            "one apply, one read"
+        );
+        assert!(
+            controller.tracked()["u-1"].carried.is_pending(),
+            "still ours to write"
+        );
+    }
+
     /// A group that changes nothing after its create (no status write comes): its id gets a
     /// write of its own after a few status polls, the pod's status re-stated as it shows.
     #[tokio::test]
