@@ -880,6 +880,14 @@ mod tests {
         (controller, bodies)
     }
 
+    /// Queues group eci-1's id (and `request_id`) for pod shop/web-0 (uid u-1).
+    async fn queue_group_id(controller: &PodController, request_id: &str) {
+        let key = ("shop".to_owned(), "web-0".to_owned());
+        controller
+            .annotate(&key, "u-1", &WriteBack::new("eci-1", request_id))
+            .await;
+    }
+
     fn kept(controller: &PodController) -> Arc<Pod> {
         controller.tracked()["u-1"]
             .pod
@@ -896,10 +904,7 @@ mod tests {
     #[tokio::test]
     async fn the_group_id_rides_on_the_next_status_apply_and_every_one_after() {
         let (controller, bodies) = annotating();
-        let key = ("shop".to_owned(), "web-0".to_owned());
-        controller
-            .annotate(&key, "u-1", &WriteBack::new("eci-1", "req-1"))
-            .await;
+        queue_group_id(&controller, "req-1").await;
         assert!(bodies.lock().unwrap().is_empty(), "no write of its own");
         let running = |_: &Pod| Some(json!({"phase": "Running"}));
         for _ in 0..2 {
@@ -958,10 +963,7 @@ mod tests {
         let controller = over(service);
         let entry = annotated.tracked().remove("u-1").unwrap();
         controller.tracked().insert("u-1".into(), entry);
-        let key = ("shop".to_owned(), "web-0".to_owned());
-        controller
-            .annotate(&key, "u-1", &WriteBack::new("eci-1", ""))
-            .await;
+        queue_group_id(&controller, "").await;
         let written = controller
             .write_status(&kept(&controller), |_| Some(json!({"phase": "Running"})))
             .await;
@@ -982,10 +984,7 @@ mod tests {
     #[tokio::test]
     async fn an_id_no_status_write_took_is_written_after_a_few_polls() {
         let (controller, bodies) = annotating();
-        let key = ("shop".to_owned(), "web-0".to_owned());
-        controller
-            .annotate(&key, "u-1", &WriteBack::new("eci-1", ""))
-            .await;
+        queue_group_id(&controller, "").await;
         let polls = |n: u8| (0..n).for_each(|_| controller.flush_carried());
         let every = super::super::carried::FLUSH_AFTER_POLLS;
         // A status write queued for the pod carries them: no write of their own.

@@ -330,7 +330,7 @@ impl PodController {
             from_eci::refresh(current, now).or_else(|| pending.then(|| shown_status(current)))
         };
         if let Written::Stored(written) = self.write_status(&pod, compute).await {
-            debug!(pod = %pod_key(&pod), "status written again for the pod's readiness gates or generation");
+            debug!(pod = %pod_key(&pod), "status written again for the pod's readiness gates, generation or our waiting annotations");
             if let Some(entry) = self.tracked().get_mut(uid) {
                 entry.record_status(epoch, written, None);
             }
