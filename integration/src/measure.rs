@@ -99,6 +99,45 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// The processes under `root` (its children, theirs, …) whose command name is `name`, as
+/// `/proc/<pid>/comm` gives it (at most 15 bytes: "kube-controller" for
+/// kube-controller-manager). Processes started by another process tree are left out, so a
+/// benchmark counts only its own control plane.
+pub fn descendants_named(root: u32, name: &str) -> Vec<u32> {
+    let parents: BTreeMap<u32, u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, parent_of(pid)?)))
+        .collect();
+    let under_root = |mut pid: u32| {
+        while let Some(&parent) = parents.get(&pid) {
+            if parent == root {
+                return true;
+            }
+            pid = parent;
+        }
+        false
+    };
+    parents
+        .keys()
+        .copied()
+        .filter(|&pid| under_root(pid))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim_end() == name)
+        })
+        .collect()
+}
+
+/// The parent's pid, the 2nd field after the command name of `/proc/<pid>/stat`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// A `/proc/<pid>/status` figure in KiB (`field` with its colon, e.g. `VmHWM:`); 0 when the
 /// process is gone.
 pub fn proc_status_kib(pid: u32, field: &str) -> f64 {
@@ -141,6 +180,24 @@ other_total 7
         assert_eq!(requests.get("PUT leases"), Some(&1.0));
         assert_eq!(requests.len(), 3);
         assert_eq!(series(TEXT, "other_total"), [(Labels::new(), 7.0)]);
+    }
+
+    #[test]
+    fn only_this_process_tree_is_searched_by_name() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let ours = descendants_named(std::process::id(), "sleep");
+        let from_init = descendants_named(u32::MAX, "sleep");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(ours, [child.id()]);
+        assert!(
+            from_init.is_empty(),
+            "no process descends from {}",
+            u32::MAX
+        );
     }
 
     #[test]

@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use integration::harness::Harness;
-use integration::measure::{self, cpu_seconds, diff, grouped, proc_status_kib, quantile};
+use integration::measure::{
+    self, cpu_seconds, descendants_named, diff, grouped, proc_status_kib, quantile,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
@@ -329,6 +331,34 @@ struct Figures {
     peak_rss_mib: Option<f64>,
     /// CPU seconds this benchmark process (creates, deletes, the pod watch) used in the phase.
     bench_cpu: f64,
+    /// CPU seconds each other process on the machine used from the first create to all
+    /// Running, by command name ([`COMPONENTS`]): on these two cores they share with the
+    /// apiserver, so this shows where the cores went.
+    components_to_running: BTreeMap<String, f64>,
+}
+
+/// The processes besides the daemons and this benchmark that work during a phase, by command
+/// name as `/proc/<pid>/comm` gives it (kube-controller-manager's is cut at 15 bytes). kwok runs
+/// in both phases (it watches every pod, including ours); mock-eci only in ours, where it
+/// stands in for a service that runs elsewhere in production.
+const COMPONENTS: [&str; 6] = [
+    "kube-apiserver",
+    "etcd",
+    "kube-controller",
+    "kube-scheduler",
+    "kwok",
+    "mock-eci",
+];
+
+/// CPU seconds used so far by this benchmark's processes of each [`COMPONENTS`] name.
+fn components_cpu() -> BTreeMap<String, f64> {
+    COMPONENTS
+        .iter()
+        .map(|name| {
+            let pids = descendants_named(std::process::id(), name);
+            ((*name).to_owned(), pids.into_iter().map(cpu_seconds).sum())
+        })
+        .collect()
 }
 
 /// A daemon replica of a phase: its process name and metrics URL.
@@ -518,6 +548,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     let peaks: Arc<Mutex<BTreeMap<String, f64>>> = Arc::default();
     let sampler = sample_apiserver_load(client.clone(), Arc::clone(&peaks));
     let bench_cpu = cpu_seconds(std::process::id());
+    let components_before = components_cpu();
     let size = load.size;
     let names: Vec<String> = (0..size).map(|i| format!("bench-{i:05}")).collect();
 
@@ -562,6 +593,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         .map(|r| h.process(&r.process).unwrap().pid().unwrap())
         .collect();
     let cpu_to_running: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
+    let components_to_running = diff(&components_cpu(), &components_before);
     // Resident now, against the peak read at the end: a peak far above it is a burst's
     // transient memory (queues, answers in flight, the allocator's arenas), not what is kept.
     let rss_at_running = pids
@@ -611,6 +643,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         apiserver: after.since(&before),
         apiserver_peaks: peaks.lock().unwrap().clone(),
         bench_cpu: cpu_seconds(std::process::id()) - bench_cpu,
+        components_to_running,
         ..Figures::default()
     };
     if !replicas.is_empty() {
@@ -967,6 +1000,29 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         "",
         1,
     ));
+    for name in COMPONENTS {
+        let used = |f: &Figures| f.components_to_running.get(name).copied().unwrap_or(0.0);
+        rows.push(row(
+            &format!("{name} CPU to all Running (s)"),
+            used(kwok),
+            &pick(&used),
+            "",
+            1,
+        ));
+    }
+    // Everything measured, over the time to all Running: how many of the machine's cores were
+    // busy (the daemons' share is counted from process start, a little more than the phase's).
+    let cores = |f: &Figures| {
+        let used = f.components_to_running.values().sum::<f64>() + f.cpu_to_running.unwrap_or(0.0);
+        used / f.all_running
+    };
+    rows.push(row(
+        "cores busy to all Running (the above and the daemons)",
+        cores(kwok),
+        &pick(&cores),
+        "",
+        2,
+    ));
     let mut out = format!("| {} |\n", header.join(" | "));
     out.push_str(&format!("|{}\n", " --- |".repeat(header.len())));
     for cells in rows {
@@ -1010,6 +1066,7 @@ fn to_json(f: &Figures, size: usize) -> Value {
         "daemon_cpu_total_s": f.cpu_total,
         "daemon_peak_rss_mib": f.peak_rss_mib,
         "bench_process_cpu_s": f.bench_cpu,
+        "cpu_to_running_s_by_process": f.components_to_running,
     })
 }
 
