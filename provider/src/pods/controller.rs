@@ -1258,7 +1258,6 @@ mod tests {
             ("default", "web-0", 1)
         );
         let deletion = controller
-            .clone()
             .delete(doomed, "u-1".into(), Some("eci-1".into()))
             .instrument(info_span!("reconcile"));
         let bytes = std::mem::size_of_val(&deletion);

@@ -58,6 +58,7 @@ impl GroupDeletion {
 /// there). Holding the watched pod, the calls' futures unboxed and the pod-delete answer across
 /// its retry's wait, it was 2,968 bytes plus the pod's copy: 10,000 pods deleted at once held
 /// 53 MB of the daemon's 167 MB peak that way (heaptrack, glibc build, 2026-11-27).
+#[cfg(test)]
 pub(super) const DELETION_BYTES: usize = 768;
 
 /// What a pod's deletion needs of the pod.
