@@ -164,6 +164,46 @@ fn sample_apiserver_load(
     })
 }
 
+/// The daemons' largest resident set, sampled every half second from `started` on, as
+/// (seconds since `started`, MiB): shows which part of the phase its peak belongs to.
+fn sample_daemon_rss(
+    pids: Vec<u32>,
+    started: Instant,
+    samples: Arc<Mutex<Vec<(f64, f64)>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let mib = pids
+                .iter()
+                .map(|p| proc_status_kib(*p, "VmRSS:") / 1024.0)
+                .fold(0.0, f64::max);
+            samples
+                .lock()
+                .unwrap()
+                .push((started.elapsed().as_secs_f64(), mib));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+}
+
+/// The part of a phase its largest sample fell in: creating (until the last create
+/// returned), starting (until all Running), deleting (after the first delete).
+fn peak_stage(samples: &[(f64, f64)], created: f64, running: f64, deleting: f64) -> Value {
+    let Some(&(at, mib)) = samples.iter().max_by(|a, b| a.1.total_cmp(&b.1)) else {
+        return Value::Null;
+    };
+    let stage = if at <= created {
+        "creating"
+    } else if at <= running {
+        "starting"
+    } else if at < deleting {
+        "all Running"
+    } else {
+        "deleting"
+    };
+    json!({"at_s": at, "mib": mib, "stage": stage})
+}
+
 async fn fetch(url: &str) -> String {
     reqwest::get(url)
         .await
@@ -335,6 +375,8 @@ struct Figures {
     /// Running, by command name ([`COMPONENTS`]): on these two cores they share with the
     /// apiserver, so this shows where the cores went.
     components_to_running: BTreeMap<String, f64>,
+    /// When the daemons' sampled resident set was largest: [`peak_stage`].
+    rss_peak: Value,
 }
 
 /// The processes besides the daemons and this benchmark that work during a phase, by command
@@ -551,8 +593,14 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     let components_before = components_cpu();
     let size = load.size;
     let names: Vec<String> = (0..size).map(|i| format!("bench-{i:05}")).collect();
+    let pids: Vec<u32> = replicas
+        .iter()
+        .map(|r| h.process(&r.process).unwrap().pid().unwrap())
+        .collect();
 
     let started = Instant::now();
+    let rss_samples: Arc<Mutex<Vec<(f64, f64)>>> = Arc::default();
+    let rss_sampler = sample_daemon_rss(pids.clone(), started, Arc::clone(&rss_samples));
     let paced_start = tokio::time::Instant::now();
     futures::stream::iter(names.iter().enumerate())
         .for_each_concurrent(64, |(i, name)| {
@@ -588,10 +636,6 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         latencies.sort_by(f64::total_cmp);
         (last.duration_since(started), latencies)
     };
-    let pids: Vec<u32> = replicas
-        .iter()
-        .map(|r| h.process(&r.process).unwrap().pid().unwrap())
-        .collect();
     let cpu_to_running: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
     let components_to_running = diff(&components_cpu(), &components_before);
     // Resident now, against the peak read at the end: a peak far above it is a burst's
@@ -602,6 +646,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         .fold(0.0, f64::max);
 
     let deleting = Instant::now();
+    let deleting_from = deleting.duration_since(started).as_secs_f64();
     futures::stream::iter(names.iter())
         .for_each_concurrent(64, |name| {
             let pods = pods.clone();
@@ -622,6 +667,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     };
     let after = apiserver_counts(&client).await;
     sampler.abort();
+    rss_sampler.abort();
     watch.abort();
     let left = pods
         .list_metadata(&ListParams::default().labels(&format!("{PHASE_LABEL}={phase}")))
@@ -644,6 +690,16 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         apiserver_peaks: peaks.lock().unwrap().clone(),
         bench_cpu: cpu_seconds(std::process::id()) - bench_cpu,
         components_to_running,
+        rss_peak: if pids.is_empty() {
+            Value::Null
+        } else {
+            peak_stage(
+                &rss_samples.lock().unwrap(),
+                created_in.as_secs_f64(),
+                all_running.as_secs_f64(),
+                deleting_from,
+            )
+        },
         ..Figures::default()
     };
     if !replicas.is_empty() {
@@ -993,6 +1049,12 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         "",
         1,
     ));
+    rows.push(opt_row(
+        "  sampled peak, s after the first create (stage in the JSON)",
+        &opt(&|f: &Figures| f.rss_peak["at_s"].as_f64()),
+        "",
+        1,
+    ));
     rows.push(row(
         "benchmark process CPU (s)",
         kwok.bench_cpu,
@@ -1067,6 +1129,7 @@ fn to_json(f: &Figures, size: usize) -> Value {
         "daemon_peak_rss_mib": f.peak_rss_mib,
         "bench_process_cpu_s": f.bench_cpu,
         "cpu_to_running_s_by_process": f.components_to_running,
+        "daemon_rss_sampled_peak": f.rss_peak,
     })
 }
 
