@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use integration::harness::Harness;
+use integration::harness::{FixtureOptions, Harness};
 use integration::measure::{
     self, cpu_seconds, descendants_named, diff, grouped, proc_status_kib, quantile,
 };
@@ -550,7 +550,13 @@ async fn start_ours(h: &mut Harness, load: Load, quotas: bool) -> Vec<Replica> {
 
 /// Runs one phase on a harness of its own (the binary's shared control plane).
 async fn run_phase(driver: Driver, load: Load) -> Figures {
-    let mut h = Harness::start().await.unwrap();
+    // Unaudited: the fixture's audit log records the daemon's requests and not kwok's.
+    let mut h = Harness::start_with(FixtureOptions {
+        without_audit_log: true,
+        ..FixtureOptions::default()
+    })
+    .await
+    .unwrap();
     let client = h.client();
     let phase = format!("{}-{}", h.daemon_set_name(), load.size);
     let (nodes, replicas) = match driver {

@@ -63,6 +63,11 @@ struct Args {
     /// the scheduler as upstream ships it.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     placement_extender: bool,
+    /// Write kube-apiserver's audit log of the daemon's ServiceAccount's requests
+    /// (`audit/audit.log` in the directory); `--audit-log false` leaves the apiserver
+    /// unaudited, as the benchmarks run it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    audit_log: bool,
     /// Only the control plane, the host node and the ECS nodes: no mock-eci, no daemons (the
     /// end-to-end harness runs it so and deploys what each test needs).
     #[arg(long)]
@@ -153,6 +158,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     options.ecs_nodes = args.ecs_nodes;
     options.metrics_server = args.metrics_server;
     options.placement_extender = args.placement_extender;
+    options.audit_log = args.audit_log;
     let plane = tokio::select! {
         plane = ControlPlane::start(options) => plane.context("start the control plane")?,
         () = &mut stop => return Ok(()),

@@ -163,6 +163,10 @@ pub struct ControlPlaneOptions {
     /// 127.0.0.1, with a serving certificate for it; see [`placement_extender`]. Off by
     /// default: nothing serves it until a daemon is started with [`PlacementExtender::env`].
     pub placement_extender: bool,
+    /// Write kube-apiserver's audit log of the daemon's requests ([`audit_policy`]). On by
+    /// default: the security checks read it. Benchmarks turn it off, since it audits the
+    /// daemon's requests and not kwok's, so the two would not be measured alike.
+    pub audit_log: bool,
 }
 
 impl ControlPlaneOptions {
@@ -177,6 +181,7 @@ impl ControlPlaneOptions {
             service_network: random_in(100..=199),
             metrics_server: false,
             placement_extender: false,
+            audit_log: true,
         }
     }
 
@@ -375,7 +380,7 @@ impl ControlPlane {
                 source,
             })?;
         }
-        let flags = vec![
+        let mut flags = vec![
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
@@ -423,16 +428,20 @@ impl ControlPlane {
             "--endpoint-reconciler-type=none".into(),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
+        ];
+        if options.audit_log {
             // The daemon's requests (see `audit_policy`), written as they complete ("blocking"
             // mode: one small append per request, so the log is complete when a test reads it).
-            format!("--audit-policy-file={}", display(&policy)),
-            format!("--audit-log-path={}", display(&audit_log)),
-            "--audit-log-format=json".into(),
-            "--audit-log-mode=blocking".into(),
-            "--audit-log-maxsize=200".into(),
-            "--audit-log-maxbackup=0".into(),
-            "--audit-log-maxage=0".into(),
-        ];
+            flags.extend([
+                format!("--audit-policy-file={}", display(&policy)),
+                format!("--audit-log-path={}", display(&audit_log)),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
+                "--audit-log-maxsize=200".into(),
+                "--audit-log-maxbackup=0".into(),
+                "--audit-log-maxage=0".into(),
+            ]);
+        }
         write(&self.dir.join(etcd::APISERVER_ARGS_FILE), &flags.join("\n"))?;
         self.spawn("kube-apiserver", &apiserver, &flags)?;
         // /readyz is public (system:public-info-viewer); polled with a plain client so the

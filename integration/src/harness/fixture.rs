@@ -33,6 +33,9 @@ pub struct FixtureOptions {
     /// ([`super::Harness::placement_extender`]; daemons serve it when started with
     /// [`super::Harness::placement_env`]).
     pub placement_extender: bool,
+    /// No audit log of the daemon's requests (a benchmark's fixture: kwok's requests are not
+    /// audited either); [`super::Harness::audit_log`] is then `None`.
+    pub without_audit_log: bool,
 }
 
 /// What every test of this binary shares.
@@ -105,6 +108,7 @@ async fn start_cluster(
             .args(["--bare", "--stop-on-stdin-eof", "--ecs-nodes", "2"])
             .args(["--metrics-server", flag(options.metrics_server)])
             .args(["--placement-extender", flag(options.placement_extender)])
+            .args(["--audit-log", flag(!options.without_audit_log)])
             .arg("--dir")
             .arg(&dir)
             // The directory (logs, PKI, the host's pods) goes with the playground unless asked
@@ -145,7 +149,8 @@ async fn start_cluster(
         daemon_kubeconfig,
         upstream,
         fixture,
-        audit_log: fixture.then(|| dir.join(crate::cluster::AUDIT_LOG)),
+        audit_log: (fixture && !options.without_audit_log)
+            .then(|| dir.join(crate::cluster::AUDIT_LOG)),
         dir,
         placement_extender,
         _supervisor: supervisor,
