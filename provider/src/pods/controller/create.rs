@@ -307,7 +307,7 @@ impl PodController {
                         .observe(job.seen.elapsed().as_secs_f64());
                     // Not when the pod began deleting meanwhile (or went).
                     let wanted = matches!(
-                        self.advance(uid, Event::Created(&id)),
+                        self.record_created(uid, &id),
                         Some(Effect::Annotate(_))
                     );
                     if !wanted {
@@ -991,7 +991,7 @@ mod tests {
         let statuses = &controller.inner.statuses;
         statuses.push(
             "u-1".to_owned(),
-            (eci_proto::v20180808::ContainerGroupStatus::default(), 0),
+            super::super::status_sync::Queued::new(&Default::default(), 0),
         );
         polls(every);
         assert!(
