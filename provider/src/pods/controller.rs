@@ -1089,7 +1089,9 @@ mod tests {
 
     /// A controller over `eci` and an API server that answers every request with success,
     /// recording `METHOD path` of each.
-    fn controller(eci: Arc<RefusingDeletes>) -> (PodController, Arc<Mutex<Vec<String>>>) {
+    pub(super) fn controller(
+        eci: Arc<RefusingDeletes>,
+    ) -> (PodController, Arc<Mutex<Vec<String>>>) {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&requests);
         let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {

@@ -426,6 +426,20 @@ mod tests {
 
     use super::{GroupDeletion, REMOVAL_SLACK};
 
+    /// The part of a deletion that is alive while it waits out the grace period for its group
+    /// to go (boxed by the deletion): as small as the deletion itself.
+    #[tokio::test]
+    async fn the_wait_for_a_group_to_go_holds_a_few_hundred_bytes() {
+        let (controller, _) = super::super::tests::controller(std::sync::Arc::default());
+        let plan = GroupDeletion::for_grace(30);
+        let waiting = controller.delete_group_for_pod("eci-1", plan);
+        let bytes = std::mem::size_of_val(&waiting);
+        assert!(
+            bytes <= super::DELETION_BYTES,
+            "the wait holds {bytes} bytes"
+        );
+    }
+
     #[test]
     fn one_graceful_delete_unless_no_grace_is_left() {
         let graceful = |seconds| GroupDeletion::Graceful {
