@@ -1146,7 +1146,7 @@ mod tests {
         )
     }
 
-    fn terminating_pod() -> Pod {
+    pub(super) fn terminating_pod() -> Pod {
         serde_json::from_value(json!({
             "metadata": {
                 "name": "web-0", "namespace": "default", "uid": "u-1",
@@ -1278,31 +1278,6 @@ mod tests {
             "a refresh records the write only"
         );
         assert_eq!((entry.written, entry.applied), (Some(3), None));
-    }
-
-    /// A scale-in has every deleted pod's deletion waiting for its group at once: what each
-    /// holds then is bounded, the pod's names rather than the watched pod, the calls' futures
-    /// boxed (unboxed it was ~2.6 KB, plus the pod's copy).
-    #[tokio::test]
-    async fn a_deletion_waiting_for_its_group_holds_a_few_hundred_bytes() {
-        let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
-        let doomed = delete::Doomed::of(&terminating_pod());
-        assert_eq!(
-            (
-                doomed.namespace.as_str(),
-                doomed.name.as_str(),
-                doomed.grace
-            ),
-            ("default", "web-0", 1)
-        );
-        let deletion = controller
-            .delete(doomed, "u-1".into(), Some("eci-1".into()))
-            .instrument(info_span!("reconcile"));
-        let bytes = std::mem::size_of_val(&deletion);
-        assert!(
-            bytes <= delete::DELETION_BYTES,
-            "a waiting deletion holds {bytes} bytes"
-        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::lifecycle::{Event, Lifecycle};
-use super::{Adopted, PodController, Seen, backoff, pod_key, slim};
+use super::{Adopted, PodController, Seen, backoff, pod_key, pod_key_parts, slim};
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
 const CONFIRMING: usize = 8;
@@ -72,9 +72,10 @@ pub(super) struct Doomed {
 
 impl Doomed {
     pub(super) fn of(pod: &Pod) -> Self {
+        let (namespace, name) = pod_key_parts(pod);
         Self {
-            namespace: pod.namespace().unwrap_or_default(),
-            name: pod.name_any(),
+            namespace,
+            name,
             grace: pod.metadata.deletion_grace_period_seconds.unwrap_or(30),
         }
     }
@@ -424,7 +425,34 @@ impl PodController {
 mod tests {
     use std::time::Duration;
 
+    use tracing::Instrument as _;
+
     use super::{GroupDeletion, REMOVAL_SLACK};
+
+    /// A scale-in has every deleted pod's deletion waiting for its group at once: what each
+    /// holds then is bounded, the pod's names rather than the watched pod, the calls' futures
+    /// boxed (unboxed it was ~2.6 KB, plus the pod's copy).
+    #[tokio::test]
+    async fn a_deletion_waiting_for_its_group_holds_a_few_hundred_bytes() {
+        let (controller, _) = super::super::tests::controller(std::sync::Arc::default());
+        let doomed = super::Doomed::of(&super::super::tests::terminating_pod());
+        assert_eq!(
+            (
+                doomed.namespace.as_str(),
+                doomed.name.as_str(),
+                doomed.grace
+            ),
+            ("default", "web-0", 1)
+        );
+        let deletion = controller
+            .delete(doomed, "u-1".into(), Some("eci-1".into()))
+            .instrument(tracing::info_span!("reconcile"));
+        let bytes = std::mem::size_of_val(&deletion);
+        assert!(
+            bytes <= super::DELETION_BYTES,
+            "a waiting deletion holds {bytes} bytes"
+        );
+    }
 
     /// The part of a deletion that is alive while it waits out the grace period for its group
     /// to go (boxed by the deletion): as small as the deletion itself.

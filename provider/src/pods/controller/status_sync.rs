@@ -317,7 +317,8 @@ impl PodController {
                 async move {
                     match queued.group() {
                         Ok(group) => this.apply_status(&uid, group, queued.state).await,
-                        // Not expected of what `Queued::new` encoded; the next change queues it
+                        // Not expected of what `Queued::new` encoded. Nothing was recorded as
+                        // applied, so the group's next change or the next full poll queues it
                         // again.
                         Err(error) => warn!(pod_uid = %uid, %error, "a queued group state does not decode; skipped"),
                     }
