@@ -47,6 +47,12 @@ struct Served {
 
 async fn review(State(served): State<Arc<Served>>, body: Bytes) -> Response {
     let started = std::time::Instant::now();
+    if let Some(placement) = &served.admission.placement {
+        // A policy's listing under way (its first seconds): its counts would miss pods.
+        placement
+            .settle(crate::placement::ADMISSION_LISTING_WAIT)
+            .await;
+    }
     let (result, response) = match served.admission.review(&body) {
         Ok((review, outcome)) => {
             if let Some(event) = outcome.event {

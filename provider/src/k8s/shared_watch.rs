@@ -93,6 +93,12 @@ where
         self.arrived.notify_one();
     }
 
+    /// How many readers it has, joined or waiting to.
+    pub fn readers(&self) -> usize {
+        let readers = self.lock();
+        readers.joined.len() + readers.waiting.len()
+    }
+
     /// Hands `event` to every joined reader.
     fn deliver(&self, event: &watcher::Event<K>) {
         for reader in &mut self.lock().joined {

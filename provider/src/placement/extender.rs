@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::extract::State;
@@ -57,6 +57,9 @@ const POD_BYTES: usize = 1536 * 1024;
 pub const BODY_LIMIT: usize = MAX_NODES * NODE_BYTES + POD_BYTES + 64 * 1024;
 /// kube-scheduler's best extender score.
 const MAX_SCORE: i64 = 10;
+/// How long filter and bind wait for a listing of nodes and pods under way: well within
+/// kube-scheduler's extender `httpTimeout` (30 s by default).
+const LISTING_WAIT: Duration = Duration::from_secs(10);
 
 /// `ExtenderArgs`.
 #[derive(Debug, Deserialize, Serialize, Default)]
@@ -237,11 +240,28 @@ fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
     }
 }
 
+/// Waits, bounded, for a listing of nodes and pods under way when `pod` has a policy (the
+/// first policy just appeared, or this replica just started): counts taken before it would miss
+/// pods, so a place would be refused and the pod left to the scheduler's back-off.
+async fn settle(index: &PlacementIndex, pod: Option<&Pod>) {
+    if index.is_listed() {
+        return;
+    }
+    let has_policy = pod.is_some_and(|pod| {
+        let entry = PodEntry::of(pod);
+        index.policy_for(&entry.namespace, &entry.labels).is_some()
+    });
+    if has_policy {
+        index.wait_listed(LISTING_WAIT).await;
+    }
+}
+
 async fn filter(
     State(extender): State<Arc<Extender>>,
     axum::Json(args): axum::Json<ExtenderArgs>,
 ) -> axum::Json<FilterResult> {
     let started = Instant::now();
+    settle(&extender.index, args.pod.as_ref()).await;
     let result = filter_nodes(&extender.index, &args, SystemTime::now());
     observe(&extender.telemetry, "filter", started);
     axum::Json(result)
@@ -388,6 +408,7 @@ impl Extender {
         let Some(policy) = self.index.policy_for(&entry.namespace, &entry.labels) else {
             return Err(BindError::NoPolicy { pod: key });
         };
+        settle(&self.index, Some(&pod)).await;
         let placement = self
             .index
             .reserve_on_node(&policy, &entry, &args.node, &entry.uid)

@@ -14,7 +14,6 @@ pub mod state;
 pub mod upkeep;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -59,6 +58,10 @@ const RENEW_INTERVAL: Duration = Duration::from_secs(3);
 /// How often the certificate files are checked for a renewal.
 const CERT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
+/// How long an admission waits for a listing under way (the first policy just appeared, or
+/// the replica just started): the webhook's own timeout is 5 s.
+pub const ADMISSION_LISTING_WAIT: Duration = Duration::from_secs(2);
+
 /// What the webhook reads of placement.
 #[derive(Debug)]
 pub struct Shared {
@@ -66,26 +69,32 @@ pub struct Shared {
     pub index: Arc<PlacementIndex>,
     /// Who enforces the unit order now.
     pub enforcement: watch::Receiver<Enforcement>,
-    /// True once policies, nodes and pods were listed (before, admission leaves pods alone).
-    pub synced: AtomicBool,
-    policies_synced: AtomicBool,
-    nodes_synced: AtomicBool,
-    pods_synced: AtomicBool,
+    /// True once a ResourcePolicy exists, and from then on: only then does the replica read
+    /// the cluster's nodes and pods.
+    wanted: watch::Sender<bool>,
 }
 
 impl Shared {
-    /// Whether the index has seen a full list of everything.
+    /// Whether the index has seen a full list of everything (before, admission leaves pods
+    /// alone).
     pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::SeqCst)
+        self.index.is_listed()
     }
 
-    fn mark(&self, which: &AtomicBool) {
-        which.store(true, Ordering::SeqCst);
-        let all = self.policies_synced.load(Ordering::SeqCst)
-            && self.nodes_synced.load(Ordering::SeqCst)
-            && self.pods_synced.load(Ordering::SeqCst);
-        if all && !self.synced.swap(true, Ordering::SeqCst) {
-            info!("ResourcePolicy placement has listed policies, nodes and pods");
+    /// Waits up to `within` for the listing of nodes and pods a policy asked for; returns at
+    /// once when no policy exists (there is nothing to place) or the index is listed.
+    pub async fn settle(&self, within: Duration) -> bool {
+        if !*self.wanted.borrow() {
+            return self.is_synced();
+        }
+        self.index.wait_listed(within).await
+    }
+
+    /// Notes that the index holds a policy: the node and pod watches are wanted from now on.
+    fn want_if_policies(&self) {
+        if self.index.has_policies() {
+            self.wanted
+                .send_if_modified(|wanted| !std::mem::replace(wanted, true));
         }
     }
 }
@@ -116,10 +125,7 @@ impl Placement {
             shared: Arc::new(Shared {
                 index: Arc::new(PlacementIndex::new(vnodes)),
                 enforcement: receiver,
-                synced: AtomicBool::new(false),
-                policies_synced: AtomicBool::new(false),
-                nodes_synced: AtomicBool::new(false),
-                pods_synced: AtomicBool::new(false),
+                wanted: watch::Sender::new(false),
             }),
             enforcement,
         }
@@ -130,9 +136,9 @@ impl Placement {
         Arc::clone(&self.shared)
     }
 
-    /// Feeds the index (policies from their own watch, nodes and pods from the replica's
-    /// shared ones), takes part in the election and, while elected, serves the extender
-    /// and keeps statuses and deletion costs; until `stop`.
+    /// Feeds the index (policies from their own watch; nodes and pods from the replica's
+    /// shared ones, once a policy exists), takes part in the election and, while elected,
+    /// serves the extender and keeps statuses and deletion costs; until `stop`.
     pub async fn run(
         self,
         client: kube::Client,
@@ -146,10 +152,10 @@ impl Placement {
             let (client, shared, stop) = (client.clone(), Arc::clone(&self.shared), stop.clone());
             tasks.spawn(feed_policies(client, shared, stop));
         }
-        watches
-            .nodes
-            .subscribe(node_reader(Arc::clone(&self.shared)));
-        watches.pods.subscribe(pod_reader(Arc::clone(&self.shared)));
+        {
+            let (watches, shared, stop) = (watches.clone(), Arc::clone(&self.shared), stop.clone());
+            tasks.spawn(read_cluster_once_wanted(watches, shared, stop));
+        }
         let events = EventPublisher::new(
             client.clone(),
             Reporter {
@@ -202,24 +208,56 @@ where
 }
 
 async fn feed_policies(client: kube::Client, shared: Arc<Shared>, stop: CancellationToken) {
-    let index = Arc::clone(&shared.index);
-    let mut listing: Vec<ResourcePolicy> = Vec::new();
+    let mut read = policy_reader(shared);
     feed(
         Api::<ResourcePolicy>::all(client),
         "ResourcePolicy",
         stop,
-        |event| match event {
-            WatchEvent::Apply(p) => index.apply_policy(p),
-            WatchEvent::Delete(p) => index.delete_policy(&p),
-            WatchEvent::Init => listing.clear(),
-            WatchEvent::InitApply(p) => listing.push(p),
-            WatchEvent::InitDone => {
-                index.set_policies(std::mem::take(&mut listing));
-                shared.mark(&shared.policies_synced);
-            }
-        },
+        |event| read(&event),
     )
     .await;
+}
+
+/// Placement's reader of the policy watch; the first policy seen asks for the node and pod
+/// watches.
+fn policy_reader(shared: Arc<Shared>) -> impl FnMut(&WatchEvent<ResourcePolicy>) {
+    let mut listing: Vec<ResourcePolicy> = Vec::new();
+    move |event| {
+        let index = &shared.index;
+        match event {
+            WatchEvent::Apply(p) => index.apply_policy(p.clone()),
+            WatchEvent::Delete(p) => index.delete_policy(p),
+            WatchEvent::Init => listing.clear(),
+            WatchEvent::InitApply(p) => listing.push(p.clone()),
+            WatchEvent::InitDone => announce(index.set_policies(std::mem::take(&mut listing))),
+        }
+        shared.want_if_policies();
+    }
+}
+
+/// Subscribes placement to the replica's shared node and pod watches once a ResourcePolicy
+/// exists, and from then on. A cluster-wide pod watch (every pod's changes, decoded and
+/// indexed by every replica) is not worth paying for in a cluster that places nothing.
+async fn read_cluster_once_wanted(
+    watches: ClusterWatches,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
+    let mut wanted = shared.wanted.subscribe();
+    tokio::select! {
+        () = stop.cancelled() => return,
+        // The sender lives in `shared`, held here: the wait ends only by the flag.
+        _ = wanted.wait_for(|w| *w) => {}
+    }
+    info!("a ResourcePolicy exists: placement reads the shared node and pod watches");
+    watches.nodes.subscribe(node_reader(Arc::clone(&shared)));
+    watches.pods.subscribe(pod_reader(shared));
+}
+
+fn announce(completed_listing: bool) {
+    if completed_listing {
+        info!("ResourcePolicy placement has listed policies, nodes and pods");
+    }
 }
 
 /// Placement's reader of the shared node watch: a relist replaces every node.
@@ -231,8 +269,7 @@ fn node_reader(shared: Arc<Shared>) -> Reader<Node> {
         WatchEvent::Init => listing = Some(Vec::new()),
         WatchEvent::InitApply(n) => listing.get_or_insert_default().push(n.clone()),
         WatchEvent::InitDone => {
-            shared.index.set_nodes(listing.take().unwrap_or_default());
-            shared.mark(&shared.nodes_synced);
+            announce(shared.index.set_nodes(listing.take().unwrap_or_default()));
         }
     })
 }
@@ -246,12 +283,11 @@ fn pod_reader(shared: Arc<Shared>) -> Reader<Pod> {
         WatchEvent::Delete(p) => shared.index.delete_pod(p),
         WatchEvent::Init => listing = Some(Vec::new()),
         WatchEvent::InitApply(p) => listing.get_or_insert_default().push(PodEntry::of(p)),
-        WatchEvent::InitDone => {
+        WatchEvent::InitDone => announce(
             shared
                 .index
-                .replace_pods(listing.take().unwrap_or_default());
-            shared.mark(&shared.pods_synced);
-        }
+                .replace_pods(listing.take().unwrap_or_default()),
+        ),
     })
 }
 
@@ -647,15 +683,107 @@ pub const KUBE_API: &[Access] = &[
 mod tests {
     use super::*;
 
-    fn shared() -> Arc<Shared> {
+    /// Placement as built: nothing listed, nothing wanted.
+    fn unlisted() -> Arc<Shared> {
         Arc::new(Shared {
             index: Arc::new(PlacementIndex::new(VirtualNodes::default())),
             enforcement: watch::channel(Enforcement::Extender).1,
-            synced: AtomicBool::new(false),
-            policies_synced: AtomicBool::new(true),
-            nodes_synced: AtomicBool::new(true),
-            pods_synced: AtomicBool::new(false),
+            wanted: watch::Sender::new(false),
         })
+    }
+
+    /// With policies and nodes listed, and pods not yet.
+    fn shared() -> Arc<Shared> {
+        let shared = unlisted();
+        shared.index.set_policies([]);
+        shared.index.set_nodes([]);
+        shared
+    }
+
+    fn policy(name: &str) -> ResourcePolicy {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "a"},
+            "spec": {"selector": {"app": "web"}, "units": [{"resource": "eci"}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_first_policy_asks_for_the_node_and_pod_watches_for_good() {
+        let shared = unlisted();
+        let wanted = || *shared.wanted.borrow();
+        let mut read = policy_reader(Arc::clone(&shared));
+        read(&WatchEvent::Init);
+        read(&WatchEvent::InitDone);
+        assert!(!wanted(), "a cluster without policies reads no pods");
+        read(&WatchEvent::Apply(policy("p")));
+        assert!(wanted());
+        read(&WatchEvent::Delete(policy("p")));
+        assert!(!shared.index.has_policies());
+        assert!(wanted(), "the watches, once read, stay");
+
+        let listed_with_one = unlisted();
+        let mut read = policy_reader(Arc::clone(&listed_with_one));
+        read(&WatchEvent::Init);
+        read(&WatchEvent::InitApply(policy("p")));
+        assert!(!*listed_with_one.wanted.borrow(), "a list lands at its end");
+        read(&WatchEvent::InitDone);
+        assert!(*listed_with_one.wanted.borrow());
+    }
+
+    #[tokio::test]
+    async fn the_cluster_watches_are_subscribed_to_only_once_wanted() {
+        let watches = ClusterWatches::default();
+        let shared = shared();
+        let stop = CancellationToken::new();
+        stop.cancel();
+        read_cluster_once_wanted(watches.clone(), Arc::clone(&shared), stop).await;
+        assert_eq!((watches.nodes.readers(), watches.pods.readers()), (0, 0));
+
+        shared.index.apply_policy(policy("p"));
+        shared.want_if_policies();
+        read_cluster_once_wanted(watches.clone(), shared, CancellationToken::new()).await;
+        assert_eq!((watches.nodes.readers(), watches.pods.readers()), (1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn admission_waits_for_a_listing_under_way_and_only_then() {
+        let started = tokio::time::Instant::now();
+        let wait = ADMISSION_LISTING_WAIT;
+        let idle = shared();
+        assert!(
+            !idle.settle(wait).await,
+            "no policy: nothing listed, nothing to wait for"
+        );
+        assert_eq!(started.elapsed(), Duration::ZERO);
+
+        let listing = shared();
+        listing.index.apply_policy(policy("p"));
+        listing.want_if_policies();
+        let lister = Arc::clone(&listing);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            lister.index.set_pods([]);
+        });
+        assert!(
+            listing.settle(wait).await,
+            "the listing ended within the wait"
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(300));
+
+        let stuck = shared();
+        stuck.index.apply_policy(policy("p"));
+        stuck.want_if_policies();
+        let before = tokio::time::Instant::now();
+        assert!(!stuck.settle(wait).await);
+        assert_eq!(before.elapsed(), wait, "bounded");
+        let before = tokio::time::Instant::now();
+        assert!(!stuck.settle(wait).await);
+        assert_eq!(
+            before.elapsed(),
+            Duration::ZERO,
+            "a wait that ran out is not paid again"
+        );
     }
 
     fn pod(uid: &str) -> Pod {

@@ -4,11 +4,13 @@
 //! both take a unit's last place.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
+use tracing::warn;
 
 use super::decide::{self, Choice, Outcome, PodFacts, UnitView, VirtualNodes};
 use super::policy::ResourcePolicy;
@@ -129,6 +131,22 @@ struct State {
     reservations: HashMap<String, Reservation>,
     /// The last filter's explanation, by pod UID (for the bind's Event).
     explanations: HashMap<String, String>,
+    listed: Listed,
+}
+
+/// Which of the index's three sources have been listed whole at least once. Until all three
+/// have, a unit's count could miss pods not listed yet, so no place is granted.
+#[derive(Debug, Default, Clone, Copy)]
+struct Listed {
+    policies: bool,
+    nodes: bool,
+    pods: bool,
+}
+
+impl Listed {
+    fn all(self) -> bool {
+        self.policies && self.nodes && self.pods
+    }
 }
 
 /// A place granted in a unit.
@@ -177,6 +195,14 @@ pub enum Refusal {
         /// The key.
         key: String,
     },
+    /// The index has not yet listed the cluster's nodes and pods: its counts would be short.
+    #[error(
+        "ResourcePolicy {policy}: placement is still listing the cluster's nodes and pods; try again shortly"
+    )]
+    NotListed {
+        /// The policy.
+        policy: String,
+    },
 }
 
 /// The index.
@@ -184,6 +210,10 @@ pub enum Refusal {
 pub struct PlacementIndex {
     state: Mutex<State>,
     vnodes: VirtualNodes,
+    /// True from the end of the first full listing of all three sources on.
+    listed: tokio::sync::watch::Sender<bool>,
+    /// A wait for that listing has run out (see [`Self::wait_listed`]).
+    waited_out: AtomicBool,
 }
 
 impl PlacementIndex {
@@ -192,7 +222,44 @@ impl PlacementIndex {
         Self {
             state: Mutex::new(State::default()),
             vnodes,
+            listed: tokio::sync::watch::Sender::new(false),
+            waited_out: AtomicBool::new(false),
         }
+    }
+
+    /// Whether policies, nodes and pods have each been listed whole.
+    pub fn is_listed(&self) -> bool {
+        *self.listed.borrow()
+    }
+
+    /// Waits up to `within` for [`Self::is_listed`]; its answer then. Once one wait has run
+    /// out, later ones return at once: a listing that slow is failing (its watch says why), and
+    /// callers go on without placement rather than each paying the wait.
+    pub async fn wait_listed(&self, within: Duration) -> bool {
+        if self.is_listed() || self.waited_out.load(Ordering::Relaxed) {
+            return self.is_listed();
+        }
+        let mut listed = self.listed.subscribe();
+        // The sender lives as long as `self`, so the wait ends only by the flag or the timer.
+        let waited = tokio::time::timeout(within, listed.wait_for(|l| *l)).await;
+        if waited.is_err() && !self.waited_out.swap(true, Ordering::Relaxed) {
+            warn!(
+                waited = ?within,
+                "ResourcePolicy placement has not listed the cluster's nodes and pods yet; pods go on unplaced until it has"
+            );
+        }
+        self.is_listed()
+    }
+
+    /// Records that one source was listed whole; true if that completed the first listing.
+    fn mark_listed(&self, state: &mut State, source: impl FnOnce(&mut Listed)) -> bool {
+        source(&mut state.listed);
+        state.listed.all() && !self.listed.send_replace(true)
+    }
+
+    /// Whether any policy is indexed.
+    pub fn has_policies(&self) -> bool {
+        !self.lock().policies.is_empty()
     }
 
     /// How virtual nodes are marked.
@@ -207,14 +274,15 @@ impl PlacementIndex {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Replaces every policy (a relist).
-    pub fn set_policies(&self, policies: impl IntoIterator<Item = ResourcePolicy>) {
+    /// Replaces every policy (a relist); true if that completed the index's first listing.
+    pub fn set_policies(&self, policies: impl IntoIterator<Item = ResourcePolicy>) -> bool {
         let mut state = self.lock();
         state.policies.clear();
         for policy in policies {
             let entry = policy_entry(policy);
             state.policies.insert(entry.key.clone(), entry);
         }
+        self.mark_listed(&mut state, |l| l.policies = true)
     }
 
     /// Adds or replaces one policy.
@@ -234,14 +302,15 @@ impl PlacementIndex {
         self.lock().policies.values().cloned().collect()
     }
 
-    /// Replaces every node (a relist).
-    pub fn set_nodes(&self, nodes: impl IntoIterator<Item = Node>) {
+    /// Replaces every node (a relist); true if that completed the index's first listing.
+    pub fn set_nodes(&self, nodes: impl IntoIterator<Item = Node>) -> bool {
         let mut state = self.lock();
         state.nodes.clear();
         for node in nodes {
             let (name, entry) = node_entry(&node);
             state.nodes.insert(name, entry);
         }
+        self.mark_listed(&mut state, |l| l.nodes = true)
     }
 
     /// Adds or replaces one node.
@@ -262,18 +331,20 @@ impl PlacementIndex {
         self.lock().nodes.get(node).map(|n| n.labels.clone())
     }
 
-    /// Replaces every pod (a relist).
-    pub fn set_pods(&self, pods: impl IntoIterator<Item = Pod>) {
-        self.replace_pods(pods.into_iter().map(|pod| PodEntry::of(&pod)));
+    /// Replaces every pod (a relist); true if that completed the index's first listing.
+    pub fn set_pods(&self, pods: impl IntoIterator<Item = Pod>) -> bool {
+        self.replace_pods(pods.into_iter().map(|pod| PodEntry::of(&pod)))
     }
 
-    /// Replaces every pod by their slim views (a relist kept as views, not whole pods).
-    pub fn replace_pods(&self, entries: impl IntoIterator<Item = PodEntry>) {
+    /// Replaces every pod by their slim views (a relist kept as views, not whole pods); true
+    /// if that completed the index's first listing.
+    pub fn replace_pods(&self, entries: impl IntoIterator<Item = PodEntry>) -> bool {
         let mut state = self.lock();
         state.pods.clear();
         for entry in entries {
             insert_pod(&mut state, entry);
         }
+        self.mark_listed(&mut state, |l| l.pods = true)
     }
 
     /// Adds or replaces one pod; a reservation it fulfils ends.
@@ -361,6 +432,7 @@ impl PlacementIndex {
         reserve_as: Option<&str>,
     ) -> Result<(Choice, Vec<Vec<String>>), Refusal> {
         let mut state = self.lock();
+        not_before_listed(&state, policy)?;
         let spec = &policy.policy.spec;
         let group =
             decide::group_of(spec, &pod.labels).map_err(|key| Refusal::MissingGroupLabel {
@@ -439,6 +511,7 @@ impl PlacementIndex {
         unit: usize,
         id: &str,
     ) -> Result<Placement, Refusal> {
+        not_before_listed(state, policy)?;
         let spec = &policy.policy.spec;
         let group =
             decide::group_of(spec, &pod.labels).map_err(|key| Refusal::MissingGroupLabel {
@@ -485,6 +558,17 @@ impl PlacementIndex {
             *out[pod.1].entry(group).or_insert(0) += 1;
         }
         out
+    }
+}
+
+/// No place before the index has listed everything (see [`Listed`]).
+fn not_before_listed(state: &State, policy: &PolicyEntry) -> Result<(), Refusal> {
+    if state.listed.all() {
+        Ok(())
+    } else {
+        Err(Refusal::NotListed {
+            policy: policy.key.clone(),
+        })
     }
 }
 

@@ -147,6 +147,10 @@ pub async fn run(
             () = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
+        if !index.is_listed() {
+            // Counts taken now would miss pods not listed yet, and be written as the status.
+            continue;
+        }
         let extender = *enforcement.borrow() == Enforcement::Extender;
         for entry in index.policies() {
             let span = info_span!("placement upkeep", policy = %entry.key);

@@ -34,6 +34,7 @@ fn index() -> PlacementIndex {
     }))
     .unwrap();
     index.set_nodes([node, virtual_node]);
+    index.set_pods(Vec::<Pod>::new());
     index
 }
 

@@ -30,6 +30,7 @@ fn index() -> PlacementIndex {
         node("vk", json!({"k8s.aliyun.com/vnode": "true"})),
         node("other", json!({})),
     ]);
+    index.set_pods(Vec::<Pod>::new());
     index
 }
 

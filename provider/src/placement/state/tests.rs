@@ -54,6 +54,7 @@ fn index_with(spec: serde_json::Value) -> (PlacementIndex, PolicyEntry) {
             "1000",
         ),
     ]);
+    index.set_pods(Vec::<Pod>::new());
     let entry = index
         .policy_for(
             "ns",
@@ -72,6 +73,55 @@ fn seed() -> serde_json::Value {
             {"resource": "eci"},
         ],
     })
+}
+
+/// Counts taken before the pods are listed would miss them: no place until all three sources
+/// were listed whole, and the first full listing is reported once.
+#[test]
+fn no_place_is_granted_until_policies_nodes_and_pods_are_listed() {
+    let index = PlacementIndex::new(VirtualNodes::default());
+    let spec = seed();
+    let listed = index.set_policies([policy(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "ns", "creationTimestamp": "2026-11-23T09:00:00Z"},
+        "spec": spec,
+    }))]);
+    assert!(!listed);
+    let sub = node(
+        "sub-1",
+        serde_json::json!({"paidtype": "subscription"}),
+        "2",
+    );
+    assert!(!index.set_nodes([sub]));
+    let entry = index
+        .policy_for(
+            "ns",
+            &BTreeMap::from([("app".to_owned(), "web".to_owned())]),
+        )
+        .unwrap();
+    let pending = PodEntry::of(&pod("one", serde_json::json!({"app": "web"}), None));
+    let not_listed = Err(Refusal::NotListed {
+        policy: "ns/p".into(),
+    });
+    assert!(!index.is_listed());
+    assert_eq!(
+        index.reserve_on_node(&entry, &pending, "sub-1", "r1"),
+        not_listed
+    );
+    assert_eq!(index.reserve_unit(&entry, &pending, 0, "r2"), not_listed);
+    let chosen = index.choose(&entry, &pending, None, SystemTime::now());
+    assert_eq!(chosen.map(|_| ()), not_listed.map(|_| ()));
+
+    assert!(index.set_pods(Vec::<Pod>::new()), "the listing is complete");
+    assert!(index.is_listed());
+    assert!(
+        !index.set_pods(Vec::<Pod>::new()),
+        "a relist is not a first listing"
+    );
+    assert!(
+        index
+            .reserve_on_node(&entry, &pending, "sub-1", "r1")
+            .is_ok()
+    );
 }
 
 /// Fifty binds racing for a unit with `max: 5`, for two groups at once: exactly five per
@@ -228,6 +278,7 @@ fn ignore_previous_pod_leaves_older_pods_out() {
         serde_json::json!({"paidtype": "subscription"}),
         "64",
     )]);
+    index.set_pods(Vec::<Pod>::new());
     // Created 10:00, before the policy (11:00).
     index.apply_pod(&pod(
         "old",
