@@ -364,6 +364,10 @@ struct Figures {
     /// the replicas: which part of the daemon asked for what the apiserver counted.
     daemon_requests: BTreeMap<String, f64>,
     events_dropped: Option<f64>,
+    /// Routine Events still queued in the daemons when every pod was Running (they yield to
+    /// pod writes), and when the last was sent, seconds after the first create.
+    events_waiting_at_running: Option<f64>,
+    events_sent_by: Option<f64>,
     cpu_to_running: Option<f64>,
     /// The largest replica's resident set when every pod was Running.
     rss_at_running_mib: Option<f64>,
@@ -650,6 +654,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         .iter()
         .map(|p| proc_status_kib(*p, "VmRSS:") / 1024.0)
         .fold(0.0, f64::max);
+    let events_waiting_at_running = events_waiting(&replicas).await;
 
     let deleting = Instant::now();
     let deleting_from = deleting.duration_since(started).as_secs_f64();
@@ -670,6 +675,16 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
             .copied()
             .unwrap_or(deleting)
             .duration_since(deleting)
+    };
+    // The Events that waited for the pods' writes go now: counted in this phase's requests.
+    let events_sent_by = if replicas.is_empty() {
+        None
+    } else {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while events_waiting(&replicas).await > 0.0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Some(started.elapsed().as_secs_f64())
     };
     let after = apiserver_counts(&client).await;
     sampler.abort();
@@ -712,6 +727,8 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         daemon_figures(&mut h, &replicas, &pids, &mock_before, &mut figures).await;
         figures.cpu_to_running = Some(cpu_to_running);
         figures.rss_at_running_mib = Some(rss_at_running);
+        figures.events_waiting_at_running = Some(events_waiting_at_running);
+        figures.events_sent_by = events_sent_by;
         no_group_left(&h).await;
     }
     if driver == Driver::Kwok {
@@ -722,6 +739,20 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     }
     h.shutdown(Duration::from_secs(10)).await;
     figures
+}
+
+/// The routine Events the replicas hold queued now.
+async fn events_waiting(replicas: &[Replica]) -> f64 {
+    let mut waiting = 0.0;
+    for replica in replicas {
+        let text = fetch(&replica.metrics).await;
+        waiting += grouped(&text, "virtual_node_eci_events_waiting", |_| {
+            Some(String::new())
+        })
+        .values()
+        .sum::<f64>();
+    }
+    waiting
 }
 
 /// ECI calls, status writes, CPU and memory of a daemon phase (after every pod is gone).
@@ -1032,6 +1063,18 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         0,
     ));
     rows.push(opt_row(
+        "Events still queued at all Running",
+        &opt(&|f: &Figures| f.events_waiting_at_running),
+        "",
+        0,
+    ));
+    rows.push(opt_row(
+        "last Event sent, s after the first create",
+        &opt(&|f: &Figures| f.events_sent_by),
+        "",
+        1,
+    ));
+    rows.push(opt_row(
         "daemon CPU to all Running (s)",
         &opt(&|f: &Figures| f.cpu_to_running),
         "",
@@ -1129,6 +1172,8 @@ fn to_json(f: &Figures, size: usize) -> Value {
         "eci_throttled": f.eci_throttled,
         "status_writes_per_pod": f.status_writes.map(|w| w / n),
         "events_dropped": f.events_dropped,
+        "events_waiting_at_running": f.events_waiting_at_running,
+        "events_sent_by_s": f.events_sent_by,
         "daemon_cpu_to_running_s": f.cpu_to_running,
         "daemon_rss_at_running_mib": f.rss_at_running_mib,
         "daemon_cpu_total_s": f.cpu_total,

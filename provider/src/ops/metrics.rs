@@ -95,6 +95,8 @@ pub struct Telemetry {
     pub admission_seconds: Histogram,
     /// Background events dropped because their queue was full.
     pub events_dropped: Counter,
+    /// Background events queued and not yet being published.
+    pub events_waiting: Gauge,
     /// Pods placed by a ResourcePolicy, by policy, unit and how.
     pub placement_pods_placed: Family<PlacementLabels, Counter>,
     /// Binds refused because the unit filled up meanwhile (the scheduler retries the pod).
@@ -145,6 +147,7 @@ impl Telemetry {
             admission_reviews: Family::default(),
             admission_seconds: Histogram::new(exponential_buckets(0.000_05, 1.5, 28)),
             events_dropped: Counter::default(),
+            events_waiting: Gauge::default(),
             placement_pods_placed: Family::default(),
             placement_bind_refusals: Counter::default(),
             placement_extender_seconds: Family::new_with_constructor(extender_histogram),
@@ -233,6 +236,11 @@ impl Telemetry {
             "events_dropped",
             "Events not published because the background queue was full (they are best-effort)",
             telemetry.events_dropped.clone(),
+        );
+        registry.register(
+            "events_waiting",
+            "Events queued for background publication and not yet sent (routine ones wait while pod writes do)",
+            telemetry.events_waiting.clone(),
         );
         registry.register(
             "placement_pods_placed",

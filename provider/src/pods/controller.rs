@@ -328,7 +328,7 @@ struct Inner {
     abandon: CancellationToken,
     /// Pod removals (the grace-0 delete after the group is gone) in flight at most
     /// ([`POD_DELETES_IN_FLIGHT`]).
-    pod_deletes: tokio::sync::Semaphore,
+    pod_deletes: Arc<tokio::sync::Semaphore>,
     /// Groups being deleted, and who waits for them to be gone.
     awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
     /// DescribeContainerGroups lookups of single groups, sharing calls.
@@ -359,6 +359,25 @@ fn tag(group: &ContainerGroupStatus, key: &str) -> Option<String> {
         .iter()
         .find(|t| t.key == key)
         .map(|t| t.value.clone())
+}
+
+/// Whether this node's pod writes wait: states or instance ids to write, or every pod-removal
+/// turn taken. ECI's routine events yield to them: a pod's status is what its owner waits for,
+/// its events are not. (Creations waiting are left out: they wait for ECI's quota, not for the
+/// apiserver.)
+fn pod_writes_waiting(
+    annotations: &Arc<WorkQueue<String, Annotation>>,
+    statuses: &Arc<WorkQueue<String, status_sync::Queued>>,
+    pod_deletes: &Arc<tokio::sync::Semaphore>,
+) -> crate::ops::events::Precedence {
+    let (annotations, statuses, pod_deletes) = (
+        Arc::clone(annotations),
+        Arc::clone(statuses),
+        Arc::clone(pod_deletes),
+    );
+    Arc::new(move || {
+        !statuses.is_empty() || !annotations.is_empty() || pod_deletes.available_permits() == 0
+    })
 }
 
 /// Namespace and name, as the annotation writers address a pod.
@@ -500,9 +519,18 @@ impl PodController {
             controller: "virtual-node-eci".into(),
             instance: Some(config.node_name.clone()),
         };
+        let annotations: Arc<WorkQueue<String, Annotation>> = Arc::default();
+        let statuses: Arc<WorkQueue<String, status_sync::Queued>> = Arc::default();
+        let pod_deletes = Arc::new(tokio::sync::Semaphore::new(POD_DELETES_IN_FLIGHT));
+        let precedence = pod_writes_waiting(&annotations, &statuses, &pod_deletes);
         Self {
             inner: Arc::new(Inner {
-                events: EventPublisher::new(client.clone(), reporter, Arc::clone(&telemetry)),
+                events: EventPublisher::yielding_to(
+                    client.clone(),
+                    reporter,
+                    Arc::clone(&telemetry),
+                    precedence,
+                ),
                 tokens: crate::pods::tokens::TokenRefresher::new(
                     client.clone(),
                     Arc::clone(&backend),
@@ -517,10 +545,10 @@ impl PodController {
                 telemetry,
                 pods: Arc::default(),
                 creations: Arc::default(),
-                annotations: Arc::default(),
-                statuses: Arc::default(),
+                annotations,
+                statuses,
                 refreshes: Arc::default(),
-                pod_deletes: tokio::sync::Semaphore::new(POD_DELETES_IN_FLIGHT),
+                pod_deletes,
                 awaiting_removal: Mutex::new(HashMap::new()),
                 group_reads: Arc::default(),
                 pod_tasks: TaskTracker::new(),
