@@ -365,7 +365,8 @@ struct Figures {
     daemon_requests: BTreeMap<String, f64>,
     events_dropped: Option<f64>,
     /// Routine Events still queued in the daemons when every pod was Running (they yield to
-    /// pod writes), and when the last was sent, seconds after the first create.
+    /// pod writes), and by when the queues were empty, seconds after the first create (polled
+    /// from all gone on: an earlier end reads as the time all were gone).
     events_waiting_at_running: Option<f64>,
     events_sent_by: Option<f64>,
     cpu_to_running: Option<f64>,
@@ -1069,7 +1070,7 @@ fn table(load: Load, kwok: &Figures, ours: &[(Driver, Figures)]) -> String {
         0,
     ));
     rows.push(opt_row(
-        "last Event sent, s after the first create",
+        "Event queue empty by, s after the first create (polled from all gone on)",
         &opt(&|f: &Figures| f.events_sent_by),
         "",
         1,
