@@ -408,7 +408,8 @@ impl Extender {
         let Some(policy) = self.index.policy_for(&entry.namespace, &entry.labels) else {
             return Err(BindError::NoPolicy { pod: key });
         };
-        settle(&self.index, Some(&pod)).await;
+        // The policy is known already: only the listing may still be under way.
+        self.index.wait_listed(LISTING_WAIT).await;
         let placement = self
             .index
             .reserve_on_node(&policy, &entry, &args.node, &entry.uid)
