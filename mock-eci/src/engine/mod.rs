@@ -9,7 +9,7 @@
 //! May call: its own parts and the shared leaves (`clock`, `rng`, `settings`, `actions`). Never
 //! `service` or `fronts` (`tests/layout.rs` checks it).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::ops::Bound;
 
@@ -517,7 +517,7 @@ impl Engine {
         }
         let limit = validate::limit(request.limit, validate::DESCRIBE_GROUPS_MAX_LIMIT)?;
         let after = validate::next_token(&request.next_token)?;
-        let ids: HashSet<&str> = request
+        let ids: BTreeSet<&str> = request
             .container_group_ids
             .iter()
             .map(String::as_str)
@@ -536,10 +536,10 @@ impl Engine {
                     || group.request.resource_group_id == request.resource_group_id)
         };
         // A status filter goes stale as groups progress; other filters only with `generation`.
-        let key = request.status.is_empty().then(|| {
+        // Named groups are counted as they are looked up: no key, so no other count is evicted.
+        let key = (request.status.is_empty() && ids.is_empty()).then(|| {
             format!(
-                "groups|{:?}|{:?}|{}|{}|{}|{}|{}",
-                request.container_group_ids,
+                "groups|{:?}|{}|{}|{}|{}|{}",
                 request.tag,
                 request.container_group_name,
                 request.v_switch_id,
@@ -549,7 +549,7 @@ impl Engine {
             )
         });
         let cached = cached_count(self.count_cache.as_ref(), self.generation, key.as_deref());
-        let (page, next_token, total) = paginate(&self.groups, after, limit, matches, cached);
+        let (page, next_token, total) = paginate(&self.groups, &ids, after, limit, matches, cached);
         if let Some(key) = key {
             self.count_cache = Some((self.generation, key, total));
         }
@@ -576,7 +576,7 @@ impl Engine {
         validate::tags(&request.tag, "Tag")?;
         let limit = validate::limit(request.limit, validate::DESCRIBE_STATUS_MAX_LIMIT)?;
         let after = validate::next_token(&request.next_token)?;
-        let ids: HashSet<&str> = request
+        let ids: BTreeSet<&str> = request
             .container_group_ids
             .iter()
             .map(String::as_str)
@@ -590,16 +590,18 @@ impl Engine {
         };
         let (page, next_token, total) = match request.since_second {
             None => {
-                let key = format!(
-                    "status|{:?}|{:?}|{}|{}",
-                    request.container_group_ids,
-                    request.tag,
-                    request.zone_id,
-                    request.resource_group_id
-                );
-                let cached = cached_count(self.count_cache.as_ref(), self.generation, Some(&key));
-                let result = paginate(&self.groups, after, limit, matches, cached);
-                self.count_cache = Some((self.generation, key, result.2));
+                let key = ids.is_empty().then(|| {
+                    format!(
+                        "status|{:?}|{}|{}",
+                        request.tag, request.zone_id, request.resource_group_id
+                    )
+                });
+                let cached =
+                    cached_count(self.count_cache.as_ref(), self.generation, key.as_deref());
+                let result = paginate(&self.groups, &ids, after, limit, matches, cached);
+                if let Some(key) = key {
+                    self.count_cache = Some((self.generation, key, result.2));
+                }
                 result
             }
             Some(seconds) if seconds > 0 => {
@@ -613,12 +615,7 @@ impl Engine {
                     .filter(|group| matches(group))
                     .collect();
                 changed.sort_unstable_by(|a, b| a.id.cmp(&b.id));
-                let total = changed.len();
-                let start = after.map_or(0, |after| {
-                    changed.partition_point(|group| group.id.as_str() <= after)
-                });
-                let page = changed.into_iter().skip(start).take(limit + 1).collect();
-                finish_page(page, limit, total)
+                page_of(changed, after, limit)
             }
             Some(seconds) => {
                 return Err(validate::invalid(
@@ -1280,11 +1277,22 @@ fn unknown_container(group: &Group, name: &str) -> EciError {
 /// of matches overall.
 fn paginate<'a>(
     groups: &'a BTreeMap<String, Group>,
+    ids: &BTreeSet<&str>,
     after: Option<&str>,
     limit: usize,
     matches: impl Fn(&Group) -> bool,
     known_total: Option<usize>,
 ) -> (Vec<&'a Group>, String, usize) {
+    // Named groups are looked up, not found by scanning every group: a status poll names a
+    // page of ids, and the account may hold tens of thousands.
+    if !ids.is_empty() {
+        let named: Vec<&Group> = ids
+            .iter()
+            .filter_map(|id| groups.get(*id))
+            .filter(|group| matches(group))
+            .collect();
+        return page_of(named, after, limit);
+    }
     let start = after.map_or(Bound::Unbounded, |after| Bound::Excluded(after.to_owned()));
     let page: Vec<&Group> = groups
         .range((start, Bound::Unbounded))
@@ -1294,6 +1302,20 @@ fn paginate<'a>(
         .collect();
     let total =
         known_total.unwrap_or_else(|| groups.values().filter(|group| matches(group)).count());
+    finish_page(page, limit, total)
+}
+
+/// One page of `sorted` (every match, in id order) after `after`, and their count.
+fn page_of<'a>(
+    sorted: Vec<&'a Group>,
+    after: Option<&str>,
+    limit: usize,
+) -> (Vec<&'a Group>, String, usize) {
+    let total = sorted.len();
+    let start = after.map_or(0, |after| {
+        sorted.partition_point(|group| group.id.as_str() <= after)
+    });
+    let page = sorted.into_iter().skip(start).take(limit + 1).collect();
     finish_page(page, limit, total)
 }
 
@@ -1641,6 +1663,66 @@ mod tests {
                 .data
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn named_groups_page_in_id_order_with_the_other_filters_applied() {
+        let mut engine = Engine::new(Settings::default());
+        let mine: Vec<String> = (0..5)
+            .map(|i| {
+                engine
+                    .create(mk_request(&format!("n-{i}"), "vn-0"), 0)
+                    .unwrap()
+            })
+            .collect();
+        let theirs = engine.create(mk_request("other", "vn-1"), 0).unwrap();
+        let mut named = mine.clone();
+        named.extend([theirs, "eci-gone".to_owned(), mine[0].clone()]);
+        named.reverse();
+        let mut expected = mine;
+        expected.sort();
+
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        loop {
+            let mut request = status_request("vn-0", 2, &token);
+            request.container_group_ids.clone_from(&named);
+            let page = engine.describe_status(&request, 0).unwrap();
+            assert_eq!(
+                page.total_count, 5,
+                "vn-1's group, an unknown id and a repeat are not counted"
+            );
+            seen.extend(page.data.into_iter().map(|s| s.container_group_id));
+            if page.next_token.is_empty() {
+                break;
+            }
+            token = page.next_token;
+        }
+        assert_eq!(seen, expected);
+
+        let groups = engine
+            .describe_groups(
+                &DescribeContainerGroupsRequest {
+                    region_id: "cn-hangzhou".into(),
+                    container_group_ids: named,
+                    tag: vec![Tag {
+                        key: "node".into(),
+                        value: "vn-0".into(),
+                    }],
+                    limit: Some(3),
+                    ..DescribeContainerGroupsRequest::default()
+                },
+                0,
+            )
+            .unwrap();
+        assert_eq!(groups.total_count, 5);
+        let ids: Vec<_> = groups
+            .container_groups
+            .iter()
+            .map(|g| g.container_group_id.clone())
+            .collect();
+        assert_eq!(ids, expected[..3]);
+        assert_eq!(groups.next_token, expected[2]);
     }
 
     #[test]
