@@ -148,7 +148,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             )
         });
     }
-    wait_for_replica_count(replica_count).await;
+    wait_for_replica_count(replica_count.clone()).await;
     // One watch of this node's pods, read by the pod controller and the kubelet API's metrics.
     let node_pods = SharedWatch::<Pod>::new("this node's pod");
     {
@@ -170,6 +170,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         Arc::clone(&backend),
         Arc::clone(&telemetry),
         Arc::clone(&node_pods),
+        replica_count.clone(),
     );
     let groups = controller.groups();
     let misconfig = controller.misconfig_monitor();

@@ -2,7 +2,8 @@
 //! Lease holding (node Lease, elections), the resource-quantity grammar, a pod's requests and
 //! the serving certificate shared through a Secret (webhook, scheduler extender), and who is
 //! calling a listener (`callers`: client certificates, TokenReview, SubjectAccessReview), and
-//! the one pod and node watch per replica the areas share (`shared_watch`).
+//! the one pod and node watch per replica the areas share (`shared_watch`), and a replica's
+//! share of the apiserver writes the fleet makes together (`write_share`).
 //! A leaf: it calls no area.
 
 pub mod access;
@@ -13,6 +14,7 @@ pub mod quantity;
 pub mod requests;
 pub mod serving_cert;
 pub mod shared_watch;
+pub mod write_share;
 
 use std::time::SystemTime;
 

@@ -47,6 +47,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::k8s::access::{Access, Scope};
+use crate::k8s::write_share::WriteShare;
 use crate::ops::metrics::Telemetry;
 
 /// How long a repeat still counts as the same series (as kube-runtime and client-go).
@@ -64,13 +65,14 @@ const ROUTINE_QUEUE_CAPACITY: usize = 32_768;
 const YIELDING_WINDOW: usize = 1;
 /// Background publications in flight at first (the fixed count there was before).
 const FIRST_WINDOW: usize = 8;
-/// Background publications in flight at most: a kubelet's client sends at most 50 Events/s
+/// Background publications in flight at most, for the whole fleet: a replica built with
+/// [`EventPublisher::yielding_to`] keeps to its share of it ([`WriteShare`]). A kubelet's client sends at most 50 Events/s
 /// (`--event-qps`); 64 in flight at the ~0.4 s a loaded apiserver takes per write is ~150/s,
 /// which a 10,000-pod start needs, and it is the apiserver's latency or its 429 that stops it
 /// sooner. Measured (docs/performance.md): with 429s alone closing it, at 10,000 pods on 2
 /// cores every Event was written and the pods' own writes waited behind them (all Running 2.29×
 /// kwok's time, 1.25× when 12,504 Events were dropped); hence [`SLOW_ANSWER`].
-const MAX_WINDOW: usize = 64;
+pub const MAX_WINDOW: usize = 64;
 
 /// An answer slower than this means the apiserver is past its limit, for Events: it is the
 /// Kubernetes scalability objective for a single-object mutating call (p99 ≤ 1 s). Pods' own
@@ -118,9 +120,9 @@ impl Default for Window {
 }
 
 impl Window {
-    fn answered(&mut self, answer: Answer, backlog: bool) {
+    fn answered(&mut self, answer: Answer, backlog: bool, ceiling: usize) {
         self.limit = match answer {
-            Answer::Taken if backlog => (self.limit + 1).min(MAX_WINDOW),
+            Answer::Taken if backlog => (self.limit + 1).min(ceiling.max(1)),
             Answer::Taken => self.limit,
             Answer::Overloaded => (self.limit / 2).max(1),
         };
@@ -236,6 +238,8 @@ struct Shared {
     series: Mutex<SeriesIndex>,
     telemetry: Arc<Telemetry>,
     precedence: Option<Precedence>,
+    /// This replica's share of [`MAX_WINDOW`], when the fleet divides it.
+    share: Option<Arc<WriteShare>>,
 }
 
 /// Publishes Events about pods, nodes and Selectors.
@@ -258,17 +262,19 @@ impl EventPublisher {
     /// A publisher reporting as `reporter`; starts its background workers (they stop when the
     /// last clone of the publisher is dropped).
     pub fn new(client: kube::Client, reporter: Reporter, telemetry: Arc<Telemetry>) -> Self {
-        Self::start(client, reporter, telemetry, None)
+        Self::start(client, reporter, telemetry, None, None)
     }
 
-    /// As [`Self::new`], with routine events yielding to the pod writes `precedence` reports.
+    /// As [`Self::new`], with routine events yielding to the pod writes `precedence` reports,
+    /// and at most `share` publications in flight: this replica's part of [`MAX_WINDOW`].
     pub fn yielding_to(
         client: kube::Client,
         reporter: Reporter,
         telemetry: Arc<Telemetry>,
         precedence: Precedence,
+        share: Arc<WriteShare>,
     ) -> Self {
-        Self::start(client, reporter, telemetry, Some(precedence))
+        Self::start(client, reporter, telemetry, Some(precedence), Some(share))
     }
 
     fn start(
@@ -276,6 +282,7 @@ impl EventPublisher {
         reporter: Reporter,
         telemetry: Arc<Telemetry>,
         precedence: Option<Precedence>,
+        share: Option<Arc<WriteShare>>,
     ) -> Self {
         let shared = Arc::new(Shared {
             client,
@@ -283,6 +290,7 @@ impl EventPublisher {
             series: Mutex::new(SeriesIndex::new(SERIES_CAPACITY, Instant::now())),
             telemetry,
             precedence,
+            share,
         });
         let (warnings, queued_warnings) = mpsc::channel::<Queued>(WARNING_QUEUE_CAPACITY);
         let (routine, queued_routine) = mpsc::channel::<Queued>(ROUTINE_QUEUE_CAPACITY);
@@ -351,11 +359,13 @@ async fn drain(shared: Arc<Shared>, mut queues: Queues) {
     let mut in_flight = JoinSet::new();
     let (mut warnings_open, mut routine_open) = (true, true);
     while warnings_open || routine_open {
-        let room = window.limit.saturating_sub(in_flight.len());
+        let ceiling = shared.ceiling();
+        let limit = window.limit.min(ceiling);
+        let room = limit.saturating_sub(in_flight.len());
         let routine_limit = if shared.precedence.as_ref().is_some_and(|waits| waits()) {
-            YIELDING_WINDOW.min(window.limit)
+            YIELDING_WINDOW.min(limit)
         } else {
-            window.limit
+            limit
         };
         let routine_room = routine_limit.saturating_sub(in_flight.len());
         let next = tokio::select! {
@@ -363,7 +373,7 @@ async fn drain(shared: Arc<Shared>, mut queues: Queues) {
             Some(done) = in_flight.join_next() => {
                 // A publication that panicked says nothing about the apiserver.
                 let answer = done.unwrap_or(Answer::Taken);
-                window.answered(answer, !queues.is_empty());
+                window.answered(answer, !queues.is_empty(), ceiling);
                 continue;
             }
             next = queues.warnings.recv(), if warnings_open && room > 0 => {
@@ -393,6 +403,13 @@ async fn drain(shared: Arc<Shared>, mut queues: Queues) {
 }
 
 impl Shared {
+    /// Publications in flight at most: this replica's share of the fleet's.
+    fn ceiling(&self) -> usize {
+        self.share
+            .as_ref()
+            .map_or(MAX_WINDOW, |share| share.size().min(MAX_WINDOW))
+    }
+
     fn series(&self) -> std::sync::MutexGuard<'_, SeriesIndex> {
         self.series.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -534,7 +551,7 @@ mod tests {
         ];
         for (before, answer, backlog, after) in cases {
             let mut window = Window { limit: before };
-            window.answered(answer, backlog);
+            window.answered(answer, backlog, MAX_WINDOW);
             assert_eq!(window.limit, after, "{before} {answer:?} backlog={backlog}");
         }
     }
@@ -581,14 +598,16 @@ mod tests {
         code: u16,
         delay: Duration,
     ) -> (EventPublisher, Arc<Mutex<Seen>>, Arc<Telemetry>) {
-        publisher_yielding(code, delay, None)
+        publisher_yielding(code, delay, None, None)
     }
 
-    /// As [`publisher_over`], routine events yielding to `precedence` when given.
+    /// As [`publisher_over`], routine events yielding to `precedence` when given, within
+    /// `share` when given.
     fn publisher_yielding(
         code: u16,
         delay: Duration,
         precedence: Option<Precedence>,
+        share: Option<Arc<WriteShare>>,
     ) -> (EventPublisher, Arc<Mutex<Seen>>, Arc<Telemetry>) {
         let seen: Arc<Mutex<Seen>> = Arc::default();
         let shared = Arc::clone(&seen);
@@ -632,6 +651,7 @@ mod tests {
             },
             Arc::clone(&telemetry),
             precedence,
+            share,
         );
         (publisher, seen, telemetry)
     }
@@ -651,7 +671,7 @@ mod tests {
         let precedence: Precedence =
             Arc::new(move || waits.load(std::sync::atomic::Ordering::SeqCst));
         let (publisher, seen, telemetry) =
-            publisher_yielding(201, Duration::from_millis(100), Some(precedence));
+            publisher_yielding(201, Duration::from_millis(100), Some(precedence), None);
         for i in 0..200 {
             publisher.publish_later(mk_event("Started", &format!("container {i}")), mk_ref("p"));
         }
@@ -731,6 +751,43 @@ mod tests {
             took < Duration::from_secs(20),
             "{burst} Events took {took:?}; at {FIRST_WINDOW} in flight they take 100 s"
         );
+    }
+
+    /// Ten replicas each opening the window to [`MAX_WINDOW`] would put ten times the
+    /// fleet's Events in the apiserver's flight: a replica keeps to its share, as it changes.
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_keeps_to_its_share_of_the_fleets_publications() {
+        let share = WriteShare::new("events", MAX_WINDOW, 1);
+        let (count, replicas) = tokio::sync::watch::channel(10);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let following = {
+            let (share, stop) = (Arc::clone(&share), stop.clone());
+            tokio::spawn(async move { share.follow(replicas, stop).await })
+        };
+        tokio::task::yield_now().await;
+        let (publisher, seen, _) = publisher_yielding(
+            201,
+            Duration::from_millis(400),
+            None,
+            Some(Arc::clone(&share)),
+        );
+        for i in 0..500 {
+            publisher.publish_later(mk_event("Pulled", &format!("image {i}")), mk_ref("p"));
+        }
+        until_answered(&seen, 250).await;
+        assert_eq!(
+            seen.lock().unwrap().most_in_flight,
+            7,
+            "64 over ten, rounded up"
+        );
+        count.send_replace(1);
+        until_answered(&seen, 500).await;
+        assert!(
+            seen.lock().unwrap().most_in_flight > 7,
+            "alone again, the window opens past the old share"
+        );
+        stop.cancel();
+        following.await.unwrap();
     }
 
     /// An apiserver answering 429 closes the window to one publication at a time.

@@ -36,6 +36,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
@@ -43,6 +44,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::config::PodsConfig;
 use crate::eci::Backend;
 use crate::k8s::shared_watch::SharedWatch;
+use crate::k8s::write_share::WriteShare;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
 use crate::pods::from_eci;
@@ -59,15 +61,19 @@ pub const PROVIDER_FAILED: &str = "ProviderFailed";
 /// The field manager of our pod status writes (server-side apply): the fields it owns are
 /// ours, everything else on the status is someone else's.
 const FIELD_MANAGER: &str = "virtual-node-eci";
-/// Pod status writes in flight at most (each pod's writes are sequential).
+/// Pod status writes in flight at most, for the whole fleet: each replica writes its share
+/// ([`WriteShare`]; each pod's writes are sequential).
 const STATUS_WRITERS: usize = 32;
 /// Status writes for changed readiness gates or generations in flight at most: rare, and
 /// each one small.
 const REFRESH_WRITERS: usize = 4;
-/// Pod removals sent to the API server at once, as many as status writers: a scale-in of
-/// 10,000 pods sent all of them together (each on a connection of its own, HTTP/1.1), 450
-/// mutating requests in the apiserver's flight at the peak.
+/// Pod removals sent to the API server at once, as many as status writers, for the whole
+/// fleet (each replica its share): a scale-in of 10,000 pods sent all of them together (each
+/// on a connection of its own, HTTP/1.1), 450 mutating requests in the apiserver's flight at
+/// the peak.
 const POD_DELETES_IN_FLIGHT: usize = STATUS_WRITERS;
+/// A replica's share of the status writes or removals never falls below this.
+const WRITE_SHARE_FLOOR: usize = 2;
 /// How long per-pod work in flight (deletions, status writes) may take after a stop.
 const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 /// Annotation writes in flight at most. Each first reads its group, and the reads made at
@@ -326,9 +332,10 @@ struct Inner {
     /// Cancelled once in-flight work had its grace after a stop: what is still waiting then
     /// (a deletion waiting for its group to go) is left to the successor, which resumes it.
     abandon: CancellationToken,
-    /// Pod removals (the grace-0 delete after the group is gone) in flight at most
-    /// ([`POD_DELETES_IN_FLIGHT`]).
-    pod_deletes: Arc<tokio::sync::Semaphore>,
+    /// This replica's shares of the apiserver writes the fleet makes together.
+    shares: Shares,
+    /// The live replicas the shares are divided among.
+    replicas: watch::Receiver<u32>,
     /// Groups being deleted, and who waits for them to be gone.
     awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
     /// DescribeContainerGroups lookups of single groups, sharing calls.
@@ -368,16 +375,46 @@ fn tag(group: &ContainerGroupStatus, key: &str) -> Option<String> {
 fn pod_writes_waiting(
     annotations: &Arc<WorkQueue<String, Annotation>>,
     statuses: &Arc<WorkQueue<String, status_sync::Queued>>,
-    pod_deletes: &Arc<tokio::sync::Semaphore>,
+    removals: &Arc<WriteShare>,
 ) -> crate::ops::events::Precedence {
-    let (annotations, statuses, pod_deletes) = (
+    let (annotations, statuses, removals) = (
         Arc::clone(annotations),
         Arc::clone(statuses),
-        Arc::clone(pod_deletes),
+        Arc::clone(removals),
     );
-    Arc::new(move || {
-        !statuses.is_empty() || !annotations.is_empty() || pod_deletes.available_permits() == 0
-    })
+    Arc::new(move || !statuses.is_empty() || !annotations.is_empty() || removals.all_taken())
+}
+
+/// This replica's shares of the apiserver writes the fleet makes together (see
+/// [`WriteShare`]): the fleet's budgets are the constants above, divided among the live
+/// replicas as ECI's quotas are.
+#[derive(Debug)]
+struct Shares {
+    /// Pod status writes ([`STATUS_WRITERS`]).
+    statuses: Arc<WriteShare>,
+    /// Pod removals, the grace-0 delete after the group is gone ([`POD_DELETES_IN_FLIGHT`]).
+    removals: Arc<WriteShare>,
+    /// Background Event publications ([`crate::ops::events::MAX_WINDOW`]).
+    events: Arc<WriteShare>,
+}
+
+impl Shares {
+    fn new() -> Self {
+        Self {
+            statuses: WriteShare::new("pod statuses", STATUS_WRITERS, WRITE_SHARE_FLOOR),
+            removals: WriteShare::new("pod removals", POD_DELETES_IN_FLIGHT, WRITE_SHARE_FLOOR),
+            events: WriteShare::new("events", crate::ops::events::MAX_WINDOW, 1),
+        }
+    }
+
+    /// Keeps every share at this replica's part until `stop`.
+    async fn follow(&self, replicas: &watch::Receiver<u32>, stop: &CancellationToken) {
+        tokio::join!(
+            self.statuses.follow(replicas.clone(), stop.clone()),
+            self.removals.follow(replicas.clone(), stop.clone()),
+            self.events.follow(replicas.clone(), stop.clone()),
+        );
+    }
 }
 
 /// Namespace and name, as the annotation writers address a pod.
@@ -514,6 +551,7 @@ impl PodController {
         backend: Backend,
         telemetry: Arc<Telemetry>,
         node_pods: Arc<SharedWatch<Pod>>,
+        replicas: watch::Receiver<u32>,
     ) -> Self {
         let reporter = Reporter {
             controller: "virtual-node-eci".into(),
@@ -521,8 +559,8 @@ impl PodController {
         };
         let annotations: Arc<WorkQueue<String, Annotation>> = Arc::default();
         let statuses: Arc<WorkQueue<String, status_sync::Queued>> = Arc::default();
-        let pod_deletes = Arc::new(tokio::sync::Semaphore::new(POD_DELETES_IN_FLIGHT));
-        let precedence = pod_writes_waiting(&annotations, &statuses, &pod_deletes);
+        let shares = Shares::new();
+        let precedence = pod_writes_waiting(&annotations, &statuses, &shares.removals);
         Self {
             inner: Arc::new(Inner {
                 events: EventPublisher::yielding_to(
@@ -530,6 +568,7 @@ impl PodController {
                     reporter,
                     Arc::clone(&telemetry),
                     precedence,
+                    Arc::clone(&shares.events),
                 ),
                 tokens: crate::pods::tokens::TokenRefresher::new(
                     client.clone(),
@@ -548,7 +587,8 @@ impl PodController {
                 annotations,
                 statuses,
                 refreshes: Arc::default(),
-                pod_deletes,
+                shares,
+                replicas,
                 awaiting_removal: Mutex::new(HashMap::new()),
                 group_reads: Arc::default(),
                 pod_tasks: TaskTracker::new(),
@@ -670,6 +710,12 @@ impl PodController {
         );
         loops.spawn("tenancy", async move {
             Ok(tenancy.run(client, stop_tenancy).await?)
+        });
+        let (this, stop_shares) = (self.clone(), stop.clone());
+        loops.spawn("write shares", async move {
+            let inner = &this.inner;
+            inner.shares.follow(&inner.replicas, &stop_shares).await;
+            Ok(())
         });
         let listed_at = tokio::time::Instant::now();
         let adopted = loop {
@@ -1171,6 +1217,7 @@ mod tests {
             eci,
             Arc::new(Telemetry::new()),
             SharedWatch::new("test pod"),
+            watch::channel(1).1,
         )
     }
 

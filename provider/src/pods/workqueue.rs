@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
@@ -144,9 +144,47 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         F: Fn(K, V) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        self.serve_gated(workers, None, stop, work).await;
+    }
+
+    /// As [`WorkQueue::serve`], with each worker taking a permit of `gate` before it takes a
+    /// key and releasing it when the key's work ends: as many keys are worked on at once as
+    /// the gate has permits (at most `workers`), however their number changes meanwhile. The
+    /// permit is taken first so that no worker holds a key's value while it waits: a newer
+    /// value pushed meanwhile replaces it instead of following it.
+    pub async fn serve_within<F, Fut>(
+        self: &Arc<Self>,
+        workers: usize,
+        gate: Arc<Semaphore>,
+        stop: &CancellationToken,
+        work: F,
+    ) where
+        K: Send + 'static,
+        V: Send + 'static,
+        F: Fn(K, V) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.serve_gated(workers, Some(gate), stop, work).await;
+    }
+
+    async fn serve_gated<F, Fut>(
+        self: &Arc<Self>,
+        workers: usize,
+        gate: Option<Arc<Semaphore>>,
+        stop: &CancellationToken,
+        work: F,
+    ) where
+        K: Send + 'static,
+        V: Send + 'static,
+        F: Fn(K, V) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let mut running = JoinSet::new();
+        let worker = |running: &mut JoinSet<()>| {
+            running.spawn(Arc::clone(self).work_until(stop.clone(), gate.clone(), work.clone()));
+        };
         for _ in 0..workers.max(1) {
-            running.spawn(Arc::clone(self).work_until(stop.clone(), work.clone()));
+            worker(&mut running);
         }
         while let Some(ended) = running.join_next().await {
             let Err(error) = ended else { continue };
@@ -154,24 +192,37 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
                 error!(%error, "a work queue worker failed while stopping");
             } else {
                 error!(%error, "a work queue worker panicked; its key is released and a new worker takes its place");
-                running.spawn(Arc::clone(self).work_until(stop.clone(), work.clone()));
+                worker(&mut running);
             }
         }
     }
 
     /// One worker of [`WorkQueue::serve`].
-    async fn work_until<F, Fut>(self: Arc<Self>, stop: CancellationToken, work: F)
-    where
+    async fn work_until<F, Fut>(
+        self: Arc<Self>,
+        stop: CancellationToken,
+        gate: Option<Arc<Semaphore>>,
+        work: F,
+    ) where
         F: Fn(K, V) -> Fut,
         Fut: Future<Output = ()>,
     {
         loop {
+            let permit = match &gate {
+                None => None,
+                // A closed gate no longer limits anything.
+                Some(gate) => tokio::select! {
+                    () = stop.cancelled() => return,
+                    permit = Arc::clone(gate).acquire_owned() => permit.ok(),
+                },
+            };
             let (key, value) = tokio::select! {
                 () = stop.cancelled() => return,
                 next = self.next() => next,
             };
             let held = Held { queue: &self, key };
             Box::pin(work(held.key.clone(), value)).await;
+            drop((held, permit));
         }
     }
 
@@ -390,6 +441,59 @@ mod tests {
         stop.cancel();
         serving.await.unwrap();
         assert!(queue.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_bounds_the_keys_worked_on_at_once_and_no_worker_holds_a_stale_value() {
+        let queue = Arc::new(WorkQueue::default());
+        let gate = Arc::new(Semaphore::new(2));
+        let stop = CancellationToken::new();
+        let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+        let release = Arc::new(Notify::new());
+        let serving = {
+            let (queue, gate, stop, release) = (
+                Arc::clone(&queue),
+                Arc::clone(&gate),
+                stop.clone(),
+                Arc::clone(&release),
+            );
+            tokio::spawn(async move {
+                queue
+                    .serve_within(8, gate, &stop, move |key, value| {
+                        let (started, release) = (started.clone(), Arc::clone(&release));
+                        async move {
+                            started.send((key, value)).unwrap();
+                            release.notified().await;
+                        }
+                    })
+                    .await;
+            })
+        };
+        for key in 0..4 {
+            queue.push(key, 0);
+        }
+        let mut first = vec![starts.recv().await.unwrap(), starts.recv().await.unwrap()];
+        first.sort_unstable();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            starts.try_recv().is_err(),
+            "eight workers, two permits: two keys at once"
+        );
+        // Keys 2 and 3 wait in the queue, not in a worker: their newer values replace them.
+        queue.push(2, 1);
+        queue.push(3, 1);
+        gate.add_permits(2);
+        let mut next = vec![starts.recv().await.unwrap(), starts.recv().await.unwrap()];
+        next.sort_unstable();
+        assert_eq!(first, vec![(0, 0), (1, 0)]);
+        assert_eq!(
+            next,
+            vec![(2, 1), (3, 1)],
+            "each key worked on once, with its latest value"
+        );
+        stop.cancel();
+        release.notify_waiters();
+        serving.await.unwrap();
     }
 
     #[tokio::test]

@@ -247,8 +247,7 @@ impl PodController {
             // A block of its own: the answer (a whole Pod) and the turn are dropped before the
             // back-off's wait, not kept in it.
             {
-                // Never closed, so a turn always comes.
-                let _turn = self.inner.pod_deletes.acquire().await;
+                let _turn = self.inner.shares.removals.acquire().await;
                 self.inner.telemetry.kube_request("pod_delete");
                 match Box::pin(api.delete(&pod.name, &params)).await {
                     Ok(_) => {

@@ -312,7 +312,11 @@ impl PodController {
         let this = self.clone();
         self.inner
             .statuses
-            .serve(STATUS_WRITERS, &stop, move |uid, queued| {
+            .serve_within(
+                STATUS_WRITERS,
+                self.inner.shares.statuses.permits(),
+                &stop,
+                move |uid, queued| {
                 let this = this.clone();
                 async move {
                     match queued.group() {
