@@ -638,7 +638,10 @@ impl PodController {
     async fn annotate(&self, (namespace, name): &(String, String), uid: &str, back: &WriteBack) {
         let id = back.group_id();
         let mut values = back.values.clone();
-        match self.describe_group(id).await {
+        match self
+            .describe_group(id, super::describe::Pace::Gathered)
+            .await
+        {
             Ok(Some(group)) => values.extend(annotations::described(&group, back.look_up_zone)),
             Ok(None) => {
                 warn!(pod = %format!("{namespace}/{name}"), eci_id = %id, "the container group is not described yet; annotating the pod with the creation's answer only");
