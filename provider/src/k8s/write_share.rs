@@ -9,8 +9,9 @@
 //! Why: at 10,000 pods over ten replicas on 2 cores, each replica keeping its own 32 status
 //! writes in flight put 461 mutating requests in the apiserver's flight (197 queued behind
 //! them). The apiserver spent 1.43 ms of CPU per request against 0.68 ms for the same
-//! requests from one replica, and the pods were all Running in 3.04× kwok's time. With four
-//! writers per replica: 149 in flight, 0.82 ms per request, 1.56× (docs/performance.md).
+//! requests from one replica, and the pods were all Running in 3.04× kwok's time. With these
+//! shares (four status writers per replica): 138 in flight, 0.79 ms per request, 1.57×; at
+//! 30,000 pods over ten, 2.21× became 1.13–1.31× (docs/performance.md).
 //!
 //! Rules:
 //! - A share is at least its floor, however many replicas: a replica always makes progress.
