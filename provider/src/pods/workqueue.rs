@@ -144,7 +144,9 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         F: Fn(K, V) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.serve_gated(workers, None, stop, work).await;
+        // As many permits as workers: a gate that never holds one back.
+        let gate = Arc::new(Semaphore::new(workers.max(1)));
+        self.serve_within(workers, gate, stop, work).await;
     }
 
     /// As [`WorkQueue::serve`], with each worker taking a permit of `gate` before it takes a
@@ -164,24 +166,13 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         F: Fn(K, V) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.serve_gated(workers, Some(gate), stop, work).await;
-    }
-
-    async fn serve_gated<F, Fut>(
-        self: &Arc<Self>,
-        workers: usize,
-        gate: Option<Arc<Semaphore>>,
-        stop: &CancellationToken,
-        work: F,
-    ) where
-        K: Send + 'static,
-        V: Send + 'static,
-        F: Fn(K, V) -> Fut + Clone + Send + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
         let mut running = JoinSet::new();
         let worker = |running: &mut JoinSet<()>| {
-            running.spawn(Arc::clone(self).work_until(stop.clone(), gate.clone(), work.clone()));
+            running.spawn(Arc::clone(self).work_until(
+                stop.clone(),
+                Arc::clone(&gate),
+                work.clone(),
+            ));
         };
         for _ in 0..workers.max(1) {
             worker(&mut running);
@@ -201,20 +192,17 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
     async fn work_until<F, Fut>(
         self: Arc<Self>,
         stop: CancellationToken,
-        gate: Option<Arc<Semaphore>>,
+        gate: Arc<Semaphore>,
         work: F,
     ) where
         F: Fn(K, V) -> Fut,
         Fut: Future<Output = ()>,
     {
         loop {
-            let permit = match &gate {
-                None => None,
-                // A closed gate no longer limits anything.
-                Some(gate) => tokio::select! {
-                    () = stop.cancelled() => return,
-                    permit = Arc::clone(gate).acquire_owned() => permit.ok(),
-                },
+            // A closed gate no longer limits anything.
+            let permit = tokio::select! {
+                () = stop.cancelled() => return,
+                permit = Arc::clone(&gate).acquire_owned() => permit.ok(),
             };
             let (key, value) = tokio::select! {
                 () = stop.cancelled() => return,
