@@ -9,7 +9,8 @@
 //! is the lookup's [`Pace`]: a lookup that something waits on (is a deleted group gone?) is
 //! answered after one round trip; the lookups of new groups' descriptions, which only ride on
 //! the pod's next status write, let ids gather for [`GATHER_WINDOW`] while fewer than a full
-//! call's wait. Without that window a steady stream of creations cost one call per group
+//! call's wait and no `Now` lookup waits among them (one joining cuts the gathering short).
+//! Without that window a steady stream of creations cost one call per group
 //! (0.96 DescribeContainerGroups per pod at 30,000 pods over ten replicas): each lookup found
 //! the previous call already answered. A throttled call is made again after a back-off
 //! ([`crate::eci::paging::page`]), never dropped.
@@ -22,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use eci_proto::EciError;
 use eci_proto::v20180808::{ContainerGroup, DescribeContainerGroupsRequest};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tracing::debug;
 
 use super::PodController;
@@ -69,12 +70,16 @@ struct Pending {
     waiting: HashMap<String, Vec<oneshot::Sender<Read>>>,
     /// A driver is making calls: new lookups join its next call.
     driving: bool,
+    /// A [`Pace::Now`] lookup waits for the next call: it goes without gathering.
+    urgent: bool,
 }
 
 /// Shares DescribeContainerGroups calls between lookups made at the same time.
 #[derive(Default)]
 pub(super) struct GroupReads {
     pending: Mutex<Pending>,
+    /// Wakes a gathering driver when a [`Pace::Now`] lookup joins.
+    hurry: Notify,
 }
 
 /// The right and duty to make the calls while lookups wait: one exists at a time. Owned by
@@ -83,8 +88,6 @@ pub(super) struct GroupReads {
 /// leaving them waiting forever.
 pub(super) struct Driver {
     reads: Arc<GroupReads>,
-    /// The pace of the lookup that started it: a later lookup joins at this pace.
-    pace: Pace,
     /// It ran to its end and gave the claim up itself (a later driver may hold one now,
     /// which is not this one's to clear).
     released: bool,
@@ -115,11 +118,17 @@ impl Driver {
         let mut first = true;
         loop {
             // Lookups made in the same instant as the one that started the driver join its
-            // first call (a yield, not a wait, at `Now`); gathered ones wait for company
-            // unless a call is full, or nothing waits at all (the driver then lets go).
-            let waiting = self.reads.waiting();
-            if self.pace == Pace::Gathered && (1..IDS_PER_CALL).contains(&waiting) {
-                tokio::time::sleep(GATHER_WINDOW).await;
+            // first call (a yield, not a wait); gathered ones wait for company unless a call
+            // is full, a `Now` lookup waits, or nothing waits at all (the driver then lets go).
+            // Registered before looking, so a `Now` lookup joining meanwhile is not missed.
+            let hurried = self.reads.hurry.notified();
+            tokio::pin!(hurried);
+            hurried.as_mut().enable();
+            if self.reads.gathers() {
+                tokio::select! {
+                    () = tokio::time::sleep(GATHER_WINDOW) => {}
+                    () = hurried => {}
+                }
             } else if first {
                 tokio::task::yield_now().await;
             }
@@ -171,19 +180,24 @@ impl GroupReads {
             }
             answers.push((id.clone(), receiver));
         }
+        if pace == Pace::Now && !ids.is_empty() {
+            pending.urgent = true;
+            self.hurry.notify_waiters();
+        }
         let start = !pending.driving && !pending.order.is_empty();
         pending.driving |= start;
         let driver = start.then(|| Driver {
             reads: Arc::clone(self),
-            pace,
             released: false,
         });
         (answers, driver)
     }
 
-    /// Ids waiting for a call.
-    fn waiting(&self) -> usize {
-        self.lock().order.len()
+    /// Whether the next call waits for more ids: some wait, fewer than a full call, and
+    /// none of them for a [`Pace::Now`] lookup.
+    fn gathers(&self) -> bool {
+        let pending = self.lock();
+        (1..IDS_PER_CALL).contains(&pending.order.len()) && !pending.urgent
     }
 
     /// Up to [`IDS_PER_CALL`] waiting ids, oldest first; none ends the driver's claim.
@@ -191,6 +205,11 @@ impl GroupReads {
         let mut pending = self.lock();
         let take = pending.order.len().min(IDS_PER_CALL);
         let batch: Vec<String> = pending.order.drain(..take).collect();
+        // Every urgent id is in a call once none is left waiting (a full batch may leave
+        // some: the next call does not gather either way while ids remain urgent).
+        if pending.order.is_empty() {
+            pending.urgent = false;
+        }
         if batch.is_empty() {
             pending.driving = false;
         }
@@ -470,6 +489,27 @@ mod tests {
             started.elapsed(),
             Duration::ZERO,
             "a full call waits for nothing"
+        );
+    }
+
+    /// A lookup something waits on, joining a gathering, cuts it short: both go in one call
+    /// at once, not after the window.
+    #[tokio::test(start_paused = true)]
+    async fn a_lookup_that_is_waited_on_cuts_a_gathering_short() {
+        let (reads, service) = (Arc::new(GroupReads::default()), Service::new(0));
+        let started = tokio::time::Instant::now();
+        let gathered = look_up_at(&reads, &service, vec!["eci-new".into()], Pace::Gathered);
+        let urgent = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            look_up_at(&reads, &service, vec!["eci-gone?".into()], Pace::Now).await
+        };
+        let (gathered, urgent) = tokio::join!(gathered, urgent);
+        assert!(matches!(gathered[0], Ok(Some(_))) && matches!(urgent[0], Ok(Some(_))));
+        assert_eq!(*service.sizes.lock().unwrap(), [2], "one call for both");
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(10),
+            "no wait past the join"
         );
     }
 
