@@ -276,6 +276,10 @@ def error_code(error: Exception) -> str:
 # The rich CreateContainerGroup, feature by feature
 
 
+def parse_time(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
@@ -1133,9 +1137,17 @@ class Run:
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
             answer = self.sdk.call("DescribeContainerGroupMetric", request, "Period=15")
-            if answer is None or answer.body.records or time.monotonic() > deadline:
+            if answer is None or time.monotonic() > deadline:
                 break
-            time.sleep(0.5)  # a record exists once a 15 s period of running has passed
+            records = answer.body.records or []
+            # A record lists the containers running at its time. Records start with the group's
+            # provisioning, which comes before the init container has finished and the regular
+            # ones have started, so wait for a record taken after every container's current run
+            # began (times are whole seconds, hence strictly after).
+            started = self.containers_started(rich_id)
+            if records and started is not None and parse_time(records[-1].timestamp) > started:
+                break
+            time.sleep(0.5)  # a new record comes at each 15 s period boundary
         if answer is not None:
             records = answer.body.records or []
             self.results.expect("DescribeContainerGroupMetric", "ContainerGroupId echoed", answer.body.container_group_id == rich_id, f"{answer.body.container_group_id!r}")
@@ -1150,6 +1162,22 @@ class Run:
             data = datas.get(rich_id)
             if data is not None and self.results.expect("DescribeMultiContainerGroupMetric", "has records", bool(data.records), "no Records"):
                 self.check_record("DescribeMultiContainerGroupMetric", "record", data.records[-1], None)
+
+    def containers_started(self, group_id):
+        """When the last of the group's regular containers began its current run, if all have."""
+        try:
+            answer = self.sdk.raw_call(
+                "DescribeContainerGroups",
+                m.DescribeContainerGroupsRequest(region_id=self.args.region, container_group_ids=json.dumps([group_id])),
+            )
+        except Exception:  # noqa: BLE001 - the caller keeps polling until its deadline
+            return None
+        groups = answer.body.container_groups or []
+        containers = groups[0].containers or [] if groups else []
+        starts = [c.current_state.start_time if c.current_state else None for c in containers]
+        if not starts or not all(starts):
+            return None
+        return max(parse_time(start) for start in starts)
 
     def update_checks(self, sent, rich_id):
         configs = [v for v in sent.volume or [] if v.config_file_volume]
