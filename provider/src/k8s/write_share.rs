@@ -23,7 +23,7 @@
 //! A `tokio` semaphore holds the permits; no maintained crate resizes one, hence this file.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
@@ -45,6 +45,8 @@ pub struct WriteShare {
     permits: Arc<Semaphore>,
     /// The share now: what the permits are being brought to.
     size: AtomicUsize,
+    /// The live replicas the share was last sized for (at least one).
+    replicas: AtomicU32,
 }
 
 impl WriteShare {
@@ -57,7 +59,13 @@ impl WriteShare {
             floor,
             permits: Arc::new(Semaphore::new(size)),
             size: AtomicUsize::new(size),
+            replicas: AtomicU32::new(1),
         })
+    }
+
+    /// How many replicas share the budget now (at least one).
+    pub fn replicas(&self) -> u32 {
+        self.replicas.load(Ordering::Relaxed)
     }
 
     /// The share now.
@@ -89,6 +97,7 @@ impl WriteShare {
     pub async fn follow(&self, mut replicas: watch::Receiver<u32>, stop: CancellationToken) {
         loop {
             let count = *replicas.borrow_and_update();
+            self.replicas.store(count.max(1), Ordering::Relaxed);
             let wanted = share_of(self.budget, self.floor, count);
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -166,6 +175,7 @@ mod tests {
         count.send_replace(10);
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(share.size(), 4);
+        assert_eq!(share.replicas(), 10);
         assert!(
             share.all_taken(),
             "ten writes in flight are over the new share of four: no eleventh goes"
