@@ -19,11 +19,10 @@
 //!
 //! Routine events (`Normal`) also yield to the pods' own writes: a publisher built with
 //! [`EventPublisher::yielding_to`] keeps at most [`YIELDING_WINDOW`] of them in flight, and the
-//! fleet together about as many ([`FleetTurn`]), while its
-//! [`Precedence`] says pod writes wait (statuses to write, pod removals queued) and for
-//! [`YIELD_HOLD`] after, so the gaps between a rollout's bursts of writes do not open it, and
-//! publishes them at the window's pace once none have waited for that long. They wait in a queue large enough for a 10,000-pod
-//! start, and carry the time they were observed, not the time they were written. Warnings have
+//! fleet together about as many ([`FleetTurn`]), while its [`Precedence`] says pod writes wait
+//! (statuses to write, pod removals queued) and for [`YIELD_HOLD`] after; it publishes them at
+//! the window's pace once none have waited for that long. They wait in a queue large enough for
+//! a 10,000-pod start, and carry the time they were observed, not the time they were written. Warnings have
 //! a queue of their own and never yield. Measured (docs/performance.md): at 10,000 pods on 2
 //! cores, the two ECI events per pod were the whole difference between all Running at 1.05×
 //! kwok's time and at 1.44×.
@@ -66,10 +65,10 @@ const ROUTINE_QUEUE_CAPACITY: usize = 32_768;
 /// Routine publications in flight at most while the pods' own writes wait.
 const YIELDING_WINDOW: usize = 1;
 /// How long routine events keep yielding after pod writes were last seen waiting. Status
-/// writes come in bursts, one per ECI poll (every second by default, 500 ms in the
-/// benchmark), and the queue is empty between them; without a hold the window opened to its
-/// ceiling in every gap of a rollout, and ~14,000 of the 60,000 routine Events of a 30,000-pod
-/// start over ten replicas went out before the last pod ran (docs/performance.md).
+/// writes come in bursts, one per ECI poll (every second by default), and the queue is empty
+/// between them: without a hold, the window opens to its ceiling in each gap of a rollout
+/// slower than its writes. (At 30,000 pods over ten replicas the writes never paused, and the
+/// hold alone changed nothing measurable: docs/performance.md.)
 const YIELD_HOLD: Duration = Duration::from_secs(2);
 /// Background publications in flight at first (the fixed count there was before).
 const FIRST_WINDOW: usize = 8;
@@ -392,9 +391,10 @@ struct FleetTurn {
 
 impl FleetTurn {
     /// A routine publication made while yielding was answered after `took`; `others` replicas
-    /// take their turns before this one's next.
+    /// take their turns before this one's next. An answer slower than [`SLOW_ANSWER`] counts
+    /// as that: one hung write must not hold a replica's Events back for minutes.
     fn published(&mut self, took: Duration, others: u32, now: Instant) {
-        self.not_before = Some(now + took.saturating_mul(others));
+        self.not_before = Some(now + took.min(SLOW_ANSWER).saturating_mul(others));
     }
 
     /// When this replica's next turn comes, if it has not come by `now`.
@@ -920,6 +920,34 @@ mod tests {
         );
         stop.cancel();
         following.await.unwrap();
+    }
+
+    /// A replica's turn comes after the others' answer times, each counted at most as
+    /// [`SLOW_ANSWER`].
+    #[test]
+    fn a_turn_waits_the_others_answer_times_capped_at_a_slow_answer() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        // (took, others, next turn after now)
+        for (took, others, wait) in [
+            (ms(100), 9, ms(900)),
+            (ms(100), 0, ms(0)),
+            (ms(250), 3, ms(750)),
+            (Duration::from_secs(60), 9, SLOW_ANSWER * 9),
+        ] {
+            let mut turn = FleetTurn::default();
+            turn.published(took, others, now);
+            assert_eq!(
+                turn.waits_until(now),
+                (!wait.is_zero()).then_some(now + wait),
+                "{took:?} taken, {others} others"
+            );
+        }
+        assert_eq!(
+            FleetTurn::default().waits_until(now),
+            None,
+            "no turn taken yet"
+        );
     }
 
     /// While pod writes wait, ten replicas together keep about one routine publication in
