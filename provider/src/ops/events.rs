@@ -885,18 +885,44 @@ mod tests {
         );
     }
 
+    /// The Events' share of a fleet of `replicas`, following `count` until stopped.
+    struct FleetShare {
+        share: Arc<WriteShare>,
+        count: tokio::sync::watch::Sender<u32>,
+        stop: tokio_util::sync::CancellationToken,
+        following: tokio::task::JoinHandle<()>,
+    }
+
+    impl FleetShare {
+        async fn of(replicas: u32) -> Self {
+            let share = WriteShare::new("events", MAX_WINDOW, 1);
+            let (count, receiver) = tokio::sync::watch::channel(replicas);
+            let stop = tokio_util::sync::CancellationToken::new();
+            let following = {
+                let (share, stop) = (Arc::clone(&share), stop.clone());
+                tokio::spawn(async move { share.follow(receiver, stop).await })
+            };
+            tokio::task::yield_now().await;
+            Self {
+                share,
+                count,
+                stop,
+                following,
+            }
+        }
+
+        async fn stop(self) {
+            self.stop.cancel();
+            self.following.await.unwrap();
+        }
+    }
+
     /// Ten replicas each opening the window to [`MAX_WINDOW`] would put ten times the
     /// fleet's Events in the apiserver's flight: a replica keeps to its share, as it changes.
     #[tokio::test(start_paused = true)]
     async fn a_replica_keeps_to_its_share_of_the_fleets_publications() {
-        let share = WriteShare::new("events", MAX_WINDOW, 1);
-        let (count, replicas) = tokio::sync::watch::channel(10);
-        let stop = tokio_util::sync::CancellationToken::new();
-        let following = {
-            let (share, stop) = (Arc::clone(&share), stop.clone());
-            tokio::spawn(async move { share.follow(replicas, stop).await })
-        };
-        tokio::task::yield_now().await;
+        let fleet = FleetShare::of(10).await;
+        let (share, count) = (Arc::clone(&fleet.share), &fleet.count);
         let (publisher, seen, _) = publisher_yielding(
             201,
             Duration::from_millis(400),
@@ -918,8 +944,7 @@ mod tests {
             seen.lock().unwrap().most_in_flight > 7,
             "alone again, the window opens past the old share"
         );
-        stop.cancel();
-        following.await.unwrap();
+        fleet.stop().await;
     }
 
     /// A replica's turn comes after the others' answer times, each counted at most as
@@ -955,14 +980,8 @@ mod tests {
     /// back to back.
     #[tokio::test(start_paused = true)]
     async fn yielding_replicas_take_turns_so_the_fleet_has_about_one_routine_event_in_flight() {
-        let share = WriteShare::new("events", MAX_WINDOW, 1);
-        let (count, replicas) = tokio::sync::watch::channel(10);
-        let stop = tokio_util::sync::CancellationToken::new();
-        let following = {
-            let (share, stop) = (Arc::clone(&share), stop.clone());
-            tokio::spawn(async move { share.follow(replicas, stop).await })
-        };
-        tokio::task::yield_now().await;
+        let fleet = FleetShare::of(10).await;
+        let (share, count) = (Arc::clone(&fleet.share), &fleet.count);
         let always: Precedence = Arc::new(|| true);
         let (publisher, seen, telemetry) = publisher_yielding(
             201,
@@ -989,8 +1008,7 @@ mod tests {
         );
         assert_eq!(seen.lock().unwrap().most_in_flight, 1);
         assert_eq!(telemetry.events_dropped.get(), 0);
-        stop.cancel();
-        following.await.unwrap();
+        fleet.stop().await;
     }
 
     /// An apiserver answering 429 closes the window to one publication at a time.
