@@ -22,8 +22,8 @@
 //! fleet together about as many ([`FleetTurn`]), while its [`Precedence`] says pod writes wait
 //! (statuses to write, pod removals queued) and for [`YIELD_HOLD`] after; it publishes them at
 //! the window's pace once none have waited for that long. They wait in a queue large enough for
-//! a 10,000-pod start, and carry the time they were observed, not the time they were written. Warnings have
-//! a queue of their own and never yield. Measured (docs/performance.md): at 10,000 pods on 2
+//! a 10,000-pod start, and carry the time they were observed, not the time they were written.
+//! Warnings have a queue of their own and never yield. Measured (docs/performance.md): at 10,000 pods on 2
 //! cores, the two ECI events per pod were the whole difference between all Running at 1.05×
 //! kwok's time and at 1.44×.
 //!

@@ -100,6 +100,7 @@ impl Drop for Driver {
         }
         let mut pending = self.reads.lock();
         pending.driving = false;
+        pending.urgent = false;
         pending.order.clear();
         for sender in pending.waiting.drain().flat_map(|(_, senders)| senders) {
             let _ = sender.send(Err(ReadError::Abandoned));
@@ -533,6 +534,10 @@ mod tests {
         for (_, answer) in answers {
             assert!(matches!(answer.await, Ok(Err(ReadError::Abandoned))));
         }
+        assert!(
+            !reads.lock().urgent,
+            "an abandoned urgent lookup leaves no urgency behind for the next gathering"
+        );
         let (_, driver) = reads.join(&["eci-3".to_owned()], Pace::Now);
         assert!(driver.is_some(), "a new driver may start");
     }
