@@ -133,6 +133,36 @@ async fn apiserver_counts(client: &kube::Client) -> ApiserverCounts {
     ApiserverCounts::parse(&text)
 }
 
+/// Waits until no pod write has reached the apiserver for [`QUIET_FOR`] (bounded), so a phase
+/// does not start while the last one's stragglers still load the cluster: kwok v0.8.0 sends a
+/// second `DELETE` for each pod it removed (answered 404), and at 10,000 pods and more those
+/// trail its phase by minutes, counted in the next phase's requests and CPU until this wait.
+async fn wait_for_pod_writes_to_settle(client: &kube::Client) {
+    const QUIET_FOR: Duration = Duration::from_secs(3);
+    const AT_MOST: Duration = Duration::from_secs(600);
+    let started = Instant::now();
+    let first = apiserver_counts(client).await.pod_writes;
+    let (mut last, mut quiet_since) = (first, Instant::now());
+    while quiet_since.elapsed() < QUIET_FOR && started.elapsed() < AT_MOST {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = apiserver_counts(client).await.pod_writes;
+        if now != last {
+            (last, quiet_since) = (now, Instant::now());
+        }
+    }
+    let settled = quiet_since.elapsed() >= QUIET_FOR;
+    println!(
+        "pod writes before the phase: {} more in {:.1} s, {}",
+        last - first,
+        started.elapsed().as_secs_f64(),
+        if settled {
+            "then quiet"
+        } else {
+            "still going: measured anyway"
+        }
+    );
+}
+
 /// Samples the apiserver's in-flight and queued requests every 2 s until aborted; the peaks
 /// are left in `peaks` ("inflight mutating", "inflight readOnly", "queued").
 fn sample_apiserver_load(
@@ -593,6 +623,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     let watch = watch_pods(pods.clone(), &phase, timeline.clone()).await;
     // Let the node's first status and Lease writes settle out of the phase's counts.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_for_pod_writes_to_settle(&client).await;
     let mock_before = match h.mock_eci() {
         Some(m) => fetch(&format!("{}/metrics", m.admin)).await,
         None => String::new(),
