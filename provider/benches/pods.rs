@@ -15,6 +15,9 @@
 //!   pods do by default (the daemon then issues a TokenRequest and reads the namespace's
 //!   `kube-root-ca.crt` per pod, as a kubelet does; kwok does neither). Off by default, so runs
 //!   stay comparable with the recorded ones;
+//! - `PODS_BENCH_ORDER=kwok-first`: `ours-first` runs the daemon's phases before kwok's, to
+//!   see what the order costs (each phase inherits an apiserver and etcd that the one before
+//!   it has just churned);
 //! - `PODS_BENCH_OUT=path` or `-- --out path`: also write the figures as JSON.
 //!
 //! Each phase reports the time from the first create to every pod Running and from the first
@@ -33,6 +36,7 @@
     clippy::cast_precision_loss
 )]
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,6 +47,7 @@ use integration::measure::{
     self, cpu_seconds, descendants_named, diff, grouped, proc_status_kib, quantile,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
@@ -270,7 +275,11 @@ fn lock(timeline: &Shared) -> std::sync::MutexGuard<'_, Timeline> {
 
 /// Watches the phase's pods until aborted, recording first-Running and deletion times; returns
 /// once the watch's first list is in.
-async fn watch_pods(pods: Api<Pod>, phase: &str, timeline: Shared) -> tokio::task::JoinHandle<()> {
+async fn watch_pods(
+    pods: Api<WatchedPod>,
+    phase: &str,
+    timeline: Shared,
+) -> tokio::task::JoinHandle<()> {
     let config = watcher::Config::default().labels(&format!("{PHASE_LABEL}={phase}"));
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let handle = tokio::spawn(async move {
@@ -444,8 +453,8 @@ struct Replica {
     metrics: String,
 }
 
-fn pod_manifest(name: &str, node: &str, phase: &str, tokens: bool) -> Pod {
-    serde_json::from_value(json!({
+fn pod_manifest(name: &str, node: &str, phase: &str, tokens: bool) -> Vec<u8> {
+    serde_json::to_vec(&json!({
         "metadata": {"name": name, "labels": {PHASE_LABEL: phase}},
         "spec": {
             "nodeName": node, "automountServiceAccountToken": tokens,
@@ -456,6 +465,72 @@ fn pod_manifest(name: &str, node: &str, phase: &str, tokens: bool) -> Pod {
         },
     }))
     .unwrap()
+}
+
+/// What the benchmark reads of a pod: its name, its resourceVersion (the watch resumes from
+/// it) and its phase. The benchmark's process shares the machine's two cores with everything
+/// it measures, so it decodes nothing more: whole `Pod`s (managed fields and all, in a debug
+/// build) from its watch and from every create and delete answer were 60–74 CPU seconds of a
+/// 30,000-pod phase, as much as two thirds of what the apiserver used.
+#[derive(Clone, Debug, serde::Deserialize)]
+struct WatchedPod {
+    #[serde(deserialize_with = "name_and_version")]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    status: Option<WatchedStatus>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+struct WatchedStatus {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+/// A pod's metadata with only what the watch needs (the rest is skipped, not decoded).
+fn name_and_version<'de, D: serde::Deserializer<'de>>(from: D) -> Result<ObjectMeta, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Read {
+        name: Option<String>,
+        namespace: Option<String>,
+        resource_version: Option<String>,
+    }
+    let read = <Read as serde::Deserialize>::deserialize(from)?;
+    Ok(ObjectMeta {
+        name: read.name,
+        namespace: read.namespace,
+        resource_version: read.resource_version,
+        ..ObjectMeta::default()
+    })
+}
+
+impl kube::Resource for WatchedPod {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind((): &()) -> Cow<'_, str> {
+        Cow::Borrowed("Pod")
+    }
+    fn group((): &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version((): &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn plural((): &()) -> Cow<'_, str> {
+        Cow::Borrowed("pods")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Sends `request` (a create or a delete) and leaves its answer undecoded (see [`WatchedPod`]).
+async fn send_undecoded(client: &kube::Client, request: http::Request<Vec<u8>>) {
+    client.request_text(request).await.unwrap();
 }
 
 /// Waits for what a token-mounting pod needs in `namespace`, both made by
@@ -620,7 +695,13 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let timeline: Shared = Arc::default();
-    let watch = watch_pods(pods.clone(), &phase, timeline.clone()).await;
+    let watch = watch_pods(
+        Api::namespaced(client.clone(), &namespace),
+        &phase,
+        timeline.clone(),
+    )
+    .await;
+    let pods_url = kube::core::Request::new(pods.resource_url());
     // Let the node's first status and Lease writes settle out of the phase's counts.
     tokio::time::sleep(Duration::from_secs(2)).await;
     wait_for_pod_writes_to_settle(&client).await;
@@ -646,8 +727,13 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     let paced_start = tokio::time::Instant::now();
     futures::stream::iter(names.iter().enumerate())
         .for_each_concurrent(64, |(i, name)| {
-            let pods = pods.clone();
-            let pod = pod_manifest(name, &nodes[i % nodes.len()], &phase, load.tokens);
+            let create = pods_url
+                .create(
+                    &PostParams::default(),
+                    pod_manifest(name, &nodes[i % nodes.len()], &phase, load.tokens),
+                )
+                .unwrap();
+            let client = &client;
             let due = (load.rate > 0.0)
                 .then(|| paced_start + Duration::from_secs_f64(i as f64 / load.rate));
             let timeline = timeline.clone();
@@ -656,7 +742,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
                     tokio::time::sleep_until(due).await;
                 }
                 lock(&timeline).created.insert(name.clone(), Instant::now());
-                pods.create(&PostParams::default(), &pod).await.unwrap();
+                send_undecoded(client, create).await;
             }
         })
         .await;
@@ -692,10 +778,9 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     let deleting_from = deleting.duration_since(started).as_secs_f64();
     futures::stream::iter(names.iter())
         .for_each_concurrent(64, |name| {
-            let pods = pods.clone();
-            async move {
-                pods.delete(name, &DeleteParams::default()).await.unwrap();
-            }
+            let delete = pods_url.delete(name, &DeleteParams::default()).unwrap();
+            let client = &client;
+            async move { send_undecoded(client, delete).await }
         })
         .await;
     wait_for("every pod gone", bound, &timeline, |t| t.gone.len() == size).await;
@@ -1247,6 +1332,11 @@ async fn main() {
         Ok("off") | Err(_) => false,
         Ok(other) => panic!("PODS_BENCH_TOKENS: {other:?} is neither on nor off"),
     };
+    let ours_first = match std::env::var("PODS_BENCH_ORDER").as_deref() {
+        Ok("ours-first") => true,
+        Ok("kwok-first") | Err(_) => false,
+        Ok(other) => panic!("PODS_BENCH_ORDER: {other:?} is neither kwok-first nor ours-first"),
+    };
     // cargo bench passes `--bench`; only `--out PATH` is ours.
     let args: Vec<String> = std::env::args().collect();
     let out = args
@@ -1264,8 +1354,11 @@ async fn main() {
             rate,
             tokens,
         };
-        println!("== {size} pods over {replicas} node(s): kwok ==");
-        let kwok = run_phase(Driver::Kwok, load).await;
+        let mut kwok = None;
+        if !ours_first {
+            println!("== {size} pods over {replicas} node(s): kwok ==");
+            kwok = Some(run_phase(Driver::Kwok, load).await);
+        }
         let mut ours = Vec::new();
         for quotas in &quotas {
             let driver = Driver::Ours { quotas: *quotas };
@@ -1275,6 +1368,13 @@ async fn main() {
             );
             ours.push((driver, run_phase(driver, load).await));
         }
+        let kwok = match kwok {
+            Some(kwok) => kwok,
+            None => {
+                println!("== {size} pods over {replicas} node(s): kwok ==");
+                run_phase(Driver::Kwok, load).await
+            }
+        };
         let pace = if rate > 0.0 {
             format!("created at {rate} pods/s")
         } else {
@@ -1285,16 +1385,21 @@ async fn main() {
         } else {
             "no service account token"
         };
+        let order = if ours_first {
+            "the daemon's phases first, then kwok's"
+        } else {
+            "kwok's phase first"
+        };
         println!(
-            "\n{size} pods over {replicas} node(s), {pace}, {mounts}; mock-eci provisioning \
-             delay {PROVISIONING_DELAY}; load average now {}",
+            "\n{size} pods over {replicas} node(s), {pace}, {mounts}, {order}; mock-eci \
+             provisioning delay {PROVISIONING_DELAY}; load average now {}",
             std::fs::read_to_string("/proc/loadavg")
                 .unwrap_or_default()
                 .trim()
         );
         println!("{}", table(load, &kwok, &ours));
         let mut entry = json!({"pods": size, "replicas": replicas, "rate": rate,
-            "tokens": tokens, "kwok": to_json(&kwok, size)});
+            "tokens": tokens, "ours_first": ours_first, "kwok": to_json(&kwok, size)});
         for (driver, figures) in &ours {
             entry[driver.label()] = to_json(figures, size);
             if *driver == (Driver::Ours { quotas: true }) {
