@@ -1354,11 +1354,15 @@ async fn main() {
             rate,
             tokens,
         };
-        let mut kwok = None;
-        if !ours_first {
+        let kwok_phase = || async {
             println!("== {size} pods over {replicas} node(s): kwok ==");
-            kwok = Some(run_phase(Driver::Kwok, load).await);
-        }
+            run_phase(Driver::Kwok, load).await
+        };
+        let kwok_before = if ours_first {
+            None
+        } else {
+            Some(kwok_phase().await)
+        };
         let mut ours = Vec::new();
         for quotas in &quotas {
             let driver = Driver::Ours { quotas: *quotas };
@@ -1368,12 +1372,9 @@ async fn main() {
             );
             ours.push((driver, run_phase(driver, load).await));
         }
-        let kwok = match kwok {
+        let kwok = match kwok_before {
             Some(kwok) => kwok,
-            None => {
-                println!("== {size} pods over {replicas} node(s): kwok ==");
-                run_phase(Driver::Kwok, load).await
-            }
+            None => kwok_phase().await,
         };
         let pace = if rate > 0.0 {
             format!("created at {rate} pods/s")
