@@ -1,15 +1,32 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes components the end-to-end suite, the benchmarks and the playground
 # run: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
-# etcd, kwok and metrics-server, and the tools the chart and alert tests run: helm
-# (helm.sh/helm/v3) and promtool (github.com/prometheus/prometheus), each from its upstream Go
-# module pinned by the go.mod/go.sum beside this script. Go is test infrastructure only; the product is Rust.
+# etcd, kwok and metrics-server, and the chart tests' helm (helm.sh/helm/v3), each from its
+# upstream Go module pinned by the go.mod/go.sum beside this script. Go is test infrastructure
+# only; the product is Rust. (promtool, for the alert tests, comes from Debian's `prometheus`
+# package instead: building it from its module took longer than the rest together.)
 #
-# Binaries are cached outside the work tree, one directory per component and version
+#   build.sh [component...]    components: kubernetes etcd kwok metrics-server helm
+#                              (none named: all of them)
+#
+# The control plane names the first four, the chart tests helm alone: each builds only what it
+# runs. Binaries are cached outside the work tree, one directory per component and version
 # (default ~/.cache/virtual-node-eci/<component>-<version>/bin; UPSTREAM_CACHE overrides), so
 # only a version bump rebuilds. Progress goes to stderr; stdout gets one `name=path` line per
 # binary (and `kwok-stages=<dir>`), which is what integration/'s fixture reads.
 set -euo pipefail
+
+all=(kubernetes etcd kwok metrics-server helm)
+wanted=("$@")
+[ ${#wanted[@]} -gt 0 ] || wanted=("${all[@]}")
+for c in "${wanted[@]}"; do
+  case " ${all[*]} " in
+    *" $c "*) ;;
+    *) echo "build.sh: unknown component \`$c' (known: ${all[*]})" >&2; exit 2 ;;
+  esac
+done
+# wants COMPONENT: true when the caller asked for it.
+wants() { case " ${wanted[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/virtual-node-eci}
@@ -81,85 +98,82 @@ emit() { local bin=$1; shift; for b in "$@"; do printf '%s=%s\n' "$b" "$bin/$b";
 missing() { local bin=$1; shift; for b in "$@"; do [ -x "$bin/$b" ] || return 0; done; return 1; }
 
 # Kubernetes: version-stamped like a release build, so `kubectl version` shows it.
-k8s=$(version kubernetes k8s.io/kubernetes)
-k8s_bin="$cache/k8s-$k8s/bin"
-k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-if missing "$k8s_bin" "${k8s_tools[@]}"; then
-  say "building Kubernetes $k8s (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl) into $k8s_bin"
-  say "a cold cache builds everything once: about 10 minutes on 2 cores (Kubernetes ~2,000 packages, ~5.5 min; etcd, kwok, metrics-server, helm, promtool after it), then it is cached"
-  minor=${k8s#v1.}
-  minor=${minor%%.*}
-  ldflags="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  done
-  build kubernetes "$k8s_bin" "$ldflags" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+if wants kubernetes; then
+  k8s=$(version kubernetes k8s.io/kubernetes)
+  k8s_bin="$cache/k8s-$k8s/bin"
+  k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  if missing "$k8s_bin" "${k8s_tools[@]}"; then
+    say "building Kubernetes $k8s (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl) into $k8s_bin"
+    say "a cold cache builds each component once (Kubernetes ~2,000 packages, minutes on 2 cores), then it is cached"
+    minor=${k8s#v1.}
+    minor=${minor%%.*}
+    ldflags="-s -w"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ldflags+=" -X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+      ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    done
+    build kubernetes "$k8s_bin" "$ldflags" \
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+  fi
+  emit "$k8s_bin" "${k8s_tools[@]}"
 fi
-emit "$k8s_bin" "${k8s_tools[@]}"
 
-etcd=$(version etcd go.etcd.io/etcd/server/v3)
-etcd_bin="$cache/etcd-$etcd/bin"
-if missing "$etcd_bin" etcd; then
-  say "building etcd $etcd into $etcd_bin"
-  build etcd "$etcd_bin" "-s -w" .
+if wants etcd; then
+  etcd=$(version etcd go.etcd.io/etcd/server/v3)
+  etcd_bin="$cache/etcd-$etcd/bin"
+  if missing "$etcd_bin" etcd; then
+    say "building etcd $etcd into $etcd_bin"
+    build etcd "$etcd_bin" "-s -w" .
+  fi
+  emit "$etcd_bin" etcd
 fi
-emit "$etcd_bin" etcd
 
-kwok=$(version kwok sigs.k8s.io/kwok)
-kwok_bin="$cache/kwok-$kwok/bin"
-if missing "$kwok_bin" kwok; then
-  say "building kwok $kwok into $kwok_bin"
-  build kwok "$kwok_bin" "-s -w" sigs.k8s.io/kwok/cmd/kwok
+if wants kwok; then
+  kwok=$(version kwok sigs.k8s.io/kwok)
+  kwok_bin="$cache/kwok-$kwok/bin"
+  if missing "$kwok_bin" kwok; then
+    say "building kwok $kwok into $kwok_bin"
+    build kwok "$kwok_bin" "-s -w" sigs.k8s.io/kwok/cmd/kwok
+  fi
+  emit "$kwok_bin" kwok
+  # kwok's Stage definitions (how simulated nodes and pods move through their lifecycle) ship in
+  # its module; the fixture passes the ones it needs with --config.
+  kwok_dir=$(cd "$here/kwok" && go mod download -json sigs.k8s.io/kwok | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  printf 'kwok-stages=%s\n' "$kwok_dir/kustomize/stage"
 fi
-emit "$kwok_bin" kwok
-# kwok's Stage definitions (how simulated nodes and pods move through their lifecycle) ship in
-# its module; the fixture passes the ones it needs with --config.
-kwok_dir=$(cd "$here/kwok" && go mod download -json sigs.k8s.io/kwok | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-printf 'kwok-stages=%s\n' "$kwok_dir/kustomize/stage"
 
-ms=$(version metrics-server sigs.k8s.io/metrics-server)
-ms_bin="$cache/metrics-server-$ms/bin"
-if missing "$ms_bin" metrics-server; then
-  say "building metrics-server $ms into $ms_bin"
-  build metrics-server "$ms_bin" "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$ms" \
-    sigs.k8s.io/metrics-server/cmd/metrics-server
+if wants metrics-server; then
+  ms=$(version metrics-server sigs.k8s.io/metrics-server)
+  ms_bin="$cache/metrics-server-$ms/bin"
+  if missing "$ms_bin" metrics-server; then
+    say "building metrics-server $ms into $ms_bin"
+    build metrics-server "$ms_bin" "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$ms" \
+      sigs.k8s.io/metrics-server/cmd/metrics-server
+  fi
+  emit "$ms_bin" metrics-server
 fi
-emit "$ms_bin" metrics-server
 
 # helm: the chart's lint, template and install tests.
-helm=$(version helm helm.sh/helm/v3)
-helm_bin="$cache/helm-$helm/bin"
-if missing "$helm_bin" helm; then
-  say "building helm $helm into $helm_bin"
-  # As helm's Makefile: the Kubernetes version `helm template` and `helm lint` assume is the
-  # one its client-go module speaks (v0.N -> 1.N).
-  kminor=$(cd "$here/helm" && go list -m -f '{{.Version}}' k8s.io/client-go)
-  kminor=${kminor#v0.}
-  kminor=${kminor%%.*}
-  ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm"
-  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
-    ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kminor"
-  done
-  build helm "$helm_bin" "$ldflags" helm.sh/helm/v3/cmd/helm
-fi
-emit "$helm_bin" helm
+if wants helm; then
+  helm=$(version helm helm.sh/helm/v3)
+  helm_bin="$cache/helm-$helm/bin"
+  if missing "$helm_bin" helm; then
+    say "building helm $helm into $helm_bin"
+    # As helm's Makefile: the Kubernetes version `helm template` and `helm lint` assume is the
+    # one its client-go module speaks (v0.N -> 1.N).
+    kminor=$(cd "$here/helm" && go list -m -f '{{.Version}}' k8s.io/client-go)
+    kminor=${kminor#v0.}
+    kminor=${kminor%%.*}
+    ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm"
+    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+      ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kminor"
+    done
+    build helm "$helm_bin" "$ldflags" helm.sh/helm/v3/cmd/helm
+  fi
+  emit "$helm_bin" helm
+  fi
 
-# promtool: `check rules` and `test rules` of the alerts.
-prom=$(version prometheus github.com/prometheus/prometheus)
-prom_bin="$cache/promtool-$prom/bin"
-if missing "$prom_bin" promtool; then
-  say "building promtool $prom into $prom_bin"
-  # `remove_all_sd`: Prometheus's own build tag leaving out every service-discovery plugin
-  # (AWS, Azure, GCE, Kubernetes, … SDKs); promtool only checks and tests rules here.
-  GOFLAGS="$GOFLAGS -tags=remove_all_sd" \
-    build prometheus "$prom_bin" "-s -w -X github.com/prometheus/common/version.Version=$prom" \
-    github.com/prometheus/prometheus/cmd/promtool
-fi
-emit "$prom_bin" promtool
-
-if [ "$built" = 1 ]; then
+  if [ "$built" = 1 ]; then
   rm -rf "$GOCACHE"
 fi

@@ -3,13 +3,13 @@
 //! rules` runs a unit test for every alert (and there is one for every alert), every metric
 //! they and the dashboard query is one the daemon's `/metrics` serves, every alert has its
 //! runbook section in docs/operations.md, and every dashboard query parses (as PromQL, by
-//! promtool). promtool is built from the Prometheus Go module (integration/upstream/build.sh).
+//! promtool). promtool is Debian's (`apt-get install --no-install-recommends prometheus`, as
+//! .ci/run does), found on PATH or at `PROMTOOL`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use serde_json::Value;
 use virtual_node_eci::ops::metrics::{
@@ -21,27 +21,7 @@ fn files() -> PathBuf {
 }
 
 fn promtool() -> PathBuf {
-    static PROMTOOL: OnceLock<PathBuf> = OnceLock::new();
-    PROMTOOL
-        .get_or_init(|| {
-            let located = std::thread::spawn(|| {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("a runtime")
-                    .block_on(integration::cluster::Upstream::locate())
-            })
-            .join()
-            .expect("locating the upstream binaries panicked");
-            located
-                .unwrap_or_else(|e| {
-                    panic!("the upstream binaries (integration/upstream/build.sh): {e}")
-                })
-                .path("promtool")
-                .expect("the build script names promtool")
-                .to_owned()
-        })
-        .clone()
+    std::env::var_os("PROMTOOL").map_or_else(|| PathBuf::from("promtool"), PathBuf::from)
 }
 
 fn run_promtool(args: &[&str], dir: &Path) -> String {
@@ -49,7 +29,13 @@ fn run_promtool(args: &[&str], dir: &Path) -> String {
         .args(args)
         .current_dir(dir)
         .output()
-        .expect("promtool runs");
+        .unwrap_or_else(|e| {
+            panic!(
+                "run {}: {e}; install Debian's prometheus package \
+                 (apt-get install --no-install-recommends prometheus) or set PROMTOOL",
+                promtool().display()
+            )
+        });
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

@@ -56,22 +56,8 @@ fn chart_dir() -> PathBuf {
 fn helm() -> PathBuf {
     static HELM: OnceLock<PathBuf> = OnceLock::new();
     HELM.get_or_init(|| {
-        let located = std::thread::spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime")
-                .block_on(integration::cluster::Upstream::locate())
-        })
-        .join()
-        .expect("locating the upstream binaries panicked");
-        located
-            .unwrap_or_else(|e| {
-                panic!("the upstream binaries (integration/upstream/build.sh): {e}")
-            })
-            .path("helm")
-            .expect("the build script names helm")
-            .to_owned()
+        integration::cluster::upstream::locate_binary_blocking("helm", "helm")
+            .unwrap_or_else(|e| panic!("helm (integration/upstream/build.sh helm): {e}"))
     })
     .clone()
 }

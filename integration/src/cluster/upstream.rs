@@ -1,5 +1,6 @@
-//! The upstream binaries (kube-apiserver, …, etcd, kwok, metrics-server): built or found in
-//! the version-keyed cache by `integration/upstream/build.sh`, whose stdout names each one.
+//! The upstream binaries (kube-apiserver, …, etcd, kwok, metrics-server, helm): built or found
+//! in the version-keyed cache by `integration/upstream/build.sh`, whose stdout names each one.
+//! Each caller names the components it runs, so a cold cache builds only those.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,10 +48,19 @@ pub fn build_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("upstream/build.sh")
 }
 
+/// The components of the control plane (the build script's names for them).
+pub const CONTROL_PLANE: &[&str] = &["kubernetes", "etcd", "kwok", "metrics-server"];
+
 impl Upstream {
-    /// Runs the build script (a few hundred milliseconds when everything is cached; a cold
-    /// build prints its progress to stderr as it goes) and reads where it put the binaries.
+    /// The control plane's binaries: [`Upstream::locate_components`] of [`CONTROL_PLANE`].
     pub async fn locate() -> Result<Self, UpstreamError> {
+        Self::locate_components(CONTROL_PLANE).await
+    }
+
+    /// Runs the build script for `components` (a few hundred milliseconds when they are
+    /// cached; a cold build prints its progress to stderr as it goes) and reads where it put
+    /// their binaries.
+    pub async fn locate_components(components: &[&str]) -> Result<Self, UpstreamError> {
         let script = build_script();
         let run = |source| UpstreamError::Run {
             script: script.clone(),
@@ -61,6 +71,7 @@ impl Upstream {
         // until the end. Only stdout, the `name=path` lines, is captured.
         let child = tokio::process::Command::new("bash")
             .arg(&script)
+            .args(components)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -91,4 +102,24 @@ impl Upstream {
                 name: name.to_owned(),
             })
     }
+}
+
+/// The path of one `binary` of `component`, located from synchronous code (a test's
+/// `OnceLock`, say) on a thread and runtime of its own, so sync and async callers alike can use
+/// it. Builds the component first when the cache lacks it.
+pub fn locate_binary_blocking(component: &str, binary: &str) -> Result<PathBuf, UpstreamError> {
+    let component = component.to_owned();
+    let located = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|source| UpstreamError::Run {
+                script: build_script(),
+                source,
+            })?
+            .block_on(Upstream::locate_components(&[component.as_str()]))
+    })
+    .join()
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+    located.path(binary).map(Path::to_owned)
 }

@@ -74,8 +74,9 @@ pub struct Config {
     pub pod_ip: Option<IpAddr>,
 
     /// The ECI backend: `embedded` (mock-eci in this process), `grpc://HOST:PORT` (a mock-eci
-    /// process) or `openapi` (the real Alibaba Cloud API). Unset: `openapi` when credentials are
-    /// configured (an AccessKey, ECI_CREDENTIALS_PATH or ECI_RAM_ROLE), `embedded` otherwise.
+    /// process) or `openapi` (the real Alibaba Cloud API). Unset: `openapi`, which refuses to
+    /// start without credentials (an AccessKey, ECI_CREDENTIALS_PATH or ECI_RAM_ROLE); the
+    /// embedded mock runs only when named.
     #[arg(long, env = "ECI_BACKEND")]
     pub eci: Option<String>,
 

@@ -19,23 +19,10 @@ pub(crate) fn kubectl() -> PathBuf {
     static KUBECTL: OnceLock<PathBuf> = OnceLock::new();
     KUBECTL
         .get_or_init(|| {
-            // A thread and runtime of its own: callable from synchronous and async tests alike.
-            let located = std::thread::spawn(|| {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("a runtime")
-                    .block_on(integration::cluster::Upstream::locate())
-            })
-            .join()
-            .expect("locating the upstream binaries panicked");
-            let upstream = located.unwrap_or_else(|e| {
-                panic!("the upstream binaries (integration/upstream/build.sh): {e}")
-            });
-            upstream
-                .path("kubectl")
-                .expect("the build script names kubectl")
-                .to_owned()
+            integration::cluster::upstream::locate_binary_blocking("kubernetes", "kubectl")
+                .unwrap_or_else(|e| {
+                    panic!("kubectl (integration/upstream/build.sh kubernetes): {e}")
+                })
         })
         .clone()
 }
