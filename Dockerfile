@@ -4,7 +4,9 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p virtual-node-eci -p mock-eci \
+# The daemon without the embedded mock (the `embedded-mock` feature), mock-eci on its own.
+RUN cargo build --release --locked -p virtual-node-eci --no-default-features \
+ && cargo build --release --locked -p mock-eci \
  && cp target/release/virtual-node-eci target/release/mock-eci /usr/local/bin/
 
 # Runtime: glibc and CA certificates only, no shell, non-root.

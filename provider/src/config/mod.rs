@@ -73,7 +73,8 @@ pub struct Config {
     #[arg(long, env = "POD_IP")]
     pub pod_ip: Option<IpAddr>,
 
-    /// The ECI backend: `embedded` (mock-eci in this process), `grpc://HOST:PORT` (a mock-eci
+    /// The ECI backend: `embedded` (mock-eci in this process; only in builds with the
+    /// `embedded-mock` feature, which the release image leaves out), `grpc://HOST:PORT` (a mock-eci
     /// process) or `openapi` (the real Alibaba Cloud API). Unset: `openapi`, which refuses to
     /// start without credentials (an AccessKey, ECI_CREDENTIALS_PATH or ECI_RAM_ROLE); the
     /// embedded mock runs only when named.
@@ -1040,7 +1041,15 @@ impl Config {
             // embedded mock runs only when asked for by name.
             .unwrap_or_else(|| "openapi".to_owned());
         let backend = match named.as_str() {
-            "embedded" => BackendChoice::Embedded,
+            "embedded" if cfg!(feature = "embedded-mock") => BackendChoice::Embedded,
+            "embedded" => {
+                return Err(ConfigError {
+                    flag: "--eci (ECI_BACKEND)",
+                    problem: "this build leaves the embedded mock-eci out".into(),
+                    fix: "run mock-eci as a process of its own and use grpc://HOST:PORT \
+                          (or build the daemon with the embedded-mock feature)",
+                });
+            }
             "openapi" => BackendChoice::OpenApi,
             other => match other.strip_prefix("grpc://") {
                 Some(address) if !address.is_empty() => {

@@ -91,8 +91,14 @@ pub type Backend = Arc<dyn EciBackend>;
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The embedded mock-eci did not start.
+    #[cfg(feature = "embedded-mock")]
     #[error("the embedded mock-eci could not start")]
     Embedded(#[source] mock_eci::ServeError),
+    /// `embedded` was chosen in a build without the embedded mock (the parser refuses it
+    /// first; this keeps the backend honest if it is ever reached another way).
+    #[cfg(not(feature = "embedded-mock"))]
+    #[error("this build leaves the embedded mock-eci out")]
+    NoEmbeddedMock,
     /// The gRPC endpoint is not a valid URL.
     #[error("--eci (ECI_BACKEND): {endpoint:?} is not a usable gRPC endpoint")]
     Endpoint {
@@ -115,18 +121,56 @@ pub enum BackendError {
 /// What keeps an embedded backend alive.
 #[derive(Debug)]
 pub struct BackendGuard {
+    #[cfg(feature = "embedded-mock")]
     embedded: Option<mock_eci::MockServer>,
 }
 
 impl BackendGuard {
+    /// What a backend with nothing to keep alive holds.
+    fn none() -> Self {
+        Self {
+            #[cfg(feature = "embedded-mock")]
+            embedded: None,
+        }
+    }
+
     /// Stops the embedded mock-eci, if any.
     pub async fn stop(self) {
+        #[cfg(feature = "embedded-mock")]
         if let Some(server) = self.embedded {
             if let Err(error) = server.stop().await {
                 tracing::warn!(%error, "the embedded mock-eci did not stop cleanly");
             }
         }
     }
+}
+
+/// Starts mock-eci inside this process and connects to it over gRPC on loopback.
+#[cfg(feature = "embedded-mock")]
+async fn start_embedded(config: &EciConfig) -> Result<(Backend, BackendGuard), BackendError> {
+    let mut mock = mock_eci::MockConfig::defaults();
+    mock.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    mock.region.clone_from(&config.region);
+    let server = mock_eci::MockServer::start(mock)
+        .await
+        .map_err(BackendError::Embedded)?;
+    info!(endpoint = %server.endpoint(), "embedded mock-eci started (no Alibaba Cloud account needed)");
+    let backend =
+        GrpcBackend::connect_lazy(&server.endpoint()).map_err(|source| BackendError::Endpoint {
+            endpoint: server.endpoint(),
+            source,
+        })?;
+    Ok((
+        Arc::new(backend),
+        BackendGuard {
+            embedded: Some(server),
+        },
+    ))
+}
+
+#[cfg(not(feature = "embedded-mock"))]
+async fn start_embedded(_config: &EciConfig) -> Result<(Backend, BackendGuard), BackendError> {
+    Err(BackendError::NoEmbeddedMock)
 }
 
 /// Builds the configured backend. `pacer` (pacing on) also paces the pages the OpenAPI
@@ -136,27 +180,7 @@ pub async fn connect(
     pacer: Option<Arc<Pacer>>,
 ) -> Result<(Backend, BackendGuard), BackendError> {
     match &config.backend {
-        BackendChoice::Embedded => {
-            let mut mock = mock_eci::MockConfig::defaults();
-            mock.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-            mock.region.clone_from(&config.region);
-            let server = mock_eci::MockServer::start(mock)
-                .await
-                .map_err(BackendError::Embedded)?;
-            info!(endpoint = %server.endpoint(), "embedded mock-eci started (no Alibaba Cloud account needed)");
-            let backend = GrpcBackend::connect_lazy(&server.endpoint()).map_err(|source| {
-                BackendError::Endpoint {
-                    endpoint: server.endpoint(),
-                    source,
-                }
-            })?;
-            Ok((
-                Arc::new(backend),
-                BackendGuard {
-                    embedded: Some(server),
-                },
-            ))
-        }
+        BackendChoice::Embedded => start_embedded(config).await,
         BackendChoice::Grpc(endpoint) => {
             let backend =
                 GrpcBackend::connect_lazy(endpoint).map_err(|source| BackendError::Endpoint {
@@ -164,7 +188,7 @@ pub async fn connect(
                     source,
                 })?;
             info!(%endpoint, "using a mock-eci over gRPC");
-            Ok((Arc::new(backend), BackendGuard { embedded: None }))
+            Ok((Arc::new(backend), BackendGuard::none()))
         }
         BackendChoice::OpenApi => {
             let options = openapi::OpenApiOptions {
@@ -194,7 +218,7 @@ pub async fn connect(
             let source = credentials.describe();
             let backend = openapi::OpenApiBackend::new(&options, credentials)?.with_pacer(pacer);
             info!(endpoint = %backend.endpoint(), credentials = %source, "using the Alibaba Cloud ECI OpenAPI");
-            Ok((Arc::new(backend), BackendGuard { embedded: None }))
+            Ok((Arc::new(backend), BackendGuard::none()))
         }
     }
 }
