@@ -1532,6 +1532,8 @@ async fn overlay_statefulset(
         ("PLACEMENT_ENABLED", "false"),
         ("LOG_FORMAT", "text"),
         ("RUST_LOG", "info"),
+        // The read-only port is off in the manifests; the test reads each replica's /metrics.
+        ("METRICS_ADDR", "$(POD_IP):10255"),
     ] {
         env.retain(|v| v["name"] != key);
         env.push(json!({"name": key, "value": value}));

@@ -1384,3 +1384,307 @@ fn can_i_tables_parse() {
     assert_eq!(resources.len(), 7);
     assert!(urls.contains("get /healthz"));
 }
+
+// ---- listeners: slow unauthenticated callers (issue 45, attack 6) ----
+
+/// Accepts any server certificate: the attacker does not care who answers.
+#[derive(Debug)]
+struct AnyServer(rustls::crypto::CryptoProvider);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// An HTTP/1.1-only TLS client without a certificate, trusting any server.
+fn anonymous_tls() -> tokio_rustls::TlsConnector {
+    let provider = rustls::crypto::ring::default_provider();
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(provider.clone()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .dangerous()
+            .with_custom_certificate_verifier(std::sync::Arc::new(AnyServer(provider)))
+            .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+/// What one slow caller does after connecting.
+#[derive(Debug, Clone, Copy)]
+enum Slow {
+    /// Declares an 8 MiB body and sends all of it but the last byte as fast as the server
+    /// takes it, then stalls.
+    Push,
+    /// Declares an 8 MiB body and sends a byte every 200 ms.
+    Trickle,
+    /// Sends half a request head and stalls.
+    Head,
+}
+
+const SLOW_BODY: usize = 8 * 1024 * 1024;
+
+/// One slow caller on `port` (TLS unless `plain`): `Ok(elapsed)` when the server closed the
+/// connection, `Err(why)` when it did not within `limit` (or the connection failed to open).
+async fn slow_caller(
+    port: u16,
+    plain: bool,
+    path: &str,
+    how: Slow,
+    limit: Duration,
+) -> Result<Duration, String> {
+    let started = Instant::now();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let stream: Box<dyn AsyncStream> = if plain {
+        Box::new(tcp)
+    } else {
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("a name");
+        match tokio::time::timeout(limit, anonymous_tls().connect(name, tcp)).await {
+            Ok(Ok(tls)) => Box::new(tls),
+            // The server ended the handshake: closed, as wanted.
+            Ok(Err(_)) => return Ok(started.elapsed()),
+            Err(_) => return Err("the TLS handshake neither completed nor failed".into()),
+        }
+    };
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {SLOW_BODY}\r\n\r\n"
+    );
+    let write = async move {
+        match how {
+            Slow::Head => {
+                let _ = writer.write_all(&head.as_bytes()[..head.len() / 2]).await;
+            }
+            Slow::Push => {
+                if writer.write_all(head.as_bytes()).await.is_ok() {
+                    let chunk = vec![b' '; 64 * 1024];
+                    let mut sent = 0;
+                    while sent + chunk.len() < SLOW_BODY {
+                        if writer.write_all(&chunk).await.is_err() {
+                            break;
+                        }
+                        sent += chunk.len();
+                    }
+                }
+            }
+            Slow::Trickle => {
+                if writer.write_all(head.as_bytes()).await.is_ok() {
+                    while writer.write_all(b" ").await.is_ok() && writer.flush().await.is_ok() {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        }
+        // Stall: keep the connection open, send nothing more.
+        std::future::pending::<()>().await;
+    };
+    let closed = async move {
+        let mut sink = vec![0_u8; 16 * 1024];
+        loop {
+            match reader.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::select! {
+        () = write => unreachable!("the writer stalls forever"),
+        outcome = tokio::time::timeout(limit, closed) => match outcome {
+            Ok(()) => Ok(started.elapsed()),
+            Err(_) => Err(format!("{how:?}: still open after {limit:?}")),
+        },
+    }
+}
+
+trait AsyncStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AsyncStream for T {}
+
+/// The daemon's resident set, KiB (`VmRSS` of /proc/PID/status).
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// 100 slow callers on each listener at once; the largest RSS seen meanwhile (KiB) and each
+/// caller's outcome.
+async fn slow_attack(
+    pid: u32,
+    listeners: &[(&'static str, u16, bool, &'static str)],
+    limit: Duration,
+) -> (u64, Vec<(&'static str, Result<Duration, String>)>) {
+    let mut callers = tokio::task::JoinSet::new();
+    for (name, port, plain, path) in listeners.iter().copied() {
+        for i in 0..100 {
+            let how = [Slow::Push, Slow::Trickle, Slow::Head][i % 3];
+            callers.spawn(async move { (name, slow_caller(port, plain, path, how, limit).await) });
+        }
+    }
+    let mut peak = 0;
+    let mut outcomes = Vec::new();
+    let mut sample = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = sample.tick() => peak = peak.max(rss_kib(pid).unwrap_or(0)),
+            joined = callers.join_next() => match joined {
+                Some(joined) => outcomes.push(joined.expect("a caller does not panic")),
+                None => break,
+            },
+        }
+    }
+    (peak.max(rss_kib(pid).unwrap_or(0)), outcomes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_unauthenticated_callers_neither_grow_memory_nor_stay_connected() {
+    run(async |h| {
+        h.start_mock_eci(FAST_MOCK).await?;
+        install_resource_policy_crd(h).await?;
+        let webhook = format!("{}-slow", h.daemon_set_name());
+        let webhook_port = free_port()?;
+        let health_port = free_port()?;
+        let mut extra = owned(FAST_DAEMON);
+        extra.extend(webhook_env(&webhook, webhook_port));
+        extra.extend(h.placement_env());
+        // The probes on a port of their own; METRICS_ADDR unset (the harness sets it): the
+        // read-only port as a default install has it.
+        extra.push(("HEALTH_ADDR".into(), format!("127.0.0.1:{health_port}")));
+        extra.push(("METRICS_ADDR".into(), String::new()));
+        let process = h.start_daemon(0, &env(&extra))?;
+        wait_schedulable(h, &h.node_name(0)).await?;
+        let kubelet_port = h.kubelet_port(&process).ok_or_else(|| failed("kubelet port"))?;
+        h.wait_for("the webhook to serve TLS", WAIT, |_| async move {
+            matches!(handshake(webhook_port, "-tls1_2").await, Handshake::Completed(_))
+        })
+        .await?;
+        let mut listeners = vec![
+            ("the webhook", webhook_port, false, "/mutate-pods"),
+            ("the kubelet API", kubelet_port, false, "/pods"),
+            ("the probes", health_port, true, "/healthz"),
+        ];
+        if let Some(extender) = h.placement_extender() {
+            let port = extender.addr.port();
+            let served = h
+                .wait_for("the scheduler extender to serve TLS", Duration::from_secs(60), |_| async move {
+                    matches!(handshake(port, "-tls1_2").await, Handshake::Completed(_))
+                })
+                .await;
+            if served.is_ok() {
+                listeners.push(("the scheduler extender", port, false, "/resourcepolicy/filter"));
+            }
+        }
+        // Nothing on the read-only port unless opted in.
+        let read_only = h.metrics_address(&process);
+        let port_10255 = plain_http(10255).await;
+        let pid = h
+            .process(&process)
+            .and_then(|p| p.pid())
+            .ok_or_else(|| failed("the daemon's pid"))?;
+        // Idle: the largest of a few samples once every listener is up.
+        let mut idle = 0;
+        for _ in 0..10 {
+            idle = idle.max(rss_kib(pid).unwrap_or(0));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let limit = Duration::from_secs(60);
+        let (peak, outcomes) = slow_attack(pid, &listeners, limit).await;
+        let growth_mib = peak.saturating_sub(idle) as f64 / 1024.0;
+        let mut per_listener = Vec::new();
+        let mut all_closed = true;
+        for (name, ..) in &listeners {
+            let mine: Vec<_> = outcomes.iter().filter(|(n, _)| n == name).collect();
+            let open: Vec<&String> = mine.iter().filter_map(|(_, r)| r.as_ref().err()).collect();
+            let slowest = mine
+                .iter()
+                .filter_map(|(_, r)| r.as_ref().ok())
+                .max()
+                .copied()
+                .unwrap_or_default();
+            all_closed &= open.is_empty();
+            eprintln!("{name}: {} callers, {} not closed by the server, slowest close {slowest:?}", mine.len(), open.len());
+            per_listener.push(json!({
+                "listener": name,
+                "callers": mine.len(),
+                "not_closed": open.len(),
+                "examples": open.iter().take(3).collect::<Vec<_>>(),
+                "slowest_close_ms": slowest.as_millis(),
+            }));
+        }
+        let quiet = read_only.is_none() && port_10255 == "no connection";
+        let ok = growth_mib <= 20.0 && all_closed && quiet;
+        eprintln!(
+            "RSS idle {} MiB, peak {} MiB (+{growth_mib:.1} MiB); read-only port: {read_only:?}, :10255 → {port_10255}",
+            idle / 1024,
+            peak / 1024
+        );
+        remove_webhook(h, &webhook).await;
+        let details = json!({
+            "idle_rss_kib": idle,
+            "peak_rss_kib": peak,
+            "growth_mib": growth_mib,
+            "listeners": per_listener,
+            "read_only_port": read_only,
+            "port_10255": port_10255,
+        });
+        record(
+            "listeners",
+            if ok { "pass" } else { "fail" },
+            &format!("100 slow unauthenticated callers on each listener: RSS +{growth_mib:.1} MiB (bound 20), all closed by the server: {all_closed}; read-only port off: {quiet}"),
+            &details,
+        );
+        if ok {
+            Ok(())
+        } else {
+            Err(failed(format!("slow callers: {}", serde_json::to_string_pretty(&details).unwrap())))
+        }
+    })
+    .await;
+}

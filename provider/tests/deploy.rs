@@ -468,10 +468,12 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
         container_port(container, "webhook"),
         u64::from(config.webhook_addr.port())
     );
+    // The probes have a port of their own; the read-only port is off unless opted in.
     assert_eq!(
-        container_port(container, "metrics"),
-        u64::from(config.metrics_addr.port())
+        container_port(container, "health"),
+        u64::from(config.health_addr.expect("HEALTH_ADDR is set").port())
     );
+    assert_eq!(config.metrics_addr, None, "the read-only port is off");
     assert_eq!(
         container_port(container, "kubelet"),
         u64::from(config.kubelet_port)
@@ -480,7 +482,7 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     for probe in ["livenessProbe", "readinessProbe"] {
-        assert_eq!(container[probe]["httpGet"]["port"], "metrics");
+        assert_eq!(container[probe]["httpGet"]["port"], "health");
     }
     let grace = template["spec"]["terminationGracePeriodSeconds"]
         .as_u64()

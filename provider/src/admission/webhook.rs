@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Reporter};
-use tls_serve::{CertificateFiles, ClientAuth, ReloadableCertificate, TlsServer};
+use tls_serve::{CertificateFiles, ClientAuth, Limits, ReloadableCertificate, TlsServer};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -34,10 +34,19 @@ use crate::ops::metrics::{ResultLabels, Telemetry};
 /// How often the certificate files are checked for a renewal.
 const CERT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
-/// The largest AdmissionReview read: the API server takes request bodies up to 3 MiB, and a
-/// review carries the object (and, for an update, the old one too) in its envelope. A larger
-/// body is answered 413 before it is buffered whole.
-const BODY_LIMIT: usize = 8 * 1024 * 1024;
+/// The largest AdmissionReview read: the API server takes request bodies up to 3 MiB and the
+/// webhook is called for pod CREATEs (one object, no old one) and ResourcePolicies (small). A
+/// larger declared body is answered 413 before a byte of it is read (`tls_serve::Limits`).
+const BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// What any caller may hold on the webhook's port: the port answers before it knows who calls,
+/// so bodies are bounded in size, time and total bytes in flight.
+fn limits() -> Limits {
+    Limits {
+        body_bytes: BODY_LIMIT as u64,
+        ..Limits::default()
+    }
+}
 
 struct Served {
     admission: Admission,
@@ -218,7 +227,7 @@ pub async fn run(
         }
     };
     let certificate = Arc::new(ReloadableCertificate::new(material.certified_key()?));
-    let server = TlsServer::new(certificate.clone(), ClientAuth::None)?;
+    let server = TlsServer::new(certificate.clone(), ClientAuth::None)?.with_limits(limits());
     let listener = TcpListener::bind(config.webhook_addr)
         .await
         .with_context(|| {

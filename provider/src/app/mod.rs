@@ -70,15 +70,26 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     }
     let telemetry = Arc::new(Telemetry::new());
     let readiness = Arc::new(Readiness::default());
-    let metrics_addr = settings.config.metrics_addr;
-    let ops_listener = tokio::net::TcpListener::bind(metrics_addr)
-        .await
-        .with_context(|| {
-            format!(
-                "--metrics-addr (METRICS_ADDR): cannot listen on {metrics_addr}; choose a free port"
-            )
-        })?;
-    info!(address = %ops_listener.local_addr()?, "serving /healthz, /readyz and /metrics");
+    let health_listener = match settings.config.health_addr {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
+                format!("--health-addr (HEALTH_ADDR): cannot listen on {address}; choose a free port")
+            })?;
+            info!(address = %listener.local_addr()?, "serving the probes, /healthz and /readyz");
+            Some(listener)
+        }
+        None => None,
+    };
+    let ops_listener = match settings.config.metrics_addr {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
+                format!("--metrics-addr (METRICS_ADDR): cannot listen on {address}; choose a free port")
+            })?;
+            info!(address = %listener.local_addr()?, "serving /healthz, /readyz and /metrics on the read-only port (METRICS_ADDR)");
+            Some(listener)
+        }
+        None => None,
+    };
 
     let kube_config = kube::Config::infer()
         .await
@@ -275,16 +286,20 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             )
         });
     }
-    {
+    if let Some(listener) = ops_listener {
         let router = ops::router(Arc::clone(&telemetry), Arc::clone(&readiness));
         let stop = stop.clone();
         tasks.spawn(async move {
-            (
-                "ops server",
-                ops::serve(ops_listener, router, stop)
-                    .await
-                    .map_err(anyhow::Error::from),
-            )
+            ops::serve(listener, router, stop).await;
+            ("read-only port", Ok(()))
+        });
+    }
+    if let Some(listener) = health_listener {
+        let router = ops::probes(Arc::clone(&readiness));
+        let stop = stop.clone();
+        tasks.spawn(async move {
+            ops::serve(listener, router, stop).await;
+            ("probes", Ok(()))
         });
     }
 

@@ -235,9 +235,16 @@ pub struct Config {
     #[arg(long, env = "KUBELET_LOG_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub kubelet_log_poll_interval: Duration,
 
-    /// Address of /healthz, /readyz and /metrics (port 0 picks a free port).
-    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:10255")]
-    pub metrics_addr: SocketAddr,
+    /// Address of the probes, /healthz and /readyz, in plain HTTP (the manifests use
+    /// 0.0.0.0:10248; port 0 picks a free port). Unset: not served.
+    #[arg(long, env = "HEALTH_ADDR")]
+    pub health_addr: Option<SocketAddr>,
+
+    /// The read-only port, off unless set (e.g. 0.0.0.0:10255): /metrics, /healthz and /readyz
+    /// in plain HTTP to anyone who can reach it, as the kubelet's read-only port. Opt in only
+    /// where the network keeps it private.
+    #[arg(long, env = "METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
 
     /// Lease duration, seconds (the node lifecycle controller's clock).
     #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 40)]

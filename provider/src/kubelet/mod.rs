@@ -20,7 +20,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use k8s_openapi::api::core::v1::Pod;
-use tls_serve::{ClientAuth, TlsServer};
+use tls_serve::{ClientAuth, Limits, TlsServer};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, info_span};
 
@@ -81,6 +81,17 @@ impl std::fmt::Debug for KubeletState {
     }
 }
 
+/// What any caller may hold before the guard has judged it: no route takes a body (streams
+/// upgrade the connection), and log follows, exec and port-forward keep connections open for
+/// long, so room for many connections and little for bodies.
+const LIMITS: Limits = Limits {
+    connections: 1024,
+    header_read: std::time::Duration::from_secs(10),
+    body_bytes: 64 * 1024,
+    body_read: std::time::Duration::from_secs(10),
+    buffered_bytes: 1024 * 1024,
+};
+
 /// Every route of the kubelet API, each request in its own span.
 pub fn router(state: KubeletState) -> Router {
     Router::new()
@@ -140,7 +151,8 @@ pub async fn run(
     let server = TlsServer::new(
         certificate,
         ClientAuth::Verify(Arc::new(auth::RequestClientCertificate::default())),
-    )?;
+    )?
+    .with_limits(LIMITS);
     let client_ca = Arc::new(auth::ClientCa::default());
     let ca_source = match &config.client_ca_file {
         Some(path) => auth::ClientCaSource::File(path.clone()),

@@ -1,4 +1,5 @@
-//! `/healthz`, `/readyz` and Prometheus `/metrics`, on their own port.
+//! `/healthz` and `/readyz` for the probes, and the read-only port (opt-in): the same plus
+//! Prometheus `/metrics`. Plain HTTP, each through `tls_serve::PlainServer` and its limits.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,6 +9,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use tls_serve::{Limits, PlainServer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +28,19 @@ struct Ops {
     readiness: Arc<Readiness>,
 }
 
-/// The ops routes.
+/// The probes' routes.
+pub fn probes(readiness: Arc<Readiness>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz_only))
+        .with_state(readiness)
+}
+
+async fn readyz_only(State(readiness): State<Arc<Readiness>>) -> Response {
+    ready(&readiness)
+}
+
+/// The read-only port's routes.
 pub fn router(telemetry: Arc<Telemetry>, readiness: Arc<Readiness>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -39,7 +53,11 @@ pub fn router(telemetry: Arc<Telemetry>, readiness: Arc<Readiness>) -> Router {
 }
 
 async fn readyz(State(ops): State<Ops>) -> Response {
-    if ops.readiness.serving.load(Ordering::SeqCst) {
+    ready(&ops.readiness)
+}
+
+fn ready(readiness: &Readiness) -> Response {
+    if readiness.serving.load(Ordering::SeqCst) {
         "ok".into_response()
     } else {
         (
@@ -61,13 +79,16 @@ async fn metrics(State(ops): State<Ops>) -> Response {
         .into_response()
 }
 
+/// What any caller may hold: the routes take no body and answer at once.
+const LIMITS: Limits = Limits {
+    connections: 128,
+    header_read: std::time::Duration::from_secs(10),
+    body_bytes: 16 * 1024,
+    body_read: std::time::Duration::from_secs(10),
+    buffered_bytes: 256 * 1024,
+};
+
 /// Serves until cancelled.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    stop: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
+pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) {
+    PlainServer::new(LIMITS).serve(listener, router, stop).await;
 }

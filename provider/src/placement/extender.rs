@@ -207,6 +207,18 @@ impl std::fmt::Debug for Extender {
     }
 }
 
+/// What any caller may hold on the extender's port: bodies as large as [`BODY_LIMIT`] (for
+/// kube-scheduler without `nodeCacheCapable`), two at a time; `caller::guard` refuses an
+/// unknown caller before its body is read, which frees its share at once.
+pub fn limits() -> tls_serve::Limits {
+    let body_bytes = BODY_LIMIT as u64;
+    tls_serve::Limits {
+        body_bytes,
+        buffered_bytes: 2 * body_bytes,
+        ..tls_serve::Limits::default()
+    }
+}
+
 /// The routes under [`PREFIX`], each behind `callers` (who may call, how large a body).
 pub fn router(extender: Arc<Extender>, callers: Arc<caller::CallerGuard>) -> Router {
     Router::new()

@@ -575,7 +575,7 @@ async fn serve_extender(
     // is judged per request against the CA in force then (`extender::caller`).
     let client_auth = ClientAuth::Verify(Arc::new(callers::RequestClientCertificate::default()));
     let server = match TlsServer::new(certificate, client_auth) {
-        Ok(server) => server,
+        Ok(server) => server.with_limits(extender::limits()),
         Err(error) => {
             warn!(error = %Chain(&error), "cannot serve the scheduler extender");
             return;

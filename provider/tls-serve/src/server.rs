@@ -10,11 +10,15 @@ use axum::Router;
 use rustls::pki_types::CertificateDer;
 use rustls::server::ResolvesServerCert;
 use rustls::server::danger::ClientCertVerifier;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 use tracing::{debug, info, warn};
+
+use crate::limits::{BodyGate, Limits};
 
 /// The server cannot be set up.
 #[derive(Debug, thiserror::Error)]
@@ -71,17 +75,19 @@ pub(crate) fn crypto_provider() -> rustls::crypto::CryptoProvider {
 }
 
 /// An HTTPS server: TLS 1.2 and 1.3 only, HTTP/2 and HTTP/1.1 offered by ALPN, the
-/// certificate from `certificate` at each handshake.
+/// certificate from `certificate` at each handshake, every caller bounded by [`Limits`].
 #[derive(Clone)]
 pub struct TlsServer {
     acceptor: tokio_rustls::TlsAcceptor,
     timeouts: Timeouts,
+    limits: Limits,
 }
 
 impl std::fmt::Debug for TlsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsServer")
             .field("timeouts", &self.timeouts)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -106,6 +112,7 @@ impl TlsServer {
         Ok(Self {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             timeouts: Timeouts::default(),
+            limits: Limits::default(),
         })
     }
 
@@ -116,125 +123,266 @@ impl TlsServer {
         self
     }
 
+    /// The same server with other limits.
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// Serves `router` on `listener` until `stop`, then stops accepting, lets requests in
     /// flight finish (idle connections close at once, HTTP/2 clients get a GOAWAY) for up to
     /// [`Timeouts::drain`], cuts what is left, and returns. A failed accept (a file
     /// descriptor limit, an aborted connection) is logged and accepting goes on.
     pub async fn serve(&self, listener: TcpListener, router: Router, stop: CancellationToken) {
-        let connections = TaskTracker::new();
-        // Cancelled when the drain deadline passes: connections still open are cut.
-        let cut = CancellationToken::new();
-        let local = listener.local_addr().ok();
-        loop {
-            let accepted = tokio::select! {
-                () = stop.cancelled() => break,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((stream, remote_addr)) => {
-                    connections.spawn(connection(
-                        stream,
+        let acceptor = self.acceptor.clone();
+        let handshake = self.timeouts.handshake;
+        accept_loop(
+            listener,
+            self.timeouts,
+            self.limits,
+            stop,
+            move |stream, remote_addr, served| {
+                let acceptor = acceptor.clone();
+                async move {
+                    let Some(stream) =
+                        handshake_within(acceptor, stream, remote_addr, handshake, &served.stop)
+                            .await
+                    else {
+                        return;
+                    };
+                    let (_, session) = stream.get_ref();
+                    let info = ConnectionInfo {
                         remote_addr,
-                        self.acceptor.clone(),
-                        router.clone(),
-                        self.timeouts.handshake,
-                        stop.clone(),
-                        cut.clone(),
-                    ));
+                        peer_certificates: session.peer_certificates().map(Arc::from),
+                    };
+                    let http2 = session.alpn_protocol() == Some(b"h2");
+                    http(stream, info, http2, served).await;
                 }
-                Err(error) => {
-                    warn!(address = ?local, %error, "cannot accept a connection; retrying");
-                    tokio::select! {
-                        () = stop.cancelled() => break,
-                        () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                    }
+            },
+            router,
+        )
+        .await;
+    }
+}
+
+/// A plain-HTTP server (HTTP/1.1 only) with the same [`Limits`] and drain as [`TlsServer`]:
+/// for what must answer without TLS (probes, an opted-in metrics port).
+#[derive(Debug, Clone, Default)]
+pub struct PlainServer {
+    timeouts: Timeouts,
+    limits: Limits,
+}
+
+impl PlainServer {
+    /// A server with `limits` and the default timeouts.
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            timeouts: Timeouts::default(),
+            limits,
+        }
+    }
+
+    /// Serves `router` on `listener` until `stop`, as [`TlsServer::serve`] does.
+    pub async fn serve(&self, listener: TcpListener, router: Router, stop: CancellationToken) {
+        accept_loop(
+            listener,
+            self.timeouts,
+            self.limits,
+            stop,
+            |stream, remote_addr, served| async move {
+                let info = ConnectionInfo {
+                    remote_addr,
+                    peer_certificates: None,
+                };
+                http(stream, info, false, served).await;
+            },
+            router,
+        )
+        .await;
+    }
+}
+
+/// What every connection of one listener shares.
+#[derive(Clone)]
+struct Served {
+    router: Router,
+    limits: Limits,
+    gate: BodyGate,
+    stop: CancellationToken,
+    cut: CancellationToken,
+}
+
+/// Accepts until `stop` (at most [`Limits::connections`] open at once), runs `connection` for
+/// each on its own task, then drains.
+async fn accept_loop<C, F>(
+    listener: TcpListener,
+    timeouts: Timeouts,
+    limits: Limits,
+    stop: CancellationToken,
+    connection: C,
+    router: Router,
+) where
+    C: Fn(TcpStream, SocketAddr, Served) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let connections = TaskTracker::new();
+    let slots = Arc::new(Semaphore::new(limits.connections.max(1)));
+    // Cancelled when the drain deadline passes: connections still open are cut.
+    let cut = CancellationToken::new();
+    let served = Served {
+        router,
+        limits,
+        gate: BodyGate::new(limits),
+        stop: stop.clone(),
+        cut: cut.clone(),
+    };
+    let local = listener.local_addr().ok();
+    loop {
+        let slot = tokio::select! {
+            () = stop.cancelled() => break,
+            slot = Arc::clone(&slots).acquire_owned() => slot,
+        };
+        let Ok(slot) = slot else { break };
+        let accepted = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, remote_addr)) => {
+                // Requests and answers are small: don't hold them back for coalescing.
+                let _ = stream.set_nodelay(true);
+                let serving = connection(stream, remote_addr, served.clone());
+                connections.spawn(async move {
+                    serving.await;
+                    drop(slot);
+                });
+            }
+            Err(error) => {
+                warn!(address = ?local, %error, "cannot accept a connection; retrying");
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
                 }
             }
         }
-        drop(listener);
-        connections.close();
-        let open = connections.len();
-        if tokio::time::timeout(self.timeouts.drain, connections.wait())
-            .await
-            .is_err()
-        {
-            info!(address = ?local, open = connections.len(), "drain deadline passed; closing the connections left");
-            cut.cancel();
-            connections.wait().await;
-        } else if open > 0 {
-            debug!(address = ?local, open, "connections drained");
+    }
+    drop(listener);
+    connections.close();
+    let open = connections.len();
+    if tokio::time::timeout(timeouts.drain, connections.wait())
+        .await
+        .is_err()
+    {
+        info!(address = ?local, open = connections.len(), "drain deadline passed; closing the connections left");
+        cut.cancel();
+        connections.wait().await;
+    } else if open > 0 {
+        debug!(address = ?local, open, "connections drained");
+    }
+}
+
+/// The TLS handshake, bounded by `timeout`; `None` when it fails, times out or `stop` comes.
+async fn handshake_within(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    remote_addr: SocketAddr,
+    timeout: Duration,
+    stop: &CancellationToken,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let handshake = tokio::select! {
+        () = stop.cancelled() => return None,
+        handshake = tokio::time::timeout(timeout, acceptor.accept(stream)) => handshake,
+    };
+    match handshake {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(error)) => {
+            debug!(%remote_addr, %error, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            debug!(%remote_addr, ?timeout, "TLS handshake timed out");
+            None
         }
     }
 }
 
-/// One connection: handshake (bounded by `handshake_timeout`), then HTTP until the client
-/// leaves, or `stop` asks it to finish (graceful) and `cut` ends it.
-async fn connection(
-    stream: TcpStream,
-    remote_addr: SocketAddr,
-    acceptor: tokio_rustls::TlsAcceptor,
-    router: Router,
-    handshake_timeout: Duration,
-    stop: CancellationToken,
-    cut: CancellationToken,
-) {
-    // Requests and answers are small: don't hold them back for coalescing.
-    let _ = stream.set_nodelay(true);
-    let handshake = tokio::select! {
-        () = stop.cancelled() => return,
-        handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)) => handshake,
-    };
-    let stream = match handshake {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(error)) => {
-            debug!(%remote_addr, %error, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            debug!(%remote_addr, timeout = ?handshake_timeout, "TLS handshake timed out");
-            return;
-        }
-    };
-    let info = ConnectionInfo {
-        remote_addr,
-        peer_certificates: stream.get_ref().1.peer_certificates().map(Arc::from),
-    };
-    let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
-        request.extensions_mut().insert(info.clone());
-        let router = router.clone();
-        async move {
-            Ok::<_, Infallible>(
-                router
-                    .oneshot(request.map(axum::body::Body::new))
-                    .await
-                    .unwrap_or_else(|never| match never {}),
-            )
-        }
-    });
-    let mut builder =
-        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-    // A timer lets hyper bound how long a client may take to send a request's head (HTTP/1)
-    // and keep-alive pings (HTTP/2).
-    builder
-        .http1()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .http2()
-        .timer(hyper_util::rt::TokioTimer::new());
-    // With upgrades: HTTP/1.1 `Connection: Upgrade` (SPDY/3.1 and WebSocket streams of the
-    // kubelet API) hands the connection to the handler through `hyper::upgrade::on`; a plain
-    // `serve_connection` would answer the 101 and then drop the upgraded stream.
-    let connection =
-        builder.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service);
-    tokio::pin!(connection);
-    let result = tokio::select! {
-        result = connection.as_mut() => result,
-        () = stop.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            tokio::select! {
-                result = connection.as_mut() => result,
-                () = cut.cancelled() => Ok(()),
+/// Runs a hyper connection until it ends, or `stop` asks it to finish and `cut` ends it.
+macro_rules! drive {
+    ($connection:ident, $stop:ident, $cut:ident) => {{
+        tokio::pin!($connection);
+        tokio::select! {
+            result = $connection.as_mut() => result,
+            () = $stop.cancelled() => {
+                $connection.as_mut().graceful_shutdown();
+                tokio::select! {
+                    result = $connection.as_mut() => result,
+                    () = $cut.cancelled() => Ok(()),
+                }
             }
         }
+    }};
+}
+
+/// The largest request head (HTTP/1.1 read buffer) and header list (HTTP/2) a client may send.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// HTTP/2 flow-control windows: what a client may send ahead of the handler's reading.
+const STREAM_WINDOW: u32 = 64 * 1024;
+const CONNECTION_WINDOW: u32 = 256 * 1024;
+
+/// HTTP on an established connection until the client leaves, or `stop` asks it to finish
+/// (graceful) and `cut` ends it. HTTP/2 when ALPN chose it, else HTTP/1.1 with upgrades
+/// (SPDY/3.1 and WebSocket streams of the kubelet API reach the handler through
+/// `hyper::upgrade::on`).
+async fn http<I>(io: I, info: ConnectionInfo, http2: bool, served: Served)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let remote_addr = info.remote_addr;
+    let Served {
+        router,
+        limits,
+        gate,
+        stop,
+        cut,
+    } = served;
+    let service = hyper::service::service_fn(move |request: hyper::Request<_>| {
+        let router = router.clone();
+        let gate = gate.clone();
+        let info = info.clone();
+        async move {
+            let mut request = match gate.admit(request).await {
+                Ok(request) => request,
+                Err(refusal) => return Ok::<_, Infallible>(refusal),
+            };
+            request.extensions_mut().insert(info);
+            Ok(router
+                .oneshot(request)
+                .await
+                .unwrap_or_else(|never| match never {}))
+        }
+    });
+    let io = hyper_util::rt::TokioIo::new(io);
+    let result = if http2 {
+        let mut builder =
+            hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX))
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .keep_alive_interval(Some(limits.header_read * 3))
+            .keep_alive_timeout(limits.header_read);
+        let connection = builder.serve_connection(io, service);
+        drive!(connection, stop, cut)
+    } else {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.header_read)
+            .max_buf_size(MAX_HEAD_BYTES);
+        let connection = builder.serve_connection(io, service).with_upgrades();
+        drive!(connection, stop, cut)
     };
     if let Err(error) = result {
         debug!(%remote_addr, %error, "connection ended with an error");

@@ -516,3 +516,85 @@ async fn an_http1_upgrade_hands_the_connection_to_the_handler() {
     stop.cancel();
     task.await.unwrap();
 }
+
+/// A plain server with short limits, echoing the length of the body it reads.
+async fn limited(limits: crate::Limits) -> (SocketAddr, CancellationToken) {
+    let app = Router::new().route(
+        "/echo",
+        axum::routing::post(|body: Bytes| async move { body.len().to_string() }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let serving = stop.clone();
+    tokio::spawn(async move {
+        crate::PlainServer::new(limits)
+            .serve(listener, app, serving)
+            .await;
+    });
+    (addr, stop)
+}
+
+/// Sends `bytes`, then reads until the server closes (or 10 s pass): what it answered and
+/// when it closed.
+async fn send_and_wait_for_close(addr: SocketAddr, bytes: &[u8]) -> (String, Option<Duration>) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    stream.write_all(bytes).await.unwrap();
+    let mut answer = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .ok()
+        .map(|_| started.elapsed());
+    (String::from_utf8_lossy(&answer).into_owned(), closed)
+}
+
+#[tokio::test]
+async fn a_slow_or_oversized_request_is_answered_or_cut_before_it_is_buffered() {
+    let limits = crate::Limits {
+        connections: 8,
+        header_read: Duration::from_millis(300),
+        body_bytes: 1024,
+        body_read: Duration::from_millis(300),
+        buffered_bytes: 4096,
+    };
+    let (addr, stop) = limited(limits).await;
+    let post = |length: usize| {
+        format!("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n").into_bytes()
+    };
+    type Check = fn(&str) -> bool;
+    let cases: [(&str, Vec<u8>, Check); 4] = [
+        (
+            "a body within the limit",
+            [post(3), b"abc".to_vec()].concat(),
+            |a| a.starts_with("HTTP/1.1 200") && a.ends_with('3'),
+        ),
+        // Answered at once, not a byte of the body read.
+        (
+            "a declared body over the limit",
+            post(8 * 1024 * 1024),
+            |a| a.starts_with("HTTP/1.1 413"),
+        ),
+        (
+            "a body that stalls",
+            [post(1000), b"abc".to_vec()].concat(),
+            |a| a.starts_with("HTTP/1.1 400"),
+        ),
+        (
+            "a head that stalls",
+            b"POST /echo HTTP/1.1\r\nHost:".to_vec(),
+            |a| !a.contains("200"),
+        ),
+    ];
+    for (what, bytes, answered) in cases {
+        let (answer, closed) = send_and_wait_for_close(addr, &bytes).await;
+        assert!(answered(&answer), "{what}: {answer:?}");
+        // The server closes: at once, or at the deadline (with room for a slow machine).
+        let closed = closed.unwrap_or_else(|| panic!("{what}: still open after 10 s"));
+        assert!(
+            closed < Duration::from_secs(5),
+            "{what}: closed after {closed:?}"
+        );
+    }
+    stop.cancel();
+}

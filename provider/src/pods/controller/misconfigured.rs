@@ -6,10 +6,10 @@
 //! [`Monitor`](crate::eci::misconfig::Monitor) (condition and taint), and the pod is created
 //! as soon as the configuration is accepted again.
 //!
-//! But a pod may choose identity, network and resource-group parameters itself (its own
-//! annotations, or a Selector's applied to it): a RAM role, a security group, vSwitches, a
-//! resource group, an EIP, an image cache. A permission refusal of such a create says
-//! nothing about the daemon — any namespace admin could otherwise taint the node for every
+//! But a pod chooses many parameters itself (its own annotations, or a Selector's applied to
+//! it): a RAM role, a security group, vSwitches, a resource group, an EIP, an image cache, and
+//! also tags, instance types, spot, a GPU driver, a zone ([`pod_chosen`] lists them all). A
+//! permission refusal of such a create says nothing about the daemon — any namespace admin could otherwise taint the node for every
 //! tenant by naming a role the account may not pass. It is the pod's alone ([`judge`]): no
 //! word to the monitor, the code and message on the pod, retries with a growing back-off.
 //! Credentials, clock, account and endpoint refusals cannot be caused by a pod's parameter
@@ -24,6 +24,7 @@ use tracing::warn;
 use super::{Failure, PodController};
 use crate::eci::misconfig::{self, ErrorClass, Misconfiguration, Problem};
 use crate::pods::from_eci;
+use crate::pods::to_eci::{ANNOTATION_KUBE_PROXY, naming};
 
 /// The action whose answers are judged here.
 const CREATE: &str = "CreateContainerGroup";
@@ -42,20 +43,35 @@ pub(super) struct OwnParameters<'a> {
     pub(super) security_group: &'a str,
 }
 
-/// The identity, network and resource-group parameters of `request` that are not the
-/// daemon's own, as `Name "value"`: only the pod (or a Selector applied to it) can have put
-/// them there.
+/// The tag keys the daemon writes on every group itself (`to_eci::naming::tags` and the
+/// kube-proxy switch); any other tag came from the pod's annotations or a Selector.
+const OWN_TAG_KEYS: [&str; 6] = [
+    naming::TAG_CLUSTER,
+    naming::TAG_NODE,
+    naming::TAG_NAMESPACE,
+    naming::TAG_POD_NAME,
+    naming::TAG_POD_UID,
+    ANNOTATION_KUBE_PROXY,
+];
+
+/// The parameters of `request` that are not the daemon's own, as `Name "value"`: only the pod
+/// (its annotations, or a Selector applied to it) can have put them there. Identity and
+/// network (RAM role, security group, vSwitch, EIP, ACR), but also what a RAM policy or the
+/// account may refuse on its own terms: tags, instance types, spot, GPU driver, zone, storage.
+/// Each parameter is compared with what the daemon sends when the pod chooses nothing: the
+/// field's empty value, or the daemon's `own` setting.
 pub(super) fn pod_chosen(
     request: &CreateContainerGroupRequest,
     own: OwnParameters<'_>,
 ) -> Vec<String> {
-    let mut chosen: Vec<String> = [
+    let texts = [
         (
             "SecurityGroupId",
             request.security_group_id.as_str(),
             own.security_group,
         ),
         ("VSwitchId", request.v_switch_id.as_str(), own.vswitch),
+        ("ZoneId", request.zone_id.as_str(), ""),
         ("RamRoleName", request.ram_role_name.as_str(), ""),
         ("ResourceGroupId", request.resource_group_id.as_str(), ""),
         ("EipInstanceId", request.eip_instance_id.as_str(), ""),
@@ -65,16 +81,79 @@ pub(super) fn pod_chosen(
             request.eip_common_bandwidth_package.as_str(),
             "",
         ),
+        ("EipISP", request.eip_isp.as_str(), ""),
         ("PrivateIpAddress", request.private_ip_address.as_str(), ""),
         ("FixedIp", request.fixed_ip.as_str(), ""),
-    ]
-    .into_iter()
-    .filter(|(_, value, daemons)| value != daemons)
-    .map(|(name, value, _)| format!("{name} {value:?}"))
-    .collect();
-    if request.auto_create_eip {
-        chosen.push("AutoCreateEip true".to_owned());
+        ("InstanceType", request.instance_type.as_str(), ""),
+        ("SpotStrategy", request.spot_strategy.as_str(), ""),
+        ("GpuDriverVersion", request.gpu_driver_version.as_str(), ""),
+        ("ScheduleStrategy", request.schedule_strategy.as_str(), ""),
+        ("CorePattern", request.core_pattern.as_str(), ""),
+        (
+            "PlainHttpRegistry",
+            request.plain_http_registry.as_str(),
+            "",
+        ),
+        ("InsecureRegistry", request.insecure_registry.as_str(), ""),
+    ];
+    let mut chosen: Vec<String> = texts
+        .into_iter()
+        .filter(|(_, value, daemons)| value != daemons)
+        .map(|(name, value, _)| format!("{name} {value:?}"))
+        .collect();
+    let numbers = [
+        (
+            "SpotPriceLimit",
+            request.spot_price_limit.map(|v| v.to_string()),
+        ),
+        ("SpotDuration", request.spot_duration.map(|v| v.to_string())),
+        ("StrictSpot", request.strict_spot.map(|v| v.to_string())),
+        (
+            "EphemeralStorage",
+            request.ephemeral_storage.map(|v| v.to_string()),
+        ),
+        ("EipBandwidth", request.eip_bandwidth.map(|v| v.to_string())),
+        (
+            "Ipv6AddressCount",
+            request.ipv6_address_count.map(|v| v.to_string()),
+        ),
+        (
+            "IngressBandwidth",
+            request.ingress_bandwidth.map(|v| v.to_string()),
+        ),
+        (
+            "EgressBandwidth",
+            request.egress_bandwidth.map(|v| v.to_string()),
+        ),
+    ];
+    chosen.extend(
+        numbers
+            .into_iter()
+            .filter_map(|(name, value)| Some(format!("{name} {}", value?))),
+    );
+    for (name, on) in [
+        ("AutoCreateEip", request.auto_create_eip),
+        ("AutoMatchImageCache", request.auto_match_image_cache),
+    ] {
+        if on {
+            chosen.push(format!("{name} true"));
+        }
     }
+    for (name, list) in [
+        ("ComputeCategory", &request.compute_category),
+        ("NtpServer", &request.ntp_server),
+    ] {
+        if !list.is_empty() {
+            chosen.push(format!("{name} {list:?}"));
+        }
+    }
+    chosen.extend(
+        request
+            .tag
+            .iter()
+            .filter(|tag| !OWN_TAG_KEYS.contains(&tag.key.as_str()))
+            .map(|tag| format!("Tag {:?}={:?}", tag.key, tag.value)),
+    );
     // ACR Enterprise instances and the RAM role ARNs to reach them are identities too: the
     // account may not be allowed to use them.
     for acr in &request.acr_registry_info {
@@ -325,7 +404,7 @@ mod tests {
             pod_chosen(&request, own)
         };
         type Change = fn(&mut CreateContainerGroupRequest);
-        let cases: [(Change, &[&str]); 13] = [
+        let cases: [(Change, &[&str]); 21] = [
             (|_| {}, &[]),
             (
                 |r| r.ram_role_name = "Admin".into(),
@@ -368,11 +447,155 @@ mod tests {
                 },
                 &["AcrRegistryInfo \"cri-1\" (ArnService \"acs:ram::1:role/x\", ArnUser \"\")"],
             ),
-            // Instance sizes and spot settings are no identity: a refusal is about stock.
-            (|r| r.spot_strategy = "SpotAsPriceGo".into(), &[]),
+            (
+                |r| r.spot_strategy = "SpotAsPriceGo".into(),
+                &["SpotStrategy \"SpotAsPriceGo\""],
+            ),
+            (
+                |r| r.instance_type = "ecs.gn6i-c4g1.xlarge".into(),
+                &["InstanceType \"ecs.gn6i-c4g1.xlarge\""],
+            ),
+            (
+                |r| r.gpu_driver_version = "tesla=525.85.12".into(),
+                &["GpuDriverVersion \"tesla=525.85.12\""],
+            ),
+            (|r| r.spot_price_limit = Some(0.5), &["SpotPriceLimit 0.5"]),
+            (
+                |r| r.ephemeral_storage = Some(100),
+                &["EphemeralStorage 100"],
+            ),
+            (
+                |r| r.auto_match_image_cache = true,
+                &["AutoMatchImageCache true"],
+            ),
+            (
+                |r| r.compute_category = vec!["economy".into()],
+                &["ComputeCategory [\"economy\"]"],
+            ),
+            (
+                |r| {
+                    r.tag.push(eci_proto::v20180808::Tag {
+                        key: "cost-centre".into(),
+                        value: "team-b".into(),
+                    });
+                },
+                &["Tag \"cost-centre\"=\"team-b\""],
+            ),
+            // The daemon's own tags, the kube-proxy switch among them, are not the pod's.
+            (
+                |r| {
+                    r.tag = crate::pods::to_eci::naming::tags("c", "n", "ns", "p", "u");
+                    r.tag.push(eci_proto::v20180808::Tag {
+                        key: ANNOTATION_KUBE_PROXY.into(),
+                        value: "true".into(),
+                    });
+                },
+                &[],
+            ),
         ];
         for (change, expected) in cases {
             assert_eq!(with(change), expected);
+        }
+    }
+
+    /// A `Forbidden` answer to a create that carries something the pod chose (a tag, an
+    /// instance type, spot, a GPU driver, …) is the pod's: no taint for every tenant. The same
+    /// answer to a create with only the daemon's own parameters is the node's.
+    #[test]
+    fn a_refusal_of_what_the_pod_chose_is_never_the_nodes() {
+        let own = OwnParameters {
+            vswitch: "vsw-a",
+            security_group: "sg-own",
+        };
+        let daemons = CreateContainerGroupRequest {
+            v_switch_id: "vsw-a".into(),
+            security_group_id: "sg-own".into(),
+            tag: crate::pods::to_eci::naming::tags("c", "n", "ns", "p", "u"),
+            ..CreateContainerGroupRequest::default()
+        };
+        type Change = fn(&mut CreateContainerGroupRequest);
+        let cases: [(&str, Change, &str, Blame); 9] = [
+            (
+                "nothing",
+                |_| {},
+                "Forbidden.RAM",
+                Blame::Node(Problem::Permission),
+            ),
+            (
+                "a tag",
+                |r| {
+                    r.tag.push(eci_proto::v20180808::Tag {
+                        key: "cost-centre".into(),
+                        value: "finance".into(),
+                    });
+                },
+                "Forbidden.TagPolicy",
+                Blame::Pod,
+            ),
+            (
+                "an instance type",
+                |r| r.instance_type = "ecs.g7.16xlarge".into(),
+                "Forbidden.InstanceType",
+                Blame::Pod,
+            ),
+            (
+                "spot",
+                |r| r.spot_strategy = "SpotAsPriceGo".into(),
+                "Forbidden.Spot",
+                Blame::Pod,
+            ),
+            (
+                "a GPU driver",
+                |r| r.gpu_driver_version = "tesla=470.82.01".into(),
+                "NoPermission",
+                Blame::Pod,
+            ),
+            (
+                "a zone",
+                |r| r.zone_id = "cn-hangzhou-k".into(),
+                "Forbidden",
+                Blame::Pod,
+            ),
+            (
+                "a RAM role",
+                |r| r.ram_role_name = "Admin".into(),
+                "Forbidden.RAM",
+                Blame::Pod,
+            ),
+            // Credentials are never a parameter's doing.
+            (
+                "a tag, refused credentials",
+                |r| {
+                    r.tag.push(eci_proto::v20180808::Tag {
+                        key: "k".into(),
+                        value: "v".into(),
+                    });
+                },
+                "InvalidAccessKeyId.NotFound",
+                Blame::Node(Problem::Credentials),
+            ),
+            (
+                "spot, throttled",
+                |r| r.spot_strategy = "SpotAsPriceGo".into(),
+                "Throttling.User",
+                Blame::Transient,
+            ),
+        ];
+        for (what, change, code, blame) in cases {
+            let mut request = daemons.clone();
+            change(&mut request);
+            let chosen = pod_chosen(&request, own);
+            let judgement = judge(Err(&EciError::new(code, "m")), !chosen.is_empty());
+            assert_eq!(
+                judgement.blame,
+                Some(blame),
+                "{what}: {code}, chosen {chosen:?}"
+            );
+            assert_eq!(
+                judgement.record_as.is_some(),
+                matches!(blame, Blame::Node(_)),
+                "{what}: only the node's problems reach the monitor"
+            );
         }
     }
 
