@@ -365,17 +365,31 @@ fn the_annotation_policy_is_restricted_by_default_and_open_by_choice() {
     let default = render(&[]).unwrap();
     let policy = find(&default, "ConfigMap", "eci-annotation-policy").expect("a policy by default");
     let trusted = "eci.aliyun.com/trusted=true";
-    for restricted in ["eci-ram-role-name", "eci-security-group", "acr-service-arns", "oversized-specs"] {
+    for restricted in [
+        "eci-ram-role-name",
+        "eci-security-group",
+        "acr-service-arns",
+        "oversized-specs",
+    ] {
         assert_eq!(policy["data"][restricted], trusted, "{restricted}");
     }
     assert_eq!(policy["data"]["eci-spot-strategy"], "all");
     let config = find(&default, "ConfigMap", "virtual-node-eci-config").unwrap();
-    assert_eq!(config["data"]["ANNOTATION_POLICY_CONFIGMAP"], "eci-annotation-policy");
+    assert_eq!(
+        config["data"]["ANNOTATION_POLICY_CONFIGMAP"],
+        "eci-annotation-policy"
+    );
 
     let open = render(&["annotationPolicy=open"]).unwrap();
-    assert!(find(&open, "ConfigMap", "eci-annotation-policy").is_none(), "open: no policy");
+    assert!(
+        find(&open, "ConfigMap", "eci-annotation-policy").is_none(),
+        "open: no policy"
+    );
     let config = find(&open, "ConfigMap", "virtual-node-eci-config").unwrap();
-    assert!(config["data"].get("ANNOTATION_POLICY_CONFIGMAP").is_none(), "open: none named");
+    assert!(
+        config["data"].get("ANNOTATION_POLICY_CONFIGMAP").is_none(),
+        "open: none named"
+    );
 
     let more = render(&[
         "annotationPolicyRules.tag\\.cost-centre=team=platform",
@@ -385,13 +399,23 @@ fn the_annotation_policy_is_restricted_by_default_and_open_by_choice() {
     let policy = find(&more, "ConfigMap", "eci-annotation-policy").unwrap();
     assert_eq!(policy["data"]["tag.cost-centre"], "team=platform");
     assert_eq!(policy["data"]["eci-vswitch"], "all");
-    assert_eq!(policy["data"]["eci-ram-role-name"], trusted, "the rest stays");
+    assert_eq!(
+        policy["data"]["eci-ram-role-name"], trusted,
+        "the rest stays"
+    );
 
     for (what, extra, expected) in [
-        ("an unknown policy", &["annotationPolicy=closed"][..], "annotationPolicy is one of"),
+        (
+            "an unknown policy",
+            &["annotationPolicy=closed"][..],
+            "annotationPolicy is one of",
+        ),
         (
             "rules without a policy",
-            &["annotationPolicy=open", "annotationPolicyRules.eci-vswitch=all"],
+            &[
+                "annotationPolicy=open",
+                "annotationPolicyRules.eci-vswitch=all",
+            ],
             "annotationPolicyRules needs annotationPolicy=restricted",
         ),
     ] {

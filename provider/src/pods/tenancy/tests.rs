@@ -494,3 +494,92 @@ fn a_pods_size_is_the_larger_of_its_requests_and_limits() {
         }
     );
 }
+
+/// The `key: value` lines of a flat YAML map (comments skipped), after `start` when given.
+fn flat_yaml(text: &str, start: Option<&str>) -> BTreeMap<String, String> {
+    let body = match start {
+        Some(start) => text.split(start).nth(1).expect("the start line is there"),
+        None => text,
+    };
+    body.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (key, value) = line.split_once(": ").expect("a key: value line");
+            (key.to_owned(), value.trim().to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn the_shipped_policy_names_every_annotation_and_restricts_identity_network_and_others_resources() {
+    use crate::pods::to_eci::annotations::{Outcome, TABLE};
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let read = |path: &str| std::fs::read_to_string(format!("{root}/{path}")).expect(path);
+    let kustomize = flat_yaml(
+        &read("deploy/base/annotation-policy.yaml"),
+        Some("\ndata:\n"),
+    );
+    let chart = flat_yaml(
+        &read("charts/virtual-node-eci/files/annotation-policy.yaml"),
+        None,
+    );
+    assert_eq!(kustomize, chart, "the chart ships the kustomize policy");
+    let policy = AnnotationPolicy::from_data(&kustomize).expect("the shipped policy is valid");
+    for entry in TABLE {
+        let Some(short) = entry.key.strip_prefix(ANNOTATION_PREFIX) else {
+            continue;
+        };
+        if matches!(entry.outcome, Outcome::WrittenBack(_)) {
+            continue;
+        }
+        assert!(
+            kustomize.contains_key(short),
+            "the shipped policy names {short} (else every pod using it is refused)"
+        );
+    }
+    let trusted = "eci.aliyun.com/trusted=true";
+    for restricted in [
+        "eci-ram-role-name",
+        "eci-security-group",
+        "eci-vswitch",
+        "eci-with-eip",
+        "eci-eip-instanceid",
+        "eip-common-bandwidth-package-id",
+        "eci-private-ip-address",
+        "eci-fixed-ip",
+        "eci-resource-group-id",
+        "acr-instance-ids",
+        "acr-service-arns",
+        "acr-user-arns",
+        "eci-imc-id",
+        "eci-privatepool-id",
+        OVERSIZED_SPECS,
+        UNKNOWN_SIZE_TYPES,
+    ] {
+        assert_eq!(
+            kustomize.get(restricted).map(String::as_str),
+            Some(trusted),
+            "{restricted}"
+        );
+    }
+    // A tenant's attack pod, judged under the shipped policy in an unmarked namespace.
+    let shipped = Policy::Loaded {
+        source: "kube-system/eci-annotation-policy".into(),
+        policy,
+    };
+    let tenant = map(&[("kubernetes.io/metadata.name", "team-x")]);
+    let attack = map(&[
+        ("k8s.aliyun.com/eci-ram-role-name", "PlatformAdminRole"),
+        ("k8s.aliyun.com/eci-spot-strategy", "SpotAsPriceGo"),
+    ]);
+    let asked = Asked {
+        annotations: &attack,
+        size: BIG,
+    };
+    let verdict = judge(&asked, "team-x", Labels::Known(&tenant), None, &shipped);
+    assert!(
+        refused(ANNOTATION_NOT_ALLOWED, &["eci-ram-role-name", trusted])(&verdict),
+        "{verdict:?}"
+    );
+}
