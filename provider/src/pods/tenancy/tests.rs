@@ -16,8 +16,8 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The recommended shared-cluster policy (deploy/examples/annotation-policy-shared-cluster.yaml
-/// holds the same keys).
+/// A shared-cluster policy (the shipped one, deploy/base/annotation-policy.yaml, is tested
+/// below).
 fn shared_cluster() -> Policy {
     let trusted = "eci.aliyun.com/trusted=true";
     let data = map(&[
