@@ -441,8 +441,9 @@ fn specs_are_compared_with_the_containers_rounded_up_to_a_size_eci_sells() {
     let larger = |v: &Sizing| matches!(v, Sizing::Larger { .. });
     let fits = |v: &Sizing| *v == Sizing::Fits;
     let types = |v: &Sizing| matches!(v, Sizing::UnknownTypes(t) if t == &["ecs.c6.large"]);
+    type Expected<'a> = &'a dyn Fn(&Sizing) -> bool;
     // (specs, containers' size, expected)
-    let cases: &[(&str, Size, &dyn Fn(&Sizing) -> bool)] = &[
+    let cases: &[(&str, Size, Expected<'_>)] = &[
         ("64-256Gi", size(0.1, 0.0), &larger),
         ("0.25-0.5Gi", size(0.1, 0.0), &fits),
         ("0.5-0.5Gi", size(0.1, 0.0), &larger),
