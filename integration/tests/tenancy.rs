@@ -7,8 +7,8 @@
 //! - **forged instance id**: the tenant writes another namespace's group id into their own
 //!   pod's `k8s.aliyun.com/eci-instance-id`, then runs `kubectl exec` and `kubectl logs` on it:
 //!   both reach the tenant's own group, and the annotation is written back.
-//! - **chosen RAM role and security group**: under the recommended shared-cluster annotation
-//!   policy (deploy/examples/annotation-policy-shared-cluster.yaml), the tenant sets
+//! - **chosen RAM role and security group**: under the shipped annotation policy
+//!   (deploy/base/annotation-policy.yaml), the tenant sets
 //!   `k8s.aliyun.com/eci-ram-role-name` and `eci-security-group` on their own pod: it stays
 //!   Pending with `AnnotationNotAllowed` and mock-eci gets no group; the tenant cannot label
 //!   their namespace into the allowed set (the `admin` role may not patch namespaces).
@@ -17,12 +17,18 @@
 //!   to take its place) with no credentials (401) and with their own token (403), and declares
 //!   a 100 MiB body (413): the pod stays unbound, and the tenant's real pod still gets the
 //!   unit's only place.
-//! - **node taint by a forbidden RAM role**: under the default policy (everything allowed) the
+//! - **node taint by a forbidden RAM role**: with `annotationPolicy: open` (everything allowed) the
 //!   tenant names, in `k8s.aliyun.com/eci-ram-role-name`, a RAM role the account may not use;
 //!   ECI refuses the create with `Forbidden.RAM`. That is the pod's problem alone: it stays
 //!   Pending with the code on its `ContainerInstanceCreated` condition and a Warning Event,
 //!   the node is never tainted `virtual-node.eci/misconfigured` (watched throughout), and
 //!   another tenant's pod runs there.
+//! - **annotation policy defaults (issue 45)**: on a default install (the shipped policy) each
+//!   annotation choosing a cloud identity, network or another team's resource, and one the
+//!   policy does not name, keeps the tenant's pod Pending (`AnnotationNotAllowed`) with no
+//!   group, until an administrator marks the namespace; a pod requesting 100m with
+//!   `eci-use-specs: 64-256Gi` in a 1 CPU / 1 GiB namespace stays Pending
+//!   (`SpecLargerThanResources`); with `annotationPolicy: open` both run as in ack-virtual-node.
 //!
 //! With `TENANCY_OUT=<file>` each attack appends one JSON object (`attack`, `status`: `pass`
 //! when refused, else `fail`; `summary`, `details`) to the file: the reliability report
@@ -208,22 +214,9 @@ async fn a_forged_instance_id_reaches_only_the_tenants_own_group() {
     .await;
 }
 
-/// The `data` of the recommended shared-cluster policy, read from the example file itself
-/// (flat `key: value` lines under `data:`).
+/// The `data` of the shared-cluster policy: the shipped default.
 fn shared_cluster_policy() -> serde_json::Map<String, Value> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/examples/annotation-policy-shared-cluster.yaml"
-    );
-    let text = std::fs::read_to_string(path).expect("the example policy exists");
-    let data = text
-        .split("\ndata:\n")
-        .nth(1)
-        .expect("the example has data");
-    data.lines()
-        .filter_map(|line| line.trim().split_once(": "))
-        .map(|(k, v)| (k.to_owned(), Value::String(v.trim().to_owned())))
-        .collect()
+    shipped_policy()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -659,7 +652,8 @@ async fn a_ram_role_the_account_may_not_use_refuses_only_the_pod_that_names_it()
         let mock = h.start_mock_eci(&mock_flags).await?;
         let node = h.node_name(0);
         let (watch, sightings) = watch_misconfiguration(h, &node);
-        // The default annotation policy: every annotation allowed everywhere.
+        // `annotationPolicy: open` (no policy named): every annotation allowed everywhere, so
+        // the RAM role reaches ECI.
         h.start_daemon(0, DAEMON)?;
         let ns = attacker.namespace();
 
@@ -731,6 +725,294 @@ async fn a_ram_role_the_account_may_not_use_refuses_only_the_pod_that_names_it()
         assert!(bystander_runs, "the other tenant's pod runs on the node");
         assert!(explained, "the attacker's pod shows the refusal on its condition");
         assert!(warned, "the attacker's pod has a Warning Event naming the code");
+        Ok(())
+    })
+    .await;
+}
+
+// --- annotation policy defaults (issue 45) ---
+//
+// A default install (chart and kustomize) carries the shipped policy,
+// deploy/base/annotation-policy.yaml, and names it in ANNOTATION_POLICY_CONFIGMAP; these tests
+// create that very ConfigMap and start the daemon naming it. `annotationPolicy: open` renders
+// neither (provider/tests/chart.rs), which is the daemon started without the setting.
+
+/// The shipped policy's `data`, read from deploy/base/annotation-policy.yaml.
+fn shipped_policy() -> serde_json::Map<String, Value> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/base/annotation-policy.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("the shipped policy exists");
+    let data = text.split("\ndata:\n").nth(1).expect("the policy has data");
+    data.lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_once(": "))
+        .map(|(k, v)| (k.to_owned(), Value::String(v.trim().to_owned())))
+        .collect()
+}
+
+/// Creates the shipped policy (under a name of this test's) and starts mock-eci and the
+/// daemon naming it, as a default install runs.
+async fn default_install(h: &mut Harness) -> Result<(String, String), HarnessError> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let policy_name = format!("{}-shipped-policy", h.daemon_set_name());
+    let policy: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": policy_name, "namespace": "kube-system"},
+        "data": shipped_policy(),
+    }))
+    .expect("a ConfigMap");
+    Api::<ConfigMap>::namespaced(h.client(), "kube-system")
+        .create(&PostParams::default(), &policy)
+        .await?;
+    let mock = h.start_mock_eci(MOCK).await?;
+    let mut daemon = DAEMON.to_vec();
+    daemon.push(("ANNOTATION_POLICY_CONFIGMAP", &policy_name));
+    h.start_daemon(0, &daemon)?;
+    Ok((policy_name, mock.admin))
+}
+
+/// The tenant's pod `name` with `annotations` and `resources` on its container.
+fn annotated_pod(h: &Harness, name: &str, annotations: &Value, resources: &Value) -> Pod {
+    let mut pod = serde_json::to_value(pod_manifest(h, name, "hi", "registry.example.com/app:1"))
+        .expect("a pod is JSON");
+    pod["metadata"]["annotations"] = annotations.clone();
+    pod["spec"]["containers"][0]["resources"] = resources.clone();
+    serde_json::from_value(pod).expect("still a pod")
+}
+
+/// mock-eci's group of the pod with `uid`, if any.
+async fn group_of(admin: &str, uid: &str) -> Result<Option<Value>, HarnessError> {
+    let groups: Vec<Value> = reqwest::get(format!("{admin}/admin/groups"))
+        .await
+        .map_err(|e| failed(e.to_string()))?
+        .json()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    Ok(groups.into_iter().find(|g| {
+        g["tags"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"] == "k8s.aliyun.com/pod-uid" && t["value"].as_str() == Some(uid))
+    }))
+}
+
+/// Waits until `ns/name` is Pending with `ContainerInstanceCreated=False`, `reason`, and a
+/// message containing every one of `naming`, and a Warning Event of that reason; its UID.
+async fn wait_refused(
+    h: &Harness,
+    ns: &str,
+    name: &str,
+    reason: &str,
+    naming: &[&str],
+) -> Result<String, HarnessError> {
+    use k8s_openapi::api::core::v1::Event;
+    let pod = h
+        .wait_pod(ns, name, &format!("Pending, {reason}"), WAIT, |p| {
+            p["status"]["phase"] == "Pending"
+                && p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| {
+                        c["type"] == "ContainerInstanceCreated"
+                            && c["status"] == "False"
+                            && c["reason"] == reason
+                            && c["message"]
+                                .as_str()
+                                .is_some_and(|m| naming.iter().all(|n| m.contains(n)))
+                    })
+        })
+        .await?;
+    let events: Api<Event> = Api::namespaced(h.client(), ns);
+    h.wait_for(&format!("a Warning Event {reason} on {name}"), WAIT, |_| {
+        let events = events.clone();
+        async move {
+            events.list(&Default::default()).await.is_ok_and(|list| {
+                list.items.iter().any(|e| {
+                    e.type_.as_deref() == Some("Warning")
+                        && e.reason.as_deref() == Some(reason)
+                        && e.involved_object.name.as_deref() == Some(name)
+                })
+            })
+        }
+    })
+    .await?;
+    Ok(pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Every annotation of the attack, one pod each, with a value the translation accepts.
+const IDENTITY_AND_NETWORK: &[(&str, &str)] = &[
+    ("eci-ram-role-name", "PlatformAdminRole"),
+    ("eci-security-group", "sg-other-team"),
+    ("eci-vswitch", "vsw-other-team"),
+    ("eci-with-eip", "true"),
+    ("eci-eip-instanceid", "eip-other-team"),
+    ("eci-private-ip-address", "10.0.0.10"),
+    ("eci-resource-group-id", "rg-other-team"),
+    ("eci-imc-id", "imc-other-team"),
+    ("acr-instance-ids", "cri-other-team"),
+    ("acr-service-arns", "acs:ram::1:role/other-team"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_install_keeps_cloud_identity_and_network_to_marked_namespaces() {
+    run_scenario(async |h| {
+        let tenant = h.create_tenant("identity-default").await?;
+        let (policy_name, admin) = default_install(h).await?;
+        let ns = tenant.namespace().to_owned();
+        let pods: Api<Pod> = Api::namespaced(tenant.client(), &ns);
+        let mut refused = Vec::new();
+        for (short, value) in IDENTITY_AND_NETWORK {
+            let name = format!("take-{}", short.replace('_', "-"));
+            let annotation = format!("k8s.aliyun.com/{short}");
+            let pod = annotated_pod(h, &name, &json!({&annotation: value}), &json!({}));
+            pods.create(&PostParams::default(), &pod).await?;
+            let uid = wait_refused(h, &ns, &name, "AnnotationNotAllowed", &[&annotation, &policy_name]).await?;
+            refused.push((name, uid));
+        }
+        // An annotation the policy does not name: refused too (an allow-list).
+        let unnamed = annotated_pod(h, "unnamed", &json!({"k8s.aliyun.com/eci-made-up": "x"}), &json!({}));
+        pods.create(&PostParams::default(), &unnamed).await?;
+        let uid = wait_refused(h, &ns, "unnamed", "AnnotationNotAllowed", &["k8s.aliyun.com/eci-made-up", "does not name it"]).await?;
+        refused.push(("unnamed".to_owned(), uid));
+        // What a pod chooses for itself alone stays open.
+        let own = annotated_pod(h, "own-choice", &json!({"k8s.aliyun.com/eci-spot-strategy": "SpotAsPriceGo"}), &json!({}));
+        pods.create(&PostParams::default(), &own).await?;
+        let own_runs = h
+            .wait_for("the spot pod running", WAIT, |_| {
+                let pods = pods.clone();
+                async move { running_group(&pods, "own-choice").await.is_some() }
+            })
+            .await
+            .is_ok();
+        let mut created = Vec::new();
+        for (name, uid) in &refused {
+            if group_of(&admin, uid).await?.is_some() {
+                created.push(name.clone());
+            }
+        }
+        // The administrator marks the namespace (the tenant cannot): the RAM role pod runs.
+        let relabel = tenant
+            .kubectl(&["label", "namespace", &ns, "eci.aliyun.com/trusted=true"], b"")
+            .await?;
+        let relabel_refused = !relabel.succeeded() && relabel.stderr.contains("forbidden");
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(h.client());
+        namespaces
+            .patch(
+                &ns,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"labels": {"eci.aliyun.com/trusted": "true"}}})),
+            )
+            .await?;
+        let marked_runs = h
+            .wait_for("the RAM role pod running once the namespace is marked", WAIT, |_| {
+                let pods = pods.clone();
+                async move { running_group(&pods, "take-eci-ram-role-name").await.is_some() }
+            })
+            .await
+            .is_ok();
+        let ok = created.is_empty() && own_runs && relabel_refused && marked_runs;
+        record(
+            "cloud identity and network on a default install",
+            ok,
+            "on a default install each identity, network or other-team annotation (and one the policy does not name) keeps a tenant's pod Pending (AnnotationNotAllowed) with no ECI group; a spot pod runs; the tenant cannot mark the namespace, an administrator can",
+            &json!({"groups_created": created, "own_choice_runs": own_runs, "relabel_refused": relabel_refused, "marked_runs": marked_runs}),
+        );
+        assert!(created.is_empty(), "no group for a refused pod: {created:?}");
+        assert!(own_runs, "a pod's own choices (spot) stay open");
+        assert!(relabel_refused, "the tenant cannot mark their namespace: {relabel:?}");
+        assert!(marked_runs, "a marked namespace may choose the RAM role");
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_install_refuses_a_spec_larger_than_the_containers_ask_for() {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    run_scenario(async |h| {
+        let tenant = h.create_tenant("quota-default").await?;
+        let ns = tenant.namespace().to_owned();
+        let quota: ResourceQuota = serde_json::from_value(json!({
+            "metadata": {"name": "small"},
+            "spec": {"hard": {"requests.cpu": "1", "requests.memory": "1Gi", "limits.cpu": "1", "limits.memory": "1Gi"}},
+        }))
+        .expect("a ResourceQuota");
+        Api::<ResourceQuota>::namespaced(h.client(), &ns)
+            .create(&PostParams::default(), &quota)
+            .await?;
+        let (_, admin) = default_install(h).await?;
+        let pods: Api<Pod> = Api::namespaced(tenant.client(), &ns);
+        let small = json!({"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}});
+        let big = annotated_pod(h, "big", &json!({"k8s.aliyun.com/eci-use-specs": "64-256Gi"}), &small);
+        pods.create(&PostParams::default(), &big).await?;
+        let uid = wait_refused(h, &ns, "big", "SpecLargerThanResources", &["64-256Gi", "ResourceQuota"]).await?;
+        // The same pod with a spec its containers fill (ECI's smallest) runs.
+        let fits = annotated_pod(h, "fits", &json!({"k8s.aliyun.com/eci-use-specs": "0.25-0.5Gi"}), &small);
+        pods.create(&PostParams::default(), &fits).await?;
+        let fits_runs = h
+            .wait_for("the pod with a fitting spec running", WAIT, |_| {
+                let pods = pods.clone();
+                async move { running_group(&pods, "fits").await.is_some() }
+            })
+            .await
+            .is_ok();
+        let big_group = group_of(&admin, &uid).await?;
+        let ok = big_group.is_none() && fits_runs;
+        record(
+            "quota escape by eci-use-specs on a default install",
+            ok,
+            "in a namespace limited to 1 CPU / 1 GiB a pod requesting 100m with eci-use-specs 64-256Gi stays Pending (SpecLargerThanResources) with no ECI group; a spec its containers fill runs",
+            &json!({"big_group": big_group, "fits_runs": fits_runs}),
+        );
+        assert!(big_group.is_none(), "no 64-vCPU group: {big_group:?}");
+        assert!(fits_runs, "a spec the containers fill runs");
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotation_policy_open_restores_ack_virtual_nodes_behaviour() {
+    run_scenario(async |h| {
+        let tenant = h.create_tenant("open").await?;
+        let ns = tenant.namespace().to_owned();
+        let mock = h.start_mock_eci(MOCK).await?;
+        // `annotationPolicy: open`: no policy named.
+        h.start_daemon(0, DAEMON)?;
+        let pods: Api<Pod> = Api::namespaced(tenant.client(), &ns);
+        let annotations = json!({
+            "k8s.aliyun.com/eci-ram-role-name": "PlatformAdminRole",
+            "k8s.aliyun.com/eci-use-specs": "64-256Gi",
+            "k8s.aliyun.com/eci-made-up": "x",
+        });
+        let small = json!({"requests": {"cpu": "100m", "memory": "128Mi"}});
+        pods.create(
+            &PostParams::default(),
+            &annotated_pod(h, "anything", &annotations, &small),
+        )
+        .await?;
+        h.wait_for("the pod running", WAIT, |_| {
+            let pods = pods.clone();
+            async move { running_group(&pods, "anything").await.is_some() }
+        })
+        .await?;
+        let uid = h
+            .pod_json(&ns, "anything")
+            .await
+            .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let group = group_of(&mock.admin, &uid)
+            .await?
+            .ok_or_else(|| failed("no group"))?;
+        assert_eq!(group["ram_role_name"], "PlatformAdminRole", "{group}");
+        assert_eq!(group["cpu"].as_f64(), Some(64.0), "{group}");
         Ok(())
     })
     .await;

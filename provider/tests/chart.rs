@@ -335,6 +335,81 @@ fn the_ack_virtual_node_spellings_and_the_options_render() {
     );
 }
 
+#[test]
+fn the_annotation_policy_is_restricted_by_default_and_open_by_choice() {
+    let render = |extra: &[&str]| {
+        let mut sets: Vec<&str> = REQUIRED.to_vec();
+        sets.extend(extra);
+        template(&sets)
+    };
+    let find = |objects: &[Value], kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .cloned()
+    };
+    let default = render(&[]).unwrap();
+    let policy = find(&default, "ConfigMap", "eci-annotation-policy").expect("a policy by default");
+    let trusted = "eci.aliyun.com/trusted=true";
+    for restricted in [
+        "eci-ram-role-name",
+        "eci-security-group",
+        "acr-service-arns",
+        "oversized-specs",
+    ] {
+        assert_eq!(policy["data"][restricted], trusted, "{restricted}");
+    }
+    assert_eq!(policy["data"]["eci-spot-strategy"], "all");
+    let config = find(&default, "ConfigMap", "virtual-node-eci-config").unwrap();
+    assert_eq!(
+        config["data"]["ANNOTATION_POLICY_CONFIGMAP"],
+        "eci-annotation-policy"
+    );
+
+    let open = render(&["annotationPolicy=open"]).unwrap();
+    assert!(
+        find(&open, "ConfigMap", "eci-annotation-policy").is_none(),
+        "open: no policy"
+    );
+    let config = find(&open, "ConfigMap", "virtual-node-eci-config").unwrap();
+    assert!(
+        config["data"].get("ANNOTATION_POLICY_CONFIGMAP").is_none(),
+        "open: none named"
+    );
+
+    let more = render(&[
+        "annotationPolicyRules.tag\\.cost-centre=team=platform",
+        "annotationPolicyRules.eci-vswitch=all",
+    ])
+    .unwrap();
+    let policy = find(&more, "ConfigMap", "eci-annotation-policy").unwrap();
+    assert_eq!(policy["data"]["tag.cost-centre"], "team=platform");
+    assert_eq!(policy["data"]["eci-vswitch"], "all");
+    assert_eq!(
+        policy["data"]["eci-ram-role-name"], trusted,
+        "the rest stays"
+    );
+
+    for (what, extra, expected) in [
+        (
+            "an unknown policy",
+            &["annotationPolicy=closed"][..],
+            "annotationPolicy is one of",
+        ),
+        (
+            "rules without a policy",
+            &[
+                "annotationPolicy=open",
+                "annotationPolicyRules.eci-vswitch=all",
+            ],
+            "annotationPolicyRules needs annotationPolicy=restricted",
+        ),
+    ] {
+        let error = render(extra).expect_err(what);
+        assert!(error.contains(expected), "{what}: {error}");
+    }
+}
+
 /// `helm ARGS --kubeconfig …` against the harness's cluster.
 async fn helm_on(h: &Harness, args: &[&str]) -> Result<String, HarnessError> {
     let mut args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();

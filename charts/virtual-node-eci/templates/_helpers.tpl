@@ -62,6 +62,12 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- if not (has .Values.webhook.certificate (list "generated" "certManager" "secret")) -}}
 {{- fail "webhook.certificate is one of generated, certManager, secret" -}}
 {{- end -}}
+{{- if not (has .Values.annotationPolicy (list "restricted" "open")) -}}
+{{- fail "annotationPolicy is one of restricted, open" -}}
+{{- end -}}
+{{- if and (eq .Values.annotationPolicy "open") .Values.annotationPolicyRules -}}
+{{- fail "annotationPolicyRules needs annotationPolicy=restricted: an open install has no policy" -}}
+{{- end -}}
 {{- if not (has .Values.kubelet.certificate (list "csr" "secret")) -}}
 {{- fail "kubelet.certificate is one of csr, secret" -}}
 {{- end -}}

@@ -320,10 +320,12 @@ pub struct Config {
     pub namespace_selector: Option<String>,
 
     /// The ConfigMap (in POD_NAMESPACE) saying which namespaces may use which
-    /// `k8s.aliyun.com/` annotations: key = annotation name without the prefix (e.g.
-    /// `eci-ram-role-name`), value = a namespace label selector, or `none`. Annotations it
-    /// does not name stay allowed everywhere; while it is missing or invalid, pods wait.
-    /// Unset: every annotation allowed everywhere, as in ack-virtual-node.
+    /// `k8s.aliyun.com/` annotations, an allow-list: key = annotation name without the prefix
+    /// (e.g. `eci-ram-role-name`), `tag.<key>`, `oversized-specs` or
+    /// `unknown-size-instance-types`; value = a namespace label selector, `all` or `none`. An
+    /// annotation it does not name is refused; while it is missing or invalid, pods wait. The
+    /// manifests ship one (`eci-annotation-policy`). Unset: every annotation allowed everywhere,
+    /// as in ack-virtual-node.
     #[arg(long, env = "ANNOTATION_POLICY_CONFIGMAP")]
     pub annotation_policy_configmap: Option<String>,
 

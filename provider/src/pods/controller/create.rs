@@ -291,13 +291,24 @@ impl PodController {
                 Admission::Held => return None,
                 Admission::Later => return Some(retry),
             }
+            let judged = pod.clone();
             let pod = match self.apply_pending_effect(pod).await {
-                Ok(pod) => pod,
+                Ok(patched) => patched,
                 Err(failure) => {
                     debug!(message = %failure.message(), attempt = job.attempt, "retrying");
                     return Some(retry);
                 }
             };
+            // The patch answers with the pod as the API server holds it now, which may carry
+            // what its author wrote since the copy judged above: the copy translated is the
+            // copy judged.
+            if !Arc::ptr_eq(&pod, &judged) {
+                match self.admit(&pod, uid).await {
+                    Admission::Go => {}
+                    Admission::Held => return None,
+                    Admission::Later => return Some(retry),
+                }
+            }
             match self.try_create(&pod, uid).await {
                 Ok(created) => {
                     let id = created.group_id().to_owned();

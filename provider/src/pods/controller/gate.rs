@@ -3,6 +3,8 @@
 //! condition and a Warning Event, and nothing of it is read or created; it is judged again
 //! when the policy, its namespace's labels or the pod itself change.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
@@ -11,7 +13,8 @@ use tracing::{debug, info, warn};
 use super::create::CreateJob;
 use super::lifecycle::{Effect, Event, Lifecycle};
 use super::{PodController, hash_of};
-use crate::pods::tenancy::Verdict;
+use crate::pods::tenancy::specs::Size;
+use crate::pods::tenancy::{Asked, Verdict};
 
 /// What to do with a pod after judging it.
 pub(super) enum Admission {
@@ -23,35 +26,37 @@ pub(super) enum Admission {
     Later,
 }
 
-/// The annotations the pod will have when its group is created: its own and those a Selector
-/// deferred to binding adds (the policy judges the pod as bound, whoever wrote them).
-fn annotations_as_bound(pod: &Pod) -> Vec<String> {
-    let mut names: Vec<String> = pod.annotations().keys().cloned().collect();
+/// The annotations the pod will have when its group is created: its own as a Selector's
+/// effect deferred to binding changes them (the policy judges the pod as bound, whoever wrote
+/// them).
+fn annotations_as_bound(pod: &Pod) -> BTreeMap<String, String> {
+    let mut annotations = pod.annotations().clone();
     if let Some(patch) = crate::admission::selector::engine::pending_effect_patch(pod)
-        && let Some(added) = patch
+        && let Some(changed) = patch
             .pointer("/metadata/annotations")
             .and_then(|a| a.as_object())
     {
-        names.extend(
-            added
-                .iter()
-                .filter(|(_, value)| !value.is_null())
-                .map(|(name, _)| name.clone()),
-        );
+        for (name, value) in changed {
+            match value {
+                serde_json::Value::Null => annotations.remove(name),
+                serde_json::Value::String(text) => annotations.insert(name.clone(), text.clone()),
+                other => annotations.insert(name.clone(), other.to_string()),
+            };
+        }
     }
-    names
+    annotations
 }
 
 impl PodController {
     /// Judges `pod` (with `uid`) and, when refused, tells its author once per reason.
     pub(super) async fn admit(&self, pod: &Pod, uid: &str) -> Admission {
-        let names = annotations_as_bound(pod);
+        let annotations = annotations_as_bound(pod);
+        let asked = Asked {
+            annotations: &annotations,
+            size: Size::of_pod(pod),
+        };
         let namespace = pod.namespace().unwrap_or_default();
-        match self
-            .inner
-            .tenancy
-            .judge(names.iter().map(String::as_str), &namespace)
-        {
+        match self.inner.tenancy.judge(&asked, &namespace) {
             Verdict::Allowed => {
                 if let Some(entry) = self.tracked().get_mut(uid)
                     && entry.held.take().is_some()

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{AnnotationPolicy, Labels, Policy, Verdict, Written};
+use super::{AnnotationPolicy, Asked, Labels, Policy, Verdict, Written};
 
 /// Why the feed stopped.
 #[derive(Debug, thiserror::Error)]
@@ -85,12 +85,8 @@ impl PolicyFeed {
         self.changes.subscribe()
     }
 
-    /// The verdict on a pod of `namespace` with `annotations`, as of now.
-    pub fn judge<'a>(
-        &self,
-        annotations: impl IntoIterator<Item = &'a str>,
-        namespace: &str,
-    ) -> Verdict {
+    /// The verdict on a pod of `namespace` asking for `asked`, as of now.
+    pub fn judge(&self, asked: &Asked<'_>, namespace: &str) -> Verdict {
         let policy = self
             .policy
             .read()
@@ -107,7 +103,7 @@ impl PolicyFeed {
             None => Labels::Unknown,
         };
         super::judge(
-            annotations,
+            asked,
             namespace,
             labels,
             self.settings.scope.as_ref(),

@@ -3,14 +3,21 @@
 //! Two administrator settings, judged before anything of a pod is read or created:
 //! - the namespace scope (`--namespace-selector`): pods of namespaces it does not select are
 //!   refused;
-//! - the annotation policy (a ConfigMap named by `--annotation-policy-configmap`): per
-//!   `k8s.aliyun.com/` annotation, the namespaces (by label selector) allowed to use it. An
-//!   annotation the policy does not name stays allowed everywhere, as in ack-virtual-node.
+//! - the annotation policy (a ConfigMap named by `--annotation-policy-configmap`): an
+//!   allow-list. Per `k8s.aliyun.com/` annotation, the namespaces (by label selector) allowed
+//!   to use it; an annotation it does not name is allowed nowhere (the daemon's written-back
+//!   annotations excepted: a pod's own value is replaced, never read). Besides annotations it
+//!   names custom tag keys only some namespaces may set (`tag.<key>`), the namespaces whose pods
+//!   may ask `eci-use-specs` for a larger instance than their containers
+//!   (`oversized-specs`, default: none) and those whose pods may name ECS instance types, whose
+//!   size the daemon cannot compare (`unknown-size-instance-types`, default: all). Without a
+//!   policy everything is allowed everywhere, as in ack-virtual-node.
 //!
 //! The judgement ([`judge`]) is pure; [`feed`] keeps the policy and the namespace labels it
 //! needs current from watches. Owns no API call of its own besides those watches.
 
 pub mod feed;
+pub mod specs;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -23,11 +30,25 @@ use crate::k8s::label_selector::{self, SelectorError};
 pub const ANNOTATION_PREFIX: &str = "k8s.aliyun.com/";
 /// The policy value that allows an annotation in no namespace at all.
 pub const NOBODY: &str = "none";
+/// The policy value that allows an annotation in every namespace.
+pub const EVERYBODY: &str = "all";
+/// The annotation whose sizes are compared with the containers'.
+pub const USE_SPECS: &str = "k8s.aliyun.com/eci-use-specs";
+/// The annotation whose tag keys `tag.<key>` entries govern.
+pub const CUSTOM_TAGS: &str = "k8s.aliyun.com/eci-custom-tags";
+/// Policy key prefix: a custom tag key only some namespaces may set.
+pub const TAG_KEY_PREFIX: &str = "tag.";
+/// Policy key: the namespaces whose pods may ask for an instance larger than their containers.
+pub const OVERSIZED_SPECS: &str = "oversized-specs";
+/// Policy key: the namespaces whose pods may name ECS instance types (size unknown).
+pub const UNKNOWN_SIZE_TYPES: &str = "unknown-size-instance-types";
 
 /// Reason (pod and Event) of a pod refused by the namespace scope.
 pub const NAMESPACE_NOT_SERVED: &str = "NamespaceNotServed";
 /// Reason of a pod refused by the annotation policy.
 pub const ANNOTATION_NOT_ALLOWED: &str = "AnnotationNotAllowed";
+/// Reason of a pod whose `eci-use-specs` asks for more than its containers (and its quota).
+pub const SPEC_LARGER_THAN_RESOURCES: &str = "SpecLargerThanResources";
 /// Reason of a pod held because the configured policy cannot be read.
 pub const POLICY_UNAVAILABLE: &str = "AnnotationPolicyUnavailable";
 
@@ -41,7 +62,7 @@ pub enum PolicyError {
     Key(String),
     /// An empty value: ambiguous between "nobody" and "everybody", so neither.
     #[error(
-        "key `{0}` has an empty selector: write `{NOBODY}` to allow it nowhere, or remove the key to allow it everywhere"
+        "key `{0}` has an empty selector: write `{NOBODY}` to allow it nowhere or `{EVERYBODY}` to allow it everywhere"
     )]
     Empty(String),
     /// A value that is not a label selector.
@@ -63,13 +84,13 @@ pub struct Written {
 }
 
 impl Written {
-    /// Parses `text`; [`NOBODY`] selects no namespace.
+    /// Parses `text`; [`NOBODY`] selects no namespace, [`EVERYBODY`] every one.
     pub fn parse(text: &str) -> Result<Self, SelectorError> {
         let text = text.trim();
-        let selector = if text == NOBODY {
-            None
-        } else {
-            Some(label_selector::parse(text)?)
+        let selector = match text {
+            NOBODY => None,
+            EVERYBODY => Some(Selector::default()),
+            _ => Some(label_selector::parse(text)?),
         };
         Ok(Self {
             selector,
@@ -108,17 +129,26 @@ impl fmt::Display for Written {
     }
 }
 
-/// Per restricted annotation (full name), the namespaces allowed to use it.
+/// What a policy ConfigMap says: per entry, the namespaces allowed.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct AnnotationPolicy {
+    /// Per annotation (full name); an annotation not here is allowed nowhere.
     rules: BTreeMap<String, Written>,
+    /// Per reserved custom tag key; a tag key not here goes wherever `eci-custom-tags` does.
+    tags: BTreeMap<String, Written>,
+    /// Who may over-size (`None`: nobody).
+    oversized: Option<Written>,
+    /// Who may name instance types of unknown size (`None`: everybody).
+    unknown_types: Option<Written>,
 }
 
 impl AnnotationPolicy {
     /// The policy a ConfigMap's `data` writes: key = annotation name without the
-    /// `k8s.aliyun.com/` prefix, value = a label selector of the namespaces allowed to use it.
+    /// `k8s.aliyun.com/` prefix, `tag.<tag key>`, [`OVERSIZED_SPECS`] or
+    /// [`UNKNOWN_SIZE_TYPES`]; value = a label selector of the namespaces allowed, [`NOBODY`] or
+    /// [`EVERYBODY`].
     pub fn from_data(data: &BTreeMap<String, String>) -> Result<Self, PolicyError> {
-        let mut rules = BTreeMap::new();
+        let mut policy = Self::default();
         for (key, value) in data {
             if key.is_empty() || key.contains('/') || key.starts_with('.') {
                 return Err(PolicyError::Key(key.clone()));
@@ -130,9 +160,19 @@ impl AnnotationPolicy {
                 key: key.clone(),
                 source,
             })?;
-            rules.insert(format!("{ANNOTATION_PREFIX}{key}"), allowed);
+            if let Some(tag) = key.strip_prefix(TAG_KEY_PREFIX) {
+                policy.tags.insert(tag.to_owned(), allowed);
+            } else if key == OVERSIZED_SPECS {
+                policy.oversized = Some(allowed);
+            } else if key == UNKNOWN_SIZE_TYPES {
+                policy.unknown_types = Some(allowed);
+            } else {
+                policy
+                    .rules
+                    .insert(format!("{ANNOTATION_PREFIX}{key}"), allowed);
+            }
         }
-        Ok(Self { rules })
+        Ok(policy)
     }
 }
 
@@ -185,19 +225,121 @@ pub enum Verdict {
     },
 }
 
-/// Judges a pod of `namespace` carrying `annotations` (as bound: whoever wrote them, the
-/// author, a Selector or eci-profile) under the namespace `scope` (`None`: every namespace)
-/// and `policy`.
-pub fn judge<'a>(
-    annotations: impl IntoIterator<Item = &'a str>,
+/// What a pod asks for, as bound: its annotations (whoever wrote them: the author, a Selector
+/// or eci-profile) and its containers' size.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    /// The annotations, names and values.
+    pub annotations: &'a BTreeMap<String, String>,
+    /// The containers' size ([`specs::Size::of_pod`]).
+    pub size: specs::Size,
+}
+
+/// One thing a policy must allow, and the entry that decides it.
+struct Check<'a> {
+    /// The reason a refusal gives.
+    reason: &'static str,
+    /// What is asked, in words.
+    what: String,
+    /// The entry that decides (`None`: the policy names nothing that allows it).
+    rule: Option<&'a Written>,
+    /// The policy key that would allow it (messages tell the administrator).
+    key: String,
+}
+
+/// Whether an annotation is one the daemon writes back (never read from the pod).
+fn written_back(name: &str) -> bool {
+    use crate::pods::to_eci::annotations::{Outcome, entry};
+    entry(name).is_some_and(|e| matches!(e.outcome, Outcome::WrittenBack(_)))
+}
+
+/// What the policy must allow for `asked`.
+fn checks<'a>(asked: &Asked<'_>, policy: &'a AnnotationPolicy) -> Vec<Check<'a>> {
+    let mut out = Vec::new();
+    for name in asked.annotations.keys() {
+        let Some(short) = name.strip_prefix(ANNOTATION_PREFIX) else {
+            continue;
+        };
+        if written_back(name) {
+            continue;
+        }
+        out.push(Check {
+            reason: ANNOTATION_NOT_ALLOWED,
+            what: format!("annotation {name}"),
+            rule: policy.rules.get(name),
+            key: short.to_owned(),
+        });
+    }
+    if let Some(tags) = asked.annotations.get(CUSTOM_TAGS) {
+        for key in tags.split(',').filter_map(|pair| pair.split_once(':')) {
+            let key = key.0.trim();
+            if let Some(rule) = policy.tags.get(key) {
+                out.push(Check {
+                    reason: ANNOTATION_NOT_ALLOWED,
+                    what: format!("custom tag key `{key}` (in {CUSTOM_TAGS})"),
+                    rule: Some(rule),
+                    key: format!("{TAG_KEY_PREFIX}{key}"),
+                });
+            }
+        }
+    }
+    if let Some(value) = asked.annotations.get(USE_SPECS) {
+        match specs::compare(value, asked.size) {
+            specs::Sizing::Fits => {}
+            specs::Sizing::Larger {
+                pair,
+                asked,
+                allowed,
+            } => out.push(Check {
+                reason: SPEC_LARGER_THAN_RESOURCES,
+                what: format!(
+                    "{USE_SPECS} `{pair}`, larger than the pod's containers ask for ({} vCPU, {} GiB; up to {} vCPU, {} GiB counts as their size): ResourceQuota counts the containers and ECI bills the instance, so raise their requests or limits",
+                    round(asked.cpu),
+                    round(asked.memory),
+                    allowed.cpu,
+                    allowed.memory
+                ),
+                rule: Some(policy.oversized.as_ref().unwrap_or(&NOBODY_RULE)),
+                key: OVERSIZED_SPECS.to_owned(),
+            }),
+            specs::Sizing::UnknownTypes(types) => {
+                if let Some(rule) = &policy.unknown_types {
+                    out.push(Check {
+                        reason: SPEC_LARGER_THAN_RESOURCES,
+                        what: format!(
+                            "{USE_SPECS} naming instance types whose size is not known to compare with the containers' ({})",
+                            types.join(", ")
+                        ),
+                        rule: Some(rule),
+                        key: UNKNOWN_SIZE_TYPES.to_owned(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A size for messages: three decimals at most.
+fn round(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}
+
+/// [`Written::nobody`] as a constant.
+static NOBODY_RULE: std::sync::LazyLock<Written> = std::sync::LazyLock::new(Written::nobody);
+
+/// Judges a pod of `namespace` asking for `asked` under the namespace `scope` (`None`: every
+/// namespace) and `policy`.
+pub fn judge(
+    asked: &Asked<'_>,
     namespace: &str,
     labels: Labels<'_>,
     scope: Option<&Written>,
     policy: &Policy,
 ) -> Verdict {
-    let rules = match policy {
-        Policy::Unrestricted => None,
-        Policy::Loaded { source, policy } => Some((source, policy)),
+    let (source, checks) = match policy {
+        Policy::Unrestricted => ("", Vec::new()),
+        Policy::Loaded { source, policy } => (source.as_str(), checks(asked, policy)),
         Policy::Loading => return Verdict::Undecided("the annotation policy is not read yet"),
         Policy::Unavailable { source, why } => {
             return Verdict::Refused {
@@ -208,18 +350,18 @@ pub fn judge<'a>(
             };
         }
     };
-    let governed: Vec<(&str, &Written)> = rules
-        .map(|(_, policy)| {
-            annotations
-                .into_iter()
-                .filter_map(|a| policy.rules.get(a).map(|rule| (a, rule)))
-                .filter(|(_, rule)| !rule.selects_all())
-                .collect()
-        })
-        .unwrap_or_default();
+    let checks: Vec<Check<'_>> = checks
+        .into_iter()
+        .filter(|c| !c.rule.is_some_and(Written::selects_all))
+        .collect();
     let scope = scope.filter(|s| !s.selects_all());
-    if scope.is_none() && governed.is_empty() {
+    if scope.is_none() && checks.is_empty() {
         return Verdict::Allowed;
+    }
+    // What the policy does not name is refused whatever the labels say.
+    let unnamed = checks.iter().find(|c| c.rule.is_none());
+    if let (None, Some(check)) = (scope, unnamed) {
+        return refusal(check, namespace, source);
     }
     let Labels::Known(labels) = labels else {
         return Verdict::Undecided("the namespace's labels are not known yet");
@@ -234,16 +376,34 @@ pub fn judge<'a>(
             ),
         };
     }
-    let source = rules.map_or("", |(source, _)| source.as_str());
-    match governed.iter().find(|(_, rule)| !rule.selects(labels)) {
+    match checks
+        .iter()
+        .find(|c| !c.rule.is_some_and(|rule| rule.selects(labels)))
+    {
         None => Verdict::Allowed,
-        Some((annotation, rule)) => Verdict::Refused {
-            reason: ANNOTATION_NOT_ALLOWED,
-            message: format!(
-                "annotation {annotation} is not allowed in namespace {namespace}: the annotation policy {source} allows it {}",
-                rule.where_allowed()
-            ),
-        },
+        Some(check) => refusal(check, namespace, source),
+    }
+}
+
+/// The refusal of `check` in `namespace` under the policy read from `source`.
+fn refusal(check: &Check<'_>, namespace: &str, source: &str) -> Verdict {
+    let why = match check.rule {
+        None => format!(
+            "the annotation policy {source} does not name it, and allows only what it names (an administrator adds the key `{}` to allow it)",
+            check.key
+        ),
+        Some(rule) => format!(
+            "the annotation policy {source} allows it {} (key `{}`)",
+            rule.where_allowed(),
+            check.key
+        ),
+    };
+    Verdict::Refused {
+        reason: check.reason,
+        message: format!(
+            "{} is not allowed in namespace {namespace}: {why}",
+            check.what
+        ),
     }
 }
 
