@@ -6,10 +6,10 @@ use clap::Parser;
 use virtual_node_eci::app::{self, logging, signals};
 use virtual_node_eci::config::Config;
 
-/// mimalloc rather than glibc's malloc: with glibc, the per-thread arenas of the multi-thread
-/// runtime kept freed memory resident (at 10,000 pods, `MALLOC_ARENA_MAX=2` took the peak from
-/// 167 to 135 MiB). Measured with mimalloc and the lighter pod copies: 143 → 119 MiB held when
-/// all pods run; the burst's peak did not move (docs/performance.md).
+/// mimalloc rather than glibc's malloc: glibc gives the multi-thread runtime's workers arenas
+/// of their own, and what a burst of pod starts freed stayed resident in them after the burst.
+/// mimalloc gives it back; capping glibc's arenas (`MALLOC_ARENA_MAX`) helps too, but only
+/// where the environment sets it (measured: docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -73,10 +73,10 @@ const MOCK: &[&str] = &[
 /// what a short run gives (two minutes leave ~5 points to fit).
 ///
 /// - **RSS: 16 MiB/h.** At 5 pods/s the daemons see 18,000 pods an hour (9,000 each); a
-///   daemon keeping ~1 KiB per pod it has seen and forgotten — less than its slim per-pod record
-///   (README: ~115 MiB at 10,000 live pods, ~11 KiB a pod all told) — grows ~9 MiB/h, and
-///   anything per pod bigger than 2 KiB crosses 16 MiB/h. Below it, a 10-minute run cannot tell
-///   a leak from the allocator's drift (glibc's arenas move RSS by a few MiB at steady state).
+///   daemon keeping ~1 KiB per pod it has seen and forgotten — less than its slim per-pod
+///   record — grows ~9 MiB/h, and anything per pod bigger than 2 KiB crosses 16 MiB/h. Below
+///   it, a 10-minute run cannot tell a leak from the allocator's drift (freed memory an
+///   allocator keeps resident moves RSS by a few MiB at steady state).
 /// - **Open descriptors and established connections: 60/h**, i.e. one per 300 churned pods of a
 ///   daemon, or 10 over a 10-minute run: the connection pools (to the apiserver, to mock-eci)
 ///   breathe by a handful; a descriptor lost per pod, per retry or per reconnect is far above.
@@ -84,8 +84,8 @@ const MOCK: &[&str] = &[
 ///   second and the CPU they take should be too; a rate that grows a fifth an hour (doubling in
 ///   ~5 h) means work growing with history (groups polled after their pod left, retries that
 ///   never stop, a list scanned whole for every pod), not with load. CPU is read in ticks of
-///   10 ms, a tenth of a point of a core over 10 s, and a fifth of an idle daemon's 1–2 % an
-///   hour is finer than that: its limit is at least 2 points of a core an hour.
+///   10 ms, a tenth of a point of a core over 10 s, and a fifth of an idle daemon's small
+///   share of a core is finer than that: its limit is at least 2 points of a core an hour.
 #[derive(Debug, Clone, Copy)]
 enum Threshold {
     /// An absolute slope per hour.

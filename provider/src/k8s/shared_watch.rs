@@ -20,7 +20,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-/// Objects per list page: a relist of 30,000 pods is 60 requests, never one huge answer.
+/// Objects per list page: a relist of a large cluster comes as many bounded answers, never one
+/// huge one held whole.
 pub const PAGE_SIZE: u32 = 500;
 
 /// What a reader is handed.

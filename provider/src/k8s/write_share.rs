@@ -6,12 +6,11 @@
 //! budget for the whole fleet, [`share_of`] it per replica, so ten replicas put no more writes
 //! in the apiserver's flight than one did.
 //!
-//! Why: at 10,000 pods over ten replicas on 2 cores, each replica keeping its own 32 status
-//! writes in flight put 461 mutating requests in the apiserver's flight (197 queued behind
-//! them). The apiserver spent 1.43 ms of CPU per request against 0.68 ms for the same
-//! requests from one replica, and the pods were all Running in 3.04× kwok's time. With these
-//! shares (four status writers per replica): 138 in flight, 0.79 ms per request, 1.57×; at
-//! 30,000 pods over ten, 2.21× became 1.13–1.31× (docs/performance.md).
+//! Why: replicas that each keep a whole budget in flight multiply the apiserver's mutating
+//! requests in flight by their count; past its in-flight limit it queues the rest, and every
+//! request costs it more CPU the more it holds at once. The same pods then start later over
+//! ten replicas than over one, and a share of one budget keeps the fleet's pressure that of a
+//! single replica (measured: docs/performance.md).
 //!
 //! Rules:
 //! - A share is at least its floor, however many replicas: a replica always makes progress.

@@ -3,9 +3,9 @@
 //! The semantics of kube-runtime's `Recorder` — the same names, reporter and series: a repeat of
 //! an event within 6 minutes patches the first one's `series` instead of creating another — sized
 //! for thousands of pods. `Recorder` keeps every event it published for 6 minutes and scans that
-//! whole cache under a write lock on each publish; at 10,000 pods (several ECI events each) that
-//! was tens of megabytes and a quadratic amount of work. Here the series index keeps a hash, the
-//! event's name and a count per entry, is pruned at most every 30 s, and is bounded.
+//! whole cache under a write lock on each publish: with several ECI events per pod, a burst of
+//! pod starts makes that cache large and the work quadratic. Here the series index keeps a
+//! hash, the event's name and a count per entry, is pruned at most every 30 s, and is bounded.
 //!
 //! Events that must not delay anything (ECI's own events, published while pod statuses are
 //! written) go through [`EventPublisher::publish_later`]: a bounded queue drained by background
@@ -13,19 +13,21 @@
 //! does — Events are best-effort by design; statuses are not. How many publications are in flight
 //! follows the apiserver's answers ([`Window`]): it grows while a backlog waits and the apiserver
 //! takes what it is sent, and halves when it answers 429, a 5xx, later than its latency
-//! objective, or not at all: pods' own writes come first. A fixed count
-//! was the limit before the apiserver was: 8 publications at ~430 ms each publish ~19 Events/s,
-//! and 10,000 pods started in two minutes dropped 12,504 Events with no 429 answered.
+//! objective, or not at all: pods' own writes come first. A fixed count would be the limit
+//! before the apiserver is: a few publications, each waiting out a loaded apiserver's answer,
+//! write fewer Events a second than a burst of pod starts reports, and the queue overflows
+//! although the apiserver never refused one.
 //!
 //! Routine events (`Normal`) also yield to the pods' own writes: a publisher built with
 //! [`EventPublisher::yielding_to`] keeps at most [`YIELDING_WINDOW`] of them in flight, and the
 //! fleet together about as many ([`FleetTurn`]), while its [`Precedence`] says pod writes wait
 //! (statuses to write, pod removals queued) and for [`YIELD_HOLD`] after; it publishes them at
 //! the window's pace once none have waited for that long. They wait in a queue large enough for
-//! a 10,000-pod start, and carry the time they were observed, not the time they were written.
-//! Warnings have a queue of their own and never yield. Measured (docs/performance.md): at 10,000 pods on 2
-//! cores, the two ECI events per pod were the whole difference between all Running at 1.05×
-//! kwok's time and at 1.44×.
+//! a large start ([`ROUTINE_QUEUE_CAPACITY`]), and carry the time they were observed, not the
+//! time they were written. Warnings have a queue of their own and never yield. Why: ECI reports
+//! two or more routine events per pod, each an apiserver write beside the pod's one status
+//! write, and published alongside they delayed the writes that make pods Running; yielding
+//! makes them late instead (measured: docs/performance.md).
 //!
 //! Unlike `Recorder`, the note is part of what makes two events "the same": a kubelet reports
 //! `Pulling image a` and `Pulling image b` as two events, and so do we.
@@ -60,25 +62,25 @@ const SERIES_CAPACITY: usize = 20_000;
 /// Warnings waiting for the background workers at most.
 const WARNING_QUEUE_CAPACITY: usize = 4_096;
 /// Routine events waiting at most: they may wait out a whole burst of pod starts (ECI reports
-/// two to five per pod; 10,000 pods, two each, queued ~20,000 at once, ~14 MB).
+/// two to five per pod, so this holds two each for 16,384 pods started at once).
 const ROUTINE_QUEUE_CAPACITY: usize = 32_768;
 /// Routine publications in flight at most while the pods' own writes wait.
 const YIELDING_WINDOW: usize = 1;
 /// How long routine events keep yielding after pod writes were last seen waiting. Status
 /// writes come in bursts, one per ECI poll (every second by default), and the queue is empty
 /// between them: without a hold, the window opens to its ceiling in each gap of a rollout
-/// slower than its writes. (At 30,000 pods over ten replicas the writes never paused, and the
-/// hold alone changed nothing measurable: docs/performance.md.)
+/// slower than its writes. (Where the writes never pause, as in a large rollout, the hold
+/// makes no difference.)
 const YIELD_HOLD: Duration = Duration::from_secs(2);
-/// Background publications in flight at first (the fixed count there was before).
+/// Background publications in flight at first, before any answer has moved the window.
 const FIRST_WINDOW: usize = 8;
 /// Background publications in flight at most, for the whole fleet: a replica built with
-/// [`EventPublisher::yielding_to`] keeps to its share of it ([`WriteShare`]). A kubelet's client sends at most 50 Events/s
-/// (`--event-qps`); 64 in flight at the ~0.4 s a loaded apiserver takes per write is ~150/s,
-/// which a 10,000-pod start needs, and it is the apiserver's latency or its 429 that stops it
-/// sooner. Measured (docs/performance.md): with 429s alone closing it, at 10,000 pods on 2
-/// cores every Event was written and the pods' own writes waited behind them (all Running 2.29×
-/// kwok's time, 1.25× when 12,504 Events were dropped); hence [`SLOW_ANSWER`].
+/// [`EventPublisher::yielding_to`] keeps to its share of it ([`WriteShare`]). A kubelet's
+/// client sends at most 50 Events/s (`--event-qps`), but one daemon speaks for many kubelets'
+/// pods: 64 in flight keep up with a large start even while a loaded apiserver takes most of a
+/// second per write, and it is the apiserver's latency or its 429 that stops it sooner. Not
+/// its 429 alone: an apiserver that still takes every Event makes the pods' own writes wait
+/// behind them long before it refuses one, hence [`SLOW_ANSWER`].
 pub const MAX_WINDOW: usize = 64;
 
 /// An answer slower than this means the apiserver is past its limit, for Events: it is the
@@ -382,8 +384,9 @@ impl Yield {
 
 /// While yielding, the whole fleet keeps about [`YIELDING_WINDOW`] routine publications in
 /// flight, not each replica: after one, a replica waits out its answer time once for every
-/// other replica before the next. Ten replicas at one each sent ~13,000 of a 30,000-pod
-/// start's 60,000 routine Events before its last pod ran (docs/performance.md).
+/// other replica before the next. One each per replica would multiply the routine Events in
+/// flight by the replica count, and a large fleet would crowd the pods' writes as if its
+/// Events did not yield at all.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct FleetTurn {
     not_before: Option<Instant>,
@@ -858,9 +861,9 @@ mod tests {
         );
     }
 
-    /// A burst as a 10,000-pod start queues it, against an apiserver that takes every write in
+    /// A burst as a large start queues it, against an apiserver that takes every write in
     /// 400 ms: the window opens to its ceiling and drains the burst in about
-    /// `burst / MAX_WINDOW` round trips. Eight fixed workers took `burst / 8` (100 s here).
+    /// `burst / MAX_WINDOW` round trips, where a fixed eight would take `burst / 8` (100 s here).
     #[tokio::test(start_paused = true)]
     async fn a_backlog_the_apiserver_takes_is_published_at_the_windows_ceiling() {
         let (publisher, seen, telemetry) = publisher_over(201, Duration::from_millis(400));

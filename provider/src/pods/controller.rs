@@ -68,9 +68,9 @@ const STATUS_WRITERS: usize = 32;
 /// each one small.
 const REFRESH_WRITERS: usize = 4;
 /// Pod removals sent to the API server at once, as many as status writers, for the whole
-/// fleet (each replica its share): a scale-in of 10,000 pods sent all of them together (each
-/// on a connection of its own, HTTP/1.1), 450 mutating requests in the apiserver's flight at
-/// the peak.
+/// fleet (each replica its share): unbounded, a scale-in sends every removal at once, each on
+/// a connection of its own (HTTP/1.1), and fills the apiserver's mutating in-flight limit
+/// ahead of the status writes.
 const POD_DELETES_IN_FLIGHT: usize = STATUS_WRITERS;
 /// A replica's share of the status writes or removals never falls below this.
 const WRITE_SHARE_FLOOR: usize = 2;
@@ -160,8 +160,8 @@ impl Tracked {
     }
 
     /// Packs a whole copy once the group exists. Otherwise that waits for the pod's next watch
-    /// event, which after a burst of creations can be a status write a long queue away: 10,000
-    /// whole copies were 36 MB of a 110 MB peak (heaptrack, 2026-11-27).
+    /// event, which after a burst of creations can be a status write a long queue away, and
+    /// the whole copies waiting that long are a large share of the burst's peak memory.
     fn slim_down(&mut self) {
         if let Some(slim::Kept::Whole(pod)) = &self.pod
             && self.lifecycle.group().is_some()
@@ -514,8 +514,9 @@ impl PodReader {
 }
 
 /// The copy of a watched pod the controller keeps (whole until its group exists): without its
-/// managed fields, which nothing here reads and which are a large part of a pod (measured with
-/// heaptrack at 3,000 pods: copies of watched pods were the largest share of the peak heap).
+/// managed fields, which nothing here reads and which are a large part of a pod (the kept
+/// copies of watched pods are the largest share of the daemon's memory; measured:
+/// docs/performance.md).
 /// Every field but the managed ones is listed, so they are never cloned only to be dropped
 /// (this runs for every watch event of the node's pods).
 fn kept_copy(pod: &Pod) -> Arc<Pod> {
@@ -656,7 +657,8 @@ impl PodController {
     }
 
     /// Every group of this node changed within `since_second` (all of them when `None`), one
-    /// page at a time: at thousands of groups, holding every page at once costs tens of MiB.
+    /// page at a time: a whole group's description is large, and holding every page at once
+    /// would cost memory in proportion to the node's groups.
     async fn visit_groups(
         &self,
         since_second: Option<i32>,
@@ -1357,12 +1359,11 @@ mod tests {
 
     #[test]
     fn a_tracked_pod_costs_no_more_than_before_the_lifecycle_enum() {
-        // 160 bytes with the group as an Option<String> beside three booleans; 152 with the
-        // lifecycle enum (its group a boxed str); 160 again with the status epoch that keeps
-        // a concurrent reset from being recorded over; 184 with the kept copy's version and
-        // origin, which save a conflict, a read and up to two writes per pod (240 KB at
-        // 10,000 pods); 208 with the annotations the status applies carry, which save a pod
-        // write per pod (another 240 KB, plus the values themselves, ~0.3 KB per pod).
+        // One `Tracked` per pod of the node, so its size is memory per pod and a field must
+        // earn its bytes: the lifecycle enum keeps the group as a boxed str; the status epoch
+        // keeps a concurrent reset from being recorded over; the kept copy's version and
+        // origin save a conflict, a read and up to two writes per pod; the annotations the
+        // status applies carry save a pod write per pod. The bound makes growing it a choice.
         assert!(
             std::mem::size_of::<Tracked>() <= 208,
             "{}",
@@ -1578,12 +1579,11 @@ mod tests {
         Arc::new(pod)
     }
 
-    /// Under load the watch delivers changes seconds after the writes that made them. The
-    /// instance-id annotation's event, older than our status write's answer, once replaced
-    /// that answer: the next status write carried an outdated resourceVersion (a 409, a read,
-    /// a second write), and the older status it showed read as someone writing over ours (a
-    /// third write). Measured before the fix: 0.60 conflicts and 1.93 status writes per pod
-    /// with ten replicas.
+    /// Under load the watch delivers changes seconds after the writes that made them. An
+    /// event older than our status write's answer (here the instance-id annotation's) must not
+    /// replace that answer: the next status write would carry an outdated resourceVersion (a
+    /// 409, a read, a second write), and the older status it shows would read as someone
+    /// writing over ours (a third write).
     #[tokio::test]
     async fn a_copy_older_than_our_answer_neither_replaces_it_nor_reads_as_written_over() {
         let (controller, _) = controller(Arc::new(RefusingDeletes::default()));

@@ -3,10 +3,11 @@
 //! After creation the controller reads a pod only to write its status (container names and
 //! images, readiness gates, generation, the current status), to delete it (grace period) and to publish Events about it.
 //! Everything else — env, volumes, probes, affinity, managed fields, annotations — is dropped:
-//! at 10,000 pods a whole `Pod` per pod is most of the daemon's memory.
+//! the controller keeps a copy of every pod of its node, and at scale a whole `Pod` per pod
+//! would be most of the daemon's memory.
 //!
 //! Even slimmed, a `Pod` value is large (a `Container` alone is over 2 KiB of mostly empty
-//! options), so the slim copy is kept packed as JSON — about a quarter of the size — and
+//! options), so the slim copy is kept packed as JSON — which leaves the empty options out — and
 //! unpacked for the few steps that need it (a status write, a deletion, an Event).
 
 use std::sync::Arc;

@@ -1,7 +1,8 @@
 //! This node's pods as the metrics need them: which pods run, and when their containers
 //! started (which ECI group backs each comes from the pod controller at refresh time). Filled
 //! by reading this node's shared pod watch (`spec.nodeName=<node>`, the pod controller's too)
-//! and kept slim (a few strings per pod, never the `Pod`), so 3,000 pods cost a few hundred KiB.
+//! and kept slim (a few strings per pod, never the `Pod`), so it grows with the pod count, not
+//! with the size of the pods' specs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};

@@ -54,10 +54,11 @@ impl GroupDeletion {
 }
 
 /// At most this many bytes are held by a pod's deletion while it waits for the group to go
-/// (the size of [`PodController::delete`]'s future, 728 in a debug build; a test holds it
-/// there). Holding the watched pod, the calls' futures unboxed and the pod-delete answer across
-/// its retry's wait, it was 2,968 bytes plus the pod's copy: 10,000 pods deleted at once held
-/// 53 MB of the daemon's 167 MB peak that way (heaptrack, glibc build, 2026-11-27).
+/// (the size of [`PodController::delete`]'s future; a test holds it there). A scale-in has
+/// every deleted pod's deletion waiting at once, so this is memory per pod: a future holding
+/// the watched pod, the calls' futures unboxed and the pod-delete answer across its retry's
+/// wait is several times larger, plus the pod's copy, and a large scale-in's deletions would
+/// be a large share of the daemon's peak.
 #[cfg(test)]
 pub(super) const DELETION_BYTES: usize = 768;
 
@@ -225,8 +226,8 @@ impl PodController {
     /// Deletes `group` (the pod's, when its deletion was seen) as the pod's grace period
     /// allows, then the pod.
     ///
-    /// Every pod being deleted has one of these waiting for its group to go (a scale-in of
-    /// 10,000 pods, 10,000 at once), so what it holds is kept small: the pod's names, not the
+    /// Every pod being deleted has one of these waiting for its group to go (a scale-in has
+    /// one per pod at once), so what it holds is kept small: the pod's names, not the
     /// pod, and the calls' own futures boxed, alive only while a call is ([`DELETION_BYTES`]).
     pub(super) async fn delete(self, pod: Doomed, uid: String, group: Option<String>) {
         if let Some(id) = &group {
@@ -433,7 +434,7 @@ mod tests {
 
     /// A scale-in has every deleted pod's deletion waiting for its group at once: what each
     /// holds then is bounded, the pod's names rather than the watched pod, the calls' futures
-    /// boxed (unboxed it was ~2.6 KB, plus the pod's copy).
+    /// boxed (unboxed, they would sit in it across the wait, beside the pod's copy).
     #[tokio::test]
     async fn a_deletion_waiting_for_its_group_holds_a_few_hundred_bytes() {
         let (controller, _) = super::super::tests::controller(std::sync::Arc::default());

@@ -10,9 +10,8 @@
 //! answered after one round trip; the lookups of new groups' descriptions, which only ride on
 //! the pod's next status write, let ids gather for [`GATHER_WINDOW`] while fewer than a full
 //! call's wait and no `Now` lookup waits among them (one joining cuts the gathering short).
-//! Without that window a steady stream of creations cost one call per group
-//! (0.96 DescribeContainerGroups per pod at 30,000 pods over ten replicas): each lookup found
-//! the previous call already answered. A throttled call is made again after a back-off
+//! Without that window a steady stream of creations costs about one call per group: each
+//! lookup finds the previous call already answered. A throttled call is made again after a back-off
 //! ([`crate::eci::paging::page`]), never dropped.
 //!
 //! Owns the pending lookups; calls ECI only through the fetch it is handed.
@@ -32,8 +31,8 @@ use super::PodController;
 pub(super) const IDS_PER_CALL: usize = 20;
 
 /// How long the ids of [`Pace::Gathered`] lookups may gather before a call that is not full.
-/// Well under ECI's fastest start (the pod's next status write carries what the lookup
-/// learns), and the bench's 500 ms provisioning delay.
+/// Well under the time ECI takes to start a group, so gathering delays no pod: the pod's next
+/// status write, which carries what the lookup learns, waits for the group's start anyway.
 pub(super) const GATHER_WINDOW: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How soon a lookup's call goes.
