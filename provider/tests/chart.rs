@@ -293,6 +293,7 @@ fn the_ack_virtual_node_spellings_and_the_options_render() {
         "env.ECI_ACCESS_KEY=LTAIexample",
         "env.ECI_SECRET_KEY=secret",
         "replicaCount=3",
+        "metrics.readOnlyPort=true",
         "metrics.podMonitor.enabled=true",
         "metrics.prometheusRule.enabled=true",
         "webhook.certificate=certManager",
