@@ -884,7 +884,7 @@ impl Report<'_> {
 - **{churn} of churn.** The slopes bound leaks to the limits above over that window; slower ones — per token refresh (every ~48 minutes), per orphan-collector round (10 minutes by default), per day — need longer runs. The churn creates and deletes bare pods only (no logs, exec, webhook or ResourcePolicy traffic).\n\
 - **The audit check covers the paths the workload took.** A request that only an untested path makes (the accesses listed as not exercised) is covered by `kubectl auth can-i` and `provider/tests/deploy.rs` (the RBAC equals the declared list) but was not seen answered.\n\
 - **The credential scan looks for the exact values** (and their base64 and URL encodings) in what it reads: logs at info and debug level, Events, Pods, Nodes, `/metrics`, the kubelet API's `/pods` and mock-eci's answers — not in core dumps, the process environment (`/proc/<pid>/environ` holds `ECI_SECRET_KEY` as the manifests pass it), or logs at `trace`.\n\
-- **The TLS check covers protocol versions**, not cipher suites, certificate validation by clients, or the plain-HTTP `/metrics` and `/healthz` port (10255), which is plain by design.\n\
+- **The TLS check covers protocol versions**, not cipher suites, certificate validation by clients, or the plain-HTTP ports: the probes' `/healthz` and `/readyz` (10248) and the read-only `/metrics` port (10255, off unless opted in), plain like a kubelet's.\n\
 - **`E2E_KUBECONFIG` runs** have no audit log (that check says NOT RUN) and their figures depend on that cluster.\n"
         );
     }
