@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::config::PodsConfig;
-use crate::eci::Backend;
+use crate::eci::{Backend, Lane};
 use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
 use crate::pods::refs::{self, Token, TokenSource};
@@ -722,7 +722,11 @@ impl Work for Renewal {
 impl Renewal {
     async fn refresh(&self, entry: &Entry) -> Next {
         let pod = format!("{}/{}", entry.namespace, entry.name);
-        let outcome = self.try_refresh(entry).await;
+        // The pod's ECI calls wait in its namespace's lane: a namespace whose pods churn
+        // tokens cannot hold another's refreshes behind its own.
+        let outcome = Lane::namespace(&entry.namespace)
+            .run(self.try_refresh(entry))
+            .await;
         let result = match &outcome {
             Ok(_) => "ok",
             Err(failure) if failure.is_retryable() => "retry",
