@@ -761,8 +761,7 @@ fn the_daemons_heartbeat_rides_a_priority_level_of_its_own() {
             .iter()
             .filter(|rule| rule["verbs"] == json!(["*"]))
             .flat_map(|rule| {
-                let everywhere =
-                    rule["clusterScope"] == true || rule["namespaces"] == json!(["*"]);
+                let everywhere = rule["clusterScope"] == true || rule["namespaces"] == json!(["*"]);
                 let groups = rule["apiGroups"].as_array().unwrap().clone();
                 let resources = rule["resources"].as_array().unwrap().clone();
                 groups.into_iter().flat_map(move |group| {

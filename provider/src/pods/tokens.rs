@@ -323,7 +323,10 @@ impl Unplaced {
         uid: &str,
         sources: &BTreeSet<TokenSource>,
         now: Instant,
-    ) -> (BTreeMap<TokenSource, (Token, Duration)>, BTreeSet<TokenSource>) {
+    ) -> (
+        BTreeMap<TokenSource, (Token, Duration)>,
+        BTreeSet<TokenSource>,
+    ) {
         let held = self.by_pod.get(uid);
         let mut reused = BTreeMap::new();
         let mut missing = BTreeSet::new();
@@ -1477,7 +1480,11 @@ mod tests {
         let counter = Arc::clone(&issued);
         let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
             let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-            assert!(request.uri().path().ends_with("/token"), "{}", request.uri());
+            assert!(
+                request.uri().path().ends_with("/token"),
+                "{}",
+                request.uri()
+            );
             async move {
                 let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                     "metadata": {}, "spec": {"audiences": [], "expirationSeconds": 600},
@@ -1522,7 +1529,10 @@ mod tests {
                 .unwrap();
             assert_eq!(again.tokens, first.tokens, "the same tokens");
             let left = again.refresh_in.unwrap();
-            assert!(left < first.refresh_in.unwrap(), "their time runs on: {left:?}");
+            assert!(
+                left < first.refresh_in.unwrap(),
+                "their time runs on: {left:?}"
+            );
         }
         assert_eq!(issued.load(Ordering::SeqCst), 2, "no new TokenRequest");
         // Another audience, or another pod (a new UID), is another token.
