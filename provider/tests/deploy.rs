@@ -147,7 +147,7 @@ fn lost_fields(original: &Value, typed: &Value, path: &str, out: &mut Vec<String
 }
 
 fn typed_round_trip(object: &Value) -> Result<Value, String> {
-    use k8s_openapi::api::{apps, core, policy, rbac};
+    use k8s_openapi::api::{apps, core, flowcontrol, policy, rbac};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     fn via<T: serde::de::DeserializeOwned + serde::Serialize>(
         object: &Value,
@@ -167,6 +167,8 @@ fn typed_round_trip(object: &Value) -> Result<Value, String> {
         "StatefulSet" => via::<apps::v1::StatefulSet>(object),
         "Deployment" => via::<apps::v1::Deployment>(object),
         "PodDisruptionBudget" => via::<policy::v1::PodDisruptionBudget>(object),
+        "FlowSchema" => via::<flowcontrol::v1::FlowSchema>(object),
+        "PriorityLevelConfiguration" => via::<flowcontrol::v1::PriorityLevelConfiguration>(object),
         other => Err(format!("unexpected kind {other:?}")),
     }
 }
@@ -389,7 +391,11 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
         assert!(lost.is_empty(), "{}: unknown fields {lost:?}", key(object));
         let namespaced = !matches!(
             object["kind"].as_str().unwrap(),
-            "CustomResourceDefinition" | "ClusterRole" | "ClusterRoleBinding"
+            "CustomResourceDefinition"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "FlowSchema"
+                | "PriorityLevelConfiguration"
         );
         if namespaced {
             assert!(
@@ -717,6 +723,71 @@ fn the_aliyun_overlay_is_consistent() {
         .expect("and mounted into the daemon");
     assert_eq!(mount["readOnly"], true);
     assert_eq!(config["data"]["ECI_CREDENTIALS_PATH"], mount["mountPath"]);
+}
+
+/// The daemon's Leases and node status ride a priority level of their own (issue 45): in every
+/// overlay the FlowSchema names the daemon's ServiceAccount where it runs, comes before the
+/// built-in schemas that would otherwise take it, covers the Leases and the Node writes, and
+/// leads to a level whose seats are never lent to others.
+#[test]
+fn the_daemons_heartbeat_rides_a_priority_level_of_its_own() {
+    for overlay in ["mock", "local", "aliyun"] {
+        let objects = check_overlay(overlay);
+        let set = find(&objects, "StatefulSet", "virtual-node-eci");
+        let account = &set["spec"]["template"]["spec"]["serviceAccountName"];
+        let schema = find(&objects, "FlowSchema", "virtual-node-eci-heartbeat");
+        let level = find(
+            &objects,
+            "PriorityLevelConfiguration",
+            schema["spec"]["priorityLevelConfiguration"]["name"]
+                .as_str()
+                .unwrap(),
+        );
+        assert_eq!(level["spec"]["type"], "Limited", "{overlay}");
+        assert_eq!(level["spec"]["limited"]["lendablePercent"], 0, "{overlay}");
+        // Before `workload-leader-election` (200), `kube-system-service-accounts` (900) and
+        // `service-accounts` (9000); after `system-leader-election` (100).
+        let precedence = schema["spec"]["matchingPrecedence"].as_u64().unwrap();
+        assert!((101..200).contains(&precedence), "{overlay}: {precedence}");
+        let rules = schema["spec"]["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 1, "{overlay}");
+        assert_eq!(
+            rules[0]["subjects"],
+            json!([{"kind": "ServiceAccount", "serviceAccount": {
+                "name": account, "namespace": set["metadata"]["namespace"]}}]),
+            "{overlay}: the daemon's own ServiceAccount, no one else"
+        );
+        let covered: BTreeSet<(String, String, bool)> = rules[0]["resourceRules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|rule| rule["verbs"] == json!(["*"]))
+            .flat_map(|rule| {
+                let everywhere = rule["clusterScope"] == true || rule["namespaces"] == json!(["*"]);
+                let groups = rule["apiGroups"].as_array().unwrap().clone();
+                let resources = rule["resources"].as_array().unwrap().clone();
+                groups.into_iter().flat_map(move |group| {
+                    resources.clone().into_iter().map(move |resource| {
+                        (
+                            group.as_str().unwrap().to_owned(),
+                            resource.as_str().unwrap().to_owned(),
+                            everywhere,
+                        )
+                    })
+                })
+            })
+            .collect();
+        for wanted in [
+            ("coordination.k8s.io", "leases"),
+            ("", "nodes"),
+            ("", "nodes/status"),
+        ] {
+            assert!(
+                covered.contains(&(wanted.0.to_owned(), wanted.1.to_owned(), true)),
+                "{overlay}: {wanted:?} is not covered: {covered:?}"
+            );
+        }
+    }
 }
 
 /// The kube-scheduler configuration a user adds for the extender.

@@ -682,3 +682,98 @@ async fn the_kubelet_api_is_closed_to_strangers_and_open_to_the_apiserver() {
     })
     .await;
 }
+
+// --- fair shares (issue 45) ---
+
+/// Calls of `kubectl logs` one namespace keeps waiting at once: far more than the replica's
+/// `DescribeContainerLog` share serves (500 a minute, a burst of 50), so its calls queue.
+const FLOOD: usize = 150;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_namespace_looping_logs_leaves_another_its_logs_within_two_seconds() {
+    run_scenario(async |h| {
+        let scene = start(h, "flood").await?;
+        let other = Scene {
+            ns: h.create_namespace("quiet").await?,
+            node: scene.node.clone(),
+            admin: scene.admin.clone(),
+            kubelet: scene.kubelet.clone(),
+        };
+        run_pod(h, &scene, &pod_on("looper", &scene.node, "Always", &[])).await?;
+        let group = run_pod(h, &other, &pod_on("quiet", &other.node, "Always", &[])).await?;
+        write_log(&other, &group, &["still here".to_owned()]).await?;
+
+        // The loop: FLOOD clients each asking for the looper's log again as soon as answered.
+        let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let mut loops = tokio::task::JoinSet::new();
+        for _ in 0..FLOOD {
+            let api = Api::<Pod>::namespaced(h.client(), &scene.ns);
+            let (served, stop) = (served.clone(), stop.clone());
+            loops.spawn(async move {
+                let params = kube::api::LogParams {
+                    container: Some("app".into()),
+                    tail_lines: Some(1),
+                    ..kube::api::LogParams::default()
+                };
+                while !stop.is_cancelled() {
+                    tokio::select! {
+                        answer = api.logs("looper", &params) => {
+                            if answer.is_ok() {
+                                served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            }
+                        }
+                        () = stop.cancelled() => {}
+                    }
+                }
+            });
+        }
+        // The burst is spent and the loop's calls wait for tokens.
+        let served_ref = &served;
+        h.wait_for("the loop spent the burst", WAIT, |_| async move {
+            served_ref.load(std::sync::atomic::Ordering::SeqCst) > 80
+        })
+        .await?;
+
+        let mut took = Vec::new();
+        for _ in 0..3 {
+            let asked = Instant::now();
+            let out = kubectl(
+                h,
+                &[
+                    "logs",
+                    "--request-timeout=30s",
+                    "-n",
+                    &other.ns,
+                    "quiet",
+                    "-c",
+                    "app",
+                    "--tail=1",
+                ],
+            )
+            .await;
+            took.push(asked.elapsed());
+            assert!(out.ok, "the quiet namespace's logs: {}", out.stderr);
+            assert_eq!(lines_of(&out.stdout), ["still here"]);
+        }
+        let before = served.load(std::sync::atomic::Ordering::SeqCst);
+        h.wait_for("the loop is still served", WAIT, |_| async move {
+            served_ref.load(std::sync::atomic::Ordering::SeqCst) > before + 10
+        })
+        .await?;
+        stop.cancel();
+        while loops.join_next().await.is_some() {}
+        eprintln!(
+            "fair shares: with {FLOOD} looping clients ({} answered), the other namespace's kubectl logs took {took:?}",
+            served.load(std::sync::atomic::Ordering::SeqCst)
+        );
+        for elapsed in took {
+            assert!(
+                elapsed < Duration::from_secs(2),
+                "another namespace's kubectl logs took {elapsed:?} (the issue's bound: 2 s)"
+            );
+        }
+        Ok(())
+    })
+    .await;
+}

@@ -22,7 +22,7 @@ use eci_proto::v20180808::{
     RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
 };
 pub use grpc::GrpcBackend;
-pub use rate_budget::{Paced, Pacer, ReplicaCount, Share, alone, share, share_of};
+pub use rate_budget::{Lane, Paced, Pacer, ReplicaCount, Share, alone, share, share_of};
 use tracing::info;
 
 use self::openapi::credentials::{CredentialSource, Credentials};

@@ -13,8 +13,16 @@
 //! full, so every membership change (a rollout restarts replicas one by one) would hand each
 //! replica a fresh burst and the fleet together would overshoot the account's burst. Waiting
 //! also sleeps on tokio's clock, which the tests control.
+//!
+//! When a bucket runs short, the calls waiting for it are served by [`Lane`], round robin:
+//! each namespace (the namespace of the pod a call is for) is one lane and the daemon's own
+//! work another, so a tenant that loops one action gets one turn in each round like everyone
+//! else instead of the whole budget (first come, first served let a loop of `kubectl logs`
+//! hold another namespace's logs for over a minute).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,7 +37,7 @@ use eci_proto::v20180808::{
     ExecContainerCommandRequest, ExecContainerCommandResponse, RestartContainerGroupRequest,
     RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
 };
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{Backend, EciBackend};
@@ -72,6 +80,104 @@ pub fn share_of(action: &str, replicas: u32) -> Share {
     share(per_minute, eci_proto::quota::burst(per_minute), replicas)
 }
 
+tokio::task_local! {
+    /// The lane of the calls made inside [`Lane::run`].
+    static LANE: Lane;
+}
+
+/// Whose turn a call waits in when its action's budget is short. Waiting calls are served
+/// one lane at a time, round robin, so a namespace that floods one action (a loop of
+/// `kubectl logs`) waits behind its own calls, not in front of another namespace's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// The daemon's own work (status polls, listings, the pod controller's creates and
+    /// deletes): one more participant, served in turn with the namespaces. Calls outside
+    /// any [`Lane::run`] are the daemon's.
+    Daemon,
+    /// Calls made for a pod of this namespace: the namespace of the pod the daemon resolved
+    /// itself, never a field a caller wrote.
+    Namespace(Arc<str>),
+}
+
+impl Lane {
+    /// The lane of a pod in `namespace`.
+    pub fn namespace(namespace: &str) -> Self {
+        Self::Namespace(Arc::from(namespace))
+    }
+
+    /// Runs `calls` with their paced ECI calls waiting in this lane (pages the backend
+    /// fetches inside one call included).
+    pub async fn run<F: Future>(self, calls: F) -> F::Output {
+        LANE.scope(self, calls).await
+    }
+
+    /// The lane of the calls being made now.
+    fn current() -> Self {
+        LANE.try_with(Clone::clone).unwrap_or(Self::Daemon)
+    }
+}
+
+/// Waiters by lane, served in turn (pure): the lane at the front gives its oldest waiter,
+/// then goes to the back if it has more; a lane that starts waiting joins at the back.
+#[derive(Debug)]
+struct Turns<T> {
+    lanes: VecDeque<(Lane, VecDeque<T>)>,
+}
+
+impl<T> Default for Turns<T> {
+    fn default() -> Self {
+        Self {
+            lanes: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> Turns<T> {
+    fn is_empty(&self) -> bool {
+        self.lanes.is_empty()
+    }
+
+    fn push(&mut self, lane: Lane, waiter: T) {
+        match self.lanes.iter_mut().find(|(queued, _)| *queued == lane) {
+            Some((_, waiters)) => waiters.push_back(waiter),
+            None => self.lanes.push_back((lane, VecDeque::from([waiter]))),
+        }
+    }
+
+    /// The waiter served next.
+    fn next(&self) -> Option<&T> {
+        self.lanes.front().and_then(|(_, waiters)| waiters.front())
+    }
+
+    /// Serves the next waiter: its lane's turn passes to the following lane.
+    fn serve(&mut self) -> Option<T> {
+        let (lane, mut waiters) = self.lanes.pop_front()?;
+        let served = waiters.pop_front();
+        if !waiters.is_empty() {
+            self.lanes.push_back((lane, waiters));
+        }
+        served
+    }
+
+    /// Takes out the first waiter `is_it` matches (one that stopped waiting), keeping
+    /// every lane's place.
+    fn remove(&mut self, is_it: impl Fn(&T) -> bool) -> Option<T> {
+        let at = self
+            .lanes
+            .iter()
+            .position(|(_, waiters)| waiters.iter().any(&is_it))?;
+        let waiters = &mut self.lanes[at].1;
+        let removed = waiters
+            .iter()
+            .position(&is_it)
+            .and_then(|index| waiters.remove(index));
+        if waiters.is_empty() {
+            self.lanes.remove(at);
+        }
+        removed
+    }
+}
+
 #[derive(Debug)]
 struct Bucket {
     tokens: f64,
@@ -91,8 +197,8 @@ impl Bucket {
         }
     }
 
-    /// Takes one token, or says how long until one is there.
-    fn take(&mut self, action: &str, replicas: u32, now: Instant) -> Option<Duration> {
+    /// Adds what has dripped in since the last look, rescaled to `replicas`' share.
+    fn refill(&mut self, action: &str, replicas: u32, now: Instant) {
         self.tokens = (self.tokens
             + now.duration_since(self.updated).as_secs_f64() * self.share.per_second)
             .min(self.share.burst);
@@ -105,6 +211,10 @@ impl Bucket {
             self.share = share;
             self.replicas = replicas;
         }
+    }
+
+    /// Takes one token, or says how long until one is there.
+    fn take(&mut self) -> Option<Duration> {
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             return None;
@@ -115,11 +225,36 @@ impl Bucket {
     }
 }
 
-/// Token buckets by action name, sized to this replica's share.
+/// A call waiting for its action's budget: woken when its turn comes.
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+/// One action's bucket and the calls waiting for it.
+#[derive(Debug)]
+struct ActionBudget {
+    bucket: Bucket,
+    turns: Turns<Waiter>,
+}
+
+impl ActionBudget {
+    /// Tells the waiter whose turn it now is (it may be asleep behind another's turn).
+    fn wake_next(&self) {
+        if let Some(next) = self.turns.next() {
+            next.wake.notify_one();
+        }
+    }
+}
+
+/// Token buckets by action name, sized to this replica's share, each shared between lanes
+/// in turn when short.
 #[derive(Debug)]
 pub struct Pacer {
     replicas: ReplicaCount,
-    buckets: Mutex<HashMap<&'static str, Bucket>>,
+    actions: Mutex<HashMap<&'static str, ActionBudget>>,
+    next_waiter: AtomicU64,
 }
 
 impl Default for Pacer {
@@ -133,7 +268,8 @@ impl Pacer {
     pub fn new(replicas: ReplicaCount) -> Self {
         Self {
             replicas,
-            buckets: Mutex::new(HashMap::new()),
+            actions: Mutex::new(HashMap::new()),
+            next_waiter: AtomicU64::new(0),
         }
     }
 
@@ -142,24 +278,101 @@ impl Pacer {
         (*self.replicas.borrow()).max(1)
     }
 
-    /// Waits until `action` may be called.
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, ActionBudget>> {
+        self.actions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits until `action` may be called, in the turn of the current [`Lane`]: at once
+    /// while the bucket has a token and nobody waits, else when the lane's turn comes and
+    /// a token is there.
     pub async fn acquire(&self, action: &'static str) {
-        loop {
-            let replicas = self.replicas();
-            let wait = {
-                let mut buckets = self
-                    .buckets
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let now = Instant::now();
-                buckets
-                    .entry(action)
-                    .or_insert_with(|| Bucket::new(action, replicas, now))
-                    .take(action, replicas, now)
+        let replicas = self.replicas();
+        let waiter = {
+            let mut actions = self.lock();
+            let now = Instant::now();
+            let budget = actions.entry(action).or_insert_with(|| ActionBudget {
+                bucket: Bucket::new(action, replicas, now),
+                turns: Turns::default(),
+            });
+            budget.bucket.refill(action, replicas, now);
+            if budget.turns.is_empty() && budget.bucket.take().is_none() {
+                return;
+            }
+            let waiter = Queued {
+                pacer: self,
+                action,
+                id: self.next_waiter.fetch_add(1, Ordering::Relaxed),
+                wake: Arc::new(Notify::new()),
+                served: false,
             };
-            match wait {
-                None => return,
+            budget.turns.push(
+                Lane::current(),
+                Waiter {
+                    id: waiter.id,
+                    wake: Arc::clone(&waiter.wake),
+                },
+            );
+            waiter
+        };
+        waiter.wait().await;
+    }
+}
+
+/// A queued call; dropping it before its turn (the caller went away) passes the turn on.
+struct Queued<'a> {
+    pacer: &'a Pacer,
+    action: &'static str,
+    id: u64,
+    wake: Arc<Notify>,
+    served: bool,
+}
+
+impl Queued<'_> {
+    async fn wait(mut self) {
+        loop {
+            let sleep = {
+                let mut actions = self.pacer.lock();
+                let Some(budget) = actions.get_mut(self.action) else {
+                    return;
+                };
+                if budget.turns.next().map(|next| next.id) == Some(self.id) {
+                    let replicas = self.pacer.replicas();
+                    budget.bucket.refill(self.action, replicas, Instant::now());
+                    match budget.bucket.take() {
+                        None => {
+                            budget.turns.serve();
+                            budget.wake_next();
+                            self.served = true;
+                            return;
+                        }
+                        Some(wait) => Some(wait),
+                    }
+                } else {
+                    None
+                }
+            };
+            match sleep {
+                // Only the waiter whose turn it is watches the clock.
                 Some(wait) => tokio::time::sleep(wait).await,
+                None => self.wake.notified().await,
+            }
+        }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if self.served {
+            return;
+        }
+        let mut actions = self.pacer.lock();
+        if let Some(budget) = actions.get_mut(self.action) {
+            let was_next = budget.turns.next().map(|next| next.id) == Some(self.id);
+            budget.turns.remove(|waiter| waiter.id == self.id);
+            if was_next {
+                budget.wake_next();
             }
         }
     }
@@ -348,5 +561,163 @@ mod tests {
         pacer.acquire("CreateContainerGroup").await;
         let elapsed = before.elapsed().as_secs_f64();
         assert!((0.059..0.061).contains(&elapsed), "{elapsed}");
+    }
+
+    #[test]
+    fn waiting_lanes_are_served_in_turn() {
+        // (lane, waiter) in the order they started waiting → the order they are served.
+        for (pushed, served) in [
+            (vec![("a", 1), ("a", 2), ("a", 3)], vec![1, 2, 3]),
+            (
+                vec![("a", 1), ("a", 2), ("a", 3), ("b", 4), ("d", 5)],
+                vec![1, 4, 5, 2, 3],
+            ),
+            (
+                vec![("a", 1), ("b", 2), ("a", 3), ("b", 4), ("c", 5)],
+                vec![1, 2, 5, 3, 4],
+            ),
+            (vec![], vec![]),
+        ] {
+            let mut turns = Turns::default();
+            for (lane, waiter) in &pushed {
+                let lane = if *lane == "d" {
+                    Lane::Daemon
+                } else {
+                    Lane::namespace(lane)
+                };
+                turns.push(lane, *waiter);
+            }
+            let mut order = Vec::new();
+            while let Some(waiter) = turns.serve() {
+                order.push(waiter);
+            }
+            assert_eq!(order, served, "{pushed:?}");
+            assert!(turns.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_lane_that_comes_back_joins_at_the_back() {
+        let mut turns = Turns::default();
+        turns.push(Lane::namespace("a"), 1);
+        turns.push(Lane::namespace("b"), 2);
+        assert_eq!(turns.serve(), Some(1));
+        // `a` had nothing more waiting: its next call is behind `b`'s.
+        turns.push(Lane::namespace("a"), 3);
+        turns.push(Lane::namespace("b"), 4);
+        assert_eq!(turns.next(), Some(&2));
+        assert_eq!(turns.remove(|w| *w == 2), Some(2));
+        // `b` keeps its place at the front with its next waiter.
+        assert_eq!(turns.serve(), Some(4));
+        assert_eq!(turns.serve(), Some(3));
+        assert_eq!(turns.remove(|w| *w == 9), None);
+        assert!(turns.is_empty());
+    }
+
+    /// Starts `calls` calls of `action` in `lane`, each reporting when it was let through.
+    fn flood(
+        pacer: &Arc<Pacer>,
+        lane: &Lane,
+        action: &'static str,
+        calls: usize,
+        done: &tokio::sync::mpsc::UnboundedSender<(Lane, Instant)>,
+    ) -> tokio::task::JoinSet<()> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..calls {
+            let (pacer, lane, done) = (Arc::clone(pacer), lane.clone(), done.clone());
+            tasks.spawn(async move {
+                lane.clone().run(pacer.acquire(action)).await;
+                let _ = done.send((lane, Instant::now()));
+            });
+        }
+        tasks
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_namespace_flooding_an_action_leaves_the_others_their_turn() {
+        let pacer = Arc::new(Pacer::default());
+        // DescribeContainerLog: 500 per minute, burst 50; the loop empties the burst and
+        // queues 200 more.
+        let (done, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let _loop = flood(
+            &pacer,
+            &Lane::namespace("a"),
+            "DescribeContainerLog",
+            250,
+            &done,
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let start = Instant::now();
+        let victim = Lane::namespace("b").run(pacer.acquire("DescribeContainerLog"));
+        let daemon = pacer.acquire("DescribeContainerLog");
+        tokio::join!(victim, daemon);
+        let elapsed = start.elapsed().as_secs_f64();
+        // One token every 120 ms: the loop's next call, then `b`'s, then the daemon's.
+        assert!(
+            elapsed < 0.361,
+            "the other lanes wait one round, not 200 calls: {elapsed}"
+        );
+        drop(done);
+        let mut loop_calls = 0;
+        while let Some((lane, _)) = served.recv().await {
+            assert_eq!(lane, Lane::namespace("a"));
+            loop_calls += 1;
+        }
+        assert_eq!(loop_calls, 250, "the loop itself is served in full");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lanes_share_a_short_budget_equally() {
+        let pacer = Arc::new(Pacer::default());
+        let (done, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let lanes = [Lane::namespace("a"), Lane::namespace("b"), Lane::Daemon];
+        let mut tasks = Vec::new();
+        // `a` floods; `b` and the daemon ask for a few each.
+        for (lane, calls) in lanes.iter().zip([300, 30, 30]) {
+            tasks.push(flood(&pacer, lane, "ExecContainerCommand", calls, &done));
+        }
+        drop(done);
+        let mut order = Vec::new();
+        while let Some((lane, _)) = served.recv().await {
+            order.push(lane);
+        }
+        // After the burst (50 to whoever came first), the 90 calls that follow alternate.
+        let after_burst = &order[50..140];
+        for lane in &lanes[1..] {
+            let share = after_burst.iter().filter(|l| *l == lane).count();
+            assert!(
+                (25..=30).contains(&share),
+                "{lane:?}: {share} of 90 turns while all three waited"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_goes_away_passes_its_turn_on() {
+        let pacer = Arc::new(Pacer::default());
+        for _ in 0..50 {
+            pacer.acquire("DescribeContainerLog").await;
+        }
+        // Whose turn it is gives up (a client disconnected) while waiting for the clock.
+        let gone = {
+            let pacer = Arc::clone(&pacer);
+            tokio::spawn(async move {
+                Lane::namespace("a")
+                    .run(pacer.acquire("DescribeContainerLog"))
+                    .await;
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let start = Instant::now();
+        let next = Lane::namespace("b").run(pacer.acquire("DescribeContainerLog"));
+        tokio::pin!(next);
+        tokio::select! {
+            () = &mut next => panic!("served before the token"),
+            () = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+        gone.abort();
+        next.await;
+        let elapsed = start.elapsed().as_secs_f64();
+        assert!((0.118..0.121).contains(&elapsed), "{elapsed}");
     }
 }

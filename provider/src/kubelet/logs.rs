@@ -492,9 +492,9 @@ async fn fetch(
     target: &Target,
     request: DescribeContainerLogRequest,
 ) -> Result<String, LogError> {
-    state
-        .eci
-        .describe_container_log(request)
+    target
+        .lane()
+        .run(state.eci.describe_container_log(request))
         .await
         .map(|answer| answer.content)
         .map_err(|source| LogError::Eci {

@@ -18,6 +18,7 @@ use serde_json::json;
 use tracing::warn;
 
 use super::KubeletState;
+use crate::eci::Lane;
 use crate::k8s::access::{Access, Scope};
 use crate::ops::chain::Chain;
 use crate::pods::to_eci::naming::{TAG_CLUSTER, TAG_POD_UID, container_group_name};
@@ -115,6 +116,14 @@ pub struct Target {
     pub group_id: String,
 }
 
+impl Target {
+    /// The lane this pod's ECI calls wait in when a budget is short: its namespace, as the
+    /// pod was found (see [`crate::eci::Lane`]).
+    pub fn lane(&self) -> Lane {
+        Lane::namespace(&self.namespace)
+    }
+}
+
 /// The status of `container` in `pod` (regular, init or ephemeral).
 pub fn container_status<'a>(pod: &'a Pod, container: &str) -> Option<&'a ContainerStatus> {
     let status = pod.status.as_ref()?;
@@ -193,8 +202,8 @@ impl KubeletState {
             Some(id) => id,
             // The controller records a group once ECI accepted it, and adopts them at start:
             // in between (a restart's first seconds) ECI is asked by the group's own tags.
-            None => self
-                .find_group(namespace, name, &uid)
+            None => Lane::namespace(namespace)
+                .run(self.find_group(namespace, name, &uid))
                 .await?
                 .ok_or_else(|| LookupError::NoGroup {
                     container: container.to_owned(),

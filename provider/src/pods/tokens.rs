@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::config::PodsConfig;
-use crate::eci::Backend;
+use crate::eci::{Backend, Lane};
 use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
 use crate::pods::refs::{self, Token, TokenSource};
@@ -301,6 +301,78 @@ pub struct Issued {
     pub tokens: BTreeMap<TokenSource, Token>,
     /// When the first of them is due (`None` without tokens).
     pub refresh_in: Option<Duration>,
+    /// When each is due.
+    pub due: BTreeMap<TokenSource, Duration>,
+}
+
+/// Tokens issued for pods whose group is not created yet, by pod UID (pure): a create that
+/// fails and is retried (a Secret still missing) reuses them instead of asking the apiserver
+/// for new ones at every attempt. A token is reused for the same pod UID and the same source
+/// (audience and validity) until its refresh point; the entry goes once the group exists (the
+/// refresher keeps the tokens from then on) or the pod is gone.
+#[derive(Debug, Default)]
+pub struct Unplaced {
+    by_pod: HashMap<String, BTreeMap<TokenSource, (Token, Instant)>>,
+}
+
+impl Unplaced {
+    /// Of `sources`, the tokens held for `uid` that are not due at `now` (each with its time
+    /// left) and the sources that need a new token.
+    pub fn reusable(
+        &self,
+        uid: &str,
+        sources: &BTreeSet<TokenSource>,
+        now: Instant,
+    ) -> (
+        BTreeMap<TokenSource, (Token, Duration)>,
+        BTreeSet<TokenSource>,
+    ) {
+        let held = self.by_pod.get(uid);
+        let mut reused = BTreeMap::new();
+        let mut missing = BTreeSet::new();
+        for source in sources {
+            match held.and_then(|held| held.get(source)) {
+                Some((token, due)) if *due > now => {
+                    reused.insert(source.clone(), (token.clone(), *due - now));
+                }
+                _ => {
+                    missing.insert(source.clone());
+                }
+            }
+        }
+        (reused, missing)
+    }
+
+    /// Keeps `token`, issued for `uid` and due at `due`.
+    pub fn keep(&mut self, uid: &str, source: TokenSource, token: Token, due: Instant) {
+        self.by_pod
+            .entry(uid.to_owned())
+            .or_default()
+            .insert(source, (token, due));
+    }
+
+    /// Drops the tokens due at `now` (a pod that never started does not keep them).
+    pub fn prune(&mut self, now: Instant) {
+        self.by_pod.retain(|_, held| {
+            held.retain(|_, (_, due)| *due > now);
+            !held.is_empty()
+        });
+    }
+
+    /// Drops `uid`'s tokens: its group exists, or it is gone.
+    pub fn forget(&mut self, uid: &str) {
+        self.by_pod.remove(uid);
+    }
+
+    /// Pods holding tokens.
+    pub fn len(&self) -> usize {
+        self.by_pod.len()
+    }
+
+    /// Whether no pod holds tokens.
+    pub fn is_empty(&self) -> bool {
+        self.by_pod.is_empty()
+    }
 }
 
 /// Issues one token per source for `pod`, as its service account, bound to it.
@@ -364,6 +436,7 @@ pub async fn issue(
             })?;
         issued.tokens.insert(source.clone(), Token::new(token));
         let due = refresh_delay(Duration::ZERO, lifetime, jitter);
+        issued.due.insert(source.clone(), due);
         issued.refresh_in = Some(issued.refresh_in.map_or(due, |d| d.min(due)));
     }
     Ok(issued)
@@ -504,6 +577,7 @@ struct Shared<W> {
     work: W,
     schedule: Mutex<Schedule>,
     wake: Notify,
+    unplaced: Mutex<Unplaced>,
 }
 
 /// Keeps the pods' tokens fresh: one timer queue, drained by [`Refresher::run`].
@@ -537,6 +611,50 @@ impl<W> Refresher<W> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+
+    fn unplaced(&self) -> MutexGuard<'_, Unplaced> {
+        self.shared
+            .unplaced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The tokens for creating `pod`'s group: those issued at an earlier attempt for this
+    /// pod and still before their refresh point, and new ones for the rest (see [`Unplaced`]).
+    pub async fn issue_for_create(
+        &self,
+        client: &kube::Client,
+        telemetry: &Telemetry,
+        pod: &Pod,
+        sources: &BTreeSet<TokenSource>,
+    ) -> Result<Issued, TokenError> {
+        let uid = pod.uid().unwrap_or_default();
+        let (reused, missing) = {
+            let mut unplaced = self.unplaced();
+            let now = Instant::now();
+            unplaced.prune(now);
+            unplaced.reusable(&uid, sources, now)
+        };
+        let mut issued = if missing.is_empty() {
+            Issued::default()
+        } else {
+            issue(client, telemetry, pod, &missing).await?
+        };
+        {
+            let mut unplaced = self.unplaced();
+            let now = Instant::now();
+            for (source, token) in &issued.tokens {
+                let due = issued.due.get(source).copied().unwrap_or_default();
+                unplaced.keep(&uid, source.clone(), token.clone(), now + due);
+            }
+        }
+        for (source, (token, left)) in reused {
+            issued.refresh_in = Some(issued.refresh_in.map_or(left, |d| d.min(left)));
+            issued.due.insert(source.clone(), left);
+            issued.tokens.insert(source, token);
+        }
+        Ok(issued)
+    }
 }
 
 impl<W: Work> Refresher<W> {
@@ -547,6 +665,7 @@ impl<W: Work> Refresher<W> {
                 work,
                 schedule: Mutex::new(Schedule::default()),
                 wake: Notify::new(),
+                unplaced: Mutex::new(Unplaced::default()),
             }),
         }
     }
@@ -560,6 +679,7 @@ impl<W: Work> Refresher<W> {
     /// A pod whose group was just created with tokens issued `refresh_in` before their refresh.
     pub fn track(&self, pod: &Pod, group: &str, refresh_in: Duration) {
         let Some(uid) = pod.uid() else { return };
+        self.unplaced().forget(&uid);
         self.insert(
             Instant::now() + refresh_in,
             Entry {
@@ -608,6 +728,7 @@ impl<W: Work> Refresher<W> {
     /// (up to 24 hours away) only to find the pod gone — under churn those entries would pile
     /// up with the token lifetime. A refresh in progress finishes and finds the pod gone.
     pub fn forget(&self, uid: &str) {
+        self.unplaced().forget(uid);
         self.schedule().remove(uid);
     }
 
@@ -722,7 +843,11 @@ impl Work for Renewal {
 impl Renewal {
     async fn refresh(&self, entry: &Entry) -> Next {
         let pod = format!("{}/{}", entry.namespace, entry.name);
-        let outcome = self.try_refresh(entry).await;
+        // The pod's ECI calls wait in its namespace's lane: a namespace whose pods churn
+        // tokens cannot hold another's refreshes behind its own.
+        let outcome = Lane::namespace(&entry.namespace)
+            .run(self.try_refresh(entry))
+            .await;
         let result = match &outcome {
             Ok(_) => "ok",
             Err(failure) if failure.is_retryable() => "retry",
@@ -1346,5 +1471,97 @@ mod tests {
             format!("{:?}", Token::new("secret-value".into())),
             "Token(<redacted>)"
         );
+    }
+
+    /// A client whose apiserver answers every TokenRequest with a new token (`t1`, `t2`, …)
+    /// valid for the seconds asked, counting them.
+    fn token_server() -> (kube::Client, Arc<AtomicU32>) {
+        let issued = Arc::new(AtomicU32::new(0));
+        let counter = Arc::clone(&issued);
+        let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            assert!(
+                request.uri().path().ends_with("/token"),
+                "{}",
+                request.uri()
+            );
+            async move {
+                let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                    "metadata": {}, "spec": {"audiences": [], "expirationSeconds": 600},
+                    "status": {"token": format!("t{n}"), "expirationTimestamp": "2030-01-01T00:00:00Z"}});
+                Ok::<_, std::convert::Infallible>(
+                    hyper::Response::builder()
+                        .status(201)
+                        .body(kube::client::Body::from(body.to_string().into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        (kube::Client::new(service, "default"), issued)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retried_create_reuses_its_tokens_until_their_refresh_point() {
+        let (client, issued) = token_server();
+        let telemetry = Telemetry::new();
+        let (refresher, _stop, _running) = running_refresher();
+        let short = TokenSource {
+            audience: String::new(),
+            expiration_seconds: 600,
+        };
+        let vault = TokenSource {
+            audience: "vault".into(),
+            expiration_seconds: 600,
+        };
+        let both = BTreeSet::from([short.clone(), vault.clone()]);
+        let stuck = pod("stuck");
+        let first = refresher
+            .issue_for_create(&client, &telemetry, &stuck, &both)
+            .await
+            .unwrap();
+        assert_eq!(issued.load(Ordering::SeqCst), 2, "one per source");
+        // The create failed (a Secret is missing) and is retried, again and again.
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_secs(30)).await;
+            let again = refresher
+                .issue_for_create(&client, &telemetry, &stuck, &both)
+                .await
+                .unwrap();
+            assert_eq!(again.tokens, first.tokens, "the same tokens");
+            let left = again.refresh_in.unwrap();
+            assert!(
+                left < first.refresh_in.unwrap(),
+                "their time runs on: {left:?}"
+            );
+        }
+        assert_eq!(issued.load(Ordering::SeqCst), 2, "no new TokenRequest");
+        // Another audience, or another pod (a new UID), is another token.
+        let other = TokenSource {
+            audience: "other".into(),
+            expiration_seconds: 600,
+        };
+        refresher
+            .issue_for_create(&client, &telemetry, &stuck, &BTreeSet::from([other]))
+            .await
+            .unwrap();
+        refresher
+            .issue_for_create(&client, &telemetry, &pod("recreated"), &both)
+            .await
+            .unwrap();
+        assert_eq!(issued.load(Ordering::SeqCst), 5);
+        // Past the refresh point (80 % of 600 s, up to 10 s early), new ones.
+        tokio::time::advance(Duration::from_secs(480)).await;
+        let late = refresher
+            .issue_for_create(&client, &telemetry, &stuck, &both)
+            .await
+            .unwrap();
+        assert_eq!(issued.load(Ordering::SeqCst), 7);
+        assert_ne!(late.tokens, first.tokens);
+        // Once the group exists the refresher owns the tokens: the next pod of that UID
+        // (none should come) would get new ones.
+        refresher.track(&stuck, "eci-stuck", late.refresh_in.unwrap());
+        refresher.forget("recreated");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(refresher.unplaced().is_empty());
     }
 }

@@ -297,17 +297,18 @@ async fn exec(
     command: &[String],
     streams: &mut ClientStreams,
 ) -> Result<Value, ExecError> {
-    let answer = state
-        .eci
-        .exec_container_command(ExecContainerCommandRequest {
-            region_id: state.config.region.clone(),
-            container_group_id: target.group_id.clone(),
-            container_name: target.container.clone(),
-            command: command.to_vec(),
-            tty: options.tty,
-            stdin: Some(options.stdin),
-            sync: false,
-        })
+    let request = ExecContainerCommandRequest {
+        region_id: state.config.region.clone(),
+        container_group_id: target.group_id.clone(),
+        container_name: target.container.clone(),
+        command: command.to_vec(),
+        tty: options.tty,
+        stdin: Some(options.stdin),
+        sync: false,
+    };
+    let answer = target
+        .lane()
+        .run(state.eci.exec_container_command(request))
         .await
         .map_err(ExecError::Eci)?;
     // The stream carries what the user types and what the command prints: TLS unless the
@@ -488,16 +489,17 @@ async fn attach(
     let mut seen_at_since: Vec<String> = Vec::new();
     let mut polls = 0u64;
     loop {
-        let answer = state
-            .eci
-            .describe_container_log(DescribeContainerLogRequest {
-                region_id: state.config.region.clone(),
-                container_group_id: target.group_id.clone(),
-                container_name: target.container.clone(),
-                start_time: since.to_string(),
-                timestamps: true,
-                ..DescribeContainerLogRequest::default()
-            })
+        let request = DescribeContainerLogRequest {
+            region_id: state.config.region.clone(),
+            container_group_id: target.group_id.clone(),
+            container_name: target.container.clone(),
+            start_time: since.to_string(),
+            timestamps: true,
+            ..DescribeContainerLogRequest::default()
+        };
+        let answer = target
+            .lane()
+            .run(state.eci.describe_container_log(request))
             .await
             .map_err(ExecError::Log)?;
         let mut lines = Vec::new();

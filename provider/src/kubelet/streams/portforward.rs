@@ -110,13 +110,14 @@ async fn locate(
     if uid.is_some_and(|uid| uid != target.uid) {
         return Err(no_pod());
     }
-    let groups = state
-        .eci
-        .describe_container_groups(DescribeContainerGroupsRequest {
-            region_id: state.config.region.clone(),
-            container_group_ids: vec![target.group_id.clone()],
-            ..DescribeContainerGroupsRequest::default()
-        })
+    let request = DescribeContainerGroupsRequest {
+        region_id: state.config.region.clone(),
+        container_group_ids: vec![target.group_id.clone()],
+        ..DescribeContainerGroupsRequest::default()
+    };
+    let groups = target
+        .lane()
+        .run(state.eci.describe_container_groups(request))
         .await
         .map_err(|source| {
             StreamError::Lookup(LookupError::Eci {

@@ -431,7 +431,10 @@ impl PodController {
             if refs.tokens.is_empty() {
                 return Ok(crate::pods::tokens::Issued::default());
             }
-            crate::pods::tokens::issue(&self.inner.client, &self.inner.telemetry, pod, &refs.tokens)
+            // A retried create reuses the tokens of its earlier attempts.
+            self.inner
+                .tokens
+                .issue_for_create(&self.inner.client, &self.inner.telemetry, pod, &refs.tokens)
                 .await
                 .map_err(|e| Failure::Retry(crate::ops::chain::Chain(&e).to_string()))
         };
