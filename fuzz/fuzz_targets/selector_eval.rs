@@ -88,6 +88,14 @@ fuzz_target!(|data: &[u8]| {
     }
     let capacity = capacity(&world["capacity"]);
     let vnode = Vnode::default();
+    // ownNamespaceOnly (the seeds' name): the namespaced scope with no Selector in the home.
+    let scope = if world["ownNamespaceOnly"].as_bool().unwrap_or(false) {
+        Scope::Namespaced {
+            home: "kube-system".into(),
+        }
+    } else {
+        Scope::Cluster
+    };
     let input = Input {
         pod: &pod,
         namespace_labels: &namespace_labels,
@@ -95,7 +103,7 @@ fuzz_target!(|data: &[u8]| {
         profile: &profile,
         capacity: &capacity,
         vnode: &vnode,
-        own_namespace_only: world["ownNamespaceOnly"].as_bool().unwrap_or(false),
+        scope: &scope,
     };
     let decision = decide(input);
 

@@ -6,7 +6,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 
 use super::cache::Caches;
-use crate::admission::selector::engine::{Input, Vnode, decide};
+use crate::admission::selector::engine::{Input, Scope, Vnode, decide};
 
 /// A request that is not a usable AdmissionReview (answered with 400).
 #[derive(Debug, thiserror::Error)]
@@ -35,8 +35,8 @@ pub struct Admission {
     pub caches: std::sync::Arc<Caches>,
     /// How virtual nodes are marked.
     pub vnode: Vnode,
-    /// Selectors only apply in their own namespace.
-    pub own_namespace_only: bool,
+    /// Which namespaces' pods a Selector reaches.
+    pub scope: Scope,
     /// ResourcePolicy placement, when on.
     pub placement: Option<std::sync::Arc<crate::placement::Shared>>,
 }
@@ -89,7 +89,7 @@ impl Admission {
             profile: &snapshot.profile,
             capacity: &snapshot.capacity,
             vnode: &self.vnode,
-            own_namespace_only: self.own_namespace_only,
+            scope: &self.scope,
         });
         let mut decision = decision;
         let mut placed = None;
@@ -221,7 +221,9 @@ mod tests {
         Admission {
             caches: Arc::new(Caches::new(true)),
             vnode: Vnode::default(),
-            own_namespace_only: false,
+            scope: Scope::Namespaced {
+                home: "kube-system".into(),
+            },
             placement: None,
         }
     }

@@ -244,7 +244,7 @@ pub async fn run(
         admission: Admission {
             caches: Arc::clone(&caches),
             vnode: vnode.clone(),
-            own_namespace_only: config.selectors_own_namespace_only,
+            scope: config.selector_scope.clone(),
             placement,
         },
         telemetry: Arc::clone(&telemetry),
@@ -443,7 +443,7 @@ mod tests {
             admission: Admission {
                 caches: Arc::new(Caches::new(true)),
                 vnode: Vnode::default(),
-                own_namespace_only: false,
+                scope: crate::admission::selector::engine::Scope::Cluster,
                 placement: None,
             },
             telemetry: Arc::new(Telemetry::new()),

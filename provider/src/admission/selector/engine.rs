@@ -403,8 +403,37 @@ pub struct Input<'a> {
     pub capacity: &'a Capacity,
     /// How virtual nodes are marked.
     pub vnode: &'a Vnode,
-    /// Selectors only apply to pods of their own namespace.
-    pub own_namespace_only: bool,
+    /// Which namespaces' pods a Selector reaches.
+    pub scope: &'a Scope,
+}
+
+/// Which namespaces' pods a `Selector` (a namespaced object) reaches. ConfigMap selectors and
+/// the defaults are the administrator's (they live in the daemon's configuration) and reach
+/// every namespace whatever the scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// A Selector reaches the pods of its own namespace; one in `home` (the daemon's
+    /// namespace, which only administrators write) reaches every namespace. Whoever may
+    /// create Selectors in a namespace steers that namespace's pods and no other's.
+    Namespaced {
+        /// The daemon's namespace.
+        home: String,
+    },
+    /// Every Selector reaches every namespace (eci-profile's behaviour: creating a Selector
+    /// anywhere is then an administrator's right).
+    Cluster,
+}
+
+impl Scope {
+    /// Whether a rule from `origin` may change a pod of `pod_namespace`.
+    pub fn reaches(&self, origin: &Origin, pod_namespace: &str) -> bool {
+        match (self, origin) {
+            (Scope::Cluster, _) | (_, Origin::Profile(_) | Origin::Default(_)) => true,
+            (Scope::Namespaced { home }, Origin::Crd { namespace, .. }) => {
+                namespace == pod_namespace || namespace == home
+            }
+        }
+    }
 }
 
 /// The engine's answer.
@@ -495,12 +524,7 @@ pub fn decide(input: Input<'_>) -> Decision {
         .selectors
         .iter()
         .filter(|rule| rule_matches(rule, input.pod, input.namespace_labels))
-        .filter(|rule| match &rule.origin {
-            Origin::Crd { namespace, .. } if input.own_namespace_only => {
-                *namespace == pod_namespace
-            }
-            _ => true,
-        })
+        .filter(|rule| input.scope.reaches(&rule.origin, &pod_namespace))
         .filter(|rule| match &rule.placement {
             Placement::NamespaceResourceLimit { namespace, .. } => *namespace == pod_namespace,
             _ => true,
