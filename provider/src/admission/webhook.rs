@@ -286,6 +286,15 @@ pub async fn run(
             .map_named("namespace watch"),
     );
     tasks.spawn(
+        cache::load_seal(
+            client.clone(),
+            Arc::clone(&caches),
+            config.pod_namespace.clone(),
+            stop.clone(),
+        )
+        .map_named("Selector seal key"),
+    );
+    tasks.spawn(
         cache::watch_profile(
             client.clone(),
             Arc::clone(&caches),

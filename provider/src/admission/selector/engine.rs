@@ -703,6 +703,9 @@ pub struct PendingEffect {
     /// Annotations to add.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// The webhook's seal (see [`super::seal`]); empty until sealed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub seal: String,
 }
 
 fn defer_effect(pod: &mut Pod, rule: &Rule) {
@@ -712,6 +715,7 @@ fn defer_effect(pod: &mut Pod, rule: &Rule) {
     let pending = PendingEffect {
         labels: rule.labels.clone(),
         annotations: rule.annotations.clone(),
+        seal: String::new(),
     };
     annotate(
         pod,
@@ -720,11 +724,18 @@ fn defer_effect(pod: &mut Pod, rule: &Rule) {
     );
 }
 
-/// The metadata merge patch that applies a pod's pending effect (Selector values overwrite),
-/// or None when it has none or it cannot be read.
+/// What a pod's pending effect *claims* to add, unverified (or None when it has none or it
+/// cannot be read): for judging the pod as it would be bound, never for applying — a pod
+/// author can write the annotation; [`super::seal::SealKey::check`] says what to apply.
 pub fn pending_effect_patch(pod: &Pod) -> Option<serde_json::Value> {
     let text = pod.annotations().get(PENDING_EFFECT_ANNOTATION)?;
     let pending: PendingEffect = serde_json::from_str(text).ok()?;
+    Some(effect_patch(&pending))
+}
+
+/// The metadata merge patch that applies `pending` (Selector values overwrite) and removes the
+/// annotation that carried it.
+pub fn effect_patch(pending: &PendingEffect) -> serde_json::Value {
     let mut annotations = serde_json::Map::new();
     for (key, value) in &pending.annotations {
         annotations.insert(key.clone(), value.clone().into());
@@ -733,7 +744,7 @@ pub fn pending_effect_patch(pod: &Pod) -> Option<serde_json::Value> {
         PENDING_EFFECT_ANNOTATION.to_owned(),
         serde_json::Value::Null,
     );
-    Some(serde_json::json!({"metadata": {"labels": pending.labels, "annotations": annotations}}))
+    serde_json::json!({"metadata": {"labels": pending.labels, "annotations": annotations}})
 }
 
 /// Whether the pod tolerates the vnode taint already.
