@@ -282,7 +282,7 @@ mod tests {
             (
                 "copied onto another workload's pod",
                 with(&bound, |p| {
-                    p.metadata.generate_name = Some("db-5c8-".into())
+                    p.metadata.generate_name = Some("db-5c8-".into());
                 }),
                 false,
             ),

@@ -257,7 +257,8 @@ mod tests {
     fn our_annotations_ecis_answer_left_out_are_cleared_when_the_pod_shows_them() {
         let carried = values([(INSTANCE_ID, "eci-1"), (VPC, "vpc-real")]);
         // (what the pod shows, the keys the apply writes empty)
-        let table: Vec<(Vec<(&str, &str)>, Vec<&str>)> = vec![
+        type Shown = Vec<(&'static str, &'static str)>;
+        let table: Vec<(Shown, Vec<&str>)> = vec![
             (vec![(INSTANCE_ID, "eci-1"), (VPC, "vpc-real")], vec![]),
             (vec![(EIP_ADDRESS, "6.6.6.6")], vec![EIP_ADDRESS]),
             (
