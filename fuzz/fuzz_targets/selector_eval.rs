@@ -20,8 +20,8 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use virtual_node_eci::admission::selector::crd::Selector;
 use virtual_node_eci::admission::selector::engine::{
-    Capacity, Input, Origin, Resources, Rule, Vnode, decide, default_rules, pending_effect_patch,
-    pod_requests, rule_from_selector, rules_from_profile, tolerates,
+    Capacity, Input, Origin, Resources, Rule, Scope, Vnode, decide, default_rules,
+    pending_effect_patch, pod_requests, rule_from_selector, rules_from_profile, tolerates,
 };
 use virtual_node_eci::k8s::quantity::Quantity;
 
