@@ -11,12 +11,14 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use virtual_node_eci::admission::cache::Caches;
 use virtual_node_eci::admission::review::Admission;
-use virtual_node_eci::admission::selector::engine::Vnode;
+use virtual_node_eci::admission::selector::engine::{Scope, Vnode};
 
 static ADMISSION: LazyLock<Admission> = LazyLock::new(|| Admission {
     caches: Arc::new(Caches::new(true)),
     vnode: Vnode::default(),
-    own_namespace_only: false,
+    scope: Scope::Namespaced {
+        home: "kube-system".into(),
+    },
     placement: None,
 });
 

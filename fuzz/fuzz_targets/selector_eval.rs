@@ -20,8 +20,8 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use virtual_node_eci::admission::selector::crd::Selector;
 use virtual_node_eci::admission::selector::engine::{
-    Capacity, Input, Origin, Resources, Rule, Vnode, decide, default_rules, pending_effect_patch,
-    pod_requests, rule_from_selector, rules_from_profile, tolerates,
+    Capacity, Input, Origin, Resources, Rule, Scope, Vnode, decide, default_rules,
+    pending_effect_patch, pod_requests, rule_from_selector, rules_from_profile, tolerates,
 };
 use virtual_node_eci::k8s::quantity::Quantity;
 
@@ -88,6 +88,14 @@ fuzz_target!(|data: &[u8]| {
     }
     let capacity = capacity(&world["capacity"]);
     let vnode = Vnode::default();
+    // ownNamespaceOnly (the seeds' name): the namespaced scope with no Selector in the home.
+    let scope = if world["ownNamespaceOnly"].as_bool().unwrap_or(false) {
+        Scope::Namespaced {
+            home: "kube-system".into(),
+        }
+    } else {
+        Scope::Cluster
+    };
     let input = Input {
         pod: &pod,
         namespace_labels: &namespace_labels,
@@ -95,7 +103,7 @@ fuzz_target!(|data: &[u8]| {
         profile: &profile,
         capacity: &capacity,
         vnode: &vnode,
-        own_namespace_only: world["ownNamespaceOnly"].as_bool().unwrap_or(false),
+        scope: &scope,
     };
     let decision = decide(input);
 

@@ -782,6 +782,24 @@ fn annotated_pod(h: &Harness, name: &str, annotations: &Value, resources: &Value
     serde_json::from_value(pod).expect("still a pod")
 }
 
+// Used by the daemon-owned annotation tests (issue 45).
+const PENDING_EFFECT: &str = "virtual-node-eci.aliyun.com/pending-effect";
+const EIP_ADDRESS: &str = "k8s.aliyun.com/allocated-eipAddress";
+
+/// The tenant creates `pod` in their namespace with their own client, adding `annotations`.
+async fn tenant_creates(
+    h: &Harness,
+    tenant: &Tenant,
+    name: &str,
+    annotations: Value,
+) -> Result<Api<Pod>, HarnessError> {
+    let mut pod = pod_manifest(h, name, "hello", "registry.example.com/app:1");
+    pod.metadata.annotations = Some(serde_json::from_value(annotations).unwrap());
+    let pods: Api<Pod> = Api::namespaced(tenant.client(), tenant.namespace());
+    pods.create(&PostParams::default(), &pod).await?;
+    Ok(pods)
+}
+
 /// mock-eci's group of the pod with `uid`, if any.
 async fn group_of(admin: &str, uid: &str) -> Result<Option<Value>, HarnessError> {
     let groups: Vec<Value> = reqwest::get(format!("{admin}/admin/groups"))
@@ -1013,6 +1031,95 @@ async fn annotation_policy_open_restores_ack_virtual_nodes_behaviour() {
             .ok_or_else(|| failed("no group"))?;
         assert_eq!(group["ram_role_name"], "PlatformAdminRole", "{group}");
         assert_eq!(group["cpu"].as_f64(), Some(64.0), "{group}");
+        Ok(())
+    })
+    .await;
+}
+
+// --- daemon-owned annotations and Selector scope (issue 45) ---
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_effect_the_tenant_wrote_is_not_applied() {
+    run_scenario(async |h| {
+        let tenant = h.create_tenant("forger").await?;
+        let mock = h.start_mock_eci(MOCK).await?;
+        h.start_daemon(0, DAEMON)?;
+        // What a fair Selector's effect looks like, written by the pod's author.
+        let forged = json!({
+            "labels": {"team": "platform"},
+            "annotations": {"k8s.aliyun.com/eci-use-specs": "64-256Gi"},
+        });
+        let pods = tenant_creates(h, &tenant, "forger", json!({PENDING_EFFECT: forged.to_string()})).await?;
+        h.wait_for("the pod running", WAIT, |_| {
+            let pods = pods.clone();
+            async move { running_group(&pods, "forger").await.is_some() }
+        })
+        .await?;
+        let pod = serde_json::to_value(pods.get("forger").await?).unwrap();
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+        let group = group_of(&mock.admin, &uid).await?.ok_or_else(|| failed("no group for the pod"))?;
+        let labelled = pod["metadata"]["labels"].get("team").is_some();
+        let spec_taken = pod["metadata"]["annotations"].get("k8s.aliyun.com/eci-use-specs").is_some()
+            || group["cpu"].as_f64() == Some(64.0);
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(h.client(), tenant.namespace());
+        let reported = h
+            .wait_for("a ForgedSelectorEffect Warning Event", WAIT, |_| {
+                let events = events.clone();
+                async move {
+                    events.list(&Default::default()).await.is_ok_and(|l| {
+                        l.items.iter().any(|e| e.reason.as_deref() == Some("ForgedSelectorEffect"))
+                    })
+                }
+            })
+            .await
+            .is_ok();
+        let refused = !labelled && !spec_taken && reported;
+        record(
+            "forged pending effect",
+            refused,
+            "a pending-effect annotation the pod's author wrote is neither patched onto the pod nor sent to ECI, and is reported",
+            &json!({"labelled": labelled, "spec_taken": spec_taken, "group_cpu": group["cpu"], "reported": reported}),
+        );
+        assert!(!labelled, "the forged label was not applied: {pod}");
+        assert!(!spec_taken, "the forged spec reached neither the pod nor the group: {group}");
+        assert!(reported, "the forgery is reported on the pod");
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_annotation_of_ours_the_tenant_set_is_cleared_when_eci_has_no_value() {
+    run_scenario(async |h| {
+        let tenant = h.create_tenant("liar").await?;
+        h.start_mock_eci(MOCK).await?;
+        h.start_daemon(0, DAEMON)?;
+        // The pod has no EIP: a tenant-set address would be read as its public address.
+        let pods = tenant_creates(h, &tenant, "liar", json!({EIP_ADDRESS: "203.0.113.7"})).await?;
+        h.wait_for("the pod running", WAIT, |_| {
+            let pods = pods.clone();
+            async move { running_group(&pods, "liar").await.is_some() }
+        })
+        .await?;
+        let cleared = h
+            .wait_for("the tenant's EIP address gone from the pod", WAIT, |_| {
+                let pods = pods.clone();
+                async move {
+                    pods.get("liar").await.is_ok_and(|p| {
+                        p.metadata.annotations.unwrap_or_default().get(EIP_ADDRESS).is_none_or(String::is_empty)
+                    })
+                }
+            })
+            .await
+            .is_ok();
+        let shown = pods.get("liar").await?.metadata.annotations.unwrap_or_default().get(EIP_ADDRESS).cloned();
+        record(
+            "lie in an annotation of ours",
+            cleared,
+            "an allocated-eipAddress the pod's author set is cleared by the daemon's status write when the group has no EIP",
+            &json!({"shown": shown}),
+        );
+        assert!(cleared, "the lie was cleared: {shown:?}");
         Ok(())
     })
     .await;

@@ -21,6 +21,7 @@ use crate::admission::selector::crd::Selector;
 use crate::admission::selector::engine::{
     Capacity, Placement, Resources, Rule, default_rules, pod_requests, rules_from_profile,
 };
+use crate::admission::selector::seal::{self, SealKey};
 use crate::k8s::quantity::Quantity;
 use crate::k8s::shared_watch::{ClusterWatches, PAGE_SIZE};
 use crate::ops::events::EventPublisher;
@@ -46,6 +47,7 @@ pub struct Caches {
     capacity: RwLock<Arc<Capacity>>,
     needs_capacity: watch::Sender<bool>,
     defaults: bool,
+    seal: RwLock<Option<Arc<SealKey>>>,
 }
 
 /// A consistent view for one admission request.
@@ -84,6 +86,7 @@ impl Caches {
             capacity: RwLock::new(Arc::new(Capacity::default())),
             needs_capacity: watch::Sender::new(false),
             defaults,
+            seal: RwLock::new(None),
         }
     }
 
@@ -133,6 +136,16 @@ impl Caches {
             Some(labels) => namespaces.insert(name.to_owned(), Arc::new(labels)),
             None => namespaces.remove(name),
         };
+    }
+
+    /// The key that seals deferred effects, once loaded.
+    pub fn seal(&self) -> Option<Arc<SealKey>> {
+        read(&self.seal)
+    }
+
+    /// Sets the key that seals deferred effects.
+    pub fn set_seal(&self, key: Arc<SealKey>) {
+        write(&self.seal, Some(key));
     }
 
     /// Replaces the capacity view.
@@ -227,6 +240,36 @@ pub async fn watch_selectors(
         );
         caches.set_selectors(rules);
     }
+}
+
+/// Loads the key that seals deferred Selector effects (retrying until it is had; until then
+/// the webhook defers no effect), then waits for the stop.
+pub async fn load_seal(
+    client: kube::Client,
+    caches: Arc<Caches>,
+    namespace: String,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match seal::shared_key(&client, &namespace).await {
+            Ok(key) => {
+                caches.set_seal(key);
+                break;
+            }
+            Err(error) => {
+                let error = crate::ops::chain::Chain(&error).to_string();
+                warn!(%error, "cannot load the Selector seal key; deferred Selector effects are dropped until it is");
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+    stop.cancelled().await;
+    Ok(())
 }
 
 /// Watches namespace labels; a relist drops the namespaces it does not name.

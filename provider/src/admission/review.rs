@@ -6,7 +6,9 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 
 use super::cache::Caches;
-use crate::admission::selector::engine::{Input, Vnode, decide};
+use kube::ResourceExt;
+
+use crate::admission::selector::engine::{Input, PENDING_EFFECT_ANNOTATION, Scope, Vnode, decide};
 
 /// A request that is not a usable AdmissionReview (answered with 400).
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +19,25 @@ pub enum ReviewError {
     /// It has no request.
     #[error("the AdmissionReview carries no request")]
     NoRequest,
+}
+
+/// Seals the effect the engine deferred to binding, so the daemon can tell it from one a pod
+/// author wrote; without the key (not loaded yet) the effect is dropped rather than left
+/// unsealed, which the daemon would refuse anyway.
+fn seal_deferred_effect(caches: &Caches, pod: &mut Pod) {
+    if !pod.annotations().contains_key(PENDING_EFFECT_ANNOTATION) {
+        return;
+    }
+    match caches.seal() {
+        Some(key) => key.seal(pod),
+        None => {
+            tracing::warn!(
+                pod = ?pod.metadata.generate_name.as_ref().or(pod.metadata.name.as_ref()),
+                "the Selector seal key is not loaded yet; the Selector's deferred effect is dropped"
+            );
+            pod.annotations_mut().remove(PENDING_EFFECT_ANNOTATION);
+        }
+    }
 }
 
 /// What the handler does besides answering.
@@ -35,8 +56,8 @@ pub struct Admission {
     pub caches: std::sync::Arc<Caches>,
     /// How virtual nodes are marked.
     pub vnode: Vnode,
-    /// Selectors only apply in their own namespace.
-    pub own_namespace_only: bool,
+    /// Which namespaces' pods a Selector reaches.
+    pub scope: Scope,
     /// ResourcePolicy placement, when on.
     pub placement: Option<std::sync::Arc<crate::placement::Shared>>,
 }
@@ -89,7 +110,7 @@ impl Admission {
             profile: &snapshot.profile,
             capacity: &snapshot.capacity,
             vnode: &self.vnode,
-            own_namespace_only: self.own_namespace_only,
+            scope: &self.scope,
         });
         let mut decision = decision;
         let mut placed = None;
@@ -109,6 +130,7 @@ impl Admission {
                 ));
             }
         }
+        seal_deferred_effect(&self.caches, &mut decision.pod);
         let mut outcome = Outcome::default();
         let mut response = allow;
         if let Some(warning) = &decision.warning {
@@ -221,7 +243,9 @@ mod tests {
         Admission {
             caches: Arc::new(Caches::new(true)),
             vnode: Vnode::default(),
-            own_namespace_only: false,
+            scope: Scope::Namespaced {
+                home: "kube-system".into(),
+            },
             placement: None,
         }
     }
@@ -367,6 +391,56 @@ mod tests {
             .review(&review("Pod", "CREATE", with_request, true))
             .unwrap();
         assert!(dry.event.is_none(), "dry runs have no side effects");
+    }
+
+    fn patched_pod(out: &Value, object: &Value) -> Pod {
+        let patch: json_patch::Patch = serde_json::from_slice(
+            &base64::engine::general_purpose::STANDARD
+                .decode(response(out)["patch"].as_str().unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+        let mut object = object.clone();
+        object["metadata"]["namespace"] = json!("default");
+        json_patch::patch(&mut object, &patch).unwrap();
+        serde_json::from_value(object).unwrap()
+    }
+
+    #[test]
+    fn a_deferred_effect_leaves_admission_sealed_and_without_a_key_not_at_all() {
+        use crate::admission::selector::seal::{Checked, SealKey};
+        let a = admission();
+        let selector: crate::admission::selector::crd::Selector = serde_json::from_value(json!({
+            "apiVersion": "eci.aliyun.com/v1", "kind": "Selector",
+            "metadata": {"name": "fair", "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"objectLabels": {}, "policy": {"fair": {}}, "effect": {"labels": {"eci": "true"}}},
+        }))
+        .unwrap();
+        a.caches.set_selectors(vec![
+            crate::admission::selector::engine::rule_from_selector(&selector).unwrap(),
+        ]);
+        let object = pod(json!({}));
+        let (out, _) = a
+            .review(&review("Pod", "CREATE", object.clone(), false))
+            .unwrap();
+        let unsealed = patched_pod(&out, &object);
+        assert!(
+            !unsealed
+                .annotations()
+                .contains_key(PENDING_EFFECT_ANNOTATION),
+            "no key loaded: no effect deferred"
+        );
+        let key = Arc::new(SealKey::new(&[3; 32]));
+        a.caches.set_seal(Arc::clone(&key));
+        let (out, _) = a
+            .review(&review("Pod", "CREATE", object.clone(), false))
+            .unwrap();
+        let sealed = patched_pod(&out, &object);
+        assert!(
+            matches!(key.check(&sealed), Checked::Sealed(_)),
+            "{:?}",
+            key.check(&sealed)
+        );
     }
 
     #[test]

@@ -253,7 +253,7 @@ pub async fn run(
         admission: Admission {
             caches: Arc::clone(&caches),
             vnode: vnode.clone(),
-            own_namespace_only: config.selectors_own_namespace_only,
+            scope: config.selector_scope.clone(),
             placement,
         },
         telemetry: Arc::clone(&telemetry),
@@ -293,6 +293,15 @@ pub async fn run(
     tasks.spawn(
         cache::watch_namespaces(client.clone(), Arc::clone(&caches), stop.clone())
             .map_named("namespace watch"),
+    );
+    tasks.spawn(
+        cache::load_seal(
+            client.clone(),
+            Arc::clone(&caches),
+            config.pod_namespace.clone(),
+            stop.clone(),
+        )
+        .map_named("Selector seal key"),
     );
     tasks.spawn(
         cache::watch_profile(
@@ -452,7 +461,7 @@ mod tests {
             admission: Admission {
                 caches: Arc::new(Caches::new(true)),
                 vnode: Vnode::default(),
-                own_namespace_only: false,
+                scope: crate::admission::selector::engine::Scope::Cluster,
                 placement: None,
             },
             telemetry: Arc::new(Telemetry::new()),

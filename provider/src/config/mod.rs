@@ -51,6 +51,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// Which namespaces' pods a `Selector` reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SelectorScope {
+    /// Its own namespace's; a Selector in the daemon's namespace reaches every namespace.
+    Namespace,
+    /// Every namespace's, from any namespace (eci-profile's behaviour).
+    Cluster,
+}
+
 /// virtual-node-eci: runs pods bound to its virtual node as Alibaba Cloud ECI container
 /// groups. One process (one StatefulSet replica) serves one node.
 #[derive(Debug, Clone, Parser)]
@@ -411,10 +420,12 @@ pub struct Config {
     )]
     pub webhook_skip_namespaces: Vec<String>,
 
-    /// Apply a Selector only to pods of its own namespace (by default Selectors apply
-    /// cluster-wide, as in eci-profile, which makes creating them an admin's right).
-    #[arg(long, env = "SELECTORS_OWN_NAMESPACE_ONLY")]
-    pub selectors_own_namespace_only: bool,
+    /// Which pods a Selector changes: `namespace` — those of its own namespace, and a
+    /// Selector in the daemon's namespace (POD_NAMESPACE) those of every namespace; `cluster`
+    /// — every namespace's, wherever the Selector is (eci-profile's behaviour: only for
+    /// clusters where whoever may create a Selector is trusted with every namespace).
+    #[arg(long, env = "SELECTOR_SCOPE", value_enum, default_value = "namespace")]
+    pub selector_scope: SelectorScope,
 
     /// The legacy eci-profile ConfigMap, `<namespace>/<name>`.
     #[arg(
@@ -754,8 +765,8 @@ pub struct AdmissionConfig {
     pub webhook_timeout_seconds: i32,
     /// Namespaces never mutated.
     pub webhook_skip_namespaces: Vec<String>,
-    /// Selectors apply only in their own namespace.
-    pub selectors_own_namespace_only: bool,
+    /// Which namespaces' pods a Selector reaches.
+    pub selector_scope: crate::admission::selector::engine::Scope,
     /// The legacy eci-profile ConfigMap (`namespace/name`).
     pub eci_profile_configmap: String,
     /// No built-in Selectors.
@@ -829,7 +840,12 @@ impl Settings {
             webhook_configuration: config.webhook_configuration.clone(),
             webhook_timeout_seconds: config.webhook_timeout_seconds,
             webhook_skip_namespaces: config.webhook_skip_namespaces.clone(),
-            selectors_own_namespace_only: config.selectors_own_namespace_only,
+            selector_scope: match config.selector_scope {
+                SelectorScope::Namespace => crate::admission::selector::engine::Scope::Namespaced {
+                    home: config.pod_namespace.clone(),
+                },
+                SelectorScope::Cluster => crate::admission::selector::engine::Scope::Cluster,
+            },
             eci_profile_configmap: config.eci_profile_configmap.clone(),
             no_default_selectors: config.no_default_selectors,
         }

@@ -890,9 +890,13 @@ impl PodController {
             // After a restart: what a pod showing its group's id carries of ours stays on it.
             if let Some(group) = entry.lifecycle.live_group() {
                 let shown = pod.annotations();
-                entry
-                    .carried
-                    .adopt(group, |key| shown.get(key).map(String::as_str));
+                // The id is checked against the group; the others count only if our writes
+                // own them (a pod author may have set them).
+                entry.carried.adopt(group, |key| {
+                    (key == INSTANCE_ANNOTATION || carried::written_by(&pod, FIELD_MANAGER, key))
+                        .then(|| shown.get(key).map(String::as_str))
+                        .flatten()
+                });
             }
             // A redrive drives the very copy the entry holds: packing it again would only cost
             // a serialisation and an allocation per tracked pod on every full poll.

@@ -403,8 +403,37 @@ pub struct Input<'a> {
     pub capacity: &'a Capacity,
     /// How virtual nodes are marked.
     pub vnode: &'a Vnode,
-    /// Selectors only apply to pods of their own namespace.
-    pub own_namespace_only: bool,
+    /// Which namespaces' pods a Selector reaches.
+    pub scope: &'a Scope,
+}
+
+/// Which namespaces' pods a `Selector` (a namespaced object) reaches. ConfigMap selectors and
+/// the defaults are the administrator's (they live in the daemon's configuration) and reach
+/// every namespace whatever the scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// A Selector reaches the pods of its own namespace; one in `home` (the daemon's
+    /// namespace, which only administrators write) reaches every namespace. Whoever may
+    /// create Selectors in a namespace steers that namespace's pods and no other's.
+    Namespaced {
+        /// The daemon's namespace.
+        home: String,
+    },
+    /// Every Selector reaches every namespace (eci-profile's behaviour: creating a Selector
+    /// anywhere is then an administrator's right).
+    Cluster,
+}
+
+impl Scope {
+    /// Whether a rule from `origin` may change a pod of `pod_namespace`.
+    pub fn reaches(&self, origin: &Origin, pod_namespace: &str) -> bool {
+        match (self, origin) {
+            (Scope::Cluster, _) | (_, Origin::Profile(_) | Origin::Default(_)) => true,
+            (Scope::Namespaced { home }, Origin::Crd { namespace, .. }) => {
+                namespace == pod_namespace || namespace == home
+            }
+        }
+    }
 }
 
 /// The engine's answer.
@@ -495,12 +524,7 @@ pub fn decide(input: Input<'_>) -> Decision {
         .selectors
         .iter()
         .filter(|rule| rule_matches(rule, input.pod, input.namespace_labels))
-        .filter(|rule| match &rule.origin {
-            Origin::Crd { namespace, .. } if input.own_namespace_only => {
-                *namespace == pod_namespace
-            }
-            _ => true,
-        })
+        .filter(|rule| input.scope.reaches(&rule.origin, &pod_namespace))
         .filter(|rule| match &rule.placement {
             Placement::NamespaceResourceLimit { namespace, .. } => *namespace == pod_namespace,
             _ => true,
@@ -679,6 +703,9 @@ pub struct PendingEffect {
     /// Annotations to add.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// The webhook's seal (see [`super::seal`]); empty until sealed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub seal: String,
 }
 
 fn defer_effect(pod: &mut Pod, rule: &Rule) {
@@ -688,6 +715,7 @@ fn defer_effect(pod: &mut Pod, rule: &Rule) {
     let pending = PendingEffect {
         labels: rule.labels.clone(),
         annotations: rule.annotations.clone(),
+        seal: String::new(),
     };
     annotate(
         pod,
@@ -696,11 +724,18 @@ fn defer_effect(pod: &mut Pod, rule: &Rule) {
     );
 }
 
-/// The metadata merge patch that applies a pod's pending effect (Selector values overwrite),
-/// or None when it has none or it cannot be read.
+/// What a pod's pending effect *claims* to add, unverified (or None when it has none or it
+/// cannot be read): for judging the pod as it would be bound, never for applying — a pod
+/// author can write the annotation; [`super::seal::SealKey::check`] says what to apply.
 pub fn pending_effect_patch(pod: &Pod) -> Option<serde_json::Value> {
     let text = pod.annotations().get(PENDING_EFFECT_ANNOTATION)?;
     let pending: PendingEffect = serde_json::from_str(text).ok()?;
+    Some(effect_patch(&pending))
+}
+
+/// The metadata merge patch that applies `pending` (Selector values overwrite) and removes the
+/// annotation that carried it.
+pub fn effect_patch(pending: &PendingEffect) -> serde_json::Value {
     let mut annotations = serde_json::Map::new();
     for (key, value) in &pending.annotations {
         annotations.insert(key.clone(), value.clone().into());
@@ -709,7 +744,7 @@ pub fn pending_effect_patch(pod: &Pod) -> Option<serde_json::Value> {
         PENDING_EFFECT_ANNOTATION.to_owned(),
         serde_json::Value::Null,
     );
-    Some(serde_json::json!({"metadata": {"labels": pending.labels, "annotations": annotations}}))
+    serde_json::json!({"metadata": {"labels": pending.labels, "annotations": annotations}})
 }
 
 /// Whether the pod tolerates the vnode taint already.

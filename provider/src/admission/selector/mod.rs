@@ -4,6 +4,7 @@
 pub mod crd;
 pub mod engine;
 pub mod labels;
+pub mod seal;
 
 #[cfg(test)]
 mod tests;

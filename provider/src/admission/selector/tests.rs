@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::crd::Selector;
 use super::engine::{
     Capacity, Decision, Input, PENDING_EFFECT_ANNOTATION, POLICY_ANNOTATION, Resources, Rule,
-    SELECTOR_ANNOTATION, Vnode, decide, default_rules, pending_effect_patch, pod_requests,
+    SELECTOR_ANNOTATION, Scope, Vnode, decide, default_rules, pending_effect_patch, pod_requests,
     rule_from_selector, rules_from_profile,
 };
 use crate::k8s::quantity::Quantity;
@@ -46,7 +46,7 @@ struct World {
     selectors: Vec<Rule>,
     profile: Vec<Rule>,
     capacity: Capacity,
-    own_namespace_only: bool,
+    scope: Scope,
 }
 
 impl World {
@@ -56,7 +56,9 @@ impl World {
             selectors,
             profile: default_rules(),
             capacity: Capacity::default(),
-            own_namespace_only: false,
+            scope: Scope::Namespaced {
+                home: "kube-system".into(),
+            },
         }
     }
 
@@ -68,7 +70,7 @@ impl World {
             profile: &self.profile,
             capacity: &self.capacity,
             vnode: &Vnode::default(),
-            own_namespace_only: self.own_namespace_only,
+            scope: &self.scope,
         })
     }
 }
@@ -287,7 +289,8 @@ fn namespace_resource_limit_places_pods_while_the_budget_lasts() {
         "objectLabels": {},
         "policy": {"namespaceResourceLimit": {"namespace": "team-a", "limits": {"cpu": "4", "memory": "8Gi"}}},
     });
-    let mut world = World::new(vec![rule(spec)]);
+    // An administrator's budget: in the daemon's namespace, it reaches team-a.
+    let mut world = World::new(vec![selector_in("kube-system", spec)]);
     let pod = mk_pod(
         "team-a",
         json!({}),
@@ -335,7 +338,7 @@ fn a_budget_is_compared_exactly() {
         "objectLabels": {},
         "policy": {"namespaceResourceLimit": {"namespace": "team-a", "limits": {"cpu": "300m"}}},
     });
-    let mut world = World::new(vec![rule(spec)]);
+    let mut world = World::new(vec![selector_in("kube-system", spec)]);
     world.capacity.vnode_requested = HashMap::from([(
         "team-a".to_owned(),
         Resources {
@@ -489,25 +492,77 @@ fn invalid_selectors_are_refused_with_the_reason() {
     }
 }
 
+#[allow(clippy::needless_pass_by_value)] // json! borrows
+fn selector_in(namespace: &str, spec: Value) -> Rule {
+    let mut selector = mk_selector("s", "2026-01-01T00:00:00Z", spec);
+    selector.metadata.namespace = Some(namespace.into());
+    rule_from_selector(&selector).unwrap()
+}
+
 #[test]
-fn selectors_can_be_held_to_their_own_namespace() {
-    let mut world = World::new(vec![rule(
-        json!({"objectLabels": {}, "effect": {"labels": {"x": "y"}}}),
-    )]);
+fn a_selector_reaches_its_own_namespace_and_the_daemons_reaches_all() {
+    let namespaced = Scope::Namespaced {
+        home: "kube-system".into(),
+    };
+    // (scope, the Selector's namespace, the pod's namespace, whether it changes the pod)
+    let table = [
+        (&namespaced, "team-a", "team-a", true),
+        (&namespaced, "team-a", "team-b", false),
+        (&namespaced, "team-b", "team-a", false),
+        (&namespaced, "kube-system", "team-a", true),
+        (&namespaced, "kube-system", "kube-system", true),
+        (&Scope::Cluster, "team-a", "team-b", true),
+        (&Scope::Cluster, "team-a", "team-a", true),
+    ];
+    for (scope, home_of_selector, pod_namespace, changes) in table {
+        let mut world = World::new(vec![selector_in(
+            home_of_selector,
+            json!({"objectLabels": {}, "effect": {"labels": {"x": "y"}}, "policy": {"virtualNodeOnly": {}}}),
+        )]);
+        world.profile.clear();
+        world.scope = scope.clone();
+        let pod = mk_pod(pod_namespace, json!({}), json!({}));
+        let decision = world.decide(&pod);
+        assert_eq!(
+            decision.pod != pod,
+            changes,
+            "{scope:?}: a Selector in {home_of_selector} on a pod in {pod_namespace}: {}",
+            decision.reason
+        );
+    }
+}
+
+#[test]
+fn a_foreign_selector_of_higher_priority_does_not_win_over_the_namespaces_own() {
+    let mut world = World::new(vec![
+        selector_in(
+            "team-a",
+            json!({"objectLabels": {}, "priority": 100, "effect": {"labels": {"from": "a"}}}),
+        ),
+        selector_in(
+            "team-b",
+            json!({"objectLabels": {}, "priority": 1, "effect": {"labels": {"from": "b"}}}),
+        ),
+    ]);
     world.profile.clear();
-    let foreign = mk_pod("team-a", json!({}), json!({}));
-    assert_ne!(
-        world.decide(&foreign).pod,
-        foreign,
-        "cluster-wide by default"
-    );
-    world.own_namespace_only = true;
-    assert_eq!(world.decide(&foreign).pod, foreign);
-    assert_ne!(
-        world.decide(&nginx()).pod,
-        nginx(),
-        "its own namespace still"
-    );
+    let pod = mk_pod("team-b", json!({}), json!({}));
+    let decided = world.decide(&pod).pod;
+    assert_eq!(decided.metadata.labels.unwrap()["from"], "b");
+}
+
+#[test]
+fn configmap_selectors_and_defaults_reach_every_namespace_in_either_scope() {
+    let mut world = World::new(Vec::new());
+    let pod = mk_pod("team-a", json!({"alibabacloud.com/eci": "true"}), json!({}));
+    for scope in [
+        Scope::Namespaced {
+            home: "kube-system".into(),
+        },
+        Scope::Cluster,
+    ] {
+        world.scope = scope;
+        assert_ne!(world.decide(&pod).pod, pod, "{:?}", world.scope);
+    }
 }
 
 fn seed_profile() -> Vec<Rule> {

@@ -133,6 +133,40 @@ pub(super) fn as_json(values: &Values) -> Value {
     Value::Object(map)
 }
 
+/// Our annotations the pod shows (non-empty) that ECI gave no value for: a pod author's (or
+/// a stale) claim in a field other controllers read as ours. The apply carrying `carried`
+/// writes each of them empty; owned by our manager from then on (the apply is forced), the next
+/// apply, which leaves them out, removes them.
+pub(super) fn contradicted<'a>(
+    carried: &Values,
+    shown: impl Fn(&str) -> Option<&'a str>,
+) -> Vec<&'static str> {
+    OURS.iter()
+        .copied()
+        .filter(|key| !has(carried, key) && shown(key).is_some_and(|v| !v.is_empty()))
+        .collect()
+}
+
+/// Whether `manager`'s writes own the pod's annotation `key` (its managed fields say so): after
+/// a restart only those are taken to be ours, never a value a pod author set.
+pub(super) fn written_by(pod: &k8s_openapi::api::core::v1::Pod, manager: &str, key: &str) -> bool {
+    let pointer = format!(
+        "/f:metadata/f:annotations/f:{}",
+        key.replace('~', "~0").replace('/', "~1")
+    );
+    pod.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| entry.manager.as_deref() == Some(manager))
+        .any(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .is_some_and(|fields| fields.0.pointer(&pointer).is_some())
+        })
+}
+
 /// Values from a map of annotations.
 pub(super) fn values<'a>(from: impl IntoIterator<Item = (&'static str, &'a str)>) -> Values {
     from.into_iter()
@@ -217,5 +251,56 @@ mod tests {
             json!({INSTANCE_ID: "eci-1", VPC: "vpc-1"}),
             "known values are kept; a key queued again keeps the rest"
         );
+    }
+
+    #[test]
+    fn our_annotations_ecis_answer_left_out_are_cleared_when_the_pod_shows_them() {
+        let carried = values([(INSTANCE_ID, "eci-1"), (VPC, "vpc-real")]);
+        // (what the pod shows, the keys the apply writes empty)
+        type Shown = Vec<(&'static str, &'static str)>;
+        let table: Vec<(Shown, Vec<&str>)> = vec![
+            (vec![(INSTANCE_ID, "eci-1"), (VPC, "vpc-real")], vec![]),
+            (vec![(EIP_ADDRESS, "6.6.6.6")], vec![EIP_ADDRESS]),
+            (
+                vec![
+                    (ZONE, "cn-hangzhou-k"),
+                    (REQUEST_ID, "forged"),
+                    (EIP_ADDRESS, ""),
+                ],
+                vec![REQUEST_ID, ZONE],
+            ),
+            // Carried keys are written with ECI's value anyway (the apply is forced).
+            (vec![(VPC, "vpc-theirs")], vec![]),
+            (vec![("k8s.aliyun.com/other", "x")], vec![]),
+        ];
+        for (shown, cleared) in table {
+            let map: BTreeMap<&str, &str> = shown.iter().copied().collect();
+            let mut got = contradicted(&carried, |key| map.get(key).copied());
+            got.sort_unstable();
+            let mut want = cleared.clone();
+            want.sort_unstable();
+            assert_eq!(got, want, "{shown:?}");
+        }
+    }
+
+    #[test]
+    fn only_annotations_our_writes_own_are_ours_after_a_restart() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({"metadata": {
+            "name": "p",
+            "annotations": {VPC: "vpc-real", EIP_ADDRESS: "6.6.6.6"},
+            "managedFields": [
+                {"manager": "virtual-node-eci", "operation": "Apply", "subresource": "status",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:annotations": {
+                     format!("f:{VPC}"): {}, format!("f:{INSTANCE_ID}"): {}}}}},
+                {"manager": "kubectl-create", "operation": "Update",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:annotations": {
+                     format!("f:{EIP_ADDRESS}"): {}}}}},
+            ],
+        }}))
+        .unwrap();
+        assert!(written_by(&pod, "virtual-node-eci", VPC));
+        assert!(!written_by(&pod, "virtual-node-eci", EIP_ADDRESS));
+        assert!(written_by(&pod, "kubectl-create", EIP_ADDRESS));
+        assert!(!written_by(&pod, "virtual-node-eci", ZONE));
     }
 }

@@ -169,9 +169,35 @@ impl PodController {
 
     /// A Selector's effect deferred to binding (fair, normalNodePrefer) lands on the pod now,
     /// before the group is created, so the group is created with it and the pod shows it.
+    /// Only an effect the webhook sealed is applied: one a pod author wrote (or altered, or
+    /// copied from another pod) is ignored, with a Warning Event and a log line.
     async fn apply_pending_effect(&self, pod: Arc<Pod>) -> Result<Arc<Pod>, Failure> {
-        let Some(patch) = crate::admission::selector::engine::pending_effect_patch(&pod) else {
+        use crate::admission::selector::{engine::PENDING_EFFECT_ANNOTATION, seal};
+        if !pod.annotations().contains_key(PENDING_EFFECT_ANNOTATION) {
             return Ok(pod);
+        }
+        let key = seal::shared_key(&self.inner.client, &self.inner.config.pod_namespace)
+            .await
+            .map_err(|error| {
+                Failure::Retry(format!(
+                    "cannot check the Selector's effect: {}",
+                    crate::ops::chain::Chain(&error)
+                ))
+            })?;
+        let patch = match key.check(&pod) {
+            seal::Checked::Absent => return Ok(pod),
+            seal::Checked::Sealed(patch) => patch,
+            seal::Checked::Refused(why) => {
+                warn!(%why, "ignoring a Selector effect the webhook did not write");
+                self.event(
+                    &pod,
+                    EventType::Warning,
+                    "ForgedSelectorEffect",
+                    &format!("ignored, not applied: {why}"),
+                )
+                .await;
+                return Ok(pod);
+            }
         };
         let api: Api<Pod> = Api::namespaced(
             self.inner.client.clone(),

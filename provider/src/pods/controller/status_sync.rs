@@ -110,7 +110,15 @@ impl PodController {
             });
             let carried = self.carried_values(&uid);
             if let Some(values) = &carried {
-                body["metadata"]["annotations"] = carried::as_json(values);
+                let mut annotations = carried::as_json(values);
+                let shown = basis.annotations();
+                for key in carried::contradicted(values, |key| shown.get(key).map(String::as_str)) {
+                    warn!(pod = %pod_key(pod), annotation = key, "the pod shows a value ECI did not give for an annotation of ours; clearing it");
+                    annotations[key] = Value::String(String::new());
+                }
+                body["metadata"]["annotations"] = annotations;
+                // The group's pod and no other of the same name.
+                body["metadata"]["uid"] = Value::String(uid.clone());
             }
             self.inner.telemetry.kube_request("pod_status_patch");
             match api.patch_status(&name, &params, &Patch::Apply(body)).await {
