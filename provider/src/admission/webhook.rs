@@ -23,8 +23,8 @@ use super::cache::Caches;
 use super::register::Registration;
 use super::review::Admission;
 use super::{cache, register, spill};
-use crate::admission::selector::engine::Vnode;
-use crate::config::AdmissionConfig;
+use crate::admission::selector::engine::{Scope, Vnode};
+use crate::config::{AdmissionConfig, SelectorScope};
 use crate::k8s::serving_cert as webhook_cert;
 use crate::k8s::shared_watch::ClusterWatches;
 use crate::ops::chain::Chain;
@@ -253,7 +253,12 @@ pub async fn run(
         admission: Admission {
             caches: Arc::clone(&caches),
             vnode: vnode.clone(),
-            scope: config.selector_scope.clone(),
+            scope: match config.selector_scope {
+                SelectorScope::Namespace => Scope::Namespaced {
+                    home: config.pod_namespace.clone(),
+                },
+                SelectorScope::Cluster => Scope::Cluster,
+            },
             placement,
         },
         telemetry: Arc::clone(&telemetry),
@@ -461,7 +466,7 @@ mod tests {
             admission: Admission {
                 caches: Arc::new(Caches::new(true)),
                 vnode: Vnode::default(),
-                scope: crate::admission::selector::engine::Scope::Cluster,
+                scope: Scope::Cluster,
                 placement: None,
             },
             telemetry: Arc::new(Telemetry::new()),

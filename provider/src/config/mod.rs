@@ -765,8 +765,8 @@ pub struct AdmissionConfig {
     pub webhook_timeout_seconds: i32,
     /// Namespaces never mutated.
     pub webhook_skip_namespaces: Vec<String>,
-    /// Which namespaces' pods a Selector reaches.
-    pub selector_scope: crate::admission::selector::engine::Scope,
+    /// Which namespaces' pods a Selector reaches (the daemon's namespace is `pod_namespace`).
+    pub selector_scope: SelectorScope,
     /// The legacy eci-profile ConfigMap (`namespace/name`).
     pub eci_profile_configmap: String,
     /// No built-in Selectors.
@@ -840,12 +840,7 @@ impl Settings {
             webhook_configuration: config.webhook_configuration.clone(),
             webhook_timeout_seconds: config.webhook_timeout_seconds,
             webhook_skip_namespaces: config.webhook_skip_namespaces.clone(),
-            selector_scope: match config.selector_scope {
-                SelectorScope::Namespace => crate::admission::selector::engine::Scope::Namespaced {
-                    home: config.pod_namespace.clone(),
-                },
-                SelectorScope::Cluster => crate::admission::selector::engine::Scope::Cluster,
-            },
+            selector_scope: config.selector_scope,
             eci_profile_configmap: config.eci_profile_configmap.clone(),
             no_default_selectors: config.no_default_selectors,
         }
