@@ -2,7 +2,10 @@
 //!
 //! After creation the controller reads a pod only to write its status (container names and
 //! images, readiness gates, generation, the current status), to delete it (grace period) and to publish Events about it.
-//! Everything else — env, volumes, probes, affinity, managed fields, annotations — is dropped:
+//! Of the annotations, only those the daemon writes back are kept: a status write corrects a
+//! value of them that ECI did not give (a pod author's claim in a field other controllers read
+//! as ours). Everything else — env, volumes, probes, affinity, managed fields, the other
+//! annotations — is dropped:
 //! the controller keeps a copy of every pod of its node, and at scale a whole `Pod` per pod
 //! would be most of the daemon's memory.
 //!
@@ -15,6 +18,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::error;
+
+use crate::pods::to_eci::annotations::WRITTEN_BACK;
 
 /// The controller's copy of a pod.
 #[derive(Debug, Clone)]
@@ -138,6 +143,7 @@ pub(super) fn slim(pod: &Pod) -> Pod {
             generation: meta.generation,
             deletion_timestamp: meta.deletion_timestamp.clone(),
             deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+            annotations: written_back(meta),
             ..ObjectMeta::default()
         },
         spec: pod.spec.as_ref().map(|spec| PodSpec {
@@ -155,6 +161,18 @@ pub(super) fn slim(pod: &Pod) -> Pod {
         }),
         status: pod.status.clone(),
     }
+}
+
+/// The pod's annotations among those the daemon writes back, if it has any.
+fn written_back(meta: &ObjectMeta) -> Option<std::collections::BTreeMap<String, String>> {
+    let kept: std::collections::BTreeMap<String, String> = meta
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(key, _)| WRITTEN_BACK.contains(&key.as_str()))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
+    (!kept.is_empty()).then_some(kept)
 }
 
 #[cfg(test)]
@@ -185,6 +203,26 @@ mod tests {
                 "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-21T09:00:00Z"}]},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn of_the_annotations_keeps_only_those_the_daemon_writes_back() {
+        let mut pod = mk_pod();
+        let annotations = pod.metadata.annotations.get_or_insert_default();
+        annotations.insert(
+            "k8s.aliyun.com/allocated-eipAddress".into(),
+            "203.0.113.7".into(),
+        );
+        annotations.insert("k8s.aliyun.com/eci-use-specs".into(), "2-4Gi".into());
+        let kept = slim(&pod).metadata.annotations.unwrap_or_default();
+        assert_eq!(
+            kept.into_iter().collect::<Vec<_>>(),
+            vec![(
+                "k8s.aliyun.com/allocated-eipAddress".to_owned(),
+                "203.0.113.7".to_owned()
+            )],
+            "a value a status write may have to correct stays; the rest goes"
+        );
     }
 
     #[test]

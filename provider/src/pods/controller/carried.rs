@@ -18,20 +18,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::pods::to_eci::annotations::{
-    EIP_ADDRESS, ENI_INSTANCE_ID, INSTANCE_ID, INSTANCE_SPEC, REQUEST_ID, VPC, ZONE,
-};
-
-/// Every annotation the daemon writes on a pod.
-pub(super) const OURS: [&str; 7] = [
-    INSTANCE_ID,
-    REQUEST_ID,
-    INSTANCE_SPEC,
-    ENI_INSTANCE_ID,
-    VPC,
-    EIP_ADDRESS,
-    ZONE,
-];
+#[cfg(test)]
+use crate::pods::to_eci::annotations::{EIP_ADDRESS, REQUEST_ID, VPC, ZONE};
+use crate::pods::to_eci::annotations::{INSTANCE_ID, WRITTEN_BACK as OURS};
 
 /// Status polls a pod's new annotations wait for a status write before they get their own
 /// (2 s at the default 1 s poll). A longer wait saved no writes, only delayed the annotations

@@ -79,6 +79,17 @@ pub const EIP_ADDRESS: &str = "k8s.aliyun.com/allocated-eipAddress";
 /// well-known topology key, so users and tools read it where they read a node's zone).
 pub const ZONE: &str = "topology.kubernetes.io/zone";
 
+/// Every annotation the daemon writes back on a pod: its own, whatever a pod author wrote there.
+pub const WRITTEN_BACK: [&str; 7] = [
+    INSTANCE_ID,
+    REQUEST_ID,
+    INSTANCE_SPEC,
+    ENI_INSTANCE_ID,
+    VPC,
+    EIP_ADDRESS,
+    ZONE,
+];
+
 /// Event reason: the pod carries annotations the group is created without.
 pub const NOT_HONOURED: &str = "AnnotationNotHonoured";
 /// Condition and Event reason: an annotation's value is malformed (the message names it).
