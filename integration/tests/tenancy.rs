@@ -817,8 +817,8 @@ async fn group_of(admin: &str, uid: &str) -> Result<Option<Value>, HarnessError>
     }))
 }
 
-/// Waits until `ns/name` is Pending with `ContainerInstanceCreated=False`, `reason`, and a
-/// message containing every one of `naming`, and a Warning Event of that reason; its UID.
+/// Waits until `ns/name` is Pending, refused with `reason` saying each of `naming` (its
+/// condition and a Warning Event); its UID.
 async fn wait_refused(
     h: &Harness,
     ns: &str,
@@ -826,38 +826,9 @@ async fn wait_refused(
     reason: &str,
     naming: &[&str],
 ) -> Result<String, HarnessError> {
-    use k8s_openapi::api::core::v1::Event;
     let pod = h
-        .wait_pod(ns, name, &format!("Pending, {reason}"), WAIT, |p| {
-            p["status"]["phase"] == "Pending"
-                && p["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| {
-                        c["type"] == "ContainerInstanceCreated"
-                            && c["status"] == "False"
-                            && c["reason"] == reason
-                            && c["message"]
-                                .as_str()
-                                .is_some_and(|m| naming.iter().all(|n| m.contains(n)))
-                    })
-        })
+        .wait_refused((ns, name), "Pending", reason, naming, WAIT)
         .await?;
-    let events: Api<Event> = Api::namespaced(h.client(), ns);
-    h.wait_for(&format!("a Warning Event {reason} on {name}"), WAIT, |_| {
-        let events = events.clone();
-        async move {
-            events.list(&Default::default()).await.is_ok_and(|list| {
-                list.items.iter().any(|e| {
-                    e.type_.as_deref() == Some("Warning")
-                        && e.reason.as_deref() == Some(reason)
-                        && e.involved_object.name.as_deref() == Some(name)
-                })
-            })
-        }
-    })
-    .await?;
     Ok(pod["metadata"]["uid"]
         .as_str()
         .unwrap_or_default()

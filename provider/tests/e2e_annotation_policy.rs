@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use integration::harness::{Harness, HarnessError};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -70,41 +70,8 @@ async fn wait_refused(
     naming: &str,
 ) -> Result<String, HarnessError> {
     let refused = h
-        .wait_pod(
-            ns,
-            name,
-            &format!("Pending with condition reason {reason}"),
-            WAIT,
-            |p| {
-                p["status"]["phase"] == "Pending"
-                    && p["status"]["conditions"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| {
-                            c["type"] == "ContainerInstanceCreated"
-                                && c["status"] == "False"
-                                && c["reason"] == reason
-                                && c["message"].as_str().is_some_and(|m| m.contains(naming))
-                        })
-            },
-        )
+        .wait_refused((ns, name), "Pending", reason, &[naming], WAIT)
         .await?;
-    let events: Api<Event> = Api::namespaced(h.client(), ns);
-    h.wait_for(&format!("a Warning Event {reason} on {name}"), WAIT, |_| {
-        let events = events.clone();
-        async move {
-            events.list(&Default::default()).await.is_ok_and(|list| {
-                list.items.iter().any(|e| {
-                    e.involved_object.name.as_deref() == Some(name)
-                        && e.type_.as_deref() == Some("Warning")
-                        && e.reason.as_deref() == Some(reason)
-                        && e.message.as_deref().is_some_and(|m| m.contains(naming))
-                })
-            })
-        }
-    })
-    .await?;
     let uid = refused["metadata"]["uid"].as_str().unwrap().to_owned();
     assert_eq!(
         groups_of(admin, &uid).await,

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use integration::harness::{EciApi, Harness, HarnessError};
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
@@ -162,35 +162,6 @@ async fn reported_by_mock(admin: &str, id: &str) -> BTreeMap<&'static str, Strin
     .collect()
 }
 
-async fn wait_event(
-    h: &Harness,
-    ns: &str,
-    name: &str,
-    reason: &str,
-    naming: &str,
-) -> Result<(), HarnessError> {
-    let events: Api<Event> = Api::namespaced(h.client(), ns);
-    h.wait_for(
-        &format!("a Warning Event {reason} on {name} naming {naming}"),
-        WAIT,
-        |_| {
-            let events = events.clone();
-            async move {
-                events.list(&Default::default()).await.is_ok_and(|list| {
-                    list.items.iter().any(|e| {
-                        e.involved_object.name.as_deref() == Some(name)
-                            && e.type_.as_deref() == Some("Warning")
-                            && e.reason.as_deref() == Some(reason)
-                            && e.message.as_deref().is_some_and(|m| m.contains(naming))
-                    })
-                })
-            }
-        },
-    )
-    .await?;
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mapped_annotation_reaches_eci_and_the_others_are_reported() {
     let mut h = Harness::start().await.expect("the harness starts");
@@ -293,36 +264,14 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
     );
 
     let failed = h
-        .wait_pod(
-            &ns,
-            "malformed",
-            "Failed with InvalidAnnotation",
+        .wait_refused(
+            (&ns, "malformed"),
+            "Failed",
+            "InvalidAnnotation",
+            &["eci-spot-strategy"],
             WAIT,
-            |p| {
-                p["status"]["phase"] == "Failed"
-                    && p["status"]["conditions"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| {
-                            c["type"] == "ContainerInstanceCreated"
-                                && c["status"] == "False"
-                                && c["reason"] == "InvalidAnnotation"
-                                && c["message"]
-                                    .as_str()
-                                    .is_some_and(|m| m.contains("eci-spot-strategy"))
-                        })
-            },
         )
         .await?;
-    wait_event(
-        h,
-        &ns,
-        "malformed",
-        "InvalidAnnotation",
-        "eci-spot-strategy",
-    )
-    .await?;
     assert!(
         failed["metadata"]["annotations"][INSTANCE_ID].is_null(),
         "no group for {failed}"
@@ -332,12 +281,12 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         p["status"]["phase"] == "Running"
     })
     .await?;
-    wait_event(
-        h,
+    h.wait_warning_event(
         &ns,
         "undriven",
         "AnnotationNotHonoured",
-        "eci-instance-family",
+        &["eci-instance-family"],
+        WAIT,
     )
     .await?;
 

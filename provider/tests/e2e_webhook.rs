@@ -722,3 +722,69 @@ async fn with_the_webhook_down_pods_are_still_created() {
     })
     .await;
 }
+
+/// Attack 5 of the tenancy review: a Selector is namespaced, so whoever may create one in their
+/// own namespace must not reach pods elsewhere. Only a Selector in the daemon's own namespace
+/// (kube-system here) applies to every namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_reaches_only_its_own_namespace_unless_it_lives_in_the_daemons() {
+    with_webhook(1, async |h, w| {
+        let tenant = h.create_namespace("tenant-a").await?;
+        let victim = h.create_namespace("tenant-b").await?;
+        let labels = json!({"app": "database-client"});
+        let virtual_node_only = json!({
+            "objectLabels": {"matchLabels": {"app": "database-client"}},
+            "effect": {"labels": {"steered-by": "a-selector"}},
+            "policy": {"virtualNodeOnly": {}},
+        });
+        let steered = |p: &Value| {
+            vnode_tolerations(p) == 1 && p["metadata"]["labels"]["steered-by"] == "a-selector"
+        };
+
+        create_selector(h, w, &tenant, "steer-everyone", virtual_node_only.clone()).await?;
+        // Once the tenant's own pods are steered, the daemon's cache holds the Selector: the
+        // other namespace's pod is judged against the same cache.
+        wait_admitted(
+            h,
+            &tenant,
+            &labels,
+            "the Selector to reach its own namespace",
+            steered,
+        )
+        .await?;
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let probe = mk_pod("admission-probe", &labels, &json!({}));
+        let elsewhere = view(
+            &Api::<Pod>::namespaced(h.client(), &victim)
+                .create(&dry_run, &probe)
+                .await?,
+        );
+        assert!(
+            !steered(&elsewhere) && vnode_tolerations(&elsewhere) == 0,
+            "a Selector in {tenant} changed a pod in {victim}: {elsewhere}"
+        );
+
+        // The same Selector in the daemon's namespace is the administrator's: it reaches all.
+        create_selector(
+            h,
+            w,
+            "kube-system",
+            &format!("{}-everyone", w.name),
+            virtual_node_only,
+        )
+        .await?;
+        wait_admitted(
+            h,
+            &victim,
+            &labels,
+            "a kube-system Selector to reach every namespace",
+            steered,
+        )
+        .await?;
+        Ok(())
+    })
+    .await;
+}

@@ -728,6 +728,58 @@ impl Harness {
             .ok_or_else(|| HarnessError::Setup(format!("pod {namespace}/{name} vanished")))
     }
 
+    /// Waits up to `timeout` until a Warning Event of `reason` on `namespace/name` says each of
+    /// `naming`.
+    pub async fn wait_warning_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        reason: &str,
+        naming: &[&str],
+        timeout: Duration,
+    ) -> Result<(), HarnessError> {
+        let events: Api<Event> = Api::namespaced(self.client(), namespace);
+        let what = format!("a Warning Event {reason} on {namespace}/{name} naming {naming:?}");
+        self.wait_for(&what, timeout, |_| {
+            let events = events.clone();
+            async move {
+                events.list(&ListParams::default()).await.is_ok_and(|list| {
+                    list.items.iter().any(|e| {
+                        e.involved_object.name.as_deref() == Some(name)
+                            && e.type_.as_deref() == Some("Warning")
+                            && e.reason.as_deref() == Some(reason)
+                            && e.message
+                                .as_deref()
+                                .is_some_and(|m| naming.iter().all(|n| m.contains(n)))
+                    })
+                })
+            }
+        })
+        .await
+    }
+
+    /// Waits up to `timeout` until the daemon refused to create `namespace/name`'s group: the
+    /// pod is in `phase` with `ContainerInstanceCreated=False` of `reason` saying each of
+    /// `naming`, and a Warning Event of that reason says them too. Answers the pod.
+    pub async fn wait_refused(
+        &self,
+        (namespace, name): (&str, &str),
+        phase: &str,
+        reason: &str,
+        naming: &[&str],
+        timeout: Duration,
+    ) -> Result<Value, HarnessError> {
+        let what = format!("{phase} with ContainerInstanceCreated=False, {reason}");
+        let pod = self
+            .wait_pod(namespace, name, &what, timeout, |p| {
+                creation_refused(p, phase, reason, naming)
+            })
+            .await?;
+        self.wait_warning_event(namespace, name, reason, naming, timeout)
+            .await?;
+        Ok(pod)
+    }
+
     /// Waits up to `timeout` until Node `name` exists and its Ready condition is True.
     pub async fn wait_node_ready(&self, name: &str, timeout: Duration) -> Result<(), HarnessError> {
         let nodes: Api<Node> = Api::all(self.client());
@@ -901,4 +953,22 @@ impl Harness {
             }
         }
     }
+}
+
+/// Whether `pod` (as JSON) is in `phase` with `ContainerInstanceCreated=False` of `reason`, its
+/// message saying each of `naming`: how the daemon shows a group it would not create.
+pub fn creation_refused(pod: &Value, phase: &str, reason: &str, naming: &[&str]) -> bool {
+    pod["status"]["phase"] == phase
+        && pod["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "ContainerInstanceCreated"
+                    && c["status"] == "False"
+                    && c["reason"] == reason
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| naming.iter().all(|n| m.contains(n)))
+            })
 }

@@ -1,7 +1,8 @@
-//! Pages of ECI listings: each page is one call of its own action, drawn from that action's
-//! budget, and a page the service throttles is fetched again after a back-off rather than
-//! failing the whole listing (a poll of hundreds of groups is many pages; one `Throttling.*`
-//! answer among them must not throw the others' work away).
+//! Calls that change nothing (pages of ECI listings, logs, exec sessions, metrics): each
+//! attempt is one call of its own action, drawn from that action's budget, and an attempt the
+//! service throttles is made again after a back-off rather than failing (a poll of hundreds of
+//! groups is many pages, and one `Throttling.*` answer among them must not throw the others'
+//! work away; a user's `kubectl logs` should wait a moment, not fail).
 
 use std::future::Future;
 use std::time::Duration;

@@ -379,8 +379,11 @@ impl Drop for Queued<'_> {
 }
 
 /// A backend whose calls are paced by a [`Pacer`] (unless pacing is off) and counted by
-/// action and result. Listing pages (`DescribeContainerGroups`,
-/// `DescribeContainerGroupStatus`) are retried when throttled (see [`super::paging`]).
+/// action and result. Calls that change nothing — listing pages, logs, exec sessions,
+/// metrics — are retried when throttled (see [`super::paging`]): the account's quota is
+/// shared with whatever else uses it, so a paced call can still be refused, and a user's
+/// `kubectl logs` or `exec` should wait a moment rather than fail. Creates, deletes and
+/// updates are retried by their controllers.
 pub struct Paced {
     inner: Backend,
     pacer: Option<Arc<Pacer>>,
@@ -424,7 +427,7 @@ impl Paced {
 macro_rules! paced {
     (
         calls { $($method:ident($action:literal, $request:ty) -> $response:ty;)+ }
-        pages { $($page:ident($page_action:literal, $page_request:ty) -> $page_response:ty;)+ }
+        retried { $($page:ident($page_action:literal, $page_request:ty) -> $page_response:ty;)+ }
     ) => {
         #[async_trait::async_trait]
         impl EciBackend for Paced {
@@ -454,12 +457,12 @@ paced! {
     delete_container_group("DeleteContainerGroup", DeleteContainerGroupRequest) -> DeleteContainerGroupResponse;
     update_container_group("UpdateContainerGroup", UpdateContainerGroupRequest) -> UpdateContainerGroupResponse;
     restart_container_group("RestartContainerGroup", RestartContainerGroupRequest) -> RestartContainerGroupResponse;
+    }
+    retried {
     describe_container_log("DescribeContainerLog", DescribeContainerLogRequest) -> DescribeContainerLogResponse;
     exec_container_command("ExecContainerCommand", ExecContainerCommandRequest) -> ExecContainerCommandResponse;
     describe_container_group_metric("DescribeContainerGroupMetric", DescribeContainerGroupMetricRequest) -> DescribeContainerGroupMetricResponse;
     describe_multi_container_group_metric("DescribeMultiContainerGroupMetric", DescribeMultiContainerGroupMetricRequest) -> DescribeMultiContainerGroupMetricResponse;
-    }
-    pages {
     describe_container_groups("DescribeContainerGroups", DescribeContainerGroupsRequest) -> DescribeContainerGroupsResponse;
     describe_container_group_status("DescribeContainerGroupStatus", DescribeContainerGroupStatusRequest) -> DescribeContainerGroupStatusResponse;
     }
@@ -468,6 +471,110 @@ paced! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An ECI that throttles the first call of each action it is asked, then answers.
+    #[derive(Debug, Default)]
+    struct ThrottlesOnce {
+        asked: Mutex<HashMap<&'static str, u32>>,
+    }
+
+    impl ThrottlesOnce {
+        fn answer<T: Default>(&self, action: &'static str) -> Result<T, EciError> {
+            let mut asked = self.asked.lock().unwrap();
+            let count = asked.entry(action).or_default();
+            *count += 1;
+            if *count == 1 {
+                Err(EciError::new(
+                    "Throttling.User",
+                    "another client spent the quota",
+                ))
+            } else {
+                Ok(T::default())
+            }
+        }
+    }
+
+    macro_rules! throttles_once {
+        ($($method:ident($action:literal, $request:ty) -> $response:ty;)+) => {
+            #[async_trait::async_trait]
+            impl EciBackend for ThrottlesOnce {
+                $(async fn $method(&self, _: $request) -> Result<$response, EciError> {
+                    self.answer($action)
+                })+
+            }
+        };
+    }
+
+    throttles_once! {
+        create_container_group("CreateContainerGroup", CreateContainerGroupRequest) -> CreateContainerGroupResponse;
+        delete_container_group("DeleteContainerGroup", DeleteContainerGroupRequest) -> DeleteContainerGroupResponse;
+        update_container_group("UpdateContainerGroup", UpdateContainerGroupRequest) -> UpdateContainerGroupResponse;
+        restart_container_group("RestartContainerGroup", RestartContainerGroupRequest) -> RestartContainerGroupResponse;
+        describe_container_log("DescribeContainerLog", DescribeContainerLogRequest) -> DescribeContainerLogResponse;
+        exec_container_command("ExecContainerCommand", ExecContainerCommandRequest) -> ExecContainerCommandResponse;
+        describe_container_group_metric("DescribeContainerGroupMetric", DescribeContainerGroupMetricRequest) -> DescribeContainerGroupMetricResponse;
+        describe_multi_container_group_metric("DescribeMultiContainerGroupMetric", DescribeMultiContainerGroupMetricRequest) -> DescribeMultiContainerGroupMetricResponse;
+        describe_container_groups("DescribeContainerGroups", DescribeContainerGroupsRequest) -> DescribeContainerGroupsResponse;
+        describe_container_group_status("DescribeContainerGroupStatus", DescribeContainerGroupStatusRequest) -> DescribeContainerGroupStatusResponse;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_that_change_nothing_wait_out_a_throttle_and_the_others_report_it() {
+        let paced = Paced::new(
+            Arc::new(ThrottlesOnce::default()),
+            Some(Arc::new(Pacer::default())),
+            Arc::new(crate::ops::metrics::Telemetry::new()),
+        );
+        // What a user waits on (logs, exec, metrics) and listings: retried.
+        assert!(
+            paced
+                .describe_container_log(Default::default())
+                .await
+                .is_ok()
+        );
+        assert!(
+            paced
+                .exec_container_command(Default::default())
+                .await
+                .is_ok()
+        );
+        assert!(
+            paced
+                .describe_container_group_metric(Default::default())
+                .await
+                .is_ok()
+        );
+        assert!(
+            paced
+                .describe_multi_container_group_metric(Default::default())
+                .await
+                .is_ok()
+        );
+        assert!(
+            paced
+                .describe_container_groups(Default::default())
+                .await
+                .is_ok()
+        );
+        assert!(
+            paced
+                .describe_container_group_status(Default::default())
+                .await
+                .is_ok()
+        );
+        // Changes: their controllers retry them with what they know (tokens, deadlines).
+        let refused = paced.create_container_group(Default::default()).await;
+        assert_eq!(
+            refused.map(|_| ()).map_err(|e| e.code),
+            Err("Throttling.User".to_owned())
+        );
+        assert!(
+            paced
+                .delete_container_group(Default::default())
+                .await
+                .is_err()
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_then_the_sustained_rate() {
