@@ -561,7 +561,7 @@ impl ControlPlane {
         options: &ControlPlaneOptions,
     ) -> Result<(), ClusterError> {
         let port = free_port()?;
-        self.spawn_kwok(port)?;
+        self.spawn_kwok(port, options.node_monitor_grace)?;
         let healthz = format!("http://127.0.0.1:{port}/healthz");
         let http = reqwest::Client::new();
         self.wait_ready("kwok (its server)", options.ready_timeout, || {
@@ -631,7 +631,14 @@ impl ControlPlane {
         }
     }
 
-    fn spawn_kwok(&mut self, port: u16) -> Result<(), ClusterError> {
+    /// Starts kwok with the node Stages kwokctl itself pairs with a node Lease: `node-initialize`
+    /// and `heartbeat-with-lease`, whose status heartbeat comes only every ~10 minutes, so
+    /// liveness rests on the Lease in `kube-node-lease` that kwok keeps when given
+    /// `--node-lease-duration-seconds` (its default, 0, keeps none, and the node lifecycle
+    /// controller then marks every node unreachable one grace period after it starts). The
+    /// Lease lasts one node-monitor grace period and is renewed every quarter of it, as kwokctl
+    /// and the kubelet set it up.
+    fn spawn_kwok(&mut self, port: u16, node_monitor_grace: Duration) -> Result<(), ClusterError> {
         let stages = self.upstream.path("kwok-stages")?.to_owned();
         let kwok = self.upstream.path("kwok")?.to_owned();
         let kubeconfig = display(&self.kubeconfig);
@@ -643,6 +650,10 @@ impl ControlPlane {
                 KWOK_NODE_LABEL.0, KWOK_NODE_LABEL.1
             ),
             format!("--server-address=127.0.0.1:{port}"),
+            format!(
+                "--node-lease-duration-seconds={}",
+                node_monitor_grace.as_secs().max(1)
+            ),
         ];
         for stage in [
             "node/fast/node-initialize.yaml",
