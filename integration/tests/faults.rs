@@ -27,12 +27,13 @@
     clippy::print_stdout
 )]
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -168,9 +169,7 @@ fn write_record(record: &Record) {
     let Some(path) = std::env::var_os("RELIABILITY_OUT") else {
         return;
     };
-    let _one_writer = FILE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one_writer = FILE.lock();
     let line = format!("{}\n", record.json());
     let written = std::fs::OpenOptions::new()
         .create(true)
@@ -2235,13 +2234,13 @@ fn main() -> std::process::ExitCode {
             Ok(h) => h.shutdown(Duration::from_secs(1)).await,
             Err(error) => {
                 eprintln!("faults: the cluster does not start: {error}");
-                results.lock().unwrap().push(("cluster", false));
+                results.lock().push(("cluster", false));
                 return;
             }
         }
         for case in cases.iter().filter(|c| c.exclusive) {
             let passed = run_case(case).await;
-            results.lock().unwrap().push((case.name, passed));
+            results.lock().push((case.name, passed));
         }
         let shared = cases.iter().filter(|c| !c.exclusive);
         futures::stream::iter(shared)
@@ -2249,12 +2248,12 @@ fn main() -> std::process::ExitCode {
                 let results = Arc::clone(&results);
                 async move {
                     let passed = run_case(case).await;
-                    results.lock().unwrap().push((case.name, passed));
+                    results.lock().push((case.name, passed));
                 }
             })
             .await;
     });
-    let results = results.lock().unwrap().clone();
+    let results = results.lock().clone();
     let failed: Vec<&str> = results
         .iter()
         .filter(|(_, p)| !p)

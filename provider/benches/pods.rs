@@ -36,9 +36,10 @@
     clippy::cast_precision_loss
 )]
 
+use parking_lot::Mutex;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -188,7 +189,7 @@ fn sample_apiserver_load(
                 .values()
                 .sum();
                 now.insert("queued".into(), queued);
-                let mut peaks = peaks.lock().unwrap();
+                let mut peaks = peaks.lock();
                 for (k, v) in now {
                     let peak = peaks.entry(k).or_insert(0.0);
                     *peak = peak.max(v);
@@ -212,10 +213,7 @@ fn sample_daemon_rss(
                 .iter()
                 .map(|p| proc_status_kib(*p, "VmRSS:") / 1024.0)
                 .fold(0.0, f64::max);
-            samples
-                .lock()
-                .unwrap()
-                .push((started.elapsed().as_secs_f64(), mib));
+            samples.lock().push((started.elapsed().as_secs_f64(), mib));
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })
@@ -267,10 +265,8 @@ struct Timeline {
 
 type Shared = Arc<Mutex<Timeline>>;
 
-fn lock(timeline: &Shared) -> std::sync::MutexGuard<'_, Timeline> {
-    timeline
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock(timeline: &Shared) -> parking_lot::MutexGuard<'_, Timeline> {
+    timeline.lock()
 }
 
 /// Watches the phase's pods until aborted, recording first-Running and deletion times; returns
@@ -825,14 +821,14 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         running_p50: quantile(&latencies, 0.5),
         running_p99: quantile(&latencies, 0.99),
         apiserver: after.since(&before),
-        apiserver_peaks: peaks.lock().unwrap().clone(),
+        apiserver_peaks: peaks.lock().clone(),
         bench_cpu: cpu_seconds(std::process::id()) - bench_cpu,
         components_to_running,
         rss_peak: if pids.is_empty() {
             Value::Null
         } else {
             peak_stage(
-                &rss_samples.lock().unwrap(),
+                &rss_samples.lock(),
                 created_in.as_secs_f64(),
                 all_running.as_secs_f64(),
                 deleting_from,

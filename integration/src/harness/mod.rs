@@ -708,23 +708,20 @@ impl Harness {
         timeout: Duration,
         check: impl Fn(&serde_json::Value) -> bool,
     ) -> Result<serde_json::Value, HarnessError> {
-        let last = std::sync::Mutex::new(None);
+        let last = parking_lot::Mutex::new(None);
         self.wait_for(&format!("pod {namespace}/{name}: {what}"), timeout, |h| {
             let (check, last) = (&check, &last);
             async move {
                 let pod = h.pod_json(namespace, name).await;
                 let holds = pod.as_ref().is_some_and(check);
                 if holds {
-                    *last
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = pod;
+                    *last.lock() = pod;
                 }
                 holds
             }
         })
         .await?;
         last.into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .ok_or_else(|| HarnessError::Setup(format!("pod {namespace}/{name} vanished")))
     }
 

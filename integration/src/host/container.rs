@@ -47,7 +47,7 @@ pub(crate) struct PodShared {
     /// The pod's IP.
     pub(crate) pod_ip: String,
     /// The containers' states.
-    pub(crate) record: std::sync::Mutex<PodRecord>,
+    pub(crate) record: parking_lot::Mutex<PodRecord>,
     /// Bumped on every change of `record`.
     pub(crate) changes: watch::Sender<u64>,
     /// The latest Pod object.
@@ -68,10 +68,7 @@ impl PodShared {
     /// Changes the pod record and tells the status writer.
     pub(crate) fn update_record(&self, f: impl FnOnce(&mut PodRecord)) {
         {
-            let mut record = self
-                .record
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut record = self.record.lock();
             f(&mut record);
         }
         self.changes.send_modify(|v| *v = v.wrapping_add(1));
@@ -92,10 +89,7 @@ impl PodShared {
 
     /// A copy of the record.
     pub(crate) fn snapshot(&self) -> PodRecord {
-        self.record
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.record.lock().clone()
     }
 
     /// The latest Pod object.
@@ -663,10 +657,7 @@ async fn probes(
             }
             if let Some(ready) = thresholds.record(verdict == Verdict::Success, &timing) {
                 let changed = {
-                    let record = shared
-                        .record
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let record = shared.record.lock();
                     let current = match slot {
                         Slot::Init(i) => record.init.get(i),
                         Slot::Main(i) => record.containers.get(i),

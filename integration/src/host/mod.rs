@@ -113,13 +113,13 @@ struct Ctx {
     client: kube::Client,
     config: HostConfig,
     tools: process::Tools,
-    ips: std::sync::Mutex<ipam::IpPool>,
+    ips: parking_lot::Mutex<ipam::IpPool>,
     hosts: proxy::HostsFiles,
     services: Store<Service>,
     ready: proxy::ReadyPods,
     http: reqwest::Client,
     recorder: kube::runtime::events::Recorder,
-    name_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    name_locks: parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -134,19 +134,13 @@ impl std::fmt::Debug for Ctx {
 impl Ctx {
     /// One lock per `namespace/name`, held by the pod worker for its whole life.
     fn name_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self
-            .name_locks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut locks = self.name_locks.lock();
         locks.retain(|_, lock| Arc::strong_count(lock) > 1);
         Arc::clone(locks.entry(key.to_owned()).or_default())
     }
 
     fn release_ip(&self, ip: std::net::Ipv4Addr) {
-        self.ips
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .release(ip);
+        self.ips.lock().release(ip);
     }
 }
 
@@ -188,7 +182,7 @@ impl HostAgent {
             client: client.clone(),
             config: config.clone(),
             tools,
-            ips: std::sync::Mutex::new(ipam::IpPool::new(config.pod_network)),
+            ips: parking_lot::Mutex::new(ipam::IpPool::new(config.pod_network)),
             hosts: proxy::HostsFiles::default(),
             services,
             ready: proxy::ReadyPods::default(),
@@ -200,7 +194,7 @@ impl HostAgent {
                     instance: Some(config.node_name.clone()),
                 },
             ),
-            name_locks: std::sync::Mutex::new(HashMap::new()),
+            name_locks: parking_lot::Mutex::new(HashMap::new()),
         });
         let cancel = CancellationToken::new();
         let (shutdown, shutdown_rx) = watch::channel(None);

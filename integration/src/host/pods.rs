@@ -360,11 +360,7 @@ impl Worker {
             // Not from the pool: releasing it is a no-op.
             return Ok(Ipv4Addr::LOCALHOST);
         }
-        let mut ips = self
-            .ctx
-            .ips
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut ips = self.ctx.ips.lock();
         let previous = pod
             .status
             .as_ref()
@@ -460,7 +456,7 @@ impl Worker {
             uid: uid.clone(),
             dir: dir.clone(),
             pod_ip: ip.to_string(),
-            record: std::sync::Mutex::new(record),
+            record: parking_lot::Mutex::new(record),
             changes,
             pod: self.signals.pod.clone(),
         });

@@ -150,7 +150,7 @@ pub(crate) fn service_names(services: &[Arc<Service>]) -> Vec<ServiceName> {
 /// when the Services change.
 #[derive(Debug, Default)]
 pub(crate) struct HostsFiles {
-    inner: std::sync::Mutex<HostsState>,
+    inner: parking_lot::Mutex<HostsState>,
 }
 
 #[derive(Debug, Default)]
@@ -193,10 +193,8 @@ impl HostsFiles {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HostsState> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HostsState> {
+        self.inner.lock()
     }
 }
 
@@ -436,7 +434,7 @@ fn backends(ctx: &Ctx, target: &Target) -> Vec<SocketAddr> {
 /// in the API finds the proxy already forwarding to it (no watch lag, unlike Endpoints).
 #[derive(Debug, Default)]
 pub(crate) struct ReadyPods {
-    inner: std::sync::Mutex<BTreeMap<String, ReadyPod>>,
+    inner: parking_lot::Mutex<BTreeMap<String, ReadyPod>>,
 }
 
 /// A Ready pod: its IP and its latest object (labels, ports, deletion).
@@ -446,10 +444,7 @@ impl ReadyPods {
     /// Marks the pod with `uid` Ready at `ip` (its latest object read at each connection), or
     /// not Ready with `None`.
     pub(crate) fn set(&self, uid: &str, ready: Option<ReadyPod>) {
-        let mut inner = self
-            .inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut inner = self.inner.lock();
         match ready {
             Some(entry) => {
                 inner.insert(uid.to_owned(), entry);
@@ -462,10 +457,7 @@ impl ReadyPods {
 
     /// The Ready pods: IP and latest object.
     fn snapshot(&self) -> Vec<(IpAddr, Arc<Pod>)> {
-        let inner = self
-            .inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let inner = self.inner.lock();
         inner
             .values()
             .map(|(ip, pod)| (*ip, Arc::clone(&pod.borrow())))

@@ -3,8 +3,9 @@
 //! by a kube-runtime watch (the capacity view by the replica's shared pod and node watches),
 //! relists applied whole; no admission request ever waits on the API.
 
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -27,15 +28,11 @@ use crate::k8s::shared_watch::{ClusterWatches, PAGE_SIZE};
 use crate::ops::events::EventPublisher;
 
 fn read<T: Clone>(lock: &RwLock<T>) -> T {
-    lock.read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone()
+    lock.read().clone()
 }
 
 fn write<T>(lock: &RwLock<T>, value: T) {
-    *lock
-        .write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = value;
+    *lock.write() = value;
 }
 
 /// The caches admission reads.
@@ -103,7 +100,6 @@ impl Caches {
     pub fn namespace_labels(&self, namespace: &str) -> Arc<BTreeMap<String, String>> {
         self.namespaces
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(namespace)
             .cloned()
             .unwrap_or_default()
@@ -128,10 +124,7 @@ impl Caches {
 
     /// Sets one namespace's labels (None: deleted).
     pub fn set_namespace(&self, name: &str, labels: Option<BTreeMap<String, String>>) {
-        let mut namespaces = self
-            .namespaces
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut namespaces = self.namespaces.write();
         match labels {
             Some(labels) => namespaces.insert(name.to_owned(), Arc::new(labels)),
             None => namespaces.remove(name),
@@ -303,7 +296,6 @@ pub async fn watch_namespaces(
                     let gone: Vec<String> = caches
                         .namespaces
                         .read()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .keys()
                         .filter(|name| !present.contains(*name))
                         .cloned()
@@ -558,9 +550,7 @@ impl CapacityIndex {
 
 fn lock(index: &Mutex<CapacityIndex>) -> MutexGuard<'_, CapacityIndex> {
     // Facts half-applied by a panicking reader are still facts; the next relist mends them.
-    index
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    index.lock()
 }
 
 /// Keeps the capacity view — but only once some rule needs it (a cluster-wide pod watch is

@@ -9,8 +9,8 @@
 //! [`classify`] is the pure decision; [`Monitor`] remembers the latest such answer per action
 //! until a call succeeds again, and lets the node status and the pod creators follow it.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 use eci_proto::EciError;
 use tokio::sync::watch;
@@ -224,10 +224,7 @@ impl Monitor {
     /// Takes in the outcome of one call of `action`.
     pub fn record(&self, action: &str, outcome: Result<(), &EciError>) {
         let current = {
-            let mut refusals = self
-                .refusals
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut refusals = self.refusals.lock();
             refusals.record(action, outcome);
             refusals.current().cloned()
         };

@@ -20,10 +20,11 @@
 //! else instead of the whole budget (first come, first served let a loop of `kubectl logs`
 //! hold another namespace's logs for over a minute).
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use eci_proto::EciError;
@@ -278,10 +279,8 @@ impl Pacer {
         (*self.replicas.borrow()).max(1)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, ActionBudget>> {
-        self.actions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<&'static str, ActionBudget>> {
+        self.actions.lock()
     }
 
     /// Waits until `action` may be called, in the turn of the current [`Lane`]: at once
@@ -480,7 +479,7 @@ mod tests {
 
     impl ThrottlesOnce {
         fn answer<T: Default>(&self, action: &'static str) -> Result<T, EciError> {
-            let mut asked = self.asked.lock().unwrap();
+            let mut asked = self.asked.lock();
             let count = asked.entry(action).or_default();
             *count += 1;
             if *count == 1 {

@@ -10,10 +10,11 @@
 //! do — so a CA rotation needs no new listener and an unknown certificate is a 401, not a
 //! failed handshake.
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, header};
@@ -268,7 +269,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     }
 
     fn get(&self, key: &K, now: Instant) -> Option<V> {
-        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = self.entries.lock();
         entries
             .get(key)
             .filter(|(expires, _)| *expires > now)
@@ -276,7 +277,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     }
 
     fn insert(&self, key: K, value: V, ttl: Duration, now: Instant) {
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = self.entries.lock();
         if entries.len() >= self.capacity && !entries.contains_key(&key) {
             entries.retain(|_, (expires, _)| *expires > now);
             if entries.len() >= self.capacity {
@@ -294,10 +295,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     }
 
     fn len(&self) -> usize {
-        self.entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.entries.lock().len()
     }
 }
 
@@ -319,7 +317,7 @@ pub struct ClientCa {
 impl ClientCa {
     /// Trusts the certificates of a PEM bundle from now on. Returns whether it changed.
     pub fn set_pem(&self, pem: &[u8]) -> Result<bool, AuthError> {
-        if *self.pem.read().unwrap_or_else(PoisonError::into_inner) == pem {
+        if *self.pem.read() == pem {
             return Ok(false);
         }
         let ders = CertificateDer::pem_slice_iter(pem)
@@ -336,13 +334,13 @@ impl ClientCa {
                     .map_err(AuthError::ClientCaAnchor)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        *self.anchors.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(anchors);
-        *self.pem.write().unwrap_or_else(PoisonError::into_inner) = pem.to_vec();
+        *self.anchors.write() = Arc::new(anchors);
+        *self.pem.write() = pem.to_vec();
         Ok(true)
     }
 
     fn anchors(&self) -> Arc<Vec<rustls::pki_types::TrustAnchor<'static>>> {
-        Arc::clone(&self.anchors.read().unwrap_or_else(PoisonError::into_inner))
+        Arc::clone(&self.anchors.read())
     }
 
     /// The user a client certificate chain names (CN; groups = O), when it chains to this CA

@@ -7,8 +7,9 @@
 //! The watch starts with its first reader. A reader that joins later has missed the list, so
 //! the watch is restarted for everyone (one relist, which every reader handles anyway).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -54,9 +55,7 @@ pub struct SharedWatch<K> {
 impl<K> SharedWatch<K> {
     fn lock(&self) -> MutexGuard<'_, Readers<K>> {
         // A reader that panicked left its own index behind, not ours.
-        self.readers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.readers.lock()
     }
 }
 
@@ -235,7 +234,7 @@ mod tests {
                 watcher::Event::Apply(p) => format!("apply {}", p.name_any()),
                 watcher::Event::Delete(p) => format!("delete {}", p.name_any()),
             };
-            seen.lock().unwrap().push(line);
+            seen.lock().push(line);
         })
     }
 
@@ -257,8 +256,8 @@ mod tests {
             watch.deliver(event);
         }
         let expected = ["init", "list x", "done", "apply y", "delete x"];
-        assert_eq!(*a.lock().unwrap(), expected);
-        assert_eq!(*b.lock().unwrap(), expected);
+        assert_eq!(*a.lock(), expected);
+        assert_eq!(*b.lock(), expected);
     }
 
     #[test]
@@ -270,11 +269,11 @@ mod tests {
         watch.deliver(&watcher::Event::Apply(pod("x")));
         watch.subscribe(recorder(&late));
         watch.deliver(&watcher::Event::Apply(pod("y")));
-        assert!(late.lock().unwrap().is_empty(), "not joined before a list");
+        assert!(late.lock().is_empty(), "not joined before a list");
         assert!(watch.admit_waiting(), "its arrival restarts the watch");
         assert!(!watch.admit_waiting());
         watch.deliver(&watcher::Event::Init);
-        assert_eq!(*late.lock().unwrap(), ["init"]);
-        assert_eq!(*early.lock().unwrap(), ["apply x", "apply y", "init"]);
+        assert_eq!(*late.lock(), ["init"]);
+        assert_eq!(*early.lock(), ["apply x", "apply y", "init"]);
     }
 }

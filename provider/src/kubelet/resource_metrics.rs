@@ -17,8 +17,9 @@ mod sample;
 #[cfg(test)]
 mod tests;
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -206,7 +207,6 @@ impl Inner {
     fn fresh(&self) -> Option<Arc<Snapshot>> {
         self.current
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .filter(|snapshot| snapshot.taken.elapsed() < self.ttl)
             .cloned()
@@ -285,11 +285,7 @@ impl Inner {
                 }
             }
         }
-        let previous = self
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let previous = self.current.lock().clone();
         let now = Timestamp::now();
         let group_by_uid: HashMap<&str, &str> = pods
             .iter()
@@ -309,7 +305,6 @@ impl Inner {
         let node = self
             .counters
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .update(&samples, |uid| on_node.contains(uid));
         let error = first_error.as_ref().map(|e| Chain(e).to_string());
         if let Some(error) = &first_error {
@@ -335,7 +330,7 @@ impl Inner {
             failed_calls,
             error,
         });
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&snapshot));
+        *self.current.lock() = Some(Arc::clone(&snapshot));
         Ok(snapshot)
     }
 }

@@ -32,9 +32,10 @@
 //! Unlike `Recorder`, the note is part of what makes two events "the same": a kubelet reports
 //! `Pulling image a` and `Pulling image b` as two events, and so do we.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -488,8 +489,8 @@ impl Shared {
             .map_or(MAX_WINDOW, |share| share.size().min(MAX_WINDOW))
     }
 
-    fn series(&self) -> std::sync::MutexGuard<'_, SeriesIndex> {
-        self.series.lock().unwrap_or_else(PoisonError::into_inner)
+    fn series(&self) -> parking_lot::MutexGuard<'_, SeriesIndex> {
+        self.series.lock()
     }
 
     async fn publish(
@@ -692,7 +693,7 @@ mod tests {
         let service = tower::service_fn(move |_: hyper::Request<kube::client::Body>| {
             let seen = Arc::clone(&shared);
             {
-                let mut seen = seen.lock().unwrap();
+                let mut seen = seen.lock();
                 seen.in_flight += 1;
                 seen.most_in_flight = seen.most_in_flight.max(seen.in_flight);
                 let now = seen.in_flight;
@@ -701,7 +702,7 @@ mod tests {
             async move {
                 tokio::time::sleep(delay).await;
                 {
-                    let mut seen = seen.lock().unwrap();
+                    let mut seen = seen.lock();
                     seen.in_flight -= 1;
                     seen.answered += 1;
                 }
@@ -735,7 +736,7 @@ mod tests {
     }
 
     async fn until_answered(seen: &Mutex<Seen>, count: usize) {
-        while seen.lock().unwrap().answered < count {
+        while seen.lock().answered < count {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -755,11 +756,7 @@ mod tests {
         }
         assert_eq!(telemetry.events_waiting.get(), 200);
         until_answered(&seen, 10).await;
-        assert_eq!(
-            seen.lock().unwrap().most_in_flight,
-            1,
-            "routine: one at a time"
-        );
+        assert_eq!(seen.lock().most_in_flight, 1, "routine: one at a time");
 
         for i in 0..20 {
             let mut warning = mk_event("Failed", &format!("image pull {i}"));
@@ -767,7 +764,7 @@ mod tests {
             publisher.publish_later(warning, mk_ref("q"));
         }
         until_answered(&seen, 30).await;
-        let most = seen.lock().unwrap().most_in_flight;
+        let most = seen.lock().most_in_flight;
         assert!(
             most > FIRST_WINDOW / 2,
             "warnings do not yield: {most} in flight at most"
@@ -775,7 +772,7 @@ mod tests {
 
         pods_wait.store(false, std::sync::atomic::Ordering::SeqCst);
         until_answered(&seen, 220).await;
-        let seen = seen.lock().unwrap();
+        let seen = seen.lock();
         assert!(
             seen.in_flight_at_arrival[200..]
                 .iter()
@@ -832,13 +829,13 @@ mod tests {
         until_answered(&seen, 150).await;
         assert!(Instant::now() < bursts_end, "still within the bursts");
         assert_eq!(
-            seen.lock().unwrap().most_in_flight,
+            seen.lock().most_in_flight,
             1,
             "the gaps between bursts must not open the window"
         );
         until_answered(&seen, 300).await;
         assert!(
-            seen.lock().unwrap().most_in_flight > 1,
+            seen.lock().most_in_flight > 1,
             "the window opens once the bursts are over"
         );
         assert_eq!(telemetry.events_dropped.get(), 0);
@@ -872,11 +869,11 @@ mod tests {
         for i in 0..burst {
             publisher.publish_later(mk_event("Pulled", &format!("image {i}")), mk_ref("p"));
         }
-        while seen.lock().unwrap().answered < burst {
+        while seen.lock().answered < burst {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let took = started.elapsed();
-        let seen = seen.lock().unwrap();
+        let seen = seen.lock();
         assert_eq!(telemetry.events_dropped.get(), 0);
         assert_eq!(
             seen.most_in_flight, MAX_WINDOW,
@@ -936,15 +933,11 @@ mod tests {
             publisher.publish_later(mk_event("Pulled", &format!("image {i}")), mk_ref("p"));
         }
         until_answered(&seen, 250).await;
-        assert_eq!(
-            seen.lock().unwrap().most_in_flight,
-            7,
-            "64 over ten, rounded up"
-        );
+        assert_eq!(seen.lock().most_in_flight, 7, "64 over ten, rounded up");
         count.send_replace(1);
         until_answered(&seen, 500).await;
         assert!(
-            seen.lock().unwrap().most_in_flight > 7,
+            seen.lock().most_in_flight > 7,
             "alone again, the window opens past the old share"
         );
         fleet.stop().await;
@@ -996,7 +989,7 @@ mod tests {
             publisher.publish_later(mk_event("Started", &format!("container {i}")), mk_ref("p"));
         }
         tokio::time::sleep(Duration::from_secs(10)).await;
-        let answered = seen.lock().unwrap().answered;
+        let answered = seen.lock().answered;
         assert!(
             (9..=11).contains(&answered),
             "one turn a second (100 ms, then 900 ms for the nine others): {answered} in 10 s"
@@ -1004,12 +997,12 @@ mod tests {
 
         count.send_replace(1);
         tokio::time::sleep(Duration::from_secs(10)).await;
-        let alone = seen.lock().unwrap().answered - answered;
+        let alone = seen.lock().answered - answered;
         assert!(
             (90..=100).contains(&alone),
             "alone, one at a time back to back: {alone} in 10 s"
         );
-        assert_eq!(seen.lock().unwrap().most_in_flight, 1);
+        assert_eq!(seen.lock().most_in_flight, 1);
         assert_eq!(telemetry.events_dropped.get(), 0);
         fleet.stop().await;
     }
@@ -1021,10 +1014,10 @@ mod tests {
         for i in 0..60 {
             publisher.publish_later(mk_event("Pulled", &format!("image {i}")), mk_ref("p"));
         }
-        while seen.lock().unwrap().answered < 60 {
+        while seen.lock().answered < 60 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let seen = seen.lock().unwrap();
+        let seen = seen.lock();
         assert_eq!(
             seen.most_in_flight, FIRST_WINDOW,
             "it started at the first window"
@@ -1044,10 +1037,10 @@ mod tests {
         for i in 0..40 {
             publisher.publish_later(mk_event("Pulled", &format!("image {i}")), mk_ref("p"));
         }
-        while seen.lock().unwrap().answered < 40 {
+        while seen.lock().answered < 40 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let seen = seen.lock().unwrap();
+        let seen = seen.lock();
         assert!(
             seen.in_flight_at_arrival[16..].iter().all(|n| *n == 1),
             "after the first slow answers, one at a time: {:?}",

@@ -1,6 +1,6 @@
 //! Prometheus metrics of the daemon.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -272,10 +272,7 @@ impl Telemetry {
             "Finished decommission drains by result: drained, timed_out (the node stays cordoned with pods left)",
             telemetry.drains.clone(),
         );
-        *telemetry
-            .registry
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = registry;
+        *telemetry.registry.lock() = registry;
         telemetry
     }
 
@@ -298,10 +295,7 @@ impl Telemetry {
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let registry = self
-            .registry
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let registry = self.registry.lock();
         if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
             out.clear();
         }

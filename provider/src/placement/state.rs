@@ -3,9 +3,10 @@
 //! admissions in flight. Counting and reserving happen under one lock, so two binds can never
 //! both take a unit's last place.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -269,9 +270,7 @@ impl PlacementIndex {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves counts that are still counts.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// Replaces every policy (a relist); true if that completed the index's first listing.

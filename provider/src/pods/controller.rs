@@ -25,8 +25,9 @@ mod status_sync;
 
 use super::slim;
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use eci_proto::EciError;
@@ -265,7 +266,6 @@ impl GroupDirectory {
     pub fn group_of(&self, pod_uid: &str) -> Option<String> {
         self.pods
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .get(pod_uid)?
             .lifecycle
             .group()
@@ -614,10 +614,7 @@ impl PodController {
     }
 
     fn tracked(&self) -> MutexGuard<'_, HashMap<String, Tracked>> {
-        self.inner
-            .pods
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.inner.pods.lock()
     }
 
     /// Whether the pod with `uid` has a group (created, adopted or found by its tags).
@@ -1123,10 +1120,7 @@ mod tests {
                 self.refused.fetch_add(1, Ordering::SeqCst);
                 return Err(EciError::new("ServiceUnavailable", "try later"));
             }
-            self.deleted
-                .lock()
-                .unwrap()
-                .push(request.container_group_id);
+            self.deleted.lock().push(request.container_group_id);
             Ok(DeleteContainerGroupResponse::default())
         }
         async fn update_container_group(
@@ -1176,7 +1170,6 @@ mod tests {
         let seen = Arc::clone(&requests);
         let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
             seen.lock()
-                .unwrap()
                 .push(format!("{} {}", request.method(), request.uri().path()));
             async move {
                 let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
@@ -1412,11 +1405,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(600)).await;
         assert!(eci.refused.load(Ordering::SeqCst) > 16, "still trying");
         assert!(
-            requests
-                .lock()
-                .unwrap()
-                .iter()
-                .all(|r| !r.starts_with("DELETE")),
+            requests.lock().iter().all(|r| !r.starts_with("DELETE")),
             "the pod is not removed from under its group: {requests:?}"
         );
         assert!(!deleting.is_finished());
@@ -1426,11 +1415,10 @@ mod tests {
             .await
             .expect("the deletion ends once ECI deletes")
             .unwrap();
-        assert!(eci.deleted.lock().unwrap().contains(&"eci-1".to_owned()));
+        assert!(eci.deleted.lock().contains(&"eci-1".to_owned()));
         assert!(
             requests
                 .lock()
-                .unwrap()
                 .contains(&"DELETE /api/v1/namespaces/default/pods/web-0".to_owned())
         );
     }
@@ -1451,10 +1439,10 @@ mod tests {
         // Ten minutes of refusals: far past one deletion's eight attempts.
         tokio::time::sleep(Duration::from_secs(600)).await;
         assert!(eci.refused.load(Ordering::SeqCst) > 16, "still trying");
-        assert!(eci.deleted.lock().unwrap().is_empty());
+        assert!(eci.deleted.lock().is_empty());
         eci.recovered.store(true, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(120)).await;
-        assert_eq!(*eci.deleted.lock().unwrap(), ["eci-1"]);
+        assert_eq!(*eci.deleted.lock(), ["eci-1"]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1468,7 +1456,7 @@ mod tests {
         controller.forget(&terminating_pod());
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(
-            eci.deleted.lock().unwrap().is_empty(),
+            eci.deleted.lock().is_empty(),
             "the removal leaves the group to the deletion under way"
         );
         controller
@@ -1481,7 +1469,7 @@ mod tests {
             .await;
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(
-            *eci.deleted.lock().unwrap(),
+            *eci.deleted.lock(),
             ["eci-1"],
             "one delete, by the deletion"
         );

@@ -4,7 +4,8 @@
 //! namespace, cluster IP, ports): at thousands of Services the rest (managed fields,
 //! annotations, status) would be most of the memory.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -105,7 +106,6 @@ impl ServiceCache {
         let writer = self
             .feed
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .take()
             .ok_or(ServiceCacheError::AlreadyRunning)?;
         let api: Api<Service> = Api::all(client);

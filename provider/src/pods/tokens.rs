@@ -18,8 +18,9 @@
 //!
 //! Tokens are secrets: they are never logged, and [`Token`] hides them from `Debug`.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
@@ -606,17 +607,11 @@ pub type TokenRefresher = Refresher<Renewal>;
 
 impl<W> Refresher<W> {
     fn schedule(&self) -> MutexGuard<'_, Schedule> {
-        self.shared
-            .schedule
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shared.schedule.lock()
     }
 
     fn unplaced(&self) -> MutexGuard<'_, Unplaced> {
-        self.shared
-            .unplaced
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shared.unplaced.lock()
     }
 
     /// The tokens for creating `pod`'s group: those issued at an earlier attempt for this
@@ -1292,7 +1287,6 @@ mod tests {
                 Task::Refresh(entry) => {
                     self.ran
                         .lock()
-                        .unwrap()
                         .push((at, format!("refresh {}#{}", entry.uid, entry.attempt)));
                     let failing = self
                         .failures_left
@@ -1309,7 +1303,6 @@ mod tests {
                 Task::Inspect(entries) => {
                     self.ran
                         .lock()
-                        .unwrap()
                         .push((at, format!("inspect {}", entries.len())));
                     entries
                         .iter()
@@ -1360,7 +1353,7 @@ mod tests {
         }));
         tokio::time::sleep(s(1000)).await;
         {
-            let ran = refresher.shared.work.ran.lock().unwrap();
+            let ran = refresher.shared.work.ran.lock();
             let ran: Vec<(u64, &str)> = ran
                 .iter()
                 .map(|(at, what)| (at.as_secs(), what.as_str()))
@@ -1394,7 +1387,7 @@ mod tests {
         refresher.track(&pod("f"), "eci-f", s(10));
         tokio::time::sleep(s(20)).await;
         {
-            let ran = refresher.shared.work.ran.lock().unwrap();
+            let ran = refresher.shared.work.ran.lock();
             let f: Vec<(u64, &str)> = ran
                 .iter()
                 .filter(|(_, w)| w.starts_with("refresh f#"))
@@ -1440,7 +1433,6 @@ mod tests {
             .work
             .ran
             .lock()
-            .unwrap()
             .iter()
             .map(|(_, w)| w.clone())
             .collect();

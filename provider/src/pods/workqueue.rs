@@ -14,9 +14,10 @@
 //! [`WorkQueue::hold`] the key: it waits for the worker holding it, and no worker takes the key
 //! until it is released.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
@@ -57,7 +58,7 @@ impl<K: Eq + Hash + Clone, V> Default for WorkQueue<K, V> {
 
 impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
     fn state(&self) -> MutexGuard<'_, State<K, V>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// Queues `value` for `key`, replacing a value still waiting for it.
@@ -332,19 +333,19 @@ mod tests {
                         let seen = Arc::clone(&seen);
                         async move {
                             assert_eq!(key, value);
-                            seen.lock().unwrap().push(key);
+                            seen.lock().push(key);
                             tokio::task::yield_now().await;
                         }
                     })
                     .await;
             })
         };
-        while seen.lock().unwrap().len() < 50 {
+        while seen.lock().len() < 50 {
             tokio::task::yield_now().await;
         }
         stop.cancel();
         serving.await.unwrap();
-        let mut keys = seen.lock().unwrap().clone();
+        let mut keys = seen.lock().clone();
         keys.sort_unstable();
         assert_eq!(keys, (0..50).collect::<Vec<_>>());
         assert!(queue.is_empty());
@@ -358,7 +359,7 @@ mod tests {
         let queue = Arc::new(WorkQueue::default());
         queue.push("a", ());
         queue.push("b", ());
-        let started = Arc::new((Mutex::new(0_usize), std::sync::Condvar::new()));
+        let started = Arc::new((Mutex::new(0_usize), parking_lot::Condvar::new()));
         let met = Arc::new(Mutex::new(Vec::new()));
         let stop = CancellationToken::new();
         let serving = {
@@ -370,25 +371,28 @@ mod tests {
                         let (started, met) = (Arc::clone(&started), Arc::clone(&met));
                         async move {
                             let (count, changed) = &*started;
-                            let mut count = count.lock().unwrap();
+                            let mut count = count.lock();
                             *count += 1;
                             changed.notify_all();
                             // Blocks this thread on purpose: only another thread can wake it.
-                            let (_count, waited) = changed
-                                .wait_timeout_while(count, Duration::from_secs(10), |n| *n < 2)
-                                .unwrap();
-                            met.lock().unwrap().push((key, !waited.timed_out()));
+                            let waited = changed.wait_while_for(
+                                &mut count,
+                                |n| *n < 2,
+                                Duration::from_secs(10),
+                            );
+                            drop(count);
+                            met.lock().push((key, !waited.timed_out()));
                         }
                     })
                     .await;
             })
         };
-        while met.lock().unwrap().len() < 2 {
+        while met.lock().len() < 2 {
             tokio::task::yield_now().await;
         }
         stop.cancel();
         serving.await.unwrap();
-        let mut met = met.lock().unwrap().clone();
+        let mut met = met.lock().clone();
         met.sort_unstable();
         assert_eq!(
             met,

@@ -1,8 +1,9 @@
 //! The serving certificate: PEM read into rustls' form, a resolver whose certificate can be
 //! replaced while connections are open, and a watcher that replaces it when its files change.
 
+use parking_lot::RwLock;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject as _;
@@ -82,7 +83,7 @@ impl ReloadableCertificate {
 
     /// Serves `key` to every handshake from now on.
     pub fn replace(&self, key: Arc<CertifiedKey>) {
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = key;
+        *self.current.write() = key;
         self.generation.send_modify(|generation| *generation += 1);
     }
 
@@ -94,7 +95,7 @@ impl ReloadableCertificate {
 
     /// The certificate served now.
     pub fn current(&self) -> Arc<CertifiedKey> {
-        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+        Arc::clone(&self.current.read())
     }
 
     /// Changes whenever the certificate is replaced.

@@ -8,8 +8,8 @@
 //!
 //! Secrets are wrapped in [`Secret`], whose `Debug` and `Display` never show the value.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
@@ -122,11 +122,7 @@ impl CredentialSource {
     /// coarse clock) must not keep the node refused until a restart.
     pub fn refused(&self) {
         if let Self::File(source) = self
-            && let Some((seen, _)) = source
-                .cached
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .as_mut()
+            && let Some((seen, _)) = source.cached.lock().as_mut()
         {
             // No real fingerprint is empty: the next use reads the files again.
             seen.clear();
@@ -194,12 +190,7 @@ impl FileSource {
     async fn current(&self) -> Result<Credentials, CredentialsError> {
         let is_dir = self.is_dir().await;
         let fingerprint = self.fingerprint(is_dir).await;
-        if let Some((seen, credentials)) = self
-            .cached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-        {
+        if let Some((seen, credentials)) = self.cached.lock().as_ref() {
             if *seen == fingerprint {
                 return Ok(credentials.clone());
             }
@@ -208,7 +199,6 @@ impl FileSource {
         let before = self
             .cached
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .replace((fingerprint, credentials.clone()));
         if before.is_none_or(|(_, old)| old != credentials) {
             info!(path = %self.path.display(), access_key_id = %credentials.access_key_id, "credentials (re)loaded");
@@ -363,21 +353,14 @@ impl RoleSource {
     }
 
     fn freshness(&self) -> Freshness {
-        let cached = self
-            .cached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let cached = self.cached.lock();
         Freshness::of(cached.as_ref(), SystemTime::now())
     }
 
     async fn fetch_and_keep(&self) -> Result<Credentials, CredentialsError> {
         let (credentials, expires) = self.fetch().await?;
         info!(role = %self.role, access_key_id = %credentials.access_key_id, expires = %humantime::format_rfc3339_seconds(expires), "RAM role credentials refreshed");
-        *self
-            .cached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some((credentials.clone(), expires));
+        *self.cached.lock() = Some((credentials.clone(), expires));
         Ok(credentials)
     }
 

@@ -2,8 +2,9 @@
 //! preconditions (create of an existing Lease and a replace whose `resourceVersion` is stale
 //! are conflicts), so races between contenders can be played without a control plane.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Method, Request, Response, StatusCode};
@@ -66,7 +67,7 @@ impl FakeLeases {
     }
 
     fn answer(&self, method: &Method, path: &str, body: &[u8]) -> Response<Body> {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state.lock();
         let name = path
             .rsplit_once("/leases/")
             .map(|(_, name)| name.to_owned());
@@ -116,13 +117,13 @@ impl FakeLeases {
 
     /// The stored Lease.
     pub(crate) fn get(&self, name: &str) -> Option<Lease> {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = self.state.lock();
         state.leases.get(name).cloned()
     }
 
     /// Writes `lease` as someone else would (no precondition), returning what is stored.
     pub(crate) fn put(&self, lease: Lease) -> Lease {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state.lock();
         state.version += 1;
         let mut lease = lease;
         lease.metadata.resource_version = Some(state.version.to_string());
@@ -133,7 +134,7 @@ impl FakeLeases {
 
     /// Deletes the Lease.
     pub(crate) fn delete(&self, name: &str) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state.lock();
         state.leases.remove(name);
     }
 }

@@ -4,8 +4,9 @@
 //! and kept slim (a few strings per pod, never the `Pod`), so it grows with the pod count, not
 //! with the size of the pods' specs.
 
+use parking_lot::RwLock;
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -180,13 +181,13 @@ impl Default for SharedIndex {
 impl SharedIndex {
     /// Reads the index.
     pub fn read<T>(&self, read: impl FnOnce(&PodIndex) -> T) -> T {
-        read(&self.index.read().unwrap_or_else(PoisonError::into_inner))
+        read(&self.index.read())
     }
 
     /// Changes the index.
     pub fn write<T>(&self, write: impl FnOnce(&mut PodIndex) -> T) -> T {
         let (out, listed) = {
-            let mut index = self.index.write().unwrap_or_else(PoisonError::into_inner);
+            let mut index = self.index.write();
             let out = write(&mut index);
             (out, index.listed())
         };

@@ -2,7 +2,6 @@
 //! while nobody watched.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::PoisonError;
 use std::time::Duration;
 
 use eci_proto::v20180808::DeleteContainerGroupRequest;
@@ -283,7 +282,6 @@ impl PodController {
         self.inner
             .awaiting_removal
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .entry(id.to_owned())
             .or_default()
             .push(gone);
@@ -363,11 +361,7 @@ impl PodController {
                 _ = ticks.tick() => {}
             }
             let ids: Vec<String> = {
-                let mut waiting = self
-                    .inner
-                    .awaiting_removal
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
+                let mut waiting = self.inner.awaiting_removal.lock();
                 // Waiters that gave up (grace period over) are dropped.
                 waiting.retain(|_, senders| {
                     senders.retain(|s| !s.is_closed());
@@ -378,11 +372,7 @@ impl PodController {
             // Shared with the other lookups of the moment, 20 ids per call; a failed read
             // counts as still there.
             let reads = self.describe_groups(&ids, super::describe::Pace::Now).await;
-            let mut waiting = self
-                .inner
-                .awaiting_removal
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut waiting = self.inner.awaiting_removal.lock();
             for (id, read) in reads {
                 if matches!(read, Ok(None)) {
                     for sender in waiting.remove(&id).into_iter().flatten() {

@@ -16,9 +16,10 @@
 //!
 //! Owns the pending lookups; calls ECI only through the fetch it is handed.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use eci_proto::EciError;
 use eci_proto::v20180808::{ContainerGroup, DescribeContainerGroupsRequest};
@@ -157,8 +158,8 @@ impl Driver {
 }
 
 impl GroupReads {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Pending> {
+        self.pending.lock()
     }
 
     /// Queues lookups of `ids`; the answers to wait for, and the driver the caller must start
@@ -339,7 +340,7 @@ mod tests {
                 return Err(EciError::new("Throttling.User", "slow down"));
             }
             assert!(ids.len() <= IDS_PER_CALL, "{} ids in one call", ids.len());
-            self.sizes.lock().unwrap().push(ids.len());
+            self.sizes.lock().push(ids.len());
             Ok(ids
                 .iter()
                 .filter(|id| !id.starts_with("gone"))
@@ -401,7 +402,7 @@ mod tests {
                 calls <= n.div_ceil(IDS_PER_CALL),
                 "{n} lookups took {calls} calls"
             );
-            assert_eq!(service.sizes.lock().unwrap().iter().sum::<usize>(), n);
+            assert_eq!(service.sizes.lock().iter().sum::<usize>(), n);
             assert!(
                 !reads.lock().driving,
                 "the driver let go once all were answered"
@@ -420,7 +421,7 @@ mod tests {
             answers[2].as_ref().unwrap().is_some(),
             "a second waiter for one id"
         );
-        assert_eq!(*service.sizes.lock().unwrap(), [2], "eci-1 asked once");
+        assert_eq!(*service.sizes.lock(), [2], "eci-1 asked once");
     }
 
     #[tokio::test(start_paused = true)]
@@ -454,7 +455,7 @@ mod tests {
         let answers = look_up(&reads, &service, later).await;
         assert!(answers.iter().all(|a| matches!(a, Ok(Some(_)))));
         assert!(matches!(first.await.unwrap()[0], Ok(Some(_))));
-        assert_eq!(*service.sizes.lock().unwrap(), [1, 3]);
+        assert_eq!(*service.sizes.lock(), [1, 3]);
     }
 
     /// New groups' lookups arriving one by one, 10 ms apart as a steady stream of creations
@@ -505,7 +506,7 @@ mod tests {
         };
         let (gathered, urgent) = tokio::join!(gathered, urgent);
         assert!(matches!(gathered[0], Ok(Some(_))) && matches!(urgent[0], Ok(Some(_))));
-        assert_eq!(*service.sizes.lock().unwrap(), [2], "one call for both");
+        assert_eq!(*service.sizes.lock(), [2], "one call for both");
         assert_eq!(
             started.elapsed(),
             Duration::from_millis(10),

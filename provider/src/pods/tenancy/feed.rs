@@ -2,8 +2,9 @@
 //! object) and the namespaces' labels (a kube-runtime reflector), each only when configured.
 //! Every change bumps a counter the pod controller waits on to judge held pods again.
 
+use parking_lot::RwLock;
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -36,7 +37,7 @@ pub struct Settings {
 /// The namespaces' labels: the reflector's store, and its writer until the watch takes it.
 struct NamespaceLabels {
     store: Store<Namespace>,
-    writer: std::sync::Mutex<Option<reflector::store::Writer<Namespace>>>,
+    writer: parking_lot::Mutex<Option<reflector::store::Writer<Namespace>>>,
 }
 
 /// The current policy and namespace labels. Cheap to clone.
@@ -69,7 +70,7 @@ impl PolicyFeed {
             let (store, writer) = reflector::store::<Namespace>();
             Arc::new(NamespaceLabels {
                 store,
-                writer: std::sync::Mutex::new(Some(writer)),
+                writer: parking_lot::Mutex::new(Some(writer)),
             })
         });
         Self {
@@ -87,11 +88,7 @@ impl PolicyFeed {
 
     /// The verdict on a pod of `namespace` asking for `asked`, as of now.
     pub fn judge(&self, asked: &Asked<'_>, namespace: &str) -> Verdict {
-        let policy = self
-            .policy
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let policy = self.policy.read().clone();
         let found = self.namespaces.as_ref().and_then(|labels| {
             // Until the first listing, a missing namespace means "not listed yet".
             labels.store.wait_until_ready().now_or_never()?.ok()?;
@@ -116,10 +113,7 @@ impl PolicyFeed {
     }
 
     fn set_policy(&self, policy: Policy) {
-        let mut current = self
-            .policy
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut current = self.policy.write();
         if *current != policy {
             *current = policy;
             drop(current);
@@ -140,13 +134,11 @@ impl PolicyFeed {
         client: kube::Client,
         stop: CancellationToken,
     ) -> Result<(), FeedError> {
-        let Some(writer) = self.namespaces.as_ref().and_then(|labels| {
-            labels
-                .writer
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take()
-        }) else {
+        let Some(writer) = self
+            .namespaces
+            .as_ref()
+            .and_then(|labels| labels.writer.lock().take())
+        else {
             return Ok(());
         };
         let api: Api<Namespace> = Api::all(client);
