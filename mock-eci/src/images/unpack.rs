@@ -111,7 +111,16 @@ fn apply_whiteouts(
                 remove(&child.path())?;
             }
         } else {
-            remove(&dir.join(OsStr::from_bytes(hidden)))?;
+            // `.wh..` would name the directory's parent (the rootfs's, at its top): refused.
+            let hidden = OsStr::from_bytes(hidden);
+            if hidden.is_empty() || hidden == "." || hidden == ".." {
+                return Err(UnpackError::Escape(
+                    Path::new(OsStr::from_bytes(&entry.path_bytes()))
+                        .display()
+                        .to_string(),
+                ));
+            }
+            remove(&dir.join(hidden))?;
         }
     }
     Ok(())
@@ -288,6 +297,31 @@ mod tests {
             ("a/b/..", false),
         ] {
             assert_eq!(components(name.as_bytes()).is_ok(), ok, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_whiteout_of_the_parent_directory_is_refused() {
+        let store = tempfile::tempdir().expect("tempdir");
+        let root = store.path().join("rootfs");
+        std::fs::create_dir_all(root.join("etc")).expect("mkdir");
+        std::fs::write(store.path().join("beside-the-rootfs"), "kept").expect("write");
+        for name in ["etc/.wh...", ".wh...", ".wh.."] {
+            let mut tar = tar::Builder::new(Vec::new());
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_size(0);
+            header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+            header.set_cksum();
+            tar.append(&header, &[][..]).expect("append");
+            let blob = store.path().join("layer.tar");
+            std::fs::write(&blob, tar.into_inner().expect("tar")).expect("write");
+            assert!(
+                matches!(apply_layer(&root, &blob), Err(UnpackError::Escape(_))),
+                "{name}"
+            );
+            assert!(root.join("etc").is_dir(), "{name}");
+            assert!(store.path().join("beside-the-rootfs").is_file(), "{name}");
         }
     }
 
