@@ -333,3 +333,36 @@ async fn whiteouts_remove_what_lower_layers_put_there() {
     assert!(!rootfs.join("opaque/.wh..wh..opq").exists());
     assert!(!rootfs.join("etc/.wh.removed").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_larger_than_the_unpack_limit_fails_and_leaves_no_rootfs() {
+    let registry = TestRegistry::start(None)
+        .await
+        .expect("the registry starts");
+    let image = format!("{}/library/busybox:1.35", registry.host());
+    images::push(&images::busybox().expect("busybox builds"), &image, None)
+        .await
+        .expect("busybox is pushed");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let root = dir.path().join("store");
+    let store = ImageStore::open(&root)
+        .expect("the store opens")
+        .with_unpack_limit(1 << 20);
+    let error = store
+        .pull(&image, &options(&registry, Vec::new()))
+        .await
+        .expect_err("busybox's 2 MB binary is over a 1 MiB limit");
+    let message = error.failure(&image).message;
+    assert!(
+        message.contains("unpacks to more than 1048576 bytes"),
+        "{message}"
+    );
+    let left: Vec<_> = std::fs::read_dir(root.join("images"))
+        .expect("list")
+        .chain(std::fs::read_dir(root.join("tmp")).expect("list"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "no rootfs, whole or half, is left: {left:?}"
+    );
+}

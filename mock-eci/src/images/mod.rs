@@ -195,10 +195,16 @@ pub struct PulledImage {
     pub fetched_blobs: usize,
 }
 
+/// How many bytes of files one image may unpack to, unless [`ImageStore::with_unpack_limit`]
+/// says otherwise: more than any image a test or a playground user runs, far less than a
+/// layer built to fill the disk.
+pub const DEFAULT_UNPACK_LIMIT: u64 = 8 << 30;
+
 /// The content-addressed image store (see the module's doc).
 #[derive(Debug, Clone)]
 pub struct ImageStore {
     root: PathBuf,
+    unpack_limit: u64,
 }
 
 impl ImageStore {
@@ -213,7 +219,15 @@ impl ImageStore {
         }
         Ok(Self {
             root: root.to_owned(),
+            unpack_limit: DEFAULT_UNPACK_LIMIT,
         })
+    }
+
+    /// The same store, unpacking at most `bytes` of files per image.
+    #[must_use]
+    pub fn with_unpack_limit(mut self, bytes: u64) -> Self {
+        self.unpack_limit = bytes;
+        self
     }
 
     /// Pulls `image` (a name as a container spec gives it: `busybox`, `host:port/repo:tag`,
@@ -338,7 +352,8 @@ impl ImageStore {
             .join("tmp")
             .join(format!("rootfs-{}", uuid::Uuid::new_v4()));
         let target = rootfs.clone();
-        let applied = tokio::task::spawn_blocking(move || apply_all(&tmp, &layers, &target))
+        let limit = self.unpack_limit;
+        let applied = tokio::task::spawn_blocking(move || apply_all(&tmp, &layers, &target, limit))
             .await
             .map_err(|join| PullError::Store {
                 what: "unpack the layers".into(),
@@ -350,11 +365,17 @@ impl ImageStore {
 
 /// Applies `layers` in order into a fresh `tmp`, then moves it to `target` (keeping an
 /// identical rootfs another pull put there first).
-fn apply_all(tmp: &Path, layers: &[(String, PathBuf)], target: &Path) -> Result<(), PullError> {
+fn apply_all(
+    tmp: &Path,
+    layers: &[(String, PathBuf)],
+    target: &Path,
+    limit: u64,
+) -> Result<(), PullError> {
+    let mut budget = unpack::Budget::new(limit);
     let store = |what: String| move |source| PullError::Store { what, source };
     std::fs::create_dir_all(tmp).map_err(store(format!("create {}", tmp.display())))?;
     for (digest, blob) in layers {
-        if let Err(source) = unpack::apply_layer(tmp, blob) {
+        if let Err(source) = unpack::apply_layer(tmp, blob, &mut budget) {
             let _ = std::fs::remove_dir_all(tmp);
             return Err(PullError::Unpack {
                 digest: digest.clone(),
@@ -505,6 +526,7 @@ mod tests {
     fn only_sha256_digests_name_blobs() {
         let store = ImageStore {
             root: PathBuf::from("/store"),
+            unpack_limit: DEFAULT_UNPACK_LIMIT,
         };
         let hex = "a".repeat(64);
         assert!(store.blob_path(&format!("sha256:{hex}")).is_some());

@@ -44,6 +44,12 @@ pub enum UnpackError {
     /// The layer is compressed in a way the store does not read (zstd).
     #[error("unsupported layer compression (only gzip and plain tar are read)")]
     Compression,
+    /// The image's files add up to more than the store unpacks for one image.
+    #[error("the image unpacks to more than {limit} bytes")]
+    TooLarge {
+        /// The limit, in bytes.
+        limit: u64,
+    },
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> UnpackError {
@@ -51,10 +57,36 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> UnpackError {
     move |source| UnpackError::Io { what, source }
 }
 
-/// Applies the layer in the file `blob` onto `root`.
-pub(super) fn apply_layer(root: &Path, blob: &Path) -> Result<(), UnpackError> {
+/// How many bytes of file content an image may still unpack (a compressed layer can expand
+/// far beyond its size: a registry is untrusted).
+#[derive(Debug)]
+pub(super) struct Budget {
+    limit: u64,
+    left: u64,
+}
+
+impl Budget {
+    pub(super) fn new(limit: u64) -> Self {
+        Self { limit, left: limit }
+    }
+
+    fn spend(&mut self, bytes: u64) -> Result<(), UnpackError> {
+        self.left = self
+            .left
+            .checked_sub(bytes)
+            .ok_or(UnpackError::TooLarge { limit: self.limit })?;
+        Ok(())
+    }
+}
+
+/// Applies the layer in the file `blob` onto `root`, its files' sizes taken from `budget`.
+pub(super) fn apply_layer(
+    root: &Path,
+    blob: &Path,
+    budget: &mut Budget,
+) -> Result<(), UnpackError> {
     apply_whiteouts(root, open_layer(blob)?)?;
-    extract(root, open_layer(blob)?)
+    extract(root, open_layer(blob)?, budget)
 }
 
 /// The layer's tar stream, gunzipped when it starts with gzip's magic bytes.
@@ -138,7 +170,11 @@ fn remove(path: &Path) -> Result<(), UnpackError> {
 }
 
 /// Second pass: the layer's own entries (whiteouts skipped).
-fn extract(root: &Path, mut archive: tar::Archive<Box<dyn Read>>) -> Result<(), UnpackError> {
+fn extract(
+    root: &Path,
+    mut archive: tar::Archive<Box<dyn Read>>,
+    budget: &mut Budget,
+) -> Result<(), UnpackError> {
     for entry in archive.entries().map_err(io("read the layer"))? {
         let mut entry = entry.map_err(io("read a layer entry"))?;
         let mut parts = components(&entry.path_bytes())?;
@@ -150,6 +186,7 @@ fn extract(root: &Path, mut archive: tar::Archive<Box<dyn Read>>) -> Result<(), 
         let path = parent.join(&name);
         let header = entry.header();
         let kind = header.entry_type();
+        budget.spend(header.size().unwrap_or(0))?;
         let mode = header.mode().unwrap_or(0o644) & 0o7777;
         let owner = (header.uid().ok(), header.gid().ok());
         match kind {
@@ -317,7 +354,10 @@ mod tests {
             let blob = store.path().join("layer.tar");
             std::fs::write(&blob, tar.into_inner().expect("tar")).expect("write");
             assert!(
-                matches!(apply_layer(&root, &blob), Err(UnpackError::Escape(_))),
+                matches!(
+                    apply_layer(&root, &blob, &mut Budget::new(1 << 20)),
+                    Err(UnpackError::Escape(_))
+                ),
                 "{name}"
             );
             assert!(root.join("etc").is_dir(), "{name}");
