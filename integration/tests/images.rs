@@ -366,3 +366,36 @@ async fn an_image_larger_than_the_unpack_limit_fails_and_leaves_no_rootfs() {
         "no rootfs, whole or half, is left: {left:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_pulling_one_image_at_once_share_one_rootfs() {
+    let registry = TestRegistry::start(None)
+        .await
+        .expect("the registry starts");
+    let image = format!("{}/library/busybox:1.35", registry.host());
+    images::push(&images::busybox().expect("busybox builds"), &image, None)
+        .await
+        .expect("busybox is pushed");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let root = dir.path().join("store");
+    let store = ImageStore::open(&root).expect("the store opens");
+    let pull_options = options(&registry, Vec::new());
+    let pulls = (0..4).map(|_| store.pull(&image, &pull_options));
+    let pulled: Vec<_> = futures::future::join_all(pulls)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("every concurrent pull succeeds");
+    let rootfs = &pulled[0].rootfs;
+    assert!(pulled.iter().all(|p| &p.rootfs == rootfs), "one rootfs");
+    assert!(rootfs.join("bin/busybox").is_file());
+    let images_dirs = std::fs::read_dir(root.join("images"))
+        .expect("list")
+        .count();
+    assert_eq!(images_dirs, 1, "one unpacked image");
+    let left: Vec<_> = std::fs::read_dir(root.join("tmp")).expect("list").collect();
+    assert!(
+        left.is_empty(),
+        "no temporary blob or rootfs left: {left:?}"
+    );
+}
