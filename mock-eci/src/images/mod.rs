@@ -142,6 +142,36 @@ pub struct PullOptions {
     pub insecure_registries: Vec<String>,
 }
 
+impl PullOptions {
+    /// The options a CreateContainerGroup request gives: its `ImageRegistryCredential.N`, and
+    /// its `PlainHttpRegistry` and `InsecureRegistry` (comma-separated hosts, blanks ignored).
+    pub fn from_request(
+        credentials: &[eci_proto::v20180808::ImageRegistryCredential],
+        plain_http_registry: &str,
+        insecure_registry: &str,
+    ) -> Self {
+        let hosts = |list: &str| {
+            list.split(',')
+                .map(str::trim)
+                .filter(|host| !host.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        Self {
+            credentials: credentials
+                .iter()
+                .map(|credential| RegistryCredential {
+                    server: credential.server.clone(),
+                    user_name: credential.user_name.clone(),
+                    password: credential.password.clone(),
+                })
+                .collect(),
+            plain_http_registries: hosts(plain_http_registry),
+            insecure_registries: hosts(insecure_registry),
+        }
+    }
+}
+
 /// The runtime part of an image's config: what a container runs unless its spec says
 /// otherwise.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
@@ -499,6 +529,39 @@ mod tests {
                 matches!(auth, RegistryAuth::Basic(..)),
                 basic,
                 "{registry} with {credentials:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_requests_registry_settings_become_pull_options() {
+        let credentials = [eci_proto::v20180808::ImageRegistryCredential {
+            server: "registry.example:5000".into(),
+            user_name: "u".into(),
+            password: "p".into(),
+        }];
+        let options =
+            PullOptions::from_request(&credentials, "127.0.0.1:5000, harbor.example ,", "");
+        assert_eq!(options.credentials, [credential("registry.example:5000")]);
+        assert_eq!(
+            options.plain_http_registries,
+            ["127.0.0.1:5000", "harbor.example"]
+        );
+        assert!(options.insecure_registries.is_empty());
+        let table = [
+            ("127.0.0.1:5000", (true, false)),
+            ("harbor.example", (true, false)),
+            ("registry.example:5000", (false, false)),
+        ];
+        for (registry, (http, insecure)) in table {
+            let listed = |list: &[String]| list.iter().any(|h| h == registry);
+            assert_eq!(
+                (
+                    listed(&options.plain_http_registries),
+                    listed(&options.insecure_registries)
+                ),
+                (http, insecure),
+                "{registry}"
             );
         }
     }
