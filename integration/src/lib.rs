@@ -5,5 +5,7 @@
 pub mod cluster;
 pub mod harness;
 pub mod host;
+pub mod images;
 pub mod measure;
 pub mod process;
+pub mod registry;

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes components the end-to-end suite, the benchmarks and the playground
 # run: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
-# etcd, kwok and metrics-server, and the chart tests' helm (helm.sh/helm/v3), each from its
+# etcd, kwok and metrics-server, the chart tests' helm (helm.sh/helm/v3) and the image tests' OCI
+# registry (github.com/distribution/distribution/v3), each from its
 # upstream Go module pinned by the go.mod/go.sum beside this script. Go is test infrastructure
 # only; the product is Rust. (promtool, for the alert tests, comes from Debian's `prometheus`
 # package instead: building it from its module took longer than the rest together.)
 #
-#   build.sh [component...]    components: kubernetes etcd kwok metrics-server helm
+#   build.sh [component...]    components: kubernetes etcd kwok metrics-server helm registry
 #                              (none named: all of them)
 #
-# The control plane names the first four, the chart tests helm alone: each builds only what it
-# runs. Binaries are cached outside the work tree, one directory per component and version
+# The control plane names the first four, the chart tests helm alone, the image tests registry
+# alone: each builds only what it runs. Binaries are cached outside the work tree, one directory per component and version
 # (default ~/.cache/virtual-node-eci/<component>-<version>/bin; UPSTREAM_CACHE overrides), so
 # only a version bump rebuilds. Progress goes to stderr; stdout gets one `name=path` line per
 # binary (and `kwok-stages=<dir>`), which is what integration/'s fixture reads.
 set -euo pipefail
 
-all=(kubernetes etcd kwok metrics-server helm)
+all=(kubernetes etcd kwok metrics-server helm registry)
 wanted=("$@")
 [ ${#wanted[@]} -gt 0 ] || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -172,8 +173,21 @@ if wants helm; then
     build helm "$helm_bin" "$ldflags" helm.sh/helm/v3/cmd/helm
   fi
   emit "$helm_bin" helm
-  fi
+fi
 
-  if [ "$built" = 1 ]; then
+# The CNCF distribution registry: a real OCI registry on loopback for the image tests. Built from
+# a main of our own beside its go.mod that registers only the filesystem and in-memory storage
+# drivers and htpasswd auth, so the cloud storage SDKs upstream's cmd/registry links are not built.
+if wants registry; then
+  registry=$(version registry github.com/distribution/distribution/v3)
+  registry_bin="$cache/registry-$registry/bin"
+  if missing "$registry_bin" registry; then
+    say "building the distribution registry $registry into $registry_bin"
+    build registry "$registry_bin" "-s -w -X github.com/distribution/distribution/v3/version.version=$registry" .
+  fi
+  emit "$registry_bin" registry
+fi
+
+if [ "$built" = 1 ]; then
   rm -rf "$GOCACHE"
 fi

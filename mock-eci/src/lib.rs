@@ -16,6 +16,7 @@ pub mod actions;
 pub mod clock;
 pub mod engine;
 pub mod fronts;
+pub mod images;
 pub mod rng;
 pub mod service;
 pub mod settings;
