@@ -8,5 +8,6 @@ pub mod review;
 pub mod selector;
 pub mod spill;
 pub mod webhook;
+pub mod webhook_callers;
 
 pub use webhook::{KUBE_API, run};

@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 use super::cache::Caches;
 use super::register::Registration;
 use super::review::Admission;
+use super::webhook_callers::WebhookCallers;
 use super::{cache, register, spill};
 use crate::admission::selector::engine::{Scope, Vnode};
 use crate::config::{AdmissionConfig, SelectorScope};
@@ -99,11 +100,48 @@ async fn review(State(served): State<Arc<Served>>, body: Bytes) -> Response {
 }
 
 /// The router serving admission reviews at `path`.
-fn router(served: Arc<Served>, path: &str) -> Router {
-    Router::new()
+fn router(served: Arc<Served>, path: &str, callers: Option<Arc<WebhookCallers>>) -> Router {
+    let router = Router::new()
         .route(path, axum::routing::post(review))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(served)
+        .with_state(served);
+    match callers {
+        Some(callers) => router.layer(axum::middleware::from_fn_with_state(
+            callers,
+            super::webhook_callers::guard,
+        )),
+        None => router,
+    }
+}
+
+/// The callers the operator named (none: any caller), their client CA loaded before the first
+/// call and kept current on `tasks`.
+async fn webhook_callers(
+    config: &AdmissionConfig,
+    client: &kube::Client,
+    tasks: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
+    stop: &CancellationToken,
+) -> Option<Arc<WebhookCallers>> {
+    use crate::k8s::callers::{ApiReviewer, Authenticator, ClientCa, ClientCaSource};
+    if config.webhook_callers.is_empty() {
+        return None;
+    }
+    let client_ca = Arc::new(ClientCa::default());
+    let source = ClientCaSource::Cluster(client.clone());
+    source.load_into(&client_ca).await;
+    let keep = source.keep_current(Arc::clone(&client_ca), stop.clone());
+    tasks.spawn(
+        async move {
+            keep.await;
+            Ok(())
+        }
+        .map_named("webhook callers' client CA"),
+    );
+    let reviewer = Arc::new(ApiReviewer::new(client.clone()));
+    Some(Arc::new(WebhookCallers::new(
+        config.webhook_callers.iter().cloned(),
+        Authenticator::new(reviewer, client_ca),
+    )))
 }
 
 fn vnode(config: &AdmissionConfig) -> Vnode {
@@ -227,7 +265,16 @@ pub async fn run(
         }
     };
     let certificate = Arc::new(ReloadableCertificate::new(material.certified_key()?));
-    let server = TlsServer::new(certificate.clone(), ClientAuth::None)?.with_limits(limits());
+    // Client certificates are asked for only when callers are named; the chain is judged per
+    // request against the CA in force then (`super::webhook_callers`).
+    let client_auth = if config.webhook_callers.is_empty() {
+        ClientAuth::None
+    } else {
+        ClientAuth::Verify(Arc::new(
+            crate::k8s::callers::RequestClientCertificate::default(),
+        ))
+    };
+    let server = TlsServer::new(certificate.clone(), client_auth)?.with_limits(limits());
     let listener = TcpListener::bind(config.webhook_addr)
         .await
         .with_context(|| {
@@ -365,7 +412,8 @@ pub async fn run(
         );
         tasks.spawn(follow_ca(dir, renewals, ca_sender, stop.clone()).map_named("caBundle"));
     }
-    let router = router(served, &config.webhook_path);
+    let callers = webhook_callers(&config, &client, &mut tasks, &stop).await;
+    let router = router(served, &config.webhook_path, callers);
     let serve_stop = stop.clone();
     tasks.spawn(
         async move {
@@ -475,7 +523,7 @@ mod tests {
     }
 
     async fn post(body: Vec<u8>) -> (StatusCode, String) {
-        let answer = router(served(), "/mutate-pods")
+        let answer = router(served(), "/mutate-pods", None)
             .oneshot(
                 Request::post("/mutate-pods")
                     .header("content-type", "application/json")

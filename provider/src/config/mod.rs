@@ -420,6 +420,14 @@ pub struct Config {
     )]
     pub webhook_skip_namespaces: Vec<String>,
 
+    /// Who may call the webhook (comma-separated user names; empty: any caller). A caller
+    /// proves its name with a client certificate of the cluster's client CA or a bearer token
+    /// the API server accepts. kube-apiserver presents credentials to webhooks only when its
+    /// admission configuration names them (`--admission-control-config-file`, a
+    /// WebhookAdmissionConfiguration's kubeConfigFile: docs/operations.md, Listeners).
+    #[arg(long, env = "WEBHOOK_CALLERS", value_delimiter = ',')]
+    pub webhook_callers: Vec<String>,
+
     /// Which pods a Selector changes: `namespace` — those of its own namespace, and a
     /// Selector in the daemon's namespace (POD_NAMESPACE) those of every namespace; `cluster`
     /// — every namespace's, wherever the Selector is (eci-profile's behaviour: only for
@@ -765,6 +773,8 @@ pub struct AdmissionConfig {
     pub webhook_timeout_seconds: i32,
     /// Namespaces never mutated.
     pub webhook_skip_namespaces: Vec<String>,
+    /// Who may call the webhook (empty: anyone).
+    pub webhook_callers: Vec<String>,
     /// Which namespaces' pods a Selector reaches (the daemon's namespace is `pod_namespace`).
     pub selector_scope: SelectorScope,
     /// The legacy eci-profile ConfigMap (`namespace/name`).
@@ -840,6 +850,12 @@ impl Settings {
             webhook_configuration: config.webhook_configuration.clone(),
             webhook_timeout_seconds: config.webhook_timeout_seconds,
             webhook_skip_namespaces: config.webhook_skip_namespaces.clone(),
+            webhook_callers: config
+                .webhook_callers
+                .iter()
+                .filter(|n| !n.is_empty())
+                .cloned()
+                .collect(),
             selector_scope: config.selector_scope,
             eci_profile_configmap: config.eci_profile_configmap.clone(),
             no_default_selectors: config.no_default_selectors,
