@@ -1,0 +1,343 @@
+//! The real sandbox (`mock_eci::sandbox`) on this machine: groups in their own network, UTS and
+//! IPC namespaces, containers in their own PID namespaces run by the OCI runtime, and nothing
+//! left behind once a group is deleted.
+//!
+//! Needs root, iproute2, util-linux, runc and Debian's busybox-static (the containers' root file
+//! system is built here from /bin/busybox). Without them the tests fail, saying what to install.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use mock_eci::sandbox::residue::Residue;
+use mock_eci::sandbox::{ContainerSpec, Dns, Group, GroupSpec, Sandbox, SandboxConfig};
+use tokio::io::AsyncWriteExt;
+
+const RUNTIME: &str = "runc";
+const BUSYBOX: &str = "/bin/busybox";
+/// A generous bound for anything the tests wait on.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Fails loudly, naming what is missing, instead of skipping.
+fn preflight() {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").map(|meta| meta.uid());
+    assert!(
+        uid.is_ok_and(|uid| uid == 0),
+        "the sandbox tests need root (network namespaces, mounts, cgroups)"
+    );
+    let runtime = std::process::Command::new(RUNTIME)
+        .arg("--version")
+        .output();
+    assert!(
+        runtime.is_ok_and(|out| out.status.success()),
+        "the OCI runtime `{RUNTIME}` is missing: apt-get install -y runc"
+    );
+    assert!(
+        Path::new(BUSYBOX).is_file(),
+        "{BUSYBOX} is missing: apt-get install -y busybox-static"
+    );
+    for tool in ["ip", "unshare"] {
+        let found = std::process::Command::new(tool).arg("-V").output();
+        assert!(
+            found.is_ok_and(|out| out.status.success()),
+            "`{tool}` is missing: apt-get install -y iproute2 util-linux"
+        );
+    }
+}
+
+/// A read-only root file system: busybox and its applets' links.
+fn busybox_rootfs(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    for sub in ["bin", "proc", "dev", "sys", "etc", "tmp"] {
+        std::fs::create_dir_all(root.join(sub)).expect("rootfs dir");
+    }
+    std::fs::copy(BUSYBOX, root.join("bin/busybox")).expect("copy busybox");
+    let list = std::process::Command::new(BUSYBOX)
+        .arg("--list")
+        .output()
+        .expect("busybox --list");
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        if applet != "busybox" {
+            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet))
+                .expect("applet link");
+        }
+    }
+    root
+}
+
+struct Fixture {
+    sandbox: Sandbox,
+    rootfs: PathBuf,
+    state: tempfile::TempDir,
+    subnet: u8,
+}
+
+impl Fixture {
+    /// A sandbox of its own: prefix `vt<subnet>`, network 10.213.<subnet>.0/24.
+    async fn new(subnet: u8) -> Self {
+        preflight();
+        let state = tempfile::tempdir().expect("state dir");
+        let rootfs = busybox_rootfs(state.path());
+        let sandbox = Sandbox::open(SandboxConfig {
+            prefix: format!("vt{subnet}"),
+            network: format!("10.213.{subnet}.1/24").parse().expect("network"),
+            state_dir: state.path().join("sandbox"),
+            runtime: RUNTIME.into(),
+        })
+        .await
+        .expect("sandbox opens");
+        Self {
+            sandbox,
+            rootfs,
+            state,
+            subnet,
+        }
+    }
+
+    fn ip(&self, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 213, self.subnet, host)
+    }
+
+    async fn group(&self, id: &str, hostname: &str, host: u8) -> Group {
+        let spec = GroupSpec {
+            id: id.to_owned(),
+            hostname: hostname.to_owned(),
+            ip: self.ip(host),
+            dns: Dns::default(),
+            host_aliases: Vec::new(),
+        };
+        self.sandbox.create_group(&spec).await.expect("group")
+    }
+
+    fn residue(&self) -> Residue {
+        Residue::list(self.sandbox.prefix(), &self.state.path().join("sandbox"))
+    }
+}
+
+fn shell(name: &str, script: &str) -> ContainerSpec {
+    ContainerSpec {
+        name: name.to_owned(),
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        env: Vec::new(),
+        working_dir: None,
+        memory_bytes: Some(64 << 20),
+        cpu_millis: Some(500),
+    }
+}
+
+/// The log's text lines, each checked to be `<RFC 3339> <stream> <F|P> <text>`.
+fn log_texts(group: &Group, container: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(group.log_path(container)).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let mut parts = line.splitn(4, ' ');
+            let at = parts.next().unwrap_or_default();
+            assert!(
+                at.parse::<jiff::Timestamp>().is_ok(),
+                "timestamp of {line:?}"
+            );
+            assert!(
+                matches!(parts.next(), Some("stdout" | "stderr")),
+                "{line:?}"
+            );
+            assert!(matches!(parts.next(), Some("F" | "P")), "{line:?}");
+            parts.next().unwrap_or_default().to_owned()
+        })
+        .collect()
+}
+
+/// Waits (bounded) until the container's log holds `line`.
+async fn wait_for_line(group: &Group, container: &str, line: &str) {
+    let start = Instant::now();
+    while !log_texts(group, container).iter().any(|l| l == line) {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "{container} never printed {line:?}: {:?}",
+            log_texts(group, container)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_container_sees_the_groups_hostname_and_only_its_own_processes() {
+    let fixture = Fixture::new(1).await;
+    let mut group = fixture.group("eci-one", "web-0", 2).await;
+    let sibling = "readlink /proc/self/ns/ipc; echo up; exec sleep 3600";
+    group
+        .start(&shell("sibling", sibling), &fixture.rootfs)
+        .await
+        .expect("sibling starts");
+    wait_for_line(&group, "sibling", "up").await;
+    let script = "hostname; cat /etc/hostname; grep -c web-0 /etc/hosts; \
+                  readlink /proc/self/ns/ipc; ps -o pid,args; exit 3";
+    group
+        .start(&shell("main", script), &fixture.rootfs)
+        .await
+        .expect("main starts");
+    let exit = group.wait("main").await.expect("main ends");
+    assert_eq!(exit.code, 3);
+
+    let lines = log_texts(&group, "main");
+    assert_eq!(lines[..3], ["web-0", "web-0", "1"], "{lines:?}");
+    let host_ipc = std::fs::read_link("/proc/self/ns/ipc").expect("host ipc ns");
+    let sibling_ipc = &log_texts(&group, "sibling")[0];
+    assert_eq!(&lines[3], sibling_ipc, "the group's containers share IPC");
+    assert_ne!(
+        lines[3],
+        host_ipc.to_string_lossy(),
+        "IPC is not the host's"
+    );
+    let processes: Vec<&String> = lines[5..].iter().collect();
+    assert_eq!(lines[4].split_whitespace().next(), Some("PID"), "{lines:?}");
+    assert_eq!(processes.len(), 2, "only sh and ps: {processes:?}");
+    assert!(
+        processes[0].trim_start().starts_with("1 sh -c"),
+        "{processes:?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("sleep")), "{lines:?}");
+
+    group.delete(Duration::from_secs(1)).await.expect("delete");
+    fixture.sandbox.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn two_groups_see_neither_each_others_processes_nor_files_but_reach_each_other() {
+    let fixture = Fixture::new(2).await;
+    let mut server = fixture.group("eci-server", "server", 2).await;
+    let mut client = fixture.group("eci-client", "client", 3).await;
+    let serve = "echo mine > /tmp/server-only; echo listening; nc -l -p 7000";
+    server
+        .start(&shell("app", serve), &fixture.rootfs)
+        .await
+        .expect("server starts");
+    wait_for_line(&server, "app", "listening").await;
+    let call = format!(
+        "for i in $(seq 300); do echo hello-from-client | nc -w 5 {} 7000 && break; sleep 0.1; done; \
+         ls /tmp; ps -o args; ls /proc | grep -c '^[0-9]'",
+        fixture.ip(2)
+    );
+    client
+        .start(&shell("app", &call), &fixture.rootfs)
+        .await
+        .expect("client starts");
+    assert_eq!(client.wait("app").await.expect("client ends").code, 0);
+    assert_eq!(server.wait("app").await.expect("server ends").code, 0);
+
+    let heard = log_texts(&server, "app");
+    assert!(heard.contains(&"hello-from-client".to_owned()), "{heard:?}");
+    let seen = log_texts(&client, "app");
+    assert!(!seen.iter().any(|l| l.contains("server-only")), "{seen:?}");
+    assert!(!seen.iter().any(|l| l.contains("nc -l")), "{seen:?}");
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("3"),
+        "sh, ls, grep: {seen:?}"
+    );
+
+    server.delete(Duration::from_secs(1)).await.expect("delete");
+    client.delete(Duration::from_secs(1)).await.expect("delete");
+    fixture.sandbox.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn the_host_reaches_a_group_at_its_address() {
+    let fixture = Fixture::new(3).await;
+    let mut group = fixture.group("eci-listener", "listener", 9).await;
+    group
+        .start(&shell("app", "nc -l -p 7001"), &fixture.rootfs)
+        .await
+        .expect("starts");
+    let start = Instant::now();
+    let mut stream = loop {
+        match tokio::net::TcpStream::connect((fixture.ip(9), 7001)).await {
+            Ok(stream) => break stream,
+            Err(error) => assert!(start.elapsed() < PATIENCE, "never connected: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    stream.write_all(b"hello-from-host\n").await.expect("write");
+    stream.shutdown().await.expect("shutdown");
+    drop(stream);
+    assert_eq!(group.wait("app").await.expect("ends").code, 0);
+    assert_eq!(log_texts(&group, "app"), ["hello-from-host"]);
+    group.delete(Duration::from_secs(1)).await.expect("delete");
+    fixture.sandbox.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn stop_sends_sigterm_then_sigkill_after_the_grace_period() {
+    let fixture = Fixture::new(4).await;
+    let mut group = fixture.group("eci-stop", "stop", 2).await;
+    let polite = "trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.1; done";
+    let stubborn = "trap '' TERM; echo up; while :; do sleep 0.1; done";
+    for (name, script) in [("polite", polite), ("stubborn", stubborn)] {
+        group
+            .start(&shell(name, script), &fixture.rootfs)
+            .await
+            .expect("starts");
+        wait_for_line(&group, name, "up").await;
+    }
+    let grace = Duration::from_secs(2);
+    let polite_exit = group.stop("polite", PATIENCE).await.expect("stops");
+    assert_eq!(polite_exit.code, 0, "it exited on SIGTERM by itself");
+    assert_eq!(log_texts(&group, "polite"), ["up", "bye"]);
+
+    let start = Instant::now();
+    let stubborn_exit = group.stop("stubborn", grace).await.expect("stops");
+    assert_eq!(stubborn_exit.code, 128 + 9, "killed by SIGKILL");
+    assert!(start.elapsed() >= grace, "it had its grace period");
+
+    let failing = shell("failing", "exit 7");
+    group
+        .start(&failing, &fixture.rootfs)
+        .await
+        .expect("starts");
+    assert_eq!(group.wait("failing").await.expect("ends").code, 7);
+    group.delete(grace).await.expect("delete");
+    fixture.sandbox.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn deleting_a_group_leaves_no_process_mount_namespace_interface_or_cgroup() {
+    let fixture = Fixture::new(5).await;
+    let before = fixture.residue();
+    assert_eq!(before.links.len(), 1, "only the bridge: {before:?}");
+    let mut group = fixture.group("eci-leak", "leak", 2).await;
+    let stubborn = "trap '' TERM; echo up; while :; do sleep 0.1; done";
+    for (name, script) in [
+        ("stubborn", stubborn),
+        ("plain", "echo up; exec sleep 3600"),
+    ] {
+        group
+            .start(&shell(name, script), &fixture.rootfs)
+            .await
+            .expect("starts");
+        wait_for_line(&group, name, "up").await;
+    }
+    let during = fixture.residue();
+    assert_eq!(during.netns.len(), 1, "{during:?}");
+    assert_eq!(during.links.len(), 2, "bridge and veth: {during:?}");
+    assert_eq!(
+        during.mounts.len(),
+        3,
+        "two roots and the IPC namespace: {during:?}"
+    );
+    assert!(!during.cgroups.is_empty(), "{during:?}");
+    assert!(during.processes.len() >= 2, "{during:?}");
+
+    group.delete(Duration::from_secs(1)).await.expect("delete");
+    let after = fixture.residue();
+    assert_eq!(after, before, "left behind by the group");
+    for pid in &during.processes {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "process {pid} outlived its group"
+        );
+    }
+    let prefix = fixture.sandbox.prefix().clone();
+    fixture.sandbox.close().await.expect("close");
+    let closed = Residue::list(&prefix, &fixture.state.path().join("sandbox"));
+    assert!(closed.is_empty(), "left behind by the sandbox: {closed:?}");
+}
