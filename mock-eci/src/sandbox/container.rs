@@ -98,7 +98,6 @@ impl Container {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .map_err(|source| ContainerError::Spawn {
                 runtime: runtime.to_owned(),

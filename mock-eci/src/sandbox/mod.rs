@@ -19,6 +19,7 @@ pub mod files;
 pub mod names;
 pub mod net;
 pub mod residue;
+mod sweep;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -105,10 +106,13 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    /// Checks the configuration, creates the state directory and the bridge.
+    /// Checks the configuration, removes whatever an earlier run with this prefix and state
+    /// directory left (the prefix is this sandbox's own), creates the state directory and the
+    /// bridge.
     pub async fn open(config: SandboxConfig) -> Result<Self, SandboxError> {
         let prefix = Prefix::new(&config.prefix)?;
         net::check_network(config.network)?;
+        sweep::sweep(&prefix, &config.state_dir, &config.runtime).await?;
         let limits = LimitSupport::detect();
         if !(limits.memory && limits.cpu) {
             tracing::warn!(
@@ -189,9 +193,9 @@ impl Sandbox {
     }
 }
 
-/// One group: see the module's doc. Delete it with [`Group::delete`]; dropping it kills its
-/// runtimes' processes but leaves the namespaces and mounts (a later clean-up finds them by
-/// name).
+/// One group: see the module's doc. Delete it with [`Group::delete`]; dropping it leaves its
+/// containers running and its namespaces and mounts in place, for the next [`Sandbox::open`]
+/// on the same prefix to remove.
 #[derive(Debug)]
 pub struct Group {
     id: Label,

@@ -111,19 +111,20 @@ pub fn group_steps(bridge: &str, gateway: Ipv4Addr, group: &GroupNet) -> Vec<Vec
     ]
 }
 
-/// Steps that remove what is left of a group's network. Deleting the namespace deletes the
-/// veth end inside it and so the pair; the host end alone is deleted only if the namespace is
-/// already gone (a set-up that failed between the two).
+/// Steps that remove what is left of a group's network: the host end of the veth first
+/// (deleting it deletes the pair at once, whereas the end inside a deleted namespace goes only
+/// when the kernel gets to destroying the namespace), then the namespace.
 pub fn group_removal_steps(
     group: &GroupNet,
     netns_exists: bool,
     veth_exists: bool,
 ) -> Vec<Vec<String>> {
     let mut steps = Vec::new();
+    if veth_exists {
+        steps.push(args(&["link", "del", &group.host_veth]));
+    }
     if netns_exists {
         steps.push(args(&["netns", "del", &group.netns]));
-    } else if veth_exists {
-        steps.push(args(&["link", "del", &group.host_veth]));
     }
     steps
 }
@@ -246,7 +247,7 @@ mod tests {
     #[test]
     fn removal_follows_what_exists() {
         let cases: [(bool, bool, &[&str]); 4] = [
-            (true, true, &["netns del vt-eci-1"]),
+            (true, true, &["link del vt0ad50002", "netns del vt-eci-1"]),
             (true, false, &["netns del vt-eci-1"]),
             (false, true, &["link del vt0ad50002"]),
             (false, false, &[]),
