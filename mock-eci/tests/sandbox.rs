@@ -406,3 +406,56 @@ async fn reopening_after_a_crash_removes_what_the_last_run_left() {
     reopened.close().await.expect("close");
     std::fs::remove_dir_all(&base).expect("state directory removed");
 }
+
+/// The cgroup files holding a container's memory and CPU limits, in whichever hierarchy the
+/// machine mounts (v1 controllers or the unified one).
+fn limit_files(id: &str) -> (PathBuf, PathBuf) {
+    let root = Path::new("/sys/fs/cgroup");
+    if root.join("memory").is_dir() {
+        (
+            root.join("memory").join(id).join("memory.limit_in_bytes"),
+            root.join("cpu").join(id).join("cpu.cfs_quota_us"),
+        )
+    } else {
+        (
+            root.join(id).join("memory.max"),
+            root.join(id).join("cpu.max"),
+        )
+    }
+}
+
+#[tokio::test]
+async fn memory_and_cpu_limits_reach_the_cgroup_and_memory_is_enforced() {
+    let fixture = Fixture::new(7).await;
+    let limits = fixture.sandbox.limits();
+    let mut group = fixture.group("eci-limits", "limits", 2).await;
+    let idle = shell("idle", "echo up; exec sleep 3600");
+    group.start(&idle, &fixture.rootfs).await.expect("starts");
+    wait_for_line(&group, "idle", "up").await;
+    let (memory, cpu) = limit_files("vt7-eci-limits-idle");
+    let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+    if limits.memory {
+        assert_eq!(
+            read(&memory).trim(),
+            (64u64 << 20).to_string(),
+            "{memory:?}"
+        );
+    } else {
+        assert!(!read(&memory).contains(&(64u64 << 20).to_string()));
+    }
+    if limits.cpu {
+        // 500 millicores: 50 ms in every 100 ms period.
+        assert!(read(&cpu).starts_with("50000"), "{cpu:?}: {}", read(&cpu));
+    }
+    if limits.memory {
+        // 128 MiB in one buffer, under a 64 MiB limit: the kernel's OOM killer ends it.
+        let hungry = shell(
+            "hungry",
+            "exec dd if=/dev/zero of=/dev/null bs=128M count=1",
+        );
+        group.start(&hungry, &fixture.rootfs).await.expect("starts");
+        assert_eq!(group.wait("hungry").await.expect("ends").code, 128 + 9);
+    }
+    group.delete(Duration::from_secs(1)).await.expect("delete");
+    fixture.finish().await;
+}
