@@ -459,3 +459,64 @@ async fn memory_and_cpu_limits_reach_the_cgroup_and_memory_is_enforced() {
     group.delete(Duration::from_secs(1)).await.expect("delete");
     fixture.finish().await;
 }
+
+#[tokio::test]
+async fn bad_input_is_refused_and_leaves_nothing() {
+    let fixture = Fixture::new(9).await;
+    let before = fixture.residue();
+    let good = GroupSpec {
+        id: "eci-bad".to_owned(),
+        hostname: "bad".to_owned(),
+        ip: fixture.ip(2),
+        dns: Dns::default(),
+        host_aliases: Vec::new(),
+    };
+    let alias = mock_eci::sandbox::HostAlias {
+        ip: Ipv4Addr::new(10, 0, 0, 1),
+        hostnames: vec!["db\n10.0.0.2 evil".to_owned()],
+    };
+    let cases = [
+        GroupSpec {
+            id: "../../etc".to_owned(),
+            ..good.clone()
+        },
+        GroupSpec {
+            hostname: "a;reboot".to_owned(),
+            ..good.clone()
+        },
+        GroupSpec {
+            ip: Ipv4Addr::new(127, 0, 0, 2),
+            ..good.clone()
+        },
+        GroupSpec {
+            dns: Dns {
+                searches: vec!["x\nnameserver 1.2.3.4".to_owned()],
+                ..Dns::default()
+            },
+            ..good.clone()
+        },
+        GroupSpec {
+            host_aliases: vec![alias],
+            ..good.clone()
+        },
+    ];
+    for spec in &cases {
+        let refused = fixture.sandbox.create_group(spec).await;
+        assert!(refused.is_err(), "{spec:?} was accepted");
+        assert_eq!(fixture.residue(), before, "{spec:?} left something");
+    }
+    let mut group = fixture.sandbox.create_group(&good).await.expect("group");
+    let mut relative = shell("app", "true");
+    relative.working_dir = Some("srv".to_owned());
+    assert!(group.start(&relative, &fixture.rootfs).await.is_err());
+    let mut traversal = shell("../app", "true");
+    traversal.working_dir = None;
+    assert!(group.start(&traversal, &fixture.rootfs).await.is_err());
+    group.delete(Duration::from_secs(1)).await.expect("delete");
+    assert_eq!(
+        fixture.residue(),
+        before,
+        "left behind by a refused container"
+    );
+    fixture.finish().await;
+}

@@ -26,6 +26,8 @@ pub enum BundleError {
     Spec(#[source] oci_spec::OciSpecError),
     #[error("environment variable name {0:?} is empty or holds '='")]
     EnvName(String),
+    #[error("working directory {0:?} must be an absolute path")]
+    WorkingDir(String),
     #[error("path {0} cannot be an overlay layer (it holds ',' or ':')")]
     OverlayPath(PathBuf),
     #[error("could not mount the container's root file system at {target}")]
@@ -119,7 +121,7 @@ pub fn container_spec(config: &ContainerConfig<'_>) -> Result<Spec, BundleError>
     if let Some(process) = spec.process_mut() {
         process.set_args(Some(config.argv.to_vec()));
         process.set_env(Some(environment(config.env, config.hostname)?));
-        process.set_cwd(PathBuf::from(config.working_dir.unwrap_or("/")));
+        process.set_cwd(working_dir(config.working_dir)?);
     }
     if let Some(linux) = spec.linux_mut() {
         linux.set_namespaces(Some(namespaces(config.netns, config.ipc_ns)?));
@@ -127,6 +129,15 @@ pub fn container_spec(config: &ContainerConfig<'_>) -> Result<Spec, BundleError>
         linux.set_resources(Some(resources(config)?));
     }
     Ok(spec)
+}
+
+/// The OCI runtime needs an absolute working directory; the image's root if none is given.
+fn working_dir(requested: Option<&str>) -> Result<PathBuf, BundleError> {
+    match requested {
+        None => Ok(PathBuf::from("/")),
+        Some(dir) if dir.starts_with('/') => Ok(PathBuf::from(dir)),
+        Some(dir) => Err(BundleError::WorkingDir(dir.to_owned())),
+    }
 }
 
 fn namespaces(netns: &Path, ipc_ns: &Path) -> Result<Vec<LinuxNamespace>, BundleError> {
@@ -387,6 +398,12 @@ mod tests {
         assert!(matches!(
             container_spec(&config(&argv, &env)),
             Err(BundleError::EnvName(_))
+        ));
+        let mut relative = config(&argv, &[]);
+        relative.working_dir = Some("srv");
+        assert!(matches!(
+            container_spec(&relative),
+            Err(BundleError::WorkingDir(_))
         ));
         assert!(matches!(
             overlay_options(Path::new("/img/a,b"), Path::new("/u"), Path::new("/w")),

@@ -104,7 +104,10 @@ impl Container {
                 source,
             })?;
         let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-            unreachable!("both streams were piped");
+            return Err(ContainerError::Spawn {
+                runtime: runtime.to_owned(),
+                source: std::io::Error::other("the runtime's output streams were not piped"),
+            });
         };
         let file = tokio::fs::OpenOptions::new()
             .create(true)

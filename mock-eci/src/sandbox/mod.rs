@@ -61,7 +61,8 @@ pub enum SandboxError {
 /// How a sandbox is set up.
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
-    /// Names every object the sandbox creates (1–6 of a-z, 0-9).
+    /// Names every object the sandbox creates (1–6 of a-z, 0-9). The sandbox owns it on this
+    /// machine: opening removes whatever carries it (an earlier run's leftovers).
     pub prefix: String,
     /// The bridge's address and the network groups' addresses are taken from, e.g.
     /// `10.213.0.1/16`: private, not loopback.
@@ -162,6 +163,7 @@ impl Sandbox {
     pub async fn create_group(&self, spec: &GroupSpec) -> Result<Group, SandboxError> {
         let id = Label::new("group id", &spec.id)?;
         let hostname = names::hostname(&spec.hostname)?;
+        check_names(spec)?;
         let address = names::group_address(self.network, spec.ip)?;
         let group = Group {
             net: GroupNet {
@@ -351,6 +353,19 @@ impl Group {
             Err(e) => Err(io_error("remove", &self.dir, e)),
         }
     }
+}
+
+/// The caller's words that end up in the group's /etc files, one word each.
+fn check_names(spec: &GroupSpec) -> Result<(), NameError> {
+    for alias in &spec.host_aliases {
+        for hostname in &alias.hostnames {
+            names::hostname(hostname)?;
+        }
+    }
+    for word in spec.dns.searches.iter().chain(&spec.dns.options) {
+        names::dns_word(word)?;
+    }
+    Ok(())
 }
 
 fn io_error(action: &'static str, path: &Path, source: std::io::Error) -> SandboxError {

@@ -16,6 +16,8 @@ const MAX_PREFIX: usize = 6;
 const MAX_LABEL: usize = 63;
 /// Linux's HOST_NAME_MAX.
 const MAX_HOSTNAME: usize = 64;
+/// A search domain's bound in resolv.conf (a DNS name's).
+const MAX_DNS_WORD: usize = 253;
 
 /// A name or address the sandbox refuses.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -28,6 +30,8 @@ pub enum NameError {
     Label { what: &'static str, value: String },
     #[error("host name {0:?} must be dot-separated DNS labels, at most {MAX_HOSTNAME} characters")]
     Hostname(String),
+    #[error("DNS setting {0:?} must be 1 to {MAX_DNS_WORD} printable characters without spaces")]
+    DnsWord(String),
     #[error("group address {ip} is not a host address of the sandbox network {network}")]
     Address { ip: Ipv4Addr, network: Ipv4Net },
 }
@@ -119,6 +123,19 @@ pub fn hostname(value: &str) -> Result<String, NameError> {
     }
 }
 
+/// A search domain or resolver option as one word of /etc/resolv.conf: a caller's value must
+/// not be able to add lines or words of its own.
+pub fn dns_word(value: &str) -> Result<(), NameError> {
+    let valid = !value.is_empty()
+        && value.len() <= MAX_DNS_WORD
+        && value.chars().all(|c| c.is_ascii_graphic());
+    if valid {
+        Ok(())
+    } else {
+        Err(NameError::DnsWord(value.to_owned()))
+    }
+}
+
 /// The group's address with the network's prefix length, if it is a host address of the
 /// network other than the bridge's own.
 pub fn group_address(network: Ipv4Net, ip: Ipv4Addr) -> Result<Ipv4Net, NameError> {
@@ -189,6 +206,21 @@ mod tests {
         ];
         for (value, ok) in cases {
             assert_eq!(hostname(value).is_ok(), ok, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn dns_words() {
+        let cases = [
+            ("svc.cluster.local", true),
+            ("ndots:5", true),
+            ("", false),
+            ("a b", false),
+            ("a\nnameserver 1.2.3.4", false),
+            ("é", false),
+        ];
+        for (value, ok) in cases {
+            assert_eq!(dns_word(value).is_ok(), ok, "{value:?}");
         }
     }
 
