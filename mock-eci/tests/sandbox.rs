@@ -509,6 +509,23 @@ async fn bad_input_is_refused_and_leaves_nothing() {
     let mut relative = shell("app", "true");
     relative.working_dir = Some("srv".to_owned());
     assert!(group.start(&relative, &fixture.rootfs).await.is_err());
+    assert!(
+        !group.dir().join("containers/app").exists(),
+        "nothing of it is left"
+    );
+    let missing_root = fixture.rootfs.join("missing");
+    assert!(
+        group
+            .start(&shell("app", "true"), &missing_root)
+            .await
+            .is_err()
+    );
+    assert!(
+        !group.dir().join("containers/app").exists(),
+        "nor of the unmountable one"
+    );
+    let during = fixture.residue();
+    assert_eq!(during.mounts.len(), 1, "the IPC namespace only: {during:?}");
     let mut traversal = shell("../app", "true");
     traversal.working_dir = None;
     assert!(group.start(&traversal, &fixture.rootfs).await.is_err());

@@ -246,7 +246,8 @@ impl Group {
         Ok(())
     }
 
-    /// Starts a container over `rootfs` (read-only; its writes go to its own layer).
+    /// Starts a container over `rootfs` (read-only; its writes go to its own layer). On a
+    /// failure nothing of the container is left (its directory, its mount).
     pub async fn start(&mut self, spec: &ContainerSpec, rootfs: &Path) -> Result<(), SandboxError> {
         let name = Label::new("container name", &spec.name)?;
         if self.containers.contains_key(&name) {
@@ -256,13 +257,38 @@ impl Group {
             ));
         }
         let dir = self.dir.join("containers").join(name.as_str());
+        let id = self.prefix.runtime_id(&self.id, &name);
+        let started = self.launch(spec, rootfs, &dir, &id).await;
+        match started {
+            Ok(container) => {
+                self.containers.insert(name, container);
+                Ok(())
+            }
+            Err(error) => {
+                bundle::unmount(&dir.join("rootfs"))?;
+                match tokio::fs::remove_dir_all(&dir).await {
+                    Ok(()) => Err(error),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(error),
+                    Err(e) => Err(io_error("remove", &dir, e)),
+                }
+            }
+        }
+    }
+
+    /// Writes the bundle (config first: bad input fails before anything is mounted), mounts
+    /// the root and runs the runtime.
+    async fn launch(
+        &self,
+        spec: &ContainerSpec,
+        rootfs: &Path,
+        dir: &Path,
+        id: &str,
+    ) -> Result<Container, SandboxError> {
         let root = dir.join("rootfs");
         for sub in ["rootfs", "upper", "work"] {
             create_dir(&dir.join(sub)).await?;
         }
         let options = bundle::overlay_options(rootfs, &dir.join("upper"), &dir.join("work"))?;
-        bundle::mount_overlay(&options, &root)?;
-        let id = self.prefix.runtime_id(&self.id, &name);
         let netns = net::netns_path(&self.net.netns);
         let ipc = self.dir.join("ipc");
         let config = ContainerConfig {
@@ -274,24 +300,17 @@ impl Group {
             netns: &netns,
             ipc_ns: &ipc,
             group_dir: &self.dir,
-            cgroup: &id,
+            cgroup: id,
             memory_bytes: spec.memory_bytes,
             cpu_millis: spec.cpu_millis,
             limits: self.limits,
         };
         let config_json = serde_json::to_vec(&bundle::container_spec(&config)?)
-            .map_err(|e| io_error("serialize", &dir, std::io::Error::other(e)))?;
+            .map_err(|e| io_error("serialize", dir, std::io::Error::other(e)))?;
         write_file(&dir.join("config.json"), &config_json).await?;
-        let container = Container::start(
-            &self.runtime,
-            &self.runtime_root,
-            &id,
-            &dir,
-            &dir.join("log"),
-        )
-        .await?;
-        self.containers.insert(name, container);
-        Ok(())
+        bundle::mount_overlay(&options, &root)?;
+        let log = dir.join("log");
+        Ok(Container::start(&self.runtime, &self.runtime_root, id, dir, &log).await?)
     }
 
     /// Waits for a container to end by itself.
