@@ -10,6 +10,8 @@
 //!   WebSockets, echo listeners;
 //! - [`service`]: the shared [`MockEci`] handle — locking, controls, telemetry, the state file;
 //! - [`engine`]: the pure state machine — groups, timers, checks, answers, usage, logs;
+//! - [`sandbox`]: the real runtime's edge — namespaces, a bridge, OCI bundles run by an OCI
+//!   runtime; it uses the leaves only, the service will drive it;
 //! - shared leaves any of them may use: [`actions`], [`clock`], [`rng`], [`settings`].
 
 pub mod actions;
@@ -18,6 +20,7 @@ pub mod engine;
 pub mod fronts;
 pub mod images;
 pub mod rng;
+pub mod sandbox;
 pub mod service;
 pub mod settings;
 

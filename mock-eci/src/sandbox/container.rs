@@ -1,0 +1,268 @@
+//! One running container: the OCI runtime's `run` in the foreground as our child (it waits for
+//! the container and exits with its status, then deletes it), its stdout and stderr pumped to a
+//! log file, and a stop that sends SIGTERM, then SIGKILL once the grace period is over.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::files::{Stream, log_line};
+
+/// A line longer than this is logged in parts (the kubelet's bound too).
+const MAX_LOG_CHUNK: u64 = 16 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    #[error("could not start the OCI runtime {runtime}")]
+    Spawn {
+        runtime: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not wait for container {id}")]
+    Wait {
+        id: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not write the log of container {id}")]
+    Log {
+        id: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the log pump of container {id} ended abnormally")]
+    Pump {
+        id: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+/// How a container ended: its exit code, 128 + the signal's number if a signal ended it (the
+/// convention ECI and Kubernetes report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    pub code: i32,
+}
+
+impl Exit {
+    fn from_status(status: ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        let code = status
+            .code()
+            .or_else(|| status.signal().map(|signal| 128 + signal))
+            .unwrap_or(-1);
+        Self { code }
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    Running {
+        child: Child,
+        pump: JoinHandle<std::io::Result<()>>,
+    },
+    Exited(Exit),
+}
+
+/// A container the runtime runs; see the module's doc.
+#[derive(Debug)]
+pub struct Container {
+    id: String,
+    runtime: PathBuf,
+    runtime_root: PathBuf,
+    state: State,
+}
+
+impl Container {
+    /// Starts `runtime run` on the bundle and the log pump into `log`.
+    pub async fn start(
+        runtime: &Path,
+        runtime_root: &Path,
+        id: &str,
+        bundle: &Path,
+        log: &Path,
+    ) -> Result<Self, ContainerError> {
+        let mut child = Command::new(runtime)
+            .arg("--root")
+            .arg(runtime_root)
+            .args(["run", "--bundle"])
+            .arg(bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| ContainerError::Spawn {
+                runtime: runtime.to_owned(),
+                source,
+            })?;
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(ContainerError::Spawn {
+                runtime: runtime.to_owned(),
+                source: std::io::Error::other("the runtime's output streams were not piped"),
+            });
+        };
+        let file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .await
+            .map_err(|source| ContainerError::Log {
+                id: id.to_owned(),
+                source,
+            })?;
+        let pump = tokio::spawn(pump(stdout, stderr, file));
+        tracing::info!(container = id, "container started");
+        Ok(Self {
+            id: id.to_owned(),
+            runtime: runtime.to_owned(),
+            runtime_root: runtime_root.to_owned(),
+            state: State::Running { child, pump },
+        })
+    }
+
+    /// Waits for the container to end by itself.
+    pub async fn wait(&mut self) -> Result<Exit, ContainerError> {
+        let status = match &mut self.state {
+            State::Exited(exit) => return Ok(*exit),
+            State::Running { child, .. } => child.wait().await,
+        };
+        self.finish(status).await
+    }
+
+    /// SIGTERM, then SIGKILL if the container still runs after `grace`.
+    pub async fn stop(&mut self, grace: Duration) -> Result<Exit, ContainerError> {
+        if let State::Exited(exit) = self.state {
+            return Ok(exit);
+        }
+        self.signal("TERM").await;
+        let in_grace = match &mut self.state {
+            State::Running { child, .. } => tokio::time::timeout(grace, child.wait()).await,
+            State::Exited(exit) => return Ok(*exit),
+        };
+        let status = match in_grace {
+            Ok(status) => status,
+            Err(_elapsed) => {
+                tracing::info!(container = %self.id, ?grace, "grace period over: SIGKILL");
+                self.signal("KILL").await;
+                match &mut self.state {
+                    State::Running { child, .. } => child.wait().await,
+                    State::Exited(exit) => return Ok(*exit),
+                }
+            }
+        };
+        self.finish(status).await
+    }
+
+    /// Asks the runtime to signal the container's init; a container already gone is no error
+    /// (it is what the caller wants), so failures are logged only.
+    async fn signal(&self, signal: &str) {
+        let output = self
+            .runtime_command()
+            .args(["kill", &self.id, signal])
+            .output()
+            .await;
+        match output {
+            Ok(output) if output.status.success() => {}
+            Ok(output) => tracing::debug!(
+                container = %self.id,
+                signal,
+                stderr = %String::from_utf8_lossy(&output.stderr).trim(),
+                "runtime kill refused (container gone?)"
+            ),
+            Err(error) => tracing::warn!(container = %self.id, signal, %error, "runtime kill"),
+        }
+    }
+
+    /// Removes whatever the runtime still holds for the container (normally nothing: `run`
+    /// deletes it on exit; this covers a runtime that was itself killed).
+    pub async fn force_delete(&self) {
+        let output = self
+            .runtime_command()
+            .args(["delete", "--force", &self.id])
+            .output()
+            .await;
+        if let Err(error) = output {
+            tracing::warn!(container = %self.id, %error, "runtime delete");
+        }
+    }
+
+    fn runtime_command(&self) -> Command {
+        let mut command = Command::new(&self.runtime);
+        command.arg("--root").arg(&self.runtime_root);
+        command
+    }
+
+    async fn finish(
+        &mut self,
+        status: std::io::Result<ExitStatus>,
+    ) -> Result<Exit, ContainerError> {
+        let status = status.map_err(|source| ContainerError::Wait {
+            id: self.id.clone(),
+            source,
+        })?;
+        let exit = Exit::from_status(status);
+        let previous = std::mem::replace(&mut self.state, State::Exited(exit));
+        if let State::Running { pump, .. } = previous {
+            let pumped = pump.await.map_err(|source| ContainerError::Pump {
+                id: self.id.clone(),
+                source,
+            })?;
+            pumped.map_err(|source| ContainerError::Log {
+                id: self.id.clone(),
+                source,
+            })?;
+        }
+        tracing::info!(container = %self.id, code = exit.code, "container exited");
+        Ok(exit)
+    }
+}
+
+/// Copies both streams into the log file, each chunk timestamped as it arrives, until both
+/// close (the container and everything it started have exited).
+async fn pump(
+    stdout: impl AsyncRead + Unpin,
+    stderr: impl AsyncRead + Unpin,
+    mut file: tokio::fs::File,
+) -> std::io::Result<()> {
+    let (sender, mut receiver) = mpsc::channel::<Vec<u8>>(64);
+    let out = read_chunks(stdout, Stream::Stdout, sender.clone());
+    let err = read_chunks(stderr, Stream::Stderr, sender);
+    let write = async {
+        while let Some(line) = receiver.recv().await {
+            file.write_all(&line).await?;
+        }
+        file.flush().await
+    };
+    tokio::try_join!(out, err, write).map(|_| ())
+}
+
+async fn read_chunks(
+    stream: impl AsyncRead + Unpin,
+    which: Stream,
+    sender: mpsc::Sender<Vec<u8>>,
+) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream);
+    let mut chunk = Vec::new();
+    loop {
+        chunk.clear();
+        let read = (&mut reader)
+            .take(MAX_LOG_CHUNK)
+            .read_until(b'\n', &mut chunk)
+            .await?;
+        if read == 0 {
+            return Ok(());
+        }
+        let line = log_line(jiff::Timestamp::now(), which, &chunk);
+        if sender.send(line).await.is_err() {
+            return Ok(());
+        }
+    }
+}

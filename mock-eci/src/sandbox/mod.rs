@@ -1,0 +1,408 @@
+//! The real runtime's sandbox: one ECI container group as the machine's own namespaces,
+//! interfaces, mounts, cgroups and processes.
+//!
+//! It owns, for the groups it creates and nothing else (everything is named from its
+//! [`names::Prefix`]): a host bridge; per group a network namespace with a veth pair into the
+//! bridge and the group's address, an IPC namespace shared by the group's containers, a state
+//! directory (the group's /etc files, /dev/shm, each container's writable layer, bundle and
+//! log); per container an OCI runtime container (own PID, UTS and mount namespaces; a cgroup
+//! the runtime creates and removes).
+//!
+//! It may call: `ip` (iproute2), `unshare` (util-linux), the OCI runtime's CLI, and mount(2)
+//! for the containers' overlays. It takes each container's root file system as a read-only
+//! directory (the image store yields it) and never writes there. It does not use the engine,
+//! the service or the fronts: they will drive it.
+
+pub mod bundle;
+pub mod container;
+pub mod files;
+pub mod names;
+pub mod net;
+pub mod residue;
+mod sweep;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+
+use bundle::{BundleError, ContainerConfig, LimitSupport};
+pub use container::Exit;
+use container::{Container, ContainerError};
+pub use files::{Dns, HostAlias};
+use names::{Label, NameError, Prefix};
+use net::{GroupNet, NetError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("invalid sandbox input")]
+    Name(#[from] NameError),
+    #[error("group network")]
+    Net(#[from] NetError),
+    #[error("container bundle")]
+    Bundle(#[from] BundleError),
+    #[error("container process")]
+    Container(#[from] ContainerError),
+    #[error("could not {action} {path}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("group {0} already has a container named {1}")]
+    DuplicateContainer(String, String),
+    #[error("group {0} has no container named {1}")]
+    NoContainer(String, String),
+}
+
+/// How a sandbox is set up.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Names every object the sandbox creates (1–6 of a-z, 0-9). The sandbox owns it on this
+    /// machine: opening removes whatever carries it (an earlier run's leftovers).
+    pub prefix: String,
+    /// The bridge's address and the network groups' addresses are taken from, e.g.
+    /// `10.213.0.1/16`: private, not loopback.
+    pub network: Ipv4Net,
+    /// Where groups' state lives (bundles, writable layers, logs).
+    pub state_dir: PathBuf,
+    /// The OCI runtime binary (runc's command line: `--root`, `run --bundle`, `kill`,
+    /// `delete --force`).
+    pub runtime: PathBuf,
+}
+
+/// What a group is made of (the caller's view of an ECI container group).
+#[derive(Debug, Clone)]
+pub struct GroupSpec {
+    pub id: String,
+    pub hostname: String,
+    pub ip: Ipv4Addr,
+    pub dns: Dns,
+    pub host_aliases: Vec<HostAlias>,
+}
+
+/// One container to run: the command line is already resolved (the image's entrypoint and
+/// command against the API's Command and Args).
+#[derive(Debug, Clone)]
+pub struct ContainerSpec {
+    pub name: String,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub working_dir: Option<String>,
+    pub memory_bytes: Option<u64>,
+    pub cpu_millis: Option<u64>,
+}
+
+/// The machine-wide part: bridge, naming, limits this machine supports.
+#[derive(Debug)]
+pub struct Sandbox {
+    prefix: Prefix,
+    network: Ipv4Net,
+    state_dir: PathBuf,
+    runtime: PathBuf,
+    limits: LimitSupport,
+}
+
+impl Sandbox {
+    /// Checks the configuration, removes whatever an earlier run with this prefix and state
+    /// directory left (the prefix is this sandbox's own), creates the state directory and the
+    /// bridge.
+    pub async fn open(config: SandboxConfig) -> Result<Self, SandboxError> {
+        let prefix = Prefix::new(&config.prefix)?;
+        net::check_network(config.network)?;
+        sweep::sweep(&prefix, &config.state_dir, &config.runtime).await?;
+        let limits = LimitSupport::detect();
+        if !(limits.memory && limits.cpu) {
+            tracing::warn!(
+                memory = limits.memory,
+                cpu = limits.cpu,
+                "this machine's cgroups lack a controller: those limits are not applied"
+            );
+        }
+        create_dir(&config.state_dir.join("runtime")).await?;
+        let bridge = prefix.bridge();
+        net::run(&net::bridge_steps(
+            &bridge,
+            config.network,
+            net::link_exists(&bridge),
+        ))
+        .await?;
+        Ok(Self {
+            prefix,
+            network: config.network,
+            state_dir: config.state_dir,
+            runtime: config.runtime,
+            limits,
+        })
+    }
+
+    pub fn limits(&self) -> LimitSupport {
+        self.limits
+    }
+
+    pub fn prefix(&self) -> &Prefix {
+        &self.prefix
+    }
+
+    /// Removes the bridge (every group must have been deleted first).
+    pub async fn close(self) -> Result<(), SandboxError> {
+        let bridge = self.prefix.bridge();
+        net::run(&net::bridge_removal_steps(
+            &bridge,
+            net::link_exists(&bridge),
+        ))
+        .await?;
+        Ok(())
+    }
+
+    /// Creates the group's network, IPC namespace and /etc files; on a failure, removes
+    /// whatever part was made.
+    pub async fn create_group(&self, spec: &GroupSpec) -> Result<Group, SandboxError> {
+        let id = Label::new("group id", &spec.id)?;
+        let hostname = names::hostname(&spec.hostname)?;
+        check_names(spec)?;
+        let address = names::group_address(self.network, spec.ip)?;
+        let group = Group {
+            net: GroupNet {
+                netns: self.prefix.netns(&id),
+                host_veth: self.prefix.host_veth(spec.ip),
+                address,
+            },
+            dir: self.state_dir.join("groups").join(id.as_str()),
+            runtime: self.runtime.clone(),
+            runtime_root: self.state_dir.join("runtime"),
+            prefix: self.prefix.clone(),
+            limits: self.limits,
+            hostname,
+            id,
+            containers: BTreeMap::new(),
+        };
+        match group
+            .set_up(&self.prefix.bridge(), self.network.addr(), spec)
+            .await
+        {
+            Ok(()) => Ok(group),
+            Err(error) => {
+                if let Err(cleanup) = group.tear_down().await {
+                    tracing::warn!(group = %spec.id, error = %cleanup, "clean-up after a failed set-up");
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+/// One group: see the module's doc. Delete it with [`Group::delete`]; dropping it leaves its
+/// containers running and its namespaces and mounts in place, for the next [`Sandbox::open`]
+/// on the same prefix to remove.
+#[derive(Debug)]
+pub struct Group {
+    id: Label,
+    hostname: String,
+    net: GroupNet,
+    dir: PathBuf,
+    runtime: PathBuf,
+    runtime_root: PathBuf,
+    prefix: Prefix,
+    limits: LimitSupport,
+    containers: BTreeMap<Label, Container>,
+}
+
+impl Group {
+    pub fn netns(&self) -> &str {
+        &self.net.netns
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The container's log file (CRI format: timestamp, stream, F/P, text).
+    pub fn log_path(&self, container: &str) -> PathBuf {
+        self.dir.join("containers").join(container).join("log")
+    }
+
+    async fn set_up(
+        &self,
+        bridge: &str,
+        gateway: Ipv4Addr,
+        spec: &GroupSpec,
+    ) -> Result<(), SandboxError> {
+        let etc = self.dir.join("etc");
+        create_dir(&etc).await?;
+        create_dir(&self.dir.join("shm")).await?;
+        create_dir(&self.dir.join("containers")).await?;
+        for (name, text) in
+            bundle::group_files(&self.hostname, spec.ip, &spec.host_aliases, &spec.dns)
+        {
+            write_file(&etc.join(name), text.as_bytes()).await?;
+        }
+        bundle::create_ipc_namespace(&self.dir.join("ipc")).await?;
+        net::run(&net::group_steps(bridge, gateway, &self.net)).await?;
+        tracing::info!(group = %self.id.as_str(), address = %self.net.address, "group created");
+        Ok(())
+    }
+
+    /// Starts a container over `rootfs` (read-only; its writes go to its own layer). On a
+    /// failure nothing of the container is left (its directory, its mount).
+    pub async fn start(&mut self, spec: &ContainerSpec, rootfs: &Path) -> Result<(), SandboxError> {
+        let name = Label::new("container name", &spec.name)?;
+        if self.containers.contains_key(&name) {
+            return Err(SandboxError::DuplicateContainer(
+                self.id.as_str().to_owned(),
+                spec.name.clone(),
+            ));
+        }
+        let dir = self.dir.join("containers").join(name.as_str());
+        let id = self.prefix.runtime_id(&self.id, &name);
+        let started = self.launch(spec, rootfs, &dir, &id).await;
+        match started {
+            Ok(container) => {
+                self.containers.insert(name, container);
+                Ok(())
+            }
+            Err(error) => {
+                bundle::unmount(&dir.join("rootfs"))?;
+                match tokio::fs::remove_dir_all(&dir).await {
+                    Ok(()) => Err(error),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(error),
+                    Err(e) => Err(io_error("remove", &dir, e)),
+                }
+            }
+        }
+    }
+
+    /// Writes the bundle (config first: bad input fails before anything is mounted), mounts
+    /// the root and runs the runtime.
+    async fn launch(
+        &self,
+        spec: &ContainerSpec,
+        rootfs: &Path,
+        dir: &Path,
+        id: &str,
+    ) -> Result<Container, SandboxError> {
+        let root = dir.join("rootfs");
+        for sub in ["rootfs", "upper", "work"] {
+            create_dir(&dir.join(sub)).await?;
+        }
+        let options = bundle::overlay_options(rootfs, &dir.join("upper"), &dir.join("work"))?;
+        let netns = net::netns_path(&self.net.netns);
+        let ipc = self.dir.join("ipc");
+        let config = ContainerConfig {
+            rootfs: &root,
+            argv: &spec.argv,
+            env: &spec.env,
+            working_dir: spec.working_dir.as_deref(),
+            hostname: &self.hostname,
+            netns: &netns,
+            ipc_ns: &ipc,
+            group_dir: &self.dir,
+            cgroup: id,
+            memory_bytes: spec.memory_bytes,
+            cpu_millis: spec.cpu_millis,
+            limits: self.limits,
+        };
+        let config_json = serde_json::to_vec(&bundle::container_spec(&config)?)
+            .map_err(|e| io_error("serialize", dir, std::io::Error::other(e)))?;
+        write_file(&dir.join("config.json"), &config_json).await?;
+        bundle::mount_overlay(&options, &root)?;
+        let log = dir.join("log");
+        Ok(Container::start(&self.runtime, &self.runtime_root, id, dir, &log).await?)
+    }
+
+    /// Waits for a container to end by itself.
+    pub async fn wait(&mut self, container: &str) -> Result<Exit, SandboxError> {
+        Ok(self.container(container)?.wait().await?)
+    }
+
+    /// Stops a container: SIGTERM, SIGKILL after `grace`.
+    pub async fn stop(&mut self, container: &str, grace: Duration) -> Result<Exit, SandboxError> {
+        Ok(self.container(container)?.stop(grace).await?)
+    }
+
+    fn container(&mut self, name: &str) -> Result<&mut Container, SandboxError> {
+        let label = Label::new("container name", name)?;
+        let group = self.id.as_str().to_owned();
+        self.containers
+            .get_mut(&label)
+            .ok_or_else(|| SandboxError::NoContainer(group, name.to_owned()))
+    }
+
+    /// Stops every container (concurrently, each with `grace`), then removes the group's
+    /// mounts, namespaces, interfaces and files.
+    pub async fn delete(mut self, grace: Duration) -> Result<(), SandboxError> {
+        let stops = self
+            .containers
+            .values_mut()
+            .map(|container| container.stop(grace));
+        for result in futures::future::join_all(stops).await {
+            if let Err(error) = result {
+                tracing::warn!(group = %self.id.as_str(), %error, "stopping a container");
+            }
+        }
+        for container in self.containers.values() {
+            container.force_delete().await;
+        }
+        self.tear_down().await?;
+        tracing::info!(group = %self.id.as_str(), "group deleted");
+        Ok(())
+    }
+
+    /// Removes what exists of the group, whatever state it is in.
+    async fn tear_down(&self) -> Result<(), SandboxError> {
+        let containers = self.dir.join("containers");
+        if let Ok(mut entries) = tokio::fs::read_dir(&containers).await {
+            while let Ok(Some(entry)) = entries.next_entry().await {
+                bundle::unmount(&entry.path().join("rootfs"))?;
+            }
+        }
+        bundle::unmount(&self.dir.join("ipc"))?;
+        net::run(&net::group_removal_steps(
+            &self.net,
+            net::netns_exists(&self.net.netns),
+            net::link_exists(&self.net.host_veth),
+        ))
+        .await?;
+        match tokio::fs::remove_dir_all(&self.dir).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error("remove", &self.dir, e)),
+        }
+    }
+}
+
+/// The caller's words that end up in the group's /etc files, one word each.
+fn check_names(spec: &GroupSpec) -> Result<(), NameError> {
+    for alias in &spec.host_aliases {
+        for hostname in &alias.hostnames {
+            names::hostname(hostname)?;
+        }
+    }
+    for word in spec.dns.searches.iter().chain(&spec.dns.options) {
+        names::dns_word(word)?;
+    }
+    Ok(())
+}
+
+fn io_error(action: &'static str, path: &Path, source: std::io::Error) -> SandboxError {
+    SandboxError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+async fn create_dir(path: &Path) -> Result<(), SandboxError> {
+    tokio::fs::create_dir_all(path)
+        .await
+        .map_err(|e| io_error("create", path, e))
+}
+
+async fn write_file(path: &Path, contents: &[u8]) -> Result<(), SandboxError> {
+    tokio::fs::write(path, contents)
+        .await
+        .map_err(|e| io_error("write", path, e))
+}
