@@ -55,6 +55,8 @@ struct Webhook {
     name: String,
     secret: String,
     replicas: i32,
+    /// Settings of the daemon beyond the test's usual ones.
+    env: Vec<(&'static str, &'static str)>,
 }
 
 impl Webhook {
@@ -64,6 +66,7 @@ impl Webhook {
             secret: format!("{name}-webhook-tls"),
             name,
             replicas,
+            env: Vec::new(),
         }
     }
 
@@ -96,6 +99,14 @@ async fn with_webhook<F>(replicas: i32, scenario: F)
 where
     F: AsyncFnOnce(&mut Harness, &Webhook) -> Result<(), HarnessError>,
 {
+    with_webhook_env(replicas, &[], scenario).await;
+}
+
+/// [`with_webhook`] with `env` added to the daemons' settings.
+async fn with_webhook_env<F>(replicas: i32, env: &[(&'static str, &'static str)], scenario: F)
+where
+    F: AsyncFnOnce(&mut Harness, &Webhook) -> Result<(), HarnessError>,
+{
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let mut h = Harness::start().await.expect("the harness starts");
     assert!(
@@ -103,7 +114,8 @@ where
         "the webhook scenarios run the daemons on the fixture's host node; unset E2E_KUBECONFIG"
     );
     let started = Instant::now();
-    let w = Webhook::new(&h, replicas);
+    let mut w = Webhook::new(&h, replicas);
+    w.env.extend_from_slice(env);
     let result = AssertUnwindSafe(async {
         let mock = h.start_mock_eci(FAST_MOCK).await?;
         deploy(&h, &w, &mock).await?;
@@ -214,7 +226,10 @@ fn statefulset(w: &Webhook, mock: &MockEciEndpoints) -> StatefulSet {
         ("DRAIN_EVICT_UNMANAGED_PODS", "true"),
         ("LOG_FORMAT", "text"),
         ("RUST_LOG", "info"),
-    ] {
+    ]
+    .into_iter()
+    .chain(w.env.iter().copied())
+    {
         env.retain(|v| v["name"] != name);
         env.push(json!({"name": name, "value": value}));
     }
@@ -784,6 +799,45 @@ async fn a_selector_reaches_only_its_own_namespace_unless_it_lives_in_the_daemon
             steered,
         )
         .await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// Item 5 of the tenancy review: with `WEBHOOK_CALLERS` the webhook serves the API server only.
+/// The fixture's apiserver presents its kubelet client certificate to webhooks of kube-system
+/// (its admission configuration), as an operator sets it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_named_callers_only_the_api_server_has_reviews_answered() {
+    let callers = [("WEBHOOK_CALLERS", "kube-apiserver-kubelet-client")];
+    with_webhook_env(1, &callers, async |h, w| {
+        // The API server still gets its answers: a labelled namespace's pods are steered.
+        let eci = h.create_namespace("callers").await?;
+        Api::<Namespace>::all(h.client())
+            .patch(&eci, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"alibabacloud.com/eci": "true"}}})))
+            .await?;
+        wait_admitted(h, &eci, &json!({"app": "web"}), "the API server's reviews answered", |p| vnode_tolerations(p) == 1).await?;
+
+        // Anyone else who reaches the port directly is refused before the body is read.
+        let pod = w.pods(h).await.into_iter().next().expect("the daemon pod");
+        let ip = view(&pod)["status"]["podIP"].as_str().unwrap().to_owned();
+        let url = format!("https://{ip}:9443/mutate-pods");
+        let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "forged"}});
+        let insecure = reqwest::Client::builder().danger_accept_invalid_certs(true).build().unwrap();
+        let anonymous = insecure.post(&url).json(&review).send().await.map_err(|e| HarnessError::Setup(e.to_string()))?;
+        assert_eq!(anonymous.status(), 401, "no credentials");
+        let tenant = h.create_tenant("caller").await?;
+        let with_token = insecure
+            .post(&url)
+            .bearer_auth(tenant.token())
+            .json(&review)
+            .send()
+            .await
+            .map_err(|e| HarnessError::Setup(e.to_string()))?;
+        let status = with_token.status();
+        let body = with_token.text().await.unwrap_or_default();
+        assert_eq!(status, 403, "a tenant's token is a known user, not a named caller: {body}");
+        assert!(body.contains("may not call this webhook"), "{body}");
         Ok(())
     })
     .await;

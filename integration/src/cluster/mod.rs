@@ -68,6 +68,48 @@ pub fn audit_policy() -> String {
     .to_string()
 }
 
+/// kube-apiserver's admission configuration, in the control plane's directory (see
+/// [`admission_configuration`]).
+pub const ADMISSION_CONFIGURATION: &str = "admission-configuration.yaml";
+/// The credentials kube-apiserver presents to webhooks, in the control plane's directory.
+pub const WEBHOOK_CREDENTIALS: &str = "webhook-credentials.kubeconfig";
+
+/// The admission configuration: the mutating and validating webhook plugins present the
+/// apiserver's kubelet client certificate (user [`pki::APISERVER_KUBELET_CLIENT`]) to every
+/// webhook behind a Service of `kube-system`, as an operator configures it for a webhook that
+/// authenticates its caller (`WEBHOOK_CALLERS`). Webhooks that ask for no certificate get
+/// none.
+fn admission_configuration(credentials: &Path) -> String {
+    let webhook = json!({
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "WebhookAdmissionConfiguration",
+        "kubeConfigFile": credentials,
+    });
+    json!({
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [
+            {"name": "MutatingAdmissionWebhook", "configuration": webhook},
+            {"name": "ValidatingAdmissionWebhook", "configuration": webhook},
+        ],
+    })
+    .to_string()
+}
+
+/// The kubeconfig [`admission_configuration`] names: `*.kube-system.svc` (any Service of the
+/// namespace, the way the apiserver matches webhook Services) authenticates with `client`.
+fn webhook_credentials(client: &pki::CertFiles) -> String {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "users": [{
+            "name": "*.kube-system.svc",
+            "user": {"client-certificate": client.cert, "client-key": client.key},
+        }],
+    })
+    .to_string()
+}
+
 /// Starting or running the control plane failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -380,8 +422,16 @@ impl ControlPlane {
                 source,
             })?;
         }
+        let credentials = self.dir.join(WEBHOOK_CREDENTIALS);
+        write(
+            &credentials,
+            &webhook_credentials(&pki.apiserver_kubelet_client),
+        )?;
+        let admission = self.dir.join(ADMISSION_CONFIGURATION);
+        write(&admission, &admission_configuration(&credentials))?;
         let mut flags = vec![
             format!("--etcd-servers={etcd_url}"),
+            format!("--admission-control-config-file={}", display(&admission)),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
             format!("--secure-port={}", self.api_port),
