@@ -301,6 +301,7 @@ fn the_ack_virtual_node_spellings_and_the_options_render() {
         "drainTimeout=10m",
         "nodeLabels.team=platform",
         "nodeLabels.node\\.kubernetes\\.io/pool=eci",
+        "webhook.callers={kube-apiserver-kubelet-client,webhook-caller}",
     ]);
     let objects = template(&sets).unwrap();
     let find = |kind: &str, name: &str| {
@@ -318,6 +319,11 @@ fn the_ack_virtual_node_spellings_and_the_options_render() {
         env.iter().any(|e| e["name"] == "NODE_LABELS"
             && e["value"] == "node.kubernetes.io/pool=eci,team=platform"),
         "nodeLabels become NODE_LABELS, sorted"
+    );
+    assert!(
+        env.iter().any(|e| e["name"] == "WEBHOOK_CALLERS"
+            && e["value"] == "kube-apiserver-kubelet-client,webhook-caller"),
+        "webhook.callers become WEBHOOK_CALLERS"
     );
     assert_eq!(pod["terminationGracePeriodSeconds"], 660);
     let secret = find("Secret", "virtual-node-eci-credentials");
