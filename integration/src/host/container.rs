@@ -818,7 +818,9 @@ fn mounts(
         let sub_path = match (&vm.sub_path, &vm.sub_path_expr) {
             (Some(path), _) if !path.is_empty() => Some(path.clone()),
             (_, Some(expr)) if !expr.is_empty() => {
-                Some(env::expand(expr, |name| vars.get(name).copied()))
+                Some(vne_core::expansion::expand(expr, |name| {
+                    vars.get(name).copied()
+                }))
             }
             _ => None,
         };

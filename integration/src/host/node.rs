@@ -12,6 +12,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+use vne_core::time::rfc3339;
 
 use super::{FIELD_MANAGER, HOST_IP, HOST_LABEL, HOST_TAINT_KEY, HostConfig};
 
@@ -148,10 +149,6 @@ fn params() -> PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
     }
-}
-
-fn rfc3339(at: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// The Node status the agent owns: everything but conditions of other owners.

@@ -290,7 +290,7 @@ fn expand_all(words: Option<&[String]>, env: &[eci::EnvironmentVar]) -> Vec<Stri
     words
         .unwrap_or_default()
         .iter()
-        .map(|word| super::expansion::expand(word, defined))
+        .map(|word| vne_core::expansion::expand(word, defined))
         .collect()
 }
 

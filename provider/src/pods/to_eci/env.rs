@@ -6,8 +6,8 @@ use eci_proto::v20180808::{EnvironmentVar, FieldRef};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::downward::{self, FieldValue};
-use super::expansion;
 use super::{Context, Rejection, missing, reject};
+use vne_core::expansion;
 
 fn valid_env_name(name: &str) -> bool {
     !name.is_empty()

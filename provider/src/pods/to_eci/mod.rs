@@ -6,10 +6,10 @@ pub mod annotations;
 mod container;
 mod downward;
 mod env;
-mod expansion;
 pub mod naming;
-pub mod service_env;
 mod volumes;
+
+pub use vne_core::service_env;
 
 pub(crate) use volumes::has_token;
 

@@ -6,7 +6,7 @@
 //! `$`; any other `$` is kept. No maintained crate implements exactly this, hence the few lines.
 
 /// `input` with every defined `$(NAME)` replaced through `lookup`.
-pub(super) fn expand<'a>(input: &str, lookup: impl Fn(&str) -> Option<&'a str>) -> String {
+pub fn expand<'a>(input: &str, lookup: impl Fn(&str) -> Option<&'a str>) -> String {
     let mut out = String::with_capacity(input.len());
     let mut rest = input;
     while let Some(at) = rest.find('$') {
@@ -87,6 +87,33 @@ mod tests {
             ("ünïcode $(VAR_A) ✓", "ünïcode A ✓"),
         ] {
             assert_eq!(expand(input, lookup), expected, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn edge_cases_stay_as_written() {
+        let vars = HashMap::from([("A", "1"), ("B", "two"), ("EMPTY", "")]);
+        let lookup = |name: &str| vars.get(name).copied();
+        let cases = [
+            ("plain", "plain"),
+            ("$(A)", "1"),
+            ("x$(A)y$(B)z", "x1ytwoz"),
+            ("$(MISSING)", "$(MISSING)"),
+            ("$$(A)", "$(A)"),
+            ("$$$(A)", "$1"),
+            ("$$", "$"),
+            ("$", "$"),
+            ("a$", "a$"),
+            ("$A", "$A"),
+            ("$(A", "$(A"),
+            ("$(A$(B)", "$(A$(B)"),
+            ("$()", "$()"),
+            ("$(EMPTY)x", "x"),
+            ("é$(A)ü$é", "é1ü$é"),
+            ("$(A)$(A)", "11"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(expand(input, lookup), want, "input {input:?}");
         }
     }
 }
