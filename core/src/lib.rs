@@ -7,6 +7,7 @@
 //! crate of the workspace; they depend on it.
 //!
 //! - [`quantity`]: resource quantities, read and written back as the apiserver does;
+//! - [`requests`]: a pod's resource requests as the scheduler counts them;
 //! - [`expansion`]: `$(VAR)` references in env values, command and args;
 //! - [`service_env`]: the Service variables a kubelet gives every container;
 //! - [`downward`]: downward API values (pod fields, container resources);
@@ -15,5 +16,6 @@
 pub mod downward;
 pub mod expansion;
 pub mod quantity;
+pub mod requests;
 pub mod service_env;
 pub mod time;

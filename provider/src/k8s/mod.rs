@@ -1,5 +1,5 @@
 //! The Kubernetes edge shared by every area: the access declarations RBAC is generated from,
-//! Lease holding (node Lease, elections), a pod's requests (quantities are `vne_core`'s) and
+//! Lease holding (node Lease, elections), quantities and a pod's requests (`vne_core`'s) and
 //! the serving certificate shared through a Secret (webhook, scheduler extender), and who is
 //! calling a listener (`callers`: client certificates, TokenReview, SubjectAccessReview), and
 //! the one pod and node watch per replica the areas share (`shared_watch`), and a replica's
@@ -10,15 +10,14 @@ pub mod access;
 pub mod callers;
 pub mod election;
 pub mod label_selector;
-pub mod requests;
 pub mod serving_cert;
 pub mod shared_watch;
 pub mod write_share;
 
 use std::time::SystemTime;
 
-pub use vne_core::quantity;
 pub use vne_core::time::rfc3339;
+pub use vne_core::{quantity, requests};
 
 /// RFC 3339 with microseconds, for logs and messages. Unlike humantime's formatter, which
 /// panics on times before 1970, any time a Lease may carry is written (or shown as is).

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::crd::{Effect, Selector};
 use super::labels;
 use crate::k8s::quantity::{Quantity, QuantityError};
+use crate::k8s::requests;
 
 /// Annotation: which Selector placed the pod.
 pub const SELECTOR_ANNOTATION: &str = "virtual-node-eci.aliyun.com/selector";
@@ -480,41 +481,14 @@ fn tie_break_key(rule: &Rule) -> (i32, String, String) {
     }
 }
 
-/// The pod's requests: containers summed, the largest init container if bigger (limits stand
-/// in for missing requests, as the API server defaults them).
+/// The pod's CPU and memory requests as the scheduler counts them ([`requests::pod_requests`]).
 pub fn pod_requests(pod: &Pod) -> Resources {
-    let of = |resources: Option<&k8s_openapi::api::core::v1::ResourceRequirements>| {
-        let get = |name: &str| {
-            resources
-                .and_then(|r| {
-                    r.requests
-                        .as_ref()
-                        .and_then(|m| m.get(name))
-                        .or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))
-                })
-                .and_then(|q| Quantity::parse(&q.0).ok())
-                .filter(|q| !q.is_negative())
-                .unwrap_or_default()
-        };
-        Resources {
-            cpu: get("cpu"),
-            memory: get("memory"),
-        }
-    };
-    let Some(spec) = &pod.spec else {
-        return Resources::default();
-    };
-    let main = spec.containers.iter().fold(Resources::default(), |sum, c| {
-        sum.plus(of(c.resources.as_ref()))
-    });
-    spec.init_containers
-        .iter()
-        .flatten()
-        .map(|c| of(c.resources.as_ref()))
-        .fold(main, |max, init| Resources {
-            cpu: max.cpu.max(init.cpu),
-            memory: max.memory.max(init.memory),
-        })
+    let all = requests::pod_requests(pod);
+    let get = |name: &str| all.get(name).copied().unwrap_or_default();
+    Resources {
+        cpu: get("cpu"),
+        memory: get("memory"),
+    }
 }
 
 /// Decides.

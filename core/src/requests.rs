@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 
-use super::quantity::Quantity;
+use crate::quantity::Quantity;
 
 /// Requests by resource name (`cpu`, `memory`, extended resources).
 pub type Requests = BTreeMap<String, Quantity>;
