@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable as _};
+
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::{Api, PartialObjectMeta};
@@ -243,23 +245,21 @@ pub async fn load_seal(
     namespace: String,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut delay = Duration::from_millis(500);
-    loop {
-        match seal::shared_key(&client, &namespace).await {
-            Ok(key) => {
-                caches.set_seal(key);
-                break;
-            }
-            Err(error) => {
-                let error = crate::ops::chain::Chain(&error).to_string();
-                warn!(%error, "cannot load the Selector seal key; deferred Selector effects are dropped until it is");
-            }
-        }
-        tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            () = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(Duration::from_secs(30));
+    let load = || seal::shared_key(&client, &namespace);
+    let loaded = load
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(500))
+                .with_max_delay(Duration::from_secs(30))
+                .without_max_times(),
+        )
+        .notify(|error, wait| {
+            let error = crate::ops::chain::Chain(error).to_string();
+            warn!(%error, retry_in = ?wait, "cannot load the Selector seal key; deferred Selector effects are dropped until it is");
+        });
+    tokio::select! {
+        () = stop.cancelled() => return Ok(()),
+        loaded = loaded => caches.set_seal(loaded?),
     }
     stop.cancelled().await;
     Ok(())

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable as _};
+
 use anyhow::Context as _;
 use axum::Router;
 use axum::body::Bytes;
@@ -238,31 +240,28 @@ pub async fn run(
     let names = crate::placement::certificate_names(&config.webhook_service, &namespace);
     // The webhook is optional to the node (failurePolicy Ignore): a certificate that cannot be
     // had yet is retried, not a reason to stop serving the node.
-    let mut wait = Duration::from_secs(1);
-    let material = loop {
-        let attempt = match &config.webhook_cert_dir {
+    let attempt = || async {
+        match &config.webhook_cert_dir {
             Some(dir) => webhook_cert::from_dir(dir),
             None => {
-                webhook_cert::from_secret(
-                    client.clone(),
-                    &namespace,
-                    &config.webhook_secret,
-                    &names,
-                )
-                .await
-            }
-        };
-        match attempt {
-            Ok(material) => break material,
-            Err(error) => {
-                warn!(error = %Chain(&error), retry_in = ?wait, "no webhook certificate yet; pods are admitted without the webhook meanwhile");
-                tokio::select! {
-                    () = stop.cancelled() => return Ok(()),
-                    () = tokio::time::sleep(wait) => {}
-                }
-                wait = (wait * 2).min(Duration::from_secs(60));
+                let secret = &config.webhook_secret;
+                webhook_cert::from_secret(client.clone(), &namespace, secret, &names).await
             }
         }
+    };
+    let loaded = attempt
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_secs(1))
+                .with_max_delay(Duration::from_secs(60))
+                .without_max_times(),
+        )
+        .notify(|error, wait| {
+            warn!(error = %Chain(error), retry_in = ?wait, "no webhook certificate yet; pods are admitted without the webhook meanwhile");
+        });
+    let material = tokio::select! {
+        () = stop.cancelled() => return Ok(()),
+        loaded = loaded => loaded?,
     };
     let certificate = Arc::new(ReloadableCertificate::new(material.certified_key()?));
     // Client certificates are asked for only when callers are named; the chain is judged per

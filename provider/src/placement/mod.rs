@@ -16,6 +16,8 @@ pub mod upkeep;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable as _};
+
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -581,19 +583,26 @@ async fn serve_extender(
             return;
         }
     };
-    let mut wait = Duration::from_millis(100);
-    let listener = loop {
-        match tokio::net::TcpListener::bind(config.extender_addr).await {
-            Ok(listener) => break listener,
+    let bind = || tokio::net::TcpListener::bind(config.extender_addr);
+    let bound = bind
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(100))
+                .with_max_delay(Duration::from_secs(5))
+                .without_max_times(),
+        )
+        .notify(|error, wait| {
+            warn!(address = %config.extender_addr, %error, retry_in = ?wait, "cannot listen for the scheduler extender yet");
+        });
+    let listener = tokio::select! {
+        () = stop.cancelled() => return,
+        bound = bound => match bound {
+            Ok(listener) => listener,
             Err(error) => {
-                warn!(address = %config.extender_addr, %error, "cannot listen for the scheduler extender yet; retrying");
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(wait) => {}
-                }
-                wait = (wait * 2).min(Duration::from_secs(5));
+                warn!(address = %config.extender_addr, %error, "cannot serve the scheduler extender");
+                return;
             }
-        }
+        },
     };
     let callers = callers(&config, &client, &mut tasks, &stop).await;
     info!(address = %config.extender_addr, prefix = extender::PREFIX, "serving the scheduler extender");
