@@ -32,7 +32,9 @@ if [ $# -gt 0 ] && [ "$1" != "--" ]; then
   out=$1
   shift
 fi
-[ $# -eq 0 ] || { [ "$1" = "--" ] && shift; }
+if [ $# -gt 0 ] && [ "$1" = "--" ]; then
+  shift
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 node=virtual-node-eci-0
