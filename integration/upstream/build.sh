@@ -8,7 +8,12 @@
 # package instead: building it from its module took longer than the rest together.)
 #
 #   build.sh [component...]    components: kubernetes etcd kwok metrics-server helm registry
-#                              (none named: all of them)
+#                              (none named: all of them), and vk-e2e (only when named)
+#
+# vk-e2e is not a binary the tests run but another project's test suite that judges ours:
+# virtual-kubelet's provider e2e suite, compiled with `go test -c -tags e2e` from its module
+# (integration/upstream/run-vk-e2e.sh runs it against a playground). Nothing builds it unless
+# asked: CI and the fixture never name it.
 #
 # The control plane names the first four, the chart tests helm alone, the image tests registry
 # alone: each builds only what it runs. Binaries are cached outside the work tree, one directory per component and version
@@ -18,12 +23,14 @@
 set -euo pipefail
 
 all=(kubernetes etcd kwok metrics-server helm registry)
+# Built only when named.
+extra=(vk-e2e)
 wanted=("$@")
 [ ${#wanted[@]} -gt 0 ] || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
-  case " ${all[*]} " in
+  case " ${all[*]} ${extra[*]} " in
     *" $c "*) ;;
-    *) echo "build.sh: unknown component \`$c' (known: ${all[*]})" >&2; exit 2 ;;
+    *) echo "build.sh: unknown component \`$c' (known: ${all[*]} ${extra[*]})" >&2; exit 2 ;;
   esac
 done
 # wants COMPONENT: true when the caller asked for it.
@@ -54,9 +61,24 @@ build() {
   local tmp="$out.tmp.$$"
   rm -rf "$tmp" && mkdir -p "$tmp"
   local started=$SECONDS
+  compile "$dir" "$started" build -v -ldflags "$ldflags" -o "$tmp/" "$@" || {
+    local rc=$?
+    rm -rf "$tmp"
+    exit "$rc"
+  }
+  rm -rf "$out" && mv "$tmp" "$out"
+  built=1
+  say "  $dir built in $((SECONDS - started)) s"
+}
+
+# compile COMPONENT_DIR STARTED GO_ARGS...: runs `go GO_ARGS...` in the component's module,
+# counting the package names `-v` prints into progress lines; fails with go's exit status.
+compile() {
+  local dir=$1 started=$2
+  shift 2
   (
     cd "$here/$dir"
-    go build -v -ldflags "$ldflags" -o "$tmp/" "$@" 2>&1
+    go "$@" 2>&1
   ) | {
     # `read -t` wakes up every 5 s even while one big package compiles for minutes, so a
     # progress line comes at least every 30 s.
@@ -64,8 +86,9 @@ build() {
     while true; do
       if IFS= read -r -t 5 line; then
         line="$partial$line" partial=""
+        # A package name is one word; anything else is go saying what went wrong.
         case "$line" in
-          "#"*|*.go:*) printf '%s\n' "$line" >&2 ;;
+          "#"* | *" "* | *.go:*) printf '%s\n' "$line" >&2 ;;
           *) n=$((n + 1)) ;;
         esac
         if (( n % 100 == 0 && n > 0 )); then
@@ -85,13 +108,9 @@ build() {
   }
   local rc=${PIPESTATUS[0]}
   if [ "$rc" -ne 0 ]; then
-    rm -rf "$tmp"
     say "building $dir failed (exit $rc); the lines above say why"
-    exit "$rc"
+    return "$rc"
   fi
-  rm -rf "$out" && mv "$tmp" "$out"
-  built=1
-  say "  $dir built in $((SECONDS - started)) s"
 }
 
 # emit BIN_DIR BINARY...: the stdout lines; missing BIN_DIR BINARY...: true when one is absent.
@@ -186,6 +205,34 @@ if wants registry; then
     build registry "$registry_bin" "-s -w -X github.com/distribution/distribution/v3/version.version=$registry" .
   fi
   emit "$registry_bin" registry
+fi
+
+# virtual-kubelet's provider e2e suite: a test binary of a dependency's package (the `internal`
+# rule limits imports, not builds). `go test -c` prints no package names, so a `go build -v` of
+# the suite's dependencies comes first for the progress lines; the test build then finds them
+# in the build cache.
+if wants vk-e2e; then
+  vk=$(version vk-e2e github.com/virtual-kubelet/virtual-kubelet)
+  vk_bin="$cache/vk-e2e-$vk/bin"
+  if missing "$vk_bin" vk-e2e.test; then
+    say "building virtual-kubelet's provider e2e suite $vk into $vk_bin"
+    suite=github.com/virtual-kubelet/virtual-kubelet/internal/test/e2e
+    started=$SECONDS
+    tmp="$vk_bin.tmp.$$"
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    deps=$(cd "$here/vk-e2e" && go list -tags e2e -deps -test \
+      -f '{{if and (not .Standard) (not .ForTest) (ne .Name "main") .GoFiles}}{{.ImportPath}}{{end}}' "$suite")
+    # shellcheck disable=SC2086 # one package per word
+    if ! compile vk-e2e "$started" build -v -tags e2e $deps ||
+      ! compile vk-e2e "$started" test -c -tags e2e -ldflags "-s -w" -o "$tmp/vk-e2e.test" "$suite"; then
+      rm -rf "$tmp"
+      exit 1
+    fi
+    rm -rf "$vk_bin" && mv "$tmp" "$vk_bin"
+    built=1
+    say "  vk-e2e built in $((SECONDS - started)) s"
+  fi
+  emit "$vk_bin" vk-e2e.test
 fi
 
 if [ "$built" = 1 ]; then

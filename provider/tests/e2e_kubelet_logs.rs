@@ -10,6 +10,8 @@
 //!   403 to a ServiceAccount token without `nodes/proxy`, and serves the apiserver's client
 //!   certificate and a token with the right grant; a pod of another node is 404, an ECI failure
 //!   a 500 whose message kubectl prints;
+//! - `/runningpods/` lists, as the kubelet's runtime view, the pods ECI runs for the node (uid
+//!   and running containers), and drops one once it has finished or been deleted;
 //! - the serving certificate the daemon requests (signer kubernetes.io/kubelet-serving) is
 //!   served once approved, issued by the cluster's CA.
 
@@ -678,6 +680,98 @@ async fn the_kubelet_api_is_closed_to_strangers_and_open_to_the_apiserver() {
         })
         .await?;
         eprintln!("serving certificate: served {:?} after the approval", approved.elapsed());
+        Ok(())
+    })
+    .await;
+}
+
+// --- /runningpods/ (issue 46) ---
+
+/// The pods `/runningpods/` lists, by name, each with its uid and containers.
+async fn running_pods(
+    kubelet: &reqwest::Client,
+    scene: &Scene,
+) -> Result<Vec<(String, String, Value)>, HarnessError> {
+    let (status, body) = status_of(kubelet.get(format!("{}/runningpods/", scene.kubelet))).await;
+    if status != 200 {
+        return Err(failed(format!("GET /runningpods/: {status} {body}")));
+    }
+    let list: Value = serde_json::from_str(&body).map_err(|e| failed(format!("{e}: {body}")))?;
+    assert_eq!(
+        (&list["kind"], &list["apiVersion"]),
+        (&json!("PodList"), &json!("v1"))
+    );
+    Ok(list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item["metadata"]["namespace"] == scene.ns.as_str())
+        .map(|item| {
+            (
+                item["metadata"]["name"].as_str().unwrap().to_owned(),
+                item["metadata"]["uid"].as_str().unwrap().to_owned(),
+                item["spec"]["containers"].clone(),
+            )
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runningpods_lists_what_runs_on_eci_until_it_finishes_or_is_deleted() {
+    run_scenario(async |h| {
+        let scene = start(h, "running").await?;
+        let ns = &scene.ns;
+        run_pod(h, &scene, &pod_on("runner", &scene.node, "Always", &[])).await?;
+        let finisher = run_pod(h, &scene, &pod_on("finisher", &scene.node, "Never", &[])).await?;
+        let pki = h.fixture_dir().join("pki");
+        let apiserver = kubelet_client(Some(identity_from(
+            &pki.join("apiserver-kubelet-client.crt"),
+            &pki.join("apiserver-kubelet-client.key"),
+        )));
+
+        // Both run: each with its uid and its running container, nothing else of the pod.
+        let runner = pod(h, ns, "runner").await.unwrap();
+        let mut listed = running_pods(&apiserver, &scene).await?;
+        listed.sort_by(|a, b| a.0.cmp(&b.0));
+        let names: Vec<&str> = listed.iter().map(|(name, _, _)| name.as_str()).collect();
+        assert_eq!(names, ["finisher", "runner"]);
+        let (_, uid, containers) = &listed[1];
+        assert_eq!(uid, runner["metadata"]["uid"].as_str().unwrap());
+        assert_eq!(
+            containers,
+            &json!([{"name": "app", "image": container_status(&runner)["image"]}])
+        );
+
+        // A finished pod no longer runs, though ECI keeps its group until it is deleted.
+        end_container(&scene, &finisher, 0).await?;
+        wait_pod(h, ns, "finisher", "Succeeded", |p| {
+            p["status"]["phase"] == "Succeeded"
+        })
+        .await?;
+        let listed = running_pods(&apiserver, &scene).await?;
+        let names: Vec<&str> = listed.iter().map(|(name, _, _)| name.as_str()).collect();
+        assert_eq!(names, ["runner"]);
+
+        // A deleted pod is gone from it once the apiserver has forgotten the pod.
+        Api::<Pod>::namespaced(h.client(), ns)
+            .delete("runner", &Default::default())
+            .await?;
+        h.wait_for("runner to be deleted", WAIT, |h| async move {
+            pod(h, ns, "runner").await.is_none()
+        })
+        .await?;
+        assert_eq!(running_pods(&apiserver, &scene).await?, vec![]);
+
+        // Authorized as the kubelet authorizes it: nodes/pods or nodes/proxy.
+        let token = service_account_token(h, ns, "no-grant").await?;
+        let (status, body) = status_of(
+            kubelet_client(None)
+                .get(format!("{}/runningpods/", scene.kubelet))
+                .bearer_auth(&token),
+        )
+        .await;
+        assert_eq!(status, 403, "{body}");
+        assert!(body.contains("subresource(s)=[pods proxy]"), "{body}");
         Ok(())
     })
     .await;

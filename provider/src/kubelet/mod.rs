@@ -1,6 +1,6 @@
 //! The kubelet API of the virtual node: HTTPS on the address the Node advertises (InternalIP,
 //! `KUBELET_PORT`), its serving certificate, authentication and authorization as the kubelet
-//! does them, container logs from ECI, `/pods`, `/healthz`, and the metrics and streaming routes
+//! does them, container logs from ECI, `/pods`, `/runningpods/`, `/healthz`, and the metrics and streaming routes
 //! (`metrics`, `streams`) merged behind the same guard. May call `k8s`, `eci`, `ops`, `config`, and `pods` for which group runs a pod.
 
 pub mod auth;
@@ -97,6 +97,10 @@ pub fn router(state: KubeletState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/pods", get(pod_lookup::list))
+        // The kubelet's go-restful route answers both; client-go's `Suffix("runningpods/")`
+        // (virtual-kubelet's e2e suite) sends the path without its slash.
+        .route("/runningpods/", get(pod_lookup::running))
+        .route("/runningpods", get(pod_lookup::running))
         .route(
             "/containerLogs/{namespace}/{pod}/{container}",
             get(logs::container_logs),

@@ -4,7 +4,8 @@
 //! pod controller's record of the group it created or adopted for the pod's UID, else ECI
 //! asked for the group tagged with this cluster and that UID. Never by the pod's
 //! `eci-instance-id` annotation: whoever may edit the pod writes that, and an id of another
-//! namespace's group there would open that group to them. Also `GET /pods`.
+//! namespace's group there would open that group to them. Also `GET /pods` and
+//! `GET /runningpods/`.
 
 use axum::Json;
 use axum::extract::State;
@@ -12,7 +13,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use eci_proto::EciError;
 use eci_proto::v20180808::{DescribeContainerGroupsRequest, Tag};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 use tracing::warn;
@@ -266,18 +268,98 @@ impl KubeletState {
 
 /// `GET /pods`: the pods bound to this node, as a PodList.
 pub async fn list(State(state): State<KubeletState>) -> Result<Response, LookupError> {
-    let pods: Api<Pod> = Api::all(state.client.clone());
-    let listed = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={}", state.config.node_name)))
-        .await
-        .map_err(LookupError::List)?;
-    Ok(Json(json!({
+    let pods = state.node_pods_listed().await?;
+    Ok(pod_list(&pods))
+}
+
+/// `GET /runningpods/`: what runs for this node, as the kubelet's container runtime reports
+/// it — a PodList whose items carry only the pod's namespace, name and UID and its running
+/// containers' names and images. Our runtime is ECI: a pod runs while the pod controller holds
+/// a container group for it and the pod has not finished (see [`running_pod`]).
+pub async fn running(State(state): State<KubeletState>) -> Result<Response, LookupError> {
+    let pods = state.node_pods_listed().await?;
+    let running: Vec<Pod> = pods
+        .iter()
+        .filter_map(|pod| {
+            let uid = pod.metadata.uid.as_deref()?;
+            running_pod(pod, state.groups.group_of(uid).is_some())
+        })
+        .collect();
+    Ok(pod_list(&running))
+}
+
+/// `pod` as the kubelet's runtime reports it (its `ToAPIPod`) when it runs: a container group
+/// holds it (`has_group`) and it is not Succeeded or Failed (the kubelet stops a finished
+/// pod's sandbox; ECI keeps a finished group until it is deleted). Its containers are those
+/// whose status says running, with the image the status names.
+pub fn running_pod(pod: &Pod, has_group: bool) -> Option<Pod> {
+    let status = pod.status.as_ref();
+    let finished = matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    if !has_group || finished {
+        return None;
+    }
+    let containers = status
+        .into_iter()
+        .flat_map(|s| {
+            [
+                &s.init_container_statuses,
+                &s.container_statuses,
+                &s.ephemeral_container_statuses,
+            ]
+        })
+        .flatten()
+        .flatten()
+        .filter(|c| {
+            c.state
+                .as_ref()
+                .is_some_and(|state| state.running.is_some())
+        })
+        .map(|c| Container {
+            name: c.name.clone(),
+            image: Some(c.image.clone()),
+            ..Container::default()
+        })
+        .collect();
+    Some(Pod {
+        metadata: ObjectMeta {
+            namespace: pod.metadata.namespace.clone(),
+            name: pod.metadata.name.clone(),
+            uid: pod.metadata.uid.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers,
+            ..PodSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// `items` as the kubelet encodes a pod list.
+fn pod_list(items: &[Pod]) -> Response {
+    Json(json!({
         "kind": "PodList",
         "apiVersion": "v1",
         "metadata": {},
-        "items": listed.items,
+        "items": items,
     }))
-    .into_response())
+    .into_response()
+}
+
+impl KubeletState {
+    /// The pods bound to this node, listed from the Kubernetes API.
+    async fn node_pods_listed(&self) -> Result<Vec<Pod>, LookupError> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let selector = format!("spec.nodeName={}", self.config.node_name);
+        let listed = pods
+            .list(&ListParams::default().fields(&selector))
+            .await
+            .map_err(LookupError::List)?;
+        Ok(listed.items)
+    }
 }
 
 #[cfg(test)]
@@ -433,6 +515,143 @@ mod tests {
         let kubelet = state(kube_client(&foreign), eci, GroupDirectory::default());
         let error = kubelet.locate("ns", "box", "app").await.unwrap_err();
         assert!(matches!(error, LookupError::NoGroup { .. }), "{error:?}");
+    }
+
+    /// A Kubernetes API answering every request with a PodList of `items`.
+    fn kube_list_client(items: &[serde_json::Value]) -> kube::Client {
+        let list = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+            .to_string();
+        let service =
+            tower::service_fn(move |_request: axum::http::Request<kube::client::Body>| {
+                let list = list.clone();
+                async move {
+                    Ok::<_, std::convert::Infallible>(
+                        axum::http::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(kube::client::Body::from(list.into_bytes()))
+                            .expect("response"),
+                    )
+                }
+            });
+        kube::Client::new(service, "default")
+    }
+
+    /// A pod of this node in `phase` whose container `app` is `state` (`running`,
+    /// `waiting` or `terminated`), with a sidecar that has ended.
+    fn node_pod(name: &str, phase: &str, state: &str) -> serde_json::Value {
+        let app_state = match state {
+            "running" => json!({"running": {"startedAt": "2026-11-29T00:00:00Z"}}),
+            "terminated" => json!({"terminated": {"exitCode": 0}}),
+            _ => json!({"waiting": {"reason": "ContainerCreating"}}),
+        };
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                "labels": {"app": "web"}, "annotations": {"note": "not reported"}},
+            "spec": {"nodeName": NODE, "containers": [
+                {"name": "app", "image": "app:1"}, {"name": "sidecar", "image": "side:1"}]},
+            "status": {"phase": phase, "podIP": "192.168.0.9", "containerStatuses": [
+                {"name": "app", "image": "registry.example.com/app:1", "imageID": "",
+                    "ready": state == "running", "restartCount": 0, "state": app_state},
+                {"name": "sidecar", "image": "side:1", "imageID": "", "ready": false,
+                    "restartCount": 0, "state": {"terminated": {"exitCode": 0}}},
+            ]},
+        })
+    }
+
+    #[tokio::test]
+    async fn runningpods_lists_the_pods_that_have_a_group_and_have_not_finished() {
+        use tower::ServiceExt as _;
+
+        let items = vec![
+            node_pod("web", "Running", "running"),
+            node_pod("pulling", "Pending", "waiting"),
+            node_pod("no-group", "Pending", "waiting"),
+            node_pod("done", "Succeeded", "terminated"),
+        ];
+        let groups = GroupDirectory::fixed(
+            ["web", "pulling", "done"].map(|name| (format!("uid-{name}"), format!("eci-{name}"))),
+        );
+        let eci: Backend =
+            Arc::new(GrpcBackend::connect_lazy("http://127.0.0.1:9").expect("endpoint"));
+        let reviewer = crate::k8s::callers::fake_reviewer::FakeReviewer {
+            tokens: vec![("lister-token", "lister")],
+            grants: vec![("lister", auth::ResourceQuestion::node("get", "pods", NODE))],
+            ..Default::default()
+        };
+        let kubelet = KubeletState {
+            guard: Arc::new(auth::Guard::new(
+                NODE.into(),
+                Arc::new(reviewer),
+                Arc::new(auth::ClientCa::default()),
+            )),
+            ..state(kube_list_client(&items), eci, groups)
+        };
+        let request = |path: &str, token: &str| {
+            axum::http::Request::get(path)
+                .header("authorization", format!("Bearer {token}"))
+                .body(axum::body::Body::empty())
+                .expect("request")
+        };
+        let router = crate::kubelet::router(kubelet);
+        // With its slash as the kubelet registers it, and without as client-go sends it.
+        for path in ["/runningpods/", "/runningpods"] {
+            let response = router
+                .clone()
+                .oneshot(request(path, "lister-token"))
+                .await
+                .expect("answered");
+            assert_eq!(response.status(), StatusCode::OK, "{path}");
+            let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .expect("body");
+            let list: serde_json::Value = serde_json::from_slice(&body).expect("json");
+            // The kubelet's runtime view: namespace, name, uid and the running containers only.
+            assert_eq!(
+                list,
+                json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [
+                    {"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "web", "namespace": "ns", "uid": "uid-web"},
+                        "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1"}]}},
+                    {"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "pulling", "namespace": "ns", "uid": "uid-pulling"},
+                        "spec": {"containers": []}},
+                ]}),
+                "{path}"
+            );
+        }
+        // Authorized as the kubelet authorizes it: nodes/pods (or nodes/proxy), nothing less.
+        let response = router
+            .oneshot(request("/runningpods/", "forged"))
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    }
+
+    #[test]
+    fn a_pod_runs_while_it_has_a_group_and_has_not_finished() {
+        let cases = [
+            // (phase, app's state, group recorded, listed, containers listed)
+            ("Running", "running", true, true, 1),
+            ("Running", "running", false, false, 0),
+            ("Pending", "waiting", true, true, 0),
+            ("Pending", "waiting", false, false, 0),
+            ("Succeeded", "terminated", true, false, 0),
+            ("Failed", "terminated", true, false, 0),
+            // Deleting: the group is still there, so it still runs.
+            ("Running", "terminated", true, true, 0),
+        ];
+        for (phase, state, has_group, listed, containers) in cases {
+            let pod: Pod = serde_json::from_value(node_pod("p", phase, state)).expect("pod");
+            let running = running_pod(&pod, has_group);
+            assert_eq!(running.is_some(), listed, "{phase} {state} {has_group}");
+            if let Some(running) = running {
+                let spec = running.spec.expect("spec");
+                assert_eq!(spec.containers.len(), containers, "{phase} {state}");
+                assert_eq!(running.metadata.uid.as_deref(), Some("uid-p"));
+                assert!(running.metadata.labels.is_none() && running.status.is_none());
+            }
+        }
     }
 
     #[test]

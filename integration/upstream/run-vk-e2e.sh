@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Runs virtual-kubelet's provider e2e suite (github.com/virtual-kubelet/virtual-kubelet,
+# internal/test/e2e, built by `build.sh vk-e2e`) against a playground's virtual node
+# `virtual-node-eci-0`, writes its report and prints one line per test.
+#
+#   run-vk-e2e.sh [OUT_DIR] [-- SUITE_FLAGS...]
+#
+# OUT_DIR (default ./vk-e2e-report) receives report.json (`go test -json` events, from
+# test2json), report.txt (the suite's -v output), summary.tsv (test, result, seconds) and
+# playground/ (the playground's directory: kubeconfig and every log). SUITE_FLAGS go to the
+# test binary, e.g. `-- -test.run 'TestEndToEnd/TestGetPods$'`.
+#
+# The playground: one virtual node, one kwok node, no metrics-server, no placement extender
+# (`PLAYGROUND=<binary>` runs another build of it; by default cargo builds it here). Every
+# address of the playground is on loopback, and kube-apiserver refuses to proxy to loopback
+# ("address not allowed"), which is how the suite reaches the node (nodes/<n>/proxy/pods,
+# /runningpods/). So the daemon's pod is moved onto this machine's first non-loopback IPv4
+# address (POD_IP, the node's InternalIP, and its kubelet API listen there; the webhook and
+# health listeners on 0.0.0.0 so the Service and the probes still reach them).
+# VK_E2E_NODE_ADDRESS=<ip> picks the address, VK_E2E_NODE_ADDRESS=none keeps loopback.
+#
+# Namespace kube-system: the stats and metrics tests go through the apiserver's *pod* proxy to
+# a pod named like the node in the suite's namespace, which is the daemon's own pod there.
+#
+# Exit status: 0 when every test passed, 1 when one did not, 2 when the run could not be made.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=./vk-e2e-report
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then
+  out=$1
+  shift
+fi
+if [ $# -gt 0 ] && [ "$1" = "--" ]; then
+  shift
+fi
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+node=virtual-node-eci-0
+namespace=kube-system
+
+say() { printf '[vk-e2e] %s\n' "$*" >&2; }
+die() { say "$*"; exit 2; }
+
+export GOTOOLCHAIN=local
+suite=$("$here/build.sh" vk-e2e | sed -n 's/^vk-e2e\.test=//p')
+[ -x "$suite" ] || die "build.sh vk-e2e named no test binary"
+
+playground=${PLAYGROUND:-}
+if [ -z "$playground" ]; then
+  say "building the playground, virtual-node-eci and mock-eci"
+  (cd "$root" && cargo build --quiet -p integration --bin playground \
+    -p virtual-node-eci --bin virtual-node-eci -p mock-eci --bin mock-eci) || die "cargo build failed"
+  target=$(cd "$root" && cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  playground=$target/debug/playground
+fi
+
+dir=$out/playground
+rm -rf "$dir"
+mkdir -p "$dir"
+say "starting the playground in $dir (log: $out/playground.log)"
+# Its standard input is a pipe this script holds: however the script ends, the pipe closes and
+# the playground stops everything it started (--stop-on-stdin-eof).
+exec {hold}> >(exec "$playground" --replicas 1 --ecs-nodes 1 --metrics-server false \
+  --placement-extender false --audit-log false --dir "$dir" --stop-on-stdin-eof \
+  >"$out/playground.log" 2>&1)
+playground_pid=$!
+stop_playground() {
+  exec {hold}>&-
+  say "stopping the playground"
+  while kill -0 "$playground_pid" 2>/dev/null; do sleep 1; done
+}
+trap stop_playground EXIT
+
+for _ in $(seq 1 1800); do
+  [ -f "$dir/env" ] && break
+  kill -0 "$playground_pid" 2>/dev/null || die "the playground stopped; see $out/playground.log"
+  sleep 1
+done
+[ -f "$dir/env" ] || die "the playground was not ready within 30 minutes"
+# shellcheck disable=SC1091 # written by the playground
+. "$dir/env"
+
+address=${VK_E2E_NODE_ADDRESS-$(ip -4 -o addr show scope global 2>/dev/null |
+  awk '{ split($4, a, "/"); print a[1]; exit }')}
+if [ -n "$address" ] && [ "$address" != none ]; then
+  say "moving $node's kubelet API to $address (the apiserver does not proxy to loopback)"
+  kubectl -n kube-system set env statefulset/virtual-node-eci "POD_IP=$address" \
+    WEBHOOK_ADDR=0.0.0.0:9443 HEALTH_ADDR=0.0.0.0:10248 >/dev/null
+  kubectl -n kube-system rollout status statefulset/virtual-node-eci --timeout=300s >&2
+  kubectl wait "node/$node" --timeout=300s \
+    --for=jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}'="$address" >/dev/null
+else
+  say "no non-loopback address: the tests through the node proxy will fail with \"address not allowed\""
+fi
+kubectl wait "node/$node" --for=condition=Ready --timeout=300s >/dev/null
+
+say "running the suite (the missing-reference tests each wait up to 2 minutes for an Event)"
+set +e
+(cd "$out" && go tool test2json -t -p vk-e2e "$suite" -test.v=test2json -test.timeout=40m \
+  -kubeconfig "$KUBECONFIG" -namespace "$namespace" -node-name "$node" "$@") >"$out/report.json"
+set -e
+
+python3 - "$out" <<'EOF'
+import json, sys
+out = sys.argv[1]
+results, text = {}, []
+with open(f"{out}/report.json") as events:
+    for line in events:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("Action") == "output":
+            text.append(event["Output"])
+        test = event.get("Test")
+        if test and "/" in test and event.get("Action") in ("pass", "fail", "skip"):
+            results[test] = (event["Action"], event.get("Elapsed", 0))
+with open(f"{out}/report.txt", "w") as f:
+    f.write("".join(text))
+with open(f"{out}/summary.tsv", "w") as f:
+    for test, (result, elapsed) in results.items():
+        f.write(f"{test}\t{result}\t{elapsed}\n")
+for test, (result, elapsed) in results.items():
+    print(f"{result.upper():4} {test} ({elapsed:.1f} s)")
+passed = sum(1 for r, _ in results.values() if r == "pass")
+failed = sum(1 for r, _ in results.values() if r == "fail")
+print(f"vk-e2e: {passed} passed, {failed} failed")
+sys.exit(0 if results and failed == 0 else 1)
+EOF
