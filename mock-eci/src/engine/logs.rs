@@ -106,6 +106,67 @@ pub fn render(
     out
 }
 
+/// A real container's log files as the service read them (CRI format).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RealLogs {
+    /// The current (or last) run's log.
+    pub current: String,
+    /// The run before it, once the container restarted.
+    pub previous: Option<String>,
+}
+
+/// A real container's log (CRI lines: `<RFC 3339 time> <stream> <F|P> <text>`) as ECI answers
+/// it: partial chunks joined into their line, then `since`, `tail`, `limit_bytes`, and the
+/// line's time in front when `timestamps`. Lines that are not CRI lines are skipped.
+pub fn render_cri(text: &str, query: LogQuery) -> String {
+    // (time text, time, line)
+    let mut lines: Vec<(String, Option<Millis>, String)> = Vec::new();
+    let mut partial: Option<(String, String)> = None;
+    for raw in text.lines() {
+        let mut fields = raw.splitn(4, ' ');
+        let (Some(time), Some(_stream), Some(tag), Some(body)) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next().or(Some("")),
+        ) else {
+            continue;
+        };
+        let (first_time, mut line) = partial
+            .take()
+            .unwrap_or_else(|| (time.to_owned(), String::new()));
+        line.push_str(body);
+        match tag {
+            "P" => partial = Some((first_time, line)),
+            _ => {
+                let at = crate::clock::parse_rfc3339(&first_time);
+                lines.push((first_time, at, line));
+            }
+        }
+    }
+    if let Some((time, line)) = partial {
+        let at = crate::clock::parse_rfc3339(&time);
+        lines.push((time, at, line));
+    }
+    if let Some(since) = query.since {
+        lines.retain(|(_, at, _)| at.is_none_or(|at| at >= since));
+    }
+    let first = lines.len().saturating_sub(query.tail);
+    let mut out = String::new();
+    for (time, _, line) in &lines[first..] {
+        if query.timestamps {
+            out.push_str(time);
+            out.push(' ');
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if let Some(limit) = query.limit_bytes {
+        truncate_at_char_boundary(&mut out, limit);
+    }
+    out
+}
+
 fn truncate_at_char_boundary(text: &mut String, limit: usize) {
     if text.len() > limit {
         let mut cut = limit;
