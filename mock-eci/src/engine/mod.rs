@@ -872,15 +872,21 @@ impl Engine {
         };
         if let Some(real) = real {
             let text = if request.last_time {
-                real.previous.as_deref().ok_or_else(|| {
-                    validate::invalid(
-                        "LastTime",
-                        format!(
-                            "container {:?} has not restarted, so it has no previous log",
-                            request.container_name
-                        ),
-                    )
-                })?
+                // During a back-off the ended run's log is still the live one: the runtime
+                // sets it aside only when it starts the next run.
+                let ended_run_still_live = run.previous.is_some().then_some(real.current.as_str());
+                real.previous
+                    .as_deref()
+                    .or(ended_run_still_live)
+                    .ok_or_else(|| {
+                        validate::invalid(
+                            "LastTime",
+                            format!(
+                                "container {:?} has not restarted, so it has no previous log",
+                                request.container_name
+                            ),
+                        )
+                    })?
             } else {
                 real.current.as_str()
             };
