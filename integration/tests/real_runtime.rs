@@ -55,6 +55,8 @@ impl RealMock {
             "100ms",
             "--provisioning-delay",
             "300ms",
+            "--restart-backoff",
+            "1s",
             "--runtime",
             "real",
             "--runtime-network",
@@ -160,11 +162,16 @@ impl RealMock {
     }
 
     async fn log(&mut self, id: &str, container: &str, timestamps: bool) -> String {
+        self.log_of(id, container, timestamps, false).await
+    }
+
+    async fn log_of(&mut self, id: &str, container: &str, timestamps: bool, last: bool) -> String {
         let request = DescribeContainerLogRequest {
             region_id: REGION.into(),
             container_group_id: id.into(),
             container_name: container.into(),
             timestamps,
+            last_time: last,
             ..DescribeContainerLogRequest::default()
         };
         self.client
@@ -452,4 +459,79 @@ async fn deleting_a_running_group_leaves_nothing_behind() {
         residue = mock.residue();
     }
     assert_eq!(residue, Residue::none(), "nothing is left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_container_restarts_under_on_failure_with_its_previous_log() {
+    let mut mock = RealMock::start("rrd", "10.215.4.1/24").await;
+    let script = "echo run $(cat /proc/self/cgroup | wc -l); exit 1";
+    let mut request = mock.request("crashes", mock.busybox("main", script));
+    request.restart_policy = "OnFailure".into();
+    let id = mock.create(request).await;
+
+    let group = mock
+        .wait_group("the container restarted once", &id, |group| {
+            group.containers[0].restart_count >= 1
+                && group.containers[0]
+                    .previous_state
+                    .as_ref()
+                    .is_some_and(|state| state.state == "Terminated")
+        })
+        .await;
+    let previous = group.containers[0].previous_state.clone().unwrap();
+    assert_eq!(previous.exit_code, Some(1), "{previous:?}");
+    assert_eq!(group.status, "Running", "OnFailure keeps it going");
+    assert!(
+        group.events.iter().any(|e| e.reason == "BackOff"),
+        "{:?}",
+        group.events
+    );
+    let previous_log = mock.log_of(&id, "main", false, true).await;
+    assert_eq!(
+        previous_log.lines().count(),
+        1,
+        "one run's output: {previous_log:?}"
+    );
+    assert!(previous_log.starts_with("run "), "{previous_log:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_mode_refuses_to_start_without_root_and_says_so() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mock_eci = binary("mock-eci", "mock-eci").expect("the mock-eci binary");
+    let listen = format!("127.0.0.1:{}", free_port().expect("a free port"));
+    let runtime_dir = dir.path().join("runtime");
+    let args = [
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        mock_eci.to_str().expect("utf-8 path"),
+        "--listen",
+        &listen,
+        "--runtime",
+        "real",
+        "--runtime-prefix",
+        "rre",
+        "--runtime-dir",
+        runtime_dir.to_str().expect("utf-8 path"),
+    ];
+    let mut process = Process::spawn(
+        "mock-eci-unprivileged",
+        Path::new("/usr/bin/setpriv"),
+        args,
+        &[],
+        dir.path(),
+    )
+    .expect("setpriv starts");
+    let status = process
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .expect("mock-eci exits");
+    assert!(!status.success(), "{status:?}");
+    let output = process.output();
+    assert!(
+        output.contains("--runtime real needs root") && output.contains("uid 65534"),
+        "{output}"
+    );
 }
