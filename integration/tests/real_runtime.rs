@@ -182,6 +182,29 @@ impl RealMock {
             .content
     }
 
+    /// Stops mock-eci with SIGTERM: it stops every group and removes its bridge; nothing of
+    /// its runtime is left on the machine.
+    async fn stop(mut self) {
+        let status = self.process.terminate(Duration::from_secs(60)).await;
+        assert!(
+            status.is_some_and(|status| status.success()),
+            "mock-eci stops cleanly: {status:?}\n{}",
+            self.process.tail(40)
+        );
+        assert_eq!(
+            self.residue(),
+            Residue::none(),
+            "nothing is left after a stop"
+        );
+        let bridge = format!("{}0", self.prefix);
+        assert!(
+            command_lines("ip", &["-o", "link", "show"])
+                .iter()
+                .all(|line| !line.contains(&format!(": {bridge}:"))),
+            "the bridge {bridge} is removed"
+        );
+    }
+
     /// What of this mock-eci's runtime exists on the machine now.
     fn residue(&self) -> Residue {
         Residue::list(self.prefix, &self.runtime_dir)
@@ -360,8 +383,8 @@ async fn a_container_runs_with_the_group_s_host_name_and_env_and_its_exit_code_a
         assert!(log.lines().any(|plain| plain == text), "{line:?}");
     }
     assert_eq!(stamped.lines().count(), 3, "{stamped:?}");
+    mock.stop().await;
 }
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_that_does_not_exist_is_err_image_pull_with_a_failed_event() {
     let mut mock = RealMock::start("rrb", "10.215.2.1/24").await;
@@ -396,8 +419,8 @@ async fn an_image_that_does_not_exist_is_err_image_pull_with_a_failed_event() {
         container_state(group).2 == "ImagePullBackOff"
     })
     .await;
+    mock.stop().await;
 }
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_running_group_leaves_nothing_behind() {
     let mut mock = RealMock::start("rrc", "10.215.3.1/24").await;
@@ -459,8 +482,8 @@ async fn deleting_a_running_group_leaves_nothing_behind() {
         residue = mock.residue();
     }
     assert_eq!(residue, Residue::none(), "nothing is left");
+    mock.stop().await;
 }
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_container_restarts_under_on_failure_with_its_previous_log() {
     let mut mock = RealMock::start("rrd", "10.215.4.1/24").await;
@@ -493,8 +516,8 @@ async fn a_failing_container_restarts_under_on_failure_with_its_previous_log() {
         "one run's output: {previous_log:?}"
     );
     assert!(previous_log.starts_with("run "), "{previous_log:?}");
+    mock.stop().await;
 }
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_mode_refuses_to_start_without_root_and_says_so() {
     let dir = tempfile::tempdir().expect("a temporary directory");
