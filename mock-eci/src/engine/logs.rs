@@ -124,7 +124,7 @@ pub fn render_cri(text: &str, query: LogQuery) -> String {
     let mut partial: Option<(String, String)> = None;
     for raw in text.lines() {
         let mut fields = raw.splitn(4, ' ');
-        let (Some(time), Some(_stream), Some(tag), Some(body)) = (
+        let (Some(time), Some(stream), Some(tag), Some(body)) = (
             fields.next(),
             fields.next(),
             fields.next(),
@@ -132,6 +132,10 @@ pub fn render_cri(text: &str, query: LogQuery) -> String {
         ) else {
             continue;
         };
+        let is_cri = matches!(stream, "stdout" | "stderr") && matches!(tag, "F" | "P");
+        if !is_cri {
+            continue;
+        }
         let (first_time, mut line) = partial
             .take()
             .unwrap_or_else(|| (time.to_owned(), String::new()));
@@ -369,5 +373,36 @@ mod tests {
             message: String::new(),
         };
         assert_eq!(render("app", "nginx", &waiting, 1_000, 5_000, &[], ALL), "");
+    }
+
+    #[test]
+    fn a_real_log_joins_partial_chunks_and_applies_since_tail_limit_and_timestamps() {
+        let text = "2026-11-28T21:00:00.5Z stdout F first\n\
+                    2026-11-28T21:00:01Z stderr P half\n\
+                    2026-11-28T21:00:01.2Z stderr F  and half\n\
+                    not a log line\n\
+                    2026-11-28T21:00:02Z stdout F \n\
+                    2026-11-28T21:00:03Z stdout F last\n";
+        assert_eq!(render_cri(text, ALL), "first\nhalf and half\n\nlast\n");
+        let tail = LogQuery { tail: 2, ..ALL };
+        assert_eq!(render_cri(text, tail), "\nlast\n");
+        let since = crate::clock::parse_rfc3339("2026-11-28T21:00:01Z");
+        let stamped = LogQuery {
+            since,
+            timestamps: true,
+            tail: 2,
+            ..ALL
+        };
+        assert_eq!(
+            render_cri(text, stamped),
+            "2026-11-28T21:00:02Z \n2026-11-28T21:00:03Z last\n"
+        );
+        let from_since = LogQuery { since, ..ALL };
+        assert_eq!(render_cri(text, from_since), "half and half\n\nlast\n");
+        let limited = LogQuery {
+            limit_bytes: Some(7),
+            ..ALL
+        };
+        assert_eq!(render_cri(text, limited), "first\nh");
     }
 }
