@@ -557,4 +557,30 @@ async fn real_mode_refuses_to_start_without_root_and_says_so() {
         output.contains("--runtime real needs root") && output.contains("uid 65534"),
         "{output}"
     );
+
+    // As root, but without the OCI runtime it names.
+    let args = [
+        "--listen",
+        &listen,
+        "--runtime",
+        "real",
+        "--runtime-prefix",
+        "rre",
+        "--runtime-dir",
+        runtime_dir.to_str().expect("utf-8 path"),
+        "--oci-runtime",
+        "/nonexistent/runc",
+    ];
+    let mut process = Process::spawn("mock-eci-no-runc", &mock_eci, args, &[], dir.path())
+        .expect("mock-eci starts");
+    let status = process
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .expect("mock-eci exits");
+    assert!(!status.success(), "{status:?}");
+    let output = process.output();
+    assert!(
+        output.contains("needs an OCI runtime: /nonexistent/runc was not found"),
+        "{output}"
+    );
 }
