@@ -173,9 +173,22 @@ pub struct Settings {
     pub no_stock_zones: BTreeSet<String>,
     /// Seed for ids and delays.
     pub seed: u64,
+    /// Containers run for real (`--runtime real`): the engine asks for runs and learns what
+    /// happened from the runtime driver's observations instead of its own timers.
+    #[serde(default)]
+    pub real_runtime: bool,
 }
 
 impl Settings {
+    /// The same settings with addresses from `network` when it is given.
+    #[must_use]
+    pub fn with_real_network(mut self, network: Option<Cidr>) -> Self {
+        if let Some(network) = network {
+            self.ip_cidr = network;
+        }
+        self
+    }
+
     /// The back-off before restart number `restarts + 1`.
     pub fn restart_backoff(&self, restarts: u32) -> Millis {
         let factor = 1i64 << restarts.min(20);
@@ -209,6 +222,7 @@ impl Default for Settings {
             vswitch_zones: BTreeMap::new(),
             no_stock_zones: BTreeSet::new(),
             seed: 0,
+            real_runtime: false,
         }
     }
 }

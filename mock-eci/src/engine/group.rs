@@ -110,6 +110,10 @@ pub struct ContainerRun {
     /// current and the previous run; at most [`MAX_APPENDED_LINES`]).
     #[serde(default)]
     pub appended: Vec<(Millis, String)>,
+    /// Real runtime: run `restart_count` is asked for and not started yet (the driver pulls
+    /// and starts it, then reports).
+    #[serde(default)]
+    pub launch: bool,
 }
 
 impl ContainerRun {
@@ -123,6 +127,7 @@ impl ContainerRun {
             restart_count: 0,
             backing_off: false,
             appended: Vec::new(),
+            launch: false,
         }
     }
 
@@ -481,7 +486,12 @@ impl Group {
             let waiting_for_image = self.containers.iter().any(|run| {
                 matches!(&run.state, RunState::Waiting { reason, .. } if reason == "ErrImagePull" || reason == "ImagePullBackOff")
             });
-            self.status = if waiting_for_image {
+            // Real runtime: a first run asked for and not started yet.
+            let never_started = self
+                .containers
+                .iter()
+                .any(|run| run.launch && run.restart_count == 0);
+            self.status = if waiting_for_image || never_started {
                 GroupStatus::Pending
             } else {
                 GroupStatus::Running
@@ -497,6 +507,15 @@ impl Group {
         let image = self.specs(which)[index].image.clone();
         let run = &mut self.runs_mut(which)[index];
         run.backing_off = false;
+        if cx.settings.real_runtime {
+            // The runtime driver starts it and reports ([`Self::observed_start`]).
+            run.state = RunState::waiting("ContainerCreating", "");
+            run.started = false;
+            run.ready = false;
+            run.launch = true;
+            self.touch(now);
+            return;
+        }
         if run.behaviour.pull_fails {
             run.state = RunState::waiting(
                 "ErrImagePull",
@@ -927,5 +946,106 @@ impl Group {
         }
         self.status = GroupStatus::Running;
         self.start_containers(cx);
+    }
+
+    /// Whether what the real runtime reports still matters: not once the group ended or is
+    /// being deleted (its containers are being stopped on purpose).
+    fn takes_observations(&self) -> bool {
+        !self.status.is_final() && self.status != GroupStatus::Terminating
+    }
+
+    /// The container `name`'s run `run` if it is the current one and the group takes
+    /// observations.
+    fn observed_run(&self, name: &str, run: u32) -> Option<(Which, usize)> {
+        let (which, index) = self.locate(name)?;
+        let current = &self.runs(which)[index];
+        (self.takes_observations() && current.restart_count == run).then_some((which, index))
+    }
+
+    /// Real runtime: run `run` of container `name` started at `cx.now`.
+    pub fn observed_start(&mut self, name: &str, run: u32, cx: &mut Cx<'_>) {
+        let Some((which, index)) = self.observed_run(name, run) else {
+            return;
+        };
+        let current = &mut self.runs_mut(which)[index];
+        if !current.launch {
+            return;
+        }
+        current.launch = false;
+        current.state = RunState::Running { started_at: cx.now };
+        current.started = true;
+        // No probes run in real mode yet: a running container is ready.
+        current.ready = which == Which::Regular;
+        self.event(
+            cx.now,
+            "Normal",
+            "Started",
+            format!("Started container {name}"),
+        );
+        self.refresh_running_status();
+    }
+
+    /// Real runtime: run `run` of container `name` exited with `exit_code` at `cx.now`; the
+    /// restart policy decides what follows.
+    pub fn observed_exit(&mut self, name: &str, run: u32, exit_code: i32, cx: &mut Cx<'_>) {
+        let Some((which, index)) = self.observed_run(name, run) else {
+            return;
+        };
+        if !self.runs(which)[index].state.is_running() {
+            return;
+        }
+        let signal = (exit_code > 128).then_some(exit_code - 128);
+        let reason = crate::engine::behaviour::default_reason(exit_code);
+        self.terminate(which, index, exit_code, reason, "", signal, cx);
+        self.after_exit(which, index, exit_code, cx);
+    }
+
+    /// Real runtime: run `run` of container `name` could not be started (`message` says
+    /// why): it ends at once with code 128, `StartError`, and the restart policy applies.
+    pub fn observed_start_failure(&mut self, name: &str, run: u32, message: &str, cx: &mut Cx<'_>) {
+        let Some((which, index)) = self.observed_run(name, run) else {
+            return;
+        };
+        let current = &mut self.runs_mut(which)[index];
+        if !current.launch {
+            return;
+        }
+        current.launch = false;
+        self.event(cx.now, "Warning", "Failed", format!("Error: {message}"));
+        self.terminate(which, index, 128, "StartError", message, None, cx);
+        self.after_exit(which, index, 128, cx);
+    }
+
+    /// Real runtime: pulling the image of run `run` of container `name` failed: it waits in
+    /// `ErrImagePull` (`ImagePullBackOff` after a while) with a Warning event; the driver
+    /// retries while the run is still asked for.
+    pub fn observed_pull_failure(
+        &mut self,
+        name: &str,
+        run: u32,
+        message: &str,
+        event_message: &str,
+        cx: &mut Cx<'_>,
+    ) {
+        let Some((which, index)) = self.observed_run(name, run) else {
+            return;
+        };
+        let (id, epoch) = (self.id.clone(), self.epoch);
+        let current = &mut self.runs_mut(which)[index];
+        if !current.launch {
+            return;
+        }
+        current.state = RunState::waiting("ErrImagePull", message);
+        cx.timers.set(
+            cx.now + PULL_BACKOFF_MS,
+            &id,
+            epoch,
+            TimerKind::PullBackOff {
+                init: which == Which::Init,
+                index,
+            },
+        );
+        self.event(cx.now, "Warning", "Failed", event_message);
+        self.refresh_running_status();
     }
 }

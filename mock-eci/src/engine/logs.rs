@@ -106,6 +106,71 @@ pub fn render(
     out
 }
 
+/// A real container's log files as the service read them (CRI format).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RealLogs {
+    /// The current (or last) run's log.
+    pub current: String,
+    /// The run before it, once the container restarted.
+    pub previous: Option<String>,
+}
+
+/// A real container's log (CRI lines: `<RFC 3339 time> <stream> <F|P> <text>`) as ECI answers
+/// it: partial chunks joined into their line, then `since`, `tail`, `limit_bytes`, and the
+/// line's time in front when `timestamps`. Lines that are not CRI lines are skipped.
+pub fn render_cri(text: &str, query: LogQuery) -> String {
+    // (time text, time, line)
+    let mut lines: Vec<(String, Option<Millis>, String)> = Vec::new();
+    let mut partial: Option<(String, String)> = None;
+    for raw in text.lines() {
+        let mut fields = raw.splitn(4, ' ');
+        let (Some(time), Some(stream), Some(tag), Some(body)) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next().or(Some("")),
+        ) else {
+            continue;
+        };
+        let is_cri = matches!(stream, "stdout" | "stderr") && matches!(tag, "F" | "P");
+        if !is_cri {
+            continue;
+        }
+        let (first_time, mut line) = partial
+            .take()
+            .unwrap_or_else(|| (time.to_owned(), String::new()));
+        line.push_str(body);
+        match tag {
+            "P" => partial = Some((first_time, line)),
+            _ => {
+                let at = crate::clock::parse_rfc3339(&first_time);
+                lines.push((first_time, at, line));
+            }
+        }
+    }
+    if let Some((time, line)) = partial {
+        let at = crate::clock::parse_rfc3339(&time);
+        lines.push((time, at, line));
+    }
+    if let Some(since) = query.since {
+        lines.retain(|(_, at, _)| at.is_none_or(|at| at >= since));
+    }
+    let first = lines.len().saturating_sub(query.tail);
+    let mut out = String::new();
+    for (time, _, line) in &lines[first..] {
+        if query.timestamps {
+            out.push_str(time);
+            out.push(' ');
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if let Some(limit) = query.limit_bytes {
+        truncate_at_char_boundary(&mut out, limit);
+    }
+    out
+}
+
 fn truncate_at_char_boundary(text: &mut String, limit: usize) {
     if text.len() > limit {
         let mut cut = limit;
@@ -308,5 +373,36 @@ mod tests {
             message: String::new(),
         };
         assert_eq!(render("app", "nginx", &waiting, 1_000, 5_000, &[], ALL), "");
+    }
+
+    #[test]
+    fn a_real_log_joins_partial_chunks_and_applies_since_tail_limit_and_timestamps() {
+        let text = "2026-11-28T21:00:00.5Z stdout F first\n\
+                    2026-11-28T21:00:01Z stderr P half\n\
+                    2026-11-28T21:00:01.2Z stderr F  and half\n\
+                    not a log line\n\
+                    2026-11-28T21:00:02Z stdout F \n\
+                    2026-11-28T21:00:03Z stdout F last\n";
+        assert_eq!(render_cri(text, ALL), "first\nhalf and half\n\nlast\n");
+        let tail = LogQuery { tail: 2, ..ALL };
+        assert_eq!(render_cri(text, tail), "\nlast\n");
+        let since = crate::clock::parse_rfc3339("2026-11-28T21:00:01Z");
+        let stamped = LogQuery {
+            since,
+            timestamps: true,
+            tail: 2,
+            ..ALL
+        };
+        assert_eq!(
+            render_cri(text, stamped),
+            "2026-11-28T21:00:02Z \n2026-11-28T21:00:03Z last\n"
+        );
+        let from_since = LogQuery { since, ..ALL };
+        assert_eq!(render_cri(text, from_since), "half and half\n\nlast\n");
+        let limited = LogQuery {
+            limit_bytes: Some(7),
+            ..ALL
+        };
+        assert_eq!(render_cri(text, limited), "first\nh");
     }
 }

@@ -42,6 +42,7 @@ pub mod exec_session;
 pub mod group;
 pub mod logs;
 pub mod placement;
+pub mod real;
 pub mod render;
 pub mod timers;
 pub mod usage;
@@ -801,6 +802,17 @@ impl Engine {
         request: &DescribeContainerLogRequest,
         now: Millis,
     ) -> Result<DescribeContainerLogResponse, EciError> {
+        self.log_with(request, now, None)
+    }
+
+    /// DescribeContainerLog; with `real`, the container's real output (CRI log files the
+    /// service read) instead of the synthetic lines.
+    pub fn log_with(
+        &mut self,
+        request: &DescribeContainerLogRequest,
+        now: Millis,
+        real: Option<&logs::RealLogs>,
+    ) -> Result<DescribeContainerLogResponse, EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         let group = self.group(&request.container_group_id)?;
@@ -852,6 +864,38 @@ impl Engine {
             })?;
             since = Some(since.map_or(start, |s| s.max(start)));
         }
+        let query = LogQuery {
+            since,
+            tail,
+            limit_bytes,
+            timestamps: request.timestamps,
+        };
+        if let Some(real) = real {
+            let text = if request.last_time {
+                // During a back-off the ended run's log is still the live one: the runtime
+                // sets it aside only when it starts the next run.
+                let ended_run_still_live = run.previous.is_some().then_some(real.current.as_str());
+                real.previous
+                    .as_deref()
+                    .or(ended_run_still_live)
+                    .ok_or_else(|| {
+                        validate::invalid(
+                            "LastTime",
+                            format!(
+                                "container {:?} has not restarted, so it has no previous log",
+                                request.container_name
+                            ),
+                        )
+                    })?
+            } else {
+                real.current.as_str()
+            };
+            return Ok(DescribeContainerLogResponse {
+                request_id: String::new(),
+                container_name: spec.name.clone(),
+                content: logs::render_cri(text, query),
+            });
+        }
         let state: &RunState = if request.last_time {
             run.previous.as_ref().ok_or_else(|| {
                 validate::invalid(
@@ -872,12 +916,7 @@ impl Engine {
             run.behaviour.log_interval_ms,
             now,
             &run.appended,
-            LogQuery {
-                since,
-                tail,
-                limit_bytes,
-                timestamps: request.timestamps,
-            },
+            query,
         );
         Ok(DescribeContainerLogResponse {
             request_id: String::new(),

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -21,8 +22,9 @@ use tracing::{info, warn};
 
 use crate::fronts::openapi::{FrontCredentials, OpenApiFront};
 use crate::service::MockEci;
-use crate::service::config::MockConfig;
+use crate::service::config::{MockConfig, RuntimeMode};
 use crate::service::persist::{self, PersistError};
+use crate::service::runtime::RealRuntime;
 
 pub mod admin;
 pub mod echo;
@@ -69,6 +71,9 @@ pub enum ServeError {
     /// The state file could not be loaded.
     #[error(transparent)]
     State(#[from] PersistError),
+    /// Real mode cannot run here.
+    #[error("the real runtime cannot start")]
+    Runtime(#[from] crate::service::runtime::RuntimeError),
     /// The gRPC server failed.
     #[error("the gRPC server failed")]
     Grpc(#[source] tonic::transport::Error),
@@ -105,7 +110,11 @@ impl MockServer {
             Some(addr) => Some(bind(addr, "--openapi-listen").await?),
             None => None,
         };
-        let mut server = Self::start_on(grpc, admin, mock, &config)?;
+        let runtime = match config.runtime {
+            RuntimeMode::Real => Some(Arc::new(RealRuntime::open(&config).await?)),
+            RuntimeMode::Simulated => None,
+        };
+        let mut server = Self::start_with(grpc, admin, mock, &config, runtime)?;
         if let Some(listener) = openapi {
             let front = OpenApiFront::start(
                 listener,
@@ -129,6 +138,16 @@ impl MockServer {
         mock: MockEci,
         config: &MockConfig,
     ) -> Result<Self, ServeError> {
+        Self::start_with(grpc, admin, mock, config, None)
+    }
+
+    fn start_with(
+        grpc: TcpListener,
+        admin: Option<TcpListener>,
+        mock: MockEci,
+        config: &MockConfig,
+        runtime: Option<Arc<RealRuntime>>,
+    ) -> Result<Self, ServeError> {
         let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind {
             addr: config.listen,
             flag: "--listen",
@@ -149,7 +168,10 @@ impl MockServer {
         if config.port_echo {
             tokio::spawn(crate::fronts::echo::run(mock.clone(), signal.clone()));
         }
-        let task = tokio::spawn(serve(grpc, admin, mock.clone(), state, signal));
+        if let Some(runtime) = &runtime {
+            mock.attach_runtime(runtime.clone());
+        }
+        let task = tokio::spawn(serve(grpc, admin, mock.clone(), state, signal, runtime));
         info!(grpc = %grpc_addr, admin = ?admin_addr, region = %config.region, "mock-eci serving");
         Ok(Self {
             grpc_addr,
@@ -228,6 +250,7 @@ async fn serve(
     mock: MockEci,
     state: Option<(PathBuf, Duration)>,
     signal: watch::Receiver<bool>,
+    runtime: Option<Arc<RealRuntime>>,
 ) -> Result<(), ServeError> {
     // Without TCP_NODELAY, multi-segment responses stall on delayed ACKs (~40 ms a page).
     let incoming = TcpListenerStream::new(grpc).map(|stream| {
@@ -255,7 +278,13 @@ async fn serve(
         }
         Ok(())
     };
-    tokio::try_join!(grpc_server, admin_server, writer)?;
+    let driver = async {
+        if let Some(runtime) = runtime {
+            runtime.drive(mock.clone(), signal.clone()).await;
+        }
+        Ok(())
+    };
+    tokio::try_join!(grpc_server, admin_server, writer, driver)?;
     if let Some((path, _)) = &state {
         save(&mock, path).await?;
     }

@@ -128,6 +128,14 @@ impl Container {
         })
     }
 
+    /// How it ended, once it has (and that was seen by a wait or a stop).
+    pub fn exit(&self) -> Option<Exit> {
+        match self.state {
+            State::Exited(exit) => Some(exit),
+            State::Running { .. } => None,
+        }
+    }
+
     /// Waits for the container to end by itself.
     pub async fn wait(&mut self) -> Result<Exit, ContainerError> {
         let status = match &mut self.state {

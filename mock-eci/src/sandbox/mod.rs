@@ -147,8 +147,22 @@ impl Sandbox {
         &self.prefix
     }
 
+    /// Where group `group`'s container `container` logs (CRI format), whether or not it
+    /// exists; [`Group::remove_container`] keeps the run before as `log.previous` beside it.
+    pub fn log_path(&self, group: &str, container: &str) -> Result<PathBuf, SandboxError> {
+        let group = Label::new("group id", group)?;
+        let container = Label::new("container name", container)?;
+        Ok(self
+            .state_dir
+            .join("groups")
+            .join(group.as_str())
+            .join("containers")
+            .join(container.as_str())
+            .join("log"))
+    }
+
     /// Removes the bridge (every group must have been deleted first).
-    pub async fn close(self) -> Result<(), SandboxError> {
+    pub async fn close(&self) -> Result<(), SandboxError> {
         let bridge = self.prefix.bridge();
         net::run(&net::bridge_removal_steps(
             &bridge,
@@ -321,6 +335,65 @@ impl Group {
     /// Stops a container: SIGTERM, SIGKILL after `grace`.
     pub async fn stop(&mut self, container: &str, grace: Duration) -> Result<Exit, SandboxError> {
         Ok(self.container(container)?.stop(grace).await?)
+    }
+
+    /// Waits until one of the running containers ends (forever when none runs). Cancel-safe
+    /// as far as [`Self::exited`] goes: an end seen here is also listed there.
+    pub async fn wait_any(&mut self) {
+        let waits: Vec<_> = self
+            .containers
+            .values_mut()
+            .filter(|container| container.exit().is_none())
+            .map(|container| Box::pin(container.wait()))
+            .collect();
+        if waits.is_empty() {
+            std::future::pending::<()>().await;
+        }
+        let (result, _, _) = futures::future::select_all(waits).await;
+        if let Err(error) = result {
+            tracing::warn!(group = %self.id.as_str(), %error, "waiting for a container");
+        }
+    }
+
+    /// The containers that ended, with how.
+    pub fn exited(&self) -> Vec<(String, Exit)> {
+        self.containers
+            .iter()
+            .filter_map(|(name, container)| Some((name.as_str().to_owned(), container.exit()?)))
+            .collect()
+    }
+
+    /// Whether container `name` exists and has not been seen ending.
+    pub fn is_running(&self, name: &str) -> bool {
+        Label::new("container name", name)
+            .ok()
+            .and_then(|label| self.containers.get(&label))
+            .is_some_and(|container| container.exit().is_none())
+    }
+
+    /// Forgets an ended (or stopped) container so that [`Self::start`] can run it again:
+    /// removes its runtime state, mount and layer; its log becomes `log.previous`.
+    pub async fn remove_container(&mut self, name: &str) -> Result<(), SandboxError> {
+        let label = Label::new("container name", name)?;
+        let Some(container) = self.containers.remove(&label) else {
+            return Ok(());
+        };
+        container.force_delete().await;
+        let dir = self.dir.join("containers").join(label.as_str());
+        bundle::unmount(&dir.join("rootfs"))?;
+        for sub in ["rootfs", "upper", "work"] {
+            match tokio::fs::remove_dir_all(dir.join(sub)).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_error("remove", &dir.join(sub), e)),
+            }
+        }
+        let (log, previous) = (dir.join("log"), dir.join("log.previous"));
+        match tokio::fs::rename(&log, &previous).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error("rename", &log, e)),
+        }
     }
 
     fn container(&mut self, name: &str) -> Result<&mut Container, SandboxError> {

@@ -177,6 +177,54 @@ pub struct MockConfig {
     /// Log as JSON lines instead of text (level from RUST_LOG, default info).
     #[arg(long, env = "MOCK_ECI_LOG_JSON")]
     pub log_json: bool,
+
+    /// How containers run: `simulated` (timers and reserved variables, no processes) or `real`
+    /// (images pulled, each group a sandbox of namespaces with OCI containers; needs root and an
+    /// OCI runtime; see mock-eci/README.md).
+    #[arg(long, env = "MOCK_ECI_RUNTIME", value_enum, default_value_t = RuntimeMode::Simulated)]
+    pub runtime: RuntimeMode,
+
+    /// Real runtime: the host bridge's address and the network groups' IntranetIps come from
+    /// (private, not loopback; the bridge takes the network's first address). Replaces
+    /// `--ip-cidr` in real mode.
+    #[arg(
+        long,
+        env = "MOCK_ECI_RUNTIME_NETWORK",
+        default_value = "10.214.0.1/16"
+    )]
+    pub runtime_network: ipnet::Ipv4Net,
+
+    /// Real runtime: where groups' bundles, writable layers and logs live (and the image store
+    /// unless `--image-store` says otherwise).
+    #[arg(
+        long,
+        env = "MOCK_ECI_RUNTIME_DIR",
+        default_value = "/var/lib/mock-eci"
+    )]
+    pub runtime_dir: PathBuf,
+
+    /// Real runtime: the image store's directory (default: `<runtime-dir>/images`).
+    #[arg(long, env = "MOCK_ECI_IMAGE_STORE")]
+    pub image_store: Option<PathBuf>,
+
+    /// Real runtime: the OCI runtime binary (runc's command line), a path or a name on PATH.
+    #[arg(long, env = "MOCK_ECI_OCI_RUNTIME", default_value = "runc")]
+    pub oci_runtime: PathBuf,
+
+    /// Real runtime: names the bridge, namespaces, interfaces and containers this mock-eci
+    /// creates (1-6 of a-z, 0-9). It owns the prefix on this machine: whatever carries it is
+    /// removed at start (an earlier run's leftovers).
+    #[arg(long, env = "MOCK_ECI_RUNTIME_PREFIX", default_value = "meci")]
+    pub runtime_prefix: String,
+}
+
+/// How containers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuntimeMode {
+    /// Timers and reserved variables; no process runs.
+    Simulated,
+    /// Real images, namespaces and OCI containers.
+    Real,
 }
 
 impl MockConfig {
@@ -203,7 +251,24 @@ impl MockConfig {
             vswitch_zones: self.vswitch_zones.iter().cloned().collect(),
             no_stock_zones: self.no_stock_zones.iter().cloned().collect(),
             seed: self.seed,
+            real_runtime: self.runtime == RuntimeMode::Real,
         }
+        .with_real_network(self.real_network())
+    }
+
+    /// The sandbox network in real mode, as the engine's address block.
+    fn real_network(&self) -> Option<Cidr> {
+        (self.runtime == RuntimeMode::Real).then(|| Cidr {
+            network: self.runtime_network.network(),
+            prefix: self.runtime_network.prefix_len(),
+        })
+    }
+
+    /// The image store's directory in real mode.
+    pub fn image_store_dir(&self) -> PathBuf {
+        self.image_store
+            .clone()
+            .unwrap_or_else(|| self.runtime_dir.join("images"))
     }
 
     /// The values creates may not name.
@@ -256,6 +321,17 @@ impl MockConfig {
         }
         if self.restart_backoff > self.max_restart_backoff {
             return Err("--restart-backoff must not exceed --max-restart-backoff".into());
+        }
+        if self.runtime == RuntimeMode::Real {
+            let network = self.runtime_network;
+            let first = std::net::Ipv4Addr::from(u32::from(network.network()).saturating_add(1));
+            if network.addr() != first || !network.addr().is_private() || network.prefix_len() > 29
+            {
+                return Err(format!(
+                    "--runtime-network {network}: give a private block of /29 or larger by its first address, e.g. {first}/{}",
+                    network.prefix_len().min(29)
+                ));
+            }
         }
         Ok(())
     }

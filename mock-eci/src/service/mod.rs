@@ -37,6 +37,7 @@ pub mod config;
 pub mod controls;
 pub mod denials;
 pub mod persist;
+pub mod runtime;
 pub mod telemetry;
 
 /// The `result` label of calls served whose answer was lost on purpose
@@ -79,6 +80,10 @@ struct Shared {
     telemetry: Telemetry,
     /// Woken after every change worth persisting.
     dirty: Notify,
+    /// Woken after every change the real runtime's driver should look at.
+    runtime_wake: Notify,
+    /// The real runtime, in real mode (set once at start).
+    runtime: std::sync::OnceLock<Arc<runtime::RealRuntime>>,
 }
 
 /// A running mock-eci: cheap to clone, shared by the gRPC service and the admin endpoint.
@@ -125,6 +130,8 @@ impl MockEci {
                 clock,
                 telemetry: Telemetry::new(),
                 dirty: Notify::new(),
+                runtime_wake: Notify::new(),
+                runtime: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -277,6 +284,48 @@ impl MockEci {
         Ok(())
     }
 
+    /// Runs containers for real from now on (`--runtime real`): the driver reads
+    /// [`Self::runtime_plan`], DescribeContainerLog reads the runtime's log files.
+    pub fn attach_runtime(&self, runtime: Arc<runtime::RealRuntime>) {
+        let _ = self.shared.runtime.set(runtime);
+    }
+
+    /// What the real runtime should make exist now.
+    pub fn runtime_plan(&self) -> Vec<(String, crate::engine::real::GroupPlan)> {
+        let now = self.now();
+        self.engine().runtime_plan(now)
+    }
+
+    /// What the real runtime saw happen to run `run` of a container.
+    pub fn observe(
+        &self,
+        id: &str,
+        container: &str,
+        run: u32,
+        observation: &crate::engine::real::Observation,
+    ) {
+        let now = self.now();
+        self.engine().observe(id, container, run, observation, now);
+        self.changed_now();
+    }
+
+    /// The real runtime removed a deleted group's sandbox.
+    pub fn observe_deleted(&self, id: &str) {
+        let now = self.now();
+        self.engine().observe_deleted(id, now);
+        self.changed_now();
+    }
+
+    /// Waits until something changed that the real runtime should look at.
+    pub async fn runtime_changed(&self) {
+        self.shared.runtime_wake.notified().await;
+    }
+
+    fn changed_now(&self) {
+        self.shared.dirty.notify_one();
+        self.shared.runtime_wake.notify_one();
+    }
+
     /// A snapshot of the whole state.
     pub fn snapshot(&self) -> Snapshot {
         let now = self.now();
@@ -333,7 +382,7 @@ impl MockEci {
                 let now = self.now();
                 let result = serve(&mut self.engine(), request.into_inner(), now);
                 if result.is_ok() && action.mutates() {
-                    self.shared.dirty.notify_one();
+                    self.changed_now();
                 }
                 result
             }
@@ -473,10 +522,23 @@ impl Eci for MockEci {
         &self,
         request: Request<DescribeContainerLogRequest>,
     ) -> Result<Response<DescribeContainerLogResponse>, Status> {
+        // Real mode: the files are read before the engine's lock is taken.
+        let real = match self.shared.runtime.get() {
+            Some(runtime) => {
+                let request = request.get_ref();
+                Some(
+                    runtime
+                        .logs(&request.container_group_id, &request.container_name)
+                        .await
+                        .unwrap_or_default(),
+                )
+            }
+            None => None,
+        };
         self.call(
             Action::DescribeContainerLog,
             request,
-            |engine, request, now| engine.log(&request, now),
+            |engine, request, now| engine.log_with(&request, now, real.as_ref()),
         )
         .await
     }

@@ -1,0 +1,586 @@
+//! mock-eci with `--runtime real`, through its gRPC API: container groups really run, from the
+//! busybox image the project builds offline, pulled from a real registry on loopback. A
+//! container's exit code, host name, environment and output come back as ECI reports them; a
+//! missing image is ErrImagePull with a Failed event; a deleted group leaves no process,
+//! network namespace, interface, mount or cgroup behind.
+//!
+//! Needs root and runc (as the sandbox tests of mock-eci do). Each test runs its own mock-eci
+//! with its own object prefix and network, so they may run in parallel.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use eci_proto::v20180808::eci_client::EciClient;
+use eci_proto::v20180808::{
+    Container, ContainerGroup, CreateContainerGroupRequest, DeleteContainerGroupRequest,
+    DescribeContainerGroupsRequest, DescribeContainerLogRequest, EnvironmentVar,
+};
+use integration::images;
+use integration::process::{Process, binary, free_port};
+use integration::registry::TestRegistry;
+use tonic::transport::Channel;
+
+const REGION: &str = "cn-hangzhou";
+
+/// A registry holding busybox and a mock-eci in real mode pulling from it.
+struct RealMock {
+    client: EciClient<Channel>,
+    registry: TestRegistry,
+    busybox: String,
+    prefix: &'static str,
+    runtime_dir: PathBuf,
+    process: Process,
+    _dir: tempfile::TempDir,
+}
+
+impl RealMock {
+    async fn start(prefix: &'static str, network: &str) -> Self {
+        let registry = TestRegistry::start(None)
+            .await
+            .expect("the registry starts");
+        let busybox = format!("{}/library/busybox:1.35", registry.host());
+        images::push(&images::busybox().expect("busybox builds"), &busybox, None)
+            .await
+            .expect("busybox is pushed");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let runtime_dir = dir.path().join("runtime");
+        let port = free_port().expect("a free port");
+        let listen = format!("127.0.0.1:{port}");
+        let args = [
+            "--listen",
+            &listen,
+            "--no-rate-limits",
+            "--scheduling-delay",
+            "100ms",
+            "--provisioning-delay",
+            "300ms",
+            "--restart-backoff",
+            "1s",
+            "--runtime",
+            "real",
+            "--runtime-network",
+            network,
+            "--runtime-prefix",
+            prefix,
+            "--runtime-dir",
+            runtime_dir.to_str().expect("utf-8 path"),
+        ];
+        let process = Process::spawn(
+            "mock-eci",
+            &binary("mock-eci", "mock-eci").expect("the mock-eci binary"),
+            args,
+            &[("RUST_LOG".into(), "info".into())],
+            dir.path(),
+        )
+        .expect("mock-eci starts");
+        let endpoint = format!("http://{listen}");
+        let client = wait_for("mock-eci to answer", Duration::from_secs(60), || {
+            let endpoint = endpoint.clone();
+            async move { EciClient::connect(endpoint).await.ok() }
+        })
+        .await;
+        Self {
+            client,
+            registry,
+            busybox,
+            prefix,
+            runtime_dir,
+            process,
+            _dir: dir,
+        }
+    }
+
+    fn request(&self, name: &str, container: Container) -> CreateContainerGroupRequest {
+        CreateContainerGroupRequest {
+            region_id: REGION.into(),
+            security_group_id: "sg-test".into(),
+            v_switch_id: "vsw-test".into(),
+            container_group_name: name.into(),
+            restart_policy: "Never".into(),
+            plain_http_registry: self.registry.host().into(),
+            container: vec![container],
+            ..CreateContainerGroupRequest::default()
+        }
+    }
+
+    fn busybox(&self, name: &str, script: &str) -> Container {
+        Container {
+            name: name.into(),
+            image: self.busybox.clone(),
+            command: vec!["sh".into(), "-c".into(), script.into()],
+            ..Container::default()
+        }
+    }
+
+    async fn create(&mut self, request: CreateContainerGroupRequest) -> String {
+        self.client
+            .create_container_group(request)
+            .await
+            .expect("create succeeds")
+            .into_inner()
+            .container_group_id
+    }
+
+    async fn describe(&mut self, id: &str) -> Option<ContainerGroup> {
+        let request = DescribeContainerGroupsRequest {
+            region_id: REGION.into(),
+            container_group_ids: vec![id.to_owned()],
+            with_event: true,
+            ..DescribeContainerGroupsRequest::default()
+        };
+        self.client
+            .describe_container_groups(request)
+            .await
+            .expect("describe succeeds")
+            .into_inner()
+            .container_groups
+            .into_iter()
+            .next()
+    }
+
+    /// Waits until the group satisfies `check`, describing it every 200 ms.
+    async fn wait_group(
+        &mut self,
+        what: &str,
+        id: &str,
+        check: impl Fn(&ContainerGroup) -> bool,
+    ) -> ContainerGroup {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let group = self.describe(id).await;
+            if let Some(group) = group.as_ref().filter(|group| check(group)) {
+                return group.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within 90 s; last seen {group:#?}\nmock-eci's log:\n{}",
+                self.process.tail(60)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn log(&mut self, id: &str, container: &str, timestamps: bool) -> String {
+        self.log_of(id, container, timestamps, false).await
+    }
+
+    async fn log_of(&mut self, id: &str, container: &str, timestamps: bool, last: bool) -> String {
+        let request = DescribeContainerLogRequest {
+            region_id: REGION.into(),
+            container_group_id: id.into(),
+            container_name: container.into(),
+            timestamps,
+            last_time: last,
+            ..DescribeContainerLogRequest::default()
+        };
+        self.client
+            .describe_container_log(request)
+            .await
+            .expect("describe log succeeds")
+            .into_inner()
+            .content
+    }
+
+    /// Stops mock-eci with SIGTERM: it stops every group and removes its bridge; nothing of
+    /// its runtime is left on the machine.
+    async fn stop(mut self) {
+        let status = self.process.terminate(Duration::from_secs(60)).await;
+        assert!(
+            status.is_some_and(|status| status.success()),
+            "mock-eci stops cleanly: {status:?}\n{}",
+            self.process.tail(40)
+        );
+        assert_eq!(
+            self.residue(),
+            Residue::none(),
+            "nothing is left after a stop"
+        );
+        let bridge = format!("{}0", self.prefix);
+        assert!(
+            command_lines("ip", &["-o", "link", "show"])
+                .iter()
+                .all(|line| !line.contains(&format!(": {bridge}:"))),
+            "the bridge {bridge} is removed"
+        );
+    }
+
+    /// What of this mock-eci's runtime exists on the machine now.
+    fn residue(&self) -> Residue {
+        Residue::list(self.prefix, &self.runtime_dir)
+    }
+}
+
+/// The machine objects a prefix names (besides its bridge) and the mounts under a directory.
+#[derive(Debug, PartialEq, Eq)]
+struct Residue {
+    processes: Vec<String>,
+    netns: Vec<String>,
+    links: Vec<String>,
+    mounts: Vec<String>,
+    cgroups: Vec<String>,
+}
+
+impl Residue {
+    fn list(prefix: &str, dir: &Path) -> Self {
+        let netns = command_lines("ip", &["netns", "list"])
+            .into_iter()
+            .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+            .filter(|name| name.starts_with(&format!("{prefix}-")))
+            .collect();
+        let bridge = format!("{prefix}0");
+        let links = command_lines("ip", &["-o", "link", "show"])
+            .into_iter()
+            .filter_map(|line| {
+                let name = line.split(": ").nth(1)?.split('@').next()?.to_owned();
+                (name.starts_with(prefix) && name != bridge).then_some(name)
+            })
+            .collect();
+        let dir = dir.to_string_lossy().into_owned();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+            .expect("mountinfo")
+            .lines()
+            .filter(|line| line.contains(&dir))
+            .map(str::to_owned)
+            .collect();
+        let cgroups = command_lines(
+            "find",
+            &[
+                "/sys/fs/cgroup",
+                "-maxdepth",
+                "3",
+                "-name",
+                &format!("{prefix}-*"),
+            ],
+        );
+        Self {
+            processes: processes_with(&format!("MARKER=leak-{prefix}")),
+            netns,
+            links,
+            mounts,
+            cgroups,
+        }
+    }
+
+    fn none() -> Self {
+        Self {
+            processes: Vec::new(),
+            netns: Vec::new(),
+            links: Vec::new(),
+            mounts: Vec::new(),
+            cgroups: Vec::new(),
+        }
+    }
+}
+
+fn command_lines(program: &str, args: &[&str]) -> Vec<String> {
+    let output = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("{program} runs: {error}"));
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Command lines of the processes whose environment holds `marker` (`NAME=value`).
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ
+            .split(|byte| *byte == 0)
+            .any(|var| var == marker.as_bytes())
+        {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
+        }
+    }
+    found
+}
+
+async fn wait_for<T, F>(what: &str, limit: Duration, mut attempt: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = attempt().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn container_state(group: &ContainerGroup) -> (String, Option<i32>, String) {
+    let state = group.containers[0]
+        .current_state
+        .clone()
+        .unwrap_or_default();
+    (state.state, state.exit_code, state.reason)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_runs_with_the_group_s_host_name_and_env_and_its_exit_code_and_output_come_back()
+ {
+    let mut mock = RealMock::start("rra", "10.215.1.1/24").await;
+    let mut container = mock.busybox(
+        "main",
+        "hostname; echo hello $FOO; echo to-stderr >&2; exit 3",
+    );
+    container.environment_var = vec![EnvironmentVar {
+        key: "FOO".into(),
+        value: "bar".into(),
+        field_ref: None,
+    }];
+    let mut request = mock.request("exits", container);
+    request.host_name = "web-0".into();
+    let id = mock.create(request).await;
+
+    let group = mock
+        .wait_group("the container terminates", &id, |group| {
+            container_state(group).0 == "Terminated"
+        })
+        .await;
+    assert_eq!(
+        container_state(&group),
+        ("Terminated".into(), Some(3), "Error".into())
+    );
+    assert_eq!(group.status, "Failed", "restart policy Never, exit 3");
+    let ip: std::net::Ipv4Addr = group.intranet_ip.parse().expect("an IPv4 IntranetIp");
+    assert!(
+        ip.octets()[..3] == [10, 215, 1] && ip.octets()[3] > 1,
+        "the IntranetIp {ip} comes from the sandbox network, not the bridge's address"
+    );
+    let state = group.containers[0].current_state.clone().unwrap();
+    assert!(
+        !state.start_time.is_empty() && !state.finish_time.is_empty(),
+        "{state:?}"
+    );
+    assert!(
+        group.events.iter().any(|e| e.reason == "Started"),
+        "{:?}",
+        group.events
+    );
+
+    let log = mock.log(&id, "main", false).await;
+    // stdout and stderr are read apart, so only each stream's own order is kept.
+    let stdout: Vec<&str> = log.lines().filter(|line| *line != "to-stderr").collect();
+    assert_eq!(
+        stdout,
+        ["web-0", "hello bar"],
+        "the container's own output: {log:?}"
+    );
+    assert_eq!(log.lines().count(), 3, "and its stderr: {log:?}");
+    let stamped = mock.log(&id, "main", true).await;
+    for line in stamped.lines() {
+        let (time, text) = line.split_once(' ').expect("a timestamp, then the line");
+        assert!(humantime::parse_rfc3339_weak(time).is_ok(), "{line:?}");
+        assert!(log.lines().any(|plain| plain == text), "{line:?}");
+    }
+    assert_eq!(stamped.lines().count(), 3, "{stamped:?}");
+    mock.stop().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_that_does_not_exist_is_err_image_pull_with_a_failed_event() {
+    let mut mock = RealMock::start("rrb", "10.215.2.1/24").await;
+    let mut container = mock.busybox("main", "true");
+    container.image = format!("{}/library/nothing-here:1", mock.registry.host());
+    let request = mock.request("no-image", container);
+    let id = mock.create(request).await;
+
+    let group = mock
+        .wait_group("the pull fails", &id, |group| {
+            group.events.iter().any(|e| e.reason == "Failed")
+        })
+        .await;
+    let event = group
+        .events
+        .iter()
+        .find(|e| e.reason == "Failed")
+        .expect("a Failed event");
+    assert_eq!(event.r#type, "Warning");
+    assert!(
+        event.message.contains("Failed to pull image") && event.message.contains("not found"),
+        "{event:?}"
+    );
+    let (state, _, reason) = container_state(&group);
+    assert_eq!(state, "Waiting");
+    assert!(
+        reason == "ErrImagePull" || reason == "ImagePullBackOff",
+        "{reason}"
+    );
+    assert_eq!(group.status, "Pending");
+    mock.wait_group("ErrImagePull turns ImagePullBackOff", &id, |group| {
+        container_state(group).2 == "ImagePullBackOff"
+    })
+    .await;
+    mock.stop().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_running_group_leaves_nothing_behind() {
+    let mut mock = RealMock::start("rrc", "10.215.3.1/24").await;
+    assert_eq!(mock.residue(), Residue::none(), "a clean start");
+    // The container ignores SIGTERM: the grace period ends in SIGKILL.
+    let script = "trap '' TERM; sleep 1000 & sleep 1000; wait";
+    let mut container = mock.busybox("main", script);
+    container.environment_var = vec![EnvironmentVar {
+        key: "MARKER".into(),
+        value: "leak-rrc".into(),
+        field_ref: None,
+    }];
+    let mut request = mock.request("sleeper", container);
+    request.termination_grace_period_seconds = Some(2);
+    let id = mock.create(request).await;
+    mock.wait_group("the container runs", &id, |group| {
+        group.status == "Running" && container_state(group).0 == "Running"
+    })
+    .await;
+    // `Running` is reported once the runtime runs; the shell forks its sleeps just after.
+    let prefix = mock.prefix;
+    let running = wait_for(
+        "the shell and its two sleeps",
+        Duration::from_secs(30),
+        || {
+            let residue = Residue::list(prefix, &mock.runtime_dir);
+            async move { (residue.processes.len() == 3).then_some(residue) }
+        },
+    )
+    .await;
+    assert_eq!(running.netns.len(), 1, "{running:#?}");
+    assert_eq!(running.links.len(), 1, "the host veth: {running:#?}");
+    assert!(!running.mounts.is_empty(), "{running:#?}");
+
+    let started = Instant::now();
+    mock.client
+        .delete_container_group(DeleteContainerGroupRequest {
+            region_id: REGION.into(),
+            container_group_id: id.clone(),
+            ..DeleteContainerGroupRequest::default()
+        })
+        .await
+        .expect("delete succeeds");
+    let mut attempts = 0;
+    while mock.describe(&id).await.is_some() {
+        attempts += 1;
+        assert!(attempts < 450, "the group is still listed after 90 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let gone_after = started.elapsed();
+    assert!(
+        gone_after >= Duration::from_secs(2),
+        "SIGTERM was ignored: the group lasts its grace period ({gone_after:?})"
+    );
+    let mut residue = mock.residue();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while residue != Residue::none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        residue = mock.residue();
+    }
+    assert_eq!(residue, Residue::none(), "nothing is left");
+    mock.stop().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_container_restarts_under_on_failure_with_its_previous_log() {
+    let mut mock = RealMock::start("rrd", "10.215.4.1/24").await;
+    let script = "echo run $(cat /proc/self/cgroup | wc -l); exit 1";
+    let mut request = mock.request("crashes", mock.busybox("main", script));
+    request.restart_policy = "OnFailure".into();
+    let id = mock.create(request).await;
+
+    let group = mock
+        .wait_group("the container restarted once", &id, |group| {
+            group.containers[0].restart_count >= 1
+                && group.containers[0]
+                    .previous_state
+                    .as_ref()
+                    .is_some_and(|state| state.state == "Terminated")
+        })
+        .await;
+    let previous = group.containers[0].previous_state.clone().unwrap();
+    assert_eq!(previous.exit_code, Some(1), "{previous:?}");
+    assert_eq!(group.status, "Running", "OnFailure keeps it going");
+    assert!(
+        group.events.iter().any(|e| e.reason == "BackOff"),
+        "{:?}",
+        group.events
+    );
+    let previous_log = mock.log_of(&id, "main", false, true).await;
+    assert_eq!(
+        previous_log.lines().count(),
+        1,
+        "one run's output: {previous_log:?}"
+    );
+    assert!(previous_log.starts_with("run "), "{previous_log:?}");
+    mock.stop().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_mode_refuses_to_start_without_root_and_says_so() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mock_eci = binary("mock-eci", "mock-eci").expect("the mock-eci binary");
+    let listen = format!("127.0.0.1:{}", free_port().expect("a free port"));
+    let runtime_dir = dir.path().join("runtime");
+    let args = [
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        mock_eci.to_str().expect("utf-8 path"),
+        "--listen",
+        &listen,
+        "--runtime",
+        "real",
+        "--runtime-prefix",
+        "rre",
+        "--runtime-dir",
+        runtime_dir.to_str().expect("utf-8 path"),
+    ];
+    let mut process = Process::spawn(
+        "mock-eci-unprivileged",
+        Path::new("/usr/bin/setpriv"),
+        args,
+        &[],
+        dir.path(),
+    )
+    .expect("setpriv starts");
+    let status = process
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .expect("mock-eci exits");
+    assert!(!status.success(), "{status:?}");
+    let output = process.output();
+    assert!(
+        output.contains("--runtime real needs root") && output.contains("uid 65534"),
+        "{output}"
+    );
+
+    // As root, but without the OCI runtime it names.
+    let args = [
+        "--listen",
+        &listen,
+        "--runtime",
+        "real",
+        "--runtime-prefix",
+        "rre",
+        "--runtime-dir",
+        runtime_dir.to_str().expect("utf-8 path"),
+        "--oci-runtime",
+        "/nonexistent/runc",
+    ];
+    let mut process = Process::spawn("mock-eci-no-runc", &mock_eci, args, &[], dir.path())
+        .expect("mock-eci starts");
+    let status = process
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .expect("mock-eci exits");
+    assert!(!status.success(), "{status:?}");
+    let output = process.output();
+    assert!(
+        output.contains("needs an OCI runtime: /nonexistent/runc was not found"),
+        "{output}"
+    );
+}

@@ -1,0 +1,556 @@
+//! The real runtime's driver (`--runtime real`): an owned task that converges the machine to
+//! what the engine says should exist ([`crate::engine::real`]) and reports back what happened.
+//!
+//! Level-triggered: it reads the engine's plan after every change and at least every
+//! [`POLL`]; each group with a plan has one worker task owning its sandbox group. A worker
+//! pulls the images of the runs asked for (retrying failed pulls with back-off), creates the
+//! sandbox group, starts runs, stops what should not run, and reports starts, exits, pull
+//! and start failures. A deleted group's containers get SIGTERM, then SIGKILL after the grace
+//! period, and the sandbox goes; an ended group's sandbox goes too, its logs are kept under
+//! `<runtime-dir>/logs` while the engine lists it.
+
+pub mod resolve;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use eci_proto::v20180808::CreateContainerGroupRequest;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::engine::logs::RealLogs;
+use crate::engine::real::{GroupPlan, Observation, PlannedContainer, Want};
+use crate::images::{ImageStore, PullError, PullOptions, PulledImage};
+use crate::sandbox::{Dns, GroupSpec, HostAlias, Sandbox, SandboxConfig, SandboxError};
+use crate::service::MockEci;
+use crate::service::config::MockConfig;
+
+/// Longest time between two looks at the engine's plan (its timers fire lazily: a restart
+/// back-off ends without a call).
+const POLL: Duration = Duration::from_millis(250);
+/// First wait before pulling again after a failed pull; doubles up to [`MAX_PULL_BACKOFF`].
+const PULL_BACKOFF: Duration = Duration::from_secs(2);
+const MAX_PULL_BACKOFF: Duration = Duration::from_secs(60);
+/// Wait before creating a sandbox group again after a failure.
+const CREATE_RETRY: Duration = Duration::from_secs(2);
+
+/// Why real mode cannot run here.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("--runtime real needs root (namespaces, mounts, a bridge); mock-eci runs as uid {0}")]
+    NotRoot(u32),
+    #[error(
+        "--runtime real needs an OCI runtime: {0} was not found (install runc, or give --oci-runtime)"
+    )]
+    NoOciRuntime(PathBuf),
+    #[error("could not open the sandbox")]
+    Sandbox(#[source] SandboxError),
+    #[error("could not open the image store")]
+    Images(#[source] PullError),
+    #[error("could not prepare {0}")]
+    Io(PathBuf, #[source] std::io::Error),
+}
+
+/// The real runtime's machine-wide parts: the sandbox (bridge, naming) and the image store.
+#[derive(Debug)]
+pub struct RealRuntime {
+    sandbox: Sandbox,
+    images: ImageStore,
+    /// Logs of ended groups, `<group>/<container>/log[.previous]`.
+    archive: PathBuf,
+}
+
+impl RealRuntime {
+    /// Checks that real mode can run (root, the OCI runtime), removes an earlier run's
+    /// leftovers and opens the sandbox and the image store.
+    pub async fn open(config: &MockConfig) -> Result<Self, RuntimeError> {
+        let uid = rustix::process::geteuid().as_raw();
+        if uid != 0 {
+            return Err(RuntimeError::NotRoot(uid));
+        }
+        let runtime = find_program(&config.oci_runtime)
+            .ok_or_else(|| RuntimeError::NoOciRuntime(config.oci_runtime.clone()))?;
+        let images = ImageStore::open(&config.image_store_dir()).map_err(RuntimeError::Images)?;
+        let archive = config.runtime_dir.join("logs");
+        match tokio::fs::remove_dir_all(&archive).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(RuntimeError::Io(archive, e));
+            }
+            _ => {}
+        }
+        let sandbox = Sandbox::open(SandboxConfig {
+            prefix: config.runtime_prefix.clone(),
+            network: config.runtime_network,
+            state_dir: config.runtime_dir.join("sandbox"),
+            runtime,
+        })
+        .await
+        .map_err(RuntimeError::Sandbox)?;
+        tracing::info!(network = %config.runtime_network, dir = %config.runtime_dir.display(), "real runtime ready");
+        Ok(Self {
+            sandbox,
+            images,
+            archive,
+        })
+    }
+
+    /// The log files of a container, live or archived; `None` when it has none (yet).
+    pub async fn logs(&self, group: &str, container: &str) -> Option<RealLogs> {
+        let live = self.sandbox.log_path(group, container).ok()?;
+        let archived = self.archive.join(group).join(container).join("log");
+        for path in [live, archived] {
+            if let Ok(current) = tokio::fs::read_to_string(&path).await {
+                let previous = tokio::fs::read_to_string(path.with_extension("previous"))
+                    .await
+                    .ok();
+                return Some(RealLogs { current, previous });
+            }
+        }
+        None
+    }
+
+    /// Drives the sandbox until `stop`; then stops every group (their containers get no
+    /// grace) and removes the bridge.
+    pub async fn drive(self: Arc<Self>, mock: MockEci, mut stop: watch::Receiver<bool>) {
+        let mut workers: BTreeMap<String, watch::Sender<GroupPlan>> = BTreeMap::new();
+        let mut tasks: JoinSet<String> = JoinSet::new();
+        let mut archived: BTreeSet<String> = BTreeSet::new();
+        loop {
+            let plan = mock.runtime_plan();
+            let listed: BTreeSet<&str> = plan.iter().map(|(id, _)| id.as_str()).collect();
+            workers.retain(|id, _| listed.contains(id.as_str()));
+            for id in archived.iter().filter(|id| !listed.contains(id.as_str())) {
+                self.forget_logs(id).await;
+            }
+            archived.retain(|id| listed.contains(id.as_str()));
+            for (id, group_plan) in &plan {
+                if let Some(sender) = workers.get(id) {
+                    sender.send_if_modified(|current| replace_if_changed(current, group_plan));
+                } else if matches!(group_plan, GroupPlan::Live { .. }) && !archived.contains(id) {
+                    let (sender, receiver) = watch::channel(group_plan.clone());
+                    let worker = Worker::new(id.clone(), self.clone(), mock.clone());
+                    tasks.spawn(worker.run(receiver));
+                    workers.insert(id.clone(), sender);
+                } else if matches!(group_plan, GroupPlan::Terminating { .. }) {
+                    mock.observe_deleted(id);
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                () = mock.runtime_changed() => {}
+                Some(ended) = tasks.join_next() => match ended {
+                    Ok(id) => {
+                        workers.remove(&id);
+                        archived.insert(id);
+                    }
+                    Err(error) => tracing::error!(%error, "a group worker ended abnormally"),
+                },
+                _ = stop.wait_for(|stop| *stop) => break,
+            }
+        }
+        workers.clear();
+        while tasks.join_next().await.is_some() {}
+        let _ = tokio::fs::remove_dir_all(&self.archive).await;
+        if let Err(error) = self.sandbox.close().await {
+            tracing::warn!(error = %chain(&error), "removing the bridge");
+        }
+    }
+
+    async fn forget_logs(&self, group: &str) {
+        if crate::sandbox::names::Label::new("group id", group).is_ok() {
+            let _ = tokio::fs::remove_dir_all(self.archive.join(group)).await;
+        }
+    }
+
+    /// Copies a group's logs out of its sandbox directory, which is about to go.
+    async fn archive_logs(&self, group: &str, containers: &[String]) {
+        for container in containers {
+            let Ok(live) = self.sandbox.log_path(group, container) else {
+                continue;
+            };
+            let dir = self.archive.join(group).join(container);
+            if tokio::fs::create_dir_all(&dir).await.is_err() {
+                continue;
+            }
+            for name in ["log", "log.previous"] {
+                let _ = tokio::fs::copy(live.with_file_name(name), dir.join(name)).await;
+            }
+        }
+    }
+}
+
+fn replace_if_changed(current: &mut GroupPlan, new: &GroupPlan) -> bool {
+    if current == new {
+        false
+    } else {
+        *current = new.clone();
+        true
+    }
+}
+
+/// `program` as given when it has a slash, else the first executable of that name on PATH.
+fn find_program(program: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |path: &Path| {
+        std::fs::metadata(path)
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    };
+    if program.components().count() > 1 {
+        return executable(program).then(|| program.to_owned());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|path| executable(path))
+}
+
+/// An error and its causes on one line.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
+}
+
+/// A failed pull and when to try again.
+#[derive(Debug)]
+struct PullRetry {
+    at: Instant,
+    backoff: Duration,
+}
+
+/// One group's worker: owns its sandbox group.
+struct Worker {
+    id: String,
+    runtime: Arc<RealRuntime>,
+    mock: MockEci,
+    group: Option<crate::sandbox::Group>,
+    /// The run each container last started.
+    started: BTreeMap<String, u32>,
+    /// Exits already reported, by container and run.
+    reported: BTreeSet<(String, u32)>,
+    pulled: BTreeMap<String, PulledImage>,
+    pull_retries: BTreeMap<String, PullRetry>,
+    create_retry: Option<Instant>,
+}
+
+impl Worker {
+    fn new(id: String, runtime: Arc<RealRuntime>, mock: MockEci) -> Self {
+        Self {
+            id,
+            runtime,
+            mock,
+            group: None,
+            started: BTreeMap::new(),
+            reported: BTreeSet::new(),
+            pulled: BTreeMap::new(),
+            pull_retries: BTreeMap::new(),
+            create_retry: None,
+        }
+    }
+
+    /// Converges until the group is deleted, ends or leaves the plan; returns its id.
+    async fn run(mut self, mut plan: watch::Receiver<GroupPlan>) -> String {
+        loop {
+            let current = plan.borrow_and_update().clone();
+            match current {
+                GroupPlan::Live {
+                    ip,
+                    request,
+                    grace_ms,
+                    containers,
+                } => {
+                    self.converge(ip, &request, grace(grace_ms), &containers)
+                        .await;
+                }
+                GroupPlan::Terminating { grace_ms } => {
+                    self.tear_down(grace(grace_ms)).await;
+                    self.mock.observe_deleted(&self.id);
+                    return self.id;
+                }
+                GroupPlan::Finished => {
+                    let names: Vec<String> = self.started.keys().cloned().collect();
+                    self.runtime.archive_logs(&self.id, &names).await;
+                    self.tear_down(Duration::ZERO).await;
+                    return self.id;
+                }
+            }
+            self.report_exits();
+            let retry = self
+                .pull_retries
+                .values()
+                .map(|retry| retry.at)
+                .chain(self.create_retry)
+                .min();
+            let retry = async move {
+                match retry {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let exited = async {
+                match &mut self.group {
+                    Some(group) => group.wait_any().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let plan_gone = tokio::select! {
+                changed = plan.changed() => changed.is_err(),
+                () = exited => false,
+                () = retry => false,
+            };
+            if plan_gone {
+                self.tear_down(Duration::ZERO).await;
+                return self.id;
+            }
+            self.report_exits();
+        }
+    }
+
+    async fn converge(
+        &mut self,
+        ip: Ipv4Addr,
+        request: &CreateContainerGroupRequest,
+        grace: Duration,
+        containers: &[PlannedContainer],
+    ) {
+        if self.group.is_none() && !self.create(ip, request, containers).await {
+            return;
+        }
+        for container in containers {
+            let name = &container.spec.name;
+            match container.want {
+                Want::Start if self.started.get(name) != Some(&container.run) => {
+                    self.start(ip, request, grace, container).await;
+                }
+                Want::Stop => {
+                    if let Some(group) = self.group.as_mut().filter(|g| g.is_running(name)) {
+                        if let Err(error) = group.stop(name, grace).await {
+                            tracing::warn!(group = %self.id, container = %name, error = %chain(&error), "stopping a container");
+                        }
+                    }
+                }
+                Want::Start | Want::Run => {}
+            }
+        }
+    }
+
+    /// Creates the sandbox group; on a failure, the runs asked for fail to start (the
+    /// engine's restart policy decides what follows) and creation is retried later.
+    async fn create(
+        &mut self,
+        ip: Ipv4Addr,
+        request: &CreateContainerGroupRequest,
+        containers: &[PlannedContainer],
+    ) -> bool {
+        if self.create_retry.is_some_and(|at| Instant::now() < at) {
+            return false;
+        }
+        match self
+            .runtime
+            .sandbox
+            .create_group(&group_spec(&self.id, ip, request))
+            .await
+        {
+            Ok(group) => {
+                self.group = Some(group);
+                self.create_retry = None;
+                true
+            }
+            Err(error) => {
+                let message = format!("could not create the sandbox: {}", chain(&error));
+                tracing::warn!(group = %self.id, %message);
+                for container in containers.iter().filter(|c| c.want == Want::Start) {
+                    let failed = Observation::StartFailed {
+                        message: message.clone(),
+                    };
+                    self.mock
+                        .observe(&self.id, &container.spec.name, container.run, &failed);
+                }
+                self.create_retry = Some(Instant::now() + CREATE_RETRY);
+                false
+            }
+        }
+    }
+
+    /// Pulls the image, clears the earlier run away and starts the run.
+    async fn start(
+        &mut self,
+        ip: Ipv4Addr,
+        request: &CreateContainerGroupRequest,
+        grace: Duration,
+        container: &PlannedContainer,
+    ) {
+        let name = container.spec.name.clone();
+        let Some(image) = self.pull(request, container).await else {
+            return;
+        };
+        let Some(group) = self.group.as_mut() else {
+            return;
+        };
+        if self.started.remove(&name).is_some() {
+            if group.is_running(&name) {
+                let _ = group.stop(&name, grace).await;
+            }
+            if let Err(error) = group.remove_container(&name).await {
+                tracing::warn!(group = %self.id, container = %name, error = %chain(&error), "removing the earlier run");
+            }
+        }
+        let outcome = match resolve::container_spec(&container.spec, &image.config, ip) {
+            Ok(spec) => group
+                .start(&spec, &image.rootfs)
+                .await
+                .map_err(|error| chain(&error)),
+            Err(message) => Err(message),
+        };
+        let observation = match outcome {
+            Ok(()) => {
+                self.started.insert(name.clone(), container.run);
+                Observation::Started
+            }
+            Err(message) => {
+                tracing::warn!(group = %self.id, container = %name, %message, "container did not start");
+                Observation::StartFailed { message }
+            }
+        };
+        self.mock
+            .observe(&self.id, &name, container.run, &observation);
+    }
+
+    /// The container's image, pulled now or before; `None` when the pull failed (reported)
+    /// or waits for its back-off to end.
+    async fn pull(
+        &mut self,
+        request: &CreateContainerGroupRequest,
+        container: &PlannedContainer,
+    ) -> Option<PulledImage> {
+        let (name, image) = (&container.spec.name, &container.spec.image);
+        if let Some(pulled) = self.pulled.get(image) {
+            return Some(pulled.clone());
+        }
+        if self
+            .pull_retries
+            .get(name)
+            .is_some_and(|retry| Instant::now() < retry.at)
+        {
+            return None;
+        }
+        let options = PullOptions::from_request(
+            &request.image_registry_credential,
+            &request.plain_http_registry,
+            &request.insecure_registry,
+        );
+        match self.runtime.images.pull(image, &options).await {
+            Ok(pulled) => {
+                self.pull_retries.remove(name);
+                self.pulled.insert(image.clone(), pulled.clone());
+                Some(pulled)
+            }
+            Err(error) => {
+                let failure = error.failure(image);
+                tracing::warn!(group = %self.id, container = %name, message = %failure.message, "pull failed");
+                let backoff = self.pull_retries.get(name).map_or(PULL_BACKOFF, |retry| {
+                    (retry.backoff * 2).min(MAX_PULL_BACKOFF)
+                });
+                self.pull_retries.insert(
+                    name.clone(),
+                    PullRetry {
+                        at: Instant::now() + backoff,
+                        backoff,
+                    },
+                );
+                let observation = Observation::PullFailed {
+                    message: failure.message,
+                    event_message: failure.event_message,
+                };
+                self.mock
+                    .observe(&self.id, name, container.run, &observation);
+                None
+            }
+        }
+    }
+
+    /// Reports every exit not reported yet.
+    fn report_exits(&mut self) {
+        let Some(group) = &self.group else {
+            return;
+        };
+        for (name, exit) in group.exited() {
+            let Some(run) = self.started.get(&name).copied() else {
+                continue;
+            };
+            if self.reported.insert((name.clone(), run)) {
+                let observation = Observation::Exited {
+                    exit_code: exit.code,
+                };
+                self.mock.observe(&self.id, &name, run, &observation);
+            }
+        }
+    }
+
+    async fn tear_down(&mut self, grace: Duration) {
+        if let Some(group) = self.group.take() {
+            if let Err(error) = group.delete(grace).await {
+                tracing::warn!(group = %self.id, error = %chain(&error), "removing the sandbox group");
+            }
+        }
+    }
+}
+
+fn grace(grace_ms: crate::clock::Millis) -> Duration {
+    Duration::from_millis(u64::try_from(grace_ms).unwrap_or(0))
+}
+
+/// The sandbox's view of the group: host name (`HostName`, else the group's name, else its
+/// id), address, DNS and host aliases (entries that do not parse are left out).
+fn group_spec(id: &str, ip: Ipv4Addr, request: &CreateContainerGroupRequest) -> GroupSpec {
+    let hostname = [&request.host_name, &request.container_group_name]
+        .into_iter()
+        .find(|name| crate::sandbox::names::hostname(name).is_ok())
+        .cloned()
+        .unwrap_or_else(|| id.to_owned());
+    let dns = request
+        .dns_config
+        .as_ref()
+        .map(|config| Dns {
+            nameservers: config
+                .name_server
+                .iter()
+                .filter_map(|s| s.parse().ok())
+                .collect(),
+            searches: config.search.clone(),
+            options: config
+                .option
+                .iter()
+                .map(|option| match option.value.as_str() {
+                    "" => option.name.clone(),
+                    value => format!("{}:{value}", option.name),
+                })
+                .collect(),
+        })
+        .unwrap_or_default();
+    let host_aliases = request
+        .host_aliase
+        .iter()
+        .filter_map(|alias| {
+            Some(HostAlias {
+                ip: alias.ip.parse().ok()?,
+                hostnames: alias.hostname.clone(),
+            })
+        })
+        .collect();
+    GroupSpec {
+        id: id.to_owned(),
+        hostname,
+        ip,
+        dns,
+        host_aliases,
+    }
+}
