@@ -878,15 +878,7 @@ impl Engine {
                 real.previous
                     .as_deref()
                     .or(ended_run_still_live)
-                    .ok_or_else(|| {
-                        validate::invalid(
-                            "LastTime",
-                            format!(
-                                "container {:?} has not restarted, so it has no previous log",
-                                request.container_name
-                            ),
-                        )
-                    })?
+                    .ok_or_else(|| no_previous_log(&request.container_name))?
             } else {
                 real.current.as_str()
             };
@@ -897,15 +889,9 @@ impl Engine {
             });
         }
         let state: &RunState = if request.last_time {
-            run.previous.as_ref().ok_or_else(|| {
-                validate::invalid(
-                    "LastTime",
-                    format!(
-                        "container {:?} has not restarted, so it has no previous log",
-                        request.container_name
-                    ),
-                )
-            })?
+            run.previous
+                .as_ref()
+                .ok_or_else(|| no_previous_log(&request.container_name))?
         } else {
             &run.state
         };
@@ -1384,6 +1370,14 @@ fn finish_page(mut page: Vec<&Group>, limit: usize, total: usize) -> (Vec<&Group
         String::new()
     };
     (page, next_token, total)
+}
+
+/// DescribeContainerLog's refusal of `LastTime` for a container that has not restarted.
+fn no_previous_log(container: &str) -> EciError {
+    validate::invalid(
+        "LastTime",
+        format!("container {container:?} has not restarted, so it has no previous log"),
+    )
 }
 
 #[cfg(test)]
