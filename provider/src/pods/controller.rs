@@ -956,6 +956,8 @@ enum Failure {
     Refused(misconfigured::PodRefusal),
     /// No zone of the pod's vSwitches has stock (ECI's message): its fail strategy decides.
     NoStock(String),
+    /// ConfigMaps, Secrets or keys the pod needs do not exist (yet): it waits and is retried.
+    Absent(Vec<crate::pods::refs::Absent>),
 }
 
 impl Failure {
@@ -967,8 +969,15 @@ impl Failure {
             | Self::NoStock(message) => message.clone(),
             Self::Misconfigured(found) => found.describe(),
             Self::Refused(refusal) => refusal.describe(),
+            Self::Absent(absent) => absent_message(absent),
         }
     }
+}
+
+/// What a pod waiting for references is told: each missing one.
+fn absent_message(absent: &[crate::pods::refs::Absent]) -> String {
+    let each: Vec<String> = absent.iter().map(ToString::to_string).collect();
+    format!("{}; the pod waits for them and is retried", each.join("; "))
 }
 
 /// The fingerprint of the part of the pod's status this daemon writes, as the pod shows it

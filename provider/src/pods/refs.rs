@@ -1,8 +1,10 @@
 //! What a pod references that must be fetched before it can be translated.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Pod, ServiceAccountTokenProjection, Volume};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, KeyToPath, Pod, Secret, ServiceAccountTokenProjection, Volume,
+};
 
 /// The validity a `serviceAccountToken` source gets when it names none (the API's default).
 pub const DEFAULT_TOKEN_SECONDS: i64 = 3600;
@@ -62,63 +64,151 @@ pub struct References {
     pub tokens: BTreeSet<TokenSource>,
 }
 
-/// Collects a pod's references.
-pub fn references(pod: &Pod) -> References {
-    let mut refs = References::default();
-    let Some(spec) = &pod.spec else { return refs };
+/// The kind of object a reference names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A ConfigMap.
+    ConfigMap,
+    /// A Secret.
+    Secret,
+}
+
+/// What a reference is for: it decides which keys count and what an absence costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Use {
+    /// Environment variables (`env`, `envFrom`): only a ConfigMap's `data` keys are usable.
+    Env,
+    /// Volume files (`configMap`, `secret`, `projected`): `binaryData` keys count too.
+    Volume,
+    /// An image pull secret: the kubelet pulls without it when it is missing.
+    ImagePull,
+}
+
+/// One ConfigMap or Secret reference of a pod, as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reference<'a> {
+    /// What it names.
+    pub kind: Kind,
+    /// The object's name.
+    pub name: &'a str,
+    /// The key it needs, for a key reference (`configMapKeyRef`, a volume's `items`).
+    pub key: Option<&'a str>,
+    /// Marked `optional: true` (an image pull secret always is).
+    pub optional: bool,
+    /// What it is for.
+    pub use_: Use,
+}
+
+/// Visits every ConfigMap and Secret reference of a pod (containers and init containers,
+/// volumes, image pull secrets), and every projected service account token source.
+fn visit<'a>(
+    pod: &'a Pod,
+    mut reference: impl FnMut(Reference<'a>),
+    mut token: impl FnMut(&'a ServiceAccountTokenProjection),
+) {
+    let Some(spec) = &pod.spec else { return };
+    let optional = |flag: Option<bool>| flag == Some(true);
     for container in spec
         .containers
         .iter()
         .chain(spec.init_containers.iter().flatten())
     {
         for source in container.env_from.iter().flatten() {
-            if let Some(r) = &source.config_map_ref {
-                refs.config_maps.insert(r.name.clone());
-            }
-            if let Some(r) = &source.secret_ref {
-                refs.secrets.insert(r.name.clone());
+            let named = [
+                source
+                    .config_map_ref
+                    .as_ref()
+                    .map(|r| (Kind::ConfigMap, r.name.as_str(), r.optional)),
+                source
+                    .secret_ref
+                    .as_ref()
+                    .map(|r| (Kind::Secret, r.name.as_str(), r.optional)),
+            ];
+            for (kind, name, flag) in named.into_iter().flatten() {
+                reference(Reference {
+                    kind,
+                    name,
+                    key: None,
+                    optional: optional(flag),
+                    use_: Use::Env,
+                });
             }
         }
-        for var in container.env.iter().flatten() {
-            if let Some(from) = &var.value_from {
-                if let Some(r) = &from.config_map_key_ref {
-                    refs.config_maps.insert(r.name.clone());
-                }
-                if let Some(r) = &from.secret_key_ref {
-                    refs.secrets.insert(r.name.clone());
-                }
+        for from in container
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|var| var.value_from.as_ref())
+        {
+            let keyed = [
+                from.config_map_key_ref
+                    .as_ref()
+                    .map(|r| (Kind::ConfigMap, r.name.as_str(), r.key.as_str(), r.optional)),
+                from.secret_key_ref
+                    .as_ref()
+                    .map(|r| (Kind::Secret, r.name.as_str(), r.key.as_str(), r.optional)),
+            ];
+            for (kind, name, key, flag) in keyed.into_iter().flatten() {
+                reference(Reference {
+                    kind,
+                    name,
+                    key: Some(key),
+                    optional: optional(flag),
+                    use_: Use::Env,
+                });
             }
         }
     }
     for volume in spec.volumes.iter().flatten() {
-        volume_references(volume, &mut refs);
+        visit_volume(volume, &mut reference, &mut token);
     }
     for pull in spec.image_pull_secrets.iter().flatten() {
-        refs.secrets.insert(pull.name.clone());
+        reference(Reference {
+            kind: Kind::Secret,
+            name: &pull.name,
+            key: None,
+            optional: true,
+            use_: Use::ImagePull,
+        });
     }
-    refs
 }
 
-/// What the volumes carrying service account tokens reference: all a token refresh rebuilds.
-pub fn token_volume_references(pod: &Pod) -> References {
-    let mut refs = References::default();
-    for volume in pod
-        .spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .filter(|v| crate::pods::to_eci::has_token(v))
-    {
-        volume_references(volume, &mut refs);
-    }
-    refs
-}
-
-fn volume_references(volume: &Volume, refs: &mut References) {
+fn visit_volume<'a>(
+    volume: &'a Volume,
+    reference: &mut impl FnMut(Reference<'a>),
+    token: &mut impl FnMut(&'a ServiceAccountTokenProjection),
+) {
+    let mut files = |kind, name: &'a str, items: Option<&'a Vec<KeyToPath>>, flag: Option<bool>| {
+        let optional = flag == Some(true);
+        reference(Reference {
+            kind,
+            name,
+            key: None,
+            optional,
+            use_: Use::Volume,
+        });
+        for item in items.into_iter().flatten() {
+            reference(Reference {
+                kind,
+                name,
+                key: Some(&item.key),
+                optional,
+                use_: Use::Volume,
+            });
+        }
+    };
     if let Some(source) = &volume.config_map {
-        refs.config_maps.insert(source.name.clone());
+        files(
+            Kind::ConfigMap,
+            &source.name,
+            source.items.as_ref(),
+            source.optional,
+        );
     }
-    if let Some(name) = volume.secret.as_ref().and_then(|s| s.secret_name.clone()) {
-        refs.secrets.insert(name);
+    if let Some(source) = &volume.secret
+        && let Some(name) = &source.secret_name
+    {
+        files(Kind::Secret, name, source.items.as_ref(), source.optional);
     }
     for projection in volume
         .projected
@@ -126,15 +216,173 @@ fn volume_references(volume: &Volume, refs: &mut References) {
         .flat_map(|p| p.sources.iter().flatten())
     {
         if let Some(source) = &projection.config_map {
-            refs.config_maps.insert(source.name.clone());
+            files(
+                Kind::ConfigMap,
+                &source.name,
+                source.items.as_ref(),
+                source.optional,
+            );
         }
         if let Some(source) = &projection.secret {
-            refs.secrets.insert(source.name.clone());
+            files(
+                Kind::Secret,
+                &source.name,
+                source.items.as_ref(),
+                source.optional,
+            );
         }
-        if let Some(token) = &projection.service_account_token {
-            refs.tokens.insert(TokenSource::of(token));
+        if let Some(source) = &projection.service_account_token {
+            token(source);
         }
     }
+}
+
+impl References {
+    fn add(&mut self, reference: Reference<'_>) {
+        match reference.kind {
+            Kind::ConfigMap => self.config_maps.insert(reference.name.to_owned()),
+            Kind::Secret => self.secrets.insert(reference.name.to_owned()),
+        };
+    }
+}
+
+/// Collects a pod's references.
+pub fn references(pod: &Pod) -> References {
+    let mut refs = References::default();
+    let mut tokens = BTreeSet::new();
+    visit(
+        pod,
+        |r| refs.add(r),
+        |t| {
+            tokens.insert(TokenSource::of(t));
+        },
+    );
+    refs.tokens = tokens;
+    refs
+}
+
+/// What the volumes carrying service account tokens reference: all a token refresh rebuilds.
+pub fn token_volume_references(pod: &Pod) -> References {
+    let mut refs = References::default();
+    let mut tokens = BTreeSet::new();
+    for volume in pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter(|v| crate::pods::to_eci::has_token(v))
+    {
+        visit_volume(volume, &mut |r| refs.add(r), &mut |t| {
+            tokens.insert(TokenSource::of(t));
+        });
+    }
+    refs.tokens = tokens;
+    refs
+}
+
+/// A reference whose object, or key in it, does not exist.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Absent {
+    /// What it names.
+    pub kind: Kind,
+    /// The object's name.
+    pub name: String,
+    /// The missing key, when the object exists but lacks it.
+    pub key: Option<String>,
+    /// Marked optional: the pod runs without it.
+    pub optional: bool,
+    /// What it was for.
+    pub use_: Use,
+}
+
+impl Absent {
+    /// The Event reason: virtual-kubelet's names (`MandatorySecretNotFound`, …), which
+    /// ack-virtual-node, a virtual kubelet, reports; for an image pull secret the kubelet's.
+    pub fn reason(&self) -> &'static str {
+        use Kind::{ConfigMap, Secret};
+        match (self.use_, self.optional, self.kind, self.key.is_some()) {
+            (Use::ImagePull, ..) => "FailedToRetrieveImagePullSecret",
+            (_, true, ConfigMap, false) => "OptionalConfigMapNotFound",
+            (_, true, ConfigMap, true) => "OptionalConfigMapKeyNotFound",
+            (_, true, Secret, false) => "OptionalSecretNotFound",
+            (_, true, Secret, true) => "OptionalSecretKeyNotFound",
+            (_, false, ConfigMap, false) => "MandatoryConfigMapNotFound",
+            (_, false, ConfigMap, true) => "MandatoryConfigMapKeyNotFound",
+            (_, false, Secret, false) => "MandatorySecretNotFound",
+            (_, false, Secret, true) => "MandatorySecretKeyNotFound",
+        }
+    }
+}
+
+impl std::fmt::Display for Absent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.kind {
+            Kind::ConfigMap => "configmap",
+            Kind::Secret => "secret",
+        };
+        match &self.key {
+            Some(key) => write!(f, "key {key:?} does not exist in {kind} {:?}", self.name)?,
+            None => write!(f, "{kind} {:?} not found", self.name)?,
+        }
+        match (self.use_, self.optional) {
+            (Use::ImagePull, _) => f.write_str(" (image pull secret); pulling without it"),
+            (_, true) => f.write_str(" (optional); left out"),
+            (_, false) => Ok(()),
+        }
+    }
+}
+
+/// The pod's references that the objects read for it (`config_maps`, `secrets`: those that
+/// exist, by name) cannot satisfy, each once, in the pod's order.
+pub fn absent(
+    pod: &Pod,
+    config_maps: &BTreeMap<String, ConfigMap>,
+    secrets: &BTreeMap<String, Secret>,
+) -> Vec<Absent> {
+    let mut found: Vec<Absent> = Vec::new();
+    visit(
+        pod,
+        |r| {
+            let exists = match r.kind {
+                Kind::ConfigMap => config_maps.get(r.name).map(|map| {
+                    r.key.is_none_or(|key| {
+                        map.data.as_ref().is_some_and(|d| d.contains_key(key))
+                            || (r.use_ == Use::Volume
+                                && map
+                                    .binary_data
+                                    .as_ref()
+                                    .is_some_and(|d| d.contains_key(key)))
+                    })
+                }),
+                Kind::Secret => secrets.get(r.name).map(|secret| {
+                    r.key
+                        .is_none_or(|key| secret.data.as_ref().is_some_and(|d| d.contains_key(key)))
+                }),
+            };
+            let absent = match exists {
+                Some(true) => return,
+                // The object exists without the key.
+                Some(false) => Absent {
+                    kind: r.kind,
+                    name: r.name.to_owned(),
+                    key: r.key.map(str::to_owned),
+                    optional: r.optional,
+                    use_: r.use_,
+                },
+                None => Absent {
+                    kind: r.kind,
+                    name: r.name.to_owned(),
+                    key: None,
+                    optional: r.optional,
+                    use_: r.use_,
+                },
+            };
+            if !found.contains(&absent) {
+                found.push(absent);
+            }
+        },
+        |_| {},
+    );
+    found
 }
 
 #[cfg(test)]
@@ -180,5 +428,90 @@ mod tests {
         assert_eq!(refresh.config_maps, ["kube-root-ca.crt".to_owned()].into());
         assert!(refresh.secrets.is_empty());
         assert_eq!(refresh.tokens, refs.tokens);
+    }
+
+    #[test]
+    fn absent_references_are_named_with_virtual_kubelets_reasons() {
+        let pod: Pod = serde_json::from_value(json!({"spec": {
+            "containers": [{"name": "a", "image": "a",
+                "envFrom": [{"configMapRef": {"name": "gone-cm", "optional": true}}, {"secretRef": {"name": "here-s"}}],
+                "env": [
+                    {"name": "A", "valueFrom": {"secretKeyRef": {"name": "gone-s", "key": "k"}}},
+                    {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "here-cm", "key": "nokey", "optional": true}}},
+                    {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "here-cm", "key": "bin"}}},
+                    {"name": "D", "valueFrom": {"configMapKeyRef": {"name": "here-cm", "key": "text"}}},
+                    {"name": "E", "valueFrom": {"secretKeyRef": {"name": "gone-s", "key": "other"}}}]}],
+            "volumes": [
+                {"name": "v", "configMap": {"name": "here-cm", "items": [{"key": "bin", "path": "b"}, {"key": "lost", "path": "l"}]}},
+                {"name": "w", "projected": {"sources": [{"secret": {"name": "gone-vol", "optional": true}}]}}],
+            "imagePullSecrets": [{"name": "gone-pull"}]
+        }}))
+        .unwrap();
+        let config_maps = BTreeMap::from([(
+            "here-cm".to_owned(),
+            serde_json::from_value::<ConfigMap>(
+                json!({"data": {"text": "t"}, "binaryData": {"bin": "AA=="}}),
+            )
+            .unwrap(),
+        )]);
+        let secrets = BTreeMap::from([("here-s".to_owned(), Secret::default())]);
+        let found: Vec<(&str, String)> = absent(&pod, &config_maps, &secrets)
+            .iter()
+            .map(|a| (a.reason(), a.to_string()))
+            .collect();
+        let expected = [
+            (
+                "OptionalConfigMapNotFound",
+                r#"configmap "gone-cm" not found (optional); left out"#,
+            ),
+            // Two keys of one missing Secret: the Secret is named once.
+            ("MandatorySecretNotFound", r#"secret "gone-s" not found"#),
+            (
+                "OptionalConfigMapKeyNotFound",
+                r#"key "nokey" does not exist in configmap "here-cm" (optional); left out"#,
+            ),
+            // A binaryData key cannot be a variable, only a file.
+            (
+                "MandatoryConfigMapKeyNotFound",
+                r#"key "bin" does not exist in configmap "here-cm""#,
+            ),
+            (
+                "MandatoryConfigMapKeyNotFound",
+                r#"key "lost" does not exist in configmap "here-cm""#,
+            ),
+            (
+                "OptionalSecretNotFound",
+                r#"secret "gone-vol" not found (optional); left out"#,
+            ),
+            (
+                "FailedToRetrieveImagePullSecret",
+                r#"secret "gone-pull" not found (image pull secret); pulling without it"#,
+            ),
+        ];
+        let expected: Vec<(&str, String)> = expected
+            .iter()
+            .map(|(r, m)| (*r, (*m).to_owned()))
+            .collect();
+        assert_eq!(found, expected);
+        // Everything there: nothing absent.
+        let whole = BTreeMap::from([(
+            "here-cm".to_owned(),
+            serde_json::from_value::<ConfigMap>(
+                json!({"data": {"text": "t", "bin": "b", "nokey": "n", "lost": "l"}}),
+            )
+            .unwrap(),
+        )]);
+        let secrets: BTreeMap<String, Secret> = ["here-s", "gone-vol", "gone-pull"]
+            .into_iter()
+            .map(|name| (name.to_owned(), Secret::default()))
+            .chain([(
+                "gone-s".to_owned(),
+                serde_json::from_value(json!({"data": {"k": "AA==", "other": "AA=="}})).unwrap(),
+            )])
+            .chain([("gone-cm".to_owned(), Secret::default())])
+            .collect();
+        let mut config_maps = whole;
+        config_maps.insert("gone-cm".to_owned(), ConfigMap::default());
+        assert_eq!(absent(&pod, &config_maps, &secrets), Vec::new());
     }
 }

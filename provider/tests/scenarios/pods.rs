@@ -340,6 +340,20 @@ pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
         let id = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap().to_owned();
         reqwest::Client::new().post(format!("{admin}/admin/groups/{id}/vanish")).send().await.unwrap();
         wait_pod(h, &ns, "vanishing", "NotFound", |p| phase(p) == "Failed" && p["status"]["reason"] == "NotFound").await?;
+
+        // A Secret the pod needs does not exist yet: it waits without a group, says so with the
+        // reasons ack-virtual-node (a virtual kubelet) reports, and runs once the Secret exists.
+        // An optional ConfigMap that never comes is left out, with an Event.
+        create(h, &ns, &pod_spec("needs-secret", &node, json!({"containers": [{"name": "app", "image": "registry.example.com/app:1", "env": [
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "later", "key": "token"}}},
+            {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "nowhere", "key": "mode", "optional": true}}}]}]}))).await?;
+        let waiting = h.wait_refused((&ns, "needs-secret"), "Pending", "MandatorySecretNotFound", &["secret \"later\" not found"], WAIT).await?;
+        assert_eq!(waiting["status"]["reason"], "CreateContainerConfigError", "{waiting}");
+        assert!(groups(&admin).await.iter().all(|g| g["container_group_name"].as_str().is_none_or(|n| !n.contains("needs-secret"))), "no group before the Secret exists");
+        let secrets: Api<Secret> = Api::namespaced(h.client(), &ns);
+        secrets.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "later"}, "stringData": {"token": "t0"}})).unwrap()).await?;
+        wait_pod(h, &ns, "needs-secret", "Running once its Secret exists", |p| phase(p) == "Running").await?;
+        h.wait_warning_event(&ns, "needs-secret", "OptionalConfigMapNotFound", &["configmap \"nowhere\" not found"], WAIT).await?;
         Ok(())
     })
     .await;

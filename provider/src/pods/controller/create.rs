@@ -81,6 +81,10 @@ fn report_failure(attempt: u32, group_seen: bool) -> bool {
     attempt == REPORT_AFTER_ATTEMPTS && !group_seen
 }
 
+/// The pod reason of a pod whose references are missing: the kubelet's waiting reason for a
+/// container it cannot configure.
+const CONFIG_ERROR: &str = "CreateContainerConfigError";
+
 /// Condition and Event reason (ACK's): no zone of the pod's vSwitches has stock.
 pub(super) const NO_STOCK: &str = "NoStock";
 
@@ -138,6 +142,8 @@ pub(super) enum Shown {
     Refusal(u64),
     /// No zone has stock: the job waits its back-off.
     NoStock,
+    /// References the pod needs are missing, by their fingerprint: the job waits its back-off.
+    Absent(u64),
 }
 
 impl CreateJob {
@@ -336,7 +342,7 @@ impl PodController {
                 }
             }
             match self.try_create(&pod, uid).await {
-                Ok(created) => {
+                Ok((created, left_out)) => {
                     let id = created.group_id().to_owned();
                     self.inner
                         .telemetry
@@ -361,6 +367,11 @@ impl PodController {
                     if !unused.is_empty() {
                         // Created without them: the author hears which and why.
                         self.event(&pod, EventType::Warning, annotations::NOT_HONOURED, &unused.join("; "))
+                            .await;
+                    }
+                    for absent in &left_out {
+                        // Created without them, as the pod allows: the author hears which.
+                        self.event(&pod, EventType::Warning, absent.reason(), &absent.to_string())
                             .await;
                     }
                     let limits = to_eci::limits(&pod);
@@ -432,6 +443,15 @@ impl PodController {
                         }
                     }
                 }
+                Err(Failure::Absent(absent)) => {
+                    self.inner.telemetry.pod_create_retries.inc();
+                    let shown = Shown::Absent(super::hash_of(&absent));
+                    if job.shown != shown && !self.has_group(uid) {
+                        self.explain_absent(&pod, &absent).await;
+                    }
+                    debug!(attempt = job.attempt, "references the pod needs are missing; retrying");
+                    Some(CreateJob { shown, ..retry })
+                }
                 Err(Failure::Refused(refusal)) => {
                     self.inner.telemetry.pod_create_retries.inc();
                     let group_seen = self.has_group(uid);
@@ -448,7 +468,12 @@ impl PodController {
         .await
     }
 
-    pub(super) async fn try_create(&self, pod: &Pod, uid: &str) -> Result<WriteBack, Failure> {
+    /// One create: the group's write-back, and the optional references it was created without.
+    pub(super) async fn try_create(
+        &self,
+        pod: &Pod,
+        uid: &str,
+    ) -> Result<(WriteBack, Vec<refs::Absent>), Failure> {
         let namespace = pod.namespace().unwrap_or_default();
         let refs = refs::references(pod);
         // The references and the tokens depend on nothing of each other: asked at once, a
@@ -469,6 +494,12 @@ impl PodController {
             self.fetch::<Secret>(&namespace, &refs.secrets),
             tokens,
         )?;
+        let (absent, optional): (Vec<_>, Vec<_>) = refs::absent(pod, &config_maps, &secrets)
+            .into_iter()
+            .partition(|absent| !absent.optional);
+        if !absent.is_empty() {
+            return Err(Failure::Absent(absent));
+        }
         // The Service environment comes from the cache, complete only once it listed.
         if !self.inner.services.ready(Duration::from_secs(5)).await {
             return Err(Failure::Retry(
@@ -532,10 +563,9 @@ impl PodController {
                 .tokens
                 .track(pod, &response.container_group_id, due);
         }
-        Ok(
-            WriteBack::new(&response.container_group_id, &response.request_id)
-                .with_zone_lookup(several_vswitches),
-        )
+        let back = WriteBack::new(&response.container_group_id, &response.request_id)
+            .with_zone_lookup(several_vswitches);
+        Ok((back, optional))
     }
 
     /// ECI refuses a `ClientToken` reused with other parameters (`IdempotentParameterMismatch`),
@@ -707,6 +737,21 @@ impl PodController {
             .await;
     }
 
+    /// References the pod needs are missing: it stays Pending with the condition ACK users
+    /// watch (`ContainerInstanceCreated=False`, the first one's reason) and the kubelet's pod
+    /// reason for a container it cannot configure, and a Warning Event names each.
+    async fn explain_absent(&self, pod: &Pod, absent: &[refs::Absent]) {
+        let Some(first) = absent.first() else { return };
+        let message = super::absent_message(absent);
+        info!(%message, "references the pod needs are missing; it waits");
+        self.show_not_created_as(pod, "Pending", CONFIG_ERROR, first.reason(), &message)
+            .await;
+        for other in &absent[1..] {
+            self.event(pod, EventType::Warning, other.reason(), &other.to_string())
+                .await;
+        }
+    }
+
     pub(super) async fn set_provider_failed(&self, pod: &Pod, message: &str, permanent: bool) {
         let phase = if permanent { "Failed" } else { "Pending" };
         self.write_status(pod, |current| {
@@ -819,7 +864,7 @@ mod tests {
                         "spec": {"audiences": [], "expirationSeconds": 3607},
                         "status": {"token": "header.payload.signature", "expirationTimestamp": "2026-11-26T09:00:00Z"}})
                 } else if path.contains("/secrets/") {
-                    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": {}})
+                    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": {"password": "cw=="}})
                 } else {
                     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"ca.crt": "CA"}})
                 };

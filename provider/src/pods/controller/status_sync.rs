@@ -38,8 +38,8 @@ pub(super) enum Written {
 
 /// A group state waiting for its pod's status write, kept encoded (protobuf) until a writer
 /// takes it: decoded, a group is several times its encoding in allocations, and a burst of
-/// creations queues one per pod (10,000 decoded groups were 33 MB of a 110 MB peak;
-/// heaptrack, 2026-11-27). Decoding it again costs a writer microseconds.
+/// creations queues one per pod, a large share of the burst's peak memory (measured:
+/// docs/performance.md). Decoding it again costs a writer microseconds.
 #[derive(Debug, Clone)]
 pub(super) struct Queued {
     group: Box<[u8]>,
