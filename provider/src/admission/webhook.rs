@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable as _};
 
+use crate::ops::supervisor::Supervisor;
 use anyhow::Context as _;
 use axum::Router;
 use axum::body::Bytes;
@@ -17,7 +18,6 @@ use kube::runtime::events::{Event, EventType, Reporter};
 use tls_serve::{CertificateFiles, ClientAuth, Limits, ReloadableCertificate, TlsServer};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -121,7 +121,7 @@ fn router(served: Arc<Served>, path: &str, callers: Option<Arc<WebhookCallers>>)
 async fn webhook_callers(
     config: &AdmissionConfig,
     client: &kube::Client,
-    tasks: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
+    tasks: &mut Supervisor,
     stop: &CancellationToken,
 ) -> Option<Arc<WebhookCallers>> {
     use crate::k8s::callers::{ApiReviewer, Authenticator, ClientCa, ClientCaSource};
@@ -132,13 +132,10 @@ async fn webhook_callers(
     let source = ClientCaSource::Cluster(client.clone());
     source.load_into(&client_ca).await;
     let keep = source.keep_current(Arc::clone(&client_ca), stop.clone());
-    tasks.spawn(
-        async move {
-            keep.await;
-            Ok(())
-        }
-        .map_named("webhook callers' client CA"),
-    );
+    tasks.spawn_critical("webhook callers' client CA", async move {
+        keep.await;
+        Ok(())
+    });
     let reviewer = Arc::new(ApiReviewer::new(client.clone()));
     Some(Arc::new(WebhookCallers::new(
         config.webhook_callers.iter().cloned(),
@@ -331,30 +328,32 @@ pub async fn run(
     };
     let (ca_sender, ca_receiver) = watch::channel(material.ca_pem.clone());
 
-    let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
-    tasks.spawn(
+    let mut tasks = Supervisor::new(&stop);
+    let stop = tasks.stop().clone();
+    tasks.spawn_critical(
+        "Selector watch",
         cache::watch_selectors(
             client.clone(),
             Arc::clone(&caches),
             recorder.clone(),
             stop.clone(),
-        )
-        .map_named("Selector watch"),
+        ),
     );
-    tasks.spawn(
-        cache::watch_namespaces(client.clone(), Arc::clone(&caches), stop.clone())
-            .map_named("namespace watch"),
+    tasks.spawn_critical(
+        "namespace watch",
+        cache::watch_namespaces(client.clone(), Arc::clone(&caches), stop.clone()),
     );
-    tasks.spawn(
+    tasks.spawn_critical(
+        "Selector seal key",
         cache::load_seal(
             client.clone(),
             Arc::clone(&caches),
             config.pod_namespace.clone(),
             stop.clone(),
-        )
-        .map_named("Selector seal key"),
+        ),
     );
-    tasks.spawn(
+    tasks.spawn_critical(
+        "eci-profile watch",
         cache::watch_profile(
             client.clone(),
             Arc::clone(&caches),
@@ -362,34 +361,34 @@ pub async fn run(
             profile_name,
             recorder.clone(),
             stop.clone(),
-        )
-        .map_named("eci-profile watch"),
+        ),
     );
-    tasks.spawn(
+    tasks.spawn_critical(
+        "capacity view",
         cache::watch_capacity(
             watches,
             Arc::clone(&caches),
             (vnode.label_key.clone(), vnode.label_value.clone()),
             stop.clone(),
-        )
-        .map_named("capacity view"),
+        ),
     );
-    tasks.spawn(
+    tasks.spawn_critical(
+        "spill watch",
         spill::run(
             client.clone(),
             vnode,
             recorder.clone(),
             Arc::clone(&telemetry),
             stop.clone(),
-        )
-        .map_named("spill watch"),
+        ),
     );
-    tasks.spawn(
-        publish_warnings(recorder, warnings_out, stop.clone()).map_named("admission events"),
+    tasks.spawn_critical(
+        "admission events",
+        publish_warnings(recorder, warnings_out, stop.clone()),
     );
-    tasks.spawn(
-        keep_registered(client.clone(), registration, ca_receiver, stop.clone())
-            .map_named("webhook registration"),
+    tasks.spawn_critical(
+        "webhook registration",
+        keep_registered(client.clone(), registration, ca_receiver, stop.clone()),
     );
     if let Some(dir) = config.webhook_cert_dir.clone() {
         // cert-manager (or whoever writes the files) renews them; a changed ca.crt alone (a CA
@@ -400,52 +399,27 @@ pub async fn run(
         };
         let renewals = certificate.subscribe();
         let (certificate, watch_stop) = (certificate.clone(), stop.clone());
-        tasks.spawn(
-            async move {
-                files
-                    .watch(certificate, CERT_RELOAD_INTERVAL, watch_stop)
-                    .await;
-                Ok(())
-            }
-            .map_named("certificate reload"),
+        tasks.spawn_critical("certificate reload", async move {
+            files
+                .watch(certificate, CERT_RELOAD_INTERVAL, watch_stop)
+                .await;
+            Ok(())
+        });
+        tasks.spawn_critical(
+            "caBundle",
+            follow_ca(dir, renewals, ca_sender, stop.clone()),
         );
-        tasks.spawn(follow_ca(dir, renewals, ca_sender, stop.clone()).map_named("caBundle"));
     }
     let callers = webhook_callers(&config, &client, &mut tasks, &stop).await;
     let router = router(served, &config.webhook_path, callers);
     let serve_stop = stop.clone();
-    tasks.spawn(
-        async move {
-            server.serve(listener, router, serve_stop).await;
-            Ok(())
-        }
-        .map_named("webhook server"),
-    );
+    tasks.spawn_critical("webhook server", async move {
+        server.serve(listener, router, serve_stop).await;
+        Ok(())
+    });
 
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok((_, Ok(()))) if stop.is_cancelled() => {}
-            Ok((name, Ok(()))) => anyhow::bail!("the webhook's {name} stopped unexpectedly"),
-            Ok((name, Err(error))) => {
-                return Err(error.context(format!("the webhook's {name} failed")));
-            }
-            Err(panic) => anyhow::bail!("a webhook task panicked: {panic}"),
-        }
-    }
-    Ok(())
+    Ok(tasks.join().await?)
 }
-
-/// Names a task's result.
-trait Named: std::future::Future<Output = anyhow::Result<()>> + Sized {
-    fn map_named(
-        self,
-        name: &'static str,
-    ) -> impl std::future::Future<Output = (&'static str, anyhow::Result<()>)> {
-        async move { (name, self.await) }
-    }
-}
-
-impl<F: std::future::Future<Output = anyhow::Result<()>>> Named for F {}
 
 /// The API accesses of the webhook (see [`crate::k8s::access`]).
 pub const KUBE_API: &[crate::k8s::access::Access] = &[

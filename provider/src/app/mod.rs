@@ -16,7 +16,6 @@ use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -35,6 +34,7 @@ use crate::node::registration;
 use crate::node::status as node_status;
 use crate::ops::metrics::Telemetry;
 use crate::ops::server::{self as ops, Readiness};
+use crate::ops::supervisor::Supervisor;
 use crate::placement::Placement;
 use crate::pods::PodController;
 
@@ -130,33 +130,29 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     readiness.serving.store(true, Ordering::SeqCst);
     info!(node = %settings.node_name, backend = ?settings.backend, "virtual-node-eci is serving its node");
 
-    // Two stops: `stop` ends intake and work in every area; `stop_lease` comes after they
+    // Two stops: the areas' ends intake and work in every area; the Lease's comes after they
     // finished, so the node is held (and its pods not handed to a successor) until then.
-    let stop = CancellationToken::new();
-    let stop_lease = CancellationToken::new();
-    let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
-    let mut lease_task: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
+    let mut lease_task = Supervisor::new(&CancellationToken::new());
     {
-        let (telemetry, stop_lease) = (Arc::clone(&telemetry), stop_lease.clone());
+        let (telemetry, stop_lease) = (Arc::clone(&telemetry), lease_task.stop().clone());
         let mut node_uid = uid_receiver.clone();
-        lease_task.spawn(async move {
+        lease_task.spawn_critical("lease renewal", async move {
             let result = lease
                 .keep_renewing(&telemetry, &stop_lease, &mut node_uid)
                 .await;
             if result.is_ok() {
                 lease.release(&telemetry).await;
             }
-            ("lease renewal", result.map_err(anyhow::Error::from))
+            result.map_err(anyhow::Error::from)
         });
     }
+    let mut tasks = Supervisor::new(&CancellationToken::new());
+    let stop = tasks.stop().clone();
     {
         let (client, region) = (client.clone(), fleet_config.region.clone());
         let (telemetry, stop) = (Arc::clone(&telemetry), stop.clone());
-        tasks.spawn(async move {
-            (
-                "replica count",
-                replicas::run(client, region, replica_sender, telemetry, stop).await,
-            )
+        tasks.spawn_critical("replica count", async move {
+            replicas::run(client, region, replica_sender, telemetry, stop).await
         });
     }
     wait_for_replica_count(replica_count.clone()).await;
@@ -165,14 +161,11 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     {
         let (watch, client, stop) = (Arc::clone(&node_pods), client.clone(), stop.clone());
         let this_node = bound_to(&node_config.node_name);
-        tasks.spawn(async move {
-            (
-                "this node's pod watch",
-                watch
-                    .run(Api::all(client), this_node, stop)
-                    .await
-                    .map_err(anyhow::Error::from),
-            )
+        tasks.spawn_critical("this node's pod watch", async move {
+            watch
+                .run(Api::all(client), this_node, stop)
+                .await
+                .map_err(anyhow::Error::from)
         });
     }
     let controller = PodController::new(
@@ -187,36 +180,30 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     let misconfig = controller.misconfig_monitor();
     {
         let stop = stop.clone();
-        tasks.spawn(async move { ("pod controller", controller.run(stop).await) });
+        tasks.spawn_critical("pod controller", async move { controller.run(stop).await });
     }
     {
         let (config, telemetry, stop) = (node_config.clone(), Arc::clone(&telemetry), stop.clone());
         let (nodes, backend) = (nodes.clone(), Arc::clone(&backend));
-        tasks.spawn(async move {
-            (
-                "node status",
-                node_status::run(
-                    nodes,
-                    backend,
-                    config,
-                    telemetry,
-                    misconfig,
-                    uid_receiver,
-                    stop,
-                )
-                .await
-                .map_err(anyhow::Error::from),
+        tasks.spawn_critical("node status", async move {
+            node_status::run(
+                nodes,
+                backend,
+                config,
+                telemetry,
+                misconfig,
+                uid_receiver,
+                stop,
             )
+            .await
+            .map_err(anyhow::Error::from)
         });
     }
     {
         let (config, telemetry, stop) = (node_config.clone(), Arc::clone(&telemetry), stop.clone());
         let client = client.clone();
-        tasks.spawn(async move {
-            (
-                "node watch",
-                node_watch::run(nodes, client, config, telemetry, uid_sender, stop).await,
-            )
+        tasks.spawn_critical("node watch", async move {
+            node_watch::run(nodes, client, config, telemetry, uid_sender, stop).await
         });
     }
     // ResourcePolicy placement: the webhook reads its index, so it is built first.
@@ -230,21 +217,15 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     let watches = ClusterWatches::default();
     {
         let (watches, client, stop) = (watches.clone(), client.clone(), stop.clone());
-        tasks.spawn(async move {
-            (
-                "shared pod and node watches",
-                watches.run(client, stop).await.map_err(anyhow::Error::from),
-            )
+        tasks.spawn_critical("shared pod and node watches", async move {
+            watches.run(client, stop).await.map_err(anyhow::Error::from)
         });
     }
     if let Some(placement) = placement {
         let (client, telemetry, stop) = (client.clone(), Arc::clone(&telemetry), stop.clone());
         let watches = watches.clone();
-        tasks.spawn(async move {
-            (
-                "ResourcePolicy placement",
-                placement.run(client, &watches, telemetry, stop).await,
-            )
+        tasks.spawn_critical("ResourcePolicy placement", async move {
+            placement.run(client, &watches, telemetry, stop).await
         });
     }
     if settings.config.webhook_enabled {
@@ -255,11 +236,8 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             Arc::clone(&telemetry),
             stop.clone(),
         );
-        tasks.spawn(async move {
-            (
-                "Selector webhook",
-                admission::run(client, config, placement, watches, telemetry, stop).await,
-            )
+        tasks.spawn_critical("Selector webhook", async move {
+            admission::run(client, config, placement, watches, telemetry, stop).await
         });
     }
     {
@@ -270,36 +248,33 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             Arc::clone(&telemetry),
         );
         let stop = stop.clone();
-        tasks.spawn(async move { ("orphan collector", collector.run(stop).await) });
+        tasks.spawn_critical("orphan collector", async move { collector.run(stop).await });
     }
     // The kubelet API (logs, exec, metrics of this node's pods), at the address the Node
     // advertises; it stops with the other areas.
     {
         let (config, client, backend) = (settings.kubelet(), client.clone(), Arc::clone(&backend));
         let (telemetry, stop) = (Arc::clone(&telemetry), stop.clone());
-        tasks.spawn(async move {
-            (
-                "kubelet API",
-                kubelet::run(config, client, backend, groups, node_pods, telemetry, stop)
-                    .await
-                    .map_err(anyhow::Error::from),
-            )
+        tasks.spawn_critical("kubelet API", async move {
+            kubelet::run(config, client, backend, groups, node_pods, telemetry, stop)
+                .await
+                .map_err(anyhow::Error::from)
         });
     }
     if let Some(listener) = ops_listener {
         let router = ops::router(Arc::clone(&telemetry), Arc::clone(&readiness));
         let stop = stop.clone();
-        tasks.spawn(async move {
+        tasks.spawn_critical("read-only port", async move {
             ops::serve(listener, router, stop).await;
-            ("read-only port", Ok(()))
+            Ok(())
         });
     }
     if let Some(listener) = health_listener {
         let router = ops::probes(Arc::clone(&readiness));
         let stop = stop.clone();
-        tasks.spawn(async move {
+        tasks.spawn_critical("probes", async move {
             ops::serve(listener, router, stop).await;
-            ("probes", Ok(()))
+            Ok(())
         });
     }
 
@@ -327,45 +302,26 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
                         )),
                         Err(error) => Err(anyhow::Error::from(error)),
                     },
-                    Some(joined) = tasks.join_next() => Err(task_failure(joined)),
-                    Some(joined) = lease_task.join_next() => Err(task_failure(joined)),
+                    failure = tasks.failure() => Err(failure.into()),
+                    failure = lease_task.failure() => Err(failure.into()),
                 }
             }
         },
-        Some(joined) = tasks.join_next() => Err(task_failure(joined)),
-        Some(joined) = lease_task.join_next() => Err(task_failure(joined)),
+        failure = tasks.failure() => Err(failure.into()),
+        failure = lease_task.failure() => Err(failure.into()),
     };
     if let Err(failure) = &outcome {
         error!(error = %format!("{failure:#}"), "stopping");
     }
     readiness.serving.store(false, Ordering::SeqCst);
-    stop.cancel();
-    let drained = tokio::time::timeout(STOP_GRACE, async {
-        while let Some(joined) = tasks.join_next().await {
-            if let Ok((name, Err(error))) = joined {
-                warn!(task = name, error = %format!("{error:#}"), "task ended with an error while stopping");
-            }
-        }
-    })
-    .await;
-    if drained.is_err() {
+    if !tasks.shutdown(STOP_GRACE).await {
         warn!(
             grace = ?STOP_GRACE,
             "some tasks did not stop in time; abandoning their in-flight work"
         );
-        tasks.abort_all();
     }
     // Only now may a successor take the node over.
-    stop_lease.cancel();
-    let released = tokio::time::timeout(LEASE_RELEASE_GRACE, async {
-        while let Some(joined) = lease_task.join_next().await {
-            if let Ok((name, Err(error))) = joined {
-                warn!(task = name, error = %format!("{error:#}"), "task ended with an error while stopping");
-            }
-        }
-    })
-    .await;
-    if released.is_err() {
+    if !lease_task.shutdown(LEASE_RELEASE_GRACE).await {
         warn!(grace = ?LEASE_RELEASE_GRACE, "the Lease was not released in time; a successor waits for it to expire");
     }
     let outcome = match (outcome, decommission) {
@@ -374,16 +330,4 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     };
     backend_guard.stop().await;
     outcome
-}
-
-type Joined = Result<(&'static str, anyhow::Result<()>), tokio::task::JoinError>;
-
-/// A critical task ended: why that stops the process.
-fn task_failure(joined: Joined) -> anyhow::Error {
-    let (name, result) =
-        joined.unwrap_or_else(|panic| ("a task", Err(anyhow::anyhow!("panicked: {panic}"))));
-    match result {
-        Ok(()) => anyhow::anyhow!("the critical task `{name}` stopped unexpectedly"),
-        Err(error) => error.context(format!("the critical task `{name}` failed")),
-    }
 }

@@ -1,7 +1,8 @@
 //! What operators see: Prometheus metrics, Kubernetes Events, and the `/healthz`, `/readyz`,
-//! `/metrics` server. A leaf every area may call; it calls nothing of theirs.
+//! `/metrics` server; and the supervisor every long-running task runs under. A leaf every area may call; it calls nothing of theirs.
 
 pub mod chain;
 pub mod events;
 pub mod metrics;
 pub mod server;
+pub mod supervisor;

@@ -48,8 +48,8 @@ use crate::k8s::shared_watch::SharedWatch;
 use crate::k8s::write_share::WriteShare;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
+use crate::ops::supervisor::Supervisor;
 use crate::pods::from_eci;
-use crate::pods::loops::Loops;
 use crate::pods::to_eci::naming;
 use crate::pods::workqueue::WorkQueue;
 use create::{CreateJob, WriteBack};
@@ -684,9 +684,9 @@ impl PodController {
     }
 
     /// Runs until cancelled: adopt, watch pods, poll statuses. Each loop is a task of its own
-    /// (see [`Loops`]): the first to fail stops the others, and its error names it.
+    /// (see [`Supervisor`]): the first to fail stops the others, and its error names it.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let mut loops = Loops::new(&stop);
+        let mut loops = Supervisor::new(&stop);
         let stop = loops.stop().clone();
         // Token refreshes and the Service cache start first: adoption does not need them.
         let (tokens, stop_tokens) = (self.inner.tokens.clone(), stop.clone());

@@ -4,7 +4,6 @@
 
 mod controller;
 pub mod from_eci;
-pub mod loops;
 pub mod refs;
 pub mod services;
 mod slim;
