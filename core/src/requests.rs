@@ -1,6 +1,8 @@
 //! A pod's resource requests as the scheduler counts them: the containers summed, each init
-//! container's raise taken when larger, the pod overhead added; limits stand in for missing
-//! requests (the API server defaults them so).
+//! container's raise taken when larger, native sidecars (init containers with
+//! `restartPolicy: Always`) added to the containers and to every init container after them,
+//! the pod overhead added; limits stand in for missing requests (the API server defaults them
+//! so).
 
 use std::collections::BTreeMap;
 
@@ -49,11 +51,25 @@ pub fn pod_requests(pod: &Pod) -> Requests {
     for container in &spec.containers {
         add(&mut sum, &of(container.resources.as_ref()));
     }
+    // Sidecars run beside whatever starts after them: each init container after one needs its
+    // own requests plus theirs, and the containers need theirs on top.
+    let (mut sidecars, mut init_peak) = (Requests::new(), Requests::new());
     for init in spec.init_containers.iter().flatten() {
-        for (name, quantity) in of(init.resources.as_ref()) {
-            let entry = sum.entry(name).or_default();
+        let own = of(init.resources.as_ref());
+        let mut needs = sidecars.clone();
+        add(&mut needs, &own);
+        if init.restart_policy.as_deref() == Some("Always") {
+            add(&mut sidecars, &own);
+        }
+        for (name, quantity) in needs {
+            let entry = init_peak.entry(name).or_default();
             *entry = (*entry).max(quantity);
         }
+    }
+    add(&mut sum, &sidecars);
+    for (name, quantity) in init_peak {
+        let entry = sum.entry(name).or_default();
+        *entry = (*entry).max(quantity);
     }
     for (name, quantity) in spec.overhead.iter().flatten() {
         *sum.entry(name.clone()).or_default() += parse(&quantity.0);
@@ -98,6 +114,19 @@ mod tests {
                     "containers": [{"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
                 }}),
                 vec![("cpu", "3"), ("memory", "1Gi")],
+            ),
+            (
+                "sidecars add to the containers and to the init containers after them",
+                serde_json::json!({"spec": {
+                    "initContainers": [
+                        {"name": "early", "resources": {"requests": {"cpu": "2"}}},
+                        {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}}},
+                        {"name": "late", "resources": {"requests": {"cpu": "3"}}},
+                    ],
+                    "containers": [{"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+                }}),
+                // cpu: max(2, 0.5 + 3, 1 + 0.5); memory: 1Gi + 256Mi.
+                vec![("cpu", "3500m"), ("memory", "1280Mi")],
             ),
             (
                 "overhead adds",

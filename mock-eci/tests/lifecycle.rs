@@ -147,6 +147,55 @@ async fn restart_policy_never_ends_the_group() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_declared_sidecar_does_not_hold_a_job_and_its_exit_code_can_be_ignored() {
+    let mut h = start(&[]).await;
+    let sidecar = |ignore: bool| {
+        let mut vars = vec![env("ECI_CONTAINER_TYPE", "sidecar")];
+        if ignore {
+            vars.push(env("ECI_CONTAINER_IGNORE_EXIT_CODE", "true"));
+        }
+        mk_container("logs", vars)
+    };
+    let mut ignored = mk_request("job-with-sidecar");
+    ignored.restart_policy = "Never".into();
+    ignored.container = exiting("0", "2s");
+    ignored.container.push(sidecar(true));
+    let ignored = h.create(ignored).await;
+    let mut counted = mk_request("job-with-counted-sidecar");
+    counted.restart_policy = "Never".into();
+    counted.container = exiting("0", "2s");
+    counted.container.push(sidecar(false));
+    let counted = h.create(counted).await;
+
+    sleep(4.0).await;
+    assert_eq!(
+        h.status(&ignored).await,
+        "Running",
+        "the sidecar runs beside the job"
+    );
+    sleep(1.1).await;
+    // The job ended: ECI stops the sidecar, and its exit code is ignored.
+    let group = h.get(&ignored).await.unwrap();
+    assert_eq!(group.status, "Succeeded");
+    let logs = container(&group, "logs").current_state.clone().unwrap();
+    assert_eq!(
+        (logs.state.as_str(), logs.exit_code, logs.reason.as_str()),
+        ("Terminated", Some(0), "Completed")
+    );
+    assert!(
+        group
+            .events
+            .iter()
+            .any(|e| e.reason == "Killing" && e.message.contains("sidecar container logs"))
+    );
+    // Without ECI_CONTAINER_IGNORE_EXIT_CODE the stopped sidecar's 137 fails the group.
+    let group = h.get(&counted).await.unwrap();
+    assert_eq!(group.status, "Failed");
+    let logs = container(&group, "logs").current_state.clone().unwrap();
+    assert_eq!((logs.exit_code, logs.reason.as_str()), (Some(137), "Error"));
+}
+
+#[tokio::test(start_paused = true)]
 async fn restart_policy_on_failure_restarts_only_failures() {
     let mut h = start(&["--restart-backoff", "10s"]).await;
     let mut ok = mk_request("onfailure-ok");

@@ -137,6 +137,33 @@ impl ContainerRun {
     }
 }
 
+/// What a container's environment declares of its type (ECI's user guide: "declaring
+/// container types").
+#[derive(Debug, Clone, Copy, Default)]
+struct Kind {
+    /// `ECI_CONTAINER_TYPE=sidecar`: stopped once the other containers ended for good.
+    sidecar: bool,
+    /// `ECI_CONTAINER_IGNORE_EXIT_CODE=true`: counts as succeeded whatever its exit code.
+    ignore_exit_code: bool,
+}
+
+impl Kind {
+    fn of(container: &Container) -> Self {
+        let value = |key: &str| {
+            container
+                .environment_var
+                .iter()
+                .rev()
+                .find(|var| var.key == key)
+                .map(|var| var.value.trim().to_ascii_lowercase())
+        };
+        Self {
+            sidecar: value("ECI_CONTAINER_TYPE").as_deref() == Some("sidecar"),
+            ignore_exit_code: value("ECI_CONTAINER_IGNORE_EXIT_CODE").as_deref() == Some("true"),
+        }
+    }
+}
+
 /// Event reason of a spot reclaim, announced and done (ACK's word).
 pub const SPOT_TO_BE_RELEASED: &str = "SpotToBeReleased";
 
@@ -673,20 +700,61 @@ impl Group {
             self.finish(GroupStatus::Failed, cx);
             return;
         }
-        if self.containers.iter().all(ContainerRun::is_done) {
-            let all_zero = self
-                .containers
-                .iter()
-                .all(|run| run.state.exit_code() == Some(0));
-            self.finish(
-                if all_zero {
-                    GroupStatus::Succeeded
-                } else {
-                    GroupStatus::Failed
-                },
-                cx,
-            );
+        self.end_if_done(cx);
+    }
+
+    /// The group ends once its containers have ended for good. Sidecars
+    /// (`ECI_CONTAINER_TYPE=sidecar`) do not hold it: once every other container ended, ECI
+    /// stops them (SIGKILL, 137), and a container with `ECI_CONTAINER_IGNORE_EXIT_CODE=true`
+    /// counts as succeeded whatever its code.
+    fn end_if_done(&mut self, cx: &mut Cx<'_>) {
+        let kinds: Vec<Kind> = self.request.container.iter().map(Kind::of).collect();
+        let apps_done = self
+            .containers
+            .iter()
+            .zip(&kinds)
+            .all(|(run, kind)| kind.sidecar || run.is_done());
+        let has_apps = kinds.iter().any(|kind| !kind.sidecar);
+        if has_apps && apps_done {
+            for (index, kind) in kinds.iter().enumerate() {
+                if kind.sidecar && self.containers[index].state.is_running() {
+                    let name = self.request.container[index].name.clone();
+                    self.event(
+                        cx.now,
+                        "Normal",
+                        "Killing",
+                        format!("Stopping sidecar container {name}: the other containers ended"),
+                    );
+                    // Reported as succeeded when its exit code is to be ignored.
+                    let (code, reason) = if kind.ignore_exit_code {
+                        (0, "Completed")
+                    } else {
+                        (137, "Error")
+                    };
+                    self.terminate(Which::Regular, index, code, reason, "", Some(9), cx);
+                }
+                // A sidecar backing off restarts no more.
+                if kind.sidecar {
+                    self.containers[index].backing_off = false;
+                }
+            }
         }
+        if !self.containers.iter().all(ContainerRun::is_done) {
+            return;
+        }
+        let all_zero = self
+            .containers
+            .iter()
+            .zip(&kinds)
+            .all(|(run, kind)| kind.ignore_exit_code || run.state.exit_code() == Some(0));
+        self.finish(
+            if all_zero {
+                GroupStatus::Succeeded
+            } else {
+                GroupStatus::Failed
+            },
+            cx,
+        );
     }
 
     /// A timer: a back-off ended.

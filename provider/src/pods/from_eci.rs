@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition, PodReadinessGate};
 use serde_json::{Map, Value, json};
 
 use crate::k8s::rfc3339;
+use crate::pods::to_eci::sidecars;
 
 /// The Pod phase of an ECI group status (`None`: keep the pod's current phase).
 pub fn phase(status: &str) -> Option<&'static str> {
@@ -103,14 +104,21 @@ fn derived_container_id(group_id: &str, info: &ContainerInfo) -> Option<String> 
     ran.then(|| format!("eci://{group_id}/{}/{}", info.name, info.restart_count))
 }
 
-fn container_statuses(
+/// The ECI container called `name`.
+fn find<'a>(infos: &'a [ContainerInfo], name: &str) -> Option<&'a ContainerInfo> {
+    infos.iter().find(|i| i.name == name)
+}
+
+/// The statuses of the containers `spec` lists, each from the ECI container `info_of` finds
+/// for it.
+fn container_statuses<'a>(
     group_id: &str,
     spec: &[k8s_openapi::api::core::v1::Container],
-    infos: &[ContainerInfo],
+    info_of: impl Fn(&k8s_openapi::api::core::v1::Container) -> Option<&'a ContainerInfo>,
 ) -> Vec<Value> {
     spec.iter()
         .map(|container| {
-            let info = infos.iter().find(|i| i.name == container.name);
+            let info = info_of(container);
             let container_id = info
                 .and_then(|i| derived_container_id(group_id, i))
                 .unwrap_or_default();
@@ -310,23 +318,39 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
         .or_else(|| current.phase.clone())
         .unwrap_or_else(|| "Pending".into());
     let group_id = group.container_group_id.as_str();
-    let init = container_statuses(
-        group_id,
-        spec.init_containers.as_deref().unwrap_or_default(),
-        &group.init_containers,
-    );
-    let main = container_statuses(group_id, &spec.containers, &group.containers);
-
+    let init_specs = spec.init_containers.as_deref().unwrap_or_default();
+    // A native sidecar runs as a container of the group (see `to_eci::sidecars`).
+    let init = container_statuses(group_id, init_specs, |c| {
+        if sidecars::is_sidecar(c) {
+            find(&group.containers, &c.name)
+        } else {
+            find(&group.init_containers, &c.name)
+        }
+    });
+    let main = container_statuses(group_id, &spec.containers, |c| {
+        find(&group.containers, &c.name)
+    });
+    let is_sidecar = |status: &Value| {
+        init_specs
+            .iter()
+            .any(|c| sidecars::is_sidecar(c) && status["name"] == c.name.as_str())
+    };
+    // As the kubelet: initialized once every regular init container succeeded and every
+    // sidecar started; ready once every container and every sidecar is.
     let initialized = not_done(init.iter().map(|s| {
-        (
-            s["name"].as_str().unwrap_or_default(),
+        let done = if is_sidecar(s) {
+            s["started"] == true
+        } else {
             s.pointer("/state/terminated/exitCode")
                 .and_then(Value::as_i64)
-                == Some(0),
-        )
+                == Some(0)
+        };
+        (s["name"].as_str().unwrap_or_default(), done)
     }));
     let unready = not_done(
-        main.iter()
+        init.iter()
+            .filter(|s| is_sidecar(s))
+            .chain(&main)
             .map(|s| (s["name"].as_str().unwrap_or_default(), s["ready"] == true)),
     );
     let list = |names: &[&str]| format!("[{}]", names.join(" "));
@@ -804,6 +828,66 @@ mod tests {
             "ContainerCreating"
         );
         assert!(status.get("podIP").is_none());
+    }
+
+    #[test]
+    fn a_native_sidecar_reports_as_an_init_container_and_counts_for_readiness() {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "web-0", "namespace": "default"},
+            "spec": {"initContainers": [{"name": "migrate", "image": "migrate:1"}, {"name": "proxy", "image": "envoy", "restartPolicy": "Always"}],
+                "containers": [{"name": "app", "image": "nginx:1.27"}]}})).unwrap();
+        let (status_of, names) = (
+            |status: &Value, kind: &str, index: usize| status[kind][index].clone(),
+            |status: &Value, kind: &str| -> Vec<String> {
+                status[kind]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|s| s["name"].as_str().unwrap().to_owned())
+                    .collect()
+            },
+        );
+        // ECI runs the sidecar as a container: it is reported where the pod lists it.
+        let mut group = mk_group(
+            "Running",
+            vec![
+                info("proxy", "Running", false, None),
+                info("app", "Running", true, None),
+            ],
+        );
+        group.init_containers = vec![info("migrate", "Terminated", false, Some(0))];
+        let status = pod_status(&pod, &group, at(0));
+        assert_eq!(
+            names(&status, "initContainerStatuses"),
+            ["migrate", "proxy"]
+        );
+        assert_eq!(names(&status, "containerStatuses"), ["app"]);
+        let proxy = status_of(&status, "initContainerStatuses", 1);
+        assert_eq!(
+            (proxy["started"].clone(), proxy["ready"].clone()),
+            (json!(true), json!(false))
+        );
+        // Started is enough for initialization; readiness waits for the sidecar too.
+        assert_eq!(condition(&status, "Initialized")["status"], "True");
+        let ready = condition(&status, "ContainersReady");
+        assert_eq!(
+            (ready["status"].as_str(), ready["message"].as_str()),
+            (
+                Some("False"),
+                Some("containers with unready status: [proxy]")
+            )
+        );
+        // Not started yet: not initialized.
+        group.containers[0] = info("proxy", "Waiting", false, None);
+        let status = pod_status(&pod, &group, at(0));
+        let initialized = condition(&status, "Initialized");
+        assert_eq!(
+            initialized["message"],
+            "containers with incomplete status: [proxy]"
+        );
+        // Both ready: the pod is.
+        group.containers[0] = info("proxy", "Running", true, None);
+        let status = pod_status(&pod, &group, at(0));
+        assert_eq!(condition(&status, "Ready")["status"], "True");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The copy of a pod the controller keeps once its container group exists.
 //!
 //! After creation the controller reads a pod only to write its status (container names and
-//! images, readiness gates, generation, the current status), to delete it (grace period) and to publish Events about it.
+//! images, which init containers are sidecars, readiness gates, generation, the current status), to delete it (grace period) and to publish Events about it.
 //! Of the annotations, only those the daemon writes back are kept: a status write corrects a
 //! value of them that ECI did not give (a pod author's claim in a field other controllers read
 //! as ours). Everything else — env, volumes, probes, affinity, managed fields, the other
@@ -126,6 +126,8 @@ fn slim_container(container: &Container) -> Container {
     Container {
         name: container.name.clone(),
         image: container.image.clone(),
+        // Marks a native sidecar, whose status ECI reports among the containers.
+        restart_policy: container.restart_policy.clone(),
         ..Container::default()
     }
 }
@@ -193,7 +195,8 @@ mod tests {
                 "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
                 "deletionTimestamp": "2026-11-21T10:00:00Z", "deletionGracePeriodSeconds": 15},
             "spec": {"nodeName": "vn-0", "restartPolicy": "OnFailure", "terminationGracePeriodSeconds": 45,
-                "initContainers": [{"name": "migrate", "image": "migrate:1", "env": [{"name": "A", "value": "1"}]}],
+                "initContainers": [{"name": "migrate", "image": "migrate:1", "env": [{"name": "A", "value": "1"}]},
+                    {"name": "proxy", "image": "envoy:1", "restartPolicy": "Always"}],
                 "containers": [{"name": "app", "image": "nginx:1.27", "args": ["-g", "daemon off;"],
                     "env": [{"name": "B", "value": "2"}], "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
                 "volumes": [{"name": "data", "emptyDir": {}}],
@@ -247,7 +250,16 @@ mod tests {
         assert_eq!(spec.containers[0].name, "app");
         assert_eq!(spec.containers[0].image.as_deref(), Some("nginx:1.27"));
         assert!(spec.containers[0].env.is_none() && spec.containers[0].args.is_none());
-        assert_eq!(spec.init_containers.as_ref().unwrap()[0].name, "migrate");
+        let init = spec.init_containers.as_ref().unwrap();
+        assert_eq!(init[0].name, "migrate");
+        // Which init container is a sidecar decides where its status comes from.
+        assert_eq!(
+            (
+                init[0].restart_policy.as_deref(),
+                init[1].restart_policy.as_deref()
+            ),
+            (None, Some("Always"))
+        );
         assert!(spec.volumes.is_none() && spec.tolerations.is_none());
         assert_eq!(kept.status, pod.status);
         assert_eq!(kept.object_ref(&()), pod.object_ref(&()));

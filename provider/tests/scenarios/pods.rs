@@ -243,12 +243,16 @@ pub(crate) async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi
 
 pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api: EciApi) {
     with_harness(api, async |h| {
-        let Scene { node, ns, .. } = start(h).await?;
+        let Scene { node, ns, admin } = start(h).await?;
         let mut never_ok = json!({"restartPolicy": "Never", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "0"), ("MOCK_ECI_EXIT_AFTER", "300ms")])]});
         never_ok["initContainers"] = json!([{"name": "migrate", "image": "registry.example.com/migrate:1"}]);
         create(h, &ns, &pod_spec("never-ok", &node, never_ok)).await?;
         create(h, &ns, &pod_spec("never-fail", &node, json!({"restartPolicy": "Never", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "3"), ("MOCK_ECI_EXIT_AFTER", "300ms")])]}))).await?;
         create(h, &ns, &pod_spec("on-failure", &node, json!({"restartPolicy": "OnFailure", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "1"), ("MOCK_ECI_EXIT_AFTER", "300ms"), ("MOCK_ECI_EXIT_RUNS", "1")])]}))).await?;
+        // A Job-like pod with a native sidecar: it runs beside the job and does not hold it.
+        let mut with_sidecar = json!({"restartPolicy": "Never", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "0"), ("MOCK_ECI_EXIT_AFTER", "1s")])]});
+        with_sidecar["initContainers"] = json!([{"name": "logs", "image": "registry.example.com/logs:1", "restartPolicy": "Always"}]);
+        create(h, &ns, &pod_spec("with-sidecar", &node, with_sidecar)).await?;
 
         let ok = wait_pod(h, &ns, "never-ok", "Succeeded", |p| phase(p) == "Succeeded").await?;
         assert_eq!(ok["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 0);
@@ -265,6 +269,17 @@ pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api
         })
         .await?;
         assert_eq!(restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"], 1);
+
+        let done = wait_pod(h, &ns, "with-sidecar", "Succeeded with its sidecar stopped", |p| phase(p) == "Succeeded").await?;
+        let sidecar = &done["status"]["initContainerStatuses"][0];
+        assert_eq!((sidecar["name"].as_str(), sidecar["state"]["terminated"]["exitCode"].as_i64()), (Some("logs"), Some(0)), "{done}");
+        let instance = done["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
+        let request = created_with(&admin, &instance).await;
+        let names: Vec<&str> = request["container"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["logs", "app"], "the sidecar is a container of the group: {request}");
+        assert!(request["init_container"].as_array().is_none_or(Vec::is_empty), "{request}");
+        let declared = request["container"][0]["environment_var"].as_array().unwrap();
+        assert!(declared.iter().any(|v| v["key"] == "ECI_CONTAINER_TYPE" && v["value"] == "sidecar"), "{request}");
         Ok(())
     })
     .await;

@@ -7,6 +7,7 @@ mod container;
 mod downward;
 mod env;
 pub mod naming;
+pub mod sidecars;
 mod volumes;
 
 pub use vne_core::service_env;
@@ -147,7 +148,32 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
         cx.apiserver,
         cx.services.iter().map(AsRef::as_ref),
     );
+    let sidecars = sidecars::count(spec)?;
     let mut containers = Vec::new();
+    let mut init_containers = Vec::new();
+    for (index, c) in spec.init_containers.iter().flatten().enumerate() {
+        let at = format!("spec.initContainers[{index}] ({})", c.name);
+        let mut env = env::environment(pod, c, cx, &service_env, &at)?;
+        // Regular init containers come first (`sidecars::count`): the sidecar's position is
+        // its index less theirs.
+        let first_sidecar = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .take_while(|c| !sidecars::is_sidecar(c))
+            .count();
+        if sidecars::is_sidecar(c) {
+            env.extend(sidecars::variables(index - first_sidecar, sidecars, &env));
+            containers.push(container::container(
+                c,
+                spec.security_context.as_ref(),
+                env,
+                &at,
+            )?);
+            continue;
+        }
+        init_containers.push(init_container(c, spec.security_context.as_ref(), env, &at)?);
+    }
     for (index, c) in spec.containers.iter().enumerate() {
         let at = format!("spec.containers[{index}] ({})", c.name);
         let env = env::environment(pod, c, cx, &service_env, &at)?;
@@ -157,29 +183,6 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
             env,
             &at,
         )?);
-    }
-    let mut init_containers = Vec::new();
-    for (index, c) in spec.init_containers.iter().flatten().enumerate() {
-        let at = format!("spec.initContainers[{index}] ({})", c.name);
-        if c.restart_policy.as_deref() == Some("Always") {
-            return Err(reject(
-                &at,
-                "sidecar init containers (restartPolicy: Always) are not supported on ECI",
-            ));
-        }
-        let env = env::environment(pod, c, cx, &service_env, &at)?;
-        let mut init = container::container(c, spec.security_context.as_ref(), env, &at)?;
-        if init.security_context_privileged == Some(true) {
-            return Err(reject(
-                &format!("{at}.securityContext.privileged"),
-                "ECI runs privileged containers, but not privileged init containers",
-            ));
-        }
-        // What `InitContainer.N` has no parameter for (see [`limits`]).
-        init.security_context_run_as_group = None;
-        init.security_context_run_as_non_root = None;
-        (init.stdin, init.stdin_once, init.tty) = (false, false, false);
-        init_containers.push(init);
     }
     let annotations = meta.annotations.clone().unwrap_or_default();
     let mut tags = naming::tags(cx.cluster_name, cx.node_name, &namespace, &name, &uid);
@@ -228,6 +231,27 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
     Ok(request)
 }
 
+/// An init container as `InitContainer.N` takes it.
+fn init_container(
+    c: &k8s_openapi::api::core::v1::Container,
+    pod_security: Option<&k8s_openapi::api::core::v1::PodSecurityContext>,
+    env: Vec<eci_proto::v20180808::EnvironmentVar>,
+    at: &str,
+) -> Result<eci_proto::v20180808::Container, Rejection> {
+    let mut init = container::container(c, pod_security, env, at)?;
+    if init.security_context_privileged == Some(true) {
+        return Err(reject(
+            &format!("{at}.securityContext.privileged"),
+            "ECI runs privileged containers, but not privileged init containers",
+        ));
+    }
+    // What `InitContainer.N` has no parameter for (see [`limits`]).
+    init.security_context_run_as_group = None;
+    init.security_context_run_as_non_root = None;
+    (init.stdin, init.stdin_once, init.tty) = (false, false, false);
+    Ok(init)
+}
+
 /// What the group will do differently from what the pod asks, though it runs: one readable
 /// line per field, for a Warning Event when the group is created (ECI has no parameter for
 /// them; see `container::probe_limits`).
@@ -243,6 +267,11 @@ pub fn limits(pod: &Pod) -> Vec<String> {
     let pod_context = spec.security_context.as_ref();
     for (index, c) in spec.init_containers.iter().flatten().enumerate() {
         let at = format!("spec.initContainers[{index}] ({})", c.name);
+        if sidecars::is_sidecar(c) {
+            // A container of the group on ECI: what holds for containers holds for it.
+            limits.extend(container::probe_limits(c, &at));
+            continue;
+        }
         let own = c.security_context.as_ref();
         if own
             .and_then(|s| s.run_as_group)

@@ -911,3 +911,83 @@ fn probes_ecis_cannot_express_are_named() {
     ));
     assert!(super::limits(&plain).is_empty());
 }
+
+#[test]
+fn native_sidecars_become_containers_ordered_by_ecis_priorities() {
+    let fixture = Fixture::new();
+    let pod = mk_pod(json!({
+        "initContainers": [
+            {"name": "setup", "image": "busybox:1.36", "command": ["true"]},
+            {"name": "proxy", "image": "envoy:1.30", "restartPolicy": "Always",
+                "readinessProbe": {"tcpSocket": {"port": 15021}}},
+            {"name": "logs", "image": "fluent-bit:3", "restartPolicy": "Always",
+                "env": [{"name": "ECI_CONTAINER_EXIT_PRIORITY", "value": "-500"}]}],
+        "containers": [{"name": "app", "image": "nginx:1.27"}]
+    }));
+    let request = translate_ok(&pod, &fixture);
+    let names = |list: &[eci_proto::v20180808::Container]| -> Vec<String> {
+        list.iter().map(|c| c.name.clone()).collect()
+    };
+    assert_eq!(names(&request.init_container), ["setup"]);
+    assert_eq!(names(&request.container), ["proxy", "logs", "app"]);
+    let env = |name: &str| -> BTreeMap<String, String> {
+        request
+            .container
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap()
+            .environment_var
+            .iter()
+            .filter(|v| v.key.starts_with("ECI_CONTAINER_"))
+            .map(|v| (v.key.clone(), v.value.clone()))
+            .collect()
+    };
+    let expected = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    // The proxy starts first and stops last; the log shipper keeps the exit priority it set.
+    assert_eq!(
+        env("proxy"),
+        expected(&[
+            ("ECI_CONTAINER_LAUNCH_PRIORITY", "2"),
+            ("ECI_CONTAINER_EXIT_PRIORITY", "-2"),
+            ("ECI_CONTAINER_TYPE", "sidecar"),
+            ("ECI_CONTAINER_IGNORE_EXIT_CODE", "true"),
+        ])
+    );
+    assert_eq!(
+        env("logs"),
+        expected(&[
+            ("ECI_CONTAINER_LAUNCH_PRIORITY", "1"),
+            ("ECI_CONTAINER_EXIT_PRIORITY", "-500"),
+            ("ECI_CONTAINER_TYPE", "sidecar"),
+            ("ECI_CONTAINER_IGNORE_EXIT_CODE", "true"),
+        ])
+    );
+    assert!(env("app").is_empty(), "the app keeps ECI's defaults");
+    // The proxy's readiness probe travels: ECI holds the app until it is Ready.
+    let proxy = request
+        .container
+        .iter()
+        .find(|c| c.name == "proxy")
+        .unwrap();
+    let probe = proxy
+        .readiness_probe
+        .clone()
+        .expect("the readiness probe travels");
+    assert_eq!(probe.tcp_socket.map(|t| t.port), Some(15021));
+
+    // A regular init container after a sidecar cannot be ordered on ECI.
+    let late = mk_pod(json!({
+        "initContainers": [
+            {"name": "proxy", "image": "envoy:1.30", "restartPolicy": "Always"},
+            {"name": "migrate", "image": "busybox:1.36"}],
+        "containers": [{"name": "app", "image": "nginx:1.27"}]
+    }));
+    let refused = rejection(&late, &fixture);
+    assert_eq!(refused.field, "spec.initContainers[1] (migrate)");
+    assert!(!refused.retryable);
+}
