@@ -156,6 +156,9 @@ pub struct Settings {
     pub max_restart_backoff_ms: Millis,
     /// Longest termination grace period honoured.
     pub max_grace_ms: Millis,
+    /// How long a container without `MOCK_ECI_STOP_AFTER` takes to exit after SIGTERM; `None`:
+    /// the whole grace period.
+    pub stop_after_ms: Option<Millis>,
     /// How long finished groups stay visible.
     pub retention_ms: Millis,
     /// Where intranet IPs come from.
@@ -212,6 +215,7 @@ impl Default for Settings {
             restart_backoff_ms: 10_000,
             max_restart_backoff_ms: 300_000,
             max_grace_ms: 300_000,
+            stop_after_ms: None,
             retention_ms: 3_600_000,
             ip_cidr: Cidr {
                 network: Ipv4Addr::new(192, 168, 0, 0),

@@ -336,6 +336,22 @@ async fn delete(h: &mut Harness, id: &str, force: bool) {
 }
 
 #[tokio::test(start_paused = true)]
+async fn containers_can_be_told_to_exit_at_sigterm_unless_they_say_otherwise() {
+    let mut h = start(&["--stop-after-sigterm", "0s"]).await;
+    let prompt = h.create(mk_request("prompt")).await;
+    let mut held = mk_request("held");
+    held.container = vec![mk_container("app", vec![env("MOCK_ECI_STOP_AFTER", "5s")])];
+    let held = h.create(held).await;
+    sleep(3.5).await;
+    delete(&mut h, &prompt, false).await;
+    delete(&mut h, &held, false).await;
+    assert_eq!(h.status(&prompt).await, "<gone>", "it exited at SIGTERM");
+    assert_eq!(h.status(&held).await, "Terminating", "its own setting wins");
+    sleep(5.1).await;
+    assert_eq!(h.status(&held).await, "<gone>");
+}
+
+#[tokio::test(start_paused = true)]
 async fn graceful_delete_waits_for_the_grace_period_and_force_skips_it() {
     let mut h = start(&["--max-grace-period", "60s"]).await;
     let mut graceful = mk_request("graceful");

@@ -129,12 +129,15 @@ fn done(what: &str, started: &mut std::time::Instant) {
 
 /// mock-eci's settings in the playground: group IPs from a block of this machine's loopback
 /// (not the pod or Service blocks, 127.1-199.x.x) with a TCP echo on every declared port, so
-/// port-forward to a pod on a virtual node reaches something.
+/// port-forward to a pod on a virtual node reaches something; and containers that exit at
+/// SIGTERM, as most servers do, so `kubectl delete pod` returns in a second, not after the
+/// whole grace period (a container's `MOCK_ECI_STOP_AFTER` still holds it).
 fn mock_eci_env() -> Vec<(String, String)> {
     let block = integration::cluster::random_in(200..=254);
     vec![
         ("MOCK_ECI_PORT_ECHO".to_owned(), "true".to_owned()),
         ("MOCK_ECI_IP_CIDR".to_owned(), format!("127.{block}.0.0/16")),
+        ("MOCK_ECI_STOP_AFTER_SIGTERM".to_owned(), "0s".to_owned()),
     ]
 }
 

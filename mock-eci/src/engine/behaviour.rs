@@ -12,7 +12,7 @@
 //! | `MOCK_ECI_PULL_FAIL=true` | the image pull fails: `ErrImagePull`, then `ImagePullBackOff` |
 //! | `MOCK_ECI_READINESS=fail` | the container runs but never becomes ready |
 //! | `MOCK_ECI_READY_AFTER=<duration>` | ready this long after start (default: the readiness probe's `initial_delay_seconds`, or at once without a probe) |
-//! | `MOCK_ECI_STOP_AFTER=<duration>` | on deletion the container exits this long after SIGTERM (default: it uses the whole grace period) |
+//! | `MOCK_ECI_STOP_AFTER=<duration>` | on deletion the container exits this long after SIGTERM (default: `--stop-after-sigterm`, else it uses the whole grace period) |
 //! | `MOCK_ECI_LOG_INTERVAL=<duration>` | one synthetic log line per interval (default `1s`) |
 //!
 //! An image whose registry host is `pull-fail.mock-eci.invalid` (for example

@@ -879,6 +879,7 @@ impl Group {
             .map(|run| {
                 run.behaviour
                     .stop_after_ms
+                    .or(cx.settings.stop_after_ms)
                     .map_or(grace, |stop| stop.min(grace))
             })
             .max();

@@ -90,6 +90,11 @@ pub struct MockConfig {
     #[arg(long, env = "MOCK_ECI_MAX_GRACE_PERIOD", default_value = "5m", value_parser = humantime::parse_duration)]
     pub max_grace_period: Duration,
 
+    /// How long a container takes to exit after SIGTERM when its own `MOCK_ECI_STOP_AFTER`
+    /// does not say; unset, it uses the whole grace period (it ignores SIGTERM).
+    #[arg(long, env = "MOCK_ECI_STOP_AFTER_SIGTERM", value_parser = humantime::parse_duration)]
+    pub stop_after_sigterm: Option<Duration>,
+
     /// How long finished groups (Succeeded, Failed, ScheduleFailed, Expired) stay visible.
     #[arg(long, env = "MOCK_ECI_RETENTION", default_value = "1h", value_parser = humantime::parse_duration)]
     pub retention: Duration,
@@ -244,6 +249,7 @@ impl MockConfig {
             restart_backoff_ms: millis(self.restart_backoff),
             max_restart_backoff_ms: millis(self.max_restart_backoff),
             max_grace_ms: millis(self.max_grace_period),
+            stop_after_ms: self.stop_after_sigterm.map(millis),
             retention_ms: millis(self.retention),
             ip_cidr: self.ip_cidr,
             max_groups: self.max_groups,
