@@ -3,3 +3,4 @@
 //! (`k8s.aliyun.com/eci-auto-imc`).
 
 pub mod crd;
+pub mod plan;
