@@ -28,11 +28,19 @@ pub enum Action {
     DescribeContainerGroupMetric,
     /// DescribeMultiContainerGroupMetric.
     DescribeMultiContainerGroupMetric,
+    /// CreateImageCache.
+    CreateImageCache,
+    /// DescribeImageCaches.
+    DescribeImageCaches,
+    /// UpdateImageCache.
+    UpdateImageCache,
+    /// DeleteImageCache.
+    DeleteImageCache,
 }
 
 impl Action {
     /// Every action.
-    pub const ALL: [Action; 10] = [
+    pub const ALL: [Action; 14] = [
         Action::CreateContainerGroup,
         Action::DescribeContainerGroups,
         Action::DescribeContainerGroupStatus,
@@ -43,6 +51,10 @@ impl Action {
         Action::ExecContainerCommand,
         Action::DescribeContainerGroupMetric,
         Action::DescribeMultiContainerGroupMetric,
+        Action::CreateImageCache,
+        Action::DescribeImageCaches,
+        Action::UpdateImageCache,
+        Action::DeleteImageCache,
     ];
 
     /// The action's name in the API.
@@ -58,6 +70,10 @@ impl Action {
             Action::ExecContainerCommand => "ExecContainerCommand",
             Action::DescribeContainerGroupMetric => "DescribeContainerGroupMetric",
             Action::DescribeMultiContainerGroupMetric => "DescribeMultiContainerGroupMetric",
+            Action::CreateImageCache => "CreateImageCache",
+            Action::DescribeImageCaches => "DescribeImageCaches",
+            Action::UpdateImageCache => "UpdateImageCache",
+            Action::DeleteImageCache => "DeleteImageCache",
         }
     }
 
@@ -74,6 +90,9 @@ impl Action {
                 | Action::DeleteContainerGroup
                 | Action::UpdateContainerGroup
                 | Action::RestartContainerGroup
+                | Action::CreateImageCache
+                | Action::UpdateImageCache
+                | Action::DeleteImageCache
         )
     }
 }

@@ -146,6 +146,13 @@ pub struct Settings {
     pub zone: String,
     /// Creation → Running.
     pub provisioning: DelayRange,
+    /// Creation → Running for a group created from a Ready image cache (no pull); the shorter
+    /// of this and [`Settings::provisioning`] applies.
+    #[serde(default = "default_cached_provisioning")]
+    pub cached_provisioning: DelayRange,
+    /// CreateImageCache (or an update with new images) → Ready or Failed.
+    #[serde(default = "default_image_cache_creation")]
+    pub image_cache_creation: DelayRange,
     /// Creation → Scheduling.
     pub scheduling_delay_ms: Millis,
     /// How long an init container runs when its spec says nothing.
@@ -201,6 +208,20 @@ impl Settings {
     }
 }
 
+fn default_cached_provisioning() -> DelayRange {
+    DelayRange {
+        min_ms: 1_000,
+        max_ms: 1_000,
+    }
+}
+
+fn default_image_cache_creation() -> DelayRange {
+    DelayRange {
+        min_ms: 10_000,
+        max_ms: 20_000,
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -210,6 +231,8 @@ impl Default for Settings {
                 min_ms: 2_000,
                 max_ms: 4_000,
             },
+            cached_provisioning: default_cached_provisioning(),
+            image_cache_creation: default_image_cache_creation(),
             scheduling_delay_ms: 200,
             init_duration_ms: 1_000,
             restart_backoff_ms: 10_000,

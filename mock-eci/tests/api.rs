@@ -1050,3 +1050,88 @@ async fn a_denied_ram_role_or_security_group_is_refused_for_that_value_only() {
     assert_eq!(h.server.mock().group_count(), 2);
     h.server.stop().await.unwrap();
 }
+
+/// DescribeImageCaches of one cache over gRPC.
+async fn image_cache(h: &mut Harness, id: &str) -> Option<eci_proto::v20180808::ImageCache> {
+    h.client
+        .describe_image_caches(eci_proto::v20180808::DescribeImageCachesRequest {
+            region_id: REGION.into(),
+            image_cache_id: id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .image_caches
+        .into_iter()
+        .next()
+}
+
+#[tokio::test(start_paused = true)]
+async fn image_caches_over_grpc_build_serve_groups_and_survive_a_restart() {
+    use eci_proto::v20180808::{CreateImageCacheRequest, DeleteImageCacheRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let flags = [
+        "--state-file",
+        state.to_str().unwrap(),
+        "--image-cache-creation-delay",
+        "5s",
+        "--cached-provisioning-delay",
+        "1s",
+    ];
+    let mut h = start(&flags).await;
+    let created = h
+        .client
+        .create_image_cache(CreateImageCacheRequest {
+            region_id: REGION.into(),
+            image_cache_name: "app".into(),
+            image: vec!["registry.example.com/app:1".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        !created
+            .metadata()
+            .get(REQUEST_ID_METADATA_KEY)
+            .unwrap()
+            .is_empty()
+    );
+    let id = created.into_inner().image_cache_id;
+    sleep(1.0).await;
+    assert_eq!(image_cache(&mut h, &id).await.unwrap().status, "Creating");
+    h.server.stop().await.unwrap();
+
+    // The build goes on across a restart and ends on schedule.
+    let mut h = start(&flags).await;
+    sleep(3.0).await;
+    assert_eq!(image_cache(&mut h, &id).await.unwrap().status, "Creating");
+    sleep(1.5).await;
+    assert_eq!(image_cache(&mut h, &id).await.unwrap().status, "Ready");
+
+    let mut from_cache = mk_request("from-cache");
+    from_cache.image_snapshot_id = id.clone();
+    let from_cache = h.create(from_cache).await;
+    let pulled = h.create(mk_request("pulled")).await;
+    sleep(1.5).await;
+    assert_eq!(h.status(&from_cache).await, "Running");
+    assert_ne!(h.status(&pulled).await, "Running");
+    sleep(2.0).await;
+    assert_eq!(h.status(&pulled).await, "Running");
+
+    let mut unknown = mk_request("unknown-cache");
+    unknown.image_snapshot_id = "imc-none".into();
+    let error = h.try_create(unknown).await.unwrap_err();
+    assert_eq!(error.code, "InvalidImageCache.NotFound");
+    let status = h
+        .client
+        .delete_image_cache(DeleteImageCacheRequest {
+            region_id: REGION.into(),
+            image_cache_id: "imc-none".into(),
+            client_token: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+}

@@ -2,7 +2,8 @@
 //! `proto/sdk/requirements.txt`) drives mock-eci's OpenAPI front through every action the
 //! product uses: `tests/sdk/conformance.py` creates a rich group, reads it back and compares
 //! value for value, pages, polls status, updates, restarts, reads logs, execs, reads metrics,
-//! deletes, and makes the bad calls the service refuses. Every answer's raw JSON is also held
+//! deletes, builds image caches (create, describe with its filters, update, delete, and groups
+//! created from one), and makes the bad calls the service refuses. Every answer's raw JSON is also held
 //! to `proto/sdk/names.tsv`. `.ci/run` installs the SDK; without it this test fails and says
 //! how to install it.
 
@@ -46,6 +47,8 @@ async fn the_official_sdk_drives_every_action_the_product_uses() {
         ACCESS_KEY_SECRET,
         "--provisioning-delay",
         "300ms",
+        "--image-cache-creation-delay",
+        "500ms",
         "--no-rate-limits",
     ]))
     .await

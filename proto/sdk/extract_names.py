@@ -57,6 +57,10 @@ ACTIONS = [
     "ExecContainerCommand",
     "DescribeContainerGroupMetric",
     "DescribeMultiContainerGroupMetric",
+    "CreateImageCache",
+    "DescribeImageCaches",
+    "UpdateImageCache",
+    "DeleteImageCache",
 ]
 
 # Any action serves to see the common parameters; this one has few of its own.

@@ -14,6 +14,7 @@ pub mod app;
 pub mod config;
 pub mod eci;
 pub mod fleet;
+pub mod imagecache;
 pub mod k8s;
 pub mod kubelet;
 pub mod node;

@@ -548,6 +548,15 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
         normalized(crd),
         normalized(&virtual_node_eci::admission::selector::crd::crd_json())
     );
+    let crd = find(
+        &objects,
+        "CustomResourceDefinition",
+        "imagecaches.eci.alibabacloud.com",
+    );
+    assert_eq!(
+        normalized(crd),
+        normalized(&virtual_node_eci::imagecache::crd::crd_json())
+    );
     eprintln!(
         "{overlay}: {} objects, node {}, backend {:?}",
         objects.len(),

@@ -12,10 +12,14 @@ use eci_proto::v20180808::{
     DescribeContainerGroupStatusRequest, DescribeContainerGroupsRequest, EnvironmentVar, FieldRef,
     Tag,
 };
+use eci_proto::v20180808::{
+    CreateImageCacheRequest, DeleteImageCacheRequest, DescribeImageCachesRequest,
+    UpdateImageCacheRequest,
+};
 use mock_eci::{MockConfig, MockServer};
-use virtual_node_eci::eci::EciBackend;
 use virtual_node_eci::eci::openapi::credentials::{CredentialSource, Credentials, Secret};
 use virtual_node_eci::eci::openapi::{OpenApiBackend, OpenApiOptions};
+use virtual_node_eci::eci::{EciBackend, ImageCacheBackend};
 
 const KEY_ID: &str = "LTAI-test-id";
 const SECRET: &str = "a-secret-that-must-never-travel";
@@ -34,6 +38,7 @@ impl Fixture {
         config.openapi_access_key_secret = SECRET.into();
         config.openapi_security_token = security_token.map(str::to_owned);
         config.no_rate_limits = true;
+        config.image_cache_creation_delay = "300ms".parse().unwrap();
         let server = MockServer::start(config).await.expect("mock-eci starts");
         let ca = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(ca.path(), server.openapi().unwrap().ca_pem()).unwrap();
@@ -491,4 +496,109 @@ async fn a_throttled_page_is_retried_not_the_whole_poll_dropped() {
         throttled > 5,
         "5 pages of 20 ids, some of them asked again: {throttled} calls"
     );
+}
+
+/// DescribeImageCaches of `id` until its status is `wanted` (10 s at most).
+async fn cache_reaches(client: &OpenApiBackend, id: &str, wanted: &str) -> String {
+    let request = DescribeImageCachesRequest {
+        region_id: "cn-hangzhou".into(),
+        image_cache_id: id.into(),
+        ..DescribeImageCachesRequest::default()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = client.describe_image_caches(request.clone()).await.unwrap();
+        let status = answer.image_caches.first().map(|c| c.status.clone());
+        if status.as_deref() == Some(wanted) || tokio::time::Instant::now() > deadline {
+            return status.unwrap_or_default();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_image_cache_lives_and_dies_through_signed_requests() {
+    let fixture = Fixture::start(None).await;
+    let client = fixture.client();
+    let created = client
+        .create_image_cache(CreateImageCacheRequest {
+            region_id: "cn-hangzhou".into(),
+            image_cache_name: "web".into(),
+            image: vec!["nginx:1.27".into(), "redis:7".into()],
+            retention_days: Some(3),
+            client_token: "imc-token".into(),
+            ..CreateImageCacheRequest::default()
+        })
+        .await
+        .expect("created");
+    let id = created.image_cache_id;
+    assert!(id.starts_with("imc-"), "{id}");
+    let sent = fixture.last_params();
+    assert_eq!(sent["Action"], "CreateImageCache");
+    assert_eq!(
+        (sent["Image.1"].as_str(), sent["Image.2"].as_str()),
+        ("nginx:1.27", "redis:7")
+    );
+    assert_eq!(cache_reaches(&client, &id, "Ready").await, "Ready");
+
+    // A group named after the cache starts from it, and says so.
+    let mut group = mk_request("default-cached-0", "uid-cached", &[]);
+    group.image_snapshot_id = id.clone();
+    let group = client.create_container_group(group).await.unwrap();
+    assert_eq!(fixture.last_params()["ImageSnapshotId"], id);
+    let described = client
+        .describe_container_groups(DescribeContainerGroupsRequest {
+            region_id: "cn-hangzhou".into(),
+            container_group_ids: vec![group.container_group_id.clone()],
+            with_event: true,
+            ..DescribeContainerGroupsRequest::default()
+        })
+        .await
+        .unwrap();
+    let events = &described.container_groups[0].events;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason == "ImageCacheUsed" && e.message.contains(&id)),
+        "{events:?}"
+    );
+
+    client
+        .update_image_cache(UpdateImageCacheRequest {
+            region_id: "cn-hangzhou".into(),
+            image_cache_id: id.clone(),
+            image_cache_name: "web-2".into(),
+            image: vec!["nginx:1.28".into()],
+            ..UpdateImageCacheRequest::default()
+        })
+        .await
+        .expect("updated");
+    assert_eq!(cache_reaches(&client, &id, "Ready").await, "Ready");
+    let listed = client
+        .describe_image_caches(DescribeImageCachesRequest {
+            region_id: "cn-hangzhou".into(),
+            match_image: vec!["nginx:1.28".into()],
+            ..DescribeImageCachesRequest::default()
+        })
+        .await
+        .unwrap();
+    let cache = &listed.image_caches[0];
+    assert_eq!(
+        (cache.image_cache_name.as_str(), cache.images.clone()),
+        ("web-2", vec!["nginx:1.28".to_owned()])
+    );
+    assert!(!cache.expire_date_time.is_empty() && !cache.events.is_empty());
+
+    let delete = DeleteImageCacheRequest {
+        region_id: "cn-hangzhou".into(),
+        image_cache_id: id.clone(),
+        client_token: String::new(),
+    };
+    client
+        .delete_image_cache(delete.clone())
+        .await
+        .expect("deleted");
+    let again = client.delete_image_cache(delete).await.unwrap_err();
+    assert_eq!(again.code, "InvalidImageCache.NotFound", "{again:?}");
+    assert!(!again.request_id.is_empty());
 }

@@ -10,6 +10,11 @@ use std::collections::BTreeSet;
 
 use eci_proto::openapi::documented::{self, Kind};
 use eci_proto::v20180808::{
+    AcrRegistryInfo, CreateImageCacheRequest, CreateImageCacheResponse, DeleteImageCacheRequest,
+    DescribeImageCachesRequest, DescribeImageCachesResponse, ImageRegistryCredential,
+    UpdateImageCacheRequest,
+};
+use eci_proto::v20180808::{
     DeleteContainerGroupRequest, DescribeContainerGroupMetricRequest,
     DescribeContainerGroupMetricResponse, DescribeContainerGroupStatusRequest,
     DescribeContainerGroupsRequest, DescribeContainerGroupsResponse, DescribeContainerLogRequest,
@@ -282,6 +287,146 @@ fn every_other_action_sends_documented_parameters_only() {
     for (action, form) in cases {
         assert_eq!(undocumented(action, form), BTreeSet::new(), "{action}");
     }
+}
+
+/// Every parameter the service defines for the image-cache actions, each filled in.
+fn full_image_cache_forms() -> Vec<(&'static str, Form)> {
+    let credential = ImageRegistryCredential {
+        server: "registry.example.com".into(),
+        user_name: "u".into(),
+        password: "p".into(),
+    };
+    let acr = AcrRegistryInfo {
+        instance_id: "cri-1".into(),
+        instance_name: "acr".into(),
+        region_id: "r".into(),
+        domain: vec!["acr.example.com".into()],
+        arn_service: "arn:s".into(),
+        arn_user: "arn:u".into(),
+    };
+    let images = vec!["nginx:1".to_owned(), "redis:7".to_owned()];
+    vec![
+        (
+            "CreateImageCache",
+            form::create_image_cache(&CreateImageCacheRequest {
+                region_id: "r".into(),
+                zone_id: "z".into(),
+                security_group_id: "sg".into(),
+                v_switch_id: "vsw".into(),
+                image_cache_name: "web".into(),
+                image: images.clone(),
+                image_registry_credential: vec![credential.clone()],
+                image_cache_size: Some(40),
+                retention_days: Some(7),
+                tag: vec![tag()],
+                client_token: "t".into(),
+                resource_group_id: "rg".into(),
+                eip_instance_id: "eip".into(),
+                elimination_strategy: "LRU".into(),
+                acr_registry_info: vec![acr.clone()],
+                auto_match_image_cache: true,
+                flash: true,
+                flash_copy_count: Some(1),
+                standard_copy_count: Some(2),
+                plain_http_registry: "plain.example.com".into(),
+                insecure_registry: "insecure.example.com".into(),
+                annotations: "{}".into(),
+            }),
+        ),
+        (
+            "DescribeImageCaches",
+            form::describe_image_caches(&DescribeImageCachesRequest {
+                region_id: "r".into(),
+                image_cache_id: "imc-1,imc-2".into(),
+                image_cache_name: "web".into(),
+                snapshot_id: "s-1".into(),
+                image: "nginx:1".into(),
+                match_image: images.clone(),
+                image_match_count_request: Some(3),
+                image_full_match: true,
+                limit: Some(10),
+                next_token: "imc-1".into(),
+                tag: vec![tag()],
+                resource_group_id: "rg".into(),
+            }),
+        ),
+        (
+            "UpdateImageCache",
+            form::update_image_cache(&UpdateImageCacheRequest {
+                region_id: "r".into(),
+                image_cache_id: "imc-1".into(),
+                image_cache_name: "web".into(),
+                image: images,
+                image_registry_credential: vec![credential],
+                image_cache_size: Some(40),
+                retention_days: Some(7),
+                tag: vec![tag()],
+                client_token: "t".into(),
+                resource_group_id: "rg".into(),
+                security_group_id: "sg".into(),
+                v_switch_id: "vsw".into(),
+                eip_instance_id: "eip".into(),
+                elimination_strategy: "LRU".into(),
+                acr_registry_info: vec![acr],
+                auto_match_image_cache: true,
+                flash: true,
+                flash_copy_count: Some(1),
+                standard_copy_count: Some(2),
+            }),
+        ),
+        (
+            "DeleteImageCache",
+            form::delete_image_cache(&DeleteImageCacheRequest {
+                region_id: "r".into(),
+                image_cache_id: "imc-1".into(),
+                client_token: "t".into(),
+            }),
+        ),
+    ]
+}
+
+#[test]
+fn the_image_cache_actions_send_every_documented_parameter_and_no_other() {
+    // Account parameters the SDK carries for every action and the daemon never sets.
+    let account = [
+        "OwnerAccount",
+        "OwnerId",
+        "ResourceOwnerAccount",
+        "ResourceOwnerId",
+    ];
+    for (action, form) in full_image_cache_forms() {
+        let sent: BTreeSet<String> = form
+            .into_params()
+            .into_iter()
+            .map(|(key, _)| documented::normalise_parameter(&key))
+            .collect();
+        let defined: BTreeSet<String> = documented::request_parameters(action)
+            .into_iter()
+            .map(|(name, _)| name.to_owned())
+            .filter(|name| !account.contains(&name.as_str()))
+            .collect();
+        assert_eq!(
+            sent.difference(&defined).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "{action}: parameters the service does not define"
+        );
+        assert_eq!(
+            defined.difference(&sent).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "{action}: parameters the service defines that the client cannot send"
+        );
+    }
+}
+
+#[test]
+fn every_field_the_client_reads_of_image_caches_is_documented() {
+    let mut unexpected = unfed::<DescribeImageCachesResponse>("DescribeImageCaches");
+    unexpected.extend(unfed::<CreateImageCacheResponse>("CreateImageCache"));
+    assert_eq!(
+        unexpected,
+        Vec::<String>::new(),
+        "contract members no documented answer field feeds"
+    );
 }
 
 /// An answer of `action` with every field the service documents filled in (one element per

@@ -232,6 +232,9 @@ pub struct Group {
     /// The vSwitch and zone it landed on (`None` in state files written before zones).
     #[serde(default)]
     pub placement: Option<crate::engine::placement::Placement>,
+    /// Where its images come from: pulled, or an image cache.
+    #[serde(default)]
+    pub image_source: crate::engine::image_cache::ImageSource,
 }
 
 /// Borrowed context of a transition: settings, the agenda and the time.
@@ -295,6 +298,7 @@ impl Group {
             epoch: 0,
             fingerprint,
             placement: None,
+            image_source: crate::engine::image_cache::ImageSource::Pull,
         };
         cx.timers.set(
             cx.now + cx.settings.scheduling_delay_ms,
@@ -461,8 +465,16 @@ impl Group {
                 self.ip = Some(ip);
                 self.holds_capacity = true;
                 self.status = GroupStatus::Scheduling;
-                let provisioned =
-                    self.created_at + cx.settings.provisioning.pick(&self.id, cx.settings.seed);
+                let mut delay = cx.settings.provisioning.pick(&self.id, cx.settings.seed);
+                if self.image_source.skips_pull() {
+                    // Its images are on the cache's snapshot: no pull, never slower.
+                    delay = delay.min(
+                        cx.settings
+                            .cached_provisioning
+                            .pick(&self.id, cx.settings.seed),
+                    );
+                }
+                let provisioned = self.created_at + delay;
                 let provisioned = provisioned.max(cx.now);
                 self.provisioned_at = Some(provisioned);
                 cx.timers

@@ -17,14 +17,15 @@ use eci_proto::EciError;
 use eci_proto::error::codes;
 use eci_proto::status::{GroupStatus, RestartPolicy};
 use eci_proto::v20180808::{
-    ContainerGroup, CreateContainerGroupRequest, DeleteContainerGroupRequest,
-    DescribeContainerGroupMetricRequest, DescribeContainerGroupMetricResponse,
-    DescribeContainerGroupStatusRequest, DescribeContainerGroupStatusResponse,
-    DescribeContainerGroupsRequest, DescribeContainerGroupsResponse, DescribeContainerLogRequest,
-    DescribeContainerLogResponse, DescribeMultiContainerGroupMetricRequest,
-    DescribeMultiContainerGroupMetricResponse, ExecContainerCommandRequest,
-    ExecContainerCommandResponse, MonitorData, RestartContainerGroupRequest,
-    UpdateContainerGroupRequest, Volume,
+    ContainerGroup, CreateContainerGroupRequest, CreateImageCacheRequest,
+    DeleteContainerGroupRequest, DeleteImageCacheRequest, DescribeContainerGroupMetricRequest,
+    DescribeContainerGroupMetricResponse, DescribeContainerGroupStatusRequest,
+    DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest,
+    DescribeContainerGroupsResponse, DescribeContainerLogRequest, DescribeContainerLogResponse,
+    DescribeImageCachesRequest, DescribeImageCachesResponse,
+    DescribeMultiContainerGroupMetricRequest, DescribeMultiContainerGroupMetricResponse,
+    ExecContainerCommandRequest, ExecContainerCommandResponse, MonitorData,
+    RestartContainerGroupRequest, UpdateContainerGroupRequest, UpdateImageCacheRequest, Volume,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -40,6 +41,7 @@ pub mod behaviour;
 pub mod exec;
 pub mod exec_session;
 pub mod group;
+pub mod image_cache;
 pub mod logs;
 pub mod placement;
 pub mod real;
@@ -64,6 +66,12 @@ pub struct Snapshot {
     pub groups: Vec<Group>,
     /// The agenda.
     pub timers: Vec<Timer>,
+    /// The image caches (none in state files written before caches).
+    #[serde(default)]
+    pub image_caches: Vec<image_cache::ImageCache>,
+    /// Image caches created so far (for unique ids).
+    #[serde(default)]
+    pub image_cache_counter: u64,
 }
 
 /// Hands out intranet IPs from a CIDR block, lowest free first.
@@ -141,6 +149,8 @@ pub struct Engine {
     exec_sessions: crate::engine::exec_session::Sessions,
     /// The load rules the metric calls follow (a test control; not persisted).
     usage: usage::Loads,
+    /// The image caches.
+    caches: image_cache::ImageCaches,
 }
 
 impl Engine {
@@ -158,6 +168,7 @@ impl Engine {
             count_cache: None,
             exec_sessions: crate::engine::exec_session::Sessions::default(),
             usage: usage::Loads::default(),
+            caches: image_cache::ImageCaches::default(),
         }
     }
 
@@ -183,6 +194,10 @@ impl Engine {
             count_cache: None,
             exec_sessions: crate::engine::exec_session::Sessions::default(),
             usage: usage::Loads::default(),
+            caches: image_cache::ImageCaches::restored(
+                snapshot.image_caches,
+                snapshot.image_cache_counter,
+            ),
         };
         for group in snapshot.groups {
             engine.index(&group);
@@ -199,6 +214,8 @@ impl Engine {
             id_counter: self.id_counter,
             groups: self.groups.values().cloned().collect(),
             timers: self.timers.to_vec(),
+            image_caches: self.caches.to_snapshot().0,
+            image_cache_counter: self.caches.to_snapshot().1,
         }
     }
 
@@ -311,6 +328,7 @@ impl Engine {
         while let Some(timer) = self.timers.pop_due(now) {
             self.fire(&timer);
         }
+        self.caches.advance(now);
     }
 
     fn fire(&mut self, timer: &Timer) {
@@ -455,6 +473,17 @@ impl Engine {
             }
         }
         let strategy = placement::Strategy::parse(&request.schedule_strategy)?;
+        let images: Vec<&str> = request
+            .init_container
+            .iter()
+            .chain(&request.container)
+            .map(|container| container.image.as_str())
+            .collect();
+        let source = self.caches.source_for(
+            &request.image_snapshot_id,
+            request.auto_match_image_cache,
+            &images,
+        )?;
         if request.dry_run {
             return Err(EciError::new(
                 codes::DRY_RUN_SUCCESS,
@@ -494,6 +523,15 @@ impl Engine {
         };
         let mut group = Group::new(id.clone(), request, valid, fingerprint, &mut cx);
         group.placement = Some(placed);
+        if let Some((reason, message)) = source.event() {
+            group.event(now, "Normal", reason, message);
+        }
+        if let image_cache::ImageSource::Cache { id: cache }
+        | image_cache::ImageSource::PartialCache { id: cache, .. } = &source
+        {
+            self.caches.matched(cache, now);
+        }
+        group.image_source = source;
         self.generation += 1;
         self.index(&group);
         self.groups.insert(id.clone(), group);
@@ -563,6 +601,46 @@ impl Engine {
             next_token,
             total_count: i32::try_from(total).unwrap_or(i32::MAX),
         })
+    }
+
+    /// CreateImageCache: the cache's id.
+    pub fn create_image_cache(
+        &mut self,
+        request: &CreateImageCacheRequest,
+        now: Millis,
+    ) -> Result<String, EciError> {
+        self.advance(now);
+        self.caches.create(request, &self.settings, now)
+    }
+
+    /// DescribeImageCaches.
+    pub fn describe_image_caches(
+        &mut self,
+        request: &DescribeImageCachesRequest,
+        now: Millis,
+    ) -> Result<DescribeImageCachesResponse, EciError> {
+        self.advance(now);
+        self.caches.describe(request, &self.settings, now)
+    }
+
+    /// UpdateImageCache.
+    pub fn update_image_cache(
+        &mut self,
+        request: &UpdateImageCacheRequest,
+        now: Millis,
+    ) -> Result<(), EciError> {
+        self.advance(now);
+        self.caches.update(request, &self.settings, now)
+    }
+
+    /// DeleteImageCache.
+    pub fn delete_image_cache(
+        &mut self,
+        request: &DeleteImageCacheRequest,
+        now: Millis,
+    ) -> Result<(), EciError> {
+        self.advance(now);
+        self.caches.delete(request, &self.settings, now)
     }
 
     /// DescribeContainerGroupStatus.

@@ -70,6 +70,20 @@ pub struct MockConfig {
     #[arg(long, env = "MOCK_ECI_PROVISIONING_DELAY", default_value = "2s..4s")]
     pub provisioning_delay: DelayRange,
 
+    /// Time from creation to Running of a group created from a Ready image cache (its images
+    /// need no pull); never longer than `--provisioning-delay` would have been.
+    #[arg(long, env = "MOCK_ECI_CACHED_PROVISIONING_DELAY", default_value = "1s")]
+    pub cached_provisioning_delay: DelayRange,
+
+    /// Time an image cache takes from CreateImageCache (or an UpdateImageCache with new
+    /// images) to Ready or Failed.
+    #[arg(
+        long,
+        env = "MOCK_ECI_IMAGE_CACHE_CREATION_DELAY",
+        default_value = "10s..20s"
+    )]
+    pub image_cache_creation_delay: DelayRange,
+
     /// Time from creation to Scheduling (when capacity and the IP are claimed).
     #[arg(long, env = "MOCK_ECI_SCHEDULING_DELAY", default_value = "200ms", value_parser = humantime::parse_duration)]
     pub scheduling_delay: Duration,
@@ -244,6 +258,8 @@ impl MockConfig {
             region: self.region.clone(),
             zone: self.zone.clone(),
             provisioning: self.provisioning_delay,
+            cached_provisioning: self.cached_provisioning_delay,
+            image_cache_creation: self.image_cache_creation_delay,
             scheduling_delay_ms: millis(self.scheduling_delay),
             init_duration_ms: millis(self.init_container_duration),
             restart_backoff_ms: millis(self.restart_backoff),
@@ -443,7 +459,7 @@ mod tests {
             }
         );
         let faults = config.fault_map();
-        assert_eq!(faults.len(), 10);
+        assert_eq!(faults.len(), Action::ALL.len());
         assert_eq!(
             faults[&Action::DeleteContainerGroup].error_code,
             "InternalError"

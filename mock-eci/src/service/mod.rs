@@ -19,6 +19,11 @@ use eci_proto::v20180808::{
     ExecContainerCommandRequest, ExecContainerCommandResponse, RestartContainerGroupRequest,
     RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
 };
+use eci_proto::v20180808::{
+    CreateImageCacheRequest, CreateImageCacheResponse, DeleteImageCacheRequest,
+    DeleteImageCacheResponse, DescribeImageCachesRequest, DescribeImageCachesResponse,
+    UpdateImageCacheRequest, UpdateImageCacheResponse,
+};
 use eci_proto::{EciError, REQUEST_ID_METADATA_KEY};
 use tokio::sync::Notify;
 use tonic::metadata::MetadataValue;
@@ -70,6 +75,10 @@ with_request_id!(
     ExecContainerCommandResponse,
     DescribeContainerGroupMetricResponse,
     DescribeMultiContainerGroupMetricResponse,
+    CreateImageCacheResponse,
+    DescribeImageCachesResponse,
+    UpdateImageCacheResponse,
+    DeleteImageCacheResponse,
 );
 
 #[derive(Debug)]
@@ -576,6 +585,54 @@ impl Eci for MockEci {
             request,
             |engine, request, now| engine.multi_metric(&request, now),
         )
+        .await
+    }
+
+    async fn create_image_cache(
+        &self,
+        request: Request<CreateImageCacheRequest>,
+    ) -> Result<Response<CreateImageCacheResponse>, Status> {
+        self.call(Action::CreateImageCache, request, |engine, request, now| {
+            let image_cache_id = engine.create_image_cache(&request, now)?;
+            Ok(CreateImageCacheResponse {
+                image_cache_id,
+                ..CreateImageCacheResponse::default()
+            })
+        })
+        .await
+    }
+
+    async fn describe_image_caches(
+        &self,
+        request: Request<DescribeImageCachesRequest>,
+    ) -> Result<Response<DescribeImageCachesResponse>, Status> {
+        self.call(
+            Action::DescribeImageCaches,
+            request,
+            |engine, request, now| engine.describe_image_caches(&request, now),
+        )
+        .await
+    }
+
+    async fn update_image_cache(
+        &self,
+        request: Request<UpdateImageCacheRequest>,
+    ) -> Result<Response<UpdateImageCacheResponse>, Status> {
+        self.call(Action::UpdateImageCache, request, |engine, request, now| {
+            engine.update_image_cache(&request, now)?;
+            Ok(UpdateImageCacheResponse::default())
+        })
+        .await
+    }
+
+    async fn delete_image_cache(
+        &self,
+        request: Request<DeleteImageCacheRequest>,
+    ) -> Result<Response<DeleteImageCacheResponse>, Status> {
+        self.call(Action::DeleteImageCache, request, |engine, request, now| {
+            engine.delete_image_cache(&request, now)?;
+            Ok(DeleteImageCacheResponse::default())
+        })
         .await
     }
 }

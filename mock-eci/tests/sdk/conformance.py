@@ -981,6 +981,7 @@ class Run:
             if group_id:
                 others.append(group_id)
         self.bad_calls()
+        ImageCacheChecks(self).run_all()
         if not rich_id:
             self.results.fail("*", "later actions", "skipped: no rich group could be created")
             return
@@ -1310,6 +1311,197 @@ class Run:
         except Exception as error:  # noqa: BLE001
             outcome = describe_error(error)
         self.results.add("INFO", "DescribeContainerGroups", "SDK default signing ACS3-HMAC-SHA256 (not required)", outcome)
+
+
+class ImageCacheChecks:
+    """CreateImageCache, DescribeImageCaches, UpdateImageCache and DeleteImageCache through the
+    SDK, and container groups created from a cache (`ImageSnapshotId`, `AutoMatchImageCache`).
+    mock-eci is started with a short `--image-cache-creation-delay`."""
+
+    IMAGES = ["registry.example.com/team/app:1.0", "registry.example.com/team/sidecar:2.1"]
+    UNPULLABLE = "pull-fail.mock-eci.invalid/app:1"
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.args = run.args
+        self.results = run.results
+        self.sdk = run.sdk
+        self.name = f"imc-{run.run_id}"
+        self.tag = f"{run.run_tag}-imc"
+        self.groups: list[str] = []
+
+    def create(self, name, images, check, **extra):
+        request = m.CreateImageCacheRequest(
+            region_id=self.args.region,
+            image_cache_name=name,
+            image=images,
+            security_group_id="sg-conformance",
+            v_switch_id="vsw-conformance-a",
+            tag=[m.CreateImageCacheRequestTag(key="conformance-run", value=self.tag)],
+            **extra,
+        )
+        answer = self.sdk.call("CreateImageCache", request, check)
+        if answer is None:
+            return None, request
+        cache_id = answer.body.image_cache_id
+        self.results.expect("CreateImageCache", f"{check}: ImageCacheId", bool(cache_id) and cache_id.startswith("imc-"), f"{cache_id!r}")
+        return cache_id, request
+
+    def describe(self, check, **filters):
+        request = m.DescribeImageCachesRequest(region_id=self.args.region, **filters)
+        answer = self.sdk.call("DescribeImageCaches", request, check)
+        return None if answer is None else answer.body
+
+    def names(self, body):
+        return sorted(c.image_cache_name for c in (body.image_caches or [])) if body else None
+
+    def wait(self, cache_id, wanted, check):
+        deadline = time.monotonic() + WAIT_SECONDS
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                answer = self.sdk.raw_call("DescribeImageCaches", m.DescribeImageCachesRequest(region_id=self.args.region, image_cache_id=cache_id))
+            except Exception as error:  # noqa: BLE001
+                self.results.fail("DescribeImageCaches", check, describe_error(error))
+                return None
+            caches = answer.body.image_caches or []
+            status = caches[0].status if caches else None
+            if status in wanted:
+                self.results.ok("DescribeImageCaches", check)
+                return caches[0]
+            time.sleep(0.1)
+        self.results.fail("DescribeImageCaches", check, f"status {status!r} after {WAIT_SECONDS} s, wanted {sorted(wanted)}")
+        return None
+
+    def run_all(self):
+        ready_id, sent = self.create(
+            self.name, list(self.IMAGES), "two images, size, retention, token",
+            image_cache_size=25, retention_days=7, client_token=f"imc-token-{self.run.run_id}",
+        )
+        if ready_id is None:
+            return
+        again = self.sdk.call("CreateImageCache", sent, "the same ClientToken again")
+        if again is not None:
+            self.results.expect("CreateImageCache", "the same ClientToken returns the same cache", again.body.image_cache_id == ready_id, f"{again.body.image_cache_id!r}, first {ready_id!r}")
+        failed_id, _ = self.create(f"{self.name}-bad", [self.UNPULLABLE], "an image that cannot be pulled")
+        cache = self.wait(ready_id, {"Ready"}, "Creating, then Ready")
+        if cache is not None:
+            self.read_back(cache, sent)
+        failed = self.wait(failed_id, {"Failed"}, "an unpullable image: Failed") if failed_id else None
+        if failed is not None:
+            warnings = [e for e in failed.events or [] if e.type == "Warning"]
+            self.results.expect("DescribeImageCaches", "Failed: a Warning event names the image", any(self.UNPULLABLE in (e.message or "") for e in warnings), f"events {[(e.type, e.reason, e.message) for e in failed.events or []]}")
+        self.filters(ready_id, failed_id)
+        if cache is not None:
+            self.groups_from(ready_id, failed_id)
+        self.update(ready_id)
+        self.delete([ready_id] + ([failed_id] if failed_id else []))
+        for group_id in self.groups:
+            self.run.delete_quietly(group_id)
+
+    def read_back(self, cache, sent):
+        action = "DescribeImageCaches"
+        checks = [
+            ("ImageCacheName", cache.image_cache_name, sent.image_cache_name),
+            ("Images", sorted(cache.images or []), sorted(sent.image)),
+            ("ImageCacheSize", cache.image_cache_size, sent.image_cache_size),
+            ("Tags", [(t.key, t.value) for t in cache.tags or []], [(t.key, t.value) for t in sent.tag]),
+            ("RegionId", cache.region_id, self.args.region),
+            ("Progress", cache.progress, "100%"),
+        ]
+        for field, shown, want in checks:
+            self.results.expect(action, f"reads back {field}", shown == want, f"{shown!r}, sent {want!r}")
+        self.results.expect(action, "SnapshotId set", bool(cache.snapshot_id), f"{cache.snapshot_id!r}")
+        try:
+            lifetime = parse_time(cache.expire_date_time) - parse_time(cache.creation_time)
+            self.results.expect(action, "ExpireDateTime is CreationTime + RetentionDays", lifetime == datetime.timedelta(days=7), f"{lifetime}")
+        except (TypeError, ValueError) as error:
+            self.results.fail(action, "ExpireDateTime is CreationTime + RetentionDays", f"{error}: {cache.creation_time!r} {cache.expire_date_time!r}")
+        reasons = [e.reason for e in cache.events or []]
+        self.results.expect(action, "events of the build", "Ready" in reasons and all(e.first_timestamp and e.count for e in cache.events), f"{reasons}")
+
+    def filters(self, ready_id, failed_id):
+        both = sorted([self.name, f"{self.name}-bad"])
+        checks = [
+            ("ImageCacheId, two ids", {"image_cache_id": f"{ready_id},{failed_id}"}, both),
+            ("ImageCacheName", {"image_cache_name": self.name}, [self.name]),
+            ("Image", {"image": self.IMAGES[1]}, [self.name]),
+            ("Tag", {"tag": [m.DescribeImageCachesRequestTag(key="conformance-run", value=self.tag)]}, both),
+            ("MatchImage, ImageFullMatch", {"match_image": list(self.IMAGES), "image_full_match": True}, [self.name]),
+            ("MatchImage, ImageMatchCountRequest", {"match_image": [self.IMAGES[0]], "image_match_count_request": 1}, [self.name]),
+        ]
+        for check, filters, want in checks:
+            shown = self.names(self.describe(check, **filters))
+            self.results.expect("DescribeImageCaches", f"filter {check}", shown == want, f"got {shown}, want {want}")
+        tag = [m.DescribeImageCachesRequestTag(key="conformance-run", value=self.tag)]
+        first = self.describe("Limit=1, page 1", tag=tag, limit=1)
+        if first is None:
+            return
+        second = self.describe("Limit=1, page 2", tag=tag, limit=1, next_token=first.next_token)
+        pages = self.names(first) + (self.names(second) or [])
+        self.results.expect("DescribeImageCaches", "Limit and NextToken page through both", sorted(pages) == both and first.total_count == 2 and not (second and second.next_token), f"pages {pages}, TotalCount {first.total_count}")
+
+    def group(self, suffix, check, **extra):
+        request = base_request(self.args, f"conformance-{self.run.run_id}-{suffix}", self.tag)
+        for key, value in extra.items():
+            setattr(request, key, value)
+        return request
+
+    def groups_from(self, ready_id, failed_id):
+        for suffix, extra in (("named", {"image_snapshot_id": ready_id}), ("auto", {"auto_match_image_cache": True})):
+            check = "ImageSnapshotId" if suffix == "named" else "AutoMatchImageCache"
+            group_id, why = self.run.create(self.group(f"imc-{suffix}", check, **extra), f"a group with {check}")
+            if group_id is None:
+                continue
+            self.groups.append(group_id)
+            if self.run.wait_status(group_id, {"Running"}, f"a group with {check} reaches Running") is None:
+                continue
+            request = m.DescribeContainerGroupsRequest(region_id=self.args.region, container_group_ids=json.dumps([group_id]), with_event=True)
+            answer = self.sdk.call("DescribeContainerGroups", request, f"{check}: WithEvent")
+            groups = (answer.body.container_groups or []) if answer else []
+            events = [(e.reason, e.message) for e in (groups[0].events or [])] if groups else []
+            self.results.expect("CreateContainerGroup", f"{check}: an event names the cache", any(ready_id in (msg or "") for _, msg in events), f"events {events}")
+        for check, cache_id, code in (("a Failed cache", failed_id, "IncorrectStatus"), ("an unknown cache", "imc-conformance-none", "InvalidImageCache.NotFound")):
+            if not cache_id:
+                continue
+            try:
+                group_id = self.sdk.raw_call("CreateContainerGroup", self.group("imc-refused", check, image_snapshot_id=cache_id)).body.container_group_id
+                self.groups.append(group_id)
+                self.results.fail("CreateContainerGroup", f"ImageSnapshotId of {check} is refused", f"accepted: {group_id}")
+            except Exception as error:  # noqa: BLE001
+                self.results.expect("CreateContainerGroup", f"ImageSnapshotId of {check} is refused", error_code(error) == code, describe_error(error))
+
+    def update(self, cache_id):
+        renamed = f"{self.name}-renamed"
+        images = [self.IMAGES[0]]
+        request = m.UpdateImageCacheRequest(
+            region_id=self.args.region, image_cache_id=cache_id, image_cache_name=renamed, image=images,
+            retention_days=3, client_token=f"imc-update-{self.run.run_id}",
+        )
+        if self.sdk.call("UpdateImageCache", request, "rename, new images, retention") is None:
+            return
+        cache = self.wait(cache_id, {"Ready"}, "Updating, then Ready again")
+        if cache is not None:
+            self.results.expect("UpdateImageCache", "Describe shows the new name and images", (cache.image_cache_name, cache.images) == (renamed, images), f"{cache.image_cache_name!r} {cache.images!r}")
+        missing = m.UpdateImageCacheRequest(region_id=self.args.region, image_cache_id="imc-conformance-none", image_cache_name=renamed)
+        try:
+            self.sdk.raw_call("UpdateImageCache", missing)
+            self.results.fail("UpdateImageCache", "an unknown id is refused", "accepted")
+        except Exception as error:  # noqa: BLE001
+            self.results.expect("UpdateImageCache", "an unknown id is refused", error_code(error) == "InvalidImageCache.NotFound", describe_error(error))
+
+    def delete(self, ids):
+        for cache_id in ids:
+            request = m.DeleteImageCacheRequest(region_id=self.args.region, image_cache_id=cache_id, client_token=f"imc-delete-{cache_id}")
+            if self.sdk.call("DeleteImageCache", request, f"delete {cache_id}") is None:
+                continue
+            body = self.describe(f"after deleting {cache_id}", image_cache_id=cache_id)
+            self.results.expect("DeleteImageCache", "the cache is gone", body is not None and not body.image_caches, f"{self.names(body)}")
+            try:
+                self.sdk.raw_call("DeleteImageCache", request)
+                self.results.fail("DeleteImageCache", "deleting it again is refused", "accepted")
+            except Exception as error:  # noqa: BLE001
+                self.results.expect("DeleteImageCache", "deleting it again is refused", error_code(error) == "InvalidImageCache.NotFound", describe_error(error))
 
 
 BASE_KEYS = {

@@ -337,6 +337,10 @@ mod tests {
                 "ExecContainerCommand",
                 "DescribeContainerGroupMetric",
                 "DescribeMultiContainerGroupMetric",
+                "CreateImageCache",
+                "DescribeImageCaches",
+                "UpdateImageCache",
+                "DeleteImageCache",
             ]
         );
         for action in actions() {

@@ -16,7 +16,13 @@ use eci_proto::v20180808::{
 };
 use tonic::transport::{Channel, Endpoint};
 
-use super::EciBackend;
+use eci_proto::v20180808::{
+    CreateImageCacheRequest, CreateImageCacheResponse, DeleteImageCacheRequest,
+    DeleteImageCacheResponse, DescribeImageCachesRequest, DescribeImageCachesResponse,
+    UpdateImageCacheRequest, UpdateImageCacheResponse,
+};
+
+use super::{EciBackend, ImageCacheBackend};
 
 /// Per-call deadline: a hung connection must fail a call, not stall the daemon.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,9 +51,9 @@ impl GrpcBackend {
 }
 
 macro_rules! forward {
-    ($($method:ident($request:ty) -> $response:ty;)+) => {
+    ($trait:ident: $($method:ident($request:ty) -> $response:ty;)+) => {
         #[async_trait::async_trait]
-        impl EciBackend for GrpcBackend {
+        impl $trait for GrpcBackend {
             $(async fn $method(&self, request: $request) -> Result<$response, EciError> {
                 self.client
                     .clone()
@@ -61,6 +67,7 @@ macro_rules! forward {
 }
 
 forward! {
+    EciBackend:
     create_container_group(CreateContainerGroupRequest) -> CreateContainerGroupResponse;
     describe_container_groups(DescribeContainerGroupsRequest) -> DescribeContainerGroupsResponse;
     describe_container_group_status(DescribeContainerGroupStatusRequest) -> DescribeContainerGroupStatusResponse;
@@ -71,4 +78,12 @@ forward! {
     exec_container_command(ExecContainerCommandRequest) -> ExecContainerCommandResponse;
     describe_container_group_metric(DescribeContainerGroupMetricRequest) -> DescribeContainerGroupMetricResponse;
     describe_multi_container_group_metric(DescribeMultiContainerGroupMetricRequest) -> DescribeMultiContainerGroupMetricResponse;
+}
+
+forward! {
+    ImageCacheBackend:
+    create_image_cache(CreateImageCacheRequest) -> CreateImageCacheResponse;
+    describe_image_caches(DescribeImageCachesRequest) -> DescribeImageCachesResponse;
+    update_image_cache(UpdateImageCacheRequest) -> UpdateImageCacheResponse;
+    delete_image_cache(DeleteImageCacheRequest) -> DeleteImageCacheResponse;
 }

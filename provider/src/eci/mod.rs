@@ -21,6 +21,11 @@ use eci_proto::v20180808::{
     ExecContainerCommandRequest, ExecContainerCommandResponse, RestartContainerGroupRequest,
     RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
 };
+use eci_proto::v20180808::{
+    CreateImageCacheRequest, CreateImageCacheResponse, DeleteImageCacheRequest,
+    DeleteImageCacheResponse, DescribeImageCachesRequest, DescribeImageCachesResponse,
+    UpdateImageCacheRequest, UpdateImageCacheResponse,
+};
 pub use grpc::GrpcBackend;
 pub use rate_budget::{Lane, Paced, Pacer, ReplicaCount, Share, alone, share, share_of};
 use tracing::info;
@@ -86,6 +91,33 @@ pub trait EciBackend: Send + Sync + 'static {
 
 /// A shared backend.
 pub type Backend = Arc<dyn EciBackend>;
+
+/// The image-cache actions of the same API, served by the same backends (gRPC and OpenAPI).
+/// Apart from [`EciBackend`] because only the image-cache reconciler of the elected replica
+/// calls them; the pod paths never do.
+#[async_trait::async_trait]
+pub trait ImageCacheBackend: Send + Sync + 'static {
+    /// CreateImageCache.
+    async fn create_image_cache(
+        &self,
+        request: CreateImageCacheRequest,
+    ) -> Result<CreateImageCacheResponse, EciError>;
+    /// DescribeImageCaches.
+    async fn describe_image_caches(
+        &self,
+        request: DescribeImageCachesRequest,
+    ) -> Result<DescribeImageCachesResponse, EciError>;
+    /// UpdateImageCache.
+    async fn update_image_cache(
+        &self,
+        request: UpdateImageCacheRequest,
+    ) -> Result<UpdateImageCacheResponse, EciError>;
+    /// DeleteImageCache.
+    async fn delete_image_cache(
+        &self,
+        request: DeleteImageCacheRequest,
+    ) -> Result<DeleteImageCacheResponse, EciError>;
+}
 
 /// The backend could not be set up.
 #[derive(Debug, thiserror::Error)]

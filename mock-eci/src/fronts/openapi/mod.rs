@@ -483,6 +483,10 @@ async fn serve_action(
         "ExecContainerCommand" => exec_container_command => wire::encode,
         "DescribeContainerGroupMetric" => describe_container_group_metric => answer::describe_container_group_metric,
         "DescribeMultiContainerGroupMetric" => describe_multi_container_group_metric => answer::describe_multi_container_group_metric,
+        "CreateImageCache" => create_image_cache => wire::encode,
+        "DescribeImageCaches" => describe_image_caches => wire::encode,
+        "UpdateImageCache" => update_image_cache => wire::encode,
+        "DeleteImageCache" => delete_image_cache => wire::encode,
     })
 }
 

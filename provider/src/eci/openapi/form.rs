@@ -9,6 +9,10 @@
 use std::fmt::Display;
 
 use eci_proto::v20180808::{
+    AcrRegistryInfo, CreateImageCacheRequest, DeleteImageCacheRequest, DescribeImageCachesRequest,
+    UpdateImageCacheRequest,
+};
+use eci_proto::v20180808::{
     Container, ContainerSecurityContext, CreateContainerGroupRequest, DeleteContainerGroupRequest,
     DescribeContainerGroupMetricRequest, DescribeContainerGroupStatusRequest,
     DescribeContainerGroupsRequest, DescribeContainerLogRequest,
@@ -518,6 +522,101 @@ pub fn describe_multi_container_group_metric(r: &DescribeMultiContainerGroupMetr
     form.json_array("ContainerGroupIds", &r.container_group_ids);
     form.text("MetricType", &r.metric_type);
     form.text("ResourceGroupId", &r.resource_group_id);
+    form
+}
+
+/// `AcrRegistryInfo.N.*` of the image-cache actions (no ARNs in UpdateImageCache: `arns`
+/// false leaves them out).
+fn acr_registry_info(form: &mut Form, infos: &[AcrRegistryInfo], arns: bool) {
+    form.list("AcrRegistryInfo", infos, |form, acr| {
+        form.text("InstanceId", &acr.instance_id);
+        form.text("InstanceName", &acr.instance_name);
+        form.text("RegionId", &acr.region_id);
+        form.strings("Domain", &acr.domain);
+        if arns {
+            form.text("ArnService", &acr.arn_service);
+            form.text("ArnUser", &acr.arn_user);
+        }
+    });
+}
+
+/// CreateImageCache.
+pub fn create_image_cache(r: &CreateImageCacheRequest) -> Form {
+    let mut form = Form::default();
+    form.text("RegionId", &r.region_id);
+    form.text("ZoneId", &r.zone_id);
+    form.text("SecurityGroupId", &r.security_group_id);
+    form.text("VSwitchId", &r.v_switch_id);
+    form.text("ImageCacheName", &r.image_cache_name);
+    form.strings("Image", &r.image);
+    registry_credentials(&mut form, &r.image_registry_credential);
+    form.optional("ImageCacheSize", r.image_cache_size);
+    form.optional("RetentionDays", r.retention_days);
+    form.tags(&r.tag);
+    form.text("ClientToken", &r.client_token);
+    form.text("ResourceGroupId", &r.resource_group_id);
+    form.text("EipInstanceId", &r.eip_instance_id);
+    form.text("EliminationStrategy", &r.elimination_strategy);
+    acr_registry_info(&mut form, &r.acr_registry_info, true);
+    form.flag("AutoMatchImageCache", r.auto_match_image_cache);
+    form.flag("Flash", r.flash);
+    form.optional("FlashCopyCount", r.flash_copy_count);
+    form.optional("StandardCopyCount", r.standard_copy_count);
+    form.text("PlainHttpRegistry", &r.plain_http_registry);
+    form.text("InsecureRegistry", &r.insecure_registry);
+    form.text("Annotations", &r.annotations);
+    form
+}
+
+/// DescribeImageCaches.
+pub fn describe_image_caches(r: &DescribeImageCachesRequest) -> Form {
+    let mut form = Form::default();
+    form.text("RegionId", &r.region_id);
+    form.text("ImageCacheId", &r.image_cache_id);
+    form.text("ImageCacheName", &r.image_cache_name);
+    form.text("SnapshotId", &r.snapshot_id);
+    form.text("Image", &r.image);
+    form.strings("MatchImage", &r.match_image);
+    form.optional("ImageMatchCountRequest", r.image_match_count_request);
+    form.flag("ImageFullMatch", r.image_full_match);
+    form.optional("Limit", r.limit);
+    form.text("NextToken", &r.next_token);
+    form.tags(&r.tag);
+    form.text("ResourceGroupId", &r.resource_group_id);
+    form
+}
+
+/// UpdateImageCache.
+pub fn update_image_cache(r: &UpdateImageCacheRequest) -> Form {
+    let mut form = Form::default();
+    form.text("RegionId", &r.region_id);
+    form.text("ImageCacheId", &r.image_cache_id);
+    form.text("ImageCacheName", &r.image_cache_name);
+    form.strings("Image", &r.image);
+    registry_credentials(&mut form, &r.image_registry_credential);
+    form.optional("ImageCacheSize", r.image_cache_size);
+    form.optional("RetentionDays", r.retention_days);
+    form.tags(&r.tag);
+    form.text("ClientToken", &r.client_token);
+    form.text("ResourceGroupId", &r.resource_group_id);
+    form.text("SecurityGroupId", &r.security_group_id);
+    form.text("VSwitchId", &r.v_switch_id);
+    form.text("EipInstanceId", &r.eip_instance_id);
+    form.text("EliminationStrategy", &r.elimination_strategy);
+    acr_registry_info(&mut form, &r.acr_registry_info, false);
+    form.flag("AutoMatchImageCache", r.auto_match_image_cache);
+    form.flag("Flash", r.flash);
+    form.optional("FlashCopyCount", r.flash_copy_count);
+    form.optional("StandardCopyCount", r.standard_copy_count);
+    form
+}
+
+/// DeleteImageCache.
+pub fn delete_image_cache(r: &DeleteImageCacheRequest) -> Form {
+    let mut form = Form::default();
+    form.text("RegionId", &r.region_id);
+    form.text("ImageCacheId", &r.image_cache_id);
+    form.text("ClientToken", &r.client_token);
     form
 }
 

@@ -23,6 +23,11 @@ use eci_proto::v20180808::{
     ExecContainerCommandRequest, ExecContainerCommandResponse, RestartContainerGroupRequest,
     RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
 };
+use eci_proto::v20180808::{
+    CreateImageCacheRequest, CreateImageCacheResponse, DeleteImageCacheRequest,
+    DeleteImageCacheResponse, DescribeImageCachesRequest, DescribeImageCachesResponse,
+    UpdateImageCacheRequest, UpdateImageCacheResponse,
+};
 use futures::{StreamExt as _, TryStreamExt as _};
 use serde_json::Value;
 use tracing::debug;
@@ -405,6 +410,25 @@ actions! {
     exec_container_command(ExecContainerCommandRequest) -> ExecContainerCommandResponse = "ExecContainerCommand";
     describe_container_group_metric(DescribeContainerGroupMetricRequest) -> DescribeContainerGroupMetricResponse = "DescribeContainerGroupMetric";
     describe_multi_container_group_metric(DescribeMultiContainerGroupMetricRequest) -> DescribeMultiContainerGroupMetricResponse = "DescribeMultiContainerGroupMetric";
+}
+
+macro_rules! image_cache_actions {
+    ($($method:ident($request:ty) -> $response:ty = $action:literal;)+) => {
+        #[async_trait::async_trait]
+        impl crate::eci::ImageCacheBackend for OpenApiBackend {
+            $(async fn $method(&self, request: $request) -> Result<$response, EciError> {
+                let body = self.call($action, form::$method(&request)).await?;
+                response::parse($action, body)
+            })+
+        }
+    };
+}
+
+image_cache_actions! {
+    create_image_cache(CreateImageCacheRequest) -> CreateImageCacheResponse = "CreateImageCache";
+    describe_image_caches(DescribeImageCachesRequest) -> DescribeImageCachesResponse = "DescribeImageCaches";
+    update_image_cache(UpdateImageCacheRequest) -> UpdateImageCacheResponse = "UpdateImageCache";
+    delete_image_cache(DeleteImageCacheRequest) -> DeleteImageCacheResponse = "DeleteImageCache";
 }
 
 impl OpenApiBackend {
