@@ -2,7 +2,7 @@
 //!
 //! One process serves one virtual Node (one StatefulSet replica). The folders are the jobs, and
 //! calls flow one way: `app` wires the areas (`node`, `pods`, `fleet`, `admission`,
-//! `placement`, `kubelet`), which call the edges (`k8s`, `eci`) and the leaves (`ops`,
+//! `placement`, `imagecache`, `kubelet`), which call the edges (`k8s`, `eci`) and the leaves (`ops`,
 //! `config`). The architecture test (`tests/architecture.rs`) keeps it so. (`k8s`, not `kube`: a crate-root `kube` module would
 //! shadow the kube crate in every `use`.)
 

@@ -13,7 +13,15 @@ const APP: &str = "app";
 /// each other at most, never an area.
 const LEAVES: &[&str] = &["config", "eci", "k8s", "ops"];
 /// The areas, one job each.
-const AREAS: &[&str] = &["admission", "fleet", "kubelet", "node", "placement", "pods"];
+const AREAS: &[&str] = &[
+    "admission",
+    "fleet",
+    "imagecache",
+    "kubelet",
+    "node",
+    "placement",
+    "pods",
+];
 
 fn source_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")

@@ -555,7 +555,7 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
     );
     assert_eq!(
         normalized(crd),
-        normalized(&virtual_node_eci::imagecache::crd::crd_json())
+        normalized(&virtual_node_eci::imagecache::resource::crd_json())
     );
     eprintln!(
         "{overlay}: {} objects, node {}, backend {:?}",

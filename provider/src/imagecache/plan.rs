@@ -12,7 +12,7 @@ use std::time::SystemTime;
 
 use eci_proto::v20180808::ImageCache as EciImageCache;
 
-use super::crd::{ImageCacheEvent, ImageCacheSpec, ImageCacheStatus};
+use super::resource::{ImageCacheEvent, ImageCacheSpec, ImageCacheStatus};
 
 /// ECI's phases of a cache still being built.
 const BUILDING: [&str; 3] = ["Preparing", "Creating", "Updating"];

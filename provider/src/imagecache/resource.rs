@@ -116,7 +116,7 @@ mod tests {
 
     fn generated() -> String {
         format!(
-            "# Generated from provider/src/imagecache/crd.rs — do not edit.\n# Regenerate: UPDATE_GENERATED=1 cargo test -p virtual-node-eci --lib imagecache::crd\n{}",
+            "# Generated from provider/src/imagecache/resource.rs — do not edit.\n# Regenerate: UPDATE_GENERATED=1 cargo test -p virtual-node-eci --lib imagecache::resource\n{}",
             serde_saphyr::to_string(&crd_json()).unwrap()
         )
     }
@@ -133,7 +133,7 @@ mod tests {
             let committed = std::fs::read_to_string(&path).unwrap_or_default();
             assert!(
                 committed == generated(),
-                "{file} differs from the Rust types; regenerate it with UPDATE_GENERATED=1 cargo test -p virtual-node-eci --lib imagecache::crd"
+                "{file} differs from the Rust types; regenerate it with UPDATE_GENERATED=1 cargo test -p virtual-node-eci --lib imagecache::resource"
             );
             let parsed: serde_json::Value = serde_saphyr::from_str(&committed).unwrap();
             assert_eq!(parsed, crd_json(), "the YAML reads back as the CRD");
