@@ -83,9 +83,9 @@ const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 const ANNOTATION_WRITERS: usize = 40;
 
 #[derive(Debug, Default)]
-struct Tracked {
+struct PodEntry {
     /// The latest copy of the pod: whole until its group exists, then slim and packed.
-    pod: Option<slim::Kept>,
+    pod: Option<slim::PodCopy>,
     /// Where the pod is in its life on this node (and its group, where one exists).
     lifecycle: Lifecycle,
     /// Hash of the status last written (a hash, not the JSON: memory per pod matters at
@@ -108,7 +108,7 @@ struct Tracked {
     /// not delivered yet (see [`Origin`]).
     origin: Origin,
     /// The annotations of ours the pod's status applies carry (see [`carried`]).
-    carried: carried::Carried,
+    carried: carried::OwnAnnotations,
 }
 
 /// Where the kept copy of a pod came from. The apiserver answers a write with the object as
@@ -146,7 +146,7 @@ impl Origin {
     }
 }
 
-impl Tracked {
+impl PodEntry {
     /// Stores the latest copy of the pod; once its group exists, only what the controller
     /// still reads of it (memory per pod matters at thousands of pods).
     fn keep(&mut self, pod: &Arc<Pod>) {
@@ -154,9 +154,9 @@ impl Tracked {
             return;
         }
         self.pod = Some(if self.lifecycle.group().is_some() {
-            slim::Kept::packed(pod)
+            slim::PodCopy::packed(pod)
         } else {
-            slim::Kept::whole(pod)
+            slim::PodCopy::whole(pod)
         });
     }
 
@@ -164,10 +164,10 @@ impl Tracked {
     /// event, which after a burst of creations can be a status write a long queue away, and
     /// the whole copies waiting that long are a large share of the burst's peak memory.
     fn slim_down(&mut self) {
-        if let Some(slim::Kept::Whole(pod)) = &self.pod
+        if let Some(slim::PodCopy::Whole(pod)) = &self.pod
             && self.lifecycle.group().is_some()
         {
-            self.pod = Some(slim::Kept::packed(pod));
+            self.pod = Some(slim::PodCopy::packed(pod));
         }
     }
 
@@ -258,7 +258,7 @@ impl Adopted {
 /// API and the metrics read it. Cheap to clone; readers see the controller's state as it is.
 #[derive(Clone, Default)]
 pub struct GroupDirectory {
-    pods: Arc<Mutex<HashMap<String, Tracked>>>,
+    pods: Arc<Mutex<HashMap<String, PodEntry>>>,
 }
 
 impl GroupDirectory {
@@ -278,12 +278,12 @@ impl GroupDirectory {
         let pods = pairs
             .into_iter()
             .map(|(uid, group)| {
-                let tracked = Tracked {
+                let tracked = PodEntry {
                     lifecycle: Lifecycle::Created {
                         group: group.into(),
                         annotated: false,
                     },
-                    ..Tracked::default()
+                    ..PodEntry::default()
                 };
                 (uid, tracked)
             })
@@ -316,7 +316,7 @@ struct Inner {
     telemetry: Arc<Telemetry>,
     events: EventPublisher,
     /// Shared with the readers of [`GroupDirectory`].
-    pods: Arc<Mutex<HashMap<String, Tracked>>>,
+    pods: Arc<Mutex<HashMap<String, PodEntry>>>,
     /// Pods waiting for their group to be created, by pod UID.
     creations: Arc<WorkQueue<String, CreateJob>>,
     /// Group ids to record on their pods (namespace and name), by pod UID.
@@ -444,10 +444,10 @@ enum Seen<'a> {
     Watch,
     /// A list of the pod watch (its first, or a relist): the current state, as [`Self::Watch`].
     Listed,
-    /// A redrive (after a full poll) of the copy it took from the tracked pods. The watch runs
+    /// A replay (after a full poll) of the copy it took from the tracked pods. The watch runs
     /// on another thread and may have removed the pod or stored a newer copy since; then the
     /// copy is stale and changes nothing (it must not bring a removed pod back).
-    Redrive(&'a slim::Kept),
+    Replay(&'a slim::PodCopy),
 }
 
 /// The pod controller's reader of this node's pod watch: it runs on the watch's task, so it
@@ -613,7 +613,7 @@ impl PodController {
         }
     }
 
-    fn tracked(&self) -> MutexGuard<'_, HashMap<String, Tracked>> {
+    fn tracked(&self) -> MutexGuard<'_, HashMap<String, PodEntry>> {
         self.inner.pods.lock()
     }
 
@@ -625,7 +625,7 @@ impl PodController {
     }
 
     /// Moves the lifecycle of the pod with `uid` on by `event`, when it is tracked; what to do
-    /// is the caller's (see [`Tracked::on`]).
+    /// is the caller's (see [`PodEntry::on`]).
     fn advance(&self, uid: &str, event: Event<'_>) -> Option<Effect> {
         self.tracked().get_mut(uid)?.on(uid, event)
     }
@@ -843,7 +843,7 @@ impl PodController {
             let mut tracked = self.tracked();
             let entry = match seen {
                 Seen::Watch | Seen::Listed => tracked.entry(uid.clone()).or_default(),
-                Seen::Redrive(copy) => match tracked.get_mut(&uid) {
+                Seen::Replay(copy) => match tracked.get_mut(&uid) {
                     Some(entry) if entry.pod.as_ref().is_some_and(|kept| kept.same_copy(copy)) => {
                         entry
                     }
@@ -860,7 +860,7 @@ impl PodController {
                 Seen::Watch | Seen::Listed => entry
                     .origin
                     .deliver(slim::version_of(&pod), matches!(seen, Seen::Listed)),
-                Seen::Redrive(_) => Delivery::Keep,
+                Seen::Replay(_) => Delivery::Keep,
             };
             if let Some(written) = entry.written
                 && delivery == Delivery::Keep
@@ -895,7 +895,7 @@ impl PodController {
                         .flatten()
                 });
             }
-            // A redrive drives the very copy the entry holds: packing it again would only cost
+            // A replay drives the very copy the entry holds: packing it again would only cost
             // a serialisation and an allocation per tracked pod on every full poll.
             // An older copy than the answer kept would only make the next write conflict.
             if let (Seen::Watch | Seen::Listed, Delivery::Keep) = (seen, delivery) {
@@ -931,7 +931,7 @@ impl PodController {
             Some(Effect::Delete(group)) => {
                 let group = group.map(String::from);
                 let deletion = controller.clone();
-                let doomed = delete::Doomed::of(&pod);
+                let doomed = delete::DeletionTarget::of(&pod);
                 controller.spawn_pod_task(deletion.delete(doomed, uid, group).instrument(span));
             }
             Some(Effect::Skip(reason)) => {
@@ -1253,9 +1253,9 @@ mod tests {
         };
         controller.tracked().insert(
             "u-1".into(),
-            Tracked {
+            PodEntry {
                 lifecycle,
-                ..Tracked::default()
+                ..PodEntry::default()
             },
         );
     }
@@ -1271,28 +1271,28 @@ mod tests {
         )
     }
 
-    /// A redrive (after a full poll) takes the tracked copies, then drives each again; the
+    /// A replay (after a full poll) takes the tracked copies, then drives each again; the
     /// pod watch runs on another thread meanwhile. A pod it removed in between must stay
     /// removed (else it is counted, and its stale copy driven, forever), and a newer copy it
-    /// stored must not be replaced by the redrive's older one.
+    /// stored must not be replaced by the replay's older one.
     #[tokio::test]
-    async fn a_redrive_never_brings_back_a_pod_the_watch_removed_or_replaced() {
+    async fn a_replay_never_brings_back_a_pod_the_watch_removed_or_replaced() {
         let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
         track(&controller, false);
         let first = running_pod();
         controller.tracked().get_mut("u-1").unwrap().keep(&first);
 
-        let copies = controller.redrive_copies();
+        let copies = controller.replay_copies();
         let newer = running_pod();
         controller.tracked().get_mut("u-1").unwrap().keep(&newer);
         let stored = controller.tracked()["u-1"].pod.clone().unwrap();
-        controller.redrive_from(&copies);
+        controller.replay_from(&copies);
         let kept = controller.tracked()["u-1"].pod.clone().unwrap();
         assert!(kept.same_copy(&stored), "the newer copy stays");
 
-        let copies = controller.redrive_copies();
+        let copies = controller.replay_copies();
         controller.forget(&newer);
-        controller.redrive_from(&copies);
+        controller.replay_from(&copies);
         assert!(
             !controller.tracked().contains_key("u-1"),
             "a removed pod is not tracked again"
@@ -1314,10 +1314,10 @@ mod tests {
         assert_eq!(controller.record_created("u-2", "eci-2"), None, "untracked");
     }
 
-    /// A redrive drives the copy the entry already holds; it leaves that copy as it is rather
+    /// A replay drives the copy the entry already holds; it leaves that copy as it is rather
     /// than packing it again on every full poll.
     #[tokio::test]
-    async fn a_redrive_keeps_the_copy_it_drove() {
+    async fn a_replay_keeps_the_copy_it_drove() {
         let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
         track(&controller, false);
         controller
@@ -1325,9 +1325,9 @@ mod tests {
             .get_mut("u-1")
             .unwrap()
             .keep(&running_pod());
-        let copies = controller.redrive_copies();
+        let copies = controller.replay_copies();
         assert!(copies[0].is_slim(), "a pod with a group is kept packed");
-        controller.redrive_from(&copies);
+        controller.replay_from(&copies);
         let kept = controller.tracked()["u-1"].pod.clone().unwrap();
         assert!(kept.same_copy(&copies[0]), "not packed again");
     }
@@ -1339,7 +1339,7 @@ mod tests {
     /// pod keeps the other writer's status until its group changes.
     #[test]
     fn a_status_forgotten_while_a_writer_worked_is_not_recorded_over() {
-        let mut entry = Tracked::default();
+        let mut entry = PodEntry::default();
         let epoch = entry.status_epoch;
         assert!(
             entry.record_status(epoch, 1, Some(10)),
@@ -1365,15 +1365,15 @@ mod tests {
 
     #[test]
     fn a_tracked_pod_costs_no_more_than_before_the_lifecycle_enum() {
-        // One `Tracked` per pod of the node, so its size is memory per pod and a field must
+        // One `PodEntry` per pod of the node, so its size is memory per pod and a field must
         // earn its bytes: the lifecycle enum keeps the group as a boxed str; the status epoch
         // keeps a concurrent reset from being recorded over; the kept copy's version and
         // origin save a conflict, a read and up to two writes per pod; the annotations the
         // status applies carry save a pod write per pod. The bound makes growing it a choice.
         assert!(
-            std::mem::size_of::<Tracked>() <= 208,
+            std::mem::size_of::<PodEntry>() <= 208,
             "{}",
-            std::mem::size_of::<Tracked>()
+            std::mem::size_of::<PodEntry>()
         );
     }
 
@@ -1406,7 +1406,7 @@ mod tests {
         let (controller, requests) = controller(Arc::clone(&eci));
         track(&controller, true);
         let deleting = tokio::spawn(controller.clone().delete(
-            delete::Doomed::of(&terminating_pod()),
+            delete::DeletionTarget::of(&terminating_pod()),
             "u-1".into(),
             Some("eci-1".into()),
         ));
@@ -1471,7 +1471,7 @@ mod tests {
         controller
             .clone()
             .delete(
-                delete::Doomed::of(&terminating_pod()),
+                delete::DeletionTarget::of(&terminating_pod()),
                 "u-1".into(),
                 Some("eci-1".into()),
             )

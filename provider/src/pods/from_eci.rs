@@ -1013,14 +1013,14 @@ mod tests {
     );
 
     /// Our conditions as (type, status, reason).
-    type Shown = Vec<(&'static str, String, Option<String>)>;
+    type Explained = Vec<(&'static str, String, Option<String>)>;
 
     /// (gates, the gate's condition, our conditions shown, observedGeneration shown) → Ready
     /// written, as (status, reason); `None`: nothing to write.
     type RefreshRow = (
         &'static [&'static str],
         Option<&'static str>,
-        Shown,
+        Explained,
         Option<i64>,
         Option<(&'static str, Option<&'static str>)>,
     );
@@ -1203,7 +1203,7 @@ mod tests {
     #[test]
     fn refresh_rewrites_ready_when_a_gate_someone_else_or_the_generation_changes_and_only_then() {
         const LB: &str = "example.com/lb-ready";
-        let ours_ready = |ready: &str, reason: &str| -> Shown {
+        let ours_ready = |ready: &str, reason: &str| -> Explained {
             vec![
                 ("PodScheduled", "True".into(), None),
                 ("Initialized", "True".into(), None),

@@ -23,7 +23,7 @@ use crate::pods::to_eci::annotations::WRITTEN_BACK;
 
 /// The controller's copy of a pod.
 #[derive(Debug, Clone)]
-pub(super) enum Kept {
+pub(super) enum PodCopy {
     /// The whole pod, while its group is still to be created.
     Whole(Arc<Pod>),
     /// The [`slim`] copy, packed.
@@ -39,7 +39,7 @@ pub(super) struct Packed {
     json: Arc<[u8]>,
 }
 
-impl Kept {
+impl PodCopy {
     /// The whole pod.
     pub(super) fn whole(pod: &Arc<Pod>) -> Self {
         Self::Whole(Arc::clone(pod))
@@ -69,7 +69,7 @@ impl Kept {
 
     /// Whether `other` is this very copy (not merely an equal one): a later copy of the pod
     /// replaced it if not.
-    pub(super) fn same_copy(&self, other: &Kept) -> bool {
+    pub(super) fn same_copy(&self, other: &PodCopy) -> bool {
         match (self, other) {
             (Self::Whole(a), Self::Whole(b)) => Arc::ptr_eq(a, b),
             (Self::Packed(a), Self::Packed(b)) => Arc::ptr_eq(&a.json, &b.json),
@@ -99,7 +99,7 @@ impl Kept {
     }
 
     /// The pod (slim once packed). Cheap to call under a lock only for a whole pod: clone the
-    /// `Kept` out first.
+    /// `PodCopy` out first.
     pub(super) fn pod(&self) -> Option<Arc<Pod>> {
         match self {
             Self::Whole(pod) => Some(Arc::clone(pod)),
@@ -268,11 +268,11 @@ mod tests {
     #[test]
     fn a_packed_copy_unpacks_to_the_slim_pod_and_answers_without_unpacking() {
         let pod = mk_pod();
-        let packed = Kept::packed(&pod);
+        let packed = PodCopy::packed(&pod);
         assert!(packed.is_slim());
         assert_eq!(packed.phase(), Some("Running"));
         assert_eq!(packed.pod().as_deref(), Some(&slim(&pod)));
-        let Kept::Packed(inner) = &packed else {
+        let PodCopy::Packed(inner) = &packed else {
             unreachable!("packed above")
         };
         assert!(
@@ -282,7 +282,7 @@ mod tests {
         );
 
         let shared = Arc::new(pod);
-        let whole = Kept::whole(&shared);
+        let whole = PodCopy::whole(&shared);
         assert!(whole.is(&shared) && !whole.is_slim() && !packed.is(&shared));
         assert_eq!(whole.phase(), Some("Running"));
         assert!(Arc::ptr_eq(&whole.pod().unwrap(), &shared));

@@ -8,11 +8,11 @@
 //!   `metadata.ownerReferences`), so one server-side apply writes the status and these.
 //! - Once an apply of ours wrote them, our field manager owns them on that subresource: every
 //!   later apply carries them again, since an apply that left them out would remove them.
-//! - New values wait ([`Carried::Pending`]) for the pod's next status write; a pod that has
+//! - New values wait ([`OwnAnnotations::Pending`]) for the pod's next status write; a pod that has
 //!   none queued after [`FLUSH_AFTER_POLLS`] status polls gets a write of its own (its status
 //!   as it shows, plus the annotations), so they never wait much longer than that.
 //! - After a restart the values are not known: a pod already showing its group's id is taken
-//!   to carry ours ([`Carried::adopt`]), so the first apply does not remove them.
+//!   to carry ours ([`OwnAnnotations::adopt`]), so the first apply does not remove them.
 
 use std::sync::Arc;
 
@@ -32,7 +32,7 @@ pub(super) type Values = Arc<[(&'static str, Box<str>)]>;
 
 /// What of ours the pod's status applies carry.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) enum Carried {
+pub(super) enum OwnAnnotations {
     /// Nothing: no group yet, or annotations another writer made (they are left alone).
     #[default]
     Nothing,
@@ -42,7 +42,7 @@ pub(super) enum Carried {
     Written(Values),
 }
 
-impl Carried {
+impl OwnAnnotations {
     /// What the next apply carries.
     pub(super) fn values(&self) -> Option<&Values> {
         match self {
@@ -178,20 +178,20 @@ mod tests {
 
     #[test]
     fn pending_values_are_written_by_the_apply_that_carried_them() {
-        let mut carried = Carried::default();
+        let mut carried = OwnAnnotations::default();
         assert_eq!(carried.values(), None, "nothing before a group");
         let sent = id("eci-1");
         carried.queue(Arc::clone(&sent));
         assert!(carried.is_pending());
         assert_eq!(carried.values(), Some(&sent), "the next apply carries them");
         carried.stored(&sent);
-        assert_eq!(carried, Carried::Written(Arc::clone(&sent)));
+        assert_eq!(carried, OwnAnnotations::Written(Arc::clone(&sent)));
         assert_eq!(carried.values(), Some(&sent), "and every apply after it");
     }
 
     #[test]
     fn values_queued_while_an_apply_was_in_flight_stay_pending() {
-        let mut carried = Carried::default();
+        let mut carried = OwnAnnotations::default();
         let in_flight = id("eci-1");
         carried.queue(Arc::clone(&in_flight));
         // The pod's annotation was changed meanwhile: the id is queued again.
@@ -204,7 +204,7 @@ mod tests {
 
     #[test]
     fn pending_values_get_a_write_of_their_own_every_few_polls() {
-        let mut carried = Carried::default();
+        let mut carried = OwnAnnotations::default();
         assert!(!carried.poll_passed(), "nothing pending");
         carried.queue(id("eci-1"));
         let every = usize::from(FLUSH_AFTER_POLLS);
@@ -222,9 +222,13 @@ mod tests {
             ("app.example.com/owner", "team-a"),
         ]);
         let lookup = |key: &str| shown.get(key).copied();
-        let mut carried = Carried::default();
+        let mut carried = OwnAnnotations::default();
         carried.adopt("eci-2", lookup);
-        assert_eq!(carried, Carried::Nothing, "another group's id is not ours");
+        assert_eq!(
+            carried,
+            OwnAnnotations::Nothing,
+            "another group's id is not ours"
+        );
         carried.adopt("eci-1", lookup);
         let values = carried.values().unwrap();
         assert_eq!(
@@ -246,8 +250,8 @@ mod tests {
     fn our_annotations_ecis_answer_left_out_are_cleared_when_the_pod_shows_them() {
         let carried = values([(INSTANCE_ID, "eci-1"), (VPC, "vpc-real")]);
         // (what the pod shows, the keys the apply writes empty)
-        type Shown = Vec<(&'static str, &'static str)>;
-        let table: Vec<(Shown, Vec<&str>)> = vec![
+        type Explained = Vec<(&'static str, &'static str)>;
+        let table: Vec<(Explained, Vec<&str>)> = vec![
             (vec![(INSTANCE_ID, "eci-1"), (VPC, "vpc-real")], vec![]),
             (vec![(EIP_ADDRESS, "6.6.6.6")], vec![EIP_ADDRESS]),
             (
@@ -258,7 +262,7 @@ mod tests {
                 ],
                 vec![REQUEST_ID, ZONE],
             ),
-            // Carried keys are written with ECI's value anyway (the apply is forced).
+            // OwnAnnotations keys are written with ECI's value anyway (the apply is forced).
             (vec![(VPC, "vpc-theirs")], vec![]),
             (vec![("k8s.aliyun.com/other", "x")], vec![]),
         ];

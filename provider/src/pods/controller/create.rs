@@ -127,12 +127,12 @@ pub(super) struct CreateJob {
     pub(super) attempt: u32,
     pub(super) seen: tokio::time::Instant,
     /// What the last attempt met that is already shown on the pod (not shown again).
-    pub(super) shown: Shown,
+    pub(super) shown: Explained,
 }
 
 /// A refusal already shown on a waiting pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Shown {
+pub(super) enum Explained {
     /// Nothing.
     Nothing,
     /// A misconfiguration: the job waits for the configuration to be accepted again (or its
@@ -152,7 +152,7 @@ impl CreateJob {
         Self {
             attempt: 0,
             seen: tokio::time::Instant::now(),
-            shown: Shown::Nothing,
+            shown: Explained::Nothing,
         }
     }
 }
@@ -251,7 +251,7 @@ impl PodController {
                                     controller.inner.creations.push(uid, next);
                                 }
                                 // Fixed: go now, not at the end of a back-off of up to 30 s.
-                                Ok(_) = configuration.wait_for(Option::is_none), if next.shown == Shown::Misconfiguration => {
+                                Ok(_) = configuration.wait_for(Option::is_none), if next.shown == Explained::Misconfiguration => {
                                     controller.inner.creations.push(uid, next);
                                 }
                             }
@@ -298,7 +298,7 @@ impl PodController {
         let retry = CreateJob {
             attempt: job.attempt + 1,
             seen: job.seen,
-            shown: Shown::Nothing,
+            shown: Explained::Nothing,
         };
         let pod = match self.whole_pod(uid).await {
             Ok(Some(pod)) => pod,
@@ -407,11 +407,11 @@ impl PodController {
                 Err(Failure::Misconfigured(found)) => {
                     self.inner.telemetry.pod_create_retries.inc();
                     let group_seen = self.has_group(uid);
-                    if job.shown != Shown::Misconfiguration && !group_seen {
+                    if job.shown != Explained::Misconfiguration && !group_seen {
                         self.explain_misconfiguration(&pod, &found).await;
                     }
                     Some(CreateJob {
-                        shown: Shown::Misconfiguration,
+                        shown: Explained::Misconfiguration,
                         ..retry
                     })
                 }
@@ -426,12 +426,12 @@ impl PodController {
                         StockVerdict::Wait(shown) => {
                             let group_seen =
                                 self.has_group(uid);
-                            if job.shown != Shown::NoStock && !group_seen {
+                            if job.shown != Explained::NoStock && !group_seen {
                                 self.show_not_created(&pod, "Pending", NO_STOCK, &shown).await;
                             }
                             debug!(attempt = job.attempt, "no zone has stock; retrying");
                             Some(CreateJob {
-                                shown: Shown::NoStock,
+                                shown: Explained::NoStock,
                                 ..retry
                             })
                         }
@@ -445,7 +445,7 @@ impl PodController {
                 }
                 Err(Failure::Absent(absent)) => {
                     self.inner.telemetry.pod_create_retries.inc();
-                    let shown = Shown::Absent(super::hash_of(&absent));
+                    let shown = Explained::Absent(super::hash_of(&absent));
                     if job.shown != shown && !self.has_group(uid) {
                         self.explain_absent(&pod, &absent).await;
                     }
@@ -455,7 +455,7 @@ impl PodController {
                 Err(Failure::Refused(refusal)) => {
                     self.inner.telemetry.pod_create_retries.inc();
                     let group_seen = self.has_group(uid);
-                    let shown = Shown::Refusal(super::hash_of(&refusal.describe()));
+                    let shown = Explained::Refusal(super::hash_of(&refusal.describe()));
                     if job.shown != shown && !group_seen {
                         self.explain_refusal(&pod, &refusal).await;
                     }
@@ -956,12 +956,12 @@ mod tests {
             "status": {"phase": "Pending"},
         }))
         .unwrap();
-        let mut entry = super::super::Tracked {
+        let mut entry = super::super::PodEntry {
             lifecycle: super::super::Lifecycle::Created {
                 group: "eci-1".into(),
                 annotated: true,
             },
-            ..super::super::Tracked::default()
+            ..super::super::PodEntry::default()
         };
         entry.keep(&Arc::new(pod));
         controller.tracked().insert("u-1".into(), entry);
@@ -1014,7 +1014,7 @@ mod tests {
         }
         assert!(matches!(
             controller.tracked()["u-1"].carried,
-            carried::Carried::Written(_)
+            carried::OwnAnnotations::Written(_)
         ));
     }
 

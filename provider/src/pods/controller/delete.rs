@@ -63,14 +63,14 @@ pub(super) const DELETION_BYTES: usize = 768;
 
 /// What a pod's deletion needs of the pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Doomed {
+pub(super) struct DeletionTarget {
     pub(super) namespace: String,
     pub(super) name: String,
     /// The deletion's grace period in seconds (30, the default, when the pod gives none).
     pub(super) grace: i64,
 }
 
-impl Doomed {
+impl DeletionTarget {
     pub(super) fn of(pod: &Pod) -> Self {
         let (namespace, name) = pod_key_parts(pod);
         Self {
@@ -106,7 +106,7 @@ impl PodController {
         listed: &HashSet<String>,
         unseen: &HashMap<String, Adopted>,
     ) -> Vec<Missing> {
-        let kept: Vec<(String, Option<slim::Kept>)> = self
+        let kept: Vec<(String, Option<slim::PodCopy>)> = self
             .tracked()
             .iter()
             .filter(|(uid, _)| !listed.contains(*uid))
@@ -228,7 +228,7 @@ impl PodController {
     /// Every pod being deleted has one of these waiting for its group to go (a scale-in has
     /// one per pod at once), so what it holds is kept small: the pod's names, not the
     /// pod, and the calls' own futures boxed, alive only while a call is ([`DELETION_BYTES`]).
-    pub(super) async fn delete(self, pod: Doomed, uid: String, group: Option<String>) {
+    pub(super) async fn delete(self, pod: DeletionTarget, uid: String, group: Option<String>) {
         if let Some(id) = &group {
             Box::pin(self.delete_group_for_pod(id, GroupDeletion::for_grace(pod.grace))).await;
         }
@@ -321,13 +321,13 @@ impl PodController {
     }
 
     /// Drives every tracked pod again (after a failed step, nothing else might wake it).
-    pub(super) fn redrive(&self) {
-        let copies = self.redrive_copies();
-        self.redrive_from(&copies);
+    pub(super) fn replay(&self) {
+        let copies = self.replay_copies();
+        self.replay_from(&copies);
     }
 
-    /// The copies of the tracked pods a redrive goes over.
-    pub(super) fn redrive_copies(&self) -> Vec<slim::Kept> {
+    /// The copies of the tracked pods a replay goes over.
+    pub(super) fn replay_copies(&self) -> Vec<slim::PodCopy> {
         self.tracked()
             .values()
             .filter_map(|t| t.pod.clone())
@@ -335,11 +335,11 @@ impl PodController {
     }
 
     /// Drives each pod of `copies` again, unless the pod watch (on another thread) removed it
-    /// or stored a newer copy since: see [`Seen::Redrive`].
-    pub(super) fn redrive_from(&self, copies: &[slim::Kept]) {
+    /// or stored a newer copy since: see [`Seen::Replay`].
+    pub(super) fn replay_from(&self, copies: &[slim::PodCopy]) {
         for copy in copies {
             if let Some(pod) = copy.pod() {
-                self.observe_from(pod, Seen::Redrive(copy));
+                self.observe_from(pod, Seen::Replay(copy));
             }
         }
     }
@@ -428,7 +428,7 @@ mod tests {
     #[tokio::test]
     async fn a_deletion_waiting_for_its_group_holds_a_few_hundred_bytes() {
         let (controller, _) = super::super::tests::controller(std::sync::Arc::default());
-        let doomed = super::Doomed::of(&super::super::tests::terminating_pod());
+        let doomed = super::DeletionTarget::of(&super::super::tests::terminating_pod());
         assert_eq!(
             (
                 doomed.namespace.as_str(),

@@ -291,7 +291,7 @@ impl PodController {
             if full {
                 last_full = started;
                 self.detect_vanished(&present).await;
-                self.redrive();
+                self.replay();
             }
             self.count_phases();
         }
@@ -501,7 +501,7 @@ impl PodController {
     /// Pods whose group is missing from a full listing, confirmed by a direct read, fail
     /// with reason `NotFound`.
     pub(super) async fn detect_vanished(&self, present: &HashSet<String>) {
-        let suspects: Vec<(String, String, slim::Kept)> = self
+        let suspects: Vec<(String, String, slim::PodCopy)> = self
             .tracked()
             .iter()
             .filter_map(|(uid, t)| match &t.lifecycle {
