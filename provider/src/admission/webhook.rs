@@ -222,27 +222,23 @@ async fn follow_ca(
     }
 }
 
-/// Serves, registers and feeds the webhook until cancelled; a failed part fails it. The
-/// capacity view reads the replica's shared pod and node `watches`.
-pub async fn run(
-    client: kube::Client,
-    config: AdmissionConfig,
-    placement: Option<Arc<crate::placement::Shared>>,
-    watches: ClusterWatches,
-    telemetry: Arc<Telemetry>,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
-    let namespace = config.pod_namespace.clone();
+/// The webhook's serving certificate, from its directory or the shared Secret: retried until
+/// it can be had (the webhook is optional to the node, failurePolicy Ignore, so a certificate
+/// that cannot be had yet is no reason to stop serving the node); `None` on a stop first.
+async fn load_certificate(
+    client: &kube::Client,
+    config: &AdmissionConfig,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<webhook_cert::Material>> {
+    let namespace = &config.pod_namespace;
     // One certificate for the webhook's Service and the scheduler extender's.
-    let names = crate::placement::certificate_names(&config.webhook_service, &namespace);
-    // The webhook is optional to the node (failurePolicy Ignore): a certificate that cannot be
-    // had yet is retried, not a reason to stop serving the node.
+    let names = crate::placement::certificate_names(&config.webhook_service, namespace);
     let attempt = || async {
         match &config.webhook_cert_dir {
             Some(dir) => webhook_cert::from_dir(dir),
             None => {
                 let secret = &config.webhook_secret;
-                webhook_cert::from_secret(client.clone(), &namespace, secret, &names).await
+                webhook_cert::from_secret(client.clone(), namespace, secret, &names).await
             }
         }
     };
@@ -256,13 +252,19 @@ pub async fn run(
         .notify(|error, wait| {
             warn!(error = %Chain(error), retry_in = ?wait, "no webhook certificate yet; pods are admitted without the webhook meanwhile");
         });
-    let material = tokio::select! {
-        () = stop.cancelled() => return Ok(()),
-        loaded = loaded => loaded?,
-    };
-    let certificate = Arc::new(ReloadableCertificate::new(material.certified_key()?));
-    // Client certificates are asked for only when callers are named; the chain is judged per
-    // request against the CA in force then (`super::webhook_callers`).
+    tokio::select! {
+        () = stop.cancelled() => Ok(None),
+        loaded = loaded => Ok(Some(loaded?)),
+    }
+}
+
+/// The TLS server and its listener. Client certificates are asked for only when callers are
+/// named; the chain is judged per request against the CA in force then
+/// (`super::webhook_callers`).
+async fn listen(
+    config: &AdmissionConfig,
+    certificate: Arc<ReloadableCertificate>,
+) -> anyhow::Result<(TlsServer, TcpListener)> {
     let client_auth = if config.webhook_callers.is_empty() {
         ClientAuth::None
     } else {
@@ -270,7 +272,7 @@ pub async fn run(
             crate::k8s::callers::RequestClientCertificate::default(),
         ))
     };
-    let server = TlsServer::new(certificate.clone(), client_auth)?.with_limits(limits());
+    let server = TlsServer::new(certificate, client_auth)?.with_limits(limits());
     let listener = TcpListener::bind(config.webhook_addr)
         .await
         .with_context(|| {
@@ -280,42 +282,15 @@ pub async fn run(
             )
         })?;
     info!(address = %listener.local_addr()?, path = %config.webhook_path, "serving the Selector admission webhook");
+    Ok((server, listener))
+}
 
-    let recorder = EventPublisher::new(
-        client.clone(),
-        Reporter {
-            controller: "virtual-node-eci".into(),
-            instance: Some(config.node_name.clone()),
-        },
-        Arc::clone(&telemetry),
-    );
-    let caches = Arc::new(Caches::new(!config.no_default_selectors));
-    let vnode = vnode(&config);
-    let (warnings, warnings_out) = mpsc::channel(256);
-    let served = Arc::new(Served {
-        admission: Admission {
-            caches: Arc::clone(&caches),
-            vnode: vnode.clone(),
-            scope: match config.selector_scope {
-                SelectorScope::Namespace => Scope::Namespaced {
-                    home: config.pod_namespace.clone(),
-                },
-                SelectorScope::Cluster => Scope::Cluster,
-            },
-            placement,
-        },
-        telemetry: Arc::clone(&telemetry),
-        events: warnings,
-    });
-    let (profile_namespace, profile_name) = config
-        .eci_profile_configmap
-        .split_once('/')
-        .map(|(n, m)| (n.to_owned(), m.to_owned()))
-        .unwrap_or_else(|| ("kube-system".into(), config.eci_profile_configmap.clone()));
-    let registration = Registration {
+/// The MutatingWebhookConfiguration this replica keeps registered.
+fn registration(config: &AdmissionConfig) -> Registration {
+    Registration {
         name: config.webhook_configuration.clone(),
         service: config.webhook_service.clone(),
-        namespace,
+        namespace: config.pod_namespace.clone(),
         port: config.webhook_service_port,
         path: config.webhook_path.clone(),
         timeout_seconds: config.webhook_timeout_seconds,
@@ -325,11 +300,55 @@ pub async fn run(
             .filter(|n| !n.is_empty())
             .cloned()
             .collect(),
-    };
-    let (ca_sender, ca_receiver) = watch::channel(material.ca_pem.clone());
+    }
+}
 
-    let mut tasks = Supervisor::new(&stop);
+/// What a review reads, shared by every request; and the receiving end of its Warnings.
+fn served(
+    config: &AdmissionConfig,
+    caches: &Arc<Caches>,
+    placement: Option<Arc<crate::placement::Shared>>,
+    telemetry: &Arc<Telemetry>,
+) -> (Arc<Served>, mpsc::Receiver<(ObjectReference, String)>) {
+    let (warnings, warnings_out) = mpsc::channel(256);
+    let scope = match config.selector_scope {
+        SelectorScope::Namespace => Scope::Namespaced {
+            home: config.pod_namespace.clone(),
+        },
+        SelectorScope::Cluster => Scope::Cluster,
+    };
+    let served = Arc::new(Served {
+        admission: Admission {
+            caches: Arc::clone(caches),
+            vnode: vnode(config),
+            scope,
+            placement,
+        },
+        telemetry: Arc::clone(telemetry),
+        events: warnings,
+    });
+    (served, warnings_out)
+}
+
+/// The caches' feeds: Selectors, namespaces, the seal key, the eci-profile, the capacity view
+/// (from the replica's shared pod and node `watches`) and the spill watch.
+fn spawn_feeds(
+    tasks: &mut Supervisor,
+    client: &kube::Client,
+    config: &AdmissionConfig,
+    caches: &Arc<Caches>,
+    recorder: &EventPublisher,
+    watches: ClusterWatches,
+    telemetry: &Arc<Telemetry>,
+) {
     let stop = tasks.stop().clone();
+    let (profile_namespace, profile_name) = config
+        .eci_profile_configmap
+        .split_once('/')
+        .map(|(n, m)| (n.to_owned(), m.to_owned()))
+        .unwrap_or_else(|| ("kube-system".into(), config.eci_profile_configmap.clone()));
+    let vnode = vnode(config);
+    let (client, caches, recorder) = (client.clone(), Arc::clone(caches), recorder.clone());
     tasks.spawn_critical(
         "Selector watch",
         cache::watch_selectors(
@@ -367,20 +386,73 @@ pub async fn run(
         "capacity view",
         cache::watch_capacity(
             watches,
-            Arc::clone(&caches),
+            caches,
             (vnode.label_key.clone(), vnode.label_value.clone()),
             stop.clone(),
         ),
     );
     tasks.spawn_critical(
         "spill watch",
-        spill::run(
-            client.clone(),
-            vnode,
-            recorder.clone(),
-            Arc::clone(&telemetry),
-            stop.clone(),
-        ),
+        spill::run(client, vnode, recorder, Arc::clone(telemetry), stop),
+    );
+}
+
+/// With the certificate from a directory: its reload (cert-manager, or whoever writes the
+/// files, renews them; a changed ca.crt alone, a CA rotation announced before the leaf
+/// changes, counts as a renewal too) and the caBundle that follows it.
+fn spawn_certificate_reload(
+    tasks: &mut Supervisor,
+    dir: std::path::PathBuf,
+    certificate: &Arc<ReloadableCertificate>,
+    ca: watch::Sender<Option<String>>,
+) {
+    let stop = tasks.stop().clone();
+    let files = CertificateFiles {
+        companions: vec![dir.join("ca.crt")],
+        ..CertificateFiles::in_dir(&dir)
+    };
+    let renewals = certificate.subscribe();
+    let (certificate, watch_stop) = (Arc::clone(certificate), stop.clone());
+    tasks.spawn_critical("certificate reload", async move {
+        files
+            .watch(certificate, CERT_RELOAD_INTERVAL, watch_stop)
+            .await;
+        Ok(())
+    });
+    tasks.spawn_critical("caBundle", follow_ca(dir, renewals, ca, stop));
+}
+
+/// Serves, registers and feeds the webhook until cancelled; a failed part fails it. The
+/// capacity view reads the replica's shared pod and node `watches`.
+pub async fn run(
+    client: kube::Client,
+    config: AdmissionConfig,
+    placement: Option<Arc<crate::placement::Shared>>,
+    watches: ClusterWatches,
+    telemetry: Arc<Telemetry>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let Some(material) = load_certificate(&client, &config, &stop).await? else {
+        return Ok(());
+    };
+    let certificate = Arc::new(ReloadableCertificate::new(material.certified_key()?));
+    let (server, listener) = listen(&config, Arc::clone(&certificate)).await?;
+    let recorder = EventPublisher::new(
+        client.clone(),
+        Reporter {
+            controller: "virtual-node-eci".into(),
+            instance: Some(config.node_name.clone()),
+        },
+        Arc::clone(&telemetry),
+    );
+    let caches = Arc::new(Caches::new(!config.no_default_selectors));
+    let (served, warnings_out) = served(&config, &caches, placement, &telemetry);
+    let (ca_sender, ca_receiver) = watch::channel(material.ca_pem.clone());
+
+    let mut tasks = Supervisor::new(&stop);
+    let stop = tasks.stop().clone();
+    spawn_feeds(
+        &mut tasks, &client, &config, &caches, &recorder, watches, &telemetry,
     );
     tasks.spawn_critical(
         "admission events",
@@ -388,36 +460,22 @@ pub async fn run(
     );
     tasks.spawn_critical(
         "webhook registration",
-        keep_registered(client.clone(), registration, ca_receiver, stop.clone()),
+        keep_registered(
+            client.clone(),
+            registration(&config),
+            ca_receiver,
+            stop.clone(),
+        ),
     );
     if let Some(dir) = config.webhook_cert_dir.clone() {
-        // cert-manager (or whoever writes the files) renews them; a changed ca.crt alone (a CA
-        // rotation announced before the leaf changes) counts as a renewal too.
-        let files = CertificateFiles {
-            companions: vec![dir.join("ca.crt")],
-            ..CertificateFiles::in_dir(&dir)
-        };
-        let renewals = certificate.subscribe();
-        let (certificate, watch_stop) = (certificate.clone(), stop.clone());
-        tasks.spawn_critical("certificate reload", async move {
-            files
-                .watch(certificate, CERT_RELOAD_INTERVAL, watch_stop)
-                .await;
-            Ok(())
-        });
-        tasks.spawn_critical(
-            "caBundle",
-            follow_ca(dir, renewals, ca_sender, stop.clone()),
-        );
+        spawn_certificate_reload(&mut tasks, dir, &certificate, ca_sender);
     }
     let callers = webhook_callers(&config, &client, &mut tasks, &stop).await;
     let router = router(served, &config.webhook_path, callers);
-    let serve_stop = stop.clone();
     tasks.spawn_critical("webhook server", async move {
-        server.serve(listener, router, serve_stop).await;
+        server.serve(listener, router, stop).await;
         Ok(())
     });
-
     Ok(tasks.join().await?)
 }
 

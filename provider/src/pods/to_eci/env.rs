@@ -3,7 +3,7 @@
 //! then the Service variables a kubelet adds (see [`super::service_env`]).
 
 use eci_proto::v20180808::{EnvironmentVar, FieldRef};
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVarSource, Pod};
 
 use super::downward::{self, FieldValue};
 use super::{Context, Rejection, missing, reject};
@@ -36,37 +36,7 @@ pub(super) fn environment(
 ) -> Result<Vec<EnvironmentVar>, Rejection> {
     let mut vars: Vec<EnvironmentVar> = Vec::new();
     for (index, source) in container.env_from.iter().flatten().enumerate() {
-        let at = format!("{at}.envFrom[{index}]");
-        let prefix = source.prefix.clone().unwrap_or_default();
-        let entries: Vec<(String, String)> = if let Some(reference) = &source.config_map_ref {
-            match cx.config_maps.get(&reference.name) {
-                Some(map) => map.data.clone().unwrap_or_default().into_iter().collect(),
-                None if reference.optional == Some(true) => Vec::new(),
-                None => return Err(missing(&at, "ConfigMap", &reference.name)),
-            }
-        } else if let Some(reference) = &source.secret_ref {
-            match cx.secrets.get(&reference.name) {
-                Some(secret) => secret
-                    .data
-                    .clone()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-                    .collect(),
-                None if reference.optional == Some(true) => Vec::new(),
-                None => return Err(missing(&at, "Secret", &reference.name)),
-            }
-        } else {
-            return Err(reject(&at, "envFrom needs configMapRef or secretRef"));
-        };
-        // Keys that are not valid variable names are skipped, as the kubelet does.
-        vars.extend(
-            entries
-                .into_iter()
-                .map(|(k, v)| (format!("{prefix}{k}"), v))
-                .filter(|(k, _)| valid_env_name(k))
-                .map(|(k, v)| literal(&k, v)),
-        );
+        vars.extend(env_from(source, cx, &format!("{at}.envFrom[{index}]"))?);
     }
     for (index, var) in container.env.iter().flatten().enumerate() {
         let at = format!("{at}.env[{index}]");
@@ -90,78 +60,129 @@ pub(super) fn environment(
             vars.push(literal(&var.name, value));
             continue;
         };
-        if let Some(selector) = &source.field_ref {
-            match downward::field(pod, selector, cx.node_name, &at, false)? {
-                FieldValue::Literal(value) => vars.push(literal(&var.name, value)),
-                FieldValue::Eci(path) => vars.push(EnvironmentVar {
-                    key: var.name.clone(),
+        vars.extend(value_from(pod, container, &var.name, source, cx, &at)?);
+    }
+    Ok(with_services(vars, services))
+}
+
+/// The variables of one `envFrom` source: its ConfigMap's or Secret's keys, prefixed; keys
+/// that are not valid variable names are skipped, as the kubelet does.
+fn env_from(
+    source: &EnvFromSource,
+    cx: &Context<'_>,
+    at: &str,
+) -> Result<Vec<EnvironmentVar>, Rejection> {
+    let prefix = source.prefix.clone().unwrap_or_default();
+    let entries: Vec<(String, String)> = if let Some(reference) = &source.config_map_ref {
+        match cx.config_maps.get(&reference.name) {
+            Some(map) => map.data.clone().unwrap_or_default().into_iter().collect(),
+            None if reference.optional == Some(true) => Vec::new(),
+            None => return Err(missing(at, "ConfigMap", &reference.name)),
+        }
+    } else if let Some(reference) = &source.secret_ref {
+        match cx.secrets.get(&reference.name) {
+            Some(secret) => secret
+                .data
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                .collect(),
+            None if reference.optional == Some(true) => Vec::new(),
+            None => return Err(missing(at, "Secret", &reference.name)),
+        }
+    } else {
+        return Err(reject(at, "envFrom needs configMapRef or secretRef"));
+    };
+    Ok(entries
+        .into_iter()
+        .map(|(k, v)| (format!("{prefix}{k}"), v))
+        .filter(|(k, _)| valid_env_name(k))
+        .map(|(k, v)| literal(&k, v))
+        .collect())
+}
+
+/// The variable `name` from its `valueFrom` source, if it has one (an optional key that is
+/// missing gives none).
+fn value_from(
+    pod: &Pod,
+    container: &Container,
+    name: &str,
+    source: &EnvVarSource,
+    cx: &Context<'_>,
+    at: &str,
+) -> Result<Option<EnvironmentVar>, Rejection> {
+    if let Some(selector) = &source.field_ref {
+        return Ok(Some(
+            match downward::field(pod, selector, cx.node_name, at, false)? {
+                FieldValue::Literal(value) => literal(name, value),
+                FieldValue::Eci(path) => EnvironmentVar {
+                    key: name.to_owned(),
                     value: String::new(),
                     field_ref: Some(FieldRef {
                         field_path: path.to_owned(),
                     }),
-                }),
-            }
-        } else if let Some(selector) = &source.resource_field_ref {
-            let target = match selector.container_name.as_deref().filter(|n| !n.is_empty()) {
-                None => container,
-                Some(name) => pod
-                    .spec
-                    .iter()
-                    .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
-                    .find(|c| c.name == name)
-                    .ok_or_else(|| reject(&at, format!("resourceFieldRef names container {name:?}, which the pod does not have")))?,
-            };
-            vars.push(literal(
-                &var.name,
-                downward::resource(target, selector, cx.default_spec, &at)?,
-            ));
-        } else if let Some(selector) = &source.config_map_key_ref {
-            match cx
-                .config_maps
-                .get(&selector.name)
-                .and_then(|m| m.data.as_ref())
-                .and_then(|d| d.get(&selector.key))
-            {
-                Some(value) => vars.push(literal(&var.name, value.clone())),
-                None if selector.optional == Some(true) => {}
-                None if cx.config_maps.contains_key(&selector.name) => {
-                    return Err(missing(
-                        &at,
-                        "key in ConfigMap",
-                        &format!("{}/{}", selector.name, selector.key),
-                    ));
-                }
-                None => return Err(missing(&at, "ConfigMap", &selector.name)),
-            }
-        } else if let Some(selector) = &source.secret_key_ref {
-            match cx
-                .secrets
-                .get(&selector.name)
-                .and_then(|s| s.data.as_ref())
-                .and_then(|d| d.get(&selector.key))
-            {
-                Some(value) => vars.push(literal(
-                    &var.name,
-                    String::from_utf8_lossy(&value.0).into_owned(),
-                )),
-                None if selector.optional == Some(true) => {}
-                None if cx.secrets.contains_key(&selector.name) => {
-                    return Err(missing(
-                        &at,
-                        "key in Secret",
-                        &format!("{}/{}", selector.name, selector.key),
-                    ));
-                }
-                None => return Err(missing(&at, "Secret", &selector.name)),
-            }
-        } else {
-            return Err(reject(
-                &at,
-                "valueFrom has no source ECI can use (fileKeyRef and others are not supported)",
-            ));
-        }
+                },
+            },
+        ));
     }
-    // A later definition of a name wins, as in Kubernetes; ECI gets each name once.
+    if let Some(selector) = &source.resource_field_ref {
+        let target = match selector.container_name.as_deref().filter(|n| !n.is_empty()) {
+            None => container,
+            Some(other) => pod
+                .spec
+                .iter()
+                .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+                .find(|c| c.name == other)
+                .ok_or_else(|| reject(at, format!("resourceFieldRef names container {other:?}, which the pod does not have")))?,
+        };
+        let value = downward::resource(target, selector, cx.default_spec, at)?;
+        return Ok(Some(literal(name, value)));
+    }
+    if let Some(selector) = &source.config_map_key_ref {
+        let map = cx.config_maps.get(&selector.name);
+        return match map
+            .and_then(|m| m.data.as_ref())
+            .and_then(|d| d.get(&selector.key))
+        {
+            Some(value) => Ok(Some(literal(name, value.clone()))),
+            None if selector.optional == Some(true) => Ok(None),
+            None if map.is_some() => Err(missing(
+                at,
+                "key in ConfigMap",
+                &format!("{}/{}", selector.name, selector.key),
+            )),
+            None => Err(missing(at, "ConfigMap", &selector.name)),
+        };
+    }
+    if let Some(selector) = &source.secret_key_ref {
+        let secret = cx.secrets.get(&selector.name);
+        return match secret
+            .and_then(|s| s.data.as_ref())
+            .and_then(|d| d.get(&selector.key))
+        {
+            Some(value) => Ok(Some(literal(
+                name,
+                String::from_utf8_lossy(&value.0).into_owned(),
+            ))),
+            None if selector.optional == Some(true) => Ok(None),
+            None if secret.is_some() => Err(missing(
+                at,
+                "key in Secret",
+                &format!("{}/{}", selector.name, selector.key),
+            )),
+            None => Err(missing(at, "Secret", &selector.name)),
+        };
+    }
+    Err(reject(
+        at,
+        "valueFrom has no source ECI can use (fileKeyRef and others are not supported)",
+    ))
+}
+
+/// `vars` with each name once (a later definition wins, as in Kubernetes), then the Service
+/// variables the container did not define: the kubelet's order.
+fn with_services(vars: Vec<EnvironmentVar>, services: &[(String, String)]) -> Vec<EnvironmentVar> {
     let mut seen = std::collections::HashSet::new();
     let mut deduplicated: Vec<EnvironmentVar> = vars
         .into_iter()
@@ -169,12 +190,10 @@ pub(super) fn environment(
         .filter(|v| seen.insert(v.key.clone()))
         .collect();
     deduplicated.reverse();
-    // The kubelet's order: the container's variables as declared, then the Service variables
-    // it did not define (its own definition wins).
     for (key, value) in services {
         if seen.insert(key.clone()) {
             deduplicated.push(literal(key, value.clone()));
         }
     }
-    Ok(deduplicated)
+    deduplicated
 }
