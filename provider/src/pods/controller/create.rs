@@ -343,129 +343,187 @@ impl PodController {
             }
             match self.try_create(&pod, uid).await {
                 Ok((created, left_out)) => {
-                    let id = created.group_id().to_owned();
-                    self.inner
-                        .telemetry
-                        .pod_create_seconds
-                        .observe(job.seen.elapsed().as_secs_f64());
-                    // Not when the pod began deleting meanwhile (or went).
-                    let wanted = matches!(
-                        self.record_created(uid, &id),
-                        Some(Effect::Annotate(_))
-                    );
-                    if !wanted {
-                        // The pod went away while its group was being created: no leak.
-                        info!(eci_id = %id, "the pod was deleted during creation; deleting its new container group");
-                        self.delete_group_eventually(id);
-                        return None;
-                    }
-                    info!(eci_id = %id, "created container group");
-                    self.inner
-                        .annotations
-                        .push(uid.to_owned(), (pod_key_parts(&pod), created));
-                    let unused = annotations::notices(&pod.annotations().clone());
-                    if !unused.is_empty() {
-                        // Created without them: the author hears which and why.
-                        self.event(&pod, EventType::Warning, annotations::NOT_HONOURED, &unused.join("; "))
-                            .await;
-                    }
-                    for absent in &left_out {
-                        // Created without them, as the pod allows: the author hears which.
-                        self.event(&pod, EventType::Warning, absent.reason(), &absent.to_string())
-                            .await;
-                    }
-                    let limits = to_eci::limits(&pod);
-                    if !limits.is_empty() {
-                        // The group runs, but not exactly as asked: never silently.
-                        self.event(&pod, EventType::Warning, NOT_FULLY_SUPPORTED, &limits.join("; "))
-                            .await;
-                    }
-                    None
+                    self.on_created(uid, &pod, job, created, &left_out).await
                 }
-                Err(Failure::Retry(message)) => {
-                    self.inner.telemetry.pod_create_retries.inc();
-                    let group_seen = self.has_group(uid);
-                    if report_failure(job.attempt, group_seen) {
-                        // Tell the user once the problem persists, then keep trying.
-                        self.set_provider_failed(&pod, &message, false).await;
-                    }
-                    debug!(%message, attempt = job.attempt, "create failed; retrying");
-                    Some(retry)
-                }
-                Err(Failure::Permanent(message)) => {
-                    warn!(%message, "this pod cannot run on ECI");
-                    self.advance(uid, Event::CreateFailed);
-                    self.set_provider_failed(&pod, &message, true).await;
-                    None
-                }
-                Err(Failure::InvalidAnnotation(message)) => {
-                    warn!(%message, "the pod's annotation is malformed; not creating its group");
-                    self.advance(uid, Event::CreateFailed);
-                    self.set_invalid_annotation(&pod, &message).await;
-                    None
-                }
-                Err(Failure::Misconfigured(found)) => {
-                    self.inner.telemetry.pod_create_retries.inc();
-                    let group_seen = self.has_group(uid);
-                    if job.shown != Explained::Misconfiguration && !group_seen {
-                        self.explain_misconfiguration(&pod, &found).await;
-                    }
-                    Some(CreateJob {
-                        shown: Explained::Misconfiguration,
-                        ..retry
-                    })
-                }
-                Err(Failure::NoStock(message)) => {
-                    self.inner.telemetry.pod_create_retries.inc();
-                    let (strategy, limit) = annotations::on_no_stock(pod.annotations());
-                    let waited = pod
-                        .creation_timestamp()
-                        .and_then(|t| SystemTime::from(t.0).elapsed().ok())
-                        .unwrap_or_default();
-                    match on_no_stock(strategy, waited, limit, &message) {
-                        StockVerdict::Wait(shown) => {
-                            let group_seen =
-                                self.has_group(uid);
-                            if job.shown != Explained::NoStock && !group_seen {
-                                self.show_not_created(&pod, "Pending", NO_STOCK, &shown).await;
-                            }
-                            debug!(attempt = job.attempt, "no zone has stock; retrying");
-                            Some(CreateJob {
-                                shown: Explained::NoStock,
-                                ..retry
-                            })
-                        }
-                        StockVerdict::Fail(why) => {
-                            warn!(%why, "no zone has stock; failing the pod");
-                            self.show_not_created_as(&pod, "Failed", PROVIDER_FAILED, NO_STOCK, &why)
-                                .await;
-                            None
-                        }
-                    }
-                }
-                Err(Failure::Absent(absent)) => {
-                    self.inner.telemetry.pod_create_retries.inc();
-                    let shown = Explained::Absent(super::hash_of(&absent));
-                    if job.shown != shown && !self.has_group(uid) {
-                        self.explain_absent(&pod, &absent).await;
-                    }
-                    debug!(attempt = job.attempt, "references the pod needs are missing; retrying");
-                    Some(CreateJob { shown, ..retry })
-                }
-                Err(Failure::Refused(refusal)) => {
-                    self.inner.telemetry.pod_create_retries.inc();
-                    let group_seen = self.has_group(uid);
-                    let shown = Explained::Refusal(super::hash_of(&refusal.describe()));
-                    if job.shown != shown && !group_seen {
-                        self.explain_refusal(&pod, &refusal).await;
-                    }
-                    debug!(code = %refusal.code, attempt = job.attempt, "ECI refused the pod's own parameters; retrying");
-                    Some(CreateJob { shown, ..retry })
-                }
+                Err(failure) => self.on_failure(uid, &pod, job, failure).await,
             }
         }
         .instrument(span)
         .await
+    }
+
+    /// A group was created for the pod: recorded (deleted again if the pod went meanwhile),
+    /// its id queued for the pod, and the author told what it runs without.
+    async fn on_created(
+        &self,
+        uid: &str,
+        pod: &Arc<Pod>,
+        job: CreateJob,
+        created: WriteBack,
+        left_out: &[refs::Absent],
+    ) -> Option<CreateJob> {
+        let pod = Arc::clone(pod);
+        let id = created.group_id().to_owned();
+        self.inner
+            .telemetry
+            .pod_create_seconds
+            .observe(job.seen.elapsed().as_secs_f64());
+        // Not when the pod began deleting meanwhile (or went).
+        let wanted = matches!(self.record_created(uid, &id), Some(Effect::Annotate(_)));
+        if !wanted {
+            // The pod went away while its group was being created: no leak.
+            info!(eci_id = %id, "the pod was deleted during creation; deleting its new container group");
+            self.delete_group_eventually(id);
+            return None;
+        }
+        info!(eci_id = %id, "created container group");
+        self.inner
+            .annotations
+            .push(uid.to_owned(), (pod_key_parts(&pod), created));
+        let unused = annotations::notices(&pod.annotations().clone());
+        if !unused.is_empty() {
+            // Created without them: the author hears which and why.
+            self.event(
+                &pod,
+                EventType::Warning,
+                annotations::NOT_HONOURED,
+                &unused.join("; "),
+            )
+            .await;
+        }
+        for absent in left_out {
+            // Created without them, as the pod allows: the author hears which.
+            self.event(
+                &pod,
+                EventType::Warning,
+                absent.reason(),
+                &absent.to_string(),
+            )
+            .await;
+        }
+        let limits = to_eci::limits(&pod);
+        if !limits.is_empty() {
+            // The group runs, but not exactly as asked: never silently.
+            self.event(
+                &pod,
+                EventType::Warning,
+                NOT_FULLY_SUPPORTED,
+                &limits.join("; "),
+            )
+            .await;
+        }
+        None
+    }
+
+    /// No zone had stock: the pod waits (told once) or fails, as its fail strategy says.
+    async fn on_no_stock(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        job: CreateJob,
+        retry: CreateJob,
+        message: &str,
+    ) -> Option<CreateJob> {
+        self.inner.telemetry.pod_create_retries.inc();
+        let (strategy, limit) = annotations::on_no_stock(pod.annotations());
+        let waited = pod
+            .creation_timestamp()
+            .and_then(|t| SystemTime::from(t.0).elapsed().ok())
+            .unwrap_or_default();
+        match on_no_stock(strategy, waited, limit, message) {
+            StockVerdict::Wait(shown) => {
+                let group_seen = self.has_group(uid);
+                if job.shown != Explained::NoStock && !group_seen {
+                    self.show_not_created(pod, "Pending", NO_STOCK, &shown)
+                        .await;
+                }
+                debug!(attempt = job.attempt, "no zone has stock; retrying");
+                Some(CreateJob {
+                    shown: Explained::NoStock,
+                    ..retry
+                })
+            }
+            StockVerdict::Fail(why) => {
+                warn!(%why, "no zone has stock; failing the pod");
+                self.show_not_created_as(pod, "Failed", PROVIDER_FAILED, NO_STOCK, &why)
+                    .await;
+                None
+            }
+        }
+    }
+
+    /// A create failed: the retry to queue (explained on the pod once), or none.
+    async fn on_failure(
+        &self,
+        uid: &str,
+        pod: &Arc<Pod>,
+        job: CreateJob,
+        failure: Failure,
+    ) -> Option<CreateJob> {
+        let pod = Arc::clone(pod);
+        let retry = CreateJob {
+            attempt: job.attempt + 1,
+            seen: job.seen,
+            shown: Explained::Nothing,
+        };
+        match failure {
+            Failure::Retry(message) => {
+                self.inner.telemetry.pod_create_retries.inc();
+                let group_seen = self.has_group(uid);
+                if report_failure(job.attempt, group_seen) {
+                    // Tell the user once the problem persists, then keep trying.
+                    self.set_provider_failed(&pod, &message, false).await;
+                }
+                debug!(%message, attempt = job.attempt, "create failed; retrying");
+                Some(retry)
+            }
+            Failure::Permanent(message) => {
+                warn!(%message, "this pod cannot run on ECI");
+                self.advance(uid, Event::CreateFailed);
+                self.set_provider_failed(&pod, &message, true).await;
+                None
+            }
+            Failure::InvalidAnnotation(message) => {
+                warn!(%message, "the pod's annotation is malformed; not creating its group");
+                self.advance(uid, Event::CreateFailed);
+                self.set_invalid_annotation(&pod, &message).await;
+                None
+            }
+            Failure::Misconfigured(found) => {
+                self.inner.telemetry.pod_create_retries.inc();
+                let group_seen = self.has_group(uid);
+                if job.shown != Explained::Misconfiguration && !group_seen {
+                    self.explain_misconfiguration(&pod, &found).await;
+                }
+                Some(CreateJob {
+                    shown: Explained::Misconfiguration,
+                    ..retry
+                })
+            }
+            Failure::NoStock(message) => self.on_no_stock(uid, &pod, job, retry, &message).await,
+            Failure::Absent(absent) => {
+                self.inner.telemetry.pod_create_retries.inc();
+                let shown = Explained::Absent(super::hash_of(&absent));
+                if job.shown != shown && !self.has_group(uid) {
+                    self.explain_absent(&pod, &absent).await;
+                }
+                debug!(
+                    attempt = job.attempt,
+                    "references the pod needs are missing; retrying"
+                );
+                Some(CreateJob { shown, ..retry })
+            }
+            Failure::Refused(refusal) => {
+                self.inner.telemetry.pod_create_retries.inc();
+                let group_seen = self.has_group(uid);
+                let shown = Explained::Refusal(super::hash_of(&refusal.describe()));
+                if job.shown != shown && !group_seen {
+                    self.explain_refusal(&pod, &refusal).await;
+                }
+                debug!(code = %refusal.code, attempt = job.attempt, "ECI refused the pod's own parameters; retrying");
+                Some(CreateJob { shown, ..retry })
+            }
+        }
     }
 
     /// One create: the group's write-back, and the optional references it was created without.
