@@ -1043,8 +1043,8 @@ mod tests {
             .unwrap()
     }
 
-    /// The group's id costs no pod write of its own (it was one PATCH per pod: 1.0 of the
-    /// 7.4 apiserver requests per pod measured at 10,000 pods): it rides on the pod's next
+    /// The group's id costs no pod write of its own (it was one PATCH per pod, a large share
+    /// of the apiserver requests per pod; docs/performance.md): it rides on the pod's next
     /// status apply, and every apply after it carries it again (leaving it out would remove
     /// it: our field manager owns it).
     #[tokio::test]
