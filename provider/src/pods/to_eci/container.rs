@@ -9,8 +9,10 @@
 //! liveness probe. gRPC probes are rejected; what ECI's probes cannot express (another host,
 //! HTTP headers) is listed by [`probe_limits`] for a Warning Event. Security (the container's
 //! settings over the pod's): `capabilities.add`, `runAsUser`, `runAsGroup`, `runAsNonRoot`,
-//! `readOnlyRootFilesystem` and `privileged` map; `capabilities.drop`, `seccompProfile` and
-//! friends are not enforceable on ECI and are ignored.
+//! `readOnlyRootFilesystem` and `privileged` map; what ECI has no parameter for
+//! (`capabilities.drop`, `allowPrivilegeEscalation: false`, seccomp, AppArmor, SELinux, and the
+//! pod's `fsGroup` and `supplementalGroups`) is not applied and is named by
+//! [`security_limits`] and [`pod_security_limits`] for the same Warning Event.
 //! Lifecycle `sleep` handlers become `sleep <n>` exec handlers.
 
 use eci_proto::v20180808 as eci;
@@ -75,6 +77,95 @@ fn is_own_host(host: &str) -> bool {
 /// port and scheme, its `TcpSocket` a port — no other host, no HTTP headers. Each entry names
 /// the field and what happens instead (the probe runs against the group without it), for a
 /// Warning Event: a different probe is never silent.
+/// The security settings of `container` (`at`) ECI has no parameter for, one line each: the
+/// group runs without them, which its author must hear (a dropped capability or a seccomp
+/// profile believed in force is a weaker sandbox than the author thinks).
+pub(super) fn security_limits(container: &Container, at: &str) -> Vec<String> {
+    let Some(security) = container.security_context.as_ref() else {
+        return Vec::new();
+    };
+    let mut limits = Vec::new();
+    let dropped: Vec<&str> = security
+        .capabilities
+        .iter()
+        .flat_map(|c| c.drop.iter().flatten())
+        .map(String::as_str)
+        .collect();
+    if !dropped.is_empty() {
+        limits.push(format!(
+            "{at}.securityContext.capabilities.drop ({}): ECI has no parameter to drop capabilities; the container keeps ECI's default set",
+            dropped.join(", ")
+        ));
+    }
+    let unapplied = [
+        ("seccompProfile", security.seccomp_profile.is_some()),
+        ("appArmorProfile", security.app_armor_profile.is_some()),
+        ("seLinuxOptions", security.se_linux_options.is_some()),
+        ("procMount", security.proc_mount.is_some()),
+    ];
+    for (field, set) in unapplied {
+        if set {
+            limits.push(format!(
+                "{at}.securityContext.{field}: ECI has no such parameter; not applied"
+            ));
+        }
+    }
+    if security.allow_privilege_escalation == Some(false) {
+        limits.push(format!(
+            "{at}.securityContext.allowPrivilegeEscalation: false is not enforced on ECI (no such parameter)"
+        ));
+    }
+    limits
+}
+
+/// What of the pod's own security context (`spec.securityContext`) ECI has no parameter for.
+pub(super) fn pod_security_limits(security: Option<&PodSecurityContext>) -> Vec<String> {
+    let Some(security) = security else {
+        return Vec::new();
+    };
+    let at = "spec.securityContext";
+    let unapplied = [
+        (
+            "fsGroup",
+            security.fs_group.is_some(),
+            "volume files keep ECI's ownership",
+        ),
+        (
+            "fsGroupChangePolicy",
+            security.fs_group_change_policy.is_some(),
+            "volume files keep ECI's ownership",
+        ),
+        (
+            "supplementalGroups",
+            security
+                .supplemental_groups
+                .as_ref()
+                .is_some_and(|g| !g.is_empty()),
+            "the processes get no extra groups",
+        ),
+        (
+            "seccompProfile",
+            security.seccomp_profile.is_some(),
+            "not applied",
+        ),
+        (
+            "appArmorProfile",
+            security.app_armor_profile.is_some(),
+            "not applied",
+        ),
+        (
+            "seLinuxOptions",
+            security.se_linux_options.is_some(),
+            "not applied",
+        ),
+    ];
+    unapplied
+        .into_iter()
+        .filter(|(_, set, _)| *set)
+        .map(|(field, _, effect)| format!("{at}.{field}: ECI has no such parameter; {effect}"))
+        .collect()
+}
+
 pub(super) fn probe_limits(container: &Container, at: &str) -> Vec<String> {
     let probes = [
         ("readinessProbe", container.readiness_probe.as_ref()),

@@ -259,14 +259,16 @@ pub fn limits(pod: &Pod) -> Vec<String> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };
-    let mut limits = Vec::new();
+    let mut limits = container::pod_security_limits(spec.security_context.as_ref());
     for (index, c) in spec.containers.iter().enumerate() {
         let at = format!("spec.containers[{index}] ({})", c.name);
         limits.extend(container::probe_limits(c, &at));
+        limits.extend(container::security_limits(c, &at));
     }
     let pod_context = spec.security_context.as_ref();
     for (index, c) in spec.init_containers.iter().flatten().enumerate() {
         let at = format!("spec.initContainers[{index}] ({})", c.name);
+        limits.extend(container::security_limits(c, &at));
         if sidecars::is_sidecar(c) {
             // A container of the group on ECI: what holds for containers holds for it.
             limits.extend(container::probe_limits(c, &at));

@@ -991,3 +991,36 @@ fn native_sidecars_become_containers_ordered_by_ecis_priorities() {
     assert_eq!(refused.field, "spec.initContainers[1] (migrate)");
     assert!(!refused.retryable);
 }
+
+#[test]
+fn security_settings_ecis_api_cannot_carry_are_named_not_silently_dropped() {
+    let fixture = Fixture::new();
+    let pod = mk_pod(json!({
+        "securityContext": {"fsGroup": 2000, "supplementalGroups": [3000], "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "app", "image": "app", "securityContext": {
+            "runAsUser": 1000, "allowPrivilegeEscalation": false,
+            "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]}}}]
+    }));
+    // The pod runs: what ECI can carry travels.
+    let request = translate_ok(&pod, &fixture);
+    let security = request.container[0].security_context.clone().unwrap();
+    assert_eq!(security.run_as_user, Some(1000));
+    let limits = limits(&pod);
+    let named = |needle: &str| limits.iter().any(|l| l.contains(needle));
+    for needle in [
+        "spec.securityContext.fsGroup: ECI has no such parameter; volume files keep ECI's ownership",
+        "spec.securityContext.supplementalGroups",
+        "spec.securityContext.seccompProfile",
+        "spec.containers[0] (app).securityContext.capabilities.drop (ALL)",
+        "spec.containers[0] (app).securityContext.allowPrivilegeEscalation",
+    ] {
+        assert!(named(needle), "{needle} in {limits:?}");
+    }
+    assert_eq!(limits.len(), 5, "{limits:?}");
+    // Settings ECI carries raise nothing.
+    let carried = mk_pod(one(
+        json!({"name": "app", "image": "app", "securityContext": {
+        "runAsUser": 1000, "runAsNonRoot": true, "readOnlyRootFilesystem": true, "capabilities": {"add": ["NET_ADMIN"]}}}),
+    ));
+    assert!(super::limits(&carried).is_empty());
+}
