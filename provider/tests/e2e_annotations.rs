@@ -170,6 +170,50 @@ async fn every_mapped_annotation_reaches_eci_and_the_others_are_reported() {
     h.finish(result).await;
 }
 
+/// An image cache made in mock-eci through its gRPC API, once it is Ready: its id.
+async fn ready_image_cache(grpc: &str) -> Result<String, HarnessError> {
+    use eci_proto::v20180808::eci_client::EciClient;
+    use eci_proto::v20180808::{CreateImageCacheRequest, DescribeImageCachesRequest};
+    let setup =
+        |what: &str, error: &dyn std::fmt::Display| HarnessError::Setup(format!("{what}: {error}"));
+    let mut client = EciClient::connect(grpc.to_owned())
+        .await
+        .map_err(|e| setup("mock-eci's gRPC API", &e))?;
+    let id = client
+        .create_image_cache(CreateImageCacheRequest {
+            region_id: "cn-hangzhou".into(),
+            image_cache_name: "app".into(),
+            image: vec!["registry.example.com/app:1".into()],
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| setup("CreateImageCache", &e))?
+        .into_inner()
+        .image_cache_id;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let listed = client
+            .describe_image_caches(DescribeImageCachesRequest {
+                region_id: "cn-hangzhou".into(),
+                image_cache_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| setup("DescribeImageCaches", &e))?
+            .into_inner();
+        if listed.image_caches.iter().any(|c| c.status == "Ready") {
+            return Ok(id);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(setup(
+                "image cache",
+                &format!("{id} not Ready within {WAIT:?}"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
     let ns = h.create_namespace("annotations").await?;
     let mock = h
@@ -178,8 +222,13 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
             "300ms",
             "--scheduling-delay",
             "50ms",
+            "--image-cache-creation-delay",
+            "200ms",
         ])
         .await?;
+    // ECI refuses a group naming an image cache it does not have: the annotation that names
+    // one names a cache made first.
+    let cache = ready_image_cache(&mock.grpc).await?;
     h.start_daemon(
         0,
         &[
@@ -197,7 +246,12 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         }
         let without = companions(entry.key);
         let mut with = without.clone();
-        with.insert(entry.key, entry.example);
+        let example = if entry.key == "k8s.aliyun.com/eci-imc-id" {
+            cache.as_str()
+        } else {
+            entry.example
+        };
+        with.insert(entry.key, example);
         let name = format!("mapped-{index}");
         pods.create(&create, &pod(&name, &node, &with)).await?;
         cases.push((
