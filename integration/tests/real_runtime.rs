@@ -15,6 +15,7 @@ use eci_proto::v20180808::eci_client::EciClient;
 use eci_proto::v20180808::{
     Container, ContainerGroup, CreateContainerGroupRequest, DeleteContainerGroupRequest,
     DescribeContainerGroupsRequest, DescribeContainerLogRequest, EnvironmentVar,
+    ExecContainerCommandRequest,
 };
 use integration::images;
 use integration::process::{Process, binary, free_port};
@@ -30,6 +31,8 @@ struct RealMock {
     busybox: String,
     prefix: &'static str,
     runtime_dir: PathBuf,
+    /// The admin listener, which serves the exec sessions.
+    admin: String,
     process: Process,
     _dir: tempfile::TempDir,
 }
@@ -47,9 +50,12 @@ impl RealMock {
         let runtime_dir = dir.path().join("runtime");
         let port = free_port().expect("a free port");
         let listen = format!("127.0.0.1:{port}");
+        let admin = format!("127.0.0.1:{}", free_port().expect("a free port"));
         let args = [
             "--listen",
             &listen,
+            "--admin-listen",
+            &admin,
             "--no-rate-limits",
             "--scheduling-delay",
             "100ms",
@@ -86,6 +92,7 @@ impl RealMock {
             busybox,
             prefix,
             runtime_dir,
+            admin,
             process,
             _dir: dir,
         }
@@ -182,6 +189,102 @@ impl RealMock {
             .content
     }
 
+    fn exec_request(
+        id: &str,
+        container: &str,
+        command: &[&str],
+        tty: bool,
+        sync: bool,
+    ) -> ExecContainerCommandRequest {
+        ExecContainerCommandRequest {
+            region_id: REGION.into(),
+            container_group_id: id.into(),
+            container_name: container.into(),
+            command: command.iter().map(|word| (*word).to_owned()).collect(),
+            tty,
+            stdin: Some(true),
+            sync,
+        }
+    }
+
+    /// ExecContainerCommand with `Sync`: the command's output.
+    async fn exec_sync(&mut self, id: &str, container: &str, command: &[&str]) -> String {
+        self.client
+            .exec_container_command(Self::exec_request(id, container, command, false, true))
+            .await
+            .expect("exec succeeds")
+            .into_inner()
+            .sync_response
+    }
+
+    /// An interactive exec: sends `input` (then closes stdin), and a terminal size first
+    /// with `tty`; returns what came back.
+    async fn exec_session(
+        &mut self,
+        id: &str,
+        container: &str,
+        command: &[&str],
+        tty: bool,
+        input: &[u8],
+    ) -> Session {
+        use futures::{SinkExt as _, StreamExt as _};
+        use tokio_tungstenite::tungstenite::Message;
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        let uri = self
+            .client
+            .exec_container_command(Self::exec_request(id, container, command, tty, false))
+            .await
+            .expect("exec succeeds")
+            .into_inner()
+            .web_socket_uri;
+        assert!(
+            uri.starts_with(&format!("ws://{}/exec/", self.admin)),
+            "{uri}"
+        );
+        let mut request = uri.into_client_request().expect("a WebSocket request");
+        request.headers_mut().insert(
+            "sec-websocket-protocol",
+            "v5.channel.k8s.io".parse().expect("a header value"),
+        );
+        let (mut socket, _) = tokio_tungstenite::connect_async(request)
+            .await
+            .expect("the session connects");
+        let mut frames = Vec::new();
+        if tty {
+            frames.push([&[4u8][..], br#"{"Width":100,"Height":30}"#].concat());
+        }
+        if !input.is_empty() {
+            frames.push([&[0u8][..], input].concat());
+        }
+        frames.push(vec![255, 0]);
+        for frame in frames {
+            socket
+                .send(Message::Binary(frame.into()))
+                .await
+                .expect("the frame is sent");
+        }
+        let mut session = Session::default();
+        let read = async {
+            while let Some(Ok(message)) = socket.next().await {
+                let Message::Binary(data) = message else {
+                    continue;
+                };
+                match data.split_first() {
+                    Some((1, rest)) => session.stdout.push_str(&String::from_utf8_lossy(rest)),
+                    Some((2, rest)) => session.stderr.push_str(&String::from_utf8_lossy(rest)),
+                    Some((3, rest)) => {
+                        session.status = serde_json::from_slice(rest).expect("a JSON status");
+                    }
+                    _ => {}
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("the session ends within 60 s");
+        session
+    }
+
     /// Stops mock-eci with SIGTERM: it stops every group and removes its bridge; nothing of
     /// its runtime is left on the machine.
     async fn stop(mut self) {
@@ -208,6 +311,27 @@ impl RealMock {
     /// What of this mock-eci's runtime exists on the machine now.
     fn residue(&self) -> Residue {
         Residue::list(self.prefix, &self.runtime_dir)
+    }
+}
+
+/// What an interactive exec sent back.
+#[derive(Debug, Default)]
+struct Session {
+    stdout: String,
+    stderr: String,
+    status: serde_json::Value,
+}
+
+impl Session {
+    /// The exit code the final status carries (0 for `Success`).
+    fn exit_code(&self) -> Option<i32> {
+        if self.status["status"] == "Success" {
+            return Some(0);
+        }
+        self.status["details"]["causes"][0]["message"]
+            .as_str()?
+            .parse()
+            .ok()
     }
 }
 
@@ -583,4 +707,107 @@ async fn real_mode_refuses_to_start_without_root_and_says_so() {
         output.contains("needs an OCI runtime: /nonexistent/runc was not found"),
         "{output}"
     );
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_runs_in_the_container_with_its_host_name_processes_files_stdin_and_exit_code() {
+    let mut mock = RealMock::start("rrf", "10.215.5.1/24").await;
+    let mut alpha = mock.request("alpha", mock.busybox("main", "exec sleep 1000"));
+    alpha.host_name = "web-0".into();
+    let alpha = mock.create(alpha).await;
+    let beta = mock.request("beta", mock.busybox("main", "exec sleep 1000"));
+    let beta = mock.create(beta).await;
+    for id in [&alpha, &beta] {
+        mock.wait_group("the container runs", id, |group| {
+            container_state(group).0 == "Running"
+        })
+        .await;
+    }
+
+    // The group's host name, from the kernel and from the file.
+    assert_eq!(
+        mock.exec_sync(&alpha, "main", &["hostname"]).await,
+        "web-0\n"
+    );
+    let file = mock
+        .exec_sync(&alpha, "main", &["cat", "/etc/hostname"])
+        .await;
+    assert_eq!(file, "web-0\n");
+    assert_eq!(mock.exec_sync(&beta, "main", &["hostname"]).await, "beta\n");
+
+    // The container's processes only: its init (the sleep) and ps itself.
+    let ps = mock
+        .exec_sync(&alpha, "main", &["ps", "-o", "pid,args"])
+        .await;
+    let processes: Vec<&str> = ps.lines().skip(1).map(str::trim).collect();
+    assert_eq!(processes.len(), 2, "{ps}");
+    assert!(
+        processes[0].starts_with("1 ") && processes[0].ends_with("sleep 1000"),
+        "{ps}"
+    );
+    assert!(processes[1].ends_with("ps -o pid,args"), "{ps}");
+
+    // Files: what one group writes, another does not see; nor does any see the host's.
+    let write = [
+        "sh",
+        "-c",
+        "echo secret > /tmp/alpha-file && cat /tmp/alpha-file",
+    ];
+    assert_eq!(mock.exec_sync(&alpha, "main", &write).await, "secret\n");
+    let other = mock
+        .exec_sync(&beta, "main", &["cat", "/tmp/alpha-file"])
+        .await;
+    assert!(other.contains("No such file"), "{other}");
+    assert_eq!(
+        mock.exec_sync(&alpha, "main", &["cat", "/tmp/alpha-file"])
+            .await,
+        "secret\n",
+        "the container keeps its files between execs"
+    );
+    let host_file = mock.runtime_dir.with_file_name("host-secret");
+    std::fs::write(&host_file, "the host's").expect("a host file");
+    let host_path = host_file.to_str().expect("utf-8 path");
+    let host = mock.exec_sync(&alpha, "main", &["cat", host_path]).await;
+    assert!(host.contains("No such file"), "{host}");
+    assert!(
+        !Path::new("/tmp/alpha-file").exists(),
+        "nothing was written on the host"
+    );
+
+    // Interactive: exit code and streams apart, stdin to its end, a terminal of the size asked.
+    let script = ["sh", "-c", "echo out; echo err >&2; exit 3"];
+    let exit = mock.exec_session(&alpha, "main", &script, false, b"").await;
+    assert_eq!(
+        (exit.stdout.as_str(), exit.stderr.as_str(), exit.exit_code()),
+        ("out\n", "err\n", Some(3)),
+        "{exit:?}"
+    );
+    let cat = mock
+        .exec_session(&alpha, "main", &["cat"], false, b"typed in\n")
+        .await;
+    assert_eq!(
+        (cat.stdout.as_str(), cat.exit_code()),
+        ("typed in\n", Some(0)),
+        "{cat:?}"
+    );
+    let hostname = mock
+        .exec_session(&alpha, "main", &["hostname"], false, b"")
+        .await;
+    assert_eq!(hostname.stdout, "web-0\n", "{hostname:?}");
+    let ps = mock
+        .exec_session(&beta, "main", &["ps", "-o", "pid,args"], false, b"")
+        .await;
+    assert_eq!(ps.stdout.lines().count(), 3, "{ps:?}");
+    let tty = ["sh", "-c", "test -t 0 && echo TTY; stty size"];
+    let tty = mock.exec_session(&alpha, "main", &tty, true, b"").await;
+    assert!(
+        tty.stdout.contains("TTY") && tty.stdout.contains("30 100"),
+        "{tty:?}"
+    );
+    assert_eq!(tty.exit_code(), Some(0), "{tty:?}");
+    let missing = mock
+        .exec_session(&alpha, "main", &["no-such-program"], false, b"")
+        .await;
+    assert_ne!(missing.exit_code(), Some(0), "{missing:?}");
+    assert!(missing.stderr.contains("no-such-program"), "{missing:?}");
+    mock.stop().await;
 }

@@ -1,15 +1,17 @@
-//! Interactive `ExecContainerCommand` (no `Sync`): the command runs as a real local process and
-//! its `WebSocketUri` streams it.
+//! Interactive `ExecContainerCommand` (no `Sync`): its `WebSocketUri` streams the command, run
+//! in the container (real runtime) or answered by the simulation (simulated runtime).
 //!
-//! **The process.** `Command[0]` is executed directly with the rest as its arguments (a shell
-//! only when the command names one), in a scratch directory per container
-//! (`$TMPDIR/mock-eci-exec/<group>/<container>`, kept between execs as a container's filesystem
-//! would be), with the container's environment (field references resolved as in `exec`), plus
-//! `HOSTNAME`, `HOME` (the scratch directory) and a default `PATH` as a runtime would add. With
-//! `TTY=true` it gets a pseudo-terminal: the pty pair comes from `rustix` (safe wrappers: the
-//! workspace forbids `unsafe`), and `setsid --ctty` (util-linux) makes the terminal the
-//! process's controlling terminal, which a safe `Command` cannot do; resizes go to the pty with
-//! `TIOCSWINSZ`. Stdin, TTY and exit codes are therefore real.
+//! **Where the command runs.** With `--runtime real`, in the container: the OCI runtime's
+//! `exec` enters the container's namespaces and cgroup (its processes, host name and files
+//! only) with the environment, working directory and user of the container's own process;
+//! stdin, TTY and the exit code are the command's. With `TTY=true` the runtime is given a
+//! pseudo-terminal as its stdio — the pty pair comes from `rustix` (safe wrappers: the
+//! workspace forbids `unsafe`), and `setsid --ctty` (util-linux) makes it the runtime's
+//! controlling terminal, which a safe `Command` cannot do — and the runtime relays it to the
+//! terminal it gives the command; resizes go to the pty with `TIOCSWINSZ` and on from there.
+//! The simulated runtime has no container to enter and runs nothing on mock-eci's host (that
+//! would hand a tenant the machine): its sessions answer from `engine::exec::simulate`, after
+//! reading stdin to its end when the command reads it (a bare `cat`).
 //!
 //! **The stream.** Alibaba Cloud does not document the frames of its exec WebSocket. mock-eci
 //! speaks the Kubernetes channel protocol (`v5.channel.k8s.io`, also `v4.channel.k8s.io`), which
@@ -25,8 +27,8 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
@@ -38,8 +40,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
-use crate::engine::exec_session::PendingExec;
+use crate::engine::exec::{Simulated, Simulation, reads_stdin, simulate};
+use crate::engine::exec_session::{ExecTarget, PendingExec};
 use crate::service::MockEci;
+use crate::service::runtime::RealRuntime;
 
 /// The subprotocols served, newest first.
 pub const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
@@ -63,15 +67,17 @@ pub mod channel {
 /// A running exec could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecSessionError {
-    /// The scratch directory could not be made.
-    #[error("cannot prepare the scratch directory {path}")]
-    Scratch {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
+    /// The session's container is not one the runtime can enter.
+    #[error("cannot enter container {container} of {group}")]
+    Target {
+        group: String,
+        container: String,
         #[source]
-        source: io::Error,
+        source: crate::sandbox::SandboxError,
     },
+    /// A session of a real container, but mock-eci runs no real runtime.
+    #[error("no real runtime runs container {container} of {group}")]
+    NoRuntime { group: String, container: String },
     /// No pseudo-terminal could be opened.
     #[error("cannot open a pseudo-terminal")]
     Pty(#[source] io::Error),
@@ -103,9 +109,13 @@ pub async fn serve(
     let v5 = upgrade
         .selected_protocol()
         .is_some_and(|p| p.as_bytes() == PROTOCOLS[0].as_bytes());
+    let runtime = mock.real_runtime();
     upgrade.on_upgrade(move |socket| async move {
-        info!(command = ?exec.command, tty = exec.tty, stdin = exec.stdin, "exec session started");
-        run(socket, exec, v5).await;
+        info!(command = ?exec.command, tty = exec.tty, stdin = exec.stdin, group = %exec.group, container = %exec.container, "exec session started");
+        match &exec.target {
+            ExecTarget::Simulated(simulation) => simulated(socket, &exec, simulation, v5).await,
+            ExecTarget::Container => run(socket, &exec, runtime, v5).await,
+        }
     })
 }
 
@@ -116,7 +126,57 @@ struct Input {
     pty: bool,
 }
 
-async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
+/// Most stdin a simulated session keeps.
+const MAX_SIMULATED_INPUT: usize = 16 << 20;
+
+/// A simulated session: reads stdin to its end if the command reads it, then answers.
+async fn simulated(socket: WebSocket, exec: &PendingExec, simulation: &Simulation, v5: bool) {
+    let (mut sink, mut source) = socket.split();
+    let mut stdin = Vec::new();
+    if exec.stdin && reads_stdin(&exec.command) {
+        while let Some(Ok(message)) = source.next().await {
+            let data = match &message {
+                Message::Binary(data) => data.as_ref(),
+                Message::Text(text) => text.as_bytes(),
+                Message::Close(_) => break,
+                _ => continue,
+            };
+            match data.split_first() {
+                Some((&channel::STDIN, payload)) => {
+                    let room = MAX_SIMULATED_INPUT.saturating_sub(stdin.len());
+                    stdin.extend_from_slice(&payload[..payload.len().min(room)]);
+                }
+                Some((&channel::CLOSE, [channel::STDIN, ..])) if v5 => break,
+                _ => {}
+            }
+        }
+    }
+    let Simulated {
+        stdout,
+        stderr,
+        exit_code,
+    } = simulate(&exec.command, simulation, &stdin);
+    // A terminal has one stream.
+    let streams = if exec.tty {
+        vec![(channel::STDOUT, stdout + &stderr)]
+    } else {
+        vec![(channel::STDOUT, stdout), (channel::STDERR, stderr)]
+    };
+    let status = exit_code_status(exit_code);
+    let frames = streams
+        .into_iter()
+        .filter(|(_, text)| !text.is_empty())
+        .map(|(channel, text)| frame(channel, text.as_bytes()))
+        .chain([frame(channel::ERROR, status.to_string().as_bytes())]);
+    for message in frames {
+        if sink.send(Message::Binary(message.into())).await.is_err() {
+            return;
+        }
+    }
+    let _ = sink.send(Message::Close(None)).await;
+}
+
+async fn run(socket: WebSocket, exec: &PendingExec, runtime: Option<Arc<RealRuntime>>, v5: bool) {
     let (mut sink, mut source) = socket.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(32);
     let sender = tokio::spawn(async move {
@@ -127,7 +187,7 @@ async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
         }
         let _ = sink.send(Message::Close(None)).await;
     });
-    let started = match start(&exec) {
+    let started = match start(exec, runtime.as_deref()) {
         Ok(started) => started,
         Err(error) => {
             let status = json!({
@@ -166,10 +226,7 @@ async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
                 }
                 Some(Ok(_)) => {}
                 // The client went away: the command goes with it, as an exec's does.
-                Some(Err(_)) | None => {
-                    let _ = child.start_kill();
-                    break child.wait().await;
-                }
+                Some(Err(_)) | None => break crate::sandbox::container::end_exec(&mut child).await,
             },
         }
     };
@@ -257,6 +314,11 @@ pub fn exit_status(status: ExitStatus) -> serde_json::Value {
         .code()
         .or_else(|| status.signal().map(|signal| 128 + signal))
         .unwrap_or(1);
+    exit_code_status(code)
+}
+
+/// The final status the kubelet writes for an exit code.
+fn exit_code_status(code: i32) -> serde_json::Value {
     if code == 0 {
         return json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
     }
@@ -295,29 +357,27 @@ struct Started {
     pty: Option<OwnedFd>,
 }
 
-fn start(exec: &PendingExec) -> Result<Started, ExecSessionError> {
-    let scratch = std::env::temp_dir()
-        .join("mock-eci-exec")
-        .join(&exec.scratch);
-    std::fs::create_dir_all(&scratch).map_err(|source| ExecSessionError::Scratch {
-        path: scratch.clone(),
-        source,
-    })?;
-    let program = exec.command.first().cloned().unwrap_or_default();
-    let mut env: Vec<(String, String)> = vec![
-        (
-            "PATH".into(),
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-        ),
-        ("HOME".into(), scratch.display().to_string()),
-    ];
-    if exec.tty {
-        env.push(("TERM".into(), "xterm".into()));
-    }
-    for (key, value) in &exec.env {
-        env.retain(|(k, _)| k != key);
-        env.push((key.clone(), value.clone()));
-    }
+/// Starts the OCI runtime's exec of the session's command in its container.
+fn start(exec: &PendingExec, runtime: Option<&RealRuntime>) -> Result<Started, ExecSessionError> {
+    let Some(runtime) = runtime else {
+        return Err(ExecSessionError::NoRuntime {
+            group: exec.group.clone(),
+            container: exec.container.clone(),
+        });
+    };
+    let (program, args) = runtime
+        .exec_command(&exec.group, &exec.container, &exec.command, exec.tty)
+        .map_err(|source| ExecSessionError::Target {
+            group: exec.group.clone(),
+            container: exec.container.clone(),
+            source,
+        })?;
+    let program = program.display().to_string();
+    // The runtime's own environment; the command's is the container's.
+    let env = [(
+        "PATH",
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    )];
     let spawn_error = |source| ExecSessionError::Spawn {
         program: program.clone(),
         source,
@@ -325,10 +385,10 @@ fn start(exec: &PendingExec) -> Result<Started, ExecSessionError> {
     if !exec.tty {
         let mut command = tokio::process::Command::new(&program);
         command
-            .args(exec.command.iter().skip(1))
+            .args(&args)
             .env_clear()
             .envs(env)
-            .current_dir(&scratch)
+            .current_dir("/")
             .stdin(if exec.stdin {
                 Stdio::piped()
             } else {
@@ -368,10 +428,10 @@ fn start(exec: &PendingExec) -> Result<Started, ExecSessionError> {
         .arg("--ctty")
         .arg("--wait")
         .arg(&program)
-        .args(exec.command.iter().skip(1))
+        .args(&args)
         .env_clear()
         .envs(env)
-        .current_dir(&scratch)
+        .current_dir("/")
         .stdin(stdio()?)
         .stdout(stdio()?)
         .stderr(stdio()?)

@@ -274,3 +274,24 @@ async fn read_chunks(
         }
     }
 }
+
+/// How long an exec's process gets between SIGTERM and SIGKILL when its caller leaves.
+const EXEC_GRACE: Duration = Duration::from_secs(2);
+
+/// Ends the OCI runtime's `exec` child: SIGTERM first, which the runtime forwards to the
+/// command in the container, SIGKILL after [`EXEC_GRACE`]. (A SIGKILL alone would end the
+/// runtime and leave the command running in the container.)
+pub async fn end_exec(child: &mut Child) -> std::io::Result<ExitStatus> {
+    let pid = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .and_then(rustix::process::Pid::from_raw);
+    if let Some(pid) = pid {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        if let Ok(status) = tokio::time::timeout(EXEC_GRACE, child.wait()).await {
+            return status;
+        }
+    }
+    let _ = child.start_kill();
+    child.wait().await
+}

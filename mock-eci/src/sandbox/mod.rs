@@ -22,6 +22,7 @@ pub mod residue;
 mod sweep;
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -159,6 +160,34 @@ impl Sandbox {
             .join("containers")
             .join(container.as_str())
             .join("log"))
+    }
+
+    /// The command line that runs `argv` in group `group`'s running container `container`:
+    /// the OCI runtime's `exec`, which enters every namespace of the container (its PID, UTS
+    /// and mount namespaces: its processes, host name and files, nothing of the host's) and
+    /// its cgroup, and takes the environment, working directory and user of the container's
+    /// own process. With `tty` the runtime gives the command a terminal of its own, relayed to
+    /// the runtime's stdio, which must then be a terminal too.
+    pub fn exec_command(
+        &self,
+        group: &str,
+        container: &str,
+        argv: &[String],
+        tty: bool,
+    ) -> Result<(PathBuf, Vec<OsString>), SandboxError> {
+        let group = Label::new("group id", group)?;
+        let container = Label::new("container name", container)?;
+        let mut args: Vec<OsString> = vec![
+            "--root".into(),
+            self.state_dir.join("runtime").into_os_string(),
+            "exec".into(),
+        ];
+        if tty {
+            args.extend(["--tty".into(), "--env".into(), "TERM=xterm".into()]);
+        }
+        args.push(self.prefix.runtime_id(&group, &container).into());
+        args.extend(argv.iter().map(OsString::from));
+        Ok((self.runtime.clone(), args))
     }
 
     /// Removes the bridge (every group must have been deleted first).
