@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use eci_proto::v20180808::eci_client::EciClient;
 use eci_proto::v20180808::{
-    Container, ContainerGroup, CreateContainerGroupRequest, DeleteContainerGroupRequest,
-    DescribeContainerGroupsRequest, DescribeContainerLogRequest, EnvironmentVar,
-    ExecContainerCommandRequest,
+    ConfigFileToPath, ConfigFileVolume, Container, ContainerGroup, CreateContainerGroupRequest,
+    DeleteContainerGroupRequest, DescribeContainerGroupsRequest, DescribeContainerLogRequest,
+    EmptyDirVolume, EnvironmentVar, ExecContainerCommandRequest, Volume, VolumeMount,
 };
 use integration::images;
 use integration::process::{Process, binary, free_port};
@@ -797,7 +797,11 @@ async fn exec_runs_in_the_container_with_its_host_name_processes_files_stdin_and
         .exec_session(&beta, "main", &["ps", "-o", "pid,args"], false, b"")
         .await;
     assert_eq!(ps.stdout.lines().count(), 3, "{ps:?}");
-    let tty = ["sh", "-c", "test -t 0 && echo TTY; stty size"];
+    // The runtime relays the size just after the command started: wait for it (bounded by the
+    // session's own timeout).
+    let script =
+        "test -t 0 && echo TTY; until stty size | grep -q '30 100'; do sleep 0.1; done; stty size";
+    let tty = ["sh", "-c", script];
     let tty = mock.exec_session(&alpha, "main", &tty, true, b"").await;
     assert!(
         tty.stdout.contains("TTY") && tty.stdout.contains("30 100"),
@@ -809,5 +813,108 @@ async fn exec_runs_in_the_container_with_its_host_name_processes_files_stdin_and
         .await;
     assert_ne!(missing.exit_code(), Some(0), "{missing:?}");
     assert!(missing.stderr.contains("no-such-program"), "{missing:?}");
+    mock.stop().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_are_mounted_config_files_with_their_modes_and_an_empty_dir_shared() {
+    use base64::Engine as _;
+    let mut mock = RealMock::start("rrg", "10.215.6.1/24").await;
+    let encode = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let file = |path: &str, text: &str, mode: Option<i32>| ConfigFileToPath {
+        path: path.into(),
+        content: encode(text),
+        mode,
+    };
+    let volume = |name: &str, kind: &str| Volume {
+        name: name.into(),
+        r#type: kind.into(),
+        ..Volume::default()
+    };
+    let mount = |name: &str, path: &str, sub_path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        sub_path: sub_path.into(),
+        read_only,
+        ..VolumeMount::default()
+    };
+    let mut config = volume("config", "ConfigFileVolume");
+    config.config_file_volume = Some(ConfigFileVolume {
+        config_file_to_path: vec![
+            file("app/settings.conf", "key=value\n", Some(0o400)),
+            file("other.txt", "other\n", None),
+        ],
+        default_mode: Some(0o440),
+    });
+    let scratch = volume("scratch", "EmptyDirVolume");
+    let mut ram = volume("ram", "EmptyDirVolume");
+    ram.empty_dir_volume = Some(EmptyDirVolume {
+        medium: "Memory".into(),
+        size_limit: "16Mi".into(),
+    });
+    let mut writer = mock.busybox("writer", "exec sleep 1000");
+    writer.volume_mount = vec![
+        mount("config", "/etc/app", "", true),
+        mount("scratch", "/shared", "", false),
+        mount("ram", "/ram", "", false),
+    ];
+    let mut reader = mock.busybox("reader", "exec sleep 1000");
+    reader.volume_mount = vec![
+        mount("scratch", "/data", "", false),
+        mount("config", "/cfg", "app", false),
+    ];
+    let mut request = mock.request("volumes", writer);
+    request.container.push(reader);
+    request.volume = vec![config, scratch, ram];
+    let id = mock.create(request).await;
+    mock.wait_group("both containers run", &id, |group| {
+        group.containers.iter().all(|c| {
+            c.current_state
+                .as_ref()
+                .is_some_and(|state| state.state == "Running")
+        })
+    })
+    .await;
+
+    let settings = "/etc/app/app/settings.conf";
+    assert_eq!(
+        mock.exec_sync(&id, "writer", &["stat", "-c", "%a", settings])
+            .await,
+        "400\n"
+    );
+    assert_eq!(
+        mock.exec_sync(&id, "writer", &["cat", settings]).await,
+        "key=value\n"
+    );
+    let other = ["stat", "-c", "%a", "/etc/app/other.txt"];
+    assert_eq!(
+        mock.exec_sync(&id, "writer", &other).await,
+        "440\n",
+        "DefaultMode"
+    );
+    let written = mock
+        .exec_sync(&id, "writer", &["sh", "-c", "echo no > /etc/app/new"])
+        .await;
+    assert!(written.contains("Read-only file system"), "{written}");
+    assert_eq!(
+        mock.exec_sync(&id, "reader", &["cat", "/cfg/settings.conf"])
+            .await,
+        "key=value\n",
+        "a SubPath of the volume"
+    );
+
+    let share = ["sh", "-c", "echo from-writer > /shared/note"];
+    assert_eq!(mock.exec_sync(&id, "writer", &share).await, "");
+    assert_eq!(
+        mock.exec_sync(&id, "reader", &["cat", "/data/note"]).await,
+        "from-writer\n",
+        "the EmptyDir is the group's, shared"
+    );
+    let tmpfs = mock
+        .exec_sync(&id, "writer", &["grep", " /ram ", "/proc/mounts"])
+        .await;
+    assert!(
+        tmpfs.starts_with("tmpfs /ram tmpfs") && tmpfs.contains("size=16384k"),
+        "{tmpfs}"
+    );
     mock.stop().await;
 }

@@ -187,7 +187,25 @@ async fn run(socket: WebSocket, exec: &PendingExec, runtime: Option<Arc<RealRunt
         }
         let _ = sink.send(Message::Close(None)).await;
     });
-    let started = match start(exec, runtime.as_deref()) {
+    // The terminal gets the client's first size (kubectl sends it first) before the runtime
+    // starts: the runtime copies it to the command's terminal. It does so just after the
+    // command started, as it relays every later resize, so a command that asks at once may
+    // still see 0x0.
+    let mut early = None;
+    if exec.tty {
+        if let Ok(Some(Ok(message))) = tokio::time::timeout(FIRST_RESIZE, source.next()).await {
+            early = match message {
+                Message::Binary(data) => Some(data.to_vec()),
+                Message::Text(text) => Some(text.as_bytes().to_vec()),
+                _ => None,
+            };
+        }
+    }
+    let size = early.as_deref().and_then(|data| match data.split_first() {
+        Some((&channel::RESIZE, payload)) => terminal_size(payload),
+        _ => None,
+    });
+    let started = match start(exec, runtime.as_deref(), size) {
         Ok(started) => started,
         Err(error) => {
             let status = json!({
@@ -214,6 +232,9 @@ async fn run(socket: WebSocket, exec: &PendingExec, runtime: Option<Arc<RealRunt
         .map(|(channel, reader)| tokio::spawn(pump(reader, channel, out_tx.clone())))
         .collect();
     let mut input = if exec.stdin { input } else { None };
+    if let (None, Some(data)) = (size, early) {
+        handle_input(&data, &mut input, pty.as_ref(), v5).await;
+    }
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
@@ -268,24 +289,8 @@ async fn handle_input(data: &[u8], input: &mut Option<Input>, pty: Option<&Owned
             }
         }
         channel::RESIZE => {
-            if let (Some(master), Ok(size)) =
-                (pty, serde_json::from_slice::<serde_json::Value>(payload))
-            {
-                let dimension = |key: &str| {
-                    size.get(key)
-                        .and_then(serde_json::Value::as_u64)
-                        .and_then(|n| u16::try_from(n).ok())
-                        .unwrap_or(0)
-                };
-                let _ = rustix::termios::tcsetwinsize(
-                    master,
-                    rustix::termios::Winsize {
-                        ws_row: dimension("Height"),
-                        ws_col: dimension("Width"),
-                        ws_xpixel: 0,
-                        ws_ypixel: 0,
-                    },
-                );
+            if let (Some(master), Some(size)) = (pty, terminal_size(payload)) {
+                let _ = rustix::termios::tcsetwinsize(master, size);
             }
         }
         channel::CLOSE if v5 && payload.first() == Some(&channel::STDIN) => {
@@ -298,6 +303,26 @@ async fn handle_input(data: &[u8], input: &mut Option<Input>, pty: Option<&Owned
         }
         _ => {}
     }
+}
+
+/// How long a TTY session waits for the client's first message, the terminal's size.
+const FIRST_RESIZE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A resize message's `{"Width":…,"Height":…}`.
+fn terminal_size(payload: &[u8]) -> Option<rustix::termios::Winsize> {
+    let size = serde_json::from_slice::<serde_json::Value>(payload).ok()?;
+    let dimension = |key: &str| {
+        size.get(key)
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|n| u16::try_from(n).ok())
+            .unwrap_or(0)
+    };
+    Some(rustix::termios::Winsize {
+        ws_row: dimension("Height"),
+        ws_col: dimension("Width"),
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    })
 }
 
 fn frame(channel: u8, data: &[u8]) -> Vec<u8> {
@@ -358,7 +383,11 @@ struct Started {
 }
 
 /// Starts the OCI runtime's exec of the session's command in its container.
-fn start(exec: &PendingExec, runtime: Option<&RealRuntime>) -> Result<Started, ExecSessionError> {
+fn start(
+    exec: &PendingExec,
+    runtime: Option<&RealRuntime>,
+    size: Option<rustix::termios::Winsize>,
+) -> Result<Started, ExecSessionError> {
     let Some(runtime) = runtime else {
         return Err(ExecSessionError::NoRuntime {
             group: exec.group.clone(),
@@ -417,6 +446,10 @@ fn start(exec: &PendingExec, runtime: Option<&RealRuntime>) -> Result<Started, E
         });
     }
     let (master, slave) = open_pty().map_err(ExecSessionError::Pty)?;
+    if let Some(size) = size {
+        rustix::termios::tcsetwinsize(&master, size)
+            .map_err(|e| ExecSessionError::Pty(e.into()))?;
+    }
     let stdio = || {
         slave
             .try_clone()

@@ -100,6 +100,15 @@ pub struct ContainerConfig<'a> {
     pub memory_bytes: Option<u64>,
     pub cpu_millis: Option<u64>,
     pub limits: LimitSupport,
+    pub volume_mounts: &'a [VolumeMount],
+}
+
+/// A volume (or a part of one) bound into the container.
+#[derive(Debug, Clone)]
+pub struct VolumeMount {
+    pub source: PathBuf,
+    pub destination: String,
+    pub read_only: bool,
 }
 
 /// The container's OCI config: the runtime's usual defaults (mounts, masked paths,
@@ -117,6 +126,7 @@ pub fn container_spec(config: &ContainerConfig<'_>) -> Result<Spec, BundleError>
     let mut mounts = spec.mounts().clone().unwrap_or_default();
     mounts.retain(|mount| mount.destination() != Path::new("/dev/shm"));
     mounts.extend(group_mounts(config.group_dir)?);
+    mounts.extend(volume_mounts(config.volume_mounts)?);
     spec.set_mounts(Some(mounts));
     if let Some(process) = spec.process_mut() {
         process.set_args(Some(config.argv.to_vec()));
@@ -181,6 +191,26 @@ fn group_mounts(group_dir: &Path) -> Result<Vec<Mount>, BundleError> {
         bind(etc.join("resolv.conf"), "/etc/resolv.conf")?,
         bind(group_dir.join("shm"), "/dev/shm")?,
     ])
+}
+
+/// The volumes, bound where the container mounts them.
+fn volume_mounts(volumes: &[VolumeMount]) -> Result<Vec<Mount>, BundleError> {
+    volumes
+        .iter()
+        .map(|volume| {
+            let mut options = vec!["rbind".to_owned(), "rprivate".to_owned()];
+            if volume.read_only {
+                options.push("ro".to_owned());
+            }
+            MountBuilder::default()
+                .destination(&volume.destination)
+                .typ("bind")
+                .source(&volume.source)
+                .options(options)
+                .build()
+                .map_err(BundleError::Spec)
+        })
+        .collect()
 }
 
 /// The caller's variables after the defaults a container expects (PATH, HOSTNAME), so the
@@ -321,6 +351,7 @@ mod tests {
                 memory: true,
                 cpu: true,
             },
+            volume_mounts: &[],
         }
     }
 

@@ -20,6 +20,7 @@ pub mod names;
 pub mod net;
 pub mod residue;
 mod sweep;
+pub mod volumes;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -35,6 +36,7 @@ use container::{Container, ContainerError};
 pub use files::{Dns, HostAlias};
 use names::{Label, NameError, Prefix};
 use net::{GroupNet, NetError};
+pub use volumes::{MountSpec, VolumeError, VolumeFile, VolumeSource, VolumeSpec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -46,6 +48,8 @@ pub enum SandboxError {
     Bundle(#[from] BundleError),
     #[error("container process")]
     Container(#[from] ContainerError),
+    #[error("volume")]
+    Volume(#[from] VolumeError),
     #[error("could not {action} {path}")]
     Io {
         action: &'static str,
@@ -83,6 +87,7 @@ pub struct GroupSpec {
     pub ip: Ipv4Addr,
     pub dns: Dns,
     pub host_aliases: Vec<HostAlias>,
+    pub volumes: Vec<VolumeSpec>,
 }
 
 /// One container to run: the command line is already resolved (the image's entrypoint and
@@ -95,6 +100,8 @@ pub struct ContainerSpec {
     pub working_dir: Option<String>,
     pub memory_bytes: Option<u64>,
     pub cpu_millis: Option<u64>,
+    /// The group's volumes it mounts.
+    pub mounts: Vec<MountSpec>,
 }
 
 /// The machine-wide part: bridge, naming, limits this machine supports.
@@ -208,7 +215,7 @@ impl Sandbox {
         let hostname = names::hostname(&spec.hostname)?;
         check_names(spec)?;
         let address = names::group_address(self.network, spec.ip)?;
-        let group = Group {
+        let mut group = Group {
             net: GroupNet {
                 netns: self.prefix.netns(&id),
                 host_veth: self.prefix.host_veth(spec.ip),
@@ -220,6 +227,7 @@ impl Sandbox {
             prefix: self.prefix.clone(),
             limits: self.limits,
             hostname,
+            volumes: Vec::new(),
             id,
             containers: BTreeMap::new(),
         };
@@ -251,6 +259,8 @@ pub struct Group {
     runtime_root: PathBuf,
     prefix: Prefix,
     limits: LimitSupport,
+    /// Each volume and its directory.
+    volumes: Vec<(VolumeSpec, PathBuf)>,
     containers: BTreeMap<Label, Container>,
 }
 
@@ -269,7 +279,7 @@ impl Group {
     }
 
     async fn set_up(
-        &self,
+        &mut self,
         bridge: &str,
         gateway: Ipv4Addr,
         spec: &GroupSpec,
@@ -282,6 +292,11 @@ impl Group {
             bundle::group_files(&self.hostname, spec.ip, &spec.host_aliases, &spec.dns)
         {
             write_file(&etc.join(name), text.as_bytes()).await?;
+        }
+        for (index, volume) in spec.volumes.iter().enumerate() {
+            let dir = self.dir.join("volumes").join(index.to_string());
+            volumes::create(&dir, volume)?;
+            self.volumes.push((volume.clone(), dir));
         }
         bundle::create_ipc_namespace(&self.dir.join("ipc")).await?;
         net::run(&net::group_steps(bridge, gateway, &self.net)).await?;
@@ -308,7 +323,7 @@ impl Group {
                 Ok(())
             }
             Err(error) => {
-                bundle::unmount(&dir.join("rootfs"))?;
+                unmount_all_under(&dir)?;
                 match tokio::fs::remove_dir_all(&dir).await {
                     Ok(()) => Err(error),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(error),
@@ -334,6 +349,20 @@ impl Group {
         let options = bundle::overlay_options(rootfs, &dir.join("upper"), &dir.join("work"))?;
         let netns = net::netns_path(&self.net.netns);
         let ipc = self.dir.join("ipc");
+        let mut volume_mounts = Vec::new();
+        for (index, mount) in spec.mounts.iter().enumerate() {
+            let staging = dir.join("subpaths").join(index.to_string());
+            let source = volumes::mount_source(&self.volumes, mount, &staging)?;
+            let files = self.volumes.iter().any(|(volume, _)| {
+                volume.name == mount.volume && matches!(volume.source, VolumeSource::Files(_))
+            });
+            // Files volumes (ConfigMaps, Secrets) are read-only, as Kubernetes mounts them.
+            volume_mounts.push(bundle::VolumeMount {
+                source,
+                destination: mount.path.clone(),
+                read_only: mount.read_only || files,
+            });
+        }
         let config = ContainerConfig {
             rootfs: &root,
             argv: &spec.argv,
@@ -347,6 +376,7 @@ impl Group {
             memory_bytes: spec.memory_bytes,
             cpu_millis: spec.cpu_millis,
             limits: self.limits,
+            volume_mounts: &volume_mounts,
         };
         let config_json = serde_json::to_vec(&bundle::container_spec(&config)?)
             .map_err(|e| io_error("serialize", dir, std::io::Error::other(e)))?;
@@ -409,8 +439,8 @@ impl Group {
         };
         container.force_delete().await;
         let dir = self.dir.join("containers").join(label.as_str());
-        bundle::unmount(&dir.join("rootfs"))?;
-        for sub in ["rootfs", "upper", "work"] {
+        unmount_all_under(&dir)?;
+        for sub in ["rootfs", "upper", "work", "subpaths"] {
             match tokio::fs::remove_dir_all(dir.join(sub)).await {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -455,13 +485,8 @@ impl Group {
 
     /// Removes what exists of the group, whatever state it is in.
     async fn tear_down(&self) -> Result<(), SandboxError> {
-        let containers = self.dir.join("containers");
-        if let Ok(mut entries) = tokio::fs::read_dir(&containers).await {
-            while let Ok(Some(entry)) = entries.next_entry().await {
-                bundle::unmount(&entry.path().join("rootfs"))?;
-            }
-        }
-        bundle::unmount(&self.dir.join("ipc"))?;
+        // Containers' roots and sub paths, volumes' tmpfs, the IPC namespace.
+        unmount_all_under(&self.dir)?;
         net::run(&net::group_removal_steps(
             &self.net,
             net::netns_exists(&self.net.netns),
@@ -485,6 +510,15 @@ fn check_names(spec: &GroupSpec) -> Result<(), NameError> {
     }
     for word in spec.dns.searches.iter().chain(&spec.dns.options) {
         names::dns_word(word)?;
+    }
+    Ok(())
+}
+
+/// Unmounts every mount at or under `dir`, the deepest first.
+fn unmount_all_under(dir: &Path) -> Result<(), BundleError> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for mount in residue::mounts_under(&mountinfo, dir).iter().rev() {
+        bundle::unmount(mount)?;
     }
     Ok(())
 }

@@ -617,5 +617,6 @@ fn group_spec(id: &str, ip: Ipv4Addr, request: &CreateContainerGroupRequest) -> 
         ip,
         dns,
         host_aliases,
+        volumes: request.volume.iter().map(resolve::volume).collect(),
     }
 }

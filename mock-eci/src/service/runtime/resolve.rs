@@ -5,10 +5,60 @@
 
 use std::net::Ipv4Addr;
 
-use eci_proto::v20180808::Container;
+use base64::Engine as _;
+use eci_proto::v20180808::{Container, Volume};
 
 use crate::images::ImageRunConfig;
-use crate::sandbox::ContainerSpec;
+use crate::sandbox::volumes::quantity_bytes;
+use crate::sandbox::{ContainerSpec, MountSpec, VolumeFile, VolumeSource, VolumeSpec};
+
+/// A file's mode when neither it nor its volume says one (Kubernetes' default).
+const DEFAULT_FILE_MODE: u32 = 0o644;
+
+/// A group volume as the sandbox makes it: `EmptyDirVolume` (the `Memory` medium a tmpfs of
+/// its `SizeLimit`; on disk the limit is not enforced) and `ConfigFileVolume` (each file's
+/// base64 `Content` decoded, its `Mode`, else the volume's `DefaultMode`, else 0644); other
+/// types cannot be made on this machine and fail the containers that mount them. A
+/// `SizeLimit` that does not parse is no limit; content that is not base64 is taken as is.
+pub fn volume(volume: &Volume) -> VolumeSpec {
+    let source = match volume.r#type.as_str() {
+        "EmptyDirVolume" => {
+            let empty = volume.empty_dir_volume.clone().unwrap_or_default();
+            VolumeSource::EmptyDir {
+                memory: empty.medium == "Memory",
+                size_limit: quantity_bytes(&empty.size_limit),
+            }
+        }
+        "ConfigFileVolume" => {
+            let config = volume.config_file_volume.clone().unwrap_or_default();
+            let default_mode = config
+                .default_mode
+                .and_then(|mode| u32::try_from(mode).ok())
+                .unwrap_or(DEFAULT_FILE_MODE);
+            VolumeSource::Files(
+                config
+                    .config_file_to_path
+                    .iter()
+                    .map(|file| VolumeFile {
+                        path: file.path.clone(),
+                        content: base64::engine::general_purpose::STANDARD
+                            .decode(&file.content)
+                            .unwrap_or_else(|_| file.content.clone().into_bytes()),
+                        mode: file
+                            .mode
+                            .and_then(|mode| u32::try_from(mode).ok())
+                            .unwrap_or(default_mode),
+                    })
+                    .collect(),
+            )
+        }
+        other => VolumeSource::Unsupported(other.to_owned()),
+    };
+    VolumeSpec {
+        name: volume.name.clone(),
+        source,
+    }
+}
 
 /// The command line: Kubernetes' four cases.
 pub fn argv(spec: &Container, image: &ImageRunConfig) -> Vec<String> {
@@ -72,6 +122,16 @@ pub fn container_spec(
             .cpu
             .filter(|cpu| *cpu > 0.0)
             .map(|cpu| (cpu * 1000.0).round() as u64),
+        mounts: spec
+            .volume_mount
+            .iter()
+            .map(|mount| MountSpec {
+                volume: mount.name.clone(),
+                path: mount.mount_path.clone(),
+                sub_path: mount.sub_path.clone(),
+                read_only: mount.read_only,
+            })
+            .collect(),
     })
 }
 
