@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use eci_proto::v20180808::eci_client::EciClient;
 use eci_proto::v20180808::{
-    ConfigFileToPath, ConfigFileVolume, Container, ContainerGroup, CreateContainerGroupRequest,
-    DeleteContainerGroupRequest, DescribeContainerGroupsRequest, DescribeContainerLogRequest,
-    EmptyDirVolume, EnvironmentVar, ExecContainerCommandRequest, Volume, VolumeMount,
+    ConfigFileToPath, ConfigFileVolume, Container, ContainerGroup, ContainerSecurityContext,
+    CreateContainerGroupRequest, DeleteContainerGroupRequest, DescribeContainerGroupsRequest,
+    DescribeContainerLogRequest, EmptyDirVolume, EnvironmentVar, ExecContainerCommandRequest,
+    Volume, VolumeMount,
 };
 use integration::images;
 use integration::process::{Process, binary, free_port};
@@ -915,6 +916,69 @@ async fn volumes_are_mounted_config_files_with_their_modes_and_an_empty_dir_shar
     assert!(
         tmpfs.starts_with("tmpfs /ram tmpfs") && tmpfs.contains("size=16384k"),
         "{tmpfs}"
+    );
+    mock.stop().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_run_as_their_security_context_or_their_image_s_user() {
+    let mut mock = RealMock::start("rrh", "10.215.7.1/24").await;
+    // The busybox image, its config saying `User: nobody`.
+    let mut nobody = images::busybox().expect("busybox builds");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&nobody.config).expect("the image config");
+    config["config"]["User"] = "nobody".into();
+    nobody.config = serde_json::to_vec(&config).expect("JSON");
+    let nobody_image = format!("{}/library/busybox-nobody:1", mock.registry.host());
+    images::push(&nobody, &nobody_image, None)
+        .await
+        .expect("the image is pushed");
+
+    let mut confined = mock.busybox("confined", "exec sleep 1000");
+    confined.security_context = Some(ContainerSecurityContext {
+        run_as_user: Some(1234),
+        read_only_root_filesystem: true,
+        ..ContainerSecurityContext::default()
+    });
+    confined.security_context_run_as_group = Some(5678);
+    let mut image_user = mock.busybox("image-user", "exec sleep 1000");
+    image_user.image = nobody_image;
+    let mut request = mock.request("users", confined);
+    request.container.push(image_user);
+    request
+        .container
+        .push(mock.busybox("plain", "exec sleep 1000"));
+    let id = mock.create(request).await;
+    mock.wait_group("every container runs", &id, |group| {
+        group.containers.iter().all(|c| {
+            c.current_state
+                .as_ref()
+                .is_some_and(|state| state.state == "Running")
+        })
+    })
+    .await;
+
+    let ids = ["sh", "-c", "id -u; id -g"];
+    assert_eq!(mock.exec_sync(&id, "confined", &ids).await, "1234\n5678\n");
+    let write = ["sh", "-c", "touch /new-file"];
+    let refused = mock.exec_sync(&id, "confined", &write).await;
+    assert!(refused.contains("Read-only file system"), "{refused}");
+    let tmp = mock
+        .exec_sync(&id, "confined", &["sh", "-c", "touch /tmp/x"])
+        .await;
+    assert!(
+        tmp.contains("Read-only file system"),
+        "/tmp is the root's too: {tmp}"
+    );
+    assert_eq!(
+        mock.exec_sync(&id, "image-user", &ids).await,
+        "65534\n65534\n",
+        "the image's User, resolved in its /etc/passwd"
+    );
+    assert_eq!(mock.exec_sync(&id, "plain", &ids).await, "0\n0\n");
+    assert_eq!(
+        mock.exec_sync(&id, "plain", &write).await,
+        "",
+        "a writable root"
     );
     mock.stop().await;
 }

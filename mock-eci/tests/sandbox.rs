@@ -141,6 +141,8 @@ fn shell(name: &str, script: &str) -> ContainerSpec {
         memory_bytes: Some(64 << 20),
         cpu_millis: Some(500),
         mounts: Vec::new(),
+        user: (0, 0),
+        read_only_root: false,
     }
 }
 

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
     LinuxCpuBuilder, LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType,
-    LinuxResourcesBuilder, Mount, MountBuilder, RootBuilder, Spec,
+    LinuxResourcesBuilder, Mount, MountBuilder, RootBuilder, Spec, UserBuilder,
 };
 use rustix::mount::{MountFlags, UnmountFlags};
 use tokio::process::Command;
@@ -101,6 +101,9 @@ pub struct ContainerConfig<'a> {
     pub cpu_millis: Option<u64>,
     pub limits: LimitSupport,
     pub volume_mounts: &'a [VolumeMount],
+    /// uid and gid.
+    pub user: (u32, u32),
+    pub read_only_root: bool,
 }
 
 /// A volume (or a part of one) bound into the container.
@@ -118,7 +121,7 @@ pub fn container_spec(config: &ContainerConfig<'_>) -> Result<Spec, BundleError>
     let mut spec = Spec::default();
     let root = RootBuilder::default()
         .path(config.rootfs)
-        .readonly(false)
+        .readonly(config.read_only_root)
         .build()
         .map_err(BundleError::Spec)?;
     spec.set_root(Some(root));
@@ -132,6 +135,13 @@ pub fn container_spec(config: &ContainerConfig<'_>) -> Result<Spec, BundleError>
         process.set_args(Some(config.argv.to_vec()));
         process.set_env(Some(environment(config.env, config.hostname)?));
         process.set_cwd(working_dir(config.working_dir)?);
+        let (uid, gid) = config.user;
+        let user = UserBuilder::default()
+            .uid(uid)
+            .gid(gid)
+            .build()
+            .map_err(BundleError::Spec)?;
+        process.set_user(user);
     }
     if let Some(linux) = spec.linux_mut() {
         linux.set_namespaces(Some(namespaces(config.netns, config.ipc_ns)?));
@@ -352,6 +362,8 @@ mod tests {
                 cpu: true,
             },
             volume_mounts: &[],
+            user: (0, 0),
+            read_only_root: false,
         }
     }
 

@@ -102,6 +102,10 @@ pub struct ContainerSpec {
     pub cpu_millis: Option<u64>,
     /// The group's volumes it mounts.
     pub mounts: Vec<MountSpec>,
+    /// The uid and gid its process (and every exec in it) runs as.
+    pub user: (u32, u32),
+    /// Its root file system is mounted read-only (volumes keep their own mode).
+    pub read_only_root: bool,
 }
 
 /// The machine-wide part: bridge, naming, limits this machine supports.
@@ -377,6 +381,8 @@ impl Group {
             cpu_millis: spec.cpu_millis,
             limits: self.limits,
             volume_mounts: &volume_mounts,
+            user: spec.user,
+            read_only_root: spec.read_only_root,
         };
         let config_json = serde_json::to_vec(&bundle::container_spec(&config)?)
             .map_err(|e| io_error("serialize", dir, std::io::Error::other(e)))?;

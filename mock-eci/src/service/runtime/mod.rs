@@ -468,7 +468,11 @@ impl Worker {
                 tracing::warn!(group = %self.id, container = %name, error = %chain(&error), "removing the earlier run");
             }
         }
-        let outcome = match resolve::container_spec(&container.spec, &image.config, ip) {
+        let accounts = resolve::Accounts {
+            passwd: image_file(&image.rootfs, "etc/passwd"),
+            group: image_file(&image.rootfs, "etc/group"),
+        };
+        let outcome = match resolve::container_spec(&container.spec, &image.config, &accounts, ip) {
             Ok(spec) => group
                 .start(&spec, &image.rootfs)
                 .await
@@ -567,6 +571,35 @@ impl Worker {
             }
         }
     }
+}
+
+/// A file of an image's root file system (empty when missing or unreadable), resolved inside
+/// it: a link there to `/etc/shadow` is the image's own, never the host's.
+fn image_file(rootfs: &Path, path: &str) -> String {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    use std::io::Read as _;
+    const MOST: u64 = 1 << 20;
+    let opened = rustix::fs::open(
+        rootfs,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .and_then(|root| {
+        rustix::fs::openat2(
+            &root,
+            path,
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT,
+        )
+    });
+    let mut text = String::new();
+    if let Ok(file) = opened {
+        let _ = std::fs::File::from(file)
+            .take(MOST)
+            .read_to_string(&mut text);
+    }
+    text
 }
 
 fn grace(grace_ms: crate::clock::Millis) -> Duration {
