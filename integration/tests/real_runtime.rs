@@ -1,8 +1,12 @@
 //! mock-eci with `--runtime real`, through its gRPC API: container groups really run, from the
 //! busybox image the project builds offline, pulled from a real registry on loopback. A
 //! container's exit code, host name, environment and output come back as ECI reports them; a
-//! missing image is ErrImagePull with a Failed event; a deleted group leaves no process,
-//! network namespace, interface, mount or cgroup behind.
+//! missing image is ErrImagePull with a Failed event; exec runs in the container (its host
+//! name, processes and files; stdin, TTY, exit code); volumes are mounted (ConfigFileVolume
+//! files with their modes, a shared EmptyDir, a tmpfs); containers run as their
+//! SecurityContext or their image's User; a deleted group, a crash loop and a mock-eci killed
+//! with -9 then started again leave no process, network namespace, interface, mount or cgroup
+//! behind.
 //!
 //! Needs root and runc (as the sandbox tests of mock-eci do). Each test runs its own mock-eci
 //! with its own object prefix and network, so they may run in parallel.
@@ -35,11 +39,19 @@ struct RealMock {
     /// The admin listener, which serves the exec sessions.
     admin: String,
     process: Process,
+    /// Its flags and gRPC address, to start it again.
+    args: Vec<String>,
+    listen: String,
     _dir: tempfile::TempDir,
 }
 
 impl RealMock {
     async fn start(prefix: &'static str, network: &str) -> Self {
+        Self::start_with(prefix, network, false).await
+    }
+
+    /// With `state_file`, mock-eci keeps its groups in `<dir>/state.json` across restarts.
+    async fn start_with(prefix: &'static str, network: &str, state_file: bool) -> Self {
         let registry = TestRegistry::start(None)
             .await
             .expect("the registry starts");
@@ -52,7 +64,7 @@ impl RealMock {
         let port = free_port().expect("a free port");
         let listen = format!("127.0.0.1:{port}");
         let admin = format!("127.0.0.1:{}", free_port().expect("a free port"));
-        let args = [
+        let mut args: Vec<String> = [
             "--listen",
             &listen,
             "--admin-listen",
@@ -72,21 +84,15 @@ impl RealMock {
             prefix,
             "--runtime-dir",
             runtime_dir.to_str().expect("utf-8 path"),
-        ];
-        let process = Process::spawn(
-            "mock-eci",
-            &binary("mock-eci", "mock-eci").expect("the mock-eci binary"),
-            args,
-            &[("RUST_LOG".into(), "info".into())],
-            dir.path(),
-        )
-        .expect("mock-eci starts");
-        let endpoint = format!("http://{listen}");
-        let client = wait_for("mock-eci to answer", Duration::from_secs(60), || {
-            let endpoint = endpoint.clone();
-            async move { EciClient::connect(endpoint).await.ok() }
-        })
-        .await;
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        if state_file {
+            args.push("--state-file".into());
+            let path = dir.path().join("state.json");
+            args.push(path.to_str().expect("utf-8 path").to_owned());
+        }
+        let (process, client) = Self::spawn("mock-eci", &args, dir.path(), &listen).await;
         Self {
             client,
             registry,
@@ -95,8 +101,42 @@ impl RealMock {
             runtime_dir,
             admin,
             process,
+            args,
+            listen,
             _dir: dir,
         }
+    }
+
+    async fn spawn(
+        name: &str,
+        args: &[String],
+        dir: &Path,
+        listen: &str,
+    ) -> (Process, EciClient<Channel>) {
+        let process = Process::spawn(
+            name,
+            &binary("mock-eci", "mock-eci").expect("the mock-eci binary"),
+            args,
+            &[("RUST_LOG".into(), "info".into())],
+            dir,
+        )
+        .expect("mock-eci starts");
+        let endpoint = format!("http://{listen}");
+        let client = wait_for("mock-eci to answer", Duration::from_secs(60), || {
+            let endpoint = endpoint.clone();
+            async move { EciClient::connect(endpoint).await.ok() }
+        })
+        .await;
+        (process, client)
+    }
+
+    /// Starts mock-eci again, with the same flags, after [`Process::kill`].
+    async fn restart(&mut self) {
+        let dir = self._dir.path().to_owned();
+        let (process, client) =
+            Self::spawn("mock-eci-restarted", &self.args, &dir, &self.listen).await;
+        self.process = process;
+        self.client = client;
     }
 
     fn request(&self, name: &str, container: Container) -> CreateContainerGroupRequest {
@@ -980,5 +1020,108 @@ async fn containers_run_as_their_security_context_or_their_image_s_user() {
         "",
         "a writable root"
     );
+    mock.stop().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_leaks_from_a_crash_loop_or_from_mock_eci_killed_with_sigkill_and_restarted() {
+    let mut mock = RealMock::start_with("rri", "10.215.8.1/24", true).await;
+    assert_eq!(mock.residue(), Residue::none(), "a clean start");
+    let marker = EnvironmentVar {
+        key: "MARKER".into(),
+        value: "leak-rri".into(),
+        field_ref: None,
+    };
+    let mut crasher = mock.busybox("main", "sleep 0.2; exit 1");
+    crasher.environment_var = vec![marker.clone()];
+    let mut crashing = mock.request("crasher", crasher);
+    crashing.restart_policy = "Always".into();
+    let crashing = mock.create(crashing).await;
+    // Ignores SIGTERM, with a child of its own.
+    let mut sleeper = mock.busybox("main", "trap '' TERM; sleep 1000 & sleep 1000; wait");
+    sleeper.environment_var = vec![marker];
+    // A tmpfs volume and a SubPath of it: mounts of their own to be removed.
+    sleeper.volume_mount = vec![VolumeMount {
+        name: "ram".into(),
+        mount_path: "/ram".into(),
+        sub_path: "part".into(),
+        ..VolumeMount::default()
+    }];
+    let mut sleeping = mock.request("sleeper", sleeper);
+    sleeping.termination_grace_period_seconds = Some(2);
+    sleeping.volume = vec![Volume {
+        name: "ram".into(),
+        r#type: "EmptyDirVolume".into(),
+        empty_dir_volume: Some(EmptyDirVolume {
+            medium: "Memory".into(),
+            size_limit: "8Mi".into(),
+        }),
+        ..Volume::default()
+    }];
+    let sleeping = mock.create(sleeping).await;
+    mock.wait_group("the crash loop restarted twice", &crashing, |group| {
+        group.containers[0].restart_count >= 2
+    })
+    .await;
+    mock.wait_group("the sleeper runs", &sleeping, |group| {
+        container_state(group).0 == "Running"
+    })
+    .await;
+    let sleeps = || {
+        processes_with("MARKER=leak-rri")
+            .into_iter()
+            .filter(|command| command.starts_with("sleep 1000"))
+            .count()
+    };
+    wait_for(
+        "the sleeper's two sleeps",
+        Duration::from_secs(30),
+        || async { (sleeps() == 2).then_some(()) },
+    )
+    .await;
+
+    // kill -9: mock-eci's containers, namespaces and interfaces outlive it ...
+    mock.process.kill().await;
+    let left = mock.residue();
+    assert_eq!(left.netns.len(), 2, "{left:#?}");
+    assert!(
+        !left.processes.is_empty() && !left.mounts.is_empty(),
+        "{left:#?}"
+    );
+    // ... until it starts again on the same prefix, runtime directory and state file.
+    mock.restart().await;
+    wait_for(
+        "the killed run's processes are gone",
+        Duration::from_secs(60),
+        || async { (sleeps() == 0).then_some(()) },
+    )
+    .await;
+    for id in [&crashing, &sleeping] {
+        assert!(
+            mock.describe(id).await.is_some(),
+            "{id} is kept in the state file"
+        );
+        mock.client
+            .delete_container_group(DeleteContainerGroupRequest {
+                region_id: REGION.into(),
+                container_group_id: id.clone(),
+                ..DeleteContainerGroupRequest::default()
+            })
+            .await
+            .expect("delete succeeds");
+    }
+    for id in [&crashing, &sleeping] {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while mock.describe(id).await.is_some() {
+            assert!(Instant::now() < deadline, "{id} is still listed after 90 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let mut residue = mock.residue();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while residue != Residue::none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        residue = mock.residue();
+    }
+    assert_eq!(residue, Residue::none(), "nothing is left");
     mock.stop().await;
 }
