@@ -187,24 +187,11 @@ async fn run(socket: WebSocket, exec: &PendingExec, runtime: Option<Arc<RealRunt
         }
         let _ = sink.send(Message::Close(None)).await;
     });
-    // The terminal gets the client's first size (kubectl sends it first) before the runtime
-    // starts: the runtime copies it to the command's terminal. It does so just after the
-    // command started, as it relays every later resize, so a command that asks at once may
-    // still see 0x0.
-    let mut early = None;
-    if exec.tty {
-        if let Ok(Some(Ok(message))) = tokio::time::timeout(FIRST_RESIZE, source.next()).await {
-            early = match message {
-                Message::Binary(data) => Some(data.to_vec()),
-                Message::Text(text) => Some(text.as_bytes().to_vec()),
-                _ => None,
-            };
-        }
-    }
-    let size = early.as_deref().and_then(|data| match data.split_first() {
-        Some((&channel::RESIZE, payload)) => terminal_size(payload),
-        _ => None,
-    });
+    let (early, size) = if exec.tty {
+        first_size(&mut source).await
+    } else {
+        (None, None)
+    };
     let started = match start(exec, runtime.as_deref(), size) {
         Ok(started) => started,
         Err(error) => {
@@ -213,11 +200,7 @@ async fn run(socket: WebSocket, exec: &PendingExec, runtime: Option<Arc<RealRunt
                 "status": "Failure", "reason": "InternalError",
                 "message": super::ErrorChain(&error).to_string(),
             });
-            let _ = out_tx
-                .send(frame(channel::ERROR, status.to_string().as_bytes()))
-                .await;
-            drop(out_tx);
-            let _ = sender.await;
+            finish(out_tx, sender, &status).await;
             return;
         }
     };
@@ -264,11 +247,39 @@ async fn run(socket: WebSocket, exec: &PendingExec, runtime: Option<Arc<RealRunt
         }),
     };
     debug!(%status, "exec session ended");
-    let _ = out_tx
+    finish(out_tx, sender, &status).await;
+}
+
+/// Sends the final status and waits until everything was sent.
+async fn finish(
+    out: mpsc::Sender<Vec<u8>>,
+    sender: tokio::task::JoinHandle<()>,
+    status: &serde_json::Value,
+) {
+    let _ = out
         .send(frame(channel::ERROR, status.to_string().as_bytes()))
         .await;
-    drop(out_tx);
+    drop(out);
     let _ = sender.await;
+}
+
+/// A TTY session's first message, and the terminal size if it is one. The terminal gets the
+/// client's first size (kubectl sends it first) before the runtime starts, which copies it to
+/// the command's terminal — just after the command started, as it relays every later resize,
+/// so a command that asks at once may still see 0x0.
+async fn first_size(
+    source: &mut futures::stream::SplitStream<WebSocket>,
+) -> (Option<Vec<u8>>, Option<rustix::termios::Winsize>) {
+    let early = match tokio::time::timeout(FIRST_RESIZE, source.next()).await {
+        Ok(Some(Ok(Message::Binary(data)))) => Some(data.to_vec()),
+        Ok(Some(Ok(Message::Text(text)))) => Some(text.as_bytes().to_vec()),
+        _ => None,
+    };
+    let size = early.as_deref().and_then(|data| match data.split_first() {
+        Some((&channel::RESIZE, payload)) => terminal_size(payload),
+        _ => None,
+    });
+    (early, size)
 }
 
 async fn handle_input(data: &[u8], input: &mut Option<Input>, pty: Option<&OwnedFd>, v5: bool) {
@@ -402,49 +413,75 @@ fn start(
             source,
         })?;
     let program = program.display().to_string();
-    // The runtime's own environment; the command's is the container's.
-    let env = [(
-        "PATH",
-        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    )];
-    let spawn_error = |source| ExecSessionError::Spawn {
-        program: program.clone(),
-        source,
-    };
-    if !exec.tty {
-        let mut command = tokio::process::Command::new(&program);
+    if exec.tty {
+        let mut command = tokio::process::Command::new("setsid");
         command
-            .args(&args)
-            .env_clear()
-            .envs(env)
-            .current_dir("/")
-            .stdin(if exec.stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().map_err(spawn_error)?;
-        let input = child.stdin.take().map(|stdin| Input {
-            writer: Box::new(stdin),
-            pty: false,
-        });
-        let mut outputs: Vec<(u8, Output)> = Vec::new();
-        if let Some(stdout) = child.stdout.take() {
-            outputs.push((channel::STDOUT, Box::new(stdout)));
-        }
-        if let Some(stderr) = child.stderr.take() {
-            outputs.push((channel::STDERR, Box::new(stderr)));
-        }
-        return Ok(Started {
-            child,
-            input,
-            outputs,
-            pty: None,
-        });
+            .arg("--ctty")
+            .arg("--wait")
+            .arg(&program)
+            .args(&args);
+        start_in_terminal(command, &program, size)
+    } else {
+        let mut command = tokio::process::Command::new(&program);
+        command.args(&args);
+        start_piped(command, &program, exec.stdin)
     }
+}
+
+/// The runtime's own environment; the command's is the container's.
+fn runtime_env(command: &mut tokio::process::Command) -> &mut tokio::process::Command {
+    command
+        .env_clear()
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .current_dir("/")
+        .kill_on_drop(true)
+}
+
+fn spawn_error(program: &str) -> impl FnOnce(io::Error) -> ExecSessionError {
+    let program = program.to_owned();
+    move |source| ExecSessionError::Spawn { program, source }
+}
+
+/// Without a terminal: stdin (if asked), stdout and stderr are pipes.
+fn start_piped(
+    mut command: tokio::process::Command,
+    program: &str,
+    stdin: bool,
+) -> Result<Started, ExecSessionError> {
+    runtime_env(&mut command)
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(spawn_error(program))?;
+    let input = child.stdin.take().map(|stdin| Input {
+        writer: Box::new(stdin),
+        pty: false,
+    });
+    let mut outputs: Vec<(u8, Output)> = Vec::new();
+    if let Some(stdout) = child.stdout.take() {
+        outputs.push((channel::STDOUT, Box::new(stdout)));
+    }
+    if let Some(stderr) = child.stderr.take() {
+        outputs.push((channel::STDERR, Box::new(stderr)));
+    }
+    Ok(Started {
+        child,
+        input,
+        outputs,
+        pty: None,
+    })
+}
+
+/// With a terminal of `size`: the pty's other end is the runtime's stdio and controlling
+/// terminal (`command` is `setsid --ctty …`).
+fn start_in_terminal(
+    mut command: tokio::process::Command,
+    program: &str,
+    size: Option<rustix::termios::Winsize>,
+) -> Result<Started, ExecSessionError> {
     let (master, slave) = open_pty().map_err(ExecSessionError::Pty)?;
     if let Some(size) = size {
         rustix::termios::tcsetwinsize(&master, size)
@@ -456,20 +493,11 @@ fn start(
             .map(Stdio::from)
             .map_err(ExecSessionError::Pty)
     };
-    let mut command = tokio::process::Command::new("setsid");
-    command
-        .arg("--ctty")
-        .arg("--wait")
-        .arg(&program)
-        .args(&args)
-        .env_clear()
-        .envs(env)
-        .current_dir("/")
+    runtime_env(&mut command)
         .stdin(stdio()?)
         .stdout(stdio()?)
-        .stderr(stdio()?)
-        .kill_on_drop(true);
-    let child = command.spawn().map_err(spawn_error)?;
+        .stderr(stdio()?);
+    let child = command.spawn().map_err(spawn_error(program))?;
     // Only the child holds the terminal's other end now: its exit ends our reads.
     drop(slave);
     // Blocking reads and writes of the master run on tokio's blocking pool (tokio::fs::File):

@@ -171,31 +171,46 @@ pub fn mount_source(
         volume: mount.volume.clone(),
         path: mount.sub_path.clone(),
     })?;
-    let io = |action, path: &Path| {
-        let volume = mount.volume.clone();
-        let path = path.to_owned();
-        move |source| VolumeError::Io {
-            volume,
-            action,
-            path,
-            source,
-        }
-    };
+    let (target, walked) = open_beneath(dir, &sub_path, &mount.volume)?;
+    stage(&target, &walked, staging, &mount.volume)?;
+    Ok(staging.to_owned())
+}
+
+fn io_error(
+    volume: &str,
+    action: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> VolumeError {
+    let volume = volume.to_owned();
+    let path = path.to_owned();
+    move |source| VolumeError::Io {
+        volume,
+        action,
+        path,
+        source,
+    }
+}
+
+/// Opens `sub_path` beneath `dir` one component at a time: each made if missing (a single
+/// name: mkdirat follows no link), then opened beneath the last with links refused.
+fn open_beneath(
+    dir: &Path,
+    sub_path: &Path,
+    volume: &str,
+) -> Result<(std::os::fd::OwnedFd, PathBuf), VolumeError> {
     let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
     let mut target = rustix::fs::open(
         dir,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|errno| io("open", dir)(errno.into()))?;
-    // One component at a time: made if missing (a single name: mkdirat follows no link),
-    // then opened beneath the last with links refused.
-    let mut walked = dir.clone();
+    .map_err(|errno| io_error(volume, "open", dir)(errno.into()))?;
+    let mut walked = dir.to_owned();
     for component in sub_path.components() {
         walked.push(component);
         match rustix::fs::mkdirat(&target, component.as_os_str(), Mode::from_raw_mode(0o777)) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-            Err(errno) => return Err(io("create", &walked)(errno.into())),
+            Err(errno) => return Err(io_error(volume, "create", &walked)(errno.into())),
         }
         target = rustix::fs::openat2(
             &target,
@@ -204,28 +219,37 @@ pub fn mount_source(
             Mode::empty(),
             beneath,
         )
-        .map_err(|errno| io("open (no links)", &walked)(errno.into()))?;
+        .map_err(|errno| io_error(volume, "open (no links)", &walked)(errno.into()))?;
     }
-    let is_dir = rustix::fs::fstat(&target)
+    Ok((target, walked))
+}
+
+/// Bind-mounts the opened `target` (a directory or a file) at `staging`.
+fn stage(
+    target: &std::os::fd::OwnedFd,
+    walked: &Path,
+    staging: &Path,
+    volume: &str,
+) -> Result<(), VolumeError> {
+    let is_dir = rustix::fs::fstat(target)
         .map(|stat| {
             rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Directory
         })
-        .map_err(|errno| io("inspect", &walked)(errno.into()))?;
+        .map_err(|errno| io_error(volume, "inspect", walked)(errno.into()))?;
     if is_dir {
-        std::fs::create_dir_all(staging).map_err(io("create", staging))?;
+        std::fs::create_dir_all(staging).map_err(io_error(volume, "create", staging))?;
     } else {
         if let Some(parent) = staging.parent() {
-            std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+            std::fs::create_dir_all(parent).map_err(io_error(volume, "create", parent))?;
         }
-        std::fs::write(staging, b"").map_err(io("create", staging))?;
+        std::fs::write(staging, b"").map_err(io_error(volume, "create", staging))?;
     }
     let opened = PathBuf::from(format!(
         "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&target)
+        std::os::fd::AsRawFd::as_raw_fd(target)
     ));
     rustix::mount::mount_bind(&opened, staging)
-        .map_err(|errno| io("bind-mount the sub path at", staging)(errno.into()))?;
-    Ok(staging.to_owned())
+        .map_err(|errno| io_error(volume, "bind-mount the sub path at", staging)(errno.into()))
 }
 
 /// Parses a Kubernetes quantity of bytes (`512Mi`, `1G`, `1048576`).
