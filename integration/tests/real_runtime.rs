@@ -1,8 +1,12 @@
 //! mock-eci with `--runtime real`, through its gRPC API: container groups really run, from the
 //! busybox image the project builds offline, pulled from a real registry on loopback. A
 //! container's exit code, host name, environment and output come back as ECI reports them; a
-//! missing image is ErrImagePull with a Failed event; a deleted group leaves no process,
-//! network namespace, interface, mount or cgroup behind.
+//! missing image is ErrImagePull with a Failed event; exec runs in the container (its host
+//! name, processes and files; stdin, TTY, exit code); volumes are mounted (ConfigFileVolume
+//! files with their modes, a shared EmptyDir, a tmpfs); containers run as their
+//! SecurityContext or their image's User; a deleted group, a crash loop and a mock-eci killed
+//! with -9 then started again leave no process, network namespace, interface, mount or cgroup
+//! behind.
 //!
 //! Needs root and runc (as the sandbox tests of mock-eci do). Each test runs its own mock-eci
 //! with its own object prefix and network, so they may run in parallel.
@@ -13,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use eci_proto::v20180808::eci_client::EciClient;
 use eci_proto::v20180808::{
-    Container, ContainerGroup, CreateContainerGroupRequest, DeleteContainerGroupRequest,
-    DescribeContainerGroupsRequest, DescribeContainerLogRequest, EnvironmentVar,
+    ConfigFileToPath, ConfigFileVolume, Container, ContainerGroup, ContainerSecurityContext,
+    CreateContainerGroupRequest, DeleteContainerGroupRequest, DescribeContainerGroupsRequest,
+    DescribeContainerLogRequest, EmptyDirVolume, EnvironmentVar, ExecContainerCommandRequest,
+    Volume, VolumeMount,
 };
 use integration::images;
 use integration::process::{Process, binary, free_port};
@@ -30,12 +36,22 @@ struct RealMock {
     busybox: String,
     prefix: &'static str,
     runtime_dir: PathBuf,
+    /// The admin listener, which serves the exec sessions.
+    admin: String,
     process: Process,
+    /// Its flags and gRPC address, to start it again.
+    args: Vec<String>,
+    listen: String,
     _dir: tempfile::TempDir,
 }
 
 impl RealMock {
     async fn start(prefix: &'static str, network: &str) -> Self {
+        Self::start_with(prefix, network, false).await
+    }
+
+    /// With `state_file`, mock-eci keeps its groups in `<dir>/state.json` across restarts.
+    async fn start_with(prefix: &'static str, network: &str, state_file: bool) -> Self {
         let registry = TestRegistry::start(None)
             .await
             .expect("the registry starts");
@@ -47,9 +63,12 @@ impl RealMock {
         let runtime_dir = dir.path().join("runtime");
         let port = free_port().expect("a free port");
         let listen = format!("127.0.0.1:{port}");
-        let args = [
+        let admin = format!("127.0.0.1:{}", free_port().expect("a free port"));
+        let mut args: Vec<String> = [
             "--listen",
             &listen,
+            "--admin-listen",
+            &admin,
             "--no-rate-limits",
             "--scheduling-delay",
             "100ms",
@@ -65,13 +84,41 @@ impl RealMock {
             prefix,
             "--runtime-dir",
             runtime_dir.to_str().expect("utf-8 path"),
-        ];
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        if state_file {
+            args.push("--state-file".into());
+            let path = dir.path().join("state.json");
+            args.push(path.to_str().expect("utf-8 path").to_owned());
+        }
+        let (process, client) = Self::spawn("mock-eci", &args, dir.path(), &listen).await;
+        Self {
+            client,
+            registry,
+            busybox,
+            prefix,
+            runtime_dir,
+            admin,
+            process,
+            args,
+            listen,
+            _dir: dir,
+        }
+    }
+
+    async fn spawn(
+        name: &str,
+        args: &[String],
+        dir: &Path,
+        listen: &str,
+    ) -> (Process, EciClient<Channel>) {
         let process = Process::spawn(
-            "mock-eci",
+            name,
             &binary("mock-eci", "mock-eci").expect("the mock-eci binary"),
             args,
             &[("RUST_LOG".into(), "info".into())],
-            dir.path(),
+            dir,
         )
         .expect("mock-eci starts");
         let endpoint = format!("http://{listen}");
@@ -80,15 +127,16 @@ impl RealMock {
             async move { EciClient::connect(endpoint).await.ok() }
         })
         .await;
-        Self {
-            client,
-            registry,
-            busybox,
-            prefix,
-            runtime_dir,
-            process,
-            _dir: dir,
-        }
+        (process, client)
+    }
+
+    /// Starts mock-eci again, with the same flags, after [`Process::kill`].
+    async fn restart(&mut self) {
+        let dir = self._dir.path().to_owned();
+        let (process, client) =
+            Self::spawn("mock-eci-restarted", &self.args, &dir, &self.listen).await;
+        self.process = process;
+        self.client = client;
     }
 
     fn request(&self, name: &str, container: Container) -> CreateContainerGroupRequest {
@@ -182,6 +230,102 @@ impl RealMock {
             .content
     }
 
+    fn exec_request(
+        id: &str,
+        container: &str,
+        command: &[&str],
+        tty: bool,
+        sync: bool,
+    ) -> ExecContainerCommandRequest {
+        ExecContainerCommandRequest {
+            region_id: REGION.into(),
+            container_group_id: id.into(),
+            container_name: container.into(),
+            command: command.iter().map(|word| (*word).to_owned()).collect(),
+            tty,
+            stdin: Some(true),
+            sync,
+        }
+    }
+
+    /// ExecContainerCommand with `Sync`: the command's output.
+    async fn exec_sync(&mut self, id: &str, container: &str, command: &[&str]) -> String {
+        self.client
+            .exec_container_command(Self::exec_request(id, container, command, false, true))
+            .await
+            .expect("exec succeeds")
+            .into_inner()
+            .sync_response
+    }
+
+    /// An interactive exec: sends `input` (then closes stdin), and a terminal size first
+    /// with `tty`; returns what came back.
+    async fn exec_session(
+        &mut self,
+        id: &str,
+        container: &str,
+        command: &[&str],
+        tty: bool,
+        input: &[u8],
+    ) -> Session {
+        use futures::{SinkExt as _, StreamExt as _};
+        use tokio_tungstenite::tungstenite::Message;
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        let uri = self
+            .client
+            .exec_container_command(Self::exec_request(id, container, command, tty, false))
+            .await
+            .expect("exec succeeds")
+            .into_inner()
+            .web_socket_uri;
+        assert!(
+            uri.starts_with(&format!("ws://{}/exec/", self.admin)),
+            "{uri}"
+        );
+        let mut request = uri.into_client_request().expect("a WebSocket request");
+        request.headers_mut().insert(
+            "sec-websocket-protocol",
+            "v5.channel.k8s.io".parse().expect("a header value"),
+        );
+        let (mut socket, _) = tokio_tungstenite::connect_async(request)
+            .await
+            .expect("the session connects");
+        let mut frames = Vec::new();
+        if tty {
+            frames.push([&[4u8][..], br#"{"Width":100,"Height":30}"#].concat());
+        }
+        if !input.is_empty() {
+            frames.push([&[0u8][..], input].concat());
+        }
+        frames.push(vec![255, 0]);
+        for frame in frames {
+            socket
+                .send(Message::Binary(frame.into()))
+                .await
+                .expect("the frame is sent");
+        }
+        let mut session = Session::default();
+        let read = async {
+            while let Some(Ok(message)) = socket.next().await {
+                let Message::Binary(data) = message else {
+                    continue;
+                };
+                match data.split_first() {
+                    Some((1, rest)) => session.stdout.push_str(&String::from_utf8_lossy(rest)),
+                    Some((2, rest)) => session.stderr.push_str(&String::from_utf8_lossy(rest)),
+                    Some((3, rest)) => {
+                        session.status = serde_json::from_slice(rest).expect("a JSON status");
+                    }
+                    _ => {}
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("the session ends within 60 s");
+        session
+    }
+
     /// Stops mock-eci with SIGTERM: it stops every group and removes its bridge; nothing of
     /// its runtime is left on the machine.
     async fn stop(mut self) {
@@ -208,6 +352,27 @@ impl RealMock {
     /// What of this mock-eci's runtime exists on the machine now.
     fn residue(&self) -> Residue {
         Residue::list(self.prefix, &self.runtime_dir)
+    }
+}
+
+/// What an interactive exec sent back.
+#[derive(Debug, Default)]
+struct Session {
+    stdout: String,
+    stderr: String,
+    status: serde_json::Value,
+}
+
+impl Session {
+    /// The exit code the final status carries (0 for `Success`).
+    fn exit_code(&self) -> Option<i32> {
+        if self.status["status"] == "Success" {
+            return Some(0);
+        }
+        self.status["details"]["causes"][0]["message"]
+            .as_str()?
+            .parse()
+            .ok()
     }
 }
 
@@ -583,4 +748,380 @@ async fn real_mode_refuses_to_start_without_root_and_says_so() {
         output.contains("needs an OCI runtime: /nonexistent/runc was not found"),
         "{output}"
     );
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_runs_in_the_container_with_its_host_name_processes_files_stdin_and_exit_code() {
+    let mut mock = RealMock::start("rrf", "10.215.5.1/24").await;
+    let mut alpha = mock.request("alpha", mock.busybox("main", "exec sleep 1000"));
+    alpha.host_name = "web-0".into();
+    let alpha = mock.create(alpha).await;
+    let beta = mock.request("beta", mock.busybox("main", "exec sleep 1000"));
+    let beta = mock.create(beta).await;
+    for id in [&alpha, &beta] {
+        mock.wait_group("the container runs", id, |group| {
+            container_state(group).0 == "Running"
+        })
+        .await;
+    }
+
+    // The group's host name, from the kernel and from the file.
+    assert_eq!(
+        mock.exec_sync(&alpha, "main", &["hostname"]).await,
+        "web-0\n"
+    );
+    let file = mock
+        .exec_sync(&alpha, "main", &["cat", "/etc/hostname"])
+        .await;
+    assert_eq!(file, "web-0\n");
+    assert_eq!(mock.exec_sync(&beta, "main", &["hostname"]).await, "beta\n");
+
+    // The container's processes only: its init (the sleep) and ps itself.
+    let ps = mock
+        .exec_sync(&alpha, "main", &["ps", "-o", "pid,args"])
+        .await;
+    let processes: Vec<&str> = ps.lines().skip(1).map(str::trim).collect();
+    assert_eq!(processes.len(), 2, "{ps}");
+    assert!(
+        processes[0].starts_with("1 ") && processes[0].ends_with("sleep 1000"),
+        "{ps}"
+    );
+    assert!(processes[1].ends_with("ps -o pid,args"), "{ps}");
+
+    // Files: what one group writes, another does not see; nor does any see the host's.
+    let write = [
+        "sh",
+        "-c",
+        "echo secret > /tmp/alpha-file && cat /tmp/alpha-file",
+    ];
+    assert_eq!(mock.exec_sync(&alpha, "main", &write).await, "secret\n");
+    let other = mock
+        .exec_sync(&beta, "main", &["cat", "/tmp/alpha-file"])
+        .await;
+    assert!(other.contains("No such file"), "{other}");
+    assert_eq!(
+        mock.exec_sync(&alpha, "main", &["cat", "/tmp/alpha-file"])
+            .await,
+        "secret\n",
+        "the container keeps its files between execs"
+    );
+    let host_file = mock.runtime_dir.with_file_name("host-secret");
+    std::fs::write(&host_file, "the host's").expect("a host file");
+    let host_path = host_file.to_str().expect("utf-8 path");
+    let host = mock.exec_sync(&alpha, "main", &["cat", host_path]).await;
+    assert!(host.contains("No such file"), "{host}");
+    assert!(
+        !Path::new("/tmp/alpha-file").exists(),
+        "nothing was written on the host"
+    );
+
+    // Interactive: exit code and streams apart, stdin to its end, a terminal of the size asked.
+    let script = ["sh", "-c", "echo out; echo err >&2; exit 3"];
+    let exit = mock.exec_session(&alpha, "main", &script, false, b"").await;
+    assert_eq!(
+        (exit.stdout.as_str(), exit.stderr.as_str(), exit.exit_code()),
+        ("out\n", "err\n", Some(3)),
+        "{exit:?}"
+    );
+    let cat = mock
+        .exec_session(&alpha, "main", &["cat"], false, b"typed in\n")
+        .await;
+    assert_eq!(
+        (cat.stdout.as_str(), cat.exit_code()),
+        ("typed in\n", Some(0)),
+        "{cat:?}"
+    );
+    let hostname = mock
+        .exec_session(&alpha, "main", &["hostname"], false, b"")
+        .await;
+    assert_eq!(hostname.stdout, "web-0\n", "{hostname:?}");
+    let ps = mock
+        .exec_session(&beta, "main", &["ps", "-o", "pid,args"], false, b"")
+        .await;
+    assert_eq!(ps.stdout.lines().count(), 3, "{ps:?}");
+    // The runtime relays the size just after the command started: wait for it (bounded by the
+    // session's own timeout).
+    let script =
+        "test -t 0 && echo TTY; until stty size | grep -q '30 100'; do sleep 0.1; done; stty size";
+    let tty = ["sh", "-c", script];
+    let tty = mock.exec_session(&alpha, "main", &tty, true, b"").await;
+    assert!(
+        tty.stdout.contains("TTY") && tty.stdout.contains("30 100"),
+        "{tty:?}"
+    );
+    assert_eq!(tty.exit_code(), Some(0), "{tty:?}");
+    let missing = mock
+        .exec_session(&alpha, "main", &["no-such-program"], false, b"")
+        .await;
+    assert_ne!(missing.exit_code(), Some(0), "{missing:?}");
+    assert!(missing.stderr.contains("no-such-program"), "{missing:?}");
+    mock.stop().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_are_mounted_config_files_with_their_modes_and_an_empty_dir_shared() {
+    use base64::Engine as _;
+    let mut mock = RealMock::start("rrg", "10.215.6.1/24").await;
+    let encode = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let file = |path: &str, text: &str, mode: Option<i32>| ConfigFileToPath {
+        path: path.into(),
+        content: encode(text),
+        mode,
+    };
+    let volume = |name: &str, kind: &str| Volume {
+        name: name.into(),
+        r#type: kind.into(),
+        ..Volume::default()
+    };
+    let mount = |name: &str, path: &str, sub_path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        sub_path: sub_path.into(),
+        read_only,
+        ..VolumeMount::default()
+    };
+    let mut config = volume("config", "ConfigFileVolume");
+    config.config_file_volume = Some(ConfigFileVolume {
+        config_file_to_path: vec![
+            file("app/settings.conf", "key=value\n", Some(0o400)),
+            file("other.txt", "other\n", None),
+        ],
+        default_mode: Some(0o440),
+    });
+    let scratch = volume("scratch", "EmptyDirVolume");
+    let mut ram = volume("ram", "EmptyDirVolume");
+    ram.empty_dir_volume = Some(EmptyDirVolume {
+        medium: "Memory".into(),
+        size_limit: "16Mi".into(),
+    });
+    let mut writer = mock.busybox("writer", "exec sleep 1000");
+    writer.volume_mount = vec![
+        mount("config", "/etc/app", "", true),
+        mount("scratch", "/shared", "", false),
+        mount("ram", "/ram", "", false),
+    ];
+    let mut reader = mock.busybox("reader", "exec sleep 1000");
+    reader.volume_mount = vec![
+        mount("scratch", "/data", "", false),
+        mount("config", "/cfg", "app", false),
+    ];
+    let mut request = mock.request("volumes", writer);
+    request.container.push(reader);
+    request.volume = vec![config, scratch, ram];
+    let id = mock.create(request).await;
+    mock.wait_group("both containers run", &id, |group| {
+        group.containers.iter().all(|c| {
+            c.current_state
+                .as_ref()
+                .is_some_and(|state| state.state == "Running")
+        })
+    })
+    .await;
+
+    let settings = "/etc/app/app/settings.conf";
+    assert_eq!(
+        mock.exec_sync(&id, "writer", &["stat", "-c", "%a", settings])
+            .await,
+        "400\n"
+    );
+    assert_eq!(
+        mock.exec_sync(&id, "writer", &["cat", settings]).await,
+        "key=value\n"
+    );
+    let other = ["stat", "-c", "%a", "/etc/app/other.txt"];
+    assert_eq!(
+        mock.exec_sync(&id, "writer", &other).await,
+        "440\n",
+        "DefaultMode"
+    );
+    let written = mock
+        .exec_sync(&id, "writer", &["sh", "-c", "echo no > /etc/app/new"])
+        .await;
+    assert!(written.contains("Read-only file system"), "{written}");
+    assert_eq!(
+        mock.exec_sync(&id, "reader", &["cat", "/cfg/settings.conf"])
+            .await,
+        "key=value\n",
+        "a SubPath of the volume"
+    );
+
+    let share = ["sh", "-c", "echo from-writer > /shared/note"];
+    assert_eq!(mock.exec_sync(&id, "writer", &share).await, "");
+    assert_eq!(
+        mock.exec_sync(&id, "reader", &["cat", "/data/note"]).await,
+        "from-writer\n",
+        "the EmptyDir is the group's, shared"
+    );
+    let tmpfs = mock
+        .exec_sync(&id, "writer", &["grep", " /ram ", "/proc/mounts"])
+        .await;
+    assert!(
+        tmpfs.starts_with("tmpfs /ram tmpfs") && tmpfs.contains("size=16384k"),
+        "{tmpfs}"
+    );
+    mock.stop().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_run_as_their_security_context_or_their_image_s_user() {
+    let mut mock = RealMock::start("rrh", "10.215.7.1/24").await;
+    // The busybox image, its config saying `User: nobody`.
+    let mut nobody = images::busybox().expect("busybox builds");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&nobody.config).expect("the image config");
+    config["config"]["User"] = "nobody".into();
+    nobody.config = serde_json::to_vec(&config).expect("JSON");
+    let nobody_image = format!("{}/library/busybox-nobody:1", mock.registry.host());
+    images::push(&nobody, &nobody_image, None)
+        .await
+        .expect("the image is pushed");
+
+    let mut confined = mock.busybox("confined", "exec sleep 1000");
+    confined.security_context = Some(ContainerSecurityContext {
+        run_as_user: Some(1234),
+        read_only_root_filesystem: true,
+        ..ContainerSecurityContext::default()
+    });
+    confined.security_context_run_as_group = Some(5678);
+    let mut image_user = mock.busybox("image-user", "exec sleep 1000");
+    image_user.image = nobody_image;
+    let mut request = mock.request("users", confined);
+    request.container.push(image_user);
+    request
+        .container
+        .push(mock.busybox("plain", "exec sleep 1000"));
+    let id = mock.create(request).await;
+    mock.wait_group("every container runs", &id, |group| {
+        group.containers.iter().all(|c| {
+            c.current_state
+                .as_ref()
+                .is_some_and(|state| state.state == "Running")
+        })
+    })
+    .await;
+
+    let ids = ["sh", "-c", "id -u; id -g"];
+    assert_eq!(mock.exec_sync(&id, "confined", &ids).await, "1234\n5678\n");
+    let write = ["sh", "-c", "touch /new-file"];
+    let refused = mock.exec_sync(&id, "confined", &write).await;
+    assert!(refused.contains("Read-only file system"), "{refused}");
+    let tmp = mock
+        .exec_sync(&id, "confined", &["sh", "-c", "touch /tmp/x"])
+        .await;
+    assert!(
+        tmp.contains("Read-only file system"),
+        "/tmp is the root's too: {tmp}"
+    );
+    assert_eq!(
+        mock.exec_sync(&id, "image-user", &ids).await,
+        "65534\n65534\n",
+        "the image's User, resolved in its /etc/passwd"
+    );
+    assert_eq!(mock.exec_sync(&id, "plain", &ids).await, "0\n0\n");
+    assert_eq!(
+        mock.exec_sync(&id, "plain", &write).await,
+        "",
+        "a writable root"
+    );
+    mock.stop().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_leaks_from_a_crash_loop_or_from_mock_eci_killed_with_sigkill_and_restarted() {
+    let mut mock = RealMock::start_with("rri", "10.215.8.1/24", true).await;
+    assert_eq!(mock.residue(), Residue::none(), "a clean start");
+    let marker = EnvironmentVar {
+        key: "MARKER".into(),
+        value: "leak-rri".into(),
+        field_ref: None,
+    };
+    let mut crasher = mock.busybox("main", "sleep 0.2; exit 1");
+    crasher.environment_var = vec![marker.clone()];
+    let mut crashing = mock.request("crasher", crasher);
+    crashing.restart_policy = "Always".into();
+    let crashing = mock.create(crashing).await;
+    // Ignores SIGTERM, with a child of its own.
+    let mut sleeper = mock.busybox("main", "trap '' TERM; sleep 1000 & sleep 1000; wait");
+    sleeper.environment_var = vec![marker];
+    // A tmpfs volume and a SubPath of it: mounts of their own to be removed.
+    sleeper.volume_mount = vec![VolumeMount {
+        name: "ram".into(),
+        mount_path: "/ram".into(),
+        sub_path: "part".into(),
+        ..VolumeMount::default()
+    }];
+    let mut sleeping = mock.request("sleeper", sleeper);
+    sleeping.termination_grace_period_seconds = Some(2);
+    sleeping.volume = vec![Volume {
+        name: "ram".into(),
+        r#type: "EmptyDirVolume".into(),
+        empty_dir_volume: Some(EmptyDirVolume {
+            medium: "Memory".into(),
+            size_limit: "8Mi".into(),
+        }),
+        ..Volume::default()
+    }];
+    let sleeping = mock.create(sleeping).await;
+    mock.wait_group("the crash loop restarted twice", &crashing, |group| {
+        group.containers[0].restart_count >= 2
+    })
+    .await;
+    mock.wait_group("the sleeper runs", &sleeping, |group| {
+        container_state(group).0 == "Running"
+    })
+    .await;
+    let sleeps = || {
+        processes_with("MARKER=leak-rri")
+            .into_iter()
+            .filter(|command| command.starts_with("sleep 1000"))
+            .count()
+    };
+    wait_for(
+        "the sleeper's two sleeps",
+        Duration::from_secs(30),
+        || async { (sleeps() == 2).then_some(()) },
+    )
+    .await;
+
+    // kill -9: mock-eci's containers, namespaces and interfaces outlive it ...
+    mock.process.kill().await;
+    let left = mock.residue();
+    assert_eq!(left.netns.len(), 2, "{left:#?}");
+    assert!(
+        !left.processes.is_empty() && !left.mounts.is_empty(),
+        "{left:#?}"
+    );
+    // ... until it starts again on the same prefix, runtime directory and state file.
+    mock.restart().await;
+    wait_for(
+        "the killed run's processes are gone",
+        Duration::from_secs(60),
+        || async { (sleeps() == 0).then_some(()) },
+    )
+    .await;
+    for id in [&crashing, &sleeping] {
+        assert!(
+            mock.describe(id).await.is_some(),
+            "{id} is kept in the state file"
+        );
+        mock.client
+            .delete_container_group(DeleteContainerGroupRequest {
+                region_id: REGION.into(),
+                container_group_id: id.clone(),
+                ..DeleteContainerGroupRequest::default()
+            })
+            .await
+            .expect("delete succeeds");
+    }
+    for id in [&crashing, &sleeping] {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while mock.describe(id).await.is_some() {
+            assert!(Instant::now() < deadline, "{id} is still listed after 90 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let mut residue = mock.residue();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while residue != Residue::none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        residue = mock.residue();
+    }
+    assert_eq!(residue, Residue::none(), "nothing is left");
+    mock.stop().await;
 }

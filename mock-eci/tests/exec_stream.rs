@@ -1,5 +1,6 @@
-//! Interactive exec over the WebSocketUri (a real local process: stdin, exit codes, TTY,
-//! arguments exactly as given, the container's env) and the port echo, on real sockets.
+//! Interactive exec over the WebSocketUri in the simulated runtime (answered by its interpreter,
+//! never run on mock-eci's host: stdin, exit codes, streams, arguments exactly as given, the
+//! container's env) and the port echo, on real sockets.
 
 #![allow(clippy::unwrap_used)]
 
@@ -71,7 +72,7 @@ async fn session(uri: &str, input: &[&[u8]], close_stdin: bool, resize: Option<&
 }
 
 #[tokio::test]
-async fn exec_sessions_run_real_processes() {
+async fn exec_sessions_answer_from_the_simulation_and_never_run_on_the_host() {
     let mut h = start(&[
         "--admin-listen",
         "127.0.0.1:0",
@@ -166,13 +167,13 @@ async fn exec_sessions_run_real_processes() {
         "[a b][\"q\"][][$GREETING]"
     );
     let env = session(
-        &run(&["sh", "-c", "printf %s \"$GREETING\""], false, false).await,
+        &run(&["printenv", "GREETING"], false, false).await,
         &[],
         false,
         None,
     )
     .await;
-    assert_eq!(env.stdout, b"hi there");
+    assert_eq!(env.stdout, b"hi there\n");
 
     let missing = session(
         &run(&["no-such-program"], false, false).await,
@@ -182,29 +183,32 @@ async fn exec_sessions_run_real_processes() {
     )
     .await;
     assert_eq!(missing.status["status"], "Failure");
-    assert!(
-        missing.status["message"]
-            .as_str()
-            .unwrap()
-            .contains("no-such-program")
-    );
+    assert_eq!(missing.status["details"]["causes"][0]["message"], "127");
+    assert_eq!(missing.stderr, b"sh: no-such-program: not found\n");
 
-    // A terminal: the command sees one, of the size asked for.
+    // Nothing runs on mock-eci's host: neither its files nor its programs are reached.
+    let host_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(host_file.path(), "the host's").unwrap();
+    for command in [
+        vec!["cat", host_file.path().to_str().unwrap()],
+        vec!["sh", "-c", "ls /"],
+        vec!["uname", "-a"],
+        vec!["ps"],
+    ] {
+        let outcome = session(&run(&command, false, false).await, &[], false, None).await;
+        assert_eq!(outcome.status["status"], "Failure", "{command:?}");
+        assert!(outcome.stdout.is_empty(), "{command:?}: {outcome:?}");
+    }
+
+    // With a terminal: one stream.
     let tty = session(
-        &run(
-            &["sh", "-c", "test -t 0 && echo TTY; stty size"],
-            true,
-            true,
-        )
-        .await,
+        &run(&["sh", "-c", "echo out; echo err >&2"], true, true).await,
         &[],
         false,
         Some(r#"{"Width":100,"Height":30}"#),
     )
     .await;
-    let text = String::from_utf8_lossy(&tty.stdout);
-    assert!(text.contains("TTY"), "{text:?}");
-    assert!(text.contains("30 100"), "{text:?}");
+    assert_eq!(String::from_utf8_lossy(&tty.stdout), "out\nerr\n");
     assert_eq!(tty.status["status"], "Success");
 
     // The declared port echoes at the group's IP.

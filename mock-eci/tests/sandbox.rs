@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use mock_eci::sandbox::residue::Residue;
-use mock_eci::sandbox::{ContainerSpec, Dns, Group, GroupSpec, Sandbox, SandboxConfig};
+use mock_eci::sandbox::{
+    ContainerSpec, Dns, Group, GroupSpec, MountSpec, Sandbox, SandboxConfig, VolumeSource,
+    VolumeSpec,
+};
 use tokio::io::AsyncWriteExt;
 
 const RUNTIME: &str = "runc";
@@ -119,6 +122,7 @@ impl Fixture {
             ip: self.ip(host),
             dns: Dns::default(),
             host_aliases: Vec::new(),
+            volumes: Vec::new(),
         };
         self.sandbox.create_group(&spec).await.expect("group")
     }
@@ -136,6 +140,9 @@ fn shell(name: &str, script: &str) -> ContainerSpec {
         working_dir: None,
         memory_bytes: Some(64 << 20),
         cpu_millis: Some(500),
+        mounts: Vec::new(),
+        user: (0, 0),
+        read_only_root: false,
     }
 }
 
@@ -470,6 +477,7 @@ async fn bad_input_is_refused_and_leaves_nothing() {
         ip: fixture.ip(2),
         dns: Dns::default(),
         host_aliases: Vec::new(),
+        volumes: Vec::new(),
     };
     let alias = mock_eci::sandbox::HostAlias {
         ip: Ipv4Addr::new(10, 0, 0, 1),
@@ -535,5 +543,71 @@ async fn bad_input_is_refused_and_leaves_nothing() {
         before,
         "left behind by a refused container"
     );
+    fixture.finish().await;
+}
+
+/// A tenant's container plants a symbolic link to / in a shared volume; another container of
+/// the group mounts it as its SubPath. The link is refused, nothing of the host is mounted, and
+/// a plain sub path still mounts.
+#[tokio::test]
+async fn a_sub_path_cannot_follow_a_link_out_of_its_volume() {
+    let fixture = Fixture::new(8).await;
+    let before = fixture.residue();
+    let spec = GroupSpec {
+        id: "eci-subpath".to_owned(),
+        hostname: "subpath".to_owned(),
+        ip: fixture.ip(2),
+        dns: Dns::default(),
+        host_aliases: Vec::new(),
+        volumes: vec![VolumeSpec {
+            name: "shared".to_owned(),
+            source: VolumeSource::EmptyDir {
+                memory: false,
+                size_limit: None,
+            },
+        }],
+    };
+    let mut group = fixture.sandbox.create_group(&spec).await.expect("group");
+    let mount = |sub_path: &str| MountSpec {
+        volume: "shared".to_owned(),
+        path: "/data".to_owned(),
+        sub_path: sub_path.to_owned(),
+        read_only: false,
+    };
+    let mut planter = shell(
+        "planter",
+        "ln -s / /data/escape; mkdir -p /data/real; echo inside > /data/real/note; echo planted",
+    );
+    planter.mounts = vec![mount("")];
+    group
+        .start(&planter, &fixture.rootfs)
+        .await
+        .expect("planter starts");
+    assert_eq!(group.wait("planter").await.expect("planter ends").code, 0);
+
+    let mut escaper = shell("escaper", "ls /data/etc/passwd && echo escaped");
+    escaper.mounts = vec![mount("escape")];
+    let refused = group.start(&escaper, &fixture.rootfs).await;
+    let message = format!("{:?}", refused.expect_err("the link is refused"));
+    assert!(message.contains("no links"), "{message}");
+    let escape_mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter(|line| line.contains("escaper"))
+        .map(str::to_owned)
+        .collect();
+    assert!(escape_mounts.is_empty(), "{escape_mounts:?}");
+
+    let mut reader = shell("reader", "cat /data/note");
+    reader.mounts = vec![mount("real")];
+    group
+        .start(&reader, &fixture.rootfs)
+        .await
+        .expect("reader starts");
+    assert_eq!(group.wait("reader").await.expect("reader ends").code, 0);
+    assert_eq!(log_texts(&group, "reader"), ["inside"]);
+
+    group.delete(Duration::from_secs(1)).await.expect("delete");
+    assert_eq!(fixture.residue(), before, "nothing left but the bridge");
     fixture.finish().await;
 }

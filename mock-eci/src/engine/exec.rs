@@ -1,9 +1,15 @@
-//! Simulated `ExecContainerCommand` with `Sync=true`.
+//! Simulated `ExecContainerCommand`: the simulated runtime runs no process, so neither does
+//! its exec — a tenant's command never runs on mock-eci's host. Both `Sync=true` and the
+//! interactive sessions answer from this small interpreter (pure: command, context, stdin in;
+//! output and exit code out).
 //!
-//! Supported commands (also wrapped as `sh -c '<command>'` or `/bin/sh -c …`):
-//! `echo <words>`, `hostname`, `pwd`, `env` / `printenv`, `printenv <NAME>`, `cat /etc/hostname`,
-//! `whoami`, `true`, `date` (the mock's clock), `exit <n>` and `sleep <n>` (no output). Anything
-//! else answers as a shell would: `sh: <cmd>: not found`.
+//! Supported commands (also as `sh -c '<script>'`, a script being commands separated by `;`,
+//! each optionally ending in `>&2`): `echo <words>`, `printf <format> <args>` (`%s`, `%d`,
+//! `%%`, `\n`, `\t`; the format repeats for the remaining arguments), `hostname`, `pwd`,
+//! `env` / `printenv`, `printenv <NAME>`, `cat /etc/hostname`, `cat` (copies stdin), `whoami`,
+//! `id`, `true`, `false`, `date` (the mock's clock), `exit <n>` and `sleep <n>` (no output).
+//! Anything else is not found, as a shell says it (`sh: <cmd>: not found`, exit code 127).
+//! Real processes, files and terminals need `--runtime real`.
 
 use eci_proto::v20180808::Container;
 
@@ -24,34 +30,169 @@ pub struct ExecContext<'a> {
     pub now: Millis,
 }
 
-/// Runs `command` and returns its output.
+/// The container as a simulated command sees it, kept with an interactive session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Simulation {
+    /// The host name.
+    pub hostname: String,
+    /// The working directory (`/` when the spec names none).
+    pub working_dir: String,
+    /// The environment.
+    pub env: Vec<(String, String)>,
+    /// When the command runs.
+    pub now: Millis,
+}
+
+impl Simulation {
+    /// The context's view, owned.
+    pub fn of(cx: ExecContext<'_>) -> Self {
+        let dir = cx.container.working_dir.as_str();
+        Self {
+            hostname: cx.hostname.to_owned(),
+            working_dir: if dir.is_empty() { "/" } else { dir }.to_owned(),
+            env: env(cx),
+            now: cx.now,
+        }
+    }
+}
+
+/// What a simulated command printed and how it ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Simulated {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: i32,
+}
+
+/// Runs `command` (`Sync=true`): its output, stderr after stdout.
 pub fn run(command: &[String], cx: ExecContext<'_>) -> String {
+    let done = simulate(command, &Simulation::of(cx), b"");
+    done.stdout + &done.stderr
+}
+
+/// Whether `command` reads its stdin (a bare `cat`): a session waits for the input's end.
+pub fn reads_stdin(command: &[String]) -> bool {
     let args: Vec<&str> = command.iter().map(String::as_str).collect();
     match args.as_slice() {
+        [shell, "-c", script] if is_shell(shell) => script
+            .split(';')
+            .any(|part| part.split_whitespace().collect::<Vec<_>>() == ["cat"]),
+        ["cat"] => true,
+        _ => false,
+    }
+}
+
+/// Runs `command` with `stdin` as its input.
+pub fn simulate(command: &[String], sim: &Simulation, stdin: &[u8]) -> Simulated {
+    let args: Vec<&str> = command.iter().map(String::as_str).collect();
+    let mut out = Simulated::default();
+    match args.as_slice() {
         [shell, "-c", script] if is_shell(shell) => {
-            let words: Vec<String> = script.split_whitespace().map(str::to_owned).collect();
-            run(&words, cx)
+            for part in script.split(';') {
+                let mut words: Vec<&str> = part.split_whitespace().collect();
+                let to_stderr = words.last() == Some(&">&2");
+                if to_stderr {
+                    words.pop();
+                }
+                if let Some(code) = one(&words, sim, stdin, &mut out, to_stderr) {
+                    out.exit_code = code;
+                    return out;
+                }
+            }
         }
-        ["echo", rest @ ..] => format!("{}\n", rest.join(" ")),
-        ["hostname"] | ["cat", "/etc/hostname"] => format!("{}\n", cx.hostname),
-        ["pwd"] => {
-            let dir = cx.container.working_dir.as_str();
-            format!("{}\n", if dir.is_empty() { "/" } else { dir })
+        _ => {
+            let code = one(&args, sim, stdin, &mut out, false);
+            out.exit_code = code.unwrap_or(out.exit_code);
         }
-        ["env"] | ["printenv"] => env(cx)
-            .iter()
-            .map(|(key, value)| format!("{key}={value}\n"))
-            .collect(),
-        ["printenv", name] => env(cx)
-            .into_iter()
-            .rev()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| format!("{value}\n"))
-            .unwrap_or_default(),
-        ["whoami"] => "root\n".into(),
-        ["date"] => format!("{}\n", rfc3339(cx.now)),
-        ["true"] | ["exit", ..] | ["sleep", ..] | [] => String::new(),
-        [program, ..] => format!("sh: {program}: not found\n"),
+    }
+    out
+}
+
+/// One command: its output goes to `out`; `Some(code)` when it ends the script (`exit`).
+fn one(
+    args: &[&str],
+    sim: &Simulation,
+    stdin: &[u8],
+    out: &mut Simulated,
+    to_stderr: bool,
+) -> Option<i32> {
+    let (text, code): (String, i32) = match args {
+        ["exit"] => return Some(out.exit_code),
+        ["exit", code, ..] => return Some(code.parse().unwrap_or(2)),
+        ["echo", rest @ ..] => (format!("{}\n", rest.join(" ")), 0),
+        ["printf", format, rest @ ..] => (printf(format, rest), 0),
+        ["hostname"] | ["cat", "/etc/hostname"] => (format!("{}\n", sim.hostname), 0),
+        ["cat"] => (String::from_utf8_lossy(stdin).into_owned(), 0),
+        ["cat", file, ..] => {
+            out.stderr.push_str(&format!(
+                "cat: can't open '{file}': No such file or directory\n"
+            ));
+            (String::new(), 1)
+        }
+        ["pwd"] => (format!("{}\n", sim.working_dir), 0),
+        ["env"] | ["printenv"] => (
+            sim.env
+                .iter()
+                .map(|(key, value)| format!("{key}={value}\n"))
+                .collect(),
+            0,
+        ),
+        ["printenv", name] => match sim.env.iter().rev().find(|(key, _)| key == name) {
+            Some((_, value)) => (format!("{value}\n"), 0),
+            None => (String::new(), 1),
+        },
+        ["whoami"] => ("root\n".into(), 0),
+        ["id"] => ("uid=0(root) gid=0(root) groups=0(root)\n".into(), 0),
+        ["date"] => (format!("{}\n", rfc3339(sim.now)), 0),
+        ["true"] | ["sleep", ..] | [] => (String::new(), 0),
+        ["false"] => (String::new(), 1),
+        [program, ..] => {
+            out.stderr.push_str(&format!("sh: {program}: not found\n"));
+            (String::new(), 127)
+        }
+    };
+    if to_stderr {
+        out.stderr.push_str(&text);
+    } else {
+        out.stdout.push_str(&text);
+    }
+    out.exit_code = code;
+    None
+}
+
+/// printf's `%s`, `%d`, `%%` and `\n`/`\t`/`\\` escapes; the format is used again while
+/// arguments remain (as printf(1) does).
+fn printf(format: &str, args: &[&str]) -> String {
+    let mut out = String::new();
+    let mut rest = args.iter();
+    loop {
+        let mut used = false;
+        let mut chars = format.chars();
+        while let Some(c) = chars.next() {
+            match (c, chars.clone().next()) {
+                ('%', Some('s' | 'd')) => {
+                    chars.next();
+                    used = true;
+                    out.push_str(rest.next().copied().unwrap_or_default());
+                }
+                ('%', Some('%')) => {
+                    chars.next();
+                    out.push('%');
+                }
+                ('\\', Some(escaped @ ('n' | 't' | '\\'))) => {
+                    chars.next();
+                    out.push(match escaped {
+                        'n' => '\n',
+                        't' => '\t',
+                        _ => '\\',
+                    });
+                }
+                (c, _) => out.push(c),
+            }
+        }
+        if !used || rest.len() == 0 {
+            return out;
+        }
     }
 }
 
@@ -131,5 +272,63 @@ mod tests {
             run(&cmd(&["frobnicate", "-x"]), cx),
             "sh: frobnicate: not found\n"
         );
+    }
+
+    #[test]
+    fn sessions_get_exit_codes_streams_and_stdin_without_a_process() {
+        let container = Container::default();
+        let sim = Simulation::of(cx(&container));
+        // command, stdin, (stdout, stderr, exit code)
+        type Case<'a> = (&'a [&'a str], &'a [u8], (&'a str, &'a str, i32));
+        let table: [Case<'_>; 9] = [
+            (&["sh", "-c", "exit 3"], b"", ("", "", 3)),
+            (
+                &["sh", "-c", "echo out; echo err >&2; exit 4"],
+                b"",
+                ("out\n", "err\n", 4),
+            ),
+            (&["cat"], b"typed\n", ("typed\n", "", 0)),
+            (
+                &["cat", "/etc/passwd"],
+                b"",
+                (
+                    "",
+                    "cat: can't open '/etc/passwd': No such file or directory\n",
+                    1,
+                ),
+            ),
+            (
+                &["printf", "[%s]", "a b", "", "$X"],
+                b"",
+                ("[a b][][$X]", "", 0),
+            ),
+            (
+                &["no-such-program"],
+                b"",
+                ("", "sh: no-such-program: not found\n", 127),
+            ),
+            (
+                &["sh", "-c", "nope; echo after"],
+                b"",
+                ("after\n", "sh: nope: not found\n", 0),
+            ),
+            (&["false"], b"", ("", "", 1)),
+            (
+                &["id"],
+                b"",
+                ("uid=0(root) gid=0(root) groups=0(root)\n", "", 0),
+            ),
+        ];
+        for (command, stdin, (stdout, stderr, code)) in table {
+            let done = simulate(&cmd(command), &sim, stdin);
+            assert_eq!(
+                (done.stdout.as_str(), done.stderr.as_str(), done.exit_code),
+                (stdout, stderr, code),
+                "{command:?}"
+            );
+        }
+        assert!(reads_stdin(&cmd(&["cat"])));
+        assert!(reads_stdin(&cmd(&["sh", "-c", "cat; echo done"])));
+        assert!(!reads_stdin(&cmd(&["cat", "/etc/hostname"])));
     }
 }

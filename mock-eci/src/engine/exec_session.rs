@@ -1,6 +1,6 @@
 //! Interactive exec sessions as data: what an `ExecContainerCommand` (no `Sync`) asked for,
 //! held under a one-use id until its WebSocket connects. Serving that WebSocket (running the
-//! process, streaming it) is a front's job: `fronts::exec_session`.
+//! command, streaming it) is a front's job: `fronts::exec_session`.
 
 use std::collections::HashMap;
 
@@ -18,12 +18,23 @@ pub struct PendingExec {
     pub tty: bool,
     /// `Stdin`.
     pub stdin: bool,
-    /// The container's environment.
-    pub env: Vec<(String, String)>,
-    /// `<group id>/<container>`: the scratch directory's place.
-    pub scratch: String,
+    /// The group's id.
+    pub group: String,
+    /// The container's name.
+    pub container: String,
+    /// Where the command runs.
+    pub target: ExecTarget,
     /// When the URI stops working.
     pub expires: Millis,
+}
+
+/// Where a session's command runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecTarget {
+    /// In the container itself (`--runtime real`): the runtime's exec enters it.
+    Container,
+    /// Nowhere: the simulated runtime answers from [`crate::engine::exec::simulate`].
+    Simulated(crate::engine::exec::Simulation),
 }
 
 /// Sessions handed out and not yet connected to.
@@ -68,8 +79,9 @@ mod tests {
             command: vec!["true".into()],
             tty: false,
             stdin: false,
-            env: Vec::new(),
-            scratch: "g/c".into(),
+            group: "g".into(),
+            container: "c".into(),
+            target: ExecTarget::Container,
             expires: 1_000 + SESSION_TTL_MS,
         };
         assert_eq!(

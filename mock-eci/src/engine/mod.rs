@@ -1037,7 +1037,10 @@ impl Engine {
             pod_ip: &ip,
             now,
         };
-        let sync_response = if request.sync {
+        // Real mode runs the command in the container (the service does, for `Sync`); the
+        // simulated runtime answers from its interpreter and runs nothing.
+        let real = self.settings.real_runtime;
+        let sync_response = if request.sync && !real {
             exec::run(&request.command, cx)
         } else {
             String::new()
@@ -1046,8 +1049,13 @@ impl Engine {
             command: request.command.clone(),
             tty: request.tty,
             stdin: request.stdin.unwrap_or(true),
-            env: exec::env(cx),
-            scratch: format!("{}/{}", group.id, spec.name),
+            group: group.id.clone(),
+            container: spec.name.clone(),
+            target: if real {
+                crate::engine::exec_session::ExecTarget::Container
+            } else {
+                crate::engine::exec_session::ExecTarget::Simulated(exec::Simulation::of(cx))
+            },
             expires: now + crate::engine::exec_session::SESSION_TTL_MS,
         };
         let session = format!(

@@ -1,15 +1,17 @@
-//! Interactive `ExecContainerCommand` (no `Sync`): the command runs as a real local process and
-//! its `WebSocketUri` streams it.
+//! Interactive `ExecContainerCommand` (no `Sync`): its `WebSocketUri` streams the command, run
+//! in the container (real runtime) or answered by the simulation (simulated runtime).
 //!
-//! **The process.** `Command[0]` is executed directly with the rest as its arguments (a shell
-//! only when the command names one), in a scratch directory per container
-//! (`$TMPDIR/mock-eci-exec/<group>/<container>`, kept between execs as a container's filesystem
-//! would be), with the container's environment (field references resolved as in `exec`), plus
-//! `HOSTNAME`, `HOME` (the scratch directory) and a default `PATH` as a runtime would add. With
-//! `TTY=true` it gets a pseudo-terminal: the pty pair comes from `rustix` (safe wrappers: the
-//! workspace forbids `unsafe`), and `setsid --ctty` (util-linux) makes the terminal the
-//! process's controlling terminal, which a safe `Command` cannot do; resizes go to the pty with
-//! `TIOCSWINSZ`. Stdin, TTY and exit codes are therefore real.
+//! **Where the command runs.** With `--runtime real`, in the container: the OCI runtime's
+//! `exec` enters the container's namespaces and cgroup (its processes, host name and files
+//! only) with the environment, working directory and user of the container's own process;
+//! stdin, TTY and the exit code are the command's. With `TTY=true` the runtime is given a
+//! pseudo-terminal as its stdio — the pty pair comes from `rustix` (safe wrappers: the
+//! workspace forbids `unsafe`), and `setsid --ctty` (util-linux) makes it the runtime's
+//! controlling terminal, which a safe `Command` cannot do — and the runtime relays it to the
+//! terminal it gives the command; resizes go to the pty with `TIOCSWINSZ` and on from there.
+//! The simulated runtime has no container to enter and runs nothing on mock-eci's host (that
+//! would hand a tenant the machine): its sessions answer from `engine::exec::simulate`, after
+//! reading stdin to its end when the command reads it (a bare `cat`).
 //!
 //! **The stream.** Alibaba Cloud does not document the frames of its exec WebSocket. mock-eci
 //! speaks the Kubernetes channel protocol (`v5.channel.k8s.io`, also `v4.channel.k8s.io`), which
@@ -25,8 +27,8 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
@@ -38,8 +40,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
-use crate::engine::exec_session::PendingExec;
+use crate::engine::exec::{Simulated, Simulation, reads_stdin, simulate};
+use crate::engine::exec_session::{ExecTarget, PendingExec};
 use crate::service::MockEci;
+use crate::service::runtime::RealRuntime;
 
 /// The subprotocols served, newest first.
 pub const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
@@ -63,15 +67,17 @@ pub mod channel {
 /// A running exec could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecSessionError {
-    /// The scratch directory could not be made.
-    #[error("cannot prepare the scratch directory {path}")]
-    Scratch {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
+    /// The session's container is not one the runtime can enter.
+    #[error("cannot enter container {container} of {group}")]
+    Target {
+        group: String,
+        container: String,
         #[source]
-        source: io::Error,
+        source: crate::sandbox::SandboxError,
     },
+    /// A session of a real container, but mock-eci runs no real runtime.
+    #[error("no real runtime runs container {container} of {group}")]
+    NoRuntime { group: String, container: String },
     /// No pseudo-terminal could be opened.
     #[error("cannot open a pseudo-terminal")]
     Pty(#[source] io::Error),
@@ -103,9 +109,13 @@ pub async fn serve(
     let v5 = upgrade
         .selected_protocol()
         .is_some_and(|p| p.as_bytes() == PROTOCOLS[0].as_bytes());
+    let runtime = mock.real_runtime();
     upgrade.on_upgrade(move |socket| async move {
-        info!(command = ?exec.command, tty = exec.tty, stdin = exec.stdin, "exec session started");
-        run(socket, exec, v5).await;
+        info!(command = ?exec.command, tty = exec.tty, stdin = exec.stdin, group = %exec.group, container = %exec.container, "exec session started");
+        match &exec.target {
+            ExecTarget::Simulated(simulation) => simulated(socket, &exec, simulation, v5).await,
+            ExecTarget::Container => run(socket, &exec, runtime, v5).await,
+        }
     })
 }
 
@@ -116,7 +126,57 @@ struct Input {
     pty: bool,
 }
 
-async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
+/// Most stdin a simulated session keeps.
+const MAX_SIMULATED_INPUT: usize = 16 << 20;
+
+/// A simulated session: reads stdin to its end if the command reads it, then answers.
+async fn simulated(socket: WebSocket, exec: &PendingExec, simulation: &Simulation, v5: bool) {
+    let (mut sink, mut source) = socket.split();
+    let mut stdin = Vec::new();
+    if exec.stdin && reads_stdin(&exec.command) {
+        while let Some(Ok(message)) = source.next().await {
+            let data = match &message {
+                Message::Binary(data) => data.as_ref(),
+                Message::Text(text) => text.as_bytes(),
+                Message::Close(_) => break,
+                _ => continue,
+            };
+            match data.split_first() {
+                Some((&channel::STDIN, payload)) => {
+                    let room = MAX_SIMULATED_INPUT.saturating_sub(stdin.len());
+                    stdin.extend_from_slice(&payload[..payload.len().min(room)]);
+                }
+                Some((&channel::CLOSE, [channel::STDIN, ..])) if v5 => break,
+                _ => {}
+            }
+        }
+    }
+    let Simulated {
+        stdout,
+        stderr,
+        exit_code,
+    } = simulate(&exec.command, simulation, &stdin);
+    // A terminal has one stream.
+    let streams = if exec.tty {
+        vec![(channel::STDOUT, stdout + &stderr)]
+    } else {
+        vec![(channel::STDOUT, stdout), (channel::STDERR, stderr)]
+    };
+    let status = exit_code_status(exit_code);
+    let frames = streams
+        .into_iter()
+        .filter(|(_, text)| !text.is_empty())
+        .map(|(channel, text)| frame(channel, text.as_bytes()))
+        .chain([frame(channel::ERROR, status.to_string().as_bytes())]);
+    for message in frames {
+        if sink.send(Message::Binary(message.into())).await.is_err() {
+            return;
+        }
+    }
+    let _ = sink.send(Message::Close(None)).await;
+}
+
+async fn run(socket: WebSocket, exec: &PendingExec, runtime: Option<Arc<RealRuntime>>, v5: bool) {
     let (mut sink, mut source) = socket.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(32);
     let sender = tokio::spawn(async move {
@@ -127,7 +187,12 @@ async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
         }
         let _ = sink.send(Message::Close(None)).await;
     });
-    let started = match start(&exec) {
+    let (early, size) = if exec.tty {
+        first_size(&mut source).await
+    } else {
+        (None, None)
+    };
+    let started = match start(exec, runtime.as_deref(), size) {
         Ok(started) => started,
         Err(error) => {
             let status = json!({
@@ -135,11 +200,7 @@ async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
                 "status": "Failure", "reason": "InternalError",
                 "message": super::ErrorChain(&error).to_string(),
             });
-            let _ = out_tx
-                .send(frame(channel::ERROR, status.to_string().as_bytes()))
-                .await;
-            drop(out_tx);
-            let _ = sender.await;
+            finish(out_tx, sender, &status).await;
             return;
         }
     };
@@ -154,6 +215,9 @@ async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
         .map(|(channel, reader)| tokio::spawn(pump(reader, channel, out_tx.clone())))
         .collect();
     let mut input = if exec.stdin { input } else { None };
+    if let (None, Some(data)) = (size, early) {
+        handle_input(&data, &mut input, pty.as_ref(), v5).await;
+    }
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
@@ -166,10 +230,7 @@ async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
                 }
                 Some(Ok(_)) => {}
                 // The client went away: the command goes with it, as an exec's does.
-                Some(Err(_)) | None => {
-                    let _ = child.start_kill();
-                    break child.wait().await;
-                }
+                Some(Err(_)) | None => break crate::sandbox::container::end_exec(&mut child).await,
             },
         }
     };
@@ -186,11 +247,39 @@ async fn run(socket: WebSocket, exec: PendingExec, v5: bool) {
         }),
     };
     debug!(%status, "exec session ended");
-    let _ = out_tx
+    finish(out_tx, sender, &status).await;
+}
+
+/// Sends the final status and waits until everything was sent.
+async fn finish(
+    out: mpsc::Sender<Vec<u8>>,
+    sender: tokio::task::JoinHandle<()>,
+    status: &serde_json::Value,
+) {
+    let _ = out
         .send(frame(channel::ERROR, status.to_string().as_bytes()))
         .await;
-    drop(out_tx);
+    drop(out);
     let _ = sender.await;
+}
+
+/// A TTY session's first message, and the terminal size if it is one. The terminal gets the
+/// client's first size (kubectl sends it first) before the runtime starts, which copies it to
+/// the command's terminal — just after the command started, as it relays every later resize,
+/// so a command that asks at once may still see 0x0.
+async fn first_size(
+    source: &mut futures::stream::SplitStream<WebSocket>,
+) -> (Option<Vec<u8>>, Option<rustix::termios::Winsize>) {
+    let early = match tokio::time::timeout(FIRST_RESIZE, source.next()).await {
+        Ok(Some(Ok(Message::Binary(data)))) => Some(data.to_vec()),
+        Ok(Some(Ok(Message::Text(text)))) => Some(text.as_bytes().to_vec()),
+        _ => None,
+    };
+    let size = early.as_deref().and_then(|data| match data.split_first() {
+        Some((&channel::RESIZE, payload)) => terminal_size(payload),
+        _ => None,
+    });
+    (early, size)
 }
 
 async fn handle_input(data: &[u8], input: &mut Option<Input>, pty: Option<&OwnedFd>, v5: bool) {
@@ -211,24 +300,8 @@ async fn handle_input(data: &[u8], input: &mut Option<Input>, pty: Option<&Owned
             }
         }
         channel::RESIZE => {
-            if let (Some(master), Ok(size)) =
-                (pty, serde_json::from_slice::<serde_json::Value>(payload))
-            {
-                let dimension = |key: &str| {
-                    size.get(key)
-                        .and_then(serde_json::Value::as_u64)
-                        .and_then(|n| u16::try_from(n).ok())
-                        .unwrap_or(0)
-                };
-                let _ = rustix::termios::tcsetwinsize(
-                    master,
-                    rustix::termios::Winsize {
-                        ws_row: dimension("Height"),
-                        ws_col: dimension("Width"),
-                        ws_xpixel: 0,
-                        ws_ypixel: 0,
-                    },
-                );
+            if let (Some(master), Some(size)) = (pty, terminal_size(payload)) {
+                let _ = rustix::termios::tcsetwinsize(master, size);
             }
         }
         channel::CLOSE if v5 && payload.first() == Some(&channel::STDIN) => {
@@ -241,6 +314,26 @@ async fn handle_input(data: &[u8], input: &mut Option<Input>, pty: Option<&Owned
         }
         _ => {}
     }
+}
+
+/// How long a TTY session waits for the client's first message, the terminal's size.
+const FIRST_RESIZE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A resize message's `{"Width":…,"Height":…}`.
+fn terminal_size(payload: &[u8]) -> Option<rustix::termios::Winsize> {
+    let size = serde_json::from_slice::<serde_json::Value>(payload).ok()?;
+    let dimension = |key: &str| {
+        size.get(key)
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|n| u16::try_from(n).ok())
+            .unwrap_or(0)
+    };
+    Some(rustix::termios::Winsize {
+        ws_row: dimension("Height"),
+        ws_col: dimension("Width"),
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    })
 }
 
 fn frame(channel: u8, data: &[u8]) -> Vec<u8> {
@@ -257,6 +350,11 @@ pub fn exit_status(status: ExitStatus) -> serde_json::Value {
         .code()
         .or_else(|| status.signal().map(|signal| 128 + signal))
         .unwrap_or(1);
+    exit_code_status(code)
+}
+
+/// The final status the kubelet writes for an exit code.
+fn exit_code_status(code: i32) -> serde_json::Value {
     if code == 0 {
         return json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
     }
@@ -295,88 +393,111 @@ struct Started {
     pty: Option<OwnedFd>,
 }
 
-fn start(exec: &PendingExec) -> Result<Started, ExecSessionError> {
-    let scratch = std::env::temp_dir()
-        .join("mock-eci-exec")
-        .join(&exec.scratch);
-    std::fs::create_dir_all(&scratch).map_err(|source| ExecSessionError::Scratch {
-        path: scratch.clone(),
-        source,
-    })?;
-    let program = exec.command.first().cloned().unwrap_or_default();
-    let mut env: Vec<(String, String)> = vec![
-        (
-            "PATH".into(),
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-        ),
-        ("HOME".into(), scratch.display().to_string()),
-    ];
-    if exec.tty {
-        env.push(("TERM".into(), "xterm".into()));
-    }
-    for (key, value) in &exec.env {
-        env.retain(|(k, _)| k != key);
-        env.push((key.clone(), value.clone()));
-    }
-    let spawn_error = |source| ExecSessionError::Spawn {
-        program: program.clone(),
-        source,
+/// Starts the OCI runtime's exec of the session's command in its container.
+fn start(
+    exec: &PendingExec,
+    runtime: Option<&RealRuntime>,
+    size: Option<rustix::termios::Winsize>,
+) -> Result<Started, ExecSessionError> {
+    let Some(runtime) = runtime else {
+        return Err(ExecSessionError::NoRuntime {
+            group: exec.group.clone(),
+            container: exec.container.clone(),
+        });
     };
-    if !exec.tty {
-        let mut command = tokio::process::Command::new(&program);
+    let (program, args) = runtime
+        .exec_command(&exec.group, &exec.container, &exec.command, exec.tty)
+        .map_err(|source| ExecSessionError::Target {
+            group: exec.group.clone(),
+            container: exec.container.clone(),
+            source,
+        })?;
+    let program = program.display().to_string();
+    if exec.tty {
+        let mut command = tokio::process::Command::new("setsid");
         command
-            .args(exec.command.iter().skip(1))
-            .env_clear()
-            .envs(env)
-            .current_dir(&scratch)
-            .stdin(if exec.stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().map_err(spawn_error)?;
-        let input = child.stdin.take().map(|stdin| Input {
-            writer: Box::new(stdin),
-            pty: false,
-        });
-        let mut outputs: Vec<(u8, Output)> = Vec::new();
-        if let Some(stdout) = child.stdout.take() {
-            outputs.push((channel::STDOUT, Box::new(stdout)));
-        }
-        if let Some(stderr) = child.stderr.take() {
-            outputs.push((channel::STDERR, Box::new(stderr)));
-        }
-        return Ok(Started {
-            child,
-            input,
-            outputs,
-            pty: None,
-        });
+            .arg("--ctty")
+            .arg("--wait")
+            .arg(&program)
+            .args(&args);
+        start_in_terminal(command, &program, size)
+    } else {
+        let mut command = tokio::process::Command::new(&program);
+        command.args(&args);
+        start_piped(command, &program, exec.stdin)
     }
+}
+
+/// The runtime's own environment; the command's is the container's.
+fn runtime_env(command: &mut tokio::process::Command) -> &mut tokio::process::Command {
+    command
+        .env_clear()
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .current_dir("/")
+        .kill_on_drop(true)
+}
+
+fn spawn_error(program: &str) -> impl FnOnce(io::Error) -> ExecSessionError {
+    let program = program.to_owned();
+    move |source| ExecSessionError::Spawn { program, source }
+}
+
+/// Without a terminal: stdin (if asked), stdout and stderr are pipes.
+fn start_piped(
+    mut command: tokio::process::Command,
+    program: &str,
+    stdin: bool,
+) -> Result<Started, ExecSessionError> {
+    runtime_env(&mut command)
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(spawn_error(program))?;
+    let input = child.stdin.take().map(|stdin| Input {
+        writer: Box::new(stdin),
+        pty: false,
+    });
+    let mut outputs: Vec<(u8, Output)> = Vec::new();
+    if let Some(stdout) = child.stdout.take() {
+        outputs.push((channel::STDOUT, Box::new(stdout)));
+    }
+    if let Some(stderr) = child.stderr.take() {
+        outputs.push((channel::STDERR, Box::new(stderr)));
+    }
+    Ok(Started {
+        child,
+        input,
+        outputs,
+        pty: None,
+    })
+}
+
+/// With a terminal of `size`: the pty's other end is the runtime's stdio and controlling
+/// terminal (`command` is `setsid --ctty …`).
+fn start_in_terminal(
+    mut command: tokio::process::Command,
+    program: &str,
+    size: Option<rustix::termios::Winsize>,
+) -> Result<Started, ExecSessionError> {
     let (master, slave) = open_pty().map_err(ExecSessionError::Pty)?;
+    if let Some(size) = size {
+        rustix::termios::tcsetwinsize(&master, size)
+            .map_err(|e| ExecSessionError::Pty(e.into()))?;
+    }
     let stdio = || {
         slave
             .try_clone()
             .map(Stdio::from)
             .map_err(ExecSessionError::Pty)
     };
-    let mut command = tokio::process::Command::new("setsid");
-    command
-        .arg("--ctty")
-        .arg("--wait")
-        .arg(&program)
-        .args(exec.command.iter().skip(1))
-        .env_clear()
-        .envs(env)
-        .current_dir(&scratch)
+    runtime_env(&mut command)
         .stdin(stdio()?)
         .stdout(stdio()?)
-        .stderr(stdio()?)
-        .kill_on_drop(true);
-    let child = command.spawn().map_err(spawn_error)?;
+        .stderr(stdio()?);
+    let child = command.spawn().map_err(spawn_error(program))?;
     // Only the child holds the terminal's other end now: its exit ends our reads.
     drop(slave);
     // Blocking reads and writes of the master run on tokio's blocking pool (tokio::fs::File):

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
     LinuxCpuBuilder, LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType,
-    LinuxResourcesBuilder, Mount, MountBuilder, RootBuilder, Spec,
+    LinuxResourcesBuilder, Mount, MountBuilder, RootBuilder, Spec, UserBuilder,
 };
 use rustix::mount::{MountFlags, UnmountFlags};
 use tokio::process::Command;
@@ -100,6 +100,18 @@ pub struct ContainerConfig<'a> {
     pub memory_bytes: Option<u64>,
     pub cpu_millis: Option<u64>,
     pub limits: LimitSupport,
+    pub volume_mounts: &'a [VolumeMount],
+    /// uid and gid.
+    pub user: (u32, u32),
+    pub read_only_root: bool,
+}
+
+/// A volume (or a part of one) bound into the container.
+#[derive(Debug, Clone)]
+pub struct VolumeMount {
+    pub source: PathBuf,
+    pub destination: String,
+    pub read_only: bool,
 }
 
 /// The container's OCI config: the runtime's usual defaults (mounts, masked paths,
@@ -109,7 +121,7 @@ pub fn container_spec(config: &ContainerConfig<'_>) -> Result<Spec, BundleError>
     let mut spec = Spec::default();
     let root = RootBuilder::default()
         .path(config.rootfs)
-        .readonly(false)
+        .readonly(config.read_only_root)
         .build()
         .map_err(BundleError::Spec)?;
     spec.set_root(Some(root));
@@ -117,11 +129,19 @@ pub fn container_spec(config: &ContainerConfig<'_>) -> Result<Spec, BundleError>
     let mut mounts = spec.mounts().clone().unwrap_or_default();
     mounts.retain(|mount| mount.destination() != Path::new("/dev/shm"));
     mounts.extend(group_mounts(config.group_dir)?);
+    mounts.extend(volume_mounts(config.volume_mounts)?);
     spec.set_mounts(Some(mounts));
     if let Some(process) = spec.process_mut() {
         process.set_args(Some(config.argv.to_vec()));
         process.set_env(Some(environment(config.env, config.hostname)?));
         process.set_cwd(working_dir(config.working_dir)?);
+        let (uid, gid) = config.user;
+        let user = UserBuilder::default()
+            .uid(uid)
+            .gid(gid)
+            .build()
+            .map_err(BundleError::Spec)?;
+        process.set_user(user);
     }
     if let Some(linux) = spec.linux_mut() {
         linux.set_namespaces(Some(namespaces(config.netns, config.ipc_ns)?));
@@ -181,6 +201,26 @@ fn group_mounts(group_dir: &Path) -> Result<Vec<Mount>, BundleError> {
         bind(etc.join("resolv.conf"), "/etc/resolv.conf")?,
         bind(group_dir.join("shm"), "/dev/shm")?,
     ])
+}
+
+/// The volumes, bound where the container mounts them.
+fn volume_mounts(volumes: &[VolumeMount]) -> Result<Vec<Mount>, BundleError> {
+    volumes
+        .iter()
+        .map(|volume| {
+            let mut options = vec!["rbind".to_owned(), "rprivate".to_owned()];
+            if volume.read_only {
+                options.push("ro".to_owned());
+            }
+            MountBuilder::default()
+                .destination(&volume.destination)
+                .typ("bind")
+                .source(&volume.source)
+                .options(options)
+                .build()
+                .map_err(BundleError::Spec)
+        })
+        .collect()
 }
 
 /// The caller's variables after the defaults a container expects (PATH, HOSTNAME), so the
@@ -321,6 +361,9 @@ mod tests {
                 memory: true,
                 cpu: true,
             },
+            volume_mounts: &[],
+            user: (0, 0),
+            read_only_root: false,
         }
     }
 

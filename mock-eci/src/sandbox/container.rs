@@ -13,6 +13,8 @@ use tokio::task::JoinHandle;
 
 use super::files::{Stream, log_line};
 
+/// Longest wait for the runtime to run a container's process once `run` started.
+const START_BOUND: Duration = Duration::from_secs(10);
 /// A line longer than this is logged in parts (the kubelet's bound too).
 const MAX_LOG_CHUNK: u64 = 16 * 1024;
 
@@ -119,13 +121,48 @@ impl Container {
                 source,
             })?;
         let pump = tokio::spawn(pump(stdout, stderr, file));
-        tracing::info!(container = id, "container started");
-        Ok(Self {
+        let mut container = Self {
             id: id.to_owned(),
             runtime: runtime.to_owned(),
             runtime_root: runtime_root.to_owned(),
             state: State::Running { child, pump },
-        })
+        };
+        container.wait_running().await;
+        tracing::info!(container = id, "container started");
+        Ok(container)
+    }
+
+    /// Waits until the runtime runs the container's process (so that a caller told it started
+    /// can exec into it), or its `run` ended, or [`START_BOUND`] passed.
+    async fn wait_running(&mut self) {
+        let deadline = tokio::time::Instant::now() + START_BOUND;
+        loop {
+            let ended = match &mut self.state {
+                State::Running { child, .. } => !matches!(child.try_wait(), Ok(None)),
+                State::Exited(_) => true,
+            };
+            if ended {
+                return;
+            }
+            let state = self
+                .runtime_command()
+                .args(["state", &self.id])
+                .output()
+                .await;
+            if let Ok(output) = state {
+                let status = serde_json::from_slice::<serde_json::Value>(&output.stdout)
+                    .ok()
+                    .and_then(|state| state["status"].as_str().map(str::to_owned));
+                if matches!(status.as_deref(), Some("running" | "stopped")) {
+                    return;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(container = %self.id, "the runtime did not report the container running in time");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// How it ended, once it has (and that was seen by a wait or a stop).
@@ -273,4 +310,25 @@ async fn read_chunks(
             return Ok(());
         }
     }
+}
+
+/// How long an exec's process gets between SIGTERM and SIGKILL when its caller leaves.
+const EXEC_GRACE: Duration = Duration::from_secs(2);
+
+/// Ends the OCI runtime's `exec` child: SIGTERM first, which the runtime forwards to the
+/// command in the container, SIGKILL after [`EXEC_GRACE`]. (A SIGKILL alone would end the
+/// runtime and leave the command running in the container.)
+pub async fn end_exec(child: &mut Child) -> std::io::Result<ExitStatus> {
+    let pid = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .and_then(rustix::process::Pid::from_raw);
+    if let Some(pid) = pid {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        if let Ok(status) = tokio::time::timeout(EXEC_GRACE, child.wait()).await {
+            return status;
+        }
+    }
+    let _ = child.start_kill();
+    child.wait().await
 }

@@ -20,8 +20,10 @@ pub mod names;
 pub mod net;
 pub mod residue;
 mod sweep;
+pub mod volumes;
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -34,6 +36,7 @@ use container::{Container, ContainerError};
 pub use files::{Dns, HostAlias};
 use names::{Label, NameError, Prefix};
 use net::{GroupNet, NetError};
+pub use volumes::{MountSpec, VolumeError, VolumeFile, VolumeSource, VolumeSpec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -45,6 +48,8 @@ pub enum SandboxError {
     Bundle(#[from] BundleError),
     #[error("container process")]
     Container(#[from] ContainerError),
+    #[error("volume")]
+    Volume(#[from] VolumeError),
     #[error("could not {action} {path}")]
     Io {
         action: &'static str,
@@ -82,6 +87,7 @@ pub struct GroupSpec {
     pub ip: Ipv4Addr,
     pub dns: Dns,
     pub host_aliases: Vec<HostAlias>,
+    pub volumes: Vec<VolumeSpec>,
 }
 
 /// One container to run: the command line is already resolved (the image's entrypoint and
@@ -94,6 +100,12 @@ pub struct ContainerSpec {
     pub working_dir: Option<String>,
     pub memory_bytes: Option<u64>,
     pub cpu_millis: Option<u64>,
+    /// The group's volumes it mounts.
+    pub mounts: Vec<MountSpec>,
+    /// The uid and gid its process (and every exec in it) runs as.
+    pub user: (u32, u32),
+    /// Its root file system is mounted read-only (volumes keep their own mode).
+    pub read_only_root: bool,
 }
 
 /// The machine-wide part: bridge, naming, limits this machine supports.
@@ -161,6 +173,34 @@ impl Sandbox {
             .join("log"))
     }
 
+    /// The command line that runs `argv` in group `group`'s running container `container`:
+    /// the OCI runtime's `exec`, which enters every namespace of the container (its PID, UTS
+    /// and mount namespaces: its processes, host name and files, nothing of the host's) and
+    /// its cgroup, and takes the environment, working directory and user of the container's
+    /// own process. With `tty` the runtime gives the command a terminal of its own, relayed to
+    /// the runtime's stdio, which must then be a terminal too.
+    pub fn exec_command(
+        &self,
+        group: &str,
+        container: &str,
+        argv: &[String],
+        tty: bool,
+    ) -> Result<(PathBuf, Vec<OsString>), SandboxError> {
+        let group = Label::new("group id", group)?;
+        let container = Label::new("container name", container)?;
+        let mut args: Vec<OsString> = vec![
+            "--root".into(),
+            self.state_dir.join("runtime").into_os_string(),
+            "exec".into(),
+        ];
+        if tty {
+            args.extend(["--tty".into(), "--env".into(), "TERM=xterm".into()]);
+        }
+        args.push(self.prefix.runtime_id(&group, &container).into());
+        args.extend(argv.iter().map(OsString::from));
+        Ok((self.runtime.clone(), args))
+    }
+
     /// Removes the bridge (every group must have been deleted first).
     pub async fn close(&self) -> Result<(), SandboxError> {
         let bridge = self.prefix.bridge();
@@ -179,7 +219,7 @@ impl Sandbox {
         let hostname = names::hostname(&spec.hostname)?;
         check_names(spec)?;
         let address = names::group_address(self.network, spec.ip)?;
-        let group = Group {
+        let mut group = Group {
             net: GroupNet {
                 netns: self.prefix.netns(&id),
                 host_veth: self.prefix.host_veth(spec.ip),
@@ -191,6 +231,7 @@ impl Sandbox {
             prefix: self.prefix.clone(),
             limits: self.limits,
             hostname,
+            volumes: Vec::new(),
             id,
             containers: BTreeMap::new(),
         };
@@ -222,6 +263,8 @@ pub struct Group {
     runtime_root: PathBuf,
     prefix: Prefix,
     limits: LimitSupport,
+    /// Each volume and its directory.
+    volumes: Vec<(VolumeSpec, PathBuf)>,
     containers: BTreeMap<Label, Container>,
 }
 
@@ -240,7 +283,7 @@ impl Group {
     }
 
     async fn set_up(
-        &self,
+        &mut self,
         bridge: &str,
         gateway: Ipv4Addr,
         spec: &GroupSpec,
@@ -253,6 +296,11 @@ impl Group {
             bundle::group_files(&self.hostname, spec.ip, &spec.host_aliases, &spec.dns)
         {
             write_file(&etc.join(name), text.as_bytes()).await?;
+        }
+        for (index, volume) in spec.volumes.iter().enumerate() {
+            let dir = self.dir.join("volumes").join(index.to_string());
+            volumes::create(&dir, volume)?;
+            self.volumes.push((volume.clone(), dir));
         }
         bundle::create_ipc_namespace(&self.dir.join("ipc")).await?;
         net::run(&net::group_steps(bridge, gateway, &self.net)).await?;
@@ -279,7 +327,7 @@ impl Group {
                 Ok(())
             }
             Err(error) => {
-                bundle::unmount(&dir.join("rootfs"))?;
+                unmount_all_under(&dir)?;
                 match tokio::fs::remove_dir_all(&dir).await {
                     Ok(()) => Err(error),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(error),
@@ -305,6 +353,20 @@ impl Group {
         let options = bundle::overlay_options(rootfs, &dir.join("upper"), &dir.join("work"))?;
         let netns = net::netns_path(&self.net.netns);
         let ipc = self.dir.join("ipc");
+        let mut volume_mounts = Vec::new();
+        for (index, mount) in spec.mounts.iter().enumerate() {
+            let staging = dir.join("subpaths").join(index.to_string());
+            let source = volumes::mount_source(&self.volumes, mount, &staging)?;
+            let files = self.volumes.iter().any(|(volume, _)| {
+                volume.name == mount.volume && matches!(volume.source, VolumeSource::Files(_))
+            });
+            // Files volumes (ConfigMaps, Secrets) are read-only, as Kubernetes mounts them.
+            volume_mounts.push(bundle::VolumeMount {
+                source,
+                destination: mount.path.clone(),
+                read_only: mount.read_only || files,
+            });
+        }
         let config = ContainerConfig {
             rootfs: &root,
             argv: &spec.argv,
@@ -318,6 +380,9 @@ impl Group {
             memory_bytes: spec.memory_bytes,
             cpu_millis: spec.cpu_millis,
             limits: self.limits,
+            volume_mounts: &volume_mounts,
+            user: spec.user,
+            read_only_root: spec.read_only_root,
         };
         let config_json = serde_json::to_vec(&bundle::container_spec(&config)?)
             .map_err(|e| io_error("serialize", dir, std::io::Error::other(e)))?;
@@ -380,8 +445,8 @@ impl Group {
         };
         container.force_delete().await;
         let dir = self.dir.join("containers").join(label.as_str());
-        bundle::unmount(&dir.join("rootfs"))?;
-        for sub in ["rootfs", "upper", "work"] {
+        unmount_all_under(&dir)?;
+        for sub in ["rootfs", "upper", "work", "subpaths"] {
             match tokio::fs::remove_dir_all(dir.join(sub)).await {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -426,13 +491,8 @@ impl Group {
 
     /// Removes what exists of the group, whatever state it is in.
     async fn tear_down(&self) -> Result<(), SandboxError> {
-        let containers = self.dir.join("containers");
-        if let Ok(mut entries) = tokio::fs::read_dir(&containers).await {
-            while let Ok(Some(entry)) = entries.next_entry().await {
-                bundle::unmount(&entry.path().join("rootfs"))?;
-            }
-        }
-        bundle::unmount(&self.dir.join("ipc"))?;
+        // Containers' roots and sub paths, volumes' tmpfs, the IPC namespace.
+        unmount_all_under(&self.dir)?;
         net::run(&net::group_removal_steps(
             &self.net,
             net::netns_exists(&self.net.netns),
@@ -456,6 +516,15 @@ fn check_names(spec: &GroupSpec) -> Result<(), NameError> {
     }
     for word in spec.dns.searches.iter().chain(&spec.dns.options) {
         names::dns_word(word)?;
+    }
+    Ok(())
+}
+
+/// Unmounts every mount at or under `dir`, the deepest first.
+fn unmount_all_under(dir: &Path) -> Result<(), BundleError> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for mount in residue::mounts_under(&mountinfo, dir).iter().rev() {
+        bundle::unmount(mount)?;
     }
     Ok(())
 }

@@ -60,7 +60,7 @@ fn namespace_inode(path: &Path) -> Option<String> {
 }
 
 /// Mount points (field 5 of /proc/self/mountinfo) at or under `dir`.
-fn mounts_under(mountinfo: &str, dir: &Path) -> BTreeSet<PathBuf> {
+pub(super) fn mounts_under(mountinfo: &str, dir: &Path) -> BTreeSet<PathBuf> {
     mountinfo
         .lines()
         .filter_map(|line| line.split(' ').nth(4))

@@ -243,6 +243,11 @@ impl MockEci {
         self.engine().set_exec_base(base);
     }
 
+    /// The real runtime, in real mode.
+    pub fn real_runtime(&self) -> Option<Arc<runtime::RealRuntime>> {
+        self.shared.runtime.get().cloned()
+    }
+
     /// Takes the interactive exec session `session` for its one connection.
     pub fn take_exec(&self, session: &str) -> Option<crate::engine::exec_session::PendingExec> {
         let now = self.now();
@@ -556,12 +561,25 @@ impl Eci for MockEci {
         &self,
         request: Request<ExecContainerCommandRequest>,
     ) -> Result<Response<ExecContainerCommandResponse>, Status> {
-        self.call(
-            Action::ExecContainerCommand,
-            request,
-            |engine, request, now| engine.exec(&request, now),
-        )
-        .await
+        let (group, container) = (
+            request.get_ref().container_group_id.clone(),
+            request.get_ref().container_name.clone(),
+        );
+        let (sync, command) = (request.get_ref().sync, request.get_ref().command.clone());
+        let mut response = self
+            .call(
+                Action::ExecContainerCommand,
+                request,
+                |engine, request, now| engine.exec(&request, now),
+            )
+            .await?;
+        // Real mode: the engine checked the call (the container runs); the command runs in
+        // the container.
+        if let (true, Some(runtime)) = (sync, self.shared.runtime.get()) {
+            response.get_mut().sync_response =
+                runtime.exec_sync(&group, &container, &command).await;
+        }
+        Ok(response)
     }
 
     async fn describe_container_group_metric(

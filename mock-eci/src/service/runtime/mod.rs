@@ -37,6 +37,10 @@ const PULL_BACKOFF: Duration = Duration::from_secs(2);
 const MAX_PULL_BACKOFF: Duration = Duration::from_secs(60);
 /// Wait before creating a sandbox group again after a failure.
 const CREATE_RETRY: Duration = Duration::from_secs(2);
+/// Longest a `Sync` exec runs: then it is stopped, and what it printed is the answer.
+const SYNC_EXEC_LIMIT: Duration = Duration::from_secs(10);
+/// Most of a `Sync` exec's output kept (each stream).
+const SYNC_EXEC_OUTPUT: u64 = 1 << 20;
 
 /// Why real mode cannot run here.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +115,67 @@ impl RealRuntime {
             }
         }
         None
+    }
+
+    /// The command line that runs `argv` in a running container (see
+    /// [`Sandbox::exec_command`]).
+    pub fn exec_command(
+        &self,
+        group: &str,
+        container: &str,
+        argv: &[String],
+        tty: bool,
+    ) -> Result<(PathBuf, Vec<std::ffi::OsString>), SandboxError> {
+        self.sandbox.exec_command(group, container, argv, tty)
+    }
+
+    /// Runs `argv` in a running container without input (`Sync=true`): its stdout, then its
+    /// stderr, each cut at [`SYNC_EXEC_OUTPUT`]; stopped after [`SYNC_EXEC_LIMIT`]. A command
+    /// that could not run answers why.
+    pub async fn exec_sync(&self, group: &str, container: &str, argv: &[String]) -> String {
+        use tokio::io::AsyncReadExt as _;
+        let (program, args) = match self.exec_command(group, container, argv, false) {
+            Ok(command) => command,
+            Err(error) => return format!("cannot run the command: {}\n", chain(&error)),
+        };
+        let spawned = tokio::process::Command::new(&program)
+            .args(args)
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(error) => return format!("cannot run {}: {error}\n", program.display()),
+        };
+        let read = |stream: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>| async move {
+            let mut text = Vec::new();
+            if let Some(stream) = stream {
+                let _ = stream.take(SYNC_EXEC_OUTPUT).read_to_end(&mut text).await;
+            }
+            text
+        };
+        let stdout = tokio::spawn(read(child.stdout.take().map(|s| Box::new(s) as _)));
+        let stderr = tokio::spawn(read(child.stderr.take().map(|s| Box::new(s) as _)));
+        if tokio::time::timeout(SYNC_EXEC_LIMIT, child.wait())
+            .await
+            .is_err()
+        {
+            tracing::info!(group, container, "a Sync exec ran too long: stopped");
+            let _ = crate::sandbox::container::end_exec(&mut child).await;
+        }
+        // A process the command left in the background may hold the streams open.
+        let drain = |reader: tokio::task::JoinHandle<Vec<u8>>| async move {
+            let abort = reader.abort_handle();
+            let read = tokio::time::timeout(Duration::from_secs(2), reader).await;
+            abort.abort();
+            read.ok().and_then(Result::ok).unwrap_or_default()
+        };
+        let mut text = drain(stdout).await;
+        text.extend(drain(stderr).await);
+        String::from_utf8_lossy(&text).into_owned()
     }
 
     /// Drives the sandbox until `stop`; then stops every group (their containers get no
@@ -403,7 +468,11 @@ impl Worker {
                 tracing::warn!(group = %self.id, container = %name, error = %chain(&error), "removing the earlier run");
             }
         }
-        let outcome = match resolve::container_spec(&container.spec, &image.config, ip) {
+        let accounts = resolve::Accounts {
+            passwd: image_file(&image.rootfs, "etc/passwd"),
+            group: image_file(&image.rootfs, "etc/group"),
+        };
+        let outcome = match resolve::container_spec(&container.spec, &image.config, &accounts, ip) {
             Ok(spec) => group
                 .start(&spec, &image.rootfs)
                 .await
@@ -504,6 +573,35 @@ impl Worker {
     }
 }
 
+/// A file of an image's root file system (empty when missing or unreadable), resolved inside
+/// it: a link there to `/etc/shadow` is the image's own, never the host's.
+fn image_file(rootfs: &Path, path: &str) -> String {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    use std::io::Read as _;
+    const MOST: u64 = 1 << 20;
+    let opened = rustix::fs::open(
+        rootfs,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .and_then(|root| {
+        rustix::fs::openat2(
+            &root,
+            path,
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT,
+        )
+    });
+    let mut text = String::new();
+    if let Ok(file) = opened {
+        let _ = std::fs::File::from(file)
+            .take(MOST)
+            .read_to_string(&mut text);
+    }
+    text
+}
+
 fn grace(grace_ms: crate::clock::Millis) -> Duration {
     Duration::from_millis(u64::try_from(grace_ms).unwrap_or(0))
 }
@@ -552,5 +650,6 @@ fn group_spec(id: &str, ip: Ipv4Addr, request: &CreateContainerGroupRequest) -> 
         ip,
         dns,
         host_aliases,
+        volumes: request.volume.iter().map(resolve::volume).collect(),
     }
 }

@@ -5,10 +5,60 @@
 
 use std::net::Ipv4Addr;
 
-use eci_proto::v20180808::Container;
+use base64::Engine as _;
+use eci_proto::v20180808::{Container, Volume};
 
 use crate::images::ImageRunConfig;
-use crate::sandbox::ContainerSpec;
+use crate::sandbox::volumes::quantity_bytes;
+use crate::sandbox::{ContainerSpec, MountSpec, VolumeFile, VolumeSource, VolumeSpec};
+
+/// A file's mode when neither it nor its volume says one (Kubernetes' default).
+const DEFAULT_FILE_MODE: u32 = 0o644;
+
+/// A group volume as the sandbox makes it: `EmptyDirVolume` (the `Memory` medium a tmpfs of
+/// its `SizeLimit`; on disk the limit is not enforced) and `ConfigFileVolume` (each file's
+/// base64 `Content` decoded, its `Mode`, else the volume's `DefaultMode`, else 0644); other
+/// types cannot be made on this machine and fail the containers that mount them. A
+/// `SizeLimit` that does not parse is no limit; content that is not base64 is taken as is.
+pub fn volume(volume: &Volume) -> VolumeSpec {
+    let source = match volume.r#type.as_str() {
+        "EmptyDirVolume" => {
+            let empty = volume.empty_dir_volume.clone().unwrap_or_default();
+            VolumeSource::EmptyDir {
+                memory: empty.medium == "Memory",
+                size_limit: quantity_bytes(&empty.size_limit),
+            }
+        }
+        "ConfigFileVolume" => {
+            let config = volume.config_file_volume.clone().unwrap_or_default();
+            let default_mode = config
+                .default_mode
+                .and_then(|mode| u32::try_from(mode).ok())
+                .unwrap_or(DEFAULT_FILE_MODE);
+            VolumeSource::Files(
+                config
+                    .config_file_to_path
+                    .iter()
+                    .map(|file| VolumeFile {
+                        path: file.path.clone(),
+                        content: base64::engine::general_purpose::STANDARD
+                            .decode(&file.content)
+                            .unwrap_or_else(|_| file.content.clone().into_bytes()),
+                        mode: file
+                            .mode
+                            .and_then(|mode| u32::try_from(mode).ok())
+                            .unwrap_or(default_mode),
+                    })
+                    .collect(),
+            )
+        }
+        other => VolumeSource::Unsupported(other.to_owned()),
+    };
+    VolumeSpec {
+        name: volume.name.clone(),
+        source,
+    }
+}
 
 /// The command line: Kubernetes' four cases.
 pub fn argv(spec: &Container, image: &ImageRunConfig) -> Vec<String> {
@@ -42,10 +92,92 @@ pub fn env(spec: &Container, image: &ImageRunConfig, ip: Ipv4Addr) -> Vec<(Strin
     env
 }
 
+/// The image's /etc/passwd and /etc/group (empty when it has none), which name its users.
+#[derive(Debug, Clone, Default)]
+pub struct Accounts {
+    pub passwd: String,
+    pub group: String,
+}
+
+impl Accounts {
+    /// The uid and primary gid of user `name` (a name or a number).
+    fn user(&self, name: &str) -> Option<(u32, u32)> {
+        self.passwd.lines().find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            let (uid, gid) = (fields.get(2)?.parse().ok()?, fields.get(3)?.parse().ok()?);
+            (fields[0] == name || name.parse::<u32>() == Ok(uid)).then_some((uid, gid))
+        })
+    }
+
+    /// The gid of group `name`.
+    fn group(&self, name: &str) -> Option<u32> {
+        self.group.lines().find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            (fields[0] == name).then(|| fields.get(2)?.parse().ok())?
+        })
+    }
+}
+
+/// The uid and gid the container runs as, as the kubelet's runtimes decide: `RunAsUser`
+/// (its primary group from the image's /etc/passwd, else 0), else the image's `User`
+/// (`name`, `uid`, `name:group`, `uid:gid`; names from its /etc/passwd and /etc/group; the
+/// user's primary group when no group is given), else root; `RunAsGroup` replaces the gid.
+pub fn user(spec: &Container, image_user: &str, accounts: &Accounts) -> Result<(u32, u32), String> {
+    let id = |value: i64, what: &str| {
+        u32::try_from(value).map_err(|_| format!("{what} {value} is not a valid id"))
+    };
+    let (uid, gid) = match spec
+        .security_context
+        .as_ref()
+        .and_then(|context| context.run_as_user)
+    {
+        Some(uid) => {
+            let uid = id(uid, "RunAsUser")?;
+            (
+                uid,
+                accounts.user(&uid.to_string()).map_or(0, |(_, gid)| gid),
+            )
+        }
+        None if image_user.is_empty() => (0, 0),
+        None => {
+            let (name, group) = match image_user.split_once(':') {
+                Some((name, group)) => (name, Some(group)),
+                None => (image_user, None),
+            };
+            let (uid, primary) = match (accounts.user(name), name.parse::<u32>()) {
+                (Some(found), _) => found,
+                (None, Ok(uid)) => (uid, 0),
+                (None, Err(_)) => {
+                    return Err(format!(
+                        "unable to find user {name}: no matching entries in the image's /etc/passwd"
+                    ));
+                }
+            };
+            let gid = match group {
+                None => primary,
+                Some(group) => match (accounts.group(group), group.parse::<u32>()) {
+                    (Some(gid), _) | (None, Ok(gid)) => gid,
+                    (None, Err(_)) => {
+                        return Err(format!(
+                            "unable to find group {group}: no matching entries in the image's /etc/group"
+                        ));
+                    }
+                },
+            };
+            (uid, gid)
+        }
+    };
+    match spec.security_context_run_as_group {
+        Some(gid) => Ok((uid, id(gid, "RunAsGroup")?)),
+        None => Ok((uid, gid)),
+    }
+}
+
 /// Everything the sandbox needs to run the container; `Err` says why it cannot run.
 pub fn container_spec(
     spec: &Container,
     image: &ImageRunConfig,
+    accounts: &Accounts,
     ip: Ipv4Addr,
 ) -> Result<ContainerSpec, String> {
     let argv = argv(spec, image);
@@ -55,6 +187,7 @@ pub fn container_spec(
             spec.name
         ));
     }
+    let user = user(spec, &image.user, accounts)?;
     let working_dir = [&spec.working_dir, &image.working_dir]
         .into_iter()
         .find(|dir| !dir.is_empty())
@@ -72,6 +205,21 @@ pub fn container_spec(
             .cpu
             .filter(|cpu| *cpu > 0.0)
             .map(|cpu| (cpu * 1000.0).round() as u64),
+        user,
+        read_only_root: spec
+            .security_context
+            .as_ref()
+            .is_some_and(|context| context.read_only_root_filesystem),
+        mounts: spec
+            .volume_mount
+            .iter()
+            .map(|mount| MountSpec {
+                volume: mount.name.clone(),
+                path: mount.mount_path.clone(),
+                sub_path: mount.sub_path.clone(),
+                read_only: mount.read_only,
+            })
+            .collect(),
     })
 }
 
@@ -161,12 +309,63 @@ mod tests {
             memory: Some(0.25),
             ..Container::default()
         };
-        let resolved = container_spec(&spec, &image, Ipv4Addr::LOCALHOST).unwrap();
+        let resolved =
+            container_spec(&spec, &image, &Accounts::default(), Ipv4Addr::LOCALHOST).unwrap();
         assert_eq!(resolved.cpu_millis, Some(500));
         assert_eq!(resolved.memory_bytes, Some(256 << 20));
         assert_eq!(resolved.working_dir.as_deref(), Some("/srv"));
-        let error =
-            container_spec(&spec, &ImageRunConfig::default(), Ipv4Addr::LOCALHOST).unwrap_err();
+        let error = container_spec(
+            &spec,
+            &ImageRunConfig::default(),
+            &Accounts::default(),
+            Ipv4Addr::LOCALHOST,
+        )
+        .unwrap_err();
         assert!(error.contains("no command"), "{error}");
+    }
+
+    #[test]
+    fn the_user_follows_run_as_user_then_the_image_then_root() {
+        use eci_proto::v20180808::ContainerSecurityContext;
+        let accounts = Accounts {
+            passwd: "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n".into(),
+            group: "root:x:0:\nstaff:x:50:\n".into(),
+        };
+        let spec = |run_as_user: Option<i64>, run_as_group: Option<i64>| Container {
+            security_context: Some(ContainerSecurityContext {
+                run_as_user,
+                ..ContainerSecurityContext::default()
+            }),
+            security_context_run_as_group: run_as_group,
+            ..Container::default()
+        };
+        // RunAsUser, RunAsGroup, the image's User, what it runs as.
+        type Case = (
+            Option<i64>,
+            Option<i64>,
+            &'static str,
+            Result<(u32, u32), &'static str>,
+        );
+        let cases: [Case; 11] = [
+            (None, None, "", Ok((0, 0))),
+            (None, None, "app", Ok((1000, 1001))),
+            (None, None, "1000", Ok((1000, 1001))),
+            (None, None, "4242", Ok((4242, 0))),
+            (None, None, "app:staff", Ok((1000, 50))),
+            (None, None, "app:77", Ok((1000, 77))),
+            (None, Some(9), "app", Ok((1000, 9))),
+            (Some(1000), None, "", Ok((1000, 1001))),
+            (Some(1234), Some(5678), "app", Ok((1234, 5678))),
+            (None, None, "ghost", Err("unable to find user ghost")),
+            (Some(-1), None, "", Err("RunAsUser -1 is not a valid id")),
+        ];
+        for (run_as_user, run_as_group, image_user, want) in cases {
+            let got = user(&spec(run_as_user, run_as_group), image_user, &accounts);
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{image_user:?} {run_as_user:?}"),
+                (Err(got), Err(want)) => assert!(got.starts_with(want), "{got}"),
+                (got, want) => panic!("{image_user:?} {run_as_user:?}: {got:?}, want {want:?}"),
+            }
+        }
     }
 }
