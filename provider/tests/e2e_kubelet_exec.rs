@@ -226,25 +226,17 @@ async fn kubectl_exec_carries_stdin_output_exit_codes_and_exact_arguments() {
             missing.stderr
         );
 
-        // Through the mock's real process: the per-container scratch directory persists.
-        let write = kubectl(
-            h,
-            &[
-                "exec",
-                "-n",
-                ns,
-                "box",
-                "--",
-                "sh",
-                "-c",
-                "echo kept > note",
-            ],
-            b"",
-        )
-        .await;
-        assert_eq!(write.code, Some(0), "{}", write.stderr);
-        let read = kubectl(h, &["exec", "-n", ns, "box", "--", "cat", "note"], b"").await;
-        assert_eq!(read.stdout, "kept\n");
+        // mock-eci's simulated runtime runs no process, so neither does its exec: a tenant's
+        // command never reaches mock-eci's host (a program it does not simulate is not found,
+        // as a shell says it). Real commands in the container: integration/tests/real_runtime.rs.
+        let host = kubectl(h, &["exec", "-n", ns, "box", "--", "ls", "/"], b"").await;
+        assert_eq!(
+            (host.code, host.stdout.as_str()),
+            (Some(127), ""),
+            "{}",
+            host.stderr
+        );
+        assert!(host.stderr.contains("ls: not found"), "{}", host.stderr);
         Ok(())
     })
     .await;
@@ -256,9 +248,12 @@ async fn kubectl_exec_it_attach_and_port_forward() {
         let scene = start(h, "tty", "127.76.0.0/16").await?;
         let ns = scene.ns.as_str();
 
-        // -it needs a terminal on kubectl's side: `script` gives it one.
+        // -it needs a terminal on kubectl's side: `script` gives it one. The session is asked
+        // with a TTY end to end (kubectl, the apiserver, our kubelet API, ECI's exec); the
+        // simulated container has no terminal to test, so the command only answers (a real
+        // terminal of the requested size: integration/tests/real_runtime.rs).
         let command = format!(
-            "{} --kubeconfig {} exec -it -n {ns} box -- sh -c 'test -t 0 && test -t 1 && echo TTY-OK; stty size'",
+            "{} --kubeconfig {} exec -it -n {ns} box -- sh -c 'echo TTY-OK'",
             h.kubectl().display(),
             h.kubeconfig().display()
         );
@@ -281,10 +276,8 @@ async fn kubectl_exec_it_attach_and_port_forward() {
         .map_err(|_| failed("kubectl exec -it did not end"))?
         .unwrap();
         let status = script.wait().await.unwrap();
-        assert!(out.contains("TTY-OK"), "the command has a terminal: {out:?}");
+        assert!(out.contains("TTY-OK"), "the TTY session answered: {out:?}");
         assert!(status.success(), "{out:?}");
-        let size_line = out.lines().find(|l| l.trim().split(' ').count() == 2 && l.trim().chars().all(|c| c.is_ascii_digit() || c == ' '));
-        assert!(size_line.is_some(), "stty size printed rows and columns: {out:?}");
 
         // attach: what the container writes after attaching.
         let mut attach = tokio::process::Command::new(h.kubectl())
@@ -301,13 +294,18 @@ async fn kubectl_exec_it_attach_and_port_forward() {
         let mut seen = false;
         while !seen && Instant::now() < deadline {
             let response = reqwest::Client::new()
-                .post(format!("{}/admin/groups/{}/containers/app/log", scene.admin, scene.group))
+                .post(format!(
+                    "{}/admin/groups/{}/containers/app/log",
+                    scene.admin, scene.group
+                ))
                 .body("attached line\n")
                 .send()
                 .await
                 .map_err(|e| failed(format!("mock-eci admin: {e}")))?;
             assert_eq!(response.status(), 204);
-            if let Ok(Ok(Some(line))) = tokio::time::timeout(Duration::from_secs(2), attached.next_line()).await {
+            if let Ok(Ok(Some(line))) =
+                tokio::time::timeout(Duration::from_secs(2), attached.next_line()).await
+            {
                 seen = line == "attached line";
             }
         }
@@ -347,7 +345,11 @@ async fn kubectl_exec_it_attach_and_port_forward() {
                 .map_err(|_| failed("no echo through port-forward"))?
                 .unwrap();
             assert!(echoed == message.as_bytes(), "the echo came back whole");
-            eprintln!("port-forward round trip of {} bytes: {:?}", message.len(), started.elapsed());
+            eprintln!(
+                "port-forward round trip of {} bytes: {:?}",
+                message.len(),
+                started.elapsed()
+            );
         }
         let _ = forward.kill().await;
         Ok(())
