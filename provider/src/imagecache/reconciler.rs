@@ -234,8 +234,14 @@ impl ImageCacheReconciler {
                 .graceful_shutdown_on(async move { stop.cancelled().await })
                 .run(reconcile, error_policy, context)
                 .for_each(|result| async move {
-                    if let Err(error) = result {
-                        debug!(error = %Chain(&error), "image-cache controller");
+                    match result {
+                        // The watch (a missing CRD, a denied list): retried with back-off.
+                        Err(error @ kube::runtime::controller::Error::QueueError(_)) => {
+                            warn!(error = %Chain(&error), "cannot watch ImageCaches; retrying");
+                        }
+                        // error_policy said it already.
+                        Err(error) => debug!(error = %Chain(&error), "image-cache controller"),
+                        Ok(_) => {}
                     }
                 })
                 .await;
