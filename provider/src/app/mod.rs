@@ -26,6 +26,7 @@ use crate::fleet::drain::{Decommission, Outcome};
 use crate::fleet::membership::{Membership, StopKind};
 use crate::fleet::orphans::OrphanCollector;
 use crate::fleet::replicas;
+use crate::imagecache::reconciler::ImageCacheReconciler;
 use crate::k8s::shared_watch::{ClusterWatches, SharedWatch, bound_to};
 use crate::kubelet;
 use crate::node::guard as node_watch;
@@ -108,7 +109,8 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     let pacer = eci_config
         .client_rate_limits
         .then(|| Arc::new(backend::Pacer::new(replica_count.clone())));
-    let (backend, backend_guard) = backend::connect(&eci_config, pacer.clone()).await?;
+    let (backend, image_caches, backend_guard) =
+        backend::connect(&eci_config, pacer.clone()).await?;
     let backend: backend::Backend =
         Arc::new(backend::Paced::new(backend, pacer, Arc::clone(&telemetry)));
 
@@ -249,6 +251,19 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         );
         let stop = stop.clone();
         tasks.spawn_critical("orphan collector", async move { collector.run(stop).await });
+    }
+    // ImageCaches, reconciled by the replica elected for them (a missing CRD is retried).
+    {
+        let reconciler = ImageCacheReconciler::new(
+            settings.image_cache(),
+            client.clone(),
+            image_caches,
+            Arc::clone(&telemetry),
+        );
+        let stop = stop.clone();
+        tasks.spawn_critical("ImageCache reconciler", async move {
+            reconciler.run(stop).await
+        });
     }
     // The kubelet API (logs, exec, metrics of this node's pods), at the address the Node
     // advertises; it stops with the other areas.

@@ -17,6 +17,7 @@ const ALL: &[&[Access]] = &[
     crate::pods::services::KUBE_API,
     crate::admission::KUBE_API,
     crate::placement::KUBE_API,
+    crate::imagecache::reconciler::KUBE_API,
     crate::k8s::callers::KUBE_API,
     crate::kubelet::certs::KUBE_API,
     crate::kubelet::pod_lookup::KUBE_API,

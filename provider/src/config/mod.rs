@@ -783,6 +783,25 @@ pub struct AdmissionConfig {
     pub no_default_selectors: bool,
 }
 
+/// What the image-cache area (the `ImageCache` reconciler) is given.
+#[derive(Debug, Clone)]
+pub struct ImageCacheConfig {
+    /// This replica's node (the election's identity, Events' reporter instance).
+    pub node_name: String,
+    /// The daemon's namespace (election Lease).
+    pub pod_namespace: String,
+    /// The cluster name, tagged on every cache.
+    pub cluster_name: String,
+    /// The ECI region.
+    pub region: String,
+    /// The zone, when pinned.
+    pub zone: Option<String>,
+    /// The vSwitch id(s) the building instance gets its IP from.
+    pub vswitch: String,
+    /// Its security group.
+    pub security_group: String,
+}
+
 /// What the placement area (ResourcePolicy) is given.
 #[derive(Debug, Clone)]
 pub struct PlacementConfig {
@@ -813,6 +832,20 @@ pub struct PlacementConfig {
 }
 
 impl Settings {
+    /// What the image-cache area is given.
+    pub fn image_cache(&self) -> ImageCacheConfig {
+        let config = &self.config;
+        ImageCacheConfig {
+            node_name: self.node_name.clone(),
+            pod_namespace: config.pod_namespace.clone(),
+            cluster_name: self.cluster_name.clone(),
+            region: config.region.clone(),
+            zone: config.zone.clone(),
+            vswitch: self.vswitch.clone(),
+            security_group: self.security_group.clone(),
+        }
+    }
+
     /// The placement area's part.
     pub fn placement(&self) -> PlacementConfig {
         let config = &self.config;

@@ -119,6 +119,13 @@ pub trait ImageCacheBackend: Send + Sync + 'static {
     ) -> Result<DeleteImageCacheResponse, EciError>;
 }
 
+/// A shared image-cache backend.
+pub type ImageCaches = Arc<dyn ImageCacheBackend>;
+
+/// What [`connect`] sets up: the pod paths' backend, the image-cache reconciler's (the same
+/// client), and what keeps an embedded mock-eci alive.
+pub type Connection = (Backend, ImageCaches, BackendGuard);
+
 /// The backend could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -179,7 +186,7 @@ impl BackendGuard {
 
 /// Starts mock-eci inside this process and connects to it over gRPC on loopback.
 #[cfg(feature = "embedded-mock")]
-async fn start_embedded(config: &EciConfig) -> Result<(Backend, BackendGuard), BackendError> {
+async fn start_embedded(config: &EciConfig) -> Result<Connection, BackendError> {
     let mut mock = mock_eci::MockConfig::defaults();
     mock.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     mock.region.clone_from(&config.region);
@@ -192,8 +199,10 @@ async fn start_embedded(config: &EciConfig) -> Result<(Backend, BackendGuard), B
             endpoint: server.endpoint(),
             source,
         })?;
+    let backend = Arc::new(backend);
     Ok((
-        Arc::new(backend),
+        Arc::clone(&backend) as Backend,
+        backend,
         BackendGuard {
             embedded: Some(server),
         },
@@ -201,7 +210,7 @@ async fn start_embedded(config: &EciConfig) -> Result<(Backend, BackendGuard), B
 }
 
 #[cfg(not(feature = "embedded-mock"))]
-async fn start_embedded(_config: &EciConfig) -> Result<(Backend, BackendGuard), BackendError> {
+async fn start_embedded(_config: &EciConfig) -> Result<Connection, BackendError> {
     Err(BackendError::NoEmbeddedMock)
 }
 
@@ -210,7 +219,7 @@ async fn start_embedded(_config: &EciConfig) -> Result<(Backend, BackendGuard), 
 pub async fn connect(
     config: &EciConfig,
     pacer: Option<Arc<Pacer>>,
-) -> Result<(Backend, BackendGuard), BackendError> {
+) -> Result<Connection, BackendError> {
     match &config.backend {
         BackendChoice::Embedded => start_embedded(config).await,
         BackendChoice::Grpc(endpoint) => {
@@ -220,7 +229,12 @@ pub async fn connect(
                     source,
                 })?;
             info!(%endpoint, "using a mock-eci over gRPC");
-            Ok((Arc::new(backend), BackendGuard::none()))
+            let backend = Arc::new(backend);
+            Ok((
+                Arc::clone(&backend) as Backend,
+                backend,
+                BackendGuard::none(),
+            ))
         }
         BackendChoice::OpenApi => {
             let options = openapi::OpenApiOptions {
@@ -250,7 +264,12 @@ pub async fn connect(
             let source = credentials.describe();
             let backend = openapi::OpenApiBackend::new(&options, credentials)?.with_pacer(pacer);
             info!(endpoint = %backend.endpoint(), credentials = %source, "using the Alibaba Cloud ECI OpenAPI");
-            Ok((Arc::new(backend), BackendGuard::none()))
+            let backend = Arc::new(backend);
+            Ok((
+                Arc::clone(&backend) as Backend,
+                backend,
+                BackendGuard::none(),
+            ))
         }
     }
 }

@@ -448,57 +448,59 @@ fn dns(pod: &Pod, cx: &Context<'_>) -> Result<Option<DnsConfig>, Rejection> {
 /// `imagePullSecrets` (dockerconfigjson or dockercfg) as registry credentials. A missing or
 /// malformed secret is skipped, as the kubelet does (the pull may still work anonymously).
 fn credentials(pod: &Pod, cx: &Context<'_>) -> Vec<ImageRegistryCredential> {
-    let mut out = Vec::new();
-    for reference in pod
-        .spec
+    pod.spec
         .iter()
         .flat_map(|s| s.image_pull_secrets.iter().flatten())
+        .filter_map(|reference| cx.secrets.get(&reference.name))
+        .flat_map(registry_credentials)
+        .collect()
+}
+
+/// The registry credentials a pull Secret (dockerconfigjson or dockercfg) holds: one per
+/// registry with a user name; none when it holds neither format.
+pub fn registry_credentials(secret: &Secret) -> Vec<ImageRegistryCredential> {
+    let mut out = Vec::new();
+    let data = secret.data.clone().unwrap_or_default();
+    let parsed: Option<Value> = data
+        .get(".dockerconfigjson")
+        .and_then(|raw| serde_json::from_slice::<Value>(&raw.0).ok())
+        .and_then(|v| v.get("auths").cloned())
+        .or_else(|| {
+            data.get(".dockercfg")
+                .and_then(|raw| serde_json::from_slice(&raw.0).ok())
+        });
+    for (server, entry) in parsed
+        .as_ref()
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
     {
-        let Some(secret) = cx.secrets.get(&reference.name) else {
-            continue;
+        let text = |field: &str| {
+            entry
+                .get(field)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
         };
-        let data = secret.data.clone().unwrap_or_default();
-        let parsed: Option<Value> = data
-            .get(".dockerconfigjson")
-            .and_then(|raw| serde_json::from_slice::<Value>(&raw.0).ok())
-            .and_then(|v| v.get("auths").cloned())
-            .or_else(|| {
-                data.get(".dockercfg")
-                    .and_then(|raw| serde_json::from_slice(&raw.0).ok())
+        let (mut user, mut password) = (text("username"), text("password"));
+        if user.is_empty() {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(text("auth"))
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok());
+            if let Some((u, p)) = decoded.as_deref().and_then(|d| d.split_once(':')) {
+                (user, password) = (u.to_owned(), p.to_owned());
+            }
+        }
+        if !user.is_empty() {
+            out.push(ImageRegistryCredential {
+                server: server
+                    .trim_start_matches("https://")
+                    .trim_end_matches('/')
+                    .to_owned(),
+                user_name: user,
+                password,
             });
-        for (server, entry) in parsed
-            .as_ref()
-            .and_then(Value::as_object)
-            .into_iter()
-            .flatten()
-        {
-            let text = |field: &str| {
-                entry
-                    .get(field)
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            let (mut user, mut password) = (text("username"), text("password"));
-            if user.is_empty() {
-                let decoded = base64::engine::general_purpose::STANDARD
-                    .decode(text("auth"))
-                    .ok()
-                    .and_then(|b| String::from_utf8(b).ok());
-                if let Some((u, p)) = decoded.as_deref().and_then(|d| d.split_once(':')) {
-                    (user, password) = (u.to_owned(), p.to_owned());
-                }
-            }
-            if !user.is_empty() {
-                out.push(ImageRegistryCredential {
-                    server: server
-                        .trim_start_matches("https://")
-                        .trim_end_matches('/')
-                        .to_owned(),
-                    user_name: user,
-                    password,
-                });
-            }
         }
     }
     out
