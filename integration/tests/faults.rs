@@ -653,15 +653,28 @@ async fn kill9_burst_and_deletion(
 
     // Deletion of everything; replica 0 killed when ~300 groups are gone.
     let deletes_before = mock_calls(h, "DeleteContainerGroup", "ok").await;
-    // Retried: on a loaded machine a request deleting 1,000 pods can lose its connection, and
-    // deleting a collection twice is harmless.
+    // Done once every pod is marked for deletion, whatever the request answered: on a loaded
+    // machine a request deleting 1,000 pods can lose its connection, or outlast the
+    // apiserver's 60 s request timeout (504) while its deletions go on; asking again deletes
+    // what is left, and deleting a collection twice is harmless.
     let pods = Api::<Pod>::namespaced(h.client(), &ns);
-    until("the pods' collection to be deleted", WAIT, || async {
-        pods.delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-            .inspect_err(|error| eprintln!("faults: deleting the pods' collection: {error}"))
-            .is_ok()
-    })
+    until(
+        "every pod of the collection to be marked for deletion",
+        CONVERGE,
+        || async {
+            if let Err(error) = pods
+                .delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await
+            {
+                eprintln!("faults: deleting the pods' collection: {error}");
+            }
+            pods.list(&ListParams::default()).await.is_ok_and(|list| {
+                list.items
+                    .iter()
+                    .all(|pod| pod.metadata.deletion_timestamp.is_some())
+            })
+        },
+    )
     .await?;
     wait_calls(h, "DeleteContainerGroup", deletes_before + 300.0).await?;
     let at = mock_calls(h, "DeleteContainerGroup", "ok").await - deletes_before;
