@@ -543,7 +543,7 @@ async fn the_scheduler_extender_refuses_a_tenant() {
         .unwrap();
         pods.create(&PostParams::default(), &real).await?;
         let placed = h
-            .wait_for("the real pod placed by the extender", Duration::from_secs(40), |_| {
+            .wait_for("the real pod placed by the extender", Duration::from_secs(120), |_| {
                 let (pods, node) = (pods.clone(), node.clone());
                 async move {
                     pods.get_opt("real").await.ok().flatten().is_some_and(|pod| {
