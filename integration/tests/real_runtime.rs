@@ -113,7 +113,7 @@ impl RealMock {
         dir: &Path,
         listen: &str,
     ) -> (Process, EciClient<Channel>) {
-        let process = Process::spawn(
+        let mut process = Process::spawn(
             name,
             &binary("mock-eci", "mock-eci").expect("the mock-eci binary"),
             args,
@@ -122,12 +122,26 @@ impl RealMock {
         )
         .expect("mock-eci starts");
         let endpoint = format!("http://{listen}");
-        let client = wait_for("mock-eci to answer", Duration::from_secs(60), || {
-            let endpoint = endpoint.clone();
-            async move { EciClient::connect(endpoint).await.ok() }
-        })
-        .await;
-        (process, client)
+        // Generous: a start after a crash first sweeps what the crashed run left.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok(client) = EciClient::connect(endpoint.clone()).await {
+                return (process, client);
+            }
+            // A start that failed says why in its log; waiting on would only hide it.
+            if let Some(status) = process.exit_status() {
+                panic!(
+                    "{name} exited ({status}) before answering:\n{}",
+                    process.tail(40)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} did not answer within 120 s:\n{}",
+                process.tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Starts mock-eci again, with the same flags, after [`Process::kill`].

@@ -15,7 +15,6 @@ use std::time::Duration;
 use eci_proto::v20180808::DescribeImageCachesRequest;
 use integration::harness::{Harness, HarnessError};
 use k8s_openapi::api::core::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::Value;
 
@@ -67,34 +66,12 @@ async fn kubectl(h: &Harness, args: &[&str], input: Option<&str>) -> Result<Stri
     }
 }
 
-/// `kubectl apply` of the CRD file deploy/ ships; waits until it is served.
+/// The CRD as deploy/ ships it, served.
 async fn install_crd(h: &Harness) -> Result<(), HarnessError> {
     let crd = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join(CRD_FILE);
-    kubectl(
-        h,
-        &["apply", "--server-side", "-f", &crd.display().to_string()],
-        None,
-    )
-    .await?;
-    let crds: Api<CustomResourceDefinition> = Api::all(h.client());
-    h.wait_for("the ImageCache CRD to be established", WAIT, |_| {
-        let crds = crds.clone();
-        async move {
-            crds.get_opt(CRD_NAME)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|c| c.status)
-                .and_then(|s| s.conditions)
-                .is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                })
-        }
-    })
-    .await
+    h.apply_crd(&crd, CRD_NAME, WAIT).await
 }
 
 fn manifest(name: &str, images: &[&str], pull_secrets: &[&str]) -> String {

@@ -29,7 +29,6 @@ use integration::harness::{ClusterKind, FixtureOptions, Harness, HarnessError, f
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -158,40 +157,7 @@ where
 async fn install_crd(h: &Harness) -> Result<(), HarnessError> {
     CRD.get_or_try_init(|| async {
         let crd = Path::new(env!("CARGO_MANIFEST_DIR")).join(CRD_FILE);
-        let output = kubectl(
-            h,
-            &[
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "-f",
-                &crd.display().to_string(),
-            ],
-        )
-        .await;
-        if !output.ok {
-            return Err(HarnessError::Setup(format!(
-                "kubectl apply of the ResourcePolicy CRD: {}",
-                output.stderr
-            )));
-        }
-        let crds: Api<CustomResourceDefinition> = Api::all(h.client());
-        h.wait_for("the ResourcePolicy CRD to be established", WAIT, |_| {
-            let crds = crds.clone();
-            async move {
-                crds.get_opt(CRD_NAME)
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|c| c.status)
-                    .and_then(|s| s.conditions)
-                    .is_some_and(|c| {
-                        c.iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True")
-                    })
-            }
-        })
-        .await
+        h.apply_crd(&crd, CRD_NAME, WAIT).await
     })
     .await
     .map(|_| ())

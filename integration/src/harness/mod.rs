@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
@@ -791,6 +792,52 @@ impl Harness {
                     .is_some_and(|n| deploy::is_ready(&n))
             }
         })
+        .await
+    }
+
+    /// `kubectl apply --server-side` of a CustomResourceDefinition file (deploy/ ships them),
+    /// then waits until the apiserver serves the resource (`Established`).
+    pub async fn apply_crd(
+        &self,
+        file: &Path,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(), HarnessError> {
+        let output = tokio::process::Command::new(self.kubectl())
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .args(["apply", "--server-side", "--force-conflicts", "-f"])
+            .arg(file)
+            .output()
+            .await
+            .map_err(|e| HarnessError::Setup(format!("kubectl apply of {name}: {e}")))?;
+        if !output.status.success() {
+            return Err(HarnessError::Setup(format!(
+                "kubectl apply of {name}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client());
+        self.wait_for(
+            &format!("the CRD {name} to be established"),
+            timeout,
+            |_| {
+                let crds = crds.clone();
+                async move {
+                    let conditions = crds
+                        .get_opt(name)
+                        .await
+                        .ok()
+                        .flatten()
+                        .and_then(|crd| crd.status)
+                        .and_then(|status| status.conditions)
+                        .unwrap_or_default();
+                    conditions
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                }
+            },
+        )
         .await
     }
 

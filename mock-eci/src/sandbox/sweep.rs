@@ -32,11 +32,13 @@ pub(super) async fn sweep(
     for mount in found.mounts.iter().rev() {
         bundle::unmount(mount)?;
     }
+    // Host ends of veth pairs before namespaces: deleting a namespace makes the kernel destroy
+    // its pairs later, on its own schedule, so a link listed now could vanish under our delete.
+    for link in &found.links {
+        remove_link(link).await?;
+    }
     for netns in &found.netns {
         net::run(&[vec!["netns".into(), "del".into(), netns.clone()]]).await?;
-    }
-    for link in found.links.iter().filter(|link| net::link_exists(link)) {
-        net::run(&[vec!["link".into(), "del".into(), link.clone()]]).await?;
     }
     for cgroup in found.cgroups.iter().rev() {
         if let Err(error) = tokio::fs::remove_dir(cgroup).await {
@@ -48,6 +50,18 @@ pub(super) async fn sweep(
         Ok(()) => Ok(found),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(found),
         Err(e) => Err(io_error("remove", &groups, e)),
+    }
+}
+
+/// Deletes an interface; one that disappeared meanwhile (its pair's namespace destroyed) is
+/// what was wanted.
+async fn remove_link(link: &str) -> Result<(), SandboxError> {
+    if !net::link_exists(link) {
+        return Ok(());
+    }
+    match net::run(&[vec!["link".into(), "del".into(), link.to_owned()]]).await {
+        Err(_) if !net::link_exists(link) => Ok(()),
+        done => done.map_err(SandboxError::from),
     }
 }
 

@@ -31,29 +31,25 @@ use super::plan::{self, Build, Observed, Step};
 use super::resource::{ImageCache, ImageCacheStatus};
 use crate::config::ImageCacheConfig;
 use crate::eci::ImageCaches;
+use crate::k8s::FIELD_MANAGER;
 use crate::k8s::access::{Access, Scope};
-use crate::k8s::election::{Acquire, Candidate, LeaseLock, Request};
+use crate::k8s::election::{Candidate, LeaseLock, ROLE_RENEW_INTERVAL, Request, Standing};
 use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
+use crate::pods::to_eci::naming::TAG_CLUSTER;
 
 /// The election Lease (in the daemon's namespace) whose holder reconciles image caches.
 pub const LEASE: &str = "virtual-node-eci-imagecache";
 /// The finalizer held until the ECI cache is deleted.
 pub const FINALIZER: &str = "virtual-node-eci.aliyun.com/image-cache";
-/// The field manager of the status (the daemon's).
-pub const FIELD_MANAGER: &str = "virtual-node-eci";
 /// Tag on every cache: the uid of the resource it was built for.
 pub const TAG_UID: &str = "virtual-node-eci.aliyun.com/imagecache-uid";
-/// Tag on every cache: the cluster (as on container groups).
-pub const TAG_CLUSTER: &str = "k8s.aliyun.com/cluster";
 /// The Event reason when ECI could not build a cache.
 pub const REASON_FAILED: &str = "ImageCacheFailed";
 /// The Event reason when a pass failed (ECI refused a call, a pull secret is missing, …).
 pub const REASON_SYNC_FAILED: &str = "ImageCacheSyncFailed";
 
-const LEASE_DURATION: Duration = Duration::from_secs(15);
-const RENEW_INTERVAL: Duration = Duration::from_secs(3);
 /// How often a cache ECI is building is looked at.
 const BUILDING_POLL: Duration = Duration::from_secs(3);
 /// How often a settled cache is looked at (an expiry, a deletion out of band).
@@ -154,35 +150,27 @@ impl ImageCacheReconciler {
             self.client.clone(),
             &self.config.pod_namespace,
             LEASE,
-            Candidate {
-                holder: self.config.node_name.clone(),
-                instance: Some(uuid::Uuid::new_v4().to_string()),
-                duration: LEASE_DURATION,
-                renew_interval: RENEW_INTERVAL,
-                owner: None,
-            },
+            Candidate::for_role(&self.config.node_name),
         );
         let count = |request| self.telemetry.kube_request(operation(request));
         let mut term: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
         let mut held = None;
-        let mut ticks = tokio::time::interval(RENEW_INTERVAL);
+        let mut ticks = tokio::time::interval(ROLE_RENEW_INTERVAL);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = stop.cancelled() => break,
                 _ = ticks.tick() => {}
             }
-            let leading = match lock.try_acquire(&count).await {
-                Ok(Acquire::Acquired(lease)) => {
-                    held = Some(*lease);
-                    true
-                }
-                Ok(Acquire::Held(_) | Acquire::Contended) => false,
+            held = match lock.contend(held.as_ref(), &count).await {
+                Ok(Standing::Leading(lease)) => Some(*lease),
+                Ok(Standing::Following(_)) => None,
                 Err(error) => {
                     warn!(error = %Chain(&error), "cannot take part in the image-cache election; stepping aside until it answers");
-                    false
+                    None
                 }
             };
+            let leading = held.is_some();
             match (leading, term.is_some()) {
                 (true, false) => {
                     info!(lease = LEASE, "elected to reconcile ImageCaches");
@@ -193,7 +181,6 @@ impl ImageCacheReconciler {
                 (false, true) => {
                     warn!("no longer elected; ImageCaches are left to another replica");
                     end(term.take()).await;
-                    held = None;
                 }
                 _ => {}
             }

@@ -43,6 +43,28 @@ pub struct Candidate {
     pub owner: Option<OwnerReference>,
 }
 
+/// How long the Lease of a role one replica holds for the fleet (placement, image caches)
+/// lasts unrenewed: a holder that stops renewing hands the role on within this.
+pub const ROLE_LEASE_DURATION: Duration = Duration::from_secs(15);
+/// How often a role's holder renews, and a contender tries again: five tries per Lease
+/// duration, so one slow request does not lose the role.
+pub const ROLE_RENEW_INTERVAL: Duration = Duration::from_secs(3);
+
+impl Candidate {
+    /// This process contending for a fleet-wide role under its node name. Two processes can
+    /// share a node name for a moment (a replica restarting), so a fresh instance id tells
+    /// them apart.
+    pub fn for_role(node_name: &str) -> Self {
+        Self {
+            holder: node_name.to_owned(),
+            instance: Some(uuid::Uuid::new_v4().to_string()),
+            duration: ROLE_LEASE_DURATION,
+            renew_interval: ROLE_RENEW_INTERVAL,
+            owner: None,
+        }
+    }
+}
+
 /// Who holds a Lease.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Holder {
@@ -317,6 +339,15 @@ pub enum Acquire {
     Contended,
 }
 
+/// Where a contender for a role stands after one round of [`LeaseLock::contend`].
+#[derive(Debug, Clone)]
+pub enum Standing {
+    /// We hold the role: hold this Lease from now on.
+    Leading(Box<Lease>),
+    /// Someone else holds it (when known), or it was lost or contended this round.
+    Following(Option<HeldBy>),
+}
+
 /// What [`LeaseLock::renew`] got.
 #[derive(Debug, Clone)]
 pub enum Renewal {
@@ -460,6 +491,25 @@ impl LeaseLock {
             }
             Err(error) => Err(error),
         }
+    }
+
+    /// One round for a role: renews `held` while we lead, otherwise tries to take the Lease.
+    pub async fn contend(
+        &self,
+        held: Option<&Lease>,
+        count: &Count<'_>,
+    ) -> Result<Standing, kube::Error> {
+        let Some(held) = held else {
+            return Ok(match self.try_acquire(count).await? {
+                Acquire::Acquired(lease) => Standing::Leading(lease),
+                Acquire::Held(other) => Standing::Following(Some(other)),
+                Acquire::Contended => Standing::Following(None),
+            });
+        };
+        Ok(match self.renew(held, count).await? {
+            Renewal::Renewed(lease) | Renewal::Changed(lease) => Standing::Leading(Box::new(lease)),
+            Renewal::Lost(_) | Renewal::Deleted => Standing::Following(None),
+        })
     }
 
     /// Marks `held` released so a successor takes it without waiting for it to expire.

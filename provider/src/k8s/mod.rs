@@ -16,6 +16,10 @@ pub mod write_share;
 
 use std::time::SystemTime;
 
+/// The daemon's name where the apiserver records who wrote: the field manager of its
+/// server-side applies (the fields it owns) and the reporting controller of its Events.
+pub const FIELD_MANAGER: &str = "virtual-node-eci";
+
 pub use vne_core::time::rfc3339;
 pub use vne_core::{quantity, requests};
 

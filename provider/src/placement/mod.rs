@@ -39,7 +39,7 @@ use self::state::{PlacementIndex, PodEntry};
 use crate::config::PlacementConfig;
 use crate::k8s::access::{Access, Scope};
 use crate::k8s::callers;
-use crate::k8s::election::{Acquire, Candidate, LeaseLock, Request};
+use crate::k8s::election::{Candidate, LeaseLock, ROLE_RENEW_INTERVAL, Request, Standing};
 use crate::k8s::serving_cert;
 use crate::k8s::shared_watch::{ClusterWatches, Reader};
 use crate::ops::chain::Chain;
@@ -53,10 +53,6 @@ pub const SERVICE: &str = "virtual-node-eci-placement";
 pub const LEASE: &str = "virtual-node-eci-placement";
 /// The label the leader sets on its own pod; the extender's Service selects it.
 pub const LEADER_LABEL: &str = "placement.virtual-node-eci.aliyun.com/leader";
-/// How long the Lease is valid without renewal.
-const LEASE_DURATION: Duration = Duration::from_secs(15);
-/// How often it is renewed (and contended for).
-const RENEW_INTERVAL: Duration = Duration::from_secs(3);
 /// How often the certificate files are checked for a renewal.
 const CERT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -344,16 +340,10 @@ impl Leadership {
             self.client.clone(),
             &self.config.pod_namespace,
             LEASE,
-            Candidate {
-                holder: self.config.node_name.clone(),
-                instance: Some(uuid::Uuid::new_v4().to_string()),
-                duration: LEASE_DURATION,
-                renew_interval: RENEW_INTERVAL,
-                owner: None,
-            },
+            Candidate::for_role(&self.config.node_name),
         );
         let mut term: Option<Term> = None;
-        let mut ticks = tokio::time::interval(RENEW_INTERVAL);
+        let mut ticks = tokio::time::interval(ROLE_RENEW_INTERVAL);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -361,25 +351,16 @@ impl Leadership {
                 _ = ticks.tick() => {}
             }
             let count = |request| self.telemetry.kube_request(operation(request));
-            let attempt = match &term {
-                Some(held) => lock
-                    .renew(&held.lease, &count)
-                    .await
-                    .map(|renewal| match renewal {
-                        crate::k8s::election::Renewal::Renewed(lease)
-                        | crate::k8s::election::Renewal::Changed(lease) => Some(lease),
-                        crate::k8s::election::Renewal::Lost(_)
-                        | crate::k8s::election::Renewal::Deleted => None,
-                    }),
-                None => lock.try_acquire(&count).await.map(|acquire| match acquire {
-                    Acquire::Acquired(lease) => Some(*lease),
-                    Acquire::Held(held) => {
-                        debug!(holder = %held.holder.identity, "another replica serves placement");
-                        None
+            let held = term.as_ref().map(|held| &held.lease);
+            let attempt = lock.contend(held, &count).await.map(|standing| match standing {
+                Standing::Leading(lease) => Some(*lease),
+                Standing::Following(other) => {
+                    if let Some(other) = other {
+                        debug!(holder = %other.holder.identity, "another replica serves placement");
                     }
-                    Acquire::Contended => None,
-                }),
-            };
+                    None
+                }
+            });
             match attempt {
                 Ok(Some(lease)) => {
                     if let Some(held) = term.as_mut() {

@@ -44,6 +44,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::PodsConfig;
 use crate::eci::Backend;
+use crate::k8s::FIELD_MANAGER;
 use crate::k8s::shared_watch::SharedWatch;
 use crate::k8s::write_share::WriteShare;
 use crate::ops::events::EventPublisher;
@@ -59,9 +60,6 @@ use lifecycle::{Effect, Event, Lifecycle};
 pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
 /// Reason of pod conditions and events when ECI cannot run a pod.
 pub const PROVIDER_FAILED: &str = "ProviderFailed";
-/// The field manager of our pod status writes (server-side apply): the fields it owns are
-/// ours, everything else on the status is someone else's.
-const FIELD_MANAGER: &str = "virtual-node-eci";
 /// Pod status writes in flight at most, for the whole fleet: each replica writes its share
 /// ([`WriteShare`]; each pod's writes are sequential).
 const STATUS_WRITERS: usize = 32;
@@ -555,7 +553,7 @@ impl PodController {
         replicas: watch::Receiver<u32>,
     ) -> Self {
         let reporter = Reporter {
-            controller: "virtual-node-eci".into(),
+            controller: FIELD_MANAGER.into(),
             instance: Some(config.node_name.clone()),
         };
         let annotations: Arc<WorkQueue<String, Annotation>> = Arc::default();
