@@ -204,7 +204,7 @@ impl Decommission {
         telemetry: std::sync::Arc<Telemetry>,
     ) -> Self {
         let reporter = Reporter {
-            controller: "virtual-node-eci".into(),
+            controller: crate::k8s::FIELD_MANAGER.into(),
             instance: Some(config.node_name.clone()),
         };
         Self {

@@ -32,7 +32,7 @@ pub async fn run(
     let recorder = EventPublisher::new(
         client,
         Reporter {
-            controller: "virtual-node-eci".into(),
+            controller: crate::k8s::FIELD_MANAGER.into(),
             instance: Some(config.node_name.clone()),
         },
         Arc::clone(&telemetry),

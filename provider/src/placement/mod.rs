@@ -157,7 +157,7 @@ impl Placement {
         let events = EventPublisher::new(
             client.clone(),
             Reporter {
-                controller: "virtual-node-eci".into(),
+                controller: crate::k8s::FIELD_MANAGER.into(),
                 instance: Some(self.config.node_name.clone()),
             },
             Arc::clone(&telemetry),

@@ -27,7 +27,7 @@ use crate::ops::events::EventPublisher;
 /// How often the upkeep runs (it only writes what changed).
 const PERIOD: Duration = Duration::from_secs(3);
 /// The field manager of our status writes.
-const MANAGER: &str = "virtual-node-eci";
+const MANAGER: &str = crate::k8s::FIELD_MANAGER;
 
 /// One pod's annotations as they should be.
 #[derive(Debug, Clone, PartialEq, Eq)]
