@@ -251,6 +251,13 @@ const WATCH_SITES: &[(&str, &[(&str, &str)])] = &[
     ("placement/mod.rs", &[("ResourcePolicy", "cluster")]),
     ("pods/services.rs", &[("Service", "cluster")]),
     (
+        "pods/sources.rs",
+        &[
+            ("ConfigMap(metadata)", "cluster"),
+            ("Secret(metadata)", "cluster"),
+        ],
+    ),
+    (
         "pods/tenancy/feed.rs",
         &[
             ("Namespace", "cluster"),

@@ -369,3 +369,118 @@ async fn a_projected_token_is_refreshed_in_the_running_group_before_it_expires()
     })
     .await;
 }
+
+/// The kubelet keeps a running pod's `configMap`, `secret` and `projected` volumes current;
+/// here the running group's files follow their ConfigMaps and Secrets, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configmap_and_secret_changes_reach_the_running_groups_files() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::api::{Patch, PatchParams};
+    run_scenario(async |h| {
+        let ns = h.create_namespace("files").await?;
+        let config_maps = Api::<ConfigMap>::namespaced(h.client(), &ns);
+        let secrets = Api::<Secret>::namespaced(h.client(), &ns);
+        let config_map: ConfigMap = serde_json::from_value(
+            json!({"metadata": {"name": "app-config"}, "data": {"greeting": "hello"}}),
+        )
+        .unwrap();
+        config_maps
+            .create(&PostParams::default(), &config_map)
+            .await?;
+        let secret: Secret = serde_json::from_value(
+            json!({"metadata": {"name": "app-secret"}, "stringData": {"password": "one"}}),
+        )
+        .unwrap();
+        secrets.create(&PostParams::default(), &secret).await?;
+        let mock = h.start_mock_eci(FAST_MOCK).await?;
+        h.start_daemon(0, FAST_DAEMON)?;
+        let node = h.node_name(0);
+        let spec = json!({
+            "containers": [{"name": "app", "image": "registry.example.com/app:1"}],
+            "volumes": [
+                {"name": "config", "configMap": {"name": "app-config"}},
+                {"name": "mixed", "projected": {"sources": [
+                    {"secret": {"name": "app-secret"}},
+                    {"configMap": {"name": "later", "optional": true}}]}}]});
+        create_pod(h, &ns, &pod_spec("files", &node, &json!({}), spec)).await?;
+        wait_running(h, &ns, "files").await?;
+        let group = group_of(&mock.admin, "files").await;
+        assert_eq!(
+            files_of(&group, "config")
+                .get("greeting")
+                .map(String::as_str),
+            Some("hello"),
+            "{group}"
+        );
+        assert_eq!(
+            files_of(&group, "mixed")
+                .get("password")
+                .map(String::as_str),
+            Some("one"),
+            "{group}"
+        );
+        assert!(!files_of(&group, "mixed").contains_key("note"), "{group}");
+
+        let wait_file = async |volume: &'static str, path: &'static str, content: &'static str| {
+            let admin = mock.admin.clone();
+            h.wait_for(
+                &format!("{volume}/{path} to read {content:?} in the running group"),
+                WAIT,
+                move |_| {
+                    let admin = admin.clone();
+                    async move {
+                        files_of(&group_of(&admin, "files").await, volume)
+                            .get(path)
+                            .map(String::as_str)
+                            == Some(content)
+                    }
+                },
+            )
+            .await
+        };
+        let params = PatchParams::default();
+        config_maps
+            .patch(
+                "app-config",
+                &params,
+                &Patch::Merge(json!({"data": {"greeting": "bonjour"}})),
+            )
+            .await?;
+        wait_file("config", "greeting", "bonjour").await?;
+        secrets
+            .patch(
+                "app-secret",
+                &params,
+                &Patch::Merge(json!({"stringData": {"password": "two"}})),
+            )
+            .await?;
+        wait_file("mixed", "password", "two").await?;
+        // An optional source that did not exist appears once it does.
+        let later: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": "later"}, "data": {"note": "now"}}))
+                .unwrap();
+        config_maps.create(&PostParams::default(), &later).await?;
+        wait_file("mixed", "note", "now").await?;
+
+        // ECI shows the group `Updating` while it takes an update, then Running again.
+        let admin = mock.admin.clone();
+        h.wait_for(
+            "the group Running again after the updates",
+            WAIT,
+            move |_| {
+                let admin = admin.clone();
+                async move { group_of(&admin, "files").await["status"] == "Running" }
+            },
+        )
+        .await?;
+        let group = group_of(&mock.admin, "files").await;
+        assert_eq!(
+            group["containers"][0]["restart_count"], 0,
+            "files change in place: {group}"
+        );
+        let pod = pod(h, &ns, "files").await.unwrap();
+        assert_eq!(pod["status"]["phase"], "Running", "{pod}");
+        Ok(())
+    })
+    .await;
+}

@@ -302,6 +302,14 @@ pub struct Config {
     #[arg(long, env = "ECI_KUBE_PROXY", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub kube_proxy: bool,
 
+    /// Keep running pods' configMap, secret and projected volumes current as their objects
+    /// change, as the kubelet does (UpdateContainerGroup; no restart). Watches the metadata of
+    /// every ConfigMap and Secret, which takes list and watch on both, cluster-wide; `false`
+    /// (e.g. under per-namespace RBAC, deploy/README.md) keeps the files as they were when the
+    /// group was created.
+    #[arg(long, env = "VOLUME_UPDATES", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub volume_updates: bool,
+
     /// How often pod statuses are polled from ECI (one call per interval for the whole node:
     /// only the groups whose status changed).
     #[arg(long, env = "POD_STATUS_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
@@ -724,6 +732,8 @@ pub struct PodsConfig {
     pub cluster_domain: String,
     /// Whether ECI pods get ClusterIP Service access (`ECI_KUBE_PROXY`).
     pub kube_proxy: bool,
+    /// Whether running groups' file volumes follow their ConfigMaps and Secrets.
+    pub volume_updates: bool,
     /// The apiserver address pods are told, when not the `default/kubernetes` Service's.
     pub kubernetes_service_host: Option<String>,
     /// Its port.
@@ -907,6 +917,7 @@ impl Settings {
             cluster_dns: config.cluster_dns.clone(),
             cluster_domain: config.cluster_domain.clone(),
             kube_proxy: config.kube_proxy,
+            volume_updates: config.volume_updates,
             kubernetes_service_host: config.kubernetes_service_host.clone(),
             kubernetes_service_port: config.kubernetes_service_port,
             max_concurrent_creates: config.max_concurrent_creates,

@@ -692,6 +692,17 @@ impl PodController {
             tokens.run(stop_tokens).await;
             Ok(())
         });
+        if self.inner.config.volume_updates {
+            let (tokens, client, stop_sources) = (
+                self.inner.tokens.clone(),
+                self.inner.client.clone(),
+                stop.clone(),
+            );
+            loops.spawn("volume sources", async move {
+                crate::pods::sources::watch(client, tokens, stop_sources).await;
+                Ok(())
+            });
+        }
         let (services, client, stop_services) = (
             self.inner.services.clone(),
             self.inner.client.clone(),
@@ -1043,15 +1054,15 @@ pub const KUBE_API: &[crate::k8s::access::Access] = &[
         scope: crate::k8s::access::Scope::Cluster,
         group: "",
         resource: "configmaps",
-        verbs: &["get"],
-        why: "ConfigMaps a pod references, read when it is created",
+        verbs: &["get", "list", "watch"],
+        why: "ConfigMaps a pod references, read when it is created; their metadata watched to keep running pods' volumes current",
     },
     crate::k8s::access::Access {
         scope: crate::k8s::access::Scope::Cluster,
         group: "",
         resource: "secrets",
-        verbs: &["get"],
-        why: "Secrets a pod references (env, volumes, image pull secrets), read when it is created",
+        verbs: &["get", "list", "watch"],
+        why: "Secrets a pod references (env, volumes, image pull secrets), read when it is created; their metadata watched to keep running pods' volumes current",
     },
     crate::k8s::access::Access {
         scope: crate::k8s::access::Scope::Cluster,
@@ -1208,6 +1219,7 @@ mod tests {
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".into(),
             kube_proxy: false,
+            volume_updates: false,
             kubernetes_service_host: None,
             kubernetes_service_port: None,
             max_concurrent_creates: 1,

@@ -7,6 +7,7 @@ pub mod from_eci;
 pub mod refs;
 pub mod services;
 mod slim;
+pub mod sources;
 pub mod tenancy;
 pub mod to_eci;
 pub mod tokens;

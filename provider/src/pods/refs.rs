@@ -263,13 +263,23 @@ pub fn references(pod: &Pod) -> References {
 
 /// What the volumes carrying service account tokens reference: all a token refresh rebuilds.
 pub fn token_volume_references(pod: &Pod) -> References {
+    volume_references(pod, crate::pods::to_eci::has_token)
+}
+
+/// What the pod's file volumes (`configMap`, `secret`, `projected`) reference: what a push of
+/// changed contents rebuilds, and the objects whose changes concern the running group.
+pub fn file_volume_references(pod: &Pod) -> References {
+    volume_references(pod, |_| true)
+}
+
+fn volume_references(pod: &Pod, which: impl Fn(&Volume) -> bool) -> References {
     let mut refs = References::default();
     let mut tokens = BTreeSet::new();
     for volume in pod
         .spec
         .iter()
         .flat_map(|s| s.volumes.iter().flatten())
-        .filter(|v| crate::pods::to_eci::has_token(v))
+        .filter(|v| which(v))
     {
         visit_volume(volume, &mut |r| refs.add(r), &mut |t| {
             tokens.insert(TokenSource::of(t));

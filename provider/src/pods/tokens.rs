@@ -16,6 +16,10 @@
 //!   of 20 and each token found in them (a JWT bound to the group's pod) is scheduled from its
 //!   own claims; a group whose token cannot be read is refreshed soon, to be safe.
 //!
+//! - **Pushes**: the same queue hands a running group its file volumes again when a ConfigMap or
+//!   Secret they show changed ([`crate::pods::sources`] says which pods and when), rebuilt from
+//!   the objects as they are then, with the tokens the group holds.
+//!
 //! Tokens are secrets: they are never logged, and [`Token`] hides them from `Debug`.
 
 use parking_lot::{Mutex, MutexGuard};
@@ -43,6 +47,7 @@ use crate::eci::{Backend, Lane};
 use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
 use crate::pods::refs::{self, Token, TokenSource};
+use crate::pods::sources::{Dependents, Seen, Source};
 use crate::pods::to_eci::{self, Context, Rejection};
 
 /// A token older than this is refreshed whatever its lifetime (the kubelet's `maxTTL`).
@@ -458,11 +463,23 @@ pub struct Entry {
     pub name: String,
     /// Its container group.
     pub group: String,
-    /// Adopted: the tokens in the group were issued by an earlier process, and are read before
-    /// anything is scheduled.
-    pub inspect: bool,
+    /// What is due.
+    pub duty: Duty,
     /// Failed attempts so far.
     pub attempt: u32,
+}
+
+/// What is due for a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Duty {
+    /// Its tokens are due for a refresh.
+    Refresh,
+    /// Adopted: the tokens in the group were issued by an earlier process, and are read before
+    /// anything is scheduled.
+    Inspect,
+    /// A ConfigMap or Secret it shows as files changed: its file volumes are pushed as they
+    /// are now (with any tokens due).
+    Push,
 }
 
 /// Work due now: one pod's refresh, or up to [`INSPECT_BATCH`] adopted groups to inspect.
@@ -503,10 +520,15 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// Schedules `entry` at `at`, replacing what its pod had scheduled.
-    pub fn insert(&mut self, at: Instant, entry: Entry) {
-        if let Some(key) = self.by_uid.remove(&entry.uid) {
-            self.due.remove(&key);
+    /// Schedules `entry` at `at`, replacing what its pod had scheduled — except a push, which
+    /// nothing postpones or drops: it keeps the earlier time, and its duty.
+    pub fn insert(&mut self, mut at: Instant, mut entry: Entry) {
+        if let Some(key) = self.by_uid.remove(&entry.uid)
+            && let Some(replaced) = self.due.remove(&key)
+            && replaced.duty == Duty::Push
+        {
+            at = at.min(key.0);
+            entry.duty = Duty::Push;
         }
         self.seq += 1;
         let key = (at, self.seq);
@@ -538,7 +560,7 @@ impl Schedule {
 
     fn pop_if_due(&mut self, now: Instant, inspect: bool) -> Option<Entry> {
         let (&key, entry) = self.due.iter().next()?;
-        if key.0 > now || entry.inspect != inspect {
+        if key.0 > now || (entry.duty == Duty::Inspect) != inspect {
             return None;
         }
         let entry = self.due.remove(&key)?;
@@ -579,6 +601,9 @@ struct Shared<W> {
     schedule: Mutex<Schedule>,
     wake: Notify,
     unplaced: Mutex<Unplaced>,
+    /// Which pods show which ConfigMaps and Secrets (shared with the work, which registers
+    /// adopted pods when it reads them).
+    dependents: Arc<Mutex<Dependents>>,
 }
 
 /// Keeps the pods' tokens fresh: one timer queue, drained by [`Refresher::run`].
@@ -655,12 +680,17 @@ impl<W> Refresher<W> {
 impl<W: Work> Refresher<W> {
     /// A refresher doing `work`.
     pub fn with_work(work: W) -> Self {
+        Self::with_dependents(work, Arc::default())
+    }
+
+    fn with_dependents(work: W, dependents: Arc<Mutex<Dependents>>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 work,
                 schedule: Mutex::new(Schedule::default()),
                 wake: Notify::new(),
                 unplaced: Mutex::new(Unplaced::default()),
+                dependents,
             }),
         }
     }
@@ -671,21 +701,54 @@ impl<W: Work> Refresher<W> {
         self.shared.wake.notify_one();
     }
 
-    /// A pod whose group was just created with tokens issued `refresh_in` before their refresh.
-    pub fn track(&self, pod: &Pod, group: &str, refresh_in: Duration) {
+    /// A pod whose group was just created: the objects it shows as files are watched for
+    /// changes, and its tokens (when it has any) are refreshed `refresh_in` from now.
+    pub fn track(&self, pod: &Pod, group: &str, refresh_in: Option<Duration>) {
         let Some(uid) = pod.uid() else { return };
         self.unplaced().forget(&uid);
-        self.insert(
-            Instant::now() + refresh_in,
-            Entry {
-                uid,
-                namespace: pod.namespace().unwrap_or_default(),
-                name: pod.name_any(),
-                group: group.to_owned(),
-                inspect: false,
-                attempt: 0,
-            },
-        );
+        let entry = Entry {
+            uid,
+            namespace: pod.namespace().unwrap_or_default(),
+            name: pod.name_any(),
+            group: group.to_owned(),
+            duty: Duty::Refresh,
+            attempt: 0,
+        };
+        self.shared
+            .dependents
+            .lock()
+            .register(entry.clone(), Source::of(pod));
+        if let Some(refresh_in) = refresh_in {
+            self.insert(Instant::now() + refresh_in, entry);
+        }
+    }
+
+    /// The watch of ConfigMaps and Secrets saw `source`: the pods that show it get their file
+    /// volumes pushed now.
+    pub fn source_observed(&self, source: &Source, version: Option<&str>, seen: Seen) {
+        let concerned = self
+            .shared
+            .dependents
+            .lock()
+            .observed(source, version, seen);
+        if concerned.is_empty() {
+            return;
+        }
+        debug!(kind = ?source.kind, namespace = %source.namespace, name = %source.name, pods = concerned.len(), "volume source changed; pushing the files to the running groups");
+        let now = Instant::now();
+        let mut schedule = self.schedule();
+        for entry in concerned {
+            schedule.insert(
+                now,
+                Entry {
+                    duty: Duty::Push,
+                    attempt: 0,
+                    ..entry
+                },
+            );
+        }
+        drop(schedule);
+        self.shared.wake.notify_one();
     }
 
     /// Groups adopted from an earlier process (pod uid, group id, namespace, name): their tokens
@@ -704,7 +767,7 @@ impl<W: Work> Refresher<W> {
                         namespace,
                         name,
                         group,
-                        inspect: true,
+                        duty: Duty::Inspect,
                         attempt: 0,
                     },
                 );
@@ -725,6 +788,7 @@ impl<W: Work> Refresher<W> {
     pub fn forget(&self, uid: &str) {
         self.unplaced().forget(uid);
         self.schedule().remove(uid);
+        self.shared.dependents.lock().forget(uid);
     }
 
     /// Pods waiting for a refresh (or an inspection), not counting those in progress.
@@ -774,7 +838,7 @@ impl<W: Work> Refresher<W> {
                 Next::After(delay) => schedule.insert(
                     now + *delay,
                     Entry {
-                        inspect: false,
+                        duty: Duty::Refresh,
                         attempt: 0,
                         ..entry.clone()
                     },
@@ -800,12 +864,15 @@ impl TokenRefresher {
         config: PodsConfig,
         telemetry: Arc<Telemetry>,
     ) -> Self {
-        Self::with_work(Renewal {
+        let dependents = Arc::<Mutex<Dependents>>::default();
+        let work = Renewal {
             client,
             backend,
             config,
             telemetry,
-        })
+            dependents: Arc::clone(&dependents),
+        };
+        Self::with_dependents(work, dependents)
     }
 }
 
@@ -815,6 +882,21 @@ pub struct Renewal {
     backend: Backend,
     config: PodsConfig,
     telemetry: Arc<Telemetry>,
+    dependents: Arc<Mutex<Dependents>>,
+}
+
+/// The tokens due, when the others are due, and the tokens the group holds.
+type HeldAndDue = (
+    BTreeSet<TokenSource>,
+    Option<Duration>,
+    BTreeMap<TokenSource, (Token, Duration)>,
+);
+
+/// What file volumes are built from.
+struct Sources<'a> {
+    config_maps: &'a BTreeMap<String, ConfigMap>,
+    secrets: &'a BTreeMap<String, Secret>,
+    tokens: &'a BTreeMap<TokenSource, Token>,
 }
 
 impl std::fmt::Debug for Renewal {
@@ -866,8 +948,74 @@ impl Renewal {
         }
     }
 
-    /// One refresh: `None` when there is nothing (left) to refresh.
+    /// One refresh or push: `None` when there is nothing (left) to refresh.
     async fn try_refresh(&self, entry: &Entry) -> Result<Option<Duration>, RefreshError> {
+        let Some(pod) = self.running_pod(entry).await? else {
+            return Ok(None);
+        };
+        // Adopted pods are registered here, the first time their pod is read.
+        self.dependents.lock().register(
+            Entry {
+                duty: Duty::Refresh,
+                attempt: 0,
+                ..entry.clone()
+            },
+            Source::of(&pod),
+        );
+        let push = entry.duty == Duty::Push;
+        let refs = if push {
+            refs::file_volume_references(&pod)
+        } else {
+            refs::token_volume_references(&pod)
+        };
+        if refs.tokens.is_empty() && !push {
+            return Ok(None);
+        }
+        let Some((due, kept, held)) = self.held_tokens(entry, &pod, &refs.tokens).await? else {
+            return Ok(None);
+        };
+        if due.is_empty() && !push {
+            // Woken before anything is due (an adopted group's schedule is approximate).
+            return Ok(kept);
+        }
+        let config_maps = self
+            .fetch::<ConfigMap>(&entry.namespace, &refs.config_maps, "ConfigMap")
+            .await?;
+        let secrets = self
+            .fetch::<Secret>(&entry.namespace, &refs.secrets, "Secret")
+            .await?;
+        let issued = if due.is_empty() {
+            Issued::default()
+        } else {
+            issue(&self.client, &self.telemetry, &pod, &due)
+                .await
+                .map_err(RefreshError::Token)?
+        };
+        let mut tokens = issued.tokens;
+        for (source, (token, _)) in held {
+            tokens.entry(source).or_insert(token);
+        }
+        let next = match (issued.refresh_in, kept) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let sources = Sources {
+            config_maps: &config_maps,
+            secrets: &secrets,
+            tokens: &tokens,
+        };
+        let volumes = self.volumes(&pod, push, &sources)?;
+        let pushed = self.update(entry, volumes).await?;
+        if pushed {
+            debug!(pod = %format!("{}/{}", entry.namespace, entry.name), pod_uid = %entry.uid, eci_id = %entry.group, tokens = due.len(), push, "updated the running group's volumes");
+            Ok(next)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// The pod of `entry`, unless it is gone, replaced, being deleted or finished.
+    async fn running_pod(&self, entry: &Entry) -> Result<Option<Pod>, RefreshError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &entry.namespace);
         self.telemetry.kube_request("pod_get");
         let pod = match api.get_opt(&entry.name).await {
@@ -880,15 +1028,21 @@ impl Renewal {
             pod.status.as_ref().and_then(|s| s.phase.as_deref()),
             Some("Succeeded" | "Failed")
         );
-        if pod.metadata.deletion_timestamp.is_some() || finished {
-            return Ok(None);
+        Ok((pod.metadata.deletion_timestamp.is_none() && !finished).then_some(pod))
+    }
+
+    /// The tokens the group holds and which of `sources` are due. Like the kubelet, only the
+    /// tokens that are due are issued again; the others are read back from the group and kept.
+    /// `None` when the group is gone.
+    async fn held_tokens(
+        &self,
+        entry: &Entry,
+        pod: &Pod,
+        sources: &BTreeSet<TokenSource>,
+    ) -> Result<Option<HeldAndDue>, RefreshError> {
+        if sources.is_empty() {
+            return Ok(Some((BTreeSet::new(), None, BTreeMap::new())));
         }
-        let refs = refs::token_volume_references(&pod);
-        if refs.tokens.is_empty() {
-            return Ok(None);
-        }
-        // Like the kubelet, only the tokens that are due are issued again; the others are
-        // read back from the group and kept.
         let request = DescribeContainerGroupsRequest {
             region_id: self.config.region.clone(),
             container_group_ids: vec![entry.group.clone()],
@@ -906,31 +1060,19 @@ impl Renewal {
         else {
             return Ok(None);
         };
-        let held = held_tokens(&pod, group, unix_now());
-        let (due, kept) = plan(&refs.tokens, &held);
+        let held = held_tokens(pod, group, unix_now());
+        let (due, kept) = plan(sources, &held);
         let jitter = random_seconds(MAX_JITTER_SECONDS);
-        let kept = kept.map(|k| k.saturating_sub(jitter));
-        if due.is_empty() {
-            // Woken before anything is due (an adopted group's schedule is approximate).
-            return Ok(kept);
-        }
-        let config_maps = self
-            .fetch::<ConfigMap>(&entry.namespace, &refs.config_maps, "ConfigMap")
-            .await?;
-        let secrets = self
-            .fetch::<Secret>(&entry.namespace, &refs.secrets, "Secret")
-            .await?;
-        let issued = issue(&self.client, &self.telemetry, &pod, &due)
-            .await
-            .map_err(RefreshError::Token)?;
-        let mut tokens = issued.tokens;
-        for (source, (token, _)) in held {
-            tokens.entry(source).or_insert(token);
-        }
-        let next = match (issued.refresh_in, kept) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        Ok(Some((due, kept.map(|k| k.saturating_sub(jitter)), held)))
+    }
+
+    /// The volumes to hand to the group: every file volume for a push, else those with tokens.
+    fn volumes(
+        &self,
+        pod: &Pod,
+        push: bool,
+        sources: &Sources<'_>,
+    ) -> Result<Vec<eci_proto::v20180808::Volume>, RefreshError> {
         let config = &self.config;
         // Only the volume fields matter here: volumes read neither Services nor DNS.
         let cx = Context {
@@ -941,28 +1083,41 @@ impl Renewal {
             node_name: &config.node_name,
             cluster_dns: &config.cluster_dns,
             cluster_domain: &config.cluster_domain,
-            config_maps: &config_maps,
-            secrets: &secrets,
-            service_account_tokens: &tokens,
+            config_maps: sources.config_maps,
+            secrets: sources.secrets,
+            service_account_tokens: sources.tokens,
             default_spec: (2.0, 4.0),
             apiserver: None,
             services: &[],
             kube_proxy: config.kube_proxy,
         };
-        let volumes = to_eci::token_volumes(&pod, &cx).map_err(RefreshError::Volumes)?;
+        let built = if push {
+            to_eci::file_volumes(pod, &cx)
+        } else {
+            to_eci::token_volumes(pod, &cx)
+        };
+        built.map_err(RefreshError::Volumes)
+    }
+
+    /// Hands `volumes` to the running group (`IncrementalUpdate`): false when it is gone.
+    async fn update(
+        &self,
+        entry: &Entry,
+        volumes: Vec<eci_proto::v20180808::Volume>,
+    ) -> Result<bool, RefreshError> {
+        if volumes.is_empty() {
+            return Ok(true);
+        }
         let request = UpdateContainerGroupRequest {
-            region_id: config.region.clone(),
+            region_id: self.config.region.clone(),
             container_group_id: entry.group.clone(),
             volume: volumes,
             update_type: "IncrementalUpdate".into(),
             ..UpdateContainerGroupRequest::default()
         };
         match self.backend.update_container_group(request).await {
-            Ok(_) => {
-                debug!(pod = %format!("{}/{}", entry.namespace, entry.name), pod_uid = %entry.uid, eci_id = %entry.group, tokens = due.len(), "refreshed service account tokens in the running group");
-                Ok(next)
-            }
-            Err(failure) if failure.is_not_found() => Ok(None),
+            Ok(_) => Ok(true),
+            Err(failure) if failure.is_not_found() => Ok(false),
             Err(failure) => Err(RefreshError::Update(failure)),
         }
     }
@@ -1221,9 +1376,46 @@ mod tests {
             namespace: "ns".into(),
             name: uid.into(),
             group: format!("eci-{uid}"),
-            inspect,
+            duty: if inspect {
+                Duty::Inspect
+            } else {
+                Duty::Refresh
+            },
             attempt: 0,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pending_push_is_neither_postponed_nor_dropped() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut schedule = Schedule::default();
+        let push = Entry {
+            duty: Duty::Push,
+            ..entry("a", false)
+        };
+        schedule.insert(t0, push.clone());
+        // A refresh settled afterwards (it was in flight) keeps the push, and its time.
+        schedule.insert(t0 + s(600), entry("a", false));
+        assert_eq!(schedule.len(), 1);
+        assert_eq!(schedule.pop(t0), Some(Task::Refresh(push)));
+        // A push over a later refresh comes at once.
+        schedule.insert(t0 + s(600), entry("b", false));
+        schedule.insert(
+            t0,
+            Entry {
+                duty: Duty::Push,
+                ..entry("b", false)
+            },
+        );
+        assert_eq!(
+            schedule.pop(t0),
+            Some(Task::Refresh(Entry {
+                duty: Duty::Push,
+                ..entry("b", false)
+            }))
+        );
+        assert!(schedule.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -1341,8 +1533,8 @@ mod tests {
     async fn one_queue_refreshes_on_time_retries_with_back_off_and_stops() {
         let (refresher, stop, running) = running_refresher();
         let s = Duration::from_secs;
-        refresher.track(&pod("p"), "eci-p", s(480));
-        refresher.track(&pod("once"), "eci-once", s(600));
+        refresher.track(&pod("p"), "eci-p", Some(s(480)));
+        refresher.track(&pod("once"), "eci-once", Some(s(600)));
         refresher.adopt((0..21).map(|i| {
             (
                 format!("a{i}"),
@@ -1384,7 +1576,7 @@ mod tests {
             .work
             .failures_left
             .store(3, Ordering::SeqCst);
-        refresher.track(&pod("f"), "eci-f", s(10));
+        refresher.track(&pod("f"), "eci-f", Some(s(10)));
         tokio::time::sleep(s(20)).await;
         {
             let ran = refresher.shared.work.ran.lock();
@@ -1416,7 +1608,7 @@ mod tests {
         let (refresher, stop, running) = running_refresher();
         let s = Duration::from_secs;
         for name in ["kept", "gone-1", "gone-2"] {
-            refresher.track(&pod(name), &format!("eci-{name}"), s(60));
+            refresher.track(&pod(name), &format!("eci-{name}"), Some(s(60)));
         }
         assert_eq!(refresher.scheduled(), 3);
         refresher.forget("gone-1");
@@ -1551,7 +1743,7 @@ mod tests {
         assert_ne!(late.tokens, first.tokens);
         // Once the group exists the refresher owns the tokens: the next pod of that UID
         // (none should come) would get new ones.
-        refresher.track(&stuck, "eci-stuck", late.refresh_in.unwrap());
+        refresher.track(&stuck, "eci-stuck", late.refresh_in);
         refresher.forget("recreated");
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(refresher.unplaced().is_empty());

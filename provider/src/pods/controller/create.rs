@@ -616,11 +616,9 @@ impl PodController {
         // The one place a creation's answer is judged: the pod's problem, the node's
         // (a misconfiguration, see `misconfigured.rs`), or a moment's.
         let response = self.judge_creation(outcome, chosen)?;
-        if let Some(due) = issued.refresh_in {
-            self.inner
-                .tokens
-                .track(pod, &response.container_group_id, due);
-        }
+        self.inner
+            .tokens
+            .track(pod, &response.container_group_id, issued.refresh_in);
         let back = WriteBack::new(&response.container_group_id, &response.request_id)
             .with_zone_lookup(several_vswitches);
         Ok((back, optional))

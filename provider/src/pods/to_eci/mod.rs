@@ -391,6 +391,12 @@ pub fn token_volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, Rejecti
     volumes::token_volumes(pod, cx)
 }
 
+/// The pod's file volumes (`configMap`, `secret`, `projected`, `downwardAPI`) as ECI volumes,
+/// as their sources are now: what a push of changed contents hands to the running group.
+pub fn file_volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, Rejection> {
+    volumes::file_volumes(pod, cx)
+}
+
 /// DNS: `ClusterFirst` (the default) points at the cluster DNS with the usual search path;
 /// `None` uses only `dnsConfig`; `Default` keeps ECI's resolver; `dnsConfig` is merged in.
 fn dns(pod: &Pod, cx: &Context<'_>) -> Result<Option<DnsConfig>, Rejection> {

@@ -182,6 +182,27 @@ pub(super) fn token_volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, 
         .collect()
 }
 
+/// Whether a pod volume is files the running group is given from API objects (`configMap`,
+/// `secret`, `projected`, `downwardAPI`): what the kubelet keeps current while the pod runs.
+fn has_files(volume: &k8s_openapi::api::core::v1::Volume) -> bool {
+    volume.config_map.is_some()
+        || volume.secret.is_some()
+        || volume.projected.is_some()
+        || volume.downward_api.is_some()
+}
+
+/// The file volumes as ECI volumes, as they should be now: what a push of changed contents
+/// sends to the running group.
+pub(super) fn file_volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, Rejection> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .enumerate()
+        .filter(|(_, volume)| has_files(volume))
+        .map(|(index, volume)| translate(pod, index, volume, cx))
+        .collect()
+}
+
 /// One pod volume as an ECI volume.
 fn translate(
     pod: &Pod,
