@@ -401,7 +401,9 @@ async fn configmap_and_secret_changes_reach_the_running_groups_files() {
                 {"name": "config", "configMap": {"name": "app-config"}},
                 {"name": "mixed", "projected": {"sources": [
                     {"secret": {"name": "app-secret"}},
-                    {"configMap": {"name": "later", "optional": true}}]}}]});
+                    {"configMap": {"name": "later", "optional": true}}]}},
+                {"name": "podinfo", "downwardAPI": {"items": [
+                    {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]});
         create_pod(h, &ns, &pod_spec("files", &node, &json!({}), spec)).await?;
         wait_running(h, &ns, "files").await?;
         let group = group_of(&mock.admin, "files").await;
@@ -461,6 +463,29 @@ async fn configmap_and_secret_changes_reach_the_running_groups_files() {
                 .unwrap();
         config_maps.create(&PostParams::default(), &later).await?;
         wait_file("mixed", "note", "now").await?;
+        // Labels shown by the downward API follow the pod.
+        Api::<Pod>::namespaced(h.client(), &ns)
+            .patch(
+                "files",
+                &params,
+                &Patch::Merge(json!({"metadata": {"labels": {"tier": "gold"}}})),
+            )
+            .await?;
+        let admin = mock.admin.clone();
+        h.wait_for(
+            "the new label in the running group's downward API file",
+            WAIT,
+            move |_| {
+                let admin = admin.clone();
+                async move {
+                    let files = files_of(&group_of(&admin, "files").await, "podinfo");
+                    files
+                        .get("labels")
+                        .is_some_and(|labels| labels.lines().any(|l| l == "tier=\"gold\""))
+                }
+            },
+        )
+        .await?;
 
         // ECI shows the group `Updating` while it takes an update, then Running again.
         let admin = mock.admin.clone();

@@ -921,6 +921,10 @@ impl PodController {
             }
             effect
         };
+        // Labels and annotations shown in downward API files follow the pod, as the kubelet's.
+        if !terminating {
+            self.inner.tokens.pod_observed(&pod);
+        }
         let controller = self.clone();
         let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
         match effect {

@@ -1,7 +1,8 @@
 //! Keeping a running group's file volumes current, as the kubelet keeps a running pod's
-//! `configMap`, `secret` and `projected` volumes: which running pods show which ConfigMaps and
-//! Secrets ([`Dependents`], pure), and the watch that says when one of those objects changed
-//! ([`watch`]). A change schedules a push of the pod's file volumes through the token refresher's
+//! `configMap`, `secret`, `projected` and `downwardAPI` volumes: which running pods show which
+//! ConfigMaps and Secrets, or their own labels and annotations ([`Dependents`], pure), and the
+//! watch that says when one of those objects changed ([`watch`]; the pod watch reports the
+//! labels). A change schedules a push of the pod's file volumes through the token refresher's
 //! queue ([`crate::pods::tokens`]), which rebuilds them from the objects as they are then and
 //! hands them to the group with `UpdateContainerGroup`: the files change in place, no container
 //! restarts.
@@ -75,36 +76,71 @@ struct Shown {
     version: Option<String>,
 }
 
+/// What a running pod shows as files.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Shows {
+    /// The ConfigMaps and Secrets.
+    pub sources: Vec<Source>,
+    /// The fingerprint of the labels and annotations its downward API files show, if any.
+    pub metadata: Option<u64>,
+}
+
+impl Shows {
+    /// What `pod` shows.
+    pub fn of(pod: &Pod) -> Self {
+        Self {
+            sources: Source::of(pod),
+            metadata: crate::pods::to_eci::downward_metadata(pod),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.sources.is_empty() && self.metadata.is_none()
+    }
+}
+
 /// Which running pods show which objects.
 #[derive(Debug, Default)]
 pub struct Dependents {
-    pods: HashMap<String, (Entry, Vec<Source>)>,
+    pods: HashMap<String, (Entry, Shows)>,
     sources: HashMap<Source, Shown>,
 }
 
 impl Dependents {
-    /// Pod `entry.uid` shows `sources` from now on (replacing what it showed before).
-    pub fn register(&mut self, entry: Entry, sources: Vec<Source>) {
+    /// Pod `entry.uid` shows `shows` from now on (replacing what it showed before).
+    pub fn register(&mut self, entry: Entry, shows: Shows) {
         self.forget(&entry.uid);
-        if sources.is_empty() {
+        if shows.is_empty() {
             return;
         }
-        for source in &sources {
+        for source in &shows.sources {
             self.sources
                 .entry(source.clone())
                 .or_default()
                 .pods
                 .insert(entry.uid.clone());
         }
-        self.pods.insert(entry.uid.clone(), (entry, sources));
+        self.pods.insert(entry.uid.clone(), (entry, shows));
+    }
+
+    /// The pod `uid` was seen with labels and annotations of fingerprint `metadata`: its entry
+    /// when its downward API files show them and they changed.
+    pub fn metadata_seen(&mut self, uid: &str, metadata: Option<u64>) -> Option<Entry> {
+        let (entry, shows) = self.pods.get_mut(uid)?;
+        let known = shows.metadata?;
+        let now = metadata?;
+        (known != now).then(|| {
+            shows.metadata = Some(now);
+            entry.clone()
+        })
     }
 
     /// Pod `uid` is gone: it shows nothing any more.
     pub fn forget(&mut self, uid: &str) {
-        let Some((_, sources)) = self.pods.remove(uid) else {
+        let Some((_, shows)) = self.pods.remove(uid) else {
             return;
         };
-        for source in sources {
+        for source in shows.sources {
             if let Some(shown) = self.sources.get_mut(&source) {
                 shown.pods.remove(uid);
                 if shown.pods.is_empty() {
@@ -227,6 +263,46 @@ mod tests {
         }
     }
 
+    fn shows(config_maps: &[&str]) -> Shows {
+        Shows {
+            sources: config_maps.iter().map(|name| config_map(name)).collect(),
+            metadata: None,
+        }
+    }
+
+    #[test]
+    fn a_pod_showing_its_labels_is_pushed_when_they_change() {
+        let mut dependents = Dependents::default();
+        dependents.register(
+            entry("a"),
+            Shows {
+                sources: Vec::new(),
+                metadata: Some(1),
+            },
+        );
+        dependents.register(entry("b"), shows(&["app"]));
+        assert_eq!(dependents.metadata_seen("a", Some(1)), None, "unchanged");
+        assert_eq!(
+            dependents.metadata_seen("a", Some(2)).map(|e| e.uid),
+            Some("a".to_owned())
+        );
+        assert_eq!(
+            dependents.metadata_seen("a", Some(2)),
+            None,
+            "once per change"
+        );
+        assert_eq!(
+            dependents.metadata_seen("b", Some(7)),
+            None,
+            "its files show no labels"
+        );
+        assert_eq!(
+            dependents.metadata_seen("c", Some(7)),
+            None,
+            "not running here"
+        );
+    }
+
     fn uids(entries: &[Entry]) -> Vec<&str> {
         entries.iter().map(|e| e.uid.as_str()).collect()
     }
@@ -234,8 +310,8 @@ mod tests {
     #[test]
     fn a_change_concerns_the_pods_that_show_the_object_until_they_are_gone() {
         let mut dependents = Dependents::default();
-        dependents.register(entry("a"), vec![config_map("app"), config_map("root-ca")]);
-        dependents.register(entry("b"), vec![config_map("root-ca")]);
+        dependents.register(entry("a"), shows(&["app", "root-ca"]));
+        dependents.register(entry("b"), shows(&["root-ca"]));
         let app = config_map("app");
         let root = config_map("root-ca");
         assert_eq!(
@@ -273,7 +349,7 @@ mod tests {
     #[test]
     fn a_relisted_object_counts_as_changed_only_when_its_version_moved() {
         let mut dependents = Dependents::default();
-        dependents.register(entry("a"), vec![config_map("app")]);
+        dependents.register(entry("a"), shows(&["app"]));
         let app = config_map("app");
         // First sight in a listing: nothing to compare with, nothing pushed.
         assert!(
@@ -300,8 +376,8 @@ mod tests {
     #[test]
     fn registering_again_replaces_what_the_pod_showed() {
         let mut dependents = Dependents::default();
-        dependents.register(entry("a"), vec![config_map("old")]);
-        dependents.register(entry("a"), vec![config_map("new")]);
+        dependents.register(entry("a"), shows(&["old"]));
+        dependents.register(entry("a"), shows(&["new"]));
         assert!(
             dependents
                 .observed(&config_map("old"), Some("2"), Seen::Changed)
@@ -311,7 +387,7 @@ mod tests {
             uids(&dependents.observed(&config_map("new"), Some("2"), Seen::Changed)),
             ["a"]
         );
-        dependents.register(entry("a"), Vec::new());
+        dependents.register(entry("a"), Shows::default());
         assert!(dependents.is_empty());
     }
 }

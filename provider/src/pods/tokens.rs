@@ -47,7 +47,7 @@ use crate::eci::{Backend, Lane};
 use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
 use crate::pods::refs::{self, Token, TokenSource};
-use crate::pods::sources::{Dependents, Seen, Source};
+use crate::pods::sources::{Dependents, Seen, Shows, Source};
 use crate::pods::to_eci::{self, Context, Rejection};
 
 /// A token older than this is refreshed whatever its lifetime (the kubelet's `maxTTL`).
@@ -717,7 +717,7 @@ impl<W: Work> Refresher<W> {
         self.shared
             .dependents
             .lock()
-            .register(entry.clone(), Source::of(pod));
+            .register(entry.clone(), Shows::of(pod));
         if let Some(refresh_in) = refresh_in {
             self.insert(Instant::now() + refresh_in, entry);
         }
@@ -735,9 +735,34 @@ impl<W: Work> Refresher<W> {
             return;
         }
         debug!(kind = ?source.kind, namespace = %source.namespace, name = %source.name, pods = concerned.len(), "volume source changed; pushing the files to the running groups");
+        self.push(concerned);
+    }
+
+    /// The pod watch saw a running `pod`: when its downward API files show labels or
+    /// annotations and those changed, its file volumes are pushed now.
+    pub fn pod_observed(&self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            return;
+        };
+        // Most pods show no labels: no lock taken for them on every delivery.
+        let Some(metadata) = crate::pods::to_eci::downward_metadata(pod) else {
+            return;
+        };
+        let changed = self
+            .shared
+            .dependents
+            .lock()
+            .metadata_seen(uid, Some(metadata));
+        if let Some(entry) = changed {
+            debug!(pod = %format!("{}/{}", entry.namespace, entry.name), pod_uid = %entry.uid, "labels or annotations its downward API files show changed; pushing the files");
+            self.push(vec![entry]);
+        }
+    }
+
+    fn push(&self, entries: Vec<Entry>) {
         let now = Instant::now();
         let mut schedule = self.schedule();
-        for entry in concerned {
+        for entry in entries {
             schedule.insert(
                 now,
                 Entry {
@@ -960,7 +985,7 @@ impl Renewal {
                 attempt: 0,
                 ..entry.clone()
             },
-            Source::of(&pod),
+            Shows::of(&pod),
         );
         let push = entry.duty == Duty::Push;
         let refs = if push {

@@ -12,7 +12,7 @@ mod volumes;
 
 pub use vne_core::service_env;
 
-pub(crate) use volumes::has_token;
+pub(crate) use volumes::{downward_metadata, has_token};
 
 use std::collections::BTreeMap;
 

@@ -191,6 +191,36 @@ fn has_files(volume: &k8s_openapi::api::core::v1::Volume) -> bool {
         || volume.downward_api.is_some()
 }
 
+/// A fingerprint of the labels and annotations the pod's `downwardAPI` files show (plain or
+/// projected); `None` when no file shows them. A pod whose fingerprint moved while it runs gets
+/// its file volumes pushed again, as the kubelet rewrites such files.
+pub(crate) fn downward_metadata(pod: &Pod) -> Option<u64> {
+    use std::hash::{Hash as _, Hasher as _};
+    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    let plain = volumes
+        .clone()
+        .filter_map(|v| v.downward_api.as_ref())
+        .flat_map(|d| d.items.iter().flatten());
+    let projected = volumes
+        .flat_map(|v| v.projected.iter().flat_map(|p| p.sources.iter().flatten()))
+        .filter_map(|source| source.downward_api.as_ref())
+        .flat_map(|d| d.items.iter().flatten());
+    let shows_maps = plain
+        .chain(projected)
+        .filter_map(|item| item.field_ref.as_ref())
+        .any(|field| {
+            field.field_path.starts_with("metadata.labels")
+                || field.field_path.starts_with("metadata.annotations")
+        });
+    if !shows_maps {
+        return None;
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    pod.metadata.labels.hash(&mut hasher);
+    pod.metadata.annotations.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
 /// The file volumes as ECI volumes, as they should be now: what a push of changed contents
 /// sends to the running group.
 pub(super) fn file_volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, Rejection> {
