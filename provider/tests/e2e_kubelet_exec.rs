@@ -7,17 +7,25 @@
 //!   arguments with spaces, quotes and empty strings arrive exactly; stdout and stderr stay
 //!   apart; the container's environment is the command's;
 //! - `kubectl exec -it` under a pseudo-terminal (`script`) gives the command a terminal;
-//! - `kubectl attach` prints what the container writes after it attached;
+//! - `kubectl attach` prints what the container writes after it attached; `kubectl attach -i`
+//!   is refused (ECI reaches no running container's stdin) with a message naming `exec -i`,
+//!   before any ECI call;
+//! - `kubectl cp` both ways (a binary file and a directory tree), and binary stdin through
+//!   `kubectl exec -i` to its end, in a real container (mock-eci's real runtime);
 //! - `kubectl port-forward` carries bytes both ways to the container's port;
 //! - a `ws://` exec stream from ECI is refused without `ECI_ALLOW_INSECURE_ENDPOINT`, and kubectl
 //!   says why.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use integration::harness::invariants::sample;
 use integration::harness::{EciApi, Harness, HarnessError, run_scenario};
+use integration::images;
+use integration::registry::TestRegistry;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -166,6 +174,15 @@ async fn kubectl_exec_carries_stdin_output_exit_codes_and_exact_arguments() {
             echoed.stdout.as_bytes() == big.as_slice(),
             "300 kB through cat"
         );
+        // Bytes that are not text (a tar stream's) come back as they went in.
+        let binary = binary_payload(65_537);
+        let echoed = kubectl_bytes(h, &["exec", "-i", "-n", ns, "box", "--", "cat"], &binary).await;
+        assert_eq!(echoed.0, Some(0), "{}", echoed.2);
+        assert!(
+            echoed.1 == binary,
+            "binary stdin back through cat ({} bytes)",
+            echoed.1.len()
+        );
 
         let exit = kubectl(
             h,
@@ -279,6 +296,40 @@ async fn kubectl_exec_it_attach_and_port_forward() {
         assert!(out.contains("TTY-OK"), "the TTY session answered: {out:?}");
         assert!(status.success(), "{out:?}");
 
+        // attach -i: ECI has no call that reaches the container's own stdin. Refused with the
+        // reason and the way that works, no ECI call made, nothing typed taken.
+        let calls = || async {
+            let text = h.mock_metrics().await.unwrap_or_default();
+            ["ExecContainerCommand", "DescribeContainerLog"].map(|action| {
+                sample(
+                    &text,
+                    "mock_eci_calls_total",
+                    &format!(r#"action="{action}",result="ok""#),
+                )
+            })
+        };
+        let before = calls().await;
+        let refused = kubectl(
+            h,
+            &["attach", "-i", "-n", ns, "box", "-c", "app"],
+            b"typed into the container\n",
+        )
+        .await;
+        assert_eq!(refused.code, Some(1), "{}", refused.stderr);
+        eprintln!("kubectl attach -i: {}", refused.stderr.trim());
+        for said in ["attach -i is not available on ECI", "kubectl exec -i"] {
+            assert!(
+                refused.stderr.contains(said),
+                "{said:?}: {}",
+                refused.stderr
+            );
+        }
+        assert_eq!(
+            calls().await,
+            before,
+            "a refused attach calls no ECI action"
+        );
+
         // attach: what the container writes after attaching.
         let mut attach = tokio::process::Command::new(h.kubectl())
             .arg("--kubeconfig")
@@ -311,6 +362,10 @@ async fn kubectl_exec_it_attach_and_port_forward() {
         }
         assert!(seen, "kubectl attach printed the container's new output");
         let _ = attach.kill().await;
+        assert!(
+            calls().await[1] > before[1],
+            "the counters read are the calls: the plain attach read the log"
+        );
 
         // port-forward: bytes both ways to the container's port.
         let mut forward = tokio::process::Command::new(h.kubectl())
@@ -578,6 +633,179 @@ async fn one_namespace_looping_exec_leaves_another_its_exec_and_its_logs_within_
                 "another namespace's kubectl {what} took {elapsed:?} (the issue's bound: 2 s)"
             );
         }
+        Ok(())
+    })
+    .await;
+}
+
+// --- cp and stdin in a real container (issue 47) ---
+
+/// Runs kubectl with `stdin` as its input; stdout as bytes.
+async fn kubectl_bytes(h: &Harness, args: &[&str], stdin: &[u8]) -> (Option<i32>, Vec<u8>, String) {
+    let mut child = tokio::process::Command::new(h.kubectl())
+        .arg("--kubeconfig")
+        .arg(h.kubeconfig())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl runs");
+    let mut input = child.stdin.take().unwrap();
+    let output = async {
+        // Written beside the reading: a command that answers while it reads must not block us.
+        let writing = async {
+            let _ = input.write_all(stdin).await;
+            drop(input);
+        };
+        let (_, output) = tokio::join!(writing, child.wait_with_output());
+        output
+    };
+    let output = tokio::time::timeout(Duration::from_secs(60), output)
+        .await
+        .expect("kubectl ends within 60 s (stdin's end reached the command)")
+        .unwrap();
+    (
+        output.status.code(),
+        output.stdout,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Every byte value, in an order no run-length trick keeps: what tar and the streams carry.
+fn binary_payload(len: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| i.wrapping_mul(2_654_435_761).to_be_bytes()[0])
+        .collect()
+}
+
+/// `kubectl cp` is tar over exec: `tar -xmf -` reading kubectl's stdin until it closes, then
+/// `tar cf -` onto stdout. mock-eci's simulated exec runs no process (no files, no tar), so the
+/// pod runs in mock-eci's real runtime (root and runc, as integration/tests/real_runtime.rs):
+/// busybox from a registry on loopback, in the container the daemon created for the pod. A
+/// binary file and a directory tree go in and come back byte for byte; the file is in the
+/// container (`wc -c`, `cat`); binary stdin reaches `kubectl exec -i`'s command whole and its
+/// end ends the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_cp_both_ways_and_exec_stdin_reach_a_real_container() {
+    run_scenario(async |h| {
+        let registry = TestRegistry::start(None)
+            .await
+            .map_err(|e| failed(format!("the registry: {e}")))?;
+        let image = format!("{}/library/busybox:1.35", registry.host());
+        let busybox = images::busybox().map_err(|e| failed(format!("busybox: {e}")))?;
+        images::push(&busybox, &image, None)
+            .await
+            .map_err(|e| failed(format!("pushing busybox: {e}")))?;
+        let ns = h.create_namespace("cp").await?;
+        let runtime_dir = h.dir().join("mock-eci-runtime").display().to_string();
+        let mut flags = MOCK[..4].to_vec();
+        flags.extend([
+            "--runtime",
+            "real",
+            "--runtime-network",
+            "10.215.47.1/24",
+            "--runtime-prefix",
+            "vnecp",
+            "--runtime-dir",
+            &runtime_dir,
+        ]);
+        let mock = h.start_mock_eci(&flags).await?;
+        h.start_daemon(0, DAEMON)?;
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": "box",
+                "annotations": {"k8s.aliyun.com/plain-http-registry": registry.host()},
+            },
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": h.node_name(0)},
+                "tolerations": [{"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "app", "image": image, "command": ["sleep", "3600"]}],
+            },
+        }))
+        .unwrap();
+        let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+        pods.create(&PostParams::default(), &pod).await?;
+        h.wait_for("pod box running in a real container", WAIT, |_| {
+            let pods = pods.clone();
+            async move { group_of(&pods).await.is_some() }
+        })
+        .await?;
+        let group = group_of(&pods).await.unwrap_or_default();
+        let created: serde_json::Value =
+            reqwest::get(format!("{}/admin/groups/{group}/request", mock.admin))
+                .await
+                .map_err(|e| failed(format!("mock-eci admin: {e}")))?
+                .json()
+                .await
+                .map_err(|e| failed(format!("mock-eci admin: {e}")))?;
+        assert_eq!(
+            (&created["container"][0]["image"], &created["plain_http_registry"]),
+            (&json!(image), &json!(registry.host())),
+            "{created}"
+        );
+
+        let local = tempfile::tempdir().unwrap();
+        let payload = binary_payload(1_048_579);
+        std::fs::write(local.path().join("payload.bin"), &payload).unwrap();
+        let tree = local.path().join("tree");
+        std::fs::create_dir_all(tree.join("sub")).unwrap();
+        std::fs::write(tree.join("a.txt"), b"first file\n").unwrap();
+        std::fs::write(tree.join("sub/b.bin"), binary_payload(70_001)).unwrap();
+        let at = |path: &Path| path.display().to_string();
+        let in_pod = |path: &str| format!("{ns}/box:{path}");
+
+        let started = Instant::now();
+        let into = kubectl_bytes(
+            h,
+            &["cp", "-c", "app", &at(&local.path().join("payload.bin")), &in_pod("/tmp/payload.bin")],
+            b"",
+        )
+        .await;
+        let into_took = started.elapsed();
+        assert_eq!(into.0, Some(0), "kubectl cp into the pod: {}", into.2);
+        let size = kubectl(h, &["exec", "-n", &ns, "box", "--", "wc", "-c", "/tmp/payload.bin"], b"").await;
+        assert_eq!(size.stdout, "1048579 /tmp/payload.bin\n", "{}", size.stderr);
+        let read = kubectl_bytes(h, &["exec", "-n", &ns, "box", "--", "cat", "/tmp/payload.bin"], b"").await;
+        assert!(read.1 == payload, "the file in the container is the one sent ({} bytes read)", read.1.len());
+
+        let started = Instant::now();
+        let back = local.path().join("back.bin");
+        let out = kubectl_bytes(h, &["cp", "-c", "app", &in_pod("/tmp/payload.bin"), &at(&back)], b"").await;
+        let out_took = started.elapsed();
+        assert_eq!(out.0, Some(0), "kubectl cp from the pod: {}", out.2);
+        assert!(std::fs::read(&back).unwrap() == payload, "the file came back byte for byte");
+
+        let tree_in = kubectl_bytes(h, &["cp", "-c", "app", &at(&tree), &in_pod("/tmp/tree")], b"").await;
+        assert_eq!(tree_in.0, Some(0), "{}", tree_in.2);
+        let tree_back = local.path().join("tree-back");
+        let tree_out = kubectl_bytes(h, &["cp", "-c", "app", &in_pod("/tmp/tree"), &at(&tree_back)], b"").await;
+        assert_eq!(tree_out.0, Some(0), "{}", tree_out.2);
+        assert_eq!(std::fs::read(tree_back.join("a.txt")).unwrap(), b"first file\n");
+        assert!(
+            std::fs::read(tree_back.join("sub/b.bin")).unwrap() == binary_payload(70_001),
+            "the tree came back whole"
+        );
+
+        // Binary stdin to its end: `cat` ends only when stdin does, so the count proves the
+        // end reached the command; `cat` alone echoes it back byte for byte.
+        let counted = kubectl(
+            h,
+            &["exec", "-i", "-n", &ns, "box", "--", "sh", "-c", "cat > /tmp/typed && wc -c < /tmp/typed"],
+            &payload,
+        )
+        .await;
+        assert_eq!((counted.code, counted.stdout.trim()), (Some(0), "1048579"), "{}", counted.stderr);
+        let started = Instant::now();
+        let echoed = kubectl_bytes(h, &["exec", "-i", "-n", &ns, "box", "--", "cat"], &payload).await;
+        let echo_took = started.elapsed();
+        assert_eq!(echoed.0, Some(0), "{}", echoed.2);
+        assert!(echoed.1 == payload, "1 MiB of binary stdin back through cat ({} bytes)", echoed.1.len());
+        eprintln!(
+            "real container, 1 MiB: kubectl cp in {into_took:?}, out {out_took:?}; exec -i cat echo {echo_took:?}"
+        );
         Ok(())
     })
     .await;

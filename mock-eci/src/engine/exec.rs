@@ -56,18 +56,20 @@ impl Simulation {
     }
 }
 
-/// What a simulated command printed and how it ended.
+/// What a simulated command printed and how it ended. Bytes, not text: `cat` copies its stdin,
+/// and a binary stdin (a tar stream, say) comes back as it went in.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Simulated {
-    pub stdout: String,
-    pub stderr: String,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
     pub exit_code: i32,
 }
 
 /// Runs `command` (`Sync=true`): its output, stderr after stdout.
 pub fn run(command: &[String], cx: ExecContext<'_>) -> String {
-    let done = simulate(command, &Simulation::of(cx), b"");
-    done.stdout + &done.stderr
+    let mut done = simulate(command, &Simulation::of(cx), b"");
+    done.stdout.append(&mut done.stderr);
+    String::from_utf8_lossy(&done.stdout).into_owned()
 }
 
 /// Whether `command` reads its stdin (a bare `cat`): a session waits for the input's end.
@@ -117,16 +119,25 @@ fn one(
     to_stderr: bool,
 ) -> Option<i32> {
     let (text, code): (String, i32) = match args {
+        ["cat"] => {
+            let sink = if to_stderr {
+                &mut out.stderr
+            } else {
+                &mut out.stdout
+            };
+            sink.extend_from_slice(stdin);
+            out.exit_code = 0;
+            return None;
+        }
         ["exit"] => return Some(out.exit_code),
         ["exit", code, ..] => return Some(code.parse().unwrap_or(2)),
         ["echo", rest @ ..] => (format!("{}\n", rest.join(" ")), 0),
         ["printf", format, rest @ ..] => (printf(format, rest), 0),
         ["hostname"] | ["cat", "/etc/hostname"] => (format!("{}\n", sim.hostname), 0),
-        ["cat"] => (String::from_utf8_lossy(stdin).into_owned(), 0),
         ["cat", file, ..] => {
-            out.stderr.push_str(&format!(
-                "cat: can't open '{file}': No such file or directory\n"
-            ));
+            out.stderr.extend_from_slice(
+                format!("cat: can't open '{file}': No such file or directory\n").as_bytes(),
+            );
             (String::new(), 1)
         }
         ["pwd"] => (format!("{}\n", sim.working_dir), 0),
@@ -147,14 +158,15 @@ fn one(
         ["true"] | ["sleep", ..] | [] => (String::new(), 0),
         ["false"] => (String::new(), 1),
         [program, ..] => {
-            out.stderr.push_str(&format!("sh: {program}: not found\n"));
+            out.stderr
+                .extend_from_slice(format!("sh: {program}: not found\n").as_bytes());
             (String::new(), 127)
         }
     };
     if to_stderr {
-        out.stderr.push_str(&text);
+        out.stderr.extend_from_slice(text.as_bytes());
     } else {
-        out.stdout.push_str(&text);
+        out.stdout.extend_from_slice(text.as_bytes());
     }
     out.exit_code = code;
     None
@@ -322,11 +334,19 @@ mod tests {
         for (command, stdin, (stdout, stderr, code)) in table {
             let done = simulate(&cmd(command), &sim, stdin);
             assert_eq!(
-                (done.stdout.as_str(), done.stderr.as_str(), done.exit_code),
-                (stdout, stderr, code),
+                (
+                    done.stdout.as_slice(),
+                    done.stderr.as_slice(),
+                    done.exit_code
+                ),
+                (stdout.as_bytes(), stderr.as_bytes(), code),
                 "{command:?}"
             );
         }
+        // Bytes that are not UTF-8 (a tar stream's) come back through cat as they went in.
+        let binary: Vec<u8> = (0..=255u8).rev().chain([0xc3, 0x28, 0, b'\n']).collect();
+        let done = simulate(&cmd(&["cat"]), &sim, &binary);
+        assert_eq!((done.stdout, done.exit_code), (binary, 0));
         assert!(reads_stdin(&cmd(&["cat"])));
         assert!(reads_stdin(&cmd(&["sh", "-c", "cat; echo done"])));
         assert!(!reads_stdin(&cmd(&["cat", "/etc/hostname"])));

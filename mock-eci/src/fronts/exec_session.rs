@@ -158,15 +158,15 @@ async fn simulated(socket: WebSocket, exec: &PendingExec, simulation: &Simulatio
     } = simulate(&exec.command, simulation, &stdin);
     // A terminal has one stream.
     let streams = if exec.tty {
-        vec![(channel::STDOUT, stdout + &stderr)]
+        vec![(channel::STDOUT, [stdout, stderr].concat())]
     } else {
         vec![(channel::STDOUT, stdout), (channel::STDERR, stderr)]
     };
     let status = exit_code_status(exit_code);
     let frames = streams
         .into_iter()
-        .filter(|(_, text)| !text.is_empty())
-        .map(|(channel, text)| frame(channel, text.as_bytes()))
+        .filter(|(_, data)| !data.is_empty())
+        .map(|(channel, data)| frame(channel, &data))
         .chain([frame(channel::ERROR, status.to_string().as_bytes())]);
     for message in frames {
         if sink.send(Message::Binary(message.into())).await.is_err() {

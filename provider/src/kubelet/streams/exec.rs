@@ -13,9 +13,13 @@
 //! how kubectl learns the exit code; v1–v3 get the failure's message as text. A stream that
 //! ends without a status is reported as Success (ECI's stream may carry none; logged).
 //!
-//! **Attach.** ECI has no way to reach a running container's own stdin or terminal; attach is
-//! served by following the container's output (`DescribeContainerLog`, polled from the last
-//! line seen) onto stdout until the container ends or the client leaves, and refuses stdin.
+//! **Attach.** ECI has no way to reach a running container's own stdin or terminal: its one
+//! interactive call, `ExecContainerCommand`, starts a new process, and the container's
+//! `Stdin`/`Tty` settings at creation are reachable by no later call. attach is served by
+//! following the container's output (`DescribeContainerLog`, polled from the last line seen)
+//! onto stdout until the container ends or the client leaves. `attach -i` (and so `-it`: kubectl
+//! uses a terminal only with stdin) is refused before any ECI call with a `BadRequest` Status
+//! that says so and points to `exec -i`, rather than taking input that would reach nothing.
 
 use std::time::Duration;
 
@@ -64,8 +68,10 @@ pub(super) enum ExecError {
     /// ECI's log could not be read (attach).
     #[error("ECI DescribeContainerLog")]
     Log(#[source] eci_proto::EciError),
-    /// ECI cannot give a running container's stdin.
-    #[error("ECI cannot attach to a container's stdin; use exec")]
+    /// ECI cannot give a running container's stdin (attach -i, -it).
+    #[error(
+        "attach -i is not available on ECI: no ECI call reaches a running container's own stdin or terminal (attach without -i follows the container's output; kubectl exec -i runs a new process that reads stdin)"
+    )]
     AttachStdin,
 }
 
@@ -249,12 +255,13 @@ pub(super) async fn run(
     let status = match outcome {
         Ok(status) => status,
         Err(error) => {
-            let message = crate::ops::chain::Chain(&error).to_string();
-            warn!(error = %message, "exec failed");
-            json!({
-                "metadata": {}, "status": "Failure", "reason": "InternalError",
-                "message": message, "code": 500,
-            })
+            let status = failure_status(&error);
+            if matches!(error, ExecError::AttachStdin) {
+                info!(error = %crate::ops::chain::Chain(&error), "attach refused");
+            } else {
+                warn!(error = %crate::ops::chain::Chain(&error), "exec failed");
+            }
+            status
         }
     };
     for sink in [&streams.stdout, &streams.stderr].into_iter().flatten() {
@@ -284,6 +291,20 @@ pub(super) async fn run(
         }
         error.close().await;
     }
+}
+
+/// The Status a failed session ends with: what the client asked and ECI cannot serve is the
+/// client's `BadRequest` (400), as a kubelet answers an attach it cannot make; the rest is the
+/// server's `InternalError` (500). kubectl prints the message and exits 1 either way.
+pub(super) fn failure_status(error: &ExecError) -> Value {
+    let (reason, code) = match error {
+        ExecError::AttachStdin => ("BadRequest", 400),
+        _ => ("InternalError", 500),
+    };
+    json!({
+        "metadata": {}, "status": "Failure", "reason": reason,
+        "message": crate::ops::chain::Chain(error).to_string(), "code": code,
+    })
 }
 
 fn success() -> Value {
@@ -353,11 +374,14 @@ async fn exec(
                     return;
                 }
             }
-            // v5 closes stdin and keeps the session; v4 cannot say it.
+            // v5 closes stdin and keeps the session (`tar -xf -` of kubectl cp ends on it); v4
+            // cannot say it, so a command reading to its input's end waits for the client.
             if v5 {
                 let _ = up
                     .send(Message::Binary(Bytes::from_static(&[255, 0])))
                     .await;
+            } else {
+                warn!("the client closed stdin; ECI's exec stream (v4.channel.k8s.io) cannot pass that on");
             }
         }));
     }

@@ -207,7 +207,21 @@ mod in_process {
 
     struct Scene {
         addr: std::net::SocketAddr,
-        _mock: mock_eci::MockServer,
+        mock: mock_eci::MockServer,
+    }
+
+    impl Scene {
+        /// Calls of `action` mock-eci answered so far, whatever the result.
+        fn eci_calls(&self, action: &str) -> f64 {
+            let series = format!("mock_eci_calls_total{{action=\"{action}\",");
+            self.mock
+                .mock()
+                .render_metrics()
+                .lines()
+                .filter(|line| line.starts_with(&series))
+                .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+                .sum()
+        }
     }
 
     /// A Kubernetes API answering every request with the pod `ns/box` on this node.
@@ -233,7 +247,9 @@ mod in_process {
         kube::Client::new(service, "default")
     }
 
-    async fn scene() -> Scene {
+    /// The scene, its groups' IPs (and echo listeners) in `cidr`: a block per test, as the
+    /// tests of this module run side by side.
+    async fn scene(cidr: &str) -> Scene {
         let config = mock_eci::MockConfig::parse_from([
             "mock-eci",
             "--listen",
@@ -246,7 +262,7 @@ mod in_process {
             "10ms",
             "--no-rate-limits",
             "--ip-cidr",
-            "127.79.0.0/16",
+            cidr,
             "--port-echo",
         ]);
         let mock = mock_eci::MockServer::start(config).await.expect("mock-eci");
@@ -330,7 +346,7 @@ mod in_process {
         tokio::spawn(async move {
             let _ = axum::serve(listener, super::routes().with_state(state)).await;
         });
-        Scene { addr, _mock: mock }
+        Scene { addr, mock }
     }
 
     /// Sends the upgrade request and reads the answer's head.
@@ -386,7 +402,7 @@ mod in_process {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn spdy_exec_websocket_exec_and_spdy_port_forward() {
-        let scene = scene().await;
+        let scene = scene("127.79.0.0/16").await;
 
         // SPDY exec: stdin through a shell, stdout, stderr and the exit code.
         let path = "/exec/ns/box/app?command=sh&command=-c&command=cat%3B+echo+oops+%3E%262%3B+exit+3&input=1&output=1&error=1";
@@ -537,6 +553,60 @@ mod in_process {
         assert!(
             error.starts_with("error forwarding port 1 to pod ns/box, uid uid-1:"),
             "{error}"
+        );
+    }
+
+    /// `attach -i`: no ECI call reaches a running container's stdin. The session is refused
+    /// with a `BadRequest` Status that says so and names `exec -i`, before any ECI call, and
+    /// nothing arrives on stdout (input is never taken and silently dropped).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attach_with_stdin_is_refused_with_the_reason_before_any_eci_call() {
+        let scene = scene("127.74.0.0/16").await;
+        let before = [
+            scene.eci_calls("ExecContainerCommand"),
+            scene.eci_calls("DescribeContainerLog"),
+        ];
+        let (socket, head) = upgrade(
+            scene.addr,
+            "/attach/ns/box/app?input=1&output=1&error=1",
+            &["v5.channel.k8s.io"],
+        )
+        .await;
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        let mut client = Client::new(socket);
+        for (id, kind) in [(1, "error"), (3, "stdin"), (5, "stdout"), (7, "stderr")] {
+            client.open(id, &[("streamtype", kind)], false).await;
+        }
+        client
+            .send(Frame::Data {
+                stream: 3,
+                fin: true,
+                data: Bytes::from_static(b"typed\n"),
+            })
+            .await;
+        let [error, stdout, stderr]: [Vec<u8>; 3] = collect(&mut client, &[1, 5, 7])
+            .await
+            .try_into()
+            .expect("three");
+        assert!(stdout.is_empty() && stderr.is_empty());
+        let status: Value = serde_json::from_slice(&error).expect("a Status");
+        assert_eq!(
+            (&status["status"], &status["reason"], &status["code"]),
+            (&json!("Failure"), &json!("BadRequest"), &json!(400)),
+            "{status}"
+        );
+        let message = status["message"].as_str().unwrap_or_default();
+        for said in ["attach -i", "stdin", "kubectl exec -i"] {
+            assert!(message.contains(said), "{said:?} in {message:?}");
+        }
+        let after = [
+            scene.eci_calls("ExecContainerCommand"),
+            scene.eci_calls("DescribeContainerLog"),
+        ];
+        assert_eq!(before, after, "no ECI call for a refused attach");
+        assert!(
+            scene.eci_calls("DescribeContainerGroups") > 0.0,
+            "the counters read are mock-eci's (the scene described its group)"
         );
     }
 }
