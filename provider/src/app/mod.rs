@@ -71,260 +71,46 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     }
     let telemetry = Arc::new(Telemetry::new());
     let readiness = Arc::new(Readiness::default());
-    let health_listener = match settings.config.health_addr {
-        Some(address) => {
-            let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
-                format!("--health-addr (HEALTH_ADDR): cannot listen on {address}; choose a free port")
-            })?;
-            info!(address = %listener.local_addr()?, "serving the probes, /healthz and /readyz");
-            Some(listener)
-        }
-        None => None,
-    };
-    let ops_listener = match settings.config.metrics_addr {
-        Some(address) => {
-            let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
-                format!("--metrics-addr (METRICS_ADDR): cannot listen on {address}; choose a free port")
-            })?;
-            info!(address = %listener.local_addr()?, "serving /healthz, /readyz and /metrics on the read-only port (METRICS_ADDR)");
-            Some(listener)
-        }
-        None => None,
-    };
-
-    let kube_config = kube::Config::infer()
-        .await
-        .context("cannot reach the Kubernetes API: no in-cluster configuration and no usable kubeconfig (set KUBECONFIG)")?;
-    // Evictions refused by a disruption budget (429) must reach the drain loop at once, not be
-    // retried inside the client for minutes.
-    let mut no_retry = kube_config.clone();
-    no_retry.default_retry = false;
-    let drain_client =
-        kube::Client::try_from(no_retry).context("cannot build a Kubernetes client")?;
-    let client = kube::Client::try_from(kube_config).context("cannot build a Kubernetes client")?;
-    let eci_config = settings.eci();
+    let listeners = Listeners::bind(&settings).await?;
+    let clients = Clients::connect().await?;
     // ECI's quotas are the account's: each replica paces itself to 1/N of them, N the live
     // replicas (0 until the fleet's count is first known, paced as 1 meanwhile).
     let (replica_sender, replica_count) = watch::channel(0_u32);
-    let pacer = eci_config
-        .client_rate_limits
-        .then(|| Arc::new(backend::Pacer::new(replica_count.clone())));
-    let (backend, image_caches, backend_guard) =
-        backend::connect(&eci_config, pacer.clone()).await?;
-    let backend: backend::Backend =
-        Arc::new(backend::Paced::new(backend, pacer, Arc::clone(&telemetry)));
-
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node_config = settings.node();
-    let node = registration::register(&nodes, &node_config, &telemetry).await?;
-    let node_uid = node.metadata.uid.clone().unwrap_or_default();
-    let identity = LeaseIdentity {
-        node: settings.node_name.clone(),
-        node_uid,
-        instance: uuid::Uuid::new_v4().to_string(),
-        duration_seconds: settings.config.lease_duration_seconds,
-        renew_interval: settings.config.lease_renew_interval,
-    };
-    let (uid_sender, uid_receiver) = watch::channel(identity.node_uid.clone());
-    let mut lease = NodeLease::acquire(client.clone(), identity, &telemetry).await?;
-    let fleet_config = settings.fleet();
-    let membership = Membership::discover(client.clone(), &fleet_config).await;
+    let eci = connect_eci(&settings, replica_count.clone(), &telemetry).await?;
+    let joined = join(&settings, &clients.main, &telemetry).await?;
     readiness.serving.store(true, Ordering::SeqCst);
     info!(node = %settings.node_name, backend = ?settings.backend, "virtual-node-eci is serving its node");
 
     // Two stops: the areas' ends intake and work in every area; the Lease's comes after they
     // finished, so the node is held (and its pods not handed to a successor) until then.
-    let mut lease_task = Supervisor::new(&CancellationToken::new());
-    {
-        let (telemetry, stop_lease) = (Arc::clone(&telemetry), lease_task.stop().clone());
-        let mut node_uid = uid_receiver.clone();
-        lease_task.spawn_critical("lease renewal", async move {
-            let result = lease
-                .keep_renewing(&telemetry, &stop_lease, &mut node_uid)
-                .await;
-            if result.is_ok() {
-                lease.release(&telemetry).await;
-            }
-            result.map_err(anyhow::Error::from)
-        });
-    }
+    let mut lease_task = spawn_lease(joined.lease, joined.node_uid.1.clone(), &telemetry);
     let mut tasks = Supervisor::new(&CancellationToken::new());
-    let stop = tasks.stop().clone();
     {
-        let (client, region) = (client.clone(), fleet_config.region.clone());
-        let (telemetry, stop) = (Arc::clone(&telemetry), stop.clone());
+        let (client, region) = (clients.main.clone(), settings.config.region.clone());
+        let (telemetry, stop) = (Arc::clone(&telemetry), tasks.stop().clone());
         tasks.spawn_critical("replica count", async move {
             replicas::run(client, region, replica_sender, telemetry, stop).await
         });
     }
     wait_for_replica_count(replica_count.clone()).await;
-    // One watch of this node's pods, read by the pod controller and the kubelet API's metrics.
-    let node_pods = SharedWatch::<Pod>::new("this node's pod");
-    {
-        let (watch, client, stop) = (Arc::clone(&node_pods), client.clone(), stop.clone());
-        let this_node = bound_to(&node_config.node_name);
-        tasks.spawn_critical("this node's pod watch", async move {
-            watch
-                .run(Api::all(client), this_node, stop)
-                .await
-                .map_err(anyhow::Error::from)
-        });
-    }
-    let controller = PodController::new(
-        settings.pods(),
-        client.clone(),
-        Arc::clone(&backend),
-        Arc::clone(&telemetry),
-        Arc::clone(&node_pods),
-        replica_count.clone(),
-    );
-    let groups = controller.groups();
-    let misconfig = controller.misconfig_monitor();
-    {
-        let stop = stop.clone();
-        tasks.spawn_critical("pod controller", async move { controller.run(stop).await });
-    }
-    {
-        let (config, telemetry, stop) = (node_config.clone(), Arc::clone(&telemetry), stop.clone());
-        let (nodes, backend) = (nodes.clone(), Arc::clone(&backend));
-        tasks.spawn_critical("node status", async move {
-            node_status::run(
-                nodes,
-                backend,
-                config,
-                telemetry,
-                misconfig,
-                uid_receiver,
-                stop,
-            )
-            .await
-            .map_err(anyhow::Error::from)
-        });
-    }
-    {
-        let (config, telemetry, stop) = (node_config.clone(), Arc::clone(&telemetry), stop.clone());
-        let client = client.clone();
-        tasks.spawn_critical("node watch", async move {
-            node_watch::run(nodes, client, config, telemetry, uid_sender, stop).await
-        });
-    }
-    // ResourcePolicy placement: the webhook reads its index, so it is built first.
-    let placement = settings
-        .config
-        .placement_enabled
-        .then(|| Placement::new(settings.placement()));
-    let placement_shared = placement.as_ref().map(Placement::shared);
-    // One cluster-wide pod watch and one node watch per replica, read by placement and the
-    // admission capacity view alike; each starts with its first reader.
-    let watches = ClusterWatches::default();
-    {
-        let (watches, client, stop) = (watches.clone(), client.clone(), stop.clone());
-        tasks.spawn_critical("shared pod and node watches", async move {
-            watches.run(client, stop).await.map_err(anyhow::Error::from)
-        });
-    }
-    if let Some(placement) = placement {
-        let (client, telemetry, stop) = (client.clone(), Arc::clone(&telemetry), stop.clone());
-        let watches = watches.clone();
-        tasks.spawn_critical("ResourcePolicy placement", async move {
-            placement.run(client, &watches, telemetry, stop).await
-        });
-    }
-    if settings.config.webhook_enabled {
-        let placement = placement_shared.clone();
-        let (client, config, telemetry, stop) = (
-            client.clone(),
-            settings.admission(),
-            Arc::clone(&telemetry),
-            stop.clone(),
-        );
-        tasks.spawn_critical("Selector webhook", async move {
-            admission::run(client, config, placement, watches, telemetry, stop).await
-        });
-    }
-    {
-        let collector = OrphanCollector::new(
-            client.clone(),
-            Arc::clone(&backend),
-            fleet_config.clone(),
-            Arc::clone(&telemetry),
-        );
-        let stop = stop.clone();
-        tasks.spawn_critical("orphan collector", async move { collector.run(stop).await });
-    }
-    // ImageCaches, reconciled by the replica elected for them (a missing CRD is retried).
-    {
-        let reconciler = ImageCacheReconciler::new(
-            settings.image_cache(),
-            client.clone(),
-            image_caches,
-            Arc::clone(&telemetry),
-        );
-        let stop = stop.clone();
-        tasks.spawn_critical("ImageCache reconciler", async move {
-            reconciler.run(stop).await
-        });
-    }
-    // The kubelet API (logs, exec, metrics of this node's pods), at the address the Node
-    // advertises; it stops with the other areas.
-    {
-        let (config, client, backend) = (settings.kubelet(), client.clone(), Arc::clone(&backend));
-        let (telemetry, stop) = (Arc::clone(&telemetry), stop.clone());
-        tasks.spawn_critical("kubelet API", async move {
-            kubelet::run(config, client, backend, groups, node_pods, telemetry, stop)
-                .await
-                .map_err(anyhow::Error::from)
-        });
-    }
-    if let Some(listener) = ops_listener {
-        let router = ops::router(Arc::clone(&telemetry), Arc::clone(&readiness));
-        let stop = stop.clone();
-        tasks.spawn_critical("read-only port", async move {
-            ops::serve(listener, router, stop).await;
-            Ok(())
-        });
-    }
-    if let Some(listener) = health_listener {
-        let router = ops::probes(Arc::clone(&readiness));
-        let stop = stop.clone();
-        tasks.spawn_critical("probes", async move {
-            ops::serve(listener, router, stop).await;
-            Ok(())
-        });
-    }
-
-    tokio::pin!(shutdown);
-    let mut decommission = None;
-    let outcome = tokio::select! {
-        () = &mut shutdown => match membership.classify().await {
-            StopKind::Restart { why } => {
-                info!(%why, "stop signal received: a restart; leaving the node, its pods and their groups to the successor");
-                Ok(())
-            }
-            StopKind::Decommission { why } => {
-                info!(%why, "stop signal received: decommissioning this node");
-                let drain = Decommission::new(drain_client, fleet_config.clone(), Arc::clone(&telemetry));
-                // The pod lifecycle keeps running meanwhile: evicted pods leave ECI gracefully.
-                tokio::select! {
-                    drained = drain.drain(&why) => match drained {
-                        Ok(Outcome::Drained) => {
-                            decommission = Some(drain);
-                            Ok(())
-                        }
-                        Ok(Outcome::TimedOut { left }) => Err(anyhow::anyhow!(
-                            "the decommission did not finish within {:?} (DRAIN_TIMEOUT); the node stays cordoned with: {left}",
-                            settings.config.drain_timeout
-                        )),
-                        Err(error) => Err(anyhow::Error::from(error)),
-                    },
-                    failure = tasks.failure() => Err(failure.into()),
-                    failure = lease_task.failure() => Err(failure.into()),
-                }
-            }
-        },
-        failure = tasks.failure() => Err(failure.into()),
-        failure = lease_task.failure() => Err(failure.into()),
+    let areas = Areas {
+        settings: &settings,
+        client: &clients.main,
+        backend: &eci.backend,
+        telemetry: &telemetry,
+        replica_count,
+        node_uid: joined.node_uid,
     };
+    areas.spawn(&mut tasks, eci.image_caches);
+    spawn_listeners(&mut tasks, listeners, &telemetry, &readiness);
+
+    let stopping = Stopping {
+        settings: &settings,
+        membership: &joined.membership,
+        drain_client: clients.drain,
+        telemetry: &telemetry,
+    };
+    let (outcome, decommission) = stopping.wait(shutdown, &mut tasks, &mut lease_task).await;
     if let Err(failure) = &outcome {
         error!(error = %format!("{failure:#}"), "stopping");
     }
@@ -343,6 +129,360 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         (Ok(()), Some(drain)) => drain.remove_node().await.map_err(anyhow::Error::from),
         (outcome, _) => outcome,
     };
-    backend_guard.stop().await;
+    eci.guard.stop().await;
     outcome
+}
+
+/// The probe and read-only ports, bound before anything else so a taken port fails the start.
+struct Listeners {
+    health: Option<tokio::net::TcpListener>,
+    ops: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    async fn bind(settings: &Settings) -> anyhow::Result<Self> {
+        let health = match settings.config.health_addr {
+            Some(address) => {
+                let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
+                    format!("--health-addr (HEALTH_ADDR): cannot listen on {address}; choose a free port")
+                })?;
+                info!(address = %listener.local_addr()?, "serving the probes, /healthz and /readyz");
+                Some(listener)
+            }
+            None => None,
+        };
+        let ops = match settings.config.metrics_addr {
+            Some(address) => {
+                let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
+                    format!("--metrics-addr (METRICS_ADDR): cannot listen on {address}; choose a free port")
+                })?;
+                info!(address = %listener.local_addr()?, "serving /healthz, /readyz and /metrics on the read-only port (METRICS_ADDR)");
+                Some(listener)
+            }
+            None => None,
+        };
+        Ok(Self { health, ops })
+    }
+}
+
+fn spawn_listeners(
+    tasks: &mut Supervisor,
+    listeners: Listeners,
+    telemetry: &Arc<Telemetry>,
+    readiness: &Arc<Readiness>,
+) {
+    if let Some(listener) = listeners.ops {
+        let router = ops::router(Arc::clone(telemetry), Arc::clone(readiness));
+        let stop = tasks.stop().clone();
+        tasks.spawn_critical("read-only port", async move {
+            ops::serve(listener, router, stop).await;
+            Ok(())
+        });
+    }
+    if let Some(listener) = listeners.health {
+        let router = ops::probes(Arc::clone(readiness));
+        let stop = tasks.stop().clone();
+        tasks.spawn_critical("probes", async move {
+            ops::serve(listener, router, stop).await;
+            Ok(())
+        });
+    }
+}
+
+/// The Kubernetes clients.
+struct Clients {
+    main: kube::Client,
+    /// Without the client's own retries: evictions refused by a disruption budget (429) must
+    /// reach the drain loop at once, not be retried inside the client for minutes.
+    drain: kube::Client,
+}
+
+impl Clients {
+    async fn connect() -> anyhow::Result<Self> {
+        let kube_config = kube::Config::infer()
+            .await
+            .context("cannot reach the Kubernetes API: no in-cluster configuration and no usable kubeconfig (set KUBECONFIG)")?;
+        let mut no_retry = kube_config.clone();
+        no_retry.default_retry = false;
+        Ok(Self {
+            drain: kube::Client::try_from(no_retry).context("cannot build a Kubernetes client")?,
+            main: kube::Client::try_from(kube_config)
+                .context("cannot build a Kubernetes client")?,
+        })
+    }
+}
+
+/// The ECI edge as the areas use it.
+struct Eci {
+    backend: backend::Backend,
+    image_caches: backend::ImageCaches,
+    guard: backend::BackendGuard,
+}
+
+async fn connect_eci(
+    settings: &Settings,
+    replica_count: watch::Receiver<u32>,
+    telemetry: &Arc<Telemetry>,
+) -> anyhow::Result<Eci> {
+    let eci_config = settings.eci();
+    let pacer = eci_config
+        .client_rate_limits
+        .then(|| Arc::new(backend::Pacer::new(replica_count)));
+    let (backend, image_caches, guard) = backend::connect(&eci_config, pacer.clone()).await?;
+    let backend: backend::Backend =
+        Arc::new(backend::Paced::new(backend, pacer, Arc::clone(telemetry)));
+    Ok(Eci {
+        backend,
+        image_caches,
+        guard,
+    })
+}
+
+/// The node this replica serves: registered, its Lease held, the fleet it belongs to known.
+struct Joined {
+    lease: NodeLease,
+    /// The Node's uid as the node watch follows it (a Node deleted and registered again).
+    node_uid: (watch::Sender<String>, watch::Receiver<String>),
+    membership: Membership,
+}
+
+async fn join(
+    settings: &Settings,
+    client: &kube::Client,
+    telemetry: &Arc<Telemetry>,
+) -> anyhow::Result<Joined> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = registration::register(&nodes, &settings.node(), telemetry).await?;
+    let identity = LeaseIdentity {
+        node: settings.node_name.clone(),
+        node_uid: node.metadata.uid.clone().unwrap_or_default(),
+        instance: uuid::Uuid::new_v4().to_string(),
+        duration_seconds: settings.config.lease_duration_seconds,
+        renew_interval: settings.config.lease_renew_interval,
+    };
+    let node_uid = watch::channel(identity.node_uid.clone());
+    let lease = NodeLease::acquire(client.clone(), identity, telemetry).await?;
+    let membership = Membership::discover(client.clone(), &settings.fleet()).await;
+    Ok(Joined {
+        lease,
+        node_uid,
+        membership,
+    })
+}
+
+/// The Lease's renewal, in a supervisor of its own: it stops after every other task.
+fn spawn_lease(
+    mut lease: NodeLease,
+    mut node_uid: watch::Receiver<String>,
+    telemetry: &Arc<Telemetry>,
+) -> Supervisor {
+    let mut lease_task = Supervisor::new(&CancellationToken::new());
+    let (telemetry, stop) = (Arc::clone(telemetry), lease_task.stop().clone());
+    lease_task.spawn_critical("lease renewal", async move {
+        let result = lease.keep_renewing(&telemetry, &stop, &mut node_uid).await;
+        if result.is_ok() {
+            lease.release(&telemetry).await;
+        }
+        result.map_err(anyhow::Error::from)
+    });
+    lease_task
+}
+
+/// What every area is started with.
+struct Areas<'a> {
+    settings: &'a Settings,
+    client: &'a kube::Client,
+    backend: &'a backend::Backend,
+    telemetry: &'a Arc<Telemetry>,
+    replica_count: watch::Receiver<u32>,
+    node_uid: (watch::Sender<String>, watch::Receiver<String>),
+}
+
+impl Areas<'_> {
+    /// Starts every area under `tasks`.
+    fn spawn(self, tasks: &mut Supervisor, image_caches: backend::ImageCaches) {
+        let stop = tasks.stop().clone();
+        // One watch of this node's pods, read by the pod controller and the kubelet API's metrics.
+        let node_pods = SharedWatch::<Pod>::new("this node's pod");
+        {
+            let (watch, client, stop) = (Arc::clone(&node_pods), self.client.clone(), stop.clone());
+            let this_node = bound_to(&self.settings.node_name);
+            tasks.spawn_critical("this node's pod watch", async move {
+                watch
+                    .run(Api::all(client), this_node, stop)
+                    .await
+                    .map_err(anyhow::Error::from)
+            });
+        }
+        let controller = PodController::new(
+            self.settings.pods(),
+            self.client.clone(),
+            Arc::clone(self.backend),
+            Arc::clone(self.telemetry),
+            Arc::clone(&node_pods),
+            self.replica_count.clone(),
+        );
+        let groups = controller.groups();
+        let misconfig = controller.misconfig_monitor();
+        {
+            let stop = stop.clone();
+            tasks.spawn_critical("pod controller", async move { controller.run(stop).await });
+        }
+        self.spawn_node(tasks, misconfig);
+        self.spawn_placement_and_admission(tasks);
+        self.spawn_fleet_and_caches(tasks, image_caches);
+        // The kubelet API (logs, exec, metrics of this node's pods), at the address the Node
+        // advertises; it stops with the other areas.
+        let (config, client) = (self.settings.kubelet(), self.client.clone());
+        let (backend, telemetry) = (Arc::clone(self.backend), Arc::clone(self.telemetry));
+        tasks.spawn_critical("kubelet API", async move {
+            kubelet::run(config, client, backend, groups, node_pods, telemetry, stop)
+                .await
+                .map_err(anyhow::Error::from)
+        });
+    }
+
+    fn spawn_node(&self, tasks: &mut Supervisor, misconfig: Arc<crate::eci::misconfig::Monitor>) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node_config = self.settings.node();
+        {
+            let (config, telemetry) = (node_config.clone(), Arc::clone(self.telemetry));
+            let (nodes, backend) = (nodes.clone(), Arc::clone(self.backend));
+            let (uid, stop) = (self.node_uid.1.clone(), tasks.stop().clone());
+            tasks.spawn_critical("node status", async move {
+                node_status::run(nodes, backend, config, telemetry, misconfig, uid, stop)
+                    .await
+                    .map_err(anyhow::Error::from)
+            });
+        }
+        let (client, telemetry) = (self.client.clone(), Arc::clone(self.telemetry));
+        let (uid, stop) = (self.node_uid.0.clone(), tasks.stop().clone());
+        tasks.spawn_critical("node watch", async move {
+            node_watch::run(nodes, client, node_config, telemetry, uid, stop).await
+        });
+    }
+
+    fn spawn_placement_and_admission(&self, tasks: &mut Supervisor) {
+        let stop = tasks.stop().clone();
+        // ResourcePolicy placement: the webhook reads its index, so it is built first.
+        let placement = self
+            .settings
+            .config
+            .placement_enabled
+            .then(|| Placement::new(self.settings.placement()));
+        let placement_shared = placement.as_ref().map(Placement::shared);
+        // One cluster-wide pod watch and one node watch per replica, read by placement and the
+        // admission capacity view alike; each starts with its first reader.
+        let watches = ClusterWatches::default();
+        {
+            let (watches, client, stop) = (watches.clone(), self.client.clone(), stop.clone());
+            tasks.spawn_critical("shared pod and node watches", async move {
+                watches.run(client, stop).await.map_err(anyhow::Error::from)
+            });
+        }
+        if let Some(placement) = placement {
+            let (client, telemetry, stop) = (
+                self.client.clone(),
+                Arc::clone(self.telemetry),
+                stop.clone(),
+            );
+            let watches = watches.clone();
+            tasks.spawn_critical("ResourcePolicy placement", async move {
+                placement.run(client, &watches, telemetry, stop).await
+            });
+        }
+        if self.settings.config.webhook_enabled {
+            let (client, config) = (self.client.clone(), self.settings.admission());
+            let telemetry = Arc::clone(self.telemetry);
+            tasks.spawn_critical("Selector webhook", async move {
+                admission::run(client, config, placement_shared, watches, telemetry, stop).await
+            });
+        }
+    }
+
+    fn spawn_fleet_and_caches(&self, tasks: &mut Supervisor, image_caches: backend::ImageCaches) {
+        let collector = OrphanCollector::new(
+            self.client.clone(),
+            Arc::clone(self.backend),
+            self.settings.fleet(),
+            Arc::clone(self.telemetry),
+        );
+        let stop = tasks.stop().clone();
+        tasks.spawn_critical("orphan collector", async move { collector.run(stop).await });
+        // ImageCaches, reconciled by the replica elected for them (a missing CRD is retried).
+        let reconciler = ImageCacheReconciler::new(
+            self.settings.image_cache(),
+            self.client.clone(),
+            image_caches,
+            Arc::clone(self.telemetry),
+        );
+        let stop = tasks.stop().clone();
+        tasks.spawn_critical("ImageCache reconciler", async move {
+            reconciler.run(stop).await
+        });
+    }
+}
+
+/// What the stop is decided with.
+struct Stopping<'a> {
+    settings: &'a Settings,
+    membership: &'a Membership,
+    drain_client: kube::Client,
+    telemetry: &'a Arc<Telemetry>,
+}
+
+impl Stopping<'_> {
+    /// Until `shutdown` or a critical task's failure: a restart leaves the node to the
+    /// successor; a decommission drains it first (the drain to finish once the tasks stopped).
+    async fn wait(
+        self,
+        shutdown: impl Future<Output = ()>,
+        tasks: &mut Supervisor,
+        lease_task: &mut Supervisor,
+    ) -> (anyhow::Result<()>, Option<Decommission>) {
+        tokio::select! {
+            () = shutdown => match self.membership.classify().await {
+                StopKind::Restart { why } => {
+                    info!(%why, "stop signal received: a restart; leaving the node, its pods and their groups to the successor");
+                    (Ok(()), None)
+                }
+                StopKind::Decommission { why } => {
+                    info!(%why, "stop signal received: decommissioning this node");
+                    self.decommission(&why, tasks, lease_task).await
+                }
+            },
+            failure = tasks.failure() => (Err(failure.into()), None),
+            failure = lease_task.failure() => (Err(failure.into()), None),
+        }
+    }
+
+    async fn decommission(
+        self,
+        why: &str,
+        tasks: &mut Supervisor,
+        lease_task: &mut Supervisor,
+    ) -> (anyhow::Result<()>, Option<Decommission>) {
+        let drain = Decommission::new(
+            self.drain_client,
+            self.settings.fleet(),
+            Arc::clone(self.telemetry),
+        );
+        // The pod lifecycle keeps running meanwhile: evicted pods leave ECI gracefully.
+        let drained = tokio::select! {
+            drained = drain.drain(why) => drained,
+            failure = tasks.failure() => return (Err(failure.into()), None),
+            failure = lease_task.failure() => return (Err(failure.into()), None),
+        };
+        match drained {
+            Ok(Outcome::Drained) => (Ok(()), Some(drain)),
+            Ok(Outcome::TimedOut { left }) => (
+                Err(anyhow::anyhow!(
+                    "the decommission did not finish within {:?} (DRAIN_TIMEOUT); the node stays cordoned with: {left}",
+                    self.settings.config.drain_timeout
+                )),
+                None,
+            ),
+            Err(error) => (Err(anyhow::Error::from(error)), None),
+        }
+    }
 }
