@@ -120,6 +120,7 @@ fn every_parameter_the_client_sends_is_documented() {
         cluster_domain: "cluster.local",
         config_maps: &config_maps,
         secrets: &secrets,
+        claims: &std::collections::BTreeMap::new(),
         service_account_tokens: &tokens,
         default_spec: (2.0, 4.0),
         apiserver: None,

@@ -943,6 +943,8 @@ impl Renewal {
             cluster_domain: &config.cluster_domain,
             config_maps: &config_maps,
             secrets: &secrets,
+            // Token volumes are projected: no claim among them.
+            claims: &BTreeMap::new(),
             service_account_tokens: &tokens,
             default_spec: (2.0, 4.0),
             apiserver: None,
