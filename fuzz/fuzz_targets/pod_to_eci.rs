@@ -94,6 +94,7 @@ fuzz_target!(|data: &[u8]| {
         cluster_domain: "cluster.local",
         config_maps: &config_maps,
         secrets: &secrets,
+        claims: &BTreeMap::new(),
         service_account_tokens: &tokens,
         default_spec: (2.0, 4.0),
         apiserver: apiserver.as_ref(),

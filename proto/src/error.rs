@@ -45,6 +45,10 @@ pub mod codes {
     /// SDK; Alibaba's developer community answer on creating ECI instances names this one (the
     /// region's and zone's ECI sold out; use several zones and specifications).
     pub const NO_STOCK: &str = "OperationDenied.NoStock";
+    /// The cloud disk of a `DiskVolume` is attached to another instance. ECI's own answer for
+    /// it is not documented; this is the code ECS's AttachDisk documents for a disk that is
+    /// not available, which mock-eci answers.
+    pub const DISK_IN_USE: &str = "IncorrectDiskStatus";
     /// The account has an overdue payment.
     pub const ACCOUNT_ARREARAGE: &str = "Account.Arrearage";
     /// Client-side: the answer did not come from the service (no ECI error in it: a proxy's

@@ -47,6 +47,7 @@ fn sent(annotations: &BTreeMap<&str, &str>) -> BTreeSet<(String, String)> {
         cluster_domain: "cluster.local",
         config_maps: &none_cm,
         secrets: &none_secret,
+        claims: &BTreeMap::new(),
         service_account_tokens: &none_tokens,
         default_spec: (2.0, 4.0),
         apiserver: None,

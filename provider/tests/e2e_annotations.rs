@@ -74,6 +74,7 @@ fn translated(pod: &Pod) -> Value {
         cluster_domain: "cluster.local",
         config_maps: &cms,
         secrets: &secrets,
+        claims: &BTreeMap::new(),
         service_account_tokens: &tokens,
         default_spec: (2.0, 4.0),
         apiserver: None,

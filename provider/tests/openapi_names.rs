@@ -89,7 +89,9 @@ fn rich_pods() -> Vec<k8s_openapi::api::core::v1::Pod> {
                 {"name": "cache", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
                 {"name": "nas", "nfs": {"server": "nas.example", "path": "/share", "readOnly": true}},
                 {"name": "conf", "configMap": {"name": "app", "defaultMode": 420, "items": [{"key": "a", "path": "a.conf", "mode": 256}]}},
-                {"name": "token", "projected": {"sources": [{"downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]}}
+                {"name": "token", "projected": {"sources": [{"downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]}},
+                {"name": "disk", "persistentVolumeClaim": {"claimName": "disk"}},
+                {"name": "bucket", "persistentVolumeClaim": {"claimName": "bucket", "readOnly": true}}
             ]
         }
     });
@@ -110,6 +112,23 @@ fn every_parameter_the_client_sends_is_documented() {
     let secrets = [("pull".to_owned(), pull)].into();
     let tokens = std::collections::BTreeMap::new();
     let dns = vec!["10.96.0.10".to_owned()];
+    // The PersistentVolumes the rich pod's claims are bound to: a disk and an OSS bucket.
+    let claims = [
+        (
+            "disk",
+            json!({"capacity": {"storage": "20Gi"}, "csi": {"driver": "diskplugin.csi.alibabacloud.com", "volumeHandle": "d-1", "fsType": "ext4"}}),
+        ),
+        (
+            "bucket",
+            json!({"csi": {"driver": "ossplugin.csi.alibabacloud.com", "volumeHandle": "b", "volumeAttributes": {"bucket": "b", "url": "oss.example"}}}),
+        ),
+    ]
+    .map(|(name, spec)| {
+        let pv: k8s_openapi::api::core::v1::PersistentVolume =
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+        (name.to_owned(), pv)
+    })
+    .into();
     let cx = Context {
         region: "cn-hangzhou",
         vswitch: "vsw-default",
@@ -120,6 +139,7 @@ fn every_parameter_the_client_sends_is_documented() {
         cluster_domain: "cluster.local",
         config_maps: &config_maps,
         secrets: &secrets,
+        claims: &claims,
         service_account_tokens: &tokens,
         default_spec: (2.0, 4.0),
         apiserver: None,
@@ -140,6 +160,9 @@ fn every_parameter_the_client_sends_is_documented() {
             "Container.N.LifecyclePostStartHandlerHttpGetHttpHeader.N.Name",
             "InitContainer.N.SecurityContext.RunAsUser",
             "Volume.N.ConfigFileVolume.ConfigFileToPath.N.Mode",
+            "Volume.N.DiskVolume.DiskId",
+            "Volume.N.DiskVolume.DiskSize",
+            "Volume.N.FlexVolume.Options",
             "SecurityContext.Sysctl.N.Name",
             "HostName",
             "DnsPolicy",

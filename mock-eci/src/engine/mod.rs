@@ -441,6 +441,28 @@ impl Engine {
         self.groups.get(id).ok_or_else(|| not_found(id))
     }
 
+    /// A cloud disk `request` mounts that a group still holds (until it is deleted), with
+    /// that group's id.
+    fn disk_holder(&self, request: &CreateContainerGroupRequest) -> Option<(String, String)> {
+        let disks = |r: &CreateContainerGroupRequest| -> Vec<String> {
+            r.volume
+                .iter()
+                .filter_map(|v| v.disk_volume.as_ref())
+                .map(|d| d.disk_id.clone())
+                .collect()
+        };
+        let wanted = disks(request);
+        if wanted.is_empty() {
+            return None;
+        }
+        self.groups.values().find_map(|group| {
+            disks(&group.request)
+                .into_iter()
+                .find(|disk| wanted.contains(disk))
+                .map(|disk| (disk, group.id.clone()))
+        })
+    }
+
     /// CreateContainerGroup.
     pub fn create(
         &mut self,
@@ -471,6 +493,15 @@ impl Engine {
                 }
                 return Ok(existing.id.clone());
             }
+        }
+        if let Some((disk, holder)) = self.disk_holder(&request) {
+            // A cloud disk is attached to one instance at a time (ReadWriteOnce).
+            return Err(EciError::new(
+                codes::DISK_IN_USE,
+                format!(
+                    "The disk {disk} is attached to container group {holder}; it can be used again once that group is deleted."
+                ),
+            ));
         }
         let strategy = placement::Strategy::parse(&request.schedule_strategy)?;
         let images: Vec<&str> = request
@@ -1515,6 +1546,82 @@ mod tests {
             .flat_map(|v| &v.config_file_to_path)
             .map(|f| (f.path.clone(), f.mode))
             .collect()
+    }
+
+    #[test]
+    fn a_disk_is_one_groups_until_that_group_is_deleted() {
+        use eci_proto::v20180808::DiskVolume;
+        let with_disk = |name: &str, token: &str, disk: &str| {
+            let mut request = mk_request(name, "vn-0");
+            request.client_token = token.into();
+            request.volume = vec![Volume {
+                name: "data".into(),
+                r#type: "DiskVolume".into(),
+                disk_volume: Some(DiskVolume {
+                    disk_id: disk.into(),
+                    fs_type: "ext4".into(),
+                    disk_size: 20,
+                }),
+                ..Volume::default()
+            }];
+            request
+        };
+        let mut engine = Engine::new(Settings::default());
+        let first = engine
+            .create(with_disk("group-a", "t-a", "d-1"), 0)
+            .unwrap();
+        // The same create again (a lost answer's retry) is the same group, not a conflict.
+        assert_eq!(
+            engine
+                .create(with_disk("group-a", "t-a", "d-1"), 1)
+                .unwrap(),
+            first
+        );
+        let refused = engine
+            .create(with_disk("group-b", "t-b", "d-1"), 2)
+            .unwrap_err();
+        assert_eq!(refused.code, codes::DISK_IN_USE);
+        assert!(
+            refused.message.contains("d-1") && refused.message.contains(&first),
+            "{refused}"
+        );
+        // Another disk is free.
+        engine
+            .create(with_disk("group-c", "t-c", "d-2"), 3)
+            .unwrap();
+        // A DiskVolume without its disk is refused as ECI refuses an incomplete volume.
+        let missing = engine
+            .create(with_disk("group-d", "t-d", ""), 4)
+            .unwrap_err();
+        assert!(
+            missing.code.starts_with(codes::INVALID_PARAMETER)
+                && missing.message.contains("DiskId"),
+            "{missing}"
+        );
+        engine
+            .delete(
+                &DeleteContainerGroupRequest {
+                    region_id: "cn-hangzhou".into(),
+                    container_group_id: first.clone(),
+                    force: true,
+                    ..DeleteContainerGroupRequest::default()
+                },
+                5,
+            )
+            .unwrap();
+        // Gone once its termination ran (a forced delete: at once, or within its grace).
+        let mut later = 6;
+        for _ in 0..120 {
+            if !engine.groups.contains_key(&first) {
+                break;
+            }
+            later += 1_000;
+            engine.advance(later);
+        }
+        assert!(!engine.groups.contains_key(&first), "the group went");
+        engine
+            .create(with_disk("group-b", "t-b", "d-1"), later)
+            .unwrap();
     }
 
     #[test]

@@ -504,6 +504,19 @@ fn volumes(volumes: &[Volume]) -> Result<HashSet<&str>, EciError> {
                 "the volume's settings are missing or incomplete (NFS needs Server and Path, config files relative Paths, disks a DiskId, flex volumes a Driver, host paths a Path)",
             ));
         }
+        if let Some(flex) = volume
+            .flex_volume
+            .as_ref()
+            .filter(|_| volume.r#type == "FlexVolume")
+            && !flex.options.is_empty()
+            && serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&flex.options)
+                .is_err()
+        {
+            return Err(invalid(
+                &format!("{param}.FlexVolume.Options"),
+                "must be a JSON object of the driver's options",
+            ));
+        }
         if !names.insert(volume.name.as_str()) {
             return Err(invalid(
                 &format!("{param}.Name"),
@@ -659,6 +672,54 @@ mod tests {
 
     fn check(request: &CreateContainerGroupRequest) -> Result<ValidCreate, EciError> {
         create(request, "cn-hangzhou", 1_000)
+    }
+
+    #[test]
+    fn persistent_volume_types_need_their_settings() {
+        use eci_proto::v20180808::{DiskVolume, FlexVolume, NfsVolume};
+        let with = |volume: Volume| {
+            let mut request = mk_request();
+            request.volume = vec![Volume {
+                name: "data".into(),
+                ..volume
+            }];
+            check(&request).map(|_| ()).map_err(|e| e.message)
+        };
+        let disk = |disk_id: &str| Volume {
+            r#type: "DiskVolume".into(),
+            disk_volume: Some(DiskVolume {
+                disk_id: disk_id.into(),
+                ..DiskVolume::default()
+            }),
+            ..Volume::default()
+        };
+        let flex = |driver: &str, options: &str| Volume {
+            r#type: "FlexVolume".into(),
+            flex_volume: Some(FlexVolume {
+                driver: driver.into(),
+                fs_type: String::new(),
+                options: options.into(),
+            }),
+            ..Volume::default()
+        };
+        let nfs = |server: &str| Volume {
+            r#type: "NFSVolume".into(),
+            nfs_volume: Some(NfsVolume {
+                server: server.into(),
+                path: "/".into(),
+                read_only: true,
+            }),
+            ..Volume::default()
+        };
+        assert_eq!(with(disk("d-1")), Ok(()));
+        assert!(with(disk("")).unwrap_err().contains("DiskId"));
+        assert_eq!(with(flex("alicloud/oss", r#"{"bucket":"b"}"#)), Ok(()));
+        assert_eq!(with(flex("alicloud/oss", "")), Ok(()));
+        assert!(with(flex("", "")).unwrap_err().contains("Driver"));
+        let options = with(flex("alicloud/oss", "bucket=b")).unwrap_err();
+        assert!(options.contains("Volume.1.FlexVolume.Options"), "{options}");
+        assert_eq!(with(nfs("nas.example.com")), Ok(()));
+        assert!(with(nfs("")).unwrap_err().contains("Server"));
     }
 
     #[test]

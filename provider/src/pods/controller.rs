@@ -971,6 +971,9 @@ enum Failure {
     NoStock(String),
     /// ConfigMaps, Secrets or keys the pod needs do not exist (yet): it waits and is retried.
     Absent(Vec<crate::pods::refs::Absent>),
+    /// A cloud disk the pod mounts is attached to another group (ECI's message): it waits
+    /// until that group is deleted, retried.
+    DiskInUse(String),
 }
 
 impl Failure {
@@ -979,7 +982,8 @@ impl Failure {
             Self::Retry(message)
             | Self::Permanent(message)
             | Self::InvalidAnnotation(message)
-            | Self::NoStock(message) => message.clone(),
+            | Self::NoStock(message)
+            | Self::DiskInUse(message) => message.clone(),
             Self::Misconfigured(found) => found.describe(),
             Self::Refused(refusal) => refusal.describe(),
             Self::Absent(absent) => absent_message(absent),
@@ -1067,6 +1071,20 @@ pub const KUBE_API: &[crate::k8s::access::Access] = &[
         resource: "secrets",
         verbs: &["get", "list", "watch"],
         why: "Secrets a pod references (env, volumes, image pull secrets), read when it is created; their metadata watched to keep running pods' volumes current",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["get"],
+        why: "PersistentVolumeClaims a pod mounts, read when it is created",
+    },
+    crate::k8s::access::Access {
+        scope: crate::k8s::access::Scope::Cluster,
+        group: "",
+        resource: "persistentvolumes",
+        verbs: &["get"],
+        why: "the PersistentVolume each claim a pod mounts is bound to, read when it is created",
     },
     crate::k8s::access::Access {
         scope: crate::k8s::access::Scope::Cluster,

@@ -3,7 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, KeyToPath, Pod, Secret, ServiceAccountTokenProjection, Volume,
+    ConfigMap, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+    ServiceAccountTokenProjection, Volume,
 };
 
 /// The validity a `serviceAccountToken` source gets when it names none (the API's default).
@@ -62,6 +63,8 @@ pub struct References {
     pub secrets: BTreeSet<String>,
     /// The distinct projected `serviceAccountToken` sources.
     pub tokens: BTreeSet<TokenSource>,
+    /// PersistentVolumeClaims (`persistentVolumeClaim` volumes).
+    pub claims: BTreeSet<String>,
 }
 
 /// The kind of object a reference names.
@@ -71,6 +74,8 @@ pub enum Kind {
     ConfigMap,
     /// A Secret.
     Secret,
+    /// A PersistentVolumeClaim (and the PersistentVolume it is bound to).
+    PersistentVolumeClaim,
 }
 
 /// What a reference is for: it decides which keys count and what an absence costs.
@@ -178,6 +183,15 @@ fn visit_volume<'a>(
     reference: &mut impl FnMut(Reference<'a>),
     token: &mut impl FnMut(&'a ServiceAccountTokenProjection),
 ) {
+    if let Some(claim) = &volume.persistent_volume_claim {
+        reference(Reference {
+            kind: Kind::PersistentVolumeClaim,
+            name: &claim.claim_name,
+            key: None,
+            optional: false,
+            use_: Use::Volume,
+        });
+    }
     let mut files = |kind, name: &'a str, items: Option<&'a Vec<KeyToPath>>, flag: Option<bool>| {
         let optional = flag == Some(true);
         reference(Reference {
@@ -242,6 +256,7 @@ impl References {
         match reference.kind {
             Kind::ConfigMap => self.config_maps.insert(reference.name.to_owned()),
             Kind::Secret => self.secrets.insert(reference.name.to_owned()),
+            Kind::PersistentVolumeClaim => self.claims.insert(reference.name.to_owned()),
         };
     }
 }
@@ -302,14 +317,32 @@ pub struct Absent {
     pub optional: bool,
     /// What it was for.
     pub use_: Use,
+    /// For a claim: what keeps it from being mounted.
+    pub claim: Option<ClaimGap>,
+}
+
+/// Why a PersistentVolumeClaim cannot be mounted (yet).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ClaimGap {
+    /// The claim does not exist.
+    Missing,
+    /// The claim is not bound to a PersistentVolume.
+    Unbound,
+    /// The claim is bound to this PersistentVolume, which does not exist.
+    VolumeMissing(String),
+    /// The claim names this PersistentVolume, which is not bound back to it (its `claimRef`
+    /// names another claim, or none): a claim's author cannot take a volume by naming it.
+    NotBoundBack(String),
 }
 
 impl Absent {
     /// The Event reason: virtual-kubelet's names (`MandatorySecretNotFound`, …), which
     /// ack-virtual-node, a virtual kubelet, reports; for an image pull secret the kubelet's.
     pub fn reason(&self) -> &'static str {
-        use Kind::{ConfigMap, Secret};
+        use Kind::{ConfigMap, PersistentVolumeClaim, Secret};
         match (self.use_, self.optional, self.kind, self.key.is_some()) {
+            // The kubelet's reason for a volume it cannot mount.
+            (.., PersistentVolumeClaim, _) => "FailedMount",
             (Use::ImagePull, ..) => "FailedToRetrieveImagePullSecret",
             (_, true, ConfigMap, false) => "OptionalConfigMapNotFound",
             (_, true, ConfigMap, true) => "OptionalConfigMapKeyNotFound",
@@ -321,6 +354,15 @@ impl Absent {
             (_, false, Secret, true) => "MandatorySecretKeyNotFound",
         }
     }
+
+    /// The pod's reason while it waits: the kubelet's for a container it cannot configure,
+    /// or for one whose volumes are not mounted yet.
+    pub fn pod_reason(&self) -> &'static str {
+        match self.kind {
+            Kind::PersistentVolumeClaim => "ContainerCreating",
+            Kind::ConfigMap | Kind::Secret => "CreateContainerConfigError",
+        }
+    }
 }
 
 impl std::fmt::Display for Absent {
@@ -328,6 +370,25 @@ impl std::fmt::Display for Absent {
         let kind = match self.kind {
             Kind::ConfigMap => "configmap",
             Kind::Secret => "secret",
+            Kind::PersistentVolumeClaim => {
+                let name = &self.name;
+                return match &self.claim {
+                    Some(ClaimGap::Unbound) => {
+                        write!(f, "persistentvolumeclaim {name:?} is not bound")
+                    }
+                    Some(ClaimGap::VolumeMissing(pv)) => write!(
+                        f,
+                        "persistentvolumeclaim {name:?} is bound to persistentvolume {pv:?}, which does not exist"
+                    ),
+                    Some(ClaimGap::NotBoundBack(pv)) => write!(
+                        f,
+                        "persistentvolumeclaim {name:?} names persistentvolume {pv:?}, which is not bound to it"
+                    ),
+                    Some(ClaimGap::Missing) | None => {
+                        write!(f, "persistentvolumeclaim {name:?} not found")
+                    }
+                };
+            }
         };
         match &self.key {
             Some(key) => write!(f, "key {key:?} does not exist in {kind} {:?}", self.name)?,
@@ -367,6 +428,8 @@ pub fn absent(
                     r.key
                         .is_none_or(|key| secret.data.as_ref().is_some_and(|d| d.contains_key(key)))
                 }),
+                // Judged with the volumes they are bound to: [`bound_volumes`].
+                Kind::PersistentVolumeClaim => return,
             };
             let absent = match exists {
                 Some(true) => return,
@@ -377,6 +440,7 @@ pub fn absent(
                     key: r.key.map(str::to_owned),
                     optional: r.optional,
                     use_: r.use_,
+                    claim: None,
                 },
                 None => Absent {
                     kind: r.kind,
@@ -384,6 +448,7 @@ pub fn absent(
                     key: None,
                     optional: r.optional,
                     use_: r.use_,
+                    claim: None,
                 },
             };
             if !found.contains(&absent) {
@@ -393,6 +458,76 @@ pub fn absent(
         |_| {},
     );
     found
+}
+
+/// The PersistentVolumes the read `claims` are bound to, by name: those to read next.
+pub fn volume_names(claims: &BTreeMap<String, PersistentVolumeClaim>) -> BTreeSet<String> {
+    claims
+        .values()
+        .filter_map(|c| c.spec.as_ref()?.volume_name.clone())
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+/// The PersistentVolume each of the pod's claims is bound to, by claim name, and the claims
+/// that cannot be mounted (yet), from the claims of its namespace read (`claims`, by name) and
+/// the volumes read (`volumes`, by name). A binding counts only when the claim is `Bound` and
+/// the volume's `claimRef` names the claim back: the volume is the administrator's side of
+/// the binding, the claim its author's.
+pub fn bound_volumes(
+    pod: &Pod,
+    claims: &BTreeMap<String, PersistentVolumeClaim>,
+    volumes: &BTreeMap<String, PersistentVolume>,
+) -> (BTreeMap<String, PersistentVolume>, Vec<Absent>) {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let mut bound = BTreeMap::new();
+    let mut gaps = Vec::new();
+    for name in references(pod).claims {
+        match bound_volume(namespace, claims.get(&name), volumes) {
+            Ok(pv) => {
+                bound.insert(name, pv.clone());
+            }
+            Err(gap) => gaps.push(Absent {
+                kind: Kind::PersistentVolumeClaim,
+                name,
+                key: None,
+                optional: false,
+                use_: Use::Volume,
+                claim: Some(gap),
+            }),
+        }
+    }
+    (bound, gaps)
+}
+
+fn bound_volume<'a>(
+    namespace: &str,
+    claim: Option<&PersistentVolumeClaim>,
+    volumes: &'a BTreeMap<String, PersistentVolume>,
+) -> Result<&'a PersistentVolume, ClaimGap> {
+    let claim = claim.ok_or(ClaimGap::Missing)?;
+    let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
+    let volume_name = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|n| !n.is_empty());
+    let (Some("Bound"), Some(volume_name)) = (phase, volume_name) else {
+        return Err(ClaimGap::Unbound);
+    };
+    let pv = volumes
+        .get(volume_name)
+        .ok_or_else(|| ClaimGap::VolumeMissing(volume_name.to_owned()))?;
+    let back = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let names_claim = back.is_some_and(|r| {
+        r.namespace.as_deref() == Some(namespace)
+            && r.name == claim.metadata.name
+            && (r.uid.is_none() || r.uid == claim.metadata.uid)
+    });
+    if !names_claim {
+        return Err(ClaimGap::NotBoundBack(volume_name.to_owned()));
+    }
+    Ok(pv)
 }
 
 #[cfg(test)]
@@ -523,5 +658,83 @@ mod tests {
         let mut config_maps = whole;
         config_maps.insert("gone-cm".to_owned(), ConfigMap::default());
         assert_eq!(absent(&pod, &config_maps, &secrets), Vec::new());
+    }
+
+    #[test]
+    fn a_claim_counts_only_when_bound_both_ways() {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"namespace": "team-a"}, "spec": {
+            "containers": [{"name": "a", "image": "a"}],
+            "volumes": [
+                {"name": "ok", "persistentVolumeClaim": {"claimName": "ok"}},
+                {"name": "again", "persistentVolumeClaim": {"claimName": "ok", "readOnly": true}},
+                {"name": "gone", "persistentVolumeClaim": {"claimName": "gone"}},
+                {"name": "pending", "persistentVolumeClaim": {"claimName": "pending"}},
+                {"name": "orphan", "persistentVolumeClaim": {"claimName": "orphan"}},
+                {"name": "stolen", "persistentVolumeClaim": {"claimName": "stolen"}},
+                {"name": "replaced", "persistentVolumeClaim": {"claimName": "replaced"}}]
+        }}))
+        .unwrap();
+        assert_eq!(
+            references(&pod).claims,
+            ["gone", "ok", "orphan", "pending", "replaced", "stolen"]
+                .map(String::from)
+                .into()
+        );
+        let claim = |name: &str, uid: &str, volume: Option<&str>, phase: &str| {
+            let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "team-a", "uid": uid},
+                "spec": {"volumeName": volume}, "status": {"phase": phase}
+            }))
+            .unwrap();
+            (name.to_owned(), claim)
+        };
+        let claims = BTreeMap::from([
+            claim("ok", "u-ok", Some("pv-ok"), "Bound"),
+            claim("pending", "u-p", None, "Pending"),
+            // Bound, but its volume was deleted.
+            claim("orphan", "u-o", Some("pv-deleted"), "Bound"),
+            // Its author named another team's volume (a pre-binding the volume never took).
+            claim("stolen", "u-s", Some("pv-team-b"), "Bound"),
+            // The volume is bound to an earlier claim of the same name.
+            claim("replaced", "u-new", Some("pv-replaced"), "Bound"),
+        ]);
+        assert_eq!(
+            volume_names(&claims),
+            ["pv-deleted", "pv-ok", "pv-replaced", "pv-team-b"]
+                .map(String::from)
+                .into()
+        );
+        let volume = |name: &str, claim_namespace: &str, claim: &str, uid: &str| {
+            let pv: PersistentVolume = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"claimRef": {"namespace": claim_namespace, "name": claim, "uid": uid}}
+            }))
+            .unwrap();
+            (name.to_owned(), pv)
+        };
+        let volumes = BTreeMap::from([
+            volume("pv-ok", "team-a", "ok", "u-ok"),
+            volume("pv-team-b", "team-b", "stolen", "u-b"),
+            volume("pv-replaced", "team-a", "replaced", "u-old"),
+        ]);
+        let (bound, gaps) = bound_volumes(&pod, &claims, &volumes);
+        assert_eq!(bound.keys().collect::<Vec<_>>(), ["ok"]);
+        assert_eq!(bound["ok"].metadata.name.as_deref(), Some("pv-ok"));
+        let said: Vec<(&str, &str, String)> = gaps
+            .iter()
+            .map(|a| (a.reason(), a.pod_reason(), a.to_string()))
+            .collect();
+        let expected = [
+            r#"persistentvolumeclaim "gone" not found"#,
+            r#"persistentvolumeclaim "orphan" is bound to persistentvolume "pv-deleted", which does not exist"#,
+            r#"persistentvolumeclaim "pending" is not bound"#,
+            r#"persistentvolumeclaim "replaced" names persistentvolume "pv-replaced", which is not bound to it"#,
+            r#"persistentvolumeclaim "stolen" names persistentvolume "pv-team-b", which is not bound to it"#,
+        ]
+        .map(|m| ("FailedMount", "ContainerCreating", m.to_owned()));
+        assert_eq!(said, expected);
+        assert!(gaps.iter().all(|a| !a.optional));
+        // A claim is never one of the ConfigMap and Secret gaps.
+        assert_eq!(absent(&pod, &BTreeMap::new(), &BTreeMap::new()), Vec::new());
     }
 }

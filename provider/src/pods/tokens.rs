@@ -1110,6 +1110,8 @@ impl Renewal {
             cluster_domain: &config.cluster_domain,
             config_maps: sources.config_maps,
             secrets: sources.secrets,
+            // File volumes are never claims.
+            claims: &BTreeMap::new(),
             service_account_tokens: sources.tokens,
             default_spec: (2.0, 4.0),
             apiserver: None,

@@ -260,6 +260,11 @@ mod tests {
             ("Container.1.LifecyclePostStartHandlerHttpGetPort", "8080"),
             ("Container.1.Tty", "true"),
             ("Volume.1.NFSVolume.Server", "nas"),
+            ("Volume.2.DiskVolume.DiskId", "d-1"),
+            ("Volume.2.DiskVolume.FsType", "xfs"),
+            ("Volume.2.DiskVolume.DiskSize", "20"),
+            ("Volume.3.FlexVolume.Driver", "alicloud/oss"),
+            ("Volume.3.FlexVolume.Options", r#"{"bucket":"b"}"#),
             ("HostAliase.1.Hostname.1", "db"),
             ("TerminationGracePeriodSeconds", "0"),
         ]))
@@ -286,6 +291,16 @@ mod tests {
         assert_eq!(post_start.http_get.as_ref().unwrap().port, 8080);
         assert!(app.tty);
         assert_eq!(request.volume[0].nfs_volume.as_ref().unwrap().server, "nas");
+        let disk = request.volume[1].disk_volume.as_ref().unwrap();
+        assert_eq!(
+            (disk.disk_id.as_str(), disk.fs_type.as_str(), disk.disk_size),
+            ("d-1", "xfs", 20)
+        );
+        let flex = request.volume[2].flex_volume.as_ref().unwrap();
+        assert_eq!(
+            (flex.driver.as_str(), flex.options.as_str()),
+            ("alicloud/oss", r#"{"bucket":"b"}"#)
+        );
         assert_eq!(request.host_aliase[0].hostname, ["db"]);
         assert_eq!(request.termination_grace_period_seconds, Some(0));
     }

@@ -280,7 +280,13 @@ fn volume(form: &mut Form, v: &Volume, purpose: VolumeFor) {
             }
         });
     }
-    if let Some(disk) = &v.disk_volume {
+    // UpdateContainerGroup has no DiskVolume members (the SDK's table): a disk is attached
+    // when the group is created and stays; updates carry token volumes only.
+    if let Some(disk) = v
+        .disk_volume
+        .as_ref()
+        .filter(|_| purpose == VolumeFor::Create)
+    {
         form.nested("DiskVolume", |form| {
             form.text("DiskId", &disk.disk_id);
             form.text("FsType", &disk.fs_type);

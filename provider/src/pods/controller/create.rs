@@ -11,7 +11,7 @@ use eci_proto::v20180808::{
     DescribeContainerGroupStatusResponse, Tag,
 };
 use futures::{StreamExt as _, TryStreamExt as _};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -81,9 +81,17 @@ fn report_failure(attempt: u32, group_seen: bool) -> bool {
     attempt == REPORT_AFTER_ATTEMPTS && !group_seen
 }
 
-/// The pod reason of a pod whose references are missing: the kubelet's waiting reason for a
-/// container it cannot configure.
-const CONFIG_ERROR: &str = "CreateContainerConfigError";
+/// Condition and Event reason (the kubelet's attach-detach controller's): a disk the pod
+/// mounts is attached elsewhere.
+const FAILED_ATTACH_VOLUME: &str = "FailedAttachVolume";
+
+/// What a pod waiting for a disk another group holds is told (`service`: ECI's message).
+fn disk_in_use_message(service: &str) -> String {
+    format!(
+        "Multi-Attach error: {}; a cloud disk (ReadWriteOnce) is one ECI instance's at a time, so the pod stays Pending and is retried with back-off until the other instance is deleted",
+        service.trim_end_matches('.')
+    )
+}
 
 /// Condition and Event reason (ACK's): no zone of the pod's vSwitches has stock.
 pub(super) const NO_STOCK: &str = "NoStock";
@@ -144,6 +152,9 @@ pub(super) enum Explained {
     NoStock,
     /// References the pod needs are missing, by their fingerprint: the job waits its back-off.
     Absent(u64),
+    /// A disk the pod mounts is another group's, by the message's fingerprint: the job waits
+    /// its back-off.
+    DiskInUse(u64),
 }
 
 impl CreateJob {
@@ -513,6 +524,23 @@ impl PodController {
                 );
                 Some(CreateJob { shown, ..retry })
             }
+            Failure::DiskInUse(message) => {
+                self.inner.telemetry.pod_create_retries.inc();
+                let shown = Explained::DiskInUse(super::hash_of(&message));
+                if job.shown != shown && !self.has_group(uid) {
+                    let message = disk_in_use_message(&message);
+                    info!(%message, "a disk the pod mounts is another group's; it waits");
+                    self.show_not_created_as(
+                        &pod,
+                        "Pending",
+                        "ContainerCreating",
+                        FAILED_ATTACH_VOLUME,
+                        &message,
+                    )
+                    .await;
+                }
+                Some(CreateJob { shown, ..retry })
+            }
             Failure::Refused(refusal) => {
                 self.inner.telemetry.pod_create_retries.inc();
                 let group_seen = self.has_group(uid);
@@ -547,13 +575,16 @@ impl PodController {
                 .await
                 .map_err(|e| Failure::Retry(crate::ops::chain::Chain(&e).to_string()))
         };
-        let (config_maps, secrets, issued) = tokio::try_join!(
+        let (config_maps, secrets, claimed, issued) = tokio::try_join!(
             self.fetch::<ConfigMap>(&namespace, &refs.config_maps),
             self.fetch::<Secret>(&namespace, &refs.secrets),
+            self.claimed_volumes(pod, &namespace, &refs.claims),
             tokens,
         )?;
+        let (claims, unmountable) = claimed;
         let (absent, optional): (Vec<_>, Vec<_>) = refs::absent(pod, &config_maps, &secrets)
             .into_iter()
+            .chain(unmountable)
             .partition(|absent| !absent.optional);
         if !absent.is_empty() {
             return Err(Failure::Absent(absent));
@@ -586,6 +617,7 @@ impl PodController {
             cluster_domain: &config.cluster_domain,
             config_maps: &config_maps,
             secrets: &secrets,
+            claims: &claims,
             service_account_tokens: &issued.tokens,
             default_spec: (2.0, 4.0),
             apiserver: apiserver.as_ref(),
@@ -710,6 +742,25 @@ impl PodController {
         warn!(pod_uid = %uid, "could not look for a group an unanswered create may have made; the next restart's adoption finds it if it exists");
     }
 
+    /// The PersistentVolume each of the pod's `claims` (of `namespace`) is bound to, by claim
+    /// name, and the claims that cannot be mounted yet ([`refs::bound_volumes`]).
+    async fn claimed_volumes(
+        &self,
+        pod: &Pod,
+        namespace: &str,
+        claims: &std::collections::BTreeSet<String>,
+    ) -> Result<(BTreeMap<String, PersistentVolume>, Vec<refs::Absent>), Failure> {
+        if claims.is_empty() {
+            return Ok((BTreeMap::new(), Vec::new()));
+        }
+        let claims = self
+            .fetch::<PersistentVolumeClaim>(namespace, claims)
+            .await?;
+        let all: Api<PersistentVolume> = Api::all(self.inner.client.clone());
+        let volumes = self.read_each(all, &refs::volume_names(&claims)).await?;
+        Ok(refs::bound_volumes(pod, &claims, &volumes))
+    }
+
     pub(super) async fn fetch<K>(
         &self,
         namespace: &str,
@@ -722,6 +773,18 @@ impl PodController {
             + std::fmt::Debug,
     {
         let api: Api<K> = Api::namespaced(self.inner.client.clone(), namespace);
+        self.read_each(api, names).await
+    }
+
+    /// The objects of `api` named `names` that exist, by name.
+    async fn read_each<K>(
+        &self,
+        api: Api<K>,
+        names: &std::collections::BTreeSet<String>,
+    ) -> Result<BTreeMap<String, K>, Failure>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
         // Together: a pod's few references cost one round trip, not one each; a pod naming
         // dozens does not open dozens of requests at once.
         let reads = names.iter().cloned().map(|name| {
@@ -800,7 +863,7 @@ impl PodController {
         let Some(first) = absent.first() else { return };
         let message = super::absent_message(absent);
         info!(%message, "references the pod needs are missing; it waits");
-        self.show_not_created_as(pod, "Pending", CONFIG_ERROR, first.reason(), &message)
+        self.show_not_created_as(pod, "Pending", first.pod_reason(), first.reason(), &message)
             .await;
         for other in &absent[1..] {
             self.event(pod, EventType::Warning, other.reason(), &other.to_string())

@@ -262,6 +262,11 @@ impl PodController {
             // Capacity, not the request or the configuration: the pod's fail strategy decides.
             return Err(Failure::NoStock(error.message));
         }
+        if error.code == eci_proto::error::codes::DISK_IN_USE {
+            // A disk is one group's at a time: the pod waits for the other group to go, as a
+            // kubelet waits for a volume to be detached from another node.
+            return Err(Failure::DiskInUse(error.message));
+        }
         Err(match judgement.blame {
             Some(Blame::Node(_)) => match misconfig::misconfiguration(CREATE, &error) {
                 Some(found) => Failure::Misconfigured(found),

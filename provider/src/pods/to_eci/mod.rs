@@ -3,6 +3,7 @@
 //! takes the Services from its cache, and passes them in [`Context`].
 
 pub mod annotations;
+pub mod claims;
 mod container;
 mod downward;
 mod env;
@@ -23,7 +24,9 @@ use eci_proto::v20180808::{
     CreateContainerGroupRequest, DnsConfig, DnsOption, HostAliase, ImageRegistryCredential,
     PodSecurityContext as PodSecurity, Sysctl, Tag, Volume,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodSecurityContext, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolume, Pod, PodSecurityContext, Secret, Service,
+};
 use serde_json::Value;
 
 use crate::pods::refs::{Token, TokenSource};
@@ -87,6 +90,9 @@ pub struct Context<'a> {
     pub config_maps: &'a BTreeMap<String, ConfigMap>,
     /// Secrets of the pod's namespace that it references, by name.
     pub secrets: &'a BTreeMap<String, Secret>,
+    /// The PersistentVolume each of the pod's PersistentVolumeClaims is bound to, by claim
+    /// name (the caller checked the binding: see [`crate::pods::refs::bound_volumes`]).
+    pub claims: &'a BTreeMap<String, PersistentVolume>,
     /// The tokens issued for the pod's projected `serviceAccountToken` sources.
     pub service_account_tokens: &'a BTreeMap<TokenSource, Token>,
     /// The size resource references fall back to when a container sets none (vCPU, GiB).
@@ -228,6 +234,7 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
     // Last: `eci-use-specs` sizes against the containers, and the pod's annotations override
     // the daemon's defaults set above.
     annotations::apply(&annotations, &mut request)?;
+    volumes::mount_read_only_claims(pod, &mut request);
     Ok(request)
 }
 

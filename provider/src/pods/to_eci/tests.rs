@@ -14,6 +14,7 @@ use super::*;
 struct Fixture {
     config_maps: BTreeMap<String, ConfigMap>,
     secrets: BTreeMap<String, Secret>,
+    claims: BTreeMap<String, k8s_openapi::api::core::v1::PersistentVolume>,
     dns: Vec<String>,
     tokens: BTreeMap<TokenSource, Token>,
     apiserver: Option<k8s_openapi::api::core::v1::Service>,
@@ -44,6 +45,7 @@ impl Fixture {
         Self {
             config_maps: [("app-config".to_owned(), config_map)].into(),
             secrets: [("db".to_owned(), secret), ("pull".to_owned(), pull)].into(),
+            claims: BTreeMap::new(),
             dns: vec!["10.96.0.10".to_owned()],
             tokens: BTreeMap::new(),
             apiserver: None,
@@ -63,6 +65,7 @@ impl Fixture {
             cluster_domain: "cluster.local",
             config_maps: &self.config_maps,
             secrets: &self.secrets,
+            claims: &self.claims,
             service_account_tokens: &self.tokens,
             default_spec: (2.0, 4.0),
             apiserver: self.apiserver.as_ref(),
@@ -402,8 +405,8 @@ fn volumes_ecs_cannot_carry_are_rejected_by_name() {
             "hostPath",
         ),
         (
-            json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}}),
-            "persistentVolumeClaim",
+            json!({"name": "data", "iscsi": {"targetPortal": "10.0.0.1:3260", "iqn": "iqn.2001-04.com.example:storage", "lun": 0}}),
+            "iscsi",
         ),
     ] {
         let pod =
@@ -1023,4 +1026,218 @@ fn security_settings_ecis_api_cannot_carry_are_named_not_silently_dropped() {
         "runAsUser": 1000, "runAsNonRoot": true, "readOnlyRootFilesystem": true, "capabilities": {"add": ["NET_ADMIN"]}}}),
     ));
     assert!(super::limits(&carried).is_empty());
+}
+
+/// A PersistentVolume named `name` with `spec` (capacity, csi or nfs …).
+fn persistent_volume(name: &str, spec: Value) -> k8s_openapi::api::core::v1::PersistentVolume {
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+}
+
+/// A pod mounting the claim `data` at `/data` (sub-path `app`), `read_only` at the volume.
+fn pod_with_claim(read_only: bool) -> Pod {
+    mk_pod(json!({
+        "containers": [{"name": "app", "image": "app", "volumeMounts": [{"name": "data", "mountPath": "/data", "subPath": "app"}]}],
+        "initContainers": [{"name": "init", "image": "init", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-web-0", "readOnly": read_only}}]
+    }))
+}
+
+#[test]
+fn persistent_volume_claims_become_the_eci_volume_of_their_driver() {
+    use eci_proto::v20180808::{DiskVolume, FlexVolume, NfsVolume};
+    let disk = |spec: Value| persistent_volume("pv-disk", spec);
+    // (what, the bound PersistentVolume, the volume's readOnly, the ECI volume expected,
+    // mounts read-only)
+    let cases: Vec<(&str, _, bool, Volume, bool)> = vec![
+        (
+            "a disk with its capacity and file system",
+            disk(json!({"capacity": {"storage": "20Gi"}, "csi": {"driver": "diskplugin.csi.alibabacloud.com", "volumeHandle": "d-bp1abc", "fsType": "xfs"}})),
+            false,
+            Volume {
+                name: "data".into(),
+                r#type: "DiskVolume".into(),
+                disk_volume: Some(DiskVolume { disk_id: "d-bp1abc".into(), fs_type: "xfs".into(), disk_size: 20 }),
+                ..Volume::default()
+            },
+            false,
+        ),
+        (
+            "a disk without fsType gets ext4; a size in other units is rounded up to whole GiB",
+            disk(json!({"capacity": {"storage": "1500Mi"}, "csi": {"driver": "diskplugin.csi.alibabacloud.com", "volumeHandle": "d-bp1abc"}})),
+            false,
+            Volume {
+                name: "data".into(),
+                r#type: "DiskVolume".into(),
+                disk_volume: Some(DiskVolume { disk_id: "d-bp1abc".into(), fs_type: "ext4".into(), disk_size: 2 }),
+                ..Volume::default()
+            },
+            false,
+        ),
+        (
+            "a disk mounted read-only by the pod's volume",
+            disk(json!({"csi": {"driver": "diskplugin.csi.alibabacloud.com", "volumeHandle": "d-bp1abc"}})),
+            true,
+            Volume {
+                name: "data".into(),
+                r#type: "DiskVolume".into(),
+                disk_volume: Some(DiskVolume { disk_id: "d-bp1abc".into(), fs_type: "ext4".into(), disk_size: 0 }),
+                ..Volume::default()
+            },
+            true,
+        ),
+        (
+            "NAS: server and path from volumeAttributes, read-only from the PersistentVolume",
+            persistent_volume("pv-nas", json!({"csi": {"driver": "nasplugin.csi.alibabacloud.com", "volumeHandle": "pv-nas", "readOnly": true,
+                "volumeAttributes": {"server": "0cd8b4a576-g.cn-hangzhou.nas.aliyuncs.com", "path": "/share"}}})),
+            false,
+            Volume {
+                name: "data".into(),
+                r#type: "NFSVolume".into(),
+                nfs_volume: Some(NfsVolume { server: "0cd8b4a576-g.cn-hangzhou.nas.aliyuncs.com".into(), path: "/share".into(), read_only: true }),
+                ..Volume::default()
+            },
+            false,
+        ),
+        (
+            "NAS without a path mounts the export's root",
+            persistent_volume("pv-nas", json!({"csi": {"driver": "nasplugin.csi.alibabacloud.com", "volumeHandle": "pv-nas",
+                "volumeAttributes": {"server": "nas.example.com"}}})),
+            false,
+            Volume {
+                name: "data".into(),
+                r#type: "NFSVolume".into(),
+                nfs_volume: Some(NfsVolume { server: "nas.example.com".into(), path: "/".into(), read_only: false }),
+                ..Volume::default()
+            },
+            false,
+        ),
+        (
+            "an nfs PersistentVolume",
+            persistent_volume("pv-nfs", json!({"nfs": {"server": "10.0.0.5", "path": "/exports"}})),
+            true,
+            Volume {
+                name: "data".into(),
+                r#type: "NFSVolume".into(),
+                nfs_volume: Some(NfsVolume { server: "10.0.0.5".into(), path: "/exports".into(), read_only: true }),
+                ..Volume::default()
+            },
+            true,
+        ),
+        (
+            "OSS: the OSS FlexVolume with the volumeAttributes as its options",
+            persistent_volume("pv-oss", json!({"csi": {"driver": "ossplugin.csi.alibabacloud.com", "volumeHandle": "pv-oss",
+                "volumeAttributes": {"bucket": "logs", "url": "oss-cn-hangzhou-internal.aliyuncs.com", "path": "/app", "otherOpts": "-o max_stat_cache_size=0 -o allow_other"}}})),
+            false,
+            Volume {
+                name: "data".into(),
+                r#type: "FlexVolume".into(),
+                flex_volume: Some(FlexVolume {
+                    driver: "alicloud/oss".into(),
+                    fs_type: String::new(),
+                    options: json!({"bucket": "logs", "otherOpts": "-o max_stat_cache_size=0 -o allow_other", "path": "/app", "url": "oss-cn-hangzhou-internal.aliyuncs.com"}).to_string(),
+                }),
+                ..Volume::default()
+            },
+            false,
+        ),
+    ];
+    for (what, pv, read_only, expected, mounts_read_only) in cases {
+        let mut fixture = Fixture::new();
+        fixture.claims.insert("data-web-0".into(), pv);
+        let request = translate_ok(&pod_with_claim(read_only), &fixture);
+        assert_eq!(request.volume, vec![expected], "{what}");
+        let app = &request.container[0].volume_mount[0];
+        assert_eq!(
+            (app.name.as_str(), app.sub_path.as_str()),
+            ("data", "app"),
+            "{what}: subPath kept"
+        );
+        let mounts: Vec<bool> = request
+            .container
+            .iter()
+            .chain(&request.init_container)
+            .flat_map(|c| c.volume_mount.iter().map(|m| m.read_only))
+            .collect();
+        assert_eq!(mounts, [mounts_read_only; 2], "{what}: read-only mounts");
+    }
+}
+
+#[test]
+fn persistent_volumes_ecs_cannot_mount_are_rejected_with_their_driver() {
+    // (the bound PersistentVolume, said in the rejection, retryable)
+    let cases = [
+        (
+            Some(persistent_volume(
+                "pv-ebs",
+                json!({"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-1"}}),
+            )),
+            "\"ebs.csi.aws.com\"",
+            false,
+        ),
+        (
+            Some(persistent_volume(
+                "pv-local",
+                json!({"hostPath": {"path": "/mnt/data"}}),
+            )),
+            "neither a CSI nor an nfs volume",
+            false,
+        ),
+        (
+            Some(persistent_volume(
+                "pv-disk",
+                json!({"csi": {"driver": "diskplugin.csi.alibabacloud.com", "volumeHandle": ""}}),
+            )),
+            "no csi.volumeHandle",
+            false,
+        ),
+        (
+            Some(persistent_volume(
+                "pv-nas",
+                json!({"csi": {"driver": "nasplugin.csi.alibabacloud.com", "volumeHandle": "x", "volumeAttributes": {"path": "/"}}}),
+            )),
+            "no volumeAttributes.server",
+            false,
+        ),
+        (
+            Some(persistent_volume(
+                "pv-oss",
+                json!({"csi": {"driver": "ossplugin.csi.alibabacloud.com", "volumeHandle": "x",
+                "volumeAttributes": {"bucket": "b", "url": "u"}, "nodePublishSecretRef": {"name": "oss-secret", "namespace": "default"}}}),
+            )),
+            "nodePublishSecretRef",
+            false,
+        ),
+        (
+            Some(persistent_volume(
+                "pv-oss",
+                json!({"csi": {"driver": "ossplugin.csi.alibabacloud.com", "volumeHandle": "x", "volumeAttributes": {"url": "u"}}}),
+            )),
+            "no volumeAttributes.bucket",
+            false,
+        ),
+        (
+            Some(persistent_volume(
+                "pv-block",
+                json!({"volumeMode": "Block", "csi": {"driver": "diskplugin.csi.alibabacloud.com", "volumeHandle": "d-1"}}),
+            )),
+            "volumeMode Block",
+            false,
+        ),
+        // Not bound (the caller passes only verified bindings): it may be bound later.
+        (None, "not bound to a PersistentVolume yet", true),
+    ];
+    for (pv, said, retryable) in cases {
+        let mut fixture = Fixture::new();
+        if let Some(pv) = pv {
+            fixture.claims.insert("data-web-0".into(), pv);
+        }
+        let rejection = rejection(&pod_with_claim(false), &fixture);
+        assert_eq!(rejection.field, "spec.volumes[0] (data)");
+        assert!(
+            rejection.reason.contains(said),
+            "{said} in {}",
+            rejection.reason
+        );
+        assert_eq!(rejection.retryable, retryable, "{rejection}");
+    }
 }

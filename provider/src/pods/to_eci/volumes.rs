@@ -1,6 +1,7 @@
 //! Volumes: emptyDir, configMap, secret, downwardAPI and projected become ECI volumes (the last
-//! four as `ConfigFileVolume`s with their files inlined), nfs stays nfs; anything else is
-//! rejected with its name.
+//! four as `ConfigFileVolume`s with their files inlined), nfs stays nfs, a PersistentVolumeClaim
+//! becomes its PersistentVolume's ECI volume ([`claims`]); anything else is rejected with its
+//! name.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +9,7 @@ use base64::Engine as _;
 use eci_proto::v20180808::{ConfigFileToPath, ConfigFileVolume, EmptyDirVolume, NfsVolume, Volume};
 use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod};
 
+use super::claims;
 use super::downward::{self, FieldValue};
 use super::{Context, Rejection, missing, reject};
 use crate::pods::refs::TokenSource;
@@ -158,6 +160,34 @@ pub(super) fn volumes(pod: &Pod, cx: &Context<'_>) -> Result<Vec<Volume>, Reject
         .enumerate()
         .map(|(index, volume)| translate(pod, index, volume, cx))
         .collect()
+}
+
+/// A `persistentVolumeClaim` volume marked `readOnly` is mounted read-only everywhere, as the
+/// kubelet does: ECI's disk and OSS volumes have no read-only switch of their own.
+pub(super) fn mount_read_only_claims(
+    pod: &Pod,
+    request: &mut eci_proto::v20180808::CreateContainerGroupRequest,
+) {
+    let read_only: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter(|v| v.persistent_volume_claim.as_ref().and_then(|c| c.read_only) == Some(true))
+        .map(|v| v.name.as_str())
+        .collect();
+    if read_only.is_empty() {
+        return;
+    }
+    for mount in request
+        .container
+        .iter_mut()
+        .chain(request.init_container.iter_mut())
+        .flat_map(|c| c.volume_mount.iter_mut())
+    {
+        if read_only.contains(&mount.name.as_str()) {
+            mount.read_only = true;
+        }
+    }
 }
 
 /// Whether a pod volume carries a service account token (a projected one with a
@@ -341,6 +371,16 @@ fn translate(
         }
         eci.r#type = "ConfigFileVolume".into();
         eci.config_file_volume = Some(encode(files, source.default_mode));
+    } else if let Some(claim) = &volume.persistent_volume_claim {
+        let pv = cx.claims.get(&claim.claim_name).ok_or_else(|| Rejection {
+            field: at.clone(),
+            reason: format!(
+                "PersistentVolumeClaim {:?} is not bound to a PersistentVolume yet",
+                claim.claim_name
+            ),
+            retryable: true,
+        })?;
+        return claims::volume(&volume.name, pv, claim.read_only == Some(true), &at);
     } else if let Some(nfs) = &volume.nfs {
         eci.r#type = "NFSVolume".into();
         eci.nfs_volume = Some(NfsVolume {
@@ -359,7 +399,7 @@ fn translate(
         return Err(reject(
             &at,
             format!(
-                "{kind} volumes cannot run on ECI; supported: emptyDir, configMap, secret, downwardAPI, projected, nfs"
+                "{kind} volumes cannot run on ECI; supported: emptyDir, configMap, secret, downwardAPI, projected, nfs, persistentVolumeClaim"
             ),
         ));
     }
