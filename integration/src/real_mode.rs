@@ -31,6 +31,31 @@ pub const IMAGES: [&str; 3] = [
     "library/busybox:1.36",
 ];
 
+/// The images of Kubernetes' end-to-end suite the playground can serve (`--e2e-images`), as
+/// `<registry>/<name>` and what each is: KUBE_TEST_REPO_LIST maps `registry.k8s.io` (and its
+/// `e2e-test-images`) onto the registry. agnhost is the suite's own program
+/// (k8s.io/kubernetes/test/images/agnhost, built by `upstream/build.sh e2e-test`) on busybox,
+/// as upstream puts it on a small base with a shell; pause is agnhost's `pause` (it waits for a
+/// signal, which is all a pause container does); busybox is Debian's.
+pub const E2E_IMAGES: [(&str, E2eImage); 5] = [
+    ("e2e-test-images/agnhost:2.66.1", E2eImage::Agnhost),
+    ("e2e-test-images/busybox:1.37.0-2", E2eImage::Busybox),
+    ("e2e-test-images/busybox:1.36.1-1", E2eImage::Busybox),
+    ("pause:3.10.2", E2eImage::Pause),
+    ("pause:3.10", E2eImage::Pause),
+];
+
+/// What an end-to-end image holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum E2eImage {
+    /// busybox alone.
+    Busybox,
+    /// busybox and `/agnhost`, entrypoint `/agnhost`, command `pause`.
+    Agnhost,
+    /// busybox and `/agnhost`, entrypoint `/agnhost pause`.
+    Pause,
+}
+
 /// mock-eci's gRPC and admin ports on its address.
 const MOCK_GRPC_PORT: u16 = 50051;
 const MOCK_ADMIN_PORT: u16 = 8080;
@@ -166,9 +191,44 @@ impl RealRuntime {
         self.registry.host()
     }
 
-    /// The registry's process (its log), for a caller that needs more images.
-    pub fn registry_handle(&self) -> &TestRegistry {
-        &self.registry
+    /// Pushes [`E2E_IMAGES`], agnhost from the binary at `agnhost`.
+    pub async fn push_e2e_images(&self, agnhost: &Path) -> Result<(), RealModeError> {
+        let binary = std::fs::read(agnhost).map_err(|source| images::ImageError::Io {
+            what: format!(
+                "read agnhost at {} (upstream/build.sh e2e-test)",
+                agnhost.display()
+            ),
+            source,
+        })?;
+        let mut layer = images::LayerBuilder::default();
+        layer.file("agnhost", 0o755, &binary)?;
+        let agnhost_layer = layer.finish()?;
+        let busybox_layer = images::busybox_layer()?;
+        let path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned();
+        for (name, kind) in E2E_IMAGES {
+            let image = match kind {
+                E2eImage::Busybox => images::busybox()?,
+                E2eImage::Agnhost | E2eImage::Pause => {
+                    let (entrypoint, cmd) = if kind == E2eImage::Agnhost {
+                        (vec!["/agnhost".to_owned()], Some(vec!["pause".to_owned()]))
+                    } else {
+                        (vec!["/agnhost".to_owned(), "pause".to_owned()], None)
+                    };
+                    let run = images::RunConfig {
+                        entrypoint: Some(entrypoint),
+                        cmd,
+                        env: vec![path.clone()],
+                        ..images::RunConfig::default()
+                    };
+                    images::BuiltImage::from_tars(
+                        &[busybox_layer.clone(), agnhost_layer.clone()],
+                        &run,
+                    )?
+                }
+            };
+            images::push(&image, &format!("{}/{name}", self.registry()), None).await?;
+        }
+        Ok(())
     }
 
     /// The names this run's things carry on the machine: the interface, mock-eci's prefix.
@@ -182,8 +242,9 @@ impl RealRuntime {
     }
 
     /// The eci-profile ConfigMap: pods the playground sends to virtual nodes (in namespaces
-    /// labelled `virtual-node-affinity-injection=enabled`, or labelled
-    /// `alibabacloud.com/eci=true` themselves) pull from the plain-HTTP registry.
+    /// labelled `virtual-node-affinity-injection=enabled` or, Kubernetes' end-to-end suite's,
+    /// `e2e-run`, or labelled `alibabacloud.com/eci=true` themselves) pull from the plain-HTTP
+    /// registry.
     pub fn eci_profile(&self) -> serde_json::Value {
         let effect = serde_json::json!({
             "annotations": {"k8s.aliyun.com/plain-http-registry": self.registry()},
@@ -192,6 +253,11 @@ impl RealRuntime {
             {
                 "name": "playground-registry-namespaces",
                 "namespaceSelector": {"matchLabels": {"virtual-node-affinity-injection": "enabled"}},
+                "effect": effect,
+            },
+            {
+                "name": "playground-registry-e2e",
+                "namespaceSelector": {"matchExpressions": [{"key": "e2e-run", "operator": "Exists"}]},
                 "effect": effect,
             },
             {

@@ -90,6 +90,11 @@ struct Args {
     /// busybox-static.
     #[arg(long, env = "PLAYGROUND_RUNTIME", value_enum, default_value_t = Runtime::Simulated)]
     runtime: Runtime,
+    /// With `--runtime real`: also push the images Kubernetes' end-to-end suite runs
+    /// (agnhost from this binary, built by `integration/upstream/build.sh e2e-test`; busybox;
+    /// pause), as integration/upstream/run-conformance.sh does.
+    #[arg(long, value_name = "AGNHOST")]
+    e2e_images: Option<PathBuf>,
 }
 
 /// How mock-eci runs containers in the playground.
@@ -203,6 +208,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 real = RealRuntime::start(&dir) => real.context("start the real runtime")?,
                 () = &mut stop => return Ok(()),
             };
+            if let Some(agnhost) = &args.e2e_images {
+                if let Err(error) = real.push_e2e_images(agnhost).await {
+                    stop_real(real).await;
+                    return Err(error).context("push the end-to-end images");
+                }
+            }
             done(
                 &format!(
                     "mock-eci (real) at {}, pods on {}/16, groups on {}, registry {}",
