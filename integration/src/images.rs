@@ -108,6 +108,16 @@ impl BuiltImage {
 /// busybox: Debian's static `/bin/busybox`, a symlink to it for each applet it lists, `/tmp`,
 /// and an `/etc/passwd` and `/etc/group` naming root and nobody; `Cmd` `sh`, `PATH` set.
 pub fn busybox() -> Result<BuiltImage, ImageError> {
+    let run = RunConfig {
+        cmd: Some(vec!["sh".to_owned()]),
+        env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned()],
+        ..RunConfig::default()
+    };
+    BuiltImage::from_tars(&[busybox_layer()?], &run)
+}
+
+/// [`busybox`]'s one layer (an uncompressed tar), for images built on it.
+pub fn busybox_layer() -> Result<Vec<u8>, ImageError> {
     let binary = std::fs::read(DEBIAN_BUSYBOX).map_err(|source| ImageError::Io {
         what: format!(
             "read {DEBIAN_BUSYBOX} (Debian's busybox-static; apt-get install busybox-static)"
@@ -140,12 +150,7 @@ pub fn busybox() -> Result<BuiltImage, ImageError> {
             layer.symlink(applet, "/bin/busybox")?;
         }
     }
-    let run = RunConfig {
-        cmd: Some(vec!["sh".to_owned()]),
-        env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned()],
-        ..RunConfig::default()
-    };
-    BuiltImage::from_tars(&[layer.finish()?], &run)
+    layer.finish()
 }
 
 const PASSWD: &str =

@@ -6,6 +6,8 @@ pub mod cluster;
 pub mod harness;
 pub mod host;
 pub mod images;
+pub mod local_net;
 pub mod measure;
 pub mod process;
+pub mod real_mode;
 pub mod registry;

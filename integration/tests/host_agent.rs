@@ -179,7 +179,7 @@ async fn host_agent_runs_pods_like_a_kubelet() {
             api_host: "127.0.0.1".into(),
             api_port: plane.api_port(),
             restart_backoff: (Duration::from_secs(1), Duration::from_secs(4)),
-            pod_network,
+            pod_network: integration::host::loopback_pod_network(pod_network),
         },
     )
     .await

@@ -8,12 +8,17 @@
 # package instead: building it from its module took longer than the rest together.)
 #
 #   build.sh [component...]    components: kubernetes etcd kwok metrics-server helm registry
-#                              (none named: all of them), and vk-e2e (only when named)
+#                              (none named: all of them), and vk-e2e and e2e-test (only
+#                              when named)
 #
 # vk-e2e is not a binary the tests run but another project's test suite that judges ours:
 # virtual-kubelet's provider e2e suite, compiled with `go test -c -tags e2e` from its module
 # (integration/upstream/run-vk-e2e.sh runs it against a playground). Nothing builds it unless
-# asked: CI and the fixture never name it.
+# asked: CI and the fixture never name it. e2e-test is the same for Kubernetes' own end-to-end
+# suite: `e2e.test` (k8s.io/kubernetes/test/e2e, whose conformance tests
+# integration/upstream/run-conformance.sh runs) and `agnhost` (test/images/agnhost, the program
+# most of those tests run in their containers), both from the Kubernetes module the control plane
+# is built from, with the test-only requirements (ginkgo, gomega, ...) in e2e-test/go.mod.
 #
 # The control plane names the first four, the chart tests helm alone, the image tests registry
 # alone: each builds only what it runs. Binaries are cached outside the work tree, one directory per component and version
@@ -24,7 +29,7 @@ set -euo pipefail
 
 all=(kubernetes etcd kwok metrics-server helm registry)
 # Built only when named.
-extra=(vk-e2e)
+extra=(vk-e2e e2e-test)
 wanted=("$@")
 [ ${#wanted[@]} -gt 0 ] || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -233,6 +238,34 @@ if wants vk-e2e; then
     say "  vk-e2e built in $((SECONDS - started)) s"
   fi
   emit "$vk_bin" vk-e2e.test
+fi
+
+# Kubernetes' end-to-end suite and its agnhost image program, at the control plane's version.
+# As for vk-e2e, a `go build -v` of the suite's dependencies first gives progress lines.
+if wants e2e-test; then
+  e2e=$(version e2e-test k8s.io/kubernetes)
+  e2e_bin="$cache/e2e-test-$e2e/bin"
+  if missing "$e2e_bin" e2e.test agnhost; then
+    say "building Kubernetes' e2e.test and agnhost $e2e into $e2e_bin (~3,000 packages: long on a cold cache)"
+    suite=k8s.io/kubernetes/test/e2e
+    started=$SECONDS
+    tmp="$e2e_bin.tmp.$$"
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    deps=$(cd "$here/e2e-test" && go list -deps -test \
+      -f '{{if and (not .Standard) (not .ForTest) (ne .Name "main") .GoFiles}}{{.ImportPath}}{{end}}' "$suite")
+    # shellcheck disable=SC2086 # one package per word
+    if ! compile e2e-test "$started" build -v $deps ||
+      ! compile e2e-test "$started" build -v -ldflags "-s -w" -o "$tmp/" k8s.io/kubernetes/test/images/agnhost ||
+      ! compile e2e-test "$started" test -c -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$e2e" \
+        -o "$tmp/e2e.test" "$suite"; then
+      rm -rf "$tmp"
+      exit 1
+    fi
+    rm -rf "$e2e_bin" && mv "$tmp" "$e2e_bin"
+    built=1
+    say "  e2e-test built in $((SECONDS - started)) s"
+  fi
+  emit "$e2e_bin" e2e.test agnhost
 fi
 
 if [ "$built" = 1 ]; then

@@ -20,8 +20,11 @@ use anyhow::Context as _;
 use clap::Parser;
 use integration::cluster::{ControlPlane, ControlPlaneOptions, PlacementExtender};
 use integration::harness::binary;
-use integration::harness::deploy::{apply_local_overlay_with, wait_installed};
-use integration::host::{HostAgent, HostConfig};
+use integration::harness::deploy::{
+    apply_local_overlay_with, apply_local_overlay_without_mock, wait_installed, wait_virtual_nodes,
+};
+use integration::host::{HostAgent, HostConfig, loopback_pod_network};
+use integration::real_mode::RealRuntime;
 use tokio::io::AsyncReadExt as _;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -79,6 +82,28 @@ struct Args {
     /// Remove `--dir` and everything in it at exit.
     #[arg(long)]
     remove_dir_on_exit: bool,
+    /// How mock-eci runs containers: `simulated` (nothing runs; logs are made up) or `real`
+    /// (busybox and the other images from a local registry really run, each group in network
+    /// namespaces on a bridge; the daemons and mock-eci get non-loopback addresses routed to an
+    /// interface the playground creates and removes, so `kubectl logs`/`exec` go through the
+    /// apiserver and Services get EndpointSlices). Real needs root, runc, iproute2 and Debian's
+    /// busybox-static.
+    #[arg(long, env = "PLAYGROUND_RUNTIME", value_enum, default_value_t = Runtime::Simulated)]
+    runtime: Runtime,
+    /// With `--runtime real`: also push the images Kubernetes' end-to-end suite runs
+    /// (agnhost from this binary, built by `integration/upstream/build.sh e2e-test`; busybox;
+    /// pause), as integration/upstream/run-conformance.sh does.
+    #[arg(long, value_name = "AGNHOST")]
+    e2e_images: Option<PathBuf>,
+}
+
+/// How mock-eci runs containers in the playground.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Runtime {
+    /// Timers and made-up output (mock-eci's default).
+    Simulated,
+    /// Real containers (mock-eci `--runtime real`).
+    Real,
 }
 
 /// The host node's name.
@@ -176,6 +201,33 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let daemon = binary("virtual-node-eci", "virtual-node-eci")?;
     binary("mock-eci", "mock-eci")?;
     done("virtual-node-eci and mock-eci built", &mut phase);
+    let real = match args.runtime {
+        Runtime::Real if !args.bare => {
+            say("real runtime: the network, the registry with busybox, mock-eci --runtime real");
+            let real = tokio::select! {
+                real = RealRuntime::start(&dir) => real.context("start the real runtime")?,
+                () = &mut stop => return Ok(()),
+            };
+            if let Some(agnhost) = &args.e2e_images {
+                if let Err(error) = real.push_e2e_images(agnhost).await {
+                    stop_real(real).await;
+                    return Err(error).context("push the end-to-end images");
+                }
+            }
+            done(
+                &format!(
+                    "mock-eci (real) at {}, pods on {}/16, groups on {}, registry {}",
+                    real.grpc(),
+                    real.pod_network(),
+                    real.groups_cidr(),
+                    real.registry()
+                ),
+                &mut phase,
+            );
+            Some(real)
+        }
+        _ => None,
+    };
     let bin_dir = daemon
         .parent()
         .context("the daemon binary has a directory")?
@@ -190,11 +242,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
             api_port: plane.api_port(),
             restart_backoff: (Duration::from_secs(1), Duration::from_secs(30)),
             // Random, like the Service range: two playgrounds (or test runs) rarely meet.
-            pod_network: integration::cluster::random_in(1..=99),
+            pod_network: real.as_ref().map_or_else(
+                || loopback_pod_network(integration::cluster::random_in(1..=99)),
+                RealRuntime::pod_network,
+            ),
         },
     )
-    .await
-    .context("start the host-node agent")?;
+    .await;
+    let agent = match agent {
+        Ok(agent) => agent,
+        Err(error) => {
+            if let Some(real) = real {
+                stop_real(real).await;
+            }
+            return Err(error).context("start the host-node agent");
+        }
+    };
 
     let ready = async {
         let mut env = format!(
@@ -211,25 +274,49 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let kubectl = plane.upstream().path("kubectl")?;
             say("kubectl apply -k deploy/overlays/local");
             // The daemons serve the extender where kube-scheduler calls it (the elected one).
-            let daemon_env = plane
+            let mut daemon_env = plane
                 .placement_extender()
                 .map(PlacementExtender::env)
                 .unwrap_or_default();
-            apply_local_overlay_with(
-                kubectl,
-                plane.kubeconfig(),
-                &dir,
-                args.replicas,
-                &daemon_env,
-                &mock_eci_env(),
-            )
-            .await?;
-            say("waiting for mock-eci and the virtual nodes to be Ready");
-            let mock = wait_installed(&client, args.replicas, Duration::from_secs(300)).await?;
-            done("mock-eci and the virtual nodes Ready", &mut phase);
-            env += &format!(
-                "export MOCK_ECI_ADDR={mock}:50051\nexport MOCK_ECI_ADMIN=http://{mock}:8080\n"
-            );
+            if let Some(real) = &real {
+                daemon_env.extend(real.daemon_env());
+                apply_local_overlay_without_mock(
+                    kubectl,
+                    plane.kubeconfig(),
+                    &dir,
+                    args.replicas,
+                    &daemon_env,
+                )
+                .await?;
+                apply_eci_profile(&client, real.eci_profile()).await?;
+                say("waiting for the virtual nodes to be Ready");
+                wait_virtual_nodes(&client, args.replicas, Duration::from_secs(300)).await?;
+                done("the virtual nodes Ready", &mut phase);
+                let (link, prefix) = real.names();
+                env += &format!(
+                    "export MOCK_ECI_ADDR={}\nexport MOCK_ECI_ADMIN={}\nexport REGISTRY={}\n\
+                     export PLAYGROUND_LINK={link}\nexport PLAYGROUND_RUNTIME_PREFIX={prefix}\n",
+                    real.grpc(),
+                    real.admin_url(),
+                    real.registry(),
+                );
+            } else {
+                apply_local_overlay_with(
+                    kubectl,
+                    plane.kubeconfig(),
+                    &dir,
+                    args.replicas,
+                    &daemon_env,
+                    &mock_eci_env(),
+                )
+                .await?;
+                say("waiting for mock-eci and the virtual nodes to be Ready");
+                let mock = wait_installed(&client, args.replicas, Duration::from_secs(300)).await?;
+                done("mock-eci and the virtual nodes Ready", &mut phase);
+                env += &format!(
+                    "export MOCK_ECI_ADDR={mock}:50051\nexport MOCK_ECI_ADMIN=http://{mock}:8080\n"
+                );
+            }
         }
         write_env(&dir, &env)?;
         anyhow::Ok(())
@@ -240,24 +327,58 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(Ok(())) = outcome {
         say(&format!("ready in {:.1} s", begun.elapsed().as_secs_f64()));
-        if !args.bare {
-            instructions(
+        match &real {
+            Some(real) => real_instructions(&dir, args.replicas, real.registry()),
+            None if !args.bare => instructions(
                 &dir,
                 args.replicas,
                 args.metrics_server,
                 plane.placement_extender(),
-            );
+            ),
+            None => {}
         }
         stop.await;
     }
     say("stopping");
     agent.stop(Duration::from_secs(20)).await;
+    if let Some(real) = real {
+        stop_real(real).await;
+    }
     plane.stop(Duration::from_secs(5)).await;
     let _ = std::fs::remove_file(dir.join("env"));
     if args.remove_dir_on_exit {
         let _ = std::fs::remove_dir_all(&dir);
     }
     outcome.unwrap_or(Ok(()))
+}
+
+/// Stops real mode's mock-eci, removes its network, and says whether anything was left.
+async fn stop_real(real: RealRuntime) {
+    let (link, prefix) = real.names();
+    match real.stop().await {
+        Ok(()) => say(&format!(
+            "real runtime stopped: interface {link} removed, no interface or network namespace named {prefix}* left"
+        )),
+        Err(error) => say(&format!("real runtime: {error:#}")),
+    }
+}
+
+/// Creates or replaces the eci-profile ConfigMap.
+async fn apply_eci_profile(
+    client: &kube::Client,
+    profile: serde_json::Value,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), "kube-system");
+    let map: ConfigMap = serde_json::from_value(profile)?;
+    maps.patch(
+        "eci-profile",
+        &kube::api::PatchParams::apply("playground").force(),
+        &kube::api::Patch::Apply(&map),
+    )
+    .await
+    .context("apply the eci-profile ConfigMap")?;
+    Ok(())
 }
 
 /// Resolves on SIGINT or SIGTERM (and at the end of stdin when asked).
@@ -290,6 +411,44 @@ fn write_env(dir: &Path, contents: &str) -> anyhow::Result<()> {
     std::fs::write(&partial, contents)?;
     std::fs::rename(&partial, dir.join("env"))?;
     Ok(())
+}
+
+fn real_instructions(dir: &Path, replicas: u32, registry: &str) {
+    println!(
+        "virtual-node-eci playground, real runtime: a real control plane, {replicas} virtual node(s), mock-eci running containers with runc; logs in {}",
+        dir.display()
+    );
+    println!(
+        "images (pushed to the registry at {registry}): {}",
+        integration::real_mode::IMAGES
+            .map(|image| format!("$REGISTRY/{image}"))
+            .join(", ")
+    );
+    println!(
+        "pods in namespaces labelled virtual-node-affinity-injection=enabled (or labelled alibabacloud.com/eci=true) go to virtual nodes and pull from it over plain HTTP (eci-profile adds k8s.aliyun.com/plain-http-registry)"
+    );
+    println!();
+    println!("source {}/env", dir.display());
+    println!("kubectl get nodes -o wide");
+    println!("kubectl create namespace demo");
+    println!("kubectl label namespace demo virtual-node-affinity-injection=enabled");
+    println!(
+        "kubectl -n demo run hello --image=$REGISTRY/library/busybox -- sh -c 'echo hello from $(hostname); while true; do date; sleep 5; done'"
+    );
+    println!("kubectl -n demo get pod hello -o wide   # a pod IP on mock-eci's bridge network");
+    println!("kubectl -n demo logs hello");
+    println!("kubectl -n demo exec hello -- sh -c 'hostname; ps; ip addr'");
+    println!(
+        "kubectl -n demo create deployment web --image=$REGISTRY/library/busybox --replicas=2 --port=8080 -- httpd -f -p 8080"
+    );
+    println!("kubectl -n demo expose deployment web --port=80 --target-port=8080");
+    println!("kubectl -n demo get endpointslices -l kubernetes.io/service-name=web");
+    println!(
+        "curl -s http://$(kubectl -n demo get pod -l app=web -o jsonpath='{{.items[0].status.podIP}}'):8080/   # this machine reaches the groups on their bridge"
+    );
+    println!("curl -s $MOCK_ECI_ADMIN/admin/groups   # mock-eci's container groups");
+    println!();
+    println!("Ctrl-C stops everything (and removes the interface, the bridge and every group).");
 }
 
 fn instructions(

@@ -37,6 +37,46 @@ pub async fn apply_local_overlay_with(
     env: &[(String, String)],
     mock_env: &[(String, String)],
 ) -> Result<(), HarnessError> {
+    apply_overlay(
+        kubectl,
+        kubeconfig,
+        dir,
+        replicas,
+        env,
+        Mock::InCluster(mock_env),
+    )
+    .await
+}
+
+/// [`apply_local_overlay`] without the overlay's mock-eci Deployment and Service: the daemons
+/// reach a mock-eci the caller runs (`env` names it in `ECI_BACKEND`), as the playground's
+/// real-runtime mode does.
+pub async fn apply_local_overlay_without_mock(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    dir: &Path,
+    replicas: u32,
+    env: &[(String, String)],
+) -> Result<(), HarnessError> {
+    apply_overlay(kubectl, kubeconfig, dir, replicas, env, Mock::Outside).await
+}
+
+/// Where mock-eci runs.
+enum Mock<'a> {
+    /// The overlay's Deployment, with this environment added.
+    InCluster(&'a [(String, String)]),
+    /// Outside the cluster: the Deployment and Service are left out.
+    Outside,
+}
+
+async fn apply_overlay(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    dir: &Path,
+    replicas: u32,
+    env: &[(String, String)],
+    mock: Mock<'_>,
+) -> Result<(), HarnessError> {
     let io = |what: &str| {
         let what = what.to_owned();
         move |source| HarnessError::Io { what, source }
@@ -59,6 +99,21 @@ pub async fn apply_local_overlay_with(
         "replicas": [{"name": "virtual-node-eci", "count": replicas}],
     });
     let mut patches = Vec::new();
+    let mock_env = match mock {
+        Mock::InCluster(mock_env) => mock_env,
+        Mock::Outside => {
+            for (api_version, kind) in [("apps/v1", "Deployment"), ("v1", "Service")] {
+                let patch = serde_json::json!({
+                    "apiVersion": api_version,
+                    "kind": kind,
+                    "metadata": {"name": "mock-eci", "namespace": "kube-system"},
+                    "$patch": "delete",
+                });
+                patches.push(serde_json::json!({"patch": patch.to_string()}));
+            }
+            &[]
+        }
+    };
     for (kind, name, env) in [
         ("StatefulSet", "virtual-node-eci", env),
         ("Deployment", "mock-eci", mock_env),
@@ -185,6 +240,23 @@ pub async fn wait_installed(
         }
     })
     .await?;
+    wait_virtual_nodes(client, replicas, timeout).await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
+    services
+        .get("mock-eci")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .ok_or_else(|| HarnessError::Setup("mock-eci's Service has no cluster IP".into()))
+}
+
+/// Waits until exactly `replicas` virtual nodes are Ready and, with replicas, their webhook
+/// mutates pods.
+pub async fn wait_virtual_nodes(
+    client: &kube::Client,
+    replicas: u32,
+    timeout: Duration,
+) -> Result<(), HarnessError> {
     let nodes: Api<Node> = Api::all(client.clone());
     wait(
         &format!("{replicas} Ready virtual node(s)"),
@@ -206,11 +278,5 @@ pub async fn wait_installed(
     if replicas > 0 {
         wait_webhook(client, timeout).await?;
     }
-    let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
-    services
-        .get("mock-eci")
-        .await?
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .ok_or_else(|| HarnessError::Setup("mock-eci's Service has no cluster IP".into()))
+    Ok(())
 }

@@ -1,6 +1,8 @@
-//! Pod IPs: one loopback address per pod (127.N.0.2, 127.N.0.3, …, lowest free first, N the
-//! agent's pod network), so each pod binds its own ports. Linux answers on all of 127.0.0.0/8
-//! without configuration.
+//! Pod IPs: one address per pod from the agent's /16 pod network (A.B.0.2, A.B.0.3, …, lowest
+//! free first), so each pod binds its own ports. By default the network is a block of loopback
+//! (127.N.0.0/16: Linux answers on all of 127.0.0.0/8 without configuration); the playground's
+//! real-runtime mode gives it a private block it routes locally (see `crate::local_net`), since
+//! the apiserver refuses loopback addresses for the nodes it proxies to and in EndpointSlices.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -9,31 +11,39 @@ use std::net::Ipv4Addr;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum IpamError {
     /// Every address of the pod network is in use.
-    #[error("no free loopback pod address left ({in_use} in use)")]
+    #[error("no free pod address left ({in_use} in use)")]
     Exhausted {
         /// Addresses in use.
         in_use: usize,
     },
 }
 
-/// First and last host part handed out (127.0.0.2 … 127.0.255.254, skipping .0 and .255 of each
-/// /24 so no address looks like a network or broadcast one).
+/// First and last host part handed out (A.B.0.2 … A.B.255.254, skipping .0 and .255 of each
+/// /24 so no address looks like a network or broadcast one; A.B.0.1 is left to the network's
+/// owner, e.g. the playground's mock-eci).
 const FIRST: u32 = 2;
 const LAST: u32 = 0xFF_FE;
 
 /// The allocator.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct IpPool {
-    /// The second octet: addresses are 127.<network>.x.y.
-    network: u8,
+    /// The network's first two octets, as the top 16 bits: addresses are A.B.x.y.
+    network: u32,
     in_use: BTreeSet<u32>,
 }
 
+impl Default for IpPool {
+    /// 127.0.0.0/16.
+    fn default() -> Self {
+        Self::new(Ipv4Addr::new(127, 0, 0, 0))
+    }
+}
+
 impl IpPool {
-    /// A pool of 127.<network>.0.2 – 127.<network>.255.254.
-    pub(crate) fn new(network: u8) -> Self {
+    /// A pool of A.B.0.2 – A.B.255.254, A.B the first two octets of `network`.
+    pub(crate) fn new(network: Ipv4Addr) -> Self {
         Self {
-            network,
+            network: u32::from(network) & 0xFFFF_0000,
             in_use: BTreeSet::new(),
         }
     }
@@ -67,18 +77,14 @@ impl IpPool {
     }
 
     fn address(&self, host: u32) -> Ipv4Addr {
-        Ipv4Addr::from(0x7F00_0000 | (u32::from(self.network) << 16) | host)
+        Ipv4Addr::from(self.network | host)
     }
 
     fn host_part(&self, ip: Ipv4Addr) -> Option<u32> {
         let bits = u32::from(ip);
         let host = bits & 0x0000_FFFF;
-        let network = (bits >> 16) & 0xFF;
-        (bits >> 24 == 0x7F
-            && network == u32::from(self.network)
-            && (FIRST..=LAST).contains(&host)
-            && usable(host))
-        .then_some(host)
+        (bits & 0xFFFF_0000 == self.network && (FIRST..=LAST).contains(&host) && usable(host))
+            .then_some(host)
     }
 }
 
@@ -137,13 +143,29 @@ mod tests {
 
     #[test]
     fn a_pod_network_of_its_own() {
-        let mut pool = IpPool::new(42);
+        let mut pool = IpPool::new(Ipv4Addr::new(127, 42, 0, 0));
         assert_eq!(pool.allocate().unwrap().to_string(), "127.42.0.2");
         assert!(
             !pool.reserve("127.0.0.9".parse().unwrap()),
             "another network"
         );
         assert!(pool.reserve("127.42.0.9".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_private_pod_network() {
+        // Only the first two octets count: what a caller passes below them is ignored.
+        let mut pool = IpPool::new(Ipv4Addr::new(10, 231, 7, 9));
+        assert_eq!(pool.allocate().unwrap().to_string(), "10.231.0.2");
+        let cases = [
+            ("10.231.0.9", true),
+            ("10.231.0.1", false),
+            ("10.232.0.9", false),
+            ("127.231.0.9", false),
+        ];
+        for (ip, want) in cases {
+            assert_eq!(pool.reserve(ip.parse().unwrap()), want, "{ip}");
+        }
     }
 
     #[test]

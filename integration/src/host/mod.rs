@@ -52,6 +52,11 @@ const HOST_IP: &str = "127.0.0.1";
 /// Field manager of the agent's writes.
 const FIELD_MANAGER: &str = "host-agent";
 
+/// The pod network 127.`n`.0.0/16, which Linux answers on without configuration.
+pub fn loopback_pod_network(n: u8) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(127, n, 0, 0)
+}
+
 /// How the agent runs.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
@@ -69,8 +74,10 @@ pub struct HostConfig {
     pub api_port: u16,
     /// Restart back-off: initial, max (kubelet: 10s, 300s).
     pub restart_backoff: (Duration, Duration),
-    /// Pod IPs are 127.<pod_network>.x.y (one agent per network on a machine).
-    pub pod_network: u8,
+    /// Pod IPs are A.B.x.y, A.B the first two octets of this address (one agent per network on
+    /// a machine): a block of loopback ([`loopback_pod_network`]), or a private block the caller
+    /// made local to this machine (the playground's real-runtime mode, `crate::local_net`).
+    pub pod_network: std::net::Ipv4Addr,
 }
 
 /// The agent could not start.

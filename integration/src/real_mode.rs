@@ -1,0 +1,367 @@
+//! The playground's real-runtime mode (`playground --runtime real`): mock-eci runs container
+//! groups for real (`--runtime real`), pulling from a local registry that holds the images the
+//! project builds offline, and every address the apiserver has to reach is off loopback.
+//!
+//! - An interface of the playground's (a bridge with no ports) makes a private /16 local to this machine ([`crate::local_net`]): the
+//!   host-node agent gives its pods (the daemons: their pod IP is their node's InternalIP and
+//!   their kubelet API's address) addresses from it, and mock-eci listens on its first address.
+//! - mock-eci is a child process of the playground, not a pod of the host agent: it needs root
+//!   and this machine's mount namespace (its groups' network namespaces are bind mounts under
+//!   /run/netns, which a pod's private mount namespace would hide), and its stop is what removes
+//!   its groups and bridge. Its groups get addresses from a second /16 on its bridge.
+//! - A distribution registry on 127.0.0.1 holds busybox (mock-eci pulls from the host, so
+//!   loopback serves); an eci-profile selector adds `k8s.aliyun.com/plain-http-registry` for
+//!   it to the pods the playground sends to virtual nodes, since the registry speaks plain HTTP.
+//!
+//! [`RealRuntime::stop`] stops mock-eci (which removes every group, namespace, veth and its
+//! bridge), deletes the interface, and then looks for anything left with either name.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::images;
+use crate::local_net::{self, Block, LocalNetwork};
+use crate::process::{Process, binary};
+use crate::registry::TestRegistry;
+
+/// The images the playground pushes, as `<registry>/<name>`.
+pub const IMAGES: [&str; 3] = [
+    "library/busybox:latest",
+    "library/busybox:1.37",
+    "library/busybox:1.36",
+];
+
+/// The images of Kubernetes' end-to-end suite the playground can serve (`--e2e-images`), as
+/// `<registry>/<name>` and what each is: KUBE_TEST_REPO_LIST maps `registry.k8s.io` (and its
+/// `e2e-test-images`) onto the registry. agnhost is the suite's own program
+/// (k8s.io/kubernetes/test/images/agnhost, built by `upstream/build.sh e2e-test`) on busybox,
+/// as upstream puts it on a small base with a shell; pause is agnhost's `pause` (it waits for a
+/// signal, which is all a pause container does); busybox is Debian's.
+pub const E2E_IMAGES: [(&str, E2eImage); 5] = [
+    ("e2e-test-images/agnhost:2.66.1", E2eImage::Agnhost),
+    ("e2e-test-images/busybox:1.37.0-2", E2eImage::Busybox),
+    ("e2e-test-images/busybox:1.36.1-1", E2eImage::Busybox),
+    ("pause:3.10.2", E2eImage::Pause),
+    ("pause:3.10", E2eImage::Pause),
+];
+
+/// What an end-to-end image holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum E2eImage {
+    /// busybox alone.
+    Busybox,
+    /// busybox and `/agnhost`, entrypoint `/agnhost`, command `pause`.
+    Agnhost,
+    /// busybox and `/agnhost`, entrypoint `/agnhost pause`.
+    Pause,
+}
+
+/// mock-eci's gRPC and admin ports on its address.
+const MOCK_GRPC_PORT: u16 = 50051;
+const MOCK_ADMIN_PORT: u16 = 8080;
+
+/// Real mode could not start or left something behind.
+#[derive(Debug, thiserror::Error)]
+pub enum RealModeError {
+    /// Something real mode needs is missing.
+    #[error("`--runtime real` needs {0}")]
+    Prerequisite(String),
+    /// The network could not be set up or removed.
+    #[error(transparent)]
+    Net(#[from] local_net::LocalNetError),
+    /// The registry did not start.
+    #[error("start the image registry: {0}")]
+    Registry(#[from] crate::registry::RegistryError),
+    /// An image could not be built or pushed.
+    #[error("the playground's images: {0}")]
+    Image(#[from] images::ImageError),
+    /// mock-eci could not be started or did not answer.
+    #[error("mock-eci: {0}")]
+    Mock(String),
+    /// Something the run made is still there after it stopped.
+    #[error("left behind after the stop: {0}")]
+    Leftover(String),
+}
+
+/// What real mode runs beside the control plane.
+#[derive(Debug)]
+pub struct RealRuntime {
+    network: LocalNetwork,
+    groups: Block,
+    prefix: String,
+    registry: TestRegistry,
+    mock: Process,
+    runtime_dir: PathBuf,
+}
+
+/// Whether this process runs as root (real mode creates interfaces and runs runc).
+fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// Whether `program` is on PATH.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
+impl RealRuntime {
+    /// Checks the prerequisites, makes the network, starts the registry with the images and
+    /// mock-eci in real mode (its files and log under `dir`). Undoes what it made on failure.
+    pub async fn start(dir: &Path) -> Result<Self, RealModeError> {
+        if !is_root() {
+            return Err(RealModeError::Prerequisite(
+                "root (it creates a network interface and runs containers with runc)".into(),
+            ));
+        }
+        for program in ["runc", "ip", images::DEBIAN_BUSYBOX] {
+            let found = if program.starts_with('/') {
+                Path::new(program).is_file()
+            } else {
+                on_path(program)
+            };
+            if !found {
+                return Err(RealModeError::Prerequisite(format!(
+                    "{program} (Debian: apt-get install runc iproute2 busybox-static)"
+                )));
+            }
+        }
+        let routes = local_net::ip(&["-4", "-o", "route", "show", "table", "all"]).await?;
+        let start = crate::cluster::random_in(0..=54);
+        let blocks =
+            local_net::free_blocks(&local_net::route_destinations(&routes), 200, 254, start, 2)?;
+        let (hosts, groups) = (blocks[0], blocks[1]);
+        let network = LocalNetwork::create(local_net::link_name(std::process::id()), hosts).await?;
+        // mock-eci owns its prefix on the machine: a short random one of the playground's.
+        let prefix = format!("pg{}", &uuid::Uuid::new_v4().simple().to_string()[..4]);
+        let started = async {
+            let registry = TestRegistry::start(None).await?;
+            let busybox = images::busybox()?;
+            for name in IMAGES {
+                images::push(&busybox, &format!("{}/{name}", registry.host()), None).await?;
+            }
+            let runtime_dir = dir.join("mock-eci-runtime");
+            let mock = start_mock(dir, &runtime_dir, hosts, groups, &prefix).await?;
+            Ok::<_, RealModeError>((registry, mock, runtime_dir))
+        };
+        match started.await {
+            Ok((registry, mock, runtime_dir)) => Ok(Self {
+                network,
+                groups,
+                prefix,
+                registry,
+                mock,
+                runtime_dir,
+            }),
+            Err(error) => {
+                let _ = network.remove().await;
+                Err(error)
+            }
+        }
+    }
+
+    /// The daemon's environment: mock-eci's gRPC API at its address.
+    pub fn daemon_env(&self) -> Vec<(String, String)> {
+        vec![("ECI_BACKEND".to_owned(), format!("grpc://{}", self.grpc()))]
+    }
+
+    /// mock-eci's gRPC `host:port`.
+    pub fn grpc(&self) -> String {
+        format!("{}:{MOCK_GRPC_PORT}", self.network.block().first_host())
+    }
+
+    /// mock-eci's admin URL.
+    pub fn admin_url(&self) -> String {
+        format!(
+            "http://{}:{MOCK_ADMIN_PORT}",
+            self.network.block().first_host()
+        )
+    }
+
+    /// The host agent's pod network (the block the interface routes locally).
+    pub fn pod_network(&self) -> std::net::Ipv4Addr {
+        self.network.block().network()
+    }
+
+    /// `host:port` of the registry.
+    pub fn registry(&self) -> &str {
+        self.registry.host()
+    }
+
+    /// Pushes [`E2E_IMAGES`], agnhost from the binary at `agnhost`.
+    pub async fn push_e2e_images(&self, agnhost: &Path) -> Result<(), RealModeError> {
+        let binary = std::fs::read(agnhost).map_err(|source| images::ImageError::Io {
+            what: format!(
+                "read agnhost at {} (upstream/build.sh e2e-test)",
+                agnhost.display()
+            ),
+            source,
+        })?;
+        let mut layer = images::LayerBuilder::default();
+        layer.file("agnhost", 0o755, &binary)?;
+        let agnhost_layer = layer.finish()?;
+        let busybox_layer = images::busybox_layer()?;
+        let path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned();
+        for (name, kind) in E2E_IMAGES {
+            let image = match kind {
+                E2eImage::Busybox => images::busybox()?,
+                E2eImage::Agnhost | E2eImage::Pause => {
+                    let (entrypoint, cmd) = if kind == E2eImage::Agnhost {
+                        (vec!["/agnhost".to_owned()], Some(vec!["pause".to_owned()]))
+                    } else {
+                        (vec!["/agnhost".to_owned(), "pause".to_owned()], None)
+                    };
+                    let run = images::RunConfig {
+                        entrypoint: Some(entrypoint),
+                        cmd,
+                        env: vec![path.clone()],
+                        ..images::RunConfig::default()
+                    };
+                    images::BuiltImage::from_tars(
+                        &[busybox_layer.clone(), agnhost_layer.clone()],
+                        &run,
+                    )?
+                }
+            };
+            images::push(&image, &format!("{}/{name}", self.registry()), None).await?;
+        }
+        Ok(())
+    }
+
+    /// The names this run's things carry on the machine: the interface, mock-eci's prefix.
+    pub fn names(&self) -> (String, String) {
+        (self.network.link().to_owned(), self.prefix.clone())
+    }
+
+    /// The groups' network.
+    pub fn groups_cidr(&self) -> String {
+        self.groups.cidr()
+    }
+
+    /// The eci-profile ConfigMap: pods the playground sends to virtual nodes (in namespaces
+    /// labelled `virtual-node-affinity-injection=enabled` or, Kubernetes' end-to-end suite's,
+    /// `e2e-run`, or labelled `alibabacloud.com/eci=true` themselves) pull from the plain-HTTP
+    /// registry.
+    pub fn eci_profile(&self) -> serde_json::Value {
+        let effect = serde_json::json!({
+            "annotations": {"k8s.aliyun.com/plain-http-registry": self.registry()},
+        });
+        let selectors = serde_json::json!([
+            {
+                "name": "playground-registry-namespaces",
+                "namespaceSelector": {"matchLabels": {"virtual-node-affinity-injection": "enabled"}},
+                "effect": effect,
+            },
+            {
+                "name": "playground-registry-e2e",
+                "namespaceSelector": {"matchExpressions": [{"key": "e2e-run", "operator": "Exists"}]},
+                "effect": effect,
+            },
+            {
+                "name": "playground-registry-pods",
+                "objectSelector": {"matchLabels": {"alibabacloud.com/eci": "true"}},
+                "effect": effect,
+            },
+        ]);
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "eci-profile", "namespace": "kube-system"},
+            "data": {"selectors": selectors.to_string()},
+        })
+    }
+
+    /// Stops mock-eci (it removes its groups and bridge), deletes the interface, and checks
+    /// that no interface or network namespace of this run is left.
+    pub async fn stop(mut self) -> Result<(), RealModeError> {
+        if self.mock.terminate(Duration::from_secs(60)).await.is_none() {
+            tracing::warn!("mock-eci did not stop within 60 s of SIGTERM; killed");
+        }
+        let (link, prefix) = self.names();
+        let removed = self.network.remove().await;
+        let links = local_net::link_names(&local_net::ip(&["-o", "link", "show"]).await?);
+        let netns = local_net::ip(&["netns", "list"]).await.unwrap_or_default();
+        let mut left: Vec<String> = links
+            .into_iter()
+            .filter(|name| *name == link || name.starts_with(&prefix))
+            .map(|name| format!("interface {name}"))
+            .collect();
+        left.extend(
+            netns
+                .lines()
+                .filter_map(|line| line.split_whitespace().next())
+                .filter(|name| name.starts_with(&prefix))
+                .map(|name| format!("network namespace {name}")),
+        );
+        let _ = std::fs::remove_dir_all(&self.runtime_dir);
+        removed?;
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(RealModeError::Leftover(left.join(", ")))
+        }
+    }
+}
+
+/// Starts mock-eci in real mode on `hosts`' first address, its groups on `groups`, its log in
+/// `log_dir`.
+async fn start_mock(
+    log_dir: &Path,
+    runtime_dir: &Path,
+    hosts: Block,
+    groups: Block,
+    prefix: &str,
+) -> Result<Process, RealModeError> {
+    let program = binary("mock-eci", "mock-eci").map_err(|e| RealModeError::Mock(e.to_string()))?;
+    std::fs::create_dir_all(runtime_dir)
+        .map_err(|e| RealModeError::Mock(format!("create {}: {e}", runtime_dir.display())))?;
+    let address = hosts.first_host();
+    let listen = format!("{address}:{MOCK_GRPC_PORT}");
+    let args = [
+        "--listen".to_owned(),
+        listen.clone(),
+        "--admin-listen".to_owned(),
+        format!("{address}:{MOCK_ADMIN_PORT}"),
+        "--runtime".to_owned(),
+        "real".to_owned(),
+        "--runtime-network".to_owned(),
+        format!("{}/16", groups.first_host()),
+        "--runtime-prefix".to_owned(),
+        prefix.to_owned(),
+        "--runtime-dir".to_owned(),
+        runtime_dir.display().to_string(),
+        "--restart-backoff".to_owned(),
+        "2s".to_owned(),
+    ];
+    let mut process = Process::spawn(
+        "mock-eci",
+        &program,
+        &args,
+        &[("RUST_LOG".to_owned(), "info".to_owned())],
+        log_dir,
+    )
+    .map_err(|e| RealModeError::Mock(e.to_string()))?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if tokio::net::TcpStream::connect(&listen).await.is_ok() {
+            return Ok(process);
+        }
+        if let Some(status) = process.exit_status() {
+            return Err(RealModeError::Mock(format!(
+                "exited ({status}) before answering: {}",
+                process.tail(20)
+            )));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let _ = process.kill().await;
+            return Err(RealModeError::Mock(format!(
+                "no answer on {listen} within 60 s: {}",
+                process.tail(20)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
