@@ -29,7 +29,7 @@ pub enum DownwardError {
         /// The resource given.
         resource: String,
     },
-    /// A divisor of zero or less.
+    /// A negative divisor.
     #[error("resourceFieldRef divisor {divisor:?} must be positive")]
     Divisor {
         /// The divisor given.
@@ -176,8 +176,12 @@ pub fn resource(
         None => unset(side, name),
     };
     let divisor_text = divisor.filter(|d| !d.is_empty()).unwrap_or("1");
-    let by = Quantity::parse(divisor_text)?;
-    if by.nanos() <= 0 {
+    let mut by = Quantity::parse(divisor_text)?;
+    // An unset divisor reaches us as "0" (the API's zero quantity): the kubelet divides by 1.
+    if by.nanos() == 0 {
+        by = Quantity::parse("1")?;
+    }
+    if by.nanos() < 0 {
         return Err(DownwardError::Divisor {
             divisor: divisor_text.to_owned(),
         });

@@ -134,11 +134,11 @@ fn resource_references_the_kubelet_refuses_are_refused() {
         resource(&c, "limits.cpu", None, zero),
         Err(DownwardError::Quantity(_))
     ));
+    let one_gib = container(json!({"requests": {"memory": "1Gi"}}));
     assert_eq!(
-        resource(&c, "requests.memory", Some("0"), zero),
-        Err(DownwardError::Divisor {
-            divisor: "0".to_owned()
-        })
+        resource(&one_gib, "requests.memory", Some("0"), zero).as_deref(),
+        Ok("1073741824"),
+        "an unset divisor arrives as \"0\": the kubelet divides by 1"
     );
     assert!(matches!(
         resource(&c, "requests.memory", Some("-1"), zero),

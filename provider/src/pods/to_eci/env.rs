@@ -9,12 +9,14 @@ use super::downward::{self, FieldValue};
 use super::{Context, Rejection, missing, reject};
 use vne_core::expansion;
 
+/// A name `envFrom` may give (a key, prefixed): the apiserver's relaxed rule, which the kubelet
+/// relies on since relaxed names became the default: any printable ASCII but `=`. The API
+/// already refuses such keys and prefixes; this keeps a name that could split a `NAME=value`
+/// pair out of the group even so.
 fn valid_env_name(name: &str) -> bool {
     !name.is_empty()
-        && !name.starts_with(|c: char| c.is_ascii_digit())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && name.chars().all(|c| c.is_ascii_graphic() || c == ' ')
+        && !name.contains('=')
 }
 
 fn literal(key: &str, value: String) -> EnvironmentVar {
@@ -65,8 +67,8 @@ pub(super) fn environment(
     Ok(with_services(vars, services))
 }
 
-/// The variables of one `envFrom` source: its ConfigMap's or Secret's keys, prefixed; keys
-/// that are not valid variable names are skipped, as the kubelet does.
+/// The variables of one `envFrom` source: its ConfigMap's or Secret's keys, prefixed (a
+/// prefix may start with a digit or hold symbols, as the API allows).
 fn env_from(
     source: &EnvFromSource,
     cx: &Context<'_>,

@@ -24,7 +24,7 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Self {
-        let config_map: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "app-config"}, "data": {"mode": "prod", "level": "debug", "bad key": "x"}})).unwrap();
+        let config_map: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "app-config"}, "data": {"mode": "prod", "level": "debug", "bad=key": "x"}})).unwrap();
         let mut secret: Secret =
             serde_json::from_value(json!({"metadata": {"name": "db"}})).unwrap();
         secret.data = Some([("password".to_owned(), ByteString(b"s3cret".to_vec()))].into());
@@ -184,6 +184,26 @@ fn resources_take_the_limit_else_the_request() {
 }
 
 #[test]
+fn env_from_prefixes_may_hold_digits_and_symbols() {
+    let fixture = Fixture::new();
+    let pod = mk_pod_with(
+        json!({}),
+        json!({"containers": [{"name": "app", "image": "app", "envFrom": [
+            {"configMapRef": {"name": "app-config"}},
+            {"configMapRef": {"name": "app-config"}, "prefix": "1-"},
+            {"configMapRef": {"name": "app-config"}, "prefix": "$_-"},
+            {"configMapRef": {"name": "app-config"}, "prefix": "ABC_"},
+            {"configMapRef": {"name": "app-config"}, "prefix": "#@!"}]}]}),
+    );
+    let env = env_of(&translate_ok(&pod, &fixture));
+    for name in [
+        "mode", "1-mode", "$_-mode", "ABC_mode", "#@!mode", "1-level",
+    ] {
+        assert!(env.contains_key(name), "{name} in {env:?}");
+    }
+}
+
+#[test]
 fn environment_from_every_source() {
     let fixture = Fixture::new();
     let pod = mk_pod_with(
@@ -235,8 +255,8 @@ fn environment_from_every_source() {
     assert_eq!(value("CFG_level"), "debug");
     assert_eq!(value("CFG_mode"), "overridden", "env overrides envFrom");
     assert!(
-        !env.keys().any(|k| k.contains(' ')),
-        "invalid names from envFrom are skipped"
+        !env.keys().any(|k| k.contains("bad")),
+        "a name that would split NAME=value is skipped"
     );
     assert_eq!(
         request.container[0]
