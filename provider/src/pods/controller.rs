@@ -63,9 +63,6 @@ pub const PROVIDER_FAILED: &str = "ProviderFailed";
 /// Pod status writes in flight at most, for the whole fleet: each replica writes its share
 /// ([`WriteShare`]; each pod's writes are sequential).
 const STATUS_WRITERS: usize = 32;
-/// Status writes for changed readiness gates or generations in flight at most: rare, and
-/// each one small.
-const REFRESH_WRITERS: usize = 4;
 /// Pod removals sent to the API server at once, as many as status writers, for the whole
 /// fleet (each replica its share): unbounded, a scale-in sends every removal at once, each on
 /// a connection of its own (HTTP/1.1), and fills the apiserver's mutating in-flight limit
@@ -91,17 +88,12 @@ struct PodEntry {
     written: Option<u64>,
     /// The newest ECI event already turned into an Event.
     events: eci_events::EventWatermark,
-    /// Hash of the ECI group state last applied to the pod: a poll returns a group for every
-    /// change within its window, and most of those are repeats that need no work at all.
-    applied: Option<u64>,
+    /// The group's state as the polls last showed it, and whether the status sync has yet to
+    /// apply it (see [`status_sync::SeenGroup`]).
+    group: status_sync::SeenGroup,
     /// Hash of the refusal last shown on the pod, while the namespace scope or the
     /// annotation policy refuses it.
     held: Option<u64>,
-    /// Bumped each time `written` and `applied` are forgotten. A status writer records what
-    /// it wrote only if no one forgot them while it worked: the pod watch, the pollers and
-    /// the writers run on different threads, and a reset that lands between a writer's read
-    /// and its record (someone else wrote over the pod meanwhile) must not be overwritten.
-    status_epoch: u16,
     /// Where the kept copy came from: the watch, or one of our writes' answers the watch has
     /// not delivered yet (see [`Origin`]).
     origin: Origin,
@@ -169,41 +161,28 @@ impl PodEntry {
         }
     }
 
-    /// Keeps the copy a write of ours was answered with, unless the kept copy is at its
-    /// version already (the write changed nothing, or the watch delivered it first).
-    fn keep_answer(&mut self, pod: &Arc<Pod>) {
+    /// Keeps the copy a write of ours was answered with, when the kept copy is still the one
+    /// the write was computed from (at version `basis`). A copy the watch stored meanwhile is
+    /// at least as new as the answer: the write carried `basis` as its precondition, so any
+    /// other write in between would have failed it; that copy stays, and if it shows someone
+    /// writing over ours, the sync it queued finds that out.
+    fn keep_answer(&mut self, pod: &Arc<Pod>, basis: u64) {
         let version = slim::version_of(pod);
-        if self
-            .pod
-            .as_ref()
-            .is_some_and(|kept| kept.version() == version)
-        {
+        let Some(kept) = self.pod.as_ref() else {
+            return;
+        };
+        if kept.version() == version || kept.version() != basis {
             return;
         }
         self.keep(pod);
         self.origin = Origin::Answered(version);
     }
 
-    /// What the pod shows is no longer known to be ours: the next listing compares the
-    /// group's state with the pod again and writes where they differ.
+    /// What the pod shows is no longer known to be ours: the next full listing gives the
+    /// status sync the group's state again, and it writes where they differ.
     fn forget_status(&mut self) {
         self.written = None;
-        self.applied = None;
-        self.status_epoch = self.status_epoch.wrapping_add(1);
-    }
-
-    /// Records a status write (`written`) and, when given, the group state it came from,
-    /// unless the status was forgotten since `epoch` was read: then nothing is recorded and
-    /// the next listing writes again.
-    fn record_status(&mut self, epoch: u16, written: u64, applied: Option<u64>) -> bool {
-        if self.status_epoch != epoch {
-            return false;
-        }
-        self.written = Some(written);
-        if applied.is_some() {
-            self.applied = applied;
-        }
-        true
+        self.group.forget();
     }
 
     /// Moves the pod's lifecycle on by `event`: what to do, or `None` when the transition
@@ -319,11 +298,9 @@ struct Inner {
     creations: Arc<WorkQueue<String, CreateJob>>,
     /// Group ids to record on their pods (namespace and name), by pod UID.
     annotations: Arc<WorkQueue<String, Annotation>>,
-    /// Group states waiting to be applied to their pods, by pod UID.
-    statuses: Arc<WorkQueue<String, status_sync::Queued>>,
-    /// Pods whose status must be written again though their group did not change (a readiness
-    /// gate or the generation did), by pod UID.
-    refreshes: Arc<WorkQueue<String, ()>>,
+    /// Pods whose status the status sync is to bring in line with their group, by pod UID
+    /// (see [`status_sync`]): the polls, the watch and the creations only queue them.
+    syncs: Arc<WorkQueue<String, ()>>,
     /// Per-pod work started by the watch (deletions, skip explanations) and create back-off
     /// timers: owned, so a stop lets in-flight ECI calls finish before the process ends.
     pod_tasks: TaskTracker,
@@ -372,15 +349,15 @@ fn tag(group: &ContainerGroupStatus, key: &str) -> Option<String> {
 /// apiserver.)
 fn pod_writes_waiting(
     annotations: &Arc<WorkQueue<String, Annotation>>,
-    statuses: &Arc<WorkQueue<String, status_sync::Queued>>,
+    syncs: &Arc<WorkQueue<String, ()>>,
     removals: &Arc<WriteShare>,
 ) -> crate::ops::events::Precedence {
-    let (annotations, statuses, removals) = (
+    let (annotations, syncs, removals) = (
         Arc::clone(annotations),
-        Arc::clone(statuses),
+        Arc::clone(syncs),
         Arc::clone(removals),
     );
-    Arc::new(move || !statuses.is_empty() || !annotations.is_empty() || removals.all_taken())
+    Arc::new(move || !syncs.is_empty() || !annotations.is_empty() || removals.all_taken())
 }
 
 /// This replica's shares of the apiserver writes the fleet makes together (see
@@ -557,9 +534,9 @@ impl PodController {
             instance: Some(config.node_name.clone()),
         };
         let annotations: Arc<WorkQueue<String, Annotation>> = Arc::default();
-        let statuses: Arc<WorkQueue<String, status_sync::Queued>> = Arc::default();
+        let syncs: Arc<WorkQueue<String, ()>> = Arc::default();
         let shares = Shares::new();
-        let precedence = pod_writes_waiting(&annotations, &statuses, &shares.removals);
+        let precedence = pod_writes_waiting(&annotations, &syncs, &shares.removals);
         Self {
             inner: Arc::new(Inner {
                 events: EventPublisher::yielding_to(
@@ -584,8 +561,7 @@ impl PodController {
                 pods: Arc::default(),
                 creations: Arc::default(),
                 annotations,
-                statuses,
-                refreshes: Arc::default(),
+                syncs,
                 shares,
                 replicas,
                 awaiting_removal: Mutex::new(HashMap::new()),
@@ -771,8 +747,7 @@ impl PodController {
         }));
         loops.spawn("watch", self.clone().watch_pods(adopted, stop.clone()));
         loops.spawn("poll", self.clone().poll_statuses(listed_at, stop.clone()));
-        loops.spawn("writers", self.clone().write_statuses(stop.clone()));
-        loops.spawn("refreshers", self.clone().refresh_statuses(stop.clone()));
+        loops.spawn("status syncs", self.clone().sync_statuses(stop.clone()));
         loops.spawn("creators", self.clone().create_groups(stop.clone()));
         loops.spawn("annotators", self.clone().annotate_pods(stop.clone()));
         loops.spawn("removals", self.clone().watch_removals(stop.clone()));
@@ -860,25 +835,12 @@ impl PodController {
                     _ => return,
                 },
             };
-            // What we last wrote is not what the pod shows: someone wrote over it — a process
-            // that served this node before and woke up late (SIGSTOP, a long pause), a person —
-            // or this copy is older than our last write. Either way the next listing compares
-            // the group's state with what the pod shows then and writes only where they differ,
-            // as a kubelet's status manager reconciles a status that is not its own.
             let delivery = match seen {
                 Seen::Watch | Seen::Listed => entry
                     .origin
                     .deliver(slim::version_of(&pod), matches!(seen, Seen::Listed)),
                 Seen::Replay(_) => Delivery::Keep,
             };
-            if let Some(written) = entry.written
-                && delivery == Delivery::Keep
-                && entry.lifecycle.live_group().is_some()
-                && !terminating
-                && shown(&pod) != Some(written)
-            {
-                entry.forget_status();
-            }
             // Read before `keep`: a slimmed copy has no annotations.
             let observed = lifecycle::Observed {
                 terminating,
@@ -911,13 +873,19 @@ impl PodController {
                 entry.keep(&pod);
                 entry.origin = Origin::Watched;
             }
-            // Ready waits for readiness gates others set, and the status acknowledges the
-            // generation: a change of either needs a write even when ECI shows nothing new.
-            if entry.lifecycle.live_group().is_some()
+            // What the pod's status is to be is the status sync's to decide: this copy asks for
+            // one when what it shows of ours is not what we last wrote (someone wrote over it —
+            // a process that served this node before and woke up late, a person), or when
+            // readiness gates others set or the generation changed.
+            if delivery == Delivery::Keep
+                && entry.lifecycle.live_group().is_some()
                 && !terminating
-                && from_eci::refresh(&pod, SystemTime::now()).is_some()
+                && (entry
+                    .written
+                    .is_some_and(|written| shown(&pod) != Some(written))
+                    || from_eci::refresh(&pod, SystemTime::now()).is_some())
             {
-                self.inner.refreshes.push(uid.clone(), ());
+                self.inner.syncs.push(uid.clone(), ());
             }
             effect
         };
@@ -1364,46 +1332,44 @@ mod tests {
         assert!(kept.same_copy(&copies[0]), "not packed again");
     }
 
-    /// The pod watch, the pollers and the status writers run on different threads: a writer
-    /// reads what was written, writes (or finds nothing to write), then records. A reset the
-    /// watch makes in between (someone else wrote over the pod: the node lifecycle controller
-    /// marking it not Ready while this process was frozen) must survive the record, or the
-    /// pod keeps the other writer's status until its group changes.
+    /// A write's answer is newer than the copy the write was computed from, and nothing else:
+    /// a copy the watch stored while the write was in flight is at least as new (any other
+    /// write in between would have failed the write's precondition). It must stay, or a
+    /// status someone wrote over ours right after would be hidden behind our older answer.
     #[test]
-    fn a_status_forgotten_while_a_writer_worked_is_not_recorded_over() {
+    fn an_answer_replaces_only_the_copy_its_write_was_computed_from() {
+        let pending = served(&json!({"phase": "Pending"}));
+        let v = |s: &str| slim::version_of(&at_version(&pending, s));
         let mut entry = PodEntry::default();
-        let epoch = entry.status_epoch;
-        assert!(
-            entry.record_status(epoch, 1, Some(10)),
-            "nothing in between"
-        );
-        assert_eq!((entry.written, entry.applied), (Some(1), Some(10)));
+        entry.keep(&at_version(&pending, "10"));
+        entry.keep_answer(&at_version(&pending, "12"), v("10"));
+        assert_eq!(entry.pod.as_ref().unwrap().version(), v("12"));
+        assert_eq!(entry.origin, Origin::Answered(v("12")));
 
-        let epoch = entry.status_epoch;
-        entry.forget_status();
-        assert!(
-            !entry.record_status(epoch, 2, Some(20)),
-            "forgotten meanwhile"
+        let mut entry = PodEntry::default();
+        entry.keep(&at_version(&pending, "10"));
+        // The watch delivered a newer copy while the write was in flight.
+        entry.keep(&at_version(&pending, "13"));
+        entry.keep_answer(&at_version(&pending, "12"), v("10"));
+        assert_eq!(
+            entry.pod.as_ref().unwrap().version(),
+            v("13"),
+            "the watch's stays"
         );
-        assert_eq!((entry.written, entry.applied), (None, None));
-
-        let epoch = entry.status_epoch;
-        assert!(
-            entry.record_status(epoch, 3, None),
-            "a refresh records the write only"
-        );
-        assert_eq!((entry.written, entry.applied), (Some(3), None));
+        assert_eq!(entry.origin, Origin::Watched);
     }
 
     #[test]
-    fn a_tracked_pod_costs_no_more_than_before_the_lifecycle_enum() {
+    fn a_tracked_pod_costs_no_more_than_it_must() {
         // One `PodEntry` per pod of the node, so its size is memory per pod and a field must
-        // earn its bytes: the lifecycle enum keeps the group as a boxed str; the status epoch
-        // keeps a concurrent reset from being recorded over; the kept copy's version and
-        // origin save a conflict, a read and up to two writes per pod; the annotations the
-        // status applies carry save a pod write per pod. The bound makes growing it a choice.
+        // earn its bytes: the lifecycle enum keeps the group as a boxed str; the group's
+        // state seen is what lets the sync read what is rather than be handed it (the state
+        // waiting for the sync lived in a queue before, at the same cost); the kept copy's
+        // version and origin save a conflict, a read and up to two writes per pod; the
+        // annotations the status applies carry save a pod write per pod. The bound makes
+        // growing it a choice.
         assert!(
-            std::mem::size_of::<PodEntry>() <= 208,
+            std::mem::size_of::<PodEntry>() <= 216,
             "{}",
             std::mem::size_of::<PodEntry>()
         );
@@ -1631,23 +1597,18 @@ mod tests {
             .keep(&at_version(&pending, "10"));
 
         // Our status write is answered at version 12 and recorded.
-        controller.remember("u-1", (*at_version(&served(&running), "12")).clone());
-        let epoch = controller.tracked()["u-1"].status_epoch;
         let written = from_eci::fingerprint(&running);
-        assert!(controller.tracked().get_mut("u-1").unwrap().record_status(
-            epoch,
-            written,
-            Some(1)
-        ));
+        let v10 = slim::version_of(&at_version(&pending, "10"));
+        controller.remember("u-1", (*at_version(&served(&running), "12")).clone(), v10);
+        controller.tracked().get_mut("u-1").unwrap().written = Some(written);
         let version = |c: &PodController| c.tracked()["u-1"].pod.as_ref().unwrap().version();
         let v = |s: &str| slim::version_of(&at_version(&pending, s));
 
         // The annotation's change (version 11) arrives late, still showing Pending.
         controller.observe(at_version(&pending, "11"));
         assert_eq!(version(&controller), v("12"), "the answer stays");
-        assert_eq!(
-            controller.tracked()["u-1"].written,
-            Some(written),
+        assert!(
+            controller.inner.syncs.is_empty(),
             "an older copy is not someone writing over us"
         );
 
@@ -1658,7 +1619,11 @@ mod tests {
         assert_eq!(version(&controller), v("13"));
 
         // A write that changed nothing is answered at the version held: nothing to wait for.
-        controller.remember("u-1", (*at_version(&served(&running), "13")).clone());
+        controller.remember(
+            "u-1",
+            (*at_version(&served(&running), "13")).clone(),
+            v("13"),
+        );
         assert_eq!(controller.tracked()["u-1"].origin, Origin::Watched);
     }
 

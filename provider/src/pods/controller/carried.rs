@@ -9,7 +9,7 @@
 //! - Once an apply of ours wrote them, our field manager owns them on that subresource: every
 //!   later apply carries them again, since an apply that left them out would remove them.
 //! - New values wait ([`OwnAnnotations::Pending`]) for the pod's next status write; a pod that has
-//!   none queued after [`FLUSH_AFTER_POLLS`] status polls gets a write of its own (its status
+//!   none after [`FLUSH_AFTER_POLLS`] status polls gets a write of its own (its status
 //!   as it shows, plus the annotations), so they never wait much longer than that.
 //! - After a restart the values are not known: a pod already showing its group's id is taken
 //!   to carry ours ([`OwnAnnotations::adopt`]), so the first apply does not remove them.
@@ -77,17 +77,19 @@ impl OwnAnnotations {
     }
 
     /// A status poll went by: whether the pending values are due a write of their own (once
-    /// per [`FLUSH_AFTER_POLLS`] polls while they wait).
+    /// they waited [`FLUSH_AFTER_POLLS`] polls, and again at every [`FLUSH_AFTER_POLLS`] polls
+    /// while they still wait).
     pub(super) fn poll_passed(&mut self) -> bool {
         let Self::Pending { polls, .. } = self else {
             return false;
         };
-        *polls += 1;
-        if *polls < FLUSH_AFTER_POLLS {
-            return false;
-        }
-        *polls = 0;
-        true
+        *polls = polls.saturating_add(1);
+        *polls >= FLUSH_AFTER_POLLS && *polls % FLUSH_AFTER_POLLS == 0
+    }
+
+    /// Whether values waited long enough for a status write to get one of their own.
+    pub(super) fn is_due(&self) -> bool {
+        matches!(self, Self::Pending { polls, .. } if *polls >= FLUSH_AFTER_POLLS)
     }
 
     /// Whether values wait for a write.

@@ -171,7 +171,7 @@ impl CreateJob {
 impl PodController {
     pub(super) async fn explain_skip(&self, pod: &Pod, reason: &'static str) {
         info!(pod = %pod_key(pod), reason, "not running this pod on ECI");
-        self.write_status(pod, |current| {
+        self.write_held(pod, |current| {
             Some(from_eci::with_phase(
                 current,
                 "Pending",
@@ -873,7 +873,7 @@ impl PodController {
 
     pub(super) async fn set_provider_failed(&self, pod: &Pod, message: &str, permanent: bool) {
         let phase = if permanent { "Failed" } else { "Pending" };
-        self.write_status(pod, |current| {
+        self.write_held(pod, |current| {
             Some(from_eci::with_phase(
                 current,
                 phase,
@@ -882,14 +882,6 @@ impl PodController {
             ))
         })
         .await;
-        // What the pod shows is no longer the group's state last applied: should the group
-        // exist after all (a poll applied it while this was written), the next listing writes
-        // its state again.
-        if let Some(uid) = pod.uid()
-            && let Some(entry) = self.tracked().get_mut(&uid)
-        {
-            entry.forget_status();
-        }
         self.event(pod, EventType::Warning, PROVIDER_FAILED, message)
             .await;
     }
@@ -1187,31 +1179,27 @@ mod tests {
     }
 
     /// A group that changes nothing after its create (no status write comes): its id gets a
-    /// write of its own after a few status polls, the pod's status re-stated as it shows.
+    /// write of its own after a few status polls, the pod's status re-stated as it shows. A
+    /// sync already queued for the pod is the one that carries it: no second one.
     #[tokio::test]
     async fn an_id_no_status_write_took_is_written_after_a_few_polls() {
         let (controller, bodies) = annotating();
         queue_group_id(&controller, "").await;
         let polls = |n: u8| (0..n).for_each(|_| controller.flush_carried());
         let every = super::super::carried::FLUSH_AFTER_POLLS;
-        // A status write queued for the pod carries them: no write of their own.
-        let statuses = &controller.inner.statuses;
-        statuses.push(
-            "u-1".to_owned(),
-            super::super::status_sync::Queued::new(&Default::default(), 0),
-        );
-        polls(every);
-        assert!(
-            controller.inner.refreshes.is_empty(),
-            "a status write is queued"
-        );
-        let (uid, _) = statuses.try_next().unwrap();
-        statuses.done(&uid);
+        let syncs = &controller.inner.syncs;
         polls(every - 1);
-        assert!(controller.inner.refreshes.is_empty(), "it waits");
+        assert!(syncs.is_empty(), "it waits");
+        syncs.push("u-1".to_owned(), ());
         polls(1);
-        assert_eq!(controller.inner.refreshes.len(), 1, "due");
-        controller.refresh_status("u-1").await;
+        assert_eq!(
+            syncs.len(),
+            1,
+            "due, and carried by the sync queued already"
+        );
+        let (uid, ()) = syncs.try_next().unwrap();
+        controller.sync_status(&uid).await;
+        syncs.done(&uid);
         let bodies = bodies.lock().unwrap().clone();
         assert_eq!(bodies.len(), 1, "{bodies:?}");
         assert_eq!(
@@ -1220,5 +1208,7 @@ mod tests {
         );
         assert_eq!(bodies[0]["status"], json!({"phase": "Pending"}));
         assert!(!controller.tracked()["u-1"].carried.is_pending());
+        controller.sync_status("u-1").await;
+        assert_eq!(bodies.len(), 1, "nothing left to write");
     }
 }

@@ -295,7 +295,7 @@ impl PodController {
             found.describe()
         );
         warn!(code = %found.code, request_id = %found.request_id, "ECI refuses this daemon's configuration; the pod waits");
-        self.write_status(pod, |current| {
+        self.write_held(pod, |current| {
             Some(from_eci::with_phase(current, "Pending", reason, &message))
         })
         .await;

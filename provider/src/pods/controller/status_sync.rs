@@ -1,5 +1,12 @@
-//! Statuses: incremental polling, pod status writes (server-side apply of what we own),
-//! readiness re-evaluation, events, vanished groups.
+//! Statuses: incremental polling, and the status sync — one worker per pod at a time
+//! bringing the pod's status in line with its group's state (server-side apply of what we own).
+//!
+//! The sync is level-triggered: the polls store the group's latest state in the pod's entry,
+//! the watch stores the pod's latest copy, the creations store the annotations to carry; each
+//! of them only queues the pod. One [`PodController::sync_status`] then reads what is and
+//! [`plan`] (pure) decides what to write. Only the sync (and writers that hold the pod's key in
+//! its queue) change what is recorded as written, so no write is ever recorded over a newer
+//! finding.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -16,9 +23,7 @@ use tracing::{debug, warn};
 
 use super::carried;
 use super::lifecycle::{self, Lifecycle};
-use super::{
-    FIELD_MANAGER, PodController, REFRESH_WRITERS, STATUS_WRITERS, hash_of, pod_key, slim, tag,
-};
+use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
 use crate::pods::from_eci;
 use crate::pods::to_eci::naming;
 
@@ -36,29 +41,110 @@ pub(super) enum Written {
     Failed,
 }
 
-/// A group state waiting for its pod's status write, kept encoded (protobuf) until a writer
-/// takes it: decoded, a group is several times its encoding in allocations, and a burst of
-/// creations queues one per pod, a large share of the burst's peak memory (measured:
-/// docs/performance.md). Decoding it again costs a writer microseconds.
-#[derive(Debug, Clone)]
-pub(super) struct Queued {
-    group: Box<[u8]>,
-    /// The hash of the group's whole state ([`hash_of`]), recorded once it is applied.
-    pub(super) state: u64,
+/// The group's state as the polls last showed it. A state not applied yet is kept encoded
+/// (protobuf) until the sync takes it: decoded, a group is several times its encoding in
+/// allocations, and a burst of creations keeps one per pod, a large share of the burst's peak
+/// memory (measured: docs/performance.md). Decoding it again costs the sync microseconds.
+#[derive(Debug, Default)]
+pub(in crate::pods) struct SeenGroup {
+    /// The hash of the latest state seen ([`hash_of`] of its encoding).
+    state: Option<u64>,
+    /// That state, encoded, until the sync applies it.
+    unsynced: Option<Box<[u8]>>,
 }
 
-impl Queued {
-    pub(super) fn new(group: &ContainerGroupStatus, state: u64) -> Self {
-        Self {
-            group: prost::Message::encode_to_vec(group).into_boxed_slice(),
-            state,
+impl SeenGroup {
+    /// Keeps `group` (hashed as `state`) for the sync unless it is the state seen last:
+    /// whether the pod's status needs a sync for it.
+    pub(super) fn see(&mut self, group: &ContainerGroupStatus, state: u64) -> bool {
+        if self.state == Some(state) {
+            return false;
         }
+        self.state = Some(state);
+        self.unsynced = Some(prost::Message::encode_to_vec(group).into_boxed_slice());
+        true
     }
 
-    /// The group as queued.
-    pub(super) fn group(&self) -> Result<ContainerGroupStatus, prost::DecodeError> {
-        prost::Message::decode(&*self.group)
+    /// The state not applied yet, decoded (taken: the sync applies it once).
+    pub(super) fn take(&mut self) -> Option<Result<ContainerGroupStatus, prost::DecodeError>> {
+        self.unsynced
+            .take()
+            .map(|bytes| prost::Message::decode(&*bytes))
     }
+
+    /// Forgets the state seen, so that the next poll showing the group hands it to the sync
+    /// again (after someone wrote over the pod, or a write failed).
+    pub(super) fn forget(&mut self) {
+        self.state = None;
+    }
+}
+
+/// What the status sync finds, read from the pod's entry (see [`plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Facts {
+    /// The pod has a group not being deleted, and no deletionTimestamp.
+    pub(super) live: bool,
+    /// The group's state not applied yet, against what the pod shows of ours.
+    pub(super) group: Unsynced,
+    /// What the pod shows of ours is not what we last wrote: someone wrote over it.
+    pub(super) overwritten: bool,
+    /// Readiness gates others set, or the generation, changed what the status is to be.
+    pub(super) refresh: bool,
+    /// Annotations of ours waited too long for a status write to carry them.
+    pub(super) annotations_due: bool,
+}
+
+/// A group state the sync has not applied yet, compared with the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unsynced {
+    /// None (or one of a group being deleted by ECI, which its pod's deletion reports).
+    Nothing,
+    /// It implies the status the pod shows already.
+    Shown,
+    /// It implies another status.
+    Changed,
+}
+
+/// What the status sync writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Write {
+    /// Nothing.
+    Nothing,
+    /// The status the group's state implies.
+    Apply,
+    /// Nothing, but the group's state is recorded as written: the pod shows it already.
+    Record,
+    /// The status as the pod shows it, refreshed for readiness gates and the generation, with
+    /// our waiting annotations.
+    Refresh,
+}
+
+/// What one sync of a pod does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Plan {
+    pub(super) write: Write,
+    /// Forget the group's state seen: someone wrote over the pod and no state is at hand, so
+    /// the next full listing hands it to the sync again.
+    pub(super) forget: bool,
+}
+
+/// The sync's decision (pure; the table test is its specification).
+pub(super) fn plan(facts: Facts) -> Plan {
+    if !facts.live {
+        return Plan {
+            write: Write::Nothing,
+            forget: false,
+        };
+    }
+    let again = facts.refresh || facts.annotations_due;
+    let write = match facts.group {
+        Unsynced::Changed => Write::Apply,
+        _ if again => Write::Refresh,
+        Unsynced::Shown => Write::Record,
+        Unsynced::Nothing => Write::Nothing,
+    };
+    let forget = facts.overwritten && facts.group == Unsynced::Nothing;
+    Plan { write, forget }
 }
 
 impl PodController {
@@ -128,7 +214,7 @@ impl PodController {
                     {
                         t.carried.stored(values);
                     }
-                    self.remember(&uid, updated);
+                    self.remember(&uid, updated, slim::version_of(basis));
                     return Written::Stored(from_eci::fingerprint(&status));
                 }
                 Err(kube::Error::Api(conflict)) if conflict.code == 409 && attempt < 2 => {
@@ -136,7 +222,7 @@ impl PodController {
                     match api.get(&name).await {
                         Ok(again) if again.uid().as_deref() == Some(uid.as_str()) => {
                             debug!(pod = %pod_key(pod), sent = ?basis.resource_version(), found = ?again.resource_version(), last_writer = ?last_writer(&again), "a status apply met a conflict; applying again to the pod as read");
-                            self.remember(&uid, again.clone());
+                            self.remember(&uid, again.clone(), slim::version_of(basis));
                             fresh = Some(again);
                         }
                         _ => return Written::Failed,
@@ -152,6 +238,25 @@ impl PodController {
             }
         }
         Written::Failed
+    }
+
+    /// [`Self::write_status`] for the writers other than the status sync (a pod shown why it
+    /// does not run, a group found vanished): the pod's key in the sync's queue is held
+    /// meanwhile, so no sync writes beside it, and what was written of the group is
+    /// forgotten after, so that should the group exist after all, the next full listing hands
+    /// its state to the sync again.
+    pub(super) async fn write_held(
+        &self,
+        pod: &Pod,
+        compute: impl Fn(&Pod) -> Option<Value>,
+    ) -> Written {
+        let uid = pod.uid().unwrap_or_default();
+        let _held = self.inner.syncs.hold(uid.clone()).await;
+        let written = self.write_status(pod, compute).await;
+        if let Some(entry) = self.tracked().get_mut(&uid) {
+            entry.forget_status();
+        }
+        written
     }
 
     /// Shows on the pod why no group was created for it: `phase`, `reason` and `message` in
@@ -180,7 +285,7 @@ impl PodController {
         message: &str,
     ) {
         let now = crate::k8s::rfc3339(SystemTime::now());
-        self.write_status(pod, |current| {
+        self.write_held(pod, |current| {
             let mut status = from_eci::with_phase(current, phase, pod_reason, message);
             let condition = json!({
                 "type": INSTANCE_CREATED, "status": "False", "reason": reason,
@@ -196,11 +301,6 @@ impl PodController {
             Some(status)
         })
         .await;
-        if let Some(uid) = pod.uid()
-            && let Some(entry) = self.tracked().get_mut(&uid)
-        {
-            entry.forget_status();
-        }
         self.event(pod, EventType::Warning, reason, message).await;
     }
 
@@ -210,8 +310,8 @@ impl PodController {
     }
 
     /// A status poll went by: pods whose annotations waited [`carried::FLUSH_AFTER_POLLS`]
-    /// polls for a status write get one of their own — unless a status write of the pod is
-    /// queued or under way already (it carries them: a burst's queue can be seconds long).
+    /// polls for a status write are queued for a sync, which writes them (with the pod's
+    /// group state, if one waits, or the status as it shows).
     pub(super) fn flush_carried(&self) {
         let due: Vec<String> = self
             .tracked()
@@ -219,17 +319,15 @@ impl PodController {
             .filter_map(|(uid, t)| t.carried.poll_passed().then(|| uid.clone()))
             .collect();
         for uid in due {
-            if !self.inner.statuses.is_busy(&uid) {
-                self.inner.refreshes.push(uid, ());
-            }
+            self.inner.syncs.push(uid, ());
         }
     }
 
-    /// Keeps the copy of a pod the API just returned: its resourceVersion is what the next
-    /// write carries (resourceVersions are opaque, so the latest answer wins, not a comparison).
-    pub(super) fn remember(&self, uid: &str, pod: Pod) {
+    /// Keeps the copy of a pod the API just returned for a write computed from the copy at
+    /// version `basis` (see [`super::PodEntry::keep_answer`]).
+    pub(super) fn remember(&self, uid: &str, pod: Pod, basis: u64) {
         if let Some(t) = self.tracked().get_mut(uid) {
-            t.keep_answer(&Arc::new(pod));
+            t.keep_answer(&Arc::new(pod), basis);
         }
     }
 
@@ -297,98 +395,48 @@ impl PodController {
         }
     }
 
-    /// Queues the groups whose state differs from what was last applied to their pod (encoded:
-    /// [`Queued`]).
+    /// Stores each group's state in its pod's entry and queues the pod for a sync, unless it
+    /// is the state seen last (encoded: [`SeenGroup`]).
     pub(super) fn queue_changed(&self, groups: Vec<ContainerGroupStatus>) {
-        let tracked = self.tracked();
+        let mut tracked = self.tracked();
         for mut group in groups {
             let Some(uid) = tag(&group, naming::TAG_POD_UID) else {
                 continue;
             };
-            let state = hash_of(&prost::Message::encode_to_vec(&group));
-            let Some(entry) = tracked.get(&uid) else {
+            let Some(entry) = tracked.get_mut(&uid) else {
                 continue;
             };
-            if entry.applied == Some(state) {
-                continue;
-            }
-            // What waits in the queue is only what applying needs: no tags, no Normal events
-            // already published (a burst can queue thousands of groups). Warnings stay: the
+            let state = hash_of(&prost::Message::encode_to_vec(&group));
+            // What the entry keeps is only what applying needs: no tags, no Normal events
+            // already published (a burst keeps thousands of groups). Warnings stay: the
             // latest one explains a failed schedule in the pod status.
             group.tags = Vec::new();
             group
                 .events
                 .retain(|e| e.r#type == "Warning" || entry.events.is_new(e));
-            self.inner.statuses.push(uid, Queued::new(&group, state));
+            if entry.group.see(&group, state) {
+                self.inner.syncs.push(uid, ());
+            }
         }
     }
 
-    /// Status writers: apply queued group states to their pods, one pod at a time each.
-    pub(super) async fn write_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
+    /// The status sync's workers: one pod at a time each, within this replica's share of the
+    /// fleet's status writes.
+    pub(super) async fn sync_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
         let this = self.clone();
         self.inner
-            .statuses
+            .syncs
             .serve_within(
                 STATUS_WRITERS,
                 self.inner.shares.statuses.permits(),
                 &stop,
-                move |uid, queued| {
-                let this = this.clone();
-                async move {
-                    match queued.group() {
-                        Ok(group) => this.apply_status(&uid, group, queued.state).await,
-                        // Not expected of what `Queued::new` encoded. Nothing was recorded as
-                        // applied, so the group's next change or the next full poll queues it
-                        // again.
-                        Err(error) => warn!(pod_uid = %uid, %error, "a queued group state does not decode; skipped"),
-                    }
-                }
-            })
+                move |uid, ()| {
+                    let this = this.clone();
+                    async move { this.sync_status(&uid).await }
+                },
+            )
             .await;
         Ok(())
-    }
-
-    /// Refresh writers: pods whose readiness gates or generation changed while their group
-    /// did not (see [`from_eci::refresh`]) get their status written again, so a gate turning
-    /// True turns Ready without waiting for ECI to change; so do pods whose new annotations
-    /// waited for a status write too long (the status as it shows, with them).
-    pub(super) async fn refresh_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let this = self.clone();
-        self.inner
-            .refreshes
-            .serve(REFRESH_WRITERS, &stop, move |uid, ()| {
-                let this = this.clone();
-                async move { this.refresh_status(&uid).await }
-            })
-            .await;
-        Ok(())
-    }
-
-    pub(super) async fn refresh_status(&self, uid: &str) {
-        // Not beside a status write of the pod: one of the two would meet a conflict.
-        let _held = self.inner.statuses.hold(uid.to_owned()).await;
-        let (kept, epoch, pending) = {
-            let tracked = self.tracked();
-            match tracked.get(uid) {
-                Some(t) if t.lifecycle.live_group().is_some() => {
-                    (t.pod.clone(), t.status_epoch, t.carried.is_pending())
-                }
-                _ => (None, 0, false),
-            }
-        };
-        let Some(pod) = kept.and_then(|kept| kept.pod()) else {
-            return;
-        };
-        let now = SystemTime::now();
-        let compute = |current: &Pod| {
-            from_eci::refresh(current, now).or_else(|| pending.then(|| shown_status(current)))
-        };
-        if let Written::Stored(written) = self.write_status(&pod, compute).await {
-            debug!(pod = %pod_key(&pod), "status written again for the pod's readiness gates, generation or our waiting annotations");
-            if let Some(entry) = self.tracked().get_mut(uid) {
-                entry.record_status(epoch, written, None);
-            }
-        }
     }
 
     pub(super) fn count_phases(&self) {
@@ -413,73 +461,135 @@ impl PodController {
         }
     }
 
-    /// Writes the pod status the group's state implies (when it differs from what the pod
-    /// shows), then turns the group's new ECI events into Events in the background.
-    pub(super) async fn apply_status(&self, uid: &str, group: ContainerGroupStatus, state: u64) {
-        let (kept, written, epoch, new_events) = {
-            let mut tracked = self.tracked();
-            let Some(entry) = tracked.get_mut(uid) else {
-                return;
-            };
-            if entry.lifecycle.is_deleting()
-                || group.status == "Terminating"
-                || entry.applied == Some(state)
-            {
-                return;
-            }
-            entry.on(uid, lifecycle::Event::Found(&group.container_group_id));
-            let Some(kept) = entry.pod.clone() else {
-                return;
-            };
-            let new_events = entry.events.take_new(&group.events);
-            (kept, entry.written, entry.status_epoch, new_events)
-        };
-        let Some(pod) = kept.pod() else { return };
+    /// Brings the pod's status in line with what is known: reads the entry, lets [`plan`]
+    /// decide, writes, records what was written, then turns the group's new ECI events into
+    /// Events in the background.
+    pub(super) async fn sync_status(&self, uid: &str) {
+        let Some(found) = self.find(uid) else { return };
         let now = SystemTime::now();
-        let status = from_eci::pod_status(&pod, &group, now);
-        let fingerprint = from_eci::fingerprint(&status);
-        // Nothing new: what we wrote last, or — before our first write, e.g. an adopted pod
-        // after a restart — what the pod already shows of ours.
-        let unchanged = match written {
-            Some(written) => written == fingerprint,
-            None => pod.status.as_ref().is_some_and(|current| {
-                serde_json::to_value(current).is_ok_and(|current| {
-                    from_eci::fingerprint(&from_eci::owned(&current)) == fingerprint
-                })
-            }),
-        };
-        let outcome = if unchanged {
-            Written::Unneeded
+        let pod = &found.pod;
+        let desired = found
+            .group
+            .as_ref()
+            .map(|group| from_eci::pod_status(pod, group, now));
+        let fingerprint = desired.as_ref().map(from_eci::fingerprint);
+        let shown = shown(pod);
+        // Before our first write (an adopted pod after a restart), or after someone wrote over
+        // ours, the pod's own status is what a new state is compared with.
+        let overwritten = found.watched && found.written.is_some() && shown != found.written;
+        let basis = if overwritten || found.written.is_none() {
+            shown
         } else {
-            // Computed from the pod it is written to: again from a fresh read after a conflict.
-            self.write_status(&pod, |current| {
-                Some(from_eci::pod_status(current, &group, now))
-            })
-            .await
+            found.written
         };
-        if let Written::Stored(_) = outcome {
-            if let Some(changed) = humantime::parse_rfc3339_weak(&group.status_change_time)
-                .ok()
-                .and_then(|t| SystemTime::now().duration_since(t).ok())
-            {
-                self.inner
-                    .telemetry
-                    .pod_status_propagation_seconds
-                    .observe(changed.as_secs_f64());
+        let facts = Facts {
+            live: found.live,
+            group: match fingerprint {
+                None => Unsynced::Nothing,
+                Some(fingerprint) if Some(fingerprint) == basis => Unsynced::Shown,
+                Some(_) => Unsynced::Changed,
+            },
+            overwritten,
+            refresh: from_eci::refresh(pod, now).is_some(),
+            annotations_due: found.annotations_due,
+        };
+        let decided = plan(facts);
+        let written = match (decided.write, &found.group) {
+            (Write::Apply, Some(group)) => {
+                let outcome = self
+                    .write_status(pod, |current| {
+                        Some(from_eci::pod_status(current, group, now))
+                    })
+                    .await;
+                if let (Written::Stored(_), Some(at)) = (outcome, changed_at(group)) {
+                    self.inner
+                        .telemetry
+                        .pod_status_propagation_seconds
+                        .observe(at.as_secs_f64());
+                }
+                outcome
             }
-        }
-        let written = match outcome {
-            Written::Stored(written) => Some(written),
-            Written::Unneeded => Some(fingerprint),
-            Written::Failed => None,
+            (Write::Refresh, _) => {
+                let pending = found.annotations_pending;
+                self.write_status(pod, |current| {
+                    from_eci::refresh(current, now)
+                        .or_else(|| pending.then(|| shown_status(current)))
+                })
+                .await
+            }
+            (Write::Record, _) => fingerprint.map_or(Written::Unneeded, Written::Stored),
+            _ => Written::Unneeded,
         };
-        if let Some(written) = written
-            && let Some(entry) = self.tracked().get_mut(uid)
+        self.record(uid, decided, written);
+        self.publish_eci_events(pod, found.events);
+    }
+
+    /// What the sync reads of a pod's entry (taking the group state it applies), with the
+    /// lifecycle's `Found` step taken for that state.
+    fn find(&self, uid: &str) -> Option<Found> {
+        let (kept, unsynced) = {
+            let mut tracked = self.tracked();
+            let entry = tracked.get_mut(uid)?;
+            let kept = entry.pod.clone()?;
+            (kept, entry.group.take())
+        };
+        // Unpacked and decoded outside the lock: the watch and the polls wait on it.
+        let pod = kept.pod()?;
+        let group = match unsynced {
+            Some(Ok(group)) if group.status != "Terminating" => Some(group),
+            Some(Ok(_)) | None => None,
+            // Not expected of what `SeenGroup::see` encoded: the next full listing hands the
+            // state to the sync again.
+            Some(Err(error)) => {
+                warn!(pod_uid = %uid, %error, "a group state kept for the sync does not decode; skipped");
+                None
+            }
+        };
+        let mut tracked = self.tracked();
+        let entry = tracked.get_mut(uid)?;
+        let mut events = Vec::new();
+        if let Some(group) = &group
+            && !entry.lifecycle.is_deleting()
         {
-            entry.record_status(epoch, written, Some(state));
+            entry.on(uid, lifecycle::Event::Found(&group.container_group_id));
+            events = entry.events.take_new(&group.events);
+        }
+        Some(Found {
+            live: entry.lifecycle.live_group().is_some()
+                && pod.metadata.deletion_timestamp.is_none(),
+            watched: entry.origin == super::Origin::Watched,
+            written: entry.written,
+            annotations_due: entry.carried.is_due(),
+            annotations_pending: entry.carried.is_pending(),
+            pod,
+            group,
+            events,
+        })
+    }
+
+    /// Records what the sync wrote (or found written already), and what it forgets.
+    fn record(&self, uid: &str, decided: Plan, written: Written) {
+        let mut tracked = self.tracked();
+        let Some(entry) = tracked.get_mut(uid) else {
+            return;
+        };
+        match written {
+            Written::Stored(fingerprint) => entry.written = Some(fingerprint),
+            Written::Failed => entry.forget_status(),
+            Written::Unneeded => {}
+        }
+        if decided.forget {
+            entry.forget_status();
+        }
+    }
+
+    /// Publishes a group's new ECI events as Events about its pod, in the background.
+    fn publish_eci_events(&self, pod: &Pod, events: Vec<eci_proto::v20180808::Event>) {
+        if events.is_empty() {
+            return;
         }
         let regarding = pod.object_ref(&());
-        for event in new_events {
+        for event in events {
             let kind = if event.r#type == "Warning" {
                 EventType::Warning
             } else {
@@ -523,7 +633,7 @@ impl PodController {
                 warn!(pod = %pod_key(&pod), eci_id = %id, "the container group vanished");
                 let message = format!("the ECI container group {id} no longer exists");
                 let now = SystemTime::now();
-                self.write_status(&pod, |current| {
+                self.write_held(&pod, |current| {
                     Some(from_eci::lost(current, "NotFound", &message, now))
                 })
                 .await;
@@ -533,6 +643,30 @@ impl PodController {
             }
         }
     }
+}
+
+/// What one sync works from.
+struct Found {
+    /// The pod as kept.
+    pod: Arc<Pod>,
+    /// The group's state not applied yet (none while the group is being deleted).
+    group: Option<ContainerGroupStatus>,
+    /// The group's ECI events not published yet.
+    events: Vec<eci_proto::v20180808::Event>,
+    /// The pod has a group not being deleted, and no deletionTimestamp.
+    live: bool,
+    /// The kept copy is the watch's (not the answer to a write of ours).
+    watched: bool,
+    /// The fingerprint of the status last written.
+    written: Option<u64>,
+    annotations_due: bool,
+    annotations_pending: bool,
+}
+
+/// How long ago the group's state changed, as ECI says.
+fn changed_at(group: &ContainerGroupStatus) -> Option<Duration> {
+    let changed = humantime::parse_rfc3339_weak(&group.status_change_time).ok()?;
+    SystemTime::now().duration_since(changed).ok()
 }
 
 /// Who wrote the pod last, as its managed fields say (for the log of a conflict).
@@ -583,13 +717,57 @@ mod tests {
     }
 
     #[test]
-    fn a_queued_state_is_the_group_as_queued() {
+    fn a_group_state_is_kept_for_the_sync_once_per_change() {
         let group = ContainerGroupStatus {
             container_group_id: "eci-1".into(),
             status: "Running".into(),
             ..ContainerGroupStatus::default()
         };
-        let queued = Queued::new(&group, 7);
-        assert_eq!((queued.group().unwrap(), queued.state), (group, 7));
+        let mut seen = SeenGroup::default();
+        assert!(seen.see(&group, 7), "new");
+        assert!(!seen.see(&group, 7), "seen already: no sync");
+        assert_eq!(seen.take().unwrap().unwrap(), group, "as kept");
+        assert!(seen.take().is_none(), "applied once");
+        assert!(!seen.see(&group, 7), "applied, and not changed since");
+        seen.forget();
+        assert!(
+            seen.see(&group, 7),
+            "forgotten: the next poll hands it over again"
+        );
+    }
+
+    #[test]
+    fn the_sync_writes_what_is_new_and_forgets_what_was_written_over() {
+        use Unsynced::{Changed, Nothing, Shown};
+        let (apply, record, refresh, none) =
+            (Write::Apply, Write::Record, Write::Refresh, Write::Nothing);
+        // (live, group state, overwritten, refresh, annotations due) → (write, forget)
+        let table = [
+            // Not live (no group, being deleted, terminating): nothing, whatever is known.
+            ((false, Changed, true, true, true), (none, false)),
+            // A new state: applied, carrying any waiting annotations with it.
+            ((true, Changed, false, false, false), (apply, false)),
+            ((true, Changed, true, true, true), (apply, false)),
+            // A state the pod shows already: recorded, no write.
+            ((true, Shown, false, false, false), (record, false)),
+            ((true, Shown, true, false, false), (record, false)),
+            // Gates, the generation or waiting annotations: the status as it shows, again.
+            ((true, Shown, false, true, false), (refresh, false)),
+            ((true, Nothing, false, false, true), (refresh, false)),
+            // Written over, no state at hand: forgotten until the next full listing.
+            ((true, Nothing, true, false, false), (none, true)),
+            ((true, Nothing, true, true, false), (refresh, true)),
+            ((true, Nothing, false, false, false), (none, false)),
+        ];
+        for ((live, group, overwritten, refresh, annotations_due), (write, forget)) in table {
+            let facts = Facts {
+                live,
+                group,
+                overwritten,
+                refresh,
+                annotations_due,
+            };
+            assert_eq!(plan(facts), Plan { write, forget }, "{facts:?}");
+        }
     }
 }
