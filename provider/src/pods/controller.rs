@@ -875,14 +875,17 @@ impl PodController {
             }
             // What the pod's status is to be is the status sync's to decide: this copy asks for
             // one when what it shows of ours is not what we last wrote (someone wrote over it —
-            // a process that served this node before and woke up late, a person), or when
-            // readiness gates others set or the generation changed.
+            // a process that served this node before and woke up late, a person), when
+            // readiness gates others set or the generation changed, or when a group state
+            // waited for the pod's first copy (adopted groups are polled before the watch
+            // lists their pods).
             if delivery == Delivery::Keep
                 && entry.lifecycle.live_group().is_some()
                 && !terminating
-                && (entry
-                    .written
-                    .is_some_and(|written| shown(&pod) != Some(written))
+                && (entry.group.waits()
+                    || entry
+                        .written
+                        .is_some_and(|written| shown(&pod) != Some(written))
                     || from_eci::refresh(&pod, SystemTime::now()).is_some())
             {
                 self.inner.syncs.push(uid.clone(), ());
@@ -1330,6 +1333,33 @@ mod tests {
         controller.replay_from(&copies);
         let kept = controller.tracked()["u-1"].pod.clone().unwrap();
         assert!(kept.same_copy(&copies[0]), "not packed again");
+    }
+
+    /// After a restart the first poll can find an adopted group before the watch lists its pod:
+    /// the state waits in the entry, and the pod's first copy queues the sync that applies it.
+    #[tokio::test]
+    async fn a_state_polled_before_its_pods_first_copy_is_synced_when_the_copy_comes() {
+        let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
+        controller
+            .tracked()
+            .entry("u-1".into())
+            .or_default()
+            .on("u-1", lifecycle::Event::Adopted("eci-1"));
+        let mut polled = group("Running", true);
+        polled.tags = vec![Tag {
+            key: naming::TAG_POD_UID.into(),
+            value: "u-1".into(),
+        }];
+        controller.queue_changed(vec![polled]);
+        let (uid, ()) = controller.inner.syncs.try_next().unwrap();
+        controller.sync_status(&uid).await;
+        controller.inner.syncs.done(&uid);
+        assert!(
+            controller.tracked()["u-1"].group.waits(),
+            "no pod to write to yet"
+        );
+        controller.observe(running_pod());
+        assert_eq!(controller.inner.syncs.len(), 1, "the pod's copy queues it");
     }
 
     /// A write's answer is newer than the copy the write was computed from, and nothing else:

@@ -72,6 +72,11 @@ impl SeenGroup {
             .map(|bytes| prost::Message::decode(&*bytes))
     }
 
+    /// Whether a state waits for the sync.
+    pub(super) fn waits(&self) -> bool {
+        self.unsynced.is_some()
+    }
+
     /// Forgets the state seen, so that the next poll showing the group hands it to the sync
     /// again (after someone wrote over the pod, or a write failed).
     pub(super) fn forget(&mut self) {
