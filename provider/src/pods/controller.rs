@@ -411,20 +411,6 @@ fn backoff(attempt: u32) -> Duration {
     capped.mul_f64(0.8 + f64::from(nanos % 400) / 1000.0)
 }
 
-/// Where a copy of a pod handed to [`PodController::observe_from`] comes from.
-#[derive(Clone, Copy)]
-enum Seen<'a> {
-    /// The pod watch: the newest copy the watch has (older than an answer to our own write
-    /// it has not delivered yet, see [`Origin`]); a pod not tracked yet starts being tracked.
-    Watch,
-    /// A list of the pod watch (its first, or a relist): the current state, as [`Self::Watch`].
-    Listed,
-    /// A replay (after a full poll) of the copy it took from the tracked pods. The watch runs
-    /// on another thread and may have removed the pod or stored a newer copy since; then the
-    /// copy is stale and changes nothing (it must not bring a removed pod back).
-    Replay(&'a slim::PodCopy),
-}
-
 /// The pod controller's reader of this node's pod watch: it runs on the watch's task, so it
 /// only updates the tracked pods and hands slow work (ECI calls, reads) to tasks and queues.
 struct PodReader {
@@ -452,7 +438,7 @@ impl PodReader {
                 let uid = pod.uid().unwrap_or_default();
                 self.unseen.remove(&uid);
                 self.listed.insert(uid);
-                controller.observe_from(kept_copy(pod), Seen::Listed);
+                controller.observe_from(kept_copy(pod), true);
             }
             watcher::Event::InitDone => self.settle(),
             watcher::Event::Apply(pod) => {
@@ -817,86 +803,111 @@ impl PodController {
     }
 
     fn observe(&self, pod: Arc<Pod>) {
-        self.observe_from(pod, Seen::Watch);
+        self.observe_from(pod, false);
     }
 
-    fn observe_from(&self, pod: Arc<Pod>, seen: Seen<'_>) {
+    /// The watch delivers `pod` (`listed`: from a list, which shows the current state and
+    /// follows no order with our writes; see [`Origin`]).
+    fn observe_from(&self, pod: Arc<Pod>, listed: bool) {
         let Some(uid) = pod.uid() else { return };
-        let terminating = pod.metadata.deletion_timestamp.is_some();
         let effect = {
             let mut tracked = self.tracked();
-            let entry = match seen {
-                Seen::Watch | Seen::Listed => tracked.entry(uid.clone()).or_default(),
-                Seen::Replay(copy) => match tracked.get_mut(&uid) {
-                    Some(entry) if entry.pod.as_ref().is_some_and(|kept| kept.same_copy(copy)) => {
-                        entry
-                    }
-                    // Removed, or a newer copy came meanwhile (the watch drove it then).
-                    _ => return,
-                },
-            };
-            let delivery = match seen {
-                Seen::Watch | Seen::Listed => entry
-                    .origin
-                    .deliver(slim::version_of(&pod), matches!(seen, Seen::Listed)),
-                Seen::Replay(_) => Delivery::Keep,
-            };
-            // Read before `keep`: a slimmed copy has no annotations.
-            let observed = lifecycle::Observed {
-                terminating,
-                finished: matches!(
-                    pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-                    Some("Succeeded" | "Failed")
-                ),
-                unfit: not_for_virtual_nodes(&pod),
-                annotation: pod
-                    .annotations()
-                    .get(INSTANCE_ANNOTATION)
-                    .map(String::as_str),
-            };
-            let effect = entry.on(&uid, Event::Observed(observed));
-            // After a restart: what a pod showing its group's id carries of ours stays on it.
-            if let Some(group) = entry.lifecycle.live_group() {
-                let shown = pod.annotations();
-                // The id is checked against the group; the others count only if our writes
-                // own them (a pod author may have set them).
-                entry.carried.adopt(group, |key| {
-                    (key == INSTANCE_ANNOTATION || carried::written_by(&pod, FIELD_MANAGER, key))
-                        .then(|| shown.get(key).map(String::as_str))
-                        .flatten()
-                });
-            }
-            // A replay drives the very copy the entry holds: packing it again would only cost
-            // a serialisation and an allocation per tracked pod on every full poll.
+            let entry = tracked.entry(uid.clone()).or_default();
+            let delivery = entry.origin.deliver(slim::version_of(&pod), listed);
+            let effect = self.step(entry, &uid, &pod, delivery);
             // An older copy than the answer kept would only make the next write conflict.
-            if let (Seen::Watch | Seen::Listed, Delivery::Keep) = (seen, delivery) {
+            if delivery == Delivery::Keep {
                 entry.keep(&pod);
                 entry.origin = Origin::Watched;
-            }
-            // What the pod's status is to be is the status sync's to decide: this copy asks for
-            // one when what it shows of ours is not what we last wrote (someone wrote over it —
-            // a process that served this node before and woke up late, a person), when
-            // readiness gates others set or the generation changed, or when a group state
-            // waited for the pod's first copy (adopted groups are polled before the watch
-            // lists their pods).
-            if delivery == Delivery::Keep
-                && entry.lifecycle.live_group().is_some()
-                && !terminating
-                && (entry.group.waits()
-                    || entry
-                        .written
-                        .is_some_and(|written| shown(&pod) != Some(written))
-                    || from_eci::refresh(&pod, SystemTime::now()).is_some())
-            {
-                self.inner.syncs.push(uid.clone(), ());
             }
             effect
         };
         // Labels and annotations shown in downward API files follow the pod, as the kubelet's.
-        if !terminating {
+        if pod.metadata.deletion_timestamp.is_none() {
             self.inner.tokens.pod_observed(&pod);
         }
-        let controller = self.clone();
+        self.act(pod, uid, effect);
+    }
+
+    /// Drives every tracked pod again from the copy its entry holds (a failed step may have
+    /// left a pod that nothing else wakes), each under the lock, so that what is driven is
+    /// what the entry holds at that moment: a pod the watch removed meanwhile is not there,
+    /// a newer copy it stored is the one driven.
+    pub(super) fn resync(&self) {
+        let uids: Vec<String> = self.tracked().keys().cloned().collect();
+        for uid in uids {
+            let driven = {
+                let mut tracked = self.tracked();
+                let Some(entry) = tracked.get_mut(&uid) else {
+                    continue;
+                };
+                let Some(pod) = entry.pod.as_ref().and_then(slim::PodCopy::pod) else {
+                    continue;
+                };
+                let effect = self.step(entry, &uid, &pod, Delivery::Keep);
+                (pod, effect)
+            };
+            self.act(driven.0, uid, driven.1);
+        }
+    }
+
+    /// Moves the pod's lifecycle on by what `pod` shows, and queues its status sync when the
+    /// copy asks for one (under the lock; the effect is [`Self::act`]'s).
+    fn step(
+        &self,
+        entry: &mut PodEntry,
+        uid: &str,
+        pod: &Pod,
+        delivery: Delivery,
+    ) -> Option<Effect> {
+        let terminating = pod.metadata.deletion_timestamp.is_some();
+        // Read before the copy is kept: a slimmed copy has no annotations.
+        let observed = lifecycle::Observed {
+            terminating,
+            finished: matches!(
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            ),
+            unfit: not_for_virtual_nodes(pod),
+            annotation: pod
+                .annotations()
+                .get(INSTANCE_ANNOTATION)
+                .map(String::as_str),
+        };
+        let effect = entry.on(uid, Event::Observed(observed));
+        // After a restart: what a pod showing its group's id carries of ours stays on it.
+        if let Some(group) = entry.lifecycle.live_group() {
+            let shown = pod.annotations();
+            // The id is checked against the group; the others count only if our writes
+            // own them (a pod author may have set them).
+            entry.carried.adopt(group, |key| {
+                (key == INSTANCE_ANNOTATION || carried::written_by(pod, FIELD_MANAGER, key))
+                    .then(|| shown.get(key).map(String::as_str))
+                    .flatten()
+            });
+        }
+        // What the pod's status is to be is the status sync's to decide: this copy asks for
+        // one when what it shows of ours is not what we last wrote (someone wrote over it —
+        // a process that served this node before and woke up late, a person), when
+        // readiness gates others set or the generation changed, or when a group state
+        // waited for the pod's first copy (adopted groups are polled before the watch
+        // lists their pods).
+        if delivery == Delivery::Keep
+            && entry.lifecycle.live_group().is_some()
+            && !terminating
+            && (entry.group.waits()
+                || entry
+                    .written
+                    .is_some_and(|written| shown(pod) != Some(written))
+                || from_eci::refresh(pod, SystemTime::now()).is_some())
+        {
+            self.inner.syncs.push(uid.to_owned(), ());
+        }
+        effect
+    }
+
+    /// Carries out what a lifecycle step decided for `pod`: queues, or a task of its own.
+    fn act(&self, pod: Arc<Pod>, uid: String, effect: Option<Effect>) {
         let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
         match effect {
             None | Some(Effect::Nothing) => {}
@@ -914,13 +925,13 @@ impl PodController {
             // task runs, and it leaves the group to this deletion.
             Some(Effect::Delete(group)) => {
                 let group = group.map(String::from);
-                let deletion = controller.clone();
+                let deletion = self.clone();
                 let doomed = delete::DeletionTarget::of(&pod);
-                controller.spawn_pod_task(deletion.delete(doomed, uid, group).instrument(span));
+                self.spawn_pod_task(deletion.delete(doomed, uid, group).instrument(span));
             }
             Some(Effect::Skip(reason)) => {
-                let explaining = controller.clone();
-                controller.spawn_pod_task(
+                let explaining = self.clone();
+                self.spawn_pod_task(
                     async move { explaining.explain_skip(&pod, reason).await }.instrument(span),
                 );
             }
@@ -1274,65 +1285,31 @@ mod tests {
         )
     }
 
-    /// A replay (after a full poll) takes the tracked copies, then drives each again; the
-    /// pod watch runs on another thread meanwhile. A pod it removed in between must stay
-    /// removed (else it is counted, and its stale copy driven, forever), and a newer copy it
-    /// stored must not be replaced by the replay's older one.
+    /// A resync (after a full poll) drives each tracked pod from the copy its entry holds at
+    /// that moment: a pod the watch removed is not brought back (else it is counted, and a
+    /// stale copy driven, forever), and the copy is neither replaced nor packed again (that
+    /// would cost a serialisation and an allocation per tracked pod on every full poll).
     #[tokio::test]
-    async fn a_replay_never_brings_back_a_pod_the_watch_removed_or_replaced() {
+    async fn a_resync_drives_what_the_entries_hold_and_brings_nothing_back() {
         let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
         track(&controller, false);
-        let first = running_pod();
-        controller.tracked().get_mut("u-1").unwrap().keep(&first);
+        let pod = running_pod();
+        controller.tracked().get_mut("u-1").unwrap().keep(&pod);
+        let before = controller.tracked()["u-1"].pod.clone().unwrap();
+        assert!(before.is_slim(), "a pod with a group is kept packed");
+        controller.resync();
+        let after = controller.tracked()["u-1"].pod.clone().unwrap();
+        assert!(
+            after.same_copy(&before),
+            "neither replaced nor packed again"
+        );
 
-        let copies = controller.replay_copies();
-        let newer = running_pod();
-        controller.tracked().get_mut("u-1").unwrap().keep(&newer);
-        let stored = controller.tracked()["u-1"].pod.clone().unwrap();
-        controller.replay_from(&copies);
-        let kept = controller.tracked()["u-1"].pod.clone().unwrap();
-        assert!(kept.same_copy(&stored), "the newer copy stays");
-
-        let copies = controller.replay_copies();
-        controller.forget(&newer);
-        controller.replay_from(&copies);
+        controller.forget(&pod);
+        controller.resync();
         assert!(
             !controller.tracked().contains_key("u-1"),
             "a removed pod is not tracked again"
         );
-    }
-
-    /// Once its group is created, a pod's kept copy is the slim one at once, not at the pod's
-    /// next watch event.
-    #[tokio::test]
-    async fn a_created_pods_copy_is_slimmed_at_once() {
-        let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
-        let pod = kept_copy(&running_pod());
-        controller.observe(Arc::clone(&pod));
-        let whole = |c: &PodController| !c.tracked()["u-1"].pod.as_ref().unwrap().is_slim();
-        assert!(whole(&controller), "kept whole for its creation");
-        let effect = controller.record_created("u-1", "eci-1");
-        assert_eq!(effect, Some(Effect::Annotate("eci-1".into())));
-        assert!(!whole(&controller), "slim once the group exists");
-        assert_eq!(controller.record_created("u-2", "eci-2"), None, "untracked");
-    }
-
-    /// A replay drives the copy the entry already holds; it leaves that copy as it is rather
-    /// than packing it again on every full poll.
-    #[tokio::test]
-    async fn a_replay_keeps_the_copy_it_drove() {
-        let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
-        track(&controller, false);
-        controller
-            .tracked()
-            .get_mut("u-1")
-            .unwrap()
-            .keep(&running_pod());
-        let copies = controller.replay_copies();
-        assert!(copies[0].is_slim(), "a pod with a group is kept packed");
-        controller.replay_from(&copies);
-        let kept = controller.tracked()["u-1"].pod.clone().unwrap();
-        assert!(kept.same_copy(&copies[0]), "not packed again");
     }
 
     /// After a restart the first poll can find an adopted group before the watch lists its pod:

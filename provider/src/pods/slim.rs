@@ -69,6 +69,7 @@ impl PodCopy {
 
     /// Whether `other` is this very copy (not merely an equal one): a later copy of the pod
     /// replaced it if not.
+    #[cfg(test)]
     pub(super) fn same_copy(&self, other: &PodCopy) -> bool {
         match (self, other) {
             (Self::Whole(a), Self::Whole(b)) => Arc::ptr_eq(a, b),

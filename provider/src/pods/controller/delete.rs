@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::lifecycle::{Event, Lifecycle};
-use super::{Adopted, PodController, Seen, backoff, pod_key, pod_key_parts, slim};
+use super::{Adopted, PodController, backoff, pod_key, pod_key_parts, slim};
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
 const CONFIRMING: usize = 8;
@@ -317,30 +317,6 @@ impl PodController {
                 }
             }
             tokio::time::sleep(backoff(round + 3)).await;
-        }
-    }
-
-    /// Drives every tracked pod again (after a failed step, nothing else might wake it).
-    pub(super) fn replay(&self) {
-        let copies = self.replay_copies();
-        self.replay_from(&copies);
-    }
-
-    /// The copies of the tracked pods a replay goes over.
-    pub(super) fn replay_copies(&self) -> Vec<slim::PodCopy> {
-        self.tracked()
-            .values()
-            .filter_map(|t| t.pod.clone())
-            .collect()
-    }
-
-    /// Drives each pod of `copies` again, unless the pod watch (on another thread) removed it
-    /// or stored a newer copy since: see [`Seen::Replay`].
-    pub(super) fn replay_from(&self, copies: &[slim::PodCopy]) {
-        for copy in copies {
-            if let Some(pod) = copy.pod() {
-                self.observe_from(pod, Seen::Replay(copy));
-            }
         }
     }
 

@@ -394,7 +394,7 @@ impl PodController {
             if full {
                 last_full = started;
                 self.detect_vanished(&present).await;
-                self.replay();
+                self.resync();
             }
             self.count_phases();
         }
