@@ -30,6 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use backon::{ExponentialBuilder, Retryable as _};
 use eci_proto::EciError;
 use eci_proto::v20180808::{ContainerGroupStatus, DescribeContainerGroupStatusRequest, Tag};
 use k8s_openapi::api::core::v1::Pod;
@@ -648,36 +649,49 @@ impl PodController {
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
         let mut loops = Supervisor::new(&stop);
         let stop = loops.stop().clone();
-        // Token refreshes and the Service cache start first: adoption does not need them.
-        let (tokens, stop_tokens) = (self.inner.tokens.clone(), stop.clone());
+        // What pods are made of and who may run them starts first: adoption does not need it.
+        self.spawn_feeds(&mut loops, &stop);
+        let listed_at = tokio::time::Instant::now();
+        let Some(adopted) = self.list_own_groups(&stop).await else {
+            return Ok(());
+        };
+        self.adopt(&adopted);
+        loops.spawn("watch", self.clone().watch_pods(adopted, stop.clone()));
+        loops.spawn("poll", self.clone().poll_statuses(listed_at, stop.clone()));
+        loops.spawn("status syncs", self.clone().sync_statuses(stop.clone()));
+        loops.spawn("creators", self.clone().create_groups(stop.clone()));
+        loops.spawn("annotators", self.clone().annotate_pods(stop.clone()));
+        loops.spawn("removals", self.clone().watch_removals(stop.clone()));
+        loops.spawn("requeues", self.clone().requeue_held(stop));
+        let outcome = loops.join().await;
+        self.finish_pod_tasks().await;
+        outcome?;
+        Ok(())
+    }
+
+    /// The loops that keep what pods are made of and who may run them current: token
+    /// refreshes, volume sources, the Service cache, the tenancy policy, the write shares.
+    fn spawn_feeds(&self, loops: &mut Supervisor, stop: &CancellationToken) {
+        let inner = &self.inner;
+        let (tokens, stop_tokens) = (inner.tokens.clone(), stop.clone());
         loops.spawn("tokens", async move {
             tokens.run(stop_tokens).await;
             Ok(())
         });
-        if self.inner.config.volume_updates {
-            let (tokens, client, stop_sources) = (
-                self.inner.tokens.clone(),
-                self.inner.client.clone(),
-                stop.clone(),
-            );
+        if inner.config.volume_updates {
+            let (tokens, client, stop) = (inner.tokens.clone(), inner.client.clone(), stop.clone());
             loops.spawn("volume sources", async move {
-                crate::pods::sources::watch(client, tokens, stop_sources).await;
+                crate::pods::sources::watch(client, tokens, stop).await;
                 Ok(())
             });
         }
-        let (services, client, stop_services) = (
-            self.inner.services.clone(),
-            self.inner.client.clone(),
-            stop.clone(),
-        );
+        let (services, client, stop_services) =
+            (inner.services.clone(), inner.client.clone(), stop.clone());
         loops.spawn("services", async move {
             Ok(services.run(client, stop_services).await?)
         });
-        let (tenancy, client, stop_tenancy) = (
-            self.inner.tenancy.clone(),
-            self.inner.client.clone(),
-            stop.clone(),
-        );
+        let (tenancy, client, stop_tenancy) =
+            (inner.tenancy.clone(), inner.client.clone(), stop.clone());
         loops.spawn("tenancy", async move {
             Ok(tenancy.run(client, stop_tenancy).await?)
         });
@@ -687,32 +701,45 @@ impl PodController {
             inner.shares.follow(&inner.replicas, &stop_shares).await;
             Ok(())
         });
-        let listed_at = tokio::time::Instant::now();
-        let adopted = loop {
+    }
+
+    /// This node's groups as ECI lists them, retried until ECI answers; `None` after `stop`.
+    async fn list_own_groups(&self, stop: &CancellationToken) -> Option<Vec<Adopted>> {
+        let list = || async {
+            let config = &self.inner.config;
             let mut adopted = Vec::new();
-            let listing = self
-                .visit_groups(None, |page| {
-                    let config = &self.inner.config;
-                    adopted.extend(page.iter().filter_map(|group| {
-                        Adopted::from_group(group, &config.cluster_name, &config.node_name)
-                    }));
-                })
-                .await;
-            match listing {
-                Ok(()) => break adopted,
-                Err(error) => {
-                    warn!(%error, "cannot list this node's container groups yet; retrying");
-                    tokio::select! {
-                        () = stop.cancelled() => return Ok(()),
-                        () = tokio::time::sleep(Duration::from_secs(2)) => {}
-                    }
-                }
-            }
+            self.visit_groups(None, |page| {
+                adopted.extend(page.iter().filter_map(|group| {
+                    Adopted::from_group(group, &config.cluster_name, &config.node_name)
+                }));
+            })
+            .await
+            .map(|()| adopted)
         };
+        let listed = list
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(500))
+                    .with_max_delay(Duration::from_secs(10))
+                    .with_jitter()
+                    .without_max_times(),
+            )
+            .notify(|error, wait| {
+                warn!(%error, retry_in = ?wait, "cannot list this node's container groups yet");
+            });
+        tokio::select! {
+            () = stop.cancelled() => None,
+            adopted = listed => adopted.ok(),
+        }
+    }
+
+    /// Tracks the groups listed at start-up by their pod's UID, and hands their tokens to the
+    /// refresher.
+    fn adopt(&self, adopted: &[Adopted]) {
         {
             let mut tracked = self.tracked();
             let now = SystemTime::now();
-            for group in &adopted {
+            for group in adopted {
                 let entry = tracked.entry(group.uid.clone()).or_default();
                 entry.on(&group.uid, Event::Adopted(&group.id));
                 // The previous process published what happened before.
@@ -731,17 +758,6 @@ impl PodController {
                 g.name.clone()?,
             ))
         }));
-        loops.spawn("watch", self.clone().watch_pods(adopted, stop.clone()));
-        loops.spawn("poll", self.clone().poll_statuses(listed_at, stop.clone()));
-        loops.spawn("status syncs", self.clone().sync_statuses(stop.clone()));
-        loops.spawn("creators", self.clone().create_groups(stop.clone()));
-        loops.spawn("annotators", self.clone().annotate_pods(stop.clone()));
-        loops.spawn("removals", self.clone().watch_removals(stop.clone()));
-        loops.spawn("requeues", self.clone().requeue_held(stop));
-        let outcome = loops.join().await;
-        self.finish_pod_tasks().await;
-        outcome?;
-        Ok(())
     }
 
     /// Runs `work` as a task of this controller: a stop waits for it (up to

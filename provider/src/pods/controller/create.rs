@@ -157,6 +157,31 @@ pub(super) enum Explained {
     DiskInUse(u64),
 }
 
+/// What a create reads or issues for the pod before translating it.
+struct Gathered {
+    config_maps: BTreeMap<String, ConfigMap>,
+    secrets: BTreeMap<String, Secret>,
+    claims: BTreeMap<String, PersistentVolume>,
+    issued: crate::pods::tokens::Issued,
+    /// Optional references that do not exist: the pod is created without them.
+    optional: Vec<refs::Absent>,
+}
+
+/// What showing `failure` on the pod explains: the same explanation is not shown twice in a
+/// row.
+fn explained(failure: &Failure) -> Explained {
+    match failure {
+        Failure::Misconfigured(_) => Explained::Misconfiguration,
+        Failure::Refused(refusal) => Explained::Refusal(super::hash_of(&refusal.describe())),
+        Failure::Absent(absent) => Explained::Absent(super::hash_of(absent)),
+        Failure::DiskInUse(message) => Explained::DiskInUse(super::hash_of(message)),
+        Failure::NoStock(_) => Explained::NoStock,
+        Failure::Retry(_) | Failure::Permanent(_) | Failure::InvalidAnnotation(_) => {
+            Explained::Nothing
+        }
+    }
+}
+
 impl CreateJob {
     /// A first attempt, for a pod seen now.
     pub(super) fn fresh() -> Self {
@@ -500,57 +525,53 @@ impl PodController {
                 self.set_invalid_annotation(&pod, &message).await;
                 None
             }
-            Failure::Misconfigured(found) => {
-                self.inner.telemetry.pod_create_retries.inc();
-                let group_seen = self.has_group(uid);
-                if job.shown != Explained::Misconfiguration && !group_seen {
-                    self.explain_misconfiguration(&pod, &found).await;
-                }
-                Some(CreateJob {
-                    shown: Explained::Misconfiguration,
-                    ..retry
-                })
-            }
             Failure::NoStock(message) => self.on_no_stock(uid, &pod, job, retry, &message).await,
-            Failure::Absent(absent) => {
-                self.inner.telemetry.pod_create_retries.inc();
-                let shown = Explained::Absent(super::hash_of(&absent));
-                if job.shown != shown && !self.has_group(uid) {
-                    self.explain_absent(&pod, &absent).await;
-                }
-                debug!(
-                    attempt = job.attempt,
-                    "references the pod needs are missing; retrying"
-                );
-                Some(CreateJob { shown, ..retry })
-            }
+            waiting => self.on_waiting(uid, &pod, job.shown, retry, waiting).await,
+        }
+    }
+
+    /// A failure the pod waits out — ECI refusing the daemon's configuration or the pod's own
+    /// parameters, missing references, a disk another group holds: shown on the pod once per
+    /// distinct reason (not at every retry), never over a group found meanwhile.
+    async fn on_waiting(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        shown_before: Explained,
+        retry: CreateJob,
+        failure: Failure,
+    ) -> Option<CreateJob> {
+        self.inner.telemetry.pod_create_retries.inc();
+        let shown = explained(&failure);
+        if shown != shown_before && !self.has_group(uid) {
+            self.explain_waiting(pod, &failure).await;
+        }
+        debug!(attempt = retry.attempt, reason = %failure.message(), "the pod waits; retrying");
+        Some(CreateJob { shown, ..retry })
+    }
+
+    /// Shows on the pod why it waits (see [`Self::on_waiting`]).
+    async fn explain_waiting(&self, pod: &Pod, failure: &Failure) {
+        match failure {
+            Failure::Misconfigured(found) => self.explain_misconfiguration(pod, found).await,
+            Failure::Refused(refusal) => self.explain_refusal(pod, refusal).await,
+            Failure::Absent(absent) => self.explain_absent(pod, absent).await,
             Failure::DiskInUse(message) => {
-                self.inner.telemetry.pod_create_retries.inc();
-                let shown = Explained::DiskInUse(super::hash_of(&message));
-                if job.shown != shown && !self.has_group(uid) {
-                    let message = disk_in_use_message(&message);
-                    info!(%message, "a disk the pod mounts is another group's; it waits");
-                    self.show_not_created_as(
-                        &pod,
-                        "Pending",
-                        "ContainerCreating",
-                        FAILED_ATTACH_VOLUME,
-                        &message,
-                    )
-                    .await;
-                }
-                Some(CreateJob { shown, ..retry })
+                let message = disk_in_use_message(message);
+                info!(%message, "a disk the pod mounts is another group's; it waits");
+                self.show_not_created_as(
+                    pod,
+                    "Pending",
+                    "ContainerCreating",
+                    FAILED_ATTACH_VOLUME,
+                    &message,
+                )
+                .await;
             }
-            Failure::Refused(refusal) => {
-                self.inner.telemetry.pod_create_retries.inc();
-                let group_seen = self.has_group(uid);
-                let shown = Explained::Refusal(super::hash_of(&refusal.describe()));
-                if job.shown != shown && !group_seen {
-                    self.explain_refusal(&pod, &refusal).await;
-                }
-                debug!(code = %refusal.code, attempt = job.attempt, "ECI refused the pod's own parameters; retrying");
-                Some(CreateJob { shown, ..retry })
-            }
+            Failure::Retry(_)
+            | Failure::Permanent(_)
+            | Failure::InvalidAnnotation(_)
+            | Failure::NoStock(_) => {}
         }
     }
 
@@ -560,10 +581,39 @@ impl PodController {
         pod: &Pod,
         uid: &str,
     ) -> Result<(WriteBack, Vec<refs::Absent>), Failure> {
+        let gathered = self.gather(pod).await?;
+        let request = self.translate(pod, &gathered).await?;
+        debug_assert_eq!(request.client_token, uid);
+        let config = &self.inner.config;
+        let several_vswitches = request.v_switch_id.contains(',');
+        let chosen = misconfigured::pod_chosen(
+            &request,
+            misconfigured::OwnParameters {
+                vswitch: &config.vswitch,
+                security_group: &config.security_group,
+            },
+        );
+        let outcome = self.inner.backend.create_container_group(request).await;
+        let outcome = self.recover_lost_answer(uid, outcome).await?;
+        // The one place a creation's answer is judged: the pod's problem, the node's
+        // (a misconfiguration, see `misconfigured.rs`), or a moment's.
+        let response = self.judge_creation(outcome, chosen)?;
+        self.inner.tokens.track(
+            pod,
+            &response.container_group_id,
+            gathered.issued.refresh_in,
+        );
+        let back = WriteBack::new(&response.container_group_id, &response.request_id)
+            .with_zone_lookup(several_vswitches);
+        Ok((back, gathered.optional))
+    }
+
+    /// What the pod references, read (or issued, for tokens) at once: a token-mounting pod
+    /// waits one round trip before its create, not one per object. Missing mandatory
+    /// references fail it ([`Failure::Absent`]); missing optional ones are returned.
+    async fn gather(&self, pod: &Pod) -> Result<Gathered, Failure> {
         let namespace = pod.namespace().unwrap_or_default();
         let refs = refs::references(pod);
-        // The references and the tokens depend on nothing of each other: asked at once, a
-        // token-mounting pod waits one round trip before its create, not one per object.
         let tokens = async {
             if refs.tokens.is_empty() {
                 return Ok(crate::pods::tokens::Issued::default());
@@ -575,13 +625,12 @@ impl PodController {
                 .await
                 .map_err(|e| Failure::Retry(crate::ops::chain::Chain(&e).to_string()))
         };
-        let (config_maps, secrets, claimed, issued) = tokio::try_join!(
+        let (config_maps, secrets, (claims, unmountable), issued) = tokio::try_join!(
             self.fetch::<ConfigMap>(&namespace, &refs.config_maps),
             self.fetch::<Secret>(&namespace, &refs.secrets),
             self.claimed_volumes(pod, &namespace, &refs.claims),
             tokens,
         )?;
-        let (claims, unmountable) = claimed;
         let (absent, optional): (Vec<_>, Vec<_>) = refs::absent(pod, &config_maps, &secrets)
             .into_iter()
             .chain(unmountable)
@@ -589,6 +638,22 @@ impl PodController {
         if !absent.is_empty() {
             return Err(Failure::Absent(absent));
         }
+        Ok(Gathered {
+            config_maps,
+            secrets,
+            claims,
+            issued,
+            optional,
+        })
+    }
+
+    /// The pod as a CreateContainerGroup request, with what was gathered for it and the
+    /// Services its environment shows.
+    async fn translate(
+        &self,
+        pod: &Pod,
+        gathered: &Gathered,
+    ) -> Result<eci_proto::v20180808::CreateContainerGroupRequest, Failure> {
         // The Service environment comes from the cache, complete only once it listed.
         if !self.inner.services.ready(Duration::from_secs(5)).await {
             return Err(Failure::Retry(
@@ -603,7 +668,9 @@ impl PodController {
         );
         let links = pod.spec.as_ref().and_then(|s| s.enable_service_links) != Some(false);
         let services = if links {
-            self.inner.services.in_namespace(&namespace)
+            self.inner
+                .services
+                .in_namespace(&pod.namespace().unwrap_or_default())
         } else {
             Vec::new()
         };
@@ -615,16 +682,16 @@ impl PodController {
             node_name: &config.node_name,
             cluster_dns: &config.cluster_dns,
             cluster_domain: &config.cluster_domain,
-            config_maps: &config_maps,
-            secrets: &secrets,
-            claims: &claims,
-            service_account_tokens: &issued.tokens,
+            config_maps: &gathered.config_maps,
+            secrets: &gathered.secrets,
+            claims: &gathered.claims,
+            service_account_tokens: &gathered.issued.tokens,
             default_spec: (2.0, 4.0),
             apiserver: apiserver.as_ref(),
             services: &services,
             kube_proxy: config.kube_proxy,
         };
-        let request = to_eci::translate(pod, &cx).map_err(|rejection| {
+        to_eci::translate(pod, &cx).map_err(|rejection| {
             let message = rejection.to_string();
             if annotations::rejected_annotation(&rejection).is_some() {
                 Failure::InvalidAnnotation(message)
@@ -633,27 +700,7 @@ impl PodController {
             } else {
                 Failure::Permanent(message)
             }
-        })?;
-        debug_assert_eq!(request.client_token, uid);
-        let several_vswitches = request.v_switch_id.contains(',');
-        let chosen = misconfigured::pod_chosen(
-            &request,
-            misconfigured::OwnParameters {
-                vswitch: &config.vswitch,
-                security_group: &config.security_group,
-            },
-        );
-        let outcome = self.inner.backend.create_container_group(request).await;
-        let outcome = self.recover_lost_answer(uid, outcome).await?;
-        // The one place a creation's answer is judged: the pod's problem, the node's
-        // (a misconfiguration, see `misconfigured.rs`), or a moment's.
-        let response = self.judge_creation(outcome, chosen)?;
-        self.inner
-            .tokens
-            .track(pod, &response.container_group_id, issued.refresh_in);
-        let back = WriteBack::new(&response.container_group_id, &response.request_id)
-            .with_zone_lookup(several_vswitches);
-        Ok((back, optional))
+        })
     }
 
     /// ECI refuses a `ClientToken` reused with other parameters (`IdempotentParameterMismatch`),

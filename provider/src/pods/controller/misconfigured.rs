@@ -101,6 +101,27 @@ pub(super) fn pod_chosen(
         .filter(|(_, value, daemons)| value != daemons)
         .map(|(name, value, _)| format!("{name} {value:?}"))
         .collect();
+    chosen.extend(chosen_numbers_and_flags(request));
+    chosen.extend(
+        request
+            .tag
+            .iter()
+            .filter(|tag| !OWN_TAG_KEYS.contains(&tag.key.as_str()))
+            .map(|tag| format!("Tag {:?}={:?}", tag.key, tag.value)),
+    );
+    // ACR Enterprise instances and the RAM role ARNs to reach them are identities too: the
+    // account may not be allowed to use them.
+    for acr in &request.acr_registry_info {
+        chosen.push(format!(
+            "AcrRegistryInfo {:?} (ArnService {:?}, ArnUser {:?})",
+            acr.instance_id, acr.arn_service, acr.arn_user
+        ));
+    }
+    chosen
+}
+
+/// The numbers, switches and lists the pod set in `request` (see [`pod_chosen`]).
+fn chosen_numbers_and_flags(request: &CreateContainerGroupRequest) -> Vec<String> {
     let numbers = [
         (
             "SpotPriceLimit",
@@ -126,11 +147,10 @@ pub(super) fn pod_chosen(
             request.egress_bandwidth.map(|v| v.to_string()),
         ),
     ];
-    chosen.extend(
-        numbers
-            .into_iter()
-            .filter_map(|(name, value)| Some(format!("{name} {}", value?))),
-    );
+    let mut chosen: Vec<String> = numbers
+        .into_iter()
+        .filter_map(|(name, value)| Some(format!("{name} {}", value?)))
+        .collect();
     for (name, on) in [
         ("AutoCreateEip", request.auto_create_eip),
         ("AutoMatchImageCache", request.auto_match_image_cache),
@@ -146,21 +166,6 @@ pub(super) fn pod_chosen(
         if !list.is_empty() {
             chosen.push(format!("{name} {list:?}"));
         }
-    }
-    chosen.extend(
-        request
-            .tag
-            .iter()
-            .filter(|tag| !OWN_TAG_KEYS.contains(&tag.key.as_str()))
-            .map(|tag| format!("Tag {:?}={:?}", tag.key, tag.value)),
-    );
-    // ACR Enterprise instances and the RAM role ARNs to reach them are identities too: the
-    // account may not be allowed to use them.
-    for acr in &request.acr_registry_info {
-        chosen.push(format!(
-            "AcrRegistryInfo {:?} (ArnService {:?}, ArnUser {:?})",
-            acr.instance_id, acr.arn_service, acr.arn_user
-        ));
     }
     chosen
 }

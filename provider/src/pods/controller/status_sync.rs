@@ -189,28 +189,7 @@ impl PodController {
             let Some(status) = compute(basis) else {
                 return Written::Unneeded;
             };
-            let mut body = json!({
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": name,
-                    "namespace": basis.namespace(),
-                    "resourceVersion": basis.resource_version(),
-                },
-                "status": &status,
-            });
-            let carried = self.carried_values(&uid);
-            if let Some(values) = &carried {
-                let mut annotations = carried::as_json(values);
-                let shown = basis.annotations();
-                for key in carried::contradicted(values, |key| shown.get(key).map(String::as_str)) {
-                    warn!(pod = %pod_key(pod), annotation = key, "the pod shows a value ECI did not give for an annotation of ours; clearing it");
-                    annotations[key] = Value::String(String::new());
-                }
-                body["metadata"]["annotations"] = annotations;
-                // The group's pod and no other of the same name.
-                body["metadata"]["uid"] = Value::String(uid.clone());
-            }
+            let (body, carried) = self.apply_body(basis, &uid, &status);
             self.inner.telemetry.kube_request("pod_status_patch");
             match api.patch_status(&name, &params, &Patch::Apply(body)).await {
                 Ok(updated) => {
@@ -243,6 +222,39 @@ impl PodController {
             }
         }
         Written::Failed
+    }
+
+    /// The body of a status apply of `status` to `basis` (its resourceVersion the
+    /// precondition), with the annotations of ours it carries (see [`carried`]).
+    fn apply_body(
+        &self,
+        basis: &Pod,
+        uid: &str,
+        status: &Value,
+    ) -> (Value, Option<carried::Values>) {
+        let mut body = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": basis.name_any(),
+                "namespace": basis.namespace(),
+                "resourceVersion": basis.resource_version(),
+            },
+            "status": status,
+        });
+        let carried = self.carried_values(uid);
+        if let Some(values) = &carried {
+            let mut annotations = carried::as_json(values);
+            let shown = basis.annotations();
+            for key in carried::contradicted(values, |key| shown.get(key).map(String::as_str)) {
+                warn!(pod = %pod_key(basis), annotation = key, "the pod shows a value ECI did not give for an annotation of ours; clearing it");
+                annotations[key] = Value::String(String::new());
+            }
+            body["metadata"]["annotations"] = annotations;
+            // The group's pod and no other of the same name.
+            body["metadata"]["uid"] = Value::String(uid.to_owned());
+        }
+        (body, carried)
     }
 
     /// [`Self::write_status`] for the writers other than the status sync (a pod shown why it
