@@ -330,6 +330,41 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
     let main = container_statuses(group_id, &spec.containers, |c| {
         find(&group.containers, &c.name)
     });
+    let previous = current.conditions.unwrap_or_default();
+    let mut conditions = conditions(pod, group, &phase, (&init, &main), &previous);
+    let generation = pod.metadata.generation;
+    stamp(&mut conditions, &previous, generation, now);
+
+    let mut status = json!({
+        "phase": phase,
+        "conditions": conditions,
+        "containerStatuses": main,
+    });
+    if !init.is_empty() {
+        status["initContainerStatuses"] = json!(init);
+    }
+    if let Some(generation) = generation {
+        status["observedGeneration"] = json!(generation);
+    }
+    show_group(&mut status, group);
+    status
+}
+
+/// The pod's conditions as the kubelet sets them, from its containers' statuses (`init` and
+/// `main`, as [`pod_status`] made them) and the conditions it shows (`previous`: a readiness
+/// gate's).
+fn conditions(
+    pod: &Pod,
+    group: &ContainerGroupStatus,
+    phase: &str,
+    (init, main): (&[Value], &[Value]),
+    previous: &[PodCondition],
+) -> Vec<Value> {
+    let init_specs = pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.init_containers.as_deref())
+        .unwrap_or_default();
     let is_sidecar = |status: &Value| {
         init_specs
             .iter()
@@ -350,12 +385,11 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
     let unready = not_done(
         init.iter()
             .filter(|s| is_sidecar(s))
-            .chain(&main)
+            .chain(main)
             .map(|s| (s["name"].as_str().unwrap_or_default(), s["ready"] == true)),
     );
     let list = |names: &[&str]| format!("[{}]", names.join(" "));
-    let finished = phase == "Succeeded" || phase == "Failed";
-    let containers_ready = if finished {
+    let containers_ready = if phase == "Succeeded" || phase == "Failed" {
         // A finished pod's containers are not "unready", they are done.
         condition("ContainersReady", false, "PodCompleted", "")
     } else {
@@ -366,9 +400,8 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
             &format!("containers with unready status: {}", list(&unready)),
         )
     };
-    let previous = current.conditions.unwrap_or_default();
-    let ready = ready(&containers_ready, gates(pod), &previous);
-    let mut conditions = vec![
+    let ready = ready(&containers_ready, gates(pod), previous);
+    vec![
         condition("PodScheduled", true, "", ""),
         instance_created(group),
         condition(
@@ -379,21 +412,11 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
         ),
         containers_ready,
         ready,
-    ];
-    let generation = pod.metadata.generation;
-    stamp(&mut conditions, &previous, generation, now);
+    ]
+}
 
-    let mut status = json!({
-        "phase": phase,
-        "conditions": conditions,
-        "containerStatuses": main,
-    });
-    if !init.is_empty() {
-        status["initContainerStatuses"] = json!(init);
-    }
-    if let Some(generation) = generation {
-        status["observedGeneration"] = json!(generation);
-    }
+/// What the group itself shows on the pod: its address, its start, why it failed.
+fn show_group(status: &mut Value, group: &ContainerGroupStatus) {
     // Only an address: the API server refuses a status whose pod IP is not one.
     if group.intranet_ip.parse::<std::net::IpAddr>().is_ok() {
         status["podIP"] = json!(group.intranet_ip);
@@ -420,7 +443,6 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
         }
         _ => {}
     }
-    status
 }
 
 /// What of `status` (a pod status as JSON) this daemon owns: the [`OWN_FIELDS`] it has and the
