@@ -464,7 +464,7 @@ async fn stateful_set_scenario(h: &mut Harness) -> Result<(), HarnessError> {
     assert_eq!(disk_of(&mock.admin, &second_id).await, want);
     assert_eq!(
         groups_mounting(&mock.admin, &disk_id).await,
-        [second_id.clone()]
+        std::slice::from_ref(&second_id)
     );
 
     // Deleted by force while ECI refuses to delete its group: the recreated pod waits for the
