@@ -7,13 +7,22 @@
 //! not exist waits Pending (`FailedMount`, naming the claim, no group) and runs once the claim
 //! exists and is bound. A PersistentVolume of a driver ECI cannot mount fails its pod with the
 //! driver's name, and no group is made.
+//!
+//! A StatefulSet's volumeClaimTemplate claims a pre-created disk PersistentVolume (of a
+//! StorageClass without a provisioner behind it); its pod, deleted and recreated by the
+//! StatefulSet controller, gets a new group with the same disk. Deleted by force while its
+//! old group cannot be deleted yet (ECI refuses the deletes for a while), the recreated pod
+//! waits Pending (`FailedAttachVolume`, no group of its own) and runs once the old group is
+//! gone: one group per pod, none left behind.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use std::time::Duration;
 
 use integration::harness::{EciApi, Harness, HarnessError};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
@@ -253,5 +262,233 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         .await?;
     let foreign_uid = foreign["metadata"]["uid"].as_str().unwrap();
     assert_eq!(groups_of(&mock.admin, foreign_uid).await, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateful_sets_recreated_pod_finds_its_disk_again() {
+    let mut h = Harness::start().await.expect("the harness starts");
+    h.use_eci_api(EciApi::OpenApi);
+    let result = stateful_set_scenario(&mut h).await;
+    h.finish(result).await;
+}
+
+/// A StorageClass `class` (no provisioner runs for it) and a disk PersistentVolume of that
+/// class reserved for the claim `claim` a volumeClaimTemplate makes.
+async fn disk_for_template(
+    h: &Harness,
+    (namespace, claim): (&str, &str),
+    (class, pv_name, disk_id): (&str, &str, &str),
+) -> Result<(), HarnessError> {
+    let class_object: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": class},
+        "provisioner": "diskplugin.csi.alibabacloud.com",
+        "volumeBindingMode": "Immediate",
+        "reclaimPolicy": "Retain",
+    }))
+    .unwrap();
+    Api::<StorageClass>::all(h.client())
+        .create(&PostParams::default(), &class_object)
+        .await?;
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "20Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": class,
+            "claimRef": {"namespace": namespace, "name": claim},
+            "csi": {"driver": "diskplugin.csi.alibabacloud.com", "volumeHandle": disk_id, "fsType": "xfs"},
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(h.client())
+        .create(&PostParams::default(), &pv)
+        .await?;
+    Ok(())
+}
+
+/// A StatefulSet `name` of one replica on `node`, its claim template `data` of `class`.
+fn stateful_set(name: &str, node: &str, class: &str) -> StatefulSet {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "tolerations": [{"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "app", "image": "registry.example.com/app:1",
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": class,
+                    "resources": {"requests": {"storage": "20Gi"}},
+                },
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// `ns/name` Running on a group, as a pod other than `not_uid`: its uid and group id.
+async fn running_anew(
+    h: &Harness,
+    ns: &str,
+    name: &str,
+    not_uid: &str,
+) -> Result<(String, String), HarnessError> {
+    let pod = h
+        .wait_pod(ns, name, "Running, recreated", WAIT, |p| {
+            p["metadata"]["uid"].as_str() != Some(not_uid)
+                && p["status"]["phase"] == "Running"
+                && p["metadata"]["annotations"][INSTANCE_ID].is_string()
+        })
+        .await?;
+    Ok((
+        pod["metadata"]["uid"].as_str().unwrap().to_owned(),
+        pod["metadata"]["annotations"][INSTANCE_ID]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    ))
+}
+
+/// The disk of volume `data` in what mock-eci received for group `id`.
+async fn disk_of(admin: &str, id: &str) -> Value {
+    let request = created_with(admin, id).await;
+    request["volume"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "data")
+        .map(|v| v["disk_volume"].clone())
+        .unwrap_or_else(|| panic!("no volume data in {request}"))
+}
+
+/// The groups mock-eci holds that mount `disk_id`.
+async fn groups_mounting(admin: &str, disk_id: &str) -> Vec<String> {
+    let mut holders = Vec::new();
+    for group in groups(admin).await {
+        let id = group["container_group_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if disk_of_opt(admin, &id)
+            .await
+            .is_some_and(|d| d["disk_id"] == disk_id)
+        {
+            holders.push(id);
+        }
+    }
+    holders
+}
+
+async fn disk_of_opt(admin: &str, id: &str) -> Option<Value> {
+    let response = reqwest::get(format!("{admin}/admin/groups/{id}/request"))
+        .await
+        .ok()?;
+    let request: Value = response.error_for_status().ok()?.json().await.ok()?;
+    request["volume"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == "data")
+        .map(|v| v["disk_volume"].clone())
+}
+
+/// Every DeleteContainerGroup refused (`on`) or served again.
+async fn refuse_deletes(admin: &str, on: bool) {
+    let rate = if on { 1.0 } else { 0.0 };
+    reqwest::Client::new()
+        .patch(format!("{admin}/admin/controls"))
+        .json(&json!({"faults": {"DeleteContainerGroup": {"error_rate": rate, "error_code": "ServiceUnavailable"}}}))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+}
+
+async fn stateful_set_scenario(h: &mut Harness) -> Result<(), HarnessError> {
+    let ns = h.create_namespace("sts").await?;
+    let mock = h
+        .start_mock_eci(&[
+            "--provisioning-delay",
+            "300ms",
+            "--scheduling-delay",
+            "50ms",
+        ])
+        .await?;
+    h.start_daemon(
+        0,
+        &[
+            ("POD_STATUS_POLL_INTERVAL", "250ms"),
+            ("POD_RESYNC_INTERVAL", "2s"),
+        ],
+    )?;
+    let node = h.node_name(0);
+    h.wait_node_ready(&node, WAIT).await?;
+    let disk_id = format!("d-{ns}");
+    let class = format!("{ns}-disk");
+    let pv_name = format!("{ns}-web-0");
+    disk_for_template(h, (&ns, "data-web-0"), (&class, &pv_name, &disk_id)).await?;
+    Api::<StatefulSet>::namespaced(h.client(), &ns)
+        .create(&PostParams::default(), &stateful_set("web", &node, &class))
+        .await?;
+
+    let (first_uid, first_id) = running_anew(h, &ns, "web-0", "").await?;
+    let want = json!({"disk_id": disk_id, "fs_type": "xfs", "disk_size": 20});
+    assert_eq!(disk_of(&mock.admin, &first_id).await, want);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client(), &ns);
+    let claim = claims.get("data-web-0").await?;
+    assert_eq!(
+        claim.spec.and_then(|s| s.volume_name).as_deref(),
+        Some(pv_name.as_str()),
+        "the template's claim is bound to the pre-created disk"
+    );
+
+    // Deleted: the StatefulSet controller makes web-0 again once the old pod (and so, its
+    // group) is gone; the new group mounts the same disk.
+    let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+    pods.delete("web-0", &DeleteParams::default()).await?;
+    let (second_uid, second_id) = running_anew(h, &ns, "web-0", &first_uid).await?;
+    assert_ne!(second_id, first_id);
+    assert_eq!(disk_of(&mock.admin, &second_id).await, want);
+    assert_eq!(
+        groups_mounting(&mock.admin, &disk_id).await,
+        std::slice::from_ref(&second_id)
+    );
+
+    // Deleted by force while ECI refuses to delete its group: the recreated pod waits for the
+    // disk, as a kubelet waits for a detach, and runs once the old group is gone.
+    refuse_deletes(&mock.admin, true).await;
+    pods.delete("web-0", &DeleteParams::default().grace_period(0))
+        .await?;
+    let waiting = h
+        .wait_refused(
+            (&ns, "web-0"),
+            "Pending",
+            "FailedAttachVolume",
+            &[&disk_id, &second_id],
+            WAIT,
+        )
+        .await?;
+    let third_uid = waiting["metadata"]["uid"].as_str().unwrap().to_owned();
+    assert_ne!(third_uid, second_uid);
+    assert_eq!(groups_of(&mock.admin, &third_uid).await, 0);
+    refuse_deletes(&mock.admin, false).await;
+    let (uid, third_id) = running_anew(h, &ns, "web-0", &second_uid).await?;
+    assert_eq!(uid, third_uid, "the waiting pod itself runs");
+    assert_eq!(disk_of(&mock.admin, &third_id).await, want);
+    assert_eq!(groups_of(&mock.admin, &third_uid).await, 1);
+    assert_eq!(groups_mounting(&mock.admin, &disk_id).await, [third_id]);
     Ok(())
 }

@@ -333,6 +333,16 @@ pub enum ClaimGap {
     /// The claim names this PersistentVolume, which is not bound back to it (its `claimRef`
     /// names another claim, or none): a claim's author cannot take a volume by naming it.
     NotBoundBack(String),
+    /// The claim is bound to a cloud disk in another zone than the daemon's vSwitches: ECI
+    /// attaches a disk only to a group in the disk's zone.
+    OutOfZone {
+        /// The PersistentVolume.
+        volume: String,
+        /// The zones the disk can be in (empty: its node affinity and `zoneId` disagree).
+        disk: Vec<String>,
+        /// The zone groups are created in.
+        served: String,
+    },
 }
 
 impl Absent {
@@ -383,6 +393,15 @@ impl std::fmt::Display for Absent {
                     Some(ClaimGap::NotBoundBack(pv)) => write!(
                         f,
                         "persistentvolumeclaim {name:?} names persistentvolume {pv:?}, which is not bound to it"
+                    ),
+                    Some(ClaimGap::OutOfZone {
+                        volume,
+                        disk,
+                        served,
+                    }) => write!(
+                        f,
+                        "persistentvolumeclaim {name:?} is bound to persistentvolume {volume:?}, a cloud disk in zone {}; this virtual node creates instances in zone {served:?} (its vSwitches' zone), and a disk is attached only in its own zone",
+                        zone_list(disk)
                     ),
                     Some(ClaimGap::Missing) | None => {
                         write!(f, "persistentvolumeclaim {name:?} not found")
@@ -500,6 +519,64 @@ pub fn bound_volumes(
     (bound, gaps)
 }
 
+/// The pod's claims (`bound`: the volume each is bound to, by claim name) whose cloud disk a
+/// group in `zone` cannot attach, by claim name. `zone`: the zone of the daemon's vSwitches
+/// (`ECI_ZONE`), `None` when they span several or it is not configured — nothing to check then.
+/// A pod naming its own vSwitches (`k8s.aliyun.com/eci-vswitch`) is not checked either: their
+/// zone is not known here, and ECI answers for it.
+pub fn out_of_zone(
+    pod: &Pod,
+    bound: &BTreeMap<String, PersistentVolume>,
+    zone: Option<&str>,
+) -> Vec<Absent> {
+    let Some(zone) = zone.map(str::trim).filter(|z| !z.is_empty()) else {
+        return Vec::new();
+    };
+    let own_vswitch = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(POD_VSWITCH))
+        .is_some_and(|v| !v.trim().is_empty());
+    if own_vswitch {
+        return Vec::new();
+    }
+    references(pod)
+        .claims
+        .into_iter()
+        .filter_map(|name| {
+            let pv = bound.get(&name)?;
+            let disk = crate::pods::to_eci::claims::zone_conflict(pv, zone)?;
+            Some(Absent {
+                kind: Kind::PersistentVolumeClaim,
+                name,
+                key: None,
+                optional: false,
+                use_: Use::Volume,
+                claim: Some(ClaimGap::OutOfZone {
+                    volume: pv.metadata.name.clone().unwrap_or_default(),
+                    disk: disk.into_iter().collect(),
+                    served: zone.to_owned(),
+                }),
+            })
+        })
+        .collect()
+}
+
+/// The pod annotation naming its own vSwitches.
+const POD_VSWITCH: &str = "k8s.aliyun.com/eci-vswitch";
+
+fn zone_list(zones: &[String]) -> String {
+    if zones.is_empty() {
+        return "no zone (its node affinity and volumeAttributes.zoneId disagree)".into();
+    }
+    zones
+        .iter()
+        .map(|z| format!("{z:?}"))
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
 fn bound_volume<'a>(
     namespace: &str,
     claim: Option<&PersistentVolumeClaim>,
@@ -532,7 +609,7 @@ fn bound_volume<'a>(
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 
@@ -736,5 +813,81 @@ mod tests {
         assert!(gaps.iter().all(|a| !a.optional));
         // A claim is never one of the ConfigMap and Secret gaps.
         assert_eq!(absent(&pod, &BTreeMap::new(), &BTreeMap::new()), Vec::new());
+    }
+
+    #[test]
+    fn a_disk_outside_the_daemons_zone_keeps_its_pod_waiting_named() {
+        let pod = |annotations: Value| -> Pod {
+            serde_json::from_value(
+                json!({"metadata": {"namespace": "team-a", "annotations": annotations}, "spec": {
+                    "containers": [{"name": "a", "image": "a"}],
+                    "volumes": [
+                        {"name": "far", "persistentVolumeClaim": {"claimName": "far"}},
+                        {"name": "near", "persistentVolumeClaim": {"claimName": "near"}},
+                        {"name": "nas", "persistentVolumeClaim": {"claimName": "nas"}}]
+                }}),
+            )
+            .unwrap()
+        };
+        let volume = |name: &str, driver: &str, zone: &str| {
+            let pv: PersistentVolume = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"csi": {"driver": driver, "volumeHandle": "h", "volumeAttributes": {"server": "s"}},
+                    "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "topology.diskplugin.csi.alibabacloud.com/zone", "operator": "In", "values": [zone]}]}]}}}
+            }))
+            .unwrap();
+            pv
+        };
+        let disk = crate::pods::to_eci::claims::DISK_DRIVER;
+        let bound = BTreeMap::from([
+            ("far".to_owned(), volume("pv-far", disk, "cn-hangzhou-b")),
+            ("near".to_owned(), volume("pv-near", disk, "cn-hangzhou-a")),
+            (
+                "nas".to_owned(),
+                volume(
+                    "pv-nas",
+                    crate::pods::to_eci::claims::NAS_DRIVER,
+                    "cn-hangzhou-b",
+                ),
+            ),
+        ]);
+        let plain = pod(json!({}));
+        let gaps = out_of_zone(&plain, &bound, Some("cn-hangzhou-a"));
+        let said: Vec<(&str, &str, String)> = gaps
+            .iter()
+            .map(|a| (a.reason(), a.pod_reason(), a.to_string()))
+            .collect();
+        assert_eq!(
+            said,
+            [(
+                "FailedMount",
+                "ContainerCreating",
+                r#"persistentvolumeclaim "far" is bound to persistentvolume "pv-far", a cloud disk in zone "cn-hangzhou-b"; this virtual node creates instances in zone "cn-hangzhou-a" (its vSwitches' zone), and a disk is attached only in its own zone"#
+                    .to_owned()
+            )]
+        );
+        assert!(gaps.iter().all(|a| !a.optional));
+        for (case, pod, zone) in [
+            ("the disk's own zone", &plain, Some("cn-hangzhou-b ")),
+            (
+                "the daemon's zone unknown (several vSwitches)",
+                &plain,
+                None,
+            ),
+            ("an empty zone", &plain, Some(" ")),
+            (
+                "the pod names its own vSwitches",
+                &pod(json!({"k8s.aliyun.com/eci-vswitch": "vsw-b"})),
+                Some("cn-hangzhou-a"),
+            ),
+        ] {
+            let far_only: BTreeMap<_, _> = bound
+                .iter()
+                .filter(|(k, _)| *k == "far")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            assert_eq!(out_of_zone(pod, &far_only, zone), Vec::new(), "{case}");
+        }
     }
 }

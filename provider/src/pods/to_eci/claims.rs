@@ -3,7 +3,7 @@
 //! `FlexVolume` of the OSS driver — and an `nfs` PersistentVolume an `NFSVolume`. Any other
 //! kind of PersistentVolume is rejected with its driver's name.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use eci_proto::v20180808::{DiskVolume, FlexVolume, NfsVolume, Volume};
 use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume};
@@ -21,6 +21,76 @@ pub const OSS_DRIVER: &str = "ossplugin.csi.alibabacloud.com";
 pub const OSS_FLEX_DRIVER: &str = "alicloud/oss";
 /// The file system a disk gets when its PersistentVolume names none (the disk driver's).
 const DEFAULT_FS_TYPE: &str = "ext4";
+/// Node-affinity keys a disk PersistentVolume names its zone with: the disk driver's own
+/// topology key, the well-known one and that one's deprecated beta form.
+const ZONE_KEYS: [&str; 3] = [
+    "topology.diskplugin.csi.alibabacloud.com/zone",
+    "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/zone",
+];
+/// The `volumeAttributes` key naming a disk's zone (the disk StorageClass's parameter).
+const ZONE_ATTRIBUTE: &str = "zoneId";
+
+/// The zones the cloud disk of `pv` can be in, as its required node affinity (`In` on a zone
+/// key) and its `volumeAttributes.zoneId` say; `None` when `pv` is no cloud disk or names no
+/// zone. A term of the node affinity without a zone expression allows any zone, so does the
+/// whole affinity then: only what is sure to be out of reach is refused.
+pub fn disk_zones(pv: &PersistentVolume) -> Option<BTreeSet<String>> {
+    let spec = pv.spec.as_ref()?;
+    let csi = spec.csi.as_ref().filter(|c| c.driver == DISK_DRIVER)?;
+    let from_attribute = csi
+        .volume_attributes
+        .as_ref()
+        .and_then(|a| a.get(ZONE_ATTRIBUTE))
+        .map(|z| z.trim())
+        .filter(|z| !z.is_empty());
+    let terms = spec
+        .node_affinity
+        .as_ref()
+        .and_then(|a| a.required.as_ref())
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    let from_affinity = if terms.is_empty() {
+        None
+    } else {
+        terms
+            .iter()
+            .map(term_zones)
+            .try_fold(BTreeSet::new(), |mut all, zones| {
+                all.extend(zones?);
+                Some(all)
+            })
+    };
+    match (from_affinity, from_attribute) {
+        (None, None) => None,
+        (Some(zones), None) => Some(zones),
+        (None, Some(zone)) => Some(BTreeSet::from([zone.to_owned()])),
+        (Some(zones), Some(zone)) => Some(zones.into_iter().filter(|z| z == zone).collect()),
+    }
+}
+
+/// The zones one node-selector term allows (its zone `In` expressions, all of them), `None`
+/// for any.
+fn term_zones(term: &k8s_openapi::api::core::v1::NodeSelectorTerm) -> Option<BTreeSet<String>> {
+    term.match_expressions
+        .iter()
+        .flatten()
+        .filter(|e| ZONE_KEYS.contains(&e.key.as_str()) && e.operator == "In")
+        .map(|e| {
+            e.values
+                .iter()
+                .flatten()
+                .map(|v| v.trim().to_owned())
+                .collect::<BTreeSet<_>>()
+        })
+        .reduce(|kept, next| kept.intersection(&next).cloned().collect())
+}
+
+/// The zones the cloud disk of `pv` is in when a group in `zone` (the zone of the daemon's
+/// vSwitches) cannot attach it; `None` when it can, or nothing says otherwise.
+pub fn zone_conflict(pv: &PersistentVolume, zone: &str) -> Option<BTreeSet<String>> {
+    disk_zones(pv).filter(|zones| !zones.contains(zone.trim()))
+}
 
 /// The ECI volume `name` for the PersistentVolume `pv` a claim is bound to; `read_only`: the
 /// pod's volume asks for it. `at` names the pod's volume in a rejection.
@@ -183,4 +253,138 @@ fn oss(
         fs_type: String::new(),
         options,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn disk(attributes: Value, affinity: Value) -> PersistentVolume {
+        let mut spec = json!({"csi": {"driver": DISK_DRIVER, "volumeHandle": "d-1"}});
+        spec["csi"]["volumeAttributes"] = attributes;
+        if !affinity.is_null() {
+            spec["nodeAffinity"]["required"]["nodeSelectorTerms"] = affinity;
+        }
+        serde_json::from_value(json!({"metadata": {"name": "pv"}, "spec": spec})).unwrap()
+    }
+
+    fn zone_in(key: &str, zones: &[&str]) -> Value {
+        json!({"key": key, "operator": "In", "values": zones})
+    }
+
+    #[test]
+    fn a_disk_is_refused_only_where_it_surely_cannot_be_attached() {
+        const DRIVER_KEY: &str = "topology.diskplugin.csi.alibabacloud.com/zone";
+        const WELL_KNOWN: &str = "topology.kubernetes.io/zone";
+        let nas: PersistentVolume = serde_json::from_value(json!({"metadata": {"name": "nas"},
+            "spec": {"csi": {"driver": NAS_DRIVER, "volumeHandle": "n", "volumeAttributes": {"server": "s", "zoneId": "b"}}}}))
+        .unwrap();
+        let cases: Vec<(&str, PersistentVolume, Option<&[&str]>)> = vec![
+            (
+                "no zone named: nothing to check",
+                disk(json!({}), Value::Null),
+                None,
+            ),
+            ("NAS is reached over the network from any zone", nas, None),
+            (
+                "the driver's topology key",
+                disk(
+                    json!({}),
+                    json!([{"matchExpressions": [zone_in(DRIVER_KEY, &["b"])]}]),
+                ),
+                Some(&["b"]),
+            ),
+            (
+                "the well-known key, several values",
+                disk(
+                    json!({}),
+                    json!([{"matchExpressions": [zone_in(WELL_KNOWN, &["b", "c"])]}]),
+                ),
+                Some(&["b", "c"]),
+            ),
+            (
+                "the beta key",
+                disk(
+                    json!({}),
+                    json!([{"matchExpressions": [zone_in("failure-domain.beta.kubernetes.io/zone", &["b"])]}]),
+                ),
+                Some(&["b"]),
+            ),
+            (
+                "terms are alternatives: their zones add up",
+                disk(
+                    json!({}),
+                    json!([
+                        {"matchExpressions": [zone_in(DRIVER_KEY, &["b"])]},
+                        {"matchExpressions": [zone_in(WELL_KNOWN, &["c"])]},
+                    ]),
+                ),
+                Some(&["b", "c"]),
+            ),
+            (
+                "expressions of one term all hold: their zones intersect",
+                disk(
+                    json!({}),
+                    json!([{"matchExpressions": [zone_in(DRIVER_KEY, &["b", "c"]), zone_in(WELL_KNOWN, &["c", "d"])]}]),
+                ),
+                Some(&["c"]),
+            ),
+            (
+                "a term without a zone allows any",
+                disk(
+                    json!({}),
+                    json!([
+                        {"matchExpressions": [zone_in(DRIVER_KEY, &["b"])]},
+                        {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]},
+                    ]),
+                ),
+                None,
+            ),
+            (
+                "NotIn is not read as a zone",
+                disk(
+                    json!({}),
+                    json!([{"matchExpressions": [{"key": WELL_KNOWN, "operator": "NotIn", "values": ["a"]}]}]),
+                ),
+                None,
+            ),
+            (
+                "volumeAttributes.zoneId",
+                disk(json!({"zoneId": " b "}), Value::Null),
+                Some(&["b"]),
+            ),
+            (
+                "zoneId narrows the affinity",
+                disk(
+                    json!({"zoneId": "c"}),
+                    json!([{"matchExpressions": [zone_in(DRIVER_KEY, &["b", "c"])]}]),
+                ),
+                Some(&["c"]),
+            ),
+            (
+                "zoneId outside the affinity: in no zone",
+                disk(
+                    json!({"zoneId": "d"}),
+                    json!([{"matchExpressions": [zone_in(DRIVER_KEY, &["b"])]}]),
+                ),
+                Some(&[]),
+            ),
+        ];
+        for (case, pv, want) in cases {
+            let want: Option<BTreeSet<String>> =
+                want.map(|zones| zones.iter().map(|z| (*z).to_owned()).collect());
+            assert_eq!(disk_zones(&pv), want, "{case}");
+            let served_elsewhere = want.clone().filter(|zones| !zones.contains("a"));
+            assert_eq!(
+                zone_conflict(&pv, "a"),
+                served_elsewhere,
+                "{case}, served from a"
+            );
+            if want.as_ref().is_some_and(|zones| zones.contains("b")) {
+                assert_eq!(zone_conflict(&pv, "b"), None, "{case}, served from b");
+            }
+        }
+    }
 }
