@@ -50,12 +50,23 @@ fn pod(name: &str, node: &str, claim: &str) -> Pod {
 async fn bound_pair(
     h: &Harness,
     namespace: &str,
+    names: (&str, &str),
+    driver: (&str, &str),
+) -> Result<(), HarnessError> {
+    bound_pair_with(h, namespace, names, driver, None).await
+}
+
+/// As [`bound_pair`], the volume's node affinity requiring `zone` when given.
+async fn bound_pair_with(
+    h: &Harness,
+    namespace: &str,
     (name, claim): (&str, &str),
     (driver, handle): (&str, &str),
+    zone: Option<&str>,
 ) -> Result<(), HarnessError> {
     let volumes: Api<PersistentVolume> = Api::all(h.client());
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client(), namespace);
-    let pv: PersistentVolume = serde_json::from_value(json!({
+    let mut pv: PersistentVolume = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
             "capacity": {"storage": "20Gi"},
@@ -67,6 +78,14 @@ async fn bound_pair(
         },
     }))
     .unwrap();
+    if let (Some(zone), Some(spec)) = (zone, pv.spec.as_mut()) {
+        spec.node_affinity = Some(
+            serde_json::from_value(json!({"required": {"nodeSelectorTerms": [{
+                "matchExpressions": [{"key": "topology.diskplugin.csi.alibabacloud.com/zone",
+                    "operator": "In", "values": [zone]}]}]}}))
+            .unwrap(),
+        );
+    }
     volumes.create(&PostParams::default(), &pv).await?;
     let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
         "metadata": {"name": claim},
@@ -158,6 +177,7 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         &[
             ("POD_STATUS_POLL_INTERVAL", "250ms"),
             ("POD_RESYNC_INTERVAL", "2s"),
+            ("ECI_ZONE", "cn-hangzhou-a"),
         ],
     )?;
     let node = h.node_name(0);
@@ -262,6 +282,28 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         .await?;
     let foreign_uid = foreign["metadata"]["uid"].as_str().unwrap();
     assert_eq!(groups_of(&mock.admin, foreign_uid).await, 0);
+
+    // A disk of another zone than the node's: it waits, both zones named; nothing is created.
+    bound_pair_with(
+        h,
+        &ns,
+        (&format!("{ns}-far"), "far"),
+        ("diskplugin.csi.alibabacloud.com", &format!("d-{ns}-far")),
+        Some("cn-hangzhou-b"),
+    )
+    .await?;
+    pods.create(&create, &pod("far", &node, "far")).await?;
+    let far = h
+        .wait_refused(
+            (&ns, "far"),
+            "Pending",
+            "FailedMount",
+            &["cn-hangzhou-b", "cn-hangzhou-a"],
+            WAIT,
+        )
+        .await?;
+    let far_uid = far["metadata"]["uid"].as_str().unwrap();
+    assert_eq!(groups_of(&mock.admin, far_uid).await, 0);
     Ok(())
 }
 

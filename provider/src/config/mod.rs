@@ -750,6 +750,9 @@ pub struct PodsConfig {
     pub namespace_selector: Option<String>,
     /// The annotation policy ConfigMap's name (`None`: no policy).
     pub annotation_policy_configmap: Option<String>,
+    /// The one zone this node's vSwitches are in, when it is known (`ECI_ZONE`): a cloud
+    /// disk of another zone cannot be attached here.
+    pub zone: Option<String>,
 }
 
 /// What the admission area (Selector engine, webhook) is given.
@@ -932,6 +935,7 @@ impl Settings {
                 .annotation_policy_configmap
                 .clone()
                 .filter(|s| !s.trim().is_empty()),
+            zone: config.zone.clone().filter(|zone| !zone.trim().is_empty()),
         }
     }
 

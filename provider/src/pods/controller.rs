@@ -1248,6 +1248,7 @@ mod tests {
             pod_namespace: "kube-system".into(),
             namespace_selector: None,
             annotation_policy_configmap: None,
+            zone: None,
         };
         PodController::new(
             config,

@@ -631,9 +631,13 @@ impl PodController {
             self.claimed_volumes(pod, &namespace, &refs.claims),
             tokens,
         )?;
+        // A disk of another zone than this node's waits as an unmountable claim does, before
+        // any create: ECI would refuse it.
+        let out_of_zone = refs::out_of_zone(pod, &claims, self.inner.config.zone.as_deref());
         let (absent, optional): (Vec<_>, Vec<_>) = refs::absent(pod, &config_maps, &secrets)
             .into_iter()
             .chain(unmountable)
+            .chain(out_of_zone)
             .partition(|absent| !absent.optional);
         if !absent.is_empty() {
             return Err(Failure::Absent(absent));
