@@ -4,7 +4,9 @@
 //! missing image is ErrImagePull with a Failed event; exec runs in the container (its host
 //! name, processes and files; stdin, TTY, exit code); volumes are mounted (ConfigFileVolume
 //! files with their modes, a shared EmptyDir, a tmpfs); containers run as their
-//! SecurityContext or their image's User; a deleted group, a crash loop and a mock-eci killed
+//! SecurityContext or their image's User; probes run (a failing liveness probe restarts the
+//! container, a readiness probe gates `Ready`) and lifecycle hooks too (preStop before the
+//! stop, a failing postStart kills the container); a deleted group, a crash loop and a mock-eci killed
 //! with -9 then started again leave no process, network namespace, interface, mount or cgroup
 //! behind.
 //!
@@ -19,8 +21,8 @@ use eci_proto::v20180808::eci_client::EciClient;
 use eci_proto::v20180808::{
     ConfigFileToPath, ConfigFileVolume, Container, ContainerGroup, ContainerSecurityContext,
     CreateContainerGroupRequest, DeleteContainerGroupRequest, DescribeContainerGroupsRequest,
-    DescribeContainerLogRequest, EmptyDirVolume, EnvironmentVar, ExecContainerCommandRequest,
-    Volume, VolumeMount,
+    DescribeContainerLogRequest, EmptyDirVolume, EnvironmentVar, ExecAction,
+    ExecContainerCommandRequest, LifecycleHandler, Probe, Volume, VolumeMount,
 };
 use integration::images;
 use integration::process::{Process, binary, free_port};
@@ -1137,5 +1139,175 @@ async fn nothing_leaks_from_a_crash_loop_or_from_mock_eci_killed_with_sigkill_an
         residue = mock.residue();
     }
     assert_eq!(residue, Residue::none(), "nothing is left");
+    mock.stop().await;
+}
+
+/// An exec probe or hook action: `sh -c script`.
+fn shell(script: &str) -> Option<ExecAction> {
+    Some(ExecAction {
+        command: vec!["sh".into(), "-c".into(), script.into()],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_liveness_probe_kills_the_container_and_it_restarts() {
+    let mut mock = RealMock::start("rrj", "10.215.10.1/24").await;
+    // Ends at once on SIGTERM, so each kill takes no grace period.
+    let mut container = mock.busybox("main", "trap 'exit 143' TERM; while true; do sleep 1; done");
+    container.liveness_probe = Some(Probe {
+        exec: shell("echo not alive; exit 1"),
+        period_seconds: 1,
+        failure_threshold: 2,
+        ..Probe::default()
+    });
+    let mut request = mock.request("unhealthy", container);
+    request.restart_policy = "Always".into();
+    let id = mock.create(request).await;
+
+    let group = mock
+        .wait_group("the container was killed and restarted", &id, |group| {
+            group.containers[0].restart_count >= 1
+        })
+        .await;
+    let unhealthy = group
+        .events
+        .iter()
+        .find(|e| e.reason == "Unhealthy")
+        .expect("an Unhealthy event");
+    assert_eq!(unhealthy.r#type, "Warning");
+    assert_eq!(unhealthy.message, "Liveness probe failed: not alive");
+    assert!(
+        group.events.iter().any(|e| e.reason == "Killing"
+            && e.message == "Container main failed liveness probe, will be restarted"),
+        "{:?}",
+        group.events
+    );
+    let previous = group.containers[0]
+        .previous_state
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(previous.state, "Terminated", "{previous:?}");
+    assert_eq!(group.status, "Running", "restart policy Always");
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readiness_probe_keeps_the_container_unready_until_it_passes() {
+    let mut mock = RealMock::start("rrk", "10.215.11.1/24").await;
+    let mut container = mock.busybox("main", "trap 'exit 0' TERM; while true; do sleep 1; done");
+    container.readiness_probe = Some(Probe {
+        exec: shell("cat /tmp/ready"),
+        period_seconds: 1,
+        ..Probe::default()
+    });
+    let id = mock.create(mock.request("gated", container)).await;
+
+    // The probe ran and failed: the running container is not ready.
+    let group = mock
+        .wait_group("the readiness probe failed once", &id, |group| {
+            group.events.iter().any(|e| e.reason == "Unhealthy")
+        })
+        .await;
+    assert_eq!(container_state(&group).0, "Running");
+    assert!(!group.containers[0].ready, "{group:#?}");
+    let event = group
+        .events
+        .iter()
+        .find(|e| e.reason == "Unhealthy")
+        .unwrap();
+    assert!(
+        event.message.starts_with("Readiness probe failed"),
+        "{event:?}"
+    );
+
+    mock.exec_sync(&id, "main", &["touch", "/tmp/ready"]).await;
+    let group = mock
+        .wait_group("the container turns ready", &id, |group| {
+            group.containers[0].ready
+        })
+        .await;
+    assert_eq!(
+        group.containers[0].restart_count, 0,
+        "readiness kills nothing"
+    );
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_stop_hook_runs_before_the_container_is_stopped_on_deletion() {
+    let mut mock = RealMock::start("rrl", "10.215.12.1/24").await;
+    let mut container = mock.busybox("main", "trap 'exit 0' TERM; while true; do sleep 1; done");
+    // Writes into the container's own output (its log), then takes its time: the container
+    // is stopped only once the hook is done.
+    container.lifecycle_pre_stop_handler = Some(LifecycleHandler {
+        exec: shell("echo pre-stop ran > /proc/1/fd/1; sleep 3"),
+        ..LifecycleHandler::default()
+    });
+    let mut request = mock.request("hooked", container);
+    request.termination_grace_period_seconds = Some(30);
+    let id = mock.create(request).await;
+    mock.wait_group("the container runs", &id, |group| {
+        container_state(group).0 == "Running"
+    })
+    .await;
+    assert!(
+        !mock.log(&id, "main", false).await.contains("pre-stop ran"),
+        "not before the deletion"
+    );
+
+    mock.client
+        .delete_container_group(DeleteContainerGroupRequest {
+            region_id: REGION.into(),
+            container_group_id: id.clone(),
+            ..DeleteContainerGroupRequest::default()
+        })
+        .await
+        .expect("delete succeeds");
+    let id_ref = &id;
+    let mock_ref = &mut mock;
+    let mut seen = false;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !seen && mock_ref.describe(id_ref).await.is_some() {
+        seen = mock_ref
+            .log(id_ref, "main", false)
+            .await
+            .contains("pre-stop ran");
+        assert!(
+            Instant::now() < deadline,
+            "the group is still listed after 60 s"
+        );
+        if !seen {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert!(
+        seen,
+        "the preStop hook's output is in the log while the group is stopping"
+    );
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_post_start_hook_kills_the_container() {
+    let mut mock = RealMock::start("rrm", "10.215.13.1/24").await;
+    let mut container = mock.busybox("main", "trap 'exit 143' TERM; while true; do sleep 1; done");
+    container.lifecycle_post_start_handler = Some(LifecycleHandler {
+        exec: shell("echo no such setup; exit 2"),
+        ..LifecycleHandler::default()
+    });
+    let id = mock.create(mock.request("post-start", container)).await;
+    let group = mock
+        .wait_group("the container ends", &id, |group| {
+            container_state(group).0 == "Terminated"
+        })
+        .await;
+    assert_eq!(group.status, "Failed", "restart policy Never: {group:#?}");
+    let event = group
+        .events
+        .iter()
+        .find(|e| e.reason == "FailedPostStartHook")
+        .expect("a FailedPostStartHook event");
+    assert_eq!(event.r#type, "Warning");
+    assert!(event.message.contains("no such setup"), "{event:?}");
     mock.stop().await;
 }

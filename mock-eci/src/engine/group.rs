@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::Millis;
 use crate::engine::behaviour::{Behaviour, Readiness};
+use crate::engine::probe::{ProbeKind, ProbeOutcome, ProbeTiming, Probing};
+use crate::engine::real::Hook;
 use crate::engine::timers::{TimerKind, Timers};
 use crate::settings::Settings;
 
@@ -114,6 +116,9 @@ pub struct ContainerRun {
     /// and starts it, then reports).
     #[serde(default)]
     pub launch: bool,
+    /// Real runtime: what the current run's probes amount to.
+    #[serde(default)]
+    pub probes: Probing,
 }
 
 impl ContainerRun {
@@ -128,6 +133,7 @@ impl ContainerRun {
             backing_off: false,
             appended: Vec::new(),
             launch: false,
+            probes: Probing::default(),
         }
     }
 
@@ -1048,6 +1054,7 @@ impl Group {
         let Some((which, index)) = self.observed_run(name, run) else {
             return;
         };
+        let spec = &self.specs(which)[index].clone();
         let current = &mut self.runs_mut(which)[index];
         if !current.launch {
             return;
@@ -1055,8 +1062,9 @@ impl Group {
         current.launch = false;
         current.state = RunState::Running { started_at: cx.now };
         current.started = true;
-        // No probes run in real mode yet: a running container is ready.
-        current.ready = which == Which::Regular;
+        current.probes = Probing::default();
+        // Without a readiness probe, a running container is ready.
+        current.ready = which == Which::Regular && probe_of(spec, ProbeKind::Readiness).is_none();
         self.event(
             cx.now,
             "Normal",
@@ -1128,5 +1136,91 @@ impl Group {
         );
         self.event(cx.now, "Warning", "Failed", event_message);
         self.refresh_running_status();
+    }
+
+    /// Real runtime: a probe of run `run` of container `name` ran. Readiness follows the
+    /// readiness probe; a liveness probe that turns failing has the run killed (the plan
+    /// stops it) and the restart policy decides what follows its exit. Each failure is an
+    /// `Unhealthy` event.
+    pub fn observed_probe(
+        &mut self,
+        name: &str,
+        run: u32,
+        kind: ProbeKind,
+        outcome: &ProbeOutcome,
+        cx: &mut Cx<'_>,
+    ) {
+        let Some((which, index)) = self.observed_run(name, run) else {
+            return;
+        };
+        let Some(probe) = probe_of(&self.specs(which)[index], kind) else {
+            return;
+        };
+        let timing = ProbeTiming::of(kind, probe);
+        let current = &mut self.runs_mut(which)[index];
+        let killing = !current.probes.liveness.is_passing();
+        if which == Which::Init || !current.state.is_running() || killing {
+            return;
+        }
+        let state = current.probes.get_mut(kind);
+        let before = *state;
+        *state = before.after(*outcome == ProbeOutcome::Success, &timing);
+        let after = *state;
+        if kind == ProbeKind::Readiness {
+            current.ready = after.is_passing();
+        }
+        if let ProbeOutcome::Failure { message } = outcome {
+            let word = kind.word();
+            self.event(
+                cx.now,
+                "Warning",
+                "Unhealthy",
+                format!("{word} probe failed: {message}"),
+            );
+        }
+        if kind == ProbeKind::Liveness && !after.is_passing() {
+            self.event(
+                cx.now,
+                "Normal",
+                "Killing",
+                format!("Container {name} failed liveness probe, will be restarted"),
+            );
+        }
+        if before.is_passing() != after.is_passing() {
+            self.touch(cx.now);
+        }
+    }
+
+    /// Real runtime: a lifecycle hook of run `run` of container `name` failed (a failed
+    /// postStart hook also has the runtime kill the run).
+    pub fn observed_hook_failure(
+        &mut self,
+        name: &str,
+        run: u32,
+        hook: Hook,
+        message: &str,
+        cx: &mut Cx<'_>,
+    ) {
+        if self.observed_run(name, run).is_none() {
+            return;
+        }
+        let reason = match hook {
+            Hook::PostStart => "FailedPostStartHook",
+            Hook::PreStop => "FailedPreStopHook",
+        };
+        self.event(
+            cx.now,
+            "Warning",
+            reason,
+            format!("{} hook of container {name} failed: {message}", hook.word()),
+        );
+    }
+}
+
+/// The container's probe of that kind, if it has one.
+pub fn probe_of(spec: &Container, kind: ProbeKind) -> Option<&eci_proto::v20180808::Probe> {
+    match kind {
+        ProbeKind::Liveness => spec.liveness_probe.as_ref(),
+        ProbeKind::Readiness => spec.readiness_probe.as_ref(),
     }
 }

@@ -44,6 +44,7 @@ pub mod group;
 pub mod image_cache;
 pub mod logs;
 pub mod placement;
+pub mod probe;
 pub mod real;
 pub mod render;
 pub mod timers;

@@ -10,6 +10,7 @@ use eci_proto::v20180808::{Container, CreateContainerGroupRequest};
 use crate::clock::Millis;
 use crate::engine::Engine;
 use crate::engine::group::{Group, RunState, Which};
+use crate::engine::probe::{ProbeKind, ProbeOutcome};
 
 /// What the driver saw happen to one run of one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +26,32 @@ pub enum Observation {
         message: String,
         event_message: String,
     },
+    /// A probe of the run ran.
+    Probe {
+        kind: ProbeKind,
+        outcome: ProbeOutcome,
+    },
+    /// A lifecycle hook of the run failed (`message` says how).
+    HookFailed { hook: Hook, message: String },
+}
+
+/// A container lifecycle hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// Runs once the container started; failing, the container is killed.
+    PostStart,
+    /// Runs before the container is stopped, within its grace period.
+    PreStop,
+}
+
+impl Hook {
+    /// The hook's name in ECI's (and the kubelet's) words.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::PostStart => "PostStart",
+            Self::PreStop => "PreStop",
+        }
+    }
 }
 
 /// What the driver should do with one container.
@@ -111,6 +138,12 @@ impl Engine {
                 message,
                 event_message,
             } => group.observed_pull_failure(container, run, message, event_message, cx),
+            Observation::Probe { kind, outcome } => {
+                group.observed_probe(container, run, *kind, outcome, cx);
+            }
+            Observation::HookFailed { hook, message } => {
+                group.observed_hook_failure(container, run, *hook, message, cx);
+            }
         });
     }
 
@@ -154,9 +187,13 @@ fn plan_of(group: &Group, now: Millis, max_grace_ms: Millis) -> Option<GroupPlan
                     spec: spec.clone(),
                     init: which == Which::Init,
                     run: run.restart_count,
+                    // A run whose liveness probe failed is stopped; its exit is reported
+                    // and the restart policy applies.
                     want: if run.launch {
                         Want::Start
-                    } else if matches!(run.state, RunState::Running { .. }) {
+                    } else if matches!(run.state, RunState::Running { .. })
+                        && run.probes.liveness.is_passing()
+                    {
                         Want::Run
                     } else {
                         Want::Stop
@@ -368,5 +405,146 @@ mod tests {
         assert_eq!(wanted(&mut engine, &id, 10_300), "terminating");
         engine.observe_deleted(&id, 10_400);
         assert_eq!(wanted(&mut engine, &id, 10_500), "absent");
+    }
+
+    fn create_probed(engine: &mut Engine) -> String {
+        let probe = |failure_threshold| eci_proto::v20180808::Probe {
+            exec: Some(eci_proto::v20180808::ExecAction {
+                command: vec!["true".into()],
+            }),
+            failure_threshold,
+            ..Default::default()
+        };
+        let request = CreateContainerGroupRequest {
+            region_id: "cn-hangzhou".into(),
+            security_group_id: "sg".into(),
+            v_switch_id: "vsw".into(),
+            container_group_name: "probed".into(),
+            restart_policy: "Always".into(),
+            container: vec![Container {
+                name: "app".into(),
+                image: "busybox".into(),
+                liveness_probe: Some(probe(2)),
+                readiness_probe: Some(probe(1)),
+                ..Container::default()
+            }],
+            ..CreateContainerGroupRequest::default()
+        };
+        engine.create(request, 0).expect("a valid create")
+    }
+
+    fn probed(kind: ProbeKind, passed: bool) -> Observation {
+        let outcome = if passed {
+            ProbeOutcome::Success
+        } else {
+            ProbeOutcome::Failure {
+                message: "exit code 1".into(),
+            }
+        };
+        Observation::Probe { kind, outcome }
+    }
+
+    #[test]
+    fn readiness_follows_the_readiness_probe() {
+        let mut engine = engine();
+        let id = create_probed(&mut engine);
+        assert_eq!(wanted(&mut engine, &id, 10_000), "Start 0");
+        engine.observe(&id, "app", 0, &Observation::Started, 10_000);
+        let ready = |engine: &Engine| engine.groups[&id].containers[0].ready;
+        assert!(
+            !ready(&engine),
+            "not ready before its readiness probe passed"
+        );
+        engine.observe(&id, "app", 0, &probed(ProbeKind::Readiness, true), 10_100);
+        assert!(ready(&engine));
+        engine.observe(&id, "app", 0, &probed(ProbeKind::Readiness, false), 10_200);
+        assert!(!ready(&engine), "failure threshold 1");
+        let events = &engine.groups[&id].events;
+        assert!(
+            events.iter().any(|e| e.kind == "Warning"
+                && e.reason == "Unhealthy"
+                && e.message == "Readiness probe failed: exit code 1"),
+            "{events:?}"
+        );
+        // A result of an earlier run changes nothing.
+        engine.observe(&id, "app", 1, &probed(ProbeKind::Readiness, true), 10_300);
+        assert!(!ready(&engine));
+        assert_eq!(
+            wanted(&mut engine, &id, 10_300),
+            "Run 0",
+            "readiness kills nothing"
+        );
+    }
+
+    #[test]
+    fn a_failed_liveness_probe_stops_the_run_and_the_restart_policy_restarts_it() {
+        let mut engine = engine();
+        let id = create_probed(&mut engine);
+        assert_eq!(wanted(&mut engine, &id, 10_000), "Start 0");
+        engine.observe(&id, "app", 0, &Observation::Started, 10_000);
+        engine.observe(&id, "app", 0, &probed(ProbeKind::Liveness, false), 10_100);
+        assert_eq!(
+            wanted(&mut engine, &id, 10_100),
+            "Run 0",
+            "one failure of two"
+        );
+        engine.observe(&id, "app", 0, &probed(ProbeKind::Liveness, true), 10_200);
+        engine.observe(&id, "app", 0, &probed(ProbeKind::Liveness, false), 10_300);
+        assert_eq!(
+            wanted(&mut engine, &id, 10_300),
+            "Run 0",
+            "a success in between"
+        );
+        engine.observe(&id, "app", 0, &probed(ProbeKind::Liveness, false), 10_400);
+        assert_eq!(wanted(&mut engine, &id, 10_400), "Stop 0", "two in a row");
+        let events = &engine.groups[&id].events;
+        assert!(
+            events.iter().any(|e| e.reason == "Killing"
+                && e.message == "Container app failed liveness probe, will be restarted"),
+            "{events:?}"
+        );
+        engine.observe(
+            &id,
+            "app",
+            0,
+            &Observation::Exited { exit_code: 143 },
+            10_500,
+        );
+        assert_eq!(
+            state(&engine, &id),
+            (GroupStatus::Running, "CrashLoopBackOff".into())
+        );
+        assert_eq!(
+            wanted(&mut engine, &id, 11_500),
+            "Start 1",
+            "after the back-off"
+        );
+        engine.observe(&id, "app", 1, &Observation::Started, 11_600);
+        assert_eq!(
+            wanted(&mut engine, &id, 11_700),
+            "Run 1",
+            "the new run's probes start over"
+        );
+        assert_eq!(engine.groups[&id].containers[0].restart_count, 1);
+    }
+
+    #[test]
+    fn a_failed_hook_is_a_warning_event() {
+        let mut engine = engine();
+        let id = create(&mut engine, "Always");
+        assert_eq!(wanted(&mut engine, &id, 10_000), "Start 0");
+        engine.observe(&id, "app", 0, &Observation::Started, 10_000);
+        let failed = Observation::HookFailed {
+            hook: Hook::PostStart,
+            message: "exit code 2".into(),
+        };
+        engine.observe(&id, "app", 0, &failed, 10_100);
+        let events = &engine.groups[&id].events;
+        assert!(
+            events.iter().any(|e| e.kind == "Warning"
+                && e.reason == "FailedPostStartHook"
+                && e.message == "PostStart hook of container app failed: exit code 2"),
+            "{events:?}"
+        );
     }
 }

@@ -9,6 +9,7 @@
 //! period, and the sandbox goes; an ended group's sandbox goes too, its logs are kept under
 //! `<runtime-dir>/logs` while the engine lists it.
 
+pub mod handlers;
 pub mod resolve;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,13 +18,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eci_proto::v20180808::CreateContainerGroupRequest;
+use eci_proto::v20180808::{Container, CreateContainerGroupRequest};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
+use crate::engine::group::probe_of;
 use crate::engine::logs::RealLogs;
-use crate::engine::real::{GroupPlan, Observation, PlannedContainer, Want};
+use crate::engine::probe::{ProbeKind, ProbeOutcome};
+use crate::engine::real::{GroupPlan, Hook, Observation, PlannedContainer, Want};
 use crate::images::{ImageStore, PullError, PullOptions, PulledImage};
 use crate::sandbox::{Dns, GroupSpec, HostAlias, Sandbox, SandboxConfig, SandboxError};
 use crate::service::MockEci;
@@ -37,6 +40,8 @@ const PULL_BACKOFF: Duration = Duration::from_secs(2);
 const MAX_PULL_BACKOFF: Duration = Duration::from_secs(60);
 /// Wait before creating a sandbox group again after a failure.
 const CREATE_RETRY: Duration = Duration::from_secs(2);
+/// Longest a postStart hook runs: then it counts as failed (and the container is killed).
+const POST_START_LIMIT: Duration = Duration::from_secs(120);
 /// Longest a `Sync` exec runs: then it is stopped, and what it printed is the answer.
 const SYNC_EXEC_LIMIT: Duration = Duration::from_secs(10);
 /// Most of a `Sync` exec's output kept (each stream).
@@ -57,6 +62,8 @@ pub enum RuntimeError {
     Images(#[source] PullError),
     #[error("could not prepare {0}")]
     Io(PathBuf, #[source] std::io::Error),
+    #[error("could not set up the HTTP client of probes and hooks")]
+    Http(#[source] reqwest::Error),
 }
 
 /// The real runtime's machine-wide parts: the sandbox (bridge, naming) and the image store.
@@ -66,6 +73,8 @@ pub struct RealRuntime {
     images: ImageStore,
     /// Logs of ended groups, `<group>/<container>/log[.previous]`.
     archive: PathBuf,
+    /// Sends the HTTP probes and hooks (certificates unchecked, as ECI and the kubelet do).
+    http: reqwest::Client,
 }
 
 impl RealRuntime {
@@ -94,11 +103,18 @@ impl RealRuntime {
         })
         .await
         .map_err(RuntimeError::Sandbox)?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .danger_accept_invalid_certs(true)
+            .redirect(reqwest::redirect::Policy::limited(10))
+            .build()
+            .map_err(RuntimeError::Http)?;
         tracing::info!(network = %config.runtime_network, dir = %config.runtime_dir.display(), "real runtime ready");
         Ok(Self {
             sandbox,
             images,
             archive,
+            http,
         })
     }
 
@@ -304,6 +320,12 @@ struct Worker {
     pulled: BTreeMap<String, PulledImage>,
     pull_retries: BTreeMap<String, PullRetry>,
     create_retry: Option<Instant>,
+    /// The group's address and its containers' specs as last planned (hooks, probes).
+    ip: Option<Ipv4Addr>,
+    specs: BTreeMap<String, Container>,
+    /// The probe tasks running, by container and probe, with the run each probes.
+    probing: BTreeMap<(String, ProbeKind), (u32, AbortHandle)>,
+    probers: JoinSet<()>,
 }
 
 impl Worker {
@@ -318,6 +340,10 @@ impl Worker {
             pulled: BTreeMap::new(),
             pull_retries: BTreeMap::new(),
             create_retry: None,
+            ip: None,
+            specs: BTreeMap::new(),
+            probing: BTreeMap::new(),
+            probers: JoinSet::new(),
         }
     }
 
@@ -332,6 +358,11 @@ impl Worker {
                     grace_ms,
                     containers,
                 } => {
+                    self.ip = Some(ip);
+                    self.specs = containers
+                        .iter()
+                        .map(|c| (c.spec.name.clone(), c.spec.clone()))
+                        .collect();
                     self.converge(ip, &request, grace(grace_ms), &containers)
                         .await;
                 }
@@ -396,13 +427,119 @@ impl Worker {
                     self.start(ip, request, grace, container).await;
                 }
                 Want::Stop => {
-                    if let Some(group) = self.group.as_mut().filter(|g| g.is_running(name)) {
-                        if let Err(error) = group.stop(name, grace).await {
-                            tracing::warn!(group = %self.id, container = %name, error = %chain(&error), "stopping a container");
+                    if self.group.as_ref().is_some_and(|g| g.is_running(name)) {
+                        let grace = self.pre_stop(name, grace).await;
+                        if let Some(group) = self.group.as_mut() {
+                            if let Err(error) = group.stop(name, grace).await {
+                                tracing::warn!(group = %self.id, container = %name, error = %chain(&error), "stopping a container");
+                            }
                         }
                     }
                 }
                 Want::Start | Want::Run => {}
+            }
+        }
+        self.sync_probers(containers);
+    }
+
+    /// Where container `name`'s probes and hooks run, once the group has an address.
+    fn target(&self, name: &str) -> Option<handlers::Target> {
+        Some(handlers::Target {
+            runtime: self.runtime.clone(),
+            group: self.id.clone(),
+            container: name.to_owned(),
+            ip: self.ip?,
+        })
+    }
+
+    /// Has a probe task run for each probe of each running container's current run, and
+    /// none for anything else.
+    fn sync_probers(&mut self, containers: &[PlannedContainer]) {
+        while self.probers.try_join_next().is_some() {}
+        let mut wanted = BTreeMap::new();
+        for container in containers.iter().filter(|c| !c.init && c.want == Want::Run) {
+            let name = &container.spec.name;
+            let running = self.started.get(name) == Some(&container.run)
+                && self.group.as_ref().is_some_and(|g| g.is_running(name));
+            for kind in [ProbeKind::Liveness, ProbeKind::Readiness] {
+                if let Some(probe) = probe_of(&container.spec, kind).filter(|_| running) {
+                    wanted.insert((name.clone(), kind), (container.run, probe.clone()));
+                }
+            }
+        }
+        self.probing.retain(|key, (run, handle)| {
+            let keep = wanted.get(key).is_some_and(|(wanted, _)| wanted == run);
+            if !keep {
+                handle.abort();
+            }
+            keep
+        });
+        for ((name, kind), (run, probe)) in wanted {
+            if self.probing.contains_key(&(name.clone(), kind)) {
+                continue;
+            }
+            let Some(target) = self.target(&name) else {
+                continue;
+            };
+            let task = handlers::probe_loop(target, run, kind, probe, self.mock.clone());
+            let handle = self.probers.spawn(task);
+            self.probing.insert((name, kind), (run, handle));
+        }
+    }
+
+    /// Runs container `name`'s preStop hook, if it has one, within `grace`; returns what is
+    /// left of the grace period. A failure is reported, and the stop goes on.
+    async fn pre_stop(&self, name: &str, grace: Duration) -> Duration {
+        let handler = self
+            .specs
+            .get(name)
+            .and_then(|spec| spec.lifecycle_pre_stop_handler.as_ref());
+        let (Some(action), Some(target)) = (
+            handler.and_then(handlers::Action::of_hook),
+            self.target(name),
+        ) else {
+            return grace;
+        };
+        if grace.is_zero() {
+            return grace;
+        }
+        let began = Instant::now();
+        if let ProbeOutcome::Failure { message } = target.run(action, grace).await {
+            tracing::warn!(group = %self.id, container = %name, %message, "preStop hook failed");
+            if let Some(run) = self.started.get(name) {
+                let failed = Observation::HookFailed {
+                    hook: Hook::PreStop,
+                    message,
+                };
+                self.mock.observe(&self.id, name, *run, &failed);
+            }
+        }
+        grace.saturating_sub(began.elapsed())
+    }
+
+    /// Runs the postStart hook of a run just started, if it has one; if it fails, that is
+    /// reported and the run is killed (its exit is reported as any other).
+    async fn post_start(&mut self, container: &PlannedContainer, grace: Duration) {
+        let name = &container.spec.name;
+        let handler = container.spec.lifecycle_post_start_handler.as_ref();
+        let (Some(action), Some(target)) = (
+            handler.and_then(handlers::Action::of_hook),
+            self.target(name),
+        ) else {
+            return;
+        };
+        let ProbeOutcome::Failure { message } = target.run(action, POST_START_LIMIT).await else {
+            return;
+        };
+        tracing::warn!(group = %self.id, container = %name, %message, "postStart hook failed: killing the container");
+        let failed = Observation::HookFailed {
+            hook: Hook::PostStart,
+            message,
+        };
+        self.mock.observe(&self.id, name, container.run, &failed);
+        if let Some(group) = self.group.as_mut() {
+            if let Err(error) = group.stop(name, grace).await {
+                tracing::warn!(group = %self.id, container = %name, error = %chain(&error), "stopping a container");
             }
         }
     }
@@ -489,8 +626,12 @@ impl Worker {
                 Observation::StartFailed { message }
             }
         };
+        let started = observation == Observation::Started;
         self.mock
             .observe(&self.id, &name, container.run, &observation);
+        if started {
+            self.post_start(container, grace).await;
+        }
     }
 
     /// The container's image, pulled now or before; `None` when the pull failed (reported)
@@ -564,11 +705,27 @@ impl Worker {
         }
     }
 
+    /// Stops the probes, runs the running containers' preStop hooks (together, within
+    /// `grace`), then stops the containers in what is left of it and removes the group.
     async fn tear_down(&mut self, grace: Duration) {
-        if let Some(group) = self.group.take() {
-            if let Err(error) = group.delete(grace).await {
-                tracing::warn!(group = %self.id, error = %chain(&error), "removing the sandbox group");
-            }
+        self.probing.clear();
+        self.probers.abort_all();
+        let Some(group) = self.group.take() else {
+            return;
+        };
+        let running: Vec<&String> = self
+            .started
+            .keys()
+            .filter(|name| group.is_running(name))
+            .collect();
+        let hooks = running.iter().map(|name| self.pre_stop(name, grace));
+        let left = futures::future::join_all(hooks)
+            .await
+            .into_iter()
+            .min()
+            .unwrap_or(grace);
+        if let Err(error) = group.delete(left).await {
+            tracing::warn!(group = %self.id, error = %chain(&error), "removing the sandbox group");
         }
     }
 }
