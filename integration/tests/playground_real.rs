@@ -220,6 +220,20 @@ fn busybox_pod(registry: &str) -> Pod {
     .unwrap()
 }
 
+/// The body of `GET url`, sent straight (no proxy), when its status is a success.
+async fn fetch(url: &str) -> Result<String, reqwest::Error> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()?
+        .get(url)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await
+}
+
 /// The pod once Running; panics with its status when it fails.
 async fn running(pods: &Api<Pod>, name: &str) -> Pod {
     eventually(
@@ -336,16 +350,7 @@ async fn a_pod_on_a_virtual_node_runs_and_is_reached_through_the_apiserver() {
     )
     .await;
     // And the address serves: this machine reaches the group on its bridge.
-    let served = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{pod_ip}:8080/hostname"))
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .unwrap()
-        .text()
+    let served = fetch(&format!("http://{pod_ip}:8080/hostname"))
         .await
         .unwrap();
     assert_eq!(served.trim(), "hello");
@@ -403,21 +408,9 @@ async fn through_port_forward(
     .ok()
     .flatten();
     let answer = match local {
-        Some(local) => {
-            let got = reqwest::Client::builder()
-                .no_proxy()
-                .build()
-                .unwrap()
-                .get(format!("http://127.0.0.1:{local}{path}"))
-                .timeout(Duration::from_secs(30))
-                .send()
-                .await
-                .and_then(reqwest::Response::error_for_status);
-            match got {
-                Ok(response) => response.text().await.map_err(|e| e.to_string()),
-                Err(error) => Err(format!("GET {path}: {error}")),
-            }
-        }
+        Some(local) => fetch(&format!("http://127.0.0.1:{local}{path}"))
+            .await
+            .map_err(|error| format!("GET {path}: {error}")),
         None => Err("kubectl named no local port".to_owned()),
     };
     let _ = forward.kill().await;
