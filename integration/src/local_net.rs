@@ -22,7 +22,7 @@
 
 use std::net::Ipv4Addr;
 
-use tokio::process::Command;
+use mock_eci::sandbox::net::{self, NetError};
 
 /// Prefix of the interfaces' names (`vnepg<pid>`).
 pub const LINK_PREFIX: &str = "vnepg";
@@ -30,23 +30,9 @@ pub const LINK_PREFIX: &str = "vnepg";
 /// Setting up or removing the network failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalNetError {
-    /// `ip` could not be run.
-    #[error("could not run `ip {args}` (is iproute2 installed?)")]
-    Spawn {
-        /// Its arguments.
-        args: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// `ip` failed.
-    #[error("`ip {args}` failed: {stderr}")]
-    Failed {
-        /// Its arguments.
-        args: String,
-        /// What it said.
-        stderr: String,
-    },
+    /// `ip` could not be run or failed.
+    #[error("network command failed")]
+    Ip(#[source] NetError),
     /// Every candidate block overlaps a route of this machine.
     #[error(
         "no free 10.X.0.0/16 block among 10.{first}–10.{last}: each overlaps a route of this machine"
@@ -183,25 +169,9 @@ pub fn link_names(listing: &str) -> Vec<String> {
         .collect()
 }
 
-/// Runs `ip args`, answering its stdout.
+/// Runs `ip args`, answering its stdout (mock-eci's runner: one place spawns `ip`).
 pub async fn ip(args: &[&str]) -> Result<String, LocalNetError> {
-    let joined = args.join(" ");
-    let output = Command::new("ip")
-        .args(args)
-        .output()
-        .await
-        .map_err(|source| LocalNetError::Spawn {
-            args: joined.clone(),
-            source,
-        })?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(LocalNetError::Failed {
-            args: joined,
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        })
-    }
+    net::output(args).await.map_err(LocalNetError::Ip)
 }
 
 /// An interface (a bridge with no ports) whose local route makes a block this machine's own.

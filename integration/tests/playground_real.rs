@@ -3,7 +3,8 @@
 //! `kubectl logs` through the apiserver shows what the container printed; `kubectl exec`
 //! through the apiserver runs in the group (its host name); a Service in front of the pod has
 //! the pod's address in its EndpointSlice; and when the playground stops, its interface and
-//! everything named after mock-eci's prefix are gone.
+//! everything named after mock-eci's prefix are gone. `kubectl port-forward` reaches an HTTP
+//! server listening in a group's network namespace.
 //!
 //! Needs root, runc, iproute2 and Debian's busybox-static, as the real runtime does (.ci/run
 //! installs them and runs the tests as root). Without them the test fails saying what is
@@ -21,6 +22,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
+use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 const NODE: &str = "virtual-node-eci-0";
 /// What the container prints first, so its log is recognisably its own.
@@ -159,6 +161,49 @@ impl Playground {
     }
 }
 
+/// A started playground and what tests use of it.
+struct Session {
+    playground: Playground,
+    env: BTreeMap<String, String>,
+    kubeconfig: String,
+    kubectl: PathBuf,
+    client: kube::Client,
+}
+
+impl Session {
+    async fn start(dir: &Path) -> Self {
+        let playground = Playground::start(dir).await;
+        let env = read_env(&dir.join("playground/env"));
+        let kubeconfig = env["KUBECONFIG"].clone();
+        let kubectl = PathBuf::from(env["PATH"].split(':').next().unwrap()).join("kubectl");
+        let config = integration::cluster::config_for(Path::new(&kubeconfig))
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        Self {
+            playground,
+            env,
+            kubeconfig,
+            kubectl,
+            client,
+        }
+    }
+
+    /// Creates namespace `name`, which the playground's eci-profile sends to virtual nodes (and
+    /// their pulls to its registry).
+    async fn virtual_namespace(&self, name: &str) {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let ns: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"virtual-node-affinity-injection": "enabled"}},
+        }))
+        .unwrap();
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+}
+
 fn busybox_pod(registry: &str) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": "hello", "labels": {"app": "hello"}},
@@ -173,6 +218,20 @@ fn busybox_pod(registry: &str) -> Pod {
         },
     }))
     .unwrap()
+}
+
+/// The body of `GET url`, sent straight (no proxy), when its status is a success.
+async fn fetch(url: &str) -> Result<String, reqwest::Error> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()?
+        .get(url)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await
 }
 
 /// The pod once Running; panics with its status when it fails.
@@ -193,17 +252,12 @@ async fn running(pods: &Api<Pod>, name: &str) -> Pod {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_on_a_virtual_node_runs_and_is_reached_through_the_apiserver() {
     let dir = tempfile::tempdir().unwrap();
-    let playground = Playground::start(dir.path()).await;
-    let env = read_env(&dir.path().join("playground/env"));
-    let kubeconfig = env["KUBECONFIG"].clone();
-    let registry = env["REGISTRY"].clone();
-    let link = env["PLAYGROUND_LINK"].clone();
-    let prefix = env["PLAYGROUND_RUNTIME_PREFIX"].clone();
-    let kubectl_path = PathBuf::from(env["PATH"].split(':').next().unwrap()).join("kubectl");
-    let config = integration::cluster::config_for(Path::new(&kubeconfig))
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(config).unwrap();
+    let session = Session::start(dir.path()).await;
+    let (kubeconfig, kubectl_path) = (session.kubeconfig.clone(), session.kubectl.clone());
+    let client = session.client.clone();
+    let registry = session.env["REGISTRY"].clone();
+    let link = session.env["PLAYGROUND_LINK"].clone();
+    let prefix = session.env["PLAYGROUND_RUNTIME_PREFIX"].clone();
 
     // The node's InternalIP (where the apiserver reaches its kubelet API) is off loopback.
     let node = Api::<Node>::all(client.clone()).get(NODE).await.unwrap();
@@ -220,16 +274,7 @@ async fn a_pod_on_a_virtual_node_runs_and_is_reached_through_the_apiserver() {
         .unwrap();
     assert!(!internal.is_loopback(), "node InternalIP {internal}");
 
-    // A namespace the playground's eci-profile sends to virtual nodes (and its registry).
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({
-        "metadata": {"name": "real", "labels": {"virtual-node-affinity-injection": "enabled"}},
-    }))
-    .unwrap();
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
+    session.virtual_namespace("real").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "real");
     pods.create(&PostParams::default(), &busybox_pod(&registry))
         .await
@@ -305,16 +350,7 @@ async fn a_pod_on_a_virtual_node_runs_and_is_reached_through_the_apiserver() {
     )
     .await;
     // And the address serves: this machine reaches the group on its bridge.
-    let served = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{pod_ip}:8080/hostname"))
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .unwrap()
-        .text()
+    let served = fetch(&format!("http://{pod_ip}:8080/hostname"))
         .await
         .unwrap();
     assert_eq!(served.trim(), "hello");
@@ -328,10 +364,110 @@ async fn a_pod_on_a_virtual_node_runs_and_is_reached_through_the_apiserver() {
         before.iter().any(|name| name.starts_with(&prefix)),
         "mock-eci's bridge and the group's namespace exist while running: {before:?}"
     );
-    let log = playground.stop().await;
+    let log = session.playground.stop().await;
     let left: Vec<String> = interfaces_and_namespaces()
         .into_iter()
         .filter(|name| *name == link || name.starts_with(&prefix))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}\n{log}");
+}
+
+/// Runs `kubectl port-forward pod/POD :PORT` (over WebSockets or, when `websockets` is false,
+/// SPDY: the two protocols kubectl speaks to the apiserver, which the kubelet API serves apart)
+/// and answers the body of `GET path` sent through it, or what failed with what kubectl said.
+async fn through_port_forward(
+    session: &Session,
+    (namespace, pod, port): (&str, &str, u16),
+    path: &str,
+    websockets: bool,
+) -> Result<String, String> {
+    let mut forward = tokio::process::Command::new(&session.kubectl)
+        .arg("--kubeconfig")
+        .arg(&session.kubeconfig)
+        .args(["-n", namespace, "port-forward", "--address", "127.0.0.1"])
+        .arg(format!("pod/{pod}"))
+        .arg(format!(":{port}"))
+        .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", websockets.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // kubectl picks the local port and names it: "Forwarding from 127.0.0.1:41234 -> 80".
+    let mut lines = BufReader::new(forward.stdout.take().unwrap()).lines();
+    let local = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
+                return rest.split_whitespace().next()?.parse::<u16>().ok();
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten();
+    let answer = match local {
+        Some(local) => fetch(&format!("http://127.0.0.1:{local}{path}"))
+            .await
+            .map_err(|error| format!("GET {path}: {error}")),
+        None => Err("kubectl named no local port".to_owned()),
+    };
+    let _ = forward.kill().await;
+    let said = forward.wait_with_output().await.unwrap();
+    answer.map_err(|error| {
+        format!(
+            "{error}; kubectl said: {}",
+            String::from_utf8_lossy(&said.stderr)
+        )
+    })
+}
+
+/// `kubectl port-forward` reaches the real server in the group's network namespace: busybox
+/// `httpd` on port 80 of the group's address (nothing listens there on this machine), a file
+/// it serves that names the pod, over both protocols.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_forward_reaches_the_server_in_the_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = Session::start(dir.path()).await;
+    session.virtual_namespace("forward").await;
+    let registry = session.env["REGISTRY"].clone();
+    let serve =
+        "mkdir -p /www && echo served by $(hostname) >/www/page.txt && exec httpd -f -p 80 -h /www";
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "containers": [{
+                "name": "httpd",
+                "image": format!("{registry}/library/busybox:1.37"),
+                "command": ["sh", "-c", serve],
+                "ports": [{"containerPort": 80}],
+            }],
+        },
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(session.client.clone(), "forward");
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    running(&pods, "web").await;
+
+    for websockets in [true, false] {
+        // The server may still be starting when the pod turns Running.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let body = loop {
+            match through_port_forward(&session, ("forward", "web", 80), "/page.txt", websockets)
+                .await
+            {
+                Ok(body) => break body,
+                Err(error) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "port-forward (websockets: {websockets}) for 60 s: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        assert_eq!(body.trim(), "served by web", "websockets: {websockets}");
+    }
+    session.playground.stop().await;
 }

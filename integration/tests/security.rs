@@ -36,6 +36,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use integration::cluster::DAEMON_USER;
+use integration::harness::mock_admin::groups;
 use integration::harness::{
     E2E_ACCESS_KEY_ID, E2E_ACCESS_KEY_SECRET, EciApi, FixtureOptions, Harness, HarnessError,
     free_port,
@@ -309,13 +310,6 @@ async fn wait_no_pods(h: &Harness, ns: &str) -> Result<(), HarnessError> {
     .await
 }
 
-async fn groups(admin: &str) -> Vec<Value> {
-    match reqwest::get(format!("{admin}/admin/groups")).await {
-        Ok(response) => response.json().await.unwrap_or_default(),
-        Err(_) => Vec::new(),
-    }
-}
-
 /// The webhook's settings for a daemon of this test: its own configuration and Secret names
 /// (the daemon registers them cluster-wide; removed by [`remove_webhook`]) on a port of its
 /// own. The configuration points at the `kube-system/<name>` Service, which does not exist
@@ -585,7 +579,7 @@ async fn the_audit_log_shows_no_request_of_the_daemon_denied() {
         let admin = mock.admin.clone();
         h.wait_for("mock-eci's groups deleted", WAIT, |_| {
             let admin = admin.clone();
-            async move { groups(&admin).await.is_empty() }
+            async move { groups(&admin).await.is_ok_and(|g| g.is_empty()) }
         })
         .await?;
         // The remaining replica restarts (SIGTERM while the set still wants it): it releases
@@ -1045,7 +1039,7 @@ async fn fake_credentials_appear_in_no_log_event_status_or_metric() {
             Err(error) => format!("<{error}>"),
         };
         sources.push(("mock-eci /metrics".into(), mock_metrics));
-        sources.push(("mock-eci groups".into(), serde_json::to_string(&groups(&mock.admin).await).unwrap_or_default()));
+        sources.push(("mock-eci groups".into(), groups(&mock.admin).await.map_or_else(|e| format!("<{e}>"), |g| Value::Array(g).to_string())));
         let events: Vec<Event> = Api::<Event>::all(h.client()).list(&ListParams::default()).await?.items;
         let events_count = events.len();
         sources.push(("every Event in the cluster".into(), serde_json::to_string(&events).unwrap_or_default()));

@@ -11,6 +11,7 @@ use std::time::Duration;
 use integration::harness::deploy::{
     VIRTUAL_NODE_SELECTOR, apply_local_overlay, is_ready, wait_installed,
 };
+use integration::harness::mock_admin::groups;
 use integration::harness::{ClusterKind, Harness, HarnessError};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
@@ -91,19 +92,6 @@ async fn wait_web_running(
         },
     )
     .await
-}
-
-/// mock-eci's container groups, read from its admin API through the Service proxy.
-async fn groups(admin: &str) -> Vec<Value> {
-    let Ok(response) = reqwest::get(format!("{admin}/admin/groups")).await else {
-        return Vec::new();
-    };
-    let value: Value = response.json().await.unwrap_or_default();
-    value
-        .as_array()
-        .cloned()
-        .or_else(|| value["groups"].as_array().cloned())
-        .unwrap_or_default()
 }
 
 fn tag(group: &Value, key: &str) -> String {
@@ -312,6 +300,7 @@ async fn story(h: &mut Harness) -> Result<(), HarnessError> {
                     .collect();
                 let live: Vec<String> = groups(&admin)
                     .await
+                    .unwrap_or_default()
                     .iter()
                     .filter(|g| live(g))
                     .map(|g| tag(g, "k8s.aliyun.com/pod-uid"))

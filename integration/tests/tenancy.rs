@@ -39,6 +39,7 @@
 use std::io::Write as _;
 use std::time::Duration;
 
+use integration::harness::mock_admin;
 use integration::harness::{FixtureOptions, Harness, HarnessError, Tenant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
@@ -286,12 +287,7 @@ async fn a_tenant_cannot_choose_the_ram_role_or_security_group_under_the_shared_
             .kubectl(&["auth", "can-i", "patch", &format!("namespace/{ns}")], b"")
             .await?;
         let uid = refused_pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
-        let groups: Vec<Value> = reqwest::get(format!("{}/admin/groups", mock.admin))
-            .await
-            .map_err(|e| failed(e.to_string()))?
-            .json()
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let groups = mock_admin::groups(&mock.admin).await?;
         let created = groups.iter().any(|g| {
             g["tags"].as_array().into_iter().flatten().any(|t| {
                 t["key"] == "k8s.aliyun.com/pod-uid" && t["value"].as_str() == Some(uid.as_str())
@@ -802,12 +798,7 @@ async fn tenant_creates(
 
 /// mock-eci's group of the pod with `uid`, if any.
 async fn group_of(admin: &str, uid: &str) -> Result<Option<Value>, HarnessError> {
-    let groups: Vec<Value> = reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .map_err(|e| failed(e.to_string()))?
-        .json()
-        .await
-        .map_err(|e| failed(e.to_string()))?;
+    let groups = mock_admin::groups(admin).await?;
     Ok(groups.into_iter().find(|g| {
         g["tags"]
             .as_array()

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use integration::harness::deploy::is_ready;
+use integration::harness::mock_admin;
 use integration::harness::{Harness, HarnessError};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -73,13 +74,7 @@ async fn groups(
     admin: &str,
     ns: &str,
 ) -> Result<BTreeMap<(String, String), Vec<Group>>, HarnessError> {
-    let all: Vec<Value> = reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .and_then(reqwest::Response::error_for_status)
-        .map_err(|e| failed(format!("mock-eci's groups: {e}")))?
-        .json()
-        .await
-        .map_err(|e| failed(format!("mock-eci's groups: {e}")))?;
+    let all = mock_admin::groups(admin).await?;
     let mut by_pod: BTreeMap<(String, String), Vec<Group>> = BTreeMap::new();
     for group in &all {
         let status = group["status"].as_str().unwrap_or_default();

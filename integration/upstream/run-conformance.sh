@@ -46,6 +46,8 @@ timeout=${TIMEOUT:-120m}
 
 say() { printf '[conformance] %s\n' "$*" >&2; }
 die() { say "$*"; exit 2; }
+# shellcheck source=playground.sh
+. "$here/playground.sh"
 
 export GOTOOLCHAIN=local
 built=$("$here/build.sh" e2e-test)
@@ -53,41 +55,9 @@ suite=$(sed -n 's/^e2e\.test=//p' <<<"$built")
 agnhost=$(sed -n 's/^agnhost=//p' <<<"$built")
 [ -x "$suite" ] && [ -x "$agnhost" ] || die "build.sh e2e-test named no e2e.test or agnhost"
 
-playground=${PLAYGROUND:-}
-if [ -z "$playground" ]; then
-  say "building the playground, virtual-node-eci and mock-eci"
-  (cd "$root" && cargo build --quiet -p integration --bin playground \
-    -p virtual-node-eci --bin virtual-node-eci -p mock-eci --bin mock-eci) || die "cargo build failed"
-  target=$(cd "$root" && cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-  playground=$target/debug/playground
-fi
-
-dir=$out/playground
-rm -rf "$dir"
-mkdir -p "$dir"
-say "starting the playground (real runtime) in $dir (log: $out/playground.log)"
-# Its standard input is a pipe this script holds: however the script ends, the pipe closes and
-# the playground stops everything it started (--stop-on-stdin-eof), its network included.
-exec {hold}> >(exec "$playground" --runtime real --e2e-images "$agnhost" --replicas 1 \
-  --ecs-nodes 0 --metrics-server false --placement-extender false --audit-log false \
-  --dir "$dir" --stop-on-stdin-eof >"$out/playground.log" 2>&1)
-playground_pid=$!
-stop_playground() {
-  exec {hold}>&-
-  say "stopping the playground"
-  while kill -0 "$playground_pid" 2>/dev/null; do sleep 1; done
-}
-trap stop_playground EXIT
-
-for _ in $(seq 1 1800); do
-  [ -f "$dir/env" ] && break
-  kill -0 "$playground_pid" 2>/dev/null || die "the playground stopped; see $out/playground.log"
-  sleep 1
-done
-[ -f "$dir/env" ] || die "the playground was not ready within 30 minutes"
-# shellcheck disable=SC1091 # written by the playground
-. "$dir/env"
+playground_binary
+start_playground "$out/playground" --runtime real --e2e-images "$agnhost" --replicas 1 \
+  --ecs-nodes 0 --metrics-server false --placement-extender false --audit-log false
 
 say "making $node's taint PreferNoSchedule (the framework only picks untainted nodes)"
 kubectl -n kube-system set env statefulset/virtual-node-eci VKUBELET_TAINT_EFFECT=PreferNoSchedule >/dev/null

@@ -42,46 +42,16 @@ namespace=kube-system
 
 say() { printf '[vk-e2e] %s\n' "$*" >&2; }
 die() { say "$*"; exit 2; }
+# shellcheck source=playground.sh
+. "$here/playground.sh"
 
 export GOTOOLCHAIN=local
 suite=$("$here/build.sh" vk-e2e | sed -n 's/^vk-e2e\.test=//p')
 [ -x "$suite" ] || die "build.sh vk-e2e named no test binary"
 
-playground=${PLAYGROUND:-}
-if [ -z "$playground" ]; then
-  say "building the playground, virtual-node-eci and mock-eci"
-  (cd "$root" && cargo build --quiet -p integration --bin playground \
-    -p virtual-node-eci --bin virtual-node-eci -p mock-eci --bin mock-eci) || die "cargo build failed"
-  target=$(cd "$root" && cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-  playground=$target/debug/playground
-fi
-
-dir=$out/playground
-rm -rf "$dir"
-mkdir -p "$dir"
-say "starting the playground in $dir (log: $out/playground.log)"
-# Its standard input is a pipe this script holds: however the script ends, the pipe closes and
-# the playground stops everything it started (--stop-on-stdin-eof).
-exec {hold}> >(exec "$playground" --replicas 1 --ecs-nodes 1 --metrics-server false \
-  --placement-extender false --audit-log false --dir "$dir" --stop-on-stdin-eof \
-  >"$out/playground.log" 2>&1)
-playground_pid=$!
-stop_playground() {
-  exec {hold}>&-
-  say "stopping the playground"
-  while kill -0 "$playground_pid" 2>/dev/null; do sleep 1; done
-}
-trap stop_playground EXIT
-
-for _ in $(seq 1 1800); do
-  [ -f "$dir/env" ] && break
-  kill -0 "$playground_pid" 2>/dev/null || die "the playground stopped; see $out/playground.log"
-  sleep 1
-done
-[ -f "$dir/env" ] || die "the playground was not ready within 30 minutes"
-# shellcheck disable=SC1091 # written by the playground
-. "$dir/env"
+playground_binary
+start_playground "$out/playground" --replicas 1 --ecs-nodes 1 --metrics-server false \
+  --placement-extender false --audit-log false
 
 address=${VK_E2E_NODE_ADDRESS-$(ip -4 -o addr show scope global 2>/dev/null |
   awk '{ split($4, a, "/"); print a[1]; exit }')}

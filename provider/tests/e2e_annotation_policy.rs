@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use integration::harness::mock_admin;
 use integration::harness::{Harness, HarnessError};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -41,12 +42,7 @@ async fn label(h: &Harness, ns: &str, key: &str, value: &str) -> Result<(), Harn
 
 /// mock-eci's groups carrying `uid` as their pod-UID tag.
 async fn groups_of(admin: &str, uid: &str) -> usize {
-    let groups: Vec<Value> = reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let groups = mock_admin::groups(admin).await.unwrap();
     groups
         .iter()
         .filter(|g| {

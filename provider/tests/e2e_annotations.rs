@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use integration::harness::mock_admin::{created_with, groups};
 use integration::harness::{EciApi, Harness, HarnessError};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
@@ -111,34 +112,14 @@ fn holds(with: &Value, without: &Value, received: &Value, at: &str) -> Result<()
     }
 }
 
-async fn created_with(admin: &str, id: &str) -> Value {
-    reqwest::get(format!("{admin}/admin/groups/{id}/request"))
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-async fn groups(admin: &str) -> Vec<Value> {
-    reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 async fn group_count(admin: &str) -> usize {
-    groups(admin).await.len()
+    groups(admin).await.unwrap().len()
 }
 
 /// What the pod should show of its group `id`, from what mock-eci reports of it (a field
 /// mock-eci leaves empty is not written).
 async fn reported_by_mock(admin: &str, id: &str) -> BTreeMap<&'static str, String> {
-    let all = groups(admin).await;
+    let all = groups(admin).await.unwrap();
     let group = all
         .iter()
         .find(|g| g["container_group_id"] == id)
@@ -286,7 +267,7 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         let id = pod["metadata"]["annotations"][INSTANCE_ID]
             .as_str()
             .unwrap();
-        let received = created_with(&mock.admin, id).await;
+        let received = created_with(&mock.admin, id).await.unwrap();
         if let Err(problem) = holds(with, without, &received, "request") {
             return Err(HarnessError::Setup(format!("{key} on {name}: {problem}")));
         }

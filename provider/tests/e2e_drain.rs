@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use integration::harness::mock_admin;
 use integration::harness::{Harness, HarnessError, run_scenario};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -260,11 +261,7 @@ async fn wait_all_running(h: &Harness, ns: &str, count: usize) -> Result<(), Har
 }
 
 async fn groups(h: &Harness) -> Vec<Value> {
-    let admin = h.mock_eci().unwrap().admin;
-    reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .unwrap()
-        .json()
+    mock_admin::groups(&h.mock_eci().unwrap().admin)
         .await
         .unwrap()
 }

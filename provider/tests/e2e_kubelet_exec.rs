@@ -23,6 +23,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use integration::harness::invariants::sample;
+use integration::harness::mock_admin;
 use integration::harness::{EciApi, Harness, HarnessError, run_scenario};
 use integration::images;
 use integration::registry::TestRegistry;
@@ -734,13 +735,7 @@ async fn kubectl_cp_both_ways_and_exec_stdin_reach_a_real_container() {
         })
         .await?;
         let group = group_of(&pods).await.unwrap_or_default();
-        let created: serde_json::Value =
-            reqwest::get(format!("{}/admin/groups/{group}/request", mock.admin))
-                .await
-                .map_err(|e| failed(format!("mock-eci admin: {e}")))?
-                .json()
-                .await
-                .map_err(|e| failed(format!("mock-eci admin: {e}")))?;
+        let created = mock_admin::created_with(&mock.admin, &group).await?;
         assert_eq!(
             (&created["container"][0]["image"], &created["plain_http_registry"]),
             (&json!(image), &json!(registry.host())),

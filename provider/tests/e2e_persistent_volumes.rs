@@ -19,6 +19,7 @@
 
 use std::time::Duration;
 
+use integration::harness::mock_admin::{created_with, groups};
 use integration::harness::{EciApi, Harness, HarnessError};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -112,19 +113,11 @@ async fn bound_pair_with(
     .await
 }
 
-async fn groups(admin: &str) -> Vec<Value> {
-    reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 /// mock-eci's groups carrying `uid` as their pod-UID tag.
 async fn groups_of(admin: &str, uid: &str) -> usize {
     groups(admin)
         .await
+        .unwrap()
         .iter()
         .filter(|g| {
             g["tags"]
@@ -134,17 +127,6 @@ async fn groups_of(admin: &str, uid: &str) -> usize {
                 .any(|t| t["key"] == "k8s.aliyun.com/pod-uid" && t["value"].as_str() == Some(uid))
         })
         .count()
-}
-
-async fn created_with(admin: &str, id: &str) -> Value {
-    reqwest::get(format!("{admin}/admin/groups/{id}/request"))
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 async fn running(h: &Harness, ns: &str, name: &str) -> Result<Value, HarnessError> {
@@ -200,7 +182,7 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
         .as_str()
         .unwrap()
         .to_owned();
-    let request = created_with(&mock.admin, &id).await;
+    let request = created_with(&mock.admin, &id).await.unwrap();
     let volumes = request["volume"].as_array().cloned().unwrap_or_default();
     let data = volumes
         .iter()

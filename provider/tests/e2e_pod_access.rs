@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use integration::harness::mock_admin::groups;
 use integration::harness::{Harness, HarnessError, run_scenario};
 use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -72,15 +73,6 @@ async fn wait_running(h: &Harness, ns: &str, name: &str) -> Result<Value, Harnes
     Ok(pod(h, ns, name).await.unwrap())
 }
 
-async fn groups(admin: &str) -> Vec<Value> {
-    reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 fn tag(group: &Value, key: &str) -> Option<String> {
     group["tags"]
         .as_array()?
@@ -93,6 +85,7 @@ fn tag(group: &Value, key: &str) -> Option<String> {
 async fn group_of(admin: &str, name: &str) -> Value {
     groups(admin)
         .await
+        .unwrap()
         .into_iter()
         .find(|g| tag(g, "k8s.aliyun.com/pod-name").as_deref() == Some(name))
         .unwrap_or_else(|| panic!("no group for pod {name}"))

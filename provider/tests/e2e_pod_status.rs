@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use integration::harness::mock_admin::groups;
 use integration::harness::run_scenario;
 use integration::harness::{ClusterKind, Harness, HarnessError};
 use k8s_openapi::api::core::v1::Pod;
@@ -150,19 +151,11 @@ async fn set_lb_ready(
         .await?)
 }
 
-async fn groups(admin: &str) -> Vec<Value> {
-    reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 /// The pods the groups of mock-eci were created for, from their tags.
 async fn group_pods(admin: &str) -> BTreeSet<String> {
     groups(admin)
         .await
+        .unwrap()
         .iter()
         .filter_map(|g| {
             g["tags"]

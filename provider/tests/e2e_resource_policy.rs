@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt as _, StreamExt as _};
 use integration::harness::deploy::{apply_local_overlay, wait_installed};
+use integration::harness::mock_admin;
 use integration::harness::{ClusterKind, FixtureOptions, Harness, HarnessError, free_port};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -632,12 +633,7 @@ async fn placed_note(h: &Harness, ns: &str, name: &str) -> Result<String, Harnes
 /// The container groups mock-eci holds for pods of namespace `ns`.
 async fn groups_of(h: &Harness, ns: &str) -> Vec<Value> {
     let admin = h.mock_eci().unwrap().admin;
-    let groups: Vec<Value> = reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let groups = mock_admin::groups(&admin).await.unwrap();
     let prefix = format!("{ns}-");
     groups
         .into_iter()

@@ -18,6 +18,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt as _;
+use integration::harness::mock_admin;
 use integration::harness::{ClusterKind, Harness, HarnessError, MockEciEndpoints};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -568,7 +569,7 @@ async fn labelled_namespaces_go_to_virtual_nodes_and_fair_effects_land_before_th
             }
         })
         .await?;
-        let groups: Vec<Value> = reqwest::get(format!("{}/admin/groups", mock.admin)).await.unwrap().json().await.unwrap();
+        let groups = mock_admin::groups(&mock.admin).await?;
         let group = groups
             .iter()
             .find(|g| g["container_group_name"] == format!("{plain}-nginx"))

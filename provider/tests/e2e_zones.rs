@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use integration::harness::mock_admin;
 use integration::harness::{Harness, HarnessError};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, PostParams};
@@ -48,13 +49,7 @@ async fn no_stock_in(admin: &str, zones: &[&str]) {
 }
 
 async fn group_count(admin: &str) -> usize {
-    let groups: Vec<Value> = reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    groups.len()
+    mock_admin::groups(admin).await.unwrap().len()
 }
 
 fn condition<'a>(pod: &'a Value, kind: &str) -> Option<&'a Value> {

@@ -362,13 +362,7 @@ impl Harness {
             .ok_or_else(|| HarnessError::Setup("mock-eci is not running".into()))?
             .admin
             .clone();
-        let groups: Vec<Value> = reqwest::get(format!("{admin}/admin/groups"))
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .map_err(|e| HarnessError::Setup(format!("mock-eci's groups: {e}")))?
-            .json()
-            .await
-            .map_err(|e| HarnessError::Setup(format!("mock-eci's groups: {e}")))?;
+        let groups = super::mock_admin::groups(&admin).await?;
         let cluster = self.cluster_name();
         Ok(groups
             .iter()

@@ -6,6 +6,7 @@ pub mod deploy;
 mod disruption;
 mod fixture;
 pub mod invariants;
+pub mod mock_admin;
 mod restart;
 mod tenant;
 
@@ -49,6 +50,15 @@ pub enum HarnessError {
     /// The Kubernetes API answered with an error.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// mock-eci's admin API did not answer as expected.
+    #[error("reading mock-eci's admin API at {url}")]
+    MockAdmin {
+        /// What was read.
+        url: String,
+        /// The error.
+        #[source]
+        source: reqwest::Error,
+    },
     /// A condition did not hold in time.
     #[error("timed out after {timeout:?} waiting for {what}")]
     Timeout {

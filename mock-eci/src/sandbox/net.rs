@@ -4,7 +4,7 @@
 //! them through the bridge's address.
 //!
 //! What to run is decided by pure functions returning `ip` argument lists (table-tested);
-//! [`run`] and the observations ([`netns_exists`], [`link_exists`]) are the edge.
+//! [`run`], [`output`] and the observations ([`netns_exists`], [`link_exists`]) are the edge.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -158,24 +158,34 @@ pub fn netns_path(netns: &str) -> std::path::PathBuf {
 /// Runs the steps in order, stopping at the first failure.
 pub async fn run(steps: &[Vec<String>]) -> Result<(), NetError> {
     for step in steps {
-        let joined = step.join(" ");
-        let output = Command::new("ip")
-            .args(step)
-            .output()
-            .await
-            .map_err(|source| NetError::Spawn {
-                args: joined.clone(),
-                source,
-            })?;
-        if !output.status.success() {
-            return Err(NetError::Failed {
-                args: joined,
-                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-            });
-        }
-        tracing::debug!(args = %joined, "ip");
+        output(step).await?;
     }
     Ok(())
+}
+
+/// Runs `ip args`, answering its stdout.
+pub async fn output(args: &[impl AsRef<std::ffi::OsStr>]) -> Result<String, NetError> {
+    let joined = args
+        .iter()
+        .map(|arg| arg.as_ref().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let output = Command::new("ip")
+        .args(args)
+        .output()
+        .await
+        .map_err(|source| NetError::Spawn {
+            args: joined.clone(),
+            source,
+        })?;
+    if !output.status.success() {
+        return Err(NetError::Failed {
+            args: joined,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
+    }
+    tracing::debug!(args = %joined, "ip");
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use integration::harness::mock_admin::{created_with, groups};
 use integration::harness::{EciApi, Harness, HarnessError};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -125,15 +126,6 @@ async fn set_controls(admin: &str, controls: Value) {
         .unwrap();
 }
 
-async fn groups(admin: &str) -> Vec<Value> {
-    reqwest::get(format!("{admin}/admin/groups"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 fn phase(pod: &Value) -> &str {
     pod["status"]["phase"].as_str().unwrap_or_default()
 }
@@ -210,7 +202,7 @@ pub(crate) async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi
         let token_volume = running["spec"]["volumes"].as_array().unwrap().iter().find_map(|v| v["name"].as_str().filter(|n| n.starts_with("kube-api-access-"))).map(str::to_owned);
         let token_volume = token_volume.expect("ServiceAccount admission adds the kube-api-access volume");
 
-        let groups = groups(&admin).await;
+        let groups = groups(&admin).await.unwrap();
         assert_eq!(groups.len(), 1);
         let group = &groups[0];
         assert_eq!(group["container_group_id"], instance.as_str());
@@ -274,7 +266,7 @@ pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api
         let sidecar = &done["status"]["initContainerStatuses"][0];
         assert_eq!((sidecar["name"].as_str(), sidecar["state"]["terminated"]["exitCode"].as_i64()), (Some("logs"), Some(0)), "{done}");
         let instance = done["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
-        let request = created_with(&admin, &instance).await;
+        let request = created_with(&admin, &instance).await.unwrap();
         let names: Vec<&str> = request["container"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["logs", "app"], "the sidecar is a container of the group: {request}");
         assert!(request["init_container"].as_array().is_none_or(Vec::is_empty), "{request}");
@@ -306,6 +298,7 @@ pub(crate) async fn graceful_deletion_waits_for_the_group_then_removes_the_pod(a
             async move {
                 groups(&admin)
                     .await
+                    .unwrap()
                     .iter()
                     .any(|g| g["status"] == "Terminating")
             }
@@ -327,7 +320,10 @@ pub(crate) async fn graceful_deletion_waits_for_the_group_then_removes_the_pod(a
             async move { get(h, &ns, "graceful").await.is_none() }
         })
         .await?;
-        assert!(groups(&admin).await.is_empty(), "the group is gone too");
+        assert!(
+            groups(&admin).await.unwrap().is_empty(),
+            "the group is gone too"
+        );
         Ok(())
     })
     .await;
@@ -364,7 +360,7 @@ pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
             {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "nowhere", "key": "mode", "optional": true}}}]}]}))).await?;
         let waiting = h.wait_refused((&ns, "needs-secret"), "Pending", "MandatorySecretNotFound", &["secret \"later\" not found"], WAIT).await?;
         assert_eq!(waiting["status"]["reason"], "CreateContainerConfigError", "{waiting}");
-        assert!(groups(&admin).await.iter().all(|g| g["container_group_name"].as_str().is_none_or(|n| !n.contains("needs-secret"))), "no group before the Secret exists");
+        assert!(groups(&admin).await.unwrap().iter().all(|g| g["container_group_name"].as_str().is_none_or(|n| !n.contains("needs-secret"))), "no group before the Secret exists");
         let secrets: Api<Secret> = Api::namespaced(h.client(), &ns);
         secrets.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "later"}, "stringData": {"token": "t0"}})).unwrap()).await?;
         wait_pod(h, &ns, "needs-secret", "Running once its Secret exists", |p| phase(p) == "Running").await?;
@@ -432,7 +428,7 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
             })
             .await?;
         }
-        assert_eq!(groups(&admin).await.len(), 6);
+        assert_eq!(groups(&admin).await.unwrap().len(), 6);
 
         // Crash the daemon; two pods are force-deleted meanwhile; the restarted daemon adopts the
         // rest and deletes exactly the two orphans.
@@ -453,10 +449,10 @@ pub(crate) async fn outages_and_restarts_leave_one_group_per_pod_and_no_orphans(
         h.start_daemon(0, FAST_DAEMON)?;
         h.wait_for("the orphans to be deleted", WAIT, |_| {
             let admin = admin.clone();
-            async move { groups(&admin).await.len() == 4 }
+            async move { groups(&admin).await.unwrap().len() == 4 }
         })
         .await?;
-        let groups = groups(&admin).await;
+        let groups = groups(&admin).await.unwrap();
         assert_eq!(
             pod_names_of(&groups),
             vec!["p2", "p3", "p4", "p5"],
@@ -574,7 +570,7 @@ pub(crate) async fn a_crash_in_the_middle_of_a_200_pod_burst_leaves_exactly_one_
         h.process(&name).unwrap().kill().await;
         h.start_daemon(0, FAST_DAEMON)?;
         wait_all_running(h, &ns, 200).await?;
-        let groups = groups(&admin).await;
+        let groups = groups(&admin).await.unwrap();
         let names = pod_names_of(&groups);
         let expected: Vec<String> = (0..200).map(|i| format!("burst-{i:03}")).collect();
         assert_eq!(names, expected, "exactly one group per pod, no orphans");
@@ -607,26 +603,13 @@ pub(crate) async fn a_throttling_storm_ends_with_every_pod_running_and_nothing_l
             "the storm happened"
         );
         assert_eq!(
-            pod_names_of(&groups(&mock.admin).await).len(),
+            pod_names_of(&groups(&mock.admin).await.unwrap()).len(),
             20,
             "one group per pod"
         );
         Ok(())
     })
     .await;
-}
-
-/// What the group was created with, as mock-eci received it (`HostName`, `DnsPolicy` and the
-/// sysctls are in no answer).
-async fn created_with(admin: &str, id: &str) -> Value {
-    reqwest::get(format!("{admin}/admin/groups/{id}/request"))
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 /// Kubernetes' promises a group must keep: a StatefulSet pod's hostname, the DNS policy, sysctls
@@ -649,7 +632,7 @@ pub(crate) async fn a_pods_identity_and_security_reach_eci(api: EciApi) {
         create(h, &ns, &pod).await?;
         let running = wait_pod(h, &ns, "db-0", "Running", |p| phase(p) == "Running").await?;
         let id = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap().to_owned();
-        let request = created_with(&admin, &id).await;
+        let request = created_with(&admin, &id).await.unwrap();
         assert_eq!(request["host_name"], "db-0", "the pod's hostname, not <namespace>-<name>");
         assert_eq!(request["dns_policy"], "None", "the pod's resolvers are the group's only ones");
         assert_eq!(request["dns_config"]["name_server"], json!(["10.0.0.53"]));
@@ -728,7 +711,7 @@ pub(crate) async fn each_pod_costs_one_create_and_one_delete(api: EciApi) {
             async move {
                 let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
                 let left = pods.list(&Default::default()).await.map(|l| l.items.len());
-                left.ok() == Some(0) && groups(&admin).await.is_empty()
+                left.ok() == Some(0) && groups(&admin).await.unwrap().is_empty()
             }
         })
         .await?;
@@ -864,7 +847,7 @@ pub(crate) async fn lost_create_answers_on_token_mounting_pods_cost_no_pod_and_n
             mounted.contains("kube-api-access"),
             "the pod mounts its token: {mounted}"
         );
-        let live = groups(&admin).await;
+        let live = groups(&admin).await.unwrap();
         assert_eq!(live.len(), 1, "one group for the pod: {live:#?}");
 
         // Deleted while every create answer is lost: the group made meanwhile must go too.
@@ -883,7 +866,7 @@ pub(crate) async fn lost_create_answers_on_token_mounting_pods_cost_no_pod_and_n
         // The unanswered attempt made lost-1's group: the sweep has something to delete.
         h.wait_for("lost-1's group made", WAIT, |_| {
             let admin = admin.clone();
-            async move { groups(&admin).await.len() == 2 }
+            async move { groups(&admin).await.unwrap().len() == 2 }
         })
         .await?;
         let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
@@ -893,7 +876,7 @@ pub(crate) async fn lost_create_answers_on_token_mounting_pods_cost_no_pod_and_n
             async move {
                 let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
                 let gone = matches!(pods.get_opt("lost-1").await, Ok(None));
-                gone && groups(&admin).await.len() == 1
+                gone && groups(&admin).await.unwrap().len() == 1
             }
         })
         .await?;
