@@ -388,7 +388,7 @@ async fn running_anew(
 
 /// The disk of volume `data` in what mock-eci received for group `id`.
 async fn disk_of(admin: &str, id: &str) -> Value {
-    let request = created_with(admin, id).await;
+    let request = created_with(admin, id).await.expect("mock-eci answers");
     request["volume"]
         .as_array()
         .into_iter()
@@ -401,7 +401,7 @@ async fn disk_of(admin: &str, id: &str) -> Value {
 /// The groups mock-eci holds that mount `disk_id`.
 async fn groups_mounting(admin: &str, disk_id: &str) -> Vec<String> {
     let mut holders = Vec::new();
-    for group in groups(admin).await {
+    for group in groups(admin).await.expect("mock-eci answers") {
         let id = group["container_group_id"]
             .as_str()
             .unwrap_or_default()
@@ -417,10 +417,7 @@ async fn groups_mounting(admin: &str, disk_id: &str) -> Vec<String> {
 }
 
 async fn disk_of_opt(admin: &str, id: &str) -> Option<Value> {
-    let response = reqwest::get(format!("{admin}/admin/groups/{id}/request"))
-        .await
-        .ok()?;
-    let request: Value = response.error_for_status().ok()?.json().await.ok()?;
+    let request = created_with(admin, id).await.ok()?;
     request["volume"]
         .as_array()?
         .iter()
