@@ -160,80 +160,115 @@ pub async fn watch_selectors(
     let mut events = watcher(api, watcher::Config::default().page_size(PAGE_SIZE))
         .default_backoff()
         .boxed();
-    let mut known: BTreeMap<String, Selector> = BTreeMap::new();
-    let mut listing: Option<BTreeMap<String, Selector>> = None;
+    let mut selectors = SelectorSet::default();
     let mut reported: HashSet<String> = HashSet::new();
-    let mut warned_unavailable = false;
     loop {
         let event = tokio::select! {
             () = stop.cancelled() => return Ok(()),
             event = events.next() => event,
         };
-        let key = |s: &Selector| format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
-        match event {
-            None => anyhow::bail!("the Selector watch ended"),
-            Some(Err(error)) => {
-                if !warned_unavailable {
-                    warned_unavailable = true;
-                    warn!(%error, "cannot watch Selectors (is the selectors.eci.aliyun.com CRD installed?); ConfigMap selectors and defaults still apply");
-                }
-                continue;
-            }
-            Some(Ok(watcher::Event::Init)) => {
-                listing = Some(BTreeMap::new());
-                continue;
-            }
-            Some(Ok(watcher::Event::InitApply(s))) => {
-                if let Some(l) = listing.as_mut() {
-                    l.insert(key(&s), s);
-                }
-                continue;
-            }
-            Some(Ok(watcher::Event::InitDone)) => {
-                known = listing.take().unwrap_or_default();
-                warned_unavailable = false;
-            }
-            Some(Ok(watcher::Event::Apply(s))) => {
-                known.insert(key(&s), s);
-            }
-            Some(Ok(watcher::Event::Delete(s))) => {
-                known.remove(&key(&s));
-            }
+        let Some(event) = event else {
+            anyhow::bail!("the Selector watch ended");
+        };
+        if !selectors.apply(event) {
+            continue;
         }
-        let mut rules = Vec::with_capacity(known.len());
-        for selector in known.values() {
+        let mut rules = Vec::with_capacity(selectors.known.len());
+        for selector in selectors.known.values() {
             match crate::admission::selector::engine::rule_from_selector(selector) {
                 Ok(rule) => rules.push(rule),
-                Err(problem) => {
-                    let version = format!(
-                        "{}@{}",
-                        selector.uid().unwrap_or_default(),
-                        selector.resource_version().unwrap_or_default()
-                    );
-                    if reported.insert(version) {
-                        warn!(selector = %key(selector), %problem, "ignoring an invalid Selector");
-                        let event = Event {
-                            type_: EventType::Warning,
-                            reason: "InvalidSelector".into(),
-                            note: Some(format!("ignored by virtual-node-eci: {problem}")),
-                            action: "Validate".into(),
-                            secondary: None,
-                        };
-                        if let Err(error) =
-                            recorder.publish(&event, &selector.object_ref(&())).await
-                        {
-                            debug!(%error, "could not publish an event");
-                        }
-                    }
-                }
+                Err(problem) => report_invalid(selector, &problem, &mut reported, &recorder).await,
             }
         }
         info!(
-            selectors = known.len(),
+            selectors = selectors.known.len(),
             valid = rules.len(),
             "Selectors updated"
         );
         caches.set_selectors(rules);
+    }
+}
+
+/// `namespace/name` of a Selector.
+fn selector_key(selector: &Selector) -> String {
+    format!(
+        "{}/{}",
+        selector.namespace().unwrap_or_default(),
+        selector.name_any()
+    )
+}
+
+/// The Selectors the watch has shown; a relist replaces them only once it is complete.
+#[derive(Debug, Default)]
+struct SelectorSet {
+    known: BTreeMap<String, Selector>,
+    listing: Option<BTreeMap<String, Selector>>,
+    warned_unavailable: bool,
+}
+
+impl SelectorSet {
+    /// Takes one watch event; true when the known Selectors changed.
+    fn apply(&mut self, event: Result<watcher::Event<Selector>, watcher::Error>) -> bool {
+        match event {
+            Err(error) => {
+                if !self.warned_unavailable {
+                    self.warned_unavailable = true;
+                    warn!(%error, "cannot watch Selectors (is the selectors.eci.aliyun.com CRD installed?); ConfigMap selectors and defaults still apply");
+                }
+                false
+            }
+            Ok(watcher::Event::Init) => {
+                self.listing = Some(BTreeMap::new());
+                false
+            }
+            Ok(watcher::Event::InitApply(s)) => {
+                if let Some(l) = self.listing.as_mut() {
+                    l.insert(selector_key(&s), s);
+                }
+                false
+            }
+            Ok(watcher::Event::InitDone) => {
+                self.known = self.listing.take().unwrap_or_default();
+                self.warned_unavailable = false;
+                true
+            }
+            Ok(watcher::Event::Apply(s)) => {
+                self.known.insert(selector_key(&s), s);
+                true
+            }
+            Ok(watcher::Event::Delete(s)) => {
+                self.known.remove(&selector_key(&s));
+                true
+            }
+        }
+    }
+}
+
+/// An invalid Selector is logged and gets a Warning Event, once per version of it.
+async fn report_invalid(
+    selector: &Selector,
+    problem: &str,
+    reported: &mut HashSet<String>,
+    recorder: &EventPublisher,
+) {
+    let version = format!(
+        "{}@{}",
+        selector.uid().unwrap_or_default(),
+        selector.resource_version().unwrap_or_default()
+    );
+    if !reported.insert(version) {
+        return;
+    }
+    warn!(selector = %selector_key(selector), %problem, "ignoring an invalid Selector");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "InvalidSelector".into(),
+        note: Some(format!("ignored by virtual-node-eci: {problem}")),
+        action: "Validate".into(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, &selector.object_ref(&())).await {
+        debug!(%error, "could not publish an event");
     }
 }
 
@@ -762,5 +797,31 @@ mod tests {
         caches.set_profile(Vec::new());
         assert_eq!(caches.snapshot().profile.len(), 3);
         assert!(caches.namespace_labels("nope").is_empty());
+    }
+
+    fn mk_selector(namespace: &str, name: &str) -> Selector {
+        let mut selector = Selector::new(
+            name,
+            crate::admission::selector::crd::SelectorSpec::default(),
+        );
+        selector.metadata.namespace = Some(namespace.into());
+        selector
+    }
+
+    #[test]
+    fn a_selector_relist_replaces_the_known_set_only_once_complete() {
+        let mut set = SelectorSet::default();
+        assert!(set.apply(Ok(watcher::Event::Apply(mk_selector("a", "old")))));
+        assert!(!set.apply(Ok(watcher::Event::Init)));
+        assert!(!set.apply(Ok(watcher::Event::InitApply(mk_selector("b", "new")))));
+        assert_eq!(
+            set.known.keys().collect::<Vec<_>>(),
+            ["a/old"],
+            "a relist under way changes nothing yet"
+        );
+        assert!(set.apply(Ok(watcher::Event::InitDone)));
+        assert_eq!(set.known.keys().collect::<Vec<_>>(), ["b/new"]);
+        assert!(set.apply(Ok(watcher::Event::Delete(mk_selector("b", "new")))));
+        assert!(set.known.is_empty());
     }
 }

@@ -8,7 +8,9 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use super::cache::Caches;
 use kube::ResourceExt;
 
-use crate::admission::selector::engine::{Input, PENDING_EFFECT_ANNOTATION, Scope, Vnode, decide};
+use crate::admission::selector::engine::{
+    Decision, Input, PENDING_EFFECT_ANNOTATION, Scope, Vnode, decide,
+};
 
 /// A request that is not a usable AdmissionReview (answered with 400).
 #[derive(Debug, thiserror::Error)]
@@ -88,23 +90,25 @@ impl Admission {
         if !is_pod_create {
             return (allow, Outcome::default());
         }
-        let Some(object) = &request.object else {
+        let Some((pod, namespace)) = submitted_pod(request) else {
             return (allow, Outcome::default());
         };
-        let Ok(mut original) = serde_json::to_value(object) else {
-            return (allow, Outcome::default());
-        };
-        let namespace = request.namespace.clone().unwrap_or_default();
-        // The pod's namespace may be unset in the body; the request names it.
-        original["metadata"]["namespace"] = namespace.clone().into();
-        let Ok(pod) = serde_json::from_value::<Pod>(original.clone()) else {
-            // Not a pod the API server would accept either; it says why.
-            return (allow, Outcome::default());
-        };
+        self.review_pod(request, allow, &pod, namespace)
+    }
+
+    /// A pod create: the Selector engine's decision, then ResourcePolicy placement, answered
+    /// as a patch with its warning.
+    fn review_pod(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        allow: AdmissionResponse,
+        pod: &Pod,
+        namespace: String,
+    ) -> (AdmissionResponse, Outcome) {
         let snapshot = self.caches.snapshot();
         let namespace_labels = self.caches.namespace_labels(&namespace);
-        let decision = decide(Input {
-            pod: &pod,
+        let mut decision = decide(Input {
+            pod,
             namespace_labels: &namespace_labels,
             selectors: &snapshot.selectors,
             profile: &snapshot.profile,
@@ -112,73 +116,105 @@ impl Admission {
             vnode: &self.vnode,
             scope: &self.scope,
         });
-        let mut decision = decision;
-        let mut placed = None;
-        if let Some(placement) = self.placement.as_ref().filter(|p| p.is_synced()) {
-            let enforcement = placement.enforcement.borrow().clone();
-            if let Some(admitted) = crate::placement::admit::admit(
-                &placement.index,
-                decision.pod.clone(),
-                &enforcement,
-                request.dry_run,
-                std::time::SystemTime::now(),
-            ) {
-                decision.pod = admitted.pod;
-                placed = Some(format!(
-                    "ResourcePolicy {}: {}",
-                    admitted.policy, admitted.note
-                ));
-            }
-        }
+        let placed = self.place_by_policy(&mut decision.pod, request.dry_run);
         seal_deferred_effect(&self.caches, &mut decision.pod);
         let mut outcome = Outcome::default();
         let mut response = allow;
         if let Some(warning) = &decision.warning {
             response.warnings = Some(vec![warning.clone()]);
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            if !request.dry_run && !name.is_empty() {
-                outcome.event = Some((
-                    ObjectReference {
-                        api_version: Some("v1".into()),
-                        kind: Some("Pod".into()),
-                        namespace: Some(namespace),
-                        name: Some(name),
-                        ..ObjectReference::default()
-                    },
-                    warning.clone(),
-                ));
+            if !request.dry_run {
+                outcome.event = warning_event(pod, namespace, warning);
             }
         }
-        if decision.pod == pod {
-            return (response, outcome);
-        }
-        let Ok(mutated) = serde_json::to_value(&decision.pod) else {
-            return (response, outcome);
-        };
-        // Diff against the pod as typed, so fields the typed form drops are not touched.
-        let Ok(typed) = serde_json::to_value(&pod) else {
-            return (response, outcome);
-        };
-        let patch = json_patch::diff(&typed, &mutated);
-        if patch.0.is_empty() {
-            return (response, outcome);
-        }
-        response.audit_annotations.insert(
-            "virtual-node-eci.aliyun.com/selector".into(),
-            decision.reason,
-        );
-        if let Some(placed) = placed {
-            response
-                .audit_annotations
-                .insert("virtual-node-eci.aliyun.com/placement".into(), placed);
-        }
-        match response.clone().with_patch(patch) {
-            Ok(patched) => {
-                outcome.patched = true;
-                (patched, outcome)
-            }
-            Err(_) => (response, outcome),
-        }
+        let (response, patched) = with_mutation(response, pod, decision, placed);
+        outcome.patched = patched;
+        (response, outcome)
+    }
+
+    /// ResourcePolicy placement, when on and synced: may move the pod into a unit; the note
+    /// for the audit annotation when it did.
+    fn place_by_policy(&self, pod: &mut Pod, dry_run: bool) -> Option<String> {
+        let placement = self.placement.as_ref().filter(|p| p.is_synced())?;
+        let enforcement = placement.enforcement.borrow().clone();
+        let admitted = crate::placement::admit::admit(
+            &placement.index,
+            pod.clone(),
+            &enforcement,
+            dry_run,
+            std::time::SystemTime::now(),
+        )?;
+        *pod = admitted.pod;
+        Some(format!(
+            "ResourcePolicy {}: {}",
+            admitted.policy, admitted.note
+        ))
+    }
+}
+
+/// The pod being created, with the request's namespace; `None` when the body is no pod.
+fn submitted_pod(request: &AdmissionRequest<DynamicObject>) -> Option<(Pod, String)> {
+    let object = request.object.as_ref()?;
+    let mut original = serde_json::to_value(object).ok()?;
+    let namespace = request.namespace.clone().unwrap_or_default();
+    // The pod's namespace may be unset in the body; the request names it.
+    original["metadata"]["namespace"] = namespace.clone().into();
+    // Not a pod the API server would accept either (it says why): `None`.
+    let pod = serde_json::from_value::<Pod>(original).ok()?;
+    Some((pod, namespace))
+}
+
+/// The Event a decision's warning becomes on the pod; none while the pod has no name yet
+/// (generateName: nothing to point the Event at).
+fn warning_event(pod: &Pod, namespace: String, warning: &str) -> Option<(ObjectReference, String)> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    (!name.is_empty()).then(|| {
+        (
+            ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(namespace),
+                name: Some(name),
+                ..ObjectReference::default()
+            },
+            warning.to_owned(),
+        )
+    })
+}
+
+/// `response` with the JSON patch from `pod` to the decided pod and why in its audit
+/// annotations; true when it carries a patch (false: nothing to change).
+fn with_mutation(
+    mut response: AdmissionResponse,
+    pod: &Pod,
+    decision: Decision,
+    placed: Option<String>,
+) -> (AdmissionResponse, bool) {
+    if decision.pod == *pod {
+        return (response, false);
+    }
+    let Ok(mutated) = serde_json::to_value(&decision.pod) else {
+        return (response, false);
+    };
+    // Diff against the pod as typed, so fields the typed form drops are not touched.
+    let Ok(typed) = serde_json::to_value(pod) else {
+        return (response, false);
+    };
+    let patch = json_patch::diff(&typed, &mutated);
+    if patch.0.is_empty() {
+        return (response, false);
+    }
+    response.audit_annotations.insert(
+        "virtual-node-eci.aliyun.com/selector".into(),
+        decision.reason,
+    );
+    if let Some(placed) = placed {
+        response
+            .audit_annotations
+            .insert("virtual-node-eci.aliyun.com/placement".into(), placed);
+    }
+    match response.clone().with_patch(patch) {
+        Ok(patched) => (patched, true),
+        Err(_) => (response, false),
     }
 }
 

@@ -1097,6 +1097,41 @@ impl Config {
 
     /// Checks the configuration and derives the settings.
     pub fn settings(self) -> Result<Settings, ConfigError> {
+        let node_name = self.node_name()?;
+        let backend = self.backend()?;
+        let transport = TransportPolicy::from_flag(self.eci_allow_insecure_endpoint);
+        self.check_transport(&backend, transport)?;
+        let vswitch = self.vswitches()?;
+        let security_group = self.security_group()?;
+        self.check_quotas()?;
+        self.check_node_lease()?;
+        self.check_health_intervals()?;
+        self.check_pod_api_address()?;
+        self.check_pacing()?;
+        self.check_scope()?;
+        let cluster_name = self.cluster_name()?;
+        let internal_ip = self.pod_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let node_labels = node_labels::parse(&self.node_labels, &node_labels::SET_BY_DAEMON)
+            .map_err(|problem| ConfigError {
+                flag: "--node-labels (NODE_LABELS)",
+                problem,
+                fix: "give key=value pairs separated by commas, with keys of your own namespace (or under node.kubernetes.io/)",
+            })?;
+        Ok(Settings {
+            node_labels,
+            vswitch,
+            security_group,
+            node_name,
+            cluster_name,
+            backend,
+            internal_ip,
+            transport,
+            config: self,
+        })
+    }
+
+    /// The node's name: NODE_NAME, else the pod's own name; a valid node name.
+    fn node_name(&self) -> Result<String, ConfigError> {
         let node_name = self
             .node_name
             .clone()
@@ -1114,6 +1149,11 @@ impl Config {
                 fix: "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
             });
         }
+        Ok(node_name)
+    }
+
+    /// Which ECI backend to talk to; the OpenAPI one needs credentials.
+    fn backend(&self) -> Result<BackendChoice, ConfigError> {
         let has_credentials = (self.access_key.is_some() && self.secret_key.is_some())
             || self.credentials_path.is_some()
             || self.ram_role.is_some();
@@ -1164,8 +1204,11 @@ impl Config {
                 });
             }
         }
-        let transport = TransportPolicy::from_flag(self.eci_allow_insecure_endpoint);
-        self.check_transport(&backend, transport)?;
+        Ok(backend)
+    }
+
+    /// The vSwitch ids container groups get their IPs from.
+    fn vswitches(&self) -> Result<String, ConfigError> {
         // Every backend needs them (mock-eci refuses a create without them, as ECI does): a
         // missing one is a configuration error now, not a failed pod later.
         let vswitch = self
@@ -1177,20 +1220,27 @@ impl Config {
                 problem: "not set".into(),
                 fix: "give the vSwitch id(s) container groups get their IPs from, comma-separated",
             })?;
-        let vswitch = vswitch_list(&vswitch).map_err(|problem| ConfigError {
+        vswitch_list(&vswitch).map_err(|problem| ConfigError {
             flag: "--vswitch (ECI_VSWITCH)",
             problem,
             fix: "give 1 to 10 vSwitch ids of one VPC, comma-separated (several zones ride out one zone's lack of stock)",
-        })?;
-        let security_group = self
-            .security_group
+        })
+    }
+
+    /// The security group of the container groups (needed by every backend, as the vSwitches).
+    fn security_group(&self) -> Result<String, ConfigError> {
+        self.security_group
             .clone()
             .filter(|id| !id.is_empty())
             .ok_or(ConfigError {
                 flag: "--security-group (ECI_SECURITY_GROUP)",
                 problem: "not set".into(),
                 fix: "give the security group of the container groups",
-            })?;
+            })
+    }
+
+    /// Quotas the node advertises are Kubernetes quantities.
+    fn check_quotas(&self) -> Result<(), ConfigError> {
         for (flag, value) in [
             ("--quota-cpu (ECI_QUOTA_CPU)", &self.quota_cpu),
             ("--quota-memory (ECI_QUOTA_MEMORY)", &self.quota_memory),
@@ -1207,6 +1257,11 @@ impl Config {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// The node's taint and its Lease: renewed at least twice per lease duration.
+    fn check_node_lease(&self) -> Result<(), ConfigError> {
         if self.taint_key.is_empty() {
             return Err(ConfigError {
                 flag: "--taint-key (VKUBELET_TAINT_KEY)",
@@ -1228,6 +1283,11 @@ impl Config {
                 fix: "renew at most every half lease duration (the default renews every 10s a 40s lease)",
             });
         }
+        Ok(())
+    }
+
+    /// ECI health and pod resync intervals: each at least as long as what it builds on.
+    fn check_health_intervals(&self) -> Result<(), ConfigError> {
         if self.eci_probe_interval.is_zero()
             || self.eci_unreachable_threshold < self.eci_probe_interval
         {
@@ -1246,6 +1306,11 @@ impl Config {
                 fix: "make it at least --pod-status-poll-interval (defaults: 60s and 1s)",
             });
         }
+        Ok(())
+    }
+
+    /// The apiserver address given to pods, when set, is a host and a port.
+    fn check_pod_api_address(&self) -> Result<(), ConfigError> {
         if let Some(host) = &self.kubernetes_service_host {
             // Pods read it as a bare host; `https://` or a port in it breaks every client.
             if host.is_empty() || host.contains("://") || host.contains(['/', ' ']) {
@@ -1263,6 +1328,11 @@ impl Config {
                 fix: "give the apiserver's port as pods reach it, e.g. 6443",
             });
         }
+        Ok(())
+    }
+
+    /// Log polling and creation concurrency leave the daemon some pace.
+    fn check_pacing(&self) -> Result<(), ConfigError> {
         if self.kubelet_log_poll_interval.is_zero() {
             return Err(ConfigError {
                 flag: "--kubelet-log-poll-interval (KUBELET_LOG_POLL_INTERVAL)",
@@ -1277,6 +1347,11 @@ impl Config {
                 fix: "allow at least 1",
             });
         }
+        Ok(())
+    }
+
+    /// Which namespaces are served, and where the annotation policy lives.
+    fn check_scope(&self) -> Result<(), ConfigError> {
         if let Some(text) = &self.namespace_selector
             && let Err(error) = crate::k8s::label_selector::parse(text)
         {
@@ -1295,25 +1370,7 @@ impl Config {
                 fix: "give the ConfigMap's name only: it is read from POD_NAMESPACE",
             });
         }
-        let cluster_name = self.cluster_name()?;
-        let internal_ip = self.pod_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-        let node_labels = node_labels::parse(&self.node_labels, &node_labels::SET_BY_DAEMON)
-            .map_err(|problem| ConfigError {
-                flag: "--node-labels (NODE_LABELS)",
-                problem,
-                fix: "give key=value pairs separated by commas, with keys of your own namespace (or under node.kubernetes.io/)",
-            })?;
-        Ok(Settings {
-            node_labels,
-            vswitch,
-            security_group,
-            node_name,
-            cluster_name,
-            backend,
-            internal_ip,
-            transport,
-            config: self,
-        })
+        Ok(())
     }
 }
 

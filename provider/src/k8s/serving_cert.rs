@@ -148,29 +148,9 @@ pub async fn from_secret(
         name: format!("{namespace}/{name}"),
         source,
     };
-    let read = |secret: &Secret| -> Result<Material, CertError> {
-        let data = secret.data.clone().unwrap_or_default();
-        let material = Material {
-            ca_pem: text(&data, "ca.crt"),
-            cert_pem: text(&data, "tls.crt").unwrap_or_default(),
-            key_pem: text(&data, "tls.key").unwrap_or_default(),
-        };
-        material.certified_key()?;
-        Ok(material)
-    };
     if let Some(existing) = secrets.get_opt(name).await.map_err(error)? {
         info!(secret = %format!("{namespace}/{name}"), "using the shared webhook certificate");
-        let recorded: Vec<&str> = existing
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(NAMES_ANNOTATION))
-            .map(|n| n.split(',').collect())
-            .unwrap_or_default();
-        let missing: Vec<&String> = names
-            .iter()
-            .filter(|n| !recorded.contains(&n.as_str()))
-            .collect();
+        let missing = names_missing(&existing, names);
         if !missing.is_empty() {
             // Made by an older version, or for other Services: clients of the names it lacks
             // fail the TLS name check. A new one is made when the Secret is deleted.
@@ -180,9 +160,52 @@ pub async fn from_secret(
                 "the shared certificate may not name these services; delete the Secret and restart the replicas to have one made that does"
             );
         }
-        return read(&existing);
+        return material_of(&existing);
     }
     let fresh = generate(names)?;
+    let secret = secret_of(&fresh, namespace, name, names);
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            info!(secret = %format!("{namespace}/{name}"), "generated the shared webhook certificate");
+            Ok(fresh)
+        }
+        // Another replica was first: use theirs.
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            material_of(&secrets.get(name).await.map_err(error)?)
+        }
+        Err(e) => Err(error(e)),
+    }
+}
+
+/// The material a shared Secret holds, checked to form a usable certified key.
+fn material_of(secret: &Secret) -> Result<Material, CertError> {
+    let data = secret.data.clone().unwrap_or_default();
+    let material = Material {
+        ca_pem: text(&data, "ca.crt"),
+        cert_pem: text(&data, "tls.crt").unwrap_or_default(),
+        key_pem: text(&data, "tls.key").unwrap_or_default(),
+    };
+    material.certified_key()?;
+    Ok(material)
+}
+
+/// Which of `names` the Secret's certificate was not made for (per its names annotation).
+fn names_missing<'a>(secret: &Secret, names: &'a [String]) -> Vec<&'a String> {
+    let recorded: Vec<&str> = secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NAMES_ANNOTATION))
+        .map(|n| n.split(',').collect())
+        .unwrap_or_default();
+    names
+        .iter()
+        .filter(|n| !recorded.contains(&n.as_str()))
+        .collect()
+}
+
+/// The shared Secret holding freshly made material, recording the names it was made for.
+fn secret_of(fresh: &Material, namespace: &str, name: &str, names: &[String]) -> Secret {
     let mut data = BTreeMap::new();
     data.insert(
         "tls.crt".to_owned(),
@@ -195,7 +218,7 @@ pub async fn from_secret(
     if let Some(ca) = &fresh.ca_pem {
         data.insert("ca.crt".to_owned(), ByteString(ca.clone().into_bytes()));
     }
-    let secret = Secret {
+    Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(namespace.to_owned()),
@@ -212,17 +235,6 @@ pub async fn from_secret(
         type_: Some("kubernetes.io/tls".into()),
         data: Some(data),
         ..Default::default()
-    };
-    match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => {
-            info!(secret = %format!("{namespace}/{name}"), "generated the shared webhook certificate");
-            Ok(fresh)
-        }
-        // Another replica was first: use theirs.
-        Err(kube::Error::Api(status)) if status.code == 409 => {
-            read(&secrets.get(name).await.map_err(error)?)
-        }
-        Err(e) => Err(error(e)),
     }
 }
 
@@ -272,5 +284,25 @@ mod tests {
         let missing = from_dir(dir.path()).unwrap_err();
         assert!(matches!(missing, CertError::Read { .. }));
         assert!(!missing.to_string().contains("No such file"), "{missing}");
+    }
+
+    #[test]
+    fn a_shared_secret_round_trips_and_says_which_names_it_lacks() {
+        let names = service_names("virtual-node-eci", "kube-system");
+        let fresh = generate(&names).unwrap();
+        let secret = secret_of(&fresh, "kube-system", "webhook-cert", &names);
+        assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+        let read = material_of(&secret).unwrap();
+        assert_eq!(read.cert_pem, fresh.cert_pem);
+        assert_eq!(read.ca_pem, fresh.ca_pem);
+        assert!(names_missing(&secret, &names).is_empty());
+        let more = [names[0].clone(), "other.kube-system.svc".to_owned()];
+        assert_eq!(names_missing(&secret, &more), vec![&more[1]]);
+        let mut broken = secret;
+        broken.data.as_mut().unwrap().remove("tls.key");
+        assert!(
+            material_of(&broken).is_err(),
+            "a Secret without a key is refused"
+        );
     }
 }

@@ -269,28 +269,9 @@ pub async fn run(
         let Some((status, health)) = reporter.due(&config, now, misconfigured.as_ref()) else {
             continue;
         };
-        telemetry.kube_request("node_status_patch");
-        // Strategic merge: conditions merge by type, so those other components add to the
-        // node (node-problem-detector's, say) are kept.
-        match nodes
-            .patch_status(
-                &config.node_name,
-                &PatchParams::default(),
-                &Patch::Strategic(json!({"status": status})),
-            )
-            .await
-        {
-            Ok(_) => {
-                let ready = health == EciHealth::Reachable;
-                telemetry.eci_reachable.set(i64::from(ready));
-                telemetry.node_ready.set(i64::from(ready));
-                if let EciHealth::Unreachable { error, .. } = &health {
-                    warn!(node = %config.node_name, %error, "ECI unreachable: node NotReady (EciUnreachable)");
-                }
-                if let Some(found) = &misconfigured {
-                    warn!(node = %config.node_name, code = %found.code, action = %found.action, request_id = %found.request_id, fix = found.problem.fix(), "ECI refuses this daemon's configuration ({})", shape::MISCONFIGURED_CONDITION);
-                }
-                info!(node = %config.node_name, ready, "node status written");
+        match patch_status(&nodes, &config.node_name, &status, &telemetry).await {
+            Ok(()) => {
+                report_written(&config, &telemetry, &health, misconfigured.as_ref());
                 reporter.written(status, now);
             }
             Err(error) => {
@@ -299,6 +280,45 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Writes the node's status.
+async fn patch_status(
+    nodes: &Api<Node>,
+    name: &str,
+    status: &Value,
+    telemetry: &Telemetry,
+) -> Result<(), kube::Error> {
+    telemetry.kube_request("node_status_patch");
+    // Strategic merge: conditions merge by type, so those other components add to the
+    // node (node-problem-detector's, say) are kept.
+    nodes
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": status})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// A status written: the gauges follow it, and what keeps the node from serving is logged.
+fn report_written(
+    config: &NodeConfig,
+    telemetry: &Telemetry,
+    health: &EciHealth,
+    misconfigured: Option<&Misconfiguration>,
+) {
+    let ready = *health == EciHealth::Reachable;
+    telemetry.eci_reachable.set(i64::from(ready));
+    telemetry.node_ready.set(i64::from(ready));
+    if let EciHealth::Unreachable { error, .. } = health {
+        warn!(node = %config.node_name, %error, "ECI unreachable: node NotReady (EciUnreachable)");
+    }
+    if let Some(found) = misconfigured {
+        warn!(node = %config.node_name, code = %found.code, action = %found.action, request_id = %found.request_id, fix = found.problem.fix(), "ECI refuses this daemon's configuration ({})", shape::MISCONFIGURED_CONDITION);
+    }
+    info!(node = %config.node_name, ready, "node status written");
 }
 
 /// The API accesses of this module (see [`crate::k8s::access`]).

@@ -157,123 +157,153 @@ impl Telemetry {
             eci_quota_replicas: Gauge::default(),
         };
         telemetry.eci_quota_replicas.set(1);
+        telemetry.register_node_and_eci(&mut registry);
+        telemetry.register_pods(&mut registry);
+        telemetry.register_admission(&mut registry);
+        telemetry.register_events(&mut registry);
+        telemetry.register_placement(&mut registry);
+        telemetry.register_lifecycle(&mut registry);
+        *telemetry.registry.lock() = registry;
+        telemetry
+    }
+
+    /// The node's health and the ECI account: reachability, lease, API calls and quota sharing.
+    fn register_node_and_eci(&self, registry: &mut Registry) {
         registry.register(
             "eci_quota_replicas",
             "Live replicas sharing the account's ECI quotas (this one included): each paces every action to 1/N of its documented quota",
-            telemetry.eci_quota_replicas.clone(),
+            self.eci_quota_replicas.clone(),
         );
         registry.register(
             "eci_reachable",
             "1 while the ECI API answers the periodic probe",
-            telemetry.eci_reachable.clone(),
+            self.eci_reachable.clone(),
         );
         registry.register(
             "node_ready",
             "1 while the virtual node reports Ready=True",
-            telemetry.node_ready.clone(),
+            self.node_ready.clone(),
         );
         registry.register(
             "eci_probes",
             "ECI reachability probes by result",
-            telemetry.eci_probes.clone(),
+            self.eci_probes.clone(),
         );
         registry.register(
             "lease_renewals",
             "Node Lease renewals by result",
-            telemetry.lease_renewals.clone(),
+            self.lease_renewals.clone(),
         );
         registry.register(
             "kube_requests",
             "Requests to the Kubernetes API by operation",
-            telemetry.kube_requests.clone(),
+            self.kube_requests.clone(),
         );
         registry.register(
             "eci_calls",
             "ECI calls by action and result (ok or the ECI error code)",
-            telemetry.eci_calls.clone(),
+            self.eci_calls.clone(),
         );
+    }
+
+    /// The pods' lifecycle: phases, latencies, retries and clean-ups.
+    fn register_pods(&self, registry: &mut Registry) {
         registry.register(
             "pods",
             "Pods bound to this node by phase",
-            telemetry.pods.clone(),
+            self.pods.clone(),
         );
         registry.register(
             "pod_create_seconds",
             "Time from seeing a pod to ECI accepting its container group",
-            telemetry.pod_create_seconds.clone(),
+            self.pod_create_seconds.clone(),
         );
         registry.register(
             "pod_status_propagation_seconds",
             "Time from an ECI status change to the pod status written",
-            telemetry.pod_status_propagation_seconds.clone(),
+            self.pod_status_propagation_seconds.clone(),
         );
         registry.register(
             "pod_create_retries",
             "Container group creations retried after a transient failure",
-            telemetry.pod_create_retries.clone(),
+            self.pod_create_retries.clone(),
         );
         registry.register(
             "orphan_groups_deleted",
             "Container groups of this cluster deleted because their node and pod were both gone",
-            telemetry.orphan_groups_deleted.clone(),
+            self.orphan_groups_deleted.clone(),
         );
         registry.register(
             "pods_deleted_during_watch_gap",
             "Pods found deleted when a list of this node's pods completed (deleted while the watch was broken or the daemon stopped); their container groups were deleted",
-            telemetry.pods_deleted_during_watch_gap.clone(),
+            self.pods_deleted_during_watch_gap.clone(),
         );
+    }
+
+    /// The Selector admission webhook.
+    fn register_admission(&self, registry: &mut Registry) {
         registry.register(
             "admission_reviews",
             "Admission reviews answered by the Selector webhook, by result",
-            telemetry.admission_reviews.clone(),
+            self.admission_reviews.clone(),
         );
         registry.register(
             "admission_seconds",
             "Time to answer an admission review inside the daemon",
-            telemetry.admission_seconds.clone(),
+            self.admission_seconds.clone(),
         );
+    }
+
+    /// The background Event queue.
+    fn register_events(&self, registry: &mut Registry) {
         registry.register(
             "events_dropped",
             "Events not published because the background queue was full (they are best-effort)",
-            telemetry.events_dropped.clone(),
+            self.events_dropped.clone(),
         );
         registry.register(
             "events_waiting",
             "Events queued for background publication and not yet sent (routine ones wait while pod writes do)",
-            telemetry.events_waiting.clone(),
+            self.events_waiting.clone(),
         );
+    }
+
+    /// ResourcePolicy placement and the scheduler extender.
+    fn register_placement(&self, registry: &mut Registry) {
         registry.register(
             "placement_pods_placed",
             "Pods placed in a ResourcePolicy unit, by policy, unit (1-based) and how (extender at bind, admission without one)",
-            telemetry.placement_pods_placed.clone(),
+            self.placement_pods_placed.clone(),
         );
         registry.register(
             "placement_bind_refusals",
             "Scheduler binds refused because the ResourcePolicy unit reached its max meanwhile (the scheduler retries)",
-            telemetry.placement_bind_refusals.clone(),
+            self.placement_bind_refusals.clone(),
         );
         registry.register(
             "placement_extender_seconds",
             "Time to answer kube-scheduler's extender calls, by verb",
-            telemetry.placement_extender_seconds.clone(),
+            self.placement_extender_seconds.clone(),
         );
+    }
+
+    /// Token refreshes and decommission drains.
+    fn register_lifecycle(&self, registry: &mut Registry) {
         registry.register(
             "token_refreshes",
             "Service account token refreshes by result: ok, retry (failed, retried with back-off), failed (given up: the tokens expire in the group)",
-            telemetry.token_refreshes.clone(),
+            self.token_refreshes.clone(),
         );
         registry.register(
             "drain_pods_left",
             "Pods the last decommission drain of this node was waiting for: 0 when none ran or it emptied the node",
-            telemetry.drain_pods_left.clone(),
+            self.drain_pods_left.clone(),
         );
         registry.register(
             "drains",
             "Finished decommission drains by result: drained, timed_out (the node stays cordoned with pods left)",
-            telemetry.drains.clone(),
+            self.drains.clone(),
         );
-        *telemetry.registry.lock() = registry;
-        telemetry
     }
 
     /// Counts one Kubernetes API request.

@@ -31,7 +31,9 @@ use serde_json::json;
 use tracing::{debug, info};
 
 use super::decide::{self, Outcome};
-use super::state::{PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, Refusal};
+use super::state::{
+    PLACED_BY_ANNOTATION, Placement, PlacementIndex, PodEntry, PolicyEntry, Refusal,
+};
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::{PlacementLabels, Telemetry, VerbLabels};
 
@@ -403,19 +405,7 @@ impl Extender {
     async fn bind(&self, args: &BindingArgs) -> Result<(), BindError> {
         let key = format!("{}/{}", args.pod_namespace, args.pod_name);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &args.pod_namespace);
-        // The index may lag the pod's creation; the pod's labels decide its policy.
-        let pod = pods
-            .get_opt(&args.pod_name)
-            .await
-            .map_err(|source| BindError::ReadPod {
-                pod: key.clone(),
-                source,
-            })?
-            .filter(|p| args.pod_uid.is_empty() || p.metadata.uid.as_deref() == Some(&args.pod_uid))
-            .ok_or_else(|| BindError::Gone {
-                pod: key.clone(),
-                uid: args.pod_uid.clone(),
-            })?;
+        let pod = read_pod(&pods, args, &key).await?;
         let entry = PodEntry::of(&pod);
         let Some(policy) = self.index.policy_for(&entry.namespace, &entry.labels) else {
             return Err(BindError::NoPolicy { pod: key });
@@ -431,28 +421,46 @@ impl Extender {
                 }
                 BindError::Refused(refusal)
             })?;
-        let marked = async {
-            let mut annotations = placement.annotations.clone();
-            annotations.insert(PLACED_BY_ANNOTATION.into(), "extender".into());
-            let patch =
-                json!({"metadata": {"labels": placement.labels, "annotations": annotations}});
-            pods.patch(
-                &args.pod_name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(|source| BindError::Mark {
-                pod: key.clone(),
-                source,
-            })?;
-            self.create_binding(&pods, args, &key).await
-        }
-        .await;
-        if let Err(error) = marked {
+        if let Err(error) = self.mark_and_bind(&pods, args, &key, &placement).await {
             self.index.release(&entry.uid);
             return Err(error);
         }
+        self.record_placement(args, &policy, &placement, &entry.uid);
+        Ok(())
+    }
+
+    /// Writes the unit's labels and annotations on the pod, then binds it.
+    async fn mark_and_bind(
+        &self,
+        pods: &Api<Pod>,
+        args: &BindingArgs,
+        key: &str,
+        placement: &Placement,
+    ) -> Result<(), BindError> {
+        let mut annotations = placement.annotations.clone();
+        annotations.insert(PLACED_BY_ANNOTATION.into(), "extender".into());
+        let patch = json!({"metadata": {"labels": placement.labels, "annotations": annotations}});
+        pods.patch(
+            &args.pod_name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|source| BindError::Mark {
+            pod: key.to_owned(),
+            source,
+        })?;
+        self.create_binding(pods, args, key).await
+    }
+
+    /// A bound pod: counted, logged and told (an Event on the pod).
+    fn record_placement(
+        &self,
+        args: &BindingArgs,
+        policy: &PolicyEntry,
+        placement: &Placement,
+        uid: &str,
+    ) {
         self.telemetry
             .placement_pods_placed
             .get_or_create(&PlacementLabels {
@@ -461,7 +469,7 @@ impl Extender {
                 by: "extender",
             })
             .inc();
-        let note = self.index.take_explanation(&entry.uid).unwrap_or_else(|| {
+        let note = self.index.take_explanation(uid).unwrap_or_else(|| {
             format!(
                 "placed in unit {} ({})",
                 placement.unit + 1,
@@ -482,11 +490,10 @@ impl Extender {
                 kind: Some("Pod".into()),
                 namespace: Some(args.pod_namespace.clone()),
                 name: Some(args.pod_name.clone()),
-                uid: Some(entry.uid.clone()),
+                uid: Some(uid.to_owned()),
                 ..ObjectReference::default()
             },
         );
-        Ok(())
     }
 
     async fn create_binding(
@@ -516,6 +523,22 @@ impl Extender {
             source,
         })
     }
+}
+
+/// The pod to bind, read from the API: the index may lag the pod's creation, and the pod's
+/// labels decide its policy. Gone when it is missing or another pod took its name.
+async fn read_pod(pods: &Api<Pod>, args: &BindingArgs, key: &str) -> Result<Pod, BindError> {
+    pods.get_opt(&args.pod_name)
+        .await
+        .map_err(|source| BindError::ReadPod {
+            pod: key.to_owned(),
+            source,
+        })?
+        .filter(|p| args.pod_uid.is_empty() || p.metadata.uid.as_deref() == Some(&args.pod_uid))
+        .ok_or_else(|| BindError::Gone {
+            pod: key.to_owned(),
+            uid: args.pod_uid.clone(),
+        })
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 
-use super::crd::{Effect, Selector};
+use super::crd::{Effect, NamespaceResourceLimit, Policy, Selector};
 use super::labels;
 use crate::k8s::quantity::{Quantity, QuantityError};
 use crate::k8s::requests;
@@ -216,57 +216,7 @@ fn effect_maps(effect: Option<&Effect>) -> (BTreeMap<String, String>, BTreeMap<S
 pub fn rule_from_selector(selector: &Selector) -> Result<Rule, String> {
     let spec = &selector.spec;
     selectors_of(spec.object_labels.as_ref(), spec.namespace_labels.as_ref())?;
-    let policy = spec.policy.clone().unwrap_or_default();
-    let mut set: Vec<Placement> = Vec::new();
-    if policy.fair.is_some() {
-        set.push(Placement::Fair);
-    }
-    if let Some(prefer) = &policy.normal_node_prefer {
-        set.push(Placement::NormalNodePrefer {
-            cpu_ratio: ratio(prefer.cpu_ratio, "cpuRatio")?,
-            memory_ratio: ratio(prefer.memory_ratio, "memoryRatio")?,
-        });
-    }
-    if policy.virtual_node_only.is_some() {
-        set.push(Placement::VirtualNodeOnly);
-    }
-    if policy.normal_node_only.is_some() {
-        set.push(Placement::NormalNodeOnly);
-    }
-    if let Some(limit) = &policy.namespace_resource_limit {
-        if limit.namespace.is_empty() {
-            return Err("policy.namespaceResourceLimit.namespace is empty".into());
-        }
-        let mut cpu = None;
-        let mut memory = None;
-        for (resource, value) in &limit.limits {
-            let parsed = Quantity::parse(&value.0)
-                .and_then(|q| {
-                    if q.is_negative() {
-                        Err(QuantityError::Negative {
-                            text: value.0.clone(),
-                        })
-                    } else {
-                        Ok(q)
-                    }
-                })
-                .map_err(|e| format!("policy.namespaceResourceLimit.limits.{resource}: {e}"))?;
-            match resource.as_str() {
-                "cpu" | "requests.cpu" => cpu = Some(parsed),
-                "memory" | "requests.memory" => memory = Some(parsed),
-                other => {
-                    return Err(format!(
-                        "policy.namespaceResourceLimit.limits: {other:?} is not supported (use cpu and memory)"
-                    ));
-                }
-            }
-        }
-        set.push(Placement::NamespaceResourceLimit {
-            namespace: limit.namespace.clone(),
-            cpu,
-            memory,
-        });
-    }
+    let mut set = placements_of(&spec.policy.clone().unwrap_or_default())?;
     if set.len() > 1 {
         return Err(format!(
             "policy sets {} policies ({}); set exactly one",
@@ -296,6 +246,66 @@ pub fn rule_from_selector(selector: &Selector) -> Result<Rule, String> {
         // No policy: virtualNodeOnly, as eci-profile does.
         placement: set.pop().unwrap_or(Placement::VirtualNodeOnly),
         priority: spec.priority.unwrap_or(0),
+    })
+}
+
+/// Every placement the policy sets, each validated (a valid Selector sets at most one).
+fn placements_of(policy: &Policy) -> Result<Vec<Placement>, String> {
+    let mut set: Vec<Placement> = Vec::new();
+    if policy.fair.is_some() {
+        set.push(Placement::Fair);
+    }
+    if let Some(prefer) = &policy.normal_node_prefer {
+        set.push(Placement::NormalNodePrefer {
+            cpu_ratio: ratio(prefer.cpu_ratio, "cpuRatio")?,
+            memory_ratio: ratio(prefer.memory_ratio, "memoryRatio")?,
+        });
+    }
+    if policy.virtual_node_only.is_some() {
+        set.push(Placement::VirtualNodeOnly);
+    }
+    if policy.normal_node_only.is_some() {
+        set.push(Placement::NormalNodeOnly);
+    }
+    if let Some(limit) = &policy.namespace_resource_limit {
+        set.push(namespace_limit(limit)?);
+    }
+    Ok(set)
+}
+
+/// A namespaceResourceLimit policy: a namespace and non-negative cpu and memory budgets.
+fn namespace_limit(limit: &NamespaceResourceLimit) -> Result<Placement, String> {
+    if limit.namespace.is_empty() {
+        return Err("policy.namespaceResourceLimit.namespace is empty".into());
+    }
+    let mut cpu = None;
+    let mut memory = None;
+    for (resource, value) in &limit.limits {
+        let parsed = Quantity::parse(&value.0)
+            .and_then(|q| {
+                if q.is_negative() {
+                    Err(QuantityError::Negative {
+                        text: value.0.clone(),
+                    })
+                } else {
+                    Ok(q)
+                }
+            })
+            .map_err(|e| format!("policy.namespaceResourceLimit.limits.{resource}: {e}"))?;
+        match resource.as_str() {
+            "cpu" | "requests.cpu" => cpu = Some(parsed),
+            "memory" | "requests.memory" => memory = Some(parsed),
+            other => {
+                return Err(format!(
+                    "policy.namespaceResourceLimit.limits: {other:?} is not supported (use cpu and memory)"
+                ));
+            }
+        }
+    }
+    Ok(Placement::NamespaceResourceLimit {
+        namespace: limit.namespace.clone(),
+        cpu,
+        memory,
     })
 }
 
@@ -493,8 +503,17 @@ pub fn pod_requests(pod: &Pod) -> Resources {
 
 /// Decides.
 pub fn decide(input: Input<'_>) -> Decision {
+    match crd_winner(input) {
+        Some(rule) => apply_crd_rule(input, rule),
+        None => apply_profile_rules(input),
+    }
+}
+
+/// The Selector that applies to the pod: of those matching and reaching its namespace, the
+/// first in [`tie_break_key`] order.
+fn crd_winner<'a>(input: Input<'a>) -> Option<&'a Rule> {
     let pod_namespace = input.pod.namespace().unwrap_or_default();
-    let mut candidates: Vec<&Rule> = input
+    input
         .selectors
         .iter()
         .filter(|rule| rule_matches(rule, input.pod, input.namespace_labels))
@@ -503,108 +522,138 @@ pub fn decide(input: Input<'_>) -> Decision {
             Placement::NamespaceResourceLimit { namespace, .. } => *namespace == pod_namespace,
             _ => true,
         })
-        .collect();
-    candidates.sort_by_key(|rule| tie_break_key(rule));
+        .min_by_key(|rule| tie_break_key(rule))
+}
+
+/// Applies the winning Selector's placement and effect.
+fn apply_crd_rule(input: Input<'_>, rule: &Rule) -> Decision {
     let mut pod = input.pod.clone();
-    if let Some(rule) = candidates.first() {
-        let mut warning = None;
-        let mut reason = format!("{} ({})", rule.origin, rule.placement.name());
-        annotate(
-            &mut pod,
-            SELECTOR_ANNOTATION,
-            &match &rule.origin {
-                Origin::Crd {
-                    namespace, name, ..
-                } => format!("{namespace}/{name}"),
-                other => other.to_string(),
-            },
-        );
-        match &rule.placement {
-            Placement::VirtualNodeOnly => {
-                to_virtual_nodes(&mut pod, input.vnode);
-                apply_effect(&mut pod, rule, true);
-            }
-            Placement::Fair => {
-                tolerate(&mut pod, input.vnode);
-                defer_effect(&mut pod, rule);
-            }
-            Placement::NormalNodeOnly => {
-                keep_off_virtual_nodes(&mut pod, input.vnode);
-                apply_effect(&mut pod, rule, true);
-            }
-            Placement::NormalNodePrefer {
-                cpu_ratio,
-                memory_ratio,
-            } => {
-                prefer_normal_nodes(&mut pod, input.vnode);
-                annotate(&mut pod, POLICY_ANNOTATION, "normalNodePrefer");
-                let capacity = input.capacity;
-                let share = |requested: Quantity, allocatable: Quantity| {
-                    (allocatable.nanos() > 0)
-                        .then(|| requested.as_f64() * 100.0 / allocatable.as_f64())
-                };
-                let cpu_share = share(
-                    capacity.normal_requested.cpu,
-                    capacity.normal_allocatable.cpu,
-                );
-                let memory_share = share(
-                    capacity.normal_requested.memory,
-                    capacity.normal_allocatable.memory,
-                );
-                let over = |limit: &Option<u32>, share: Option<f64>| {
-                    limit.is_some_and(|l| share.is_some_and(|s| s >= f64::from(l)))
-                };
-                if over(cpu_ratio, cpu_share) || over(memory_ratio, memory_share) {
-                    tolerate(&mut pod, input.vnode);
-                    reason += &format!(
-                        ": normal nodes are {:.0}% (cpu) / {:.0}% (memory) requested, at or above the ratio: may use virtual nodes now",
-                        cpu_share.unwrap_or(0.0),
-                        memory_share.unwrap_or(0.0)
-                    );
-                }
-                defer_effect(&mut pod, rule);
-            }
-            Placement::NamespaceResourceLimit {
-                namespace,
-                cpu,
-                memory,
-            } => {
-                let used = input
-                    .capacity
-                    .vnode_requested
-                    .get(namespace)
-                    .copied()
-                    .unwrap_or_default();
-                let wanted = used.plus(pod_requests(input.pod));
-                let over_cpu = cpu.is_some_and(|limit| wanted.cpu > limit);
-                let over_memory = memory.is_some_and(|limit| wanted.memory > limit);
-                if over_cpu || over_memory {
-                    keep_off_virtual_nodes(&mut pod, input.vnode);
-                    let text = format!(
-                        "namespace {namespace} would hold {:.3} cores and {:.0} MiB on virtual nodes, beyond the {} budget ({} cores, {} MiB): this pod stays on normal nodes",
-                        wanted.cpu.as_f64(),
-                        wanted.memory.as_f64() / 1_048_576.0,
-                        rule.origin,
-                        cpu.map_or("unlimited".to_owned(), |c| format!("{:.3}", c.as_f64())),
-                        memory.map_or("unlimited".to_owned(), |m| format!(
-                            "{:.0}",
-                            m.as_f64() / 1_048_576.0
-                        )),
-                    );
-                    reason += &format!(": {text}");
-                    warning = Some(text);
-                } else {
-                    to_virtual_nodes(&mut pod, input.vnode);
-                }
-                apply_effect(&mut pod, rule, true);
-            }
+    let mut warning = None;
+    let mut reason = format!("{} ({})", rule.origin, rule.placement.name());
+    annotate(
+        &mut pod,
+        SELECTOR_ANNOTATION,
+        &match &rule.origin {
+            Origin::Crd {
+                namespace, name, ..
+            } => format!("{namespace}/{name}"),
+            other => other.to_string(),
+        },
+    );
+    match &rule.placement {
+        Placement::VirtualNodeOnly => {
+            to_virtual_nodes(&mut pod, input.vnode);
+            apply_effect(&mut pod, rule, true);
         }
-        return Decision {
-            pod,
-            reason,
-            warning,
-        };
+        Placement::Fair => {
+            tolerate(&mut pod, input.vnode);
+            defer_effect(&mut pod, rule);
+        }
+        Placement::NormalNodeOnly => {
+            keep_off_virtual_nodes(&mut pod, input.vnode);
+            apply_effect(&mut pod, rule, true);
+        }
+        Placement::NormalNodePrefer {
+            cpu_ratio,
+            memory_ratio,
+        } => {
+            prefer_normal_nodes(&mut pod, input.vnode);
+            annotate(&mut pod, POLICY_ANNOTATION, "normalNodePrefer");
+            if let Some(spill) = spill_now(input.capacity, *cpu_ratio, *memory_ratio) {
+                tolerate(&mut pod, input.vnode);
+                reason += &spill;
+            }
+            defer_effect(&mut pod, rule);
+        }
+        Placement::NamespaceResourceLimit {
+            namespace,
+            cpu,
+            memory,
+        } => {
+            let used = input
+                .capacity
+                .vnode_requested
+                .get(namespace)
+                .copied()
+                .unwrap_or_default();
+            let wanted = used.plus(pod_requests(input.pod));
+            if let Some(text) = over_budget(namespace, wanted, *cpu, *memory, &rule.origin) {
+                keep_off_virtual_nodes(&mut pod, input.vnode);
+                reason += &format!(": {text}");
+                warning = Some(text);
+            } else {
+                to_virtual_nodes(&mut pod, input.vnode);
+            }
+            apply_effect(&mut pod, rule, true);
+        }
     }
+    Decision {
+        pod,
+        reason,
+        warning,
+    }
+}
+
+/// normalNodePrefer: when the normal nodes' requested share reaches a ratio, the pod may use
+/// virtual nodes at once; the text (appended to the reason) says why.
+fn spill_now(
+    capacity: &Capacity,
+    cpu_ratio: Option<u32>,
+    memory_ratio: Option<u32>,
+) -> Option<String> {
+    let share = |requested: Quantity, allocatable: Quantity| {
+        (allocatable.nanos() > 0).then(|| requested.as_f64() * 100.0 / allocatable.as_f64())
+    };
+    let cpu_share = share(
+        capacity.normal_requested.cpu,
+        capacity.normal_allocatable.cpu,
+    );
+    let memory_share = share(
+        capacity.normal_requested.memory,
+        capacity.normal_allocatable.memory,
+    );
+    let over = |limit: Option<u32>, share: Option<f64>| {
+        limit.is_some_and(|l| share.is_some_and(|s| s >= f64::from(l)))
+    };
+    (over(cpu_ratio, cpu_share) || over(memory_ratio, memory_share)).then(|| {
+        format!(
+            ": normal nodes are {:.0}% (cpu) / {:.0}% (memory) requested, at or above the ratio: may use virtual nodes now",
+            cpu_share.unwrap_or(0.0),
+            memory_share.unwrap_or(0.0)
+        )
+    })
+}
+
+/// namespaceResourceLimit: the warning when `wanted` (the namespace's virtual-node requests
+/// with this pod) exceeds the budget; `None` while it fits.
+fn over_budget(
+    namespace: &str,
+    wanted: Resources,
+    cpu: Option<Quantity>,
+    memory: Option<Quantity>,
+    origin: &Origin,
+) -> Option<String> {
+    let over_cpu = cpu.is_some_and(|limit| wanted.cpu > limit);
+    let over_memory = memory.is_some_and(|limit| wanted.memory > limit);
+    (over_cpu || over_memory).then(|| {
+        format!(
+            "namespace {namespace} would hold {:.3} cores and {:.0} MiB on virtual nodes, beyond the {} budget ({} cores, {} MiB): this pod stays on normal nodes",
+            wanted.cpu.as_f64(),
+            wanted.memory.as_f64() / 1_048_576.0,
+            origin,
+            cpu.map_or("unlimited".to_owned(), |c| format!("{:.3}", c.as_f64())),
+            memory.map_or("unlimited".to_owned(), |m| format!(
+                "{:.0}",
+                m.as_f64() / 1_048_576.0
+            )),
+        )
+    })
+}
+
+/// No Selector applies: every matching ConfigMap selector (then default) sends the pod to
+/// virtual nodes, without overwriting what the pod has.
+fn apply_profile_rules(input: Input<'_>) -> Decision {
+    let mut pod = input.pod.clone();
     let matching: Vec<&Rule> = input
         .profile
         .iter()
@@ -829,5 +878,56 @@ fn prefer_normal_nodes(pod: &mut Pod, vnode: &Vnode) {
         .get_or_insert_with(Vec::new);
     if !preferred.contains(&term) {
         preferred.push(term);
+    }
+}
+
+#[cfg(test)]
+mod helper_tests {
+    use super::*;
+
+    fn resources(cpu: &str, memory: &str) -> Resources {
+        Resources {
+            cpu: Quantity::parse(cpu).unwrap(),
+            memory: Quantity::parse(memory).unwrap(),
+        }
+    }
+
+    #[test]
+    fn pods_spill_once_a_normal_share_reaches_its_ratio() {
+        let capacity = Capacity {
+            normal_allocatable: resources("10", "10Gi"),
+            normal_requested: resources("8", "1Gi"),
+            ..Capacity::default()
+        };
+        assert_eq!(spill_now(&capacity, None, None), None);
+        assert_eq!(spill_now(&capacity, Some(90), Some(50)), None);
+        let spill = spill_now(&capacity, Some(80), None).unwrap();
+        assert!(spill.contains("80% (cpu) / 10% (memory)"), "{spill}");
+        assert!(spill_now(&capacity, None, Some(10)).is_some());
+        let empty = Capacity::default();
+        assert_eq!(
+            spill_now(&empty, Some(0), Some(0)),
+            None,
+            "no normal capacity: no share to compare"
+        );
+    }
+
+    #[test]
+    fn a_namespace_over_either_budget_is_warned_about() {
+        let origin = Origin::Default("test");
+        let wanted = resources("2", "1Gi");
+        let cpu = |text: &str| Some(Quantity::parse(text).unwrap());
+        assert_eq!(
+            over_budget("ns", wanted, cpu("2"), cpu("1Gi"), &origin),
+            None
+        );
+        assert_eq!(over_budget("ns", wanted, None, None, &origin), None);
+        let text = over_budget("ns", wanted, cpu("1.5"), None, &origin).unwrap();
+        assert!(
+            text.contains("namespace ns would hold 2.000 cores and 1024 MiB"),
+            "{text}"
+        );
+        assert!(text.contains("(1.500 cores, unlimited MiB)"), "{text}");
+        assert!(over_budget("ns", wanted, None, cpu("512Mi"), &origin).is_some());
     }
 }

@@ -148,32 +148,7 @@ impl OpenApiBackend {
         let now = SystemTime::now();
         let timestamp = humantime::format_rfc3339_seconds(now).to_string();
         let nonce = uuid::Uuid::new_v4().to_string();
-        let mut params = form.into_params();
-        for (name, value) in [
-            ("Action", action),
-            ("Version", API_VERSION),
-            ("Format", "JSON"),
-            ("AccessKeyId", credentials.access_key_id.as_str()),
-            ("SignatureMethod", SIGNATURE_METHOD),
-            ("SignatureVersion", SIGNATURE_VERSION),
-            ("SignatureNonce", nonce.as_str()),
-            ("Timestamp", timestamp.as_str()),
-        ] {
-            params.push((name.to_owned(), value.to_owned()));
-        }
-        if let Some(token) = &credentials.security_token {
-            params.push(("SecurityToken".to_owned(), token.expose().to_owned()));
-        }
-        let pairs = || params.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        let signature = sign(
-            credentials.access_key_secret.expose(),
-            &string_to_sign("POST", pairs()),
-        );
-        let body = format!(
-            "{}&Signature={}",
-            canonicalized_query(pairs()),
-            percent_encode(&signature)
-        );
+        let body = signed_body(action, form, &credentials, &timestamp, &nonce);
         let response = self
             .http
             .post(format!("{}/", self.endpoint))
@@ -503,6 +478,43 @@ impl OpenApiBackend {
             total_count: page.total_count,
         })
     }
+}
+
+/// The form body of one call: the action's parameters, the common ones and the signature
+/// over all of them.
+fn signed_body(
+    action: &str,
+    form: Form,
+    credentials: &credentials::Credentials,
+    timestamp: &str,
+    nonce: &str,
+) -> String {
+    let mut params = form.into_params();
+    for (name, value) in [
+        ("Action", action),
+        ("Version", API_VERSION),
+        ("Format", "JSON"),
+        ("AccessKeyId", credentials.access_key_id.as_str()),
+        ("SignatureMethod", SIGNATURE_METHOD),
+        ("SignatureVersion", SIGNATURE_VERSION),
+        ("SignatureNonce", nonce),
+        ("Timestamp", timestamp),
+    ] {
+        params.push((name.to_owned(), value.to_owned()));
+    }
+    if let Some(token) = &credentials.security_token {
+        params.push(("SecurityToken".to_owned(), token.expose().to_owned()));
+    }
+    let pairs = || params.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    let signature = sign(
+        credentials.access_key_secret.expose(),
+        &string_to_sign("POST", pairs()),
+    );
+    format!(
+        "{}&Signature={}",
+        canonicalized_query(pairs()),
+        percent_encode(&signature)
+    )
 }
 
 #[cfg(test)]

@@ -93,57 +93,91 @@ impl<'a> Family<'a> {
 /// kubelet's current name; `scrape_error` (deprecated since Kubernetes 1.29) is written too,
 /// for readers of the old name.
 pub fn resource_metrics(node: &NodeSample, pods: &[PodSample], scrape_error: bool) -> String {
-    let mut container_cpu = Family::new(
-        "container_cpu_usage_seconds_total",
-        "counter",
-        "[STABLE] Cumulative cpu time consumed by the container in core-seconds",
-    );
-    let mut container_memory = Family::new(
-        "container_memory_working_set_bytes",
-        "gauge",
-        "[STABLE] Current working set of the container in bytes",
-    );
-    let mut container_start = Family::new(
-        "container_start_time_seconds",
-        "gauge",
-        "[STABLE] Start time of the container since unix epoch in seconds",
-    );
-    let mut node_cpu = Family::new(
-        "node_cpu_usage_seconds_total",
-        "counter",
-        "[STABLE] Cumulative cpu time consumed by the node in core-seconds",
-    );
-    let mut node_memory = Family::new(
-        "node_memory_working_set_bytes",
-        "gauge",
-        "[STABLE] Current working set of the node in bytes",
-    );
-    let mut pod_cpu = Family::new(
-        "pod_cpu_usage_seconds_total",
-        "counter",
-        "[STABLE] Cumulative cpu time consumed by the pod in core-seconds",
-    );
-    let mut pod_memory = Family::new(
-        "pod_memory_working_set_bytes",
-        "gauge",
-        "[STABLE] Current working set of the pod in bytes",
-    );
-    let mut resource_error = Family::new(
-        "resource_scrape_error",
-        "gauge",
-        "[STABLE] 1 if there was an error while getting container metrics, 0 otherwise",
-    );
-    let mut old_error = Family::new(
-        "scrape_error",
-        "gauge",
-        "[ALPHA] (Deprecated since 1.29.0) 1 if there was an error while getting container metrics, 0 otherwise",
-    );
-
+    let mut families = ResourceFamilies::new();
     if let Some(at) = node.at {
-        node_cpu.sample(&[], seconds(node.core_nanos), Some(at));
-        node_memory.sample(&[], float(node.working_set), Some(at));
+        families
+            .node_cpu
+            .sample(&[], seconds(node.core_nanos), Some(at));
+        families
+            .node_memory
+            .sample(&[], float(node.working_set), Some(at));
     }
     for pod in pods {
+        families.add_pod(pod);
+    }
+    let error = if scrape_error { 1.0 } else { 0.0 };
+    families.resource_error.sample(&[], error, None);
+    families.old_error.sample(&[], error, None);
+    families.render()
+}
+
+/// The families `/metrics/resource` writes.
+struct ResourceFamilies {
+    container_cpu: Family<'static>,
+    container_memory: Family<'static>,
+    container_start: Family<'static>,
+    node_cpu: Family<'static>,
+    node_memory: Family<'static>,
+    pod_cpu: Family<'static>,
+    pod_memory: Family<'static>,
+    resource_error: Family<'static>,
+    old_error: Family<'static>,
+}
+
+impl ResourceFamilies {
+    /// Every family, empty, with the kubelet's names, kinds and help texts.
+    fn new() -> Self {
+        Self {
+            container_cpu: Family::new(
+                "container_cpu_usage_seconds_total",
+                "counter",
+                "[STABLE] Cumulative cpu time consumed by the container in core-seconds",
+            ),
+            container_memory: Family::new(
+                "container_memory_working_set_bytes",
+                "gauge",
+                "[STABLE] Current working set of the container in bytes",
+            ),
+            container_start: Family::new(
+                "container_start_time_seconds",
+                "gauge",
+                "[STABLE] Start time of the container since unix epoch in seconds",
+            ),
+            node_cpu: Family::new(
+                "node_cpu_usage_seconds_total",
+                "counter",
+                "[STABLE] Cumulative cpu time consumed by the node in core-seconds",
+            ),
+            node_memory: Family::new(
+                "node_memory_working_set_bytes",
+                "gauge",
+                "[STABLE] Current working set of the node in bytes",
+            ),
+            pod_cpu: Family::new(
+                "pod_cpu_usage_seconds_total",
+                "counter",
+                "[STABLE] Cumulative cpu time consumed by the pod in core-seconds",
+            ),
+            pod_memory: Family::new(
+                "pod_memory_working_set_bytes",
+                "gauge",
+                "[STABLE] Current working set of the pod in bytes",
+            ),
+            resource_error: Family::new(
+                "resource_scrape_error",
+                "gauge",
+                "[STABLE] 1 if there was an error while getting container metrics, 0 otherwise",
+            ),
+            old_error: Family::new(
+                "scrape_error",
+                "gauge",
+                "[ALPHA] (Deprecated since 1.29.0) 1 if there was an error while getting container metrics, 0 otherwise",
+            ),
+        }
+    }
+
+    /// The samples of one pod and of its containers.
+    fn add_pod(&mut self, pod: &PodSample) {
         let (namespace, name) = (pod.namespace.as_str(), pod.name.as_str());
         for container in &pod.containers {
             let labels = [
@@ -152,56 +186,63 @@ pub fn resource_metrics(node: &NodeSample, pods: &[PodSample], scrape_error: boo
                 ("pod", name),
             ];
             if let Some(cpu) = container.cpu {
-                container_cpu.sample(&labels, seconds(u128::from(cpu.core_nanos)), Some(pod.at));
+                self.container_cpu.sample(
+                    &labels,
+                    seconds(u128::from(cpu.core_nanos)),
+                    Some(pod.at),
+                );
             }
             if let Some(memory) = container.memory {
-                container_memory.sample(&labels, float(memory.working_set), Some(pod.at));
+                self.container_memory
+                    .sample(&labels, float(memory.working_set), Some(pod.at));
             }
             if let Some(started) = container.start_time {
                 #[allow(clippy::cast_precision_loss)]
                 let value = started.as_nanosecond() as f64 / 1e9;
-                container_start.sample(&labels, value, None);
+                self.container_start.sample(&labels, value, None);
             }
         }
         let labels = [("namespace", namespace), ("pod", name)];
         if let Some(cpu) = pod.cpu {
-            pod_cpu.sample(&labels, seconds(u128::from(cpu.core_nanos)), Some(pod.at));
+            self.pod_cpu
+                .sample(&labels, seconds(u128::from(cpu.core_nanos)), Some(pod.at));
         }
         if let Some(memory) = pod.memory {
-            pod_memory.sample(&labels, float(memory.working_set), Some(pod.at));
+            self.pod_memory
+                .sample(&labels, float(memory.working_set), Some(pod.at));
         }
     }
-    let error = if scrape_error { 1.0 } else { 0.0 };
-    resource_error.sample(&[], error, None);
-    old_error.sample(&[], error, None);
 
-    let mut out = String::with_capacity(
-        [
-            &container_cpu,
-            &container_memory,
-            &container_start,
-            &pod_cpu,
-            &pod_memory,
-        ]
-        .iter()
-        .map(|f| f.lines.len())
-        .sum::<usize>()
-            + 2048,
-    );
-    for family in [
-        &container_cpu,
-        &container_memory,
-        &container_start,
-        &node_cpu,
-        &node_memory,
-        &pod_cpu,
-        &pod_memory,
-        &resource_error,
-        &old_error,
-    ] {
-        family.write_to(&mut out);
+    /// The text exposition, families in name order.
+    fn render(&self) -> String {
+        let mut out = String::with_capacity(
+            [
+                &self.container_cpu,
+                &self.container_memory,
+                &self.container_start,
+                &self.pod_cpu,
+                &self.pod_memory,
+            ]
+            .iter()
+            .map(|f| f.lines.len())
+            .sum::<usize>()
+                + 2048,
+        );
+        for family in [
+            &self.container_cpu,
+            &self.container_memory,
+            &self.container_start,
+            &self.node_cpu,
+            &self.node_memory,
+            &self.pod_cpu,
+            &self.pod_memory,
+            &self.resource_error,
+            &self.old_error,
+        ] {
+            family.write_to(&mut out);
+        }
+        out
     }
-    out
 }
 
 /// `metav1.Time` as JSON: RFC 3339 in seconds.

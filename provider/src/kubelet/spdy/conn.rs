@@ -3,6 +3,7 @@
 //! context, so header blocks are compressed in the order they are sent).
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -42,11 +43,49 @@ struct Flow {
     reset: Vec<u32>,
 }
 
+impl Flow {
+    /// The peer's SETTINGS changed the initial window: every open stream's window moves by the
+    /// difference, as SPDY/3 says.
+    fn set_initial_window(&mut self, initial: i64) {
+        let delta = initial - self.initial;
+        self.initial = initial;
+        self.active = true;
+        for window in self.streams.values_mut() {
+            *window += delta;
+        }
+    }
+
+    /// Credits a WINDOW_UPDATE (stream 0 is the connection); true when a stream's window
+    /// overflows (a flow-control error for that stream).
+    fn credit(&mut self, stream: u32, delta: u32) -> bool {
+        self.active = true;
+        let delta = i64::from(delta);
+        if stream == 0 {
+            self.connection += delta;
+            false
+        } else {
+            self.streams.get_mut(&stream).is_some_and(|window| {
+                *window += delta;
+                *window > i64::from(i32::MAX)
+            })
+        }
+    }
+}
+
 struct Shared {
     out: mpsc::Sender<Out>,
     flow: Mutex<Flow>,
     changed: Notify,
     closed: CancellationToken,
+}
+
+impl Shared {
+    async fn send(&self, frame: Frame) -> Result<(), SpdyError> {
+        self.out
+            .send(Out::Frame(frame))
+            .await
+            .map_err(|_| SpdyError::Closed)
+    }
 }
 
 /// One stream the peer opened (we replied to it already).
@@ -120,11 +159,7 @@ impl StreamWriter {
     }
 
     async fn send(&self, frame: Frame) -> Result<(), SpdyError> {
-        self.shared
-            .out
-            .send(Out::Frame(frame))
-            .await
-            .map_err(|_| SpdyError::Closed)
+        self.shared.send(frame).await
     }
 
     /// Waits until some of `wanted` bytes may be sent and takes them from the windows.
@@ -342,174 +377,251 @@ async fn read_loop<R: AsyncRead + Unpin>(
     shared.changed.notify_waiters();
 }
 
+/// What the reader keeps between frames: the receiving zlib context and the peer's streams.
+struct Reader<'a> {
+    accept: &'a mpsc::Sender<Stream>,
+    shared: &'a Arc<Shared>,
+    inflater: Inflater,
+    streams: HashMap<u32, Incoming>,
+    last_peer_stream: u32,
+    connection_unannounced: u32,
+}
+
 async fn read_frames<R: AsyncRead + Unpin>(
     read: &mut R,
     accept: &mpsc::Sender<Stream>,
     shared: &Arc<Shared>,
 ) -> Result<(), SpdyError> {
-    let mut inflater = Inflater::default();
-    let mut streams: HashMap<u32, Incoming> = HashMap::new();
-    let mut last_peer_stream = 0u32;
-    let mut connection_unannounced = 0u32;
-    let mut buffer = BytesMut::with_capacity(16 * 1024);
-    let send = |frame: Frame| async {
-        shared
-            .out
-            .send(Out::Frame(frame))
-            .await
-            .map_err(|_| SpdyError::Closed)
+    let mut reader = Reader {
+        accept,
+        shared,
+        inflater: Inflater::default(),
+        streams: HashMap::new(),
+        last_peer_stream: 0,
+        connection_unannounced: 0,
     };
+    let mut buffer = BytesMut::with_capacity(16 * 1024);
     loop {
         while let Some((frame, used)) = frame::decode_one(&buffer)? {
             buffer.advance(used);
-            match frame {
-                Frame::SynStream {
-                    stream,
-                    flags,
-                    block,
-                    ..
-                } => {
-                    // Inflate first: the context advances with every block, refused or not.
-                    let headers = inflater.headers(&block)?;
-                    if stream % 2 == 0 || stream <= last_peer_stream {
-                        return Err(SpdyError::Protocol(format!(
-                            "SYN_STREAM {stream} after {last_peer_stream} (client ids are odd and rising)"
-                        )));
-                    }
-                    last_peer_stream = stream;
-                    let (tx, incoming) = mpsc::channel(STREAM_BUFFER);
-                    let closed = flags & (frame::FLAG_FIN | frame::FLAG_UNIDIRECTIONAL) != 0;
-                    streams.insert(
-                        stream,
-                        Incoming {
-                            tx: (!closed).then_some(tx),
-                            unannounced: 0,
-                        },
-                    );
-                    if let Ok(mut flow) = shared.flow.lock() {
-                        let initial = flow.initial;
-                        flow.streams.insert(stream, initial);
-                    }
-                    shared
-                        .out
-                        .send(Out::Reply(stream))
-                        .await
-                        .map_err(|_| SpdyError::Closed)?;
-                    let accepted = Stream {
-                        id: stream,
-                        headers,
-                        incoming,
-                        writer: StreamWriter {
-                            id: stream,
-                            shared: Arc::clone(shared),
-                        },
-                    };
-                    if accept.send(accepted).await.is_err() {
-                        send(Frame::RstStream {
-                            stream,
-                            status: rst::REFUSED_STREAM,
-                        })
-                        .await?;
-                    }
-                }
-                Frame::Data { stream, fin, data } => {
-                    let length = u32::try_from(data.len()).unwrap_or(u32::MAX);
-                    let Some(entry) = streams.get_mut(&stream) else {
-                        send(Frame::RstStream {
-                            stream,
-                            status: rst::INVALID_STREAM,
-                        })
-                        .await?;
-                        continue;
-                    };
-                    if let Some(tx) = &entry.tx {
-                        if !data.is_empty() && tx.send(data).await.is_err() {
-                            // The handler stopped reading this stream: drop what comes.
-                            entry.tx = None;
-                        }
-                    }
-                    if fin {
-                        entry.tx = None;
-                    } else if length > 0 {
-                        entry.unannounced += length;
-                        if entry.unannounced >= UPDATE_THRESHOLD {
-                            let delta = std::mem::take(&mut entry.unannounced);
-                            send(Frame::WindowUpdate { stream, delta }).await?;
-                        }
-                    }
-                    connection_unannounced += length;
-                    if connection_unannounced >= UPDATE_THRESHOLD {
-                        let delta = std::mem::take(&mut connection_unannounced);
-                        send(Frame::WindowUpdate { stream: 0, delta }).await?;
-                    }
-                }
-                Frame::SynReply { block, .. } | Frame::Headers { block, .. } => {
-                    // Keep the receiving context in step; a server needs nothing from these.
-                    inflater.headers(&block)?;
-                }
-                Frame::RstStream { stream, status } => {
-                    debug!(stream, status, "the peer reset a stream");
-                    streams.remove(&stream);
-                    if let Ok(mut flow) = shared.flow.lock() {
-                        flow.reset.push(stream);
-                    }
-                    shared.changed.notify_waiters();
-                }
-                Frame::Settings { entries, .. } => {
-                    // Only the initial window matters to us; the others are advisory.
-                    let initial = entries
-                        .iter()
-                        .rev()
-                        .find(|(_, id, _)| *id == settings::INITIAL_WINDOW_SIZE)
-                        .map(|(_, _, value)| i64::from(*value));
-                    if let Some(initial) = initial {
-                        if let Ok(mut flow) = shared.flow.lock() {
-                            let delta = initial - flow.initial;
-                            flow.initial = initial;
-                            flow.active = true;
-                            for window in flow.streams.values_mut() {
-                                *window += delta;
-                            }
-                        }
-                        shared.changed.notify_waiters();
-                    }
-                }
-                Frame::Ping { id } => {
-                    // Client pings are odd; an even id would be the answer to one of ours.
-                    if id % 2 == 1 {
-                        send(Frame::Ping { id }).await?;
-                    }
-                }
-                Frame::GoAway { .. } => return Ok(()),
-                Frame::WindowUpdate { stream, delta } => {
-                    let overflow = shared.flow.lock().is_ok_and(|mut flow| {
-                        flow.active = true;
-                        let delta = i64::from(delta);
-                        if stream == 0 {
-                            flow.connection += delta;
-                            false
-                        } else {
-                            flow.streams.get_mut(&stream).is_some_and(|window| {
-                                *window += delta;
-                                *window > i64::from(i32::MAX)
-                            })
-                        }
-                    });
-                    shared.changed.notify_waiters();
-                    if overflow {
-                        send(Frame::RstStream {
-                            stream,
-                            status: rst::FLOW_CONTROL_ERROR,
-                        })
-                        .await?;
-                    }
-                }
-                Frame::Unknown { kind } => debug!(kind, "ignoring an unknown control frame"),
+            if reader.on_frame(frame).await?.is_break() {
+                return Ok(());
             }
         }
         let read_now = read.read_buf(&mut buffer).await.map_err(SpdyError::Io)?;
         if read_now == 0 {
             return Ok(());
         }
+    }
+}
+
+impl Reader<'_> {
+    /// Handles one frame; `Break` when the peer said GOAWAY.
+    async fn on_frame(&mut self, frame: Frame) -> Result<ControlFlow<()>, SpdyError> {
+        match frame {
+            Frame::SynStream {
+                stream,
+                flags,
+                block,
+                ..
+            } => self.on_syn_stream(stream, flags, &block).await?,
+            Frame::Data { stream, fin, data } => self.on_data(stream, fin, data).await?,
+            Frame::SynReply { block, .. } | Frame::Headers { block, .. } => {
+                // Keep the receiving context in step; a server needs nothing from these.
+                self.inflater.headers(&block)?;
+            }
+            Frame::RstStream { stream, status } => {
+                debug!(stream, status, "the peer reset a stream");
+                self.streams.remove(&stream);
+                if let Ok(mut flow) = self.shared.flow.lock() {
+                    flow.reset.push(stream);
+                }
+                self.shared.changed.notify_waiters();
+            }
+            Frame::Settings { entries, .. } => self.on_settings(&entries),
+            Frame::Ping { id } => {
+                // Client pings are odd; an even id would be the answer to one of ours.
+                if id % 2 == 1 {
+                    self.shared.send(Frame::Ping { id }).await?;
+                }
+            }
+            Frame::GoAway { .. } => return Ok(ControlFlow::Break(())),
+            Frame::WindowUpdate { stream, delta } => self.on_window_update(stream, delta).await?,
+            Frame::Unknown { kind } => debug!(kind, "ignoring an unknown control frame"),
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Accepts a stream the peer opened: replies to it and hands it to the server.
+    async fn on_syn_stream(
+        &mut self,
+        stream: u32,
+        flags: u8,
+        block: &[u8],
+    ) -> Result<(), SpdyError> {
+        // Inflate first: the context advances with every block, refused or not.
+        let headers = self.inflater.headers(block)?;
+        if stream % 2 == 0 || stream <= self.last_peer_stream {
+            return Err(SpdyError::Protocol(format!(
+                "SYN_STREAM {stream} after {} (client ids are odd and rising)",
+                self.last_peer_stream
+            )));
+        }
+        self.last_peer_stream = stream;
+        let (tx, incoming) = mpsc::channel(STREAM_BUFFER);
+        let closed = flags & (frame::FLAG_FIN | frame::FLAG_UNIDIRECTIONAL) != 0;
+        self.streams.insert(
+            stream,
+            Incoming {
+                tx: (!closed).then_some(tx),
+                unannounced: 0,
+            },
+        );
+        if let Ok(mut flow) = self.shared.flow.lock() {
+            let initial = flow.initial;
+            flow.streams.insert(stream, initial);
+        }
+        self.shared
+            .out
+            .send(Out::Reply(stream))
+            .await
+            .map_err(|_| SpdyError::Closed)?;
+        let accepted = Stream {
+            id: stream,
+            headers,
+            incoming,
+            writer: StreamWriter {
+                id: stream,
+                shared: Arc::clone(self.shared),
+            },
+        };
+        if self.accept.send(accepted).await.is_err() {
+            self.shared
+                .send(Frame::RstStream {
+                    stream,
+                    status: rst::REFUSED_STREAM,
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Passes data to its stream's handler and announces what was consumed.
+    async fn on_data(&mut self, stream: u32, fin: bool, data: Bytes) -> Result<(), SpdyError> {
+        let length = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let Some(entry) = self.streams.get_mut(&stream) else {
+            return self
+                .shared
+                .send(Frame::RstStream {
+                    stream,
+                    status: rst::INVALID_STREAM,
+                })
+                .await;
+        };
+        if let Some(tx) = &entry.tx {
+            if !data.is_empty() && tx.send(data).await.is_err() {
+                // The handler stopped reading this stream: drop what comes.
+                entry.tx = None;
+            }
+        }
+        if fin {
+            entry.tx = None;
+        } else if length > 0 {
+            entry.unannounced += length;
+            if entry.unannounced >= UPDATE_THRESHOLD {
+                let delta = std::mem::take(&mut entry.unannounced);
+                self.shared
+                    .send(Frame::WindowUpdate { stream, delta })
+                    .await?;
+            }
+        }
+        self.connection_unannounced += length;
+        if self.connection_unannounced >= UPDATE_THRESHOLD {
+            let delta = std::mem::take(&mut self.connection_unannounced);
+            self.shared
+                .send(Frame::WindowUpdate { stream: 0, delta })
+                .await?;
+        }
+        Ok(())
+    }
+
+    fn on_settings(&self, entries: &[(u8, u32, u32)]) {
+        // Only the initial window matters to us; the others are advisory.
+        let initial = entries
+            .iter()
+            .rev()
+            .find(|(_, id, _)| *id == settings::INITIAL_WINDOW_SIZE)
+            .map(|(_, _, value)| i64::from(*value));
+        if let Some(initial) = initial {
+            if let Ok(mut flow) = self.shared.flow.lock() {
+                flow.set_initial_window(initial);
+            }
+            self.shared.changed.notify_waiters();
+        }
+    }
+
+    async fn on_window_update(&self, stream: u32, delta: u32) -> Result<(), SpdyError> {
+        let overflow = self
+            .shared
+            .flow
+            .lock()
+            .is_ok_and(|mut flow| flow.credit(stream, delta));
+        self.shared.changed.notify_waiters();
+        if overflow {
+            self.shared
+                .send(Frame::RstStream {
+                    stream,
+                    status: rst::FLOW_CONTROL_ERROR,
+                })
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod flow_tests {
+    use super::*;
+
+    fn flow(streams: &[(u32, i64)]) -> Flow {
+        Flow {
+            active: false,
+            initial: INITIAL_WINDOW,
+            connection: INITIAL_WINDOW,
+            streams: streams.iter().copied().collect(),
+            reset: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_new_initial_window_moves_every_open_stream_by_the_difference() {
+        let mut flow = flow(&[(1, 10), (3, INITIAL_WINDOW)]);
+        flow.set_initial_window(INITIAL_WINDOW + 100);
+        assert!(flow.active);
+        assert_eq!(flow.initial, INITIAL_WINDOW + 100);
+        assert_eq!(flow.streams[&1], 110);
+        assert_eq!(flow.streams[&3], INITIAL_WINDOW + 100);
+        assert_eq!(
+            flow.connection, INITIAL_WINDOW,
+            "SETTINGS leave the connection alone"
+        );
+    }
+
+    #[test]
+    fn window_updates_credit_the_connection_or_one_stream() {
+        let mut flow = flow(&[(1, 10)]);
+        assert!(!flow.credit(0, 5));
+        assert_eq!(flow.connection, INITIAL_WINDOW + 5);
+        assert!(!flow.credit(1, 5));
+        assert_eq!(flow.streams[&1], 15);
+        assert!(!flow.credit(7, 5), "an unknown stream is no overflow");
+        assert!(flow.active);
+    }
+
+    #[test]
+    fn a_stream_window_past_i32_max_overflows() {
+        let mut flow = flow(&[(1, i64::from(i32::MAX) - 1)]);
+        assert!(!flow.credit(1, 1));
+        assert!(flow.credit(1, 1));
     }
 }

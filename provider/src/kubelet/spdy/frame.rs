@@ -208,6 +208,7 @@ fn need(
     }
 }
 
+/// Decodes a control frame's payload by its type; unknown types are kept (and ignored).
 fn control(kind: u16, flags: u8, payload: &Bytes) -> Result<Frame, SpdyError> {
     Ok(match kind {
         kind::SYN_STREAM => {
@@ -243,31 +244,7 @@ fn control(kind: u16, flags: u8, payload: &Bytes) -> Result<Frame, SpdyError> {
                 status: be32(payload, 4),
             }
         }
-        kind::SETTINGS => {
-            need("SETTINGS", payload, None, 4)?;
-            let count = be32(payload, 0) as usize;
-            if count.checked_mul(8).and_then(|n| n.checked_add(4)) != Some(payload.len()) {
-                return Err(SpdyError::Length {
-                    kind: "SETTINGS",
-                    length: payload.len(),
-                });
-            }
-            let entries = (0..count)
-                .map(|i| {
-                    let at = 4 + i * 8;
-                    let word = be32(payload, at);
-                    (
-                        (word >> 24) as u8,
-                        word & 0x00ff_ffff,
-                        be32(payload, at + 4),
-                    )
-                })
-                .collect();
-            Frame::Settings {
-                clear: flags & 0x01 != 0,
-                entries,
-            }
-        }
+        kind::SETTINGS => settings_frame(flags, payload)?,
         kind::PING => {
             need("PING", payload, Some(4), 4)?;
             Frame::Ping {
@@ -289,6 +266,33 @@ fn control(kind: u16, flags: u8, payload: &Bytes) -> Result<Frame, SpdyError> {
             }
         }
         other => Frame::Unknown { kind: other },
+    })
+}
+
+/// A SETTINGS payload: a count, then that many (flags, id, value) entries of 8 bytes each.
+fn settings_frame(flags: u8, payload: &[u8]) -> Result<Frame, SpdyError> {
+    need("SETTINGS", payload, None, 4)?;
+    let count = be32(payload, 0) as usize;
+    if count.checked_mul(8).and_then(|n| n.checked_add(4)) != Some(payload.len()) {
+        return Err(SpdyError::Length {
+            kind: "SETTINGS",
+            length: payload.len(),
+        });
+    }
+    let entries = (0..count)
+        .map(|i| {
+            let at = 4 + i * 8;
+            let word = be32(payload, at);
+            (
+                (word >> 24) as u8,
+                word & 0x00ff_ffff,
+                be32(payload, at + 4),
+            )
+        })
+        .collect();
+    Ok(Frame::Settings {
+        clear: flags & 0x01 != 0,
+        entries,
     })
 }
 

@@ -44,6 +44,10 @@ const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// The protocols we ask ECI's WebSocket for, newest first.
 const ECI_PROTOCOLS: &str = "v5.channel.k8s.io, v4.channel.k8s.io";
 
+/// The WebSocket ECI's exec session runs on.
+type EciSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
 /// What the session runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Command {
@@ -318,6 +322,41 @@ async fn exec(
     command: &[String],
     streams: &mut ClientStreams,
 ) -> Result<Value, ExecError> {
+    let (socket, v5) = open_eci_session(state, target, options, command).await?;
+    let (mut up, mut down) = socket.split();
+    let (up_tx, mut up_rx) = mpsc::channel::<Message>(16);
+    let writer = tokio::spawn(async move {
+        while let Some(message) = up_rx.recv().await {
+            if up.send(message).await.is_err() {
+                return;
+            }
+        }
+        let _ = up.close().await;
+    });
+    let mut forwarders = Vec::new();
+    if let Some(stdin) = streams.stdin.take() {
+        forwarders.push(tokio::spawn(forward_stdin(stdin, up_tx.clone(), v5)));
+    }
+    if let Some(resize) = streams.resize.take() {
+        forwarders.push(tokio::spawn(forward_resize(resize, up_tx.clone())));
+    }
+    let status = relay_output(state, &mut down, streams).await;
+    for forwarder in forwarders {
+        forwarder.abort();
+    }
+    drop(up_tx);
+    let _ = writer.await;
+    Ok(final_status(status))
+}
+
+/// Asks ECI to start the command and connects to the WebSocket it answers; true when the
+/// session speaks `v5.channel.k8s.io`.
+async fn open_eci_session(
+    state: &KubeletState,
+    target: &Target,
+    options: &ExecOptions,
+    command: &[String],
+) -> Result<(EciSocket, bool), ExecError> {
     let request = ExecContainerCommandRequest {
         region_id: state.config.region.clone(),
         container_group_id: target.group_id.clone(),
@@ -355,50 +394,50 @@ async fn exec(
         .headers()
         .get("sec-websocket-protocol")
         .is_some_and(|p| p.as_bytes() == b"v5.channel.k8s.io");
-    let (mut up, mut down) = socket.split();
-    let (up_tx, mut up_rx) = mpsc::channel::<Message>(16);
-    let writer = tokio::spawn(async move {
-        while let Some(message) = up_rx.recv().await {
-            if up.send(message).await.is_err() {
+    Ok((socket, v5))
+}
+
+/// The client's stdin up to ECI (channel 0), then its end when the protocol can say it.
+async fn forward_stdin(mut stdin: mpsc::Receiver<Bytes>, up: mpsc::Sender<Message>, v5: bool) {
+    while let Some(data) = stdin.recv().await {
+        if up.send(Message::Binary(prefixed(0, &data))).await.is_err() {
+            return;
+        }
+    }
+    // v5 closes stdin and keeps the session (`tar -xf -` of kubectl cp ends on it); v4
+    // cannot say it, so a command reading to its input's end waits for the client.
+    if v5 {
+        let _ = up
+            .send(Message::Binary(Bytes::from_static(&[255, 0])))
+            .await;
+    } else {
+        warn!("the client closed stdin; ECI's exec stream (v4.channel.k8s.io) cannot pass that on");
+    }
+}
+
+/// The client's terminal sizes up to ECI (channel 4), one JSON value per message.
+async fn forward_resize(mut resize: mpsc::Receiver<Bytes>, up: mpsc::Sender<Message>) {
+    let mut pending = Vec::new();
+    while let Some(data) = resize.recv().await {
+        pending.extend_from_slice(&data);
+        for size in complete_json_values(&mut pending) {
+            if up.send(Message::Binary(prefixed(4, &size))).await.is_err() {
                 return;
             }
         }
-        let _ = up.close().await;
-    });
-    let mut forwarders = Vec::new();
-    if let Some(mut stdin) = streams.stdin.take() {
-        let up = up_tx.clone();
-        forwarders.push(tokio::spawn(async move {
-            while let Some(data) = stdin.recv().await {
-                if up.send(Message::Binary(prefixed(0, &data))).await.is_err() {
-                    return;
-                }
-            }
-            // v5 closes stdin and keeps the session (`tar -xf -` of kubectl cp ends on it); v4
-            // cannot say it, so a command reading to its input's end waits for the client.
-            if v5 {
-                let _ = up
-                    .send(Message::Binary(Bytes::from_static(&[255, 0])))
-                    .await;
-            } else {
-                warn!("the client closed stdin; ECI's exec stream (v4.channel.k8s.io) cannot pass that on");
-            }
-        }));
     }
-    if let Some(mut resize) = streams.resize.take() {
-        let up = up_tx.clone();
-        forwarders.push(tokio::spawn(async move {
-            let mut pending = Vec::new();
-            while let Some(data) = resize.recv().await {
-                pending.extend_from_slice(&data);
-                for size in complete_json_values(&mut pending) {
-                    if up.send(Message::Binary(prefixed(4, &size))).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }));
-    }
+}
+
+/// ECI's stdout and stderr down to the client until the session, the client or the daemon
+/// ends; the Status ECI sent on channel 3, if any.
+async fn relay_output<S>(
+    state: &KubeletState,
+    down: &mut S,
+    streams: &ClientStreams,
+) -> Option<Value>
+where
+    S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
     let mut status = None;
     loop {
         let message = tokio::select! {
@@ -438,12 +477,12 @@ async fn exec(
             }
         }
     }
-    for forwarder in forwarders {
-        forwarder.abort();
-    }
-    drop(up_tx);
-    let _ = writer.await;
-    Ok(match status {
+    status
+}
+
+/// What the client's error stream gets: ECI's Status, or Success when it sent a Success or none.
+fn final_status(status: Option<Value>) -> Value {
+    match status {
         Some(status) if status.get("status").and_then(Value::as_str) == Some("Success") => {
             success()
         }
@@ -452,7 +491,7 @@ async fn exec(
             debug!("ECI's exec stream ended without a status");
             success()
         }
-    })
+    }
 }
 
 fn prefixed(channel: u8, data: &[u8]) -> Bytes {
