@@ -385,17 +385,8 @@ fn expand_all(words: Option<&[String]>, env: &[eci::EnvironmentVar]) -> Vec<Stri
         .collect()
 }
 
-pub(super) fn container(
-    container: &Container,
-    pod_security: Option<&PodSecurityContext>,
-    env: Vec<eci::EnvironmentVar>,
-    at: &str,
-) -> Result<eci::Container, Rejection> {
-    let image = container
-        .image
-        .clone()
-        .filter(|i| !i.is_empty())
-        .ok_or_else(|| reject(&format!("{at}.image"), "an image is required"))?;
+/// The container's ports: TCP or UDP, as ECI takes them.
+fn ports(container: &Container, at: &str) -> Result<Vec<eci::Port>, Rejection> {
     let mut ports = Vec::new();
     for port in container.ports.iter().flatten() {
         let protocol = port.protocol.clone().unwrap_or_else(|| "TCP".into());
@@ -410,6 +401,11 @@ pub(super) fn container(
             protocol,
         });
     }
+    Ok(ports)
+}
+
+/// The container's volume mounts (`subPathExpr` has no ECI field).
+fn mounts(container: &Container, at: &str) -> Result<Vec<eci::VolumeMount>, Rejection> {
     let mut mounts = Vec::new();
     for mount in container.volume_mounts.iter().flatten() {
         if mount.sub_path_expr.is_some() {
@@ -426,6 +422,22 @@ pub(super) fn container(
             mount_propagation: mount.mount_propagation.clone().unwrap_or_default(),
         });
     }
+    Ok(mounts)
+}
+
+pub(super) fn container(
+    container: &Container,
+    pod_security: Option<&PodSecurityContext>,
+    env: Vec<eci::EnvironmentVar>,
+    at: &str,
+) -> Result<eci::Container, Rejection> {
+    let image = container
+        .image
+        .clone()
+        .filter(|i| !i.is_empty())
+        .ok_or_else(|| reject(&format!("{at}.image"), "an image is required"))?;
+    let ports = ports(container, at)?;
+    let mounts = mounts(container, at)?;
     let startup_window = container.startup_probe.as_ref().map_or(0, |p| {
         p.initial_delay_seconds.unwrap_or(0)
             + p.period_seconds.unwrap_or(10) * p.failure_threshold.unwrap_or(3)

@@ -120,76 +120,8 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
         .uid
         .clone()
         .ok_or_else(|| reject("metadata.uid", "the pod has no uid yet"))?;
-    for (flag, field) in [
-        (spec.host_network, "spec.hostNetwork"),
-        (spec.host_pid, "spec.hostPID"),
-        (spec.host_ipc, "spec.hostIPC"),
-    ] {
-        if flag == Some(true) {
-            return Err(reject(
-                field,
-                "ECI container groups cannot share the host's namespaces",
-            ));
-        }
-    }
-    if spec
-        .ephemeral_containers
-        .as_ref()
-        .is_some_and(|c| !c.is_empty())
-    {
-        return Err(reject(
-            "spec.ephemeralContainers",
-            "ephemeral containers are not supported on ECI",
-        ));
-    }
-    if spec.containers.is_empty() {
-        return Err(reject(
-            "spec.containers",
-            "a pod needs at least one container",
-        ));
-    }
-    let service_env = service_env::variables(
-        &namespace,
-        spec.enable_service_links.unwrap_or(true),
-        cx.apiserver,
-        cx.services.iter().map(AsRef::as_ref),
-    );
-    let sidecars = sidecars::count(spec)?;
-    let mut containers = Vec::new();
-    let mut init_containers = Vec::new();
-    for (index, c) in spec.init_containers.iter().flatten().enumerate() {
-        let at = format!("spec.initContainers[{index}] ({})", c.name);
-        let mut env = env::environment(pod, c, cx, &service_env, &at)?;
-        // Regular init containers come first (`sidecars::count`): the sidecar's position is
-        // its index less theirs.
-        let first_sidecar = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .take_while(|c| !sidecars::is_sidecar(c))
-            .count();
-        if sidecars::is_sidecar(c) {
-            env.extend(sidecars::variables(index - first_sidecar, sidecars, &env));
-            containers.push(container::container(
-                c,
-                spec.security_context.as_ref(),
-                env,
-                &at,
-            )?);
-            continue;
-        }
-        init_containers.push(init_container(c, spec.security_context.as_ref(), env, &at)?);
-    }
-    for (index, c) in spec.containers.iter().enumerate() {
-        let at = format!("spec.containers[{index}] ({})", c.name);
-        let env = env::environment(pod, c, cx, &service_env, &at)?;
-        containers.push(container::container(
-            c,
-            spec.security_context.as_ref(),
-            env,
-            &at,
-        )?);
-    }
+    refuse_unsupported(spec)?;
+    let (containers, init_containers) = all_containers(pod, spec, cx, &namespace)?;
     let annotations = meta.annotations.clone().unwrap_or_default();
     let mut tags = naming::tags(cx.cluster_name, cx.node_name, &namespace, &name, &uid);
     // The pod's `eci-kube-proxy-enabled` replaces it (see `annotations`).
@@ -236,6 +168,90 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
     annotations::apply(&annotations, &mut request)?;
     volumes::mount_read_only_claims(pod, &mut request);
     Ok(request)
+}
+
+/// What no ECI container group can be: sharing the host's namespaces, ephemeral containers,
+/// no container at all.
+fn refuse_unsupported(spec: &k8s_openapi::api::core::v1::PodSpec) -> Result<(), Rejection> {
+    for (flag, field) in [
+        (spec.host_network, "spec.hostNetwork"),
+        (spec.host_pid, "spec.hostPID"),
+        (spec.host_ipc, "spec.hostIPC"),
+    ] {
+        if flag == Some(true) {
+            return Err(reject(
+                field,
+                "ECI container groups cannot share the host's namespaces",
+            ));
+        }
+    }
+    if spec
+        .ephemeral_containers
+        .as_ref()
+        .is_some_and(|c| !c.is_empty())
+    {
+        return Err(reject(
+            "spec.ephemeralContainers",
+            "ephemeral containers are not supported on ECI",
+        ));
+    }
+    if spec.containers.is_empty() {
+        return Err(reject(
+            "spec.containers",
+            "a pod needs at least one container",
+        ));
+    }
+    Ok(())
+}
+
+/// The group's containers and init containers, each with its environment: native sidecars
+/// (init containers that always restart) run as containers of the group.
+fn all_containers(
+    pod: &Pod,
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    cx: &Context<'_>,
+    namespace: &str,
+) -> Result<
+    (
+        Vec<eci_proto::v20180808::Container>,
+        Vec<eci_proto::v20180808::Container>,
+    ),
+    Rejection,
+> {
+    let service_env = service_env::variables(
+        namespace,
+        spec.enable_service_links.unwrap_or(true),
+        cx.apiserver,
+        cx.services.iter().map(AsRef::as_ref),
+    );
+    let sidecars = sidecars::count(spec)?;
+    // Regular init containers come first (`sidecars::count`): a sidecar's position is its
+    // index less theirs.
+    let first_sidecar = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .take_while(|c| !sidecars::is_sidecar(c))
+        .count();
+    let pod_security = spec.security_context.as_ref();
+    let mut containers = Vec::new();
+    let mut init_containers = Vec::new();
+    for (index, c) in spec.init_containers.iter().flatten().enumerate() {
+        let at = format!("spec.initContainers[{index}] ({})", c.name);
+        let mut env = env::environment(pod, c, cx, &service_env, &at)?;
+        if sidecars::is_sidecar(c) {
+            env.extend(sidecars::variables(index - first_sidecar, sidecars, &env));
+            containers.push(container::container(c, pod_security, env, &at)?);
+        } else {
+            init_containers.push(init_container(c, pod_security, env, &at)?);
+        }
+    }
+    for (index, c) in spec.containers.iter().enumerate() {
+        let at = format!("spec.containers[{index}] ({})", c.name);
+        let env = env::environment(pod, c, cx, &service_env, &at)?;
+        containers.push(container::container(c, pod_security, env, &at)?);
+    }
+    Ok((containers, init_containers))
 }
 
 /// An init container as `InitContainer.N` takes it.

@@ -271,6 +271,17 @@ fn translate(
     cx: &Context<'_>,
 ) -> Result<Volume, Rejection> {
     let at = format!("spec.volumes[{index}] ({})", volume.name);
+    if let Some(claim) = &volume.persistent_volume_claim {
+        let pv = cx.claims.get(&claim.claim_name).ok_or_else(|| Rejection {
+            field: at.clone(),
+            reason: format!(
+                "PersistentVolumeClaim {:?} is not bound to a PersistentVolume yet",
+                claim.claim_name
+            ),
+            retryable: true,
+        })?;
+        return claims::volume(&volume.name, pv, claim.read_only == Some(true), &at);
+    }
     let mut eci = Volume {
         name: volume.name.clone(),
         ..Volume::default()
@@ -285,102 +296,6 @@ fn translate(
                 .map(|q| q.0.clone())
                 .unwrap_or_default(),
         });
-    } else if let Some(source) = &volume.config_map {
-        let optional = source.optional == Some(true);
-        let files = match config_map_entries(cx, &source.name) {
-            Some(entries) => {
-                keyed_files(&entries, source.items.as_ref(), optional, &at, "ConfigMap")?
-            }
-            None if optional => Vec::new(),
-            None => return Err(missing(&at, "ConfigMap", &source.name)),
-        };
-        eci.r#type = "ConfigFileVolume".into();
-        eci.config_file_volume = Some(encode(files, source.default_mode));
-    } else if let Some(source) = &volume.secret {
-        let name = source.secret_name.clone().unwrap_or_default();
-        let optional = source.optional == Some(true);
-        let files = match secret_entries(cx, &name) {
-            Some(entries) => keyed_files(&entries, source.items.as_ref(), optional, &at, "Secret")?,
-            None if optional => Vec::new(),
-            None => return Err(missing(&at, "Secret", &name)),
-        };
-        eci.r#type = "ConfigFileVolume".into();
-        eci.config_file_volume = Some(encode(files, source.default_mode));
-    } else if let Some(source) = &volume.downward_api {
-        eci.r#type = "ConfigFileVolume".into();
-        eci.config_file_volume = Some(encode(
-            downward_files(pod, source.items.as_deref().unwrap_or_default(), cx, &at)?,
-            source.default_mode,
-        ));
-    } else if let Some(source) = &volume.projected {
-        let mut files = Vec::new();
-        for projection in source.sources.iter().flatten() {
-            if let Some(map) = &projection.config_map {
-                let optional = map.optional == Some(true);
-                match config_map_entries(cx, &map.name) {
-                    Some(entries) => files.extend(keyed_files(
-                        &entries,
-                        map.items.as_ref(),
-                        optional,
-                        &at,
-                        "ConfigMap",
-                    )?),
-                    None if optional => {}
-                    None => return Err(missing(&at, "ConfigMap", &map.name)),
-                }
-            } else if let Some(secret) = &projection.secret {
-                let optional = secret.optional == Some(true);
-                match secret_entries(cx, &secret.name) {
-                    Some(entries) => files.extend(keyed_files(
-                        &entries,
-                        secret.items.as_ref(),
-                        optional,
-                        &at,
-                        "Secret",
-                    )?),
-                    None if optional => {}
-                    None => return Err(missing(&at, "Secret", &secret.name)),
-                }
-            } else if let Some(downward) = &projection.downward_api {
-                files.extend(downward_files(
-                    pod,
-                    downward.items.as_deref().unwrap_or_default(),
-                    cx,
-                    &at,
-                )?);
-            } else if let Some(token) = &projection.service_account_token {
-                let value = cx
-                    .service_account_tokens
-                    .get(&TokenSource::of(token))
-                    .ok_or_else(|| Rejection {
-                        field: at.clone(),
-                        reason: "a service account token was not issued yet".into(),
-                        retryable: true,
-                    })?;
-                files.push(File {
-                    path: token.path.clone(),
-                    content: value.expose().as_bytes().to_vec(),
-                    mode: None,
-                });
-            } else {
-                return Err(reject(
-                    &at,
-                    "projected volumes support configMap, secret, downwardAPI and serviceAccountToken sources",
-                ));
-            }
-        }
-        eci.r#type = "ConfigFileVolume".into();
-        eci.config_file_volume = Some(encode(files, source.default_mode));
-    } else if let Some(claim) = &volume.persistent_volume_claim {
-        let pv = cx.claims.get(&claim.claim_name).ok_or_else(|| Rejection {
-            field: at.clone(),
-            reason: format!(
-                "PersistentVolumeClaim {:?} is not bound to a PersistentVolume yet",
-                claim.claim_name
-            ),
-            retryable: true,
-        })?;
-        return claims::volume(&volume.name, pv, claim.read_only == Some(true), &at);
     } else if let Some(nfs) = &volume.nfs {
         eci.r#type = "NFSVolume".into();
         eci.nfs_volume = Some(NfsVolume {
@@ -388,20 +303,132 @@ fn translate(
             path: nfs.path.clone(),
             read_only: nfs.read_only.unwrap_or(false),
         });
+    } else if let Some((files, default_mode)) = file_source(pod, volume, cx, &at)? {
+        eci.r#type = "ConfigFileVolume".into();
+        eci.config_file_volume = Some(encode(files, default_mode));
     } else {
-        let kind = serde_json::to_value(volume)
-            .ok()
-            .and_then(|v| {
-                v.as_object()
-                    .and_then(|o| o.keys().find(|k| *k != "name").cloned())
-            })
-            .unwrap_or_else(|| "unknown".into());
-        return Err(reject(
-            &at,
-            format!(
-                "{kind} volumes cannot run on ECI; supported: emptyDir, configMap, secret, downwardAPI, projected, nfs, persistentVolumeClaim"
-            ),
-        ));
+        return Err(unsupported(volume, &at));
     }
     Ok(eci)
+}
+
+/// The files of a configMap, secret, downwardAPI or projected volume, with its default mode
+/// (`None` for the other kinds of volume).
+fn file_source(
+    pod: &Pod,
+    volume: &k8s_openapi::api::core::v1::Volume,
+    cx: &Context<'_>,
+    at: &str,
+) -> Result<Option<(Vec<File>, Option<i32>)>, Rejection> {
+    let files = if let Some(source) = &volume.config_map {
+        let entries = config_map_entries(cx, &source.name);
+        let files = keyed(
+            ("ConfigMap", &source.name, entries),
+            source.items.as_ref(),
+            source.optional == Some(true),
+            at,
+        )?;
+        (files, source.default_mode)
+    } else if let Some(source) = &volume.secret {
+        let name = source.secret_name.clone().unwrap_or_default();
+        let entries = secret_entries(cx, &name);
+        let files = keyed(
+            ("Secret", &name, entries),
+            source.items.as_ref(),
+            source.optional == Some(true),
+            at,
+        )?;
+        (files, source.default_mode)
+    } else if let Some(source) = &volume.downward_api {
+        let items = source.items.as_deref().unwrap_or_default();
+        (downward_files(pod, items, cx, at)?, source.default_mode)
+    } else if let Some(source) = &volume.projected {
+        let mut files = Vec::new();
+        for projection in source.sources.iter().flatten() {
+            files.extend(projected_files(pod, projection, cx, at)?);
+        }
+        (files, source.default_mode)
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(files))
+}
+
+/// The files of one source of a projected volume.
+fn projected_files(
+    pod: &Pod,
+    projection: &k8s_openapi::api::core::v1::VolumeProjection,
+    cx: &Context<'_>,
+    at: &str,
+) -> Result<Vec<File>, Rejection> {
+    if let Some(map) = &projection.config_map {
+        let entries = config_map_entries(cx, &map.name);
+        keyed(
+            ("ConfigMap", &map.name, entries),
+            map.items.as_ref(),
+            map.optional == Some(true),
+            at,
+        )
+    } else if let Some(secret) = &projection.secret {
+        let entries = secret_entries(cx, &secret.name);
+        keyed(
+            ("Secret", &secret.name, entries),
+            secret.items.as_ref(),
+            secret.optional == Some(true),
+            at,
+        )
+    } else if let Some(downward) = &projection.downward_api {
+        downward_files(pod, downward.items.as_deref().unwrap_or_default(), cx, at)
+    } else if let Some(token) = &projection.service_account_token {
+        let value = cx
+            .service_account_tokens
+            .get(&TokenSource::of(token))
+            .ok_or_else(|| Rejection {
+                field: at.to_owned(),
+                reason: "a service account token was not issued yet".into(),
+                retryable: true,
+            })?;
+        Ok(vec![File {
+            path: token.path.clone(),
+            content: value.expose().as_bytes().to_vec(),
+            mode: None,
+        }])
+    } else {
+        Err(reject(
+            at,
+            "projected volumes support configMap, secret, downwardAPI and serviceAccountToken sources",
+        ))
+    }
+}
+
+/// The files of a ConfigMap's or Secret's entries (`kind`, `name`, the entries when the object
+/// exists): a missing object is no files when optional, a refusal naming it otherwise.
+fn keyed(
+    (kind, name, entries): (&str, &str, Option<BTreeMap<String, Vec<u8>>>),
+    items: Option<&Vec<KeyToPath>>,
+    optional: bool,
+    at: &str,
+) -> Result<Vec<File>, Rejection> {
+    match entries {
+        Some(entries) => keyed_files(&entries, items, optional, at, kind),
+        None if optional => Ok(Vec::new()),
+        None => Err(missing(at, kind, name)),
+    }
+}
+
+/// A volume of a kind ECI cannot mount, named by its kind.
+fn unsupported(volume: &k8s_openapi::api::core::v1::Volume, at: &str) -> Rejection {
+    let kind = serde_json::to_value(volume)
+        .ok()
+        .and_then(|v| {
+            v.as_object()
+                .and_then(|o| o.keys().find(|k| *k != "name").cloned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    reject(
+        at,
+        format!(
+            "{kind} volumes cannot run on ECI; supported: emptyDir, configMap, secret, downwardAPI, projected, nfs, persistentVolumeClaim"
+        ),
+    )
 }
