@@ -312,6 +312,9 @@ fn translate(
     Ok(eci)
 }
 
+/// A file volume's files and its default mode.
+type FileSource = (Vec<File>, Option<i32>);
+
 /// The files of a configMap, secret, downwardAPI or projected volume, with its default mode
 /// (`None` for the other kinds of volume).
 fn file_source(
@@ -319,7 +322,7 @@ fn file_source(
     volume: &k8s_openapi::api::core::v1::Volume,
     cx: &Context<'_>,
     at: &str,
-) -> Result<Option<(Vec<File>, Option<i32>)>, Rejection> {
+) -> Result<Option<FileSource>, Rejection> {
     let files = if let Some(source) = &volume.config_map {
         let entries = config_map_entries(cx, &source.name);
         let files = keyed(
