@@ -70,8 +70,9 @@ pub fn argv(spec: &Container, image: &ImageRunConfig) -> Vec<String> {
 }
 
 /// The environment: the image's, then the spec's (replacing a name already set). A
-/// `FieldRef` of `status.podIP` is the group's address; other field references are not
-/// resolved here and are left out.
+/// `FieldRef` of `status.podIP` or `status.hostIP` is the group's address (the instance is the
+/// pod's host, as the daemon reports it); other field references are not resolved here and
+/// are left out.
 pub fn env(spec: &Container, image: &ImageRunConfig, ip: Ipv4Addr) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = Vec::new();
     let mut set = |name: &str, value: String| {
@@ -84,7 +85,11 @@ pub fn env(spec: &Container, image: &ImageRunConfig, ip: Ipv4Addr) -> Vec<(Strin
     }
     for var in &spec.environment_var {
         match &var.field_ref {
-            Some(field) if field.field_path == "status.podIP" => set(&var.key, ip.to_string()),
+            Some(field)
+                if matches!(field.field_path.as_str(), "status.podIP" | "status.hostIP") =>
+            {
+                set(&var.key, ip.to_string());
+            }
             Some(_) => {}
             None => set(&var.key, var.value.clone()),
         }
@@ -277,6 +282,13 @@ mod tests {
                         field_path: "status.podIP".into(),
                     }),
                 },
+                EnvironmentVar {
+                    key: "HOST_IP".into(),
+                    value: String::new(),
+                    field_ref: Some(FieldRef {
+                        field_path: "status.hostIP".into(),
+                    }),
+                },
             ],
             ..Container::default()
         };
@@ -291,7 +303,8 @@ mod tests {
                 ("PATH", "/bin"),
                 ("EMPTY", ""),
                 ("FOO", "bar"),
-                ("IP", "10.213.0.2")
+                ("IP", "10.213.0.2"),
+                ("HOST_IP", "10.213.0.2")
             ])
         );
     }
