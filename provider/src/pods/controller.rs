@@ -846,24 +846,28 @@ impl PodController {
     }
 
     /// Drives every tracked pod again from the copy its entry holds (a failed step may have
-    /// left a pod that nothing else wakes), each under the lock, so that what is driven is
-    /// what the entry holds at that moment: a pod the watch removed meanwhile is not there,
-    /// a newer copy it stored is the one driven.
+    /// left a pod that nothing else wakes). Copies are unpacked outside the lock (the watch and
+    /// the polls wait on it); each is driven only if its entry still holds it: a pod removed
+    /// meanwhile is not there, and a newer copy stored meanwhile was driven as it came.
     pub(super) fn resync(&self) {
-        let uids: Vec<String> = self.tracked().keys().cloned().collect();
-        for uid in uids {
-            let driven = {
+        let kept: Vec<(String, slim::PodCopy)> = self
+            .tracked()
+            .iter()
+            .filter_map(|(uid, entry)| Some((uid.clone(), entry.pod.clone()?)))
+            .collect();
+        for (uid, copy) in kept {
+            let Some(pod) = copy.pod() else { continue };
+            let effect = {
                 let mut tracked = self.tracked();
                 let Some(entry) = tracked.get_mut(&uid) else {
                     continue;
                 };
-                let Some(pod) = entry.pod.as_ref().and_then(slim::PodCopy::pod) else {
+                if entry.pod.as_ref().map(slim::PodCopy::version) != Some(copy.version()) {
                     continue;
-                };
-                let effect = self.step(entry, &uid, &pod, Delivery::Keep);
-                (pod, effect)
+                }
+                self.step(entry, &uid, &pod, Delivery::Keep)
             };
-            self.act(driven.0, uid, driven.1);
+            self.act(pod, uid, effect);
         }
     }
 

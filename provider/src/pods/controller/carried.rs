@@ -27,6 +27,17 @@ use crate::pods::to_eci::annotations::{INSTANCE_ID, WRITTEN_BACK as OURS};
 /// (measured: docs/performance.md).
 pub(super) const FLUSH_AFTER_POLLS: u8 = 2;
 
+/// Whether annotations of ours wait for a status write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Waiting {
+    /// None wait.
+    No,
+    /// Some wait for the pod's next status write.
+    Pending,
+    /// Some waited [`FLUSH_AFTER_POLLS`] polls: they are due a write of their own.
+    Due,
+}
+
 /// Annotation keys and values, shared between the entry and the write carrying them.
 pub(super) type Values = Arc<[(&'static str, Box<str>)]>;
 
@@ -87,14 +98,13 @@ impl OwnAnnotations {
         *polls >= FLUSH_AFTER_POLLS && *polls % FLUSH_AFTER_POLLS == 0
     }
 
-    /// Whether values waited long enough for a status write to get one of their own.
-    pub(super) fn is_due(&self) -> bool {
-        matches!(self, Self::Pending { polls, .. } if *polls >= FLUSH_AFTER_POLLS)
-    }
-
-    /// Whether values wait for a write.
-    pub(super) fn is_pending(&self) -> bool {
-        matches!(self, Self::Pending { .. })
+    /// How long values wait for a write (see [`Waiting`]).
+    pub(super) fn waiting(&self) -> Waiting {
+        match self {
+            Self::Pending { polls, .. } if *polls >= FLUSH_AFTER_POLLS => Waiting::Due,
+            Self::Pending { .. } => Waiting::Pending,
+            Self::Nothing | Self::Written(_) => Waiting::No,
+        }
     }
 
     /// After a restart: a pod that shows `group` as its instance id carries our annotations
@@ -184,7 +194,7 @@ mod tests {
         assert_eq!(carried.values(), None, "nothing before a group");
         let sent = id("eci-1");
         carried.queue(Arc::clone(&sent));
-        assert!(carried.is_pending());
+        assert_eq!(carried.waiting(), Waiting::Pending);
         assert_eq!(carried.values(), Some(&sent), "the next apply carries them");
         carried.stored(&sent);
         assert_eq!(carried, OwnAnnotations::Written(Arc::clone(&sent)));
@@ -200,7 +210,7 @@ mod tests {
         let newer = id("eci-1");
         carried.queue(Arc::clone(&newer));
         carried.stored(&in_flight);
-        assert!(carried.is_pending(), "{carried:?}");
+        assert_eq!(carried.waiting(), Waiting::Pending, "{carried:?}");
         assert_eq!(carried.values(), Some(&newer));
     }
 

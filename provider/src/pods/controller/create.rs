@@ -1224,7 +1224,7 @@ mod tests {
             "one apply, one read"
         );
         assert!(
-            controller.tracked()["u-1"].carried.is_pending(),
+            controller.tracked()["u-1"].carried.waiting() != carried::Waiting::No,
             "still ours to write"
         );
     }
@@ -1258,7 +1258,10 @@ mod tests {
             json!({INSTANCE_ANNOTATION: "eci-1"})
         );
         assert_eq!(bodies[0]["status"], json!({"phase": "Pending"}));
-        assert!(!controller.tracked()["u-1"].carried.is_pending());
+        assert_eq!(
+            controller.tracked()["u-1"].carried.waiting(),
+            carried::Waiting::No
+        );
         controller.sync_status("u-1").await;
         assert_eq!(bodies.len(), 1, "nothing left to write");
     }

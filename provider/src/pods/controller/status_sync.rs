@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::carried;
+use super::carried::{self, Waiting};
 use super::lifecycle::{self, Lifecycle};
 use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
 use crate::pods::from_eci;
@@ -95,8 +95,8 @@ pub(super) struct Facts {
     pub(super) overwritten: bool,
     /// Readiness gates others set, or the generation, changed what the status is to be.
     pub(super) refresh: bool,
-    /// Annotations of ours waited too long for a status write to carry them.
-    pub(super) annotations_due: bool,
+    /// Whether annotations of ours wait for a status write, and whether too long.
+    pub(super) annotations: Waiting,
 }
 
 /// A group state the sync has not applied yet, compared with the pod.
@@ -141,7 +141,7 @@ pub(super) fn plan(facts: Facts) -> Plan {
             forget: false,
         };
     }
-    let again = facts.refresh || facts.annotations_due;
+    let again = facts.refresh || facts.annotations == Waiting::Due;
     let write = match facts.group {
         Unsynced::Changed => Write::Apply,
         _ if again => Write::Refresh,
@@ -508,7 +508,7 @@ impl PodController {
             },
             overwritten,
             refresh: from_eci::refresh(pod, now).is_some(),
-            annotations_due: found.annotations_due,
+            annotations: found.annotations,
         };
         let decided = plan(facts);
         let written = match (decided.write, &found.group) {
@@ -527,7 +527,7 @@ impl PodController {
                 outcome
             }
             (Write::Refresh, _) => {
-                let pending = found.annotations_pending;
+                let pending = found.annotations != Waiting::No;
                 self.write_status(pod, |current| {
                     from_eci::refresh(current, now)
                         .or_else(|| pending.then(|| shown_status(current)))
@@ -551,19 +551,26 @@ impl PodController {
             (kept, entry.group.take())
         };
         // Unpacked and decoded outside the lock: the watch and the polls wait on it.
-        let pod = kept.pod()?;
-        let group = match unsynced {
-            Some(Ok(group)) if group.status != "Terminating" => Some(group),
-            Some(Ok(_)) | None => None,
-            // Not expected of what `SeenGroup::see` encoded: the next full listing hands the
-            // state to the sync again.
-            Some(Err(error)) => {
-                warn!(pod_uid = %uid, %error, "a group state kept for the sync does not decode; skipped");
-                None
-            }
-        };
+        let pod = kept.pod();
+        let decoded = unsynced.map(|state| {
+            state.inspect_err(|error| {
+                warn!(pod_uid = %uid, %error, "a group state kept for the sync does not decode; the next full listing hands it over again");
+            })
+        });
+        let lost = matches!(decoded, Some(Err(_))) || (pod.is_none() && decoded.is_some());
+        // A group being deleted by ECI: its pod's deletion reports it.
+        let group = decoded
+            .and_then(Result::ok)
+            .filter(|group| group.status != "Terminating");
         let mut tracked = self.tracked();
         let entry = tracked.get_mut(uid)?;
+        // Neither a copy that does not unpack nor a state that does not decode is expected of
+        // what this process packed and encoded; a state taken and not applied is forgotten,
+        // so that the next full listing hands it to the sync again.
+        if lost {
+            entry.group.forget();
+        }
+        let pod = pod?;
         let mut events = Vec::new();
         if let Some(group) = &group
             && !entry.lifecycle.is_deleting()
@@ -576,8 +583,7 @@ impl PodController {
                 && pod.metadata.deletion_timestamp.is_none(),
             watched: entry.origin == super::Origin::Watched,
             written: entry.written,
-            annotations_due: entry.carried.is_due(),
-            annotations_pending: entry.carried.is_pending(),
+            annotations: entry.carried.waiting(),
             pod,
             group,
             events,
@@ -676,8 +682,8 @@ struct Found {
     watched: bool,
     /// The fingerprint of the status last written.
     written: Option<u64>,
-    annotations_due: bool,
-    annotations_pending: bool,
+    /// Whether annotations of ours wait for a status write.
+    annotations: Waiting,
 }
 
 /// How long ago the group's state changed, as ECI says.
@@ -722,6 +728,7 @@ fn change_window(elapsed: Duration) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn the_window_covers_the_time_since_the_last_complete_poll() {
@@ -753,36 +760,74 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_state_taken_and_not_applied_is_handed_over_again_by_the_next_listing() {
+        let (controller, _) = super::super::tests::controller(Arc::default());
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "default", "uid": "u-1"},
+            "spec": {"containers": [{"name": "app", "image": "nginx:1.27"}]},
+        }))
+        .unwrap();
+        let group = ContainerGroupStatus {
+            container_group_id: "eci-1".into(),
+            status: "Running".into(),
+            ..ContainerGroupStatus::default()
+        };
+        let mut entry = super::super::PodEntry {
+            lifecycle: Lifecycle::Created {
+                group: "eci-1".into(),
+                annotated: true,
+            },
+            ..super::super::PodEntry::default()
+        };
+        entry.keep(&Arc::new(pod));
+        assert!(entry.group.see(&group, 7));
+        // A state whose encoding is corrupt: taken by the sync, never applied.
+        entry.group.unsynced = Some(vec![0xff; 3].into_boxed_slice());
+        controller.tracked().insert("u-1".into(), entry);
+        let found = controller.find("u-1").expect("the pod is kept");
+        assert!(found.group.is_none(), "nothing decoded to apply");
+        let mut tracked = controller.tracked();
+        assert!(
+            tracked.get_mut("u-1").unwrap().group.see(&group, 7),
+            "the same state, listed again, is handed to the sync"
+        );
+    }
+
     #[test]
     fn the_sync_writes_what_is_new_and_forgets_what_was_written_over() {
         use Unsynced::{Changed, Nothing, Shown};
+        use Waiting::{Due, No, Pending};
         let (apply, record, refresh, none) =
             (Write::Apply, Write::Record, Write::Refresh, Write::Nothing);
-        // (live, group state, overwritten, refresh, annotations due) → (write, forget)
+        // (live, group state, overwritten, refresh, annotations) → (write, forget)
         let table = [
             // Not live (no group, being deleted, terminating): nothing, whatever is known.
-            ((false, Changed, true, true, true), (none, false)),
+            ((false, Changed, true, true, Due), (none, false)),
             // A new state: applied, carrying any waiting annotations with it.
-            ((true, Changed, false, false, false), (apply, false)),
-            ((true, Changed, true, true, true), (apply, false)),
+            ((true, Changed, false, false, No), (apply, false)),
+            ((true, Changed, true, true, Due), (apply, false)),
             // A state the pod shows already: recorded, no write.
-            ((true, Shown, false, false, false), (record, false)),
-            ((true, Shown, true, false, false), (record, false)),
-            // Gates, the generation or waiting annotations: the status as it shows, again.
-            ((true, Shown, false, true, false), (refresh, false)),
-            ((true, Nothing, false, false, true), (refresh, false)),
+            ((true, Shown, false, false, No), (record, false)),
+            ((true, Shown, true, false, No), (record, false)),
+            // Annotations not due yet wait for a write that has another reason.
+            ((true, Shown, false, false, Pending), (record, false)),
+            ((true, Nothing, false, false, Pending), (none, false)),
+            // Gates, the generation or annotations due: the status as it shows, again.
+            ((true, Shown, false, true, No), (refresh, false)),
+            ((true, Nothing, false, false, Due), (refresh, false)),
             // Written over, no state at hand: forgotten until the next full listing.
-            ((true, Nothing, true, false, false), (none, true)),
-            ((true, Nothing, true, true, false), (refresh, true)),
-            ((true, Nothing, false, false, false), (none, false)),
+            ((true, Nothing, true, false, No), (none, true)),
+            ((true, Nothing, true, true, No), (refresh, true)),
+            ((true, Nothing, false, false, No), (none, false)),
         ];
-        for ((live, group, overwritten, refresh, annotations_due), (write, forget)) in table {
+        for ((live, group, overwritten, refresh, annotations), (write, forget)) in table {
             let facts = Facts {
                 live,
                 group,
                 overwritten,
                 refresh,
-                annotations_due,
+                annotations,
             };
             assert_eq!(plan(facts), Plan { write, forget }, "{facts:?}");
         }
