@@ -21,7 +21,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use virtual_node_eci::k8s::quantity::Quantity;
 use virtual_node_eci::k8s::requests::Requests;
-use virtual_node_eci::placement::decide::{self, Outcome, PodFacts, UnitView, VirtualNodes};
+use virtual_node_eci::placement::decide::{self, Destination, PodFacts, UnitView, VirtualNodes};
 use virtual_node_eci::placement::policy::{self, ResourcePolicySpec};
 
 fn requests(value: &Value) -> Requests {
@@ -75,9 +75,9 @@ fuzz_target!(|data: &[u8]| {
         .and_then(|s| Duration::try_from_secs_f64(s).ok())
         .unwrap_or_default();
     let choice = decide::choose(&spec, &views, &asked, waited);
-    let chosen = match &choice.outcome {
-        Outcome::Place(unit) | Outcome::Wait { unit, .. } => Some(*unit),
-        Outcome::Nowhere => None,
+    let chosen = match &choice.destination {
+        Destination::Place(unit) | Destination::Wait { unit, .. } => Some(*unit),
+        Destination::Nowhere => None,
     };
     if let Some(unit) = chosen {
         assert!(unit < spec.units.len(), "{choice:?}");

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use virtual_node_eci::eci::openapi::form;
-use virtual_node_eci::pods::to_eci::annotations::{Outcome, TABLE};
+use virtual_node_eci::pods::to_eci::annotations::{Handling, TABLE};
 use virtual_node_eci::pods::to_eci::{self, Context};
 
 const ACTION: &str = "CreateContainerGroup";
@@ -83,7 +83,7 @@ fn companions(key: &str) -> BTreeMap<&'static str, &'static str> {
 fn mapped_annotations_send_exactly_their_documented_parameters() {
     let mut mapped = 0;
     for entry in TABLE {
-        let Outcome::Mapped { parameters, .. } = entry.outcome else {
+        let Handling::Mapped { parameters, .. } = entry.handling else {
             continue;
         };
         mapped += 1;
@@ -128,18 +128,18 @@ fn render() -> String {
     let mut out = String::from(BEGIN);
     out.push_str("\n| annotation | what happens | accepted values |\n| --- | --- | --- |\n");
     for entry in TABLE {
-        let what = match entry.outcome {
-            Outcome::Mapped { parameters, .. } => {
+        let what = match entry.handling {
+            Handling::Mapped { parameters, .. } => {
                 let names: Vec<String> = parameters.iter().map(|p| format!("`{p}`")).collect();
                 format!("mapped to {}", names.join(", "))
             }
-            Outcome::NotDriven(what) => {
+            Handling::NotDriven(what) => {
                 format!(
                     "**not driven** (Warning Event `AnnotationNotHonoured`, the group is still created): {what}"
                 )
             }
-            Outcome::ByDaemon { how, .. } => format!("honoured by the daemon: {how}"),
-            Outcome::WrittenBack(from) => format!("written back by the daemon: {from}"),
+            Handling::ByDaemon { how, .. } => format!("honoured by the daemon: {how}"),
+            Handling::WrittenBack(from) => format!("written back by the daemon: {from}"),
         };
         writeln!(
             out,

@@ -22,7 +22,7 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use virtual_node_eci::pods::to_eci::annotations::{
-    EIP_ADDRESS, ENI_INSTANCE_ID, INSTANCE_ID, INSTANCE_SPEC, Outcome, REQUEST_ID, TABLE, VPC,
+    EIP_ADDRESS, ENI_INSTANCE_ID, Handling, INSTANCE_ID, INSTANCE_SPEC, REQUEST_ID, TABLE, VPC,
 };
 use virtual_node_eci::pods::to_eci::{self, Context};
 
@@ -223,7 +223,7 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
     let create = PostParams::default();
     let mut cases = Vec::new();
     for (index, entry) in TABLE.iter().enumerate() {
-        if !matches!(entry.outcome, Outcome::Mapped { .. }) {
+        if !matches!(entry.handling, Handling::Mapped { .. }) {
             continue;
         }
         let without = companions(entry.key);

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 
 use crate::admission::selector::crd::Selector;
 use crate::admission::selector::engine::{
-    Capacity, Placement, Resources, Rule, default_rules, pod_requests, rules_from_profile,
+    Capacity, Resources, Route, Rule, default_rules, pod_requests, rules_from_profile,
 };
 use crate::admission::selector::seal::{self, SealKey};
 use crate::k8s::quantity::Quantity;
@@ -62,11 +62,11 @@ pub struct Snapshot {
 
 fn needs_capacity(rules: &[Rule]) -> bool {
     rules.iter().any(|r| match &r.placement {
-        Placement::NormalNodePrefer {
+        Route::NormalNodePrefer {
             cpu_ratio,
             memory_ratio,
         } => cpu_ratio.is_some() || memory_ratio.is_some(),
-        Placement::NamespaceResourceLimit { .. } => true,
+        Route::NamespaceResourceLimit { .. } => true,
         _ => false,
     })
 }
@@ -787,7 +787,7 @@ mod tests {
         let mut rules = default_rules();
         caches.set_selectors(rules.clone());
         assert!(!*caches.needs_capacity.borrow());
-        rules[0].placement = Placement::NormalNodePrefer {
+        rules[0].placement = Route::NormalNodePrefer {
             cpu_ratio: Some(80),
             memory_ratio: None,
         };

@@ -44,7 +44,7 @@ fn seal_deferred_effect(caches: &Caches, pod: &mut Pod) {
 
 /// What the handler does besides answering.
 #[derive(Debug, Default, PartialEq)]
-pub struct Outcome {
+pub struct SideEffects {
     /// A warning to publish as an Event on the pod (never for dry runs).
     pub event: Option<(ObjectReference, String)>,
     /// Whether a patch was returned.
@@ -66,32 +66,35 @@ pub struct Admission {
 
 impl Admission {
     /// Reviews a request body; the answer is the AdmissionReview to send back.
-    pub fn review(&self, body: &[u8]) -> Result<(serde_json::Value, Outcome), ReviewError> {
+    pub fn review(&self, body: &[u8]) -> Result<(serde_json::Value, SideEffects), ReviewError> {
         let review: AdmissionReview<DynamicObject> =
             serde_json::from_slice(body).map_err(ReviewError::Malformed)?;
         let request: AdmissionRequest<DynamicObject> =
             review.try_into().map_err(|_| ReviewError::NoRequest)?;
-        let (response, outcome) = self.respond(&request);
-        Ok((wire(&response.into_review()), outcome))
+        let (response, effects) = self.respond(&request);
+        Ok((wire(&response.into_review()), effects))
     }
 
-    fn respond(&self, request: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome) {
+    fn respond(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+    ) -> (AdmissionResponse, SideEffects) {
         let allow = AdmissionResponse::from(request);
         if request.kind.group == "scheduling.alibabacloud.com"
             && request.kind.kind == "ResourcePolicy"
             && matches!(request.operation, Operation::Create | Operation::Update)
         {
-            return (review_policy(request, allow), Outcome::default());
+            return (review_policy(request, allow), SideEffects::default());
         }
         let is_pod_create = request.kind.group.is_empty()
             && request.kind.kind == "Pod"
             && request.operation == Operation::Create
             && request.sub_resource.is_none();
         if !is_pod_create {
-            return (allow, Outcome::default());
+            return (allow, SideEffects::default());
         }
         let Some((pod, namespace)) = submitted_pod(request) else {
-            return (allow, Outcome::default());
+            return (allow, SideEffects::default());
         };
         self.review_pod(request, allow, &pod, namespace)
     }
@@ -104,7 +107,7 @@ impl Admission {
         allow: AdmissionResponse,
         pod: &Pod,
         namespace: String,
-    ) -> (AdmissionResponse, Outcome) {
+    ) -> (AdmissionResponse, SideEffects) {
         let snapshot = self.caches.snapshot();
         let namespace_labels = self.caches.namespace_labels(&namespace);
         let mut decision = decide(Input {
@@ -118,17 +121,17 @@ impl Admission {
         });
         let placed = self.place_by_policy(&mut decision.pod, request.dry_run);
         seal_deferred_effect(&self.caches, &mut decision.pod);
-        let mut outcome = Outcome::default();
+        let mut effects = SideEffects::default();
         let mut response = allow;
         if let Some(warning) = &decision.warning {
             response.warnings = Some(vec![warning.clone()]);
             if !request.dry_run {
-                outcome.event = warning_event(pod, namespace, warning);
+                effects.event = warning_event(pod, namespace, warning);
             }
         }
         let (response, patched) = with_mutation(response, pod, decision, placed);
-        outcome.patched = patched;
-        (response, outcome)
+        effects.patched = patched;
+        (response, effects)
     }
 
     /// ResourcePolicy placement, when on and synced: may move the pod into a unit; the note
@@ -319,7 +322,7 @@ mod tests {
 
     #[test]
     fn a_matching_pod_gets_a_patch_with_toleration_and_node_selector() {
-        let (out, outcome) = admission()
+        let (out, effects) = admission()
             .review(&review(
                 "Pod",
                 "CREATE",
@@ -347,18 +350,18 @@ mod tests {
             !text.contains("/metadata/namespace"),
             "the namespace is not patched: {text}"
         );
-        assert!(outcome.patched);
+        assert!(effects.patched);
     }
 
     #[test]
     fn nothing_to_do_means_no_patch() {
-        let (out, outcome) = admission()
+        let (out, effects) = admission()
             .review(&review("Pod", "CREATE", pod(json!({"app": "web"})), false))
             .unwrap();
         let answer = response(&out);
         assert_eq!(answer["allowed"], true);
         assert!(answer.get("patch").is_none_or(Value::is_null));
-        assert!(!outcome.patched);
+        assert!(!effects.patched);
     }
 
     #[test]
@@ -378,9 +381,9 @@ mod tests {
                 false,
             ),
         ] {
-            let (out, outcome) = a.review(&body).unwrap();
+            let (out, effects) = a.review(&body).unwrap();
             assert!(response(&out).get("patch").is_none_or(Value::is_null));
-            assert!(!outcome.patched);
+            assert!(!effects.patched);
         }
     }
 
@@ -413,7 +416,7 @@ mod tests {
         a.caches.set_selectors(rules);
         let mut with_request = pod(json!({}));
         with_request["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "1"}});
-        let (out, outcome) = a
+        let (out, effects) = a
             .review(&review("Pod", "CREATE", with_request.clone(), false))
             .unwrap();
         assert!(
@@ -422,7 +425,7 @@ mod tests {
                 .unwrap()
                 .contains("stays on normal nodes")
         );
-        assert!(outcome.event.is_some());
+        assert!(effects.event.is_some());
         let (_, dry) = a
             .review(&review("Pod", "CREATE", with_request, true))
             .unwrap();

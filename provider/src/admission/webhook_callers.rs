@@ -19,7 +19,7 @@ use crate::ops::chain::Chain;
 
 /// What a caller may do with the webhook.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum CallerAccess {
     /// One of the named callers.
     Allowed,
     /// No credentials the cluster vouches for.
@@ -29,11 +29,11 @@ pub enum Verdict {
 }
 
 /// Judges a caller, `user` being who its credentials proved it is (pure).
-pub fn judge(user: Option<&UserInfo>, names: &BTreeSet<String>) -> Verdict {
+pub fn judge(user: Option<&UserInfo>, names: &BTreeSet<String>) -> CallerAccess {
     match user {
-        None => Verdict::Unauthenticated,
-        Some(user) if names.contains(&user.name) => Verdict::Allowed,
-        Some(user) => Verdict::Refused(user.name.clone()),
+        None => CallerAccess::Unauthenticated,
+        Some(user) if names.contains(&user.name) => CallerAccess::Allowed,
+        Some(user) => CallerAccess::Refused(user.name.clone()),
     }
 }
 
@@ -89,12 +89,12 @@ pub async fn guard(
         }
     };
     match judge(user.as_ref(), &callers.names) {
-        Verdict::Allowed => next.run(request).await,
-        Verdict::Unauthenticated => {
+        CallerAccess::Allowed => next.run(request).await,
+        CallerAccess::Unauthenticated => {
             debug!("refused a webhook call without credentials");
             (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response()
         }
-        Verdict::Refused(name) => {
+        CallerAccess::Refused(name) => {
             debug!(user = %name, "refused a webhook call from a caller not in WEBHOOK_CALLERS");
             (
                 StatusCode::FORBIDDEN,
@@ -117,23 +117,23 @@ mod tests {
             ..UserInfo::default()
         };
         for (caller, want) in [
-            (None, Verdict::Unauthenticated),
+            (None, CallerAccess::Unauthenticated),
             (
                 Some(user("kube-apiserver-kubelet-client")),
-                Verdict::Allowed,
+                CallerAccess::Allowed,
             ),
             (
                 Some(user("system:serviceaccount:team-a:admin")),
-                Verdict::Refused("system:serviceaccount:team-a:admin".into()),
+                CallerAccess::Refused("system:serviceaccount:team-a:admin".into()),
             ),
             // Names are exact: no prefix or case folding.
             (
                 Some(user("kube-apiserver-kubelet-client-2")),
-                Verdict::Refused("kube-apiserver-kubelet-client-2".into()),
+                CallerAccess::Refused("kube-apiserver-kubelet-client-2".into()),
             ),
             (
                 Some(user("Kube-Apiserver-Kubelet-Client")),
-                Verdict::Refused("Kube-Apiserver-Kubelet-Client".into()),
+                CallerAccess::Refused("Kube-Apiserver-Kubelet-Client".into()),
             ),
         ] {
             assert_eq!(judge(caller.as_ref(), &names), want, "{caller:?}");

@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 use crate::admission;
 use crate::config::{Settings, TransportPolicy};
 use crate::eci as backend;
-use crate::fleet::drain::{Decommission, Outcome};
+use crate::fleet::drain::{Decommission, DrainEnd};
 use crate::fleet::membership::{Membership, StopKind};
 use crate::fleet::orphans::OrphanCollector;
 use crate::fleet::replicas;
@@ -474,8 +474,8 @@ impl Stopping<'_> {
             failure = lease_task.failure() => return (Err(failure.into()), None),
         };
         match drained {
-            Ok(Outcome::Drained) => (Ok(()), Some(drain)),
-            Ok(Outcome::TimedOut { left }) => (
+            Ok(DrainEnd::Drained) => (Ok(()), Some(drain)),
+            Ok(DrainEnd::TimedOut { left }) => (
                 Err(anyhow::anyhow!(
                     "the decommission did not finish within {:?} (DRAIN_TIMEOUT); the node stays cordoned with: {left}",
                     self.settings.config.drain_timeout

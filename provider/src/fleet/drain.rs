@@ -146,7 +146,7 @@ pub fn plan(pods: &[Pod], evict_unmanaged: bool) -> DrainPlan {
 
 /// How a drain ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum DrainEnd {
     /// No pod is left: the node can go.
     Drained,
     /// The deadline passed first; these pods are left.
@@ -305,7 +305,7 @@ impl Decommission {
     }
 
     /// Cordons and drains until no pod is left or the deadline passes.
-    pub async fn drain(&self, why: &str) -> Result<Outcome, DrainError> {
+    pub async fn drain(&self, why: &str) -> Result<DrainEnd, DrainError> {
         let started = Instant::now();
         let deadline = started + self.config.drain_timeout;
         self.cordon(why).await?;
@@ -328,7 +328,7 @@ impl Decommission {
             if plan.left() == 0 {
                 Telemetry::count(&self.telemetry.drains, "drained");
                 info!(node = %self.config.node_name, elapsed = ?started.elapsed(), ignored = plan.ignored.len(), "drained: no pod is left on the node");
-                return Ok(Outcome::Drained);
+                return Ok(DrainEnd::Drained);
             }
             if Instant::now() >= deadline {
                 Telemetry::count(&self.telemetry.drains, "timed_out");
@@ -343,7 +343,7 @@ impl Decommission {
                     ),
                 )
                 .await;
-                return Ok(Outcome::TimedOut { left });
+                return Ok(DrainEnd::TimedOut { left });
             }
             if !plan.unmanaged.is_empty() && !reported_unmanaged {
                 reported_unmanaged = true;

@@ -426,7 +426,7 @@ mod tests {
 
     #[test]
     fn the_election_goes_to_the_holder_or_past_a_silent_one() {
-        use crate::k8s::election::{Verdict, claimed, judge};
+        use crate::k8s::election::{Claim, claimed, judge};
         let at =
             |s: u64| std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s);
         let interval = Duration::from_secs(10);
@@ -441,16 +441,16 @@ mod tests {
             "at least 15 s"
         );
         let lease = claimed(GC_LEASE, "ns", &vn0, None, at(0));
-        assert_eq!(judge(&lease, &vn0, at(5)), Verdict::Ours);
-        assert!(matches!(judge(&lease, &vn1, at(5)), Verdict::Held(_)));
+        assert_eq!(judge(&lease, &vn0, at(5)), Claim::Ours);
+        assert!(matches!(judge(&lease, &vn1, at(5)), Claim::Held(_)));
         assert_eq!(
             judge(&lease, &vn1, at(30)),
-            Verdict::Free,
+            Claim::Free,
             "silent for three rounds"
         );
         let mut nobody = lease;
         nobody.spec.as_mut().unwrap().holder_identity = None;
-        assert_eq!(judge(&nobody, &vn1, at(0)), Verdict::Free);
+        assert_eq!(judge(&nobody, &vn1, at(0)), Claim::Free);
     }
 
     #[test]

@@ -90,7 +90,7 @@ pub struct HeldBy {
 
 /// What a candidate may do about a Lease as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Claim {
     /// It holds it: renew.
     Ours,
     /// Nobody holds it (no holder, released, never renewed, or expired): take it.
@@ -172,16 +172,16 @@ fn is_released(lease: &Lease) -> bool {
 }
 
 /// Decides about a Lease as it is at `now` (pure).
-pub fn judge(lease: &Lease, me: &Candidate, now: SystemTime) -> Verdict {
+pub fn judge(lease: &Lease, me: &Candidate, now: SystemTime) -> Claim {
     let holder = holder_of(lease);
     if me.is(&holder) {
-        return Verdict::Ours;
+        return Claim::Ours;
     }
     if holder.identity.is_empty() || is_released(lease) {
-        return Verdict::Free;
+        return Claim::Free;
     }
     let Some(renewed) = renew_time(lease) else {
-        return Verdict::Free;
+        return Claim::Free;
     };
     let duration = lease
         .spec
@@ -191,13 +191,13 @@ pub fn judge(lease: &Lease, me: &Candidate, now: SystemTime) -> Verdict {
         .map_or(me.duration, Duration::from_secs);
     let expires = renewed + duration;
     if expires <= now {
-        return Verdict::Free;
+        return Claim::Free;
     }
     let interval = annotation(lease, RENEW_INTERVAL_ANNOTATION)
         .and_then(|ms| ms.parse::<u64>().ok())
         .map_or(duration / 4, Duration::from_millis);
     let silent_after = (renewed + interval.mul_f64(1.5) + Duration::from_secs(1)).min(expires);
-    Verdict::Held(HeldBy {
+    Claim::Held(HeldBy {
         holder,
         renewed,
         expires,
@@ -457,7 +457,7 @@ impl LeaseLock {
     pub async fn try_acquire(&self, count: &Count<'_>) -> Result<Acquire, kube::Error> {
         let current = self.observe(count).await?;
         if let Some(current) = &current
-            && let Verdict::Held(held) = judge(current, &self.candidate, self.now())
+            && let Claim::Held(held) = judge(current, &self.candidate, self.now())
         {
             return Ok(Acquire::Held(held));
         }

@@ -83,7 +83,7 @@ pub fn subresources(path: &str) -> Vec<&'static str> {
 
 /// What the guard decided about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Authorization {
     /// Go on, as this user.
     Allowed(UserInfo),
     /// No usable credentials (401).
@@ -141,16 +141,16 @@ impl Guard {
         user: UserInfo,
         method: &Method,
         path: &str,
-    ) -> Result<Verdict, AuthError> {
+    ) -> Result<Authorization, AuthError> {
         let verb = verb(method);
         let subresources = subresources(path);
         for subresource in &subresources {
             let question = ResourceQuestion::node(verb, subresource, &self.node);
             if self.authorizer.allowed(&user, &question).await? {
-                return Ok(Verdict::Allowed(user));
+                return Ok(Authorization::Allowed(user));
             }
         }
-        Ok(Verdict::Forbidden {
+        Ok(Authorization::Forbidden {
             user,
             verb,
             subresources,
@@ -164,9 +164,9 @@ impl Guard {
         headers: &HeaderMap,
         method: &Method,
         path: &str,
-    ) -> Result<Verdict, AuthError> {
+    ) -> Result<Authorization, AuthError> {
         match self.authenticate(certificates, bearer(headers)).await? {
-            None => Ok(Verdict::Unauthenticated),
+            None => Ok(Authorization::Unauthenticated),
             Some(user) => self.authorize(user, method, path).await,
         }
     }
@@ -200,13 +200,13 @@ pub async fn guard(
         )
         .await;
     match verdict {
-        Ok(Verdict::Allowed(user)) => {
+        Ok(Authorization::Allowed(user)) => {
             tracing::Span::current().record("user", user.name.as_str());
             request.extensions_mut().insert(user);
             next.run(request).await
         }
-        Ok(Verdict::Unauthenticated) => unauthorized(),
-        Ok(Verdict::Forbidden {
+        Ok(Authorization::Unauthenticated) => unauthorized(),
+        Ok(Authorization::Forbidden {
             user,
             verb,
             subresources,

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::k8s::election::{Candidate, LeaseLock, Renewal, Request, SecondLook, Verdict};
+use crate::k8s::election::{Candidate, Claim, LeaseLock, Renewal, Request, SecondLook};
 pub use crate::k8s::election::{
     INSTANCE_ANNOTATION, RELEASED_ANNOTATION, RENEW_INTERVAL_ANNOTATION,
 };
@@ -155,8 +155,8 @@ impl NodeLease {
                 None => lock.take(None, &count).await,
                 Some(existing) => {
                     match crate::k8s::election::judge(&existing, &lock.candidate, lock.now()) {
-                        Verdict::Ours | Verdict::Free => lock.take(Some(&existing), &count).await,
-                        Verdict::Held(first) => {
+                        Claim::Ours | Claim::Free => lock.take(Some(&existing), &count).await,
+                        Claim::Held(first) => {
                             let instance = first.holder.instance.clone().unwrap_or_default();
                             info!(node = %identity.node, holder = %instance, renewed = %crate::k8s::rfc3339_micros(first.renewed), "the Lease is held by another process; waiting to see whether it is alive");
                             let wait = first

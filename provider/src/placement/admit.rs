@@ -11,11 +11,11 @@ use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorTerm, Pod, Toleration,
 };
 
-use super::decide::{self, Outcome};
+use super::decide::{self, Destination};
 use super::policy::{Resource, Unit};
 use super::state::{
     PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, REASON_ANNOTATION, RESERVATION_ANNOTATION,
-    placement,
+    grant,
 };
 
 /// Who enforces the unit order.
@@ -69,11 +69,11 @@ pub fn admit(
             Err(refusal) => (every_unit, None, refusal.to_string()),
             Ok((choice, _)) => {
                 let explanation = decide::explain(spec, &choice);
-                match choice.outcome {
-                    Outcome::Place(unit) | Outcome::Wait { unit, .. } => {
+                match choice.destination {
+                    Destination::Place(unit) | Destination::Wait { unit, .. } => {
                         let id = uuid::Uuid::new_v4().to_string();
                         let granted = if dry_run {
-                            Ok(placement(&policy, unit))
+                            Ok(grant(&policy, unit))
                         } else {
                             index.reserve_unit(&policy, &entry, unit, &id)
                         };
@@ -94,7 +94,7 @@ pub fn admit(
                             Err(refusal) => (every_unit, None, refusal.to_string()),
                         }
                     }
-                    Outcome::Nowhere => (every_unit, None, explanation),
+                    Destination::Nowhere => (every_unit, None, explanation),
                 }
             }
         },

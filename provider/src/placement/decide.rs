@@ -135,7 +135,7 @@ pub struct UnitView {
 
 /// What a unit means for a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum UnitFit {
     /// Place it here.
     Place,
     /// Keep it pending for this unit (why).
@@ -179,53 +179,53 @@ pub fn judge(
     view: &UnitView,
     requests: &Requests,
     waited: Duration,
-) -> Verdict {
+) -> UnitFit {
     let full = at_limit(unit, view, requests);
     if full.is_none() && view.has_room {
-        return Verdict::Place;
+        return UnitFit::Place;
     }
     let no_room = || "no node fits the pod".to_owned();
     match next {
-        NextUnits::LackResourceOrExceedMax => Verdict::Next(full.unwrap_or_else(no_room)),
+        NextUnits::LackResourceOrExceedMax => UnitFit::Next(full.unwrap_or_else(no_room)),
         NextUnits::LackResourceAndNoTerminating => {
             if view.terminating > 0 {
-                Verdict::Wait(format!(
+                UnitFit::Wait(format!(
                     "{} of its pods still terminating (LackResourceAndNoTerminating)",
                     view.terminating
                 ))
             } else {
-                Verdict::Next(full.unwrap_or_else(no_room))
+                UnitFit::Next(full.unwrap_or_else(no_room))
             }
         }
         NextUnits::ExceedMax => match full {
-            Some(full) => Verdict::Next(full),
-            None if !has_limits(unit) => Verdict::Next(format!("{} and no max", no_room())),
-            None => Verdict::Wait("below its max but no node fits the pod (ExceedMax)".into()),
+            Some(full) => UnitFit::Next(full),
+            None if !has_limits(unit) => UnitFit::Next(format!("{} and no max", no_room())),
+            None => UnitFit::Wait("below its max but no node fits the pod (ExceedMax)".into()),
         },
         NextUnits::TimeoutOrExceedMax => match full {
-            Some(full) => Verdict::Next(full),
+            Some(full) => UnitFit::Next(full),
             None if has_limits(unit) || unit.waits_for_scaling() => {
                 if waited >= timeout {
-                    Verdict::Next(format!(
+                    UnitFit::Next(format!(
                         "no node fitted within the {}s timeout",
                         timeout.as_secs()
                     ))
                 } else {
-                    Verdict::Wait(format!(
+                    UnitFit::Wait(format!(
                         "no node fits the pod yet; waiting up to {}s (TimeoutOrExceedMax), {}s left",
                         timeout.as_secs(),
                         timeout.saturating_sub(waited).as_secs()
                     ))
                 }
             }
-            None => Verdict::Next(no_room()),
+            None => UnitFit::Next(no_room()),
         },
     }
 }
 
 /// Where a pod goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Destination {
     /// Into unit `.0` (0-based).
     Place(usize),
     /// Pending, for unit `unit`.
@@ -243,7 +243,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
     /// Where.
-    pub outcome: Outcome,
+    pub destination: Destination,
     /// Units tried before, with why they were passed over (0-based).
     pub passed: Vec<(usize, String)>,
 }
@@ -259,23 +259,23 @@ pub fn choose(
     let mut passed = Vec::new();
     for (index, (unit, view)) in spec.units.iter().zip(views).enumerate() {
         match judge(next, timeout, unit, view, requests, waited) {
-            Verdict::Place => {
+            UnitFit::Place => {
                 return Choice {
-                    outcome: Outcome::Place(index),
+                    destination: Destination::Place(index),
                     passed,
                 };
             }
-            Verdict::Wait(why) => {
+            UnitFit::Wait(why) => {
                 return Choice {
-                    outcome: Outcome::Wait { unit: index, why },
+                    destination: Destination::Wait { unit: index, why },
                     passed,
                 };
             }
-            Verdict::Next(why) => passed.push((index, why)),
+            UnitFit::Next(why) => passed.push((index, why)),
         }
     }
     Choice {
-        outcome: Outcome::Nowhere,
+        destination: Destination::Nowhere,
         passed,
     }
 }
@@ -306,9 +306,9 @@ pub fn explain(spec: &ResourcePolicySpec, choice: &Choice) -> String {
     } else {
         format!(": {before}")
     };
-    match &choice.outcome {
-        Outcome::Place(unit) => format!("placed in {}{tail}", unit_name(spec, *unit)),
-        Outcome::Wait { unit, why } => {
+    match &choice.destination {
+        Destination::Place(unit) => format!("placed in {}{tail}", unit_name(spec, *unit)),
+        Destination::Wait { unit, why } => {
             format!("waiting for {}: {why}{}", unit_name(spec, *unit), {
                 if before.is_empty() {
                     String::new()
@@ -317,7 +317,7 @@ pub fn explain(spec: &ResourcePolicySpec, choice: &Choice) -> String {
                 }
             })
         }
-        Outcome::Nowhere => format!("no unit can take the pod{tail}"),
+        Destination::Nowhere => format!("no unit can take the pod{tail}"),
     }
 }
 

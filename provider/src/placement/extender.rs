@@ -30,10 +30,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tracing::{debug, info};
 
-use super::decide::{self, Outcome};
-use super::state::{
-    PLACED_BY_ANNOTATION, Placement, PlacementIndex, PodEntry, PolicyEntry, Refusal,
-};
+use super::decide::{self, Destination};
+use super::state::{Grant, PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, PolicyEntry, Refusal};
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::{PlacementLabels, Telemetry, VerbLabels};
 
@@ -318,8 +316,8 @@ pub fn filter_nodes(index: &PlacementIndex, args: &ExtenderArgs, now: SystemTime
     let explanation = decide::explain(spec, &choice);
     index.remember_explanation(&entry.uid, explanation.clone());
     let because = format!("ResourcePolicy {}: {explanation}", policy.key);
-    match choice.outcome {
-        Outcome::Place(unit) => {
+    match choice.destination {
+        Destination::Place(unit) => {
             let keep = &members[unit];
             let failed = candidates
                 .iter()
@@ -332,7 +330,7 @@ pub fn filter_nodes(index: &PlacementIndex, args: &ExtenderArgs, now: SystemTime
                 ..FilterResult::default()
             }
         }
-        Outcome::Wait { .. } => {
+        Destination::Wait { .. } => {
             debug!(pod = %entry.name, namespace = %entry.namespace, %explanation, "pod waits for its unit");
             FilterResult {
                 node_names: Some(Vec::new()),
@@ -340,7 +338,7 @@ pub fn filter_nodes(index: &PlacementIndex, args: &ExtenderArgs, now: SystemTime
                 ..FilterResult::default()
             }
         }
-        Outcome::Nowhere => FilterResult {
+        Destination::Nowhere => FilterResult {
             node_names: Some(Vec::new()),
             failed_nodes: all_failed(&because),
             ..FilterResult::default()
@@ -435,7 +433,7 @@ impl Extender {
         pods: &Api<Pod>,
         args: &BindingArgs,
         key: &str,
-        placement: &Placement,
+        placement: &Grant,
     ) -> Result<(), BindError> {
         let mut annotations = placement.annotations.clone();
         annotations.insert(PLACED_BY_ANNOTATION.into(), "extender".into());
@@ -458,7 +456,7 @@ impl Extender {
         &self,
         args: &BindingArgs,
         policy: &PolicyEntry,
-        placement: &Placement,
+        placement: &Grant,
         uid: &str,
     ) {
         self.telemetry

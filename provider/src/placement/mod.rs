@@ -415,7 +415,7 @@ impl Leadership {
         match lock.observe(count).await {
             Ok(Some(lease)) => {
                 match crate::k8s::election::judge(&lease, &lock.candidate, lock.now()) {
-                    crate::k8s::election::Verdict::Held(_) => Enforcement::Extender,
+                    crate::k8s::election::Claim::Held(_) => Enforcement::Extender,
                     _ => Enforcement::Admission {
                         why: format!(
                             "the placement Lease {}/{LEASE} has expired or was released: no replica serves the scheduler extender",

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use tracing::warn;
 
-use super::decide::{self, Choice, Outcome, PodFacts, UnitView, VirtualNodes};
+use super::decide::{self, Choice, Destination, PodFacts, UnitView, VirtualNodes};
 use super::policy::ResourcePolicy;
 use crate::k8s::quantity::Quantity;
 use crate::k8s::requests::{self, Requests};
@@ -152,7 +152,7 @@ impl Listed {
 
 /// A place granted in a unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
+pub struct Grant {
     /// The policy (`namespace/name`).
     pub policy: String,
     /// The unit, 0-based.
@@ -450,7 +450,7 @@ impl PlacementIndex {
             })
             .collect();
         let choice = decide::choose(spec, &views, &pod.requests, pod.age(now));
-        if let (Some(id), Outcome::Place(unit)) = (reserve_as, &choice.outcome) {
+        if let (Some(id), Destination::Place(unit)) = (reserve_as, &choice.destination) {
             state.reservations.insert(
                 id.to_owned(),
                 Reservation {
@@ -473,7 +473,7 @@ impl PlacementIndex {
         pod: &PodEntry,
         node: &str,
         id: &str,
-    ) -> Result<Placement, Refusal> {
+    ) -> Result<Grant, Refusal> {
         let mut state = self.lock();
         let spec = &policy.policy.spec;
         let labels = state
@@ -497,7 +497,7 @@ impl PlacementIndex {
         pod: &PodEntry,
         unit: usize,
         id: &str,
-    ) -> Result<Placement, Refusal> {
+    ) -> Result<Grant, Refusal> {
         let mut state = self.lock();
         self.reserve_locked(&mut state, policy, pod, unit, id)
     }
@@ -509,7 +509,7 @@ impl PlacementIndex {
         pod: &PodEntry,
         unit: usize,
         id: &str,
-    ) -> Result<Placement, Refusal> {
+    ) -> Result<Grant, Refusal> {
         not_before_listed(state, policy)?;
         let spec = &policy.policy.spec;
         let group =
@@ -539,7 +539,7 @@ impl PlacementIndex {
                 at: Instant::now(),
             },
         );
-        Ok(placement(policy, unit))
+        Ok(grant(policy, unit))
     }
 
     /// Gives a reservation back (the bind failed).
@@ -572,7 +572,7 @@ fn not_before_listed(state: &State, policy: &PolicyEntry) -> Result<(), Refusal>
 }
 
 /// The labels and annotations a pod placed in `unit` gets.
-pub fn placement(policy: &PolicyEntry, unit: usize) -> Placement {
+pub fn grant(policy: &PolicyEntry, unit: usize) -> Grant {
     let spec = &policy.policy.spec;
     let unit_spec = &spec.units[unit];
     let labels = unit_spec
@@ -586,7 +586,7 @@ pub fn placement(policy: &PolicyEntry, unit: usize) -> Placement {
         DELETION_COST_ANNOTATION.into(),
         decide::deletion_cost(unit, spec.units.len()).to_string(),
     );
-    Placement {
+    Grant {
         policy: policy.key.clone(),
         unit,
         description: unit_spec.describe(),
@@ -825,8 +825,8 @@ fn requested_by_node(state: &State) -> HashMap<&str, Requests> {
 
 /// Whether a choice placed the pod.
 pub fn placed_unit(choice: &Choice) -> Option<usize> {
-    match choice.outcome {
-        Outcome::Place(unit) => Some(unit),
+    match choice.destination {
+        Destination::Place(unit) => Some(unit),
         _ => None,
     }
 }

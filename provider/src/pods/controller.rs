@@ -55,7 +55,7 @@ use crate::pods::from_eci;
 use crate::pods::to_eci::naming;
 use crate::pods::workqueue::WorkQueue;
 use create::{CreateJob, WriteBack};
-use lifecycle::{Effect, Event, Lifecycle};
+use lifecycle::{Effect, Lifecycle, Trigger};
 
 /// Annotation recording the pod's ECI instance.
 pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
@@ -188,7 +188,7 @@ impl PodEntry {
 
     /// Moves the pod's lifecycle on by `event`: what to do, or `None` when the transition
     /// cannot happen (logged; the state stays as it was).
-    fn on(&mut self, uid: &str, event: Event<'_>) -> Option<Effect> {
+    fn on(&mut self, uid: &str, event: Trigger<'_>) -> Option<Effect> {
         match std::mem::take(&mut self.lifecycle).on(event) {
             Ok(step) => {
                 self.lifecycle = step.next;
@@ -587,7 +587,7 @@ impl PodController {
 
     /// Moves the lifecycle of the pod with `uid` on by `event`, when it is tracked; what to do
     /// is the caller's (see [`PodEntry::on`]).
-    fn advance(&self, uid: &str, event: Event<'_>) -> Option<Effect> {
+    fn advance(&self, uid: &str, event: Trigger<'_>) -> Option<Effect> {
         self.tracked().get_mut(uid)?.on(uid, event)
     }
 
@@ -596,7 +596,7 @@ impl PodController {
     fn record_created(&self, uid: &str, id: &str) -> Option<Effect> {
         let mut tracked = self.tracked();
         let entry = tracked.get_mut(uid)?;
-        let effect = entry.on(uid, Event::Created(id));
+        let effect = entry.on(uid, Trigger::Created(id));
         entry.slim_down();
         effect
     }
@@ -741,7 +741,7 @@ impl PodController {
             let now = SystemTime::now();
             for group in adopted {
                 let entry = tracked.entry(group.uid.clone()).or_default();
-                entry.on(&group.uid, Event::Adopted(&group.id));
+                entry.on(&group.uid, Trigger::Adopted(&group.id));
                 // The previous process published what happened before.
                 entry.events = eci_events::EventWatermark::since(now);
             }
@@ -894,7 +894,7 @@ impl PodController {
                 .get(INSTANCE_ANNOTATION)
                 .map(String::as_str),
         };
-        let effect = entry.on(uid, Event::Observed(observed));
+        let effect = entry.on(uid, Trigger::Observed(observed));
         // After a restart: what a pod showing its group's id carries of ours stays on it.
         if let Some(group) = entry.lifecycle.live_group() {
             let shown = pod.annotations();
@@ -946,8 +946,8 @@ impl PodController {
             Some(Effect::Delete(group)) => {
                 let group = group.map(String::from);
                 let deletion = self.clone();
-                let doomed = delete::DeletionTarget::of(&pod);
-                self.spawn_pod_task(deletion.delete(doomed, uid, group).instrument(span));
+                let target = delete::DeletionTarget::of(&pod);
+                self.spawn_pod_task(deletion.delete(target, uid, group).instrument(span));
             }
             Some(Effect::Skip(reason)) => {
                 let explaining = self.clone();
@@ -1342,7 +1342,7 @@ mod tests {
             .tracked()
             .entry("u-1".into())
             .or_default()
-            .on("u-1", lifecycle::Event::Adopted("eci-1"));
+            .on("u-1", lifecycle::Trigger::Adopted("eci-1"));
         let mut polled = group("Running", true);
         polled.tags = vec![Tag {
             key: naming::TAG_POD_UID.into(),

@@ -68,8 +68,9 @@ pub enum Seen {
     Listed,
 }
 
+/// The running pods whose files show an object, and the version they were last told of.
 #[derive(Debug, Default)]
-struct Shown {
+struct Readers {
     /// The pods (uids) that show the object.
     pods: BTreeSet<String>,
     /// Its resourceVersion when last seen by the watch.
@@ -78,14 +79,14 @@ struct Shown {
 
 /// What a running pod shows as files.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Shows {
+pub struct FileInputs {
     /// The ConfigMaps and Secrets.
     pub sources: Vec<Source>,
     /// The fingerprint of the labels and annotations its downward API files show, if any.
     pub metadata: Option<u64>,
 }
 
-impl Shows {
+impl FileInputs {
     /// What `pod` shows.
     pub fn of(pod: &Pod) -> Self {
         Self {
@@ -102,13 +103,13 @@ impl Shows {
 /// Which running pods show which objects.
 #[derive(Debug, Default)]
 pub struct Dependents {
-    pods: HashMap<String, (Entry, Shows)>,
-    sources: HashMap<Source, Shown>,
+    pods: HashMap<String, (Entry, FileInputs)>,
+    sources: HashMap<Source, Readers>,
 }
 
 impl Dependents {
     /// Pod `entry.uid` shows `shows` from now on (replacing what it showed before).
-    pub fn register(&mut self, entry: Entry, shows: Shows) {
+    pub fn register(&mut self, entry: Entry, shows: FileInputs) {
         self.forget(&entry.uid);
         if shows.is_empty() {
             return;
@@ -263,8 +264,8 @@ mod tests {
         }
     }
 
-    fn shows(config_maps: &[&str]) -> Shows {
-        Shows {
+    fn shows(config_maps: &[&str]) -> FileInputs {
+        FileInputs {
             sources: config_maps.iter().map(|name| config_map(name)).collect(),
             metadata: None,
         }
@@ -275,7 +276,7 @@ mod tests {
         let mut dependents = Dependents::default();
         dependents.register(
             entry("a"),
-            Shows {
+            FileInputs {
                 sources: Vec::new(),
                 metadata: Some(1),
             },
@@ -387,7 +388,7 @@ mod tests {
             uids(&dependents.observed(&config_map("new"), Some("2"), Seen::Changed)),
             ["a"]
         );
-        dependents.register(entry("a"), Shows::default());
+        dependents.register(entry("a"), FileInputs::default());
         assert!(dependents.is_empty());
     }
 }

@@ -47,7 +47,7 @@ use crate::eci::{Backend, Lane};
 use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
 use crate::pods::refs::{self, Token, TokenSource};
-use crate::pods::sources::{Dependents, Seen, Shows, Source};
+use crate::pods::sources::{Dependents, FileInputs, Seen, Source};
 use crate::pods::to_eci::{self, Context, Rejection};
 
 /// A token older than this is refreshed whatever its lifetime (the kubelet's `maxTTL`).
@@ -717,7 +717,7 @@ impl<W: Work> Refresher<W> {
         self.shared
             .dependents
             .lock()
-            .register(entry.clone(), Shows::of(pod));
+            .register(entry.clone(), FileInputs::of(pod));
         if let Some(refresh_in) = refresh_in {
             self.insert(Instant::now() + refresh_in, entry);
         }
@@ -985,7 +985,7 @@ impl Renewal {
                 attempt: 0,
                 ..entry.clone()
             },
-            Shows::of(&pod),
+            FileInputs::of(&pod),
         );
         let push = entry.duty == Duty::Push;
         let refs = if push {

@@ -92,7 +92,7 @@ pub struct Capacity {
 
 /// Where a rule sends pods.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Placement {
+pub enum Route {
     /// Virtual nodes only.
     VirtualNodeOnly,
     /// Toleration only.
@@ -117,14 +117,14 @@ pub enum Placement {
     },
 }
 
-impl Placement {
+impl Route {
     fn name(&self) -> &'static str {
         match self {
-            Placement::VirtualNodeOnly => "virtualNodeOnly",
-            Placement::Fair => "fair",
-            Placement::NormalNodePrefer { .. } => "normalNodePrefer",
-            Placement::NormalNodeOnly => "normalNodeOnly",
-            Placement::NamespaceResourceLimit { .. } => "namespaceResourceLimit",
+            Route::VirtualNodeOnly => "virtualNodeOnly",
+            Route::Fair => "fair",
+            Route::NormalNodePrefer { .. } => "normalNodePrefer",
+            Route::NormalNodeOnly => "normalNodeOnly",
+            Route::NamespaceResourceLimit { .. } => "namespaceResourceLimit",
         }
     }
 }
@@ -173,7 +173,7 @@ pub struct Rule {
     /// Annotations to add.
     pub annotations: BTreeMap<String, String>,
     /// Where pods go.
-    pub placement: Placement,
+    pub placement: Route,
     /// Priority (CRD rules).
     pub priority: i32,
 }
@@ -221,10 +221,7 @@ pub fn rule_from_selector(selector: &Selector) -> Result<Rule, String> {
         return Err(format!(
             "policy sets {} policies ({}); set exactly one",
             set.len(),
-            set.iter()
-                .map(Placement::name)
-                .collect::<Vec<_>>()
-                .join(", ")
+            set.iter().map(Route::name).collect::<Vec<_>>().join(", ")
         ));
     }
     let (labels, annotations) = effect_maps(spec.effect.as_ref());
@@ -244,28 +241,28 @@ pub fn rule_from_selector(selector: &Selector) -> Result<Rule, String> {
         labels,
         annotations,
         // No policy: virtualNodeOnly, as eci-profile does.
-        placement: set.pop().unwrap_or(Placement::VirtualNodeOnly),
+        placement: set.pop().unwrap_or(Route::VirtualNodeOnly),
         priority: spec.priority.unwrap_or(0),
     })
 }
 
 /// Every placement the policy sets, each validated (a valid Selector sets at most one).
-fn placements_of(policy: &Policy) -> Result<Vec<Placement>, String> {
-    let mut set: Vec<Placement> = Vec::new();
+fn placements_of(policy: &Policy) -> Result<Vec<Route>, String> {
+    let mut set: Vec<Route> = Vec::new();
     if policy.fair.is_some() {
-        set.push(Placement::Fair);
+        set.push(Route::Fair);
     }
     if let Some(prefer) = &policy.normal_node_prefer {
-        set.push(Placement::NormalNodePrefer {
+        set.push(Route::NormalNodePrefer {
             cpu_ratio: ratio(prefer.cpu_ratio, "cpuRatio")?,
             memory_ratio: ratio(prefer.memory_ratio, "memoryRatio")?,
         });
     }
     if policy.virtual_node_only.is_some() {
-        set.push(Placement::VirtualNodeOnly);
+        set.push(Route::VirtualNodeOnly);
     }
     if policy.normal_node_only.is_some() {
-        set.push(Placement::NormalNodeOnly);
+        set.push(Route::NormalNodeOnly);
     }
     if let Some(limit) = &policy.namespace_resource_limit {
         set.push(namespace_limit(limit)?);
@@ -274,7 +271,7 @@ fn placements_of(policy: &Policy) -> Result<Vec<Placement>, String> {
 }
 
 /// A namespaceResourceLimit policy: a namespace and non-negative cpu and memory budgets.
-fn namespace_limit(limit: &NamespaceResourceLimit) -> Result<Placement, String> {
+fn namespace_limit(limit: &NamespaceResourceLimit) -> Result<Route, String> {
     if limit.namespace.is_empty() {
         return Err("policy.namespaceResourceLimit.namespace is empty".into());
     }
@@ -302,7 +299,7 @@ fn namespace_limit(limit: &NamespaceResourceLimit) -> Result<Placement, String> 
             }
         }
     }
-    Ok(Placement::NamespaceResourceLimit {
+    Ok(Route::NamespaceResourceLimit {
         namespace: limit.namespace.clone(),
         cpu,
         memory,
@@ -346,7 +343,7 @@ pub fn rules_from_profile(text: &str) -> Result<Vec<Rule>, String> {
                 namespace: entry.namespace_selector,
                 labels,
                 annotations,
-                placement: Placement::VirtualNodeOnly,
+                placement: Route::VirtualNodeOnly,
                 priority: 0,
             })
         })
@@ -374,7 +371,7 @@ pub fn default_rules() -> Vec<Rule> {
         namespace,
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
-        placement: Placement::VirtualNodeOnly,
+        placement: Route::VirtualNodeOnly,
         priority: 0,
     };
     vec![
@@ -519,7 +516,7 @@ fn crd_winner<'a>(input: Input<'a>) -> Option<&'a Rule> {
         .filter(|rule| rule_matches(rule, input.pod, input.namespace_labels))
         .filter(|rule| input.scope.reaches(&rule.origin, &pod_namespace))
         .filter(|rule| match &rule.placement {
-            Placement::NamespaceResourceLimit { namespace, .. } => *namespace == pod_namespace,
+            Route::NamespaceResourceLimit { namespace, .. } => *namespace == pod_namespace,
             _ => true,
         })
         .min_by_key(|rule| tie_break_key(rule))
@@ -541,19 +538,19 @@ fn apply_crd_rule(input: Input<'_>, rule: &Rule) -> Decision {
         },
     );
     match &rule.placement {
-        Placement::VirtualNodeOnly => {
+        Route::VirtualNodeOnly => {
             to_virtual_nodes(&mut pod, input.vnode);
             apply_effect(&mut pod, rule, true);
         }
-        Placement::Fair => {
+        Route::Fair => {
             tolerate(&mut pod, input.vnode);
             defer_effect(&mut pod, rule);
         }
-        Placement::NormalNodeOnly => {
+        Route::NormalNodeOnly => {
             keep_off_virtual_nodes(&mut pod, input.vnode);
             apply_effect(&mut pod, rule, true);
         }
-        Placement::NormalNodePrefer {
+        Route::NormalNodePrefer {
             cpu_ratio,
             memory_ratio,
         } => {
@@ -565,7 +562,7 @@ fn apply_crd_rule(input: Input<'_>, rule: &Rule) -> Decision {
             }
             defer_effect(&mut pod, rule);
         }
-        Placement::NamespaceResourceLimit {
+        Route::NamespaceResourceLimit {
             namespace,
             cpu,
             memory,

@@ -75,8 +75,8 @@ fn annotate(key: &str, value: &str) -> impl FnOnce(&mut Lease) {
     }
 }
 
-fn held(silent_after: u64, expires: u64, holder: &str, instance: Option<&str>) -> Verdict {
-    Verdict::Held(HeldBy {
+fn held(silent_after: u64, expires: u64, holder: &str, instance: Option<&str>) -> Claim {
+    Claim::Held(HeldBy {
         holder: Holder {
             identity: holder.into(),
             instance: instance.map(str::to_owned),
@@ -90,14 +90,8 @@ fn held(silent_after: u64, expires: u64, holder: &str, instance: Option<&str>) -
 #[test]
 fn judging_a_lease() {
     let other = held_by("vn-0", Some("a"), 0);
-    let cases: Vec<(&str, Lease, Candidate, u64, Verdict)> = vec![
-        (
-            "our instance",
-            other.clone(),
-            process("a"),
-            3,
-            Verdict::Ours,
-        ),
+    let cases: Vec<(&str, Lease, Candidate, u64, Claim)> = vec![
+        ("our instance", other.clone(), process("a"), 3, Claim::Ours),
         (
             "another instance of our identity, renewing: watch it until 1.5 intervals and a second",
             other.clone(),
@@ -117,15 +111,15 @@ fn judging_a_lease() {
             other.clone(),
             process("b"),
             40,
-            Verdict::Free,
+            Claim::Free,
         ),
-        ("expired", other.clone(), process("b"), 41, Verdict::Free),
+        ("expired", other.clone(), process("b"), 41, Claim::Free),
         (
             "released",
             with(other.clone(), annotate(RELEASED_ANNOTATION, "true")),
             process("b"),
             3,
-            Verdict::Free,
+            Claim::Free,
         ),
         (
             "never renewed",
@@ -134,7 +128,7 @@ fn judging_a_lease() {
             }),
             process("b"),
             3,
-            Verdict::Free,
+            Claim::Free,
         ),
         (
             "nobody holds it",
@@ -143,7 +137,7 @@ fn judging_a_lease() {
             }),
             replica("vn-1"),
             3,
-            Verdict::Free,
+            Claim::Free,
         ),
         (
             "an interval longer than the Lease: watched until it expires",
@@ -179,7 +173,7 @@ fn judging_a_lease() {
             held_by("vn-0", None, 0),
             replica("vn-0"),
             5,
-            Verdict::Ours,
+            Claim::Ours,
         ),
         (
             "an election: another replica, fresh",
@@ -197,7 +191,7 @@ fn judging_a_lease() {
 #[test]
 fn a_second_look_tells_alive_from_silent_from_changed() {
     let first = held_by("vn-0", Some("a"), 0);
-    let Verdict::Held(look) = judge(&first, &process("b"), at(3)) else {
+    let Claim::Held(look) = judge(&first, &process("b"), at(3)) else {
         panic!("held");
     };
     let cases: Vec<(&str, Option<Lease>, SecondLook)> = vec![

@@ -187,7 +187,7 @@ async fn no_credentials_a_refused_token_and_a_forbidden_user() {
     };
     assert_eq!(
         judge(HeaderMap::new(), "/healthz").await,
-        Verdict::Unauthenticated
+        Authorization::Unauthenticated
     );
     assert_eq!(
         reviewer.token_reviews.load(Ordering::SeqCst),
@@ -196,15 +196,15 @@ async fn no_credentials_a_refused_token_and_a_forbidden_user() {
     );
     assert_eq!(
         judge(with_token("forged"), "/healthz").await,
-        Verdict::Unauthenticated
+        Authorization::Unauthenticated
     );
     assert!(matches!(
         judge(with_token("reader-token"), "/stats/summary").await,
-        Verdict::Allowed(user) if user.name == "reader"
+        Authorization::Allowed(user) if user.name == "reader"
     ));
     assert_eq!(
         judge(with_token("reader-token"), "/containerLogs/ns/p/c").await,
-        Verdict::Forbidden {
+        Authorization::Forbidden {
             user: UserInfo {
                 name: "reader".into(),
                 ..UserInfo::default()
@@ -233,7 +233,7 @@ async fn the_fine_grained_subresource_is_asked_first_and_proxy_still_grants() {
                     .judge(None, &with_token(token), &Method::GET, "/pods")
                     .await
                     .unwrap(),
-                Verdict::Allowed(_)
+                Authorization::Allowed(_)
             )
         }
     };
@@ -259,7 +259,7 @@ async fn the_fine_grained_subresource_is_asked_first_and_proxy_still_grants() {
                 )
                 .await
                 .unwrap(),
-            Verdict::Allowed(_)
+            Authorization::Allowed(_)
         ),
         "but not for exec"
     );
@@ -282,12 +282,12 @@ async fn answers_are_cached_briefly() {
             )
             .await
             .unwrap();
-        assert!(matches!(verdict, Verdict::Allowed(_)));
+        assert!(matches!(verdict, Authorization::Allowed(_)));
         let refused = guard
             .judge(None, &with_token("forged"), &Method::GET, "/healthz")
             .await
             .unwrap();
-        assert_eq!(refused, Verdict::Unauthenticated);
+        assert_eq!(refused, Authorization::Unauthenticated);
         let forbidden = guard
             .judge(
                 None,
@@ -299,7 +299,7 @@ async fn answers_are_cached_briefly() {
             .unwrap();
         assert!(matches!(
             forbidden,
-            Verdict::Forbidden { verb: "create", .. }
+            Authorization::Forbidden { verb: "create", .. }
         ));
     }
     assert_eq!(

@@ -84,7 +84,7 @@ fn a_refused_renewal_is_a_loss_a_deletion_or_a_retry() {
 fn assessing_other_holders() {
     let other = held("a", None, at(0));
     match judge(&other, &identity("b").candidate(), at(3)) {
-        Verdict::Held(first) => {
+        Claim::Held(first) => {
             assert_eq!(first.holder.instance.as_deref(), Some("a"));
             assert_eq!(
                 first.silent_after,
@@ -96,12 +96,12 @@ fn assessing_other_holders() {
     }
     assert_eq!(
         judge(&other, &identity("b").candidate(), at(41)),
-        Verdict::Free,
+        Claim::Free,
         "expired"
     );
     assert_eq!(
         judge(&other, &identity("a").candidate(), at(3)),
-        Verdict::Ours,
+        Claim::Ours,
         "ours"
     );
     let mut released = other;
@@ -113,7 +113,7 @@ fn assessing_other_holders() {
         .insert(RELEASED_ANNOTATION.into(), "true".into());
     assert_eq!(
         judge(&released, &identity("b").candidate(), at(3)),
-        Verdict::Free,
+        Claim::Free,
         "released"
     );
 }

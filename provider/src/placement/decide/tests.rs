@@ -234,9 +234,9 @@ fn when_try_next_units_table() {
     for (i, (next, unit, view, waited, want, why)) in cases.into_iter().enumerate() {
         let got = judge(next, MINUTE, unit, &view, &pod, waited);
         let (kind, text) = match &got {
-            Verdict::Place => ('P', ""),
-            Verdict::Wait(why) => ('W', why.as_str()),
-            Verdict::Next(why) => ('N', why.as_str()),
+            UnitFit::Place => ('P', ""),
+            UnitFit::Wait(why) => ('W', why.as_str()),
+            UnitFit::Next(why) => ('N', why.as_str()),
         };
         assert_eq!(
             (kind, text),
@@ -265,21 +265,21 @@ fn choose_walks_the_units_in_order_and_explains() {
     let pod = requests(&[("cpu", "2")]);
     let full_first = [view(2, 0, true), view(0, 0, true), view(0, 0, true)];
     let choice = choose(&spec, &full_first, &pod, Duration::ZERO);
-    assert_eq!(choice.outcome, Outcome::Place(1));
+    assert_eq!(choice.destination, Destination::Place(1));
     assert_eq!(
         explain(&spec, &choice),
         "placed in unit 2 (ecs paidtype=pay-as-you-go): unit 1 (ecs paidtype=subscription) full (max 2)"
     );
     let only_eci = [view(2, 0, true), view(2, 0, false), view(0, 0, true)];
     let choice = choose(&spec, &only_eci, &pod, Duration::ZERO);
-    assert_eq!(choice.outcome, Outcome::Place(2));
+    assert_eq!(choice.destination, Destination::Place(2));
     assert_eq!(
         explain(&spec, &choice),
         "placed in unit 3 (eci): unit 1 (ecs paidtype=subscription) full (max 2); unit 2 (ecs paidtype=pay-as-you-go) no node fits the pod"
     );
     let nowhere = [view(2, 0, true), view(2, 0, false), view(0, 0, false)];
     let choice = choose(&spec, &nowhere, &pod, Duration::ZERO);
-    assert_eq!(choice.outcome, Outcome::Nowhere);
+    assert_eq!(choice.destination, Destination::Nowhere);
     assert!(explain(&spec, &choice).starts_with("no unit can take the pod: unit 1"));
     let first = [view(0, 0, true), view(0, 0, true), view(0, 0, true)];
     let choice = choose(&spec, &first, &pod, Duration::ZERO);

@@ -184,7 +184,7 @@ fn a_bound_pod_replaces_its_reservation_and_is_counted_once() {
             SystemTime::now(),
         )
         .unwrap();
-    assert_eq!(choice.outcome, Outcome::Place(0));
+    assert_eq!(choice.destination, Destination::Place(0));
     assert_eq!(index.unit_counts(&entry)[0].values().sum::<u32>(), 1);
 }
 
@@ -340,7 +340,7 @@ fn places_are_taken_at_filter_time() {
     );
     // Marked by its bind (labels and annotations land before the Binding): counted once.
     let mut marked = pod("p0", serde_json::json!({"app": "web"}), None);
-    marked.metadata.annotations = Some(placement(&entry, 0).annotations.into_iter().collect());
+    marked.metadata.annotations = Some(grant(&entry, 0).annotations.into_iter().collect());
     index.apply_pod(&marked);
     let late = PodEntry::of(&pod("late", serde_json::json!({"app": "web"}), None));
     let (choice, _) = index

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::gate::Admission;
-use super::lifecycle::{Effect, Event};
+use super::lifecycle::{Effect, Trigger};
 use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
     carried, misconfigured, pod_key, pod_key_parts,
@@ -515,13 +515,13 @@ impl PodController {
             }
             Failure::Permanent(message) => {
                 warn!(%message, "this pod cannot run on ECI");
-                self.advance(uid, Event::CreateFailed);
+                self.advance(uid, Trigger::CreateFailed);
                 self.set_provider_failed(&pod, &message, true).await;
                 None
             }
             Failure::InvalidAnnotation(message) => {
                 warn!(%message, "the pod's annotation is malformed; not creating its group");
-                self.advance(uid, Event::CreateFailed);
+                self.advance(uid, Trigger::CreateFailed);
                 self.set_invalid_annotation(&pod, &message).await;
                 None
             }

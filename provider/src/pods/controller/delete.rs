@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::lifecycle::{Event, Lifecycle};
+use super::lifecycle::{Lifecycle, Trigger};
 use super::{Adopted, PodController, backoff, pod_key, pod_key_parts, slim};
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
@@ -233,7 +233,7 @@ impl PodController {
             Box::pin(self.delete_group_for_pod(id, GroupDeletion::for_grace(pod.grace))).await;
         }
         // The group is gone: the pod's removal from the watch must not delete it again.
-        self.advance(&uid, Event::GroupDeleted);
+        self.advance(&uid, Trigger::GroupDeleted);
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), &pod.namespace);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
@@ -263,7 +263,7 @@ impl PodController {
             tokio::time::sleep(backoff(attempt)).await;
         }
         warn!("could not delete the pod; the next resync tries again");
-        self.advance(&uid, Event::PodDeletionFailed);
+        self.advance(&uid, Trigger::PodDeletionFailed);
     }
 
     /// Deletes the group of a pod being deleted as `plan` says; returns once ECI accepted a
@@ -404,17 +404,17 @@ mod tests {
     #[tokio::test]
     async fn a_deletion_waiting_for_its_group_holds_a_few_hundred_bytes() {
         let (controller, _) = super::super::tests::controller(std::sync::Arc::default());
-        let doomed = super::DeletionTarget::of(&super::super::tests::terminating_pod());
+        let target = super::DeletionTarget::of(&super::super::tests::terminating_pod());
         assert_eq!(
             (
-                doomed.namespace.as_str(),
-                doomed.name.as_str(),
-                doomed.grace
+                target.namespace.as_str(),
+                target.name.as_str(),
+                target.grace
             ),
             ("default", "web-0", 1)
         );
         let deletion = controller
-            .delete(doomed, "u-1".into(), Some("eci-1".into()))
+            .delete(target, "u-1".into(), Some("eci-1".into()))
             .instrument(tracing::info_span!("reconcile"));
         let bytes = std::mem::size_of_val(&deletion);
         assert!(

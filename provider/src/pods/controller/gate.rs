@@ -11,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::create::CreateJob;
-use super::lifecycle::{Effect, Event, Lifecycle};
+use super::lifecycle::{Effect, Lifecycle, Trigger};
 use super::{PodController, hash_of};
 use crate::pods::tenancy::specs::Size;
-use crate::pods::tenancy::{Asked, Verdict};
+use crate::pods::tenancy::{Asked, Clearance};
 
 /// What to do with a pod after judging it.
 pub(super) enum Admission {
@@ -57,7 +57,7 @@ impl PodController {
         };
         let namespace = pod.namespace().unwrap_or_default();
         match self.inner.tenancy.judge(&asked, &namespace) {
-            Verdict::Allowed => {
+            Clearance::Allowed => {
                 if let Some(entry) = self.tracked().get_mut(uid)
                     && entry.held.take().is_some()
                 {
@@ -65,11 +65,11 @@ impl PodController {
                 }
                 Admission::Go
             }
-            Verdict::Undecided(why) => {
+            Clearance::Undecided(why) => {
                 debug!(why, "cannot judge the pod yet");
                 Admission::Later
             }
-            Verdict::Refused { reason, message } => {
+            Clearance::Refused { reason, message } => {
                 let fingerprint = hash_of(&message);
                 let new = {
                     let mut tracked = self.tracked();
@@ -77,7 +77,7 @@ impl PodController {
                         return Admission::Held;
                     };
                     // Judged again on the pod's next change, or a policy or label change.
-                    entry.on(uid, Event::Refused);
+                    entry.on(uid, Trigger::Refused);
                     entry.held.replace(fingerprint) != Some(fingerprint)
                 };
                 if new {
@@ -103,7 +103,7 @@ impl PodController {
                 .iter_mut()
                 .filter(|(_, t)| t.lifecycle == Lifecycle::Held)
                 .filter_map(|(uid, t)| {
-                    let effect = t.on(uid, Event::PolicyChanged)?;
+                    let effect = t.on(uid, Trigger::PolicyChanged)?;
                     (effect == Effect::Create).then(|| uid.clone())
                 })
                 .collect();

@@ -60,7 +60,7 @@ pub(super) struct Observed<'a> {
 
 /// What happens to a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Event<'a> {
+pub(super) enum Trigger<'a> {
     /// Start-up: ECI lists this group, tagged with this cluster, this node and the pod's UID.
     Adopted(&'a str),
     /// The watch shows the pod (a resync shows it again).
@@ -174,7 +174,7 @@ impl Lifecycle {
     }
 
     /// The state after `event`, and what to do; a refusal hands the state back unchanged.
-    pub(super) fn on(self, event: Event<'_>) -> Result<Step, (Self, Impossible)> {
+    pub(super) fn on(self, event: Trigger<'_>) -> Result<Step, (Self, Impossible)> {
         let name = self.name();
         self.next(event).map_err(|state| {
             let event = event.name();
@@ -186,58 +186,60 @@ impl Lifecycle {
         clippy::match_same_arms,
         reason = "a transition table: each event's rows stay together"
     )]
-    fn next(self, event: Event<'_>) -> Result<Step, Self> {
+    fn next(self, event: Trigger<'_>) -> Result<Step, Self> {
         use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Unanswered};
         match (self, event) {
             // At start-up, before the watch: a pod listed twice (two groups under its UID
             // tag) keeps the later, as the listing comes.
-            (Idle | Created { .. }, Event::Adopted(id)) => go(
+            (Idle | Created { .. }, Trigger::Adopted(id)) => go(
                 Created {
                     group: id.into(),
                     annotated: false,
                 },
                 Effect::Nothing,
             ),
-            (state, Event::Adopted(_)) => Err(state),
-            (state, Event::Observed(pod)) => observed(state, pod),
+            (state, Trigger::Adopted(_)) => Err(state),
+            (state, Trigger::Observed(pod)) => observed(state, pod),
             // The pod began deleting while its create was in flight: the new group has no
             // pod to run for.
-            (state @ Deleting { .. }, Event::Created(id)) => {
+            (state @ Deleting { .. }, Trigger::Created(id)) => {
                 go(state, Effect::DeleteGroup(id.into()))
             }
             // Whatever the poll found meanwhile, the answer names the pod's group.
-            (_, Event::Created(id)) => go(
+            (_, Trigger::Created(id)) => go(
                 Created {
                     group: id.into(),
                     annotated: true,
                 },
                 Effect::Annotate(id.into()),
             ),
-            (Creating, Event::CreateFailed) => stay(GivenUp),
-            (state @ (Unanswered { .. } | Deleting { .. }), Event::CreateFailed) => stay(state),
-            (state, Event::CreateFailed) => Err(state),
-            (Idle | Held, Event::Found(id)) => stay(Created {
+            (Creating, Trigger::CreateFailed) => stay(GivenUp),
+            (state @ (Unanswered { .. } | Deleting { .. }), Trigger::CreateFailed) => stay(state),
+            (state, Trigger::CreateFailed) => Err(state),
+            (Idle | Held, Trigger::Found(id)) => stay(Created {
                 group: id.into(),
                 annotated: false,
             }),
-            (Creating | GivenUp, Event::Found(id)) => stay(Unanswered {
+            (Creating | GivenUp, Trigger::Found(id)) => stay(Unanswered {
                 group: id.into(),
                 annotated: false,
             }),
-            (state, Event::Found(_)) => stay(state),
-            (Idle | Held | Creating | GivenUp, Event::Refused) => stay(Held),
+            (state, Trigger::Found(_)) => stay(state),
+            (Idle | Held | Creating | GivenUp, Trigger::Refused) => stay(Held),
             // A group an earlier attempt made runs on; no create for it is under way.
-            (Unanswered { group, annotated }, Event::Refused) => stay(Created { group, annotated }),
-            (state, Event::Refused) => stay(state),
-            (Held, Event::PolicyChanged) => go(Creating, Effect::Create),
-            (state, Event::PolicyChanged) => stay(state),
-            (Deleting { .. }, Event::Vanished) => stay(Deleting { group: None }),
+            (Unanswered { group, annotated }, Trigger::Refused) => {
+                stay(Created { group, annotated })
+            }
+            (state, Trigger::Refused) => stay(state),
+            (Held, Trigger::PolicyChanged) => go(Creating, Effect::Create),
+            (state, Trigger::PolicyChanged) => stay(state),
+            (Deleting { .. }, Trigger::Vanished) => stay(Deleting { group: None }),
             // A vanished group is not created again: the pod shows it lost.
-            (_, Event::Vanished) => stay(GivenUp),
-            (Deleting { .. }, Event::GroupDeleted) => stay(Deleting { group: None }),
-            (state, Event::GroupDeleted) => Err(state),
-            (Deleting { group: None }, Event::PodDeletionFailed) => stay(Idle),
-            (state, Event::PodDeletionFailed) => Err(state),
+            (_, Trigger::Vanished) => stay(GivenUp),
+            (Deleting { .. }, Trigger::GroupDeleted) => stay(Deleting { group: None }),
+            (state, Trigger::GroupDeleted) => Err(state),
+            (Deleting { group: None }, Trigger::PodDeletionFailed) => stay(Idle),
+            (state, Trigger::PodDeletionFailed) => Err(state),
         }
     }
 }
@@ -293,7 +295,7 @@ fn annotation(group: Box<str>, annotated: bool, shown: Option<&str>) -> (bool, E
     }
 }
 
-impl Event<'_> {
+impl Trigger<'_> {
     fn name(&self) -> &'static str {
         match self {
             Self::Adopted(_) => "adopted",

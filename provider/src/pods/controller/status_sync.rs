@@ -575,7 +575,7 @@ impl PodController {
         if let Some(group) = &group
             && !entry.lifecycle.is_deleting()
         {
-            entry.on(uid, lifecycle::Event::Found(&group.container_group_id));
+            entry.on(uid, lifecycle::Trigger::Found(&group.container_group_id));
             events = entry.events.take_new(&group.events);
         }
         Some(Found {
@@ -662,7 +662,7 @@ impl PodController {
                 .await;
                 self.event(&pod, EventType::Warning, "NotFound", &message)
                     .await;
-                self.advance(&uid, lifecycle::Event::Vanished);
+                self.advance(&uid, lifecycle::Trigger::Vanished);
             }
         }
     }

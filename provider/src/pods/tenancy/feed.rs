@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{AnnotationPolicy, Asked, Labels, Policy, Verdict, Written};
+use super::{AnnotationPolicy, Asked, Clearance, Labels, Policy, Written};
 
 /// Why the feed stopped.
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +87,7 @@ impl PolicyFeed {
     }
 
     /// The verdict on a pod of `namespace` asking for `asked`, as of now.
-    pub fn judge(&self, asked: &Asked<'_>, namespace: &str) -> Verdict {
+    pub fn judge(&self, asked: &Asked<'_>, namespace: &str) -> Clearance {
         let policy = self.policy.read().clone();
         let found = self.namespaces.as_ref().and_then(|labels| {
             // Until the first listing, a missing namespace means "not listed yet".

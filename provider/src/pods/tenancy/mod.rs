@@ -210,7 +210,7 @@ pub enum Labels<'a> {
 
 /// The verdict on a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Clearance {
     /// Go ahead.
     Allowed,
     /// Not now: the policy or the namespace's labels are not known yet (no status written;
@@ -249,8 +249,8 @@ struct Check<'a> {
 
 /// Whether an annotation is one the daemon writes back (never read from the pod).
 fn written_back(name: &str) -> bool {
-    use crate::pods::to_eci::annotations::{Outcome, entry};
-    entry(name).is_some_and(|e| matches!(e.outcome, Outcome::WrittenBack(_)))
+    use crate::pods::to_eci::annotations::{Handling, entry};
+    entry(name).is_some_and(|e| matches!(e.handling, Handling::WrittenBack(_)))
 }
 
 /// What the policy must allow for `asked`.
@@ -336,13 +336,13 @@ pub fn judge(
     labels: Labels<'_>,
     scope: Option<&Written>,
     policy: &Policy,
-) -> Verdict {
+) -> Clearance {
     let (source, checks) = match policy {
         Policy::Unrestricted => ("", Vec::new()),
         Policy::Loaded { source, policy } => (source.as_str(), checks(asked, policy)),
-        Policy::Loading => return Verdict::Undecided("the annotation policy is not read yet"),
+        Policy::Loading => return Clearance::Undecided("the annotation policy is not read yet"),
         Policy::Unavailable { source, why } => {
-            return Verdict::Refused {
+            return Clearance::Refused {
                 reason: POLICY_UNAVAILABLE,
                 message: format!(
                     "the annotation policy ConfigMap {source} cannot be used ({why}); pods wait until it can"
@@ -356,7 +356,7 @@ pub fn judge(
         .collect();
     let scope = scope.filter(|s| !s.selects_all());
     if scope.is_none() && checks.is_empty() {
-        return Verdict::Allowed;
+        return Clearance::Allowed;
     }
     // What the policy does not name is refused whatever the labels say.
     let unnamed = checks.iter().find(|c| c.rule.is_none());
@@ -364,12 +364,12 @@ pub fn judge(
         return refusal(check, namespace, source);
     }
     let Labels::Known(labels) = labels else {
-        return Verdict::Undecided("the namespace's labels are not known yet");
+        return Clearance::Undecided("the namespace's labels are not known yet");
     };
     if let Some(scope) = scope
         && !scope.selects(labels)
     {
-        return Verdict::Refused {
+        return Clearance::Refused {
             reason: NAMESPACE_NOT_SERVED,
             message: format!(
                 "namespace {namespace} is not served by this virtual node: its labels do not match the namespace selector `{scope}`"
@@ -380,13 +380,13 @@ pub fn judge(
         .iter()
         .find(|c| !c.rule.is_some_and(|rule| rule.selects(labels)))
     {
-        None => Verdict::Allowed,
+        None => Clearance::Allowed,
         Some(check) => refusal(check, namespace, source),
     }
 }
 
 /// The refusal of `check` in `namespace` under the policy read from `source`.
-fn refusal(check: &Check<'_>, namespace: &str, source: &str) -> Verdict {
+fn refusal(check: &Check<'_>, namespace: &str, source: &str) -> Clearance {
     let why = match check.rule {
         None => format!(
             "the annotation policy {source} does not name it, and allows only what it names (an administrator adds the key `{}` to allow it)",
@@ -398,7 +398,7 @@ fn refusal(check: &Check<'_>, namespace: &str, source: &str) -> Verdict {
             check.key
         ),
     };
-    Verdict::Refused {
+    Clearance::Refused {
         reason: check.reason,
         message: format!(
             "{} is not allowed in namespace {namespace}: {why}",

@@ -41,9 +41,9 @@ fn shared_cluster() -> Policy {
     }
 }
 
-fn refused(reason: &'static str, naming: &[&str]) -> impl Fn(&Verdict) -> bool {
+fn refused(reason: &'static str, naming: &[&str]) -> impl Fn(&Clearance) -> bool {
     move |verdict| match verdict {
-        Verdict::Refused {
+        Clearance::Refused {
             reason: got,
             message,
         } => *got == reason && naming.iter().all(|n| message.contains(n)),
@@ -58,7 +58,7 @@ type Case<'a> = (
     Labels<'a>,
     Option<&'a Written>,
     &'a Policy,
-    &'a dyn Fn(&Verdict) -> bool,
+    &'a dyn Fn(&Clearance) -> bool,
 );
 
 #[test]
@@ -67,8 +67,8 @@ fn the_verdict_follows_annotations_namespace_labels_scope_and_policy() {
     let tenant = map(&[("eci", "on")]);
     let outsider = map(&[]);
     let scope = Written::parse("eci=on").expect("valid");
-    let allowed = |v: &Verdict| *v == Verdict::Allowed;
-    let undecided = |v: &Verdict| matches!(v, Verdict::Undecided(_));
+    let allowed = |v: &Clearance| *v == Clearance::Allowed;
+    let undecided = |v: &Clearance| matches!(v, Clearance::Undecided(_));
     let not_allowed_role = refused(
         ANNOTATION_NOT_ALLOWED,
         &[
@@ -392,7 +392,7 @@ fn an_empty_scope_selects_every_namespace() {
         Some(&everyone),
         &Policy::Unrestricted,
     );
-    assert_eq!(verdict, Verdict::Allowed);
+    assert_eq!(verdict, Clearance::Allowed);
 }
 
 #[test]
@@ -514,7 +514,7 @@ fn flat_yaml(text: &str, start: Option<&str>) -> BTreeMap<String, String> {
 
 #[test]
 fn the_shipped_policy_names_every_annotation_and_restricts_identity_network_and_others_resources() {
-    use crate::pods::to_eci::annotations::{Outcome, TABLE};
+    use crate::pods::to_eci::annotations::{Handling, TABLE};
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let read = |path: &str| std::fs::read_to_string(format!("{root}/{path}")).expect(path);
     let kustomize = flat_yaml(
@@ -531,7 +531,7 @@ fn the_shipped_policy_names_every_annotation_and_restricts_identity_network_and_
         let Some(short) = entry.key.strip_prefix(ANNOTATION_PREFIX) else {
             continue;
         };
-        if matches!(entry.outcome, Outcome::WrittenBack(_)) {
+        if matches!(entry.handling, Handling::WrittenBack(_)) {
             continue;
         }
         assert!(

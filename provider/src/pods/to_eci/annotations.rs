@@ -22,7 +22,7 @@ pub type Apply = fn(&str, &mut CreateContainerGroupRequest) -> Result<(), String
 
 /// What happens to one annotation.
 #[derive(Debug, Clone, Copy)]
-pub enum Outcome {
+pub enum Handling {
     /// Passed to CreateContainerGroup as these parameters (names as `names.tsv` writes them).
     Mapped {
         /// The parameters it sets.
@@ -50,7 +50,7 @@ pub struct Entry {
     /// The full annotation name.
     pub key: &'static str,
     /// What happens to it.
-    pub outcome: Outcome,
+    pub handling: Handling,
     /// The values accepted (docs and error messages).
     pub accepts: &'static str,
     /// A valid value (tests and docs).
@@ -99,7 +99,7 @@ macro_rules! mapped {
     ($key:literal, [$($param:literal),+], $apply:expr, $accepts:literal, $example:literal) => {
         Entry {
             key: $key,
-            outcome: Outcome::Mapped { parameters: &[$($param),+], apply: $apply },
+            handling: Handling::Mapped { parameters: &[$($param),+], apply: $apply },
             accepts: $accepts,
             example: $example,
         }
@@ -150,13 +150,13 @@ pub const TABLE: &[Entry] = &[
     ),
     Entry {
         key: "k8s.aliyun.com/eci-instance-family",
-        outcome: Outcome::NotDriven(NO_FAMILY),
+        handling: Handling::NotDriven(NO_FAMILY),
         accepts: "ECS instance families",
         example: "ecs.c6",
     },
     Entry {
         key: "k8s.aliyun.com/eci-instance-generation",
-        outcome: Outcome::NotDriven(NO_FAMILY),
+        handling: Handling::NotDriven(NO_FAMILY),
         accepts: "ECS instance generations",
         example: "ecs-6",
     },
@@ -206,19 +206,19 @@ pub const TABLE: &[Entry] = &[
     ),
     Entry {
         key: "k8s.aliyun.com/eci-privatepool-matchcriteria",
-        outcome: Outcome::NotDriven(NO_PRIVATE_POOL),
+        handling: Handling::NotDriven(NO_PRIVATE_POOL),
         accepts: "`Open`, `Target`, `None`",
         example: "Open",
     },
     Entry {
         key: "k8s.aliyun.com/eci-privatepool-id",
-        outcome: Outcome::NotDriven(NO_PRIVATE_POOL),
+        handling: Handling::NotDriven(NO_PRIVATE_POOL),
         accepts: "a private pool id",
         example: "eap-1",
     },
     Entry {
         key: "k8s.aliyun.com/eci-fail-strategy",
-        outcome: Outcome::ByDaemon {
+        handling: Handling::ByDaemon {
             how: ON_NO_STOCK,
             check: fail_strategy,
         },
@@ -227,7 +227,7 @@ pub const TABLE: &[Entry] = &[
     },
     Entry {
         key: "k8s.aliyun.com/eci-max-pending-minute",
-        outcome: Outcome::ByDaemon {
+        handling: Handling::ByDaemon {
             how: PENDING_BOUND,
             check: pending_minutes,
         },
@@ -279,13 +279,13 @@ pub const TABLE: &[Entry] = &[
     ),
     Entry {
         key: "k8s.aliyun.com/imc-perfect-match",
-        outcome: Outcome::NotDriven(NO_IMC_TUNING),
+        handling: Handling::NotDriven(NO_IMC_TUNING),
         accepts: "`true` or `false`",
         example: "true",
     },
     Entry {
         key: "k8s.aliyun.com/imc-match-count-request",
-        outcome: Outcome::NotDriven(NO_IMC_TUNING),
+        handling: Handling::NotDriven(NO_IMC_TUNING),
         accepts: "`true` or `false`",
         example: "true",
     },
@@ -415,7 +415,7 @@ pub const TABLE: &[Entry] = &[
     ),
     Entry {
         key: "k8s.aliyun.com/eci-eviction-enable",
-        outcome: Outcome::NotDriven(
+        handling: Handling::NotDriven(
             "evicting pods that exceed their ephemeral storage (the daemon does not evict; ECI enforces limits in the group)",
         ),
         accepts: "`true` or `false`",
@@ -444,7 +444,9 @@ pub const TABLE: &[Entry] = &[
     ),
     Entry {
         key: "k8s.aliyun.com/eci-sls-enable",
-        outcome: Outcome::NotDriven("SLS log collection (the daemon creates no log configuration)"),
+        handling: Handling::NotDriven(
+            "SLS log collection (the daemon creates no log configuration)",
+        ),
         accepts: "`true` or `false`",
         example: "false",
     },
@@ -465,19 +467,19 @@ pub const TABLE: &[Entry] = &[
     // Written back.
     Entry {
         key: INSTANCE_ID,
-        outcome: Outcome::WrittenBack("CreateContainerGroup's ContainerGroupId"),
+        handling: Handling::WrittenBack("CreateContainerGroup's ContainerGroupId"),
         accepts: "",
         example: "",
     },
     Entry {
         key: REQUEST_ID,
-        outcome: Outcome::WrittenBack("CreateContainerGroup's RequestId"),
+        handling: Handling::WrittenBack("CreateContainerGroup's RequestId"),
         accepts: "",
         example: "",
     },
     Entry {
         key: INSTANCE_SPEC,
-        outcome: Outcome::WrittenBack(
+        handling: Handling::WrittenBack(
             "DescribeContainerGroups' InstanceType, or `<Cpu>-<Memory>Gi` when it names none",
         ),
         accepts: "",
@@ -485,19 +487,19 @@ pub const TABLE: &[Entry] = &[
     },
     Entry {
         key: ENI_INSTANCE_ID,
-        outcome: Outcome::WrittenBack("DescribeContainerGroups' EniInstanceId"),
+        handling: Handling::WrittenBack("DescribeContainerGroups' EniInstanceId"),
         accepts: "",
         example: "",
     },
     Entry {
         key: VPC,
-        outcome: Outcome::WrittenBack("DescribeContainerGroups' VpcId"),
+        handling: Handling::WrittenBack("DescribeContainerGroups' VpcId"),
         accepts: "",
         example: "",
     },
     Entry {
         key: EIP_ADDRESS,
-        outcome: Outcome::WrittenBack(
+        handling: Handling::WrittenBack(
             "DescribeContainerGroups' InternetIp, when the group has one (`eci-with-eip`, `eci-eip-instanceid`)",
         ),
         accepts: "",
@@ -505,7 +507,7 @@ pub const TABLE: &[Entry] = &[
     },
     Entry {
         key: "k8s.aliyun.com/eci-matched-image-cache",
-        outcome: Outcome::WrittenBack(
+        handling: Handling::WrittenBack(
             "not written: no field of CreateContainerGroup's or DescribeContainerGroups' answers (as the SDK defines them) names the image cache a group matched",
         ),
         accepts: "",
@@ -541,12 +543,12 @@ pub fn apply(
         let Some(value) = annotations.get(entry.key).filter(|v| !v.is_empty()) else {
             continue;
         };
-        let outcome = match entry.outcome {
-            Outcome::Mapped { apply, .. } => apply(value, request),
-            Outcome::ByDaemon { check, .. } => check(value),
-            Outcome::NotDriven(_) | Outcome::WrittenBack(_) => Ok(()),
+        let handling = match entry.handling {
+            Handling::Mapped { apply, .. } => apply(value, request),
+            Handling::ByDaemon { check, .. } => check(value),
+            Handling::NotDriven(_) | Handling::WrittenBack(_) => Ok(()),
         };
-        outcome.map_err(|why| {
+        handling.map_err(|why| {
             reject(
                 &field(entry.key),
                 format!("{why} (accepted: {})", entry.accepts),
@@ -568,9 +570,9 @@ pub fn notices(annotations: &BTreeMap<String, String>) -> Vec<String> {
     TABLE
         .iter()
         .filter(|e| annotations.get(e.key).is_some_and(|v| !v.is_empty()))
-        .filter_map(|e| match e.outcome {
-            Outcome::NotDriven(what) => Some(format!("{}: not driven: {what}", e.key)),
-            Outcome::Mapped { .. } | Outcome::ByDaemon { .. } | Outcome::WrittenBack(_) => None,
+        .filter_map(|e| match e.handling {
+            Handling::NotDriven(what) => Some(format!("{}: not driven: {what}", e.key)),
+            Handling::Mapped { .. } | Handling::ByDaemon { .. } | Handling::WrittenBack(_) => None,
         })
         .collect()
 }

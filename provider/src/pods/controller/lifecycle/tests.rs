@@ -52,56 +52,56 @@ const PLAIN: Observed<'static> = Observed {
 };
 
 /// Every event (the pod shown in each way that makes a difference).
-fn events() -> [(&'static str, Event<'static>); 16] {
+fn events() -> [(&'static str, Trigger<'static>); 16] {
     [
-        ("adopted", Event::Adopted(NEW)),
-        ("observed", Event::Observed(PLAIN)),
+        ("adopted", Trigger::Adopted(NEW)),
+        ("observed", Trigger::Observed(PLAIN)),
         (
             "observed, no annotation",
-            Event::Observed(Observed {
+            Trigger::Observed(Observed {
                 annotation: None,
                 ..PLAIN
             }),
         ),
         (
             "observed, annotation written over",
-            Event::Observed(Observed {
+            Trigger::Observed(Observed {
                 annotation: Some("eci-forged"),
                 ..PLAIN
             }),
         ),
         (
             "observed finished",
-            Event::Observed(Observed {
+            Trigger::Observed(Observed {
                 finished: true,
                 ..PLAIN
             }),
         ),
         (
             "observed unfit",
-            Event::Observed(Observed {
+            Trigger::Observed(Observed {
                 unfit: Some(UNFIT),
                 ..PLAIN
             }),
         ),
         (
             "observed terminating",
-            Event::Observed(Observed {
+            Trigger::Observed(Observed {
                 terminating: true,
                 ..PLAIN
             }),
         ),
-        ("created", Event::Created(NEW)),
-        ("create failed", Event::CreateFailed),
-        ("found", Event::Found(NEW)),
-        ("refused", Event::Refused),
-        ("policy changed", Event::PolicyChanged),
-        ("vanished", Event::Vanished),
-        ("group deleted", Event::GroupDeleted),
-        ("pod deletion failed", Event::PodDeletionFailed),
+        ("created", Trigger::Created(NEW)),
+        ("create failed", Trigger::CreateFailed),
+        ("found", Trigger::Found(NEW)),
+        ("refused", Trigger::Refused),
+        ("policy changed", Trigger::PolicyChanged),
+        ("vanished", Trigger::Vanished),
+        ("group deleted", Trigger::GroupDeleted),
+        ("pod deletion failed", Trigger::PodDeletionFailed),
         (
             "observed terminating and finished",
-            Event::Observed(Observed {
+            Trigger::Observed(Observed {
                 terminating: true,
                 finished: true,
                 annotation: None,
@@ -235,14 +235,14 @@ fn every_state_meets_every_event_as_specified() {
 #[test]
 fn an_annotation_is_written_once_until_it_is_written_over() {
     let seen = |annotation| {
-        Event::Observed(Observed {
+        Trigger::Observed(Observed {
             annotation,
             ..PLAIN
         })
     };
     // Adopted after a restart before the id was ever written: written once, not at every
     // event while the write is queued.
-    let step = Idle.on(Event::Adopted(OURS)).unwrap();
+    let step = Idle.on(Trigger::Adopted(OURS)).unwrap();
     let step = step.next.on(seen(None)).unwrap();
     assert_eq!(step.effect, Effect::Annotate(OURS.into()));
     let step = step.next.on(seen(None)).unwrap();
@@ -265,7 +265,7 @@ fn only_created_adopted_or_found_groups_are_a_pods_group() {
     assert_eq!(deleting(Some(OURS)).group(), Some(OURS));
     assert_eq!(deleting(None).group(), None);
     // Whatever the pod's annotation says, it names no group.
-    let forged = Event::Observed(Observed {
+    let forged = Trigger::Observed(Observed {
         annotation: Some("eci-forged"),
         ..PLAIN
     });

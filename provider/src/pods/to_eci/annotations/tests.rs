@@ -203,7 +203,7 @@ fn every_mapped_annotation_sets_its_parameters() {
     }
     // Every mapped entry of the table has a case here.
     for entry in TABLE {
-        if matches!(entry.outcome, Outcome::Mapped { .. }) && !entry.key.contains("arns") {
+        if matches!(entry.handling, Handling::Mapped { .. }) && !entry.key.contains("arns") {
             assert!(
                 cases.iter().any(|c| c.0 == entry.key),
                 "no case for {}",
@@ -331,15 +331,15 @@ fn unmapped_annotations_are_reported_and_mapped_ones_are_not() {
     for entry in TABLE {
         let annotations = BTreeMap::from([(entry.key.to_owned(), entry.example.to_owned())]);
         let notices = notices(&annotations);
-        match entry.outcome {
-            Outcome::NotDriven(_) => {
+        match entry.handling {
+            Handling::NotDriven(_) => {
                 assert_eq!(notices.len(), 1, "{}", entry.key);
                 assert!(notices[0].starts_with(entry.key), "{notices:?}");
                 let mut request = base();
                 apply(&annotations, &mut request).unwrap_or_else(|e| panic!("{}: {e}", entry.key));
                 assert_eq!(request, base(), "{} changes nothing", entry.key);
             }
-            Outcome::Mapped { .. } | Outcome::ByDaemon { .. } | Outcome::WrittenBack(_) => {
+            Handling::Mapped { .. } | Handling::ByDaemon { .. } | Handling::WrittenBack(_) => {
                 assert!(notices.is_empty(), "{}: {notices:?}", entry.key);
             }
         }
@@ -432,8 +432,8 @@ fn the_creation_answer_is_written_back() {
     assert!(!written_back("eci-1", "").contains_key(REQUEST_ID));
     for key in back.keys() {
         assert!(matches!(
-            entry(key).map(|e| e.outcome),
-            Some(Outcome::WrittenBack(_))
+            entry(key).map(|e| e.handling),
+            Some(Handling::WrittenBack(_))
         ));
     }
 }
@@ -478,7 +478,10 @@ fn the_groups_description_is_written_back_as_the_service_gave_it() {
         );
         for key in out.keys().filter(|k| **k != ZONE) {
             assert!(
-                matches!(entry(key).map(|e| e.outcome), Some(Outcome::WrittenBack(_))),
+                matches!(
+                    entry(key).map(|e| e.handling),
+                    Some(Handling::WrittenBack(_))
+                ),
                 "{key} is a written-back entry of the table"
             );
         }
