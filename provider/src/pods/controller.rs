@@ -30,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use backon::{ExponentialBuilder, Retryable as _};
+use backon::{BackoffBuilder as _, ExponentialBuilder, Retryable as _};
 use eci_proto::EciError;
 use eci_proto::v20180808::{ContainerGroupStatus, DescribeContainerGroupStatusRequest, Tag};
 use k8s_openapi::api::core::v1::Pod;
@@ -402,14 +402,25 @@ fn pod_key(pod: &Pod) -> String {
     format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
+/// Retry delays of per-pod work (creations, deletions, lookups): doubling from 200 ms up to
+/// 20 s, each with up to as much again of random jitter, so that the retries of many pods
+/// that failed together (an outage) spread apart.
+fn retry_delays() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(20))
+        .with_jitter()
+        .without_max_times()
+}
+
+/// The delay before retry `attempt` (from 0) of work that is queued again rather than retried
+/// in a loop (a creation waits out its delay outside the workers).
 fn backoff(attempt: u32) -> Duration {
-    let base = Duration::from_millis(250).saturating_mul(1u32 << attempt.min(7));
-    let capped = base.min(Duration::from_secs(30));
-    // ±20 % jitter from the clock's low bits: spread retries of many pods apart.
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    capped.mul_f64(0.8 + f64::from(nanos % 400) / 1000.0)
+    let attempt = usize::try_from(attempt).unwrap_or(usize::MAX).min(16);
+    retry_delays()
+        .build()
+        .nth(attempt)
+        .unwrap_or(Duration::from_secs(20))
 }
 
 /// The pod controller's reader of this node's pod watch: it runs on the watch's task, so it
@@ -1114,6 +1125,20 @@ pub const KUBE_API: &[crate::k8s::access::Access] = &[
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    #[test]
+    fn retries_wait_twice_as_long_each_time_up_to_twenty_seconds_with_jitter() {
+        for attempt in 0..40 {
+            let floor = Duration::from_millis(200)
+                .saturating_mul(1 << attempt.min(8))
+                .min(Duration::from_secs(20));
+            let delay = backoff(attempt);
+            assert!(
+                delay >= floor && delay <= floor * 2,
+                "attempt {attempt}: {delay:?}, floor {floor:?}"
+            );
+        }
+    }
 
     use eci_proto::v20180808::*;
     use serde_json::json;

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use backon::Retryable as _;
 use eci_proto::EciError;
 use eci_proto::error::codes;
 use eci_proto::v20180808::{
@@ -22,7 +23,7 @@ use super::gate::Admission;
 use super::lifecycle::{Effect, Trigger};
 use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
-    carried, misconfigured, pod_key, pod_key_parts,
+    carried, misconfigured, pod_key, pod_key_parts, retry_delays,
 };
 use crate::pods::to_eci::{self, Context, annotations, naming};
 use crate::pods::{from_eci, refs};
@@ -775,22 +776,23 @@ impl PodController {
     /// spares live nodes' groups, and only a restart's adoption lists them): it is looked up by
     /// its tags and deleted. One read per such pod.
     async fn sweep_unanswered(&self, uid: &str) {
-        for attempt in 0..4 {
-            match self.groups_of_pod(uid).await {
-                Ok(page) => {
-                    for group in page.data {
-                        info!(pod_uid = %uid, eci_id = %group.container_group_id, "the pod went away while its creation was retried; deleting the group an unanswered attempt made");
-                        self.delete_group_eventually(group.container_group_id);
-                    }
-                    return;
-                }
-                Err(error) => {
-                    debug!(pod_uid = %uid, %error, attempt, "cannot look for a group an unanswered create made; retrying");
-                    tokio::time::sleep(backoff(attempt)).await;
+        let looked_up = (|| self.groups_of_pod(uid))
+            .retry(retry_delays().with_max_times(3))
+            .notify(|error, wait| {
+                debug!(pod_uid = %uid, %error, retry_in = ?wait, "cannot look for a group an unanswered create made; retrying");
+            })
+            .await;
+        match looked_up {
+            Ok(page) => {
+                for group in page.data {
+                    info!(pod_uid = %uid, eci_id = %group.container_group_id, "the pod went away while its creation was retried; deleting the group an unanswered attempt made");
+                    self.delete_group_eventually(group.container_group_id);
                 }
             }
+            Err(error) => {
+                warn!(pod_uid = %uid, %error, "could not look for a group an unanswered create may have made; the next restart's adoption finds it if it exists");
+            }
         }
-        warn!(pod_uid = %uid, "could not look for a group an unanswered create may have made; the next restart's adoption finds it if it exists");
     }
 
     /// The PersistentVolume each of the pod's `claims` (of `namespace`) is bound to, by claim

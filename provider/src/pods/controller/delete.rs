@@ -4,6 +4,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use backon::Retryable as _;
+use eci_proto::EciError;
 use eci_proto::v20180808::DeleteContainerGroupRequest;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -13,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::lifecycle::{Lifecycle, Trigger};
-use super::{Adopted, PodController, backoff, pod_key, pod_key_parts, slim};
+use super::{Adopted, PodController, backoff, pod_key, pod_key_parts, retry_delays, slim};
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
 const CONFIRMING: usize = 8;
@@ -362,10 +364,8 @@ impl PodController {
     /// Deletes group `id` (retrying what ECI may answer later, up to eight times): whether ECI
     /// accepted the deletion or knows no such group.
     pub(super) async fn delete_group(&self, id: &str, force: bool) -> bool {
-        let mut attempt = 0;
-        loop {
-            let result = self
-                .inner
+        let deleted = (|| {
+            self.inner
                 .backend
                 .delete_container_group(DeleteContainerGroupRequest {
                     region_id: self.inner.config.region.clone(),
@@ -373,18 +373,16 @@ impl PodController {
                     force,
                     ..DeleteContainerGroupRequest::default()
                 })
-                .await;
-            match result {
-                Ok(_) => return true,
-                Err(error) if error.is_not_found() => return true,
-                Err(error) if error.is_retryable() && attempt < 8 => {
-                    attempt += 1;
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                Err(error) => {
-                    warn!(eci_id = %id, %error, "could not delete the container group");
-                    return false;
-                }
+        })
+        .retry(retry_delays().with_max_times(8))
+        .when(EciError::is_retryable)
+        .await;
+        match deleted {
+            Ok(_) => true,
+            Err(error) if error.is_not_found() => true,
+            Err(error) => {
+                warn!(eci_id = %id, %error, "could not delete the container group");
+                false
             }
         }
     }
