@@ -143,6 +143,42 @@ fn container_statuses<'a>(
         .collect()
 }
 
+/// Whether an init container's status shows it done with, as the kubelet counts it: a regular
+/// one succeeded, a sidecar started.
+fn initialized(sidecar: bool, status: &Value) -> bool {
+    if sidecar {
+        status["started"] == true
+    } else {
+        status
+            .pointer("/state/terminated/exitCode")
+            .and_then(Value::as_i64)
+            == Some(0)
+    }
+}
+
+/// While an init container is not done with, the containers after it have not been created
+/// yet: the kubelet shows each one that never ran waiting with reason `PodInitializing` (its
+/// default state in a pod with init containers), whatever placeholder ECI reports for them.
+fn show_initializing(
+    init_specs: &[k8s_openapi::api::core::v1::Container],
+    init: &mut [Value],
+    main: &mut [Value],
+) {
+    let Some(current) = init_specs
+        .iter()
+        .zip(init.iter())
+        .position(|(spec, status)| !initialized(sidecars::is_sidecar(spec), status))
+    else {
+        return;
+    };
+    for status in init.iter_mut().skip(current + 1).chain(main.iter_mut()) {
+        let never_ran = status["restartCount"] == 0 && status["lastState"] == json!({});
+        if never_ran && status["state"].get("waiting").is_some() {
+            status["state"] = json!({"waiting": {"reason": "PodInitializing"}});
+        }
+    }
+}
+
 fn condition(kind: &str, ok: bool, reason: &str, message: &str) -> Value {
     let mut condition = json!({"type": kind, "status": if ok { "True" } else { "False" }});
     if !ok {
@@ -320,16 +356,17 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
     let group_id = group.container_group_id.as_str();
     let init_specs = spec.init_containers.as_deref().unwrap_or_default();
     // A native sidecar runs as a container of the group (see `to_eci::sidecars`).
-    let init = container_statuses(group_id, init_specs, |c| {
+    let mut init = container_statuses(group_id, init_specs, |c| {
         if sidecars::is_sidecar(c) {
             find(&group.containers, &c.name)
         } else {
             find(&group.init_containers, &c.name)
         }
     });
-    let main = container_statuses(group_id, &spec.containers, |c| {
+    let mut main = container_statuses(group_id, &spec.containers, |c| {
         find(&group.containers, &c.name)
     });
+    show_initializing(init_specs, &mut init, &mut main);
     let previous = current.conditions.unwrap_or_default();
     let mut conditions = conditions(pod, group, &phase, (&init, &main), &previous);
     let generation = pod.metadata.generation;
@@ -373,14 +410,10 @@ fn conditions(
     // As the kubelet: initialized once every regular init container succeeded and every
     // sidecar started; ready once every container and every sidecar is.
     let initialized = not_done(init.iter().map(|s| {
-        let done = if is_sidecar(s) {
-            s["started"] == true
-        } else {
-            s.pointer("/state/terminated/exitCode")
-                .and_then(Value::as_i64)
-                == Some(0)
-        };
-        (s["name"].as_str().unwrap_or_default(), done)
+        (
+            s["name"].as_str().unwrap_or_default(),
+            initialized(is_sidecar(s), s),
+        )
     }));
     let unready = not_done(
         init.iter()
@@ -829,6 +862,81 @@ mod tests {
     }
 
     #[test]
+    fn containers_after_an_unfinished_init_container_wait_with_pod_initializing() {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "default"},
+            "spec": {"initContainers": [{"name": "init1", "image": "busybox"}, {"name": "init2", "image": "busybox"}],
+                "containers": [{"name": "run1", "image": "busybox"}]}})).unwrap();
+        let waiting = |name: &str| {
+            let mut info = info(name, "Waiting", false, None);
+            info.current_state.as_mut().unwrap().reason = "ContainerCreating".into();
+            info
+        };
+        let reason = |status: &Value, kind: &str, index: usize| {
+            status[kind][index]["state"]["waiting"]["reason"]
+                .as_str()
+                .map(str::to_owned)
+        };
+        let initializing = Some("PodInitializing".to_owned());
+        let creating = Some("ContainerCreating".to_owned());
+        // (init1, init2, run1 restarted before) → (init2's reason, run1's reason)
+        let table = [
+            // The first init container failed: nothing after it was created.
+            (
+                (Some(1), None, false),
+                (initializing.clone(), initializing.clone()),
+            ),
+            // It runs still.
+            (
+                (None, None, false),
+                (initializing.clone(), initializing.clone()),
+            ),
+            // It succeeded: the second one is ECI's to report, the app still waits for it.
+            (
+                (Some(0), None, false),
+                (creating.clone(), initializing.clone()),
+            ),
+            // Both succeeded: the app's state is ECI's.
+            ((Some(0), Some(0), false), (None, creating.clone())),
+            // A container that ran before keeps the state ECI reports.
+            (
+                (Some(1), None, true),
+                (initializing, creating.clone()),
+            ),
+        ];
+        for ((init1, init2, restarted), expected) in table {
+            let mut group = mk_group("Pending", vec![waiting("run1")]);
+            if restarted {
+                group.containers[0].restart_count = 1;
+            }
+            let state = |name, exit: Option<i32>| match exit {
+                Some(code) => info(name, "Terminated", false, Some(code)),
+                None if name == "init1" => info(name, "Running", false, None),
+                None => waiting(name),
+            };
+            group.init_containers = vec![state("init1", init1), state("init2", init2)];
+            let status = pod_status(&pod, &group, at(0));
+            assert_eq!(
+                (
+                    reason(&status, "initContainerStatuses", 1),
+                    reason(&status, "containerStatuses", 0)
+                ),
+                expected,
+                "{init1:?} {init2:?} {restarted}"
+            );
+        }
+        let plain = pod_status(
+            &mk_pod(false),
+            &mk_group("Pending", vec![waiting("app")]),
+            at(0),
+        );
+        assert_eq!(
+            reason(&plain, "containerStatuses", 0),
+            creating,
+            "no init containers: ECI's reason"
+        );
+    }
+
+    #[test]
     fn init_containers_hold_initialization() {
         let mut group = mk_group("Pending", vec![]);
         group.init_containers = vec![info("migrate", "Running", false, None)];
@@ -846,8 +954,8 @@ mod tests {
             )
         );
         assert_eq!(
-            status["containerStatuses"][0]["state"]["waiting"]["reason"],
-            "ContainerCreating"
+            status["containerStatuses"][0]["state"]["waiting"]["reason"], "PodInitializing",
+            "not created until the init containers are done, as the kubelet shows it"
         );
         assert!(status.get("podIP").is_none());
     }
