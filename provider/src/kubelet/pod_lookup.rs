@@ -628,6 +628,61 @@ mod tests {
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     }
 
+    #[tokio::test]
+    async fn the_daemons_own_metrics_are_served_at_metrics_to_who_may_read_node_metrics() {
+        use tower::ServiceExt as _;
+
+        let eci: Backend =
+            Arc::new(GrpcBackend::connect_lazy("http://127.0.0.1:9").expect("endpoint"));
+        let reviewer = crate::k8s::callers::fake_reviewer::FakeReviewer {
+            tokens: vec![("scraper-token", "scraper"), ("lister-token", "lister")],
+            grants: vec![
+                (
+                    "scraper",
+                    auth::ResourceQuestion::node("get", "metrics", NODE),
+                ),
+                ("lister", auth::ResourceQuestion::node("get", "pods", NODE)),
+            ],
+            ..Default::default()
+        };
+        let kubelet = KubeletState {
+            guard: Arc::new(auth::Guard::new(
+                NODE.into(),
+                Arc::new(reviewer),
+                Arc::new(auth::ClientCa::default()),
+            )),
+            ..state(kube_list_client(&[]), eci, GroupDirectory::default())
+        };
+        kubelet.telemetry.kube_request("pod_get");
+        let request = |token: &str| {
+            axum::http::Request::get("/metrics")
+                .header("authorization", format!("Bearer {token}"))
+                .body(axum::body::Body::empty())
+                .expect("request")
+        };
+        let router = crate::kubelet::router(kubelet);
+        let response = router
+            .clone()
+            .oneshot(request("scraper-token"))
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let text = String::from_utf8(body.to_vec()).expect("text");
+        assert!(
+            text.contains("operation=\"pod_get\"") && text.ends_with("# EOF\n"),
+            "{text}"
+        );
+        // Authorized as the kubelet authorizes it: nodes/metrics (or nodes/proxy).
+        let response = router
+            .oneshot(request("lister-token"))
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    }
+
     #[test]
     fn a_pod_runs_while_it_has_a_group_and_has_not_finished() {
         let cases = [

@@ -1,4 +1,4 @@
-//! The kubelet's metrics endpoints, from ECI: `/metrics/resource` (what metrics-server scrapes
+//! The kubelet's metrics endpoints: the daemon's own at `/metrics`; from ECI, `/metrics/resource` (what metrics-server scrapes
 //! for `kubectl top` and the HPA) and `/stats/summary`. Merged by `kubelet::router`, behind its
 //! authentication and authorization (`nodes/metrics`, `nodes/stats`).
 //!
@@ -369,11 +369,24 @@ impl Lazy {
     }
 }
 
-/// The metrics routes: `/metrics/resource` and `/stats/summary`.
+/// The metrics routes: `/metrics`, `/metrics/resource` and `/stats/summary`.
 pub fn routes() -> Router<KubeletState> {
     let lazy = Arc::new(Lazy::default());
     let for_summary = Arc::clone(&lazy);
     Router::new()
+        // A kubelet serves its own process's metrics here, and the daemon is this node's
+        // kubelet: its own metrics (Kubernetes' e2e framework reads them after each failed
+        // test, and waits minutes on a node that does not answer).
+        .route(
+            "/metrics",
+            get(|State(state): State<KubeletState>| async move {
+                (
+                    [(header::CONTENT_TYPE, crate::ops::metrics::CONTENT_TYPE)],
+                    state.telemetry.render(),
+                )
+                    .into_response()
+            }),
+        )
         .route(
             "/metrics/resource",
             get(move |State(state): State<KubeletState>| async move {

@@ -9,6 +9,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The media type of what [`Telemetry::render`] writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 /// Labels of a result counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -322,7 +325,7 @@ impl Telemetry {
             .inc();
     }
 
-    /// The text exposition.
+    /// The text exposition ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
         let registry = self.registry.lock();

@@ -70,10 +70,7 @@ fn ready(readiness: &Readiness) -> Response {
 
 async fn metrics(State(ops): State<Ops>) -> Response {
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, crate::ops::metrics::CONTENT_TYPE)],
         ops.telemetry.render(),
     )
         .into_response()
