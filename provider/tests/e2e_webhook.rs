@@ -536,6 +536,19 @@ async fn labelled_namespaces_go_to_virtual_nodes_and_fair_effects_land_before_th
             p["spec"]["nodeName"] == node.as_str() && p["status"]["phase"] == "Running"
         })
         .await?;
+        // An update replacing the tolerations (kubectl apply or replace of the manifest)
+        // passes and keeps the virtual-node toleration: the API server refuses an update that
+        // removes one, so the webhook puts it back.
+        let mut current = pods.get("web").await?;
+        current.spec.as_mut().unwrap().tolerations = Some(vec![
+            serde_json::from_value(json!({"key": "team", "operator": "Exists", "effect": "NoSchedule"})).unwrap(),
+        ]);
+        let replaced = view(&pods.replace("web", &PostParams::default(), &current).await?);
+        assert_eq!(vnode_tolerations(&replaced), 1, "{replaced}");
+        assert!(
+            replaced["spec"]["tolerations"].as_array().unwrap().iter().any(|t| t["key"] == "team"),
+            "{replaced}"
+        );
 
         // A fair Selector: the toleration at admission, its effect once bound to a virtual node.
         let plain = h.create_namespace("plain").await?;

@@ -58,7 +58,8 @@ pub fn desired(
         "timeoutSeconds": registration.timeout_seconds,
         "clientConfig": client,
         "rules": [
-            {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"},
+            // UPDATE: an update leaving out a virtual-node toleration gets it back.
+            {"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"},
             // What the ResourcePolicy schema cannot check is refused here, with the field.
             {"operations": ["CREATE", "UPDATE"], "apiGroups": ["scheduling.alibabacloud.com"], "apiVersions": ["v1alpha1"], "resources": ["resourcepolicies"], "scope": "Namespaced"},
         ],
@@ -145,7 +146,7 @@ mod tests {
         assert_eq!(hook["sideEffects"], "None");
         assert_eq!(hook["timeoutSeconds"], 5);
         assert_eq!(hook["admissionReviewVersions"], json!(["v1"]));
-        assert_eq!(hook["rules"][0]["operations"], json!(["CREATE"]));
+        assert_eq!(hook["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
         assert_eq!(hook["rules"][0]["resources"], json!(["pods"]));
         assert_eq!(
             hook["namespaceSelector"]["matchExpressions"][0]["values"],

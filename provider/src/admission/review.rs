@@ -1,7 +1,8 @@
 //! One AdmissionReview in, one out: pod CREATEs get the engine's mutation as a JSON patch;
-//! everything else is allowed untouched. Answers come from the caches only.
+//! pod UPDATEs get back a virtual-node toleration they leave out; everything else is allowed
+//! untouched. Answers come from the caches only.
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Toleration};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 
@@ -86,11 +87,16 @@ impl Admission {
         {
             return (review_policy(request, allow), SideEffects::default());
         }
-        let is_pod_create = request.kind.group.is_empty()
+        let is_pod = request.kind.group.is_empty()
             && request.kind.kind == "Pod"
-            && request.operation == Operation::Create
             && request.sub_resource.is_none();
-        if !is_pod_create {
+        if is_pod && request.operation == Operation::Update {
+            return (
+                self.review_pod_update(request, allow),
+                SideEffects::default(),
+            );
+        }
+        if !is_pod || request.operation != Operation::Create {
             return (allow, SideEffects::default());
         }
         let Some((pod, namespace)) = submitted_pod(request) else {
@@ -134,6 +140,38 @@ impl Admission {
         (response, effects)
     }
 
+    /// A pod update that leaves out a virtual-node toleration the pod has (a client that
+    /// replaces the list, as `kubectl apply` and `replace` do): the toleration is put back, as
+    /// the DefaultTolerationSeconds admission plugin puts back its own. The API server refuses
+    /// an update that removes a toleration, so without this such an update could never pass;
+    /// nothing is added that the pod did not have.
+    fn review_pod_update(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        allow: AdmissionResponse,
+    ) -> AdmissionResponse {
+        let (Some((pod, _)), Some(old)) = (submitted_pod(request), old_pod(request)) else {
+            return allow;
+        };
+        let missing = dropped_tolerations(&old, &pod, &self.vnode.taint_key);
+        if missing.is_empty() {
+            return allow;
+        }
+        let mut restored = pod.clone();
+        if let Some(spec) = restored.spec.as_mut() {
+            spec.tolerations
+                .get_or_insert_with(Vec::new)
+                .extend(missing);
+        }
+        let (Ok(typed), Ok(mutated)) =
+            (serde_json::to_value(&pod), serde_json::to_value(&restored))
+        else {
+            return allow;
+        };
+        let patch = json_patch::diff(&typed, &mutated);
+        allow.clone().with_patch(patch).unwrap_or(allow)
+    }
+
     /// ResourcePolicy placement, when on and synced: may move the pod into a unit; the note
     /// for the audit annotation when it did.
     fn place_by_policy(&self, pod: &mut Pod, dry_run: bool) -> Option<String> {
@@ -164,6 +202,27 @@ fn submitted_pod(request: &AdmissionRequest<DynamicObject>) -> Option<(Pod, Stri
     // Not a pod the API server would accept either (it says why): `None`.
     let pod = serde_json::from_value::<Pod>(original).ok()?;
     Some((pod, namespace))
+}
+
+/// The pod as it was before an update; `None` when the request carries none.
+fn old_pod(request: &AdmissionRequest<DynamicObject>) -> Option<Pod> {
+    let object = request.old_object.as_ref()?;
+    serde_json::from_value(serde_json::to_value(object).ok()?).ok()
+}
+
+/// The tolerations of `taint_key` that `old` has and `new` leaves out (pure).
+fn dropped_tolerations(old: &Pod, new: &Pod, taint_key: &str) -> Vec<Toleration> {
+    let tolerations = |pod: &Pod| {
+        pod.spec
+            .as_ref()
+            .and_then(|spec| spec.tolerations.clone())
+            .unwrap_or_default()
+    };
+    let kept = tolerations(new);
+    tolerations(old)
+        .into_iter()
+        .filter(|t| t.key.as_deref() == Some(taint_key) && !kept.contains(t))
+        .collect()
 }
 
 /// The Event a decision's warning becomes on the pod; none while the pod has no name yet
@@ -318,6 +377,59 @@ mod tests {
 
     fn response(review: &Value) -> Value {
         review["response"].clone()
+    }
+
+    #[test]
+    fn a_pod_update_leaving_out_its_virtual_node_toleration_gets_it_back() {
+        let ours = json!({"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"});
+        let theirs =
+            json!({"key": "foo", "operator": "Equal", "value": "bar", "effect": "NoSchedule"});
+        let with = |tolerations: Value| {
+            let mut pod = pod(json!({}));
+            pod["spec"]["tolerations"] = tolerations;
+            pod
+        };
+        // The pod's tolerations after the update, as the API server stores them.
+        let updated = |old: Value, new: Value| {
+            let mut body: Value =
+                serde_json::from_slice(&review("Pod", "UPDATE", new.clone(), false)).unwrap();
+            body["request"]["oldObject"] = old;
+            let (out, _) = admission()
+                .review(&serde_json::to_vec(&body).unwrap())
+                .unwrap();
+            let answer = response(&out);
+            assert_eq!(answer["allowed"], true);
+            let mut stored = new;
+            if let Some(patch) = answer["patch"].as_str() {
+                let patch: json_patch::Patch = serde_json::from_slice(
+                    &base64::engine::general_purpose::STANDARD
+                        .decode(patch)
+                        .unwrap(),
+                )
+                .unwrap();
+                json_patch::patch(&mut stored, &patch).unwrap();
+            }
+            stored["spec"]["tolerations"].clone()
+        };
+        // (before, as sent) → as stored
+        let table = [
+            // A client replaced the list (kubectl apply, replace): ours comes back after theirs.
+            (json!([ours]), json!([theirs]), json!([theirs, ours])),
+            (json!([ours]), Value::Null, json!([ours])),
+            // Kept: nothing to do.
+            (
+                json!([ours, theirs]),
+                json!([ours, theirs]),
+                json!([ours, theirs]),
+            ),
+            // Never added to a pod that did not have it.
+            (json!([theirs]), json!([]), json!([])),
+            (Value::Null, json!([theirs]), json!([theirs])),
+        ];
+        for (before, sent, stored) in table {
+            let (old, new) = (with(before.clone()), with(sent.clone()));
+            assert_eq!(updated(old, new), stored, "{before} then {sent}");
+        }
     }
 
     #[test]
