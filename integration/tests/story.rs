@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use integration::harness::deploy::{
-    VIRTUAL_NODE_SELECTOR, apply_local_overlay, is_ready, wait_installed,
+    Mock, VIRTUAL_NODE_SELECTOR, apply_local_overlay, is_ready, wait_installed,
 };
 use integration::harness::mock_admin::groups;
 use integration::harness::{ClusterKind, Harness, HarnessError};
@@ -119,7 +119,15 @@ async fn story(h: &mut Harness) -> Result<(), HarnessError> {
         "the server built from upstream: {version}"
     );
 
-    apply_local_overlay(h.kubectl(), h.kubeconfig(), h.dir(), 2, &h.placement_env()).await?;
+    apply_local_overlay(
+        h.kubectl(),
+        h.kubeconfig(),
+        h.dir(),
+        2,
+        &h.placement_env(),
+        Mock::InCluster(&[]),
+    )
+    .await?;
     let mock = wait_installed(&h.client(), 2, WAIT).await?;
     let admin = format!("http://{mock}:8080");
 

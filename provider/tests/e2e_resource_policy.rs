@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt as _, StreamExt as _};
-use integration::harness::deploy::{apply_local_overlay, wait_installed};
+use integration::harness::deploy::{Mock, apply_local_overlay, wait_installed};
 use integration::harness::mock_admin;
 use integration::harness::{ClusterKind, FixtureOptions, Harness, HarnessError, free_port};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -1568,7 +1568,15 @@ async fn with_the_extender_down_the_webhook_places_pods_at_admission() {
         // would place that scenario's pods, its replica contend for the placement Lease.
         let outcome =
             AssertUnwindSafe(async {
-                apply_local_overlay(h.kubectl(), h.kubeconfig(), h.dir(), 1, &env).await?;
+                apply_local_overlay(
+                    h.kubectl(),
+                    h.kubeconfig(),
+                    h.dir(),
+                    1,
+                    &env,
+                    Mock::InCluster(&[]),
+                )
+                .await?;
                 wait_installed(&h.client(), 1, SLOW).await?;
                 eprintln!("installed after {:?}", started.elapsed());
                 let key = format!("{ns}/nginx");

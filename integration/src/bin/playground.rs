@@ -20,9 +20,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use integration::cluster::{ControlPlane, ControlPlaneOptions, PlacementExtender};
 use integration::harness::binary;
-use integration::harness::deploy::{
-    apply_local_overlay_with, apply_local_overlay_without_mock, wait_installed, wait_virtual_nodes,
-};
+use integration::harness::deploy::{Mock, apply_local_overlay, wait_installed, wait_virtual_nodes};
 use integration::host::{HostAgent, HostConfig, loopback_pod_network};
 use integration::real_mode::RealRuntime;
 use tokio::io::AsyncReadExt as _;
@@ -280,12 +278,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .unwrap_or_default();
             if let Some(real) = &real {
                 daemon_env.extend(real.daemon_env());
-                apply_local_overlay_without_mock(
+                apply_local_overlay(
                     kubectl,
                     plane.kubeconfig(),
                     &dir,
                     args.replicas,
                     &daemon_env,
+                    Mock::Outside,
                 )
                 .await?;
                 apply_eci_profile(&client, real.eci_profile()).await?;
@@ -301,13 +300,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     real.registry(),
                 );
             } else {
-                apply_local_overlay_with(
+                apply_local_overlay(
                     kubectl,
                     plane.kubeconfig(),
                     &dir,
                     args.replicas,
                     &daemon_env,
-                    &mock_eci_env(),
+                    Mock::InCluster(&mock_eci_env()),
                 )
                 .await?;
                 say("waiting for mock-eci and the virtual nodes to be Ready");

@@ -14,62 +14,22 @@ use super::HarnessError;
 /// The label every virtual node carries.
 pub const VIRTUAL_NODE_SELECTOR: &str = "type=virtual-kubelet";
 
-/// Writes a kustomization in `dir` over `deploy/overlays/local` with `replicas` daemon replicas
-/// and `env` set in the daemon's container (added, or replacing the manifest's value), and
-/// applies it with `kubectl`.
-pub async fn apply_local_overlay(
-    kubectl: &Path,
-    kubeconfig: &Path,
-    dir: &Path,
-    replicas: u32,
-    env: &[(String, String)],
-) -> Result<(), HarnessError> {
-    apply_local_overlay_with(kubectl, kubeconfig, dir, replicas, env, &[]).await
-}
-
-/// [`apply_local_overlay`], also setting `mock_env` in mock-eci's container (the playground
-/// turns on its echo listeners this way).
-pub async fn apply_local_overlay_with(
-    kubectl: &Path,
-    kubeconfig: &Path,
-    dir: &Path,
-    replicas: u32,
-    env: &[(String, String)],
-    mock_env: &[(String, String)],
-) -> Result<(), HarnessError> {
-    apply_overlay(
-        kubectl,
-        kubeconfig,
-        dir,
-        replicas,
-        env,
-        Mock::InCluster(mock_env),
-    )
-    .await
-}
-
-/// [`apply_local_overlay`] without the overlay's mock-eci Deployment and Service: the daemons
-/// reach a mock-eci the caller runs (`env` names it in `ECI_BACKEND`), as the playground's
-/// real-runtime mode does.
-pub async fn apply_local_overlay_without_mock(
-    kubectl: &Path,
-    kubeconfig: &Path,
-    dir: &Path,
-    replicas: u32,
-    env: &[(String, String)],
-) -> Result<(), HarnessError> {
-    apply_overlay(kubectl, kubeconfig, dir, replicas, env, Mock::Outside).await
-}
-
 /// Where mock-eci runs.
-enum Mock<'a> {
-    /// The overlay's Deployment, with this environment added.
+#[derive(Debug, Clone, Copy)]
+pub enum Mock<'a> {
+    /// The overlay's Deployment, with this environment added to its container (the
+    /// playground turns on its echo listeners this way).
     InCluster(&'a [(String, String)]),
-    /// Outside the cluster: the Deployment and Service are left out.
+    /// Outside the cluster: the Deployment and Service are left out, and the daemons reach
+    /// the mock-eci the caller runs (`env` names it in `ECI_BACKEND`), as the playground's
+    /// real-runtime mode does.
     Outside,
 }
 
-async fn apply_overlay(
+/// Writes a kustomization in `dir` over `deploy/overlays/local` with `replicas` daemon replicas
+/// and `env` set in the daemon's container (added, or replacing the manifest's value), mock-eci
+/// where `mock` says, and applies it with `kubectl`.
+pub async fn apply_local_overlay(
     kubectl: &Path,
     kubeconfig: &Path,
     dir: &Path,
