@@ -1,6 +1,7 @@
 # Starting and stopping a playground for the upstream suites' runners (run-conformance.sh,
-# run-vk-e2e.sh), sourced by them. The sourcing script defines `say` and `die` and sets `root`
-# (the repository) and `out` (its report directory) first.
+# run-vk-e2e.sh), sourced by them. The sourcing script defines `say` and `die`, sets `root` (the
+# repository) and reads its arguments with `report_args` (which sets `out`, its report
+# directory) before it starts a playground.
 
 # Sets `playground` to $PLAYGROUND, or builds the playground, virtual-node-eci and mock-eci with
 # cargo and takes the playground from the target directory.
@@ -48,4 +49,21 @@ stop_playground() {
   exec {hold}>&-
   say "stopping the playground"
   while kill -0 "$playground_pid" 2>/dev/null; do sleep 1; done
+}
+
+# Reads a runner's `[OUT_DIR] [-- FLAGS...]`: sets `out` (the report directory, made and
+# absolute; $1 when the caller names none) and `rest` (the flags after `--`, for the suite).
+report_args() {
+  out=$1
+  shift
+  if [ $# -gt 0 ] && [ "$1" != "--" ]; then
+    out=$1
+    shift
+  fi
+  if [ $# -gt 0 ] && [ "$1" = "--" ]; then
+    shift
+  fi
+  rest=("$@")
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
 }

@@ -30,24 +30,15 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-out=./conformance-report
-if [ $# -gt 0 ] && [ "$1" != "--" ]; then
-  out=$1
-  shift
-fi
-if [ $# -gt 0 ] && [ "$1" = "--" ]; then
-  shift
-fi
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+# shellcheck source=playground.sh
+. "$here/playground.sh"
+report_args ./conformance-report "$@"
 node=virtual-node-eci-0
 filter=${LABEL_FILTER:-'Conformance && (sig-node || sig-storage) && !Serial && !Disruptive'}
 timeout=${TIMEOUT:-120m}
 
 say() { printf '[conformance] %s\n' "$*" >&2; }
 die() { say "$*"; exit 2; }
-# shellcheck source=playground.sh
-. "$here/playground.sh"
 
 export GOTOOLCHAIN=local
 built=$("$here/build.sh" e2e-test)
@@ -82,7 +73,7 @@ set +e
   --kubeconfig "$KUBECONFIG" --provider skeleton --kubectl-path "$(command -v kubectl)" \
   --non-blocking-taints=node-role.kubernetes.io/control-plane,virtual-node-eci.aliyun.com/host-agent \
   --report-dir "$out" --ginkgo.label-filter="$filter" --ginkgo.timeout="$timeout" \
-  --ginkgo.no-color --ginkgo.v "$@") >"$out/e2e.log" 2>&1
+  --ginkgo.no-color --ginkgo.v "${rest[@]}") >"$out/e2e.log" 2>&1
 rc=$?
 set -e
 say "e2e.test exited $rc after $((SECONDS - started)) s"

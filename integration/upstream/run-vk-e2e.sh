@@ -27,23 +27,14 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-out=./vk-e2e-report
-if [ $# -gt 0 ] && [ "$1" != "--" ]; then
-  out=$1
-  shift
-fi
-if [ $# -gt 0 ] && [ "$1" = "--" ]; then
-  shift
-fi
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+# shellcheck source=playground.sh
+. "$here/playground.sh"
+report_args ./vk-e2e-report "$@"
 node=virtual-node-eci-0
 namespace=kube-system
 
 say() { printf '[vk-e2e] %s\n' "$*" >&2; }
 die() { say "$*"; exit 2; }
-# shellcheck source=playground.sh
-. "$here/playground.sh"
 
 export GOTOOLCHAIN=local
 suite=$("$here/build.sh" vk-e2e | sed -n 's/^vk-e2e\.test=//p')
@@ -70,7 +61,7 @@ kubectl wait "node/$node" --for=condition=Ready --timeout=300s >/dev/null
 say "running the suite (the missing-reference tests each wait up to 2 minutes for an Event)"
 set +e
 (cd "$out" && go tool test2json -t -p vk-e2e "$suite" -test.v=test2json -test.timeout=40m \
-  -kubeconfig "$KUBECONFIG" -namespace "$namespace" -node-name "$node" "$@") >"$out/report.json"
+  -kubeconfig "$KUBECONFIG" -namespace "$namespace" -node-name "$node" "${rest[@]}") >"$out/report.json"
 set -e
 
 python3 - "$out" <<'EOF'
