@@ -559,6 +559,50 @@ mod tests {
         })
     }
 
+    /// The kubelet API of a node whose pods are `items` and groups `groups`, behind a guard
+    /// that knows each (token, user) of `users` and lets that user `get` the `nodes`
+    /// subresource named beside it.
+    fn guarded(
+        items: &[serde_json::Value],
+        groups: GroupDirectory,
+        users: &[(&'static str, &'static str, &'static str)],
+    ) -> KubeletState {
+        let eci: Backend =
+            Arc::new(GrpcBackend::connect_lazy("http://127.0.0.1:9").expect("endpoint"));
+        let reviewer = crate::k8s::callers::fake_reviewer::FakeReviewer {
+            tokens: users
+                .iter()
+                .map(|(token, user, _)| (*token, *user))
+                .collect(),
+            grants: users
+                .iter()
+                .map(|(_, user, subresource)| {
+                    (
+                        *user,
+                        auth::ResourceQuestion::node("get", subresource, NODE),
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        };
+        KubeletState {
+            guard: Arc::new(auth::Guard::new(
+                NODE.into(),
+                Arc::new(reviewer),
+                Arc::new(auth::ClientCa::default()),
+            )),
+            ..state(kube_list_client(items), eci, groups)
+        }
+    }
+
+    /// `GET path` with `token` as its bearer token.
+    fn bearer(path: &str, token: &str) -> axum::http::Request<axum::body::Body> {
+        axum::http::Request::get(path)
+            .header("authorization", format!("Bearer {token}"))
+            .body(axum::body::Body::empty())
+            .expect("request")
+    }
+
     #[tokio::test]
     async fn runningpods_lists_the_pods_that_have_a_group_and_have_not_finished() {
         use tower::ServiceExt as _;
@@ -572,27 +616,8 @@ mod tests {
         let groups = GroupDirectory::fixed(
             ["web", "pulling", "done"].map(|name| (format!("uid-{name}"), format!("eci-{name}"))),
         );
-        let eci: Backend =
-            Arc::new(GrpcBackend::connect_lazy("http://127.0.0.1:9").expect("endpoint"));
-        let reviewer = crate::k8s::callers::fake_reviewer::FakeReviewer {
-            tokens: vec![("lister-token", "lister")],
-            grants: vec![("lister", auth::ResourceQuestion::node("get", "pods", NODE))],
-            ..Default::default()
-        };
-        let kubelet = KubeletState {
-            guard: Arc::new(auth::Guard::new(
-                NODE.into(),
-                Arc::new(reviewer),
-                Arc::new(auth::ClientCa::default()),
-            )),
-            ..state(kube_list_client(&items), eci, groups)
-        };
-        let request = |path: &str, token: &str| {
-            axum::http::Request::get(path)
-                .header("authorization", format!("Bearer {token}"))
-                .body(axum::body::Body::empty())
-                .expect("request")
-        };
+        let kubelet = guarded(&items, groups, &[("lister-token", "lister", "pods")]);
+        let request = bearer;
         let router = crate::kubelet::router(kubelet);
         // With its slash as the kubelet registers it, and without as client-go sends it.
         for path in ["/runningpods/", "/runningpods"] {
@@ -632,34 +657,16 @@ mod tests {
     async fn the_daemons_own_metrics_are_served_at_metrics_to_who_may_read_node_metrics() {
         use tower::ServiceExt as _;
 
-        let eci: Backend =
-            Arc::new(GrpcBackend::connect_lazy("http://127.0.0.1:9").expect("endpoint"));
-        let reviewer = crate::k8s::callers::fake_reviewer::FakeReviewer {
-            tokens: vec![("scraper-token", "scraper"), ("lister-token", "lister")],
-            grants: vec![
-                (
-                    "scraper",
-                    auth::ResourceQuestion::node("get", "metrics", NODE),
-                ),
-                ("lister", auth::ResourceQuestion::node("get", "pods", NODE)),
+        let kubelet = guarded(
+            &[],
+            GroupDirectory::default(),
+            &[
+                ("scraper-token", "scraper", "metrics"),
+                ("lister-token", "lister", "pods"),
             ],
-            ..Default::default()
-        };
-        let kubelet = KubeletState {
-            guard: Arc::new(auth::Guard::new(
-                NODE.into(),
-                Arc::new(reviewer),
-                Arc::new(auth::ClientCa::default()),
-            )),
-            ..state(kube_list_client(&[]), eci, GroupDirectory::default())
-        };
+        );
         kubelet.telemetry.kube_request("pod_get");
-        let request = |token: &str| {
-            axum::http::Request::get("/metrics")
-                .header("authorization", format!("Bearer {token}"))
-                .body(axum::body::Body::empty())
-                .expect("request")
-        };
+        let request = |token: &str| bearer("/metrics", token);
         let router = crate::kubelet::router(kubelet);
         let response = router
             .clone()
