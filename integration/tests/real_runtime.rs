@@ -3,7 +3,8 @@
 //! container's exit code, host name, environment and output come back as ECI reports them; a
 //! missing image is ErrImagePull with a Failed event; exec runs in the container (its host
 //! name, processes and files; stdin, TTY, exit code); volumes are mounted (ConfigFileVolume
-//! files with their modes, a shared EmptyDir, a tmpfs); containers run as their
+//! files with their modes, a shared EmptyDir, a tmpfs; an UpdateContainerGroup of the files
+//! reaches the running container without a restart); containers run as their
 //! SecurityContext or their image's User; probes run (a failing liveness probe restarts the
 //! container, a readiness probe gates `Ready`) and lifecycle hooks too (preStop before the
 //! stop, a failing postStart kills the container); a deleted group, a crash loop and a mock-eci killed
@@ -22,7 +23,8 @@ use eci_proto::v20180808::{
     ConfigFileToPath, ConfigFileVolume, Container, ContainerGroup, ContainerSecurityContext,
     CreateContainerGroupRequest, DeleteContainerGroupRequest, DescribeContainerGroupsRequest,
     DescribeContainerLogRequest, EmptyDirVolume, EnvironmentVar, ExecAction,
-    ExecContainerCommandRequest, LifecycleHandler, Probe, Volume, VolumeMount,
+    ExecContainerCommandRequest, LifecycleHandler, Probe, UpdateContainerGroupRequest, Volume,
+    VolumeMount,
 };
 use integration::images;
 use integration::process::{Process, binary, free_port};
@@ -272,6 +274,30 @@ impl RealMock {
             .expect("exec succeeds")
             .into_inner()
             .sync_response
+    }
+
+    /// Waits until `command` run in the container prints `expected`, running it every 200 ms.
+    async fn wait_output(
+        &mut self,
+        what: &str,
+        id: &str,
+        container: &str,
+        command: &[&str],
+        expected: &str,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let output = self.exec_sync(id, container, command).await;
+            if output == expected {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within 90 s; last printed {output:?}\nmock-eci's log:\n{}",
+                self.process.tail(60)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// An interactive exec: sends `input` (then closes stdin), and a terminal size first
@@ -872,36 +898,55 @@ async fn exec_runs_in_the_container_with_its_host_name_processes_files_stdin_and
     assert!(missing.stderr.contains("no-such-program"), "{missing:?}");
     mock.stop().await;
 }
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn volumes_are_mounted_config_files_with_their_modes_and_an_empty_dir_shared() {
-    use base64::Engine as _;
-    let mut mock = RealMock::start("rrg", "10.215.6.1/24").await;
-    let encode = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
-    let file = |path: &str, text: &str, mode: Option<i32>| ConfigFileToPath {
-        path: path.into(),
-        content: encode(text),
-        mode,
-    };
-    let volume = |name: &str, kind: &str| Volume {
+fn volume(name: &str, kind: &str) -> Volume {
+    Volume {
         name: name.into(),
         r#type: kind.into(),
         ..Volume::default()
-    };
-    let mount = |name: &str, path: &str, sub_path: &str, read_only: bool| VolumeMount {
+    }
+}
+
+/// A `ConfigFileVolume` file: its text base64-encoded, as ECI takes it.
+fn config_file(path: &str, text: &str, mode: Option<i32>) -> ConfigFileToPath {
+    use base64::Engine as _;
+    ConfigFileToPath {
+        path: path.into(),
+        content: base64::engine::general_purpose::STANDARD.encode(text),
+        mode,
+    }
+}
+
+fn config_volume(name: &str, files: Vec<ConfigFileToPath>, default_mode: Option<i32>) -> Volume {
+    Volume {
+        config_file_volume: Some(ConfigFileVolume {
+            config_file_to_path: files,
+            default_mode,
+        }),
+        ..volume(name, "ConfigFileVolume")
+    }
+}
+
+fn mount(name: &str, path: &str, sub_path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
         name: name.into(),
         mount_path: path.into(),
         sub_path: sub_path.into(),
         read_only,
         ..VolumeMount::default()
-    };
-    let mut config = volume("config", "ConfigFileVolume");
-    config.config_file_volume = Some(ConfigFileVolume {
-        config_file_to_path: vec![
-            file("app/settings.conf", "key=value\n", Some(0o400)),
-            file("other.txt", "other\n", None),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_are_mounted_config_files_with_their_modes_and_an_empty_dir_shared() {
+    let mut mock = RealMock::start("rrg", "10.215.6.1/24").await;
+    let config = config_volume(
+        "config",
+        vec![
+            config_file("app/settings.conf", "key=value\n", Some(0o400)),
+            config_file("other.txt", "other\n", None),
         ],
-        default_mode: Some(0o440),
-    });
+        Some(0o440),
+    );
     let scratch = volume("scratch", "EmptyDirVolume");
     let mut ram = volume("ram", "EmptyDirVolume");
     ram.empty_dir_volume = Some(EmptyDirVolume {
@@ -975,6 +1020,102 @@ async fn volumes_are_mounted_config_files_with_their_modes_and_an_empty_dir_shar
     );
     mock.stop().await;
 }
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_of_config_files_reaches_the_running_container_without_a_restart() {
+    let mut mock = RealMock::start("rru", "10.215.21.1/24").await;
+    let config = config_volume(
+        "podinfo",
+        vec![
+            config_file("labels", "tier=a\n", Some(0o400)),
+            config_file("gone", "bye\n", None),
+            config_file("nested/name", "one\n", None),
+        ],
+        Some(0o440),
+    );
+    let mut container = mock.busybox("main", "trap 'exit 0' TERM; while true; do sleep 1; done");
+    container.volume_mount = vec![
+        mount("podinfo", "/etc/podinfo", "", true),
+        mount("podinfo", "/nested", "nested", true),
+    ];
+    let mut request = mock.request("podinfo", container);
+    request.volume = vec![config];
+    let id = mock.create(request).await;
+    mock.wait_group("the container runs", &id, |group| {
+        container_state(group).0 == "Running"
+    })
+    .await;
+    assert_eq!(
+        mock.exec_sync(&id, "main", &["cat", "/etc/podinfo/labels"])
+            .await,
+        "tier=a\n"
+    );
+
+    // What the daemon sends when a pod's labels change: the volume's files, without modes.
+    let update = UpdateContainerGroupRequest {
+        region_id: REGION.into(),
+        container_group_id: id.clone(),
+        update_type: "IncrementalUpdate".into(),
+        volume: vec![config_volume(
+            "podinfo",
+            vec![
+                config_file("labels", "tier=b\n", None),
+                config_file("nested/name", "two\n", None),
+                config_file("added", "new\n", None),
+            ],
+            None,
+        )],
+        ..UpdateContainerGroupRequest::default()
+    };
+    mock.client
+        .update_container_group(update)
+        .await
+        .expect("the update is accepted");
+    let labels = ["cat", "/etc/podinfo/labels"];
+    mock.wait_output(
+        "the new labels in the container",
+        &id,
+        "main",
+        &labels,
+        "tier=b\n",
+    )
+    .await;
+
+    let listing = mock
+        .exec_sync(&id, "main", &["sh", "-c", "cd /etc/podinfo && ls"])
+        .await;
+    assert_eq!(
+        listing, "added\nlabels\nnested\n",
+        "the removed key is gone"
+    );
+    let modes = [
+        "stat",
+        "-c",
+        "%n %a",
+        "/etc/podinfo/labels",
+        "/etc/podinfo/added",
+        "/nested/name",
+    ];
+    assert_eq!(
+        mock.exec_sync(&id, "main", &modes).await,
+        "/etc/podinfo/labels 400\n/etc/podinfo/added 440\n/nested/name 440\n",
+        "a rewritten file keeps its mode, a new one gets the volume's default"
+    );
+    assert_eq!(
+        mock.exec_sync(&id, "main", &["cat", "/etc/podinfo/added", "/nested/name"])
+            .await,
+        "new\ntwo\n",
+        "a new file, and a directory mounted by SubPath, show the update too"
+    );
+    let group = mock
+        .wait_group("the group runs again after the update", &id, |group| {
+            group.status == "Running"
+        })
+        .await;
+    assert_eq!(group.containers[0].restart_count, 0, "{group:#?}");
+    assert_eq!(container_state(&group).0, "Running");
+    mock.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn containers_run_as_their_security_context_or_their_image_s_user() {
     let mut mock = RealMock::start("rrh", "10.215.7.1/24").await;

@@ -611,3 +611,27 @@ async fn a_sub_path_cannot_follow_a_link_out_of_its_volume() {
     assert_eq!(fixture.residue(), before, "nothing left but the bridge");
     fixture.finish().await;
 }
+
+#[tokio::test]
+async fn an_exit_is_seen_only_once_the_log_holds_all_of_the_output() {
+    let fixture = Fixture::new(10).await;
+    let mut group = fixture.group("eci-chatty", "chatty", 2).await;
+    group
+        .start(&shell("main", "seq 1 100000"), &fixture.rootfs)
+        .await
+        .expect("main starts");
+    // Waits cut short again and again, as the runtime's worker cuts them when its plan
+    // changes: whenever the exit shows, the whole output is in the log.
+    let start = Instant::now();
+    while group.exited().is_empty() {
+        assert!(start.elapsed() < PATIENCE, "main never ended");
+        let _ = tokio::time::timeout(Duration::from_millis(1), group.wait_any()).await;
+    }
+    let lines = log_texts(&group, "main");
+    assert_eq!(
+        (lines.len(), lines.last().map(String::as_str)),
+        (100_000, Some("100000"))
+    );
+    group.delete(Duration::from_secs(1)).await.expect("delete");
+    fixture.finish().await;
+}

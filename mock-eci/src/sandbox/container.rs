@@ -254,9 +254,17 @@ impl Container {
             source,
         })?;
         let exit = Exit::from_status(status);
-        let previous = std::mem::replace(&mut self.state, State::Exited(exit));
-        if let State::Running { pump, .. } = previous {
-            let pumped = pump.await.map_err(|source| ContainerError::Pump {
+        // The container counts as exited only once its output is all in the log: a caller
+        // that drops this future meanwhile (a `select!`) sees it running still, and its next
+        // wait (the child's status is kept) waits for the rest of the log. Reporting the exit
+        // earlier let a finished group's log be read, or archived, cut short.
+        let pumped = match &mut self.state {
+            State::Running { pump, .. } => Some(pump.await),
+            State::Exited(_) => None,
+        };
+        self.state = State::Exited(exit);
+        if let Some(pumped) = pumped {
+            let pumped = pumped.map_err(|source| ContainerError::Pump {
                 id: self.id.clone(),
                 source,
             })?;

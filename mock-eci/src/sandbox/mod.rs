@@ -19,6 +19,7 @@ pub mod files;
 pub mod names;
 pub mod net;
 pub mod residue;
+pub mod rewrite;
 mod sweep;
 pub mod volumes;
 
@@ -390,6 +391,34 @@ impl Group {
         bundle::mount_overlay(&options, &root)?;
         let log = dir.join("log");
         Ok(Container::start(&self.runtime, &self.runtime_root, id, dir, &log).await?)
+    }
+
+    /// Brings the files of the group's files volumes (ConfigFileVolume) to those of `specs`
+    /// in place (see [`rewrite`]): the running containers see the new files through their
+    /// mounts and are not touched. Volumes not in `specs`, of another kind, or changed in
+    /// another way are left as they are. Returns the names of the volumes rewritten; after a
+    /// failure the volume counts as unchanged, so the next call tries again.
+    pub fn update_files(&mut self, specs: &[VolumeSpec]) -> Result<Vec<String>, SandboxError> {
+        let mut rewritten = Vec::new();
+        for spec in specs {
+            let Some((current, dir)) = self.volumes.iter_mut().find(|(v, _)| v.name == spec.name)
+            else {
+                continue;
+            };
+            let (VolumeSource::Files(old), VolumeSource::Files(new)) =
+                (&current.source, &spec.source)
+            else {
+                continue;
+            };
+            if old == new {
+                continue;
+            }
+            let steps = rewrite::plan(&spec.name, old, new)?;
+            rewrite::apply(dir, &spec.name, &steps)?;
+            *current = spec.clone();
+            rewritten.push(spec.name.clone());
+        }
+        Ok(rewritten)
     }
 
     /// Waits for a container to end by itself.

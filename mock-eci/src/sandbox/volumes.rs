@@ -2,7 +2,8 @@
 //!
 //! Each volume is a directory of the group's (`volumes/<index>`): an `EmptyDir` an empty one
 //! (world-writable, as Kubernetes makes it), on the disk or, with the `Memory` medium, a tmpfs
-//! of its `SizeLimit`; a `ConfigFileVolume` its files, with their modes, owned by root. A
+//! of its `SizeLimit`; a `ConfigFileVolume` its files, with their modes, owned by root,
+//! written (and rewritten on an update) by [`super::rewrite`]. A
 //! container's mount is a bind mount of the volume (or of a `SubPath` in it) at its
 //! `MountPath`, read-only when asked.
 //!
@@ -113,22 +114,8 @@ pub fn create(dir: &Path, spec: &VolumeSpec) -> Result<(), VolumeError> {
                 .map_err(io("set the mode of", dir))?;
         }
         VolumeSource::Files(files) => {
-            for file in files {
-                let relative = relative_path(&file.path).ok_or_else(|| VolumeError::FilePath {
-                    volume: spec.name.clone(),
-                    path: file.path.clone(),
-                })?;
-                let path = dir.join(relative);
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(io("create", parent))?;
-                }
-                std::fs::write(&path, &file.content).map_err(io("write", &path))?;
-                std::fs::set_permissions(
-                    &path,
-                    std::fs::Permissions::from_mode(file.mode & 0o7777),
-                )
-                .map_err(io("set the mode of", &path))?;
-            }
+            let steps = super::rewrite::plan(&spec.name, &[], files)?;
+            super::rewrite::apply(dir, &spec.name, &steps)?;
         }
         VolumeSource::Unsupported(_) => {}
     }

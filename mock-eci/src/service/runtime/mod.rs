@@ -420,6 +420,7 @@ impl Worker {
         if self.group.is_none() && !self.create(ip, request, containers).await {
             return;
         }
+        self.update_files(request);
         for container in containers {
             let name = &container.spec.name;
             match container.want {
@@ -440,6 +441,25 @@ impl Worker {
             }
         }
         self.sync_probers(containers);
+    }
+
+    /// Rewrites the files of the group's ConfigFileVolumes that an UpdateContainerGroup
+    /// changed, in place: the containers keep running and see the new files. A failure is
+    /// logged and tried again at the worker's next pass.
+    fn update_files(&mut self, request: &CreateContainerGroupRequest) {
+        let Some(group) = self.group.as_mut() else {
+            return;
+        };
+        let volumes: Vec<_> = request.volume.iter().map(resolve::volume).collect();
+        match group.update_files(&volumes) {
+            Ok(names) if !names.is_empty() => {
+                tracing::info!(group = %self.id, volumes = ?names, "volume files rewritten");
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(group = %self.id, error = %chain(&error), "rewriting volume files");
+            }
+        }
     }
 
     /// Where container `name`'s probes and hooks run, once the group has an address.
