@@ -4,7 +4,9 @@
 //! through the apiserver runs in the group (its host name); a Service in front of the pod has
 //! the pod's address in its EndpointSlice; and when the playground stops, its interface and
 //! everything named after mock-eci's prefix are gone. `kubectl port-forward` reaches an HTTP
-//! server listening in a group's network namespace.
+//! server listening in a group's network namespace. And a pod sees its own sandbox and only
+//! it: env, ConfigMap files and modes, resolv.conf, its own processes and files, another pod
+//! at its address, probes and preStop hooks that run in it, `kubectl top` from its cgroups.
 //!
 //! Needs root, runc, iproute2 and Debian's busybox-static, as the real runtime does (.ci/run
 //! installs them and runs the tests as root). Without them the test fails saying what is
