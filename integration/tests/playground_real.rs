@@ -4,7 +4,9 @@
 //! through the apiserver runs in the group (its host name); a Service in front of the pod has
 //! the pod's address in its EndpointSlice; and when the playground stops, its interface and
 //! everything named after mock-eci's prefix are gone. `kubectl port-forward` reaches an HTTP
-//! server listening in a group's network namespace.
+//! server listening in a group's network namespace. And a pod sees its own sandbox and only
+//! it: env, ConfigMap files and modes, resolv.conf, its own processes and files, another pod
+//! at its address, probes and preStop hooks that run in it, `kubectl top` from its cgroups.
 //!
 //! Needs root, runc, iproute2 and Debian's busybox-static, as the real runtime does (.ci/run
 //! installs them and runs the tests as root). Without them the test fails saying what is
@@ -100,10 +102,11 @@ struct Playground {
 }
 
 impl Playground {
-    /// Starts it with one virtual node and waits for its env file. Not killed when dropped: the
-    /// test holds its stdin, and however the test ends the pipe closes and the playground stops
-    /// itself, removing what it made on the machine.
-    async fn start(dir: &Path) -> Self {
+    /// Starts it with one virtual node (and metrics-server when `metrics_server`) and waits
+    /// for its env file. Not killed when dropped: the test holds its stdin, and however the
+    /// test ends the pipe closes and the playground stops itself, removing what it made on the
+    /// machine.
+    async fn start(dir: &Path, metrics_server: bool) -> Self {
         let binary = integration::process::binary("integration", "playground").unwrap();
         let log = std::fs::File::create(dir.join("playground.log")).unwrap();
         let child = tokio::process::Command::new(binary)
@@ -115,7 +118,7 @@ impl Playground {
                 "--ecs-nodes",
                 "1",
                 "--metrics-server",
-                "false",
+                if metrics_server { "true" } else { "false" },
                 "--placement-extender",
                 "false",
                 "--audit-log",
@@ -172,7 +175,11 @@ struct Session {
 
 impl Session {
     async fn start(dir: &Path) -> Self {
-        let playground = Playground::start(dir).await;
+        Self::start_with(dir, false).await
+    }
+
+    async fn start_with(dir: &Path, metrics_server: bool) -> Self {
+        let playground = Playground::start(dir, metrics_server).await;
         let env = read_env(&dir.join("playground/env"));
         let kubeconfig = env["KUBECONFIG"].clone();
         let kubectl = PathBuf::from(env["PATH"].split(':').next().unwrap()).join("kubectl");
@@ -187,6 +194,51 @@ impl Session {
             kubectl,
             client,
         }
+    }
+
+    /// The virtual node's InternalIP, where the apiserver reaches its kubelet API (for logs,
+    /// exec, port-forward), once the node reports it.
+    async fn node_address(&self) -> Ipv4Addr {
+        let nodes = Api::<Node>::all(self.client.clone());
+        eventually(
+            "the virtual node's InternalIP",
+            Duration::from_secs(120),
+            || async {
+                let node = nodes.get(NODE).await.ok()?;
+                let addresses = node.status?.addresses?;
+                let internal = addresses.iter().find(|a| a.type_ == "InternalIP")?;
+                internal.address.parse().ok()
+            },
+        )
+        .await
+    }
+
+    /// Runs the playground's kubectl; answers stdout, panicking with stderr when it fails.
+    async fn kubectl(&self, args: &[&str]) -> String {
+        kubectl(&self.kubectl, &self.kubeconfig, args).await
+    }
+
+    /// Runs the playground's kubectl; answers stdout, or stderr when it fails.
+    async fn try_kubectl(&self, args: &[&str]) -> Result<String, String> {
+        let output = tokio::process::Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .await
+            .unwrap();
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
+    }
+
+    /// `kubectl exec` of `argv` in `pod`'s `container` in `namespace`: its stdout.
+    async fn exec(&self, (namespace, pod, container): (&str, &str, &str), argv: &[&str]) -> String {
+        let mut args = vec!["-n", namespace, "exec", pod, "-c", container, "--"];
+        args.extend(argv);
+        self.kubectl(&args).await
     }
 
     /// Creates namespace `name`, which the playground's eci-profile sends to virtual nodes (and
@@ -260,18 +312,7 @@ async fn a_pod_on_a_virtual_node_runs_and_is_reached_through_the_apiserver() {
     let prefix = session.env["PLAYGROUND_RUNTIME_PREFIX"].clone();
 
     // The node's InternalIP (where the apiserver reaches its kubelet API) is off loopback.
-    let node = Api::<Node>::all(client.clone()).get(NODE).await.unwrap();
-    let internal: Ipv4Addr = node
-        .status
-        .unwrap()
-        .addresses
-        .unwrap()
-        .iter()
-        .find(|a| a.type_ == "InternalIP")
-        .unwrap()
-        .address
-        .parse()
-        .unwrap();
+    let internal = session.node_address().await;
     assert!(!internal.is_loopback(), "node InternalIP {internal}");
 
     session.virtual_namespace("real").await;
@@ -469,5 +510,395 @@ async fn port_forward_reaches_the_server_in_the_group() {
         };
         assert_eq!(body.trim(), "served by web", "websockets: {websockets}");
     }
+    session.playground.stop().await;
+}
+
+/// The command of the alpha tenant's app container: a file of its own, a line whose
+/// `$(GREETING)` Kubernetes expands (unexpanded, the shell would run a command `GREETING`), then
+/// a process `ps` can tell apart.
+const ALPHA_APP: &str =
+    "echo secret-alpha >/tmp/alpha-file; echo \"arg-$(GREETING)\"; exec sleep 100001";
+/// The beta pod: a file of its own, 16 MiB held in a memory-backed emptyDir, an HTTP server on
+/// 8080 serving a page that names the pod, a process `ps` can tell apart.
+const BETA_APP: &str = "echo secret-beta >/tmp/beta-file; \
+    dd if=/dev/zero of=/mem/hold bs=1048576 count=16; mkdir -p /www; \
+    echo page of $(hostname) >/www/index.html; httpd -p 8080 -h /www; exec sleep 200002";
+
+/// Namespace alpha's tenant: downward-API env and `$(VAR)` expansion, a ConfigMap volume with
+/// file modes, and a preStop hook writing into an emptyDir that a second container watches
+/// (and prints).
+fn alpha_tenant(registry: &str) -> Pod {
+    let image = format!("{registry}/library/busybox:1.37");
+    serde_json::from_value(json!({
+        "metadata": {"name": "tenant"},
+        "spec": {
+            "terminationGracePeriodSeconds": 60,
+            "volumes": [
+                {"name": "config", "configMap": {
+                    "name": "settings", "defaultMode": 0o640,
+                    "items": [
+                        {"key": "plain", "path": "plain.txt"},
+                        {"key": "script", "path": "bin/run.sh", "mode": 0o755},
+                    ],
+                }},
+                {"name": "shared", "emptyDir": {}},
+            ],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": image,
+                    "command": ["sh", "-c", ALPHA_APP],
+                    "env": [
+                        {"name": "MY_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        {"name": "GREETING", "value": "hello $(MY_NAME)"},
+                        {"name": "ESCAPED", "value": "$$(MY_NAME)"},
+                    ],
+                    "volumeMounts": [
+                        {"name": "config", "mountPath": "/config"},
+                        {"name": "shared", "mountPath": "/shared"},
+                    ],
+                    "lifecycle": {"preStop": {"exec": {"command":
+                        ["sh", "-c", "echo prestop-ran-in-$MY_NAME >/shared/prestop"]}}},
+                },
+                {
+                    "name": "watcher",
+                    "image": image,
+                    "command": ["sh", "-c",
+                        "until [ -f /shared/prestop ]; do sleep 1; done; \
+                         echo -n 'watcher saw: '; cat /shared/prestop; exec sleep 100003"],
+                    "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+                },
+            ],
+        },
+    }))
+    .unwrap()
+}
+
+/// Namespace beta's pod: `dnsPolicy: Default` with a search domain and an option of its own;
+/// idle but for the memory it holds.
+fn beta_pod(registry: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "other"},
+        "spec": {
+            "dnsPolicy": "Default",
+            "dnsConfig": {"searches": ["corp.example"], "options": [{"name": "ndots", "value": "2"}]},
+            "volumes": [{"name": "mem", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}],
+            "containers": [{
+                "name": "app",
+                "image": format!("{registry}/library/busybox:1.37"),
+                "command": ["sh", "-c", BETA_APP],
+                "volumeMounts": [{"name": "mem", "mountPath": "/mem"}],
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// A pod whose exec liveness probe passes while /tmp/ok exists, which the container removes
+/// after 5 s: only the probe, run in the container, can restart it (it would sleep on).
+fn probed_pod(registry: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "sick"},
+        "spec": {
+            "containers": [{
+                "name": "app",
+                "image": format!("{registry}/library/busybox:1.37"),
+                "command": ["sh", "-c", "touch /tmp/ok; sleep 5; rm /tmp/ok; exec sleep 100004"],
+                "livenessProbe": {
+                    "exec": {"command": ["cat", "/tmp/ok"]},
+                    "initialDelaySeconds": 1, "periodSeconds": 2, "failureThreshold": 1,
+                },
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// A pod that fills 128 MiB of a memory-backed emptyDir, then burns a core.
+fn burner_pod(registry: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "burner"},
+        "spec": {
+            "volumes": [{"name": "mem", "emptyDir": {"medium": "Memory", "sizeLimit": "256Mi"}}],
+            "containers": [{
+                "name": "app",
+                "image": format!("{registry}/library/busybox:1.37"),
+                "command": ["sh", "-c",
+                    "dd if=/dev/zero of=/mem/fill bs=1048576 count=128 && while :; do :; done"],
+                "resources": {"limits": {"cpu": "1", "memory": "512Mi"}},
+                "volumeMounts": [{"name": "mem", "mountPath": "/mem"}],
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// The command lines `ps` lists in a container, without `ps` itself.
+async fn processes(session: &Session, at: (&str, &str, &str)) -> Vec<String> {
+    session
+        .exec(at, &["ps", "-o", "pid,args"])
+        .await
+        .lines()
+        .skip(1)
+        .filter_map(|line| Some(line.trim().split_once(' ')?.1.trim().to_owned()))
+        .filter(|args| args != "ps -o pid,args")
+        .collect()
+}
+
+/// Files named `name` anywhere in a container's file system (/proc and /sys aside).
+async fn find_files(session: &Session, at: (&str, &str, &str), name: &str) -> Vec<String> {
+    let find = format!(
+        "find / -path /proc -prune -o -path /sys -prune -o -name {name} -print 2>/dev/null; true"
+    );
+    session
+        .exec(at, &["sh", "-c", &find])
+        .await
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// This machine's resolvers a group can reach: the IPv4 nameservers of /etc/resolv.conf that
+/// are not loopback (a group's loopback is its own).
+fn host_nameservers() -> Vec<Ipv4Addr> {
+    std::fs::read_to_string("/etc/resolv.conf")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.strip_prefix("nameserver")?.trim().parse().ok())
+        .filter(|ip: &Ipv4Addr| !ip.is_loopback())
+        .collect()
+}
+
+/// `kubectl top pod` figures of a pod: millicores and MiB, once metrics-server has them.
+async fn top(session: &Session, namespace: &str, pod: &str) -> Option<(u64, u64)> {
+    let out = session
+        .try_kubectl(&["-n", namespace, "top", "pod", pod, "--no-headers"])
+        .await
+        .ok()?;
+    let mut words = out.split_whitespace().skip(1);
+    let cpu = words.next()?.strip_suffix('m')?.parse().ok()?;
+    let memory = words.next()?.strip_suffix("Mi")?.parse().ok()?;
+    Some((cpu, memory))
+}
+
+/// What a pod sees, through the apiserver on the real-runtime playground: env with the
+/// downward API and `$(VAR)` expansion, a ConfigMap volume's files with their modes,
+/// /etc/resolv.conf (the machine's resolvers, the pod's dnsConfig merged in), only its own
+/// processes and files (two namespaces, each blind to the other), another pod reached at its
+/// address; a failing exec liveness probe restarts a container; `kubectl top` figures from
+/// the cgroups (a pod burning a core and holding 128 MiB against an idle one); a preStop hook
+/// runs on deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_see_their_own_sandbox_and_only_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = Session::start_with(dir.path(), true).await;
+    let registry = session.env["REGISTRY"].clone();
+    for namespace in ["alpha", "beta"] {
+        session.virtual_namespace(namespace).await;
+    }
+    let settings: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "settings"},
+        "data": {"plain": "plain-value", "script": "#!/bin/sh\necho run\n"},
+    }))
+    .unwrap();
+    Api::namespaced(session.client.clone(), "alpha")
+        .create(&PostParams::default(), &settings)
+        .await
+        .unwrap();
+    let alpha: Api<Pod> = Api::namespaced(session.client.clone(), "alpha");
+    let beta: Api<Pod> = Api::namespaced(session.client.clone(), "beta");
+    for pod in [alpha_tenant(&registry), probed_pod(&registry)] {
+        alpha.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    beta.create(&PostParams::default(), &beta_pod(&registry))
+        .await
+        .unwrap();
+    let tenant = running(&alpha, "tenant").await;
+    let other = running(&beta, "other").await;
+    let tenant_ip = tenant.status.unwrap().pod_ip.unwrap();
+    let other_ip = other.status.unwrap().pod_ip.unwrap();
+    let app = ("alpha", "tenant", "app");
+    let beta_app = ("beta", "other", "app");
+    // kubectl exec goes through the apiserver to the node's address.
+    session.node_address().await;
+
+    // Env: the downward API (metadata.name by the daemon, status.podIP by ECI) and `$(VAR)`.
+    let env = session.exec(app, &["env"]).await;
+    for expected in [
+        "MY_NAME=tenant".to_owned(),
+        format!("MY_IP={tenant_ip}"),
+        "GREETING=hello tenant".to_owned(),
+        "ESCAPED=$(MY_NAME)".to_owned(),
+    ] {
+        assert!(
+            env.lines().any(|line| line == expected),
+            "{expected} in env:\n{env}"
+        );
+    }
+    let s = &session;
+    let logs = eventually(
+        "the app's first line",
+        Duration::from_secs(60),
+        move || async move {
+            let logs = s
+                .kubectl(&["-n", "alpha", "logs", "tenant", "-c", "app"])
+                .await;
+            logs.contains("arg-").then_some(logs)
+        },
+    )
+    .await;
+    assert_eq!(logs.trim(), "arg-hello tenant", "the command's $(GREETING)");
+
+    // The ConfigMap's files, their contents and modes (items' own, else defaultMode).
+    let stat = [
+        "stat",
+        "-L",
+        "-c",
+        "%a %n",
+        "/config/plain.txt",
+        "/config/bin/run.sh",
+    ];
+    assert_eq!(
+        session.exec(app, &stat).await,
+        "640 /config/plain.txt\n755 /config/bin/run.sh\n"
+    );
+    assert_eq!(
+        session.exec(app, &["cat", "/config/plain.txt"]).await,
+        "plain-value"
+    );
+
+    // resolv.conf: this machine's resolvers (no cluster DNS runs here), beta's own search
+    // domain and option merged in.
+    let nameservers = host_nameservers();
+    assert!(
+        !nameservers.is_empty(),
+        "this machine has no usable resolver to expect"
+    );
+    let expected: String = nameservers
+        .iter()
+        .map(|ip| format!("nameserver {ip}\n"))
+        .collect();
+    let resolv = session.exec(app, &["cat", "/etc/resolv.conf"]).await;
+    assert_eq!(resolv, expected, "alpha's resolv.conf");
+    let resolv = session.exec(beta_app, &["cat", "/etc/resolv.conf"]).await;
+    assert!(
+        resolv.starts_with(&expected)
+            && resolv.lines().any(|l| l.starts_with("search corp.example"))
+            && resolv.lines().any(|l| l == "options ndots:2"),
+        "beta's resolv.conf:\n{resolv}"
+    );
+
+    // Processes: each container lists its own only (the watcher of the same pod is apart too).
+    let alpha_seen = processes(&session, app).await;
+    assert_eq!(alpha_seen, ["sleep 100001"], "alpha's app sees");
+    let beta_seen = processes(&session, beta_app).await;
+    assert!(
+        beta_seen.contains(&"sleep 200002".to_owned())
+            && beta_seen
+                .iter()
+                .all(|p| p == "sleep 200002" || p.starts_with("httpd")),
+        "beta sees: {beta_seen:?}"
+    );
+    // Files: each finds its own, not the other's.
+    assert_eq!(
+        find_files(&session, app, "alpha-file").await,
+        ["/tmp/alpha-file"]
+    );
+    assert_eq!(
+        find_files(&session, beta_app, "beta-file").await,
+        ["/tmp/beta-file"]
+    );
+    assert_eq!(
+        find_files(&session, app, "beta-file").await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        find_files(&session, beta_app, "alpha-file").await,
+        Vec::<String>::new()
+    );
+
+    // One pod reaches another at its address (the server may still be starting).
+    let url = format!("http://{other_ip}:8080/index.html");
+    let url = &url;
+    let page = eventually(
+        "alpha fetches beta's page",
+        Duration::from_secs(60),
+        move || async move {
+            let wget = [
+                "-n", "alpha", "exec", "tenant", "-c", "app", "--", "timeout", "10", "wget", "-q",
+                "-O", "-", url,
+            ];
+            s.try_kubectl(&wget).await.ok()
+        },
+    )
+    .await;
+    assert_eq!(page.trim(), "page of other");
+
+    // A failing exec liveness probe restarts the container.
+    let pods = &alpha;
+    let restarted = eventually(
+        "sick restarted by its probe",
+        Duration::from_secs(180),
+        move || async move {
+            let pod = pods.get("sick").await.ok()?;
+            let status = pod.status?.container_statuses?.into_iter().next()?;
+            (status.restart_count >= 1).then_some(status)
+        },
+    )
+    .await;
+    assert!(
+        restarted.last_state.and_then(|s| s.terminated).is_some(),
+        "the restarted container's last state is terminated"
+    );
+
+    // kubectl top: a core and 128 MiB in use against an idle pod holding 16 MiB, as the
+    // cgroups count them (simulated figures are shares of the pods' sizes: hundreds of MiB).
+    alpha
+        .create(&PostParams::default(), &burner_pod(&registry))
+        .await
+        .unwrap();
+    running(&alpha, "burner").await;
+    // Polled by hand to say, on a time-out, what kubectl top last showed.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let (cpu, memory) = loop {
+        let seen = top(s, "alpha", "burner").await;
+        if let Some(figures) = seen.filter(|(cpu, memory)| *cpu >= 300 && *memory >= 120) {
+            break figures;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no core and 128 MiB for burner in kubectl top after 300 s; last (m, Mi): {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let (idle_cpu, idle_memory) = eventually(
+        "other in kubectl top",
+        Duration::from_secs(120),
+        move || top(s, "beta", "other"),
+    )
+    .await;
+    eprintln!("kubectl top: burner {cpu}m {memory}Mi, idle {idle_cpu}m {idle_memory}Mi");
+    assert!(
+        idle_cpu <= 50 && (14..=40).contains(&idle_memory),
+        "idle: {idle_cpu}m {idle_memory}Mi"
+    );
+    alpha.delete("burner", &Default::default()).await.unwrap();
+
+    // preStop: on deletion the hook writes into the emptyDir, the watcher prints it.
+    alpha.delete("tenant", &Default::default()).await.unwrap();
+    let seen = eventually(
+        "the watcher prints what preStop wrote",
+        Duration::from_secs(60),
+        move || async move {
+            let logs = s
+                .try_kubectl(&["-n", "alpha", "logs", "tenant", "-c", "watcher"])
+                .await
+                .ok()?;
+            logs.contains("watcher saw").then_some(logs)
+        },
+    )
+    .await;
+    assert_eq!(seen.trim(), "watcher saw: prestop-ran-in-tenant");
     session.playground.stop().await;
 }

@@ -1182,7 +1182,7 @@ impl Engine {
                 at += period_ms;
             }
             while at <= end.min(running_until) && records.len() < 1_440 {
-                records.push(usage::record(group, &self.usage, at, true));
+                records.push(usage::record(group, &self.usage, at, true, None));
                 at += period_ms;
             }
         }
@@ -1198,6 +1198,17 @@ impl Engine {
         &mut self,
         request: &DescribeMultiContainerGroupMetricRequest,
         now: Millis,
+    ) -> Result<DescribeMultiContainerGroupMetricResponse, EciError> {
+        self.multi_metric_with(request, now, None)
+    }
+
+    /// DescribeMultiContainerGroupMetric; with `measured` (real mode), each group's CPU and
+    /// memory figures are what the service read from its containers' cgroups.
+    pub fn multi_metric_with(
+        &mut self,
+        request: &DescribeMultiContainerGroupMetricRequest,
+        now: Millis,
+        measured: Option<&usage::GroupMeasures>,
     ) -> Result<DescribeMultiContainerGroupMetricResponse, EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
@@ -1215,6 +1226,7 @@ impl Engine {
                 ));
             }
         };
+        let no_measures = std::collections::BTreeMap::new();
         let monitor_datas = request
             .container_group_ids
             .iter()
@@ -1229,6 +1241,7 @@ impl Engine {
                         &self.usage,
                         now - now.rem_euclid(1_000),
                         with_containers,
+                        measured.map(|all| all.get(&group.id).unwrap_or(&no_measures)),
                     )]
                 } else {
                     Vec::new()

@@ -9,7 +9,7 @@
 //! the next run, as a cgroup's `cpuacct.usage` does. Memory follows the load the same way
 //! (default 20–60 % of the container's share).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use eci_proto::v20180808::{
@@ -215,6 +215,56 @@ fn shares(group: &Group) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// What the real runtime measured of one running container (its cgroup).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Measured {
+    /// CPU in use, from the change of `core_nanos` since the runtime's previous reading
+    /// (0 at the first).
+    pub nano_cores: u64,
+    /// CPU time used since the container started.
+    pub core_nanos: u64,
+    pub memory_bytes: u64,
+    pub working_set: u64,
+    pub rss: u64,
+    pub cache: u64,
+}
+
+/// Measurements by group id, then container name.
+pub type GroupMeasures = BTreeMap<String, BTreeMap<String, Measured>>;
+
+/// A container's CPU and memory figures from what was measured of it; all zero when nothing
+/// was (it has no cgroup: it is not running).
+fn measured_figures(
+    measured: Option<&Measured>,
+    share_cpu: f64,
+    share_memory: f64,
+) -> (CpuMetric, MemoryMetric) {
+    let m = measured.copied().unwrap_or_default();
+    let signed = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+    #[allow(clippy::cast_precision_loss)]
+    let cores = m.nano_cores as f64 / 1e9;
+    #[allow(clippy::cast_precision_loss)]
+    let working_set = m.working_set as f64;
+    let cpu = CpuMetric {
+        usage_nano_cores: signed(m.nano_cores),
+        usage_core_nano_seconds: signed(m.core_nanos),
+        load: to_i64(if share_cpu > 0.0 {
+            cores / share_cpu * 100.0
+        } else {
+            0.0
+        }),
+        limit: to_i64(share_cpu * 1000.0),
+    };
+    let memory = MemoryMetric {
+        usage_bytes: signed(m.memory_bytes),
+        working_set: signed(m.working_set),
+        rss: signed(m.rss),
+        cache: signed(m.cache),
+        available_bytes: to_i64(share_memory * GIB - working_set),
+    };
+    (cpu, memory)
+}
+
 /// The span of the current run that lies before `at`, if the run had started by then.
 fn run_span(state: &RunState, at: Millis) -> Option<(Millis, Millis)> {
     match state {
@@ -229,8 +279,15 @@ fn run_span(state: &RunState, at: Millis) -> Option<(Millis, Millis)> {
 }
 
 /// The record of `group` at `at` under `loads`: per container (those whose current run had
-/// started by `at`) and summed for the group.
-pub fn record(group: &Group, loads: &Loads, at: Millis, with_containers: bool) -> MetricRecord {
+/// started by `at`) and summed for the group. With `measured` (real mode: what the runtime
+/// read from the containers' cgroups now) the CPU and memory figures are those instead.
+pub fn record(
+    group: &Group,
+    loads: &Loads,
+    at: Millis,
+    with_containers: bool,
+    measured: Option<&BTreeMap<String, Measured>>,
+) -> MetricRecord {
     let epoch = loads.epoch_at(at);
     let containers: Vec<ContainerMetric> = group
         .request
@@ -240,6 +297,15 @@ pub fn record(group: &Group, loads: &Loads, at: Millis, with_containers: bool) -
         .zip(shares(group))
         .filter_map(|((spec, run), (share_cpu, share_memory))| {
             let (from, to) = run_span(&run.state, at)?;
+            if let Some(measured) = measured {
+                let (cpu, memory) =
+                    measured_figures(measured.get(&spec.name), share_cpu, share_memory);
+                return Some(ContainerMetric {
+                    name: spec.name.clone(),
+                    cpu: Some(cpu),
+                    memory: Some(memory),
+                });
+            }
             let running = run.state.is_running();
             let cores = if running {
                 Loads::cores(epoch, group, &spec.name, share_cpu)
@@ -421,6 +487,58 @@ mod tests {
 
     fn rules(json: &str) -> LoadRules {
         serde_json::from_str(json).expect("rules")
+    }
+
+    #[test]
+    fn measured_figures_replace_the_simulated_ones() {
+        let (mut engine, ids) = engine_with(&["web"]);
+        let app = Measured {
+            nano_cores: 750_000_000,
+            core_nanos: 42_000_000_000,
+            memory_bytes: 150 << 20,
+            working_set: 130 << 20,
+            rss: 120 << 20,
+            cache: 30 << 20,
+        };
+        let measures: GroupMeasures =
+            BTreeMap::from([(ids[0].clone(), BTreeMap::from([("app".to_owned(), app)]))]);
+        let region = engine.settings().region.clone();
+        let mut answer = engine
+            .multi_metric_with(
+                &DescribeMultiContainerGroupMetricRequest {
+                    region_id: region,
+                    container_group_ids: ids,
+                    metric_type: "all".into(),
+                    resource_group_id: String::new(),
+                },
+                RUNNING_BY,
+                Some(&measures),
+            )
+            .expect("an answer");
+        let record = answer.monitor_datas.remove(0).records.remove(0);
+        assert_eq!(cpu_of(&record, "app"), (750_000_000, 42_000_000_000));
+        // Nothing measured of `side` (no cgroup): nothing used, not a made-up share.
+        assert_eq!(cpu_of(&record, "side"), (0, 0));
+        let memory = |name: &str| {
+            record
+                .containers
+                .iter()
+                .find(|c| c.name == name)
+                .and_then(|c| c.memory)
+                .expect("memory")
+        };
+        assert_eq!(memory("app").working_set, 130 << 20);
+        assert_eq!(memory("app").rss, 120 << 20);
+        assert_eq!(memory("side").working_set, 0);
+        let total = record.memory.expect("the group's memory");
+        assert_eq!(
+            (total.working_set, total.usage_bytes),
+            (130 << 20, 150 << 20)
+        );
+        assert_eq!(
+            record.cpu.expect("the group's CPU").usage_nano_cores,
+            750_000_000
+        );
     }
 
     #[test]

@@ -37,6 +37,84 @@ pub fn hosts_file(hostname: &str, ip: Ipv4Addr, aliases: &[HostAlias]) -> String
     text
 }
 
+/// Most nameservers a resolver reads (glibc's `MAXNS`); the kubelet keeps as many.
+const MAX_NAMESERVERS: usize = 3;
+
+/// The resolvers of a resolv.conf (the machine's, standing for the VPC's): its IPv4
+/// `nameserver`s except loopback ones (a group's network namespace has its own loopback, where
+/// no resolver listens), its `search` domains (the last such line wins, as in glibc) and its
+/// `options`. Words a resolv.conf could not carry are left out.
+pub fn parse_resolv_conf(text: &str) -> Dns {
+    let mut dns = Dns::default();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let keyword = words.next();
+        let usable = |word: &&str| crate::sandbox::names::dns_word(word).is_ok();
+        match keyword {
+            Some("nameserver") => {
+                if let Some(ip) = words.next().and_then(|w| w.parse::<Ipv4Addr>().ok()) {
+                    if !ip.is_loopback() && !ip.is_unspecified() {
+                        dns.nameservers.push(ip);
+                    }
+                }
+            }
+            Some("search" | "domain") => {
+                dns.searches = words.filter(usable).map(str::to_owned).collect();
+            }
+            Some("options") => dns.options.extend(words.filter(usable).map(str::to_owned)),
+            _ => {}
+        }
+    }
+    dns
+}
+
+/// The group's name service set-up from ECI's `DnsPolicy` and `DnsConfig`: `None` is the
+/// `DnsConfig` alone; `Default` (and no policy) is the instance's own resolvers (`host`, the
+/// VPC's) with the `DnsConfig` merged in the kubelet's way — its nameservers after the host's,
+/// its search domains before the host's, its options replacing the host's of the same name;
+/// duplicates dropped, at most three nameservers.
+pub fn group_dns(policy: &str, config: &Dns, host: &Dns) -> Dns {
+    let base = if policy == "None" {
+        Dns::default()
+    } else {
+        host.clone()
+    };
+    let mut nameservers = base.nameservers;
+    nameservers.extend(&config.nameservers);
+    let mut searches = config.searches.clone();
+    searches.extend(base.searches);
+    let option_name = |option: &str| option.split(':').next().unwrap_or_default().to_owned();
+    let mut options: Vec<String> = base
+        .options
+        .into_iter()
+        .filter(|option| {
+            !config
+                .options
+                .iter()
+                .any(|ours| option_name(ours) == option_name(option))
+        })
+        .collect();
+    options.extend(config.options.iter().cloned());
+    let mut dns = Dns {
+        nameservers: distinct(nameservers),
+        searches: distinct(searches),
+        options: distinct(options),
+    };
+    dns.nameservers.truncate(MAX_NAMESERVERS);
+    dns
+}
+
+/// `items` without repeats, first occurrences kept in order.
+fn distinct<T: PartialEq>(items: Vec<T>) -> Vec<T> {
+    let mut kept = Vec::with_capacity(items.len());
+    for item in items {
+        if !kept.contains(&item) {
+            kept.push(item);
+        }
+    }
+    kept
+}
+
 pub fn resolv_conf(dns: &Dns) -> String {
     let mut text = String::new();
     for server in &dns.nameservers {
@@ -123,6 +201,66 @@ mod tests {
         ];
         for (dns, expected) in cases {
             assert_eq!(resolv_conf(&dns), expected, "{dns:?}");
+        }
+    }
+
+    #[test]
+    fn the_machines_resolv_conf_gives_its_usable_resolvers() {
+        let text = "# generated\nnameserver 127.0.0.53\nnameserver 10.255.255.53\n\
+                    nameserver fe80::1\nnameserver 192.168.1.1\nsearch a.example b.example\n\
+                    options edns0 trust-ad\noptions ndots:2\n";
+        assert_eq!(
+            parse_resolv_conf(text),
+            Dns {
+                nameservers: vec![
+                    Ipv4Addr::new(10, 255, 255, 53),
+                    Ipv4Addr::new(192, 168, 1, 1)
+                ],
+                searches: vec!["a.example".into(), "b.example".into()],
+                options: vec!["edns0".into(), "trust-ad".into(), "ndots:2".into()],
+            }
+        );
+        assert_eq!(parse_resolv_conf(""), Dns::default());
+        assert_eq!(
+            parse_resolv_conf("search old.example\nsearch new.example\n").searches,
+            vec!["new.example".to_owned()]
+        );
+    }
+
+    #[test]
+    fn the_policy_says_whose_resolvers_the_group_gets() {
+        let ip = |last| Ipv4Addr::new(10, 0, 0, last);
+        let host = Dns {
+            nameservers: vec![ip(1), ip(2)],
+            searches: vec!["vpc.example".into()],
+            options: vec!["ndots:1".into(), "edns0".into()],
+        };
+        let ours = Dns {
+            nameservers: vec![ip(2), ip(3), ip(4)],
+            searches: vec!["ns.svc.cluster.local".into(), "vpc.example".into()],
+            options: vec!["ndots:5".into()],
+        };
+        let cases = [
+            ("Default", Dns::default(), host.clone()),
+            ("", Dns::default(), host.clone()),
+            (
+                "Default",
+                ours.clone(),
+                Dns {
+                    nameservers: vec![ip(1), ip(2), ip(3)],
+                    searches: vec!["ns.svc.cluster.local".into(), "vpc.example".into()],
+                    options: vec!["edns0".into(), "ndots:5".into()],
+                },
+            ),
+            ("None", ours.clone(), ours),
+            ("None", Dns::default(), Dns::default()),
+        ];
+        for (policy, config, expected) in cases {
+            assert_eq!(
+                group_dns(policy, &config, &host),
+                expected,
+                "{policy:?} {config:?}"
+            );
         }
     }
 

@@ -20,6 +20,7 @@ pub mod names;
 pub mod net;
 pub mod residue;
 pub mod rewrite;
+pub mod stats;
 mod sweep;
 pub mod volumes;
 
@@ -172,6 +173,29 @@ impl Sandbox {
             .join("containers")
             .join(container.as_str())
             .join("log"))
+    }
+
+    /// What each container of group `group` that has a cgroup (it runs) uses now, by name.
+    pub fn group_usage(&self, group: &str) -> BTreeMap<String, stats::Usage> {
+        let Ok(group) = Label::new("group id", group) else {
+            return BTreeMap::new();
+        };
+        let dir = self
+            .state_dir
+            .join("groups")
+            .join(group.as_str())
+            .join("containers");
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return BTreeMap::new();
+        };
+        entries
+            .filter_map(|entry| {
+                let name = entry.ok()?.file_name().into_string().ok()?;
+                let container = Label::new("container name", &name).ok()?;
+                let usage = stats::read(&self.prefix.runtime_id(&group, &container))?;
+                Some((name, usage))
+            })
+            .collect()
     }
 
     /// The command line that runs `argv` in group `group`'s running container `container`:

@@ -230,6 +230,16 @@ pub struct MockConfig {
     #[arg(long, env = "MOCK_ECI_OCI_RUNTIME", default_value = "runc")]
     pub oci_runtime: PathBuf,
 
+    /// Real runtime: the resolv.conf whose resolvers stand for the VPC's: a group with
+    /// `DnsPolicy` `Default` (or none) gets its nameservers (loopback ones left out), search
+    /// domains and options, with the group's `DnsConfig` merged in.
+    #[arg(
+        long,
+        env = "MOCK_ECI_RUNTIME_RESOLV_CONF",
+        default_value = "/etc/resolv.conf"
+    )]
+    pub runtime_resolv_conf: PathBuf,
+
     /// Real runtime: names the bridge, namespaces, interfaces and containers this mock-eci
     /// creates (1-6 of a-z, 0-9). It owns the prefix on this machine: whatever carries it is
     /// removed at start (an earlier run's leftovers).

@@ -598,10 +598,16 @@ impl Eci for MockEci {
         &self,
         request: Request<DescribeMultiContainerGroupMetricRequest>,
     ) -> Result<Response<DescribeMultiContainerGroupMetricResponse>, Status> {
+        // Real mode: the cgroups are read before the engine's lock is taken.
+        let measured = self
+            .shared
+            .runtime
+            .get()
+            .map(|runtime| runtime.measure(&request.get_ref().container_group_ids));
         self.call(
             Action::DescribeMultiContainerGroupMetric,
             request,
-            |engine, request, now| engine.multi_metric(&request, now),
+            |engine, request, now| engine.multi_metric_with(&request, now, measured.as_ref()),
         )
         .await
     }

@@ -27,6 +27,7 @@ use crate::engine::group::probe_of;
 use crate::engine::logs::RealLogs;
 use crate::engine::probe::{ProbeKind, ProbeOutcome};
 use crate::engine::real::{GroupPlan, Hook, Observation, PlannedContainer, Want};
+use crate::engine::usage::{GroupMeasures, Measured};
 use crate::images::{ImageStore, PullError, PullOptions, PulledImage};
 use crate::sandbox::{Dns, GroupSpec, HostAlias, Sandbox, SandboxConfig, SandboxError};
 use crate::service::MockEci;
@@ -46,6 +47,10 @@ const POST_START_LIMIT: Duration = Duration::from_secs(120);
 const SYNC_EXEC_LIMIT: Duration = Duration::from_secs(10);
 /// Most of a `Sync` exec's output kept (each stream).
 const SYNC_EXEC_OUTPUT: u64 = 1 << 20;
+/// Most groups one metric call measures (the API takes 20).
+const MAX_MEASURED_GROUPS: usize = 20;
+/// How long a container's CPU reading is kept for the next one's rate.
+const READING_KEPT: Duration = Duration::from_secs(600);
 
 /// Why real mode cannot run here.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +80,10 @@ pub struct RealRuntime {
     archive: PathBuf,
     /// Sends the HTTP probes and hooks (certificates unchecked, as ECI and the kubelet do).
     http: reqwest::Client,
+    /// The instance's own resolvers (the VPC's): this machine's, read at start.
+    host_dns: Dns,
+    /// Each container's previous CPU reading (when, CPU time), for its rate.
+    cpu_readings: std::sync::Mutex<BTreeMap<(String, String), (Instant, u64)>>,
 }
 
 impl RealRuntime {
@@ -109,12 +118,15 @@ impl RealRuntime {
             .redirect(reqwest::redirect::Policy::limited(10))
             .build()
             .map_err(RuntimeError::Http)?;
-        tracing::info!(network = %config.runtime_network, dir = %config.runtime_dir.display(), "real runtime ready");
+        let host_dns = host_dns(&config.runtime_resolv_conf).await;
+        tracing::info!(network = %config.runtime_network, dir = %config.runtime_dir.display(), nameservers = ?host_dns.nameservers, "real runtime ready");
         Ok(Self {
             sandbox,
             images,
             archive,
             http,
+            host_dns,
+            cpu_readings: std::sync::Mutex::default(),
         })
     }
 
@@ -131,6 +143,39 @@ impl RealRuntime {
             }
         }
         None
+    }
+
+    /// What the running containers of `groups` use now, read from their cgroups; the CPU
+    /// rate is the change since the previous reading of the same container (0 at the first).
+    pub fn measure(&self, groups: &[String]) -> GroupMeasures {
+        let now = Instant::now();
+        let mut readings = self
+            .cpu_readings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Readings of containers nobody asked about for long are dropped.
+        readings.retain(|_, (at, _)| now.duration_since(*at) < READING_KEPT);
+        let mut measured = GroupMeasures::new();
+        for group in groups.iter().take(MAX_MEASURED_GROUPS) {
+            for (container, usage) in self.sandbox.group_usage(group) {
+                let key = (group.clone(), container.clone());
+                let nano_cores = cpu_rate(readings.get(&key).copied(), (now, usage.cpu_nanos));
+                readings.insert(key, (now, usage.cpu_nanos));
+                let figures = Measured {
+                    nano_cores,
+                    core_nanos: usage.cpu_nanos,
+                    memory_bytes: usage.memory_bytes,
+                    working_set: usage.working_set_bytes,
+                    rss: usage.rss_bytes,
+                    cache: usage.cache_bytes,
+                };
+                measured
+                    .entry(group.clone())
+                    .or_default()
+                    .insert(container, figures);
+            }
+        }
+        measured
     }
 
     /// The command line that runs `argv` in a running container (see
@@ -261,6 +306,21 @@ impl RealRuntime {
                 let _ = tokio::fs::copy(live.with_file_name(name), dir.join(name)).await;
             }
         }
+    }
+}
+
+/// CPU in nanocores between two readings (when, CPU nanoseconds); 0 without an earlier one,
+/// or when the counter went back (a new run of the container).
+fn cpu_rate(before: Option<(Instant, u64)>, (now, nanos): (Instant, u64)) -> u64 {
+    let Some((then, earlier)) = before else {
+        return 0;
+    };
+    let elapsed = now.duration_since(then).as_nanos();
+    match nanos.checked_sub(earlier) {
+        Some(used) if elapsed > 0 => {
+            u64::try_from(u128::from(used) * 1_000_000_000 / elapsed).unwrap_or(u64::MAX)
+        }
+        _ => 0,
     }
 }
 
@@ -578,7 +638,7 @@ impl Worker {
         match self
             .runtime
             .sandbox
-            .create_group(&group_spec(&self.id, ip, request))
+            .create_group(&group_spec(&self.id, ip, request, &self.runtime.host_dns))
             .await
         {
             Ok(group) => {
@@ -783,9 +843,26 @@ fn grace(grace_ms: crate::clock::Millis) -> Duration {
     Duration::from_millis(u64::try_from(grace_ms).unwrap_or(0))
 }
 
+/// The resolvers of the resolv.conf at `path`; none, with a warning, when it cannot be read.
+async fn host_dns(path: &Path) -> Dns {
+    match tokio::fs::read_to_string(path).await {
+        Ok(text) => crate::sandbox::files::parse_resolv_conf(&text),
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "no resolvers for DnsPolicy Default: groups get only their DnsConfig");
+            Dns::default()
+        }
+    }
+}
+
 /// The sandbox's view of the group: host name (`HostName`, else the group's name, else its
-/// id), address, DNS and host aliases (entries that do not parse are left out).
-fn group_spec(id: &str, ip: Ipv4Addr, request: &CreateContainerGroupRequest) -> GroupSpec {
+/// id), address, DNS (`DnsPolicy` over `host_dns`, the instance's own resolvers, and
+/// `DnsConfig`) and host aliases (entries that do not parse are left out).
+fn group_spec(
+    id: &str,
+    ip: Ipv4Addr,
+    request: &CreateContainerGroupRequest,
+    host_dns: &Dns,
+) -> GroupSpec {
     let hostname = [&request.host_name, &request.container_group_name]
         .into_iter()
         .find(|name| crate::sandbox::names::hostname(name).is_ok())
@@ -811,6 +888,7 @@ fn group_spec(id: &str, ip: Ipv4Addr, request: &CreateContainerGroupRequest) -> 
                 .collect(),
         })
         .unwrap_or_default();
+    let dns = crate::sandbox::files::group_dns(&request.dns_policy, &dns, host_dns);
     let host_aliases = request
         .host_aliase
         .iter()
@@ -828,5 +906,27 @@ fn group_spec(id: &str, ip: Ipv4Addr, request: &CreateContainerGroupRequest) -> 
         dns,
         host_aliases,
         volumes: request.volume.iter().map(resolve::volume).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_rate_is_the_change_between_readings() {
+        let then = Instant::now();
+        let later = then + Duration::from_secs(2);
+        let cases = [
+            (None, 5_000_000_000, 0),
+            (Some((then, 1_000_000_000)), 2_000_000_000, 500_000_000),
+            (Some((then, 1_000_000_000)), 1_000_000_000, 0),
+            // A new run starts its counter again.
+            (Some((then, 9_000_000_000)), 1_000_000_000, 0),
+        ];
+        for (before, nanos, expected) in cases {
+            assert_eq!(cpu_rate(before, (later, nanos)), expected, "{before:?}");
+        }
+        assert_eq!(cpu_rate(Some((later, 1)), (later, 2)), 0, "no time passed");
     }
 }
