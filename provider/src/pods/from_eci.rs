@@ -898,10 +898,7 @@ mod tests {
             // Both succeeded: the app's state is ECI's.
             ((Some(0), Some(0), false), (None, creating.clone())),
             // A container that ran before keeps the state ECI reports.
-            (
-                (Some(1), None, true),
-                (initializing, creating.clone()),
-            ),
+            ((Some(1), None, true), (initializing, creating.clone())),
         ];
         for ((init1, init2, restarted), expected) in table {
             let mut group = mk_group("Pending", vec![waiting("run1")]);
