@@ -143,7 +143,7 @@ pub fn translate(pod: &Pod, cx: &Context<'_>) -> Result<CreateContainerGroupRequ
         container: containers,
         init_container: init_containers,
         volume: volumes::volumes(pod, cx)?,
-        dns_policy: dns_policy(pod, dns_config.is_some()).to_owned(),
+        dns_policy: dns_policy(pod, !cx.cluster_dns.is_empty()).to_owned(),
         dns_config,
         host_aliase: spec
             .host_aliases
@@ -395,16 +395,17 @@ fn truncate_hostname(name: &str) -> &str {
     name[..cut].trim_end_matches(['-', '.'])
 }
 
-/// ECI's `DnsPolicy`: `Default` (the VPC's resolver, with any `DnsConfig` merged in, as the
-/// kubelet merges `dnsConfig` into the node's) for a pod asking for `Default` or when we have no
-/// resolver configuration to give; otherwise `None` (only our `DnsConfig`: the cluster DNS for
-/// `ClusterFirst`, the pod's own for `None`).
-fn dns_policy(pod: &Pod, have_config: bool) -> &'static str {
-    let asked = pod.spec.as_ref().and_then(|s| s.dns_policy.as_deref());
-    if asked == Some("Default") || !have_config {
-        "Default"
-    } else {
-        "None"
+/// ECI's `DnsPolicy`: whose resolvers the instance gets, as the kubelet decides a pod's.
+/// `Default` (the VPC's resolver, with any `DnsConfig` merged in, as the kubelet merges
+/// `dnsConfig` into the node's) for a pod asking for `Default`, and for `ClusterFirst` when no
+/// cluster DNS is known (the kubelet falls back to `Default` then); otherwise `None`: only our
+/// `DnsConfig` (the cluster DNS for `ClusterFirst`, the pod's own for `None`).
+fn dns_policy(pod: &Pod, cluster_dns_known: bool) -> &'static str {
+    match pod.spec.as_ref().and_then(|s| s.dns_policy.as_deref()) {
+        Some("None") => "None",
+        Some("Default") => "Default",
+        _ if cluster_dns_known => "None",
+        _ => "Default",
     }
 }
 

@@ -813,6 +813,24 @@ fn dns_policy_says_whose_resolver() {
         "Default",
         "no cluster DNS known"
     );
+    // As the kubelet: ClusterFirst without a cluster DNS falls back to Default, and the pod's
+    // dnsConfig is merged into the VPC's resolvers, not left alone without a nameserver.
+    assert_eq!(
+        policy(
+            json!({"containers": app, "dnsConfig": {"searches": ["corp.example"]}}),
+            &fixture
+        ),
+        "Default",
+        "no cluster DNS known, a dnsConfig"
+    );
+    assert_eq!(
+        policy(
+            json!({"containers": app, "dnsPolicy": "None", "dnsConfig": {"nameservers": ["1.1.1.1"]}}),
+            &fixture
+        ),
+        "None",
+        "the pod's own resolvers only"
+    );
 }
 
 #[test]
