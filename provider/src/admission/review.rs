@@ -91,10 +91,12 @@ impl Admission {
             && request.kind.kind == "Pod"
             && request.sub_resource.is_none();
         if is_pod && request.operation == Operation::Update {
-            return (
-                self.review_pod_update(request, allow),
-                SideEffects::default(),
-            );
+            let (response, patched) = self.review_pod_update(request, allow);
+            let effects = SideEffects {
+                patched,
+                ..SideEffects::default()
+            };
+            return (response, effects);
         }
         if !is_pod || request.operation != Operation::Create {
             return (allow, SideEffects::default());
@@ -149,13 +151,13 @@ impl Admission {
         &self,
         request: &AdmissionRequest<DynamicObject>,
         allow: AdmissionResponse,
-    ) -> AdmissionResponse {
+    ) -> (AdmissionResponse, bool) {
         let (Some((pod, _)), Some(old)) = (submitted_pod(request), old_pod(request)) else {
-            return allow;
+            return (allow, false);
         };
         let missing = dropped_tolerations(&old, &pod, &self.vnode.taint_key);
         if missing.is_empty() {
-            return allow;
+            return (allow, false);
         }
         let mut restored = pod.clone();
         if let Some(spec) = restored.spec.as_mut() {
@@ -166,10 +168,13 @@ impl Admission {
         let (Ok(typed), Ok(mutated)) =
             (serde_json::to_value(&pod), serde_json::to_value(&restored))
         else {
-            return allow;
+            return (allow, false);
         };
         let patch = json_patch::diff(&typed, &mutated);
-        allow.clone().with_patch(patch).unwrap_or(allow)
+        match allow.clone().with_patch(patch) {
+            Ok(patched) => (patched, true),
+            Err(_) => (allow, false),
+        }
     }
 
     /// ResourcePolicy placement, when on and synced: may move the pod into a unit; the note
@@ -394,11 +399,12 @@ mod tests {
             let mut body: Value =
                 serde_json::from_slice(&review("Pod", "UPDATE", new.clone(), false)).unwrap();
             body["request"]["oldObject"] = old;
-            let (out, _) = admission()
+            let (out, effects) = admission()
                 .review(&serde_json::to_vec(&body).unwrap())
                 .unwrap();
             let answer = response(&out);
             assert_eq!(answer["allowed"], true);
+            assert_eq!(effects.patched, !answer["patch"].is_null(), "{answer}");
             let mut stored = new;
             if let Some(patch) = answer["patch"].as_str() {
                 let patch: json_patch::Patch = serde_json::from_slice(
