@@ -1298,6 +1298,9 @@ async fn a_failing_liveness_probe_kills_the_container_and_it_restarts() {
     container.liveness_probe = Some(Probe {
         exec: shell("echo not alive; exit 1"),
         period_seconds: 1,
+        // The probe's own failure is what is checked, not a timeout: under load (CI's four
+        // lanes on two cores) a `runc exec` alone can take longer than the default 1 s.
+        timeout_seconds: 10,
         failure_threshold: 2,
         ..Probe::default()
     });
@@ -1339,6 +1342,8 @@ async fn a_readiness_probe_keeps_the_container_unready_until_it_passes() {
     container.readiness_probe = Some(Probe {
         exec: shell("cat /tmp/ready"),
         period_seconds: 1,
+        // Under load a `runc exec` alone can take longer than the default 1 s.
+        timeout_seconds: 10,
         ..Probe::default()
     });
     let id = mock.create(mock.request("gated", container)).await;
