@@ -29,9 +29,9 @@ pub(super) const FLUSH_AFTER_POLLS: u8 = 2;
 
 /// Whether annotations of ours wait for a status write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Waiting {
+pub(super) enum Backlog {
     /// None wait.
-    No,
+    Empty,
     /// Some wait for the pod's next status write.
     Pending,
     /// Some waited [`FLUSH_AFTER_POLLS`] polls: they are due a write of their own.
@@ -98,12 +98,12 @@ impl OwnAnnotations {
         *polls >= FLUSH_AFTER_POLLS && *polls % FLUSH_AFTER_POLLS == 0
     }
 
-    /// How long values wait for a write (see [`Waiting`]).
-    pub(super) fn waiting(&self) -> Waiting {
+    /// How long values wait for a write (see [`Backlog`]).
+    pub(super) fn backlog(&self) -> Backlog {
         match self {
-            Self::Pending { polls, .. } if *polls >= FLUSH_AFTER_POLLS => Waiting::Due,
-            Self::Pending { .. } => Waiting::Pending,
-            Self::Nothing | Self::Written(_) => Waiting::No,
+            Self::Pending { polls, .. } if *polls >= FLUSH_AFTER_POLLS => Backlog::Due,
+            Self::Pending { .. } => Backlog::Pending,
+            Self::Nothing | Self::Written(_) => Backlog::Empty,
         }
     }
 
@@ -194,7 +194,7 @@ mod tests {
         assert_eq!(carried.values(), None, "nothing before a group");
         let sent = id("eci-1");
         carried.queue(Arc::clone(&sent));
-        assert_eq!(carried.waiting(), Waiting::Pending);
+        assert_eq!(carried.backlog(), Backlog::Pending);
         assert_eq!(carried.values(), Some(&sent), "the next apply carries them");
         carried.stored(&sent);
         assert_eq!(carried, OwnAnnotations::Written(Arc::clone(&sent)));
@@ -210,7 +210,7 @@ mod tests {
         let newer = id("eci-1");
         carried.queue(Arc::clone(&newer));
         carried.stored(&in_flight);
-        assert_eq!(carried.waiting(), Waiting::Pending, "{carried:?}");
+        assert_eq!(carried.backlog(), Backlog::Pending, "{carried:?}");
         assert_eq!(carried.values(), Some(&newer));
     }
 

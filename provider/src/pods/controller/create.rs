@@ -1226,7 +1226,7 @@ mod tests {
             "one apply, one read"
         );
         assert!(
-            controller.tracked()["u-1"].carried.waiting() != carried::Waiting::No,
+            controller.tracked()["u-1"].carried.backlog() != carried::Backlog::Empty,
             "still ours to write"
         );
     }
@@ -1261,8 +1261,8 @@ mod tests {
         );
         assert_eq!(bodies[0]["status"], json!({"phase": "Pending"}));
         assert_eq!(
-            controller.tracked()["u-1"].carried.waiting(),
-            carried::Waiting::No
+            controller.tracked()["u-1"].carried.backlog(),
+            carried::Backlog::Empty
         );
         controller.sync_status("u-1").await;
         assert_eq!(bodies.len(), 1, "nothing left to write");

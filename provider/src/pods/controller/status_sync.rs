@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::carried::{self, Waiting};
+use super::carried::{self, Backlog};
 use super::lifecycle::{self, Lifecycle};
 use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
 use crate::pods::from_eci;
@@ -96,7 +96,7 @@ pub(super) struct Facts {
     /// Readiness gates others set, or the generation, changed what the status is to be.
     pub(super) refresh: bool,
     /// Whether annotations of ours wait for a status write, and whether too long.
-    pub(super) annotations: Waiting,
+    pub(super) annotations: Backlog,
 }
 
 /// A group state the sync has not applied yet, compared with the pod.
@@ -141,7 +141,7 @@ pub(super) fn plan(facts: Facts) -> Plan {
             forget: false,
         };
     }
-    let again = facts.refresh || facts.annotations == Waiting::Due;
+    let again = facts.refresh || facts.annotations == Backlog::Due;
     let write = match facts.group {
         Unsynced::Changed => Write::Apply,
         _ if again => Write::Refresh,
@@ -527,7 +527,7 @@ impl PodController {
                 outcome
             }
             (Write::Refresh, _) => {
-                let pending = found.annotations != Waiting::No;
+                let pending = found.annotations != Backlog::Empty;
                 self.write_status(pod, |current| {
                     from_eci::refresh(current, now)
                         .or_else(|| pending.then(|| shown_status(current)))
@@ -583,7 +583,7 @@ impl PodController {
                 && pod.metadata.deletion_timestamp.is_none(),
             watched: entry.origin == super::Origin::Watched,
             written: entry.written,
-            annotations: entry.carried.waiting(),
+            annotations: entry.carried.backlog(),
             pod,
             group,
             events,
@@ -683,7 +683,7 @@ struct Found {
     /// The fingerprint of the status last written.
     written: Option<u64>,
     /// Whether annotations of ours wait for a status write.
-    annotations: Waiting,
+    annotations: Backlog,
 }
 
 /// How long ago the group's state changed, as ECI says.
@@ -796,8 +796,8 @@ mod tests {
 
     #[test]
     fn the_sync_writes_what_is_new_and_forgets_what_was_written_over() {
+        use Backlog::{Due, Empty, Pending};
         use Unsynced::{Changed, Nothing, Shown};
-        use Waiting::{Due, No, Pending};
         let (apply, record, refresh, none) =
             (Write::Apply, Write::Record, Write::Refresh, Write::Nothing);
         // (live, group state, overwritten, refresh, annotations) → (write, forget)
@@ -805,21 +805,21 @@ mod tests {
             // Not live (no group, being deleted, terminating): nothing, whatever is known.
             ((false, Changed, true, true, Due), (none, false)),
             // A new state: applied, carrying any waiting annotations with it.
-            ((true, Changed, false, false, No), (apply, false)),
+            ((true, Changed, false, false, Empty), (apply, false)),
             ((true, Changed, true, true, Due), (apply, false)),
             // A state the pod shows already: recorded, no write.
-            ((true, Shown, false, false, No), (record, false)),
-            ((true, Shown, true, false, No), (record, false)),
+            ((true, Shown, false, false, Empty), (record, false)),
+            ((true, Shown, true, false, Empty), (record, false)),
             // Annotations not due yet wait for a write that has another reason.
             ((true, Shown, false, false, Pending), (record, false)),
             ((true, Nothing, false, false, Pending), (none, false)),
             // Gates, the generation or annotations due: the status as it shows, again.
-            ((true, Shown, false, true, No), (refresh, false)),
+            ((true, Shown, false, true, Empty), (refresh, false)),
             ((true, Nothing, false, false, Due), (refresh, false)),
             // Written over, no state at hand: forgotten until the next full listing.
-            ((true, Nothing, true, false, No), (none, true)),
-            ((true, Nothing, true, true, No), (refresh, true)),
-            ((true, Nothing, false, false, No), (none, false)),
+            ((true, Nothing, true, false, Empty), (none, true)),
+            ((true, Nothing, true, true, Empty), (refresh, true)),
+            ((true, Nothing, false, false, Empty), (none, false)),
         ];
         for ((live, group, overwritten, refresh, annotations), (write, forget)) in table {
             let facts = Facts {
