@@ -6,7 +6,8 @@
 //! bridge and the group's address, an IPC namespace shared by the group's containers, a state
 //! directory (the group's /etc files, /dev/shm, each container's writable layer, bundle and
 //! log); per container an OCI runtime container (own PID, UTS and mount namespaces; a cgroup
-//! the runtime creates and removes).
+//! the runtime creates and removes). Beside them, a store of the volumes that outlive groups
+//! (disks, NAS and OSS paths: [`VolumeSource::Stored`]), which nothing removes.
 //!
 //! It may call: `ip` (iproute2), `unshare` (util-linux), the OCI runtime's CLI, and mount(2)
 //! for the containers' overlays. It takes each container's root file system as a read-only
@@ -39,6 +40,9 @@ pub use files::{Dns, HostAlias};
 use names::{Label, NameError, Prefix};
 use net::{GroupNet, NetError};
 pub use volumes::{MountSpec, VolumeError, VolumeFile, VolumeSource, VolumeSpec};
+
+/// The state directory's store of volumes that outlive groups.
+const STORES: &str = "stores";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -253,6 +257,7 @@ impl Sandbox {
             dir: self.state_dir.join("groups").join(id.as_str()),
             runtime: self.runtime.clone(),
             runtime_root: self.state_dir.join("runtime"),
+            stores: self.state_dir.join(STORES),
             prefix: self.prefix.clone(),
             limits: self.limits,
             hostname,
@@ -286,6 +291,8 @@ pub struct Group {
     dir: PathBuf,
     runtime: PathBuf,
     runtime_root: PathBuf,
+    /// The machine's store of volumes that outlive groups ([`VolumeSource::Stored`]).
+    stores: PathBuf,
     prefix: Prefix,
     limits: LimitSupport,
     /// Each volume and its directory.
@@ -323,7 +330,10 @@ impl Group {
             write_file(&etc.join(name), text.as_bytes()).await?;
         }
         for (index, volume) in spec.volumes.iter().enumerate() {
-            let dir = self.dir.join("volumes").join(index.to_string());
+            let dir = match &volume.source {
+                VolumeSource::Stored { key, .. } => volumes::store_dir(&self.stores, key),
+                _ => self.dir.join("volumes").join(index.to_string()),
+            };
             volumes::create(&dir, volume)?;
             self.volumes.push((volume.clone(), dir));
         }
@@ -382,14 +392,23 @@ impl Group {
         for (index, mount) in spec.mounts.iter().enumerate() {
             let staging = dir.join("subpaths").join(index.to_string());
             let source = volumes::mount_source(&self.volumes, mount, &staging)?;
-            let files = self.volumes.iter().any(|(volume, _)| {
-                volume.name == mount.volume && matches!(volume.source, VolumeSource::Files(_))
+            // Files volumes (ConfigMaps, Secrets) are read-only, as Kubernetes mounts them;
+            // so is a stored volume made read-only (an NFSVolume's `ReadOnly`).
+            let volume_read_only = self.volumes.iter().any(|(volume, _)| {
+                volume.name == mount.volume
+                    && matches!(
+                        volume.source,
+                        VolumeSource::Files(_)
+                            | VolumeSource::Stored {
+                                read_only: true,
+                                ..
+                            }
+                    )
             });
-            // Files volumes (ConfigMaps, Secrets) are read-only, as Kubernetes mounts them.
             volume_mounts.push(bundle::VolumeMount {
                 source,
                 destination: mount.path.clone(),
-                read_only: mount.read_only || files,
+                read_only: mount.read_only || volume_read_only,
             });
         }
         let config = ContainerConfig {

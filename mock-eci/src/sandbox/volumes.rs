@@ -30,6 +30,11 @@ pub enum VolumeSource {
     },
     /// Files at paths relative to the volume.
     Files(Vec<VolumeFile>),
+    /// Storage that outlives the group, as a cloud disk, a NAS path or an OSS bucket does: a
+    /// directory of the machine's store named by a digest of `key` (see [`store_dir`]), made
+    /// on first use and kept after the group goes, so the next group naming the same key finds
+    /// what the last one wrote. `read_only` mounts it read-only in every container.
+    Stored { key: String, read_only: bool },
     /// A type this machine cannot provide (named in the error a mount of it gets).
     Unsupported(String),
 }
@@ -117,9 +122,23 @@ pub fn create(dir: &Path, spec: &VolumeSpec) -> Result<(), VolumeError> {
             let steps = super::rewrite::plan(&spec.name, &[], files)?;
             super::rewrite::apply(dir, &spec.name, &steps)?;
         }
+        VolumeSource::Stored { .. } => {
+            // Every user may write, as on an EmptyDir: ECI applies no fsGroup to a volume.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
+                .map_err(io("set the mode of", dir))?;
+        }
         VolumeSource::Unsupported(_) => {}
     }
     Ok(())
+}
+
+/// Where the volume of `key` lives in the store at `stores`: a digest names it, so no key
+/// (the caller's DiskId, NFS server and path, OSS options) can lead out of the store.
+pub fn store_dir(stores: &Path, key: &str) -> PathBuf {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    let name: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+    stores.join(name)
 }
 
 /// `path` as a relative path of normal components only (`a/b`, not `/a`, `../a` or ``).

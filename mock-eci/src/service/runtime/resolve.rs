@@ -17,9 +17,10 @@ const DEFAULT_FILE_MODE: u32 = 0o644;
 
 /// A group volume as the sandbox makes it: `EmptyDirVolume` (the `Memory` medium a tmpfs of
 /// its `SizeLimit`; on disk the limit is not enforced) and `ConfigFileVolume` (each file's
-/// base64 `Content` decoded, its `Mode`, else the volume's `DefaultMode`, else 0644); other
-/// types cannot be made on this machine and fail the containers that mount them. A
-/// `SizeLimit` that does not parse is no limit; content that is not base64 is taken as is.
+/// base64 `Content` decoded, its `Mode`, else the volume's `DefaultMode`, else 0644); a cloud
+/// disk, a NAS path and an OSS bucket path are stored volumes (see [`stored`]); other types
+/// cannot be made on this machine and fail the containers that mount them. A `SizeLimit` that
+/// does not parse is no limit; content that is not base64 is taken as is.
 pub fn volume(volume: &Volume) -> VolumeSpec {
     let source = match volume.r#type.as_str() {
         "EmptyDirVolume" => {
@@ -52,12 +53,46 @@ pub fn volume(volume: &Volume) -> VolumeSpec {
                     .collect(),
             )
         }
-        other => VolumeSource::Unsupported(other.to_owned()),
+        other => stored(volume).unwrap_or_else(|| VolumeSource::Unsupported(other.to_owned())),
     };
     VolumeSpec {
         name: volume.name.clone(),
         source,
     }
+}
+
+/// A volume whose content outlives the group, keyed by what names the storage in the cloud:
+/// a `DiskVolume` by its `DiskId`, an `NFSVolume` by server and path (its `ReadOnly` kept), an
+/// OSS `FlexVolume` (driver `alicloud/oss`) by the bucket and path of its `Options`. Groups
+/// naming the same key share the content, as they would share the disk, NAS or bucket; none of
+/// it is a network mount (no NAS or OSS is reached from this machine). `None` for other types,
+/// and for one missing its key (the engine refuses those before a group exists).
+fn stored(volume: &Volume) -> Option<VolumeSource> {
+    let (key, read_only) = match volume.r#type.as_str() {
+        "DiskVolume" => {
+            let disk = volume.disk_volume.as_ref()?;
+            (format!("disk:{}", disk.disk_id), false)
+        }
+        "NFSVolume" => {
+            let nfs = volume.nfs_volume.as_ref()?;
+            (format!("nfs:{}:{}", nfs.server, nfs.path), nfs.read_only)
+        }
+        "FlexVolume" => {
+            let flex = volume.flex_volume.as_ref()?;
+            if flex.driver != "alicloud/oss" {
+                return None;
+            }
+            let options: serde_json::Value = serde_json::from_str(&flex.options).ok()?;
+            let text = |name: &str| options.get(name).and_then(serde_json::Value::as_str);
+            (
+                format!("oss:{}:{}", text("bucket")?, text("path").unwrap_or("/")),
+                false,
+            )
+        }
+        _ => return None,
+    };
+    let empty = key.split(':').nth(1).is_none_or(str::is_empty);
+    (!empty).then_some(VolumeSource::Stored { key, read_only })
 }
 
 /// The command line: Kubernetes' four cases.
@@ -236,6 +271,77 @@ mod tests {
 
     fn words(list: &[&str]) -> Vec<String> {
         list.iter().map(|word| (*word).to_owned()).collect()
+    }
+
+    #[test]
+    fn disks_nas_and_oss_paths_are_stored_by_what_names_them_in_the_cloud() {
+        use eci_proto::v20180808::{DiskVolume, FlexVolume, NfsVolume};
+        let disk = |id: &str| Volume {
+            r#type: "DiskVolume".into(),
+            disk_volume: Some(DiskVolume {
+                disk_id: id.into(),
+                ..DiskVolume::default()
+            }),
+            ..Volume::default()
+        };
+        let nfs = |server: &str, read_only| Volume {
+            r#type: "NFSVolume".into(),
+            nfs_volume: Some(NfsVolume {
+                server: server.into(),
+                path: "/share".into(),
+                read_only,
+            }),
+            ..Volume::default()
+        };
+        let flex = |driver: &str, options: &str| Volume {
+            r#type: "FlexVolume".into(),
+            flex_volume: Some(FlexVolume {
+                driver: driver.into(),
+                options: options.into(),
+                ..FlexVolume::default()
+            }),
+            ..Volume::default()
+        };
+        let stored = |key: &str, read_only| VolumeSource::Stored {
+            key: key.into(),
+            read_only,
+        };
+        let unsupported = |kind: &str| VolumeSource::Unsupported(kind.into());
+        let cases = [
+            (disk("d-1"), stored("disk:d-1", false)),
+            (disk(""), unsupported("DiskVolume")),
+            (
+                nfs("nas.example.com", true),
+                stored("nfs:nas.example.com:/share", true),
+            ),
+            (nfs("", false), unsupported("NFSVolume")),
+            (
+                flex(
+                    "alicloud/oss",
+                    r#"{"bucket":"b","path":"/logs","url":"oss.example"}"#,
+                ),
+                stored("oss:b:/logs", false),
+            ),
+            (
+                flex("alicloud/oss", r#"{"bucket":"b"}"#),
+                stored("oss:b:/", false),
+            ),
+            (flex("alicloud/oss", "not json"), unsupported("FlexVolume")),
+            (
+                flex("alicloud/disk", r#"{"volumeId":"d-1"}"#),
+                unsupported("FlexVolume"),
+            ),
+            (
+                Volume {
+                    r#type: "HostPathVolume".into(),
+                    ..Volume::default()
+                },
+                unsupported("HostPathVolume"),
+            ),
+        ];
+        for (spec, expected) in cases {
+            assert_eq!(volume(&spec).source, expected, "{spec:?}");
+        }
     }
 
     #[test]
