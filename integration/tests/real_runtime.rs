@@ -7,7 +7,9 @@
 //! reaches the running container without a restart); containers run as their
 //! SecurityContext or their image's User; probes run (a failing liveness probe restarts the
 //! container, a readiness probe gates `Ready`) and lifecycle hooks too (preStop before the
-//! stop, a failing postStart kills the container); a deleted group, a crash loop and a mock-eci killed
+//! stop, a failing postStart kills the container); a cloud disk's and a NAS path's content
+//! outlives the group that wrote it; the official Python SDK reads back, through the OpenAPI
+//! front, what a group's processes did; a deleted group, a crash loop and a mock-eci killed
 //! with -9 then started again leave no process, network namespace, interface, mount or cgroup
 //! behind.
 //!
@@ -32,6 +34,17 @@ use integration::registry::TestRegistry;
 use tonic::transport::Channel;
 
 const REGION: &str = "cn-hangzhou";
+/// The AccessKey of the OpenAPI front, when a test serves one.
+const ACCESS_KEY: (&str, &str) = ("real-runtime-id", "real-runtime-secret");
+
+/// What a test adds to mock-eci's usual flags.
+#[derive(Debug, Default, Clone, Copy)]
+struct Extras {
+    /// Keep the groups in `<dir>/state.json` across restarts.
+    state_file: bool,
+    /// Serve the OpenAPI (HTTPS, signed) too, its CA written to `<dir>/openapi-tls/ca.pem`.
+    openapi: bool,
+}
 
 /// A registry holding busybox and a mock-eci in real mode pulling from it.
 struct RealMock {
@@ -46,16 +59,17 @@ struct RealMock {
     /// Its flags and gRPC address, to start it again.
     args: Vec<String>,
     listen: String,
+    /// The OpenAPI front's address and CA file, when it serves one.
+    openapi: Option<(String, PathBuf)>,
     _dir: tempfile::TempDir,
 }
 
 impl RealMock {
     async fn start(prefix: &'static str, network: &str) -> Self {
-        Self::start_with(prefix, network, false).await
+        Self::start_with(prefix, network, Extras::default()).await
     }
 
-    /// With `state_file`, mock-eci keeps its groups in `<dir>/state.json` across restarts.
-    async fn start_with(prefix: &'static str, network: &str, state_file: bool) -> Self {
+    async fn start_with(prefix: &'static str, network: &str, extras: Extras) -> Self {
         let registry = TestRegistry::start(None)
             .await
             .expect("the registry starts");
@@ -91,11 +105,26 @@ impl RealMock {
         ]
         .map(str::to_owned)
         .to_vec();
-        if state_file {
+        if extras.state_file {
             args.push("--state-file".into());
             let path = dir.path().join("state.json");
             args.push(path.to_str().expect("utf-8 path").to_owned());
         }
+        let openapi = extras.openapi.then(|| {
+            let addr = format!("127.0.0.1:{}", free_port().expect("a free port"));
+            let tls = dir.path().join("openapi-tls");
+            args.extend([
+                "--openapi-listen".into(),
+                addr.clone(),
+                "--openapi-tls-dir".into(),
+                tls.to_str().expect("utf-8 path").to_owned(),
+                "--openapi-access-key-id".into(),
+                ACCESS_KEY.0.into(),
+                "--openapi-access-key-secret".into(),
+                ACCESS_KEY.1.into(),
+            ]);
+            (addr, tls.join("ca.pem"))
+        });
         let (process, client) = Self::spawn("mock-eci", &args, dir.path(), &listen).await;
         Self {
             client,
@@ -107,6 +136,7 @@ impl RealMock {
             process,
             args,
             listen,
+            openapi,
             _dir: dir,
         }
     }
@@ -592,6 +622,7 @@ async fn a_container_runs_with_the_group_s_host_name_and_env_and_its_exit_code_a
     assert_eq!(stamped.lines().count(), 3, "{stamped:?}");
     mock.stop().await;
 }
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_that_does_not_exist_is_err_image_pull_with_a_failed_event() {
     let mut mock = RealMock::start("rrb", "10.215.2.1/24").await;
@@ -628,6 +659,7 @@ async fn an_image_that_does_not_exist_is_err_image_pull_with_a_failed_event() {
     .await;
     mock.stop().await;
 }
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_running_group_leaves_nothing_behind() {
     let mut mock = RealMock::start("rrc", "10.215.3.1/24").await;
@@ -691,6 +723,7 @@ async fn deleting_a_running_group_leaves_nothing_behind() {
     assert_eq!(residue, Residue::none(), "nothing is left");
     mock.stop().await;
 }
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_container_restarts_under_on_failure_with_its_previous_log() {
     let mut mock = RealMock::start("rrd", "10.215.4.1/24").await;
@@ -725,6 +758,7 @@ async fn a_failing_container_restarts_under_on_failure_with_its_previous_log() {
     assert!(previous_log.starts_with("run "), "{previous_log:?}");
     mock.stop().await;
 }
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_mode_refuses_to_start_without_root_and_says_so() {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -791,6 +825,7 @@ async fn real_mode_refuses_to_start_without_root_and_says_so() {
         "{output}"
     );
 }
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_runs_in_the_container_with_its_host_name_processes_files_stdin_and_exit_code() {
     let mut mock = RealMock::start("rrf", "10.215.5.1/24").await;
@@ -898,6 +933,7 @@ async fn exec_runs_in_the_container_with_its_host_name_processes_files_stdin_and
     assert!(missing.stderr.contains("no-such-program"), "{missing:?}");
     mock.stop().await;
 }
+
 fn volume(name: &str, kind: &str) -> Volume {
     Volume {
         name: name.into(),
@@ -934,6 +970,81 @@ fn mount(name: &str, path: &str, sub_path: &str, read_only: bool) -> VolumeMount
         read_only,
         ..VolumeMount::default()
     }
+}
+
+/// A cloud disk's content outlives the group that wrote it: once that group is deleted (the
+/// disk is attached to one group at a time), the next group naming the same DiskId reads it.
+/// A NAS path marked `ReadOnly` refuses writes; one that is not is shared between groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_outlives_its_group_and_a_read_only_nas_path_refuses_writes() {
+    use eci_proto::v20180808::{DiskVolume, NfsVolume};
+    let mut mock = RealMock::start("rrv", "10.215.23.1/24").await;
+    let disk = Volume {
+        disk_volume: Some(DiskVolume {
+            disk_id: "d-rrv".into(),
+            fs_type: "ext4".into(),
+            disk_size: 20,
+        }),
+        ..volume("data", "DiskVolume")
+    };
+    let nas = |name: &str, read_only| Volume {
+        nfs_volume: Some(NfsVolume {
+            server: "nas.example.com".into(),
+            path: format!("/{name}"),
+            read_only,
+        }),
+        ..volume(name, "NFSVolume")
+    };
+    let group = |mock: &RealMock, name: &str, script: &str| {
+        let mut container = mock.busybox("main", script);
+        container.volume_mount = vec![
+            mount("data", "/data", "", false),
+            mount("frozen", "/frozen", "", false),
+            mount("shared", "/shared", "", false),
+        ];
+        let mut request = mock.request(name, container);
+        request.volume = vec![disk.clone(), nas("frozen", true), nas("shared", false)];
+        request
+    };
+    let writer = group(
+        &mock,
+        "rrv-writer",
+        "echo kept > /data/file && echo nas > /shared/file && \
+         if touch /frozen/x 2>/dev/null; then echo frozen-writable; else echo frozen-read-only; fi",
+    );
+    let first = mock.create(writer).await;
+    mock.wait_group("the writer to finish", &first, |g| g.status == "Succeeded")
+        .await;
+    assert_eq!(
+        mock.log(&first, "main", false).await.trim(),
+        "frozen-read-only"
+    );
+    mock.client
+        .delete_container_group(DeleteContainerGroupRequest {
+            region_id: REGION.into(),
+            container_group_id: first.clone(),
+            ..DeleteContainerGroupRequest::default()
+        })
+        .await
+        .expect("delete succeeds");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while mock.describe(&first).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "{first} is still listed after 90 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let reader = group(&mock, "rrv-reader", "cat /data/file /shared/file");
+    let second = mock.create(reader).await;
+    mock.wait_group("the reader to finish", &second, |g| g.status == "Succeeded")
+        .await;
+    assert_eq!(
+        mock.log(&second, "main", false).await,
+        "kept\nnas\n",
+        "the disk and the NAS path keep what the deleted group wrote"
+    );
+    mock.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1020,6 +1131,7 @@ async fn volumes_are_mounted_config_files_with_their_modes_and_an_empty_dir_shar
     );
     mock.stop().await;
 }
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_of_config_files_reaches_the_running_container_without_a_restart() {
     let mut mock = RealMock::start("rru", "10.215.21.1/24").await;
@@ -1179,9 +1291,18 @@ async fn containers_run_as_their_security_context_or_their_image_s_user() {
     );
     mock.stop().await;
 }
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_leaks_from_a_crash_loop_or_from_mock_eci_killed_with_sigkill_and_restarted() {
-    let mut mock = RealMock::start_with("rri", "10.215.8.1/24", true).await;
+    let mut mock = RealMock::start_with(
+        "rri",
+        "10.215.8.1/24",
+        Extras {
+            state_file: true,
+            ..Extras::default()
+        },
+    )
+    .await;
     assert_eq!(mock.residue(), Residue::none(), "a clean start");
     let marker = EnvironmentVar {
         key: "MARKER".into(),
@@ -1455,5 +1576,57 @@ async fn a_failing_post_start_hook_kills_the_container() {
         .expect("a FailedPostStartHook event");
     assert_eq!(event.r#type, "Warning");
     assert!(event.message.contains("no such setup"), "{event:?}");
+    mock.stop().await;
+}
+
+/// The official ECI SDK for Python (`mock-eci/tests/sdk/real.py`) drives a group that really
+/// runs, through the OpenAPI front: what it reads back — the log, exec output (host name,
+/// mounted files and their modes, env, processes), the address, the metrics, a volume update
+/// reaching the running container, a restart — is what the sandbox's processes did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdk_drives_a_group_that_really_runs() {
+    let network = "10.215.22.1/24";
+    let mock = RealMock::start_with(
+        "rrs",
+        network,
+        Extras {
+            openapi: true,
+            ..Extras::default()
+        },
+    )
+    .await;
+    let (endpoint, ca) = mock.openapi.clone().expect("the OpenAPI front");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let run = tokio::process::Command::new("python3")
+        .arg(root.join("mock-eci/tests/sdk/real.py"))
+        .args(["--endpoint", &endpoint, "--ca"])
+        .arg(&ca)
+        .args([
+            "--access-key-id",
+            ACCESS_KEY.0,
+            "--access-key-secret",
+            ACCESS_KEY.1,
+        ])
+        .arg("--names")
+        .arg(root.join("proto/sdk/names.tsv"))
+        .args([
+            "--image",
+            &mock.busybox,
+            "--plain-http-registry",
+            mock.registry.host(),
+        ])
+        .args(["--network", network])
+        .output()
+        .await
+        .expect("python3 runs the driver");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    println!("{stdout}");
+    assert!(
+        run.status.success(),
+        "the SDK's view of a real group differs from what ran; the FAIL rows say where:\n\
+         {stdout}\n{stderr}\nmock-eci:\n{}",
+        mock.process.tail(60)
+    );
     mock.stop().await;
 }

@@ -5,7 +5,8 @@
 //! deletes, builds image caches (create, describe with its filters, update, delete, and groups
 //! created from one), and makes the bad calls the service refuses. Every answer's raw JSON is also held
 //! to `proto/sdk/names.tsv`. `.ci/run` installs the SDK; without it this test fails and says
-//! how to install it.
+//! how to install it. Its counterpart in real-runtime mode, `tests/sdk/real.py`, is run by
+//! integration's `real_runtime` tests (it needs root, runc and a registry).
 
 #![allow(clippy::unwrap_used)]
 
