@@ -13,6 +13,10 @@
 //!   loopback serves); an eci-profile selector adds `k8s.aliyun.com/plain-http-registry` for
 //!   it to the pods the playground sends to virtual nodes, since the registry speaks plain HTTP.
 //!
+//! - Each playground holds one of the machine's slots ([`Slot`]), which names mock-eci's prefix
+//!   and runtime directory: what a playground killed with -9 left is removed by the next one
+//!   started in its slot.
+//!
 //! [`RealRuntime::stop`] stops mock-eci (which removes every group, namespace, veth and its
 //! bridge), deletes the interface, and then looks for anything left with either name.
 
@@ -92,6 +96,66 @@ pub struct RealRuntime {
     registry: TestRegistry,
     mock: Process,
     runtime_dir: PathBuf,
+    /// Held until the run ends (dropped last).
+    _slot: Slot,
+}
+
+/// Where the locks of this machine's real-mode slots are (cleared at boot, as everything a
+/// killed run leaves is).
+const SLOTS_DIR: &str = "/run/virtual-node-eci-playground";
+/// Where each slot's mock-eci keeps its runtime (images, groups' state, runtime records).
+const RUNTIME_DIRS: &str = "/var/tmp/virtual-node-eci-playground";
+/// At most this many real-mode playgrounds run on a machine at once.
+const SLOTS: u32 = 32;
+
+/// One of the machine's real-mode slots, held by a live playground: an advisory lock on its
+/// file, which the kernel releases when the process ends, however it ends. The slot names
+/// mock-eci's prefix and runtime directory, so a playground killed with -9 leaves its containers,
+/// namespaces, interfaces, cgroups and mounts to the next playground in its slot: that one's
+/// mock-eci finds them by the same prefix and directory at start and removes them. The lowest
+/// free slot is taken, so one playground at a time always reuses the first.
+#[derive(Debug)]
+struct Slot {
+    _lock: std::fs::File,
+    index: u32,
+}
+
+impl Slot {
+    fn claim() -> Result<Self, RealModeError> {
+        let io = |what: String| {
+            move |e: std::io::Error| RealModeError::Prerequisite(format!("{what}: {e}"))
+        };
+        std::fs::create_dir_all(SLOTS_DIR).map_err(io(format!("a directory {SLOTS_DIR}")))?;
+        for index in 0..SLOTS {
+            let path = Path::new(SLOTS_DIR).join(format!("pg{index:02}.lock"));
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(io(format!("the lock file {}", path.display())))?;
+            match file.try_lock() {
+                Ok(()) => return Ok(Self { _lock: file, index }),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(io(format!("a lock on {}", path.display()))(e));
+                }
+            }
+        }
+        Err(RealModeError::Prerequisite(format!(
+            "a free slot ({SLOTS} real-mode playgrounds run on this machine already)"
+        )))
+    }
+
+    /// mock-eci's prefix (it owns the machine's objects whose names start with it): of one
+    /// width, so that no slot's prefix starts another's.
+    fn prefix(&self) -> String {
+        format!("pg{:02}", self.index)
+    }
+
+    fn runtime_dir(&self) -> PathBuf {
+        Path::new(RUNTIME_DIRS).join(self.prefix())
+    }
 }
 
 /// Whether this process runs as root (real mode creates interfaces and runs runc).
@@ -134,16 +198,16 @@ impl RealRuntime {
         let blocks =
             local_net::free_blocks(&local_net::route_destinations(&routes), 200, 254, start, 2)?;
         let (hosts, groups) = (blocks[0], blocks[1]);
+        let slot = Slot::claim()?;
         let network = LocalNetwork::create(local_net::link_name(std::process::id()), hosts).await?;
-        // mock-eci owns its prefix on the machine: a short random one of the playground's.
-        let prefix = format!("pg{}", &uuid::Uuid::new_v4().simple().to_string()[..4]);
+        let prefix = slot.prefix();
         let started = async {
             let registry = TestRegistry::start(None).await?;
             let busybox = images::busybox()?;
             for name in IMAGES {
                 images::push(&busybox, &format!("{}/{name}", registry.host()), None).await?;
             }
-            let runtime_dir = dir.join("mock-eci-runtime");
+            let runtime_dir = slot.runtime_dir();
             let mock = start_mock(dir, &runtime_dir, hosts, groups, &prefix).await?;
             Ok::<_, RealModeError>((registry, mock, runtime_dir))
         };
@@ -155,6 +219,7 @@ impl RealRuntime {
                 registry,
                 mock,
                 runtime_dir,
+                _slot: slot,
             }),
             Err(error) => {
                 let _ = network.remove().await;
@@ -363,5 +428,38 @@ async fn start_mock(
             )));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// mock-eci sweeps every object whose name starts with its prefix: no slot may sweep
+    /// another's.
+    #[test]
+    fn no_slot_s_prefix_starts_another_s() {
+        let prefixes: Vec<String> = (0..SLOTS)
+            .map(|index| Slot {
+                _lock: tempfile::tempfile().unwrap(),
+                index,
+            })
+            .map(|slot| slot.prefix())
+            .collect();
+        for (i, a) in prefixes.iter().enumerate() {
+            assert!(a.len() <= 6, "mock-eci takes 1-6 characters: {a}");
+            for (j, b) in prefixes.iter().enumerate() {
+                assert!(i == j || !a.starts_with(b.as_str()), "{a} starts with {b}");
+            }
+        }
+    }
+
+    /// Two live playgrounds never share a slot (the lock is per open file, so this holds in
+    /// one process too). Needs root (the locks are in /run), as real mode does.
+    #[test]
+    fn slots_held_at_once_differ() {
+        let first = Slot::claim().unwrap();
+        let second = Slot::claim().unwrap();
+        assert_ne!(first.index, second.index);
     }
 }
