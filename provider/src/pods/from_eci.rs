@@ -200,13 +200,69 @@ fn not_done<'a>(infos: impl Iterator<Item = (&'a str, bool)>) -> Vec<&'a str> {
 /// The condition types this daemon writes, as a kubelet does; every other condition on a pod
 /// (`DisruptionTarget`, readiness-gate conditions, …) belongs to someone else and is never
 /// written, so it survives our writes.
-pub const OWN_CONDITIONS: [&str; 5] = [
+pub const OWN_CONDITIONS: [&str; 6] = [
     "PodScheduled",
     INSTANCE_CREATED,
     "Initialized",
     "ContainersReady",
     "Ready",
+    RESIZE_PENDING,
 ];
+
+/// The kubelet's condition for a resize it has not carried out; shown only while one waits.
+pub const RESIZE_PENDING: &str = "PodResizePending";
+
+/// Containers whose spec asks for another CPU or memory than their ECI container runs with:
+/// an in-place resize (the pod's `resize` subresource), which ECI cannot carry out, since
+/// UpdateContainerGroup restarts the instance. Each as `name (what it runs → what it asks)`.
+/// Only what both sides state is compared (ECI shows 0 for a size it was not given).
+fn resizes(pod: &Pod, group: &ContainerGroupStatus) -> Vec<String> {
+    let differ = |asked: Option<f64>, runs: f64| {
+        asked.is_some_and(|asked| runs > 0.0 && (asked - runs).abs() > runs * 1e-3)
+    };
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    containers
+        .iter()
+        .filter_map(|container| {
+            let info = find(&group.containers, &container.name)?;
+            let asked = crate::pods::to_eci::size(container, "").ok()?;
+            (differ(asked.cpu, info.cpu) || differ(asked.memory, info.memory)).then(|| {
+                let show = |cpu: Option<f64>, memory: Option<f64>| {
+                    let part = |v: Option<f64>, unit: &str| {
+                        v.map_or_else(|| "-".to_owned(), |v| format!("{v} {unit}"))
+                    };
+                    format!("{}, {}", part(cpu, "vCPU"), part(memory, "GiB"))
+                };
+                format!(
+                    "{} ({} → {})",
+                    container.name,
+                    show(Some(info.cpu), Some(info.memory)),
+                    show(asked.cpu, asked.memory)
+                )
+            })
+        })
+        .collect()
+}
+
+/// [`RESIZE_PENDING`] with the kubelet's reason for a resize it cannot do (`Infeasible`), so
+/// a resizer (a person, the VerticalPodAutoscaler's in-place mode) falls back to recreating
+/// the pod; `None` when no resize waits.
+fn resize_pending(pod: &Pod, group: &ContainerGroupStatus) -> Option<Value> {
+    let waiting = resizes(pod, group);
+    (!waiting.is_empty()).then(|| {
+        json!({
+            "type": RESIZE_PENDING, "status": "True", "reason": "Infeasible",
+            "message": format!(
+                "ECI cannot resize a running container in place (UpdateContainerGroup restarts the instance); recreate the pod to resize it: {}",
+                waiting.join("; ")
+            ),
+        })
+    })
+}
 
 /// The pod condition saying whether the ECI instance was created (ack-virtual-node's name).
 pub const INSTANCE_CREATED: &str = "ContainerInstanceCreated";
@@ -434,7 +490,7 @@ fn conditions(
         )
     };
     let ready = ready(&containers_ready, gates(pod), previous);
-    vec![
+    let mut conditions = vec![
         condition("PodScheduled", true, "", ""),
         instance_created(group),
         condition(
@@ -445,7 +501,9 @@ fn conditions(
         ),
         containers_ready,
         ready,
-    ]
+    ];
+    conditions.extend(resize_pending(pod, group));
+    conditions
 }
 
 /// What the group itself shows on the pod: its address, its start, why it failed.
@@ -723,6 +781,46 @@ mod tests {
                 reason,
                 "{status}"
             );
+        }
+    }
+
+    /// A pod asking for another size than its container runs with waits `Infeasible`, naming
+    /// the container and both sizes; the condition goes once they agree again.
+    #[test]
+    fn a_resize_eci_cannot_carry_out_is_infeasible() {
+        let sized = |cpu: &str, memory: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "web-0", "namespace": "default"},
+                "spec": {"containers": [
+                    {"name": "app", "image": "nginx", "resources": {"limits": {"cpu": cpu, "memory": memory}}},
+                    {"name": "side", "image": "envoy"},
+                ]},
+            }))
+            .unwrap()
+        };
+        let mut app = info("app", "Running", true, None);
+        (app.cpu, app.memory) = (1.0, 2.0);
+        // `side` runs with 0.25 vCPU the pod never asked for: nothing to compare.
+        let mut side = info("side", "Running", true, None);
+        side.cpu = 0.25;
+        let group = mk_group("Running", vec![app, side]);
+        let pending = |pod: &Pod| {
+            pod_status(pod, &group, at(0))["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == RESIZE_PENDING)
+                .cloned()
+        };
+        assert_eq!(pending(&sized("1", "2Gi")), None);
+        assert_eq!(pending(&sized("1000m", "2048Mi")), None);
+        for (cpu, memory) in [("2", "2Gi"), ("1", "3Gi")] {
+            let shown = pending(&sized(cpu, memory)).expect("a resize waits");
+            assert_eq!(shown["status"], "True");
+            assert_eq!(shown["reason"], "Infeasible");
+            let message = shown["message"].as_str().unwrap();
+            assert!(message.contains("app (1 vCPU, 2 GiB → "), "{message}");
+            assert!(!message.contains("side"), "{message}");
         }
     }
 
@@ -1302,7 +1400,8 @@ mod tests {
                 .iter()
                 .map(|c| c["type"].as_str().unwrap())
                 .collect();
-            assert_eq!(types, OWN_CONDITIONS, "{row}");
+            // (No resize waits here: the last of ours is absent.)
+            assert_eq!(types, OWN_CONDITIONS[..5], "{row}");
             for c in status["conditions"].as_array().unwrap() {
                 assert_eq!(c["observedGeneration"], 3, "{row}: {c}");
             }

@@ -13,6 +13,7 @@ mod volumes;
 
 pub use vne_core::service_env;
 
+pub(crate) use container::size;
 pub(crate) use volumes::{downward_metadata, has_token};
 
 use std::collections::BTreeMap;
