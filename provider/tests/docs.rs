@@ -131,3 +131,158 @@ fn every_flag_has_an_environment_variable_and_a_meaning() {
         );
     }
 }
+
+/// docs/conformance.md's result tables are generated from the suites' records,
+/// docs/conformance/<suite>.tsv (`test`, `result`, `seconds`, `reason`), which
+/// `integration/upstream/conformance-merge.py` updates from a run's `summary.tsv`.
+mod conformance {
+    use std::fmt::Write as _;
+    use std::path::{Path, PathBuf};
+
+    const PAGE: &str = "docs/conformance.md";
+    const SUITES: [&str; 2] = ["virtual-kubelet", "kubernetes"];
+    const RESULTS: [&str; 3] = ["pass", "fail", "refused-by-design"];
+
+    struct Row {
+        test: String,
+        result: String,
+        seconds: String,
+        reason: String,
+    }
+
+    fn root() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    }
+
+    fn record(suite: &str) -> Vec<Row> {
+        let path = root().join(format!("docs/conformance/{suite}.tsv"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        text.lines()
+            .skip(1)
+            .filter(|line| !line.is_empty())
+            .map(|line| {
+                let cells: Vec<&str> = line.split('\t').collect();
+                assert_eq!(cells.len(), 4, "{}: four cells in {line:?}", path.display());
+                Row {
+                    test: cells[0].to_owned(),
+                    result: cells[1].to_owned(),
+                    seconds: cells[2].to_owned(),
+                    reason: cells[3].to_owned(),
+                }
+            })
+            .collect()
+    }
+
+    fn begin(suite: &str) -> String {
+        format!(
+            "<!-- BEGIN {suite}: generated from docs/conformance/{suite}.tsv, do not edit; \
+             UPDATE_GENERATED=1 cargo test -p virtual-node-eci --test docs -->"
+        )
+    }
+
+    fn end(suite: &str) -> String {
+        format!("<!-- END {suite} -->")
+    }
+
+    /// The counts line and the table of `rows`.
+    fn table(suite: &str, rows: &[Row]) -> String {
+        let counts: Vec<String> = RESULTS
+            .iter()
+            .map(|result| (result, rows.iter().filter(|r| r.result == *result).count()))
+            .filter(|(_, count)| *count > 0)
+            .map(|(result, count)| format!("{count} {result}"))
+            .collect();
+        let timed = rows.iter().any(|r| !r.seconds.is_empty());
+        let mut text = format!(
+            "{}\n\n**{} tests recorded: {}.**\n\n",
+            begin(suite),
+            rows.len(),
+            counts.join(", ")
+        );
+        text.push_str(if timed {
+            "| test | result | seconds | reason |\n| --- | --- | --- | --- |\n"
+        } else {
+            "| test | result | reason |\n| --- | --- | --- |\n"
+        });
+        for row in rows {
+            let test = if row.test.contains(' ') {
+                super::cell(&row.test)
+            } else {
+                format!("`{}`", row.test)
+            };
+            let seconds = if timed {
+                format!(" {} |", row.seconds)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                text,
+                "| {test} | {} |{seconds} {} |",
+                row.result,
+                super::cell(&row.reason)
+            );
+        }
+        text.push('\n');
+        text.push_str(&end(suite));
+        text
+    }
+
+    /// The page with each suite's block replaced by what its record gives.
+    fn render(page: &str) -> String {
+        let mut page = page.to_owned();
+        for suite in SUITES {
+            let (begin, end) = (begin(suite), end(suite));
+            let start = page
+                .find(&begin)
+                .unwrap_or_else(|| panic!("{PAGE} has {begin}"));
+            let stop = page[start..]
+                .find(&end)
+                .unwrap_or_else(|| panic!("{PAGE} has {end}"))
+                + start
+                + end.len();
+            page.replace_range(start..stop, &table(suite, &record(suite)));
+        }
+        page
+    }
+
+    #[test]
+    fn the_conformance_tables_are_generated_from_the_suites_records() {
+        let path = root().join(PAGE);
+        let actual = std::fs::read_to_string(&path).unwrap();
+        let expected = render(&actual);
+        if std::env::var_os("UPDATE_GENERATED").is_some() {
+            std::fs::write(&path, &expected).unwrap();
+        }
+        assert!(
+            actual == expected,
+            "{PAGE} is out of date with docs/conformance/*.tsv; regenerate it with \
+             UPDATE_GENERATED=1 cargo test -p virtual-node-eci --test docs"
+        );
+    }
+
+    /// Every result is one of three, and every one that is not a pass says why.
+    #[test]
+    fn every_recorded_result_that_is_not_a_pass_has_a_reason() {
+        for suite in SUITES {
+            let rows = record(suite);
+            let mut tests: Vec<&str> = rows.iter().map(|r| r.test.as_str()).collect();
+            tests.sort_unstable();
+            tests.dedup();
+            assert_eq!(tests.len(), rows.len(), "{suite}: a test recorded twice");
+            for row in &rows {
+                assert!(
+                    RESULTS.contains(&row.result.as_str()),
+                    "{suite}: {:?} of {}",
+                    row.result,
+                    row.test
+                );
+                assert!(
+                    row.result == "pass" || !row.reason.trim().is_empty(),
+                    "{suite}: {} is {} without a reason",
+                    row.test,
+                    row.result
+                );
+            }
+        }
+    }
+}
