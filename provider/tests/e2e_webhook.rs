@@ -489,6 +489,30 @@ async fn wait_log(
     .await
 }
 
+/// The admission reviews replica `ordinal` answered so far (every result), by its `/metrics`
+/// on the read-only port (`METRICS_ADDR` set); 0 until it answers.
+async fn admission_reviews(h: &Harness, w: &Webhook, ordinal: i32) -> f64 {
+    let log = w.log(h, ordinal);
+    let Some(address) = log
+        .lines()
+        .filter(|l| l.contains("serving /healthz"))
+        .find_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("address="))
+        })
+    else {
+        return 0.0;
+    };
+    let text = h
+        .daemon_metrics(&format!("http://{address}"))
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("virtual_node_eci_admission_reviews_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Events about pod `namespace/name` with `reason`.
 async fn events(h: &Harness, namespace: &str, name: &str, reason: &str) -> usize {
     Api::<Event>::namespaced(h.client(), namespace)
@@ -506,7 +530,8 @@ async fn events(h: &Harness, namespace: &str, name: &str, reason: &str) -> usize
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn labelled_namespaces_go_to_virtual_nodes_and_fair_effects_land_before_the_group() {
-    with_webhook(1, async |h, w| {
+    // The read-only port's /metrics counts the reviews (see `admission_reviews`).
+    with_webhook_env(1, &[("METRICS_ADDR", "127.0.0.1:0")], async |h, w| {
         let mock = h.mock_eci().unwrap();
         let node = w.pod(0);
 
@@ -539,12 +564,20 @@ async fn labelled_namespaces_go_to_virtual_nodes_and_fair_effects_land_before_th
         // An update replacing the tolerations (kubectl apply or replace of the manifest)
         // passes and keeps the virtual-node toleration: the API server refuses an update that
         // removes one, so the webhook puts it back.
+        // An ordinary update (a label) is not sent to the webhook at all: its registration's
+        // match condition passes only updates that leave out a virtual-node toleration.
+        let reviews_before = admission_reviews(h, w, 0).await;
+        assert!(reviews_before > 0.0, "/metrics counts the reviews (the pod's create was one)");
+        pods.patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})))
+            .await?;
+        assert_eq!(admission_reviews(h, w, 0).await, reviews_before, "a label update reached the webhook");
         let mut current = pods.get("web").await?;
         current.spec.as_mut().unwrap().tolerations = Some(vec![
             serde_json::from_value(json!({"key": "team", "operator": "Exists", "effect": "NoSchedule"})).unwrap(),
         ]);
         let replaced = view(&pods.replace("web", &PostParams::default(), &current).await?);
         assert_eq!(vnode_tolerations(&replaced), 1, "{replaced}");
+        assert!(admission_reviews(h, w, 0).await > reviews_before, "the replace was not reviewed");
         assert!(
             replaced["spec"]["tolerations"].as_array().unwrap().iter().any(|t| t["key"] == "team"),
             "{replaced}"

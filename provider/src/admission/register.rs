@@ -24,6 +24,8 @@ pub struct Registration {
     pub timeout_seconds: i32,
     /// Namespaces never sent to the webhook.
     pub skip_namespaces: Vec<String>,
+    /// The virtual nodes' taint key: a pod update is sent only when it drops a toleration of it.
+    pub taint_key: String,
 }
 
 /// The label that keeps the daemon's own pods away from its webhook.
@@ -64,6 +66,7 @@ pub fn desired(
             {"operations": ["CREATE", "UPDATE"], "apiGroups": ["scheduling.alibabacloud.com"], "apiVersions": ["v1alpha1"], "resources": ["resourcepolicies"], "scope": "Namespaced"},
         ],
         "objectSelector": {"matchExpressions": [{"key": SELF_LABEL.0, "operator": "NotIn", "values": [SELF_LABEL.1]}]},
+        "matchConditions": [{"name": "pod-updates-dropping-a-vnode-toleration", "expression": update_condition(&registration.taint_key)}],
     });
     if !registration.skip_namespaces.is_empty() {
         webhook["namespaceSelector"] = json!({"matchExpressions": [{
@@ -71,6 +74,22 @@ pub fn desired(
         }]});
     }
     json!([webhook])
+}
+
+/// The CEL condition that keeps ordinary pod updates (labels, annotations, the scheduler
+/// extender's marks, image changes) away from the webhook: of the pod UPDATEs, only those that
+/// leave out a toleration of `taint_key` the pod had are sent — the only ones the review changes
+/// ([`super::review`]). Every other request the rules match is sent. A condition that fails to
+/// evaluate falls to the failure policy (`Ignore`), as an unreachable webhook does.
+fn update_condition(taint_key: &str) -> String {
+    // A JSON string literal is a CEL string literal for a label key's characters.
+    let key = Value::String(taint_key.to_owned());
+    format!(
+        "request.resource.resource != 'pods' || request.operation != 'UPDATE' || \
+         (has(oldObject.spec.tolerations) && oldObject.spec.tolerations.exists(t, \
+         has(t.key) && t.key == {key} && \
+         !(has(object.spec.tolerations) && object.spec.tolerations.exists(u, u == t))))"
+    )
 }
 
 /// Creates or corrects the configuration; true when it wrote.
@@ -135,6 +154,7 @@ mod tests {
             path: "/mutate-pods".into(),
             timeout_seconds: 5,
             skip_namespaces: skip.iter().map(|s| (*s).to_owned()).collect(),
+            taint_key: "k8s.aliyun.com/vnode".into(),
         }
     }
 
@@ -148,6 +168,11 @@ mod tests {
         assert_eq!(hook["admissionReviewVersions"], json!(["v1"]));
         assert_eq!(hook["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
         assert_eq!(hook["rules"][0]["resources"], json!(["pods"]));
+        let condition = hook["matchConditions"][0]["expression"].as_str().unwrap();
+        assert!(
+            condition.contains(r#"t.key == "k8s.aliyun.com/vnode""#),
+            "{condition}"
+        );
         assert_eq!(
             hook["namespaceSelector"]["matchExpressions"][0]["values"],
             json!(["kube-system"])

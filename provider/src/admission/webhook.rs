@@ -300,6 +300,7 @@ fn registration(config: &AdmissionConfig) -> Registration {
             .filter(|n| !n.is_empty())
             .cloned()
             .collect(),
+        taint_key: config.taint_key.clone(),
     }
 }
 
