@@ -557,6 +557,16 @@ async fn the_scheduler_extender_refuses_a_tenant() {
             .await
             .is_ok();
 
+        // Where the real pod went and who placed it: a failure says which step fell through
+        // (the scheduler binding it itself after an extender timeout; admission-time placement
+        // after the placement Lease lapsed; a unit refused as full).
+        let real_now = pods.get_opt("real").await.ok().flatten();
+        let real_seen = real_now.as_ref().map(|pod| {
+            json!({
+                "node": pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                "annotations": pod.metadata.annotations,
+            })
+        });
         let refused = statuses_ok && still_pending && placed;
         let details: Vec<Value> = answers
             .iter()
@@ -568,11 +578,14 @@ async fn the_scheduler_extender_refuses_a_tenant() {
             "scheduler extender",
             refused,
             "the extender answers a tenant's /bind and /filter with 401 without credentials and 403 with their token, a declared 100 MiB body with 413; nothing is bound or reserved",
-            &json!({"calls": details, "victim_pod_unbound": still_pending, "real_pod_placed": placed}),
+            &json!({"calls": details, "victim_pod_unbound": still_pending, "real_pod_placed": placed, "real_pod": real_seen}),
         );
         assert!(statuses_ok, "the extender's answers: {answers:?}");
         assert!(still_pending, "the victim's pod was not bound");
-        assert!(placed, "the unit's place was not taken by a forged filter");
+        assert!(
+            placed,
+            "the real pod was placed by the extender on {node} (the unit's place was not taken by a forged filter): {real_seen:?}"
+        );
         Ok(())
     })
     .await;
