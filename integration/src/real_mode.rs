@@ -134,11 +134,11 @@ impl Slot {
                 .write(true)
                 .open(&path)
                 .map_err(io(format!("the lock file {}", path.display())))?;
-            match file.try_lock() {
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => return Ok(Self { _lock: file, index }),
-                Err(std::fs::TryLockError::WouldBlock) => {}
-                Err(std::fs::TryLockError::Error(e)) => {
-                    return Err(io(format!("a lock on {}", path.display()))(e));
+                Err(rustix::io::Errno::WOULDBLOCK) => {}
+                Err(errno) => {
+                    return Err(io(format!("a lock on {}", path.display()))(errno.into()));
                 }
             }
         }
