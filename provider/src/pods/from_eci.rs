@@ -156,24 +156,47 @@ fn initialized(sidecar: bool, status: &Value) -> bool {
     }
 }
 
-/// While an init container is not done with, the containers after it have not been created
-/// yet: the kubelet shows each one that never ran waiting with reason `PodInitializing` (its
-/// default state in a pod with init containers), whatever placeholder ECI reports for them.
+/// The first init container not done with (see [`initialized`]), if any.
+fn initializing(
+    init_specs: &[k8s_openapi::api::core::v1::Container],
+    init: &[Value],
+) -> Option<usize> {
+    init_specs
+        .iter()
+        .zip(init)
+        .position(|(spec, status)| !initialized(sidecars::is_sidecar(spec), status))
+}
+
+/// What the kubelet shows of init containers that ECI does not: a regular init container that
+/// succeeded is `ready`; in a pod with init containers, a container not created yet waits with
+/// reason `PodInitializing` (the kubelet's default state there), whatever placeholder ECI
+/// reports — each one after an init container not done with, and any other that never ran and
+/// shows only ECI's `ContainerCreating`.
 fn show_initializing(
     init_specs: &[k8s_openapi::api::core::v1::Container],
     init: &mut [Value],
     main: &mut [Value],
 ) {
-    let Some(current) = init_specs
-        .iter()
-        .zip(init.iter())
-        .position(|(spec, status)| !initialized(sidecars::is_sidecar(spec), status))
-    else {
+    if init_specs.is_empty() {
         return;
-    };
-    for status in init.iter_mut().skip(current + 1).chain(main.iter_mut()) {
+    }
+    for (spec, status) in init_specs.iter().zip(init.iter_mut()) {
+        if !sidecars::is_sidecar(spec) {
+            status["ready"] = json!(initialized(false, status));
+        }
+    }
+    let current = initializing(init_specs, init);
+    let after_current = init
+        .iter_mut()
+        .enumerate()
+        .map(|(index, status)| (current.is_some_and(|c| index > c), status))
+        .chain(main.iter_mut().map(|status| (current.is_some(), status)));
+    for (after, status) in after_current {
         let never_ran = status["restartCount"] == 0 && status["lastState"] == json!({});
-        if never_ran && status["state"].get("waiting").is_some() {
+        let not_created = status["state"]
+            .get("waiting")
+            .is_some_and(|waiting| after || waiting["reason"] == "ContainerCreating");
+        if never_ran && not_created {
             status["state"] = json!({"waiting": {"reason": "PodInitializing"}});
         }
     }
@@ -423,6 +446,13 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
         find(&group.containers, &c.name)
     });
     show_initializing(init_specs, &mut init, &mut main);
+    // As the kubelet: a pod is Pending until its init containers are done with, even while
+    // its ECI instance runs them.
+    let phase = if phase == "Running" && initializing(init_specs, &init).is_some() {
+        "Pending".to_owned()
+    } else {
+        phase
+    };
     let previous = current.conditions.unwrap_or_default();
     let mut conditions = conditions(pod, group, &phase, (&init, &main), &previous);
     let generation = pod.metadata.generation;
@@ -988,15 +1018,16 @@ mod tests {
                 (None, None, false),
                 (initializing.clone(), initializing.clone()),
             ),
-            // It succeeded: the second one is ECI's to report, the app still waits for it.
+            // It succeeded: the second one, not created yet, shows the kubelet's default in a
+            // pod with init containers, not ECI's placeholder; the app still waits.
             (
                 (Some(0), None, false),
-                (creating.clone(), initializing.clone()),
+                (initializing.clone(), initializing.clone()),
             ),
-            // Both succeeded: the app's state is ECI's.
-            ((Some(0), Some(0), false), (None, creating.clone())),
+            // Both succeeded: the app, not created yet, still shows that default.
+            ((Some(0), Some(0), false), (None, initializing.clone())),
             // A container that ran before keeps the state ECI reports.
-            ((Some(1), None, true), (initializing, creating.clone())),
+            ((Some(1), None, true), (initializing.clone(), creating.clone())),
         ];
         for ((init1, init2, restarted), expected) in table {
             let mut group = mk_group("Pending", vec![waiting("run1")]);
@@ -1019,6 +1050,20 @@ mod tests {
                 "{init1:?} {init2:?} {restarted}"
             );
         }
+        // The first init container not created yet: the same default.
+        let mut group = mk_group("Pending", vec![waiting("run1")]);
+        group.init_containers = vec![waiting("init1"), waiting("init2")];
+        let status = pod_status(&pod, &group, at(0));
+        assert_eq!(reason(&status, "initContainerStatuses", 0), initializing);
+        // An ECI reason that is not the placeholder stays (an image that cannot be pulled).
+        let mut pulling = waiting("init1");
+        pulling.current_state.as_mut().unwrap().reason = "ErrImagePull".into();
+        group.init_containers = vec![pulling, waiting("init2")];
+        let status = pod_status(&pod, &group, at(0));
+        assert_eq!(
+            reason(&status, "initContainerStatuses", 0).as_deref(),
+            Some("ErrImagePull")
+        );
         let plain = pod_status(
             &mk_pod(false),
             &mk_group("Pending", vec![waiting("app")]),
@@ -1029,6 +1074,24 @@ mod tests {
             creating,
             "no init containers: ECI's reason"
         );
+    }
+
+    /// As the kubelet: a regular init container that succeeded is ready, and the pod is Pending
+    /// while its ECI instance runs an init container, Running once they are done.
+    #[test]
+    fn succeeded_init_containers_are_ready_and_the_pod_pends_until_they_are_done() {
+        let mut group = mk_group("Running", vec![info("app", "Running", true, None)]);
+        group.init_containers = vec![info("migrate", "Running", false, None)];
+        let status = pod_status(&mk_pod(true), &group, at(0));
+        assert_eq!(status["phase"], "Pending");
+        assert_eq!(status["initContainerStatuses"][0]["ready"], false);
+        group.init_containers = vec![info("migrate", "Terminated", false, Some(0))];
+        let status = pod_status(&mk_pod(true), &group, at(0));
+        assert_eq!(status["phase"], "Running");
+        assert_eq!(status["initContainerStatuses"][0]["ready"], true);
+        group.init_containers = vec![info("migrate", "Terminated", false, Some(1))];
+        let status = pod_status(&mk_pod(true), &group, at(0));
+        assert_eq!(status["initContainerStatuses"][0]["ready"], false);
     }
 
     #[test]
