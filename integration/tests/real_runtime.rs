@@ -235,6 +235,26 @@ impl RealMock {
             .next()
     }
 
+    async fn delete(&mut self, id: &str) {
+        self.client
+            .delete_container_group(DeleteContainerGroupRequest {
+                region_id: REGION.into(),
+                container_group_id: id.to_owned(),
+                ..DeleteContainerGroupRequest::default()
+            })
+            .await
+            .expect("delete succeeds");
+    }
+
+    /// Waits until the group is no longer listed (90 s at most).
+    async fn wait_gone(&mut self, id: &str) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while self.describe(id).await.is_some() {
+            assert!(Instant::now() < deadline, "{id} is still listed after 90 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Waits until the group satisfies `check`, describing it every 200 ms.
     async fn wait_group(
         &mut self,
@@ -695,20 +715,8 @@ async fn deleting_a_running_group_leaves_nothing_behind() {
     assert!(!running.mounts.is_empty(), "{running:#?}");
 
     let started = Instant::now();
-    mock.client
-        .delete_container_group(DeleteContainerGroupRequest {
-            region_id: REGION.into(),
-            container_group_id: id.clone(),
-            ..DeleteContainerGroupRequest::default()
-        })
-        .await
-        .expect("delete succeeds");
-    let mut attempts = 0;
-    while mock.describe(&id).await.is_some() {
-        attempts += 1;
-        assert!(attempts < 450, "the group is still listed after 90 s");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    mock.delete(&id).await;
+    mock.wait_gone(&id).await;
     let gone_after = started.elapsed();
     assert!(
         gone_after >= Duration::from_secs(2),
@@ -1019,22 +1027,8 @@ async fn a_disk_outlives_its_group_and_a_read_only_nas_path_refuses_writes() {
         mock.log(&first, "main", false).await.trim(),
         "frozen-read-only"
     );
-    mock.client
-        .delete_container_group(DeleteContainerGroupRequest {
-            region_id: REGION.into(),
-            container_group_id: first.clone(),
-            ..DeleteContainerGroupRequest::default()
-        })
-        .await
-        .expect("delete succeeds");
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while mock.describe(&first).await.is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "{first} is still listed after 90 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    mock.delete(&first).await;
+    mock.wait_gone(&first).await;
     let reader = group(&mock, "rrv-reader", "cat /data/file /shared/file");
     let second = mock.create(reader).await;
     mock.wait_group("the reader to finish", &second, |g| g.status == "Succeeded")
@@ -1378,21 +1372,10 @@ async fn nothing_leaks_from_a_crash_loop_or_from_mock_eci_killed_with_sigkill_an
             mock.describe(id).await.is_some(),
             "{id} is kept in the state file"
         );
-        mock.client
-            .delete_container_group(DeleteContainerGroupRequest {
-                region_id: REGION.into(),
-                container_group_id: id.clone(),
-                ..DeleteContainerGroupRequest::default()
-            })
-            .await
-            .expect("delete succeeds");
+        mock.delete(id).await;
     }
     for id in [&crashing, &sleeping] {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while mock.describe(id).await.is_some() {
-            assert!(Instant::now() < deadline, "{id} is still listed after 90 s");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        mock.wait_gone(id).await;
     }
     let mut residue = mock.residue();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -1522,14 +1505,7 @@ async fn a_pre_stop_hook_runs_before_the_container_is_stopped_on_deletion() {
         "not before the deletion"
     );
 
-    mock.client
-        .delete_container_group(DeleteContainerGroupRequest {
-            region_id: REGION.into(),
-            container_group_id: id.clone(),
-            ..DeleteContainerGroupRequest::default()
-        })
-        .await
-        .expect("delete succeeds");
+    mock.delete(&id).await;
     let id_ref = &id;
     let mock_ref = &mut mock;
     let mut seen = false;

@@ -1512,8 +1512,9 @@ BASE_KEYS = {
 }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def front_arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments every driver of mock-eci's OpenAPI front takes (real.py's too)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--endpoint", required=True, help="host:port of mock-eci's OpenAPI front")
     parser.add_argument("--ca", required=True, help="PEM file of the CA that signed its certificate")
     parser.add_argument("--access-key-id", required=True)
@@ -1521,19 +1522,27 @@ def main() -> int:
     parser.add_argument("--region", default="cn-hangzhou")
     parser.add_argument("--zone", default="cn-hangzhou-k")
     parser.add_argument("--names", required=True, help="proto/sdk/names.tsv")
-    parser.add_argument(
-        "--diagnose-upper-format",
-        action="store_true",
-        help="diagnosis only: send Format=JSON instead of the SDK's json, to see what lies beyond",
-    )
-    args = parser.parse_args()
-    run = Run(args)
+    return parser
+
+
+def run_and_report(run) -> int:
+    """Runs the checks, prints one row each; 1 when any failed."""
     try:
         run.run()
     except Exception:  # noqa: BLE001 - a bug here is reported, with the results so far
         run.results.fail("*", "driver crashed", traceback.format_exc().replace("\n", " | "))
     run.results.print()
     return 1 if run.results.failures() else 0
+
+
+def main() -> int:
+    parser = front_arguments(__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--diagnose-upper-format",
+        action="store_true",
+        help="diagnosis only: send Format=JSON instead of the SDK's json, to see what lies beyond",
+    )
+    return run_and_report(Run(parser.parse_args()))
 
 
 if __name__ == "__main__":

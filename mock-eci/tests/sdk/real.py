@@ -15,12 +15,10 @@ Prints one row per check and exits 1 when any check failed, 2 when the SDK is mi
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,7 +28,9 @@ from conformance import (  # noqa: E402 - after the path the module is found on
     b64,
     base_request,
     describe_error,
+    front_arguments,
     m,
+    run_and_report,
 )
 
 HOST_NAME = "sdk-real-0"
@@ -248,26 +248,13 @@ class RealRun(Run):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--endpoint", required=True, help="host:port of mock-eci's OpenAPI front")
-    parser.add_argument("--ca", required=True, help="PEM file of the CA that signed its certificate")
-    parser.add_argument("--access-key-id", required=True)
-    parser.add_argument("--access-key-secret", required=True)
-    parser.add_argument("--region", default="cn-hangzhou")
-    parser.add_argument("--zone", default="cn-hangzhou-k")
-    parser.add_argument("--names", required=True, help="proto/sdk/names.tsv")
+    parser = front_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--image", required=True, help="the busybox image in the run's registry")
     parser.add_argument("--plain-http-registry", required=True, help="that registry's host:port")
     parser.add_argument("--network", required=True, help="mock-eci's --runtime-network")
     args = parser.parse_args()
     args.diagnose_upper_format = False
-    run = RealRun(args)
-    try:
-        run.run()
-    except Exception:  # noqa: BLE001 - a bug here is reported, with the results so far
-        run.results.fail("*", "driver crashed", traceback.format_exc().replace("\n", " | "))
-    run.results.print()
-    return 1 if run.results.failures() else 0
+    return run_and_report(RealRun(args))
 
 
 if __name__ == "__main__":

@@ -1027,7 +1027,10 @@ mod tests {
             // Both succeeded: the app, not created yet, still shows that default.
             ((Some(0), Some(0), false), (None, initializing.clone())),
             // A container that ran before keeps the state ECI reports.
-            ((Some(1), None, true), (initializing.clone(), creating.clone())),
+            (
+                (Some(1), None, true),
+                (initializing.clone(), creating.clone()),
+            ),
         ];
         for ((init1, init2, restarted), expected) in table {
             let mut group = mk_group("Pending", vec![waiting("run1")]);
