@@ -487,23 +487,24 @@ def f_empty_dir(r):
     )
 
 
-def f_config_file(r):
-    add_volume(
-        r,
-        m.CreateContainerGroupRequestVolume(
-            name="config",
-            type="ConfigFileVolume",
-            config_file_volume=m.CreateContainerGroupRequestVolumeConfigFileVolume(
-                config_file_to_path=[
-                    m.CreateContainerGroupRequestVolumeConfigFileVolumeConfigFileToPath(
-                        path="app.conf", content=b64("mode=conformance\n"), mode=0o640
-                    )
-                ],
-                default_mode=0o644,
-            ),
+def config_volume(text: str, default_mode=None):
+    """A ConfigFileVolume `config` holding `app.conf` (mode 0640) with `text`."""
+    return m.CreateContainerGroupRequestVolume(
+        name="config",
+        type="ConfigFileVolume",
+        config_file_volume=m.CreateContainerGroupRequestVolumeConfigFileVolume(
+            config_file_to_path=[
+                m.CreateContainerGroupRequestVolumeConfigFileVolumeConfigFileToPath(
+                    path="app.conf", content=b64(text), mode=0o640
+                )
+            ],
+            default_mode=default_mode,
         ),
-        "/etc/app",
     )
+
+
+def f_config_file(r):
+    add_volume(r, config_volume("mode=conformance\n", default_mode=0o644), "/etc/app")
 
 
 def f_read_only_mount(r):

@@ -27,6 +27,7 @@ from conformance import (  # noqa: E402 - after the path the module is found on
     app,
     b64,
     base_request,
+    config_volume,
     describe_error,
     front_arguments,
     m,
@@ -60,17 +61,7 @@ def real_request(args, run_id: str) -> m.CreateContainerGroupRequest:
         ),
     ]
     request.volume = [
-        m.CreateContainerGroupRequestVolume(
-            name="config",
-            type="ConfigFileVolume",
-            config_file_volume=m.CreateContainerGroupRequestVolumeConfigFileVolume(
-                config_file_to_path=[
-                    m.CreateContainerGroupRequestVolumeConfigFileVolumeConfigFileToPath(
-                        path="app.conf", content=b64("mode=real\n"), mode=0o640
-                    )
-                ],
-            ),
-        ),
+        config_volume("mode=real\n"),
         m.CreateContainerGroupRequestVolume(
             name="work", type="EmptyDirVolume", empty_dir_volume=m.CreateContainerGroupRequestVolumeEmptyDirVolume()
         ),

@@ -171,14 +171,14 @@ fn initializing(
 /// succeeded is `ready`; in a pod with init containers, a container not created yet waits with
 /// reason `PodInitializing` (the kubelet's default state there), whatever placeholder ECI
 /// reports — each one after an init container not done with, and any other that never ran and
-/// shows only ECI's `ContainerCreating`.
+/// shows only ECI's `ContainerCreating`. Returns the first init container not done with.
 fn show_initializing(
     init_specs: &[k8s_openapi::api::core::v1::Container],
     init: &mut [Value],
     main: &mut [Value],
-) {
+) -> Option<usize> {
     if init_specs.is_empty() {
-        return;
+        return None;
     }
     for (spec, status) in init_specs.iter().zip(init.iter_mut()) {
         if !sidecars::is_sidecar(spec) {
@@ -200,6 +200,7 @@ fn show_initializing(
             status["state"] = json!({"waiting": {"reason": "PodInitializing"}});
         }
     }
+    current
 }
 
 fn condition(kind: &str, ok: bool, reason: &str, message: &str) -> Value {
@@ -254,21 +255,22 @@ fn resizes(pod: &Pod, group: &ContainerGroupStatus) -> Vec<String> {
             let info = find(&group.containers, &container.name)?;
             let asked = crate::pods::to_eci::size(container, "").ok()?;
             (differ(asked.cpu, info.cpu) || differ(asked.memory, info.memory)).then(|| {
-                let show = |cpu: Option<f64>, memory: Option<f64>| {
-                    let part = |v: Option<f64>, unit: &str| {
-                        v.map_or_else(|| "-".to_owned(), |v| format!("{v} {unit}"))
-                    };
-                    format!("{}, {}", part(cpu, "vCPU"), part(memory, "GiB"))
-                };
                 format!(
                     "{} ({} → {})",
                     container.name,
-                    show(Some(info.cpu), Some(info.memory)),
-                    show(asked.cpu, asked.memory)
+                    size_text(Some(info.cpu), Some(info.memory)),
+                    size_text(asked.cpu, asked.memory)
                 )
             })
         })
         .collect()
+}
+
+/// `1 vCPU, 2 GiB`; `-` for a part not given.
+fn size_text(cpu: Option<f64>, memory: Option<f64>) -> String {
+    let part =
+        |v: Option<f64>, unit: &str| v.map_or_else(|| "-".to_owned(), |v| format!("{v} {unit}"));
+    format!("{}, {}", part(cpu, "vCPU"), part(memory, "GiB"))
 }
 
 /// [`RESIZE_PENDING`] with the kubelet's reason for a resize it cannot do (`Infeasible`), so
@@ -445,10 +447,10 @@ pub fn pod_status(pod: &Pod, group: &ContainerGroupStatus, now: SystemTime) -> V
     let mut main = container_statuses(group_id, &spec.containers, |c| {
         find(&group.containers, &c.name)
     });
-    show_initializing(init_specs, &mut init, &mut main);
+    let initializing = show_initializing(init_specs, &mut init, &mut main);
     // As the kubelet: a pod is Pending until its init containers are done with, even while
     // its ECI instance runs them.
-    let phase = if phase == "Running" && initializing(init_specs, &init).is_some() {
+    let phase = if phase == "Running" && initializing.is_some() {
         "Pending".to_owned()
     } else {
         phase
