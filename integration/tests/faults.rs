@@ -699,11 +699,17 @@ const SCALE_IN: &str = "SIGTERM scale-in in the middle of a burst: a 300-replica
 
 async fn sigterm_scale_in(h: &mut Harness, report: &mut Report) -> Result<(), HarnessError> {
     const REPLICAS: usize = 300;
+    // The drain's deadline is the product's default here, not the suite's short one: on a
+    // loaded two-core machine evicting and removing ~150 pods can take past two minutes, and
+    // what this case judges is that the drain completes, not how fast.
     let scene = Scene::start(
         h,
         "scale-in",
         &[],
-        &[("DRAIN_EVICT_UNMANAGED_PODS", "true")],
+        &[
+            ("DRAIN_EVICT_UNMANAGED_PODS", "true"),
+            ("DRAIN_TIMEOUT", "5m"),
+        ],
     )
     .await?;
     let ns = scene.ns.clone();
@@ -737,7 +743,7 @@ async fn sigterm_scale_in(h: &mut Harness, report: &mut Report) -> Result<(), Ha
     let status = h
         .process(&leaving)
         .unwrap()
-        .wait_exit(Duration::from_secs(200))
+        .wait_exit(Duration::from_secs(360))
         .await;
     let drained_in = stopping.elapsed();
     let mut expect = scene.expect(h, REPLICAS, false);
