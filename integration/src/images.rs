@@ -1,8 +1,8 @@
 //! Test images the project builds offline, without pulling anything from a public registry:
-//! busybox from Debian's `busybox-static` (its `/bin/busybox` and one symlink per applet), as an
-//! OCI image (a gzip layer, a config, a manifest) that [`push`] sends to a registry such as
-//! [`crate::registry::TestRegistry`]. The image tests use it, and the playground can too.
-//! (pause and agnhost are later work.)
+//! busybox from Debian's `busybox-static` (its `/bin/busybox` and one symlink per applet), or from
+//! another static busybox binary, as an OCI image (a gzip layer, a config, a manifest) that
+//! [`push`] sends to a registry such as [`crate::registry::TestRegistry`]. The image tests use
+//! it; the playground builds its images, Kubernetes' end-to-end ones included, from these parts.
 
 use std::path::Path;
 
@@ -108,27 +108,38 @@ impl BuiltImage {
 /// busybox: Debian's static `/bin/busybox`, a symlink to it for each applet it lists, `/tmp`,
 /// and an `/etc/passwd` and `/etc/group` naming root and nobody; `Cmd` `sh`, `PATH` set.
 pub fn busybox() -> Result<BuiltImage, ImageError> {
-    let run = RunConfig {
-        cmd: Some(vec!["sh".to_owned()]),
-        env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned()],
-        ..RunConfig::default()
-    };
-    BuiltImage::from_tars(&[busybox_layer()?], &run)
+    busybox_from(Path::new(DEBIAN_BUSYBOX))
 }
 
-/// [`busybox`]'s one layer (an uncompressed tar), for images built on it.
-pub fn busybox_layer() -> Result<Vec<u8>, ImageError> {
-    let binary = std::fs::read(DEBIAN_BUSYBOX).map_err(|source| ImageError::Io {
-        what: format!(
-            "read {DEBIAN_BUSYBOX} (Debian's busybox-static; apt-get install busybox-static)"
-        ),
+/// [`busybox`] with the static busybox binary at `binary` instead of Debian's.
+pub fn busybox_from(binary: &Path) -> Result<BuiltImage, ImageError> {
+    let run = RunConfig {
+        cmd: Some(vec!["sh".to_owned()]),
+        env: vec![DEFAULT_PATH.to_owned()],
+        ..RunConfig::default()
+    };
+    BuiltImage::from_tars(&[busybox_layer(binary)?], &run)
+}
+
+/// The `PATH` busybox's images set.
+pub const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// [`busybox_from`]'s one layer (an uncompressed tar), for images built on it.
+pub fn busybox_layer(binary: &Path) -> Result<Vec<u8>, ImageError> {
+    let shown = binary.display();
+    let content = std::fs::read(binary).map_err(|source| ImageError::Io {
+        what: if binary == Path::new(DEBIAN_BUSYBOX) {
+            format!("read {shown} (Debian's busybox-static; apt-get install busybox-static)")
+        } else {
+            format!("read the busybox binary at {shown}")
+        },
         source,
     })?;
-    let listed = std::process::Command::new(DEBIAN_BUSYBOX)
+    let listed = std::process::Command::new(binary)
         .arg("--list-full")
         .output()
         .map_err(|source| ImageError::Io {
-            what: format!("run {DEBIAN_BUSYBOX} --list-full"),
+            what: format!("run {shown} --list-full"),
             source,
         })?;
     if !listed.status.success() {
@@ -142,7 +153,7 @@ pub fn busybox_layer() -> Result<Vec<u8>, ImageError> {
         layer.dir(dir, 0o755)?;
     }
     layer.dir("tmp", 0o1777)?;
-    layer.file("bin/busybox", 0o755, &binary)?;
+    layer.file("bin/busybox", 0o755, &content)?;
     layer.file("etc/passwd", 0o644, PASSWD.as_bytes())?;
     layer.file("etc/group", 0o644, GROUP.as_bytes())?;
     for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {

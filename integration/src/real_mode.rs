@@ -38,9 +38,9 @@ pub const IMAGES: [&str; 3] = [
 /// The images of Kubernetes' end-to-end suite the playground can serve (`--e2e-images`), as
 /// `<registry>/<name>` and what each is: KUBE_TEST_REPO_LIST maps `registry.k8s.io` (and its
 /// `e2e-test-images`) onto the registry. agnhost is the suite's own program
-/// (k8s.io/kubernetes/test/images/agnhost, built by `upstream/build.sh e2e-test`) on busybox,
-/// as upstream puts it on a small base with a shell; pause is agnhost's `pause` (it waits for a
-/// signal, which is all a pause container does); busybox is Debian's.
+/// (k8s.io/kubernetes/test/images/agnhost, built by `upstream/build.sh e2e-test`) on busybox
+/// with curl, as upstream puts it on a small base with a shell; pause is agnhost's `pause` (it
+/// waits for a signal, which is all a pause container does); busybox is [`E2eTools::busybox`].
 pub const E2E_IMAGES: [(&str, E2eImage); 5] = [
     ("e2e-test-images/agnhost:2.66.1", E2eImage::Agnhost),
     ("e2e-test-images/busybox:1.37.0-2", E2eImage::Busybox),
@@ -49,14 +49,29 @@ pub const E2E_IMAGES: [(&str, E2eImage); 5] = [
     ("pause:3.10", E2eImage::Pause),
 ];
 
+/// The programs [`E2E_IMAGES`] are built from (`upstream/build.sh e2e-test` builds all three).
+#[derive(Debug, Clone, Default)]
+pub struct E2eTools {
+    /// The suite's agnhost.
+    pub agnhost: PathBuf,
+    /// A static busybox built from busybox's own source with its default configuration, as the
+    /// suite's busybox image has it; Debian's `/bin/busybox` when absent. (Debian's ash drops
+    /// environment variables whose names are not shell identifiers, which the suite's env tests
+    /// print.)
+    pub busybox: Option<PathBuf>,
+    /// A static curl for the agnhost image (upstream's is Alpine with curl; the lifecycle-hook
+    /// tests run it); none when absent.
+    pub curl: Option<PathBuf>,
+}
+
 /// What an end-to-end image holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum E2eImage {
     /// busybox alone.
     Busybox,
-    /// busybox and `/agnhost`, entrypoint `/agnhost`, command `pause`.
+    /// busybox, curl and `/agnhost`, entrypoint `/agnhost`, command `pause`.
     Agnhost,
-    /// busybox and `/agnhost`, entrypoint `/agnhost pause`.
+    /// busybox, curl and `/agnhost`, entrypoint `/agnhost pause`.
     Pause,
 }
 
@@ -256,23 +271,31 @@ impl RealRuntime {
         self.registry.host()
     }
 
-    /// Pushes [`E2E_IMAGES`], agnhost from the binary at `agnhost`.
-    pub async fn push_e2e_images(&self, agnhost: &Path) -> Result<(), RealModeError> {
-        let binary = std::fs::read(agnhost).map_err(|source| images::ImageError::Io {
-            what: format!(
-                "read agnhost at {} (upstream/build.sh e2e-test)",
-                agnhost.display()
-            ),
-            source,
-        })?;
+    /// Pushes [`E2E_IMAGES`], built from `tools`.
+    pub async fn push_e2e_images(&self, tools: &E2eTools) -> Result<(), RealModeError> {
+        let read = |path: &Path, what: &str| {
+            std::fs::read(path).map_err(|source| images::ImageError::Io {
+                what: format!(
+                    "read {what} at {} (upstream/build.sh e2e-test)",
+                    path.display()
+                ),
+                source,
+            })
+        };
         let mut layer = images::LayerBuilder::default();
-        layer.file("agnhost", 0o755, &binary)?;
+        layer.file("agnhost", 0o755, &read(&tools.agnhost, "agnhost")?)?;
+        if let Some(curl) = &tools.curl {
+            layer.file("usr/bin/curl", 0o755, &read(curl, "curl")?)?;
+        }
         let agnhost_layer = layer.finish()?;
-        let busybox_layer = images::busybox_layer()?;
-        let path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned();
+        let busybox_binary = tools
+            .busybox
+            .as_deref()
+            .unwrap_or(Path::new(images::DEBIAN_BUSYBOX));
+        let busybox_layer = images::busybox_layer(busybox_binary)?;
         for (name, kind) in E2E_IMAGES {
             let image = match kind {
-                E2eImage::Busybox => images::busybox()?,
+                E2eImage::Busybox => images::busybox_from(busybox_binary)?,
                 E2eImage::Agnhost | E2eImage::Pause => {
                     let (entrypoint, cmd) = if kind == E2eImage::Agnhost {
                         (vec!["/agnhost".to_owned()], Some(vec!["pause".to_owned()]))
@@ -282,7 +305,7 @@ impl RealRuntime {
                     let run = images::RunConfig {
                         entrypoint: Some(entrypoint),
                         cmd,
-                        env: vec![path.clone()],
+                        env: vec![images::DEFAULT_PATH.to_owned()],
                         ..images::RunConfig::default()
                     };
                     images::BuiltImage::from_tars(

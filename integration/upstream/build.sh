@@ -18,7 +18,8 @@
 # suite: `e2e.test` (k8s.io/kubernetes/test/e2e, whose conformance tests
 # integration/upstream/run-conformance.sh runs) and `agnhost` (test/images/agnhost, the program
 # most of those tests run in their containers), both from the Kubernetes module the control plane
-# is built from, with the test-only requirements (ginkgo, gomega, ...) in e2e-test/go.mod.
+# is built from, with the test-only requirements (ginkgo, gomega, ...) in e2e-test/go.mod; and,
+# from C sources, the static busybox and curl the suite's images carry.
 #
 # The control plane names the first four, the chart tests helm alone, the image tests registry
 # alone: each builds only what it runs. Binaries are cached outside the work tree, one directory per component and version
@@ -266,6 +267,56 @@ if wants e2e-test; then
     say "  e2e-test built in $((SECONDS - started)) s"
   fi
   emit "$e2e_bin" e2e.test agnhost
+
+  # The userland of the suite's images, which the playground builds offline: busybox from its
+  # upstream source with its default configuration, as the suite's busybox image has it (Debian's
+  # package patches ash to drop environment variables whose names are not shell identifiers,
+  # which the suite's env tests print), and a static curl for the agnhost image (upstream's is
+  # Alpine with curl; the lifecycle-hook tests run it). The sources are Debian's copies of the
+  # upstream tarballs, pinned by digest.
+  busybox_version=1.37.0 curl_version=8.14.1
+  tools_bin="$cache/e2e-tools-busybox-$busybox_version-curl-$curl_version/bin"
+  if missing "$tools_bin" busybox curl; then
+    say "building busybox $busybox_version and curl $curl_version (static) into $tools_bin"
+    command -v make >/dev/null && command -v cc >/dev/null || { say "make and a C compiler are needed"; exit 1; }
+    started=$SECONDS
+    tmp="$tools_bin.tmp.$$"
+    rm -rf "$tmp" && mkdir -p "$tmp/src"
+    # fetch FILE SHA256: a tarball from Debian's archive into $tmp/src, checked.
+    fetch() {
+      local url="http://deb.debian.org/debian/pool/main/${1:0:1}/${1%%_*}/$1"
+      curl -fsS --retry 3 -o "$tmp/src/$1" "$url" || { say "cannot download $url"; return 1; }
+      echo "$2  $tmp/src/$1" | sha256sum -c --quiet - || { say "$1 does not match its pinned digest"; return 1; }
+    }
+    fetch "busybox_$busybox_version.orig.tar.bz2" 3311dff32e746499f4df0d5df04d7eb396382d7e108bb9250e7b519b837043a4 &&
+      fetch "curl_$curl_version.orig.tar.gz" 6766ada7101d292b42b8b15681120acd68effa4a9660935853cf6d61f0d984d4 ||
+      { rm -rf "$tmp"; exit 1; }
+    (
+      cd "$tmp/src"
+      tar xjf "busybox_$busybox_version.orig.tar.bz2"
+      cd "busybox-$busybox_version"
+      make defconfig >/dev/null
+      # Static; tc left out: it does not compile against current kernel headers.
+      sed -i 's/^# CONFIG_STATIC is not set/CONFIG_STATIC=y/; s/^CONFIG_TC=y/# CONFIG_TC is not set/' .config
+      make -j"$(nproc)" >build.log 2>&1 || { tail -n 20 build.log >&2; exit 1; }
+      cp busybox "$tmp/busybox"
+    ) || { rm -rf "$tmp"; exit 1; }
+    (
+      cd "$tmp/src"
+      tar xzf "curl_$curl_version.orig.tar.gz"
+      cd "curl-$curl_version"
+      # HTTP alone: no TLS or compression libraries to link statically.
+      ./configure --disable-shared --enable-static --without-ssl --without-libpsl --without-zlib \
+        --without-brotli --without-zstd --without-nghttp2 --without-libidn2 --without-librtmp \
+        --without-libssh2 --disable-ldap --disable-ldaps --disable-manual --disable-docs \
+        --disable-threaded-resolver >configure.log 2>&1 || { tail -n 20 configure.log >&2; exit 1; }
+      make -j"$(nproc)" LDFLAGS=-all-static >build.log 2>&1 || { tail -n 20 build.log >&2; exit 1; }
+      cp src/curl "$tmp/curl"
+    ) || { rm -rf "$tmp"; exit 1; }
+    rm -rf "$tmp/src" "$tools_bin" && mv "$tmp" "$tools_bin"
+    say "  busybox and curl built in $((SECONDS - started)) s"
+  fi
+  emit "$tools_bin" busybox curl
 fi
 
 if [ "$built" = 1 ]; then

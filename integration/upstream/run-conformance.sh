@@ -18,8 +18,8 @@
 # --non-blocking-taints keeps it from holding up the suite's start), and the
 # virtual node's taint made PreferNoSchedule: the framework picks nodes for its tests only
 # among nodes without NoSchedule/NoExecute taints, so the virtual node has to be one. The
-# playground pushes the images the selected tests run (agnhost built from its module, busybox,
-# pause) to its local registry; KUBE_TEST_REPO_LIST maps registry.k8s.io there. Test namespaces
+# playground pushes the images the selected tests run (agnhost built from its module, with a
+# static curl; busybox built from its own source; pause) to its local registry; KUBE_TEST_REPO_LIST maps registry.k8s.io there. Test namespaces
 # (labelled e2e-run by the framework) go to the virtual node and pull over plain HTTP through
 # the playground's eci-profile. Images the project does not build (nginx, nonroot, kitten, ...)
 # are missing: tests that need them fail pulling, and the summary counts them with the rest.
@@ -44,10 +44,14 @@ export GOTOOLCHAIN=local
 built=$("$here/build.sh" e2e-test)
 suite=$(sed -n 's/^e2e\.test=//p' <<<"$built")
 agnhost=$(sed -n 's/^agnhost=//p' <<<"$built")
-[ -x "$suite" ] && [ -x "$agnhost" ] || die "build.sh e2e-test named no e2e.test or agnhost"
+busybox=$(sed -n 's/^busybox=//p' <<<"$built")
+curl=$(sed -n 's/^curl=//p' <<<"$built")
+[ -x "$suite" ] && [ -x "$agnhost" ] && [ -x "$busybox" ] && [ -x "$curl" ] ||
+  die "build.sh e2e-test named no e2e.test, agnhost, busybox or curl"
 
 playground_binary
-start_playground "$out/playground" --runtime real --e2e-images "$agnhost" --replicas 1 \
+start_playground "$out/playground" --runtime real --e2e-images "$agnhost" \
+  --e2e-busybox "$busybox" --e2e-curl "$curl" --replicas 1 \
   --ecs-nodes 0 --metrics-server false --placement-extender false --audit-log false
 
 say "making $node's taint PreferNoSchedule (the framework only picks untainted nodes)"

@@ -143,6 +143,7 @@ fn shell(name: &str, script: &str) -> ContainerSpec {
         mounts: Vec::new(),
         user: (0, 0),
         read_only_root: false,
+        termination_message_path: "/dev/termination-log".into(),
     }
 }
 
@@ -634,4 +635,54 @@ async fn an_exit_is_seen_only_once_the_log_holds_all_of_the_output() {
     );
     group.delete(Duration::from_secs(1)).await.expect("delete");
     fixture.finish().await;
+}
+
+#[tokio::test]
+async fn a_non_root_run_leaves_its_termination_message_and_a_new_run_starts_without_it() {
+    let fixture = Fixture::new(11).await;
+    let mut group = fixture.group("eci-message", "message", 2).await;
+    let mut writer = shell(
+        "writer",
+        "echo line one; echo -n DONE > /dev/termination-custom-log",
+    );
+    writer.user = (65534, 65534);
+    writer.termination_message_path = "/dev/termination-custom-log".into();
+    group.start(&writer, &fixture.rootfs).await.expect("starts");
+    let exit = group.wait("writer").await.expect("ends");
+    assert_eq!(exit.code, 0, "a non-root user can write the message file");
+    assert_eq!(group.termination_message("writer", 4096), b"DONE");
+    assert_eq!(
+        group.termination_message("writer", 2),
+        b"NE",
+        "the file's tail"
+    );
+    assert_eq!(
+        render_cri(&group.log_tail("writer", 1 << 20), 10),
+        "line one\n"
+    );
+    // The next run of the container starts with an empty file.
+    group.remove_container("writer").await.expect("removed");
+    let mut silent = shell("writer", "exit 3");
+    silent.termination_message_path = "/dev/termination-custom-log".into();
+    group
+        .start(&silent, &fixture.rootfs)
+        .await
+        .expect("starts again");
+    assert_eq!(group.wait("writer").await.expect("ends").code, 3);
+    assert!(group.termination_message("writer", 4096).is_empty());
+    group.delete(Duration::from_secs(1)).await.expect("delete");
+    fixture.finish().await;
+}
+
+/// The text of a CRI log's last `tail` lines.
+fn render_cri(log: &str, tail: usize) -> String {
+    mock_eci::engine::logs::render_cri(
+        log,
+        mock_eci::engine::logs::LogQuery {
+            since: None,
+            tail,
+            limit_bytes: None,
+            timestamps: false,
+        },
+    )
 }

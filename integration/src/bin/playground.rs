@@ -22,7 +22,7 @@ use integration::cluster::{ControlPlane, ControlPlaneOptions, PlacementExtender}
 use integration::harness::binary;
 use integration::harness::deploy::{Mock, apply_local_overlay, wait_installed, wait_virtual_nodes};
 use integration::host::{HostAgent, HostConfig, loopback_pod_network};
-use integration::real_mode::RealRuntime;
+use integration::real_mode::{E2eTools, RealRuntime};
 use tokio::io::AsyncReadExt as _;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -93,6 +93,14 @@ struct Args {
     /// pause), as integration/upstream/run-conformance.sh does.
     #[arg(long, value_name = "AGNHOST")]
     e2e_images: Option<PathBuf>,
+    /// With `--e2e-images`: the static busybox those images carry (`build.sh e2e-test` builds
+    /// one from busybox's source, as upstream's image has it); Debian's when not given.
+    #[arg(long, value_name = "BUSYBOX", requires = "e2e_images")]
+    e2e_busybox: Option<PathBuf>,
+    /// With `--e2e-images`: a static curl for the agnhost image (`build.sh e2e-test` builds
+    /// one); without it the agnhost image has no curl, which the lifecycle-hook tests run.
+    #[arg(long, value_name = "CURL", requires = "e2e_images")]
+    e2e_curl: Option<PathBuf>,
 }
 
 /// How mock-eci runs containers in the playground.
@@ -207,7 +215,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 () = &mut stop => return Ok(()),
             };
             if let Some(agnhost) = &args.e2e_images {
-                if let Err(error) = real.push_e2e_images(agnhost).await {
+                let tools = E2eTools {
+                    agnhost: agnhost.clone(),
+                    busybox: args.e2e_busybox.clone(),
+                    curl: args.e2e_curl.clone(),
+                };
+                if let Err(error) = real.push_e2e_images(&tools).await {
                     stop_real(real).await;
                     return Err(error).context("push the end-to-end images");
                 }

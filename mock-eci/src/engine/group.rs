@@ -1074,9 +1074,16 @@ impl Group {
         self.refresh_running_status();
     }
 
-    /// Real runtime: run `run` of container `name` exited with `exit_code` at `cx.now`; the
-    /// restart policy decides what follows.
-    pub fn observed_exit(&mut self, name: &str, run: u32, exit_code: i32, cx: &mut Cx<'_>) {
+    /// Real runtime: run `run` of container `name` exited with `exit_code` at `cx.now`, leaving
+    /// `message` (its termination message); the restart policy decides what follows.
+    pub fn observed_exit(
+        &mut self,
+        name: &str,
+        run: u32,
+        exit_code: i32,
+        message: &str,
+        cx: &mut Cx<'_>,
+    ) {
         let Some((which, index)) = self.observed_run(name, run) else {
             return;
         };
@@ -1085,7 +1092,7 @@ impl Group {
         }
         let signal = (exit_code > 128).then_some(exit_code - 128);
         let reason = crate::engine::behaviour::default_reason(exit_code);
-        self.terminate(which, index, exit_code, reason, "", signal, cx);
+        self.terminate(which, index, exit_code, reason, message, signal, cx);
         self.after_exit(which, index, exit_code, cx);
     }
 

@@ -171,6 +171,40 @@ pub fn render_cri(text: &str, query: LogQuery) -> String {
     out
 }
 
+/// The kubelet's bounds on a terminated container's message: the last 4 KiB of its
+/// termination-message file; in the fallback, its log's last 80 lines, the first 2 KiB of them
+/// (pkg/kubelet/container: `MaxContainerTerminationMessageLength`,
+/// `MaxContainerTerminationMessageLogLines`, `MaxContainerTerminationMessageLogLength`).
+pub const MESSAGE_FILE_BYTES: usize = 4 * 1024;
+const MESSAGE_LOG_LINES: usize = 80;
+const MESSAGE_LOG_BYTES: usize = 2 * 1024;
+
+/// Whether a run's message may come from its log: policy `FallbackToLogsOnError` and a failed
+/// exit, as the kubelet decides it.
+pub fn falls_back_to_log(policy: &str, exit_code: i32) -> bool {
+    policy == "FallbackToLogsOnError" && exit_code != 0
+}
+
+/// A terminated run's message as the kubelet makes it: the tail of what the container wrote to
+/// its termination-message file (`file`, read up to [`MESSAGE_FILE_BYTES`] from its end), or,
+/// when that is empty and the run [`falls_back_to_log`], the tail of its CRI log (`log`).
+pub fn termination_message(file: &[u8], log: Option<&str>) -> String {
+    let start = file.len().saturating_sub(MESSAGE_FILE_BYTES);
+    let written = String::from_utf8_lossy(&file[start..]).into_owned();
+    match log {
+        Some(log) if written.is_empty() => render_cri(
+            log,
+            LogQuery {
+                since: None,
+                tail: MESSAGE_LOG_LINES,
+                limit_bytes: Some(MESSAGE_LOG_BYTES),
+                timestamps: false,
+            },
+        ),
+        _ => written,
+    }
+}
+
 fn truncate_at_char_boundary(text: &mut String, limit: usize) {
     if text.len() > limit {
         let mut cut = limit;
@@ -373,6 +407,46 @@ mod tests {
             message: String::new(),
         };
         assert_eq!(render("app", "nginx", &waiting, 1_000, 5_000, &[], ALL), "");
+    }
+
+    #[test]
+    fn the_termination_message_is_the_file_or_in_the_fallback_the_logs_tail() {
+        let log: String = (1..=100)
+            .map(|n| format!("2026-11-29T10:00:00.000000000Z stdout F line {n}\n"))
+            .collect();
+        let big_file = "x".repeat(MESSAGE_FILE_BYTES + 10);
+        let last_80: String = (21..=100).map(|n| format!("line {n}\n")).collect();
+        // (file, log offered, expected)
+        let cases: [(&str, Option<&str>, String); 6] = [
+            ("DONE", None, "DONE".into()),
+            ("DONE", Some(&log), "DONE".into()),
+            ("", None, String::new()),
+            ("", Some(&log), last_80),
+            (&big_file, None, "x".repeat(MESSAGE_FILE_BYTES)),
+            (
+                "",
+                Some("2026-11-29T10:00:00Z stderr P par\n2026-11-29T10:00:00Z stderr F tial\n"),
+                "partial\n".into(),
+            ),
+        ];
+        for (file, log, expected) in cases {
+            assert_eq!(
+                termination_message(file.as_bytes(), log),
+                expected,
+                "file {file:.20?}"
+            );
+        }
+        let long_lines: String = (0..80)
+            .map(|_| format!("2026-11-29T10:00:00Z stdout F {}\n", "y".repeat(99)))
+            .collect();
+        assert_eq!(
+            termination_message(b"", Some(&long_lines)).len(),
+            MESSAGE_LOG_BYTES
+        );
+        assert!(falls_back_to_log("FallbackToLogsOnError", 1));
+        assert!(!falls_back_to_log("FallbackToLogsOnError", 0));
+        assert!(!falls_back_to_log("File", 2));
+        assert!(!falls_back_to_log("", 2));
     }
 
     #[test]

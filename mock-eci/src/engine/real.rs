@@ -17,8 +17,9 @@ use crate::engine::probe::{ProbeKind, ProbeOutcome};
 pub enum Observation {
     /// The run started.
     Started,
-    /// The run's process ended with this code (128 + signal when a signal ended it).
-    Exited { exit_code: i32 },
+    /// The run's process ended with this code (128 + signal when a signal ended it), leaving
+    /// this termination message (see [`crate::engine::logs::termination_message`]).
+    Exited { exit_code: i32, message: String },
     /// The run could not be started (a bundle or runtime failure).
     StartFailed { message: String },
     /// Pulling the run's image failed: the container's waiting message and the event's.
@@ -128,8 +129,8 @@ impl Engine {
         self.advance(now);
         self.with_group(id, now, |group, cx| match observation {
             Observation::Started => group.observed_start(container, run, cx),
-            Observation::Exited { exit_code } => {
-                group.observed_exit(container, run, *exit_code, cx);
+            Observation::Exited { exit_code, message } => {
+                group.observed_exit(container, run, *exit_code, message, cx);
             }
             Observation::StartFailed { message } => {
                 group.observed_start_failure(container, run, message, cx);
@@ -289,20 +290,40 @@ mod tests {
         );
         assert_eq!(wanted(&mut engine, &id, 10_200), "Run 0");
         // A report about another run, or another container, changes nothing.
-        engine.observe(&id, "app", 1, &Observation::Exited { exit_code: 1 }, 10_300);
+        engine.observe(
+            &id,
+            "app",
+            1,
+            &Observation::Exited {
+                exit_code: 1,
+                message: String::new(),
+            },
+            10_300,
+        );
         engine.observe(
             &id,
             "other",
             0,
-            &Observation::Exited { exit_code: 1 },
+            &Observation::Exited {
+                exit_code: 1,
+                message: String::new(),
+            },
             10_300,
         );
         assert_eq!(
             state(&engine, &id),
             (GroupStatus::Running, "Running".into())
         );
-        engine.observe(&id, "app", 0, &Observation::Exited { exit_code: 3 }, 11_000);
+        let exit = Observation::Exited {
+            exit_code: 3,
+            message: "the message the container left".into(),
+        };
+        engine.observe(&id, "app", 0, &exit, 11_000);
         assert_eq!(state(&engine, &id), (GroupStatus::Failed, "exit 3".into()));
+        let RunState::Terminated { message, .. } = &engine.groups[&id].containers[0].state else {
+            panic!("terminated");
+        };
+        assert_eq!(message, "the message the container left");
         assert_eq!(wanted(&mut engine, &id, 11_100), "finished");
     }
 
@@ -312,7 +333,16 @@ mod tests {
         let id = create(&mut engine, "Always");
         assert_eq!(wanted(&mut engine, &id, 10_000), "Start 0");
         engine.observe(&id, "app", 0, &Observation::Started, 10_000);
-        engine.observe(&id, "app", 0, &Observation::Exited { exit_code: 1 }, 10_500);
+        engine.observe(
+            &id,
+            "app",
+            0,
+            &Observation::Exited {
+                exit_code: 1,
+                message: String::new(),
+            },
+            10_500,
+        );
         assert_eq!(
             state(&engine, &id),
             (GroupStatus::Running, "CrashLoopBackOff".into())
@@ -399,7 +429,10 @@ mod tests {
             &id,
             "app",
             0,
-            &Observation::Exited { exit_code: 143 },
+            &Observation::Exited {
+                exit_code: 143,
+                message: String::new(),
+            },
             10_300,
         );
         assert_eq!(wanted(&mut engine, &id, 10_300), "terminating");
@@ -507,7 +540,10 @@ mod tests {
             &id,
             "app",
             0,
-            &Observation::Exited { exit_code: 143 },
+            &Observation::Exited {
+                exit_code: 143,
+                message: String::new(),
+            },
             10_500,
         );
         assert_eq!(

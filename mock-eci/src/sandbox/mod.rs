@@ -112,6 +112,8 @@ pub struct ContainerSpec {
     pub user: (u32, u32),
     /// Its root file system is mounted read-only (volumes keep their own mode).
     pub read_only_root: bool,
+    /// Where in the container its termination-message file is bound (an absolute path).
+    pub termination_message_path: String,
 }
 
 /// The machine-wide part: bridge, naming, limits this machine supports.
@@ -411,6 +413,7 @@ impl Group {
                 read_only: mount.read_only || volume_read_only,
             });
         }
+        volume_mounts.push(termination_message_mount(dir, &spec.termination_message_path).await?);
         let config = ContainerConfig {
             rootfs: &root,
             argv: &spec.argv,
@@ -506,6 +509,27 @@ impl Group {
             .ok()
             .and_then(|label| self.containers.get(&label))
             .is_some_and(|container| container.exit().is_none())
+    }
+
+    /// The last `limit` bytes of what container `name`'s latest run wrote to its
+    /// termination-message file; empty when it wrote nothing (or the file is gone).
+    pub fn termination_message(&self, name: &str, limit: usize) -> Vec<u8> {
+        let path = self
+            .dir
+            .join("containers")
+            .join(name)
+            .join(TERMINATION_MESSAGE);
+        read_tail(&path, limit).unwrap_or_default()
+    }
+
+    /// The last `limit` bytes of container `name`'s log, from the first whole line in them.
+    pub fn log_tail(&self, name: &str, limit: usize) -> String {
+        let mut tail = read_tail(&self.log_path(name), limit).unwrap_or_default();
+        if tail.len() == limit {
+            let first_line_end = tail.iter().position(|b| *b == b'\n').map_or(0, |at| at + 1);
+            tail.drain(..first_line_end);
+        }
+        String::from_utf8_lossy(&tail).into_owned()
     }
 
     /// Forgets an ended (or stopped) container so that [`Self::start`] can run it again:
@@ -613,6 +637,40 @@ async fn create_dir(path: &Path) -> Result<(), SandboxError> {
     tokio::fs::create_dir_all(path)
         .await
         .map_err(|e| io_error("create", path, e))
+}
+
+/// The file a container's run leaves its termination message in, in the container's directory.
+const TERMINATION_MESSAGE: &str = "termination-message";
+
+/// A new, empty termination-message file for the run, bound at `destination`. World-writable,
+/// as the kubelet makes it: the container's user need not be root.
+async fn termination_message_mount(
+    dir: &Path,
+    destination: &str,
+) -> Result<bundle::VolumeMount, SandboxError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let source = dir.join(TERMINATION_MESSAGE);
+    write_file(&source, b"").await?;
+    tokio::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o666))
+        .await
+        .map_err(|e| io_error("chmod", &source, e))?;
+    Ok(bundle::VolumeMount {
+        source,
+        destination: destination.to_owned(),
+        read_only: false,
+    })
+}
+
+/// The last `limit` bytes of the file at `path`.
+fn read_tail(path: &Path, limit: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    let length = file.metadata()?.len();
+    let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+    file.seek(SeekFrom::Start(length.saturating_sub(limit)))?;
+    let mut tail = Vec::new();
+    file.take(limit).read_to_end(&mut tail)?;
+    Ok(tail)
 }
 
 async fn write_file(path: &Path, contents: &[u8]) -> Result<(), SandboxError> {

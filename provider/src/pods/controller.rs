@@ -987,6 +987,13 @@ enum Failure {
     /// A cloud disk the pod mounts is attached to another group (ECI's message): it waits
     /// until that group is deleted, retried.
     DiskInUse(String),
+    /// A setting of `container` cannot be resolved as the pod stands (a `subPathExpr`'s
+    /// variables): it waits, shown as the kubelet's `CreateContainerConfigError`, and is
+    /// retried.
+    ContainerConfig {
+        container: String,
+        message: String,
+    },
 }
 
 impl Failure {
@@ -996,7 +1003,8 @@ impl Failure {
             | Self::Permanent(message)
             | Self::InvalidAnnotation(message)
             | Self::NoStock(message)
-            | Self::DiskInUse(message) => message.clone(),
+            | Self::DiskInUse(message)
+            | Self::ContainerConfig { message, .. } => message.clone(),
             Self::Misconfigured(found) => found.describe(),
             Self::Refused(refusal) => refusal.describe(),
             Self::Absent(absent) => absent_message(absent),

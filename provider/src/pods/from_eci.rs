@@ -612,6 +612,38 @@ pub fn with_phase(pod: &Pod, phase: &str, reason: &str, message: &str) -> Value 
     status
 }
 
+/// The kubelet's waiting reason for a container whose settings it cannot resolve.
+pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
+
+/// What the kubelet shows of a pod whose container `at_fault` it cannot configure: Pending,
+/// that container waiting with [`CREATE_CONTAINER_CONFIG_ERROR`] and `message`, every other
+/// container of the pod waiting as not created yet.
+pub fn container_config_error(pod: &Pod, at_fault: &str, message: &str) -> Value {
+    let mut status = with_phase(pod, "Pending", CREATE_CONTAINER_CONFIG_ERROR, message);
+    let Some(spec) = pod.spec.as_ref() else {
+        return status;
+    };
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    for (key, containers) in [
+        ("initContainerStatuses", init),
+        ("containerStatuses", spec.containers.as_slice()),
+    ] {
+        if containers.is_empty() {
+            continue;
+        }
+        let mut statuses = container_statuses("", containers, |_| None);
+        for container in &mut statuses {
+            if container["name"] == at_fault {
+                container["state"] = json!({"waiting": {
+                    "reason": CREATE_CONTAINER_CONFIG_ERROR, "message": message,
+                }});
+            }
+        }
+        status[key] = Value::Array(statuses);
+    }
+    status
+}
+
 /// The status of a pod whose container group is gone for good: Failed with `reason` and
 /// `message`, containers not ready, and each container not already terminated shown as the
 /// kubelet shows a container it cannot find (`ContainerStatusUnknown`, exit code 137), its
@@ -1646,6 +1678,42 @@ mod tests {
                 {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]})
         );
         assert_eq!(owned(&json!({"qosClass": "BestEffort"})), json!({}));
+    }
+
+    #[test]
+    fn a_container_config_error_shows_on_that_container_and_the_others_wait_to_be_created() {
+        let shown = container_config_error(&mk_pod(true), "side", "missing value for X");
+        assert_eq!(
+            (shown["phase"].as_str(), shown["reason"].as_str()),
+            (Some("Pending"), Some(CREATE_CONTAINER_CONFIG_ERROR))
+        );
+        let waiting = |key: &str, index: usize| {
+            let status = &shown[key][index];
+            (
+                status["name"].as_str().unwrap_or_default().to_owned(),
+                status["state"]["waiting"]["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                status["ready"] == false && status["restartCount"] == 0,
+            )
+        };
+        assert_eq!(
+            [
+                waiting("initContainerStatuses", 0),
+                waiting("containerStatuses", 0),
+                waiting("containerStatuses", 1)
+            ],
+            [
+                ("migrate".into(), "ContainerCreating".into(), true),
+                ("app".into(), "ContainerCreating".into(), true),
+                ("side".into(), CREATE_CONTAINER_CONFIG_ERROR.into(), true),
+            ]
+        );
+        assert_eq!(
+            shown["containerStatuses"][1]["state"]["waiting"]["message"],
+            "missing value for X"
+        );
     }
 
     #[test]

@@ -365,6 +365,28 @@ pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
         secrets.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "later"}, "stringData": {"token": "t0"}})).unwrap()).await?;
         wait_pod(h, &ns, "needs-secret", "Running once its Secret exists", |p| phase(p) == "Running").await?;
         h.wait_warning_event(&ns, "needs-secret", "OptionalConfigMapNotFound", &["configmap \"nowhere\" not found"], WAIT).await?;
+
+        // A subPathExpr naming an annotation the pod does not have yet: its container waits as
+        // the kubelet shows it, without a group; once the annotation is there, the group mounts
+        // the expanded sub-path.
+        create(h, &ns, &pod_spec("sub-path", &node, json!({"containers": [{"name": "app", "image": "registry.example.com/app:1",
+            "env": [{"name": "POD_NAME", "value": "foo"}, {"name": "ANNOTATION", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['mysubpath']"}}}],
+            "volumeMounts": [{"name": "work", "mountPath": "/sub", "subPathExpr": "$(ANNOTATION)/$(POD_NAME)"}]}],
+            "volumes": [{"name": "work", "emptyDir": {}}]}))).await?;
+        let waiting = wait_pod(h, &ns, "sub-path", "its container waiting with CreateContainerConfigError", |p| {
+            p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "CreateContainerConfigError"
+        })
+        .await?;
+        let shown = &waiting["status"]["containerStatuses"][0]["state"]["waiting"]["message"];
+        assert!(shown.as_str().unwrap_or_default().contains("missing value for ANNOTATION"), "{waiting}");
+        assert_eq!(phase(&waiting), "Pending");
+        assert!(groups(&admin).await.unwrap().iter().all(|g| g["container_group_name"].as_str().is_none_or(|n| !n.contains("sub-path"))), "no group while the sub-path cannot be expanded");
+        let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+        pods.patch("sub-path", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"mysubpath": "mypath"}}}))).await?;
+        let running = wait_pod(h, &ns, "sub-path", "Running once annotated", |p| phase(p) == "Running").await?;
+        let id = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
+        let request = created_with(&admin, &id).await?;
+        assert_eq!(request["container"][0]["volume_mount"][0]["sub_path"], "mypath/foo", "{request}");
         Ok(())
     })
     .await;

@@ -24,7 +24,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::engine::group::probe_of;
-use crate::engine::logs::RealLogs;
+use crate::engine::logs::{self, RealLogs};
 use crate::engine::probe::{ProbeKind, ProbeOutcome};
 use crate::engine::real::{GroupPlan, Hook, Observation, PlannedContainer, Want};
 use crate::engine::usage::{GroupMeasures, Measured};
@@ -47,6 +47,9 @@ const POST_START_LIMIT: Duration = Duration::from_secs(120);
 const SYNC_EXEC_LIMIT: Duration = Duration::from_secs(10);
 /// Most of a `Sync` exec's output kept (each stream).
 const SYNC_EXEC_OUTPUT: u64 = 1 << 20;
+/// How much of a log's end a termination message's fallback reads (80 lines of a few KiB each
+/// fit; the message keeps 2 KiB of them).
+const LOG_TAIL_READ: usize = 256 * 1024;
 /// Most groups one metric call measures (the API takes 20).
 const MAX_MEASURED_GROUPS: usize = 20;
 /// How long a container's CPU reading is kept for the next one's rate.
@@ -779,10 +782,28 @@ impl Worker {
             if self.reported.insert((name.clone(), run)) {
                 let observation = Observation::Exited {
                     exit_code: exit.code,
+                    message: self.termination_message(group, &name, exit.code),
                 };
                 self.mock.observe(&self.id, &name, run, &observation);
             }
         }
+    }
+
+    /// What container `name`'s ended run leaves as its message, as the kubelet reads it.
+    fn termination_message(
+        &self,
+        group: &crate::sandbox::Group,
+        name: &str,
+        exit_code: i32,
+    ) -> String {
+        let policy = self
+            .specs
+            .get(name)
+            .map_or("", |spec| spec.termination_message_policy.as_str());
+        let file = group.termination_message(name, logs::MESSAGE_FILE_BYTES);
+        let log = (file.is_empty() && logs::falls_back_to_log(policy, exit_code))
+            .then(|| group.log_tail(name, LOG_TAIL_READ));
+        logs::termination_message(&file, log.as_deref())
     }
 
     /// Stops the probes, runs the running containers' preStop hooks (together, within

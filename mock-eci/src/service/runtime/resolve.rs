@@ -213,6 +213,10 @@ pub fn user(spec: &Container, image_user: &str, accounts: &Accounts) -> Result<(
     }
 }
 
+/// Where a container's termination message is written when its TerminationMessagePath is not
+/// given (Kubernetes' default).
+pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+
 /// Everything the sandbox needs to run the container; `Err` says why it cannot run.
 pub fn container_spec(
     spec: &Container,
@@ -228,6 +232,16 @@ pub fn container_spec(
         ));
     }
     let user = user(spec, &image.user, accounts)?;
+    let termination_message_path = match spec.termination_message_path.as_str() {
+        "" => DEFAULT_TERMINATION_MESSAGE_PATH.to_owned(),
+        path if path.starts_with('/') => path.to_owned(),
+        path => {
+            return Err(format!(
+                "container {:?}: TerminationMessagePath {path:?} is not an absolute path",
+                spec.name
+            ));
+        }
+    };
     let working_dir = [&spec.working_dir, &image.working_dir]
         .into_iter()
         .find(|dir| !dir.is_empty())
@@ -250,6 +264,7 @@ pub fn container_spec(
             .security_context
             .as_ref()
             .is_some_and(|context| context.read_only_root_filesystem),
+        termination_message_path,
         mounts: spec
             .volume_mount
             .iter()
@@ -416,7 +431,7 @@ mod tests {
     }
 
     #[test]
-    fn limits_and_working_dir_come_through_and_no_command_is_refused() {
+    fn limits_working_dir_and_message_path_come_through_and_no_command_is_refused() {
         let image = ImageRunConfig {
             cmd: words(&["sh"]),
             working_dir: "/srv".into(),
@@ -433,6 +448,21 @@ mod tests {
         assert_eq!(resolved.cpu_millis, Some(500));
         assert_eq!(resolved.memory_bytes, Some(256 << 20));
         assert_eq!(resolved.working_dir.as_deref(), Some("/srv"));
+        assert_eq!(resolved.termination_message_path, "/dev/termination-log");
+        let at = |path: &str| {
+            let spec = Container {
+                termination_message_path: path.into(),
+                ..spec.clone()
+            };
+            container_spec(&spec, &image, &Accounts::default(), Ipv4Addr::LOCALHOST)
+                .map(|resolved| resolved.termination_message_path)
+        };
+        assert_eq!(at("/dev/custom").as_deref(), Ok("/dev/custom"));
+        assert!(
+            at("relative/log")
+                .unwrap_err()
+                .contains("not an absolute path")
+        );
         let error = container_spec(
             &spec,
             &ImageRunConfig::default(),

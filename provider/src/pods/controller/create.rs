@@ -156,6 +156,9 @@ pub(super) enum Explained {
     /// A disk the pod mounts is another group's, by the message's fingerprint: the job waits
     /// its back-off.
     DiskInUse(u64),
+    /// A container's settings cannot be resolved, by the message's fingerprint: the job waits
+    /// its back-off.
+    ContainerConfig(u64),
 }
 
 /// What a create reads or issues for the pod before translating it.
@@ -176,6 +179,9 @@ fn explained(failure: &Failure) -> Explained {
         Failure::Refused(refusal) => Explained::Refusal(super::hash_of(&refusal.describe())),
         Failure::Absent(absent) => Explained::Absent(super::hash_of(absent)),
         Failure::DiskInUse(message) => Explained::DiskInUse(super::hash_of(message)),
+        Failure::ContainerConfig { message, .. } => {
+            Explained::ContainerConfig(super::hash_of(message))
+        }
         Failure::NoStock(_) => Explained::NoStock,
         Failure::Retry(_) | Failure::Permanent(_) | Failure::InvalidAnnotation(_) => {
             Explained::Nothing
@@ -569,6 +575,16 @@ impl PodController {
                 )
                 .await;
             }
+            Failure::ContainerConfig { container, message } => {
+                info!(%container, %message, "a container's settings cannot be resolved; the pod waits");
+                self.show_not_created_with(
+                    pod,
+                    |current| from_eci::container_config_error(current, container, message),
+                    from_eci::CREATE_CONTAINER_CONFIG_ERROR,
+                    message,
+                )
+                .await;
+            }
             Failure::Retry(_)
             | Failure::Permanent(_)
             | Failure::InvalidAnnotation(_)
@@ -700,6 +716,8 @@ impl PodController {
             let message = rejection.to_string();
             if annotations::rejected_annotation(&rejection).is_some() {
                 Failure::InvalidAnnotation(message)
+            } else if let Some(container) = rejection.config_error_in {
+                Failure::ContainerConfig { container, message }
             } else if rejection.retryable {
                 Failure::Retry(message)
             } else {

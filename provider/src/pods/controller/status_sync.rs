@@ -301,9 +301,26 @@ impl PodController {
         reason: &str,
         message: &str,
     ) {
+        self.show_not_created_with(
+            pod,
+            |current| from_eci::with_phase(current, phase, pod_reason, message),
+            reason,
+            message,
+        )
+        .await;
+    }
+
+    /// [`Self::show_not_created_as`] with the status made by `status_of` from the pod's.
+    pub(super) async fn show_not_created_with(
+        &self,
+        pod: &Pod,
+        status_of: impl Fn(&Pod) -> serde_json::Value,
+        reason: &str,
+        message: &str,
+    ) {
         let now = crate::k8s::rfc3339(SystemTime::now());
         self.write_held(pod, |current| {
-            let mut status = from_eci::with_phase(current, phase, pod_reason, message);
+            let mut status = status_of(current);
             let condition = json!({
                 "type": INSTANCE_CREATED, "status": "False", "reason": reason,
                 "message": message, "lastTransitionTime": now,

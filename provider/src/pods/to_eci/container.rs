@@ -404,25 +404,115 @@ fn ports(container: &Container, at: &str) -> Result<Vec<eci::Port>, Rejection> {
     Ok(ports)
 }
 
-/// The container's volume mounts (`subPathExpr` has no ECI field).
-fn mounts(container: &Container, at: &str) -> Result<Vec<eci::VolumeMount>, Rejection> {
+/// The container's volume mounts. ECI's VolumeMount has no `subPathExpr`: it is expanded here,
+/// as the kubelet does, into the mount's SubPath (see [`expanded_sub_path`]).
+fn mounts(
+    container: &Container,
+    env: &[eci::EnvironmentVar],
+    at: &str,
+) -> Result<Vec<eci::VolumeMount>, Rejection> {
     let mut mounts = Vec::new();
-    for mount in container.volume_mounts.iter().flatten() {
-        if mount.sub_path_expr.is_some() {
-            return Err(reject(
-                &format!("{at}.volumeMounts"),
-                "subPathExpr is not supported on ECI; use subPath",
-            ));
-        }
+    for (index, mount) in container.volume_mounts.iter().flatten().enumerate() {
+        let sub_path = match mount.sub_path_expr.as_deref().filter(|e| !e.is_empty()) {
+            Some(expression) => expanded_sub_path(expression, env).map_err(|problem| {
+                problem.rejection(&container.name, &format!("{at}.volumeMounts[{index}]"))
+            })?,
+            None => mount.sub_path.clone().unwrap_or_default(),
+        };
         mounts.push(eci::VolumeMount {
             name: mount.name.clone(),
             mount_path: mount.mount_path.clone(),
-            sub_path: mount.sub_path.clone().unwrap_or_default(),
+            sub_path,
             read_only: mount.read_only.unwrap_or(false),
             mount_propagation: mount.mount_propagation.clone().unwrap_or_default(),
         });
     }
     Ok(mounts)
+}
+
+/// Why a `subPathExpr` gives no sub-path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SubPathProblem {
+    /// Variables it names have no value, or an empty one (the kubelet's "missing value").
+    Missing(Vec<String>),
+    /// It names a variable whose value only ECI learns (`status.podIP`).
+    KnownOnlyToEci(String),
+    /// It expands to an absolute path.
+    Absolute(String),
+    /// It expands to a path that steps out with `..`.
+    Backsteps(String),
+}
+
+impl SubPathProblem {
+    /// The first three wait, shown as the kubelet shows them (`CreateContainerConfigError` on
+    /// the container; a pod's annotations, which variables may come from, can change); one ECI
+    /// alone could resolve is refused.
+    fn rejection(self, container: &str, at: &str) -> Rejection {
+        let config_error = |reason: String| Rejection {
+            field: at.to_owned(),
+            reason,
+            retryable: true,
+            config_error_in: Some(container.to_owned()),
+        };
+        match self {
+            Self::Missing(names) => config_error(format!(
+                "subPathExpr: missing value for {}",
+                names.join(", ")
+            )),
+            Self::Absolute(path) => config_error(format!(
+                "subPathExpr: the sub-path {path:?} must not be an absolute path"
+            )),
+            Self::Backsteps(path) => config_error(format!(
+                "subPathExpr: the sub-path {path:?} must not contain '..'"
+            )),
+            Self::KnownOnlyToEci(name) => reject(
+                at,
+                format!(
+                    "subPathExpr names {name}, whose value ECI sets only once the group exists; use variables with literal or pod-metadata values"
+                ),
+            ),
+        }
+    }
+}
+
+/// `expression` with each `$(NAME)` replaced by the container's variable, as the kubelet expands
+/// a `subPathExpr`: every name must have a non-empty value, and the result must be a relative
+/// path that never steps out with `..`.
+fn expanded_sub_path(
+    expression: &str,
+    env: &[eci::EnvironmentVar],
+) -> Result<String, SubPathProblem> {
+    let missing = std::cell::RefCell::new(Vec::<String>::new());
+    let eci_only = std::cell::RefCell::new(None::<String>);
+    let expanded = vne_core::expansion::expand(expression, |name| {
+        match env.iter().rev().find(|var| var.key == name) {
+            Some(var) if var.field_ref.is_some() => {
+                eci_only.borrow_mut().get_or_insert_with(|| name.to_owned());
+                None
+            }
+            Some(var) if !var.value.is_empty() => Some(var.value.as_str()),
+            _ => {
+                missing.borrow_mut().push(name.to_owned());
+                None
+            }
+        }
+    });
+    if let Some(name) = eci_only.into_inner() {
+        return Err(SubPathProblem::KnownOnlyToEci(name));
+    }
+    let mut missing = missing.into_inner();
+    if !missing.is_empty() {
+        missing.sort();
+        missing.dedup();
+        return Err(SubPathProblem::Missing(missing));
+    }
+    if expanded.starts_with('/') {
+        return Err(SubPathProblem::Absolute(expanded));
+    }
+    if expanded.split('/').any(|part| part == "..") {
+        return Err(SubPathProblem::Backsteps(expanded));
+    }
+    Ok(expanded)
 }
 
 pub(super) fn container(
@@ -437,7 +527,7 @@ pub(super) fn container(
         .filter(|i| !i.is_empty())
         .ok_or_else(|| reject(&format!("{at}.image"), "an image is required"))?;
     let ports = ports(container, at)?;
-    let mounts = mounts(container, at)?;
+    let mounts = mounts(container, &env, at)?;
     let startup_window = container.startup_probe.as_ref().map_or(0, |p| {
         p.initial_delay_seconds.unwrap_or(0)
             + p.period_seconds.unwrap_or(10) * p.failure_threshold.unwrap_or(3)

@@ -50,6 +50,9 @@ pub struct Rejection {
     pub reason: String,
     /// It may work later (a referenced ConfigMap or Secret may still be created).
     pub retryable: bool,
+    /// The container the kubelet would show waiting with `CreateContainerConfigError`: one of
+    /// its settings cannot be resolved as the pod stands (retryable: the pod may change).
+    pub config_error_in: Option<String>,
 }
 
 fn reject(field: &str, reason: impl Into<String>) -> Rejection {
@@ -57,6 +60,7 @@ fn reject(field: &str, reason: impl Into<String>) -> Rejection {
         field: field.to_owned(),
         reason: reason.into(),
         retryable: false,
+        config_error_in: None,
     }
 }
 
@@ -67,6 +71,7 @@ fn missing(field: &str, kind: &str, name: &str) -> Rejection {
             "{kind} {name:?} does not exist (mark the reference optional if that is expected)"
         ),
         retryable: true,
+        config_error_in: None,
     }
 }
 

@@ -1279,3 +1279,89 @@ fn persistent_volumes_ecs_cannot_mount_are_rejected_with_their_driver() {
         assert_eq!(rejection.retryable, retryable, "{rejection}");
     }
 }
+
+#[test]
+fn a_sub_path_expression_expands_as_the_kubelet_expands_it_or_waits_as_a_config_error() {
+    let fixture = Fixture::new();
+    let pod = |pod_name: &str, annotations: Value, expression: &str| {
+        mk_pod_with(
+            json!({"annotations": annotations}),
+            json!({"containers": [{"name": "app", "image": "app",
+                "env": [
+                    {"name": "POD_NAME", "value": pod_name},
+                    {"name": "ANNOTATION", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['mysubpath']"}}},
+                    {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "volumeMounts": [{"name": "work", "mountPath": "/sub", "subPathExpr": expression}]}],
+                "volumes": [{"name": "work", "emptyDir": {}}]}),
+        )
+    };
+    /// The sub-path, or the rejection's words and whether it is the container's config error.
+    type Expected = Result<&'static str, (&'static str, bool)>;
+    let with_path = json!({"mysubpath": "mypath"});
+    // (POD_NAME, annotations, expression, expected)
+    let cases: [(&str, Value, &str, Expected); 7] = [
+        ("foo", json!({}), "$(POD_NAME)", Ok("foo")),
+        (
+            "foo",
+            with_path,
+            "$(ANNOTATION)/$(POD_NAME)",
+            Ok("mypath/foo"),
+        ),
+        (
+            "foo",
+            json!({}),
+            "$(ANNOTATION)/$(POD_NAME)",
+            Err(("missing value for ANNOTATION", true)),
+        ),
+        (
+            "foo",
+            json!({}),
+            "$(NOT_DEFINED)",
+            Err(("missing value for NOT_DEFINED", true)),
+        ),
+        (
+            "..",
+            json!({}),
+            "$(POD_NAME)",
+            Err(("must not contain '..'", true)),
+        ),
+        (
+            "/tmp",
+            json!({}),
+            "$(POD_NAME)",
+            Err(("must not be an absolute path", true)),
+        ),
+        (
+            "foo",
+            json!({}),
+            "$(IP)",
+            Err(("sets only once the group exists", false)),
+        ),
+    ];
+    for (pod_name, annotations, expression, expected) in cases {
+        let pod = pod(pod_name, annotations, expression);
+        match expected {
+            Ok(sub_path) => {
+                let request = translate_ok(&pod, &fixture);
+                assert_eq!(
+                    request.container[0].volume_mount[0].sub_path, sub_path,
+                    "{expression}"
+                );
+            }
+            Err((words, config_error)) => {
+                let rejection = rejection(&pod, &fixture);
+                assert!(
+                    rejection.reason.contains(words),
+                    "{expression}: {rejection}"
+                );
+                assert_eq!(rejection.retryable, config_error, "{expression}");
+                assert_eq!(
+                    rejection.config_error_in.as_deref(),
+                    config_error.then_some("app"),
+                    "{expression}"
+                );
+                assert_eq!(rejection.field, "spec.containers[0] (app).volumeMounts[0]");
+            }
+        }
+    }
+}

@@ -279,6 +279,7 @@ fn translate(
                 claim.claim_name
             ),
             retryable: true,
+            config_error_in: None,
         })?;
         return claims::volume(&volume.name, pv, claim.read_only == Some(true), &at);
     }
@@ -390,6 +391,7 @@ fn projected_files(
                 field: at.to_owned(),
                 reason: "a service account token was not issued yet".into(),
                 retryable: true,
+                config_error_in: None,
             })?;
         Ok(vec![File {
             path: token.path.clone(),
