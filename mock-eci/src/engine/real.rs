@@ -269,6 +269,14 @@ mod tests {
         (group.status, reason)
     }
 
+    /// An exit that left no termination message.
+    fn exited(exit_code: i32) -> Observation {
+        Observation::Exited {
+            exit_code,
+            message: String::new(),
+        }
+    }
+
     #[test]
     fn a_run_is_asked_for_then_follows_what_the_runtime_saw() {
         let mut engine = engine();
@@ -290,26 +298,8 @@ mod tests {
         );
         assert_eq!(wanted(&mut engine, &id, 10_200), "Run 0");
         // A report about another run, or another container, changes nothing.
-        engine.observe(
-            &id,
-            "app",
-            1,
-            &Observation::Exited {
-                exit_code: 1,
-                message: String::new(),
-            },
-            10_300,
-        );
-        engine.observe(
-            &id,
-            "other",
-            0,
-            &Observation::Exited {
-                exit_code: 1,
-                message: String::new(),
-            },
-            10_300,
-        );
+        engine.observe(&id, "app", 1, &exited(1), 10_300);
+        engine.observe(&id, "other", 0, &exited(1), 10_300);
         assert_eq!(
             state(&engine, &id),
             (GroupStatus::Running, "Running".into())
@@ -333,16 +323,7 @@ mod tests {
         let id = create(&mut engine, "Always");
         assert_eq!(wanted(&mut engine, &id, 10_000), "Start 0");
         engine.observe(&id, "app", 0, &Observation::Started, 10_000);
-        engine.observe(
-            &id,
-            "app",
-            0,
-            &Observation::Exited {
-                exit_code: 1,
-                message: String::new(),
-            },
-            10_500,
-        );
+        engine.observe(&id, "app", 0, &exited(1), 10_500);
         assert_eq!(
             state(&engine, &id),
             (GroupStatus::Running, "CrashLoopBackOff".into())
@@ -425,16 +406,7 @@ mod tests {
         engine.delete(&delete, 10_100).expect("delete");
         assert_eq!(wanted(&mut engine, &id, 10_200), "terminating");
         // Exits seen while stopping are the deletion's doing: not reported as a crash.
-        engine.observe(
-            &id,
-            "app",
-            0,
-            &Observation::Exited {
-                exit_code: 143,
-                message: String::new(),
-            },
-            10_300,
-        );
+        engine.observe(&id, "app", 0, &exited(143), 10_300);
         assert_eq!(wanted(&mut engine, &id, 10_300), "terminating");
         engine.observe_deleted(&id, 10_400);
         assert_eq!(wanted(&mut engine, &id, 10_500), "absent");
@@ -536,16 +508,7 @@ mod tests {
                 && e.message == "Container app failed liveness probe, will be restarted"),
             "{events:?}"
         );
-        engine.observe(
-            &id,
-            "app",
-            0,
-            &Observation::Exited {
-                exit_code: 143,
-                message: String::new(),
-            },
-            10_500,
-        );
+        engine.observe(&id, "app", 0, &exited(143), 10_500);
         assert_eq!(
             state(&engine, &id),
             (GroupStatus::Running, "CrashLoopBackOff".into())
