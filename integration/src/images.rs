@@ -108,24 +108,42 @@ impl BuiltImage {
 /// busybox: Debian's static `/bin/busybox`, a symlink to it for each applet it lists, `/tmp`,
 /// and an `/etc/passwd` and `/etc/group` naming root and nobody; `Cmd` `sh`, `PATH` set.
 pub fn busybox() -> Result<BuiltImage, ImageError> {
-    busybox_from(Path::new(DEBIAN_BUSYBOX))
+    let run = RunConfig {
+        cmd: Some(vec!["sh".to_owned()]),
+        env: vec![DEFAULT_PATH.to_owned()],
+        ..RunConfig::default()
+    };
+    BuiltImage::from_tars(
+        &[busybox_layer(Path::new(DEBIAN_BUSYBOX), Applets::Listed)?],
+        &run,
+    )
 }
 
-/// [`busybox`] with the static busybox binary at `binary` instead of Debian's.
+/// busybox as the Docker library's image lays it out, from the static busybox binary at
+/// `binary`: every applet a link in /bin (Debian's puts some in /sbin and /usr/bin).
 pub fn busybox_from(binary: &Path) -> Result<BuiltImage, ImageError> {
     let run = RunConfig {
         cmd: Some(vec!["sh".to_owned()]),
         env: vec![DEFAULT_PATH.to_owned()],
         ..RunConfig::default()
     };
-    BuiltImage::from_tars(&[busybox_layer(binary)?], &run)
+    BuiltImage::from_tars(&[busybox_layer(binary, Applets::AllInBin)?], &run)
+}
+
+/// Where a busybox layer puts its applets' links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applets {
+    /// Where the binary's `--list-full` says (Debian's layout).
+    Listed,
+    /// All in /bin (the Docker library image's layout).
+    AllInBin,
 }
 
 /// The `PATH` busybox's images set.
 pub const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// [`busybox_from`]'s one layer (an uncompressed tar), for images built on it.
-pub fn busybox_layer(binary: &Path) -> Result<Vec<u8>, ImageError> {
+/// A busybox image's one layer (an uncompressed tar), for images built on it.
+pub fn busybox_layer(binary: &Path, applets: Applets) -> Result<Vec<u8>, ImageError> {
     let shown = binary.display();
     let content = std::fs::read(binary).map_err(|source| ImageError::Io {
         what: if binary == Path::new(DEBIAN_BUSYBOX) {
@@ -147,7 +165,7 @@ pub fn busybox_layer(binary: &Path) -> Result<Vec<u8>, ImageError> {
             String::from_utf8_lossy(&listed.stderr).into_owned(),
         ));
     }
-    let applets = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let listed_applets = String::from_utf8_lossy(&listed.stdout).into_owned();
     let mut layer = LayerBuilder::default();
     for dir in ["bin", "sbin", "usr", "usr/bin", "usr/sbin", "etc", "root"] {
         layer.dir(dir, 0o755)?;
@@ -156,10 +174,17 @@ pub fn busybox_layer(binary: &Path) -> Result<Vec<u8>, ImageError> {
     layer.file("bin/busybox", 0o755, &content)?;
     layer.file("etc/passwd", 0o644, PASSWD.as_bytes())?;
     layer.file("etc/group", 0o644, GROUP.as_bytes())?;
-    for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
-        if applet != "bin/busybox" {
-            layer.symlink(applet, "/bin/busybox")?;
-        }
+    let links: std::collections::BTreeSet<String> = listed_applets
+        .lines()
+        .map(str::trim)
+        .filter(|applet| !applet.is_empty())
+        .map(|applet| match applets {
+            Applets::Listed => applet.to_owned(),
+            Applets::AllInBin => format!("bin/{}", applet.rsplit('/').next().unwrap_or(applet)),
+        })
+        .collect();
+    for link in links.iter().filter(|link| *link != "bin/busybox") {
+        layer.symlink(link, "/bin/busybox")?;
     }
     layer.finish()
 }

@@ -292,10 +292,18 @@ impl RealRuntime {
             .busybox
             .as_deref()
             .unwrap_or(Path::new(images::DEBIAN_BUSYBOX));
-        let busybox_layer = images::busybox_layer(busybox_binary)?;
+        let layout = if tools.busybox.is_some() {
+            images::Applets::AllInBin
+        } else {
+            images::Applets::Listed
+        };
+        let busybox_layer = images::busybox_layer(busybox_binary, layout)?;
         for (name, kind) in E2E_IMAGES {
             let image = match kind {
-                E2eImage::Busybox => images::busybox_from(busybox_binary)?,
+                E2eImage::Busybox => match &tools.busybox {
+                    Some(binary) => images::busybox_from(binary)?,
+                    None => images::busybox()?,
+                },
                 E2eImage::Agnhost | E2eImage::Pause => {
                     let (entrypoint, cmd) = if kind == E2eImage::Agnhost {
                         (vec!["/agnhost".to_owned()], Some(vec!["pause".to_owned()]))

@@ -399,3 +399,28 @@ async fn groups_pulling_one_image_at_once_share_one_rootfs() {
         "no temporary blob or rootfs left: {left:?}"
     );
 }
+
+#[test]
+fn the_library_layout_links_every_applet_in_bin_and_debians_follows_its_list() {
+    let links = |applets| {
+        let layer = images::busybox_layer(Path::new(images::DEBIAN_BUSYBOX), applets)
+            .expect("the layer builds");
+        let mut archive = tar::Archive::new(layer.as_slice());
+        archive
+            .entries()
+            .expect("entries")
+            .map(|entry| entry.expect("an entry"))
+            .filter(|entry| entry.header().entry_type() == tar::EntryType::Symlink)
+            .map(|entry| entry.path().expect("a path").display().to_string())
+            .collect::<Vec<_>>()
+    };
+    let in_bin = links(images::Applets::AllInBin);
+    assert!(in_bin.contains(&"bin/sysctl".to_owned()), "{in_bin:?}");
+    assert!(
+        in_bin.iter().all(|link| link.starts_with("bin/")),
+        "{in_bin:?}"
+    );
+    let listed = links(images::Applets::Listed);
+    assert!(listed.contains(&"sbin/sysctl".to_owned()), "{listed:?}");
+    assert_eq!(in_bin.len(), listed.len(), "one link per applet either way");
+}

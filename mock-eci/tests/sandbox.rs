@@ -123,6 +123,7 @@ impl Fixture {
             dns: Dns::default(),
             host_aliases: Vec::new(),
             volumes: Vec::new(),
+            sysctls: Vec::new(),
         };
         self.sandbox.create_group(&spec).await.expect("group")
     }
@@ -479,6 +480,7 @@ async fn bad_input_is_refused_and_leaves_nothing() {
         dns: Dns::default(),
         host_aliases: Vec::new(),
         volumes: Vec::new(),
+        sysctls: Vec::new(),
     };
     let alias = mock_eci::sandbox::HostAlias {
         ip: Ipv4Addr::new(10, 0, 0, 1),
@@ -567,6 +569,7 @@ async fn a_sub_path_cannot_follow_a_link_out_of_its_volume() {
                 size_limit: None,
             },
         }],
+        sysctls: Vec::new(),
     };
     let mut group = fixture.sandbox.create_group(&spec).await.expect("group");
     let mount = |sub_path: &str| MountSpec {
@@ -685,4 +688,40 @@ fn render_cri(log: &str, tail: usize) -> String {
             timestamps: false,
         },
     )
+}
+
+#[tokio::test]
+async fn a_groups_sysctls_are_set_in_its_namespaces_and_not_the_hosts() {
+    let fixture = Fixture::new(12).await;
+    let host_before = std::fs::read_to_string("/proc/sys/kernel/shm_rmid_forced").expect("host");
+    let spec = GroupSpec {
+        id: "eci-sysctl".to_owned(),
+        hostname: "sysctl".to_owned(),
+        ip: fixture.ip(2),
+        dns: Dns::default(),
+        host_aliases: Vec::new(),
+        volumes: Vec::new(),
+        sysctls: vec![
+            ("kernel.shm_rmid_forced".to_owned(), "1".to_owned()),
+            (
+                "net.ipv4.ip_unprivileged_port_start".to_owned(),
+                "80".to_owned(),
+            ),
+        ],
+    };
+    let mut group = fixture.sandbox.create_group(&spec).await.expect("group");
+    let reader = shell(
+        "reader",
+        "cat /proc/sys/kernel/shm_rmid_forced /proc/sys/net/ipv4/ip_unprivileged_port_start",
+    );
+    group.start(&reader, &fixture.rootfs).await.expect("starts");
+    assert_eq!(group.wait("reader").await.expect("ends").code, 0);
+    assert_eq!(log_texts(&group, "reader"), ["1", "80"]);
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/shm_rmid_forced").expect("host"),
+        host_before,
+        "the host's own value is untouched"
+    );
+    group.delete(Duration::from_secs(1)).await.expect("delete");
+    fixture.finish().await;
 }

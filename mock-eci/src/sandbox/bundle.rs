@@ -104,6 +104,9 @@ pub struct ContainerConfig<'a> {
     /// uid and gid.
     pub user: (u32, u32),
     pub read_only_root: bool,
+    /// Kernel parameters of the namespaces the container joins (the runtime refuses one that
+    /// is not namespaced).
+    pub sysctls: &'a [(String, String)],
 }
 
 /// A volume (or a part of one) bound into the container.
@@ -147,6 +150,9 @@ pub fn container_spec(config: &ContainerConfig<'_>) -> Result<Spec, BundleError>
         linux.set_namespaces(Some(namespaces(config.netns, config.ipc_ns)?));
         linux.set_cgroups_path(Some(PathBuf::from(format!("/{}", config.cgroup))));
         linux.set_resources(Some(resources(config)?));
+        if !config.sysctls.is_empty() {
+            linux.set_sysctl(Some(config.sysctls.iter().cloned().collect()));
+        }
     }
     Ok(spec)
 }
@@ -364,6 +370,7 @@ mod tests {
             volume_mounts: &[],
             user: (0, 0),
             read_only_root: false,
+            sysctls: &[],
         }
     }
 

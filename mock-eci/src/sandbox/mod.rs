@@ -94,6 +94,9 @@ pub struct GroupSpec {
     pub dns: Dns,
     pub host_aliases: Vec<HostAlias>,
     pub volumes: Vec<VolumeSpec>,
+    /// Namespaced kernel parameters (`SecurityContext.Sysctl`), set in the group's network and
+    /// IPC namespaces as each container starts.
+    pub sysctls: Vec<(String, String)>,
 }
 
 /// One container to run: the command line is already resolved (the image's entrypoint and
@@ -264,6 +267,7 @@ impl Sandbox {
             limits: self.limits,
             hostname,
             volumes: Vec::new(),
+            sysctls: spec.sysctls.clone(),
             id,
             containers: BTreeMap::new(),
         };
@@ -299,6 +303,7 @@ pub struct Group {
     limits: LimitSupport,
     /// Each volume and its directory.
     volumes: Vec<(VolumeSpec, PathBuf)>,
+    sysctls: Vec<(String, String)>,
     containers: BTreeMap<Label, Container>,
 }
 
@@ -430,6 +435,7 @@ impl Group {
             volume_mounts: &volume_mounts,
             user: spec.user,
             read_only_root: spec.read_only_root,
+            sysctls: &self.sysctls,
         };
         let config_json = serde_json::to_vec(&bundle::container_spec(&config)?)
             .map_err(|e| io_error("serialize", dir, std::io::Error::other(e)))?;

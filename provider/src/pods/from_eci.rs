@@ -138,9 +138,63 @@ fn container_statuses<'a>(
             if !container_id.is_empty() {
                 status["containerID"] = json!(container_id);
             }
+            if let Some(resources) = status_resources(container, info) {
+                status["resources"] = resources;
+            }
             status
         })
         .collect()
+}
+
+/// A container's CPU and memory as the kubelet reports them in its status: the spec's
+/// requests and limits, with the one ECI sizes the container by (the limit, else the request)
+/// replaced by what the ECI container runs with, when ECI states it (it shows 0 for a size it
+/// was not given). `None` when the spec sets neither resource.
+fn status_resources(
+    container: &k8s_openapi::api::core::v1::Container,
+    info: Option<&ContainerInfo>,
+) -> Option<Value> {
+    use vne_core::quantity::{Format, Quantity};
+    let spec = container.resources.as_ref();
+    let mut requests = Map::new();
+    let mut limits = Map::new();
+    for kind in ["cpu", "memory"] {
+        let of = |list: Option<&std::collections::BTreeMap<String, _>>| {
+            list.and_then(|l| l.get(kind))
+                .map(|q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| q.0.clone())
+        };
+        let request = of(spec.and_then(|r| r.requests.as_ref()));
+        let limit = of(spec.and_then(|r| r.limits.as_ref()));
+        #[allow(clippy::cast_possible_truncation)]
+        let runs = info.and_then(|info| match kind {
+            "cpu" => (info.cpu > 0.0)
+                .then(|| Quantity::from_nanos((info.cpu * 1e9).round() as i128, Format::DecimalSi)),
+            _ => (info.memory > 0.0).then(|| {
+                let bytes = (info.memory * f64::from(1u32 << 30)).round() as i128;
+                Quantity::from_nanos(bytes * 1_000_000_000, Format::BinarySi)
+            }),
+        });
+        let runs = runs.map(Quantity::canonical);
+        match (request, limit) {
+            (request, Some(limit)) => {
+                limits.insert(kind.into(), json!(runs.unwrap_or(limit)));
+                if let Some(request) = request {
+                    requests.insert(kind.into(), json!(request));
+                }
+            }
+            (Some(request), None) => {
+                requests.insert(kind.into(), json!(runs.unwrap_or(request)));
+            }
+            (None, None) => {}
+        }
+    }
+    let mut resources = Map::new();
+    for (key, list) in [("requests", requests), ("limits", limits)] {
+        if !list.is_empty() {
+            resources.insert(key.into(), Value::Object(list));
+        }
+    }
+    (!resources.is_empty()).then_some(Value::Object(resources))
 }
 
 /// Whether an init container's status shows it done with, as the kubelet counts it: a regular
@@ -1678,6 +1732,59 @@ mod tests {
                 {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]})
         );
         assert_eq!(owned(&json!({"qosClass": "BestEffort"})), json!({}));
+    }
+
+    #[test]
+    fn status_resources_are_the_specs_with_the_size_eci_runs() {
+        let container = |resources: Value| -> k8s_openapi::api::core::v1::Container {
+            serde_json::from_value(json!({"name": "app", "resources": resources})).unwrap()
+        };
+        let runs = |cpu: f64, memory: f64| ContainerInfo {
+            name: "app".into(),
+            cpu,
+            memory,
+            ..ContainerInfo::default()
+        };
+        // (spec resources, what ECI runs (vCPU, GiB), the status's resources)
+        let cases = [
+            (
+                json!({"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}),
+                Some((1.0, 1.0)),
+                json!({"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}),
+            ),
+            (
+                json!({"requests": {"cpu": "100m", "memory": "200Mi"}}),
+                Some((0.1, 0.195_312_5)),
+                json!({"requests": {"cpu": "100m", "memory": "200Mi"}}),
+            ),
+            // A resize asked for 2 vCPU; the container still runs with 1.
+            (
+                json!({"limits": {"cpu": "2"}}),
+                Some((1.0, 0.0)),
+                json!({"limits": {"cpu": "1"}}),
+            ),
+            // ECI states no size (0): the spec's own values.
+            (
+                json!({"limits": {"memory": "512Mi"}}),
+                Some((0.0, 0.0)),
+                json!({"limits": {"memory": "512Mi"}}),
+            ),
+            (
+                json!({"requests": {"cpu": "250m"}}),
+                None,
+                json!({"requests": {"cpu": "250m"}}),
+            ),
+            (json!({}), Some((1.0, 2.0)), Value::Null),
+        ];
+        for (spec, size, expected) in cases {
+            let info = size.map(|(cpu, memory)| runs(cpu, memory));
+            let shown = status_resources(&container(spec.clone()), info.as_ref());
+            assert_eq!(
+                shown.unwrap_or(Value::Null),
+                expected,
+                "{spec} running {size:?}"
+            );
+        }
     }
 
     #[test]

@@ -927,6 +927,12 @@ fn group_spec(
         dns,
         host_aliases,
         volumes: request.volume.iter().map(resolve::volume).collect(),
+        sysctls: request
+            .security_context
+            .iter()
+            .flat_map(|context| &context.sysctl)
+            .map(|sysctl| (sysctl.name.clone(), sysctl.value.clone()))
+            .collect(),
     }
 }
 
