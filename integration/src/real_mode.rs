@@ -41,8 +41,11 @@ pub const IMAGES: [&str; 3] = [
 /// (k8s.io/kubernetes/test/images/agnhost, built by `upstream/build.sh e2e-test`) on busybox
 /// with curl, as upstream puts it on a small base with a shell; pause is agnhost's `pause` (it
 /// waits for a signal, which is all a pause container does); busybox is [`E2eTools::busybox`].
-pub const E2E_IMAGES: [(&str, E2eImage); 5] = [
+pub const E2E_IMAGES: [(&str, E2eImage); 6] = [
     ("e2e-test-images/agnhost:2.66.1", E2eImage::Agnhost),
+    // The suite's "previous" agnhost, which it runs only as a container to replace with the
+    // current one: the same program under the older tag.
+    ("e2e-test-images/agnhost:2.55", E2eImage::Agnhost),
     ("e2e-test-images/busybox:1.37.0-2", E2eImage::Busybox),
     ("e2e-test-images/busybox:1.36.1-1", E2eImage::Busybox),
     ("pause:3.10.2", E2eImage::Pause),
@@ -69,7 +72,8 @@ pub struct E2eTools {
 pub enum E2eImage {
     /// busybox alone.
     Busybox,
-    /// busybox, curl and `/agnhost`, entrypoint `/agnhost`, command `pause`.
+    /// busybox, curl and `/agnhost` (and `/agnhost-2`, a link to it), entrypoint `/agnhost`,
+    /// command `pause`.
     Agnhost,
     /// busybox, curl and `/agnhost`, entrypoint `/agnhost pause`.
     Pause,
@@ -284,6 +288,8 @@ impl RealRuntime {
         };
         let mut layer = images::LayerBuilder::default();
         layer.file("agnhost", 0o755, &read(&tools.agnhost, "agnhost")?)?;
+        // As upstream's image: the entrypoint tests run agnhost under a second name.
+        layer.symlink("agnhost-2", "agnhost")?;
         if let Some(curl) = &tools.curl {
             layer.file("usr/bin/curl", 0o755, &read(curl, "curl")?)?;
         }

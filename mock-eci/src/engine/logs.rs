@@ -116,11 +116,12 @@ pub struct RealLogs {
 }
 
 /// A real container's log (CRI lines: `<RFC 3339 time> <stream> <F|P> <text>`) as ECI answers
-/// it: partial chunks joined into their line, then `since`, `tail`, `limit_bytes`, and the
-/// line's time in front when `timestamps`. Lines that are not CRI lines are skipped.
+/// it: partial chunks joined into their line (a last one never ended keeps no newline, as the
+/// kubelet reads it), then `since`, `tail`, `limit_bytes`, and the line's time in front when
+/// `timestamps`. Lines that are not CRI lines are skipped.
 pub fn render_cri(text: &str, query: LogQuery) -> String {
-    // (time text, time, line)
-    let mut lines: Vec<(String, Option<Millis>, String)> = Vec::new();
+    // (time text, time, line, ended by a newline)
+    let mut lines: Vec<(String, Option<Millis>, String, bool)> = Vec::new();
     let mut partial: Option<(String, String)> = None;
     for raw in text.lines() {
         let mut fields = raw.splitn(4, ' ');
@@ -144,26 +145,29 @@ pub fn render_cri(text: &str, query: LogQuery) -> String {
             "P" => partial = Some((first_time, line)),
             _ => {
                 let at = crate::clock::parse_rfc3339(&first_time);
-                lines.push((first_time, at, line));
+                lines.push((first_time, at, line, true));
             }
         }
     }
+    // Output cut short (the run ended mid-line): the text as written, without a newline.
     if let Some((time, line)) = partial {
         let at = crate::clock::parse_rfc3339(&time);
-        lines.push((time, at, line));
+        lines.push((time, at, line, false));
     }
     if let Some(since) = query.since {
-        lines.retain(|(_, at, _)| at.is_none_or(|at| at >= since));
+        lines.retain(|(_, at, ..)| at.is_none_or(|at| at >= since));
     }
     let first = lines.len().saturating_sub(query.tail);
     let mut out = String::new();
-    for (time, _, line) in &lines[first..] {
+    for (time, _, line, ended) in &lines[first..] {
         if query.timestamps {
             out.push_str(time);
             out.push(' ');
         }
         out.push_str(line);
-        out.push('\n');
+        if *ended {
+            out.push('\n');
+        }
     }
     if let Some(limit) = query.limit_bytes {
         truncate_at_char_boundary(&mut out, limit);
@@ -417,7 +421,7 @@ mod tests {
         let big_file = "x".repeat(MESSAGE_FILE_BYTES + 10);
         let last_80: String = (21..=100).map(|n| format!("line {n}\n")).collect();
         // (file, log offered, expected)
-        let cases: [(&str, Option<&str>, String); 6] = [
+        let cases: [(&str, Option<&str>, String); 7] = [
             ("DONE", None, "DONE".into()),
             ("DONE", Some(&log), "DONE".into()),
             ("", None, String::new()),
@@ -427,6 +431,12 @@ mod tests {
                 "",
                 Some("2026-11-29T10:00:00Z stderr P par\n2026-11-29T10:00:00Z stderr F tial\n"),
                 "partial\n".into(),
+            ),
+            // Output the run ended mid-line (`echo -n DONE`) keeps no newline.
+            (
+                "",
+                Some("2026-11-29T10:00:00Z stdout P DONE\n"),
+                "DONE".into(),
             ),
         ];
         for (file, log, expected) in cases {

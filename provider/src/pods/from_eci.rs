@@ -139,6 +139,10 @@ fn container_statuses<'a>(
                 status["containerID"] = json!(container_id);
             }
             if let Some(resources) = status_resources(container, info) {
+                // As the kubelet: what was allocated is what the container was admitted with.
+                if let Some(requests) = resources.get("requests") {
+                    status["allocatedResources"] = requests.clone();
+                }
                 status["resources"] = resources;
             }
             status
@@ -1785,6 +1789,29 @@ mod tests {
                 "{spec} running {size:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_running_containers_status_carries_its_resources_and_what_was_allocated() {
+        let mut pod = mk_pod(false);
+        pod.spec.as_mut().unwrap().containers[0].resources = Some(
+            serde_json::from_value(
+                json!({"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}),
+            )
+            .unwrap(),
+        );
+        let mut app = info("app", "Running", true, None);
+        (app.cpu, app.memory) = (1.0, 1.0);
+        let group = mk_group("Running", vec![app, info("side", "Running", true, None)]);
+        let shown = pod_status(&pod, &group, at(0));
+        let app = &shown["containerStatuses"][0];
+        assert_eq!(
+            app["resources"],
+            json!({"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}})
+        );
+        assert_eq!(app["allocatedResources"], json!({"cpu": "500m"}));
+        let side = &shown["containerStatuses"][1];
+        assert!(side.get("resources").is_none() && side.get("allocatedResources").is_none());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The copy of a pod the controller keeps once its container group exists.
 //!
-//! After creation the controller reads a pod only to write its status (container names and
-//! images, which init containers are sidecars, readiness gates, generation, the current status), to delete it (grace period) and to publish Events about it.
+//! After creation the controller reads a pod only to write its status (container names,
+//! images, CPU and memory, which init containers are sidecars, readiness gates, generation, the
+//! current status), to delete it (grace period) and to publish Events about it.
 //! Of the annotations, only those the daemon writes back are kept: a status write corrects a
 //! value of them that ECI did not give (a pod author's claim in a field other controllers read
 //! as ours). Everything else — env, volumes, probes, affinity, managed fields, the other
@@ -15,7 +16,8 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::error;
 
@@ -129,7 +131,27 @@ fn slim_container(container: &Container) -> Container {
         image: container.image.clone(),
         // Marks a native sidecar, whose status ECI reports among the containers.
         restart_policy: container.restart_policy.clone(),
+        // Its CPU and memory: the status reports them, and a resize compares them.
+        resources: container.resources.as_ref().map(cpu_and_memory),
         ..Container::default()
+    }
+}
+
+/// The CPU and memory requests and limits of `resources`.
+fn cpu_and_memory(resources: &ResourceRequirements) -> ResourceRequirements {
+    let kept = |list: &Option<std::collections::BTreeMap<String, Quantity>>| {
+        let kept: std::collections::BTreeMap<String, Quantity> = list
+            .iter()
+            .flatten()
+            .filter(|(kind, _)| matches!(kind.as_str(), "cpu" | "memory"))
+            .map(|(kind, quantity)| (kind.clone(), quantity.clone()))
+            .collect();
+        (!kept.is_empty()).then_some(kept)
+    };
+    ResourceRequirements {
+        requests: kept(&resources.requests),
+        limits: kept(&resources.limits),
+        ..ResourceRequirements::default()
     }
 }
 
@@ -199,7 +221,8 @@ mod tests {
                 "initContainers": [{"name": "migrate", "image": "migrate:1", "env": [{"name": "A", "value": "1"}]},
                     {"name": "proxy", "image": "envoy:1", "restartPolicy": "Always"}],
                 "containers": [{"name": "app", "image": "nginx:1.27", "args": ["-g", "daemon off;"],
-                    "env": [{"name": "B", "value": "2"}], "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                    "env": [{"name": "B", "value": "2"}], "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    "resources": {"requests": {"cpu": "250m", "ephemeral-storage": "1Gi"}, "limits": {"memory": "512Mi", "nvidia.com/gpu": "1"}}}],
                 "volumes": [{"name": "data", "emptyDir": {}}],
                 "readinessGates": [{"conditionType": "example.com/lb-ready"}],
                 "tolerations": [{"operator": "Exists"}]},
@@ -251,6 +274,18 @@ mod tests {
         assert_eq!(spec.containers[0].name, "app");
         assert_eq!(spec.containers[0].image.as_deref(), Some("nginx:1.27"));
         assert!(spec.containers[0].env.is_none() && spec.containers[0].args.is_none());
+        // CPU and memory stay (the status reports them); other resources go.
+        let resources = spec.containers[0].resources.as_ref().unwrap();
+        let keys = |list: &Option<std::collections::BTreeMap<String, Quantity>>| {
+            list.iter()
+                .flatten()
+                .map(|(k, q)| format!("{k}={}", q.0))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            (keys(&resources.requests), keys(&resources.limits)),
+            (vec!["cpu=250m".to_owned()], vec!["memory=512Mi".to_owned()])
+        );
         let init = spec.init_containers.as_ref().unwrap();
         assert_eq!(init[0].name, "migrate");
         // Which init container is a sidecar decides where its status comes from.
