@@ -125,6 +125,7 @@ class RealRun(Run):
             return
         self.results.ok("DescribeContainerGroups", "the group reaches Running")
         self.address_checks(group)
+        self.init_checks(group_id)
         self.sandbox_checks(group_id, group)
         self.metric_checks_real(group_id)
         self.update_checks_real(group_id)
@@ -142,13 +143,20 @@ class RealRun(Run):
             "DescribeContainerGroups", "IntranetIp is in the run's network, not loopback",
             address in network and not address.is_loopback, f"{address} (network {network})",
         )
-        init = (group.init_containers or [None])[0]
-        state = init.current_state if init else None
-        self.results.expect(
-            "DescribeContainerGroups", "the init container Terminated with exit code 0",
-            state is not None and state.state == "Terminated" and state.exit_code == 0,
-            f"{state and (state.state, state.exit_code, state.reason)}",
-        )
+
+    def init_checks(self, group_id):
+        """The init container ends with code 0. Polled: the group shows Running from the first
+        container's start on, which may be the init container's."""
+
+        def read():
+            answer = self.describe(ids=[group_id])
+            groups = (answer.body.container_groups or []) if answer else []
+            init = (groups[0].init_containers or [None])[0] if groups else None
+            state = init.current_state if init else None
+            return state and (state.state, state.exit_code)
+
+        self.until("DescribeContainerGroups", "the init container Terminated with exit code 0",
+                   read, lambda state: state == ("Terminated", 0))
 
     def sandbox_checks(self, group_id, group):
         self.until("DescribeContainerLog", "the log is what the container printed",

@@ -187,6 +187,14 @@ pub enum BindError {
         #[source]
         source: kube::Error,
     },
+    /// The bind's task ended without an answer (it panicked or was cancelled).
+    #[error("the bind of pod {pod} ended without an answer: {message}")]
+    Task {
+        /// `namespace/name`.
+        pod: String,
+        /// What ended it.
+        message: String,
+    },
 }
 
 /// What the handlers share.
@@ -199,6 +207,8 @@ pub struct Extender {
     pub telemetry: Arc<Telemetry>,
     /// Events on pods.
     pub events: EventPublisher,
+    /// The binds under way (see the `bind` handler).
+    pub binds: tokio_util::task::TaskTracker,
 }
 
 impl std::fmt::Debug for Extender {
@@ -387,7 +397,23 @@ async fn bind(
     axum::Json(args): axum::Json<BindingArgs>,
 ) -> axum::Json<BindingResult> {
     let started = Instant::now();
-    let result = match extender.bind(&args).await {
+    // The bind runs as a task of its own: kube-scheduler stops waiting at its extender timeout
+    // and closes the connection, which drops this handler; a bind dropped half-way would leave
+    // a binding made but not counted, or a reservation never released.
+    let args = Arc::new(args);
+    let running = {
+        let (binder, args) = (Arc::clone(&extender), Arc::clone(&args));
+        extender
+            .binds
+            .spawn(async move { binder.bind(&args).await })
+    };
+    let outcome = running.await.unwrap_or_else(|error| {
+        Err(BindError::Task {
+            pod: format!("{}/{}", args.pod_namespace, args.pod_name),
+            message: error.to_string(),
+        })
+    });
+    let result = match outcome {
         Ok(()) => BindingResult::default(),
         Err(error) => {
             let error = crate::ops::chain::Chain(&error).to_string();

@@ -456,6 +456,7 @@ impl Leadership {
                 client: self.client.clone(),
                 telemetry: Arc::clone(&self.telemetry),
                 events: self.events.clone(),
+                binds: tokio_util::task::TaskTracker::new(),
             });
             let (config, client, stop) = (self.config.clone(), self.client.clone(), stop.clone());
             tasks.spawn(serve_extender(config, client, served, stop));
