@@ -520,11 +520,7 @@ impl Group {
     /// The last `limit` bytes of what container `name`'s latest run wrote to its
     /// termination-message file; empty when it wrote nothing (or the file is gone).
     pub fn termination_message(&self, name: &str, limit: usize) -> Vec<u8> {
-        let path = self
-            .dir
-            .join("containers")
-            .join(name)
-            .join(TERMINATION_MESSAGE);
+        let path = self.log_path(name).with_file_name(TERMINATION_MESSAGE);
         read_tail(&path, limit).unwrap_or_default()
     }
 
