@@ -746,15 +746,29 @@ impl Harness {
         naming: &[&str],
         timeout: Duration,
     ) -> Result<(), HarnessError> {
+        self.wait_event((namespace, name), "Warning", reason, naming, timeout)
+            .await
+    }
+
+    /// Waits up to `timeout` until an Event of type `kind` and `reason` on `namespace/name`
+    /// says each of `naming`.
+    pub async fn wait_event(
+        &self,
+        (namespace, name): (&str, &str),
+        kind: &str,
+        reason: &str,
+        naming: &[&str],
+        timeout: Duration,
+    ) -> Result<(), HarnessError> {
         let events: Api<Event> = Api::namespaced(self.client(), namespace);
-        let what = format!("a Warning Event {reason} on {namespace}/{name} naming {naming:?}");
+        let what = format!("a {kind} Event {reason} on {namespace}/{name} naming {naming:?}");
         self.wait_for(&what, timeout, |_| {
             let events = events.clone();
             async move {
                 events.list(&ListParams::default()).await.is_ok_and(|list| {
                     list.items.iter().any(|e| {
                         e.involved_object.name.as_deref() == Some(name)
-                            && e.type_.as_deref() == Some("Warning")
+                            && e.type_.as_deref() == Some(kind)
                             && e.reason.as_deref() == Some(reason)
                             && e.message
                                 .as_deref()

@@ -15,6 +15,7 @@
 
 mod carried;
 mod create;
+mod deadline;
 mod delete;
 mod describe;
 mod eci_events;
@@ -316,6 +317,8 @@ struct Inner {
     awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
     /// DescribeContainerGroups lookups of single groups, sharing calls.
     group_reads: Arc<describe::GroupReads>,
+    /// Wakes each pod with an active deadline when it falls due (one timer queue for all).
+    deadlines: deadline::Deadlines,
     /// Keeps the groups' service account tokens fresh (one timer queue for all pods).
     tokens: crate::pods::tokens::TokenRefresher,
     /// The Services ECI pods see in their environment (one watch).
@@ -563,6 +566,7 @@ impl PodController {
                 shares,
                 replicas,
                 awaiting_removal: Mutex::new(HashMap::new()),
+                deadlines: deadline::Deadlines::default(),
                 group_reads: Arc::default(),
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
@@ -673,7 +677,13 @@ impl PodController {
         loops.spawn("creators", self.clone().create_groups(stop.clone()));
         loops.spawn("annotators", self.clone().annotate_pods(stop.clone()));
         loops.spawn("removals", self.clone().watch_removals(stop.clone()));
-        loops.spawn("requeues", self.clone().requeue_held(stop));
+        loops.spawn("requeues", self.clone().requeue_held(stop.clone()));
+        let this = self.clone();
+        loops.spawn("deadlines", async move {
+            let due = |uid: String| this.wake(&uid);
+            this.inner.deadlines.run(stop, due).await;
+            Ok(())
+        });
         let outcome = loops.join().await;
         self.finish_pod_tasks().await;
         outcome?;
@@ -867,19 +877,32 @@ impl PodController {
             .filter_map(|(uid, entry)| Some((uid.clone(), entry.pod.clone()?)))
             .collect();
         for (uid, copy) in kept {
-            let Some(pod) = copy.pod() else { continue };
-            let effect = {
-                let mut tracked = self.tracked();
-                let Some(entry) = tracked.get_mut(&uid) else {
-                    continue;
-                };
-                if entry.pod.as_ref().map(slim::PodCopy::version) != Some(copy.version()) {
-                    continue;
-                }
-                self.step(entry, &uid, &pod, Delivery::Keep)
-            };
-            self.act(pod, uid, effect);
+            self.drive_kept(uid, &copy);
         }
+    }
+
+    /// Drives pod `uid` again from the copy its entry holds: its deadline fell due.
+    fn wake(&self, uid: &str) {
+        let kept = self.tracked().get(uid).and_then(|entry| entry.pod.clone());
+        if let Some(copy) = kept {
+            self.drive_kept(uid.to_owned(), &copy);
+        }
+    }
+
+    /// Drives pod `uid` from `copy` (unpacked outside the lock) if its entry still holds it.
+    fn drive_kept(&self, uid: String, copy: &slim::PodCopy) {
+        let Some(pod) = copy.pod() else { return };
+        let effect = {
+            let mut tracked = self.tracked();
+            let Some(entry) = tracked.get_mut(&uid) else {
+                return;
+            };
+            if entry.pod.as_ref().map(slim::PodCopy::version) != Some(copy.version()) {
+                return;
+            }
+            self.step(entry, &uid, &pod, Delivery::Keep)
+        };
+        self.act(pod, uid, effect);
     }
 
     /// Moves the pod's lifecycle on by what `pod` shows, and queues its status sync when the
@@ -906,6 +929,7 @@ impl PodController {
                 .map(String::as_str),
         };
         let effect = entry.on(uid, Trigger::Observed(observed));
+        let effect = self.mind_deadline(entry, uid, pod, effect);
         // After a restart: what a pod showing its group's id carries of ours stays on it.
         if let Some(group) = entry.lifecycle.live_group() {
             let shown = pod.annotations();
@@ -967,6 +991,11 @@ impl PodController {
                 );
             }
             Some(Effect::DeleteGroup(id)) => self.delete_group_eventually(id.into()),
+            Some(Effect::Stop(group)) => {
+                let stopping = self.clone();
+                let group = group.map(String::from);
+                self.spawn_pod_task(stopping.stop_at_deadline(pod, uid, group).instrument(span));
+            }
         }
     }
 }

@@ -596,6 +596,12 @@ fn conditions(
     conditions
 }
 
+/// The reason of a pod past its active deadline (the kubelet's), and of ECI's event when it
+/// ends a group at the deadline it was created with.
+pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+/// The kubelet's message with [`DEADLINE_EXCEEDED`].
+pub const DEADLINE_MESSAGE: &str = "Pod was active on the node longer than the specified deadline";
+
 /// What the group itself shows on the pod: its address, its start, why it failed.
 fn show_group(status: &mut Value, group: &ContainerGroupStatus) {
     // Only an address: the API server refuses a status whose pod IP is not one.
@@ -621,6 +627,11 @@ fn show_group(status: &mut Value, group: &ContainerGroupStatus) {
         "Expired" => {
             status["reason"] = json!("Expired");
             status["message"] = json!("the spot ECI instance was reclaimed");
+        }
+        // ECI ended the group at the deadline it was created with: the kubelet's words.
+        "Failed" if group.events.iter().any(|e| e.reason == DEADLINE_EXCEEDED) => {
+            status["reason"] = json!(DEADLINE_EXCEEDED);
+            status["message"] = json!(DEADLINE_MESSAGE);
         }
         _ => {}
     }
@@ -707,6 +718,28 @@ pub fn container_config_error(pod: &Pod, at_fault: &str, message: &str) -> Value
 /// kubelet shows a container it cannot find (`ContainerStatusUnknown`, exit code 137), its
 /// last known state kept as `lastState`.
 pub fn lost(pod: &Pod, reason: &str, message: &str, now: SystemTime) -> Value {
+    ended(pod, reason, message, Ending::Lost, now)
+}
+
+/// The status of a pod this daemon stopped while it ran (past its active deadline): Failed
+/// with `reason` and `message`, each container still running shown terminated as the kubelet
+/// shows a container it killed (exit code 137, `Error`, finished `now`).
+pub fn stopped(pod: &Pod, reason: &str, message: &str, now: SystemTime) -> Value {
+    ended(pod, reason, message, Ending::Killed, now)
+}
+
+/// How the containers of a pod that [`ended`] are shown.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    /// Not found: `ContainerStatusUnknown`, the last state known kept as `lastState`.
+    Lost,
+    /// Killed by us: terminated from the running state.
+    Killed,
+}
+
+/// A Failed status with `reason` and `message`, every container not terminated yet shown
+/// terminated as `ending` says, and not ready.
+fn ended(pod: &Pod, reason: &str, message: &str, ending: Ending, now: SystemTime) -> Value {
     let mut status = with_phase(pod, "Failed", reason, message);
     for key in ["containerStatuses", "initContainerStatuses"] {
         for container in status[key].as_array_mut().into_iter().flatten() {
@@ -714,16 +747,31 @@ pub fn lost(pod: &Pod, reason: &str, message: &str, now: SystemTime) -> Value {
                 continue;
             }
             let last = container["state"].take();
-            container["lastState"] = if last.get("running").is_some() {
-                last
-            } else {
-                container["lastState"].take()
+            container["state"] = match ending {
+                Ending::Lost => {
+                    container["lastState"] = if last.get("running").is_some() {
+                        last
+                    } else {
+                        container["lastState"].take()
+                    };
+                    json!({"terminated": {
+                        "exitCode": 137,
+                        "reason": "ContainerStatusUnknown",
+                        "message": "The container could not be located when the pod was terminated",
+                    }})
+                }
+                Ending::Killed => {
+                    let mut terminated = json!({
+                        "exitCode": 137,
+                        "reason": "Error",
+                        "finishedAt": crate::k8s::rfc3339(now),
+                    });
+                    if let Some(started) = last.pointer("/running/startedAt") {
+                        terminated["startedAt"] = started.clone();
+                    }
+                    json!({ "terminated": terminated })
+                }
             };
-            container["state"] = json!({"terminated": {
-                "exitCode": 137,
-                "reason": "ContainerStatusUnknown",
-                "message": "The container could not be located when the pod was terminated",
-            }});
             container["ready"] = json!(false);
             container["started"] = json!(false);
         }
@@ -1951,6 +1999,79 @@ mod tests {
         assert_eq!(
             lost["containerStatuses"][1]["state"]["terminated"]["reason"],
             "ContainerStatusUnknown"
+        );
+    }
+
+    #[test]
+    fn a_pod_stopped_at_its_deadline_fails_with_its_containers_killed() {
+        let group = mk_group(
+            "Running",
+            vec![
+                info("app", "Terminated", false, Some(0)),
+                info("side", "Running", true, None),
+            ],
+        );
+        let mut pod = mk_pod(false);
+        pod.status = Some(serde_json::from_value(pod_status(&pod, &group, at(0))).unwrap());
+        let stopped = stopped(&pod, DEADLINE_EXCEEDED, DEADLINE_MESSAGE, at(60));
+        assert_eq!(
+            (
+                stopped["phase"].as_str(),
+                stopped["reason"].as_str(),
+                stopped["message"].as_str()
+            ),
+            (
+                Some("Failed"),
+                Some(DEADLINE_EXCEEDED),
+                Some(DEADLINE_MESSAGE)
+            )
+        );
+        assert_eq!(condition(&stopped, "Ready")["status"], "False");
+        let side = &stopped["containerStatuses"][1];
+        assert_eq!(
+            side["state"]["terminated"],
+            json!({"exitCode": 137, "reason": "Error",
+                "startedAt": "2026-11-21T03:00:00Z", "finishedAt": rfc3339(at(60))})
+        );
+        assert!(
+            side.get("lastState")
+                .is_none_or(|l| l.get("running").is_none())
+        );
+        assert_eq!(side["ready"], false);
+        // What ended on its own keeps its own account.
+        assert_eq!(
+            stopped["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            0
+        );
+    }
+
+    #[test]
+    fn a_group_eci_ended_at_its_deadline_shows_the_kubelets_reason() {
+        let mut group = mk_group("Failed", vec![info("app", "Terminated", false, Some(137))]);
+        let status = pod_status(&mk_pod(false), &group, at(0));
+        assert_eq!(
+            status["reason"],
+            Value::Null,
+            "a plain failure has no reason"
+        );
+        group.events.push(eci_proto::v20180808::Event {
+            r#type: "Warning".into(),
+            reason: DEADLINE_EXCEEDED.into(),
+            message: DEADLINE_MESSAGE.into(),
+            ..Default::default()
+        });
+        let status = pod_status(&mk_pod(false), &group, at(0));
+        assert_eq!(
+            (
+                status["phase"].as_str(),
+                status["reason"].as_str(),
+                status["message"].as_str()
+            ),
+            (
+                Some("Failed"),
+                Some(DEADLINE_EXCEEDED),
+                Some(DEADLINE_MESSAGE)
+            )
         );
     }
 }

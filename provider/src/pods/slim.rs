@@ -182,6 +182,8 @@ pub(super) fn slim(pod: &Pod) -> Pod {
             readiness_gates: spec.readiness_gates.clone(),
             restart_policy: spec.restart_policy.clone(),
             termination_grace_period_seconds: spec.termination_grace_period_seconds,
+            // Enforced from the start time (see `controller::deadline`).
+            active_deadline_seconds: spec.active_deadline_seconds,
             ..PodSpec::default()
         }),
         status: pod.status.clone(),

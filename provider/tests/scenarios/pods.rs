@@ -245,6 +245,11 @@ pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api
         let mut with_sidecar = json!({"restartPolicy": "Never", "containers": [container(&[("MOCK_ECI_EXIT_CODE", "0"), ("MOCK_ECI_EXIT_AFTER", "1s")])]});
         with_sidecar["initContainers"] = json!([{"name": "logs", "image": "registry.example.com/logs:1", "restartPolicy": "Always"}]);
         create(h, &ns, &pod_spec("with-sidecar", &node, with_sidecar)).await?;
+        // An active deadline given at creation is ECI's to enforce: the group ends, and stays
+        // (its logs with it).
+        create(h, &ns, &pod_spec("deadline-at-create", &node, json!({"restartPolicy": "Never", "activeDeadlineSeconds": 2, "containers": [container(&[])]}))).await?;
+        // One lowered on a running pod reaches no ECI parameter: the daemon stops the pod.
+        create(h, &ns, &pod_spec("deadline-lowered", &node, json!({"restartPolicy": "Never", "activeDeadlineSeconds": 3600, "terminationGracePeriodSeconds": 1, "containers": [container(&[])]}))).await?;
 
         let ok = wait_pod(h, &ns, "never-ok", "Succeeded", |p| phase(p) == "Succeeded").await?;
         assert_eq!(ok["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 0);
@@ -272,6 +277,31 @@ pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api
         assert!(request["init_container"].as_array().is_none_or(Vec::is_empty), "{request}");
         let declared = request["container"][0]["environment_var"].as_array().unwrap();
         assert!(declared.iter().any(|v| v["key"] == "ECI_CONTAINER_TYPE" && v["value"] == "sidecar"), "{request}");
+
+        let exceeded = |p: &Value| phase(p) == "Failed" && p["status"]["reason"] == "DeadlineExceeded";
+        let ended = wait_pod(h, &ns, "deadline-at-create", "Failed, DeadlineExceeded", exceeded).await?;
+        assert_eq!(ended["status"]["message"], "Pod was active on the node longer than the specified deadline");
+        let instance = ended["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
+        assert_eq!(created_with(&admin, &instance).await.unwrap()["active_deadline_seconds"], 2);
+        let kept = groups(&admin).await.unwrap().into_iter().find(|g| g["container_group_id"] == instance.as_str());
+        assert_eq!(kept.map(|g| g["status"].clone()), Some(json!("Failed")), "ECI's own ending keeps the group");
+
+        let running = wait_pod(h, &ns, "deadline-lowered", "Running", |p| phase(p) == "Running").await?;
+        let instance = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
+        let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
+        pods.patch("deadline-lowered", &PatchParams::default(), &Patch::Merge(json!({"spec": {"activeDeadlineSeconds": 1}}))).await?;
+        let stopped = wait_pod(h, &ns, "deadline-lowered", "Failed, DeadlineExceeded", exceeded).await?;
+        let terminated = &stopped["status"]["containerStatuses"][0]["state"]["terminated"];
+        assert_eq!((terminated["exitCode"].as_i64(), terminated["reason"].as_str()), (Some(137), Some("Error")), "{stopped}");
+        assert_eq!(condition(&stopped, "Ready"), "False");
+        h.wait_event((&ns, "deadline-lowered"), "Normal", "DeadlineExceeded", &["longer than the specified deadline"], WAIT).await?;
+        h.wait_for("the stopped pod's group to be deleted", WAIT, |_| {
+            let (admin, instance) = (admin.clone(), instance.clone());
+            async move { groups(&admin).await.unwrap().iter().all(|g| g["container_group_id"] != instance.as_str()) }
+        })
+        .await?;
+        let still = get(h, &ns, "deadline-lowered").await.unwrap_or_default();
+        assert_eq!((phase(&still), still["status"]["reason"].as_str()), ("Failed", Some("DeadlineExceeded")), "the pod stays, failed: {still}");
         Ok(())
     })
     .await;

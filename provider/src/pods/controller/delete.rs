@@ -85,9 +85,11 @@ impl DeletionTarget {
 
 /// Whose deletion waits while a group deletion is retried, for the log line that says so.
 #[derive(Clone, Copy)]
-enum Waiting {
+pub(super) enum Waiting {
     /// The pod's own deletion: it stays Terminating until the group is gone.
     PodTerminating,
+    /// The pod stays, failed at its active deadline; only its group goes.
+    PastDeadline,
     /// Nothing: the pod is gone already and only its group is left.
     PodRemoved,
 }
@@ -195,6 +197,7 @@ impl PodController {
             return;
         };
         self.inner.tokens.forget(&uid);
+        self.inner.deadlines.forget(&uid);
         match tracked.lifecycle {
             // Our own deletion of the pod is under way (a grace period of 0 brings the pod's
             // removal right after its deletionTimestamp): it deletes the group until ECI
@@ -306,13 +309,21 @@ impl PodController {
     /// collector leaves the groups of live nodes alone). A stop abandons it; the successor
     /// finds the pod still Terminating (or, for a removed pod, adopts the group and finds its
     /// pod gone) and starts over.
-    async fn delete_group_until_accepted(&self, id: &str, force: bool, waiting: Waiting) {
+    pub(super) async fn delete_group_until_accepted(
+        &self,
+        id: &str,
+        force: bool,
+        waiting: Waiting,
+    ) {
         let mut round = 0;
         while !Box::pin(self.delete_group(id, force)).await {
             round += 1;
             match waiting {
                 Waiting::PodTerminating => {
                     warn!(eci_id = %id, round, "could not delete the container group; the pod stays until it is gone, trying again");
+                }
+                Waiting::PastDeadline => {
+                    warn!(eci_id = %id, round, "could not delete the container group of a pod past its active deadline; trying again");
                 }
                 Waiting::PodRemoved => {
                     warn!(eci_id = %id, round, "the container group of a removed pod is not deleted yet; trying again");

@@ -37,6 +37,12 @@ pub(super) enum Lifecycle {
         /// Whether its id is on the pod or queued to ride on its next status apply.
         annotated: bool,
     },
+    /// The pod passed its active deadline: it stays, Failed, and its group (`group`, while its
+    /// deletion runs) is deleted; nothing is created for it again.
+    Stopped {
+        /// `None` once ECI accepted the group's deletion.
+        group: Option<Box<str>>,
+    },
     /// The pod is being deleted: its deletion task deletes `group` (the group known when the
     /// deletion began), then the pod.
     Deleting {
@@ -83,6 +89,8 @@ pub(super) enum Trigger<'a> {
     GroupDeleted,
     /// The deletion task could not remove the pod.
     PodDeletionFailed,
+    /// The pod, still running, is past its active deadline.
+    DeadlinePassed,
 }
 
 /// What the controller does after a transition.
@@ -100,6 +108,9 @@ pub(super) enum Effect {
     Delete(Option<Box<str>>),
     /// Delete this group in the background: its pod is being deleted already.
     DeleteGroup(Box<str>),
+    /// Fail the pod for its deadline and delete this group (the pod's, if the deletion is not
+    /// under way already).
+    Stop(Option<Box<str>>),
 }
 
 /// A transition that cannot happen; the state stays as it was.
@@ -134,6 +145,7 @@ impl Lifecycle {
         match self {
             Self::Unanswered { group, .. }
             | Self::Created { group, .. }
+            | Self::Stopped { group: Some(group) }
             | Self::Deleting { group: Some(group) } => Some(group),
             _ => None,
         }
@@ -156,7 +168,7 @@ impl Lifecycle {
     pub(super) fn into_group(self) -> Option<Box<str>> {
         match self {
             Self::Unanswered { group, .. } | Self::Created { group, .. } => Some(group),
-            Self::Deleting { group } => group,
+            Self::Stopped { group } | Self::Deleting { group } => group,
             _ => None,
         }
     }
@@ -169,6 +181,7 @@ impl Lifecycle {
             Self::GivenUp => "given up",
             Self::Unanswered { .. } => "group found, create unanswered",
             Self::Created { .. } => "created",
+            Self::Stopped { .. } => "stopped at its deadline",
             Self::Deleting { .. } => "deleting",
         }
     }
@@ -187,7 +200,7 @@ impl Lifecycle {
         reason = "a transition table: each event's rows stay together"
     )]
     fn next(self, event: Trigger<'_>) -> Result<Step, Self> {
-        use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Unanswered};
+        use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Stopped, Unanswered};
         match (self, event) {
             // At start-up, before the watch: a pod listed twice (two groups under its UID
             // tag) keeps the later, as the listing comes.
@@ -200,9 +213,9 @@ impl Lifecycle {
             ),
             (state, Trigger::Adopted(_)) => Err(state),
             (state, Trigger::Observed(pod)) => observed(state, pod),
-            // The pod began deleting while its create was in flight: the new group has no
-            // pod to run for.
-            (state @ Deleting { .. }, Trigger::Created(id)) => {
+            // The pod began deleting, or was stopped, while its create was in flight: the new
+            // group has no pod to run for.
+            (state @ (Deleting { .. } | Stopped { .. }), Trigger::Created(id)) => {
                 go(state, Effect::DeleteGroup(id.into()))
             }
             // Whatever the poll found meanwhile, the answer names the pod's group.
@@ -214,7 +227,10 @@ impl Lifecycle {
                 Effect::Annotate(id.into()),
             ),
             (Creating, Trigger::CreateFailed) => stay(GivenUp),
-            (state @ (Unanswered { .. } | Deleting { .. }), Trigger::CreateFailed) => stay(state),
+            (
+                state @ (Unanswered { .. } | Deleting { .. } | Stopped { .. }),
+                Trigger::CreateFailed,
+            ) => stay(state),
             (state, Trigger::CreateFailed) => Err(state),
             (Idle | Held, Trigger::Found(id)) => stay(Created {
                 group: id.into(),
@@ -234,19 +250,32 @@ impl Lifecycle {
             (Held, Trigger::PolicyChanged) => go(Creating, Effect::Create),
             (state, Trigger::PolicyChanged) => stay(state),
             (Deleting { .. }, Trigger::Vanished) => stay(Deleting { group: None }),
+            (Stopped { .. }, Trigger::Vanished) => stay(Stopped { group: None }),
             // A vanished group is not created again: the pod shows it lost.
             (_, Trigger::Vanished) => stay(GivenUp),
             (Deleting { .. }, Trigger::GroupDeleted) => stay(Deleting { group: None }),
+            (Stopped { .. }, Trigger::GroupDeleted) => stay(Stopped { group: None }),
             (state, Trigger::GroupDeleted) => Err(state),
             (Deleting { group: None }, Trigger::PodDeletionFailed) => stay(Idle),
             (state, Trigger::PodDeletionFailed) => Err(state),
+            // The kubelet stops the pod's containers and fails the pod; here the group goes.
+            (Unanswered { group, .. } | Created { group, .. }, Trigger::DeadlinePassed) => go(
+                Stopped {
+                    group: Some(group.clone()),
+                },
+                Effect::Stop(Some(group)),
+            ),
+            // The pod still shows it running (the failure's write did not land): written again;
+            // the group's deletion runs on its own.
+            (state @ Stopped { .. }, Trigger::DeadlinePassed) => go(state, Effect::Stop(None)),
+            (state, Trigger::DeadlinePassed) => stay(state),
         }
     }
 }
 
 /// A watch event's transition.
 fn observed(state: Lifecycle, pod: Observed<'_>) -> Result<Step, Lifecycle> {
-    use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Unanswered};
+    use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Stopped, Unanswered};
     if pod.terminating {
         return match state {
             Deleting { .. } => stay(state),
@@ -265,7 +294,7 @@ fn observed(state: Lifecycle, pod: Observed<'_>) -> Result<Step, Lifecycle> {
         // A deletionTimestamp is never taken back: a copy without one predates it (a status
         // write's answer kept just after the deletion began, shown again by a resync). A
         // create under way or given up is not started again.
-        Deleting { .. } | Creating | GivenUp => stay(state),
+        Deleting { .. } | Creating | GivenUp | Stopped { .. } => stay(state),
         Created { group, annotated } => {
             let (annotated, effect) = annotation(group.clone(), annotated, pod.annotation);
             go(Created { group, annotated }, effect)
@@ -309,6 +338,7 @@ impl Trigger<'_> {
             Self::Vanished => "vanished",
             Self::GroupDeleted => "group deleted",
             Self::PodDeletionFailed => "pod deletion failed",
+            Self::DeadlinePassed => "deadline passed",
         }
     }
 }

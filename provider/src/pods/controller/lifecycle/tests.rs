@@ -2,7 +2,7 @@
 
 use super::*;
 
-use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Unanswered};
+use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Stopped, Unanswered};
 
 /// The group the state holds, when it holds one.
 const OURS: &str = "eci-1";
@@ -24,6 +24,12 @@ fn unanswered(group: &str, annotated: bool) -> Lifecycle {
     }
 }
 
+fn stopped(group: Option<&str>) -> Lifecycle {
+    Stopped {
+        group: group.map(Into::into),
+    }
+}
+
 fn deleting(group: Option<&str>) -> Lifecycle {
     Deleting {
         group: group.map(Into::into),
@@ -31,7 +37,7 @@ fn deleting(group: Option<&str>) -> Lifecycle {
 }
 
 /// Every state, each group-holding one as after a create answered (annotated).
-fn states() -> [Lifecycle; 8] {
+fn states() -> [Lifecycle; 10] {
     [
         Idle,
         Held,
@@ -39,6 +45,8 @@ fn states() -> [Lifecycle; 8] {
         GivenUp,
         unanswered(OURS, true),
         created(OURS, true),
+        stopped(Some(OURS)),
+        stopped(None),
         deleting(Some(OURS)),
         deleting(None),
     ]
@@ -52,7 +60,7 @@ const PLAIN: Observed<'static> = Observed {
 };
 
 /// Every event (the pod shown in each way that makes a difference).
-fn events() -> [(&'static str, Trigger<'static>); 16] {
+fn events() -> [(&'static str, Trigger<'static>); 17] {
     [
         ("adopted", Trigger::Adopted(NEW)),
         ("observed", Trigger::Observed(PLAIN)),
@@ -99,6 +107,7 @@ fn events() -> [(&'static str, Trigger<'static>); 16] {
         ("vanished", Trigger::Vanished),
         ("group deleted", Trigger::GroupDeleted),
         ("pod deletion failed", Trigger::PodDeletionFailed),
+        ("deadline passed", Trigger::DeadlinePassed),
         (
             "observed terminating and finished",
             Trigger::Observed(Observed {
@@ -157,7 +166,7 @@ fn expected(event: &str, state: &Lifecycle) -> Outcome {
             | "observed, annotation written over"
             | "observed finished"
             | "observed unfit",
-            Creating | GivenUp | Unanswered { .. } | Created { .. },
+            Creating | GivenUp | Unanswered { .. } | Created { .. } | Stopped { .. },
         ) => same(state),
         // A deletionTimestamp is never removed: a copy without one is older than the
         // deletion and changes nothing.
@@ -173,7 +182,7 @@ fn expected(event: &str, state: &Lifecycle) -> Outcome {
         // is in flight deletes the pod alone; the create's answer is handled below.
         (
             "observed terminating" | "observed terminating and finished",
-            Unanswered { .. } | Created { .. },
+            Unanswered { .. } | Created { .. } | Stopped { group: Some(_) },
         ) => to(deleting(Some(OURS)), delete_ours()),
         ("observed terminating" | "observed terminating and finished", Deleting { .. }) => {
             same(state)
@@ -185,10 +194,12 @@ fn expected(event: &str, state: &Lifecycle) -> Outcome {
         // A create's answer (also one recovered by the group's tags after the first answer
         // was lost) names the pod's group, whatever the poll found meanwhile; arriving after
         // the pod began deleting, the new group is deleted.
-        ("created", Deleting { .. }) => to(state.clone(), Effect::DeleteGroup(NEW.into())),
+        ("created", Deleting { .. } | Stopped { .. }) => {
+            to(state.clone(), Effect::DeleteGroup(NEW.into()))
+        }
         ("created", _) => to(created(NEW, true), Effect::Annotate(NEW.into())),
         ("create failed", Creating) => to(GivenUp, nothing),
-        ("create failed", Unanswered { .. } | Deleting { .. }) => same(state),
+        ("create failed", Unanswered { .. } | Deleting { .. } | Stopped { .. }) => same(state),
         ("create failed", _) => REFUSED,
 
         // The status poll's find: the pod's group when none is known (a lost answer).
@@ -203,11 +214,22 @@ fn expected(event: &str, state: &Lifecycle) -> Outcome {
         ("policy changed", _) => same(state),
 
         ("vanished", Deleting { .. }) => to(deleting(None), nothing),
+        ("vanished", Stopped { .. }) => to(stopped(None), nothing),
         ("vanished", _) => to(GivenUp, nothing),
         ("group deleted", Deleting { .. }) => to(deleting(None), nothing),
+        ("group deleted", Stopped { .. }) => to(stopped(None), nothing),
         ("group deleted", _) => REFUSED,
         ("pod deletion failed", Deleting { group: None }) => to(Idle, nothing),
         ("pod deletion failed", _) => REFUSED,
+
+        // Past its deadline, a running pod fails and its group is deleted; one already
+        // stopped is only shown failed again (its group's deletion runs on its own); nothing
+        // else has a group to stop.
+        ("deadline passed", Unanswered { .. } | Created { .. }) => {
+            to(stopped(Some(OURS)), Effect::Stop(Some(OURS.into())))
+        }
+        ("deadline passed", Stopped { .. }) => to(state.clone(), Effect::Stop(None)),
+        ("deadline passed", _) => same(state),
         (event, state) => panic!("the specification misses {event} in {state:?}"),
     }
 }
@@ -262,6 +284,13 @@ fn only_created_adopted_or_found_groups_are_a_pods_group() {
     assert_eq!(GivenUp.group(), None);
     assert_eq!(unanswered(OURS, false).group(), Some(OURS));
     assert_eq!(created(OURS, false).group(), Some(OURS));
+    assert_eq!(stopped(Some(OURS)).group(), Some(OURS));
+    assert_eq!(stopped(None).group(), None);
+    assert_eq!(
+        stopped(Some(OURS)).live_group(),
+        None,
+        "a stopped pod's status is not synced"
+    );
     assert_eq!(deleting(Some(OURS)).group(), Some(OURS));
     assert_eq!(deleting(None).group(), None);
     // Whatever the pod's annotation says, it names no group.
