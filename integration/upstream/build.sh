@@ -8,18 +8,24 @@
 # package instead: building it from its module took longer than the rest together.)
 #
 #   build.sh [component...]    components: kubernetes etcd kwok metrics-server helm registry
-#                              (none named: all of them), and vk-e2e and e2e-test (only
-#                              when named)
+#                              e2e-common vk-e2e (none named: all of them), and e2e-test
+#                              (only when named)
 #
-# vk-e2e is not a binary the tests run but another project's test suite that judges ours:
-# virtual-kubelet's provider e2e suite, compiled with `go test -c -tags e2e` from its module
-# (integration/upstream/run-vk-e2e.sh runs it against a playground). Nothing builds it unless
-# asked: CI and the fixture never name it. e2e-test is the same for Kubernetes' own end-to-end
-# suite: `e2e.test` (k8s.io/kubernetes/test/e2e, whose conformance tests
-# integration/upstream/run-conformance.sh runs) and `agnhost` (test/images/agnhost, the program
-# most of those tests run in their containers), both from the Kubernetes module the control plane
-# is built from, with the test-only requirements (ginkgo, gomega, ...) in e2e-test/go.mod; and,
+# vk-e2e, e2e-common and e2e-test are not binaries the tests run but other projects' test
+# suites that judge ours (docs/conformance.md). vk-e2e: virtual-kubelet's provider e2e suite,
+# compiled with `go test -c -tags e2e` from its module (run-vk-e2e.sh runs it against a
+# playground). e2e-test: Kubernetes' own end-to-end suite, `e2e.test`
+# (k8s.io/kubernetes/test/e2e, whose conformance tests run-conformance.sh runs), from the
+# Kubernetes module the control plane is built from, with the test-only requirements (ginkgo,
+# gomega, ...) in e2e-test/go.mod. e2e-common: the same suite's tests of test/e2e/common only
+# (e2e-test/common), `e2e-common.test`, which CI runs a subset of. Both e2e components come with
+# `agnhost` (test/images/agnhost, the program most of those tests run in their containers) and,
 # from C sources, the static busybox and curl the suite's images carry.
+#
+# CI builds everything in one run, and the suites after the control plane: they share one build
+# cache, and e2e-common and vk-e2e (whose modules vk-e2e/go.mod aligns with the control plane's)
+# compile only a few hundred packages of their own. The full e2e.test links every SIG's tests and
+# the cloud providers' SDKs, ~3,000 packages, too long for CI's budget: built only when named.
 #
 # The control plane names the first four, the chart tests helm alone, the image tests registry
 # alone: each builds only what it runs. Binaries are cached outside the work tree, one directory per component and version
@@ -28,9 +34,10 @@
 # binary (and `kwok-stages=<dir>`), which is what integration/'s fixture reads.
 set -euo pipefail
 
-all=(kubernetes etcd kwok metrics-server helm registry)
+# In this order: the suites last, after the control plane whose compiled packages they share.
+all=(kubernetes etcd kwok metrics-server helm registry e2e-common vk-e2e)
 # Built only when named.
-extra=(vk-e2e e2e-test)
+extra=(e2e-test)
 wanted=("$@")
 [ ${#wanted[@]} -gt 0 ] || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -241,33 +248,8 @@ if wants vk-e2e; then
   emit "$vk_bin" vk-e2e.test
 fi
 
-# Kubernetes' end-to-end suite and its agnhost image program, at the control plane's version.
-# As for vk-e2e, a `go build -v` of the suite's dependencies first gives progress lines.
-if wants e2e-test; then
-  e2e=$(version e2e-test k8s.io/kubernetes)
-  e2e_bin="$cache/e2e-test-$e2e/bin"
-  if missing "$e2e_bin" e2e.test agnhost; then
-    say "building Kubernetes' e2e.test and agnhost $e2e into $e2e_bin (~3,000 packages: long on a cold cache)"
-    suite=k8s.io/kubernetes/test/e2e
-    started=$SECONDS
-    tmp="$e2e_bin.tmp.$$"
-    rm -rf "$tmp" && mkdir -p "$tmp"
-    deps=$(cd "$here/e2e-test" && go list -deps -test \
-      -f '{{if and (not .Standard) (not .ForTest) (ne .Name "main") .GoFiles}}{{.ImportPath}}{{end}}' "$suite")
-    # shellcheck disable=SC2086 # one package per word
-    if ! compile e2e-test "$started" build -v $deps ||
-      ! compile e2e-test "$started" build -v -ldflags "-s -w" -o "$tmp/" k8s.io/kubernetes/test/images/agnhost ||
-      ! compile e2e-test "$started" test -c -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$e2e" \
-        -o "$tmp/e2e.test" "$suite"; then
-      rm -rf "$tmp"
-      exit 1
-    fi
-    rm -rf "$e2e_bin" && mv "$tmp" "$e2e_bin"
-    built=1
-    say "  e2e-test built in $((SECONDS - started)) s"
-  fi
-  emit "$e2e_bin" e2e.test agnhost
-
+# e2e_tools: builds (once) and names the userland of the suite's images.
+e2e_tools() {
   # The userland of the suite's images, which the playground builds offline: busybox from its
   # upstream source with its default configuration, as the suite's busybox image has it (Debian's
   # package patches ash to drop environment variables whose names are not shell identifiers,
@@ -317,6 +299,64 @@ if wants e2e-test; then
     say "  busybox and curl built in $((SECONDS - started)) s"
   fi
   emit "$tools_bin" busybox curl
+}
+
+# The e2e suite's tests of test/e2e/common alone (e2e-test/common) and agnhost, at the control
+# plane's version: in CI's run, most of their packages are the control plane's, compiled already.
+if wants e2e-common; then
+  e2e=$(version e2e-test k8s.io/kubernetes)
+  common_bin="$cache/e2e-common-$e2e/bin"
+  if missing "$common_bin" e2e-common.test agnhost; then
+    say "building the e2e suite's common tests (e2e-common.test) and agnhost $e2e into $common_bin"
+    started=$SECONDS
+    tmp="$common_bin.tmp.$$"
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    deps=$(cd "$here/e2e-test" && go list -deps -test \
+      -f '{{if and (not .Standard) (not .ForTest) (ne .Name "main") .GoFiles}}{{.ImportPath}}{{end}}' ./common)
+    # shellcheck disable=SC2086 # one package per word
+    if ! compile e2e-test "$started" build -v $deps ||
+      ! compile e2e-test "$started" build -v -ldflags "-s -w" -o "$tmp/" k8s.io/kubernetes/test/images/agnhost ||
+      ! compile e2e-test "$started" test -c -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$e2e" \
+        -o "$tmp/e2e-common.test" ./common; then
+      rm -rf "$tmp"
+      exit 1
+    fi
+    rm -rf "$common_bin" && mv "$tmp" "$common_bin"
+    built=1
+    say "  e2e-common built in $((SECONDS - started)) s"
+  fi
+  emit "$common_bin" e2e-common.test agnhost
+  e2e_tools
+fi
+
+# Kubernetes' end-to-end suite and its agnhost image program, at the control plane's version.
+# As for vk-e2e, a `go build -v` of the suite's dependencies first gives progress lines.
+if wants e2e-test; then
+  e2e=$(version e2e-test k8s.io/kubernetes)
+  e2e_bin="$cache/e2e-test-$e2e/bin"
+  if missing "$e2e_bin" e2e.test agnhost; then
+    say "building Kubernetes' e2e.test and agnhost $e2e into $e2e_bin (~3,000 packages: long on a cold cache)"
+    suite=k8s.io/kubernetes/test/e2e
+    started=$SECONDS
+    tmp="$e2e_bin.tmp.$$"
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    deps=$(cd "$here/e2e-test" && go list -deps -test \
+      -f '{{if and (not .Standard) (not .ForTest) (ne .Name "main") .GoFiles}}{{.ImportPath}}{{end}}' "$suite")
+    # shellcheck disable=SC2086 # one package per word
+    if ! compile e2e-test "$started" build -v $deps ||
+      ! compile e2e-test "$started" build -v -ldflags "-s -w" -o "$tmp/" k8s.io/kubernetes/test/images/agnhost ||
+      ! compile e2e-test "$started" test -c -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$e2e" \
+        -o "$tmp/e2e.test" "$suite"; then
+      rm -rf "$tmp"
+      exit 1
+    fi
+    rm -rf "$e2e_bin" && mv "$tmp" "$e2e_bin"
+    built=1
+    say "  e2e-test built in $((SECONDS - started)) s"
+  fi
+  emit "$e2e_bin" e2e.test agnhost
+
+  e2e_tools
 fi
 
 if [ "$built" = 1 ]; then

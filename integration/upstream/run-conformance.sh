@@ -24,6 +24,10 @@
 # the playground's eci-profile. Images the project does not build (nginx, nonroot, kitten, ...)
 # are missing: tests that need them fail pulling, and the summary counts them with the rest.
 #
+# E2E_SUITE=common runs e2e-common.test instead of e2e.test (`build.sh e2e-common`: the suite's
+# test/e2e/common tests alone, which CI builds and runs a subset of; conformance-ci-subset.txt)
+# with the same flags; the default, full, is the whole e2e.test.
+#
 # Exit status: 0 when every selected test passed, 1 when one did not, 2 when the run could not
 # be made.
 set -euo pipefail
@@ -41,13 +45,18 @@ say() { printf '[conformance] %s\n' "$*" >&2; }
 die() { say "$*"; exit 2; }
 
 export GOTOOLCHAIN=local
-built=$("$here/build.sh" e2e-test)
-suite=$(sed -n 's/^e2e\.test=//p' <<<"$built")
+case ${E2E_SUITE:-full} in
+  full) component=e2e-test binary=e2e.test ;;
+  common) component=e2e-common binary=e2e-common.test ;;
+  *) die "E2E_SUITE is full or common, not \`$E2E_SUITE'" ;;
+esac
+built=$("$here/build.sh" "$component")
+suite=$(sed -n "s/^${binary//./\\.}=//p" <<<"$built")
 agnhost=$(sed -n 's/^agnhost=//p' <<<"$built")
 busybox=$(sed -n 's/^busybox=//p' <<<"$built")
 curl=$(sed -n 's/^curl=//p' <<<"$built")
 [ -x "$suite" ] && [ -x "$agnhost" ] && [ -x "$busybox" ] && [ -x "$curl" ] ||
-  die "build.sh e2e-test named no e2e.test, agnhost, busybox or curl"
+  die "build.sh $component named no $binary, agnhost, busybox or curl"
 
 playground_binary
 start_playground "$out/playground" --runtime real --e2e-images "$agnhost" \
@@ -70,7 +79,7 @@ sigStorageRegistry: $REGISTRY/sig-storage
 dockerLibraryRegistry: $REGISTRY/library
 EOF
 
-say "running e2e.test --ginkgo.label-filter='$filter' (bound: $timeout)"
+say "running $binary --ginkgo.label-filter='$filter' (bound: $timeout)"
 started=$SECONDS
 set +e
 (cd "$out" && KUBE_TEST_REPO_LIST="$out/repo-list.yaml" "$suite" \

@@ -1,6 +1,7 @@
 // Kubernetes' end-to-end suite (k8s.io/kubernetes/test/e2e, built with `go test -c`) and agnhost
-// (test/images/agnhost), built by `build.sh e2e-test` at the control plane's Kubernetes version.
-// No package of ours imports them, so `go mod tidy` would empty this file: it is
+// (test/images/agnhost), built by `build.sh e2e-test` at the control plane's Kubernetes version;
+// and e2e-common.test (./common, `build.sh e2e-common`: the suite's test/e2e/common tests alone).
+// Only that test package imports them, so `go mod tidy` would drop most of this file: it is
 // ../kubernetes/go.mod (same versions, same replaces) plus the test-only modules, added with
 // `go get -t k8s.io/kubernetes/test/e2e@<version>` and a `go build -mod=mod` of the suite's
 // dependencies (which lists the modules those packages come from).

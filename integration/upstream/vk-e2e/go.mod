@@ -3,6 +3,13 @@
 // `go mod tidy` would empty this file: the requirements are the modules the suite's packages
 // come from, at the versions virtual-kubelet v1.14.1's own go.mod selects (added with
 // `go get -t -tags e2e <suite>@v1.14.1`, then `go get` of each of them at its selected version).
+//
+// The replaces at the end set every module this suite shares with the control plane to the
+// control plane's version (../kubernetes/go.mod): the k8s.io libraries one patch release up
+// (v0.37.1 → v0.37.2), a few others a minor or patch release down. Built in one run after the
+// control plane, the suite then finds all but ~40 of its packages compiled already, which keeps
+// CI's cold run within its budget; the suite's own code is unchanged. Regenerate them after a
+// bump of either with `go mod edit -replace M=M@V` for each shared module whose versions differ.
 module github.com/virtual-node-eci/virtual-node-eci/integration/upstream/vk-e2e
 
 go 1.26.8
@@ -69,18 +76,58 @@ require (
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gotest.tools v2.2.0+incompatible // indirect
-	k8s.io/api v0.37.1 // indirect
-	k8s.io/apimachinery v0.37.1 // indirect
+	k8s.io/api v0.37.2 // indirect
+	k8s.io/apimachinery v0.37.2 // indirect
 	k8s.io/apiserver v0.37.1 // indirect
-	k8s.io/client-go v0.37.1 // indirect
-	k8s.io/component-base v0.37.1 // indirect
+	k8s.io/client-go v0.37.2 // indirect
+	k8s.io/component-base v0.37.2 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/kubelet v0.37.1 // indirect
-	k8s.io/streaming v0.37.1 // indirect
+	k8s.io/streaming v0.37.2 // indirect
 	k8s.io/utils v0.0.0-20260626114624-be93311217bd // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
+
+replace github.com/go-logr/logr => github.com/go-logr/logr v1.4.3
+
+replace github.com/prometheus/client_model => github.com/prometheus/client_model v0.6.2
+
+replace github.com/prometheus/common => github.com/prometheus/common v0.70.0
+
+replace go.opentelemetry.io/otel => go.opentelemetry.io/otel v1.44.0
+
+replace go.opentelemetry.io/otel/metric => go.opentelemetry.io/otel/metric v1.44.0
+
+replace go.opentelemetry.io/otel/trace => go.opentelemetry.io/otel/trace v1.44.0
+
+replace go.yaml.in/yaml/v3 => go.yaml.in/yaml/v3 v3.0.4
+
+replace golang.org/x/net => golang.org/x/net v0.57.0
+
+replace golang.org/x/oauth2 => golang.org/x/oauth2 v0.36.0
+
+replace golang.org/x/sys => golang.org/x/sys v0.47.0
+
+replace golang.org/x/term => golang.org/x/term v0.45.0
+
+replace golang.org/x/text => golang.org/x/text v0.40.0
+
+replace google.golang.org/protobuf => google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af
+
+replace k8s.io/api => k8s.io/api v0.37.2
+
+replace k8s.io/apimachinery => k8s.io/apimachinery v0.37.2
+
+replace k8s.io/apiserver => k8s.io/apiserver v0.37.2
+
+replace k8s.io/client-go => k8s.io/client-go v0.37.2
+
+replace k8s.io/component-base => k8s.io/component-base v0.37.2
+
+replace k8s.io/kubelet => k8s.io/kubelet v0.37.2
+
+replace k8s.io/streaming => k8s.io/streaming v0.37.2

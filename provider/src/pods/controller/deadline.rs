@@ -162,7 +162,8 @@ impl PodController {
         match effect {
             None | Some(Effect::Nothing) if due <= now => entry.on(uid, Trigger::DeadlinePassed),
             effect => {
-                self.inner.deadlines.set(uid, due.max(now + AGAIN));
+                let wake = if due > now { due } else { now + AGAIN };
+                self.inner.deadlines.set(uid, wake);
                 effect
             }
         }
