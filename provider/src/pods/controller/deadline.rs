@@ -52,13 +52,20 @@ pub(super) fn due_at(pod: &Pod) -> Option<SystemTime> {
         return None;
     }
     let started: SystemTime = status.start_time.as_ref()?.0.into();
-    // The apiserver refuses a deadline below 1; a negative one is never due.
+    // The apiserver takes 1 to 2^31-1 seconds (68 years); a negative one is never due, and
+    // neither is one past what a time can hold.
     let allowed = Duration::from_secs(u64::try_from(seconds).ok()?);
-    Some(started + allowed + ECI_FIRST)
+    started.checked_add(allowed)?.checked_add(ECI_FIRST)
 }
 
-/// One timer per pod (by UID) waking the controller at its deadline. Setting a pod's timer
-/// again moves it; forgetting a pod drops it.
+/// The longest a timer waits: the timer queue refuses (panics on) times more than about two
+/// years ahead, and the apiserver allows deadlines of 68 years. A pod woken before its
+/// deadline gets its timer again from its step.
+const LONGEST_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// One timer per pod (by UID) waking the controller at its deadline (or after
+/// [`LONGEST_WAIT`], whichever comes first). Setting a pod's timer again moves it; forgetting a
+/// pod drops it.
 #[derive(Debug, Default)]
 pub(super) struct Deadlines {
     timers: Mutex<Timers>,
@@ -80,7 +87,8 @@ impl Deadlines {
     pub(super) fn set(&self, uid: &str, at: SystemTime) {
         let wait = at
             .duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO);
+            .unwrap_or(Duration::ZERO)
+            .min(LONGEST_WAIT);
         let when = Instant::now() + wait;
         let mut timers = self.timers();
         let Timers { queue, by_pod } = &mut *timers;
@@ -243,8 +251,16 @@ mod tests {
             // Finished: never again.
             (Some(30), Some(started), "Succeeded", None),
             (Some(30), Some(started), "Failed", None),
+            // The longest the apiserver takes: due in 68 years, no overflow.
+            (
+                Some(i64::from(i32::MAX)),
+                Some(started),
+                "Running",
+                Some("2094-12-17T13:14:17Z"),
+            ),
             // Not a deadline the apiserver takes.
             (Some(-5), Some(started), "Running", None),
+            (Some(i64::MAX), Some(started), "Running", None),
         ];
         for (deadline, start, phase, expected) in cases {
             assert_eq!(
@@ -282,11 +298,17 @@ mod tests {
         deadlines.set("moved", now + Duration::from_millis(200));
         deadlines.set("past", now - Duration::from_secs(5));
         deadlines.forget("forgotten");
-        assert_eq!(deadlines.len(), 3);
+        // Past what the queue itself could wait for: held, woken within a day.
+        deadlines.set(
+            "in 68 years",
+            now + Duration::from_secs(u64::from(u32::MAX / 2)),
+        );
+        assert_eq!(deadlines.len(), 4);
         assert_eq!(next_due(&mut rx).await, "past");
         assert_eq!(next_due(&mut rx).await, "moved");
         assert_eq!(next_due(&mut rx).await, "later");
-        assert_eq!(deadlines.len(), 0, "a timer that fell due is gone");
+        assert_eq!(deadlines.len(), 1, "a timer that fell due is gone");
+        deadlines.forget("in 68 years");
         // Emptied, the queue still takes new timers.
         deadlines.set("again", SystemTime::now());
         assert_eq!(next_due(&mut rx).await, "again");
