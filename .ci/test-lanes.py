@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs the workspace's test binaries side by side, as `cargo test --workspace` would one by one.
 
-    .ci/test-lanes.py LANES [--alone BINARY:TEST ...] [--solo BINARY:TEST ...] [--report FILE]
+    .ci/test-lanes.py LANES [--alone BINARY:TEST ...] [--solo BINARY[:TEST] ...] [--report FILE]
 
 Why: most of the suite's time is end-to-end binaries waiting on a control plane of their own
 (an apiserver's watch, a scheduler's turn, a grace period), not using the CPU; one after another
@@ -17,7 +17,9 @@ Rules:
 - `--alone BINARY:TEST` runs that one test of that binary by itself in a lane of its own, from
   the start (the projected token test waits out 80 % of a real 600 s token), and skips it in
   the binary's main run.
-- `--solo BINARY:TEST` runs that test after everything else, with nothing beside it: a test
+- `--solo BINARY:TEST` runs that test after everything else, with nothing beside it (`--solo
+  BINARY`, the whole binary): a binary that starts whole clusters of its own (the suites others
+  wrote, each against a playground) would crowd the lanes' control planes off two cores; a test
   that holds a bound the issues set on response times (another namespace's logs within 2 s
   while one floods exec) measures the product, not the neighbours sharing two cores.
 - A binary's output is printed whole when it ends, never interleaved; every failure is named
@@ -98,8 +100,8 @@ def main():
             binary, test = args.pop(0).split(":", 1)
             alone.append((binary, test))
         elif flag == "--solo":
-            binary, test = args.pop(0).split(":", 1)
-            solo.append((binary, test))
+            binary, _, test = args.pop(0).partition(":")
+            solo.append((binary, test or None))
         elif flag == "--report":
             report = args.pop(0)
         else:
@@ -116,9 +118,12 @@ def main():
 
     first, items, last = [], [], []
     for name, exe, package_dir, package_id in binaries:
+        if (name, None) in solo:
+            last.append((f"{name} (solo)", [exe], package_dir, package_id))
+            continue
         skips = []
         for binary, test in alone + solo:
-            if binary != name:
+            if binary != name or test is None:
                 continue
             skips.append(test)
             kind, into = ("alone", first) if (binary, test) in alone else ("solo", last)

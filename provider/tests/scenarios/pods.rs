@@ -126,6 +126,12 @@ async fn set_controls(admin: &str, controls: Value) {
         .unwrap();
 }
 
+/// Whether the daemon recorded the pod's group on it (the id rides on a status apply, which
+/// may come after the one showing the phase a test waits for).
+fn annotated(pod: &Value) -> bool {
+    pod["metadata"]["annotations"][INSTANCE_ID].is_string()
+}
+
 fn phase(pod: &Value) -> &str {
     pod["status"]["phase"].as_str().unwrap_or_default()
 }
@@ -187,7 +193,7 @@ pub(crate) async fn a_pod_runs_with_its_ip_conditions_and_references(api: EciApi
             "volumes": [{"name": "config", "configMap": {"name": "app-config"}}]
         }));
         create(h, &ns, &pod).await?;
-        let running = wait_pod(h, &ns, "web", "Running and Ready", |p| phase(p) == "Running" && condition(p, "Ready") == "True").await?;
+        let running = wait_pod(h, &ns, "web", "Running and Ready", |p| phase(p) == "Running" && condition(p, "Ready") == "True" && annotated(p)).await?;
         assert_eq!(running["spec"]["nodeName"], node.as_str(), "kube-scheduler bound the pod to the virtual node");
         let ip = running["status"]["podIP"].as_str().unwrap_or_default().to_owned();
         assert!(ip.starts_with("192.168."), "{running}");
@@ -267,7 +273,7 @@ pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api
         .await?;
         assert_eq!(restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"], 1);
 
-        let done = wait_pod(h, &ns, "with-sidecar", "Succeeded with its sidecar stopped", |p| phase(p) == "Succeeded").await?;
+        let done = wait_pod(h, &ns, "with-sidecar", "Succeeded with its sidecar stopped", |p| phase(p) == "Succeeded" && annotated(p)).await?;
         let sidecar = &done["status"]["initContainerStatuses"][0];
         assert_eq!((sidecar["name"].as_str(), sidecar["state"]["terminated"]["exitCode"].as_i64()), (Some("logs"), Some(0)), "{done}");
         let instance = done["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
@@ -278,7 +284,7 @@ pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api
         let declared = request["container"][0]["environment_var"].as_array().unwrap();
         assert!(declared.iter().any(|v| v["key"] == "ECI_CONTAINER_TYPE" && v["value"] == "sidecar"), "{request}");
 
-        let exceeded = |p: &Value| phase(p) == "Failed" && p["status"]["reason"] == "DeadlineExceeded";
+        let exceeded = |p: &Value| phase(p) == "Failed" && p["status"]["reason"] == "DeadlineExceeded" && annotated(p);
         let ended = wait_pod(h, &ns, "deadline-at-create", "Failed, DeadlineExceeded", exceeded).await?;
         assert_eq!(ended["status"]["message"], "Pod was active on the node longer than the specified deadline");
         let instance = ended["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
@@ -286,7 +292,7 @@ pub(crate) async fn exit_codes_under_each_restart_policy_and_init_containers(api
         let kept = groups(&admin).await.unwrap().into_iter().find(|g| g["container_group_id"] == instance.as_str());
         assert_eq!(kept.map(|g| g["status"].clone()), Some(json!("Failed")), "ECI's own ending keeps the group");
 
-        let running = wait_pod(h, &ns, "deadline-lowered", "Running", |p| phase(p) == "Running").await?;
+        let running = wait_pod(h, &ns, "deadline-lowered", "Running", |p| phase(p) == "Running" && annotated(p)).await?;
         let instance = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
         let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
         pods.patch("deadline-lowered", &PatchParams::default(), &Patch::Merge(json!({"spec": {"activeDeadlineSeconds": 1}}))).await?;
@@ -377,7 +383,7 @@ pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
 
         // A group that vanishes out of band fails its pod with NotFound.
         create(h, &ns, &pod_spec("vanishing", &node, json!({"containers": [container(&[])]}))).await?;
-        let running = wait_pod(h, &ns, "vanishing", "Running", |p| phase(p) == "Running").await?;
+        let running = wait_pod(h, &ns, "vanishing", "Running", |p| phase(p) == "Running" && annotated(p)).await?;
         let id = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap().to_owned();
         reqwest::Client::new().post(format!("{admin}/admin/groups/{id}/vanish")).send().await.unwrap();
         wait_pod(h, &ns, "vanishing", "NotFound", |p| phase(p) == "Failed" && p["status"]["reason"] == "NotFound").await?;
@@ -413,7 +419,7 @@ pub(crate) async fn failures_are_visible_on_the_pod(api: EciApi) {
         assert!(groups(&admin).await.unwrap().iter().all(|g| g["container_group_name"].as_str().is_none_or(|n| !n.contains("sub-path"))), "no group while the sub-path cannot be expanded");
         let pods: Api<Pod> = Api::namespaced(h.client(), &ns);
         pods.patch("sub-path", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"mysubpath": "mypath"}}}))).await?;
-        let running = wait_pod(h, &ns, "sub-path", "Running once annotated", |p| phase(p) == "Running").await?;
+        let running = wait_pod(h, &ns, "sub-path", "Running once annotated", |p| phase(p) == "Running" && annotated(p)).await?;
         let id = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap_or_default().to_owned();
         let request = created_with(&admin, &id).await?;
         assert_eq!(request["container"][0]["volume_mount"][0]["sub_path"], "mypath/foo", "{request}");
@@ -682,7 +688,7 @@ pub(crate) async fn a_pods_identity_and_security_reach_eci(api: EciApi) {
             "containers": [app]
         }));
         create(h, &ns, &pod).await?;
-        let running = wait_pod(h, &ns, "db-0", "Running", |p| phase(p) == "Running").await?;
+        let running = wait_pod(h, &ns, "db-0", "Running", |p| phase(p) == "Running" && annotated(p)).await?;
         let id = running["metadata"]["annotations"][INSTANCE_ID].as_str().unwrap().to_owned();
         let request = created_with(&admin, &id).await.unwrap();
         assert_eq!(request["host_name"], "db-0", "the pod's hostname, not <namespace>-<name>");
