@@ -560,13 +560,17 @@ async fn the_scheduler_extender_refuses_a_tenant() {
         // Where the real pod went and who placed it: a failure says which step fell through
         // (the scheduler binding it itself after an extender timeout; admission-time placement
         // after the placement Lease lapsed; a unit refused as full).
-        let real_now = pods.get_opt("real").await.ok().flatten();
-        let real_seen = real_now.as_ref().map(|pod| {
-            json!({
+        // Read as the cluster's admin too: the tenant's read failing and the pod being gone
+        // are different failures.
+        let real_now = pods.get_opt("real").await;
+        let real_seen = match &real_now {
+            Ok(Some(pod)) => json!({
                 "node": pod.spec.as_ref().and_then(|s| s.node_name.clone()),
                 "annotations": pod.metadata.annotations,
-            })
-        });
+            }),
+            Ok(None) => json!({"tenant_read": "not found", "admin_read": h.pod_json(&ns, "real").await}),
+            Err(error) => json!({"tenant_read": error.to_string(), "admin_read": h.pod_json(&ns, "real").await}),
+        };
         let refused = statuses_ok && still_pending && placed;
         let details: Vec<Value> = answers
             .iter()

@@ -39,8 +39,8 @@ pub(super) const REASON: &str = from_eci::DEADLINE_EXCEEDED;
 pub(super) const MESSAGE: &str = from_eci::DEADLINE_MESSAGE;
 
 /// How long after a deadline ECI is given to end the group itself (it was created with that
-/// deadline), and the status sync to show it, before the controller stops the group: about two
-/// status polls.
+/// deadline), and the status sync to show it, before the controller stops the group: ten
+/// status polls at the default interval, room for a loaded apiserver's slower writes.
 pub(super) const ECI_FIRST: Duration = Duration::from_secs(10);
 
 /// When the controller is to stop `pod` for its deadline: `None` without a deadline, before
