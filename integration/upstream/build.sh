@@ -25,7 +25,7 @@
 # CI builds everything in one run, and the suites after the control plane: they share one build
 # cache, and e2e-common and vk-e2e (whose modules vk-e2e/go.mod aligns with the control plane's)
 # compile only a few hundred packages of their own. The full e2e.test links every SIG's tests and
-# the cloud providers' SDKs, ~3,000 packages, too long for CI's budget: built only when named.
+# the cloud providers' SDKs, too long a build for CI's budget: built only when named.
 #
 # The control plane names the first four, the chart tests helm alone, the image tests registry
 # alone: each builds only what it runs. Binaries are cached outside the work tree, one directory per component and version

@@ -7,7 +7,7 @@
 // The replaces at the end set every module this suite shares with the control plane to the
 // control plane's version (../kubernetes/go.mod): the k8s.io libraries one patch release up
 // (v0.37.1 → v0.37.2), a few others a minor or patch release down. Built in one run after the
-// control plane, the suite then finds all but ~40 of its packages compiled already, which keeps
+// control plane, the suite then finds nearly all of its packages compiled already, which keeps
 // CI's cold run within its budget; the suite's own code is unchanged. Regenerate them after a
 // bump of either with `go mod edit -replace M=M@V` for each shared module whose versions differ.
 module github.com/virtual-node-eci/virtual-node-eci/integration/upstream/vk-e2e

@@ -4,9 +4,9 @@
 //
 // The tests are upstream's, at the control plane's version; only this entry point is ours. It
 // exists for CI's time budget: the full e2e.test (built by `build.sh e2e-test`) also links
-// every other SIG's tests and the cloud providers' SDKs, about 770 more packages, and takes
-// 19-33 minutes to build cold on 2 cores, while this binary shares all but about 230 of its
-// packages with the control plane built just before it (docs/conformance.md).
+// every other SIG's tests and the cloud providers' SDKs, while this binary shares nearly all of
+// its packages with the control plane built just before it (the build times are in
+// docs/conformance.md and docs/performance.md).
 //
 // The flags are the full suite's (framework.RegisterCommonFlags and RegisterClusterFlags), so
 // integration/upstream/run-conformance.sh runs either binary the same way.

@@ -1,7 +1,7 @@
 //! A pod's `activeDeadlineSeconds`, enforced as the kubelet enforces it
 //! (`pkg/kubelet/active_deadline.go`): measured from the pod's `status.startTime`, passed once
 //! the time since is at least the deadline; the pod then fails with reason
-//! [`REASON`] and [`MESSAGE`], and a Normal Event says so.
+//! [`from_eci::DEADLINE_EXCEEDED`] and its message, and a Normal Event says so.
 //!
 //! ECI takes `ActiveDeadlineSeconds` only at CreateContainerGroup (UpdateContainerGroup has
 //! no such parameter: proto/sdk/names.tsv), and ends the group itself when it passes. A
@@ -31,12 +31,7 @@ use super::delete::Waiting;
 use super::lifecycle::{Effect, Trigger};
 use super::status_sync::Written;
 use super::{PodController, PodEntry, pod_key};
-use crate::pods::from_eci;
-
-/// The kubelet's pod reason for a pod past its deadline.
-pub(super) const REASON: &str = from_eci::DEADLINE_EXCEEDED;
-/// The kubelet's message with it.
-pub(super) const MESSAGE: &str = from_eci::DEADLINE_MESSAGE;
+use crate::pods::from_eci::{self, DEADLINE_EXCEEDED, DEADLINE_MESSAGE};
 
 /// How long after a deadline ECI is given to end the group itself (it was created with that
 /// deadline), and the status sync to show it, before the controller stops the group: ten
@@ -177,20 +172,22 @@ impl PodController {
         }
     }
 
-    /// Fails `pod` for its deadline, as the kubelet does (phase Failed, [`REASON`], a Normal
+    /// Fails `pod` for its deadline, as the kubelet does (phase Failed, [`from_eci::DEADLINE_EXCEEDED`], a Normal
     /// Event), then deletes `group` gracefully (its containers get their grace period and
     /// preStop hooks) until ECI accepts. A failed write is tried again by the pod's next step.
     pub(super) async fn stop_at_deadline(self, pod: Arc<Pod>, uid: String, group: Option<String>) {
         let now = SystemTime::now();
         let written = self
             .write_held(&pod, |current| {
-                due_at(current).map(|_| from_eci::stopped(current, REASON, MESSAGE, now))
+                due_at(current)
+                    .map(|_| from_eci::stopped(current, DEADLINE_EXCEEDED, DEADLINE_MESSAGE, now))
             })
             .await;
         match written {
             Written::Stored(_) => {
                 info!(pod = %pod_key(&pod), eci_id = ?group, "the pod passed its active deadline; stopping its container group");
-                self.event(&pod, EventType::Normal, REASON, MESSAGE).await;
+                self.event(&pod, EventType::Normal, DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
+                    .await;
             }
             Written::Failed => self.inner.deadlines.set(&uid, now + AGAIN),
             Written::Unneeded => {}
