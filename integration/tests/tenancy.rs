@@ -526,11 +526,14 @@ async fn the_scheduler_extender_refuses_a_tenant() {
             .spec
             .is_some_and(|spec| spec.node_name.is_none());
         // …and nothing reserved: the unit's one place goes to the tenant's real pod, well
-        // within the 60 s a forged filter's reservation would hold it.
+        // within the 60 s a forged filter's reservation would hold it. The pod is held to this
+        // test's node: the unit takes any virtual node, and a node of a test running beside
+        // this one is deleted when that test ends, its pods then removed by the pod GC.
         let pods: Api<Pod> = Api::namespaced(attacker.client(), &ns);
         let real: Pod = serde_json::from_value(json!({
             "metadata": {"name": "real", "labels": {"app": "capped"}},
             "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
                 "tolerations": toleration,
                 "terminationGracePeriodSeconds": 1,
                 "containers": [{"name": "app", "image": "registry.example.com/attacker:1"}],

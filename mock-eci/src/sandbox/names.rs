@@ -75,6 +75,20 @@ impl Prefix {
         format!("{}{:08x}", self.0, u32::from(ip))
     }
 
+    /// Whether interface `name` is one this prefix names: its bridge or a host veth. Matched
+    /// by shape, not by leading characters: prefix `vt1` must not claim `vt12`'s bridge
+    /// `vt120`, which another sandbox on the machine owns.
+    pub fn owns_link(&self, name: &str) -> bool {
+        let Some(rest) = name.strip_prefix(self.0.as_str()) else {
+            return false;
+        };
+        rest == "0"
+            || (rest.len() == 8
+                && rest
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+    }
+
     /// The OCI runtime's container id, also the (flat) cgroup name the runtime creates and
     /// removes itself.
     pub fn runtime_id(&self, group: &Label, container: &Label) -> String {
@@ -170,6 +184,28 @@ mod tests {
         ];
         for (prefix, ok) in cases {
             assert_eq!(Prefix::new(prefix).is_ok(), ok, "{prefix:?}");
+        }
+    }
+
+    #[test]
+    fn a_prefix_owns_its_bridge_and_veths_only() {
+        let vt1 = Prefix::new("vt1").expect("prefix");
+        let bridge = vt1.bridge();
+        let host_veth = vt1.host_veth(Ipv4Addr::new(10, 213, 1, 2));
+        // vt12 and vt10 are other sandboxes' prefixes.
+        let cases = [
+            (bridge.as_str(), true),
+            (host_veth.as_str(), true),
+            ("vt120", false),
+            ("vt12", false),
+            ("vt100", false),
+            ("vt120ad50c02", false),
+            ("vt1ad5010g", false),
+            ("vt1-g", false),
+            ("eth0", false),
+        ];
+        for (name, owned) in cases {
+            assert_eq!(vt1.owns_link(name), owned, "{name:?}");
         }
     }
 

@@ -32,7 +32,10 @@ impl Residue {
             .collect();
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         Self {
-            links: names_in(Path::new("/sys/class/net"), prefix.as_str()),
+            links: names_in(Path::new("/sys/class/net"), prefix.as_str())
+                .into_iter()
+                .filter(|name| prefix.owns_link(name))
+                .collect(),
             mounts: mounts_under(&mountinfo, state_dir),
             cgroups: cgroups(prefix),
             processes: processes(prefix, &net_inodes),
