@@ -5,6 +5,7 @@
 //! every client branches on the same `Code` strings whatever the transport.
 
 pub mod error;
+pub mod events;
 pub mod openapi;
 pub mod quota;
 pub mod status;

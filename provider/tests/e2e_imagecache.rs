@@ -13,10 +13,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use eci_proto::v20180808::DescribeImageCachesRequest;
+use integration::harness::mock_admin::created_with;
 use integration::harness::{Harness, HarnessError};
-use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams};
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::{Value, json};
 
 use virtual_node_eci::eci::{GrpcBackend, ImageCacheBackend as _};
 use virtual_node_eci::imagecache::reconciler::{
@@ -27,6 +28,11 @@ use virtual_node_eci::imagecache::resource::{CRD_FILE, ImageCache};
 const WAIT: Duration = Duration::from_secs(120);
 const CRD_NAME: &str = "imagecaches.eci.alibabacloud.com";
 const REGION: &str = "cn-hangzhou";
+/// The group's id and the matched cache, as the daemon writes them back on a pod.
+const MATCHED_ANNOTATIONS: [&str; 2] = [
+    "k8s.aliyun.com/eci-instance-id",
+    "k8s.aliyun.com/eci-matched-image-cache",
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_cache_is_built_named_in_status_and_deleted_with_its_resource() {
@@ -154,11 +160,100 @@ async fn eci_caches(eci: &GrpcBackend, uid: &str) -> Vec<eci_proto::v20180808::I
     .image_caches
 }
 
+/// A pod asking for automatic matching (`eci-auto-imc`) is created with
+/// `AutoMatchImageCache`, starts from cache `cache` without the pull, sooner than a pod that
+/// pulls the same image, and shows the cache as `eci-matched-image-cache`; the other pod does
+/// not.
+async fn pods_start_from_the_cache(
+    h: &Harness,
+    ns: &str,
+    admin: &str,
+    cache: &str,
+) -> Result<(), HarnessError> {
+    let pods: Api<Pod> = Api::namespaced(h.client(), ns);
+    for (name, annotations) in [
+        ("cached", json!({"k8s.aliyun.com/eci-auto-imc": "true"})),
+        ("pulled", json!({})),
+    ] {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": h.node_name(0)},
+                "tolerations": [{"key": "k8s.aliyun.com/vnode", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+                "containers": [{"name": "web", "image": "nginx:1.25"}],
+            },
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    let mut started = Vec::new();
+    for name in ["cached", "pulled"] {
+        let pod = h
+            .wait_pod(
+                ns,
+                name,
+                "running, its group's id written back",
+                WAIT,
+                |p| {
+                    p["status"]["containerStatuses"][0]["state"]["running"]["startedAt"].is_string()
+                        && p["metadata"]["annotations"][MATCHED_ANNOTATIONS[0]].is_string()
+                },
+            )
+            .await?;
+        let at = |v: &Value| {
+            v.as_str()
+                .unwrap_or_default()
+                .parse::<jiff::Timestamp>()
+                .map_err(|e| HarnessError::Setup(format!("{name}: a time: {e}")))
+        };
+        let took = at(&pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])?
+            .duration_since(at(&pod["metadata"]["creationTimestamp"])?);
+        let annotations = &pod["metadata"]["annotations"];
+        let request =
+            created_with(admin, annotations[MATCHED_ANNOTATIONS[0]].as_str().unwrap()).await?;
+        started.push((name, took.as_millis(), annotations.clone(), request));
+    }
+    let [
+        (_, cached_ms, cached, cached_request),
+        (_, pulled_ms, pulled, pulled_request),
+    ] = &started[..]
+    else {
+        unreachable!("two pods");
+    };
+    eprintln!("creation to running: from the cache {cached_ms} ms, pulled {pulled_ms} ms");
+    assert_eq!(
+        cached_request["auto_match_image_cache"], true,
+        "{cached_request}"
+    );
+    assert_ne!(
+        pulled_request["auto_match_image_cache"], true,
+        "{pulled_request}"
+    );
+    assert_eq!(cached[MATCHED_ANNOTATIONS[1]], cache, "{cached:#}");
+    assert!(pulled[MATCHED_ANNOTATIONS[1]].is_null(), "{pulled:#}");
+    // Seconds apart in mock-eci (4 s against 300 ms); the pods' times are whole seconds.
+    assert!(
+        cached_ms < pulled_ms,
+        "the pod from the cache started first: {cached_ms} ms against {pulled_ms} ms"
+    );
+    Ok(())
+}
+
 async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
     // A namespace only for a name unique to this run (the resources are cluster-scoped).
     let run = h.create_namespace("imc").await?;
     let mock = h
-        .start_mock_eci(&["--image-cache-creation-delay", "300ms"])
+        .start_mock_eci(&[
+            "--image-cache-creation-delay",
+            "300ms",
+            // A pull takes 4 s; a group from a cache holding its images, 300 ms.
+            "--provisioning-delay",
+            "4s",
+            "--cached-provisioning-delay",
+            "300ms",
+            "--scheduling-delay",
+            "100ms",
+        ])
         .await?;
     install_crd(h).await?;
     h.start_daemon(0, &[])?;
@@ -201,6 +296,8 @@ async fn scenario(h: &mut Harness) -> Result<(), HarnessError> {
             .iter()
             .any(|t| t.key == "k8s.aliyun.com/cluster")
     );
+
+    pods_start_from_the_cache(h, &run, &mock.admin, &id).await?;
 
     // Deleted: the ECI cache goes first, then the object.
     api.delete(&name, &DeleteParams::default()).await?;

@@ -559,7 +559,8 @@ async fn an_image_cache_lives_and_dies_through_signed_requests() {
     assert!(
         events
             .iter()
-            .any(|e| e.reason == "ImageCacheUsed" && e.message.contains(&id)),
+            .any(|e| e.reason == eci_proto::events::HIT_IMAGE_CACHE
+                && eci_proto::events::hit_image_cache_id(&e.message) == Some(id.as_str())),
         "{events:?}"
     );
 

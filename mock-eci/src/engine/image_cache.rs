@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use eci_proto::EciError;
 use eci_proto::error::codes;
+use eci_proto::events;
 use eci_proto::v20180808::{
     CreateImageCacheRequest, DeleteImageCacheRequest, DescribeImageCachesRequest,
     DescribeImageCachesResponse, Event, ImageCache as ImageCacheView, Tag, UpdateImageCacheRequest,
@@ -241,6 +242,8 @@ pub enum ImageSource {
         /// The cache.
         id: String,
     },
+    /// `AutoMatchImageCache` found no Ready cache holding them all: pulled.
+    Missed,
     /// A cache named by `ImageSnapshotId` that lacks some of them: those are pulled.
     PartialCache {
         /// The cache.
@@ -256,20 +259,20 @@ impl ImageSource {
         matches!(self, Self::Cache { .. })
     }
 
-    /// The group's event about it: (reason, message), `None` without a cache.
-    pub fn event(&self) -> Option<(&'static str, String)> {
+    /// The group's event about it, as ECI raises it (`eci_proto::events`): (type, reason,
+    /// message), `None` when no cache was asked for.
+    pub fn event(&self) -> Option<(&'static str, &'static str, String)> {
         match self {
             Self::Pull => None,
-            Self::Cache { id } => Some((
-                "ImageCacheUsed",
-                format!("Created from image cache {id}: its images are present, none is pulled"),
+            Self::Missed => Some((
+                "Warning",
+                events::IMAGE_CACHE_MISSED,
+                events::image_cache_missed_message(),
             )),
-            Self::PartialCache { id, pulled } => Some((
-                "ImageCacheUsed",
-                format!(
-                    "Created from image cache {id}, which lacks {}: those are pulled",
-                    pulled.join(", ")
-                ),
+            Self::Cache { id } | Self::PartialCache { id, .. } => Some((
+                "Normal",
+                events::HIT_IMAGE_CACHE,
+                events::hit_image_cache_message(id),
             )),
         }
     }
@@ -627,7 +630,7 @@ impl ImageCaches {
             .filter(|c| c.state == CacheState::Ready);
         Ok(ranked_matches(ready, &wanted, true)
             .first()
-            .map_or(ImageSource::Pull, |cache| ImageSource::Cache {
+            .map_or(ImageSource::Missed, |cache| ImageSource::Cache {
                 id: cache.id.clone(),
             }))
     }

@@ -555,8 +555,8 @@ impl Engine {
         };
         let mut group = Group::new(id.clone(), request, valid, fingerprint, &mut cx);
         group.placement = Some(placed);
-        if let Some((reason, message)) = source.event() {
-            group.event(now, "Normal", reason, message);
+        if let Some((kind, reason, message)) = source.event() {
+            group.event(now, kind, reason, message);
         }
         if let image_cache::ImageSource::Cache { id: cache }
         | image_cache::ImageSource::PartialCache { id: cache, .. } = &source

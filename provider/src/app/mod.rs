@@ -229,8 +229,16 @@ async fn connect_eci(
         .client_rate_limits
         .then(|| Arc::new(backend::Pacer::new(replica_count)));
     let (backend, image_caches, guard) = backend::connect(&eci_config, pacer.clone()).await?;
-    let backend: backend::Backend =
-        Arc::new(backend::Paced::new(backend, pacer, Arc::clone(telemetry)));
+    let backend: backend::Backend = Arc::new(backend::Paced::new(
+        backend,
+        pacer.clone(),
+        Arc::clone(telemetry),
+    ));
+    let image_caches: backend::ImageCaches = Arc::new(backend::Paced::new(
+        image_caches,
+        pacer,
+        Arc::clone(telemetry),
+    ));
     Ok(Eci {
         backend,
         image_caches,

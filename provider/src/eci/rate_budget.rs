@@ -38,10 +38,15 @@ use eci_proto::v20180808::{
     ExecContainerCommandRequest, ExecContainerCommandResponse, RestartContainerGroupRequest,
     RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
 };
+use eci_proto::v20180808::{
+    CreateImageCacheRequest, CreateImageCacheResponse, DeleteImageCacheRequest,
+    DeleteImageCacheResponse, DescribeImageCachesRequest, DescribeImageCachesResponse,
+    UpdateImageCacheRequest, UpdateImageCacheResponse,
+};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::{Backend, EciBackend};
+use super::{Backend, EciBackend, ImageCacheBackend, ImageCaches};
 
 /// The quota assumed for an action the quota table does not know.
 const UNKNOWN_ACTION_PER_MINUTE: u32 = 500;
@@ -383,13 +388,18 @@ impl Drop for Queued<'_> {
 /// shared with whatever else uses it, so a paced call can still be refused, and a user's
 /// `kubectl logs` or `exec` should wait a moment rather than fail. Creates, deletes and
 /// updates are retried by their controllers.
-pub struct Paced {
-    inner: Backend,
+///
+/// It wraps the pod paths' [`Backend`] and, as `Paced<ImageCaches>`, the image-cache
+/// reconciler's backend: the image-cache actions have no documented quota, so they get
+/// [`UNKNOWN_ACTION_PER_MINUTE`] shared as every other action is, although only the elected
+/// replica calls them.
+pub struct Paced<B = Backend> {
+    inner: B,
     pacer: Option<Arc<Pacer>>,
     telemetry: Arc<crate::ops::metrics::Telemetry>,
 }
 
-impl std::fmt::Debug for Paced {
+impl<B> std::fmt::Debug for Paced<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Paced")
             .field("pacer", &self.pacer)
@@ -397,10 +407,10 @@ impl std::fmt::Debug for Paced {
     }
 }
 
-impl Paced {
+impl<B> Paced<B> {
     /// Paces (with `pacer`, when given) and meters `inner`.
     pub fn new(
-        inner: Backend,
+        inner: B,
         pacer: Option<Arc<Pacer>>,
         telemetry: Arc<crate::ops::metrics::Telemetry>,
     ) -> Self {
@@ -425,11 +435,12 @@ impl Paced {
 
 macro_rules! paced {
     (
+        $api:ident for $inner:ty;
         calls { $($method:ident($action:literal, $request:ty) -> $response:ty;)+ }
         retried { $($page:ident($page_action:literal, $page_request:ty) -> $page_response:ty;)+ }
     ) => {
         #[async_trait::async_trait]
-        impl EciBackend for Paced {
+        impl $api for Paced<$inner> {
             $(async fn $method(&self, request: $request) -> Result<$response, EciError> {
                 if let Some(pacer) = &self.pacer {
                     pacer.acquire($action).await;
@@ -451,6 +462,7 @@ macro_rules! paced {
 }
 
 paced! {
+    EciBackend for Backend;
     calls {
     create_container_group("CreateContainerGroup", CreateContainerGroupRequest) -> CreateContainerGroupResponse;
     delete_container_group("DeleteContainerGroup", DeleteContainerGroupRequest) -> DeleteContainerGroupResponse;
@@ -464,6 +476,18 @@ paced! {
     describe_multi_container_group_metric("DescribeMultiContainerGroupMetric", DescribeMultiContainerGroupMetricRequest) -> DescribeMultiContainerGroupMetricResponse;
     describe_container_groups("DescribeContainerGroups", DescribeContainerGroupsRequest) -> DescribeContainerGroupsResponse;
     describe_container_group_status("DescribeContainerGroupStatus", DescribeContainerGroupStatusRequest) -> DescribeContainerGroupStatusResponse;
+    }
+}
+
+paced! {
+    ImageCacheBackend for ImageCaches;
+    calls {
+    create_image_cache("CreateImageCache", CreateImageCacheRequest) -> CreateImageCacheResponse;
+    update_image_cache("UpdateImageCache", UpdateImageCacheRequest) -> UpdateImageCacheResponse;
+    delete_image_cache("DeleteImageCache", DeleteImageCacheRequest) -> DeleteImageCacheResponse;
+    }
+    retried {
+    describe_image_caches("DescribeImageCaches", DescribeImageCachesRequest) -> DescribeImageCachesResponse;
     }
 }
 
@@ -519,8 +543,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn calls_that_change_nothing_wait_out_a_throttle_and_the_others_report_it() {
+        let throttles_once: Backend = Arc::new(ThrottlesOnce::default());
         let paced = Paced::new(
-            Arc::new(ThrottlesOnce::default()),
+            throttles_once,
             Some(Arc::new(Pacer::default())),
             Arc::new(crate::ops::metrics::Telemetry::new()),
         );
@@ -573,6 +598,69 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    /// An image-cache backend that answers every call (and throttles nothing).
+    struct Answers;
+
+    #[async_trait::async_trait]
+    impl ImageCacheBackend for Answers {
+        async fn create_image_cache(
+            &self,
+            _: CreateImageCacheRequest,
+        ) -> Result<CreateImageCacheResponse, EciError> {
+            Ok(CreateImageCacheResponse::default())
+        }
+        async fn describe_image_caches(
+            &self,
+            _: DescribeImageCachesRequest,
+        ) -> Result<DescribeImageCachesResponse, EciError> {
+            Ok(DescribeImageCachesResponse::default())
+        }
+        async fn update_image_cache(
+            &self,
+            _: UpdateImageCacheRequest,
+        ) -> Result<UpdateImageCacheResponse, EciError> {
+            Ok(UpdateImageCacheResponse::default())
+        }
+        async fn delete_image_cache(
+            &self,
+            _: DeleteImageCacheRequest,
+        ) -> Result<DeleteImageCacheResponse, EciError> {
+            Ok(DeleteImageCacheResponse::default())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn image_cache_calls_draw_from_their_own_buckets() {
+        let caches: ImageCaches = Arc::new(Answers);
+        let paced = Paced::new(
+            caches,
+            Some(Arc::new(Pacer::default())),
+            Arc::new(crate::ops::metrics::Telemetry::new()),
+        );
+        let start = Instant::now();
+        // No documented quota: 500 per minute, burst 50.
+        for _ in 0..50 {
+            paced
+                .describe_image_caches(Default::default())
+                .await
+                .unwrap();
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "the burst passes at once");
+        paced
+            .describe_image_caches(Default::default())
+            .await
+            .unwrap();
+        let elapsed = start.elapsed().as_secs_f64();
+        assert!(
+            (0.119..0.121).contains(&elapsed),
+            "then one call per 120 ms: {elapsed}"
+        );
+        // Creating one is another action, with a full bucket.
+        let before = Instant::now();
+        paced.create_image_cache(Default::default()).await.unwrap();
+        assert_eq!(before.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

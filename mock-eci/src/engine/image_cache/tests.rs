@@ -382,7 +382,7 @@ fn a_group_finds_its_cache_by_id_or_by_matching() {
     );
     assert_eq!(
         caches.source_for("", true, &["nginx", "busybox"]).unwrap(),
-        ImageSource::Pull
+        ImageSource::Missed
     );
     assert_eq!(
         caches.source_for("", false, &["nginx"]).unwrap(),
@@ -462,31 +462,44 @@ fn a_group_from_a_ready_cache_starts_without_the_pull_and_says_so() {
     let mut cached = group_request("cached", "nginx:1.25");
     cached.auto_match_image_cache = true;
     let cached = engine.create(cached, start).unwrap();
+    let mut missed = group_request("missed", "redis:7");
+    missed.auto_match_image_cache = true;
+    let missed = engine.create(missed, start).unwrap();
     assert_eq!(
         time_to_running(&mut engine, &[&plain, &cached], start),
         [3_000, 1_000]
     );
     let groups = engine.all_groups(start + 5_000);
-    let events = |id: &str| {
+    let events_of = |id: &str| {
         groups
             .iter()
             .find(|g| g.container_group_id == id)
             .unwrap()
             .events
             .iter()
-            .map(|e| (e.reason.clone(), e.message.clone()))
+            .map(|e| (e.reason.clone(), e.r#type.clone(), e.message.clone()))
             .collect::<Vec<_>>()
     };
-    let used = events(&cached);
+    let used = events_of(&cached);
     assert!(
         used.iter()
-            .any(|(reason, message)| reason == "ImageCacheUsed" && message.contains(&cache)),
+            .any(|(reason, kind, message)| reason == events::HIT_IMAGE_CACHE
+                && kind == "Normal"
+                && events::hit_image_cache_id(message) == Some(cache.as_str())),
         "{used:?}"
     );
+    // Without AutoMatchImageCache nothing is said; with it and no cache, ECI's warning.
     assert!(
-        events(&plain)
+        events_of(&plain)
             .iter()
-            .all(|(reason, _)| reason != "ImageCacheUsed")
+            .all(|(reason, ..)| !reason.contains("ImageCache"))
+    );
+    let missed = events_of(&missed);
+    assert!(
+        missed
+            .iter()
+            .any(|(reason, kind, _)| reason == events::IMAGE_CACHE_MISSED && kind == "Warning"),
+        "{missed:?}"
     );
     let view = engine
         .describe_image_caches(&describe_request(), start + 5_000)

@@ -276,6 +276,8 @@ impl PodController {
                         region_id: region.clone(),
                         container_group_ids: batch,
                         limit: Some(IDS_PER_CALL as i32),
+                        // The image cache a new group matched is named only in its events.
+                        with_event: true,
                         ..DescribeContainerGroupsRequest::default()
                     };
                     async move {

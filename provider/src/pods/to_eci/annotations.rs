@@ -75,18 +75,23 @@ pub const VPC: &str = "k8s.aliyun.com/eci-vpc";
 /// Written back: the group's public (EIP) address, when it has one.
 pub const EIP_ADDRESS: &str = "k8s.aliyun.com/allocated-eipAddress";
 
+/// Written back: the image cache the group was created from, as ECI's
+/// `SuccessfulHitImageCache` event names it.
+pub const MATCHED_IMAGE_CACHE: &str = "k8s.aliyun.com/eci-matched-image-cache";
+
 /// Written back when the create listed several vSwitches: the zone the group landed in (the
 /// well-known topology key, so users and tools read it where they read a node's zone).
 pub const ZONE: &str = "topology.kubernetes.io/zone";
 
 /// Every annotation the daemon writes back on a pod: its own, whatever a pod author wrote there.
-pub const WRITTEN_BACK: [&str; 7] = [
+pub const WRITTEN_BACK: [&str; 8] = [
     INSTANCE_ID,
     REQUEST_ID,
     INSTANCE_SPEC,
     ENI_INSTANCE_ID,
     VPC,
     EIP_ADDRESS,
+    MATCHED_IMAGE_CACHE,
     ZONE,
 ];
 
@@ -506,9 +511,9 @@ pub const TABLE: &[Entry] = &[
         example: "",
     },
     Entry {
-        key: "k8s.aliyun.com/eci-matched-image-cache",
+        key: MATCHED_IMAGE_CACHE,
         handling: Handling::WrittenBack(
-            "not written: no field of CreateContainerGroup's or DescribeContainerGroups' answers (as the SDK defines them) names the image cache a group matched",
+            "the cache DescribeContainerGroups' `SuccessfulHitImageCache` event names, when the group was created from one (`eci-auto-imc`, `eci-imc-id`)",
         ),
         accepts: "",
         example: "",
@@ -606,6 +611,7 @@ pub fn described(group: &ContainerGroup, zone: bool) -> BTreeMap<&'static str, S
         (ENI_INSTANCE_ID, group.eni_instance_id.clone()),
         (VPC, group.vpc_id.clone()),
         (EIP_ADDRESS, group.internet_ip.clone()),
+        (MATCHED_IMAGE_CACHE, matched_image_cache(group)),
         (
             ZONE,
             if zone {
@@ -620,6 +626,18 @@ pub fn described(group: &ContainerGroup, zone: bool) -> BTreeMap<&'static str, S
         }
     }
     out
+}
+
+/// The image cache ECI says the group was created from (empty when none): no answer field
+/// names it, only the `SuccessfulHitImageCache` event, whose id is checked before it is written.
+fn matched_image_cache(group: &ContainerGroup) -> String {
+    group
+        .events
+        .iter()
+        .filter(|event| event.reason == eci_proto::events::HIT_IMAGE_CACHE)
+        .find_map(|event| eci_proto::events::hit_image_cache_id(&event.message))
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn boolean(value: &str) -> Result<bool, String> {

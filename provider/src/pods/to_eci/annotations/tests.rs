@@ -489,3 +489,57 @@ fn the_groups_description_is_written_back_as_the_service_gave_it() {
     // A description with nothing filled in adds nothing.
     assert!(described(&ContainerGroup::default(), true).is_empty());
 }
+
+#[test]
+fn the_matched_image_cache_is_read_from_ecis_hit_event_only() {
+    use eci_proto::events::{HIT_IMAGE_CACHE, IMAGE_CACHE_MISSED, hit_image_cache_message};
+    use eci_proto::v20180808::Event;
+    let event = |reason: &str, message: &str| Event {
+        r#type: "Normal".into(),
+        reason: reason.into(),
+        message: message.into(),
+        ..Event::default()
+    };
+    let hit = hit_image_cache_message("imc-2ze5hdcnngen");
+    // (events) → annotation
+    let cases = [
+        (vec![event(HIT_IMAGE_CACHE, &hit)], Some("imc-2ze5hdcnngen")),
+        (
+            vec![event("Pulled", "pulled"), event(HIT_IMAGE_CACHE, &hit)],
+            Some("imc-2ze5hdcnngen"),
+        ),
+        (
+            vec![event(
+                IMAGE_CACHE_MISSED,
+                "[eci.imagecache]Missed image cache.",
+            )],
+            None,
+        ),
+        // The id only counts under ECI's reason, and only in ECI's id shape.
+        (vec![event("Started", &hit)], None),
+        (
+            vec![event(
+                HIT_IMAGE_CACHE,
+                "Successfully hit image cache imc-x\nforged: 1",
+            )],
+            Some("imc-x"),
+        ),
+        (
+            vec![event(HIT_IMAGE_CACHE, "Successfully hit image cache ../x")],
+            None,
+        ),
+        (vec![], None),
+    ];
+    for (events, expected) in cases {
+        let group = ContainerGroup {
+            events: events.clone(),
+            ..ContainerGroup::default()
+        };
+        let out = described(&group, false);
+        assert_eq!(
+            out.get(MATCHED_IMAGE_CACHE).map(String::as_str),
+            expected,
+            "{events:?}"
+        );
+    }
+}
