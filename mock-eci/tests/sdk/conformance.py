@@ -1461,7 +1461,7 @@ class ImageCacheChecks:
             answer = self.sdk.call("DescribeContainerGroups", request, f"{check}: WithEvent")
             groups = (answer.body.container_groups or []) if answer else []
             events = [(e.reason, e.message) for e in (groups[0].events or [])] if groups else []
-            self.results.expect("CreateContainerGroup", f"{check}: an event names the cache", any(ready_id in (msg or "") for _, msg in events), f"events {events}")
+            self.results.expect("CreateContainerGroup", f"{check}: ECI's SuccessfulHitImageCache event names the cache", any(reason == "SuccessfulHitImageCache" and f"Successfully hit image cache {ready_id}" in (msg or "") for reason, msg in events), f"events {events}")
         for check, cache_id, code in (("a Failed cache", failed_id, "IncorrectStatus"), ("an unknown cache", "imc-conformance-none", "InvalidImageCache.NotFound")):
             if not cache_id:
                 continue
