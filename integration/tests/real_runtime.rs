@@ -1555,26 +1555,16 @@ async fn a_failing_post_start_hook_kills_the_container() {
     mock.stop().await;
 }
 
-/// The official ECI SDK for Python (`mock-eci/tests/sdk/real.py`) drives a group that really
-/// runs, through the OpenAPI front: what it reads back — the log, exec output (host name,
-/// mounted files and their modes, env, processes), the address, the metrics, a volume update
-/// reaching the running container, a restart — is what the sandbox's processes did.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_sdk_drives_a_group_that_really_runs() {
-    let network = "10.215.22.1/24";
-    let mock = RealMock::start_with(
-        "rrs",
-        network,
-        Extras {
-            openapi: true,
-            ..Extras::default()
-        },
-    )
-    .await;
+/// Runs one of mock-eci's SDK drivers (`mock-eci/tests/sdk/<script>`) against `mock`'s
+/// OpenAPI front, its groups running the registry's busybox; `extra` adds to the arguments
+/// every driver takes. Fails the test, with the driver's rows and mock-eci's log, when any
+/// check failed.
+async fn run_sdk_driver(mock: &RealMock, script: &str, extra: &[&str], what_failed: &str) {
     let (endpoint, ca) = mock.openapi.clone().expect("the OpenAPI front");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let started = Instant::now();
     let run = tokio::process::Command::new("python3")
-        .arg(root.join("mock-eci/tests/sdk/real.py"))
+        .arg(root.join("mock-eci/tests/sdk").join(script))
         .args(["--endpoint", &endpoint, "--ca"])
         .arg(&ca)
         .args([
@@ -1591,18 +1581,92 @@ async fn the_official_sdk_drives_a_group_that_really_runs() {
             "--plain-http-registry",
             mock.registry.host(),
         ])
-        .args(["--network", network])
+        .args(extra)
         .output()
         .await
         .expect("python3 runs the driver");
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    println!("{stdout}");
+    println!("{stdout}\n{script} took {:?}", started.elapsed());
     assert!(
         run.status.success(),
-        "the SDK's view of a real group differs from what ran; the FAIL rows say where:\n\
-         {stdout}\n{stderr}\nmock-eci:\n{}",
+        "{what_failed}; the FAIL rows say where:\n{stdout}\n{stderr}\nmock-eci:\n{}",
         mock.process.tail(60)
+    );
+}
+
+/// The official ECI SDK for Python (`mock-eci/tests/sdk/real.py`) drives a group that really
+/// runs, through the OpenAPI front: what it reads back — the log, exec output (host name,
+/// mounted files and their modes, env, processes), the address, the metrics, a volume update
+/// reaching the running container, a restart — is what the sandbox's processes did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdk_drives_a_group_that_really_runs() {
+    let network = "10.215.22.1/24";
+    let mock = RealMock::start_with(
+        "rrs",
+        network,
+        Extras {
+            openapi: true,
+            ..Extras::default()
+        },
+    )
+    .await;
+    run_sdk_driver(
+        &mock,
+        "real.py",
+        &["--network", network],
+        "the SDK's view of a real group differs from what ran",
+    )
+    .await;
+    mock.stop().await;
+}
+
+/// The whole of `mock-eci/tests/sdk/conformance.py` — every action the product uses, through
+/// the official SDK, every answer held to the SDK's names — against mock-eci in real mode, its
+/// groups running busybox for real. What holds only for the simulator's invented figures is
+/// held, in this mode, to what a real sandbox guarantees; the driver's rows name the variant.
+/// The driver deletes every group it made; none is left listed, and stopping mock-eci leaves
+/// nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_conformance_run_passes_in_real_mode() {
+    let mut mock = RealMock::start_with(
+        "rrx",
+        "10.215.24.1/24",
+        Extras {
+            openapi: true,
+            ..Extras::default()
+        },
+    )
+    .await;
+    // The same busybox under a second name: the rich group's sidecar pulls it, and image
+    // caches hold both names.
+    let second = format!("{}/team/sidecar:2.1", mock.registry.host());
+    images::push(&images::busybox().expect("busybox builds"), &second, None)
+        .await
+        .expect("the second name is pushed");
+    run_sdk_driver(
+        &mock,
+        "conformance.py",
+        &["--second-image", &second],
+        "the official SDK does not get through a real-mode mock-eci as it would through the service",
+    )
+    .await;
+    let left = mock
+        .client
+        .describe_container_groups(DescribeContainerGroupsRequest {
+            region_id: REGION.into(),
+            ..DescribeContainerGroupsRequest::default()
+        })
+        .await
+        .expect("describe succeeds")
+        .into_inner()
+        .container_groups;
+    assert!(
+        left.is_empty(),
+        "the driver deleted every group it made, yet these are listed: {:?}",
+        left.iter()
+            .map(|group| (&group.container_group_id, &group.status))
+            .collect::<Vec<_>>()
     );
     mock.stop().await;
 }

@@ -312,6 +312,29 @@ def app(request):
     return request.container[0]
 
 
+# A shell as PID 1 that stops on SIGTERM (a bare `sleep` as PID 1 would ignore it); it prints
+# $MODE and its host name first, so a log shows which group it is.
+LONG_RUNNING = 'echo "started $MODE on $(hostname)"; trap "exit 0" TERM; while true; do sleep 1; done'
+
+
+def runnable(args, request) -> None:
+    """In real mode (`--image` given), makes `request` something a sandbox can run: every
+    container and init container uses the run's images, pulled over plain HTTP from its registry
+    (the sidecar the second one, so a group pulls two references); a regular container runs
+    LONG_RUNNING in place of its command and args (the made-up `/bin/app serve` exists in no
+    image), an init container keeps its own short command. In simulated mode nothing changes:
+    the simulator runs no image."""
+    if not args.image:
+        return
+    request.plain_http_registry = args.plain_http_registry
+    for container in request.container or []:
+        container.image = args.second_image if container.name == "sidecar" and args.second_image else args.image
+        container.command = ["sh", "-c", LONG_RUNNING]
+        container.arg = None
+    for container in request.init_container or []:
+        container.image = args.image
+
+
 def sidecar(request):
     for container in request.container:
         if container.name == "sidecar":
@@ -907,6 +930,7 @@ class Run:
         return None
 
     def create(self, request, check: str, record_failure=True):
+        runnable(self.args, request)
         if record_failure:
             response = self.sdk.call("CreateContainerGroup", request, check)
         else:
@@ -1084,9 +1108,11 @@ class Run:
             if answer is not None:
                 self.results.expect("ExecContainerCommand", "HostName is the group's hostname", (answer.body.sync_response or "").strip() == sent.host_name, f"hostname {answer.body.sync_response!r}, sent HostName {sent.host_name!r}")
         if any(e.field_ref for e in app(sent).environment_var or []):
-            answer = run(["printenv", "MY_POD_IP"], "env FieldRef status.podIP")
+            # `env`, not `printenv NAME`: busybox images need not have the printenv applet.
+            answer = run(["env"], "env FieldRef status.podIP")
             if answer is not None:
-                self.results.expect("ExecContainerCommand", "FieldRef status.podIP is the IntranetIp", (answer.body.sync_response or "").strip() == group.intranet_ip, f"{answer.body.sync_response!r} vs IntranetIp {group.intranet_ip!r}")
+                lines = (answer.body.sync_response or "").splitlines()
+                self.results.expect("ExecContainerCommand", "FieldRef status.podIP is the IntranetIp", f"MY_POD_IP={group.intranet_ip}" in lines, f"{answer.body.sync_response!r} vs IntranetIp {group.intranet_ip!r}")
         request = m.ExecContainerCommandRequest(
             region_id=self.args.region, container_group_id=rich_id, container_name="app",
             command=json.dumps(["/bin/sh"]), tty=True, stdin=True,
@@ -1325,6 +1351,9 @@ class ImageCacheChecks:
     def __init__(self, run: Run):
         self.run = run
         self.args = run.args
+        if self.args.image:
+            # The groups made from a cache run the run's images, so the cache holds those.
+            self.IMAGES = [self.args.image, self.args.second_image]
         self.results = run.results
         self.sdk = run.sdk
         self.name = f"imc-{run.run_id}"
@@ -1375,6 +1404,12 @@ class ImageCacheChecks:
         return None
 
     def run_all(self):
+        if self.args.image:
+            self.results.add(
+                "INFO", "CreateImageCache", "real mode: a cache is mock-eci's record, not a pull",
+                "no image is pulled into a cache, so Ready and Failed follow the image names as in "
+                f"simulated mode ({self.UNPULLABLE} fails); the groups made from a cache really pull and run",
+            )
         ready_id, sent = self.create(
             self.name, list(self.IMAGES), "two images, size, retention, token",
             image_cache_size=25, retention_days=7, client_token=f"imc-token-{self.run.run_id}",
@@ -1526,6 +1561,14 @@ def front_arguments(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def image_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
+    """The image the groups run and the registry serving it, for mock-eci in real mode
+    (`--runtime real`); conformance.py runs without them against the simulator."""
+    parser.add_argument("--image", required=required, help="an image with a shell (busybox) in the run's registry")
+    parser.add_argument("--plain-http-registry", required=required, help="that registry's host:port, spoken to over plain HTTP")
+    parser.add_argument("--second-image", help="another name of an image with a shell in that registry")
+
+
 def run_and_report(run) -> int:
     """Runs the checks, prints one row each; 1 when any failed."""
     try:
@@ -1543,7 +1586,11 @@ def main() -> int:
         action="store_true",
         help="diagnosis only: send Format=JSON instead of the SDK's json, to see what lies beyond",
     )
-    return run_and_report(Run(parser.parse_args()))
+    image_arguments(parser, required=False)
+    args = parser.parse_args()
+    if args.image and not (args.plain_http_registry and args.second_image):
+        parser.error("--image (real mode) needs --plain-http-registry and --second-image")
+    return run_and_report(Run(args))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conformance import (  # noqa: E402 - after the path the module is found on
+    LONG_RUNNING,
     Run,
     app,
     b64,
@@ -30,13 +31,12 @@ from conformance import (  # noqa: E402 - after the path the module is found on
     config_volume,
     describe_error,
     front_arguments,
+    image_arguments,
     m,
     run_and_report,
 )
 
 HOST_NAME = "sdk-real-0"
-# A shell as PID 1 that stops on SIGTERM (a bare `sleep` as PID 1 would ignore it).
-SCRIPT = 'echo "started $MODE on $(hostname)"; trap "exit 0" TERM; while true; do sleep 1; done'
 # PID 1's start time (clock ticks after boot): a new process has another.
 PID1_START = ["cut", "-d", " ", "-f22", "/proc/1/stat"]
 # How long a change made inside the sandbox may take to show (a file update, a log line).
@@ -52,7 +52,7 @@ def real_request(args, run_id: str) -> m.CreateContainerGroupRequest:
     request.termination_grace_period_seconds = 5
     container = app(request)
     container.image = args.image
-    container.command = ["sh", "-c", SCRIPT]
+    container.command = ["sh", "-c", LONG_RUNNING]
     container.environment_var = [
         m.CreateContainerGroupRequestContainerEnvironmentVar(key="MODE", value="real"),
         m.CreateContainerGroupRequestContainerEnvironmentVar(
@@ -248,8 +248,7 @@ class RealRun(Run):
 
 def main() -> int:
     parser = front_arguments(__doc__.split("\n\n")[0])
-    parser.add_argument("--image", required=True, help="the busybox image in the run's registry")
-    parser.add_argument("--plain-http-registry", required=True, help="that registry's host:port")
+    image_arguments(parser, required=True)
     parser.add_argument("--network", required=True, help="mock-eci's --runtime-network")
     args = parser.parse_args()
     args.diagnose_upper_format = False
