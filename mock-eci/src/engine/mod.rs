@@ -1136,6 +1136,19 @@ impl Engine {
         request: &DescribeContainerGroupMetricRequest,
         now: Millis,
     ) -> Result<DescribeContainerGroupMetricResponse, EciError> {
+        self.metric_with(request, now, None)
+    }
+
+    /// DescribeContainerGroupMetric; with `measured` (real mode), the figures are what the
+    /// service read from the group's cgroups now. Nothing keeps earlier readings, so the
+    /// answer then holds one record, taken now, when the window reaches now and the group
+    /// runs: a series of past records would have to be made up.
+    pub fn metric_with(
+        &mut self,
+        request: &DescribeContainerGroupMetricRequest,
+        now: Millis,
+        measured: Option<&usage::GroupMeasures>,
+    ) -> Result<DescribeContainerGroupMetricResponse, EciError> {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         let group = self.group(&request.container_group_id)?;
@@ -1176,7 +1189,16 @@ impl Engine {
             .or(group.expired_at)
             .unwrap_or(now);
         let mut records = Vec::new();
-        if let Some(from) = running_from {
+        if let Some(measured) = measured {
+            // To the second, as ECI writes times.
+            let at = now - now.rem_euclid(1_000);
+            let running = matches!(group.status, GroupStatus::Running | GroupStatus::Updating);
+            if running && start <= at && at <= end {
+                let no_measures = BTreeMap::new();
+                let figures = measured.get(&group.id).unwrap_or(&no_measures);
+                records.push(usage::record(group, &self.usage, at, true, Some(figures)));
+            }
+        } else if let Some(from) = running_from {
             let mut at = start.max(from) / period_ms * period_ms;
             if at < start.max(from) {
                 at += period_ms;

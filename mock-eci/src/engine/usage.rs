@@ -416,8 +416,8 @@ fn to_i64(value: f64) -> i64 {
 #[cfg(test)]
 mod tests {
     use eci_proto::v20180808::{
-        Container, CreateContainerGroupRequest, DescribeMultiContainerGroupMetricRequest,
-        RestartContainerGroupRequest,
+        Container, CreateContainerGroupRequest, DescribeContainerGroupMetricRequest,
+        DescribeMultiContainerGroupMetricRequest, RestartContainerGroupRequest,
     };
 
     use super::*;
@@ -539,6 +539,47 @@ mod tests {
             record.cpu.expect("the group's CPU").usage_nano_cores,
             750_000_000
         );
+    }
+
+    #[test]
+    fn a_measured_series_is_one_record_taken_now() {
+        let (mut engine, ids) = engine_with(&["web"]);
+        let app = Measured {
+            nano_cores: 5_000_000,
+            core_nanos: 9_000_000_000,
+            memory_bytes: 3 << 20,
+            working_set: 2 << 20,
+            rss: 1 << 20,
+            cache: 1 << 20,
+        };
+        let measures: GroupMeasures =
+            BTreeMap::from([(ids[0].clone(), BTreeMap::from([("app".to_owned(), app)]))]);
+        let request = |end_time: &str| DescribeContainerGroupMetricRequest {
+            region_id: engine.settings().region.clone(),
+            container_group_id: ids[0].clone(),
+            period: Some(15),
+            end_time: end_time.into(),
+            ..DescribeContainerGroupMetricRequest::default()
+        };
+        let (now_request, past_request) = (request(""), request(&rfc3339(RUNNING_BY)));
+        let now = RUNNING_BY + 120_400;
+        // Simulated: a record every 15 s of the window.
+        let simulated = engine.metric(&now_request, now).expect("an answer");
+        assert!(simulated.records.len() > 1, "{simulated:?}");
+        // Measured: one record, to the second, with the cgroup's figures.
+        let answer = engine
+            .metric_with(&now_request, now, Some(&measures))
+            .expect("an answer");
+        assert_eq!(answer.records.len(), 1, "{answer:?}");
+        let record = &answer.records[0];
+        assert_eq!(record.timestamp, rfc3339(RUNNING_BY + 120_000));
+        assert_eq!(cpu_of(record, "app"), (5_000_000, 9_000_000_000));
+        assert_eq!(record.memory.expect("memory").working_set, 2 << 20);
+        // A window ending in the past holds nothing that could have been measured.
+        let past = engine
+            .metric_with(&past_request, now, Some(&measures))
+            .expect("an answer");
+        assert!(past.records.is_empty(), "{past:?}");
     }
 
     #[test]

@@ -586,10 +586,14 @@ impl Eci for MockEci {
         &self,
         request: Request<DescribeContainerGroupMetricRequest>,
     ) -> Result<Response<DescribeContainerGroupMetricResponse>, Status> {
+        // Real mode: the cgroups are read before the engine's lock is taken.
+        let measured = self.shared.runtime.get().map(|runtime| {
+            runtime.measure(std::slice::from_ref(&request.get_ref().container_group_id))
+        });
         self.call(
             Action::DescribeContainerGroupMetric,
             request,
-            |engine, request, now| engine.metric(&request, now),
+            |engine, request, now| engine.metric_with(&request, now, measured.as_ref()),
         )
         .await
     }

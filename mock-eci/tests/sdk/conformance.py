@@ -45,6 +45,9 @@ except ImportError as error:  # the Rust test checks this first; a direct run ge
     sys.exit(2)
 
 WAIT_SECONDS = 90
+# Above what a group of busybox shells and sleeps uses, far below the simulator's working sets
+# (a fifth to two fifths of each container's memory, hundreds of MiB for the rich group).
+REAL_WORKING_SET_MAX = 64 << 20
 
 # Answer fields whose SDK name is a generator defect, so that no answer can fill them: a server
 # sending the natural name is not at fault. Shown as INFO rows.
@@ -317,6 +320,16 @@ def app(request):
 LONG_RUNNING = 'echo "started $MODE on $(hostname)"; trap "exit 0" TERM; while true; do sleep 1; done'
 
 
+def probe_ports(container) -> list[int]:
+    """The ports the container's HttpGet and TcpSocket probes connect to."""
+    ports = set()
+    for probe in (container.readiness_probe, container.liveness_probe):
+        for target in (probe and probe.http_get, probe and probe.tcp_socket):
+            if target and target.port:
+                ports.add(target.port)
+    return sorted(ports)
+
+
 def runnable(args, request) -> None:
     """In real mode (`--image` given), makes `request` something a sandbox can run: every
     container and init container uses the run's images, pulled over plain HTTP from its registry
@@ -329,7 +342,11 @@ def runnable(args, request) -> None:
     request.plain_http_registry = args.plain_http_registry
     for container in request.container or []:
         container.image = args.second_image if container.name == "sidecar" and args.second_image else args.image
-        container.command = ["sh", "-c", LONG_RUNNING]
+        # Something listens where a probe connects (busybox's httpd, which goes to the
+        # background), so a TcpSocket liveness probe passes rather than restarting the container
+        # in the middle of the checks.
+        servers = "".join(f"httpd -p {port} -h /; " for port in probe_ports(container))
+        container.command = ["sh", "-c", servers + LONG_RUNNING]
         container.arg = None
     for container in request.init_container or []:
         container.image = args.image
@@ -1015,6 +1032,7 @@ class Run:
         if group is None:
             return
         self.results.ok("DescribeContainerGroups", "rich group reaches Running")
+        self.container_state_checks(sent, rich_id)
         self.status_checks(rich_id, others, group)
         self.exec_checks(sent, rich_id, group)
         self.log_checks(rich_id)
@@ -1060,6 +1078,36 @@ class Run:
             sorted(seen) == mine and pages == len(mine),
             f"{pages} pages gave {seen}, want {mine} on {len(mine)} pages",
         )
+
+    def container_state_checks(self, sent, rich_id):
+        """Every container runs and every init container ended with exit code 0 (in real mode
+        the processes' own states); polled, as the group shows Running from its first
+        container's start."""
+        want = {c.name: ("Running", None) for c in sent.container} | {
+            c.name: ("Terminated", 0) for c in sent.init_container or []
+        }
+        deadline = time.monotonic() + WAIT_SECONDS
+        states = None
+        while time.monotonic() < deadline:
+            try:
+                answer = self.sdk.raw_call(
+                    "DescribeContainerGroups",
+                    m.DescribeContainerGroupsRequest(region_id=self.args.region, container_group_ids=json.dumps([rich_id])),
+                )
+            except Exception as error:  # noqa: BLE001
+                self.results.fail("DescribeContainerGroups", "every container Running, init containers exited 0", describe_error(error))
+                return
+            groups = answer.body.container_groups or []
+            containers = (groups[0].containers or []) + (groups[0].init_containers or []) if groups else []
+            states = {}
+            for c in containers:
+                state = c.current_state
+                states[c.name] = (state.state, state.exit_code if state.state == "Terminated" else None) if state else None
+            if states == want:
+                self.results.ok("DescribeContainerGroups", "every container Running, init containers exited 0")
+                return
+            time.sleep(0.25)
+        self.results.fail("DescribeContainerGroups", "every container Running, init containers exited 0", f"{states}, want {want}")
 
     def status_checks(self, rich_id, others, group):
         request = m.DescribeContainerGroupStatusRequest(
@@ -1160,6 +1208,28 @@ class Run:
                     problems.append(f"Containers[{c.name}].CPU missing")
         self.results.expect(action, f"{where}: the SDK reads every figure", not problems, "; ".join(problems))
 
+    def check_figures(self, action, where, record):
+        """What each mode guarantees of the CPU and memory figures. Simulated: they follow the
+        load rules, a share of what the group asked for. Real: they are read from the sandbox's
+        cgroups, so none is negative and the group's working set is what its shells and sleeps
+        use: more than nothing, and far below the simulator's hundreds of MiB per container."""
+        figures = []
+        for name, cpu, memory in [("group", record.cpu, record.memory)] + [
+            (c.name, c.cpu, c.memory) for c in record.containers or []
+        ]:
+            figures += [(f"{name} CPU {k}", v) for k, v in (cpu.to_map() if cpu else {}).items()]
+            figures += [(f"{name} Memory {k}", v) for k, v in (memory.to_map() if memory else {}).items()]
+        negative = [f"{k}={v}" for k, v in figures if isinstance(v, (int, float)) and v < 0]
+        if not self.args.image:
+            self.results.expect(action, f"{where}: simulated mode: no figure is negative", not negative, ", ".join(negative))
+            return
+        self.results.expect(action, f"{where}: real mode: no measured figure is negative", not negative, ", ".join(negative))
+        working_set = record.memory.working_set if record.memory else None
+        self.results.expect(
+            action, f"{where}: real mode: the working set is measured (0 < it < {REAL_WORKING_SET_MAX >> 20} MiB)",
+            working_set is not None and 0 < working_set < REAL_WORKING_SET_MAX, f"WorkingSet {working_set!r}",
+        )
+
     def metric_checks(self, rich_id, others, sent):
         request = m.DescribeContainerGroupMetricRequest(region_id=self.args.region, container_group_id=rich_id, period="15")
         deadline = time.monotonic() + WAIT_SECONDS
@@ -1181,6 +1251,7 @@ class Run:
             self.results.expect("DescribeContainerGroupMetric", "ContainerGroupId echoed", answer.body.container_group_id == rich_id, f"{answer.body.container_group_id!r}")
             if self.results.expect("DescribeContainerGroupMetric", "has records", bool(records), "no Records"):
                 self.check_record("DescribeContainerGroupMetric", "last record", records[-1], sorted(c.name for c in sent.container))
+                self.check_figures("DescribeContainerGroupMetric", "last record", records[-1])
         ids = [rich_id] + others[:1]
         request = m.DescribeMultiContainerGroupMetricRequest(region_id=self.args.region, container_group_ids=json.dumps(ids), metric_type="summary")
         answer = self.sdk.call("DescribeMultiContainerGroupMetric", request, "two groups, summary")
@@ -1190,6 +1261,7 @@ class Run:
             data = datas.get(rich_id)
             if data is not None and self.results.expect("DescribeMultiContainerGroupMetric", "has records", bool(data.records), "no Records"):
                 self.check_record("DescribeMultiContainerGroupMetric", "record", data.records[-1], None)
+                self.check_figures("DescribeMultiContainerGroupMetric", "record", data.records[-1])
 
     def containers_started(self, group_id):
         """When the last of the group's regular containers began its current run, if all have."""
