@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conformance import (  # noqa: E402 - after the path the module is found on
     LONG_RUNNING,
+    REAL_WORKING_SET_MAX,
     Run,
     app,
     b64,
@@ -190,9 +191,11 @@ class RealRun(Run):
 
         def measured(record):
             memory = record.memory.working_set if record.memory else None
-            return bool(memory) and memory > 0
+            return memory is not None and 0 < memory < REAL_WORKING_SET_MAX
 
-        self.until("DescribeContainerGroupMetric", "the sandbox's working set is measured (> 0)", read, measured)
+        self.until("DescribeContainerGroupMetric",
+                   f"the sandbox's working set is measured (0 < it < {REAL_WORKING_SET_MAX >> 20} MiB, not simulated)",
+                   read, measured)
 
     def update_checks_real(self, group_id):
         request = m.UpdateContainerGroupRequest(
