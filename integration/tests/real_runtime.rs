@@ -9,7 +9,7 @@
 //! container, a readiness probe gates `Ready`) and lifecycle hooks too (preStop before the
 //! stop, a failing postStart kills the container); a cloud disk's and a NAS path's content
 //! outlives the group that wrote it; the official Python SDK reads back, through the OpenAPI
-//! front, what a group's processes did; a deleted group, a crash loop and a mock-eci killed
+//! front, what a group's processes did, and its whole conformance run passes; a deleted group, a crash loop and a mock-eci killed
 //! with -9 then started again leave no process, network namespace, interface, mount or cgroup
 //! behind.
 //!

@@ -5,8 +5,8 @@
 //! deletes, builds image caches (create, describe with its filters, update, delete, and groups
 //! created from one), and makes the bad calls the service refuses. Every answer's raw JSON is also held
 //! to `proto/sdk/names.tsv`. `.ci/run` installs the SDK; without it this test fails and says
-//! how to install it. Its counterpart in real-runtime mode, `tests/sdk/real.py`, is run by
-//! integration's `real_runtime` tests (it needs root, runc and a registry).
+//! how to install it. Integration's `real_runtime` tests (they need root, runc and a registry)
+//! run this same driver against a real-runtime mock-eci, and `tests/sdk/real.py` beside it.
 
 #![allow(clippy::unwrap_used)]
 

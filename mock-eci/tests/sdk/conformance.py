@@ -2,7 +2,9 @@
 """The official ECI SDK for Python (alibabacloud-eci20180808) against mock-eci's OpenAPI front.
 
 Run by mock-eci/tests/sdk_conformance.rs, which starts mock-eci and passes the endpoint, its CA
-and the AccessKey. Every action the product uses is called through the SDK's own client
+and the AccessKey; and, against mock-eci in real mode, by integration/tests/real_runtime.rs,
+which adds --image, --second-image and --plain-http-registry so that every container runs
+busybox from its registry. Every action the product uses is called through the SDK's own client
 (`Client.<action>_with_options`), signed by the SDK (signature 1.0, HMAC-SHA1: the RPC scheme
 the product uses, selected with `Config.signature_algorithm = 'v2'`), over HTTPS verified
 against mock-eci's CA.
