@@ -1559,6 +1559,9 @@ async fn a_failing_post_start_hook_kills_the_container() {
 /// OpenAPI front, its groups running the registry's busybox; `extra` adds to the arguments
 /// every driver takes. Fails the test, with the driver's rows and mock-eci's log, when any
 /// check failed.
+// The driver's rows are the test's report (shown with --nocapture), as a test's own output
+// is; clippy allows printing in tests but not in a helper of them.
+#[allow(clippy::print_stdout)]
 async fn run_sdk_driver(mock: &RealMock, script: &str, extra: &[&str], what_failed: &str) {
     let (endpoint, ca) = mock.openapi.clone().expect("the OpenAPI front");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
