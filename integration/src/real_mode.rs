@@ -227,7 +227,8 @@ impl RealRuntime {
                 images::push(&busybox, &format!("{}/{name}", registry.host()), None).await?;
             }
             let runtime_dir = slot.runtime_dir();
-            let mock = start_mock(dir, &runtime_dir, hosts, groups, &prefix).await?;
+            let mock =
+                start_mock(dir, &runtime_dir, (hosts, groups), &prefix, registry.host()).await?;
             Ok::<_, RealModeError>((registry, mock, runtime_dir))
         };
         match started.await {
@@ -409,13 +410,14 @@ impl RealRuntime {
 }
 
 /// Starts mock-eci in real mode on `hosts`' first address, its groups on `groups`, its log in
-/// `log_dir`.
+/// `log_dir`, with `registry` as its Docker Hub mirror: a manifest naming `busybox` runs the
+/// registry's `library/busybox`, as it would run Docker Hub's.
 async fn start_mock(
     log_dir: &Path,
     runtime_dir: &Path,
-    hosts: Block,
-    groups: Block,
+    (hosts, groups): (Block, Block),
     prefix: &str,
+    registry: &str,
 ) -> Result<Process, RealModeError> {
     let program = binary("mock-eci", "mock-eci").map_err(|e| RealModeError::Mock(e.to_string()))?;
     std::fs::create_dir_all(runtime_dir)
@@ -437,6 +439,8 @@ async fn start_mock(
         runtime_dir.display().to_string(),
         "--restart-backoff".to_owned(),
         "2s".to_owned(),
+        "--runtime-registry-mirror".to_owned(),
+        format!("http://{registry}"),
     ];
     let mut process = Process::spawn(
         "mock-eci",

@@ -437,6 +437,9 @@ fn real_instructions(dir: &Path, replicas: u32, registry: &str) {
             .join(", ")
     );
     println!(
+        "Docker Hub names (busybox, docker.io/library/busybox:1.36) are pulled from it too: mock-eci has it as its Docker Hub mirror"
+    );
+    println!(
         "pods in namespaces labelled virtual-node-affinity-injection=enabled (or labelled alibabacloud.com/eci=true) go to virtual nodes and pull from it over plain HTTP (eci-profile adds k8s.aliyun.com/plain-http-registry)"
     );
     println!();
@@ -445,13 +448,13 @@ fn real_instructions(dir: &Path, replicas: u32, registry: &str) {
     println!("kubectl create namespace demo");
     println!("kubectl label namespace demo virtual-node-affinity-injection=enabled");
     println!(
-        "kubectl -n demo run hello --image=$REGISTRY/library/busybox -- sh -c 'echo hello from $(hostname); while true; do date; sleep 5; done'"
+        "kubectl -n demo run hello --image=busybox -- sh -c 'echo hello from $(hostname); while true; do date; sleep 5; done'"
     );
     println!("kubectl -n demo get pod hello -o wide   # a pod IP on mock-eci's bridge network");
     println!("kubectl -n demo logs hello");
     println!("kubectl -n demo exec hello -- sh -c 'hostname; ps; ip addr'");
     println!(
-        "kubectl -n demo create deployment web --image=$REGISTRY/library/busybox --replicas=2 --port=8080 -- httpd -f -p 8080"
+        "kubectl -n demo create deployment web --image=busybox --replicas=2 --port=8080 -- httpd -f -p 8080"
     );
     println!("kubectl -n demo expose deployment web --port=80 --target-port=8080");
     println!("kubectl -n demo get endpointslices -l kubernetes.io/service-name=web");

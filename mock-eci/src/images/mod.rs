@@ -230,11 +230,55 @@ pub struct PulledImage {
 /// layer built to fill the disk.
 pub const DEFAULT_UNPACK_LIMIT: u64 = 8 << 30;
 
+/// Where images named on Docker Hub (`busybox`, `library/busybox`, `docker.io/…`) are pulled
+/// from instead, as a container runtime's registry mirror: the same repository and tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryMirror {
+    /// `host[:port]`.
+    pub host: String,
+    /// Reached over HTTP (an `http://` mirror), else HTTPS.
+    pub plain_http: bool,
+}
+
+impl std::str::FromStr for RegistryMirror {
+    type Err = String;
+
+    /// `http://host[:port]` or `https://host[:port]`: the scheme says how it is reached.
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        let (plain_http, host) = if let Some(host) = url.strip_prefix("http://") {
+            (true, host)
+        } else if let Some(host) = url.strip_prefix("https://") {
+            (false, host)
+        } else {
+            return Err(format!(
+                "{url:?}: a mirror is http://HOST[:PORT] or https://HOST[:PORT]"
+            ));
+        };
+        let host = host.trim_end_matches('/');
+        let valid = !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b));
+        if valid {
+            Ok(Self {
+                host: host.to_owned(),
+                plain_http,
+            })
+        } else {
+            Err(format!("{url:?}: {host:?} is not a host[:port]"))
+        }
+    }
+}
+
+/// Docker Hub as image references name it once parsed.
+const DOCKER_HUB: &str = "docker.io";
+
 /// The content-addressed image store (see the module's doc).
 #[derive(Debug, Clone)]
 pub struct ImageStore {
     root: PathBuf,
     unpack_limit: u64,
+    docker_hub_mirror: Option<RegistryMirror>,
 }
 
 impl ImageStore {
@@ -250,7 +294,15 @@ impl ImageStore {
         Ok(Self {
             root: root.to_owned(),
             unpack_limit: DEFAULT_UNPACK_LIMIT,
+            docker_hub_mirror: None,
         })
+    }
+
+    /// The same store, pulling Docker Hub's images from `mirror`.
+    #[must_use]
+    pub fn with_docker_hub_mirror(mut self, mirror: Option<RegistryMirror>) -> Self {
+        self.docker_hub_mirror = mirror;
+        self
     }
 
     /// The same store, unpacking at most `bytes` of files per image.
@@ -265,9 +317,21 @@ impl ImageStore {
     /// unpacks the rootfs once per manifest digest.
     #[tracing::instrument(skip(self, options), fields(store = %self.root.display()))]
     pub async fn pull(&self, image: &str, options: &PullOptions) -> Result<PulledImage, PullError> {
-        let reference: Reference = image.parse().map_err(PullError::Reference)?;
+        let mut reference: Reference = image.parse().map_err(PullError::Reference)?;
+        let mut options = std::borrow::Cow::Borrowed(options);
+        if let Some(mirror) = &self.docker_hub_mirror
+            && reference.registry() == DOCKER_HUB
+        {
+            reference.set_mirror_registry(mirror.host.clone());
+            if mirror.plain_http {
+                options
+                    .to_mut()
+                    .plain_http_registries
+                    .push(mirror.host.clone());
+            }
+        }
         let registry = reference.resolve_registry().to_owned();
-        let client = client_for(&registry, options);
+        let client = client_for(&registry, &options);
         let auth = auth_for(&registry, &options.credentials);
         let full = reference.whole();
         let (manifest, digest) = client
@@ -502,6 +566,23 @@ fn classify(reference: &str, error: OciDistributionError) -> PullError {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_mirror_is_a_scheme_and_a_host() {
+        let cases = [
+            ("http://10.200.0.1:5000", Some(("10.200.0.1:5000", true))),
+            ("https://mirror.example/", Some(("mirror.example", false))),
+            ("10.200.0.1:5000", None),
+            ("http://", None),
+            ("http://host/path", None),
+            ("ftp://host", None),
+        ];
+        for (url, expected) in cases {
+            let parsed = url.parse::<RegistryMirror>().ok();
+            let parsed = parsed.as_ref().map(|m| (m.host.as_str(), m.plain_http));
+            assert_eq!(parsed, expected, "{url}");
+        }
+    }
+
     fn credential(server: &str) -> RegistryCredential {
         RegistryCredential {
             server: server.into(),
@@ -590,6 +671,7 @@ mod tests {
         let store = ImageStore {
             root: PathBuf::from("/store"),
             unpack_limit: DEFAULT_UNPACK_LIMIT,
+            docker_hub_mirror: None,
         };
         let hex = "a".repeat(64);
         assert!(store.blob_path(&format!("sha256:{hex}")).is_some());

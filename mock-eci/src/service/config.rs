@@ -240,6 +240,13 @@ pub struct MockConfig {
     )]
     pub runtime_resolv_conf: PathBuf,
 
+    /// Real runtime: a registry mirror for Docker Hub (`http://HOST[:PORT]` or
+    /// `https://HOST[:PORT]`): images named on Docker Hub (`busybox`, `docker.io/library/…`)
+    /// are pulled from it, the same repository and tag, as a container runtime's mirror does.
+    /// Without it they are pulled from Docker Hub.
+    #[arg(long, env = "MOCK_ECI_RUNTIME_REGISTRY_MIRROR")]
+    pub runtime_registry_mirror: Option<crate::images::RegistryMirror>,
+
     /// Real runtime: names the bridge, namespaces, interfaces and containers this mock-eci
     /// creates (1-6 of a-z, 0-9). It owns the prefix on this machine: whatever carries it is
     /// removed at start (an earlier run's leftovers).

@@ -99,7 +99,9 @@ impl RealRuntime {
         }
         let runtime = find_program(&config.oci_runtime)
             .ok_or_else(|| RuntimeError::NoOciRuntime(config.oci_runtime.clone()))?;
-        let images = ImageStore::open(&config.image_store_dir()).map_err(RuntimeError::Images)?;
+        let images = ImageStore::open(&config.image_store_dir())
+            .map_err(RuntimeError::Images)?
+            .with_docker_hub_mirror(config.runtime_registry_mirror.clone());
         let archive = config.runtime_dir.join("logs");
         match tokio::fs::remove_dir_all(&archive).await {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
