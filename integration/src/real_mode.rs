@@ -191,26 +191,30 @@ fn on_path(program: &str) -> bool {
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
+/// What this machine lacks for real mode, if anything: root, runc, iproute2 or Debian's
+/// busybox-static.
+pub fn missing_prerequisite() -> Option<String> {
+    if !is_root() {
+        return Some("root (it creates a network interface and runs containers with runc)".into());
+    }
+    ["runc", "ip", images::DEBIAN_BUSYBOX]
+        .into_iter()
+        .find(|program| {
+            if program.starts_with('/') {
+                !Path::new(program).is_file()
+            } else {
+                !on_path(program)
+            }
+        })
+        .map(|program| format!("{program} (Debian: apt-get install runc iproute2 busybox-static)"))
+}
+
 impl RealRuntime {
     /// Checks the prerequisites, makes the network, starts the registry with the images and
     /// mock-eci in real mode (its files and log under `dir`). Undoes what it made on failure.
     pub async fn start(dir: &Path) -> Result<Self, RealModeError> {
-        if !is_root() {
-            return Err(RealModeError::Prerequisite(
-                "root (it creates a network interface and runs containers with runc)".into(),
-            ));
-        }
-        for program in ["runc", "ip", images::DEBIAN_BUSYBOX] {
-            let found = if program.starts_with('/') {
-                Path::new(program).is_file()
-            } else {
-                on_path(program)
-            };
-            if !found {
-                return Err(RealModeError::Prerequisite(format!(
-                    "{program} (Debian: apt-get install runc iproute2 busybox-static)"
-                )));
-            }
+        if let Some(missing) = missing_prerequisite() {
+            return Err(RealModeError::Prerequisite(missing));
         }
         let routes = local_net::ip(&["-4", "-o", "route", "show", "table", "all"]).await?;
         let start = crate::cluster::random_in(0..=54);

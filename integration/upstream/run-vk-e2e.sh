@@ -41,7 +41,7 @@ suite=$("$here/build.sh" vk-e2e | sed -n 's/^vk-e2e\.test=//p')
 [ -x "$suite" ] || die "build.sh vk-e2e named no test binary"
 
 playground_binary
-start_playground "$out/playground" --replicas 1 --ecs-nodes 1 --metrics-server false \
+start_playground "$out/playground" --runtime simulated --replicas 1 --ecs-nodes 1 --metrics-server false \
   --placement-extender false --audit-log false
 
 address=${VK_E2E_NODE_ADDRESS-$(ip -4 -o addr show scope global 2>/dev/null |

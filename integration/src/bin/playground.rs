@@ -80,13 +80,14 @@ struct Args {
     /// Remove `--dir` and everything in it at exit.
     #[arg(long)]
     remove_dir_on_exit: bool,
-    /// How mock-eci runs containers: `simulated` (nothing runs; logs are made up) or `real`
-    /// (busybox and the other images from a local registry really run, each group in network
+    /// How mock-eci runs containers: `real` (busybox and the other images from a local
+    /// registry, which also stands in for Docker Hub, really run, each group in network
     /// namespaces on a bridge; the daemons and mock-eci get non-loopback addresses routed to an
     /// interface the playground creates and removes, so `kubectl logs`/`exec` go through the
-    /// apiserver and Services get EndpointSlices). Real needs root, runc, iproute2 and Debian's
-    /// busybox-static.
-    #[arg(long, env = "PLAYGROUND_RUNTIME", value_enum, default_value_t = Runtime::Simulated)]
+    /// apiserver and Services get EndpointSlices), `simulated` (nothing runs; logs are made
+    /// up), or `auto`: real where this machine has what it needs (root, runc, iproute2 and
+    /// Debian's busybox-static), else simulated, saying what is missing.
+    #[arg(long, env = "PLAYGROUND_RUNTIME", value_enum, default_value_t = Runtime::Auto)]
     runtime: Runtime,
     /// With `--runtime real`: also push the images Kubernetes' end-to-end suite runs
     /// (agnhost from this binary, built by `integration/upstream/build.sh e2e-test`; busybox;
@@ -106,11 +107,36 @@ struct Args {
 /// How mock-eci runs containers in the playground.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Runtime {
+    /// Real where the machine allows, else simulated.
+    Auto,
     /// Timers and made-up output (mock-eci's default).
     Simulated,
     /// Real containers (mock-eci `--runtime real`).
     Real,
 }
+
+impl Runtime {
+    /// `Auto` decided: real unless the machine lacks something real mode needs (said once).
+    fn resolved(self) -> Self {
+        match self {
+            Self::Auto => match integration::real_mode::missing_prerequisite() {
+                None => Self::Real,
+                Some(missing) => {
+                    say(&format!(
+                        "simulated containers: running them for real (--runtime real) needs {missing}"
+                    ));
+                    Self::Simulated
+                }
+            },
+            chosen => chosen,
+        }
+    }
+}
+
+/// The tour's Deployment (after `kubectl -n demo create deployment web`), the README's too: a
+/// web server that says where it runs, real in real mode (busybox's httpd serving the group's
+/// /etc) and simulated in the other.
+const TOUR_WEB: &str = "--image=busybox --replicas=4 --port=80 -- sh -c 'echo serving from $(hostname); exec httpd -f -v -p 80 -h /etc'";
 
 /// The host node's name.
 const HOST_NODE: &str = "host-0";
@@ -207,8 +233,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let daemon = binary("virtual-node-eci", "virtual-node-eci")?;
     binary("mock-eci", "mock-eci")?;
     done("virtual-node-eci and mock-eci built", &mut phase);
-    let real = match args.runtime {
-        Runtime::Real if !args.bare => {
+    let runtime = if args.bare {
+        Runtime::Simulated
+    } else {
+        args.runtime.resolved()
+    };
+    let real = match runtime {
+        Runtime::Real => {
             say("real runtime: the network, the registry with busybox, mock-eci --runtime real");
             let real = tokio::select! {
                 real = RealRuntime::start(&dir) => real.context("start the real runtime")?,
@@ -453,13 +484,15 @@ fn real_instructions(dir: &Path, replicas: u32, registry: &str) {
     println!("kubectl -n demo get pod hello -o wide   # a pod IP on mock-eci's bridge network");
     println!("kubectl -n demo logs hello");
     println!("kubectl -n demo exec hello -- sh -c 'hostname; ps; ip addr'");
+    println!("kubectl -n demo create deployment web {TOUR_WEB}");
+    println!("kubectl -n demo logs deploy/web   # what the server printed");
     println!(
-        "kubectl -n demo create deployment web --image=busybox --replicas=2 --port=8080 -- httpd -f -p 8080"
+        "kubectl -n demo port-forward deploy/web 8080:80 &   # then: curl -s -m 2 127.0.0.1:8080/hostname (the pod's /etc/hostname, served by its httpd)"
     );
-    println!("kubectl -n demo expose deployment web --port=80 --target-port=8080");
+    println!("kubectl -n demo expose deployment web --port=80");
     println!("kubectl -n demo get endpointslices -l kubernetes.io/service-name=web");
     println!(
-        "curl -s http://$(kubectl -n demo get pod -l app=web -o jsonpath='{{.items[0].status.podIP}}'):8080/   # this machine reaches the groups on their bridge"
+        "curl -s http://$(kubectl -n demo get pod -l app=web -o jsonpath='{{.items[0].status.podIP}}')/hostname   # this machine reaches the groups on their bridge"
     );
     println!("curl -s $MOCK_ECI_ADMIN/admin/groups   # mock-eci's container groups");
     println!();
@@ -483,12 +516,12 @@ fn instructions(
     println!(
         "kubectl label namespace demo virtual-node-affinity-injection=enabled   # the webhook sends its pods to virtual nodes"
     );
-    println!("kubectl -n demo create deployment web --image=nginx --replicas=4 --port=80");
+    println!("kubectl -n demo create deployment web {TOUR_WEB}");
     println!("kubectl -n demo get pods -o wide");
-    println!("kubectl -n demo logs deploy/web");
-    println!("kubectl -n demo exec deploy/web -- ls /");
+    println!("kubectl -n demo logs deploy/web   # made up: mock-eci simulates the containers");
+    println!("kubectl -n demo exec deploy/web -- hostname");
     println!(
-        "kubectl -n demo port-forward deploy/web 8080:80 &   # then: curl -s --http0.9 -m 2 127.0.0.1:8080 (mock-eci echoes the request)"
+        "kubectl -n demo port-forward deploy/web 8080:80 &   # then: curl -s --http0.9 -m 2 127.0.0.1:8080/hostname (mock-eci echoes the request)"
     );
     if metrics_server {
         println!(
