@@ -137,6 +137,24 @@ pub fn free_blocks(
     }
 }
 
+/// How a playground's slot records the blocks it holds: their second octets, space-separated.
+pub fn blocks_record(blocks: &[Block]) -> String {
+    blocks
+        .iter()
+        .map(|block| block.second.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The blocks of a record [`blocks_record`] wrote; what is not a second octet is left out.
+pub fn parse_blocks_record(record: &str) -> Vec<Block> {
+    record
+        .split_whitespace()
+        .filter_map(|word| word.parse().ok())
+        .map(|second| Block { second })
+        .collect()
+}
+
 /// The interface of the playground whose process id is `pid`.
 pub fn link_name(pid: u32) -> String {
     format!("{LINK_PREFIX}{pid}")
@@ -267,6 +285,18 @@ local 127.0.0.0/8 dev lo table local proto kernel scope host src 127.0.0.1
             Err(LocalNetError::NoFreeBlock { .. })
         ));
         assert!(free_blocks(&routes, 200, 202, 0, 2).is_err());
+    }
+
+    #[test]
+    fn a_slots_record_reads_back_as_its_blocks() {
+        let blocks = [Block { second: 216 }, Block { second: 254 }];
+        assert_eq!(blocks_record(&blocks), "216 254");
+        assert_eq!(parse_blocks_record("216 254"), blocks);
+        assert_eq!(parse_blocks_record(""), []);
+        assert_eq!(
+            parse_blocks_record("216 x 300 -1\n217"),
+            [Block { second: 216 }, Block { second: 217 }]
+        );
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //!
 //! - Each playground holds one of the machine's slots ([`Slot`]), which names mock-eci's prefix
 //!   and runtime directory: what a playground killed with -9 left is removed by the next one
-//!   started in its slot.
+//!   started in its slot. The slot also records the two /16 blocks the playground took, so
+//!   playgrounds starting together never share one.
 //!
 //! [`RealRuntime::stop`] stops mock-eci (which removes every group, namespace, veth and its
 //! bridge), deletes the interface, and then looks for anything left with either name.
@@ -135,7 +136,7 @@ const SLOTS: u32 = 32;
 /// free slot is taken, so one playground at a time always reuses the first.
 #[derive(Debug)]
 struct Slot {
-    _lock: std::fs::File,
+    lock: std::fs::File,
     index: u32,
 }
 
@@ -154,7 +155,7 @@ impl Slot {
                 .open(&path)
                 .map_err(io(format!("the lock file {}", path.display())))?;
             match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => return Ok(Self { _lock: file, index }),
+                Ok(()) => return Ok(Self { lock: file, index }),
                 Err(rustix::io::Errno::WOULDBLOCK) => {}
                 Err(errno) => {
                     return Err(io(format!("a lock on {}", path.display()))(errno.into()));
@@ -175,7 +176,71 @@ impl Slot {
     fn runtime_dir(&self) -> PathBuf {
         Path::new(RUNTIME_DIRS).join(self.prefix())
     }
+
+    /// Two free /16 blocks (the host agent's, the groups'), recorded in this slot's lock file.
+    ///
+    /// A block's route appears only once its interface exists (the groups' bridge is mock-eci's,
+    /// made seconds later), so the machine's routes alone would let two playgrounds starting
+    /// together take the same block, and each would then reach the other's groups. The choice
+    /// is therefore made under one machine-wide lock and leaves out the blocks recorded by the
+    /// other live slots.
+    async fn reserve_blocks(&self) -> Result<(Block, Block), RealModeError> {
+        let io = |what: String| {
+            move |e: std::io::Error| RealModeError::Prerequisite(format!("{what}: {e}"))
+        };
+        let path = Path::new(SLOTS_DIR).join("blocks.lock");
+        let choosing = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io(format!("the lock file {}", path.display())))?;
+        // Held for one `ip route` and a few file reads by whoever has it.
+        rustix::fs::flock(&choosing, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|errno| io(format!("a lock on {}", path.display()))(errno.into()))?;
+        let routes = local_net::ip(&["-4", "-o", "route", "show", "table", "all"]).await?;
+        let mut taken = local_net::route_destinations(&routes);
+        taken.extend(
+            self.blocks_of_live_slots()
+                .into_iter()
+                .map(|block| (block.network(), 16)),
+        );
+        let (first, last) = PLAYGROUND_BLOCKS;
+        let start = crate::cluster::random_in(0..=last - first);
+        let blocks = local_net::free_blocks(&taken, first, last, start, 2)?;
+        let record = local_net::blocks_record(&blocks);
+        self.lock
+            .set_len(0)
+            .and_then(|()| {
+                std::os::unix::fs::FileExt::write_all_at(&self.lock, record.as_bytes(), 0)
+            })
+            .map_err(io(format!("recording {record} in slot {}", self.index)))?;
+        Ok((blocks[0], blocks[1]))
+    }
+
+    /// The blocks recorded by the slots other than this one whose playground is alive (its
+    /// lock is held).
+    fn blocks_of_live_slots(&self) -> Vec<Block> {
+        (0..SLOTS)
+            .filter(|index| *index != self.index)
+            .filter_map(|index| {
+                let path = Path::new(SLOTS_DIR).join(format!("pg{index:02}.lock"));
+                let file = std::fs::File::open(&path).ok()?;
+                let free =
+                    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared)
+                        .is_ok();
+                (!free)
+                    .then(|| std::fs::read_to_string(&path).ok())
+                    .flatten()
+            })
+            .flat_map(|record| local_net::parse_blocks_record(&record))
+            .collect()
+    }
 }
+
+/// The second octets of the 10.X.0.0/16 blocks playgrounds take. 10.213 and 10.215 are left to
+/// mock-eci's sandbox and real-runtime suites, whose fixed networks come and go while they run.
+const PLAYGROUND_BLOCKS: (u8, u8) = (216, 254);
 
 /// Whether this process runs as root (real mode creates interfaces and runs runc).
 fn is_root() -> bool {
@@ -216,12 +281,8 @@ impl RealRuntime {
         if let Some(missing) = missing_prerequisite() {
             return Err(RealModeError::Prerequisite(missing));
         }
-        let routes = local_net::ip(&["-4", "-o", "route", "show", "table", "all"]).await?;
-        let start = crate::cluster::random_in(0..=54);
-        let blocks =
-            local_net::free_blocks(&local_net::route_destinations(&routes), 200, 254, start, 2)?;
-        let (hosts, groups) = (blocks[0], blocks[1]);
         let slot = Slot::claim()?;
+        let (hosts, groups) = slot.reserve_blocks().await?;
         let network = LocalNetwork::create(local_net::link_name(std::process::id()), hosts).await?;
         let prefix = slot.prefix();
         let started = async {
@@ -486,7 +547,7 @@ mod tests {
     fn no_slot_s_prefix_starts_another_s() {
         let prefixes: Vec<String> = (0..SLOTS)
             .map(|index| Slot {
-                _lock: tempfile::tempfile().unwrap(),
+                lock: tempfile::tempfile().unwrap(),
                 index,
             })
             .map(|slot| slot.prefix())
@@ -506,5 +567,22 @@ mod tests {
         let first = Slot::claim().unwrap();
         let second = Slot::claim().unwrap();
         assert_ne!(first.index, second.index);
+    }
+
+    /// Two playgrounds starting together take different blocks, though neither block has a
+    /// route yet (the slots' records keep them apart).
+    #[tokio::test]
+    async fn blocks_reserved_at_once_differ() {
+        let (first, second) = (Slot::claim().unwrap(), Slot::claim().unwrap());
+        let (a, b) = first.reserve_blocks().await.unwrap();
+        let (c, d) = second.reserve_blocks().await.unwrap();
+        assert_ne!(a, b);
+        for block in [c, d] {
+            assert!(block != a && block != b, "{block:?} is also {a:?}/{b:?}");
+            assert!((PLAYGROUND_BLOCKS.0..=PLAYGROUND_BLOCKS.1).contains(&block.second));
+        }
+        // A third playground reads the second's record.
+        let third = Slot::claim().unwrap();
+        assert!(third.blocks_of_live_slots().contains(&c));
     }
 }

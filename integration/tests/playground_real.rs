@@ -391,10 +391,18 @@ async fn a_pod_on_a_virtual_node_runs_and_is_reached_through_the_apiserver() {
         },
     )
     .await;
-    // And the address serves: this machine reaches the group on its bridge.
-    let served = fetch(&format!("http://{pod_ip}:8080/hostname"))
-        .await
-        .unwrap();
+    // And the address serves: this machine reaches the group on its bridge (httpd is exec'd
+    // after the marker line, so its socket may come a moment after the logs).
+    let url = format!("http://{pod_ip}:8080/hostname");
+    let served = eventually(
+        "the pod's server at its IP",
+        Duration::from_secs(30),
+        || {
+            let url = url.clone();
+            async move { fetch(&url).await.ok() }
+        },
+    )
+    .await;
     assert_eq!(served.trim(), "hello");
 
     let before = interfaces_and_namespaces();
