@@ -242,35 +242,16 @@ impl Slot {
 /// mock-eci's sandbox and real-runtime suites, whose fixed networks come and go while they run.
 const PLAYGROUND_BLOCKS: (u8, u8) = (216, 254);
 
-/// Whether this process runs as root (real mode creates interfaces and runs runc).
-fn is_root() -> bool {
-    std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
-}
-
-/// Whether `program` is on PATH.
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
-}
-
 /// What this machine lacks for real mode, if anything: root, runc, iproute2 or Debian's
-/// busybox-static.
+/// busybox-static (found as mock-eci finds its OCI runtime).
 pub fn missing_prerequisite() -> Option<String> {
-    if !is_root() {
+    use mock_eci::service::runtime::{find_program, running_as_root};
+    if !running_as_root() {
         return Some("root (it creates a network interface and runs containers with runc)".into());
     }
     ["runc", "ip", images::DEBIAN_BUSYBOX]
         .into_iter()
-        .find(|program| {
-            if program.starts_with('/') {
-                !Path::new(program).is_file()
-            } else {
-                !on_path(program)
-            }
-        })
+        .find(|program| find_program(Path::new(program)).is_none())
         .map(|program| format!("{program} (Debian: apt-get install runc iproute2 busybox-static)"))
 }
 

@@ -229,14 +229,15 @@ async fn connect_eci(
         .client_rate_limits
         .then(|| Arc::new(backend::Pacer::new(replica_count)));
     let (backend, image_caches, guard) = backend::connect(&eci_config, pacer.clone()).await?;
-    let backend: backend::Backend = Arc::new(backend::Paced::new(
-        backend,
-        pacer.clone(),
-        Arc::clone(telemetry),
-    ));
+    let backend: backend::Backend =
+        Arc::new(backend::Paced::new(backend, pacer, Arc::clone(telemetry)));
+    // Only the elected replica reconciles image caches, so it has their actions' whole quota.
+    let elected_alone = eci_config
+        .client_rate_limits
+        .then(|| Arc::new(backend::Pacer::new(crate::eci::alone())));
     let image_caches: backend::ImageCaches = Arc::new(backend::Paced::new(
         image_caches,
-        pacer,
+        elected_alone,
         Arc::clone(telemetry),
     ));
     Ok(Eci {

@@ -391,8 +391,8 @@ impl Drop for Queued<'_> {
 ///
 /// It wraps the pod paths' [`Backend`] and, as `Paced<ImageCaches>`, the image-cache
 /// reconciler's backend: the image-cache actions have no documented quota, so they get
-/// [`UNKNOWN_ACTION_PER_MINUTE`] shared as every other action is, although only the elected
-/// replica calls them.
+/// [`UNKNOWN_ACTION_PER_MINUTE`], undivided (a pacer of their own counting one replica: only
+/// the elected replica calls them).
 pub struct Paced<B = Backend> {
     inner: B,
     pacer: Option<Arc<Pacer>>,

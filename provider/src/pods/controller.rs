@@ -316,7 +316,7 @@ struct Inner {
     /// Groups being deleted, and who waits for them to be gone.
     awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
     /// DescribeContainerGroups lookups of single groups, sharing calls.
-    group_reads: Arc<describe::GroupReads>,
+    group_reads: describe::ReadsByLookup,
     /// Wakes each pod with an active deadline when it falls due (one timer queue for all).
     deadlines: deadline::Deadlines,
     /// Keeps the groups' service account tokens fresh (one timer queue for all pods).
@@ -567,7 +567,7 @@ impl PodController {
                 replicas,
                 awaiting_removal: Mutex::new(HashMap::new()),
                 deadlines: deadline::Deadlines::default(),
-                group_reads: Arc::default(),
+                group_reads: describe::ReadsByLookup::default(),
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
                 misconfig: Arc::default(),

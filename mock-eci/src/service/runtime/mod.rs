@@ -93,9 +93,8 @@ impl RealRuntime {
     /// Checks that real mode can run (root, the OCI runtime), removes an earlier run's
     /// leftovers and opens the sandbox and the image store.
     pub async fn open(config: &MockConfig) -> Result<Self, RuntimeError> {
-        let uid = rustix::process::geteuid().as_raw();
-        if uid != 0 {
-            return Err(RuntimeError::NotRoot(uid));
+        if !running_as_root() {
+            return Err(RuntimeError::NotRoot(rustix::process::geteuid().as_raw()));
         }
         let runtime = find_program(&config.oci_runtime)
             .ok_or_else(|| RuntimeError::NoOciRuntime(config.oci_runtime.clone()))?;
@@ -339,7 +338,7 @@ fn replace_if_changed(current: &mut GroupPlan, new: &GroupPlan) -> bool {
 }
 
 /// `program` as given when it has a slash, else the first executable of that name on PATH.
-fn find_program(program: &Path) -> Option<PathBuf> {
+pub fn find_program(program: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let executable = |path: &Path| {
         std::fs::metadata(path)
@@ -351,6 +350,12 @@ fn find_program(program: &Path) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join(program))
         .find(|path| executable(path))
+}
+
+/// Whether this process runs as root, as real mode must (it makes namespaces, interfaces and
+/// cgroups, and runs the OCI runtime).
+pub fn running_as_root() -> bool {
+    rustix::process::geteuid().is_root()
 }
 
 /// An error and its causes on one line.

@@ -899,7 +899,7 @@ impl PodController {
         let id = back.group_id();
         let mut values = back.values.clone();
         match self
-            .describe_group(id, super::describe::Pace::Gathered)
+            .describe_group(id, super::describe::Lookup::WriteBack)
             .await
         {
             Ok(Some(group)) => values.extend(annotations::described(&group, back.look_up_zone)),

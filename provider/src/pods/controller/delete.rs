@@ -296,7 +296,7 @@ impl PodController {
         // Past its grace period: stop it now, unless it went meanwhile (a failed read counts
         // as still there).
         if !matches!(
-            Box::pin(self.describe_group(id, super::describe::Pace::Now)).await,
+            Box::pin(self.describe_group(id, super::describe::Lookup::Existence)).await,
             Ok(None)
         ) {
             Box::pin(self.delete_group_until_accepted(id, true, Waiting::PodTerminating)).await;
@@ -360,7 +360,9 @@ impl PodController {
             };
             // Shared with the other lookups of the moment, 20 ids per call; a failed read
             // counts as still there.
-            let reads = self.describe_groups(&ids, super::describe::Pace::Now).await;
+            let reads = self
+                .describe_groups(&ids, super::describe::Lookup::Existence)
+                .await;
             let mut waiting = self.inner.awaiting_removal.lock();
             for (id, read) in reads {
                 if matches!(read, Ok(None)) {

@@ -14,6 +14,10 @@
 //! lookup finds the previous call already answered. A throttled call is made again after a back-off
 //! ([`crate::eci::paging::page`]), never dropped.
 //!
+//! Existence checks and write-back descriptions ([`Lookup`]) share calls only with their own
+//! kind: the write-back needs the group's events, and asking for them on a mass scale-in's
+//! existence checks would carry every deleted group's events for nothing.
+//!
 //! Owns the pending lookups; calls ECI only through the fetch it is handed.
 
 use parking_lot::Mutex;
@@ -44,6 +48,54 @@ pub(super) enum Pace {
     Now,
     /// Nothing waits on it: ids gather for up to [`GATHER_WINDOW`] into fuller calls.
     Gathered,
+}
+
+/// What a lookup is for, which decides how soon its call goes and what it asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lookup {
+    /// Whether the group still exists: something waits on the answer, and the group's state
+    /// is all it needs.
+    Existence,
+    /// What to write back on a new pod: nothing waits on it, and it needs the group's events
+    /// (the image cache a group matched is named only there).
+    WriteBack,
+}
+
+impl Lookup {
+    fn pace(self) -> Pace {
+        match self {
+            Self::Existence => Pace::Now,
+            Self::WriteBack => Pace::Gathered,
+        }
+    }
+
+    /// The DescribeContainerGroups request for `ids` in `region`: events only where they
+    /// are read (a mass scale-in's existence checks would otherwise carry every group's).
+    fn request(self, region: &str, ids: Vec<String>) -> DescribeContainerGroupsRequest {
+        DescribeContainerGroupsRequest {
+            region_id: region.to_owned(),
+            container_group_ids: ids,
+            limit: Some(IDS_PER_CALL as i32),
+            with_event: self == Self::WriteBack,
+            ..DescribeContainerGroupsRequest::default()
+        }
+    }
+}
+
+/// One [`GroupReads`] per [`Lookup`]: a call asks for events for all its ids or none.
+#[derive(Default)]
+pub(super) struct ReadsByLookup {
+    existence: Arc<GroupReads>,
+    write_back: Arc<GroupReads>,
+}
+
+impl ReadsByLookup {
+    fn of(&self, lookup: Lookup) -> &Arc<GroupReads> {
+        match lookup {
+            Lookup::Existence => &self.existence,
+            Lookup::WriteBack => &self.write_back,
+        }
+    }
 }
 
 /// Why a group could not be read.
@@ -258,28 +310,22 @@ impl GroupReads {
 
 impl PodController {
     /// The groups `ids` as DescribeContainerGroups describes them, each read shared with
-    /// the lookups made at the same time (see the module doc).
+    /// the lookups of the same kind made at the same time (see the module doc).
     pub(super) async fn describe_groups(
         &self,
         ids: &[String],
-        pace: Pace,
+        lookup: Lookup,
     ) -> HashMap<String, Read> {
         let this = self.clone();
         self.inner
             .group_reads
-            .lookup(ids, pace, move |driver| {
+            .of(lookup)
+            .lookup(ids, lookup.pace(), move |driver| {
                 let region = this.inner.config.region.clone();
                 let backend = this.inner.backend.clone();
                 this.spawn_pod_task(driver.run(move |batch| {
                     let backend = backend.clone();
-                    let request = DescribeContainerGroupsRequest {
-                        region_id: region.clone(),
-                        container_group_ids: batch,
-                        limit: Some(IDS_PER_CALL as i32),
-                        // The image cache a new group matched is named only in its events.
-                        with_event: true,
-                        ..DescribeContainerGroupsRequest::default()
-                    };
+                    let request = lookup.request(&region, batch);
                     async move {
                         backend
                             .describe_container_groups(request)
@@ -293,9 +339,9 @@ impl PodController {
 
     /// Group `id` as DescribeContainerGroups describes it (`None`: the service does not know
     /// it).
-    pub(super) async fn describe_group(&self, id: &str, pace: Pace) -> Read {
+    pub(super) async fn describe_group(&self, id: &str, lookup: Lookup) -> Read {
         let id = id.to_owned();
-        self.describe_groups(std::slice::from_ref(&id), pace)
+        self.describe_groups(std::slice::from_ref(&id), lookup)
             .await
             .remove(&id)
             .unwrap_or(Err(ReadError::Abandoned))
@@ -308,6 +354,27 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn only_write_back_lookups_ask_for_events() {
+        let ids = || vec!["eci-1".to_owned(), "eci-2".to_owned()];
+        for (lookup, pace, with_event) in [
+            (Lookup::Existence, Pace::Now, false),
+            (Lookup::WriteBack, Pace::Gathered, true),
+        ] {
+            let request = lookup.request("cn-hangzhou", ids());
+            assert_eq!(request.with_event, with_event, "{lookup:?}");
+            assert_eq!(lookup.pace(), pace, "{lookup:?}");
+            assert_eq!(request.container_group_ids, ids());
+            assert_eq!(request.region_id, "cn-hangzhou");
+            assert_eq!(request.limit, Some(20));
+        }
+        let reads = ReadsByLookup::default();
+        assert!(!Arc::ptr_eq(
+            reads.of(Lookup::Existence),
+            reads.of(Lookup::WriteBack)
+        ));
+    }
 
     fn group(id: &str) -> ContainerGroup {
         ContainerGroup {

@@ -666,7 +666,9 @@ impl PodController {
             .collect();
         // One read for all of them (shared calls of up to 20 ids); a failed read says nothing.
         let ids: Vec<String> = suspects.iter().map(|(_, id, _)| id.clone()).collect();
-        let mut reads = self.describe_groups(&ids, super::describe::Pace::Now).await;
+        let mut reads = self
+            .describe_groups(&ids, super::describe::Lookup::Existence)
+            .await;
         for (uid, id, kept) in suspects {
             let Some(pod) = kept.pod() else { continue };
             if let Some(Ok(None)) = reads.remove(&id) {
