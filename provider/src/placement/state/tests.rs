@@ -348,3 +348,50 @@ fn places_are_taken_at_filter_time() {
         .unwrap();
     assert_eq!(placed_unit(&choice), Some(1));
 }
+
+/// A pod of unit 1 removed moments ago may still fill kube-scheduler's view of unit 1, whose
+/// watch can deliver the removal after ours: while that lag lasts, LackResourceAndNoTerminating
+/// asks again rather than moving on. Past it, or at admission (which counts by the index
+/// alone), the pod moves on or is placed as the index shows.
+#[test]
+fn a_removal_the_scheduler_may_not_have_seen_holds_the_next_unit_back() {
+    let web = || serde_json::json!({"app": "web"});
+    let (index, entry) = index_with(serde_json::json!({
+        "selector": {"app": "web"},
+        "units": [
+            {"resource": "ecs", "nodeSelector": {"paidtype": "subscription"}},
+            {"resource": "ecs", "nodeSelector": {"paidtype": "pay-as-you-go"}},
+        ],
+        "whenTryNextUnits": {"policy": "LackResourceAndNoTerminating"},
+    }));
+    let old = pod("old", web(), Some("sub-1"));
+    let other_app = pod("other", serde_json::json!({"app": "db"}), Some("sub-2"));
+    let never_bound = pod("pending", web(), None);
+    for pod in [&old, &other_app, &never_bound] {
+        index.apply_pod(pod);
+    }
+    let removed_at = SystemTime::now();
+    for pod in [&old, &other_app, &never_bound] {
+        index.delete_pod(pod, removed_at);
+    }
+    let new = PodEntry::of(&pod("new", web(), None));
+    // What kube-scheduler passes while its cache still holds the old pod: pool B only.
+    let stale = vec!["payg-1".to_owned()];
+    let destination = |candidates: Option<&[String]>, at: SystemTime| {
+        index.choose(&entry, &new, candidates, at).unwrap().0.destination
+    };
+    match destination(Some(&stale), removed_at + Duration::from_secs(1)) {
+        Destination::Recheck { unit: 0, why } => {
+            assert!(why.starts_with("1 of its pods removed moments ago"), "{why}");
+        }
+        other => panic!("expected a recheck for unit 1, got {other:?}"),
+    }
+    assert_eq!(
+        destination(Some(&stale), removed_at + SCHEDULER_LAG),
+        Destination::Place(1)
+    );
+    assert_eq!(destination(None, removed_at), Destination::Place(0));
+    // Nothing is kept past the lag: the next removal drops what is older.
+    index.delete_pod(&old, removed_at + SCHEDULER_LAG);
+    assert!(index.lock().removed.is_empty());
+}
