@@ -378,11 +378,18 @@ fn a_removal_the_scheduler_may_not_have_seen_holds_the_next_unit_back() {
     // What kube-scheduler passes while its cache still holds the old pod: pool B only.
     let stale = vec!["payg-1".to_owned()];
     let destination = |candidates: Option<&[String]>, at: SystemTime| {
-        index.choose(&entry, &new, candidates, at).unwrap().0.destination
+        index
+            .choose(&entry, &new, candidates, at)
+            .unwrap()
+            .0
+            .destination
     };
     match destination(Some(&stale), removed_at + Duration::from_secs(1)) {
         Destination::Recheck { unit: 0, why } => {
-            assert!(why.starts_with("1 of its pods removed moments ago"), "{why}");
+            assert!(
+                why.starts_with("1 of its pods removed moments ago"),
+                "{why}"
+            );
         }
         other => panic!("expected a recheck for unit 1, got {other:?}"),
     }
