@@ -147,13 +147,8 @@ impl Slot {
         };
         std::fs::create_dir_all(SLOTS_DIR).map_err(io(format!("a directory {SLOTS_DIR}")))?;
         for index in 0..SLOTS {
-            let path = Path::new(SLOTS_DIR).join(format!("pg{index:02}.lock"));
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(io(format!("the lock file {}", path.display())))?;
+            let path = slot_lock(index);
+            let file = open_lock_file(&path)?;
             match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => return Ok(Self { lock: file, index }),
                 Err(rustix::io::Errno::WOULDBLOCK) => {}
@@ -189,12 +184,7 @@ impl Slot {
             move |e: std::io::Error| RealModeError::Prerequisite(format!("{what}: {e}"))
         };
         let path = Path::new(SLOTS_DIR).join("blocks.lock");
-        let choosing = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io(format!("the lock file {}", path.display())))?;
+        let choosing = open_lock_file(&path)?;
         // Held for one `ip route` and a few file reads by whoever has it.
         rustix::fs::flock(&choosing, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|errno| io(format!("a lock on {}", path.display()))(errno.into()))?;
@@ -224,7 +214,7 @@ impl Slot {
         (0..SLOTS)
             .filter(|index| *index != self.index)
             .filter_map(|index| {
-                let path = Path::new(SLOTS_DIR).join(format!("pg{index:02}.lock"));
+                let path = slot_lock(index);
                 let file = std::fs::File::open(&path).ok()?;
                 let free =
                     rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared)
@@ -236,6 +226,21 @@ impl Slot {
             .flat_map(|record| local_net::parse_blocks_record(&record))
             .collect()
     }
+}
+
+/// The lock file of slot `index`.
+fn slot_lock(index: u32) -> PathBuf {
+    Path::new(SLOTS_DIR).join(format!("pg{index:02}.lock"))
+}
+
+/// Opens (creating) a lock file, keeping what it holds.
+fn open_lock_file(path: &Path) -> Result<std::fs::File, RealModeError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| RealModeError::Prerequisite(format!("the lock file {}: {e}", path.display())))
 }
 
 /// The second octets of the 10.X.0.0/16 blocks playgrounds take. 10.213 and 10.215 are left to
