@@ -512,9 +512,6 @@ def resource_policy():
     write("resource_policy", "lack-resource-and-no-terminating", {
         "spec": dict(RESOURCE_POLICY, whenTryNextUnits={"policy": "LackResourceAndNoTerminating"}),
         "views": [{"pods": 1, "terminating": 2, "hasRoom": False}], "requests": {"cpu": "1"}})
-    write("resource_policy", "just-removed", {
-        "spec": dict(RESOURCE_POLICY, whenTryNextUnits={"policy": "LackResourceAndNoTerminating"}),
-        "views": [{"pods": 1, "terminating": 0, "justRemoved": 1, "hasRoom": False}], "requests": {"cpu": "1"}})
     write("resource_policy", "invalid", {"spec": {
         "strategy": "spread", "units": [{"resource": "acs", "max": -1, "maxResources": {"cpu": "-1", "gpu": "x"}}],
         "matchLabelKeys": [""], "whenTryNextUnits": {"policy": "Sometimes", "timeout": "1.5.5s"}}})

@@ -7,8 +7,7 @@
 //!
 //! ```json
 //! {"spec": {"units": [{"resource": "ecs", "max": 2}, {"resource": "eci"}]},
-//!  "views": [{"pods": 2, "used": {"cpu": "2"}, "terminating": 0, "justRemoved": 0,
-//!    "hasRoom": true}],
+//!  "views": [{"pods": 2, "used": {"cpu": "2"}, "terminating": 0, "hasRoom": true}],
 //!  "requests": {"cpu": "500m"}, "waitedSeconds": 30, "labels": {"app": "web"}}
 //! ```
 
@@ -45,7 +44,6 @@ fn view(value: &Value) -> UnitView {
         pods: count("pods"),
         used: requests(&value["used"]),
         terminating: count("terminating"),
-        just_removed: count("justRemoved"),
         has_room: value["hasRoom"].as_bool().unwrap_or(false),
     }
 }
@@ -78,9 +76,7 @@ fuzz_target!(|data: &[u8]| {
         .unwrap_or_default();
     let choice = decide::choose(&spec, &views, &asked, waited);
     let chosen = match &choice.destination {
-        Destination::Place(unit)
-        | Destination::Wait { unit, .. }
-        | Destination::Recheck { unit, .. } => Some(*unit),
+        Destination::Place(unit) | Destination::Wait { unit, .. } => Some(*unit),
         Destination::Nowhere => None,
     };
     if let Some(unit) = chosen {

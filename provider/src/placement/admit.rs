@@ -70,9 +70,7 @@ pub fn admit(
             Ok((choice, _)) => {
                 let explanation = decide::explain(spec, &choice);
                 match choice.destination {
-                    Destination::Place(unit)
-                    | Destination::Wait { unit, .. }
-                    | Destination::Recheck { unit, .. } => {
+                    Destination::Place(unit) | Destination::Wait { unit, .. } => {
                         let id = uuid::Uuid::new_v4().to_string();
                         let granted = if dry_run {
                             Ok(grant(&policy, unit))

@@ -129,10 +129,6 @@ pub struct UnitView {
     pub used: Requests,
     /// The policy's pods being deleted in the unit (counted or not).
     pub terminating: u32,
-    /// The policy's pods of the unit removed moments ago, which kube-scheduler's candidates
-    /// may still count: its watch and ours deliver a removal at different moments. Only a
-    /// view built from the scheduler's candidates has any.
-    pub just_removed: u32,
     /// Whether some node of the unit can take the pod now.
     pub has_room: bool,
 }
@@ -146,9 +142,6 @@ pub enum UnitFit {
     Wait(String),
     /// Try the next unit (why not this one).
     Next(String),
-    /// Ask again in a moment: the unit may have room the scheduler's candidates do not show
-    /// yet (why).
-    Recheck(String),
 }
 
 /// How full a unit is for one more pod, if at a limit: `full (max 2)`.
@@ -200,12 +193,6 @@ pub fn judge(
                     "{} of its pods still terminating (LackResourceAndNoTerminating)",
                     view.terminating
                 ))
-            } else if view.just_removed > 0 {
-                UnitFit::Recheck(format!(
-                    "{} of its pods removed moments ago; their room may not be among the \
-                     scheduler's candidates yet (LackResourceAndNoTerminating)",
-                    view.just_removed
-                ))
             } else {
                 UnitFit::Next(full.unwrap_or_else(no_room))
             }
@@ -248,14 +235,6 @@ pub enum Destination {
         /// Why.
         why: String,
     },
-    /// Pending for unit `unit` a moment longer: asked again shortly, not left waiting for a
-    /// change (see [`UnitFit::Recheck`]).
-    Recheck {
-        /// The unit (0-based).
-        unit: usize,
-        /// Why.
-        why: String,
-    },
     /// No unit can take it.
     Nowhere,
 }
@@ -289,12 +268,6 @@ pub fn choose(
             UnitFit::Wait(why) => {
                 return Choice {
                     destination: Destination::Wait { unit: index, why },
-                    passed,
-                };
-            }
-            UnitFit::Recheck(why) => {
-                return Choice {
-                    destination: Destination::Recheck { unit: index, why },
                     passed,
                 };
             }
@@ -335,7 +308,7 @@ pub fn explain(spec: &ResourcePolicySpec, choice: &Choice) -> String {
     };
     match &choice.destination {
         Destination::Place(unit) => format!("placed in {}{tail}", unit_name(spec, *unit)),
-        Destination::Wait { unit, why } | Destination::Recheck { unit, why } => {
+        Destination::Wait { unit, why } => {
             format!("waiting for {}: {why}{}", unit_name(spec, *unit), {
                 if before.is_empty() {
                     String::new()

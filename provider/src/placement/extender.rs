@@ -348,17 +348,6 @@ pub fn filter_nodes(index: &PlacementIndex, args: &ExtenderArgs, now: SystemTime
                 ..FilterResult::default()
             }
         }
-        // An error, not a refusal: kube-scheduler retries an errored pod after its back-off,
-        // while a refused one waits for a cluster event, which may not come once the
-        // scheduler has seen the removal that made the room.
-        Destination::Recheck { .. } => {
-            debug!(pod = %entry.name, namespace = %entry.namespace, %explanation, "pod asked again shortly");
-            FilterResult {
-                node_names: Some(Vec::new()),
-                error: because,
-                ..FilterResult::default()
-            }
-        }
         Destination::Nowhere => FilterResult {
             node_names: Some(Vec::new()),
             failed_nodes: all_failed(&because),

@@ -278,7 +278,7 @@ fn pod_reader(shared: Arc<Shared>) -> Reader<Pod> {
     let mut listing: Option<Vec<PodEntry>> = None;
     Box::new(move |event| match event {
         WatchEvent::Apply(p) => shared.index.apply_pod(p),
-        WatchEvent::Delete(p) => shared.index.delete_pod(p, std::time::SystemTime::now()),
+        WatchEvent::Delete(p) => shared.index.delete_pod(p),
         WatchEvent::Init => listing = Some(Vec::new()),
         WatchEvent::InitApply(p) => listing.get_or_insert_default().push(PodEntry::of(p)),
         WatchEvent::InitDone => announce(

@@ -35,12 +35,6 @@ pub const DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletio
 /// completed).
 const RESERVATION_TTL: Duration = Duration::from_secs(60);
 
-/// How long a removed pod may still hold its place in kube-scheduler's cache after it left
-/// ours: the two watches deliver a removal at different moments, and a filter call made in
-/// between comes with candidates computed as if the pod were still there. Scheduler and
-/// daemon share the apiserver, so the difference is that of two watch deliveries.
-const SCHEDULER_LAG: Duration = Duration::from_secs(3);
-
 /// A policy as indexed.
 #[derive(Debug, Clone)]
 pub struct PolicyEntry {
@@ -138,8 +132,6 @@ struct State {
     reservations: HashMap<String, Reservation>,
     /// The last filter's explanation, by pod UID (for the bind's Event).
     explanations: HashMap<String, String>,
-    /// Bound pods removed within [`SCHEDULER_LAG`], with when.
-    removed: Vec<(SystemTime, PodEntry)>,
     listed: Listed,
 }
 
@@ -360,17 +352,12 @@ impl PlacementIndex {
         insert_pod(&mut self.lock(), entry);
     }
 
-    /// Forgets one pod (its removal seen at `now`).
-    pub fn delete_pod(&self, pod: &Pod, now: SystemTime) {
+    /// Forgets one pod.
+    pub fn delete_pod(&self, pod: &Pod) {
         let entry = PodEntry::of(pod);
         let mut state = self.lock();
-        let removed = state
-            .pods
-            .get_mut(&entry.namespace)
-            .and_then(|pods| pods.remove(&entry.uid));
-        state.removed.retain(|(at, _)| within_lag(*at, now));
-        if let Some(removed) = removed.filter(|pod| pod.node.is_some() && !pod.finished) {
-            state.removed.push((now, removed));
+        if let Some(pods) = state.pods.get_mut(&entry.namespace) {
+            pods.remove(&entry.uid);
         }
         state.reservations.remove(&entry.uid);
         state.explanations.remove(&entry.uid);
@@ -459,9 +446,6 @@ impl PlacementIndex {
             .map(|unit| {
                 let mut view = unit_view(&state, policy, unit, &group, &self.vnodes);
                 view.has_room = !members[unit].is_empty();
-                if candidates.is_some() {
-                    view.just_removed = just_removed(&state, policy, unit, &self.vnodes, now);
-                }
                 view
             })
             .collect();
@@ -776,35 +760,6 @@ fn unit_view(
         .try_into()
         .unwrap_or(u32::MAX);
     view
-}
-
-/// Whether a removal seen at `at` is within [`SCHEDULER_LAG`] of `now` (a clock step back
-/// counts as within).
-fn within_lag(at: SystemTime, now: SystemTime) -> bool {
-    now.duration_since(at)
-        .map_or(true, |since| since < SCHEDULER_LAG)
-}
-
-/// The policy's bound pods of `unit` removed within [`SCHEDULER_LAG`] of `now`.
-fn just_removed(
-    state: &State,
-    policy: &PolicyEntry,
-    unit: usize,
-    vnodes: &VirtualNodes,
-    now: SystemTime,
-) -> u32 {
-    let spec = &policy.policy.spec;
-    let count = state
-        .removed
-        .iter()
-        .filter(|(at, pod)| {
-            within_lag(*at, now)
-                && pod.namespace == policy.namespace
-                && decide::selects(spec, &pod.labels)
-                && unit_of_pod(state, policy, pod, vnodes) == Some(unit)
-        })
-        .count();
-    u32::try_from(count).unwrap_or(u32::MAX)
 }
 
 /// Per unit, the nodes that could take the pod: the scheduler's candidates in the unit, or

@@ -28,15 +28,8 @@ fn view(pods: u32, terminating: u32, has_room: bool) -> UnitView {
         pods,
         used: requests(&[("cpu", &format!("{}", pods * 2))]),
         terminating,
-        just_removed: 0,
         has_room,
     }
-}
-
-/// A view with `count` pods of the unit removed moments ago.
-fn just_removed(mut view: UnitView, count: u32) -> UnitView {
-    view.just_removed = count;
-    view
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -237,42 +230,6 @@ fn when_try_next_units_table() {
             'N',
             "no node fits the pod",
         ),
-        // A pod of the unit removed moments ago: the scheduler may not have seen its room yet,
-        // so LackResourceAndNoTerminating asks again rather than moving on...
-        (
-            LackResourceAndNoTerminating,
-            &uncapped,
-            just_removed(view(1, 0, false), 1),
-            Duration::ZERO,
-            'R',
-            "1 of its pods removed moments ago; their room may not be among the scheduler's candidates yet (LackResourceAndNoTerminating)",
-        ),
-        // ...terminating pods still make it wait for a change...
-        (
-            LackResourceAndNoTerminating,
-            &uncapped,
-            just_removed(view(1, 1, false), 1),
-            Duration::ZERO,
-            'W',
-            "1 of its pods still terminating (LackResourceAndNoTerminating)",
-        ),
-        // ...room shown places the pod, and the other policies never look at removals.
-        (
-            LackResourceAndNoTerminating,
-            &uncapped,
-            just_removed(view(1, 0, true), 1),
-            Duration::ZERO,
-            'P',
-            "",
-        ),
-        (
-            LackResourceOrExceedMax,
-            &uncapped,
-            just_removed(view(1, 0, false), 1),
-            Duration::ZERO,
-            'N',
-            "no node fits the pod",
-        ),
     ];
     for (i, (next, unit, view, waited, want, why)) in cases.into_iter().enumerate() {
         let got = judge(next, MINUTE, unit, &view, &pod, waited);
@@ -280,7 +237,6 @@ fn when_try_next_units_table() {
             UnitFit::Place => ('P', ""),
             UnitFit::Wait(why) => ('W', why.as_str()),
             UnitFit::Next(why) => ('N', why.as_str()),
-            UnitFit::Recheck(why) => ('R', why.as_str()),
         };
         assert_eq!(
             (kind, text),
