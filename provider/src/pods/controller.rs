@@ -313,8 +313,10 @@ struct Inner {
     shares: Shares,
     /// The live replicas the shares are divided among.
     replicas: watch::Receiver<u32>,
-    /// Groups being deleted, and who waits for them to be gone.
-    awaiting_removal: Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>>,
+    /// Deletions of pods and groups, one step at a time (see [`delete`]).
+    deletions: Arc<WorkQueue<delete::DeletionKey, delete::Deletion>>,
+    /// Deletions waiting for their group to go, by group id.
+    awaiting_removal: Mutex<HashMap<String, delete::AwaitingGone>>,
     /// DescribeContainerGroups lookups of single groups, sharing calls.
     group_reads: describe::ReadsByLookup,
     /// Wakes each pod with an active deadline when it falls due (one timer queue for all).
@@ -565,6 +567,7 @@ impl PodController {
                 syncs,
                 shares,
                 replicas,
+                deletions: Arc::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
                 deadlines: deadline::Deadlines::default(),
                 group_reads: describe::ReadsByLookup::default(),
@@ -676,6 +679,7 @@ impl PodController {
         loops.spawn("status syncs", self.clone().sync_statuses(stop.clone()));
         loops.spawn("creators", self.clone().create_groups(stop.clone()));
         loops.spawn("annotators", self.clone().annotate_pods(stop.clone()));
+        loops.spawn("deleters", self.clone().delete_all(stop.clone()));
         loops.spawn("removals", self.clone().watch_removals(stop.clone()));
         loops.spawn("requeues", self.clone().requeue_held(stop.clone()));
         let this = self.clone();
@@ -979,10 +983,11 @@ impl PodController {
             // The group as known now: the pod's removal may reach `forget` before the deletion
             // task runs, and it leaves the group to this deletion.
             Some(Effect::Delete(group)) => {
-                let group = group.map(String::from);
-                let deletion = self.clone();
                 let target = delete::DeletionTarget::of(&pod);
-                self.spawn_pod_task(deletion.delete(target, uid, group).instrument(span));
+                let deletion = delete::Deletion::of_pod(target, group.map(String::from));
+                self.inner
+                    .deletions
+                    .push(delete::DeletionKey::Pod(uid), deletion);
             }
             Some(Effect::Skip(reason)) => {
                 let explaining = self.clone();
@@ -1488,36 +1493,63 @@ mod tests {
         assert!(Adopted::from_group(&group("c", "vn-1"), "c", "vn-0").is_none());
     }
 
+    /// Runs `controller`'s deletion workers and removal watch until the token is cancelled.
+    fn serve_deletions(controller: &PodController) -> CancellationToken {
+        let stop = CancellationToken::new();
+        tokio::spawn(controller.clone().delete_all(stop.clone()));
+        tokio::spawn(controller.clone().watch_removals(stop.clone()));
+        stop
+    }
+
+    fn delete_pod(controller: &PodController) {
+        let target = delete::DeletionTarget::of(&terminating_pod());
+        let deletion = delete::Deletion::of_pod(target, Some("eci-1".into()));
+        controller
+            .inner
+            .deletions
+            .push(delete::DeletionKey::Pod("u-1".into()), deletion);
+    }
+
+    const POD_REMOVAL: &str = "DELETE /api/v1/namespaces/default/pods/web-0";
+
     #[tokio::test(start_paused = true)]
     async fn a_pod_whose_group_eci_will_not_delete_stays_until_it_does() {
         let eci = Arc::new(RefusingDeletes::default());
         let (controller, requests) = controller(Arc::clone(&eci));
         track(&controller, true);
-        let deleting = tokio::spawn(controller.clone().delete(
-            delete::DeletionTarget::of(&terminating_pod()),
-            "u-1".into(),
-            Some("eci-1".into()),
-        ));
-        // Ten minutes of refusals: far past one deletion's eight attempts.
+        let stop = serve_deletions(&controller);
+        delete_pod(&controller);
+        // Ten minutes of refusals: far past the eight tries a pod removal gets.
         tokio::time::sleep(Duration::from_secs(600)).await;
         assert!(eci.refused.load(Ordering::SeqCst) > 16, "still trying");
         assert!(
             requests.lock().iter().all(|r| !r.starts_with("DELETE")),
             "the pod is not removed from under its group: {requests:?}"
         );
-        assert!(!deleting.is_finished());
+        assert_eq!(
+            controller.inner.deletions.delayed_len(),
+            1,
+            "a timer, not a task"
+        );
         // ECI deletes again: group, then pod.
         eci.recovered.store(true, Ordering::SeqCst);
-        tokio::time::timeout(Duration::from_secs(120), deleting)
+        let removed = async {
+            while !requests.lock().contains(&POD_REMOVAL.to_owned()) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(120), removed)
             .await
-            .expect("the deletion ends once ECI deletes")
-            .unwrap();
+            .expect("the pod is removed once ECI deletes its group");
         assert!(eci.deleted.lock().contains(&"eci-1".to_owned()));
         assert!(
-            requests
-                .lock()
-                .contains(&"DELETE /api/v1/namespaces/default/pods/web-0".to_owned())
+            controller
+                .tracked()
+                .get("u-1")
+                .is_some_and(|entry| entry.lifecycle.group().is_none()),
+            "the lifecycle knows the group is gone"
         );
+        stop.cancel();
     }
 
     #[tokio::test(start_paused = true)]
@@ -1525,6 +1557,7 @@ mod tests {
         let eci = Arc::new(RefusingDeletes::default());
         let (controller, _) = controller(Arc::clone(&eci));
         track(&controller, false);
+        let stop = serve_deletions(&controller);
         let before = tokio::time::Instant::now();
         controller.forget(&terminating_pod());
         assert_eq!(
@@ -1533,43 +1566,40 @@ mod tests {
             "the watch does not wait on ECI"
         );
         assert!(controller.tracked().is_empty());
-        // Ten minutes of refusals: far past one deletion's eight attempts.
+        // Ten minutes of refusals: far past the eight tries a pod removal gets.
         tokio::time::sleep(Duration::from_secs(600)).await;
         assert!(eci.refused.load(Ordering::SeqCst) > 16, "still trying");
         assert!(eci.deleted.lock().is_empty());
         eci.recovered.store(true, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(120)).await;
         assert_eq!(*eci.deleted.lock(), ["eci-1"]);
+        stop.cancel();
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_pod_removed_while_its_deletion_runs_costs_one_delete() {
         // A grace period of 0: the watch shows the deletionTimestamp and then the removal, so
-        // `forget` may run before or while the deletion task does.
+        // `forget` may run before or while the deletion does.
         let eci = Arc::new(RefusingDeletes::default());
         eci.recovered.store(true, Ordering::SeqCst);
-        let (controller, _) = controller(Arc::clone(&eci));
+        let (controller, requests) = controller(Arc::clone(&eci));
         track(&controller, true);
+        let stop = serve_deletions(&controller);
         controller.forget(&terminating_pod());
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(
             eci.deleted.lock().is_empty(),
             "the removal leaves the group to the deletion under way"
         );
-        controller
-            .clone()
-            .delete(
-                delete::DeletionTarget::of(&terminating_pod()),
-                "u-1".into(),
-                Some("eci-1".into()),
-            )
-            .await;
+        delete_pod(&controller);
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(
             *eci.deleted.lock(),
             ["eci-1"],
             "one delete, by the deletion"
         );
+        assert!(requests.lock().contains(&POD_REMOVAL.to_owned()));
+        stop.cancel();
     }
 
     fn group(status: &str, ready: bool) -> ContainerGroupStatus {

@@ -13,16 +13,30 @@
 //! Work on a key that does not go through the queue (another writer of the same pod) can
 //! [`WorkQueue::hold`] the key: it waits for the worker holding it, and no worker takes the key
 //! until it is released.
+//!
+//! A value can also be given for later ([`WorkQueue::push_after`], client-go's `AddAfter`): a
+//! retry waiting out its back-off, or a wait for a grace period, is then a value in one timer
+//! queue (tokio-util's `DelayQueue`) rather than a task of its own, however many keys wait.
+//! The timers run while the queue is served. A value pushed now supersedes one waiting for its
+//! time.
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::poll_fn;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::time::{DelayQueue, delay_queue};
 use tracing::error;
+
+/// The longest a value waits for its time: the timer queue refuses (panics on) times more than
+/// about two years ahead.
+const LONGEST_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 #[derive(Debug)]
 struct State<K, V> {
@@ -31,6 +45,9 @@ struct State<K, V> {
     pending: HashMap<K, V>,
     /// Keys a worker holds.
     working: HashSet<K>,
+    /// Values given for later, each with its timer.
+    delayed: HashMap<K, (delay_queue::Key, V)>,
+    timers: DelayQueue<K>,
 }
 
 /// The queue (share it behind an `Arc`).
@@ -40,6 +57,8 @@ pub struct WorkQueue<K, V> {
     ready: Notify,
     /// Notified whenever a key is released (for [`WorkQueue::hold`]).
     released: Notify,
+    /// Notified whenever a value is given for later (its timer may be the next due).
+    delayed: Notify,
 }
 
 impl<K: Eq + Hash + Clone, V> Default for WorkQueue<K, V> {
@@ -49,9 +68,12 @@ impl<K: Eq + Hash + Clone, V> Default for WorkQueue<K, V> {
                 order: VecDeque::new(),
                 pending: HashMap::new(),
                 working: HashSet::new(),
+                delayed: HashMap::new(),
+                timers: DelayQueue::new(),
             }),
             ready: Notify::new(),
             released: Notify::new(),
+            delayed: Notify::new(),
         }
     }
 }
@@ -61,14 +83,73 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         self.state.lock()
     }
 
-    /// Queues `value` for `key`, replacing a value still waiting for it.
+    /// Queues `value` for `key`, replacing a value still waiting for it (for its turn or for
+    /// its time).
     pub fn push(&self, key: K, value: V) {
         let mut state = self.state();
+        if let Some((timer, _)) = state.delayed.remove(&key) {
+            state.timers.remove(&timer);
+        }
         let waiting = state.pending.insert(key.clone(), value).is_some();
         if !waiting && !state.working.contains(&key) {
             state.order.push_back(key);
             drop(state);
             self.ready.notify_one();
+        }
+    }
+
+    /// Queues `value` for `key` once `delay` has passed (at most a day), replacing a value
+    /// given for later before; a value waiting for its turn meanwhile keeps its place. The
+    /// timers run while the queue is served ([`WorkQueue::serve`]).
+    pub fn push_after(&self, key: K, value: V, delay: Duration) {
+        let mut state = self.state();
+        let State {
+            delayed, timers, ..
+        } = &mut *state;
+        let delay = delay.min(LONGEST_DELAY);
+        match delayed.get_mut(&key) {
+            Some((timer, held)) => {
+                timers.reset(timer, delay);
+                *held = value;
+            }
+            None => {
+                let timer = timers.insert(key.clone(), delay);
+                delayed.insert(key, (timer, value));
+            }
+        }
+        drop(state);
+        self.delayed.notify_one();
+    }
+
+    /// Keys with a value given for later.
+    pub fn delayed_len(&self) -> usize {
+        self.state().delayed.len()
+    }
+
+    /// Queues each value given for later as its time comes, until `stop`.
+    async fn release_delayed(&self, stop: &CancellationToken) {
+        loop {
+            // Registered before polling, so a value given between the poll and the wait is
+            // not missed.
+            let given = self.delayed.notified();
+            tokio::pin!(given);
+            given.as_mut().enable();
+            let due = poll_fn(|cx| {
+                let mut state = self.state();
+                match state.timers.poll_expired(cx) {
+                    Poll::Ready(Some(expired)) => {
+                        let key = expired.into_inner();
+                        Poll::Ready(state.delayed.remove(&key).map(|(_, value)| (key, value)))
+                    }
+                    // An empty queue ends its stream; a new timer notifies `delayed`.
+                    Poll::Ready(None) | Poll::Pending => Poll::Pending,
+                }
+            });
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = given => {}
+                due = due => if let Some((key, value)) = due { self.push(key, value) },
+            }
         }
     }
 
@@ -178,15 +259,18 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         for _ in 0..workers.max(1) {
             worker(&mut running);
         }
-        while let Some(ended) = running.join_next().await {
-            let Err(error) = ended else { continue };
-            if stop.is_cancelled() {
-                error!(%error, "a work queue worker failed while stopping");
-            } else {
-                error!(%error, "a work queue worker panicked; its key is released and a new worker takes its place");
-                worker(&mut running);
+        let supervise = async {
+            while let Some(ended) = running.join_next().await {
+                let Err(error) = ended else { continue };
+                if stop.is_cancelled() {
+                    error!(%error, "a work queue worker failed while stopping");
+                } else {
+                    error!(%error, "a work queue worker panicked; its key is released and a new worker takes its place");
+                    worker(&mut running);
+                }
             }
-        }
+        };
+        tokio::join!(supervise, self.release_delayed(stop));
     }
 
     /// One worker of [`WorkQueue::serve`].
@@ -215,10 +299,12 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         }
     }
 
-    /// Whether `key` has a value waiting or is worked on (or held).
+    /// Whether `key` has a value waiting (for its turn or its time) or is worked on (or held).
     pub fn is_busy(&self, key: &K) -> bool {
         let state = self.state();
-        state.pending.contains_key(key) || state.working.contains(key)
+        state.pending.contains_key(key)
+            || state.working.contains(key)
+            || state.delayed.contains_key(key)
     }
 
     /// Keys waiting (not counting those being worked on).
@@ -485,6 +571,86 @@ mod tests {
         );
         stop.cancel();
         release.notify_waiters();
+        serving.await.unwrap();
+    }
+
+    /// Serves `queue` with one worker that reports each (key, value) it takes, until `stop`.
+    fn report_work(
+        queue: &Arc<WorkQueue<&'static str, u32>>,
+        stop: &CancellationToken,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        tokio::sync::mpsc::UnboundedReceiver<(&'static str, u32)>,
+    ) {
+        let (done, worked) = tokio::sync::mpsc::unbounded_channel();
+        let (queue, stop) = (Arc::clone(queue), stop.clone());
+        let serving = tokio::spawn(async move {
+            queue
+                .serve(1, &stop, move |key, value| {
+                    let done = done.clone();
+                    async move { done.send((key, value)).unwrap() }
+                })
+                .await;
+        });
+        (serving, worked)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_value_given_for_later_is_worked_on_when_its_time_comes_and_not_before() {
+        let queue = Arc::new(WorkQueue::default());
+        let stop = CancellationToken::new();
+        let (serving, mut worked) = report_work(&queue, &stop);
+        let given = tokio::time::Instant::now();
+        queue.push_after("a", 1, Duration::from_secs(30));
+        queue.push_after("b", 1, Duration::from_secs(10));
+        assert!(
+            queue.is_busy(&"a") && queue.is_empty(),
+            "waiting for its time"
+        );
+        assert_eq!(worked.recv().await, Some(("b", 1)));
+        assert_eq!(given.elapsed(), Duration::from_secs(10));
+        assert_eq!(worked.recv().await, Some(("a", 1)));
+        assert_eq!(given.elapsed(), Duration::from_secs(30));
+        assert_eq!(queue.delayed_len(), 0);
+        stop.cancel();
+        serving.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_value_pushed_now_supersedes_one_waiting_for_its_time_and_a_later_one_moves_it() {
+        let queue = Arc::new(WorkQueue::default());
+        let stop = CancellationToken::new();
+        let (serving, mut worked) = report_work(&queue, &stop);
+        let given = tokio::time::Instant::now();
+        queue.push_after("a", 1, Duration::from_secs(5));
+        queue.push("a", 2);
+        assert_eq!(worked.recv().await, Some(("a", 2)));
+        queue.push_after("b", 1, Duration::from_secs(5));
+        queue.push_after("b", 2, Duration::from_secs(20));
+        assert_eq!(
+            worked.recv().await,
+            Some(("b", 2)),
+            "the later value, at its time"
+        );
+        assert_eq!(given.elapsed(), Duration::from_secs(20));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(worked.try_recv().is_err(), "each value worked on once");
+        stop.cancel();
+        serving.await.unwrap();
+    }
+
+    /// The timer queue refuses times more than about two years ahead: a longer delay waits a
+    /// day rather than stop the process.
+    #[tokio::test(start_paused = true)]
+    async fn a_delay_of_years_waits_a_day() {
+        let queue = Arc::new(WorkQueue::default());
+        let stop = CancellationToken::new();
+        let (serving, mut worked) = report_work(&queue, &stop);
+        let given = tokio::time::Instant::now();
+        queue.push_after("a", 1, Duration::from_secs(u64::MAX / 2));
+        assert_eq!(worked.recv().await, Some(("a", 1)));
+        assert_eq!(given.elapsed(), LONGEST_DELAY);
+        stop.cancel();
         serving.await.unwrap();
     }
 

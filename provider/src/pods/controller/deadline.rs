@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 use tracing::info;
 
-use super::delete::Waiting;
+use super::delete::{Deletion, DeletionKey};
 use super::lifecycle::{Effect, Trigger};
 use super::status_sync::Written;
 use super::{PodController, PodEntry, pod_key};
@@ -173,8 +173,8 @@ impl PodController {
     }
 
     /// Fails `pod` for its deadline, as the kubelet does (phase Failed, [`from_eci::DEADLINE_EXCEEDED`], a Normal
-    /// Event), then deletes `group` gracefully (its containers get their grace period and
-    /// preStop hooks) until ECI accepts. A failed write is tried again by the pod's next step.
+    /// Event), then queues the graceful deletion of `group` (its containers get their grace
+    /// period and preStop hooks), tried until ECI accepts. A failed write is tried again by the pod's next step.
     pub(super) async fn stop_at_deadline(self, pod: Arc<Pod>, uid: String, group: Option<String>) {
         let now = SystemTime::now();
         let written = self
@@ -193,9 +193,8 @@ impl PodController {
             Written::Unneeded => {}
         }
         if let Some(id) = group {
-            self.delete_group_until_accepted(&id, false, Waiting::PastDeadline)
-                .await;
-            self.advance(&uid, Trigger::GroupDeleted);
+            let deletion = Deletion::past_deadline(id);
+            self.inner.deletions.push(DeletionKey::Pod(uid), deletion);
         }
     }
 }

@@ -1,11 +1,14 @@
 //! Deleting: graceful group deletion, batched waits for removal, pod removal, pods that went
 //! while nobody watched.
+//!
+//! Every deletion is data in one queue ([`Deletion`], keyed by [`DeletionKey`]): a worker tries
+//! its next step, and [`Deletion::after`] (pure, table-tested) says where it goes — the next
+//! step at once, the same step after a back-off (a timer in the queue), or the removal watch
+//! while the group's grace period runs. Nothing waits in a task of its own.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use backon::Retryable as _;
-use eci_proto::EciError;
 use eci_proto::v20180808::DeleteContainerGroupRequest;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -15,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::lifecycle::{Lifecycle, Trigger};
-use super::{Adopted, PodController, backoff, pod_key, pod_key_parts, retry_delays, slim};
+use super::{Adopted, PodController, backoff, pod_key, pod_key_parts, slim};
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
 const CONFIRMING: usize = 8;
@@ -24,44 +27,171 @@ const CONFIRMING: usize = 8;
 /// out, and the removal watcher sees that within a poll or two.
 const REMOVAL_SLACK: Duration = Duration::from_secs(2);
 
-/// How a pod's container group is deleted, from the pod's deletion grace period.
-///
-/// ECI honours the grace period the group was created with: a graceful delete ends in the
-/// group's removal without a second call. A forced delete is sent only when no grace is left,
-/// or when the group outlives its grace period (plus [`REMOVAL_SLACK`]) and is still there.
-/// Deletions share an account-wide quota (1,000 a minute per region), so one wasted call per
-/// pod halves the speed of every scale-in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GroupDeletion {
-    /// No grace period: one forced delete.
-    Immediate,
-    /// One graceful delete, then wait this long for the group to go.
-    Graceful {
-        /// The grace period plus the slack.
-        wait: Duration,
-    },
+/// Deletion workers: each turn is one ECI call or one apiserver delete (the latter within the
+/// removal share). Waits (a grace period, a retry's back-off) are held as data, not workers.
+const DELETERS: usize = 32;
+/// Failed pod removals in a row before the pod is left to its next resync.
+const POD_REMOVAL_TRIES: u32 = 8;
+/// Failed group deletions in a row before each further one is logged as a warning (an outage
+/// would otherwise log a line per pod per retry).
+const QUIET_GROUP_FAILURES: u32 = 8;
+
+/// What a deletion is keyed by in the deletion queue.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum DeletionKey {
+    /// A pod of this node, by UID: its group, if any, then (for a pod being deleted) the pod.
+    Pod(String),
+    /// A group whose pod is gone, by group id.
+    Group(String),
 }
 
-impl GroupDeletion {
-    /// The plan for a pod deleted with `grace_seconds` (negative read as none).
-    fn for_grace(grace_seconds: i64) -> Self {
-        match u64::try_from(grace_seconds) {
-            Ok(0) | Err(_) => Self::Immediate,
-            Ok(seconds) => Self::Graceful {
-                wait: Duration::from_secs(seconds).saturating_add(REMOVAL_SLACK),
+/// Why a group is deleted, which says what follows once ECI accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Purpose {
+    /// The pod is being deleted: its grace period is honoured, then the pod is removed
+    /// (grace 0, UID precondition). It stays Terminating until its group is gone, rather than
+    /// be removed from under a group that would run on with nobody to delete it (the orphan
+    /// collector leaves the groups of live nodes alone).
+    PodDeleted(DeletionTarget),
+    /// The pod failed at its active deadline and stays: only its group goes, gracefully.
+    PastDeadline,
+    /// The pod is gone already: only its group is left, deleted by force.
+    PodRemoved,
+}
+
+/// The next call a deletion makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Ask ECI to delete the group: gracefully (ECI honours the grace period the group was
+    /// created with, and removes it without a second call) or by force.
+    DeleteGroup { force: bool },
+    /// The group is gone, or there was none: remove the pod.
+    RemovePod,
+}
+
+/// A deletion in progress, held as data in the deletion queue (or, while its group's graceful
+/// deletion runs, in the removal watch): a scale-in has every deleted pod's deletion waiting at
+/// once, so each is a few names, not a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Deletion {
+    purpose: Purpose,
+    /// The group to delete (`None`: the pod had none).
+    group: Option<String>,
+    step: Step,
+    /// Failed tries of this step in a row (each retry waits longer).
+    failures: u32,
+}
+
+/// Where a deletion goes once its step was tried (see [`Deletion::after`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Try the same step again after the back-off of its `n`th failure in a row (from 0;
+    /// [`backoff`], jittered).
+    Retry(u32),
+    /// Go on to this step at once.
+    Go(Step),
+    /// The graceful deletion was accepted: wait this long (the grace period plus
+    /// [`REMOVAL_SLACK`]) for the group to go; past it, delete it by force.
+    AwaitGone(Duration),
+    /// Nothing is left to do.
+    Done,
+    /// The pod could not be removed: its next resync tries again.
+    GiveUp,
+}
+
+impl Deletion {
+    /// A pod's deletion, from its deletion grace period: with no grace left, one forced delete;
+    /// otherwise one graceful delete, forced only if the group outlives its grace period.
+    /// Deletions share an account-wide quota (1,000 a minute per region), so one wasted call
+    /// per pod would halve the speed of every scale-in.
+    pub(super) fn of_pod(target: DeletionTarget, group: Option<String>) -> Self {
+        let step = match group {
+            Some(_) => Step::DeleteGroup {
+                force: target.grace <= 0,
             },
+            None => Step::RemovePod,
+        };
+        Self::new(Purpose::PodDeleted(target), group, step)
+    }
+
+    /// The group of a pod that passed its active deadline (the pod stays).
+    pub(super) fn past_deadline(group: String) -> Self {
+        Self::new(
+            Purpose::PastDeadline,
+            Some(group),
+            Step::DeleteGroup { force: false },
+        )
+    }
+
+    /// The group of a pod that is gone.
+    pub(super) fn of_removed_pod(group: String) -> Self {
+        Self::new(
+            Purpose::PodRemoved,
+            Some(group),
+            Step::DeleteGroup { force: true },
+        )
+    }
+
+    fn new(purpose: Purpose, group: Option<String>, step: Step) -> Self {
+        Self {
+            purpose,
+            group,
+            step,
+            failures: 0,
         }
+    }
+
+    /// Where the deletion goes after its step succeeded (ECI accepted the group's deletion or
+    /// knows no such group; the pod was removed or is gone) or failed. Pure.
+    pub(super) fn after(&self, succeeded: bool) -> Next {
+        match (self.step, succeeded, &self.purpose) {
+            (Step::DeleteGroup { .. }, false, _) => Next::Retry(self.failures),
+            (Step::DeleteGroup { force: false }, true, Purpose::PodDeleted(target)) => {
+                let grace = Duration::from_secs(u64::try_from(target.grace).unwrap_or(0));
+                Next::AwaitGone(grace.saturating_add(REMOVAL_SLACK))
+            }
+            (Step::DeleteGroup { .. }, true, Purpose::PodDeleted(_)) => Next::Go(Step::RemovePod),
+            (Step::DeleteGroup { .. }, true, _) | (Step::RemovePod, true, _) => Next::Done,
+            (Step::RemovePod, false, _) if self.failures + 1 < POD_REMOVAL_TRIES => {
+                Next::Retry(self.failures)
+            }
+            (Step::RemovePod, false, _) => Next::GiveUp,
+        }
+    }
+
+    /// The deletion with its step tried again (`retry`) or moved on to `step`.
+    fn then(mut self, step: Step) -> Self {
+        self.failures = if self.step == step {
+            self.failures + 1
+        } else {
+            0
+        };
+        self.step = step;
+        self
+    }
+
+    /// Whether the group is known gone once the deletion goes on as `next` (the pod's
+    /// lifecycle is told, so that its removal does not delete the group again).
+    fn group_gone(&self, next: &Next) -> bool {
+        self.group.is_some()
+            && matches!(self.step, Step::DeleteGroup { .. })
+            && match next {
+                Next::Go(Step::RemovePod) => true,
+                Next::Done => self.purpose == Purpose::PastDeadline,
+                _ => false,
+            }
     }
 }
 
-/// At most this many bytes are held by a pod's deletion while it waits for the group to go
-/// (the size of [`PodController::delete`]'s future; a test holds it there). A scale-in has
-/// every deleted pod's deletion waiting at once, so this is memory per pod: a future holding
-/// the watched pod, the calls' futures unboxed and the pod-delete answer across its retry's
-/// wait is several times larger, plus the pod's copy, and a large scale-in's deletions would
-/// be a large share of the daemon's peak.
-#[cfg(test)]
-pub(super) const DELETION_BYTES: usize = 768;
+/// A deletion whose group's graceful deletion ECI accepted, waiting in the removal watch for
+/// the group to go.
+#[derive(Debug)]
+pub(super) struct AwaitingGone {
+    key: DeletionKey,
+    deletion: Deletion,
+    /// Past this, the group is deleted by force.
+    until: tokio::time::Instant,
+}
 
 /// What a pod's deletion needs of the pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,17 +211,6 @@ impl DeletionTarget {
             grace: pod.metadata.deletion_grace_period_seconds.unwrap_or(30),
         }
     }
-}
-
-/// Whose deletion waits while a group deletion is retried, for the log line that says so.
-#[derive(Clone, Copy)]
-pub(super) enum Waiting {
-    /// The pod's own deletion: it stays Terminating until the group is gone.
-    PodTerminating,
-    /// The pod stays, failed at its active deadline; only its group goes.
-    PastDeadline,
-    /// Nothing: the pod is gone already and only its group is left.
-    PodRemoved,
 }
 
 /// A pod tracked but missing from a list, and how to look it up.
@@ -214,32 +333,88 @@ impl PodController {
         }
     }
 
-    /// Deletes group `id` (force) in the background, again and again until ECI confirms it
-    /// gone, for a group whose pod is gone already: nothing else would ever delete it while
-    /// this replica runs (the orphan collector leaves the groups of live nodes alone). A stop
-    /// abandons it; the successor adopts the group and, finding its pod gone, deletes it.
+    /// Deletes group `id` (force), again and again until ECI confirms it gone, for a group
+    /// whose pod is gone already: nothing else would ever delete it while this replica runs
+    /// (the orphan collector leaves the groups of live nodes alone). A stop drops it; the
+    /// successor adopts the group and, finding its pod gone, deletes it.
     pub(super) fn delete_group_eventually(&self, id: String) {
-        let controller = self.clone();
-        self.spawn_pod_task(async move {
-            controller
-                .delete_group_until_accepted(&id, true, Waiting::PodRemoved)
-                .await;
-        });
+        let deletion = Deletion::of_removed_pod(id.clone());
+        self.inner.deletions.push(DeletionKey::Group(id), deletion);
     }
 
-    /// Deletes `group` (the pod's, when its deletion was seen) as the pod's grace period
-    /// allows, then the pod.
-    ///
-    /// Every pod being deleted has one of these waiting for its group to go (a scale-in has
-    /// one per pod at once), so what it holds is kept small: the pod's names, not the
-    /// pod, and the calls' own futures boxed, alive only while a call is ([`DELETION_BYTES`]).
-    pub(super) async fn delete(self, pod: DeletionTarget, uid: String, group: Option<String>) {
-        if let Some(id) = &group {
-            Box::pin(self.delete_group_for_pod(id, GroupDeletion::for_grace(pod.grace))).await;
+    /// Deletion workers, until `stop`: one step of one deletion per turn; what it leads to is
+    /// queued again (at once, after a back-off, or once the group is gone). A stop drops what
+    /// waits: the successor finds the pods still Terminating (or adopts the groups of removed
+    /// pods and finds them gone) and starts over.
+    pub(super) async fn delete_all(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let this = self.clone();
+        self.inner
+            .deletions
+            .serve(DELETERS, &stop, move |key, deletion| {
+                let this = this.clone();
+                async move { this.take_step(key, deletion).await }
+            })
+            .await;
+        Ok(())
+    }
+
+    /// Tries `deletion`'s step and carries on as [`Deletion::after`] says.
+    async fn take_step(&self, key: DeletionKey, deletion: Deletion) {
+        let succeeded = match (deletion.step, &deletion.group, &deletion.purpose) {
+            (Step::DeleteGroup { force }, Some(id), _) => {
+                Box::pin(self.delete_group(id, force, &deletion)).await
+            }
+            (Step::RemovePod, _, Purpose::PodDeleted(target)) => {
+                Box::pin(self.remove_pod(&key, target)).await
+            }
+            // Nothing to delete: done.
+            _ => true,
+        };
+        self.carry_on(key, deletion, succeeded);
+    }
+
+    /// Moves `deletion` on from its step's outcome.
+    fn carry_on(&self, key: DeletionKey, deletion: Deletion, succeeded: bool) {
+        let next = deletion.after(succeeded);
+        if let (DeletionKey::Pod(uid), true) = (&key, deletion.group_gone(&next)) {
+            self.advance(uid, Trigger::GroupDeleted);
         }
-        // The group is gone: the pod's removal from the watch must not delete it again.
-        self.advance(&uid, Trigger::GroupDeleted);
-        let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), &pod.namespace);
+        let queue = &self.inner.deletions;
+        match next {
+            Next::Retry(failures) => {
+                let step = deletion.step;
+                queue.push_after(key, deletion.then(step), backoff(failures));
+            }
+            Next::Go(step) => queue.push(key, deletion.then(step)),
+            Next::AwaitGone(wait) => {
+                let Some(id) = deletion.group.clone() else {
+                    return;
+                };
+                let until = tokio::time::Instant::now() + wait;
+                let awaiting = AwaitingGone {
+                    key,
+                    deletion,
+                    until,
+                };
+                self.inner.awaiting_removal.lock().insert(id, awaiting);
+            }
+            Next::Done => {}
+            Next::GiveUp => {
+                if let DeletionKey::Pod(uid) = &key {
+                    warn!(pod_uid = %uid, "could not delete the pod; the next resync tries again");
+                    self.advance(uid, Trigger::PodDeletionFailed);
+                }
+            }
+        }
+    }
+
+    /// Removes the pod (grace 0, with its UID as precondition) within this replica's share of
+    /// removals: whether it is removed or gone.
+    async fn remove_pod(&self, key: &DeletionKey, target: &DeletionTarget) -> bool {
+        let DeletionKey::Pod(uid) = key else {
+            return true;
+        };
+        let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), &target.namespace);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {
@@ -248,94 +423,25 @@ impl PodController {
             }),
             ..DeleteParams::default()
         };
-        for attempt in 0..8 {
-            // A block of its own: the answer (a whole Pod) and the turn are dropped before the
-            // back-off's wait, not kept in it.
-            {
-                let _turn = self.inner.shares.removals.acquire().await;
-                self.inner.telemetry.kube_request("pod_delete");
-                match Box::pin(api.delete(&pod.name, &params)).await {
-                    Ok(_) => {
-                        info!(eci_id = ?group, "pod deleted after its container group stopped");
-                        return;
-                    }
-                    Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-                        return;
-                    }
-                    Err(error) => debug!(%error, attempt, "could not delete the pod; retrying"),
-                }
+        let _turn = self.inner.shares.removals.acquire().await;
+        self.inner.telemetry.kube_request("pod_delete");
+        match api.delete(&target.name, &params).await {
+            Ok(_) => {
+                info!(pod = %format!("{}/{}", target.namespace, target.name), "pod deleted after its container group stopped");
+                true
             }
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-        warn!("could not delete the pod; the next resync tries again");
-        self.advance(&uid, Trigger::PodDeletionFailed);
-    }
-
-    /// Deletes the group of a pod being deleted as `plan` says; returns once ECI accepted a
-    /// deletion and the group is gone or has outlived its grace period.
-    async fn delete_group_for_pod(&self, id: &str, plan: GroupDeletion) {
-        let wait = match plan {
-            GroupDeletion::Immediate => {
-                self.delete_group_until_accepted(id, true, Waiting::PodTerminating)
-                    .await;
-                return;
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => true,
+            Err(error) => {
+                debug!(%error, pod = %format!("{}/{}", target.namespace, target.name), "could not delete the pod; retrying");
+                false
             }
-            GroupDeletion::Graceful { wait } => wait,
-        };
-        Box::pin(self.delete_group_until_accepted(id, false, Waiting::PodTerminating)).await;
-        let (gone, until_gone) = tokio::sync::oneshot::channel();
-        self.inner
-            .awaiting_removal
-            .lock()
-            .entry(id.to_owned())
-            .or_default()
-            .push(gone);
-        if tokio::time::timeout(wait, until_gone).await.is_ok() {
-            return;
-        }
-        // Past its grace period: stop it now, unless it went meanwhile (a failed read counts
-        // as still there).
-        if !matches!(
-            Box::pin(self.describe_group(id, super::describe::Lookup::Existence)).await,
-            Ok(None)
-        ) {
-            Box::pin(self.delete_group_until_accepted(id, true, Waiting::PodTerminating)).await;
         }
     }
 
-    /// Deletes group `id`, again and again until ECI accepts (or says it is gone already).
-    /// For a pod being deleted, the pod stays (Terminating) meanwhile rather than be removed
-    /// from under a group that would then run on with nobody to delete it (the orphan
-    /// collector leaves the groups of live nodes alone). A stop abandons it; the successor
-    /// finds the pod still Terminating (or, for a removed pod, adopts the group and finds its
-    /// pod gone) and starts over.
-    pub(super) async fn delete_group_until_accepted(
-        &self,
-        id: &str,
-        force: bool,
-        waiting: Waiting,
-    ) {
-        let mut round = 0;
-        while !Box::pin(self.delete_group(id, force)).await {
-            round += 1;
-            match waiting {
-                Waiting::PodTerminating => {
-                    warn!(eci_id = %id, round, "could not delete the container group; the pod stays until it is gone, trying again");
-                }
-                Waiting::PastDeadline => {
-                    warn!(eci_id = %id, round, "could not delete the container group of a pod past its active deadline; trying again");
-                }
-                Waiting::PodRemoved => {
-                    warn!(eci_id = %id, round, "the container group of a removed pod is not deleted yet; trying again");
-                }
-            }
-            tokio::time::sleep(backoff(round + 3)).await;
-        }
-    }
-
-    /// Tells deletions when their groups are gone: one DescribeContainerGroups per 20 groups
-    /// per interval, however many pods are being deleted (the reads go through
-    /// [`Self::describe_groups`], shared with the other lookups of the moment).
+    /// Tells deletions waiting for their groups to go ([`AwaitingGone`]) when they are gone, or
+    /// past their grace period: one DescribeContainerGroups per 20 groups per interval, however
+    /// many pods are being deleted (the reads go through [`Self::describe_groups`], shared with
+    /// the other lookups of the moment; a failed read counts as still there).
     pub(super) async fn watch_removals(self, stop: CancellationToken) -> anyhow::Result<()> {
         let mut ticks = tokio::time::interval(
             self.inner
@@ -349,55 +455,65 @@ impl PodController {
                 () = stop.cancelled() => return Ok(()),
                 _ = ticks.tick() => {}
             }
-            let ids: Vec<String> = {
-                let mut waiting = self.inner.awaiting_removal.lock();
-                // Waiters that gave up (grace period over) are dropped.
-                waiting.retain(|_, senders| {
-                    senders.retain(|s| !s.is_closed());
-                    !senders.is_empty()
-                });
-                waiting.keys().cloned().collect()
-            };
-            // Shared with the other lookups of the moment, 20 ids per call; a failed read
-            // counts as still there.
+            let ids: Vec<String> = self.inner.awaiting_removal.lock().keys().cloned().collect();
             let reads = self
                 .describe_groups(&ids, super::describe::Lookup::Existence)
                 .await;
-            let mut waiting = self.inner.awaiting_removal.lock();
+            let now = tokio::time::Instant::now();
             for (id, read) in reads {
-                if matches!(read, Ok(None)) {
-                    for sender in waiting.remove(&id).into_iter().flatten() {
-                        let _ = sender.send(());
+                let gone = matches!(read, Ok(None));
+                let awaiting = {
+                    let mut waiting = self.inner.awaiting_removal.lock();
+                    match waiting.get(&id) {
+                        Some(awaiting) if gone || now >= awaiting.until => waiting.remove(&id),
+                        _ => None,
                     }
+                };
+                if let Some(AwaitingGone { key, deletion, .. }) = awaiting {
+                    let step = if gone {
+                        Step::RemovePod
+                    } else {
+                        Step::DeleteGroup { force: true }
+                    };
+                    if let (DeletionKey::Pod(uid), true) = (&key, gone) {
+                        self.advance(uid, Trigger::GroupDeleted);
+                    }
+                    self.inner.deletions.push(key, deletion.then(step));
                 }
             }
         }
     }
 
-    /// Deletes group `id` (retrying what ECI may answer later, up to eight times): whether ECI
-    /// accepted the deletion or knows no such group.
-    pub(super) async fn delete_group(&self, id: &str, force: bool) -> bool {
-        let deleted = (|| {
-            self.inner
-                .backend
-                .delete_container_group(DeleteContainerGroupRequest {
-                    region_id: self.inner.config.region.clone(),
-                    container_group_id: id.to_owned(),
-                    force,
-                    ..DeleteContainerGroupRequest::default()
-                })
-        })
-        .retry(retry_delays().with_max_times(8))
-        .when(EciError::is_retryable)
-        .await;
-        match deleted {
-            Ok(_) => true,
-            Err(error) if error.is_not_found() => true,
-            Err(error) => {
-                warn!(eci_id = %id, %error, "could not delete the container group");
-                false
-            }
+    /// Deletes group `id` (one call; the deletion queue retries): whether ECI accepted the
+    /// deletion or knows no such group.
+    async fn delete_group(&self, id: &str, force: bool, deletion: &Deletion) -> bool {
+        let deleted = self
+            .inner
+            .backend
+            .delete_container_group(DeleteContainerGroupRequest {
+                region_id: self.inner.config.region.clone(),
+                container_group_id: id.to_owned(),
+                force,
+                ..DeleteContainerGroupRequest::default()
+            })
+            .await;
+        let error = match deleted {
+            Ok(_) => return true,
+            Err(error) if error.is_not_found() => return true,
+            Err(error) => error,
+        };
+        let failures = deletion.failures + 1;
+        let why = match deletion.purpose {
+            Purpose::PodDeleted(_) => "the pod stays until its container group is gone",
+            Purpose::PastDeadline => "the pod passed its active deadline",
+            Purpose::PodRemoved => "the pod is removed already",
+        };
+        if failures >= QUIET_GROUP_FAILURES || !error.is_retryable() {
+            warn!(eci_id = %id, %error, failures, "could not delete the container group ({why}); trying again");
+        } else {
+            debug!(eci_id = %id, %error, failures, "could not delete the container group; trying again");
         }
+        false
     }
 }
 
@@ -405,62 +521,148 @@ impl PodController {
 mod tests {
     use std::time::Duration;
 
-    use tracing::Instrument as _;
+    use super::*;
 
-    use super::{GroupDeletion, REMOVAL_SLACK};
-
-    /// A scale-in has every deleted pod's deletion waiting for its group at once: what each
-    /// holds then is bounded, the pod's names rather than the watched pod, the calls' futures
-    /// boxed (unboxed, they would sit in it across the wait, beside the pod's copy).
-    #[tokio::test]
-    async fn a_deletion_waiting_for_its_group_holds_a_few_hundred_bytes() {
-        let (controller, _) = super::super::tests::controller(std::sync::Arc::default());
-        let target = super::DeletionTarget::of(&super::super::tests::terminating_pod());
-        assert_eq!(
-            (
-                target.namespace.as_str(),
-                target.name.as_str(),
-                target.grace
-            ),
-            ("default", "web-0", 1)
-        );
-        let deletion = controller
-            .delete(target, "u-1".into(), Some("eci-1".into()))
-            .instrument(tracing::info_span!("reconcile"));
-        let bytes = std::mem::size_of_val(&deletion);
-        assert!(
-            bytes <= super::DELETION_BYTES,
-            "a waiting deletion holds {bytes} bytes"
-        );
+    fn target(grace: i64) -> DeletionTarget {
+        DeletionTarget {
+            namespace: "default".into(),
+            name: "web-0".into(),
+            grace,
+        }
     }
 
-    /// The part of a deletion that is alive while it waits out the grace period for its group
-    /// to go (boxed by the deletion): as small as the deletion itself.
-    #[tokio::test]
-    async fn the_wait_for_a_group_to_go_holds_a_few_hundred_bytes() {
-        let (controller, _) = super::super::tests::controller(std::sync::Arc::default());
-        let plan = GroupDeletion::for_grace(30);
-        let waiting = controller.delete_group_for_pod("eci-1", plan);
-        let bytes = std::mem::size_of_val(&waiting);
-        assert!(
-            bytes <= super::DELETION_BYTES,
-            "the wait holds {bytes} bytes"
+    fn group_step(force: bool) -> Step {
+        Step::DeleteGroup { force }
+    }
+
+    /// The spec of a deletion's steps: where each outcome leads, and when the pod's lifecycle
+    /// learns that the group is gone.
+    #[test]
+    fn each_step_leads_on_as_its_outcome_says() {
+        let pod = |grace| Deletion::of_pod(target(grace), Some("eci-1".into()));
+        let removing = |failures| Deletion {
+            failures,
+            ..Deletion::of_pod(target(30), None)
+        };
+        let forced = pod(30).then(group_step(true));
+        let cases = [
+            // (case, deletion, succeeded, next, group known gone)
+            (
+                "graceful accepted",
+                pod(30),
+                true,
+                Next::AwaitGone(Duration::from_secs(32)),
+                false,
+            ),
+            (
+                "no grace: forced, then the pod",
+                pod(0),
+                true,
+                Next::Go(Step::RemovePod),
+                true,
+            ),
+            (
+                "negative grace reads as none",
+                pod(-1),
+                true,
+                Next::Go(Step::RemovePod),
+                true,
+            ),
+            ("refused: retried", pod(30), false, Next::Retry(0), false),
+            (
+                "outlived, forced",
+                forced,
+                true,
+                Next::Go(Step::RemovePod),
+                true,
+            ),
+            (
+                "no group: the pod at once",
+                Deletion::of_pod(target(30), None),
+                true,
+                Next::Done,
+                false,
+            ),
+            (
+                "pod removal failed",
+                removing(0),
+                false,
+                Next::Retry(0),
+                false,
+            ),
+            (
+                "pod removal failed 7 times",
+                removing(6),
+                false,
+                Next::Retry(6),
+                false,
+            ),
+            (
+                "pod removal failed 8 times",
+                removing(7),
+                false,
+                Next::GiveUp,
+                false,
+            ),
+            ("pod removed", removing(3), true, Next::Done, false),
+            (
+                "past deadline: graceful, no wait",
+                Deletion::past_deadline("eci-1".into()),
+                true,
+                Next::Done,
+                true,
+            ),
+            (
+                "removed pod's group: forced",
+                Deletion::of_removed_pod("eci-1".into()),
+                true,
+                Next::Done,
+                false,
+            ),
+            (
+                "removed pod's group refused",
+                Deletion::of_removed_pod("eci-1".into()),
+                false,
+                Next::Retry(0),
+                false,
+            ),
+        ];
+        for (case, deletion, succeeded, next, gone) in cases {
+            let found = deletion.after(succeeded);
+            assert_eq!(found, next, "{case}");
+            assert_eq!(deletion.group_gone(&found), gone, "{case}: group gone");
+        }
+        assert_eq!(
+            pod(0).step,
+            group_step(true),
+            "no grace: forced from the start"
+        );
+        assert_eq!(pod(1).step, group_step(false));
+        assert_eq!(Deletion::of_pod(target(1), None).step, Step::RemovePod);
+        assert_eq!(
+            Deletion::past_deadline("eci-1".into()).step,
+            group_step(false)
         );
     }
 
     #[test]
-    fn one_graceful_delete_unless_no_grace_is_left() {
-        let graceful = |seconds| GroupDeletion::Graceful {
-            wait: Duration::from_secs(seconds) + REMOVAL_SLACK,
-        };
-        for (grace, plan) in [
-            (0, GroupDeletion::Immediate),
-            (-1, GroupDeletion::Immediate),
-            (1, graceful(1)),
-            (30, graceful(30)),
-            (i64::MAX, graceful(u64::try_from(i64::MAX).unwrap())),
-        ] {
-            assert_eq!(GroupDeletion::for_grace(grace), plan, "grace {grace}");
-        }
+    fn a_retry_counts_failures_and_a_new_step_starts_afresh() {
+        let deletion = Deletion::of_removed_pod("eci-1".into());
+        let retried = deletion.then(group_step(true)).then(group_step(true));
+        assert_eq!(retried.failures, 2);
+        assert_eq!(retried.after(false), Next::Retry(2));
+        let moved = retried.then(Step::RemovePod);
+        assert_eq!(moved.failures, 0);
+    }
+
+    /// A scale-in has every deleted pod's deletion waiting at once: each is a few names and
+    /// a step held in a queue, not a task.
+    #[test]
+    fn a_waiting_deletion_is_a_few_names() {
+        let bytes = std::mem::size_of::<AwaitingGone>();
+        assert!(
+            bytes <= 160,
+            "a waiting deletion holds {bytes} bytes besides its names"
+        );
     }
 }
