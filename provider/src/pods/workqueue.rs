@@ -121,6 +121,32 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         self.delayed.notify_one();
     }
 
+    /// Queues now each value given for later that `pick` picks (what it waited for came
+    /// sooner).
+    pub fn release_now(&self, pick: impl Fn(&V) -> bool) {
+        let picked: Vec<(K, V)> = {
+            let mut state = self.state();
+            let State {
+                delayed, timers, ..
+            } = &mut *state;
+            let keys: Vec<K> = delayed
+                .iter()
+                .filter(|(_, (_, value))| pick(value))
+                .map(|(key, _)| key.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|key| {
+                    let (timer, value) = delayed.remove(&key)?;
+                    timers.remove(&timer);
+                    Some((key, value))
+                })
+                .collect()
+        };
+        for (key, value) in picked {
+            self.push(key, value);
+        }
+    }
+
     /// Keys with a value given for later.
     pub fn delayed_len(&self) -> usize {
         self.state().delayed.len()
@@ -635,6 +661,23 @@ mod tests {
         assert_eq!(given.elapsed(), Duration::from_secs(20));
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(worked.try_recv().is_err(), "each value worked on once");
+        stop.cancel();
+        serving.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn values_released_now_are_worked_on_at_once_and_the_others_wait() {
+        let queue = Arc::new(WorkQueue::default());
+        let stop = CancellationToken::new();
+        let (serving, mut worked) = report_work(&queue, &stop);
+        let given = tokio::time::Instant::now();
+        queue.push_after("a", 1, Duration::from_secs(30));
+        queue.push_after("b", 2, Duration::from_secs(30));
+        queue.release_now(|value| *value == 2);
+        assert_eq!(worked.recv().await, Some(("b", 2)));
+        assert_eq!(given.elapsed(), Duration::ZERO);
+        assert_eq!(worked.recv().await, Some(("a", 1)));
+        assert_eq!(given.elapsed(), Duration::from_secs(30));
         stop.cancel();
         serving.await.unwrap();
     }

@@ -272,37 +272,38 @@ impl PodController {
     }
 
     /// Creation workers (`MAX_CONCURRENT_CREATES` of them): one attempt per job; a pod to
-    /// retry waits out its back-off outside the workers, so pods backing off (a missing
-    /// ConfigMap, an outage) never hold a slot the others need. Waiting pods are data, not
-    /// tasks (only a pod backing off has a small timer task), a few bytes each.
+    /// retry waits out its back-off as a value in the queue's timers, outside the workers, so
+    /// pods backing off (a missing ConfigMap, an outage) never hold a slot the others need and
+    /// cost a few bytes each. Pods held back by the daemon's configuration go as soon as ECI
+    /// no longer refuses it, not at the end of a back-off of up to 20 s.
     pub(super) async fn create_groups(self, stop: CancellationToken) -> anyhow::Result<()> {
         let workers = self.inner.config.max_concurrent_creates;
-        let (this, stopping) = (self.clone(), stop.clone());
-        self.inner
-            .creations
-            .serve(workers, &stop, move |uid, job| {
-                let (this, stopping) = (this.clone(), stopping.clone());
-                async move {
-                    if let Some(next) = this.create_once(&uid, job).await {
-                        let (controller, stop) = (this.clone(), stopping.clone());
-                        let mut configuration = this.inner.misconfig.subscribe();
-                        // A timer, not work: it ends with the stop (the successor retries).
-                        this.spawn_pod_task(async move {
-                            tokio::select! {
-                                () = stop.cancelled() => {}
-                                () = tokio::time::sleep(backoff(next.attempt)) => {
-                                    controller.inner.creations.push(uid, next);
-                                }
-                                // Fixed: go now, not at the end of a back-off of up to 30 s.
-                                Ok(_) = configuration.wait_for(Option::is_none), if next.shown == Explained::Misconfiguration => {
-                                    controller.inner.creations.push(uid, next);
-                                }
-                            }
-                        });
-                    }
+        let this = self.clone();
+        let creating = self.inner.creations.serve(workers, &stop, move |uid, job| {
+            let this = this.clone();
+            async move {
+                if let Some(next) = this.create_once(&uid, job).await {
+                    let delay = backoff(next.attempt);
+                    this.inner.creations.push_after(uid, next, delay);
                 }
-            })
-            .await;
+            }
+        });
+        let mut configuration = self.inner.misconfig.subscribe();
+        let configuration_fixed = async {
+            while configuration.changed().await.is_ok() {
+                if configuration.borrow_and_update().is_none() {
+                    let waiting = |job: &CreateJob| job.shown == Explained::Misconfiguration;
+                    self.inner.creations.release_now(waiting);
+                }
+            }
+        };
+        let until_stop = async {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = configuration_fixed => {}
+            }
+        };
+        tokio::join!(creating, until_stop);
         Ok(())
     }
 
