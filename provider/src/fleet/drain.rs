@@ -27,6 +27,8 @@ use crate::ops::metrics::Telemetry;
 const ROUND: Duration = Duration::from_millis(500);
 /// Longest wait between two eviction attempts of one pod a budget protects.
 const MAX_EVICTION_BACKOFF: Duration = Duration::from_secs(15);
+/// The first wait after a refused eviction (doubling from there).
+const FIRST_EVICTION_BACKOFF: Duration = Duration::from_secs(1);
 /// Evictions in flight at once.
 const EVICTIONS_IN_FLIGHT: usize = 32;
 /// How many names an Event or log line lists before it says "and N more".
@@ -171,9 +173,10 @@ impl Refusals {
     fn refused(&mut self, key: &str, now: Instant) -> bool {
         let entry = self.by_pod.entry(key.to_owned()).or_insert((0, now));
         entry.0 += 1;
-        let wait = Duration::from_millis(500)
-            .saturating_mul(1 << entry.0.min(6))
-            .min(MAX_EVICTION_BACKOFF);
+        let wait = crate::ops::retry::nth(
+            crate::ops::retry::doubling(FIRST_EVICTION_BACKOFF, MAX_EVICTION_BACKOFF),
+            entry.0.saturating_sub(1),
+        );
         entry.1 = now + wait;
         entry.0 == 1
     }

@@ -284,9 +284,8 @@ fn error_policy(cache: Arc<ImageCache>, error: &ImageCacheError, cx: Arc<Context
         *n = n.saturating_add(1);
         *n
     });
-    let delay = RETRY_FIRST
-        .saturating_mul(1 << failures.saturating_sub(1).min(10))
-        .min(RETRY_CAP);
+    let delays = crate::ops::retry::doubling(RETRY_FIRST, RETRY_CAP);
+    let delay = crate::ops::retry::nth(delays, failures.saturating_sub(1));
     warn!(imagecache = %name, error = %Chain(error), retry_in = ?delay, "image-cache pass failed");
     cx.events.publish_later(
         Event {

@@ -8,6 +8,7 @@
 //! apiserver verifies kubelet serving certificates only with `--kubelet-certificate-authority`.
 //! An issued certificate is renewed by a new request at 80 % of its lifetime.
 
+use backon::BackoffBuilder as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -290,12 +291,11 @@ impl Requests {
             signer = SIGNER,
             "requested a kubelet serving certificate; serving a self-signed one until the request is approved (kubectl certificate approve {name}); the apiserver verifies kubelet certificates only with --kubelet-certificate-authority"
         );
-        let mut pause = CSR_POLL.0;
+        let mut pauses = crate::ops::retry::doubling(CSR_POLL.0, CSR_POLL.1).build();
         loop {
-            if stopped_during(stop, pause).await {
+            if stopped_during(stop, pauses.next().unwrap_or(CSR_POLL.1)).await {
                 return Ok(None);
             }
-            pause = (pause * 2).min(CSR_POLL.1);
             let Some(current) = self.csrs.get_opt(&name).await.map_err(CertError::Csr)? else {
                 // Garbage-collected while pending (after a day): ask again.
                 warn!(csr = %name, "the CertificateSigningRequest is gone before it was issued; requesting again");

@@ -1,8 +1,9 @@
 //! What operators see: Prometheus metrics, Kubernetes Events, and the `/healthz`, `/readyz`,
-//! `/metrics` server; and the supervisor every long-running task runs under. A leaf every area may call; it calls nothing of theirs.
+//! `/metrics` server; the supervisor every long-running task runs under, and retry delays. A leaf every area may call; it calls nothing of theirs.
 
 pub mod chain;
 pub mod events;
 pub mod metrics;
+pub mod retry;
 pub mod server;
 pub mod supervisor;

@@ -31,7 +31,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use backon::{BackoffBuilder as _, ExponentialBuilder, Retryable as _};
+use backon::{ExponentialBuilder, Retryable as _};
 use eci_proto::EciError;
 use eci_proto::v20180808::{ContainerGroupStatus, DescribeContainerGroupStatusRequest, Tag};
 use k8s_openapi::api::core::v1::Pod;
@@ -421,11 +421,7 @@ fn retry_delays() -> ExponentialBuilder {
 /// The delay before retry `attempt` (from 0) of work that is queued again rather than retried
 /// in a loop (a creation waits out its delay outside the workers).
 fn backoff(attempt: u32) -> Duration {
-    let attempt = usize::try_from(attempt).unwrap_or(usize::MAX).min(16);
-    retry_delays()
-        .build()
-        .nth(attempt)
-        .unwrap_or(Duration::from_secs(20))
+    crate::ops::retry::nth(retry_delays(), attempt)
 }
 
 /// The pod controller's reader of this node's pod watch: it runs on the watch's task, so it
