@@ -8,7 +8,7 @@ pub mod certs;
 pub mod logs;
 pub mod pod_lookup;
 pub mod resource_metrics;
-pub mod spdy;
+pub use spdy_serve as spdy;
 pub mod streams;
 
 use std::sync::Arc;

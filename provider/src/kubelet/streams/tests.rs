@@ -198,7 +198,7 @@ mod in_process {
     use crate::eci::Backend;
     use crate::eci::GrpcBackend;
     use crate::kubelet::spdy::Frame;
-    use crate::kubelet::spdy::tests::connection::Client;
+    use crate::kubelet::spdy::test_client::Client;
     use crate::kubelet::{KubeletState, auth};
     use crate::ops::metrics::Telemetry;
 

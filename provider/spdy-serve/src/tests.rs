@@ -266,75 +266,14 @@ fn decode_never_panics_on_mangled_input() {
     }
 }
 
-pub(crate) mod connection {
+mod connection {
     use std::time::Duration;
 
-    use bytes::{Bytes, BytesMut};
-    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+    use bytes::Bytes;
 
-    use super::super::Connection;
-    use super::super::frame::{Frame, decode_one, encode};
-    use super::super::headers::{Deflater, Headers, Inflater};
-
-    /// A client driven by hand with the codec: what spdystream does, frame by frame.
-    pub(crate) struct Client<T = DuplexStream> {
-        io: T,
-        deflater: Deflater,
-        pub(crate) inflater: Inflater,
-        buffer: BytesMut,
-    }
-
-    impl<T: AsyncRead + AsyncWrite + Unpin> Client<T> {
-        pub(crate) fn new(io: T) -> Self {
-            Self {
-                io,
-                deflater: Deflater::default(),
-                inflater: Inflater::default(),
-                buffer: BytesMut::new(),
-            }
-        }
-
-        pub(crate) async fn send(&mut self, frame: Frame) {
-            let mut out = BytesMut::new();
-            encode(&frame, &mut out).expect("encode");
-            self.io.write_all(&out).await.expect("write");
-        }
-
-        pub(crate) async fn open(&mut self, stream: u32, headers: &[(&str, &str)], fin: bool) {
-            let headers: Headers = headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect();
-            let block = self.deflater.headers(&headers).expect("deflate");
-            self.send(Frame::SynStream {
-                stream,
-                associated: 0,
-                priority: 0,
-                flags: u8::from(fin),
-                block: block.into(),
-            })
-            .await;
-        }
-
-        pub(crate) async fn next(&mut self) -> Option<Frame> {
-            loop {
-                if let Some((frame, used)) = decode_one(&self.buffer).expect("valid frame") {
-                    let _ = self.buffer.split_to(used);
-                    return Some(frame);
-                }
-                let read = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    self.io.read_buf(&mut self.buffer),
-                )
-                .await
-                .expect("a frame within 5 s")
-                .expect("read");
-                if read == 0 {
-                    return None;
-                }
-            }
-        }
-    }
+    use crate::Connection;
+    use crate::frame::Frame;
+    use crate::test_client::Client;
 
     #[tokio::test]
     async fn streams_are_replied_to_accepted_and_carry_data_both_ways() {

@@ -1,7 +1,9 @@
 //! The server side of SPDY/3.1, as the apiserver and kubectl speak it to kubelets for exec,
 //! attach and port-forward (`Upgrade: SPDY/3.1`). No maintained Rust crate serves SPDY (the
 //! protocol was retired by HTTP/2; Kubernetes still uses it between the apiserver and kubelets),
-//! so this module implements the part a kubelet needs:
+//! so this crate implements the part a kubelet needs. It knows nothing of Kubernetes or of the
+//! daemon: the kubelet API (`virtual-node-eci`'s `kubelet::streams`) gives the streams meaning.
+//!
 //!
 //! - [`frame`]: the pure frame codec (DATA, SYN_STREAM, SYN_REPLY, RST_STREAM, SETTINGS, PING,
 //!   GOAWAY, HEADERS, WINDOW_UPDATE), never panicking on any input; [`decode`] is the entry a
@@ -25,8 +27,10 @@ mod dictionary;
 pub mod frame;
 pub mod headers;
 
+#[cfg(any(test, feature = "test-client"))]
+pub mod test_client;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 
 pub use conn::{Connection, Stream, StreamWriter};
 pub use frame::Frame;
