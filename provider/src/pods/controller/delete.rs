@@ -30,6 +30,10 @@ const REMOVAL_SLACK: Duration = Duration::from_secs(2);
 /// Deletion workers: each turn is one ECI call or one apiserver delete (the latter within the
 /// removal share). Waits (a grace period, a retry's back-off) are held as data, not workers.
 const DELETERS: usize = 32;
+/// Groups the removal watch reads at once: the answers describe whole groups, and a scale-in
+/// has every deleted pod's group waiting at once (the reads are one call per 20 ids either
+/// way).
+const REMOVAL_READS_AT_ONCE: usize = 200;
 /// Failed pod removals in a row before the pod is left to its next resync.
 const POD_REMOVAL_TRIES: u32 = 8;
 /// Failed group deletions in a row before each further one is logged as a warning (an outage
@@ -456,30 +460,41 @@ impl PodController {
                 _ = ticks.tick() => {}
             }
             let ids: Vec<String> = self.inner.awaiting_removal.lock().keys().cloned().collect();
-            let reads = self
-                .describe_groups(&ids, super::describe::Lookup::Existence)
-                .await;
-            let now = tokio::time::Instant::now();
-            for (id, read) in reads {
-                let gone = matches!(read, Ok(None));
-                let awaiting = {
-                    let mut waiting = self.inner.awaiting_removal.lock();
-                    match waiting.get(&id) {
-                        Some(awaiting) if gone || now >= awaiting.until => waiting.remove(&id),
-                        _ => None,
-                    }
-                };
-                if let Some(AwaitingGone { key, deletion, .. }) = awaiting {
-                    let step = if gone {
-                        Step::RemovePod
-                    } else {
-                        Step::DeleteGroup { force: true }
-                    };
-                    if let (DeletionKey::Pod(uid), true) = (&key, gone) {
-                        self.advance(uid, Trigger::GroupDeleted);
-                    }
-                    self.inner.deletions.push(key, deletion.then(step));
+            for chunk in ids.chunks(REMOVAL_READS_AT_ONCE) {
+                if stop.is_cancelled() {
+                    return Ok(());
                 }
+                self.settle_removals(chunk).await;
+            }
+        }
+    }
+
+    /// Reads the groups `ids` of [`AwaitingGone`] deletions, and moves on those gone or past
+    /// their grace period.
+    async fn settle_removals(&self, ids: &[String]) {
+        let reads = self
+            .describe_groups(ids, super::describe::Lookup::Existence)
+            .await;
+        let now = tokio::time::Instant::now();
+        for (id, read) in reads {
+            let gone = matches!(read, Ok(None));
+            let awaiting = {
+                let mut waiting = self.inner.awaiting_removal.lock();
+                match waiting.get(&id) {
+                    Some(awaiting) if gone || now >= awaiting.until => waiting.remove(&id),
+                    _ => None,
+                }
+            };
+            if let Some(AwaitingGone { key, deletion, .. }) = awaiting {
+                let step = if gone {
+                    Step::RemovePod
+                } else {
+                    Step::DeleteGroup { force: true }
+                };
+                if let (DeletionKey::Pod(uid), true) = (&key, gone) {
+                    self.advance(uid, Trigger::GroupDeleted);
+                }
+                self.inner.deletions.push(key, deletion.then(step));
             }
         }
     }

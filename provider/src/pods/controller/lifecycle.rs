@@ -43,10 +43,10 @@ pub(super) enum Lifecycle {
         /// `None` once ECI accepted the group's deletion.
         group: Option<Box<str>>,
     },
-    /// The pod is being deleted: its deletion task deletes `group` (the group known when the
+    /// The pod is being deleted: its deletion (queued) deletes `group` (the group known when the
     /// deletion began), then the pod.
     Deleting {
-        /// `None` once the deletion task deleted it, or when the pod had none yet.
+        /// `None` once the deletion deleted it, or when the pod had none yet.
         group: Option<Box<str>>,
     },
 }
@@ -85,9 +85,9 @@ pub(super) enum Trigger<'a> {
     PolicyChanged,
     /// A full listing missed the group and a direct read confirmed it gone.
     Vanished,
-    /// The deletion task's group deletion ended: ECI accepted it or knows no such group.
+    /// The deletion's group deletion ended: ECI accepted it or knows no such group.
     GroupDeleted,
-    /// The deletion task could not remove the pod.
+    /// The deletion could not remove the pod.
     PodDeletionFailed,
     /// The pod, still running, is past its active deadline.
     DeadlinePassed,
