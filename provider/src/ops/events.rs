@@ -139,8 +139,85 @@ impl Window {
     }
 }
 
-/// An event waiting in a queue, what it is about, and when it was observed.
-type Queued = (Event, ObjectReference, Timestamp);
+/// An event waiting in a queue, what it is about, and when it was observed. Thousands wait
+/// after a burst (two per pod), so it is held in fewer bytes than kube's `Event` and
+/// `ObjectReference`, which keep an owned string with spare capacity per field: strings boxed
+/// to their length, and the related object, which few events have, boxed apart.
+#[derive(Debug)]
+struct Queued {
+    type_: EventType,
+    reason: Box<str>,
+    note: Option<Box<str>>,
+    action: Box<str>,
+    secondary: Option<Box<ObjectReference>>,
+    regarding: PackedReference,
+    observed: Timestamp,
+}
+
+/// An `ObjectReference` in fewer bytes (see [`Queued`]).
+#[derive(Debug)]
+struct PackedReference {
+    api_version: Option<Box<str>>,
+    field_path: Option<Box<str>>,
+    kind: Option<Box<str>>,
+    name: Option<Box<str>>,
+    namespace: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
+    uid: Option<Box<str>>,
+}
+
+impl Queued {
+    fn pack(event: Event, regarding: ObjectReference, observed: Timestamp) -> Self {
+        let boxed = |text: Option<String>| text.map(String::into_boxed_str);
+        Self {
+            type_: event.type_,
+            reason: event.reason.into_boxed_str(),
+            note: boxed(event.note),
+            action: event.action.into_boxed_str(),
+            secondary: event.secondary.map(Box::new),
+            regarding: PackedReference {
+                api_version: boxed(regarding.api_version),
+                field_path: boxed(regarding.field_path),
+                kind: boxed(regarding.kind),
+                name: boxed(regarding.name),
+                namespace: boxed(regarding.namespace),
+                resource_version: boxed(regarding.resource_version),
+                uid: boxed(regarding.uid),
+            },
+            observed,
+        }
+    }
+
+    fn unpack(self) -> (Event, ObjectReference, Timestamp) {
+        let unboxed = |text: Option<Box<str>>| text.map(String::from);
+        let Self {
+            type_,
+            reason,
+            note,
+            action,
+            secondary,
+            regarding,
+            observed,
+        } = self;
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: unboxed(note),
+            action: action.into(),
+            secondary: secondary.map(|related| *related),
+        };
+        let regarding = ObjectReference {
+            api_version: unboxed(regarding.api_version),
+            field_path: unboxed(regarding.field_path),
+            kind: unboxed(regarding.kind),
+            name: unboxed(regarding.name),
+            namespace: unboxed(regarding.namespace),
+            resource_version: unboxed(regarding.resource_version),
+            uid: unboxed(regarding.uid),
+        };
+        (event, regarding, observed)
+    }
+}
 
 /// Says whether pod writes wait (routine events then yield). Called on the publisher's task
 /// once per publication: it must be quick.
@@ -336,14 +413,14 @@ impl EventPublisher {
             EventType::Warning => &self.warnings,
             EventType::Normal => &self.routine,
         };
-        match queue.try_send((event, regarding, Timestamp::now())) {
+        match queue.try_send(Queued::pack(event, regarding, Timestamp::now())) {
             Ok(()) => {
                 self.shared.telemetry.events_waiting.inc();
             }
             Err(error) => {
                 self.shared.telemetry.events_dropped.inc();
-                let (event, ..) = error.into_inner();
-                debug!(reason = %event.reason, "event queue full; event dropped");
+                let reason = error.into_inner().reason;
+                debug!(%reason, "event queue full; event dropped");
             }
         }
     }
@@ -463,11 +540,8 @@ async fn drain(shared: Arc<Shared>, mut queues: Queues) {
 
 impl Shared {
     /// Publishes one queued event in the background (see [`Published`]).
-    async fn publish_queued(
-        self: Arc<Self>,
-        (event, regarding, observed): Queued,
-        routine: bool,
-    ) -> Published {
+    async fn publish_queued(self: Arc<Self>, queued: Queued, routine: bool) -> Published {
+        let (event, regarding, observed) = queued.unpack();
         let sent = Instant::now();
         let result = self.publish(&event, &regarding, observed).await;
         if let Err(error) = &result {
@@ -594,6 +668,43 @@ pub const KUBE_API: &[Access] = &[Access {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queued_event_unpacks_as_it_was_given_and_waits_in_under_half_the_bytes() {
+        let reference = |kind: &str, name: &str| ObjectReference {
+            api_version: Some("v1".into()),
+            field_path: Some("spec.containers{app}".into()),
+            kind: Some(kind.into()),
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            resource_version: Some("42".into()),
+            uid: Some("u-1".into()),
+        };
+        let event = || Event {
+            type_: EventType::Warning,
+            reason: "Failed".into(),
+            note: Some("the image cannot be pulled".into()),
+            action: "Pull".into(),
+            secondary: Some(reference("Node", "vn-0")),
+        };
+        let observed = Timestamp::now();
+        let (unpacked, regarding, at) =
+            Queued::pack(event(), reference("Pod", "web-0"), observed).unpack();
+        let given = event();
+        assert!(matches!(unpacked.type_, EventType::Warning));
+        assert_eq!(
+            (unpacked.reason, unpacked.note, unpacked.action),
+            (given.reason, given.note, given.action)
+        );
+        assert_eq!(unpacked.secondary, given.secondary);
+        assert_eq!(regarding, reference("Pod", "web-0"));
+        assert_eq!(at, observed);
+        let (packed, whole) = (
+            std::mem::size_of::<Queued>(),
+            std::mem::size_of::<(Event, ObjectReference, Timestamp)>(),
+        );
+        assert!(packed * 2 < whole, "{packed} bytes queued against {whole}");
+    }
 
     fn mk_event(reason: &str, note: &str) -> Event {
         Event {
