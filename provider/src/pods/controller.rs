@@ -977,7 +977,7 @@ impl PodController {
                 self.inner.annotations.push(uid, record);
             }
             // The group as known now: the pod's removal may reach `forget` before the deletion
-            // task runs, and it leaves the group to this deletion.
+            // runs, and it leaves the group to this deletion.
             Some(Effect::Delete(group)) => {
                 let target = delete::DeletionTarget::of(&pod);
                 let deletion = delete::Deletion::of_pod(target, group.map(String::from));

@@ -283,8 +283,14 @@ impl PodController {
             let this = this.clone();
             async move {
                 if let Some(next) = this.create_once(&uid, job).await {
-                    let delay = backoff(next.attempt);
-                    this.inner.creations.push_after(uid, next, delay);
+                    let creations = &this.inner.creations;
+                    // Fixed while this attempt ran: its release went by before it waited.
+                    let fixed = this.inner.misconfig.current().is_none();
+                    if next.shown == Explained::Misconfiguration && fixed {
+                        creations.push(uid, next);
+                    } else {
+                        creations.push_after(uid, next, backoff(next.attempt));
+                    }
                 }
             }
         });

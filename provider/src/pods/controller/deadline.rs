@@ -172,9 +172,10 @@ impl PodController {
         }
     }
 
-    /// Fails `pod` for its deadline, as the kubelet does (phase Failed, [`from_eci::DEADLINE_EXCEEDED`], a Normal
-    /// Event), then queues the graceful deletion of `group` (its containers get their grace
-    /// period and preStop hooks), tried until ECI accepts. A failed write is tried again by the pod's next step.
+    /// Fails `pod` for its deadline, as the kubelet does (phase Failed,
+    /// [`from_eci::DEADLINE_EXCEEDED`], a Normal Event), then queues the graceful deletion of
+    /// `group` (its containers get their grace period and preStop hooks), tried until ECI
+    /// accepts. A failed write is tried again by the pod's next step.
     pub(super) async fn stop_at_deadline(self, pod: Arc<Pod>, uid: String, group: Option<String>) {
         let now = SystemTime::now();
         let written = self
