@@ -62,16 +62,16 @@ use lifecycle::{Effect, Lifecycle, Trigger};
 pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
 /// Reason of pod conditions and events when ECI cannot run a pod.
 pub const PROVIDER_FAILED: &str = "ProviderFailed";
-/// Pod status writes in flight at most, for the whole fleet: each replica writes its share
-/// ([`WriteShare`]; each pod's writes are sequential).
+/// Pod writes in flight at most, for the whole fleet: status applies and pod removals draw on
+/// one budget, each replica its share ([`WriteShare`]). Unbounded, a scale-in would send every
+/// removal at once, each on a connection of its own (HTTP/1.1), and fill the apiserver's
+/// mutating in-flight limit ahead of the status writes.
+const POD_WRITES_IN_FLIGHT: usize = 2 * STATUS_WRITERS;
+/// Status writers: each writes one pod at a time (a pod's writes are sequential), within the
+/// pod-write share.
 const STATUS_WRITERS: usize = 32;
-/// Pod removals sent to the API server at once, as many as status writers, for the whole
-/// fleet (each replica its share): unbounded, a scale-in sends every removal at once, each on
-/// a connection of its own (HTTP/1.1), and fills the apiserver's mutating in-flight limit
-/// ahead of the status writes.
-const POD_DELETES_IN_FLIGHT: usize = STATUS_WRITERS;
-/// A replica's share of the status writes or removals never falls below this.
-const WRITE_SHARE_FLOOR: usize = 2;
+/// A replica's share of the pod writes never falls below this.
+const WRITE_SHARE_FLOOR: usize = 4;
 /// How long per-pod work in flight (deletions, status writes) may take after a stop.
 const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 /// Annotation writes in flight at most. Each first reads its group, and the reads made at
@@ -319,8 +319,9 @@ struct Inner {
     awaiting_removal: Mutex<HashMap<String, delete::AwaitingGone>>,
     /// DescribeContainerGroups lookups of single groups, sharing calls.
     group_reads: describe::ReadsByLookup,
-    /// Wakes each pod with an active deadline when it falls due (one timer queue for all).
-    deadlines: deadline::Deadlines,
+    /// Pods to step again from the copy their entry holds, by UID, each at its time: an active
+    /// deadline falling due (values given for later in one timer queue).
+    wakes: Arc<WorkQueue<String, ()>>,
     /// Keeps the groups' service account tokens fresh (one timer queue for all pods).
     tokens: crate::pods::tokens::TokenRefresher,
     /// The Services ECI pods see in their environment (one watch).
@@ -356,14 +357,14 @@ fn tag(group: &ContainerGroupStatus, key: &str) -> Option<String> {
 fn pod_writes_waiting(
     annotations: &Arc<WorkQueue<String, Annotation>>,
     syncs: &Arc<WorkQueue<String, ()>>,
-    removals: &Arc<WriteShare>,
+    pod_writes: &Arc<WriteShare>,
 ) -> crate::ops::events::Precedence {
-    let (annotations, syncs, removals) = (
+    let (annotations, syncs, pod_writes) = (
         Arc::clone(annotations),
         Arc::clone(syncs),
-        Arc::clone(removals),
+        Arc::clone(pod_writes),
     );
-    Arc::new(move || !syncs.is_empty() || !annotations.is_empty() || removals.all_taken())
+    Arc::new(move || !syncs.is_empty() || !annotations.is_empty() || pod_writes.all_taken())
 }
 
 /// This replica's shares of the apiserver writes the fleet makes together (see
@@ -371,19 +372,17 @@ fn pod_writes_waiting(
 /// replicas as ECI's quotas are.
 #[derive(Debug)]
 struct Shares {
-    /// Pod status writes ([`STATUS_WRITERS`]).
-    statuses: Arc<WriteShare>,
-    /// Pod removals, the grace-0 delete after the group is gone ([`POD_DELETES_IN_FLIGHT`]).
-    removals: Arc<WriteShare>,
-    /// Background Event publications ([`crate::ops::events::MAX_WINDOW`]).
+    /// Pod status applies and pod removals ([`POD_WRITES_IN_FLIGHT`]).
+    pod_writes: Arc<WriteShare>,
+    /// Background Event publications ([`crate::ops::events::MAX_WINDOW`]): they yield to the
+    /// pod writes rather than draw on their budget.
     events: Arc<WriteShare>,
 }
 
 impl Shares {
     fn new() -> Self {
         Self {
-            statuses: WriteShare::new("pod statuses", STATUS_WRITERS, WRITE_SHARE_FLOOR),
-            removals: WriteShare::new("pod removals", POD_DELETES_IN_FLIGHT, WRITE_SHARE_FLOOR),
+            pod_writes: WriteShare::new("pod writes", POD_WRITES_IN_FLIGHT, WRITE_SHARE_FLOOR),
             events: WriteShare::new("events", crate::ops::events::MAX_WINDOW, 1),
         }
     }
@@ -391,8 +390,7 @@ impl Shares {
     /// Keeps every share at this replica's part until `stop`.
     async fn follow(&self, replicas: &watch::Receiver<u32>, stop: &CancellationToken) {
         tokio::join!(
-            self.statuses.follow(replicas.clone(), stop.clone()),
-            self.removals.follow(replicas.clone(), stop.clone()),
+            self.pod_writes.follow(replicas.clone(), stop.clone()),
             self.events.follow(replicas.clone(), stop.clone()),
         );
     }
@@ -535,7 +533,7 @@ impl PodController {
         let annotations: Arc<WorkQueue<String, Annotation>> = Arc::default();
         let syncs: Arc<WorkQueue<String, ()>> = Arc::default();
         let shares = Shares::new();
-        let precedence = pod_writes_waiting(&annotations, &syncs, &shares.removals);
+        let precedence = pod_writes_waiting(&annotations, &syncs, &shares.pod_writes);
         Self {
             inner: Arc::new(Inner {
                 events: EventPublisher::yielding_to(
@@ -565,7 +563,7 @@ impl PodController {
                 replicas,
                 deletions: Arc::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
-                deadlines: deadline::Deadlines::default(),
+                wakes: Arc::default(),
                 group_reads: describe::ReadsByLookup::default(),
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
@@ -679,9 +677,14 @@ impl PodController {
         loops.spawn("removals", self.clone().watch_removals(stop.clone()));
         loops.spawn("requeues", self.clone().requeue_held(stop.clone()));
         let this = self.clone();
-        loops.spawn("deadlines", async move {
-            let due = |uid: String| this.wake(&uid);
-            this.inner.deadlines.run(stop, due).await;
+        loops.spawn("wakes", async move {
+            let wakes = Arc::clone(&this.inner.wakes);
+            wakes
+                .serve(1, &stop, move |uid, ()| {
+                    this.wake(&uid);
+                    std::future::ready(())
+                })
+                .await;
             Ok(())
         });
         let outcome = loops.join().await;

@@ -147,6 +147,16 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         }
     }
 
+    /// Drops the value waiting for `key`, for its turn or for its time (work on it already
+    /// under way goes on).
+    pub fn forget(&self, key: &K) {
+        let mut state = self.state();
+        state.pending.remove(key);
+        if let Some((timer, _)) = state.delayed.remove(key) {
+            state.timers.remove(&timer);
+        }
+    }
+
     /// Keys with a value given for later.
     pub fn delayed_len(&self) -> usize {
         self.state().delayed.len()
@@ -678,6 +688,28 @@ mod tests {
         assert_eq!(given.elapsed(), Duration::ZERO);
         assert_eq!(worked.recv().await, Some(("a", 1)));
         assert_eq!(given.elapsed(), Duration::from_secs(30));
+        stop.cancel();
+        serving.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forgotten_key_is_not_worked_on_whether_it_waited_for_its_turn_or_its_time() {
+        let queue = Arc::new(WorkQueue::default());
+        queue.push("now", 1);
+        queue.push_after("later", 2, Duration::from_secs(5));
+        queue.push("kept", 3);
+        queue.forget(&"now");
+        queue.forget(&"later");
+        assert!(!queue.is_busy(&"now") && !queue.is_busy(&"later"));
+        assert_eq!(queue.delayed_len(), 0);
+        let stop = CancellationToken::new();
+        let (serving, mut worked) = report_work(&queue, &stop);
+        assert_eq!(worked.recv().await, Some(("kept", 3)));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(
+            worked.try_recv().is_err(),
+            "nothing forgotten was worked on"
+        );
         stop.cancel();
         serving.await.unwrap();
     }

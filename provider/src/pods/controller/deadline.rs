@@ -9,22 +9,14 @@
 //! [`ECI_FIRST`], so that where ECI enforces, its own ending (which keeps the group, and so the
 //! logs) reaches the pod first, and the controller acts only on a pod that still runs.
 //!
-//! [`Deadlines`] wakes the controller for each pod when its deadline falls due: one timer
-//! queue for all pods, fed by the controller's steps.
+//! A pod is stepped again when its deadline falls due: a value given for later in the
+//! controller's queue of wake-ups, set again by each of the pod's steps.
 
-use std::collections::HashMap;
-use std::future::poll_fn;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::EventType;
-use parking_lot::{Mutex, MutexGuard};
-use tokio::sync::Notify;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tokio_util::time::{DelayQueue, delay_queue};
 use tracing::info;
 
 use super::delete::{Deletion, DeletionKey};
@@ -53,99 +45,17 @@ pub(super) fn due_at(pod: &Pod) -> Option<SystemTime> {
     started.checked_add(allowed)?.checked_add(ECI_FIRST)
 }
 
-/// The longest a timer waits: the timer queue refuses (panics on) times more than about two
-/// years ahead, and the apiserver allows deadlines of 68 years. A pod woken before its
-/// deadline gets its timer again from its step.
-const LONGEST_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// One timer per pod (by UID) waking the controller at its deadline (or after
-/// [`LONGEST_WAIT`], whichever comes first). Setting a pod's timer again moves it; forgetting a
-/// pod drops it.
-#[derive(Debug, Default)]
-pub(super) struct Deadlines {
-    timers: Mutex<Timers>,
-    changed: Notify,
-}
-
-#[derive(Debug, Default)]
-struct Timers {
-    queue: DelayQueue<String>,
-    by_pod: HashMap<String, (delay_queue::Key, SystemTime)>,
-}
-
-impl Deadlines {
-    fn timers(&self) -> MutexGuard<'_, Timers> {
-        self.timers.lock()
-    }
-
-    /// Wakes the controller for pod `uid` at `at` (at once if `at` is past).
-    pub(super) fn set(&self, uid: &str, at: SystemTime) {
-        let wait = at
-            .duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO)
-            .min(LONGEST_WAIT);
-        let when = Instant::now() + wait;
-        let mut timers = self.timers();
-        let Timers { queue, by_pod } = &mut *timers;
-        match by_pod.get_mut(uid) {
-            Some((_, set)) if *set == at => return,
-            Some((key, set)) => {
-                queue.reset_at(key, when);
-                *set = at;
-            }
-            None => {
-                let key = queue.insert_at(uid.to_owned(), when);
-                by_pod.insert(uid.to_owned(), (key, at));
-            }
-        }
-        drop(timers);
-        self.changed.notify_one();
-    }
-
-    /// Drops pod `uid`'s timer, if it has one.
-    pub(super) fn forget(&self, uid: &str) {
-        let mut timers = self.timers();
-        let Timers { queue, by_pod } = &mut *timers;
-        if let Some((key, _)) = by_pod.remove(uid) {
-            queue.remove(&key);
-        }
-    }
-
-    /// Pods with a timer.
-    #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
-        self.timers().by_pod.len()
-    }
-
-    /// Hands each pod whose timer fell due to `due`, until `stop`.
-    pub(super) async fn run(&self, stop: CancellationToken, due: impl Fn(String)) {
-        loop {
-            let expired = poll_fn(|cx| {
-                let mut timers = self.timers();
-                match timers.queue.poll_expired(cx) {
-                    Poll::Ready(Some(expired)) => {
-                        let uid = expired.into_inner();
-                        timers.by_pod.remove(&uid);
-                        Poll::Ready(uid)
-                    }
-                    // An empty queue ends its stream; a new timer notifies `changed`.
-                    Poll::Ready(None) | Poll::Pending => Poll::Pending,
-                }
-            });
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = self.changed.notified() => {}
-                uid = expired => due(uid),
-            }
-        }
-    }
-}
-
 /// How soon a pod whose deadline passed is looked at again when its step had other work to do
 /// first, or the failure's write did not land.
 const AGAIN: Duration = Duration::from_secs(2);
 
 impl PodController {
+    /// Steps pod `uid` again at `at` (at once if `at` is past), replacing the time set before.
+    fn wake_at(&self, uid: &str, at: SystemTime) {
+        let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
+        self.inner.wakes.push_after(uid.to_owned(), (), wait);
+    }
+
     /// After a pod's step: a running pod past its deadline is stopped, one before it gets a
     /// timer (while the step has other work, the deadline waits for the next).
     pub(super) fn mind_deadline(
@@ -166,7 +76,7 @@ impl PodController {
             None | Some(Effect::Nothing) if due <= now => entry.on(uid, Trigger::DeadlinePassed),
             effect => {
                 let wake = if due > now { due } else { now + AGAIN };
-                self.inner.deadlines.set(uid, wake);
+                self.wake_at(uid, wake);
                 effect
             }
         }
@@ -190,7 +100,7 @@ impl PodController {
                 self.event(&pod, EventType::Normal, DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
                     .await;
             }
-            Written::Failed => self.inner.deadlines.set(&uid, now + AGAIN),
+            Written::Failed => self.wake_at(&uid, now + AGAIN),
             Written::Unneeded => {}
         }
         if let Some(id) = group {
@@ -266,51 +176,5 @@ mod tests {
                 "deadline {deadline:?}, started {start:?}, {phase}"
             );
         }
-    }
-
-    async fn next_due(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
-        tokio::time::timeout(Duration::from_secs(10), rx.recv())
-            .await
-            .expect("a timer falls due")
-            .expect("the timers run")
-    }
-
-    #[tokio::test]
-    async fn timers_fall_due_in_order_move_when_set_again_and_go_when_forgotten() {
-        let deadlines = Arc::new(Deadlines::default());
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let stop = CancellationToken::new();
-        let running = {
-            let (deadlines, stop) = (Arc::clone(&deadlines), stop.clone());
-            tokio::spawn(async move {
-                deadlines
-                    .run(stop, |uid| tx.send(uid).expect("the test listens"))
-                    .await;
-            })
-        };
-        let now = SystemTime::now();
-        deadlines.set("later", now + Duration::from_millis(400));
-        deadlines.set("forgotten", now + Duration::from_millis(100));
-        deadlines.set("moved", now + Duration::from_secs(3600));
-        deadlines.set("moved", now + Duration::from_millis(200));
-        deadlines.set("past", now - Duration::from_secs(5));
-        deadlines.forget("forgotten");
-        // Past what the queue itself could wait for: held, woken within a day.
-        deadlines.set(
-            "in 68 years",
-            now + Duration::from_secs(u64::from(u32::MAX / 2)),
-        );
-        assert_eq!(deadlines.len(), 4);
-        assert_eq!(next_due(&mut rx).await, "past");
-        assert_eq!(next_due(&mut rx).await, "moved");
-        assert_eq!(next_due(&mut rx).await, "later");
-        assert_eq!(deadlines.len(), 1, "a timer that fell due is gone");
-        deadlines.forget("in 68 years");
-        // Emptied, the queue still takes new timers.
-        deadlines.set("again", SystemTime::now());
-        assert_eq!(next_due(&mut rx).await, "again");
-        stop.cancel();
-        running.await.expect("the timers stop");
-        assert!(rx.try_recv().is_err(), "nothing else fell due");
     }
 }

@@ -28,7 +28,7 @@ const CONFIRMING: usize = 8;
 const REMOVAL_SLACK: Duration = Duration::from_secs(2);
 
 /// Deletion workers: each turn is one ECI call or one apiserver delete (the latter within the
-/// removal share). Waits (a grace period, a retry's back-off) are held as data, not workers.
+/// pod-write share). Waits (a grace period, a retry's back-off) are held as data, not workers.
 const DELETERS: usize = 32;
 /// Groups the removal watch reads at once: the answers describe whole groups, and a scale-in
 /// has every deleted pod's group waiting at once (the reads are one call per 20 ids either
@@ -320,7 +320,7 @@ impl PodController {
             return;
         };
         self.inner.tokens.forget(&uid);
-        self.inner.deadlines.forget(&uid);
+        self.inner.wakes.forget(&uid);
         match tracked.lifecycle {
             // Our own deletion of the pod is under way (a grace period of 0 brings the pod's
             // removal right after its deletionTimestamp): it deletes the group until ECI
@@ -413,7 +413,7 @@ impl PodController {
     }
 
     /// Removes the pod (grace 0, with its UID as precondition) within this replica's share of
-    /// removals: whether it is removed or gone.
+    /// pod writes: whether it is removed or gone.
     async fn remove_pod(&self, key: &DeletionKey, target: &DeletionTarget) -> bool {
         let DeletionKey::Pod(uid) = key else {
             return true;
@@ -427,7 +427,7 @@ impl PodController {
             }),
             ..DeleteParams::default()
         };
-        let _turn = self.inner.shares.removals.acquire().await;
+        let _turn = self.inner.shares.pod_writes.acquire().await;
         self.inner.telemetry.kube_request("pod_delete");
         match api.delete(&target.name, &params).await {
             Ok(_) => {

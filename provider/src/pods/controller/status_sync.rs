@@ -455,14 +455,14 @@ impl PodController {
     }
 
     /// The status sync's workers: one pod at a time each, within this replica's share of the
-    /// fleet's status writes.
+    /// fleet's pod writes.
     pub(super) async fn sync_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
         let this = self.clone();
         self.inner
             .syncs
             .serve_within(
                 STATUS_WRITERS,
-                self.inner.shares.statuses.permits(),
+                self.inner.shares.pod_writes.permits(),
                 &stop,
                 move |uid, ()| {
                     let this = this.clone();
