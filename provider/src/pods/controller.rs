@@ -313,8 +313,11 @@ struct Inner {
     shares: Shares,
     /// The live replicas the shares are divided among.
     replicas: watch::Receiver<u32>,
-    /// Deletions of pods and groups, one step at a time (see [`delete`]).
+    /// Deletions of pods and groups whose next step is a group's deletion, one step at a time
+    /// (see [`delete`]).
     deletions: Arc<WorkQueue<delete::DeletionKey, delete::Deletion>>,
+    /// Deletions whose next step is the pod's removal (see [`delete`]).
+    pod_removals: Arc<WorkQueue<delete::DeletionKey, delete::Deletion>>,
     /// Deletions waiting for their group to go, by group id.
     awaiting_removal: Mutex<HashMap<String, delete::AwaitingGone>>,
     /// DescribeContainerGroups lookups of single groups, sharing calls.
@@ -562,6 +565,7 @@ impl PodController {
                 shares,
                 replicas,
                 deletions: Arc::default(),
+                pod_removals: Arc::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
                 wakes: Arc::default(),
                 group_reads: describe::ReadsByLookup::default(),
@@ -984,9 +988,7 @@ impl PodController {
             Some(Effect::Delete(group)) => {
                 let target = delete::DeletionTarget::of(&pod);
                 let deletion = delete::Deletion::of_pod(target, group.map(String::from));
-                self.inner
-                    .deletions
-                    .push(delete::DeletionKey::Pod(uid), deletion);
+                self.queue_deletion(delete::DeletionKey::Pod(uid), deletion);
             }
             Some(Effect::Skip(reason)) => {
                 let explaining = self.clone();

@@ -105,7 +105,7 @@ impl PodController {
         }
         if let Some(id) = group {
             let deletion = Deletion::past_deadline(id);
-            self.inner.deletions.push(DeletionKey::Pod(uid), deletion);
+            self.queue_deletion(DeletionKey::Pod(uid), deletion);
         }
     }
 }

@@ -1,10 +1,11 @@
 //! Deleting: graceful group deletion, batched waits for removal, pod removal, pods that went
 //! while nobody watched.
 //!
-//! Every deletion is data in one queue ([`Deletion`], keyed by [`DeletionKey`]): a worker tries
-//! its next step, and [`Deletion::after`] (pure, table-tested) says where it goes — the next
-//! step at once, the same step after a back-off (a timer in the queue), or the removal watch
-//! while the group's grace period runs. Nothing waits in a task of its own.
+//! Every deletion is data ([`Deletion`], keyed by [`DeletionKey`]) in the queue of its next
+//! step — ECI calls in one, pod removals in another served within the pod-write share: a
+//! worker tries the step, and [`Deletion::after`] (pure, table-tested) says where it goes — the
+//! next step at once, the same step after a back-off (a timer in the queue), or the removal
+//! watch while the group's grace period runs. Nothing waits in a task of its own.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -19,6 +20,7 @@ use tracing::{debug, info, warn};
 
 use super::lifecycle::{Lifecycle, Trigger};
 use super::{Adopted, PodController, backoff, pod_key, pod_key_parts, slim};
+use crate::pods::workqueue::WorkQueue;
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
 const CONFIRMING: usize = 8;
@@ -27,9 +29,12 @@ const CONFIRMING: usize = 8;
 /// out, and the removal watcher sees that within a poll or two.
 const REMOVAL_SLACK: Duration = Duration::from_secs(2);
 
-/// Deletion workers: each turn is one ECI call or one apiserver delete (the latter within the
-/// pod-write share). Waits (a grace period, a retry's back-off) are held as data, not workers.
+/// Group deletion workers: each turn is one ECI call. Waits (a grace period, a retry's
+/// back-off) are held as data, not workers.
 const DELETERS: usize = 32;
+/// Pod removal workers: each turn is one apiserver delete, taken within the pod-write share
+/// (a worker takes its permit before its pod, so none holds a pod while the share is full).
+const REMOVERS: usize = 32;
 /// Groups the removal watch reads at once: the answers describe whole groups, and a scale-in
 /// has every deleted pod's group waiting at once (the reads are one call per 20 ids either
 /// way).
@@ -343,7 +348,7 @@ impl PodController {
     /// successor adopts the group and, finding its pod gone, deletes it.
     pub(super) fn delete_group_eventually(&self, id: String) {
         let deletion = Deletion::of_removed_pod(id.clone());
-        self.inner.deletions.push(DeletionKey::Group(id), deletion);
+        self.queue_deletion(DeletionKey::Group(id), deletion);
     }
 
     /// Deletion workers, until `stop`: one step of one deletion per turn; what it leads to is
@@ -351,15 +356,36 @@ impl PodController {
     /// waits: the successor finds the pods still Terminating (or adopts the groups of removed
     /// pods and finds them gone) and starts over.
     pub(super) async fn delete_all(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let this = self.clone();
-        self.inner
-            .deletions
-            .serve(DELETERS, &stop, move |key, deletion| {
+        let step = |this: &Self| {
+            let this = this.clone();
+            move |key, deletion| {
                 let this = this.clone();
                 async move { this.take_step(key, deletion).await }
-            })
-            .await;
+            }
+        };
+        let removals = self.inner.pod_removals.serve_within(
+            REMOVERS,
+            self.inner.shares.pod_writes.permits(),
+            &stop,
+            step(&self),
+        );
+        let deletions = self.inner.deletions.serve(DELETERS, &stop, step(&self));
+        tokio::join!(removals, deletions);
         Ok(())
+    }
+
+    /// Queues `deletion` where its next step is taken: a group's deletion (an ECI call) in
+    /// the deletion queue, a pod's removal (an apiserver write) in the removal queue. A pod's
+    /// deletion is in one of them at a time, as it moves from step to step.
+    pub(super) fn queue_deletion(&self, key: DeletionKey, deletion: Deletion) {
+        self.queue_for(deletion.step).push(key, deletion);
+    }
+
+    fn queue_for(&self, step: Step) -> &WorkQueue<DeletionKey, Deletion> {
+        match step {
+            Step::DeleteGroup { .. } => &self.inner.deletions,
+            Step::RemovePod => &self.inner.pod_removals,
+        }
     }
 
     /// Tries `deletion`'s step and carries on as [`Deletion::after`] says.
@@ -383,13 +409,13 @@ impl PodController {
         if let (DeletionKey::Pod(uid), true) = (&key, deletion.group_gone(&next)) {
             self.advance(uid, Trigger::GroupDeleted);
         }
-        let queue = &self.inner.deletions;
         match next {
             Next::Retry(failures) => {
                 let step = deletion.step;
+                let queue = self.queue_for(step);
                 queue.push_after(key, deletion.then(step), backoff(failures));
             }
-            Next::Go(step) => queue.push(key, deletion.then(step)),
+            Next::Go(step) => self.queue_deletion(key, deletion.then(step)),
             Next::AwaitGone(wait) => {
                 let Some(id) = deletion.group.clone() else {
                     return;
@@ -412,8 +438,8 @@ impl PodController {
         }
     }
 
-    /// Removes the pod (grace 0, with its UID as precondition) within this replica's share of
-    /// pod writes: whether it is removed or gone.
+    /// Removes the pod (grace 0, with its UID as precondition; its worker holds a permit of
+    /// this replica's share of pod writes): whether it is removed or gone.
     async fn remove_pod(&self, key: &DeletionKey, target: &DeletionTarget) -> bool {
         let DeletionKey::Pod(uid) = key else {
             return true;
@@ -427,7 +453,6 @@ impl PodController {
             }),
             ..DeleteParams::default()
         };
-        let _turn = self.inner.shares.pod_writes.acquire().await;
         self.inner.telemetry.kube_request("pod_delete");
         match api.delete(&target.name, &params).await {
             Ok(_) => {
@@ -494,7 +519,7 @@ impl PodController {
                 if let (DeletionKey::Pod(uid), true) = (&key, gone) {
                     self.advance(uid, Trigger::GroupDeleted);
                 }
-                self.inner.deletions.push(key, deletion.then(step));
+                self.queue_deletion(key, deletion.then(step));
             }
         }
     }
