@@ -16,7 +16,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    logging::init(config.log_format);
+    logging::init(config.ops.log_format);
     let settings = match config.settings() {
         Ok(settings) => settings,
         Err(error) => {

@@ -464,27 +464,27 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
     );
 
     // Ports and paths against the flags.
-    let webhook = find(&objects, "Service", &config.webhook_service);
+    let webhook = find(&objects, "Service", &config.site.webhook_service);
     assert_eq!(
         webhook["spec"]["ports"][0]["port"].as_u64(),
-        Some(u64::from(config.webhook_service_port))
+        Some(u64::from(config.admission.webhook_service_port))
     );
     assert_eq!(webhook["spec"]["ports"][0]["targetPort"], "webhook");
     assert_eq!(
         container_port(container, "webhook"),
-        u64::from(config.webhook_addr.port())
+        u64::from(config.admission.webhook_addr.port())
     );
     // The probes have a port of their own; the read-only port is off unless opted in.
     assert_eq!(
         container_port(container, "health"),
-        u64::from(config.health_addr.expect("HEALTH_ADDR is set").port())
+        u64::from(config.ops.health_addr.expect("HEALTH_ADDR is set").port())
     );
-    assert_eq!(config.metrics_addr, None, "the read-only port is off");
+    assert_eq!(config.ops.metrics_addr, None, "the read-only port is off");
     assert_eq!(
         container_port(container, "kubelet"),
-        u64::from(config.kubelet_port)
+        u64::from(config.site.kubelet_port)
     );
-    assert!(config.webhook_enabled);
+    assert!(config.admission.webhook_enabled);
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     for probe in ["livenessProbe", "readinessProbe"] {
@@ -494,9 +494,9 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
         .as_u64()
         .unwrap();
     assert!(
-        Duration::from_secs(grace) >= config.drain_timeout + Duration::from_secs(30),
+        Duration::from_secs(grace) >= config.fleet.drain_timeout + Duration::from_secs(30),
         "terminationGracePeriodSeconds {grace} leaves no room for DRAIN_TIMEOUT {:?}",
-        config.drain_timeout
+        config.fleet.drain_timeout
     );
     // Never on a virtual node.
     let terms = &template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -560,8 +560,8 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
     eprintln!(
         "{overlay}: {} objects, node {}, backend {:?}",
         objects.len(),
-        settings.node_name,
-        settings.backend
+        settings.site.node_name,
+        settings.site.backend
     );
     objects
 }
@@ -849,7 +849,7 @@ fn the_scheduler_example_calls_the_extender_service_with_the_daemons_ca() {
     assert!(
         text.contains(&format!(
             "get secret {} -o jsonpath='{{.data.ca\\.crt}}'",
-            config.webhook_secret
+            config.site.webhook_secret
         )),
         "caData comes from the daemon's certificate Secret"
     );

@@ -192,9 +192,14 @@ async fn registration_adopts_a_node_and_retries_a_conflicting_write() {
     let nodes: Api<Node> = Api::all(daemon_client);
 
     let telemetry = Telemetry::new();
-    let node = register(&nodes, &settings().node(), &telemetry)
-        .await
-        .unwrap();
+    let settings = settings();
+    let node = register(
+        &nodes,
+        &settings.with_site(&settings.config.node),
+        &telemetry,
+    )
+    .await
+    .unwrap();
     assert!(race.lock().unwrap().is_none(), "the racing write ran");
     // The apiserver refused the stale patch, then took one made from a fresh read. Another
     // writer of the control plane (the TTL controller annotates new nodes) may race a retry too:

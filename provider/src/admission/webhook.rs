@@ -27,7 +27,7 @@ use super::review::Admission;
 use super::webhook_callers::WebhookCallers;
 use super::{cache, register, spill};
 use crate::admission::selector::engine::{Scope, Vnode};
-use crate::config::{AdmissionConfig, SelectorScope};
+use crate::config::{AdmissionArgs, SelectorScope, WithSite};
 use crate::k8s::serving_cert as webhook_cert;
 use crate::k8s::shared_watch::ClusterWatches;
 use crate::ops::chain::Chain;
@@ -119,13 +119,14 @@ fn router(served: Arc<Served>, path: &str, callers: Option<Arc<WebhookCallers>>)
 /// The callers the operator named (none: any caller), their client CA loaded before the first
 /// call and kept current on `tasks`.
 async fn webhook_callers(
-    config: &AdmissionConfig,
+    config: &WithSite<AdmissionArgs>,
     client: &kube::Client,
     tasks: &mut Supervisor,
     stop: &CancellationToken,
 ) -> Option<Arc<WebhookCallers>> {
     use crate::k8s::callers::{ApiReviewer, Authenticator, ClientCa, ClientCaSource};
-    if config.webhook_callers.is_empty() {
+    let named = config.args.callers();
+    if named.is_empty() {
         return None;
     }
     let client_ca = Arc::new(ClientCa::default());
@@ -138,16 +139,16 @@ async fn webhook_callers(
     });
     let reviewer = Arc::new(ApiReviewer::new(client.clone()));
     Some(Arc::new(WebhookCallers::new(
-        config.webhook_callers.iter().cloned(),
+        named,
         Authenticator::new(reviewer, client_ca),
     )))
 }
 
-fn vnode(config: &AdmissionConfig) -> Vnode {
+fn vnode(config: &WithSite<AdmissionArgs>) -> Vnode {
     Vnode {
-        taint_key: config.taint_key.clone(),
-        taint_value: config.taint_value.clone(),
-        taint_effect: config.taint_effect.as_str().to_owned(),
+        taint_key: config.site.taint_key.clone(),
+        taint_value: config.site.taint_value.clone(),
+        taint_effect: config.site.taint_effect.as_str().to_owned(),
         ..Vnode::default()
     }
 }
@@ -227,17 +228,17 @@ async fn follow_ca(
 /// that cannot be had yet is no reason to stop serving the node); `None` on a stop first.
 async fn load_certificate(
     client: &kube::Client,
-    config: &AdmissionConfig,
+    config: &WithSite<AdmissionArgs>,
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<webhook_cert::Material>> {
-    let namespace = &config.pod_namespace;
+    let namespace = &config.site.pod_namespace;
     // One certificate for the webhook's Service and the scheduler extender's.
-    let names = crate::placement::certificate_names(&config.webhook_service, namespace);
+    let names = crate::placement::certificate_names(&config.site.webhook_service, namespace);
     let attempt = || async {
-        match &config.webhook_cert_dir {
+        match &config.args.webhook_cert_dir {
             Some(dir) => webhook_cert::from_dir(dir),
             None => {
-                let secret = &config.webhook_secret;
+                let secret = &config.site.webhook_secret;
                 webhook_cert::from_secret(client.clone(), namespace, secret, &names).await
             }
         }
@@ -262,10 +263,10 @@ async fn load_certificate(
 /// named; the chain is judged per request against the CA in force then
 /// (`super::webhook_callers`).
 async fn listen(
-    config: &AdmissionConfig,
+    config: &WithSite<AdmissionArgs>,
     certificate: Arc<ReloadableCertificate>,
 ) -> anyhow::Result<(TlsServer, TcpListener)> {
-    let client_auth = if config.webhook_callers.is_empty() {
+    let client_auth = if config.args.callers().is_empty() {
         ClientAuth::None
     } else {
         ClientAuth::Verify(Arc::new(
@@ -273,48 +274,49 @@ async fn listen(
         ))
     };
     let server = TlsServer::new(certificate, client_auth)?.with_limits(limits());
-    let listener = TcpListener::bind(config.webhook_addr)
+    let listener = TcpListener::bind(config.args.webhook_addr)
         .await
         .with_context(|| {
             format!(
                 "--webhook-addr (WEBHOOK_ADDR): cannot listen on {}",
-                config.webhook_addr
+                config.args.webhook_addr
             )
         })?;
-    info!(address = %listener.local_addr()?, path = %config.webhook_path, "serving the Selector admission webhook");
+    info!(address = %listener.local_addr()?, path = %config.args.webhook_path, "serving the Selector admission webhook");
     Ok((server, listener))
 }
 
 /// The MutatingWebhookConfiguration this replica keeps registered.
-fn registration(config: &AdmissionConfig) -> Registration {
+fn registration(config: &WithSite<AdmissionArgs>) -> Registration {
     Registration {
-        name: config.webhook_configuration.clone(),
-        service: config.webhook_service.clone(),
-        namespace: config.pod_namespace.clone(),
-        port: config.webhook_service_port,
-        path: config.webhook_path.clone(),
-        timeout_seconds: config.webhook_timeout_seconds,
+        name: config.args.webhook_configuration.clone(),
+        service: config.site.webhook_service.clone(),
+        namespace: config.site.pod_namespace.clone(),
+        port: config.args.webhook_service_port,
+        path: config.args.webhook_path.clone(),
+        timeout_seconds: config.args.webhook_timeout_seconds,
         skip_namespaces: config
+            .args
             .webhook_skip_namespaces
             .iter()
             .filter(|n| !n.is_empty())
             .cloned()
             .collect(),
-        taint_key: config.taint_key.clone(),
+        taint_key: config.site.taint_key.clone(),
     }
 }
 
 /// What a review reads, shared by every request; and the receiving end of its Warnings.
 fn served(
-    config: &AdmissionConfig,
+    config: &WithSite<AdmissionArgs>,
     caches: &Arc<Caches>,
     placement: Option<Arc<crate::placement::Shared>>,
     telemetry: &Arc<Telemetry>,
 ) -> (Arc<Served>, mpsc::Receiver<(ObjectReference, String)>) {
     let (warnings, warnings_out) = mpsc::channel(256);
-    let scope = match config.selector_scope {
+    let scope = match config.args.selector_scope {
         SelectorScope::Namespace => Scope::Namespaced {
-            home: config.pod_namespace.clone(),
+            home: config.site.pod_namespace.clone(),
         },
         SelectorScope::Cluster => Scope::Cluster,
     };
@@ -336,7 +338,7 @@ fn served(
 fn spawn_feeds(
     tasks: &mut Supervisor,
     client: &kube::Client,
-    config: &AdmissionConfig,
+    config: &WithSite<AdmissionArgs>,
     caches: &Arc<Caches>,
     recorder: &EventPublisher,
     watches: ClusterWatches,
@@ -344,10 +346,16 @@ fn spawn_feeds(
 ) {
     let stop = tasks.stop().clone();
     let (profile_namespace, profile_name) = config
+        .args
         .eci_profile_configmap
         .split_once('/')
         .map(|(n, m)| (n.to_owned(), m.to_owned()))
-        .unwrap_or_else(|| ("kube-system".into(), config.eci_profile_configmap.clone()));
+        .unwrap_or_else(|| {
+            (
+                "kube-system".into(),
+                config.args.eci_profile_configmap.clone(),
+            )
+        });
     let vnode = vnode(config);
     let (client, caches, recorder) = (client.clone(), Arc::clone(caches), recorder.clone());
     tasks.spawn_critical(
@@ -368,7 +376,7 @@ fn spawn_feeds(
         cache::load_seal(
             client.clone(),
             Arc::clone(&caches),
-            config.pod_namespace.clone(),
+            config.site.pod_namespace.clone(),
             stop.clone(),
         ),
     );
@@ -427,7 +435,7 @@ fn spawn_certificate_reload(
 /// capacity view reads the replica's shared pod and node `watches`.
 pub async fn run(
     client: kube::Client,
-    config: AdmissionConfig,
+    config: WithSite<AdmissionArgs>,
     placement: Option<Arc<crate::placement::Shared>>,
     watches: ClusterWatches,
     telemetry: Arc<Telemetry>,
@@ -442,11 +450,11 @@ pub async fn run(
         client.clone(),
         Reporter {
             controller: "virtual-node-eci".into(),
-            instance: Some(config.node_name.clone()),
+            instance: Some(config.site.node_name.clone()),
         },
         Arc::clone(&telemetry),
     );
-    let caches = Arc::new(Caches::new(!config.no_default_selectors));
+    let caches = Arc::new(Caches::new(!config.args.no_default_selectors));
     let (served, warnings_out) = served(&config, &caches, placement, &telemetry);
     let (ca_sender, ca_receiver) = watch::channel(material.ca_pem.clone());
 
@@ -468,11 +476,11 @@ pub async fn run(
             stop.clone(),
         ),
     );
-    if let Some(dir) = config.webhook_cert_dir.clone() {
+    if let Some(dir) = config.args.webhook_cert_dir.clone() {
         spawn_certificate_reload(&mut tasks, dir, &certificate, ca_sender);
     }
     let callers = webhook_callers(&config, &client, &mut tasks, &stop).await;
-    let router = router(served, &config.webhook_path, callers);
+    let router = router(served, &config.args.webhook_path, callers);
     tasks.spawn_critical("webhook server", async move {
         server.serve(listener, router, stop).await;
         Ok(())

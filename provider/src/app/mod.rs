@@ -62,10 +62,10 @@ async fn wait_for_replica_count(mut count: watch::Receiver<u32>) {
 
 /// Runs the daemon until `shutdown` completes (Ok) or a critical task fails (Err).
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    if settings.transport == TransportPolicy::PlaintextAllowed {
+    if settings.site.transport == TransportPolicy::PlaintextAllowed {
         // Said at every start, so a forgotten flag in a real deployment shows in its logs.
         warn!(
-            backend = ?settings.backend,
+            backend = ?settings.site.backend,
             "--eci-allow-insecure-endpoint (ECI_ALLOW_INSECURE_ENDPOINT) is set: ECI requests, the pods' Secret values and exec streams may travel unencrypted; use it only with a local mock-eci"
         );
     }
@@ -79,14 +79,14 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
     let eci = connect_eci(&settings, replica_count.clone(), &telemetry).await?;
     let joined = join(&settings, &clients.main, &telemetry).await?;
     readiness.serving.store(true, Ordering::SeqCst);
-    info!(node = %settings.node_name, backend = ?settings.backend, "virtual-node-eci is serving its node");
+    info!(node = %settings.site.node_name, backend = ?settings.site.backend, "virtual-node-eci is serving its node");
 
     // Two stops: the areas' ends intake and work in every area; the Lease's comes after they
     // finished, so the node is held (and its pods not handed to a successor) until then.
     let mut lease_task = spawn_lease(joined.lease, joined.node_uid.1.clone(), &telemetry);
     let mut tasks = Supervisor::new(&CancellationToken::new());
     {
-        let (client, region) = (clients.main.clone(), settings.config.region.clone());
+        let (client, region) = (clients.main.clone(), settings.site.region.clone());
         let (telemetry, stop) = (Arc::clone(&telemetry), tasks.stop().clone());
         tasks.spawn_critical("replica count", async move {
             replicas::run(client, region, replica_sender, telemetry, stop).await
@@ -141,7 +141,7 @@ struct Listeners {
 
 impl Listeners {
     async fn bind(settings: &Settings) -> anyhow::Result<Self> {
-        let health = match settings.config.health_addr {
+        let health = match settings.config.ops.health_addr {
             Some(address) => {
                 let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
                     format!("--health-addr (HEALTH_ADDR): cannot listen on {address}; choose a free port")
@@ -151,7 +151,7 @@ impl Listeners {
             }
             None => None,
         };
-        let ops = match settings.config.metrics_addr {
+        let ops = match settings.config.ops.metrics_addr {
             Some(address) => {
                 let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
                     format!("--metrics-addr (METRICS_ADDR): cannot listen on {address}; choose a free port")
@@ -224,17 +224,14 @@ async fn connect_eci(
     replica_count: watch::Receiver<u32>,
     telemetry: &Arc<Telemetry>,
 ) -> anyhow::Result<Eci> {
-    let eci_config = settings.eci();
-    let pacer = eci_config
-        .client_rate_limits
-        .then(|| Arc::new(backend::Pacer::new(replica_count)));
+    let eci_config = settings.with_site(&settings.config.eci);
+    let paced = eci_config.args.client_rate_limits();
+    let pacer = paced.then(|| Arc::new(backend::Pacer::new(replica_count)));
     let (backend, image_caches, guard) = backend::connect(&eci_config, pacer.clone()).await?;
     let backend: backend::Backend =
         Arc::new(backend::Paced::new(backend, pacer, Arc::clone(telemetry)));
     // Only the elected replica reconciles image caches, so it has their actions' whole quota.
-    let elected_alone = eci_config
-        .client_rate_limits
-        .then(|| Arc::new(backend::Pacer::new(crate::eci::alone())));
+    let elected_alone = paced.then(|| Arc::new(backend::Pacer::new(crate::eci::alone())));
     let image_caches: backend::ImageCaches = Arc::new(backend::Paced::new(
         image_caches,
         elected_alone,
@@ -261,17 +258,23 @@ async fn join(
     telemetry: &Arc<Telemetry>,
 ) -> anyhow::Result<Joined> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let node = registration::register(&nodes, &settings.node(), telemetry).await?;
+    let node = registration::register(
+        &nodes,
+        &settings.with_site(&settings.config.node),
+        telemetry,
+    )
+    .await?;
     let identity = LeaseIdentity {
-        node: settings.node_name.clone(),
+        node: settings.site.node_name.clone(),
         node_uid: node.metadata.uid.clone().unwrap_or_default(),
         instance: uuid::Uuid::new_v4().to_string(),
-        duration_seconds: settings.config.lease_duration_seconds,
-        renew_interval: settings.config.lease_renew_interval,
+        duration_seconds: settings.config.node.lease_duration_seconds,
+        renew_interval: settings.config.node.lease_renew_interval,
     };
     let node_uid = watch::channel(identity.node_uid.clone());
     let lease = NodeLease::acquire(client.clone(), identity, telemetry).await?;
-    let membership = Membership::discover(client.clone(), &settings.fleet()).await;
+    let membership =
+        Membership::discover(client.clone(), &settings.with_site(&settings.config.fleet)).await;
     Ok(Joined {
         lease,
         node_uid,
@@ -315,7 +318,7 @@ impl Areas<'_> {
         let node_pods = SharedWatch::<Pod>::new("this node's pod");
         {
             let (watch, client, stop) = (Arc::clone(&node_pods), self.client.clone(), stop.clone());
-            let this_node = bound_to(&self.settings.node_name);
+            let this_node = bound_to(&self.settings.site.node_name);
             tasks.spawn_critical("this node's pod watch", async move {
                 watch
                     .run(Api::all(client), this_node, stop)
@@ -324,7 +327,7 @@ impl Areas<'_> {
             });
         }
         let controller = PodController::new(
-            self.settings.pods(),
+            self.settings.with_site(&self.settings.config.pods),
             self.client.clone(),
             Arc::clone(self.backend),
             Arc::clone(self.telemetry),
@@ -342,7 +345,11 @@ impl Areas<'_> {
         self.spawn_fleet_and_caches(tasks, image_caches);
         // The kubelet API (logs, exec, metrics of this node's pods), at the address the Node
         // advertises; it stops with the other areas.
-        let (config, client) = (self.settings.kubelet(), self.client.clone());
+        let settings = self.settings;
+        let (config, client) = (
+            settings.with_site(&settings.config.kubelet),
+            self.client.clone(),
+        );
         let (backend, telemetry) = (Arc::clone(self.backend), Arc::clone(self.telemetry));
         tasks.spawn_critical("kubelet API", async move {
             kubelet::run(config, client, backend, groups, node_pods, telemetry, stop)
@@ -353,7 +360,7 @@ impl Areas<'_> {
 
     fn spawn_node(&self, tasks: &mut Supervisor, misconfig: Arc<crate::eci::misconfig::Monitor>) {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let node_config = self.settings.node();
+        let node_config = self.settings.with_site(&self.settings.config.node);
         {
             let (config, telemetry) = (node_config.clone(), Arc::clone(self.telemetry));
             let (nodes, backend) = (nodes.clone(), Arc::clone(self.backend));
@@ -374,11 +381,12 @@ impl Areas<'_> {
     fn spawn_placement_and_admission(&self, tasks: &mut Supervisor) {
         let stop = tasks.stop().clone();
         // ResourcePolicy placement: the webhook reads its index, so it is built first.
-        let placement = self
-            .settings
+        let settings = self.settings;
+        let placement = settings
             .config
+            .placement
             .placement_enabled
-            .then(|| Placement::new(self.settings.placement()));
+            .then(|| Placement::new(settings.with_site(&settings.config.placement)));
         let placement_shared = placement.as_ref().map(Placement::shared);
         // One cluster-wide pod watch and one node watch per replica, read by placement and the
         // admission capacity view alike; each starts with its first reader.
@@ -400,8 +408,11 @@ impl Areas<'_> {
                 placement.run(client, &watches, telemetry, stop).await
             });
         }
-        if self.settings.config.webhook_enabled {
-            let (client, config) = (self.client.clone(), self.settings.admission());
+        if settings.config.admission.webhook_enabled {
+            let (client, config) = (
+                self.client.clone(),
+                settings.with_site(&settings.config.admission),
+            );
             let telemetry = Arc::clone(self.telemetry);
             tasks.spawn_critical("Selector webhook", async move {
                 admission::run(client, config, placement_shared, watches, telemetry, stop).await
@@ -413,14 +424,14 @@ impl Areas<'_> {
         let collector = OrphanCollector::new(
             self.client.clone(),
             Arc::clone(self.backend),
-            self.settings.fleet(),
+            self.settings.with_site(&self.settings.config.fleet),
             Arc::clone(self.telemetry),
         );
         let stop = tasks.stop().clone();
         tasks.spawn_critical("orphan collector", async move { collector.run(stop).await });
         // ImageCaches, reconciled by the replica elected for them (a missing CRD is retried).
         let reconciler = ImageCacheReconciler::new(
-            self.settings.image_cache(),
+            Arc::clone(&self.settings.site),
             self.client.clone(),
             image_caches,
             Arc::clone(self.telemetry),
@@ -473,7 +484,7 @@ impl Stopping<'_> {
     ) -> (anyhow::Result<()>, Option<Decommission>) {
         let drain = Decommission::new(
             self.drain_client,
-            self.settings.fleet(),
+            self.settings.with_site(&self.settings.config.fleet),
             Arc::clone(self.telemetry),
         );
         // The pod lifecycle keeps running meanwhile: evicted pods leave ECI gracefully.
@@ -487,7 +498,7 @@ impl Stopping<'_> {
             Ok(DrainEnd::TimedOut { left }) => (
                 Err(anyhow::anyhow!(
                     "the decommission did not finish within {:?} (DRAIN_TIMEOUT); the node stays cordoned with: {left}",
-                    self.settings.config.drain_timeout
+                    self.settings.config.fleet.drain_timeout
                 )),
                 None,
             ),

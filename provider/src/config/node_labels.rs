@@ -63,7 +63,7 @@ fn check_key(key: &str) -> Result<(), String> {
         .rsplit_once('/')
         .map_or((None, key), |(p, n)| (Some(p), n));
     if let Some(prefix) = prefix
-        && !(prefix.len() <= PREFIX_MAX && super::is_dns_subdomain(prefix))
+        && !(prefix.len() <= PREFIX_MAX && super::site::is_dns_subdomain(prefix))
     {
         return Err(format!("the prefix of {key:?} is not a DNS subdomain"));
     }

@@ -31,7 +31,7 @@ pub use rate_budget::{Lane, Paced, Pacer, ReplicaCount, Share, alone, share, sha
 use tracing::info;
 
 use self::openapi::credentials::{CredentialSource, Credentials};
-use crate::config::{BackendChoice, EciConfig};
+use crate::config::{BackendChoice, EciArgs, WithSite};
 
 /// The ECI API, whatever serves it. Errors carry the ECI error code (`EciError::code`), the
 /// message and the request id, exactly as the HTTP API reports them.
@@ -186,10 +186,10 @@ impl BackendGuard {
 
 /// Starts mock-eci inside this process and connects to it over gRPC on loopback.
 #[cfg(feature = "embedded-mock")]
-async fn start_embedded(config: &EciConfig) -> Result<Connection, BackendError> {
+async fn start_embedded(config: &WithSite<EciArgs>) -> Result<Connection, BackendError> {
     let mut mock = mock_eci::MockConfig::defaults();
     mock.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    mock.region.clone_from(&config.region);
+    mock.region.clone_from(&config.site.region);
     let server = mock_eci::MockServer::start(mock)
         .await
         .map_err(BackendError::Embedded)?;
@@ -210,17 +210,17 @@ async fn start_embedded(config: &EciConfig) -> Result<Connection, BackendError> 
 }
 
 #[cfg(not(feature = "embedded-mock"))]
-async fn start_embedded(_config: &EciConfig) -> Result<Connection, BackendError> {
+async fn start_embedded(_config: &WithSite<EciArgs>) -> Result<Connection, BackendError> {
     Err(BackendError::NoEmbeddedMock)
 }
 
 /// Builds the configured backend. `pacer` (pacing on) also paces the pages the OpenAPI
 /// client fetches inside one call of the trait.
 pub async fn connect(
-    config: &EciConfig,
+    config: &WithSite<EciArgs>,
     pacer: Option<Arc<Pacer>>,
 ) -> Result<Connection, BackendError> {
-    match &config.backend {
+    match &config.site.backend {
         BackendChoice::Embedded => start_embedded(config).await,
         BackendChoice::Grpc(endpoint) => {
             let backend =
@@ -238,24 +238,24 @@ pub async fn connect(
         }
         BackendChoice::OpenApi => {
             let options = openapi::OpenApiOptions {
-                endpoint: config.openapi_endpoint.clone(),
-                timeout: config.request_timeout,
-                ca_file: config.ca_file.clone(),
+                endpoint: config.args.openapi_endpoint(&config.site.region),
+                timeout: config.args.eci_request_timeout,
+                ca_file: config.args.eci_ca_file.clone(),
             };
-            let credentials = match (&config.access_key, &config.secret_key) {
+            let credentials = match (&config.args.access_key, &config.args.secret_key) {
                 (Some(id), Some(secret)) => CredentialSource::Static(Credentials {
                     access_key_id: id.clone(),
                     access_key_secret: secret.clone(),
-                    security_token: config.security_token.clone(),
+                    security_token: config.args.security_token.clone(),
                 }),
-                _ => match (&config.credentials_path, &config.ram_role) {
+                _ => match (&config.args.credentials_path, &config.args.ram_role) {
                     (Some(path), _) => CredentialSource::file(path.clone()),
                     (None, Some(role)) => CredentialSource::ram_role(
                         reqwest::Client::builder()
                             .timeout(std::time::Duration::from_secs(5))
                             .build()
                             .map_err(openapi::OpenApiError::Client)?,
-                        &config.metadata_endpoint,
+                        &config.args.metadata_endpoint,
                         role.clone(),
                     ),
                     (None, None) => return Err(BackendError::NoCredentials),

@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::config::FleetConfig;
+use crate::config::{FleetArgs, WithSite};
 use crate::node::lease::LEASE_NAMESPACE;
 use crate::node::shape::{self, DECOMMISSION_ANNOTATION};
 use crate::ops::events::EventPublisher;
@@ -185,7 +185,7 @@ impl Refusals {
 /// Drives one node's decommission.
 pub struct Decommission {
     client: kube::Client,
-    config: FleetConfig,
+    config: WithSite<FleetArgs>,
     telemetry: std::sync::Arc<Telemetry>,
     recorder: EventPublisher,
 }
@@ -193,7 +193,7 @@ pub struct Decommission {
 impl std::fmt::Debug for Decommission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Decommission")
-            .field("node", &self.config.node_name)
+            .field("node", &self.config.site.node_name)
             .finish_non_exhaustive()
     }
 }
@@ -203,12 +203,12 @@ impl Decommission {
     /// loop, which reports it and backs off per pod.
     pub fn new(
         client: kube::Client,
-        config: FleetConfig,
+        config: WithSite<FleetArgs>,
         telemetry: std::sync::Arc<Telemetry>,
     ) -> Self {
         let reporter = Reporter {
             controller: crate::k8s::FIELD_MANAGER.into(),
-            instance: Some(config.node_name.clone()),
+            instance: Some(config.site.node_name.clone()),
         };
         Self {
             recorder: EventPublisher::new(
@@ -224,7 +224,7 @@ impl Decommission {
 
     fn api_error(&self, action: &'static str) -> impl Fn(kube::Error) -> DrainError + '_ {
         move |source| DrainError::Api {
-            node: self.config.node_name.clone(),
+            node: self.config.site.node_name.clone(),
             action,
             source,
         }
@@ -232,7 +232,7 @@ impl Decommission {
 
     async fn node_event(&self, kind: EventType, reason: &str, note: &str) {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let Ok(Some(node)) = nodes.get_opt(&self.config.node_name).await else {
+        let Ok(Some(node)) = nodes.get_opt(&self.config.site.node_name).await else {
             return;
         };
         self.publish(&node.object_ref(&()), kind, reason, note)
@@ -263,7 +263,7 @@ impl Decommission {
         let nodes: Api<Node> = Api::all(self.client.clone());
         self.telemetry.kube_request("node_get");
         let Some(current) = nodes
-            .get_opt(&self.config.node_name)
+            .get_opt(&self.config.site.node_name)
             .await
             .map_err(self.api_error("read the node"))?
         else {
@@ -278,7 +278,7 @@ impl Decommission {
             self.telemetry.kube_request("node_patch");
             nodes
                 .patch(
-                    &self.config.node_name,
+                    &self.config.site.node_name,
                     &PatchParams::default(),
                     &Patch::Merge(json!({
                         "metadata": {"annotations": {DECOMMISSION_ANNOTATION: shape::rfc3339(std::time::SystemTime::now())}},
@@ -288,7 +288,7 @@ impl Decommission {
                 .await
                 .map_err(self.api_error("cordon the node"))?;
         }
-        info!(node = %self.config.node_name, already_cordoned = cordoned, %why, "decommissioning: node cordoned");
+        info!(node = %self.config.site.node_name, already_cordoned = cordoned, %why, "decommissioning: node cordoned");
         self.publish(
             &current.object_ref(&()),
             EventType::Normal,
@@ -303,14 +303,14 @@ impl Decommission {
         let pods: Api<Pod> = Api::all(self.client.clone());
         self.telemetry.kube_request("pod_list");
         let params =
-            ListParams::default().fields(&format!("spec.nodeName={}", self.config.node_name));
+            ListParams::default().fields(&format!("spec.nodeName={}", self.config.site.node_name));
         Ok(pods.list(&params).await?.items)
     }
 
     /// Cordons and drains until no pod is left or the deadline passes.
     pub async fn drain(&self, why: &str) -> Result<DrainEnd, DrainError> {
         let started = Instant::now();
-        let deadline = started + self.config.drain_timeout;
+        let deadline = started + self.config.args.drain_timeout;
         self.cordon(why).await?;
         let mut refusals = Refusals::default();
         let mut reported_unmanaged = false;
@@ -324,25 +324,25 @@ impl Decommission {
                 }
                 Err(error) => return Err(self.api_error("list the node's pods")(error)),
             };
-            let plan = plan(&pods, self.config.drain_evict_unmanaged_pods);
+            let plan = plan(&pods, self.config.args.drain_evict_unmanaged_pods);
             self.telemetry
                 .drain_pods_left
                 .set(i64::try_from(plan.left()).unwrap_or(i64::MAX));
             if plan.left() == 0 {
                 Telemetry::count(&self.telemetry.drains, "drained");
-                info!(node = %self.config.node_name, elapsed = ?started.elapsed(), ignored = plan.ignored.len(), "drained: no pod is left on the node");
+                info!(node = %self.config.site.node_name, elapsed = ?started.elapsed(), ignored = plan.ignored.len(), "drained: no pod is left on the node");
                 return Ok(DrainEnd::Drained);
             }
             if Instant::now() >= deadline {
                 Telemetry::count(&self.telemetry.drains, "timed_out");
                 let left = plan.describe_left();
-                warn!(node = %self.config.node_name, %left, timeout = ?self.config.drain_timeout, "the drain deadline passed: leaving the node cordoned with its remaining pods");
+                warn!(node = %self.config.site.node_name, %left, timeout = ?self.config.args.drain_timeout, "the drain deadline passed: leaving the node cordoned with its remaining pods");
                 self.node_event(
                     EventType::Warning,
                     "DecommissionTimedOut",
                     &format!(
                         "drain not finished within {:?}; the node stays cordoned and nothing whose pod exists was deleted. Left: {left}. Scaling out again re-adopts the node",
-                        self.config.drain_timeout
+                        self.config.args.drain_timeout
                     ),
                 )
                 .await;
@@ -355,7 +355,7 @@ impl Decommission {
                     plan.unmanaged.len(),
                     names(&plan.unmanaged)
                 );
-                warn!(node = %self.config.node_name, "{note}");
+                warn!(node = %self.config.site.node_name, "{note}");
                 self.node_event(EventType::Warning, "DrainWaiting", &note)
                     .await;
             }
@@ -423,7 +423,7 @@ impl Decommission {
 
     /// Deletes the Lease and the Node: the last step of a finished drain.
     pub async fn remove_node(&self) -> Result<(), DrainError> {
-        let name = &self.config.node_name;
+        let name = &self.config.site.node_name;
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), LEASE_NAMESPACE);
         self.telemetry.kube_request("lease_delete");
         match leases.delete(name, &DeleteParams::default()).await {

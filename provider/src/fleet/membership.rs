@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use tracing::{info, warn};
 
-use crate::config::{FleetConfig, StopMode};
+use crate::config::{FleetArgs, StopMode, WithSite};
 
 /// How long the stop decision may wait on the API before it settles for a restart.
 const DECISION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -119,12 +119,12 @@ impl std::fmt::Debug for Membership {
 
 impl Membership {
     /// Looks up the owning StatefulSet (best effort: an error is retried at stop time).
-    pub async fn discover(client: kube::Client, config: &FleetConfig) -> Self {
+    pub async fn discover(client: kube::Client, config: &WithSite<FleetArgs>) -> Self {
         let mut membership = Self {
             client,
-            namespace: config.pod_namespace.clone(),
-            pod_name: config.pod_name.clone(),
-            mode: config.on_stop,
+            namespace: config.site.pod_namespace.clone(),
+            pod_name: config.site.pod_name.clone(),
+            mode: config.args.on_stop,
             stateful_set: None,
         };
         match membership.owner().await {

@@ -18,7 +18,7 @@ use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::config::FleetConfig;
+use crate::config::{FleetArgs, WithSite};
 use crate::eci::Backend;
 use crate::k8s::election::{self, Acquire, LeaseLock, Request};
 use crate::ops::chain::Chain;
@@ -124,7 +124,7 @@ fn operation(request: Request) -> &'static str {
 pub struct OrphanCollector {
     client: kube::Client,
     backend: Backend,
-    config: FleetConfig,
+    config: WithSite<FleetArgs>,
     telemetry: std::sync::Arc<Telemetry>,
     election: LeaseLock,
 }
@@ -132,7 +132,7 @@ pub struct OrphanCollector {
 impl std::fmt::Debug for OrphanCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OrphanCollector")
-            .field("node", &self.config.node_name)
+            .field("node", &self.config.site.node_name)
             .finish_non_exhaustive()
     }
 }
@@ -142,14 +142,14 @@ impl OrphanCollector {
     pub fn new(
         client: kube::Client,
         backend: Backend,
-        config: FleetConfig,
+        config: WithSite<FleetArgs>,
         telemetry: std::sync::Arc<Telemetry>,
     ) -> Self {
         let election = LeaseLock::new(
             client.clone(),
-            &config.pod_namespace,
+            &config.site.pod_namespace,
             GC_LEASE,
-            election_candidate(&config.node_name, config.orphan_gc_interval),
+            election_candidate(&config.site.node_name, config.args.orphan_gc_interval),
         );
         Self {
             client,
@@ -164,7 +164,7 @@ impl OrphanCollector {
     /// logged and the next one tries again). A leader releases the election when it stops, so
     /// another replica leads from its next round.
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let interval = self.config.orphan_gc_interval;
+        let interval = self.config.args.orphan_gc_interval;
         if interval.is_zero() {
             stop.cancelled().await;
             return Ok(());
@@ -229,10 +229,10 @@ impl OrphanCollector {
             let page = self
                 .backend
                 .describe_container_group_status(DescribeContainerGroupStatusRequest {
-                    region_id: self.config.region.clone(),
+                    region_id: self.config.site.region.clone(),
                     tag: vec![Tag {
                         key: naming::TAG_CLUSTER.into(),
-                        value: self.config.cluster_name.clone(),
+                        value: self.config.site.cluster_name.clone(),
                     }],
                     limit: Some(200),
                     next_token: next_token.clone(),
@@ -251,7 +251,7 @@ impl OrphanCollector {
     pub async fn round(&self) -> Result<usize, RoundError> {
         let groups = of_cluster(
             self.cluster_groups().await.map_err(RoundError::Eci)?,
-            &self.config.cluster_name,
+            &self.config.site.cluster_name,
         );
         let nodes: Api<Node> = Api::all(self.client.clone());
         let mut existing = BTreeSet::new();
@@ -269,7 +269,7 @@ impl OrphanCollector {
         let mut deleted = 0;
         let mut kept: BTreeMap<String, usize> = BTreeMap::new();
         for candidate in candidates(&groups, &existing) {
-            if deleted >= self.config.orphan_gc_max_deletions {
+            if deleted >= self.config.args.orphan_gc_max_deletions {
                 info!(
                     limit = deleted,
                     "orphan collection: per-round limit reached; the next round continues"
@@ -292,7 +292,7 @@ impl OrphanCollector {
             let result = self
                 .backend
                 .delete_container_group(DeleteContainerGroupRequest {
-                    region_id: self.config.region.clone(),
+                    region_id: self.config.site.region.clone(),
                     container_group_id: candidate.group_id.clone(),
                     force: true,
                     ..DeleteContainerGroupRequest::default()

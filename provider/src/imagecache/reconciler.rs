@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 
 use super::plan::{self, Build, Observed, Step};
 use super::resource::{ImageCache, ImageCacheStatus};
-use crate::config::ImageCacheConfig;
+use crate::config::Site;
 use crate::eci::ImageCaches;
 use crate::k8s::FIELD_MANAGER;
 use crate::k8s::access::{Access, Scope};
@@ -103,7 +103,7 @@ pub enum ImageCacheError {
 
 /// The image-cache area: takes part in its election and, while elected, reconciles.
 pub struct ImageCacheReconciler {
-    config: ImageCacheConfig,
+    site: Arc<Site>,
     client: kube::Client,
     backend: ImageCaches,
     telemetry: Arc<Telemetry>,
@@ -112,7 +112,7 @@ pub struct ImageCacheReconciler {
 impl std::fmt::Debug for ImageCacheReconciler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImageCacheReconciler")
-            .field("config", &self.config)
+            .field("site", &self.site)
             .finish_non_exhaustive()
     }
 }
@@ -128,15 +128,15 @@ fn operation(request: Request) -> &'static str {
 }
 
 impl ImageCacheReconciler {
-    /// The area for `config`.
+    /// The area of the replica at `site`.
     pub fn new(
-        config: ImageCacheConfig,
+        site: Arc<Site>,
         client: kube::Client,
         backend: ImageCaches,
         telemetry: Arc<Telemetry>,
     ) -> Self {
         Self {
-            config,
+            site,
             client,
             backend,
             telemetry,
@@ -148,9 +148,9 @@ impl ImageCacheReconciler {
     pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
         let lock = LeaseLock::new(
             self.client.clone(),
-            &self.config.pod_namespace,
+            &self.site.pod_namespace,
             LEASE,
-            Candidate::for_role(&self.config.node_name),
+            Candidate::for_role(&self.site.node_name),
         );
         let count = |request| self.telemetry.kube_request(operation(request));
         let mut term: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
@@ -205,12 +205,12 @@ impl ImageCacheReconciler {
             api: api.clone(),
             client: self.client.clone(),
             backend: Arc::clone(&self.backend),
-            config: self.config.clone(),
+            site: Arc::clone(&self.site),
             events: EventPublisher::new(
                 self.client.clone(),
                 Reporter {
                     controller: FIELD_MANAGER.into(),
-                    instance: Some(self.config.node_name.clone()),
+                    instance: Some(self.site.node_name.clone()),
                 },
                 Arc::clone(&self.telemetry),
             ),
@@ -250,7 +250,7 @@ struct Context {
     api: Api<ImageCache>,
     client: kube::Client,
     backend: ImageCaches,
-    config: ImageCacheConfig,
+    site: Arc<Site>,
     events: EventPublisher,
     /// Failed passes in a row, per resource (the retry back-off).
     failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
@@ -356,7 +356,7 @@ impl Context {
         uid: &str,
     ) -> Result<Option<EciImageCache>, ImageCacheError> {
         let mut request = DescribeImageCachesRequest {
-            region_id: self.config.region.clone(),
+            region_id: self.site.region.clone(),
             ..DescribeImageCachesRequest::default()
         };
         match recorded {
@@ -383,10 +383,10 @@ impl Context {
         resource: &plan::Resource<'_>,
     ) -> Result<String, ImageCacheError> {
         let request = CreateImageCacheRequest {
-            region_id: self.config.region.clone(),
-            zone_id: self.config.zone.clone().unwrap_or_default(),
-            security_group_id: self.config.security_group.clone(),
-            v_switch_id: self.config.vswitch.clone(),
+            region_id: self.site.region.clone(),
+            zone_id: self.site.zone.clone().unwrap_or_default(),
+            security_group_id: self.site.security_group.clone(),
+            v_switch_id: self.site.vswitch.clone(),
             image_cache_name: build.name.clone(),
             image: build.images.clone(),
             image_registry_credential: self.credentials(resource).await?,
@@ -394,7 +394,7 @@ impl Context {
             retention_days: build.retention_days,
             tag: vec![
                 tag(TAG_UID, resource.uid),
-                tag(TAG_CLUSTER, &self.config.cluster_name),
+                tag(TAG_CLUSTER, &self.site.cluster_name),
             ],
             client_token: build.client_token.clone(),
             ..CreateImageCacheRequest::default()
@@ -418,7 +418,7 @@ impl Context {
         resource: &plan::Resource<'_>,
     ) -> Result<(), ImageCacheError> {
         let request = UpdateImageCacheRequest {
-            region_id: self.config.region.clone(),
+            region_id: self.site.region.clone(),
             image_cache_id: id.to_owned(),
             image: build.images.clone(),
             image_registry_credential: self.credentials(resource).await?,
@@ -441,7 +441,7 @@ impl Context {
     /// Deletes cache `id`; one already gone is done.
     async fn delete(&self, id: &str) -> Result<(), ImageCacheError> {
         let request = DeleteImageCacheRequest {
-            region_id: self.config.region.clone(),
+            region_id: self.site.region.clone(),
             image_cache_id: id.to_owned(),
             ..DeleteImageCacheRequest::default()
         };

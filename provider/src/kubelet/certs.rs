@@ -26,7 +26,7 @@ use tls_serve::{CertificateFiles, ReloadableCertificate};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::KubeletConfig;
+use crate::config::{KubeletArgs, WithSite};
 use crate::k8s::access::{Access, Scope};
 use crate::ops::chain::Chain;
 
@@ -131,11 +131,11 @@ pub fn self_signed(node: &str, ip: IpAddr) -> Result<KeyAndCert, CertError> {
 /// The certificate to serve, and what keeps it current until `stop` (run it alongside the
 /// server): the cert dir's watcher, or the CertificateSigningRequests through `client`.
 pub fn serving(
-    config: &KubeletConfig,
+    config: &WithSite<KubeletArgs>,
     client: kube::Client,
     stop: CancellationToken,
 ) -> Result<(Arc<ReloadableCertificate>, BoxFuture<'static, ()>), CertError> {
-    if let Some(dir) = &config.cert_dir {
+    if let Some(dir) = &config.args.kubelet_cert_dir {
         let files = CertificateFiles::in_dir(dir);
         let key = files.load().map_err(|source| CertError::Files {
             dir: dir.clone(),
@@ -146,15 +146,15 @@ pub fn serving(
         let watch = files.watch(Arc::clone(&certificate), FILE_CHECK_INTERVAL, stop);
         return Ok((certificate, watch.boxed()));
     }
-    let own = self_signed(&config.node_name, config.internal_ip)?;
+    let own = self_signed(&config.site.node_name, config.site.internal_ip)?;
     let certificate = Arc::new(
         ReloadableCertificate::from_pem(own.cert_pem.as_bytes(), own.key_pem.as_bytes())
             .map_err(CertError::Unusable)?,
     );
     let requests = Requests {
         csrs: Api::all(client),
-        node: config.node_name.clone(),
-        ip: config.internal_ip,
+        node: config.site.node_name.clone(),
+        ip: config.site.internal_ip,
         target: Arc::clone(&certificate),
     };
     Ok((certificate, requests.run(stop).boxed()))

@@ -442,7 +442,7 @@ pub async fn container_logs(
     let page = fetch(
         &state,
         &target,
-        options.first_request(&target, &state.config.region),
+        options.first_request(&target, &state.config.site.region),
     )
     .await?;
     let lines = parse_page(&page);
@@ -517,7 +517,7 @@ struct Follower {
 
 impl Follower {
     async fn run(mut self) {
-        let base = self.state.config.log_poll_interval;
+        let base = self.state.config.args.kubelet_log_poll_interval;
         let mut pause = base;
         loop {
             tokio::select! {
@@ -550,7 +550,7 @@ impl Follower {
                 &self.options,
                 &self.cursor,
                 &self.target,
-                &self.state.config.region,
+                &self.state.config.site.region,
                 fate == Instance::Restarted,
             );
             let page = match fetch(&self.state, &self.target, request).await {

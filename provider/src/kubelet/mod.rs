@@ -24,7 +24,7 @@ use tls_serve::{ClientAuth, Limits, TlsServer};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, info_span};
 
-use crate::config::KubeletConfig;
+use crate::config::{KubeletArgs, WithSite};
 use crate::eci::Backend;
 use crate::k8s::shared_watch::SharedWatch;
 use crate::ops::metrics::Telemetry;
@@ -56,7 +56,7 @@ pub enum KubeletError {
 #[derive(Clone)]
 pub struct KubeletState {
     /// This node's part of the configuration.
-    pub config: Arc<KubeletConfig>,
+    pub config: Arc<WithSite<KubeletArgs>>,
     /// The Kubernetes API, as the daemon.
     pub client: kube::Client,
     /// ECI.
@@ -76,7 +76,7 @@ pub struct KubeletState {
 impl std::fmt::Debug for KubeletState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeletState")
-            .field("node", &self.config.node_name)
+            .field("node", &self.config.site.node_name)
             .finish_non_exhaustive()
     }
 }
@@ -139,7 +139,7 @@ async fn request_span(request: Request, next: Next) -> Response {
 
 /// Serves the kubelet API until `stop`.
 pub async fn run(
-    config: KubeletConfig,
+    config: WithSite<KubeletArgs>,
     client: kube::Client,
     eci: Backend,
     groups: GroupDirectory,
@@ -147,7 +147,7 @@ pub async fn run(
     telemetry: Arc<Telemetry>,
     stop: CancellationToken,
 ) -> Result<(), KubeletError> {
-    let address = config.listen;
+    let address = config.args.listen(&config.site);
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|source| KubeletError::Listen { address, source })?;
@@ -158,14 +158,14 @@ pub async fn run(
     )?
     .with_limits(LIMITS);
     let client_ca = Arc::new(auth::ClientCa::default());
-    let ca_source = match &config.client_ca_file {
+    let ca_source = match &config.args.kubelet_client_ca_file {
         Some(path) => auth::ClientCaSource::File(path.clone()),
         None => auth::ClientCaSource::Cluster(client.clone()),
     };
     // Loaded before the first request, so the apiserver's first call is not refused.
     ca_source.load_into(&client_ca).await;
     let guard = Arc::new(auth::Guard::new(
-        config.node_name.clone(),
+        config.site.node_name.clone(),
         Arc::new(auth::ApiReviewer::new(client.clone())),
         Arc::clone(&client_ca),
     ));

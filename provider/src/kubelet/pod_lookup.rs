@@ -175,7 +175,7 @@ impl KubeletState {
             })?;
         Ok(pod.filter(|pod| {
             pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref())
-                == Some(self.config.node_name.as_str())
+                == Some(self.config.site.node_name.as_str())
         }))
     }
 
@@ -233,7 +233,7 @@ impl KubeletState {
         let answer = self
             .eci
             .describe_container_groups(DescribeContainerGroupsRequest {
-                region_id: self.config.region.clone(),
+                region_id: self.config.site.region.clone(),
                 container_group_name: container_group_name(namespace, name),
                 tag: self.owned_tags(uid),
                 ..DescribeContainerGroupsRequest::default()
@@ -256,7 +256,7 @@ impl KubeletState {
         vec![
             Tag {
                 key: TAG_CLUSTER.to_owned(),
-                value: self.config.cluster_name.clone(),
+                value: self.config.site.cluster_name.clone(),
             },
             Tag {
                 key: TAG_POD_UID.to_owned(),
@@ -353,7 +353,7 @@ impl KubeletState {
     /// The pods bound to this node, listed from the Kubernetes API.
     async fn node_pods_listed(&self) -> Result<Vec<Pod>, LookupError> {
         let pods: Api<Pod> = Api::all(self.client.clone());
-        let selector = format!("spec.nodeName={}", self.config.node_name);
+        let selector = format!("spec.nodeName={}", self.config.site.node_name);
         let listed = pods
             .list(&ListParams::default().fields(&selector))
             .await
@@ -363,15 +363,14 @@ impl KubeletState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
-    use std::time::Duration;
 
     use clap::Parser as _;
     use eci_proto::v20180808::{Container, CreateContainerGroupRequest};
 
     use super::*;
-    use crate::config::KubeletConfig;
+    use crate::config::{Config, KubeletArgs, WithSite};
     use crate::eci::{Backend, GrpcBackend};
     use crate::kubelet::auth;
     use crate::ops::metrics::Telemetry;
@@ -444,19 +443,30 @@ mod tests {
         .container_group_id
     }
 
+    /// The kubelet API of node `vn-0` of cluster `c` in cn-hangzhou, on 127.0.0.1 (any port),
+    /// polling logs every 100ms, its exec streams allowed in plaintext.
+    pub(crate) fn test_config() -> Arc<WithSite<KubeletArgs>> {
+        let settings = Config::parse_from([
+            "virtual-node-eci",
+            "--node-name=vn-0",
+            "--pod-ip=127.0.0.1",
+            "--kubelet-port=0",
+            "--kubelet-log-poll-interval=100ms",
+            "--region=cn-hangzhou",
+            "--cluster-name=c",
+            "--eci=grpc://127.0.0.1:9",
+            "--eci-allow-insecure-endpoint",
+            "--vswitch=vsw-1",
+            "--security-group=sg-1",
+        ])
+        .settings()
+        .expect("settings");
+        Arc::new(settings.with_site(&settings.config.kubelet))
+    }
+
     fn state(client: kube::Client, eci: Backend, groups: GroupDirectory) -> KubeletState {
         KubeletState {
-            config: Arc::new(KubeletConfig {
-                node_name: NODE.into(),
-                internal_ip: "127.0.0.1".parse().expect("ip"),
-                listen: "127.0.0.1:0".parse().expect("addr"),
-                cert_dir: None,
-                client_ca_file: None,
-                log_poll_interval: Duration::from_millis(100),
-                region: "cn-hangzhou".into(),
-                cluster_name: "c".into(),
-                stream_transport: crate::config::TransportPolicy::PlaintextAllowed,
-            }),
+            config: test_config(),
             client: client.clone(),
             eci,
             groups,

@@ -358,7 +358,7 @@ impl Lazy {
             Source {
                 scraper: Scraper::new(
                     Arc::clone(&state.eci),
-                    state.config.region.clone(),
+                    state.config.site.region.clone(),
                     index,
                     state.groups.clone(),
                     CACHE_TTL,
@@ -397,7 +397,7 @@ pub fn routes() -> Router<KubeletState> {
             "/stats/summary",
             get(
                 move |State(state): State<KubeletState>, Query(query): Query<SummaryQuery>| async move {
-                    stats_summary(for_summary.source(&state), &state.config.node_name, &query).await
+                    stats_summary(for_summary.source(&state), &state.config.site.node_name, &query).await
                 },
             ),
         )

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::NodeConfig;
+use crate::config::{NodeArgs, WithSite};
 use crate::node::registration;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
@@ -24,7 +24,7 @@ use crate::ops::metrics::Telemetry;
 pub async fn run(
     nodes: Api<Node>,
     client: kube::Client,
-    config: NodeConfig,
+    config: WithSite<NodeArgs>,
     telemetry: Arc<Telemetry>,
     node_uid: watch::Sender<String>,
     stop: CancellationToken,
@@ -33,12 +33,12 @@ pub async fn run(
         client,
         Reporter {
             controller: crate::k8s::FIELD_MANAGER.into(),
-            instance: Some(config.node_name.clone()),
+            instance: Some(config.site.node_name.clone()),
         },
         Arc::clone(&telemetry),
     );
     let this_node =
-        watcher::Config::default().fields(&format!("metadata.name={}", config.node_name));
+        watcher::Config::default().fields(&format!("metadata.name={}", config.site.node_name));
     let mut events = watcher(nodes.clone(), this_node).default_backoff().boxed();
     let mut present_in_listing = false;
     loop {
@@ -68,11 +68,11 @@ pub async fn run(
         if !deleted {
             continue;
         }
-        warn!(node = %config.node_name, "the Node was deleted while this replica serves it; registering it again");
+        warn!(node = %config.site.node_name, "the Node was deleted while this replica serves it; registering it again");
         let node = registration::register(&nodes, &config, &telemetry).await?;
         present_in_listing = true;
         let uid = node.metadata.uid.clone().unwrap_or_default();
-        info!(node = %config.node_name, %uid, "node registered again");
+        info!(node = %config.site.node_name, %uid, "node registered again");
         node_uid.send_replace(uid);
         let event = Event {
             type_: EventType::Warning,

@@ -6,7 +6,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use tracing::info;
 
 use super::shape;
-use crate::config::NodeConfig;
+use crate::config::{NodeArgs, WithSite};
 use crate::ops::metrics::Telemetry;
 
 /// Registration failed.
@@ -38,11 +38,11 @@ fn is_conflict(error: &kube::Error) -> bool {
 /// Creates or adopts the Node and returns it as stored.
 pub async fn register(
     nodes: &Api<Node>,
-    config: &NodeConfig,
+    config: &WithSite<NodeArgs>,
     telemetry: &Telemetry,
 ) -> Result<Node, RegistrationError> {
     const ATTEMPTS: u32 = 8;
-    let name = &config.node_name;
+    let name = &config.site.node_name;
     let api_error = |source| RegistrationError::Api {
         node: name.clone(),
         source,

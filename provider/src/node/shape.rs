@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use serde_json::{Value, json};
 
-use crate::config::NodeConfig;
+use crate::config::{NodeArgs, WithSite};
 use crate::eci::misconfig::Misconfiguration;
 use crate::node::eci_health::EciHealth;
 
@@ -61,50 +61,50 @@ fn architecture() -> &'static str {
 }
 
 /// Our labels: the administrator's extra ones (`NODE_LABELS`), then the daemon's own.
-pub fn desired_labels(config: &NodeConfig) -> BTreeMap<String, String> {
-    let mut labels = config.extra_labels.clone();
+pub fn desired_labels(config: &WithSite<NodeArgs>) -> BTreeMap<String, String> {
+    let mut labels = config.site.node_labels.clone();
     for (key, value) in [
         (VNODE_LABEL, "true"),
         ("type", "virtual-kubelet"),
         ("kubernetes.io/role", "agent"),
-        ("kubernetes.io/hostname", config.node_name.as_str()),
+        ("kubernetes.io/hostname", config.site.node_name.as_str()),
         ("kubernetes.io/os", "linux"),
         ("kubernetes.io/arch", architecture()),
         (
             "node.kubernetes.io/exclude-from-external-load-balancers",
             "true",
         ),
-        ("topology.kubernetes.io/region", config.region.as_str()),
+        ("topology.kubernetes.io/region", config.site.region.as_str()),
     ] {
         labels.insert(key.to_owned(), value.to_owned());
     }
-    if let Some(zone) = &config.zone {
+    if let Some(zone) = &config.site.zone {
         labels.insert("topology.kubernetes.io/zone".to_owned(), zone.to_owned());
     }
     labels
 }
 
 /// Our taint.
-pub fn desired_taint(config: &NodeConfig) -> Taint {
+pub fn desired_taint(config: &WithSite<NodeArgs>) -> Taint {
     Taint {
-        key: config.taint_key.clone(),
-        value: Some(config.taint_value.clone()),
-        effect: config.taint_effect.as_str().to_owned(),
+        key: config.site.taint_key.clone(),
+        value: Some(config.site.taint_value.clone()),
+        effect: config.site.taint_effect.as_str().to_owned(),
         time_added: None,
     }
 }
 
-fn managed_record(config: &NodeConfig) -> String {
-    json!({"labels": desired_labels(config).keys().collect::<Vec<_>>(), "taints": [config.taint_key]}).to_string()
+fn managed_record(config: &WithSite<NodeArgs>) -> String {
+    json!({"labels": desired_labels(config).keys().collect::<Vec<_>>(), "taints": [config.site.taint_key]}).to_string()
 }
 
 /// A Node to create when none exists.
-pub fn new_node(config: &NodeConfig) -> Value {
+pub fn new_node(config: &WithSite<NodeArgs>) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
-            "name": config.node_name,
+            "name": config.site.node_name,
             "labels": desired_labels(config),
             "annotations": {MANAGED_ANNOTATION: managed_record(config)},
         },
@@ -121,7 +121,7 @@ fn taint_json(taint: &Taint) -> Value {
 /// annotations, `spec.unschedulable`, other taints) untouched — or `None` when it already is.
 /// The patch carries the Node's resourceVersion, so a concurrent change is a conflict, not a
 /// lost update.
-pub fn adoption_patch(existing: &Node, config: &NodeConfig) -> Option<Value> {
+pub fn adoption_patch(existing: &Node, config: &WithSite<NodeArgs>) -> Option<Value> {
     let labels = existing.metadata.labels.clone().unwrap_or_default();
     let annotations = existing.metadata.annotations.clone().unwrap_or_default();
     let previously: Value = annotations
@@ -261,11 +261,11 @@ pub fn misconfigured_taints(current: &[Taint], misconfigured: bool) -> Option<Ve
 
 /// The node conditions for a health and a misconfiguration.
 pub fn conditions(
-    config: &NodeConfig,
+    config: &WithSite<NodeArgs>,
     health: &EciHealth,
     misconfigured: Option<&Misconfiguration>,
 ) -> Vec<Value> {
-    let region = &config.region;
+    let region = &config.site.region;
     let ready = match health {
         EciHealth::Reachable => condition(
             "Ready",
@@ -322,7 +322,7 @@ pub fn conditions(
 /// The whole node status: conditions (keeping the transition times of unchanged ones from
 /// `previous`), capacity, allocatable, addresses, endpoints and nodeInfo.
 pub fn status(
-    config: &NodeConfig,
+    config: &WithSite<NodeArgs>,
     health: &EciHealth,
     misconfigured: Option<&Misconfiguration>,
     previous: Option<&Value>,
@@ -351,23 +351,23 @@ pub fn status(
         })
         .collect();
     let resources = json!({
-        "cpu": config.quota_cpu,
-        "memory": config.quota_memory,
-        "pods": config.quota_pods.to_string(),
-        "ephemeral-storage": config.quota_ephemeral_storage,
+        "cpu": config.args.quota_cpu,
+        "memory": config.args.quota_memory,
+        "pods": config.args.quota_pods.to_string(),
+        "ephemeral-storage": config.args.quota_ephemeral_storage,
     });
     json!({
         "conditions": conditions,
         "capacity": resources,
         "allocatable": resources,
         "addresses": [
-            {"type": "InternalIP", "address": config.internal_ip.to_string()},
-            {"type": "Hostname", "address": config.node_name},
+            {"type": "InternalIP", "address": config.site.internal_ip.to_string()},
+            {"type": "Hostname", "address": config.site.node_name},
         ],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": config.kubelet_port}},
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": config.site.kubelet_port}},
         "nodeInfo": {
-            "machineID": config.node_name,
-            "systemUUID": config.node_name,
+            "machineID": config.site.node_name,
+            "systemUUID": config.site.node_name,
             "bootID": "",
             "kernelVersion": "",
             "osImage": "Alibaba Cloud Elastic Container Instance",
@@ -401,7 +401,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
 
-    fn mk_config(args: &[&str]) -> NodeConfig {
+    fn mk_config(args: &[&str]) -> WithSite<NodeArgs> {
         let mut all = vec![
             "virtual-node-eci",
             "--pod-name",
@@ -414,7 +414,8 @@ mod tests {
             "--cluster-name=c",
         ];
         all.extend_from_slice(args);
-        Config::parse_from(all).settings().unwrap().node()
+        let settings = Config::parse_from(all).settings().unwrap();
+        settings.with_site(&settings.config.node)
     }
 
     fn mk_node(value: Value) -> Node {

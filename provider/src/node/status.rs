@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::shape;
-use crate::config::NodeConfig;
+use crate::config::{NodeArgs, WithSite};
 use crate::eci::Backend;
 use crate::eci::misconfig::{Misconfiguration, Monitor};
 use crate::node::eci_health::{EciHealth, HealthTracker};
@@ -41,15 +41,15 @@ const PROBE_ACTION: &str = "DescribeContainerGroupStatus";
 /// `monitor`; the answer is the error only when ECI did not answer at all.
 pub async fn probe(
     backend: &Backend,
-    config: &NodeConfig,
+    config: &WithSite<NodeArgs>,
     monitor: &Monitor,
 ) -> Result<(), EciError> {
     let request = DescribeContainerGroupStatusRequest {
-        region_id: config.region.clone(),
+        region_id: config.site.region.clone(),
         limit: Some(1),
         tag: vec![Tag {
             key: CLUSTER_TAG.into(),
-            value: config.cluster_name.clone(),
+            value: config.site.cluster_name.clone(),
         }],
         ..DescribeContainerGroupStatusRequest::default()
     };
@@ -72,9 +72,9 @@ pub struct StatusReporter {
 
 impl StatusReporter {
     /// A reporter that has written nothing yet.
-    pub fn new(config: &NodeConfig) -> Self {
+    pub fn new(config: &WithSite<NodeArgs>) -> Self {
         Self {
-            tracker: HealthTracker::new(config.eci_unreachable_threshold),
+            tracker: HealthTracker::new(config.args.eci_unreachable_threshold),
             last_written: None,
             kubelet_version: shape::kubelet_version(),
         }
@@ -120,7 +120,7 @@ impl StatusReporter {
     /// the last write is `max_interval` old.
     pub fn due(
         &self,
-        config: &NodeConfig,
+        config: &WithSite<NodeArgs>,
         now: Instant,
         misconfigured: Option<&Misconfiguration>,
     ) -> Option<(Value, EciHealth)> {
@@ -136,7 +136,7 @@ impl StatusReporter {
         );
         let stale = self.last_written.as_ref().is_none_or(|(written, at)| {
             shape::fingerprint(written) != shape::fingerprint(&status)
-                || now.duration_since(*at) >= config.node_status_max_interval
+                || now.duration_since(*at) >= config.args.node_status_max_interval
         });
         stale.then_some((status, health))
     }
@@ -217,7 +217,7 @@ async fn sync_taint(
 pub async fn run(
     nodes: Api<Node>,
     backend: Backend,
-    config: NodeConfig,
+    config: WithSite<NodeArgs>,
     telemetry: std::sync::Arc<Telemetry>,
     monitor: std::sync::Arc<Monitor>,
     mut node_uid: tokio::sync::watch::Receiver<String>,
@@ -225,7 +225,7 @@ pub async fn run(
 ) -> Result<(), kube::Error> {
     let mut reporter = StatusReporter::new(&config);
     follow_control_plane(&nodes, &mut reporter).await;
-    let mut ticks = tokio::time::interval(config.eci_probe_interval);
+    let mut ticks = tokio::time::interval(config.args.eci_probe_interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut changes = monitor.subscribe();
     // What the node's taints show, once known.
@@ -253,7 +253,7 @@ pub async fn run(
         if tainted != Some(misconfigured.is_some()) {
             match sync_taint(
                 &nodes,
-                &config.node_name,
+                &config.site.node_name,
                 misconfigured.is_some(),
                 &telemetry,
             )
@@ -261,7 +261,7 @@ pub async fn run(
             {
                 Ok(()) => tainted = Some(misconfigured.is_some()),
                 Err(error) => {
-                    warn!(node = %config.node_name, %error, "could not update the node's misconfiguration taint; retrying at the next probe");
+                    warn!(node = %config.site.node_name, %error, "could not update the node's misconfiguration taint; retrying at the next probe");
                 }
             }
         }
@@ -269,13 +269,13 @@ pub async fn run(
         let Some((status, health)) = reporter.due(&config, now, misconfigured.as_ref()) else {
             continue;
         };
-        match patch_status(&nodes, &config.node_name, &status, &telemetry).await {
+        match patch_status(&nodes, &config.site.node_name, &status, &telemetry).await {
             Ok(()) => {
                 report_written(&config, &telemetry, &health, misconfigured.as_ref());
                 reporter.written(status, now);
             }
             Err(error) => {
-                warn!(node = %config.node_name, %error, "could not write the node status; retrying at the next probe");
+                warn!(node = %config.site.node_name, %error, "could not write the node status; retrying at the next probe");
                 reporter.forget();
             }
         }
@@ -304,7 +304,7 @@ async fn patch_status(
 
 /// A status written: the gauges follow it, and what keeps the node from serving is logged.
 fn report_written(
-    config: &NodeConfig,
+    config: &WithSite<NodeArgs>,
     telemetry: &Telemetry,
     health: &EciHealth,
     misconfigured: Option<&Misconfiguration>,
@@ -313,12 +313,12 @@ fn report_written(
     telemetry.eci_reachable.set(i64::from(ready));
     telemetry.node_ready.set(i64::from(ready));
     if let EciHealth::Unreachable { error, .. } = health {
-        warn!(node = %config.node_name, %error, "ECI unreachable: node NotReady (EciUnreachable)");
+        warn!(node = %config.site.node_name, %error, "ECI unreachable: node NotReady (EciUnreachable)");
     }
     if let Some(found) = misconfigured {
-        warn!(node = %config.node_name, code = %found.code, action = %found.action, request_id = %found.request_id, fix = found.problem.fix(), "ECI refuses this daemon's configuration ({})", shape::MISCONFIGURED_CONDITION);
+        warn!(node = %config.site.node_name, code = %found.code, action = %found.action, request_id = %found.request_id, fix = found.problem.fix(), "ECI refuses this daemon's configuration ({})", shape::MISCONFIGURED_CONDITION);
     }
-    info!(node = %config.node_name, ready, "node status written");
+    info!(node = %config.site.node_name, ready, "node status written");
 }
 
 /// The API accesses of this module (see [`crate::k8s::access`]).
@@ -348,8 +348,8 @@ mod tests {
     use super::*;
     use crate::config::Config;
 
-    fn mk_config() -> NodeConfig {
-        Config::parse_from([
+    fn mk_config() -> WithSite<NodeArgs> {
+        let settings = Config::parse_from([
             "virtual-node-eci",
             "--node-name=vn-0",
             "--eci=embedded",
@@ -358,8 +358,8 @@ mod tests {
             "--cluster-name=c",
         ])
         .settings()
-        .unwrap()
-        .node()
+        .unwrap();
+        settings.with_site(&settings.config.node)
     }
 
     fn unavailable() -> EciError {

@@ -36,7 +36,7 @@ use self::admit::Enforcement;
 use self::decide::VirtualNodes;
 use self::policy::ResourcePolicy;
 use self::state::{PlacementIndex, PodEntry};
-use crate::config::PlacementConfig;
+use crate::config::{PlacementArgs, WithSite};
 use crate::k8s::access::{Access, Scope};
 use crate::k8s::callers;
 use crate::k8s::election::{Candidate, LeaseLock, ROLE_RENEW_INTERVAL, Request, Standing};
@@ -100,18 +100,18 @@ impl Shared {
 /// The placement area: built first (the webhook reads it), then run.
 #[derive(Debug)]
 pub struct Placement {
-    config: PlacementConfig,
+    config: WithSite<PlacementArgs>,
     shared: Arc<Shared>,
     enforcement: watch::Sender<Enforcement>,
 }
 
 impl Placement {
     /// The area for `config`.
-    pub fn new(config: PlacementConfig) -> Self {
+    pub fn new(config: WithSite<PlacementArgs>) -> Self {
         let vnodes = VirtualNodes {
-            taint_key: config.taint_key.clone(),
-            taint_value: config.taint_value.clone(),
-            taint_effect: config.taint_effect.as_str().to_owned(),
+            taint_key: config.site.taint_key.clone(),
+            taint_value: config.site.taint_value.clone(),
+            taint_effect: config.site.taint_effect.as_str().to_owned(),
             ..VirtualNodes::default()
         };
         let initial = Enforcement::Admission {
@@ -158,7 +158,7 @@ impl Placement {
             client.clone(),
             Reporter {
                 controller: crate::k8s::FIELD_MANAGER.into(),
-                instance: Some(self.config.node_name.clone()),
+                instance: Some(self.config.site.node_name.clone()),
             },
             Arc::clone(&telemetry),
         );
@@ -300,7 +300,7 @@ fn operation(request: Request) -> &'static str {
 }
 
 struct Leadership {
-    config: PlacementConfig,
+    config: WithSite<PlacementArgs>,
     client: kube::Client,
     index: Arc<PlacementIndex>,
     telemetry: Arc<Telemetry>,
@@ -338,9 +338,9 @@ impl Leadership {
     async fn run(self, stop: CancellationToken) {
         let lock = LeaseLock::new(
             self.client.clone(),
-            &self.config.pod_namespace,
+            &self.config.site.pod_namespace,
             LEASE,
-            Candidate::for_role(&self.config.node_name),
+            Candidate::for_role(&self.config.site.node_name),
         );
         let mut term: Option<Term> = None;
         let mut ticks = tokio::time::interval(ROLE_RENEW_INTERVAL);
@@ -393,7 +393,7 @@ impl Leadership {
 
     /// While we lead.
     fn own_enforcement(&self) -> Enforcement {
-        if self.config.extender {
+        if self.config.args.placement_extender {
             Enforcement::Extender
         } else {
             Enforcement::Admission {
@@ -409,7 +409,7 @@ impl Leadership {
         lock: &LeaseLock,
         count: &crate::k8s::election::Count<'_>,
     ) -> Enforcement {
-        if !self.config.extender {
+        if !self.config.args.placement_extender {
             return self.own_enforcement();
         }
         match lock.observe(count).await {
@@ -419,7 +419,7 @@ impl Leadership {
                     _ => Enforcement::Admission {
                         why: format!(
                             "the placement Lease {}/{LEASE} has expired or was released: no replica serves the scheduler extender",
-                            self.config.pod_namespace
+                            self.config.site.pod_namespace
                         ),
                     },
                 }
@@ -427,7 +427,7 @@ impl Leadership {
             Ok(None) => Enforcement::Admission {
                 why: format!(
                     "no replica holds the placement Lease {}/{LEASE}: no scheduler extender is serving",
-                    self.config.pod_namespace
+                    self.config.site.pod_namespace
                 ),
             },
             Err(error) => Enforcement::Admission {
@@ -450,7 +450,7 @@ impl Leadership {
             );
             tasks.spawn(upkeep::run(client, index, receiver, events, stop));
         }
-        if self.config.extender {
+        if self.config.args.placement_extender {
             let served = Arc::new(extender::Extender {
                 index: Arc::clone(&self.index),
                 client: self.client.clone(),
@@ -485,10 +485,10 @@ impl Leadership {
 
     /// Marks (or unmarks) this replica's pod as the one the extender Service sends to.
     async fn label_own_pod(&self, leading: bool) {
-        let Some(pod) = &self.config.pod_name else {
+        let Some(pod) = &self.config.site.pod_name else {
             return;
         };
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.config.pod_namespace);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.config.site.pod_namespace);
         let value = if leading {
             json!("true")
         } else {
@@ -515,21 +515,22 @@ pub fn certificate_names(webhook_service: &str, namespace: &str) -> Vec<String> 
 /// Serves the extender until `stop`: binding the address is retried (a previous leader on the
 /// same host may still hold it for a moment).
 async fn serve_extender(
-    config: PlacementConfig,
+    config: WithSite<PlacementArgs>,
     client: kube::Client,
     served: Arc<extender::Extender>,
     stop: CancellationToken,
 ) {
     let mut tasks: JoinSet<()> = JoinSet::new();
     let material = loop {
-        let attempt = match &config.extender_cert_dir {
+        let attempt = match &config.args.placement_extender_cert_dir {
             Some(dir) => serving_cert::from_dir(dir),
             None => {
-                let names = certificate_names(&config.webhook_service, &config.pod_namespace);
+                let names =
+                    certificate_names(&config.site.webhook_service, &config.site.pod_namespace);
                 serving_cert::from_secret(
                     client.clone(),
-                    &config.pod_namespace,
-                    &config.webhook_secret,
+                    &config.site.pod_namespace,
+                    &config.site.webhook_secret,
                     &names,
                 )
                 .await
@@ -547,7 +548,7 @@ async fn serve_extender(
         }
     };
     let certificate = Arc::new(ReloadableCertificate::new(material));
-    if let Some(dir) = config.extender_cert_dir.clone() {
+    if let Some(dir) = config.args.placement_extender_cert_dir.clone() {
         let (certificate, stop) = (Arc::clone(&certificate), stop.clone());
         tasks.spawn(async move {
             CertificateFiles::in_dir(&dir)
@@ -565,7 +566,7 @@ async fn serve_extender(
             return;
         }
     };
-    let bind = || tokio::net::TcpListener::bind(config.extender_addr);
+    let bind = || tokio::net::TcpListener::bind(config.args.placement_extender_addr);
     let bound = bind
         .retry(
             ExponentialBuilder::default()
@@ -574,20 +575,20 @@ async fn serve_extender(
                 .without_max_times(),
         )
         .notify(|error, wait| {
-            warn!(address = %config.extender_addr, %error, retry_in = ?wait, "cannot listen for the scheduler extender yet");
+            warn!(address = %config.args.placement_extender_addr, %error, retry_in = ?wait, "cannot listen for the scheduler extender yet");
         });
     let listener = tokio::select! {
         () = stop.cancelled() => return,
         bound = bound => match bound {
             Ok(listener) => listener,
             Err(error) => {
-                warn!(address = %config.extender_addr, %error, "cannot serve the scheduler extender");
+                warn!(address = %config.args.placement_extender_addr, %error, "cannot serve the scheduler extender");
                 return;
             }
         },
     };
     let callers = callers(&config, &client, &mut tasks, &stop).await;
-    info!(address = %config.extender_addr, prefix = extender::PREFIX, "serving the scheduler extender");
+    info!(address = %config.args.placement_extender_addr, prefix = extender::PREFIX, "serving the scheduler extender");
     server
         .serve(listener, extender::router(served, callers), stop.clone())
         .await;
@@ -598,13 +599,13 @@ async fn serve_extender(
 /// Who may call the extender: the client CA loaded (before the first call, so kube-scheduler's
 /// first is not refused) and kept current on `tasks`.
 async fn callers(
-    config: &PlacementConfig,
+    config: &WithSite<PlacementArgs>,
     client: &kube::Client,
     tasks: &mut JoinSet<()>,
     stop: &CancellationToken,
 ) -> Arc<extender::caller::CallerGuard> {
     let client_ca = Arc::new(callers::ClientCa::default());
-    let source = match &config.extender_client_ca_file {
+    let source = match &config.args.placement_extender_client_ca_file {
         Some(path) => callers::ClientCaSource::File(path.clone()),
         None => callers::ClientCaSource::Cluster(client.clone()),
     };

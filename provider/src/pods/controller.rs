@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::config::PodsConfig;
+use crate::config::{PodsArgs, WithSite};
 use crate::eci::Backend;
 use crate::k8s::FIELD_MANAGER;
 use crate::k8s::shared_watch::SharedWatch;
@@ -289,7 +289,7 @@ pub struct PodController {
 type Annotation = ((String, String), WriteBack);
 
 struct Inner {
-    config: PodsConfig,
+    config: WithSite<PodsArgs>,
     client: kube::Client,
     backend: Backend,
     telemetry: Arc<Telemetry>,
@@ -340,7 +340,7 @@ struct Inner {
 impl std::fmt::Debug for PodController {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PodController")
-            .field("node", &self.inner.config.node_name)
+            .field("node", &self.inner.config.site.node_name)
             .finish_non_exhaustive()
     }
 }
@@ -520,9 +520,9 @@ fn kept_copy(pod: &Pod) -> Arc<Pod> {
 }
 
 impl PodController {
-    /// A controller for `config.node_name`.
+    /// A controller for `config.site.node_name`.
     pub fn new(
-        config: PodsConfig,
+        config: WithSite<PodsArgs>,
         client: kube::Client,
         backend: Backend,
         telemetry: Arc<Telemetry>,
@@ -531,7 +531,7 @@ impl PodController {
     ) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.into(),
-            instance: Some(config.node_name.clone()),
+            instance: Some(config.site.node_name.clone()),
         };
         let annotations: Arc<WorkQueue<String, Annotation>> = Arc::default();
         let syncs: Arc<WorkQueue<String, ()>> = Arc::default();
@@ -621,11 +621,11 @@ impl PodController {
         vec![
             Tag {
                 key: naming::TAG_CLUSTER.into(),
-                value: self.inner.config.cluster_name.clone(),
+                value: self.inner.config.site.cluster_name.clone(),
             },
             Tag {
                 key: naming::TAG_NODE.into(),
-                value: self.inner.config.node_name.clone(),
+                value: self.inner.config.site.node_name.clone(),
             },
         ]
     }
@@ -644,7 +644,7 @@ impl PodController {
                 .inner
                 .backend
                 .describe_container_group_status(DescribeContainerGroupStatusRequest {
-                    region_id: self.inner.config.region.clone(),
+                    region_id: self.inner.config.site.region.clone(),
                     tag: self.node_tags(),
                     limit: Some(200),
                     next_token: next_token.clone(),
@@ -706,7 +706,7 @@ impl PodController {
             tokens.run(stop_tokens).await;
             Ok(())
         });
-        if inner.config.volume_updates {
+        if inner.config.args.volume_updates {
             let (tokens, client, stop) = (inner.tokens.clone(), inner.client.clone(), stop.clone());
             loops.spawn("volume sources", async move {
                 crate::pods::sources::watch(client, tokens, stop).await;
@@ -738,7 +738,7 @@ impl PodController {
             let mut adopted = Vec::new();
             self.visit_groups(None, |page| {
                 adopted.extend(page.iter().filter_map(|group| {
-                    Adopted::from_group(group, &config.cluster_name, &config.node_name)
+                    Adopted::from_group(group, &config.site.cluster_name, &config.site.node_name)
                 }));
             })
             .await
@@ -1070,16 +1070,13 @@ fn hash_of<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
 
 /// The administrators' settings of the namespace scope and annotation policy. A scope that
 /// does not parse (the configuration checks it first) selects no namespace: closed, not open.
-fn tenancy_settings(config: &PodsConfig) -> crate::pods::tenancy::feed::Settings {
+fn tenancy_settings(config: &WithSite<PodsArgs>) -> crate::pods::tenancy::feed::Settings {
     use crate::pods::tenancy::Written;
-    let scope = config
-        .namespace_selector
-        .as_deref()
-        .map(|text| Written::parse(text).unwrap_or_else(|_| Written::nobody()));
-    let policy = config
-        .annotation_policy_configmap
-        .clone()
-        .map(|name| (config.pod_namespace.clone(), name));
+    let given = |flag: &Option<String>| flag.clone().filter(|text| !text.trim().is_empty());
+    let scope = given(&config.args.namespace_selector)
+        .map(|text| Written::parse(&text).unwrap_or_else(|_| Written::nobody()));
+    let policy = given(&config.args.annotation_policy_configmap)
+        .map(|name| (config.site.pod_namespace.clone(), name));
     crate::pods::tenancy::feed::Settings { scope, policy }
 }
 
@@ -1302,26 +1299,23 @@ mod tests {
         eci: Arc<RefusingDeletes>,
         client: kube::Client,
     ) -> PodController {
-        let config = PodsConfig {
-            node_name: "vn-0".into(),
-            cluster_name: "c".into(),
-            region: "cn-test".into(),
-            vswitch: "vsw".into(),
-            security_group: "sg".into(),
-            cluster_dns: Vec::new(),
-            cluster_domain: "cluster.local".into(),
-            kube_proxy: false,
-            volume_updates: false,
-            kubernetes_service_host: None,
-            kubernetes_service_port: None,
-            max_concurrent_creates: 1,
-            pod_status_poll_interval: Duration::from_secs(1),
-            pod_resync_interval: Duration::from_secs(60),
-            pod_namespace: "kube-system".into(),
-            namespace_selector: None,
-            annotation_policy_configmap: None,
-            zone: None,
-        };
+        use clap::Parser as _;
+        let settings = crate::config::Config::parse_from([
+            "virtual-node-eci",
+            "--node-name=vn-0",
+            "--cluster-name=c",
+            "--region=cn-test",
+            "--vswitch=vsw",
+            "--security-group=sg",
+            "--kube-proxy=false",
+            "--volume-updates=false",
+            "--max-concurrent-creates=1",
+            "--eci=grpc://127.0.0.1:9",
+            "--eci-allow-insecure-endpoint",
+        ])
+        .settings()
+        .unwrap();
+        let config = settings.with_site(&settings.config.pods);
         PodController::new(
             config,
             client,

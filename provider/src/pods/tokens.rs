@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::config::PodsConfig;
+use crate::config::{PodsArgs, WithSite};
 use crate::eci::{Backend, Lane};
 use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
@@ -886,7 +886,7 @@ impl TokenRefresher {
     pub fn new(
         client: kube::Client,
         backend: Backend,
-        config: PodsConfig,
+        config: WithSite<PodsArgs>,
         telemetry: Arc<Telemetry>,
     ) -> Self {
         let dependents = Arc::<Mutex<Dependents>>::default();
@@ -905,7 +905,7 @@ impl TokenRefresher {
 pub struct Renewal {
     client: kube::Client,
     backend: Backend,
-    config: PodsConfig,
+    config: WithSite<PodsArgs>,
     telemetry: Arc<Telemetry>,
     dependents: Arc<Mutex<Dependents>>,
 }
@@ -927,7 +927,7 @@ struct Sources<'a> {
 impl std::fmt::Debug for Renewal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Renewal")
-            .field("node", &self.config.node_name)
+            .field("node", &self.config.site.node_name)
             .finish_non_exhaustive()
     }
 }
@@ -1069,7 +1069,7 @@ impl Renewal {
             return Ok(Some((BTreeSet::new(), None, BTreeMap::new())));
         }
         let request = DescribeContainerGroupsRequest {
-            region_id: self.config.region.clone(),
+            region_id: self.config.site.region.clone(),
             container_group_ids: vec![entry.group.clone()],
             ..DescribeContainerGroupsRequest::default()
         };
@@ -1101,13 +1101,13 @@ impl Renewal {
         let config = &self.config;
         // Only the volume fields matter here: volumes read neither Services nor DNS.
         let cx = Context {
-            region: &config.region,
-            vswitch: &config.vswitch,
-            security_group: &config.security_group,
-            cluster_name: &config.cluster_name,
-            node_name: &config.node_name,
-            cluster_dns: &config.cluster_dns,
-            cluster_domain: &config.cluster_domain,
+            region: &config.site.region,
+            vswitch: &config.site.vswitch,
+            security_group: &config.site.security_group,
+            cluster_name: &config.site.cluster_name,
+            node_name: &config.site.node_name,
+            cluster_dns: &config.args.cluster_dns,
+            cluster_domain: &config.args.cluster_domain,
             config_maps: sources.config_maps,
             secrets: sources.secrets,
             // File volumes are never claims.
@@ -1116,7 +1116,7 @@ impl Renewal {
             default_spec: (2.0, 4.0),
             apiserver: None,
             services: &[],
-            kube_proxy: config.kube_proxy,
+            kube_proxy: config.args.kube_proxy,
         };
         let built = if push {
             to_eci::file_volumes(pod, &cx)
@@ -1136,7 +1136,7 @@ impl Renewal {
             return Ok(true);
         }
         let request = UpdateContainerGroupRequest {
-            region_id: self.config.region.clone(),
+            region_id: self.config.site.region.clone(),
             container_group_id: entry.group.clone(),
             volume: volumes,
             update_type: "IncrementalUpdate".into(),
@@ -1186,7 +1186,7 @@ impl Renewal {
     /// Reads the tokens in adopted groups and schedules their refreshes from their claims.
     async fn inspect(&self, entries: &[Entry]) -> Vec<Next> {
         let request = DescribeContainerGroupsRequest {
-            region_id: self.config.region.clone(),
+            region_id: self.config.site.region.clone(),
             container_group_ids: entries.iter().map(|e| e.group.clone()).collect(),
             limit: Some(i32::try_from(INSPECT_BATCH).unwrap_or(20)),
             ..DescribeContainerGroupsRequest::default()

@@ -358,7 +358,7 @@ async fn open_eci_session(
     command: &[String],
 ) -> Result<(EciSocket, bool), ExecError> {
     let request = ExecContainerCommandRequest {
-        region_id: state.config.region.clone(),
+        region_id: state.config.site.region.clone(),
         container_group_id: target.group_id.clone(),
         container_name: target.container.clone(),
         command: command.to_vec(),
@@ -375,7 +375,8 @@ async fn open_eci_session(
     // operator allowed plaintext.
     state
         .config
-        .stream_transport
+        .site
+        .stream_transport()
         .check(&answer.web_socket_uri, AddressKind::Stream)
         .map_err(ExecError::Insecure)?;
     let mut request = answer
@@ -553,7 +554,7 @@ async fn attach(
     let mut polls = 0u64;
     loop {
         let request = DescribeContainerLogRequest {
-            region_id: state.config.region.clone(),
+            region_id: state.config.site.region.clone(),
             container_group_id: target.group_id.clone(),
             container_name: target.container.clone(),
             start_time: since.to_string(),
@@ -596,7 +597,7 @@ async fn attach(
             return Ok(success());
         }
         tokio::select! {
-            () = tokio::time::sleep(state.config.log_poll_interval) => {}
+            () = tokio::time::sleep(state.config.args.kubelet_log_poll_interval) => {}
             () = streams.gone.cancelled() => return Ok(success()),
             () = state.stop.cancelled() => return Ok(success()),
         }

@@ -111,7 +111,7 @@ async fn locate(
         return Err(no_pod());
     }
     let request = DescribeContainerGroupsRequest {
-        region_id: state.config.region.clone(),
+        region_id: state.config.site.region.clone(),
         container_group_ids: vec![target.group_id.clone()],
         ..DescribeContainerGroupsRequest::default()
     };

@@ -194,7 +194,6 @@ mod in_process {
     use tokio_tungstenite::tungstenite::Message;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 
-    use crate::config::KubeletConfig;
     use crate::eci::Backend;
     use crate::eci::GrpcBackend;
     use crate::kubelet::spdy::Frame;
@@ -316,17 +315,7 @@ mod in_process {
         }
         let client = kube_client();
         let state = KubeletState {
-            config: Arc::new(KubeletConfig {
-                node_name: NODE.into(),
-                internal_ip: "127.0.0.1".parse().expect("ip"),
-                listen: "127.0.0.1:0".parse().expect("addr"),
-                cert_dir: None,
-                client_ca_file: None,
-                log_poll_interval: Duration::from_millis(100),
-                region: "cn-hangzhou".into(),
-                cluster_name: "c".into(),
-                stream_transport: crate::config::TransportPolicy::PlaintextAllowed,
-            }),
+            config: crate::kubelet::pod_lookup::tests::test_config(),
             client: client.clone(),
             eci,
             groups: crate::pods::GroupDirectory::fixed([("uid-1".to_owned(), group.clone())]),

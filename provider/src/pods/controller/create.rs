@@ -225,7 +225,7 @@ impl PodController {
         if !pod.annotations().contains_key(PENDING_EFFECT_ANNOTATION) {
             return Ok(pod);
         }
-        let key = seal::shared_key(&self.inner.client, &self.inner.config.pod_namespace)
+        let key = seal::shared_key(&self.inner.client, &self.inner.config.site.pod_namespace)
             .await
             .map_err(|error| {
                 Failure::Retry(format!(
@@ -277,7 +277,7 @@ impl PodController {
     /// cost a few bytes each. Pods held back by the daemon's configuration go as soon as ECI
     /// no longer refuses it, not at the end of a back-off of up to 20 s.
     pub(super) async fn create_groups(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let workers = self.inner.config.max_concurrent_creates;
+        let workers = self.inner.config.args.max_concurrent_creates;
         let this = self.clone();
         let creating = self.inner.creations.serve(workers, &stop, move |uid, job| {
             let this = this.clone();
@@ -613,8 +613,8 @@ impl PodController {
         let chosen = misconfigured::pod_chosen(
             &request,
             misconfigured::OwnParameters {
-                vswitch: &config.vswitch,
-                security_group: &config.security_group,
+                vswitch: &config.site.vswitch,
+                security_group: &config.site.security_group,
             },
         );
         let outcome = self.inner.backend.create_container_group(request).await;
@@ -657,7 +657,7 @@ impl PodController {
         )?;
         // A disk of another zone than this node's waits as an unmountable claim does, before
         // any create: ECI would refuse it.
-        let out_of_zone = refs::out_of_zone(pod, &claims, self.inner.config.zone.as_deref());
+        let out_of_zone = refs::out_of_zone(pod, &claims, self.inner.config.site.zone.as_deref());
         let (absent, optional): (Vec<_>, Vec<_>) = refs::absent(pod, &config_maps, &secrets)
             .into_iter()
             .chain(unmountable)
@@ -691,8 +691,8 @@ impl PodController {
         let config = &self.inner.config;
         let apiserver = to_eci::service_env::apiserver_service(
             self.inner.services.apiserver().as_deref(),
-            config.kubernetes_service_host.as_deref(),
-            config.kubernetes_service_port,
+            config.args.kubernetes_service_host.as_deref(),
+            config.args.kubernetes_service_port,
         );
         let links = pod.spec.as_ref().and_then(|s| s.enable_service_links) != Some(false);
         let services = if links {
@@ -703,13 +703,13 @@ impl PodController {
             Vec::new()
         };
         let cx = Context {
-            region: &config.region,
-            vswitch: &config.vswitch,
-            security_group: &config.security_group,
-            cluster_name: &config.cluster_name,
-            node_name: &config.node_name,
-            cluster_dns: &config.cluster_dns,
-            cluster_domain: &config.cluster_domain,
+            region: &config.site.region,
+            vswitch: &config.site.vswitch,
+            security_group: &config.site.security_group,
+            cluster_name: &config.site.cluster_name,
+            node_name: &config.site.node_name,
+            cluster_dns: &config.args.cluster_dns,
+            cluster_domain: &config.args.cluster_domain,
             config_maps: &gathered.config_maps,
             secrets: &gathered.secrets,
             claims: &gathered.claims,
@@ -717,7 +717,7 @@ impl PodController {
             default_spec: (2.0, 4.0),
             apiserver: apiserver.as_ref(),
             services: &services,
-            kube_proxy: config.kube_proxy,
+            kube_proxy: config.args.kube_proxy,
         };
         to_eci::translate(pod, &cx).map_err(|rejection| {
             let message = rejection.to_string();
@@ -784,7 +784,7 @@ impl PodController {
             .inner
             .backend
             .describe_container_group_status(DescribeContainerGroupStatusRequest {
-                region_id: self.inner.config.region.clone(),
+                region_id: self.inner.config.site.region.clone(),
                 tag: tags,
                 limit: Some(20),
                 ..DescribeContainerGroupStatusRequest::default()

@@ -475,6 +475,7 @@ impl PodController {
         let mut ticks = tokio::time::interval(
             self.inner
                 .config
+                .args
                 .pod_status_poll_interval
                 .min(Duration::from_millis(500)),
         );
@@ -531,7 +532,7 @@ impl PodController {
             .inner
             .backend
             .delete_container_group(DeleteContainerGroupRequest {
-                region_id: self.inner.config.region.clone(),
+                region_id: self.inner.config.site.region.clone(),
                 container_group_id: id.to_owned(),
                 force,
                 ..DeleteContainerGroupRequest::default()

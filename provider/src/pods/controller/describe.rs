@@ -321,7 +321,7 @@ impl PodController {
             .group_reads
             .of(lookup)
             .lookup(ids, lookup.pace(), move |driver| {
-                let region = this.inner.config.region.clone();
+                let region = this.inner.config.site.region.clone();
                 let backend = this.inner.backend.clone();
                 this.spawn_pod_task(driver.run(move |batch| {
                     let backend = backend.clone();

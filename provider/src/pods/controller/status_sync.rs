@@ -392,7 +392,7 @@ impl PodController {
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
         let config = &self.inner.config;
-        let mut ticks = tokio::time::interval(config.pod_status_poll_interval);
+        let mut ticks = tokio::time::interval(config.args.pod_status_poll_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_full = listed_at;
         // Every change since this instant has been seen.
@@ -403,7 +403,7 @@ impl PodController {
                 _ = ticks.tick() => {}
             }
             let started = tokio::time::Instant::now();
-            let full = started.duration_since(last_full) >= config.pod_resync_interval;
+            let full = started.duration_since(last_full) >= config.args.pod_resync_interval;
             let since = (!full).then(|| change_window(started.duration_since(seen_until)));
             let mut present = HashSet::new();
             let polled = self
