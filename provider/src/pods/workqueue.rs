@@ -269,9 +269,10 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
 
     /// As [`WorkQueue::serve`], with each worker taking a permit of `gate` before it takes a
     /// key and releasing it when the key's work ends: as many keys are worked on at once as
-    /// the gate has permits (at most `workers`), however their number changes meanwhile. The
-    /// permit is taken first so that no worker holds a key's value while it waits: a newer
-    /// value pushed meanwhile replaces it instead of following it.
+    /// the gate has permits (at most `workers`), however their number changes meanwhile. A
+    /// worker waits for work before it takes a permit, so idle workers hold none (queues may
+    /// share a gate), and takes the key only once it has one, so no worker holds a key's value
+    /// while it waits: a newer value pushed meanwhile replaces it instead of following it.
     pub async fn serve_within<F, Fut>(
         self: &Arc<Self>,
         workers: usize,
@@ -320,18 +321,38 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         Fut: Future<Output = ()>,
     {
         loop {
+            // Work first, then the permit, then the key: an idle worker holds no permit of a
+            // gate other queues may share, and none holds a value while it waits for one.
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = self.ready_work() => {}
+            }
             // A closed gate no longer limits anything.
             let permit = tokio::select! {
                 () = stop.cancelled() => return,
                 permit = Arc::clone(&gate).acquire_owned() => permit.ok(),
             };
-            let (key, value) = tokio::select! {
-                () = stop.cancelled() => return,
-                next = self.next() => next,
+            // Another worker may have taken the key meanwhile: then wait again.
+            let Some((key, value)) = self.try_next() else {
+                continue;
             };
             let held = Held { queue: &self, key };
             Box::pin(work(held.key.clone(), value)).await;
             drop((held, permit));
+        }
+    }
+
+    /// Waits until a key may be ready to take (it may be gone by the time it is taken).
+    async fn ready_work(&self) {
+        loop {
+            // Registered before looking, so a push between the look and the wait is not missed.
+            let notified = self.ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.state().order.is_empty() {
+                return;
+            }
+            notified.await;
         }
     }
 
@@ -607,6 +628,47 @@ mod tests {
         );
         stop.cancel();
         release.notify_waiters();
+        serving.await.unwrap();
+    }
+
+    /// Queues sharing a gate: the idle workers of one hold none of its permits, so the other's
+    /// work goes on (pod removals and status writes share the apiserver write budget).
+    #[tokio::test(start_paused = true)]
+    async fn idle_workers_hold_no_permit_of_a_gate_other_queues_share() {
+        let gate = Arc::new(Semaphore::new(1));
+        let stop = CancellationToken::new();
+        let idle: Arc<WorkQueue<u32, u32>> = Arc::new(WorkQueue::default());
+        let busy: Arc<WorkQueue<u32, u32>> = Arc::new(WorkQueue::default());
+        let (done, mut worked) = tokio::sync::mpsc::unbounded_channel();
+        let serving = {
+            let (idle, busy, gate, stop) = (
+                Arc::clone(&idle),
+                Arc::clone(&busy),
+                Arc::clone(&gate),
+                stop.clone(),
+            );
+            tokio::spawn(async move {
+                let nothing = idle.serve_within(4, Arc::clone(&gate), &stop, |_, _| async {});
+                let reporting = busy.serve_within(4, gate, &stop, move |key, value| {
+                    let done = done.clone();
+                    async move { done.send((key, value)).unwrap() }
+                });
+                tokio::join!(nothing, reporting);
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for key in 0..3 {
+            busy.push(key, key);
+        }
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let next = tokio::time::timeout(Duration::from_secs(10), worked.recv()).await;
+            seen.push(next.expect("the shared permit is free").unwrap());
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, vec![(0, 0), (1, 1), (2, 2)]);
+        assert_eq!(gate.available_permits(), 1, "every permit back once idle");
+        stop.cancel();
         serving.await.unwrap();
     }
 
