@@ -21,13 +21,13 @@
 //! Routine events (`Normal`) also yield to the pods' own writes: a publisher built with
 //! [`EventPublisher::yielding_to`] keeps at most [`YIELDING_WINDOW`] of them in flight, and the
 //! fleet together about as many ([`FleetTurn`]), while its [`Precedence`] says pod writes wait
-//! (statuses to write, or every pod write of the share in flight) and for [`YIELD_HOLD`]
-//! after; it publishes them at the window's pace once none have waited for that long. They
-//! wait in a queue large enough for a large start ([`ROUTINE_QUEUE_CAPACITY`]), and carry the
-//! time they were observed, not the time they were written. Warnings have a queue of their
-//! own and never yield. Why: ECI reports two or more routine events per pod, each an apiserver
-//! write beside the pod's one status write, and published alongside they delayed the writes
-//! that make pods Running; yielding makes them late instead (measured: docs/performance.md).
+//! (statuses to write, pod removals queued) and for [`YIELD_HOLD`] after; it publishes them at
+//! the window's pace once none have waited for that long. They wait in a queue large enough for
+//! a large start ([`ROUTINE_QUEUE_CAPACITY`]), and carry the time they were observed, not the
+//! time they were written. Warnings have a queue of their own and never yield. Why: ECI reports
+//! two or more routine events per pod, each an apiserver write beside the pod's one status
+//! write, and published alongside they delayed the writes that make pods Running; yielding
+//! makes them late instead (measured: docs/performance.md).
 //!
 //! Unlike `Recorder`, the note is part of what makes two events "the same": a kubelet reports
 //! `Pulling image a` and `Pulling image b` as two events, and so do we.
