@@ -62,16 +62,18 @@ use lifecycle::{Effect, Lifecycle, Trigger};
 pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
 /// Reason of pod conditions and events when ECI cannot run a pod.
 pub const PROVIDER_FAILED: &str = "ProviderFailed";
-/// Pod writes in flight at most, for the whole fleet: status applies and pod removals draw on
-/// one budget, each replica its share ([`WriteShare`]). Unbounded, a scale-in would send every
-/// removal at once, each on a connection of its own (HTTP/1.1), and fill the apiserver's
-/// mutating in-flight limit ahead of the status writes.
-const POD_WRITES_IN_FLIGHT: usize = 2 * STATUS_WRITERS;
-/// Status writers: each writes one pod at a time (a pod's writes are sequential), within the
-/// pod-write share.
+/// Pod status writes in flight at most, for the whole fleet: each replica writes its share
+/// ([`WriteShare`]; each pod's writes are sequential).
 const STATUS_WRITERS: usize = 32;
-/// A replica's share of the pod writes never falls below this.
-const WRITE_SHARE_FLOOR: usize = 4;
+/// Pod removals sent to the API server at once, as many as status writers, for the whole
+/// fleet (each replica its share): unbounded, a scale-in sends every removal at once, each on
+/// a connection of its own (HTTP/1.1), and fills the apiserver's mutating in-flight limit
+/// ahead of the status writes. A budget of its own rather than a part of the status writes':
+/// with one budget for both, ten replicas wrote statuses faster than they coalesce (1.13
+/// writes a pod instead of 1.0) and the apiserver took the creates at half the pace.
+const POD_DELETES_IN_FLIGHT: usize = STATUS_WRITERS;
+/// A replica's share of the status writes or removals never falls below this.
+const WRITE_SHARE_FLOOR: usize = 2;
 /// How long per-pod work in flight (deletions, status writes) may take after a stop.
 const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 /// Annotation writes in flight at most. Each first reads its group, and the reads made at
@@ -360,14 +362,14 @@ fn tag(group: &ContainerGroupStatus, key: &str) -> Option<String> {
 fn pod_writes_waiting(
     annotations: &Arc<WorkQueue<String, Annotation>>,
     syncs: &Arc<WorkQueue<String, ()>>,
-    pod_writes: &Arc<WriteShare>,
+    removals: &Arc<WriteShare>,
 ) -> crate::ops::events::Precedence {
-    let (annotations, syncs, pod_writes) = (
+    let (annotations, syncs, removals) = (
         Arc::clone(annotations),
         Arc::clone(syncs),
-        Arc::clone(pod_writes),
+        Arc::clone(removals),
     );
-    Arc::new(move || !syncs.is_empty() || !annotations.is_empty() || pod_writes.all_taken())
+    Arc::new(move || !syncs.is_empty() || !annotations.is_empty() || removals.all_taken())
 }
 
 /// This replica's shares of the apiserver writes the fleet makes together (see
@@ -375,17 +377,19 @@ fn pod_writes_waiting(
 /// replicas as ECI's quotas are.
 #[derive(Debug)]
 struct Shares {
-    /// Pod status applies and pod removals ([`POD_WRITES_IN_FLIGHT`]).
-    pod_writes: Arc<WriteShare>,
-    /// Background Event publications ([`crate::ops::events::MAX_WINDOW`]): they yield to the
-    /// pod writes rather than draw on their budget.
+    /// Pod status writes ([`STATUS_WRITERS`]).
+    statuses: Arc<WriteShare>,
+    /// Pod removals, the grace-0 delete after the group is gone ([`POD_DELETES_IN_FLIGHT`]).
+    removals: Arc<WriteShare>,
+    /// Background Event publications ([`crate::ops::events::MAX_WINDOW`]).
     events: Arc<WriteShare>,
 }
 
 impl Shares {
     fn new() -> Self {
         Self {
-            pod_writes: WriteShare::new("pod writes", POD_WRITES_IN_FLIGHT, WRITE_SHARE_FLOOR),
+            statuses: WriteShare::new("pod statuses", STATUS_WRITERS, WRITE_SHARE_FLOOR),
+            removals: WriteShare::new("pod removals", POD_DELETES_IN_FLIGHT, WRITE_SHARE_FLOOR),
             events: WriteShare::new("events", crate::ops::events::MAX_WINDOW, 1),
         }
     }
@@ -393,7 +397,8 @@ impl Shares {
     /// Keeps every share at this replica's part until `stop`.
     async fn follow(&self, replicas: &watch::Receiver<u32>, stop: &CancellationToken) {
         tokio::join!(
-            self.pod_writes.follow(replicas.clone(), stop.clone()),
+            self.statuses.follow(replicas.clone(), stop.clone()),
+            self.removals.follow(replicas.clone(), stop.clone()),
             self.events.follow(replicas.clone(), stop.clone()),
         );
     }
@@ -536,7 +541,7 @@ impl PodController {
         let annotations: Arc<WorkQueue<String, Annotation>> = Arc::default();
         let syncs: Arc<WorkQueue<String, ()>> = Arc::default();
         let shares = Shares::new();
-        let precedence = pod_writes_waiting(&annotations, &syncs, &shares.pod_writes);
+        let precedence = pod_writes_waiting(&annotations, &syncs, &shares.removals);
         Self {
             inner: Arc::new(Inner {
                 events: EventPublisher::yielding_to(

@@ -632,7 +632,7 @@ mod tests {
     }
 
     /// Queues sharing a gate: the idle workers of one hold none of its permits, so the other's
-    /// work goes on (pod removals and status writes share the apiserver write budget).
+    /// work goes on.
     #[tokio::test(start_paused = true)]
     async fn idle_workers_hold_no_permit_of_a_gate_other_queues_share() {
         let gate = Arc::new(Semaphore::new(1));

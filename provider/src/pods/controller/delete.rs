@@ -2,7 +2,7 @@
 //! while nobody watched.
 //!
 //! Every deletion is data ([`Deletion`], keyed by [`DeletionKey`]) in the queue of its next
-//! step — ECI calls in one, pod removals in another served within the pod-write share: a
+//! step — ECI calls in one, pod removals in another served within the removal share: a
 //! worker tries the step, and [`Deletion::after`] (pure, table-tested) says where it goes — the
 //! next step at once, the same step after a back-off (a timer in the queue), or the removal
 //! watch while the group's grace period runs. Nothing waits in a task of its own.
@@ -32,7 +32,7 @@ const REMOVAL_SLACK: Duration = Duration::from_secs(2);
 /// Group deletion workers: each turn is one ECI call. Waits (a grace period, a retry's
 /// back-off) are held as data, not workers.
 const DELETERS: usize = 32;
-/// Pod removal workers: each turn is one apiserver delete, taken within the pod-write share
+/// Pod removal workers: each turn is one apiserver delete, taken within the removal share
 /// (a worker takes its permit before its pod, so none holds a pod while the share is full).
 const REMOVERS: usize = 32;
 /// Groups the removal watch reads at once: the answers describe whole groups, and a scale-in
@@ -365,7 +365,7 @@ impl PodController {
         };
         let removals = self.inner.pod_removals.serve_within(
             REMOVERS,
-            self.inner.shares.pod_writes.permits(),
+            self.inner.shares.removals.permits(),
             &stop,
             step(&self),
         );
@@ -439,7 +439,7 @@ impl PodController {
     }
 
     /// Removes the pod (grace 0, with its UID as precondition; its worker holds a permit of
-    /// this replica's share of pod writes): whether it is removed or gone.
+    /// this replica's share of removals): whether it is removed or gone.
     async fn remove_pod(&self, key: &DeletionKey, target: &DeletionTarget) -> bool {
         let DeletionKey::Pod(uid) = key else {
             return true;

@@ -455,14 +455,14 @@ impl PodController {
     }
 
     /// The status sync's workers: one pod at a time each, within this replica's share of the
-    /// fleet's pod writes.
+    /// fleet's status writes.
     pub(super) async fn sync_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
         let this = self.clone();
         self.inner
             .syncs
             .serve_within(
                 STATUS_WRITERS,
-                self.inner.shares.pod_writes.permits(),
+                self.inner.shares.statuses.permits(),
                 &stop,
                 move |uid, ()| {
                     let this = this.clone();
