@@ -69,8 +69,8 @@ const STATUS_WRITERS: usize = 32;
 /// fleet (each replica its share): unbounded, a scale-in sends every removal at once, each on
 /// a connection of its own (HTTP/1.1), and fills the apiserver's mutating in-flight limit
 /// ahead of the status writes. A budget of its own rather than a part of the status writes':
-/// with one budget for both, ten replicas wrote statuses faster than they coalesce (1.13
-/// writes a pod instead of 1.0) and the apiserver took the creates at half the pace.
+/// with one budget for both, replicas that divide it write statuses on more permits, faster
+/// than a pod's states coalesce, and the apiserver takes creates slower (docs/performance.md).
 const POD_DELETES_IN_FLIGHT: usize = STATUS_WRITERS;
 /// A replica's share of the status writes or removals never falls below this.
 const WRITE_SHARE_FLOOR: usize = 2;
