@@ -18,6 +18,16 @@
 //! - `PODS_BENCH_ORDER=kwok-first`: `ours-first` runs the daemon's phases before kwok's, to
 //!   see what the order costs (each phase inherits an apiserver and etcd that the one before
 //!   it has just churned);
+//! - `PODS_BENCH_DISRUPTION=none`: what is done to the daemons while the pods are created —
+//!   `kill9`: once half the pods are created, the middle replica is killed with SIGKILL and
+//!   started again at once (a crash); `rolling`: from the first create on, every replica in
+//!   turn, highest ordinal first as a StatefulSet's RollingUpdate goes, is stopped with SIGTERM
+//!   and started again, the next once its successor is ready (an upgrade). Pace the creates
+//!   (`PODS_BENCH_RATE`) so the rollout outlasts the disruption. Such a run also asserts, at
+//!   all Running, that nothing was lost, leaked or duplicated (the fault suite's invariants,
+//!   read from the apiserver and mock-eci), that no pod was ever seen failed, no container
+//!   restarted and no group deleted (a recreated pod would show as one). Its CPU and memory
+//!   figures count the processes alive at the end only;
 //! - `PODS_BENCH_OUT=path` or `-- --out path`: also write the figures as JSON.
 //!
 //! Each phase reports the time from the first create to every pod Running and from the first
@@ -203,13 +213,14 @@ fn sample_apiserver_load(
 /// The daemons' largest resident set, sampled every half second from `started` on, as
 /// (seconds since `started`, MiB): shows which part of the phase its peak belongs to.
 fn sample_daemon_rss(
-    pids: Vec<u32>,
+    pids: Arc<Mutex<Vec<u32>>>,
     started: Instant,
     samples: Arc<Mutex<Vec<(f64, f64)>>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let mib = pids
+                .lock()
                 .iter()
                 .map(|p| proc_status_kib(*p, "VmRSS:") / 1024.0)
                 .fold(0.0, f64::max);
@@ -261,6 +272,8 @@ struct Timeline {
     gone: HashMap<String, Instant>,
     /// Pods whose phase is neither Pending nor Running (a failure to report).
     failed: BTreeMap<String, String>,
+    /// Pods a container of which was seen restarted, with the highest count seen.
+    restarted: BTreeMap<String, i32>,
 }
 
 type Shared = Arc<Mutex<Timeline>>;
@@ -291,8 +304,18 @@ async fn watch_pods(
                 }
                 Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
                     let name = pod.metadata.name.clone().unwrap_or_default();
-                    let phase = pod.status.and_then(|s| s.phase).unwrap_or_default();
+                    let status = pod.status.unwrap_or_default();
+                    let restarts = status
+                        .container_statuses
+                        .iter()
+                        .map(|c| c.restart_count)
+                        .max()
+                        .unwrap_or(0);
+                    let phase = status.phase.unwrap_or_default();
                     let mut t = lock(&timeline);
+                    if restarts > 0 {
+                        t.restarted.insert(name.clone(), restarts);
+                    }
                     match phase.as_str() {
                         "Running" => {
                             t.running.entry(name).or_insert(now);
@@ -377,6 +400,39 @@ struct Load {
     rate: f64,
     /// The pods mount their service account's token.
     tokens: bool,
+    /// What is done to the daemons while the pods are created.
+    disruption: Disruption,
+}
+
+/// What is done to the daemon replicas while the pods are created (`PODS_BENCH_DISRUPTION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Disruption {
+    None,
+    /// Once half the pods are created, the middle replica is killed with SIGKILL and started
+    /// again at once.
+    Kill9,
+    /// From the first create on, each replica in turn, highest ordinal first, is stopped with
+    /// SIGTERM and started again; the next once its successor is ready.
+    Rolling,
+}
+
+impl Disruption {
+    fn parse(text: &str) -> Self {
+        match text.trim() {
+            "none" | "" => Self::None,
+            "kill9" => Self::Kill9,
+            "rolling" => Self::Rolling,
+            other => panic!("PODS_BENCH_DISRUPTION: {other:?} is none of none, kill9, rolling"),
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Kill9 => "kill9",
+            Self::Rolling => "rolling",
+        }
+    }
 }
 
 /// The figures of one phase.
@@ -417,6 +473,8 @@ struct Figures {
     components_to_running: BTreeMap<String, f64>,
     /// When the daemons' sampled resident set was largest: [`peak_stage`].
     rss_peak: Value,
+    /// What was done to the daemons and what held afterwards ([`after_disruption`]).
+    disruption: Option<Value>,
 }
 
 /// The processes besides the daemons and this benchmark that work during a phase, by command
@@ -443,10 +501,29 @@ fn components_cpu() -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// A daemon replica of a phase: its process name and metrics URL.
+/// A daemon replica of a phase: its ordinal, environment, process name and ops URLs.
 struct Replica {
+    ordinal: u32,
+    /// What [`Harness::start_daemon`] is given, again for a restart (the same ops address).
+    env: Vec<(String, String)>,
     process: String,
     metrics: String,
+    ready: String,
+}
+
+impl Replica {
+    fn start(&mut self, h: &mut Harness) {
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        self.process = h.start_daemon(self.ordinal, &env).unwrap();
+    }
+
+    fn pid(&self, h: &mut Harness) -> u32 {
+        h.process(&self.process).unwrap().pid().unwrap()
+    }
 }
 
 fn pod_manifest(name: &str, node: &str, phase: &str, tokens: bool) -> Vec<u8> {
@@ -476,10 +553,20 @@ struct WatchedPod {
     status: Option<WatchedStatus>,
 }
 
-#[derive(Clone, Debug, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct WatchedStatus {
     #[serde(default)]
     phase: Option<String>,
+    #[serde(default)]
+    container_statuses: Vec<WatchedContainer>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatchedContainer {
+    #[serde(default)]
+    restart_count: i32,
 }
 
 /// A pod's metadata with only what the watch needs (the rest is skipped, not decoded).
@@ -613,8 +700,9 @@ async fn start_ours(h: &mut Harness, load: Load, quotas: bool) -> Vec<Replica> {
         mock_args.push("--no-rate-limits");
     }
     h.start_mock_eci(&mock_args).await.unwrap();
-    if load.replicas > 1 {
-        // Replicas learn how many share the account's quotas from the StatefulSet.
+    if load.replicas > 1 || load.disruption != Disruption::None {
+        // Replicas learn how many share the account's quotas from the StatefulSet, and from
+        // it whether a stop signal is a restart (the node stays) or a scale-in (it drains).
         h.create_daemon_statefulset(i32::try_from(load.replicas).unwrap())
             .await
             .unwrap();
@@ -625,7 +713,7 @@ async fn start_ours(h: &mut Harness, load: Load, quotas: bool) -> Vec<Replica> {
     for ordinal in 0..load.replicas {
         let port = integration::harness::free_port().unwrap();
         let addr = format!("127.0.0.1:{port}");
-        let mut env = vec![
+        let mut env: Vec<(&str, &str)> = vec![
             ("POD_STATUS_POLL_INTERVAL", "500ms"),
             ("POD_RESYNC_INTERVAL", "60s"),
             ("MAX_CONCURRENT_CREATES", "64"),
@@ -643,11 +731,18 @@ async fn start_ours(h: &mut Harness, load: Load, quotas: bool) -> Vec<Replica> {
         if !quotas {
             env.push(("NO_ECI_CLIENT_RATE_LIMITS", "true"));
         }
-        let process = h.start_daemon(ordinal, &env).unwrap();
-        replicas.push(Replica {
-            process,
+        let mut replica = Replica {
+            ordinal,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            process: String::new(),
             metrics: format!("http://{addr}/metrics"),
-        });
+            ready: format!("http://{addr}/readyz"),
+        };
+        replica.start(h);
+        replicas.push(replica);
     }
     let nodes: Vec<String> = (0..load.replicas).map(|i| h.node_name(i)).collect();
     wait_nodes_ready(h, &nodes).await;
@@ -665,7 +760,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     .unwrap();
     let client = h.client();
     let phase = format!("{}-{}", h.daemon_set_name(), load.size);
-    let (nodes, replicas) = match driver {
+    let (nodes, mut replicas) = match driver {
         Driver::Kwok => {
             let names: Vec<String> = (0..load.replicas)
                 .map(|i| format!("kwok-{}", h.node_name(i)))
@@ -712,17 +807,15 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     let components_before = components_cpu();
     let size = load.size;
     let names: Vec<String> = (0..size).map(|i| format!("bench-{i:05}")).collect();
-    let pids: Vec<u32> = replicas
-        .iter()
-        .map(|r| h.process(&r.process).unwrap().pid().unwrap())
-        .collect();
+    let live_pids: Arc<Mutex<Vec<u32>>> =
+        Arc::new(Mutex::new(replicas.iter().map(|r| r.pid(&mut h)).collect()));
 
     let started = Instant::now();
     let rss_samples: Arc<Mutex<Vec<(f64, f64)>>> = Arc::default();
-    let rss_sampler = sample_daemon_rss(pids.clone(), started, Arc::clone(&rss_samples));
+    let rss_sampler = sample_daemon_rss(Arc::clone(&live_pids), started, Arc::clone(&rss_samples));
     let paced_start = tokio::time::Instant::now();
-    futures::stream::iter(names.iter().enumerate())
-        .for_each_concurrent(64, |(i, name)| {
+    let creates =
+        futures::stream::iter(names.iter().enumerate()).for_each_concurrent(64, |(i, name)| {
             let create = pods_url
                 .create(
                     &PostParams::default(),
@@ -740,8 +833,9 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
                 lock(&timeline).created.insert(name.clone(), Instant::now());
                 send_undecoded(client, create).await;
             }
-        })
-        .await;
+        });
+    let disruption = disrupt(&mut h, &mut replicas, load, &timeline, &live_pids);
+    let ((), disruption_notes) = tokio::join!(creates, disruption);
     let created_in = started.elapsed();
     let bound =
         Duration::from_secs(300) + Duration::from_millis(100) * u32::try_from(size).unwrap();
@@ -760,6 +854,7 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         latencies.sort_by(f64::total_cmp);
         (last.duration_since(started), latencies)
     };
+    let pids = live_pids.lock().clone();
     let cpu_to_running: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
     let components_to_running = diff(&components_cpu(), &components_before);
     // Resident now, against the peak read at the end: a peak far above it is a burst's
@@ -769,6 +864,11 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         .map(|p| proc_status_kib(*p, "VmRSS:") / 1024.0)
         .fold(0.0, f64::max);
     let events_waiting_at_running = events_waiting(&replicas).await;
+    let disruption_checks = if load.disruption == Disruption::None {
+        None
+    } else {
+        Some(after_disruption(&h, &namespace, size, &timeline, &mock_before).await)
+    };
 
     let deleting = Instant::now();
     let deleting_from = deleting.duration_since(started).as_secs_f64();
@@ -842,6 +942,10 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
         figures.rss_at_running_mib = Some(rss_at_running);
         figures.events_waiting_at_running = Some(events_waiting_at_running);
         figures.events_sent_by = events_sent_by;
+        figures.disruption = disruption_checks.map(|mut checks| {
+            checks["done"] = json!(disruption_notes);
+            checks
+        });
         no_group_left(&h).await;
     }
     if driver == Driver::Kwok {
@@ -852,6 +956,149 @@ async fn run_phase(driver: Driver, load: Load) -> Figures {
     }
     h.shutdown(Duration::from_secs(10)).await;
     figures
+}
+
+/// Does the load's disruption to `replicas` while the pods are created (see the module's doc),
+/// keeping `live_pids` on the processes that run; returns what it did.
+async fn disrupt(
+    h: &mut Harness,
+    replicas: &mut [Replica],
+    load: Load,
+    timeline: &Shared,
+    live_pids: &Mutex<Vec<u32>>,
+) -> Vec<String> {
+    let bound =
+        Duration::from_secs(300) + Duration::from_millis(20) * u32::try_from(load.size).unwrap();
+    let created = || lock(timeline).created.len();
+    let mut done = Vec::new();
+    match load.disruption {
+        Disruption::None => {}
+        Disruption::Kill9 => {
+            let half = load.size / 2;
+            wait_for("half the pods created", bound, timeline, |t| {
+                t.created.len() >= half
+            })
+            .await;
+            let replica = &mut replicas[replicas.len() / 2];
+            h.process(&replica.process).unwrap().kill().await;
+            let at = created();
+            replica.start(h);
+            live_pids.lock()[replica.ordinal as usize] = replica.pid(h);
+            done.push(format!(
+                "replica {} killed with SIGKILL after {at} creates and started again at once",
+                replica.ordinal
+            ));
+        }
+        Disruption::Rolling => {
+            wait_for("the first create", bound, timeline, |t| {
+                !t.created.is_empty()
+            })
+            .await;
+            for replica in replicas.iter_mut().rev() {
+                let at = created();
+                let stopping = Instant::now();
+                let exit = h
+                    .process(&replica.process)
+                    .unwrap()
+                    .terminate(Duration::from_secs(120))
+                    .await;
+                assert!(
+                    exit.is_some_and(|e| e.success()),
+                    "replica {} did not stop cleanly on SIGTERM: {exit:?}",
+                    replica.ordinal
+                );
+                let stopped_in = stopping.elapsed();
+                replica.start(h);
+                live_pids.lock()[replica.ordinal as usize] = replica.pid(h);
+                wait_ready(&replica.ready, Duration::from_secs(120)).await;
+                done.push(format!(
+                    "replica {}: SIGTERM after {at} creates, stopped in {:.1} s, successor \
+                     ready {:.1} s after the signal",
+                    replica.ordinal,
+                    stopped_in.as_secs_f64(),
+                    stopping.elapsed().as_secs_f64()
+                ));
+            }
+        }
+    }
+    done
+}
+
+/// Waits until a daemon's `/readyz` answers 200 (its node registered and its Lease held).
+async fn wait_ready(url: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let ready = reqwest::get(url)
+            .await
+            .is_ok_and(|answer| answer.status().is_success());
+        if ready {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{url} not ready after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What must hold at all Running after a disruption, asserted: the fault suite's invariants
+/// (none lost, leaked or duplicated; every pod Running and Ready on its node), no pod ever
+/// seen failed, no container restarted, no group deleted (so none recreated). Returns the
+/// figures for the report.
+async fn after_disruption(
+    h: &Harness,
+    namespace: &str,
+    size: usize,
+    timeline: &Shared,
+    mock_before: &str,
+) -> Value {
+    let deletes = |text: &str| {
+        grouped(text, "mock_eci_calls_total", |l| {
+            (l.get("action").map(String::as_str) == Some("DeleteContainerGroup")).then(String::new)
+        })
+        .values()
+        .sum::<f64>()
+    };
+    let mock_now = fetch(&format!("{}/metrics", h.mock_eci().unwrap().admin)).await;
+    let deleted = deletes(&mock_now) - deletes(mock_before);
+    let checking = Instant::now();
+    let convergence = h
+        .converge(
+            &integration::harness::invariants::Expect::new(h, namespace, size),
+            Duration::from_secs(600),
+        )
+        .await;
+    let (failed, restarted) = {
+        let t = lock(timeline);
+        (t.failed.clone(), t.restarted.clone())
+    };
+    println!(
+        "after the disruption: {}; failed {}, restarted {}, groups deleted {deleted} (checked \
+         in {:.1} s)",
+        convergence.report,
+        failed.len(),
+        restarted.len(),
+        checking.elapsed().as_secs_f64()
+    );
+    assert!(
+        convergence.converged,
+        "the invariants did not hold: {}",
+        convergence.report
+    );
+    assert!(failed.is_empty(), "pods seen failed: {failed:?}");
+    assert!(restarted.is_empty(), "containers restarted: {restarted:?}");
+    assert!(
+        deleted == 0.0,
+        "{deleted} DeleteContainerGroup calls before the delete phase"
+    );
+    json!({
+        "converged_in_s": convergence.seconds,
+        "invariants": convergence.report.to_string(),
+        "pods_failed": failed.len(),
+        "pods_restarted": restarted.len(),
+        "groups_deleted": deleted,
+    })
 }
 
 /// The routine Events the replicas hold queued now.
@@ -1294,6 +1541,7 @@ fn to_json(f: &Figures, size: usize) -> Value {
         "bench_process_cpu_s": f.bench_cpu,
         "cpu_to_running_s_by_process": f.components_to_running,
         "daemon_rss_sampled_peak": f.rss_peak,
+        "disruption": f.disruption,
     })
 }
 
@@ -1328,6 +1576,7 @@ async fn main() {
         Ok("off") | Err(_) => false,
         Ok(other) => panic!("PODS_BENCH_TOKENS: {other:?} is neither on nor off"),
     };
+    let disruption = Disruption::parse(&std::env::var("PODS_BENCH_DISRUPTION").unwrap_or_default());
     let ours_first = match std::env::var("PODS_BENCH_ORDER").as_deref() {
         Ok("ours-first") => true,
         Ok("kwok-first") | Err(_) => false,
@@ -1349,6 +1598,7 @@ async fn main() {
             replicas,
             rate,
             tokens,
+            disruption,
         };
         let kwok_phase = || async {
             println!("== {size} pods over {replicas} node(s): kwok ==");
@@ -1395,8 +1645,17 @@ async fn main() {
                 .trim()
         );
         println!("{}", table(load, &kwok, &ours));
+        for (driver, figures) in &ours {
+            if let Some(disruption) = &figures.disruption {
+                println!(
+                    "disruption ({}), {}: {disruption}",
+                    load.disruption.label(),
+                    driver.label()
+                );
+            }
+        }
         let mut entry = json!({"pods": size, "replicas": replicas, "rate": rate,
-            "tokens": tokens, "ours_first": ours_first, "kwok": to_json(&kwok, size)});
+            "tokens": tokens, "disruption": disruption.label(), "ours_first": ours_first, "kwok": to_json(&kwok, size)});
         for (driver, figures) in &ours {
             entry[driver.label()] = to_json(figures, size);
             if *driver == (Driver::Ours { quotas: true }) {
