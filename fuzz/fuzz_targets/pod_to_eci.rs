@@ -21,8 +21,9 @@ use libfuzzer_sys::fuzz_target;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use virtual_node_eci::eci::openapi::form;
-use virtual_node_eci::pods::refs::{Token, references};
-use virtual_node_eci::pods::to_eci::{self, Context, service_env};
+use vne_core::refs::{Token, references};
+use vne_core::service_env;
+use vne_core::to_eci::{self, Context};
 
 fn objects<T: DeserializeOwned>(value: &Value) -> Vec<T> {
     value

@@ -1,4 +1,4 @@
-//! The annotation table (`pods::to_eci::annotations::TABLE`) held to the service and the docs:
+//! The annotation table (`vne_core::to_eci::annotations::TABLE`) held to the service and the docs:
 //! - every parameter a mapped annotation names is one the official SDK documents for
 //!   CreateContainerGroup (`proto/sdk/names.tsv`), and the annotation's example value, on a
 //!   pod, changes exactly those parameters of what the client sends — nothing else;
@@ -16,12 +16,12 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use virtual_node_eci::eci::openapi::form;
-use virtual_node_eci::pods::to_eci::annotations::{Handling, TABLE};
-use virtual_node_eci::pods::to_eci::{self, Context};
+use vne_core::to_eci::annotations::{Handling, TABLE};
+use vne_core::to_eci::{self, Context};
 
 const ACTION: &str = "CreateContainerGroup";
 const PAGE: &str = "docs/compatibility.md";
-const BEGIN: &str = "<!-- BEGIN annotation table: generated from provider/src/pods/to_eci/annotations.rs — do not edit.\n     Regenerate: UPDATE_GENERATED=1 cargo test -p virtual-node-eci --test annotations -->\n";
+const BEGIN: &str = "<!-- BEGIN annotation table: generated from core/src/to_eci/annotations.rs — do not edit.\n     Regenerate: UPDATE_GENERATED=1 cargo test -p virtual-node-eci --test annotations -->\n";
 const END: &str = "<!-- END annotation table -->";
 
 fn pod(annotations: &BTreeMap<&str, &str>) -> Pod {

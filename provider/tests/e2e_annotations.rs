@@ -1,6 +1,6 @@
 //! End to end on the real control plane with mock-eci's OpenAPI front (which decodes the
 //! signed flat parameters on its own and refuses names the service does not define): every
-//! mapped annotation of the table (`pods::to_eci::annotations::TABLE`), one pod each with its
+//! mapped annotation of the table (`vne_core::to_eci::annotations::TABLE`), one pod each with its
 //! example value, reaches mock-eci as the parameters the table names — what mock-eci recorded
 //! (`/admin/groups/{id}/request`) holds what the annotation adds to the request. The pod gets
 //! the creation's answer (`eci-instance-id`, `eci-request-id`) and the group's description
@@ -21,10 +21,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use virtual_node_eci::pods::to_eci::annotations::{
+use vne_core::to_eci::annotations::{
     EIP_ADDRESS, ENI_INSTANCE_ID, Handling, INSTANCE_ID, INSTANCE_SPEC, REQUEST_ID, TABLE, VPC,
 };
-use virtual_node_eci::pods::to_eci::{self, Context};
+use vne_core::to_eci::{self, Context};
 
 const WAIT: Duration = Duration::from_secs(120);
 

@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use virtual_node_eci::pods::to_eci::annotations::{FAIL_STRATEGY, INSTANCE_ID, ZONE};
+use vne_core::to_eci::annotations::{FAIL_STRATEGY, INSTANCE_ID, ZONE};
 
 const WAIT: Duration = Duration::from_secs(120);
 

@@ -26,7 +26,7 @@ use serde_json::{Map, Value, json};
 
 use virtual_node_eci::eci::openapi::form::{self, Form};
 use virtual_node_eci::eci::openapi::response;
-use virtual_node_eci::pods::to_eci::{self, Context};
+use vne_core::to_eci::{self, Context};
 
 /// The keys of `form` that `action` does not define.
 fn undocumented(action: &str, form: Form) -> BTreeSet<String> {

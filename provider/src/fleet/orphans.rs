@@ -23,7 +23,7 @@ use crate::eci::Backend;
 use crate::k8s::election::{self, Acquire, LeaseLock, Request};
 use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
-use crate::pods::to_eci::naming;
+use vne_core::to_eci::naming;
 
 /// Name of the election Lease (in the daemon's namespace).
 pub const GC_LEASE: &str = "virtual-node-eci-orphan-gc";

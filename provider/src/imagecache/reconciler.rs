@@ -37,7 +37,7 @@ use crate::k8s::election::{Candidate, LeaseLock, ROLE_RENEW_INTERVAL, Request, S
 use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
-use crate::pods::to_eci::naming::TAG_CLUSTER;
+use vne_core::to_eci::naming::TAG_CLUSTER;
 
 /// The election Lease (in the daemon's namespace) whose holder reconciles image caches.
 pub const LEASE: &str = "virtual-node-eci-imagecache";
@@ -480,7 +480,7 @@ impl Context {
                     source,
                 })?
                 .ok_or_else(|| unusable("does not exist"))?;
-            let found = crate::pods::to_eci::registry_credentials(&secret);
+            let found = vne_core::to_eci::registry_credentials(&secret);
             if found.is_empty() {
                 return Err(unusable(
                     "holds no registry credentials (.dockerconfigjson or .dockercfg with a user name)",

@@ -23,7 +23,7 @@ use super::KubeletState;
 use crate::eci::Lane;
 use crate::k8s::access::{Access, Scope};
 use crate::ops::chain::Chain;
-use crate::pods::to_eci::naming::{TAG_CLUSTER, TAG_POD_UID, container_group_name};
+use vne_core::to_eci::naming::{TAG_CLUSTER, TAG_POD_UID, container_group_name};
 
 /// The Kubernetes API accesses of pod lookups.
 pub const KUBE_API: &[Access] = &[Access {

@@ -1,7 +1,7 @@
 //! Runs the pods bound to this node as ECI container groups.
 //!
 //! - A watch of this node's pods (`spec.nodeName=<node>`) drives creation and deletion.
-//! - Creation: fetch what the pod references, translate ([`crate::pods::to_eci`]), create with
+//! - Creation: fetch what the pod references, translate ([`vne_core::to_eci`]), create with
 //!   `ClientToken` = pod UID (idempotent across retries and restarts), retrying throttling and
 //!   server errors with back-off; a request that can never work fails the pod with
 //!   `ProviderFailed`, one that may work later leaves it Pending with the reason.
@@ -53,10 +53,10 @@ use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
 use crate::ops::supervisor::Supervisor;
 use crate::pods::from_eci;
-use crate::pods::to_eci::naming;
 use crate::pods::workqueue::WorkQueue;
 use create::{CreateJob, WriteBack};
 use lifecycle::{Effect, Lifecycle, Trigger};
+use vne_core::to_eci::naming;
 
 /// Annotation recording the pod's ECI instance.
 pub const INSTANCE_ANNOTATION: &str = "k8s.aliyun.com/eci-instance-id";
@@ -1023,7 +1023,7 @@ enum Failure {
     /// No zone of the pod's vSwitches has stock (ECI's message): its fail strategy decides.
     NoStock(String),
     /// ConfigMaps, Secrets or keys the pod needs do not exist (yet): it waits and is retried.
-    Absent(Vec<crate::pods::refs::Absent>),
+    Absent(Vec<vne_core::refs::Absent>),
     /// A cloud disk the pod mounts is attached to another group (ECI's message): it waits
     /// until that group is deleted, retried.
     DiskInUse(String),
@@ -1053,7 +1053,7 @@ impl Failure {
 }
 
 /// What a pod waiting for references is told: each missing one.
-fn absent_message(absent: &[crate::pods::refs::Absent]) -> String {
+fn absent_message(absent: &[vne_core::refs::Absent]) -> String {
     let each: Vec<String> = absent.iter().map(ToString::to_string).collect();
     format!("{}; the pod waits for them and is retried", each.join("; "))
 }

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition, PodReadinessGate};
 use serde_json::{Map, Value, json};
 
 use crate::k8s::rfc3339;
-use crate::pods::to_eci::sidecars;
+use vne_core::to_eci::sidecars;
 
 /// The Pod phase of an ECI group status (`None`: keep the pod's current phase).
 pub fn phase(status: &str) -> Option<&'static str> {
@@ -311,7 +311,7 @@ fn resizes(pod: &Pod, group: &ContainerGroupStatus) -> Vec<String> {
         .iter()
         .filter_map(|container| {
             let info = find(&group.containers, &container.name)?;
-            let asked = crate::pods::to_eci::size(container, "").ok()?;
+            let asked = vne_core::to_eci::size(container, "").ok()?;
             (differ(asked.cpu, info.cpu) || differ(asked.memory, info.memory)).then(|| {
                 format!(
                     "{} ({} → {})",

@@ -17,7 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::pods::to_eci::service_env::{APISERVER_NAMESPACE, APISERVER_SERVICE};
+use vne_core::service_env::{APISERVER_NAMESPACE, APISERVER_SERVICE};
 
 /// Why the Service cache stopped.
 #[derive(Debug, thiserror::Error)]
@@ -193,7 +193,7 @@ mod tests {
                 "spec": {"clusterIP": "10.96.0.20", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
             })
         );
-        let vars = crate::pods::to_eci::service_env::from_services([&service]);
+        let vars = vne_core::service_env::from_services([&service]);
         assert_eq!(vars[0], ("WEB_SERVICE_HOST".into(), "10.96.0.20".into()));
     }
 }

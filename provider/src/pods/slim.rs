@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::error;
 
-use crate::pods::to_eci::annotations::WRITTEN_BACK;
+use vne_core::to_eci::annotations::WRITTEN_BACK;
 
 /// The controller's copy of a pod.
 #[derive(Debug, Clone)]

@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::ops::chain::Chain;
-use crate::pods::refs::{self, Kind};
 use crate::pods::tokens::{Entry, TokenRefresher};
+use vne_core::refs::{self, Kind};
 
 /// An object a pod's volumes show as files.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -91,7 +91,7 @@ impl FileInputs {
     pub fn of(pod: &Pod) -> Self {
         Self {
             sources: Source::of(pod),
-            metadata: crate::pods::to_eci::downward_metadata(pod),
+            metadata: vne_core::to_eci::downward_metadata(pod),
         }
     }
 

@@ -46,9 +46,9 @@ use crate::config::{PodsArgs, WithSite};
 use crate::eci::{Backend, Lane};
 use crate::ops::chain::Chain;
 use crate::ops::metrics::Telemetry;
-use crate::pods::refs::{self, Token, TokenSource};
 use crate::pods::sources::{Dependents, FileInputs, Seen, Source};
-use crate::pods::to_eci::{self, Context, Rejection};
+use vne_core::refs::{self, Token, TokenSource};
+use vne_core::to_eci::{self, Context, Rejection};
 
 /// A token older than this is refreshed whatever its lifetime (the kubelet's `maxTTL`).
 pub const MAX_TOKEN_AGE: Duration = Duration::from_secs(24 * 60 * 60);
@@ -745,7 +745,7 @@ impl<W: Work> Refresher<W> {
             return;
         };
         // Most pods show no labels: no lock taken for them on every delivery.
-        let Some(metadata) = crate::pods::to_eci::downward_metadata(pod) else {
+        let Some(metadata) = vne_core::to_eci::downward_metadata(pod) else {
             return;
         };
         let changed = self

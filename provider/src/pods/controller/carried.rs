@@ -19,8 +19,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 #[cfg(test)]
-use crate::pods::to_eci::annotations::{EIP_ADDRESS, REQUEST_ID, VPC, ZONE};
-use crate::pods::to_eci::annotations::{INSTANCE_ID, WRITTEN_BACK as OURS};
+use vne_core::to_eci::annotations::{EIP_ADDRESS, REQUEST_ID, VPC, ZONE};
+use vne_core::to_eci::annotations::{INSTANCE_ID, WRITTEN_BACK as OURS};
 
 /// Status polls a pod's new annotations wait for a status write before they get their own
 /// (2 s at the default 1 s poll). A longer wait saved no writes, only delayed the annotations

@@ -25,8 +25,9 @@ use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
     carried, misconfigured, pod_key, pod_key_parts, retry_delays,
 };
-use crate::pods::to_eci::{self, Context, annotations, naming};
-use crate::pods::{from_eci, refs};
+use crate::pods::from_eci;
+use vne_core::refs;
+use vne_core::to_eci::{self, Context, annotations, naming};
 
 /// A pod's ConfigMaps and Secrets read at once, at most.
 const REFERENCE_READS: usize = 8;
@@ -689,7 +690,7 @@ impl PodController {
             ));
         }
         let config = &self.inner.config;
-        let apiserver = to_eci::service_env::apiserver_service(
+        let apiserver = vne_core::service_env::apiserver_service(
             self.inner.services.apiserver().as_deref(),
             config.args.kubernetes_service_host.as_deref(),
             config.args.kubernetes_service_port,

@@ -24,7 +24,7 @@ use tracing::warn;
 use super::{Failure, PodController};
 use crate::eci::misconfig::{self, ErrorClass, Misconfiguration, Problem};
 use crate::pods::from_eci;
-use crate::pods::to_eci::{ANNOTATION_KUBE_PROXY, naming};
+use vne_core::to_eci::{ANNOTATION_KUBE_PROXY, naming};
 
 /// The action whose answers are judged here.
 const CREATE: &str = "CreateContainerGroup";
@@ -494,7 +494,7 @@ mod tests {
             // The daemon's own tags, the kube-proxy switch among them, are not the pod's.
             (
                 |r| {
-                    r.tag = crate::pods::to_eci::naming::tags("c", "n", "ns", "p", "u");
+                    r.tag = vne_core::to_eci::naming::tags("c", "n", "ns", "p", "u");
                     r.tag.push(eci_proto::v20180808::Tag {
                         key: ANNOTATION_KUBE_PROXY.into(),
                         value: "true".into(),
@@ -520,7 +520,7 @@ mod tests {
         let daemons = CreateContainerGroupRequest {
             v_switch_id: "vsw-a".into(),
             security_group_id: "sg-own".into(),
-            tag: crate::pods::to_eci::naming::tags("c", "n", "ns", "p", "u"),
+            tag: vne_core::to_eci::naming::tags("c", "n", "ns", "p", "u"),
             ..CreateContainerGroupRequest::default()
         };
         type Change = fn(&mut CreateContainerGroupRequest);

@@ -25,7 +25,7 @@ use super::carried::{self, Backlog};
 use super::lifecycle::{self, Lifecycle};
 use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
 use crate::pods::from_eci;
-use crate::pods::to_eci::naming;
+use vne_core::to_eci::naming;
 
 use crate::pods::from_eci::INSTANCE_CREATED;
 

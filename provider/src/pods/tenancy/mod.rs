@@ -249,7 +249,7 @@ struct Check<'a> {
 
 /// Whether an annotation is one the daemon writes back (never read from the pod).
 fn written_back(name: &str) -> bool {
-    use crate::pods::to_eci::annotations::{Handling, entry};
+    use vne_core::to_eci::annotations::{Handling, entry};
     entry(name).is_some_and(|e| matches!(e.handling, Handling::WrittenBack(_)))
 }
 

@@ -514,7 +514,7 @@ fn flat_yaml(text: &str, start: Option<&str>) -> BTreeMap<String, String> {
 
 #[test]
 fn the_shipped_policy_names_every_annotation_and_restricts_identity_network_and_others_resources() {
-    use crate::pods::to_eci::annotations::{Handling, TABLE};
+    use vne_core::to_eci::annotations::{Handling, TABLE};
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let read = |path: &str| std::fs::read_to_string(format!("{root}/{path}")).expect(path);
     let kustomize = flat_yaml(
@@ -583,4 +583,27 @@ fn the_shipped_policy_names_every_annotation_and_restricts_identity_network_and_
         refused(ANNOTATION_NOT_ALLOWED, &["eci-ram-role-name", trusted])(&verdict),
         "{verdict:?}"
     );
+}
+
+/// The annotation table is vne-core's; the prefix a policy can name is the annotation policy's.
+#[test]
+fn the_table_names_each_annotation_once_and_each_can_be_governed() {
+    use vne_core::to_eci::annotations::TABLE;
+    let mut keys: Vec<&str> = TABLE.iter().map(|e| e.key).collect();
+    keys.sort_unstable();
+    let count = keys.len();
+    keys.dedup();
+    assert_eq!(keys.len(), count, "an annotation listed twice");
+    for entry in TABLE {
+        // The annotation policy governs annotations under its prefix; only the two
+        // Kubernetes bandwidth annotations (limits, not identity, network or billing) are not.
+        assert!(
+            entry
+                .key
+                .starts_with(crate::pods::tenancy::ANNOTATION_PREFIX)
+                || entry.key.ends_with("-bandwidth"),
+            "{} cannot be named by the annotation policy",
+            entry.key
+        );
+    }
 }

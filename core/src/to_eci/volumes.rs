@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod};
 use super::claims;
 use super::downward::{self, FieldValue};
 use super::{Context, Rejection, missing, reject};
-use crate::pods::refs::TokenSource;
+use crate::refs::TokenSource;
 
 struct File {
     path: String,
@@ -224,7 +224,7 @@ fn has_files(volume: &k8s_openapi::api::core::v1::Volume) -> bool {
 /// A fingerprint of the labels and annotations the pod's `downwardAPI` files show (plain or
 /// projected); `None` when no file shows them. A pod whose fingerprint moved while it runs gets
 /// its file volumes pushed again, as the kubelet rewrites such files.
-pub(crate) fn downward_metadata(pod: &Pod) -> Option<u64> {
+pub fn downward_metadata(pod: &Pod) -> Option<u64> {
     use std::hash::{Hash as _, Hasher as _};
     let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
     let plain = volumes

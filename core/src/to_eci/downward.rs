@@ -1,9 +1,9 @@
-//! Downward API values on ECI: the kubelet's resolution ([`vne_core::downward`]) with what only
+//! Downward API values on ECI: the kubelet's resolution ([`crate::downward`]) with what only
 //! ECI knows left to ECI. Shared by [`super::env`] and [`super::volumes`].
 
+use crate::downward::{self as core, Side};
+use crate::quantity::{Format, Quantity};
 use k8s_openapi::api::core::v1::{Container, ObjectFieldSelector, Pod, ResourceFieldSelector};
-use vne_core::downward::{self as core, Side};
-use vne_core::quantity::{Format, Quantity};
 
 use super::{Rejection, reject};
 

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Rejection, reject};
-use crate::k8s::quantity;
+use crate::quantity;
 
 fn port_number(container: &Container, port: &IntOrString, at: &str) -> Result<i32, Rejection> {
     match port {
@@ -338,17 +338,17 @@ fn handler(
 
 /// A container's size as ECI takes it, each part `None` when unset.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Size {
+pub struct Size {
     /// vCPU.
-    pub(crate) cpu: Option<f64>,
+    pub cpu: Option<f64>,
     /// GiB.
-    pub(crate) memory: Option<f64>,
+    pub memory: Option<f64>,
     /// GPUs.
-    pub(crate) gpu: Option<i32>,
+    pub gpu: Option<i32>,
 }
 
 /// The container's [`Size`].
-pub(crate) fn size(container: &Container, at: &str) -> Result<Size, Rejection> {
+pub fn size(container: &Container, at: &str) -> Result<Size, Rejection> {
     let resources = container.resources.as_ref();
     let get = |kind: &str| {
         resources
@@ -381,7 +381,7 @@ fn expand_all(words: Option<&[String]>, env: &[eci::EnvironmentVar]) -> Vec<Stri
     words
         .unwrap_or_default()
         .iter()
-        .map(|word| vne_core::expansion::expand(word, defined))
+        .map(|word| crate::expansion::expand(word, defined))
         .collect()
 }
 
@@ -484,7 +484,7 @@ fn expanded_sub_path(
 ) -> Result<String, SubPathProblem> {
     let missing = std::cell::RefCell::new(Vec::<String>::new());
     let eci_only = std::cell::RefCell::new(None::<String>);
-    let expanded = vne_core::expansion::expand(expression, |name| {
+    let expanded = crate::expansion::expand(expression, |name| {
         match env.iter().rev().find(|var| var.key == name) {
             Some(var) if var.field_ref.is_some() => {
                 eci_only.borrow_mut().get_or_insert_with(|| name.to_owned());

@@ -278,7 +278,7 @@ pub fn references(pod: &Pod) -> References {
 
 /// What the volumes carrying service account tokens reference: all a token refresh rebuilds.
 pub fn token_volume_references(pod: &Pod) -> References {
-    volume_references(pod, crate::pods::to_eci::has_token)
+    volume_references(pod, crate::to_eci::has_token)
 }
 
 /// What the pod's file volumes (`configMap`, `secret`, `projected`) reference: what a push of
@@ -546,7 +546,7 @@ pub fn out_of_zone(
         .into_iter()
         .filter_map(|name| {
             let pv = bound.get(&name)?;
-            let disk = crate::pods::to_eci::claims::zone_conflict(pv, zone)?;
+            let disk = crate::to_eci::claims::zone_conflict(pv, zone)?;
             Some(Absent {
                 kind: Kind::PersistentVolumeClaim,
                 name,
@@ -839,17 +839,13 @@ mod tests {
             .unwrap();
             pv
         };
-        let disk = crate::pods::to_eci::claims::DISK_DRIVER;
+        let disk = crate::to_eci::claims::DISK_DRIVER;
         let bound = BTreeMap::from([
             ("far".to_owned(), volume("pv-far", disk, "cn-hangzhou-b")),
             ("near".to_owned(), volume("pv-near", disk, "cn-hangzhou-a")),
             (
                 "nas".to_owned(),
-                volume(
-                    "pv-nas",
-                    crate::pods::to_eci::claims::NAS_DRIVER,
-                    "cn-hangzhou-b",
-                ),
+                volume("pv-nas", crate::to_eci::claims::NAS_DRIVER, "cn-hangzhou-b"),
             ),
         ]);
         let plain = pod(json!({}));

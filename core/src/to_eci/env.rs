@@ -1,13 +1,13 @@
 //! Environment variables: literals, the downward API (with `status.podIP` handed to ECI's
 //! field references), resources, ConfigMap and Secret keys (honouring `optional`), `envFrom`,
-//! then the Service variables a kubelet adds (see [`super::service_env`]).
+//! then the Service variables a kubelet adds (see [`crate::service_env`]).
 
 use eci_proto::v20180808::{EnvironmentVar, FieldRef};
 use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVarSource, Pod};
 
 use super::downward::{self, FieldValue};
 use super::{Context, Rejection, missing, reject};
-use vne_core::expansion;
+use crate::expansion;
 
 /// A name `envFrom` may give (a key, prefixed): the apiserver's relaxed rule, which the kubelet
 /// relies on since relaxed names became the default: any printable ASCII but `=`. The API

@@ -11,10 +11,11 @@ pub mod naming;
 pub mod sidecars;
 mod volumes;
 
-pub use vne_core::service_env;
+use crate::service_env;
 
-pub(crate) use container::size;
-pub(crate) use volumes::{downward_metadata, has_token};
+pub use container::{Size, size};
+pub use volumes::downward_metadata;
+pub(crate) use volumes::has_token;
 
 use std::collections::BTreeMap;
 
@@ -30,7 +31,7 @@ use k8s_openapi::api::core::v1::{
 };
 use serde_json::Value;
 
-use crate::pods::refs::{Token, TokenSource};
+use crate::refs::{Token, TokenSource};
 
 /// Pod annotation: `vCPU-memory` pairs and/or ECS instance types for the group (what every
 /// annotation does: [`annotations::TABLE`]).
@@ -97,7 +98,7 @@ pub struct Context<'a> {
     /// Secrets of the pod's namespace that it references, by name.
     pub secrets: &'a BTreeMap<String, Secret>,
     /// The PersistentVolume each of the pod's PersistentVolumeClaims is bound to, by claim
-    /// name (the caller checked the binding: see [`crate::pods::refs::bound_volumes`]).
+    /// name (the caller checked the binding: see [`crate::refs::bound_volumes`]).
     pub claims: &'a BTreeMap<String, PersistentVolume>,
     /// The tokens issued for the pod's projected `serviceAccountToken` sources.
     pub service_account_tokens: &'a BTreeMap<TokenSource, Token>,

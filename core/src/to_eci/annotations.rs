@@ -5,8 +5,8 @@
 //! (a Warning Event; the group is still created), or written back by the daemon. Nothing in
 //! the table is silently ignored. Pure: no I/O.
 
+use core::net::{IpAddr, Ipv4Addr};
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
 
 use eci_proto::v20180808::{
     AcrRegistryInfo, ContainerGroup, CreateContainerGroupRequest, DnsConfig, DnsOption, HostAliase,
@@ -15,7 +15,7 @@ use eci_proto::v20180808::{
 use k8s_openapi::api::core::v1::{HostAlias, PodDNSConfig};
 
 use super::{Rejection, reject};
-use crate::k8s::quantity;
+use crate::quantity;
 
 /// Applies a mapped annotation's value to the request, or says why the value is malformed.
 pub type Apply = fn(&str, &mut CreateContainerGroupRequest) -> Result<(), String>;

@@ -404,27 +404,6 @@ fn the_no_stock_annotations_say_how_long_to_wait_and_whether_to() {
 }
 
 #[test]
-fn the_table_names_each_annotation_once_and_each_can_be_governed() {
-    let mut keys: Vec<&str> = TABLE.iter().map(|e| e.key).collect();
-    keys.sort_unstable();
-    let count = keys.len();
-    keys.dedup();
-    assert_eq!(keys.len(), count, "an annotation listed twice");
-    for entry in TABLE {
-        // The annotation policy governs annotations under its prefix; only the two
-        // Kubernetes bandwidth annotations (limits, not identity, network or billing) are not.
-        assert!(
-            entry
-                .key
-                .starts_with(crate::pods::tenancy::ANNOTATION_PREFIX)
-                || entry.key.ends_with("-bandwidth"),
-            "{} cannot be named by the annotation policy",
-            entry.key
-        );
-    }
-}
-
-#[test]
 fn the_creation_answer_is_written_back() {
     let back = written_back("eci-1", "req-1");
     assert_eq!(back[INSTANCE_ID], "eci-1");

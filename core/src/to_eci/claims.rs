@@ -9,7 +9,7 @@ use eci_proto::v20180808::{DiskVolume, FlexVolume, NfsVolume, Volume};
 use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume};
 
 use super::{Rejection, reject};
-use crate::k8s::quantity;
+use crate::quantity;
 
 /// Alibaba Cloud's CSI driver for cloud disks (ReadWriteOnce: one group at a time).
 pub const DISK_DRIVER: &str = "diskplugin.csi.alibabacloud.com";
