@@ -18,7 +18,7 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message as _;
 use serde_json::Value;
 use virtual_node_eci::eci::openapi::response::{self, StatusPage};
-use virtual_node_eci::pods::from_eci;
+use vne_core::from_eci;
 
 /// 2026-11-21T08:00:00Z: fixed, so a crash reproduces.
 fn now() -> SystemTime {

@@ -338,17 +338,17 @@ fn handler(
 
 /// A container's size as ECI takes it, each part `None` when unset.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Size {
+pub(crate) struct Size {
     /// vCPU.
-    pub cpu: Option<f64>,
+    pub(crate) cpu: Option<f64>,
     /// GiB.
-    pub memory: Option<f64>,
+    pub(crate) memory: Option<f64>,
     /// GPUs.
-    pub gpu: Option<i32>,
+    pub(crate) gpu: Option<i32>,
 }
 
 /// The container's [`Size`].
-pub fn size(container: &Container, at: &str) -> Result<Size, Rejection> {
+pub(crate) fn size(container: &Container, at: &str) -> Result<Size, Rejection> {
     let resources = container.resources.as_ref();
     let get = |kind: &str| {
         resources

@@ -13,7 +13,7 @@ mod volumes;
 
 use crate::service_env;
 
-pub use container::{Size, size};
+pub(crate) use container::size;
 pub use volumes::downward_metadata;
 pub(crate) use volumes::has_token;
 

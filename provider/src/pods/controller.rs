@@ -7,7 +7,7 @@
 //!   `ProviderFailed`, one that may work later leaves it Pending with the reason.
 //! - Status: one `DescribeContainerGroupStatus` per interval for the whole node with
 //!   `since_second`, plus a periodic full listing; a pod's status is written only when it
-//!   changed ([`crate::pods::from_eci`]).
+//!   changed ([`vne_core::from_eci`]).
 //! - Deletion: a pod with a deletionTimestamp gets its group deleted (grace period honoured),
 //!   then the Pod is deleted with grace 0 and a UID precondition.
 //! - Start-up: groups tagged with this cluster and node are adopted by pod UID; groups whose pod
@@ -52,10 +52,10 @@ use crate::k8s::write_share::WriteShare;
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
 use crate::ops::supervisor::Supervisor;
-use crate::pods::from_eci;
 use crate::pods::workqueue::WorkQueue;
 use create::{CreateJob, WriteBack};
 use lifecycle::{Effect, Lifecycle, Trigger};
+use vne_core::from_eci;
 use vne_core::to_eci::naming;
 
 /// Annotation recording the pod's ECI instance.

@@ -1,10 +1,9 @@
 //! The pods bound to this node, run as ECI container groups: the controller (watch, create,
-//! status sync, delete), the pure translation from ECI (`from_eci`; the one to ECI is
-//! `vne_core::to_eci`) and what they share. May call `k8s`, `eci`, `ops`, `config` and
+//! status sync, delete) and what it shares; the pure translation both ways is vne-core's
+//! (`vne_core::to_eci`, `vne_core::from_eci`). May call `k8s`, `eci`, `ops`, `config` and
 //! `vne_core`; nothing here knows about nodes or the fleet.
 
 mod controller;
-pub mod from_eci;
 pub mod services;
 mod slim;
 pub mod sources;

@@ -240,7 +240,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::pods::from_eci;
+    use vne_core::from_eci;
 
     fn mk_pod() -> Pod {
         serde_json::from_value(json!({

@@ -25,7 +25,7 @@ use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
     carried, misconfigured, pod_key, pod_key_parts, retry_delays,
 };
-use crate::pods::from_eci;
+use vne_core::from_eci;
 use vne_core::refs;
 use vne_core::to_eci::{self, Context, annotations, naming};
 

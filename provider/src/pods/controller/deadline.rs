@@ -23,7 +23,7 @@ use super::delete::{Deletion, DeletionKey};
 use super::lifecycle::{Effect, Trigger};
 use super::status_sync::Written;
 use super::{PodController, PodEntry, pod_key};
-use crate::pods::from_eci::{self, DEADLINE_EXCEEDED, DEADLINE_MESSAGE};
+use vne_core::from_eci::{self, DEADLINE_EXCEEDED, DEADLINE_MESSAGE};
 
 /// How long after a deadline ECI is given to end the group itself (it was created with that
 /// deadline), and the status sync to show it, before the controller stops the group: ten

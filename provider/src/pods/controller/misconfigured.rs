@@ -23,7 +23,7 @@ use tracing::warn;
 
 use super::{Failure, PodController};
 use crate::eci::misconfig::{self, ErrorClass, Misconfiguration, Problem};
-use crate::pods::from_eci;
+use vne_core::from_eci;
 use vne_core::to_eci::{ANNOTATION_KUBE_PROXY, naming};
 
 /// The action whose answers are judged here.

@@ -24,10 +24,10 @@ use tracing::{debug, warn};
 use super::carried::{self, Backlog};
 use super::lifecycle::{self, Lifecycle};
 use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
-use crate::pods::from_eci;
+use vne_core::from_eci;
 use vne_core::to_eci::naming;
 
-use crate::pods::from_eci::INSTANCE_CREATED;
+use vne_core::from_eci::INSTANCE_CREATED;
 
 /// What a status write came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,8 +11,8 @@ use eci_proto::v20180808::{ContainerGroupStatus, ContainerInfo, ContainerState};
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodReadinessGate};
 use serde_json::{Map, Value, json};
 
-use crate::k8s::rfc3339;
-use vne_core::to_eci::sidecars;
+use crate::time::rfc3339;
+use crate::to_eci::sidecars;
 
 /// The Pod phase of an ECI group status (`None`: keep the pod's current phase).
 pub fn phase(status: &str) -> Option<&'static str> {
@@ -158,7 +158,7 @@ fn status_resources(
     container: &k8s_openapi::api::core::v1::Container,
     info: Option<&ContainerInfo>,
 ) -> Option<Value> {
-    use vne_core::quantity::{Format, Quantity};
+    use crate::quantity::{Format, Quantity};
     let spec = container.resources.as_ref();
     let mut requests = Map::new();
     let mut limits = Map::new();
@@ -311,7 +311,7 @@ fn resizes(pod: &Pod, group: &ContainerGroupStatus) -> Vec<String> {
         .iter()
         .filter_map(|container| {
             let info = find(&group.containers, &container.name)?;
-            let asked = vne_core::to_eci::size(container, "").ok()?;
+            let asked = crate::to_eci::size(container, "").ok()?;
             (differ(asked.cpu, info.cpu) || differ(asked.memory, info.memory)).then(|| {
                 format!(
                     "{} ({} → {})",
@@ -605,7 +605,7 @@ pub const DEADLINE_MESSAGE: &str = "Pod was active on the node longer than the s
 /// What the group itself shows on the pod: its address, its start, why it failed.
 fn show_group(status: &mut Value, group: &ContainerGroupStatus) {
     // Only an address: the API server refuses a status whose pod IP is not one.
-    if group.intranet_ip.parse::<std::net::IpAddr>().is_ok() {
+    if group.intranet_ip.parse::<core::net::IpAddr>().is_ok() {
         status["podIP"] = json!(group.intranet_ip);
         status["podIPs"] = json!([{"ip": group.intranet_ip}]);
         // The ECI instance is the pod's host.
@@ -764,7 +764,7 @@ fn ended(pod: &Pod, reason: &str, message: &str, ending: Ending, now: SystemTime
                     let mut terminated = json!({
                         "exitCode": 137,
                         "reason": "Error",
-                        "finishedAt": crate::k8s::rfc3339(now),
+                        "finishedAt": crate::time::rfc3339(now),
                     });
                     if let Some(started) = last.pointer("/running/startedAt") {
                         terminated["startedAt"] = started.clone();
