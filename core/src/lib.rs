@@ -2,7 +2,7 @@
 //! for every part of the workspace that has to honour it — the daemon translating pods for
 //! ECI, and the integration harness's host agent running pods as a kubelet would — and the
 //! daemon's pure logic: the translation of a pod into ECI's request and of ECI's answer back
-//! into the pod's status.
+//! into the pod's status, and the pod's lifecycle on the node.
 //!
 //! Nothing here does I/O, keeps state or knows about the API server or a runtime: each
 //! function takes Kubernetes objects (k8s-openapi's types), and ECI's wire types (`eci-proto`)
@@ -17,11 +17,13 @@
 //! - [`time`]: timestamps as the API writes them;
 //! - [`refs`]: what a pod references that must be fetched before it can be translated;
 //! - [`to_eci`]: a pod as ECI's `CreateContainerGroupRequest`;
-//! - [`from_eci`]: a container group's status as the pod's status.
+//! - [`from_eci`]: a container group's status as the pod's status;
+//! - [`lifecycle`]: the life of one pod on a virtual node, a state machine of pure transitions.
 
 pub mod downward;
 pub mod expansion;
 pub mod from_eci;
+pub mod lifecycle;
 pub mod quantity;
 pub mod refs;
 pub mod requests;

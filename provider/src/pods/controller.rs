@@ -20,7 +20,6 @@ mod delete;
 mod describe;
 mod eci_events;
 mod gate;
-mod lifecycle;
 mod misconfigured;
 mod status_sync;
 
@@ -54,8 +53,8 @@ use crate::ops::metrics::Telemetry;
 use crate::ops::supervisor::Supervisor;
 use crate::pods::workqueue::WorkQueue;
 use create::{CreateJob, WriteBack};
-use lifecycle::{Effect, Lifecycle, Trigger};
 use vne_core::from_eci;
+use vne_core::lifecycle::{self, Effect, Lifecycle, Trigger};
 use vne_core::to_eci::naming;
 
 /// Annotation recording the pod's ECI instance.

@@ -20,12 +20,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::gate::Admission;
-use super::lifecycle::{Effect, Trigger};
 use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
     carried, misconfigured, pod_key, pod_key_parts, retry_delays,
 };
 use vne_core::from_eci;
+use vne_core::lifecycle::{Effect, Trigger};
 use vne_core::refs;
 use vne_core::to_eci::{self, Context, annotations, naming};
 

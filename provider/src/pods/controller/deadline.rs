@@ -20,10 +20,10 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::delete::{Deletion, DeletionKey};
-use super::lifecycle::{Effect, Trigger};
 use super::status_sync::Written;
 use super::{PodController, PodEntry, pod_key};
 use vne_core::from_eci::{self, DEADLINE_EXCEEDED, DEADLINE_MESSAGE};
+use vne_core::lifecycle::{Effect, Trigger};
 
 /// How long after a deadline ECI is given to end the group itself (it was created with that
 /// deadline), and the status sync to show it, before the controller stops the group: ten

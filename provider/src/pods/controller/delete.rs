@@ -18,9 +18,9 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::lifecycle::{Lifecycle, Trigger};
 use super::{Adopted, PodController, backoff, pod_key, pod_key_parts, slim};
 use crate::pods::workqueue::WorkQueue;
+use vne_core::lifecycle::{Lifecycle, Trigger};
 
 /// Reads in flight at most when confirming that unlisted pods are gone.
 const CONFIRMING: usize = 8;

@@ -11,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::create::CreateJob;
-use super::lifecycle::{Effect, Lifecycle, Trigger};
 use super::{PodController, hash_of};
 use crate::pods::tenancy::specs::Size;
 use crate::pods::tenancy::{Asked, Clearance};
+use vne_core::lifecycle::{Effect, Lifecycle, Trigger};
 
 /// What to do with a pod after judging it.
 pub(super) enum Admission {

@@ -22,9 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::carried::{self, Backlog};
-use super::lifecycle::{self, Lifecycle};
 use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
 use vne_core::from_eci;
+use vne_core::lifecycle::{self, Lifecycle};
 use vne_core::to_eci::naming;
 
 use vne_core::from_eci::INSTANCE_CREATED;

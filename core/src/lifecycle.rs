@@ -1,7 +1,7 @@
-//! The life of one pod on this node, as the controller tracks it: one state at a time, each
-//! carrying only what is valid in it (a group id only where a group exists), and every
-//! transition a pure function of (state, event) that names the next state and what the
-//! controller must do. The controller applies events under its lock and carries the effects
+//! The life of one pod on a virtual node, as the daemon's pod controller tracks it: one state
+//! at a time, each carrying only what is valid in it (a group id only where a group exists),
+//! and every transition a pure function of (state, event) that names the next state and what
+//! the controller must do. The controller applies events under its lock and carries the effects
 //! out; a transition that cannot happen is refused (the state stays as it was) and logged.
 //!
 //! The table test at the end of this file is the specification: every state against every
@@ -9,7 +9,7 @@
 
 /// Where a pod is in its life on this node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) enum Lifecycle {
+pub enum Lifecycle {
     /// No group and nothing under way: a pod just seen, a finished pod, or one whose deletion
     /// gave up (its next event starts the deletion again).
     #[default]
@@ -53,20 +53,20 @@ pub(super) enum Lifecycle {
 
 /// The pod as a watch event (or a resync) shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct Observed<'a> {
+pub struct Observed<'a> {
     /// It carries a deletionTimestamp.
-    pub(super) terminating: bool,
+    pub terminating: bool,
     /// Its phase is Succeeded or Failed: it never runs again.
-    pub(super) finished: bool,
+    pub finished: bool,
     /// Why it never runs on a virtual node (a static pod, a DaemonSet's), when so.
-    pub(super) unfit: Option<&'static str>,
+    pub unfit: Option<&'static str>,
     /// The instance-id annotation it shows.
-    pub(super) annotation: Option<&'a str>,
+    pub annotation: Option<&'a str>,
 }
 
 /// What happens to a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Trigger<'a> {
+pub enum Trigger<'a> {
     /// Start-up: ECI lists this group, tagged with this cluster, this node and the pod's UID.
     Adopted(&'a str),
     /// The watch shows the pod (a resync shows it again).
@@ -95,7 +95,7 @@ pub(super) enum Trigger<'a> {
 
 /// What the controller does after a transition.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Effect {
+pub enum Effect {
     /// Nothing.
     Nothing,
     /// Queue a create.
@@ -116,18 +116,18 @@ pub(super) enum Effect {
 /// A transition that cannot happen; the state stays as it was.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("no transition from {state} on {event}")]
-pub(super) struct Impossible {
+pub struct Impossible {
     /// The state's name.
-    pub(super) state: &'static str,
+    state: &'static str,
     /// The event's name.
-    pub(super) event: &'static str,
+    event: &'static str,
 }
 
 /// The next state and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Step {
-    pub(super) next: Lifecycle,
-    pub(super) effect: Effect,
+pub struct Step {
+    pub next: Lifecycle,
+    pub effect: Effect,
 }
 
 fn go(next: Lifecycle, effect: Effect) -> Result<Step, Lifecycle> {
@@ -141,7 +141,7 @@ fn stay(state: Lifecycle) -> Result<Step, Lifecycle> {
 impl Lifecycle {
     /// The pod's group, while one is known (the kubelet API's and the metrics' only source of
     /// group ids).
-    pub(super) fn group(&self) -> Option<&str> {
+    pub fn group(&self) -> Option<&str> {
         match self {
             Self::Unanswered { group, .. }
             | Self::Created { group, .. }
@@ -152,7 +152,7 @@ impl Lifecycle {
     }
 
     /// The pod's group, while it runs and the pod is not being deleted.
-    pub(super) fn live_group(&self) -> Option<&str> {
+    pub fn live_group(&self) -> Option<&str> {
         match self {
             Self::Unanswered { group, .. } | Self::Created { group, .. } => Some(group),
             _ => None,
@@ -160,12 +160,12 @@ impl Lifecycle {
     }
 
     /// Whether the pod is being deleted.
-    pub(super) fn is_deleting(&self) -> bool {
+    pub fn is_deleting(&self) -> bool {
         matches!(self, Self::Deleting { .. })
     }
 
     /// The group, taken with the state (the pod is no longer tracked).
-    pub(super) fn into_group(self) -> Option<Box<str>> {
+    pub fn into_group(self) -> Option<Box<str>> {
         match self {
             Self::Unanswered { group, .. } | Self::Created { group, .. } => Some(group),
             Self::Stopped { group } | Self::Deleting { group } => group,
@@ -187,7 +187,7 @@ impl Lifecycle {
     }
 
     /// The state after `event`, and what to do; a refusal hands the state back unchanged.
-    pub(super) fn on(self, event: Trigger<'_>) -> Result<Step, (Self, Impossible)> {
+    pub fn on(self, event: Trigger<'_>) -> Result<Step, (Self, Impossible)> {
         let name = self.name();
         self.next(event).map_err(|state| {
             let event = event.name();
