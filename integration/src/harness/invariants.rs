@@ -29,7 +29,7 @@ use serde_json::Value;
 
 use super::{Harness, HarnessError};
 
-/// The tag naming the cluster a group belongs to (`provider/src/pods/to_eci/naming.rs`).
+/// The tag naming the cluster a group belongs to (`core/src/to_eci/naming.rs`).
 pub const TAG_CLUSTER: &str = "k8s.aliyun.com/cluster";
 /// The tag naming the node a group was created for.
 pub const TAG_NODE: &str = "k8s.aliyun.com/node-name";
