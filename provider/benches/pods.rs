@@ -751,6 +751,14 @@ async fn start_ours(h: &mut Harness, load: Load, quotas: bool) -> Vec<Replica> {
 
 /// Runs one phase on a harness of its own (the binary's shared control plane).
 async fn run_phase(driver: Driver, load: Load) -> Figures {
+    // kwok has no replicas to disrupt: its phase is the undisturbed reference.
+    let load = match driver {
+        Driver::Kwok => Load {
+            disruption: Disruption::None,
+            ..load
+        },
+        Driver::Ours { .. } => load,
+    };
     // Unaudited: the fixture's audit log records the daemon's requests and not kwok's.
     let mut h = Harness::start_with(FixtureOptions {
         without_audit_log: true,
