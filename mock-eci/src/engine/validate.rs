@@ -107,6 +107,40 @@ pub fn create(
     init_duration: Millis,
 ) -> Result<ValidCreate, EciError> {
     region(&request.region_id, served_region)?;
+    network(request)?;
+    group_name(&request.container_group_name)?;
+    client_token(&request.client_token)?;
+    tags(&request.tag, "Tag")?;
+    let restart_policy = restart_policy(&request.restart_policy)?;
+
+    if request.container.is_empty() {
+        return Err(missing("Container"));
+    }
+    let volumes = volumes(&request.volume)?;
+    containers(request, &volumes)?;
+    let grace_seconds = grace_seconds(request.termination_grace_period_seconds)?;
+    active_deadline(request.active_deadline_seconds)?;
+    spot(request)?;
+    if request.container.len() + request.init_container.len() > 20 {
+        return Err(invalid(
+            "Container",
+            "a group holds at most 20 containers and init containers",
+        ));
+    }
+    let (cpu, memory) = spec(request)?;
+
+    Ok(ValidCreate {
+        restart_policy,
+        cpu,
+        memory,
+        grace_seconds,
+        behaviours: behaviours(&request.container, None)?,
+        init_behaviours: behaviours(&request.init_container, Some(init_duration))?,
+    })
+}
+
+/// `SecurityGroupId` and `VSwitchId`: both required, and 1 to 10 vSwitches.
+fn network(request: &CreateContainerGroupRequest) -> Result<(), EciError> {
     if request.security_group_id.is_empty() {
         return Err(missing("SecurityGroupId"));
     }
@@ -125,30 +159,31 @@ pub fn create(
             "give 1 to 10 non-empty vSwitch ids separated by commas",
         ));
     }
-    group_name(&request.container_group_name)?;
-    client_token(&request.client_token)?;
-    tags(&request.tag, "Tag")?;
-    let restart_policy = RestartPolicy::from_request(&request.restart_policy).map_err(|_| {
+    Ok(())
+}
+
+/// `RestartPolicy`, defaulted when empty.
+fn restart_policy(policy: &str) -> Result<RestartPolicy, EciError> {
+    RestartPolicy::from_request(policy).map_err(|_| {
         invalid(
             "RestartPolicy",
-            format!(
-                "{:?}; use Always, OnFailure or Never",
-                request.restart_policy
-            ),
+            format!("{policy:?}; use Always, OnFailure or Never"),
         )
-    })?;
+    })
+}
 
-    if request.container.is_empty() {
-        return Err(missing("Container"));
-    }
-    let volumes = volumes(&request.volume)?;
+/// Every init container then container is valid, and no two share a name.
+fn containers(
+    request: &CreateContainerGroupRequest,
+    volumes: &HashSet<&str>,
+) -> Result<(), EciError> {
     let mut names = HashSet::new();
     for (kind, list) in [
         ("InitContainer", &request.init_container),
         ("Container", &request.container),
     ] {
         for (index, container) in list.iter().enumerate() {
-            self::container(container, &format!("{kind}.{}", index + 1), &volumes)?;
+            self::container(container, &format!("{kind}.{}", index + 1), volumes)?;
             if !names.insert(container.name.as_str()) {
                 return Err(invalid(
                     &format!("{kind}.{}.Name", index + 1),
@@ -160,25 +195,34 @@ pub fn create(
             }
         }
     }
-    let grace_seconds = match request.termination_grace_period_seconds {
-        None => DEFAULT_GRACE_SECONDS,
-        Some(seconds) if seconds >= 0 => seconds,
-        Some(seconds) => {
-            return Err(invalid(
-                "TerminationGracePeriodSeconds",
-                format!("{seconds} is negative"),
-            ));
-        }
-    };
-    if let Some(seconds) = request
-        .active_deadline_seconds
-        .filter(|seconds| *seconds <= 0)
-    {
+    Ok(())
+}
+
+/// `TerminationGracePeriodSeconds`: [`DEFAULT_GRACE_SECONDS`] when unset, never negative.
+fn grace_seconds(requested: Option<i64>) -> Result<i64, EciError> {
+    match requested {
+        None => Ok(DEFAULT_GRACE_SECONDS),
+        Some(seconds) if seconds >= 0 => Ok(seconds),
+        Some(seconds) => Err(invalid(
+            "TerminationGracePeriodSeconds",
+            format!("{seconds} is negative"),
+        )),
+    }
+}
+
+/// `ActiveDeadlineSeconds`, when set, is positive.
+fn active_deadline(requested: Option<i64>) -> Result<(), EciError> {
+    if let Some(seconds) = requested.filter(|seconds| *seconds <= 0) {
         return Err(invalid(
             "ActiveDeadlineSeconds",
             format!("{seconds} must be positive"),
         ));
     }
+    Ok(())
+}
+
+/// `SpotStrategy` is a known one, and a price-limited strategy names its limit.
+fn spot(request: &CreateContainerGroupRequest) -> Result<(), EciError> {
     if !matches!(
         request.spot_strategy.as_str(),
         "" | "NoSpot" | "SpotWithPriceLimit" | "SpotAsPriceGo"
@@ -194,33 +238,21 @@ pub fn create(
     if request.spot_strategy == "SpotWithPriceLimit" && request.spot_price_limit.is_none() {
         return Err(missing("SpotPriceLimit"));
     }
-    if request.container.len() + request.init_container.len() > 20 {
-        return Err(invalid(
-            "Container",
-            "a group holds at most 20 containers and init containers",
-        ));
-    }
-    let (cpu, memory) = spec(request)?;
+    Ok(())
+}
 
-    let behaviour_of = |container: &Container, default_exit: Option<Millis>| {
-        behaviour::parse(container, default_exit).map_err(|error| invalid("EnvironmentVar", error))
-    };
-    Ok(ValidCreate {
-        restart_policy,
-        cpu,
-        memory,
-        grace_seconds,
-        behaviours: request
-            .container
-            .iter()
-            .map(|container| behaviour_of(container, None))
-            .collect::<Result<_, _>>()?,
-        init_behaviours: request
-            .init_container
-            .iter()
-            .map(|container| behaviour_of(container, Some(init_duration)))
-            .collect::<Result<_, _>>()?,
-    })
+/// The scripted behaviour of each container, from its environment.
+fn behaviours(
+    containers: &[Container],
+    default_exit: Option<Millis>,
+) -> Result<Vec<Behaviour>, EciError> {
+    containers
+        .iter()
+        .map(|container| {
+            behaviour::parse(container, default_exit)
+                .map_err(|error| invalid("EnvironmentVar", error))
+        })
+        .collect()
 }
 
 /// `ContainerGroupName`: 2–128 characters of `[a-z0-9-]`, not starting or ending with `-`.
@@ -336,26 +368,41 @@ pub fn next_token(token: &str) -> Result<Option<&str>, EciError> {
     }
 }
 
+/// Validates one container; `param` is its request prefix, `volumes` the group's volume names.
 fn container(container: &Container, param: &str, volumes: &HashSet<&str>) -> Result<(), EciError> {
-    if container.name.is_empty() {
+    container_name(&container.name, param)?;
+    image(container, param)?;
+    resources(container, param)?;
+    environment(container, param)?;
+    ports(container, param)?;
+    volume_mounts(container, param, volumes)?;
+    probes(container, param)
+}
+
+/// `Name`: at most 63 characters of `[a-z0-9-]`, not starting or ending with `-`.
+fn container_name(name: &str, param: &str) -> Result<(), EciError> {
+    if name.is_empty() {
         return Err(missing(&format!("{param}.Name")));
     }
-    let name_ok = container.name.len() <= 63
-        && container
-            .name
+    let name_ok = name.len() <= 63
+        && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !container.name.starts_with('-')
-        && !container.name.ends_with('-');
+        && !name.starts_with('-')
+        && !name.ends_with('-');
     if !name_ok {
         return Err(invalid(
             &format!("{param}.Name"),
             format!(
-                "{:?} must be at most 63 lowercase letters, digits and '-', not starting or ending with '-'",
-                container.name
+                "{name:?} must be at most 63 lowercase letters, digits and '-', not starting or ending with '-'"
             ),
         ));
     }
+    Ok(())
+}
+
+/// `Image` is set and `ImagePullPolicy` is a known one.
+fn image(container: &Container, param: &str) -> Result<(), EciError> {
     if container.image.trim().is_empty() {
         return Err(missing(&format!("{param}.Image")));
     }
@@ -371,6 +418,11 @@ fn container(container: &Container, param: &str, volumes: &HashSet<&str>) -> Res
             ),
         ));
     }
+    Ok(())
+}
+
+/// `Cpu` and `Memory`, when set, are positive; `Gpu` is not negative.
+fn resources(container: &Container, param: &str) -> Result<(), EciError> {
     if container.cpu.is_some_and(|cpu| cpu.is_nan() || cpu <= 0.0) {
         return Err(invalid(&format!("{param}.Cpu"), "must be positive"));
     }
@@ -383,6 +435,11 @@ fn container(container: &Container, param: &str, volumes: &HashSet<&str>) -> Res
     if container.gpu.is_some_and(|gpu| gpu < 0) {
         return Err(invalid(&format!("{param}.Gpu"), "must not be negative"));
     }
+    Ok(())
+}
+
+/// `EnvironmentVar.N`: every variable has a key, and field references name a supported path.
+fn environment(container: &Container, param: &str) -> Result<(), EciError> {
     for (index, var) in container.environment_var.iter().enumerate() {
         if var.key.is_empty() {
             return Err(missing(&format!(
@@ -402,6 +459,11 @@ fn container(container: &Container, param: &str, volumes: &HashSet<&str>) -> Res
             }
         }
     }
+    Ok(())
+}
+
+/// `Port.N`: a port number in range and a TCP or UDP protocol.
+fn ports(container: &Container, param: &str) -> Result<(), EciError> {
     for (index, port) in container.port.iter().enumerate() {
         if !(1..=65_535).contains(&port.port) {
             return Err(invalid(
@@ -416,6 +478,15 @@ fn container(container: &Container, param: &str, volumes: &HashSet<&str>) -> Res
             ));
         }
     }
+    Ok(())
+}
+
+/// `VolumeMount.N`: mounts a volume of the group at an absolute path.
+fn volume_mounts(
+    container: &Container,
+    param: &str,
+    volumes: &HashSet<&str>,
+) -> Result<(), EciError> {
     for (index, mount) in container.volume_mount.iter().enumerate() {
         if !volumes.contains(mount.name.as_str()) {
             return Err(invalid(
@@ -430,6 +501,11 @@ fn container(container: &Container, param: &str, volumes: &HashSet<&str>) -> Res
             ));
         }
     }
+    Ok(())
+}
+
+/// `ReadinessProbe` and `LivenessProbe`, when set, have exactly one action.
+fn probes(container: &Container, param: &str) -> Result<(), EciError> {
     for (name, probe) in [
         ("ReadinessProbe", &container.readiness_probe),
         ("LivenessProbe", &container.liveness_probe),
