@@ -288,113 +288,165 @@ pub fn record(
     with_containers: bool,
     measured: Option<&BTreeMap<String, Measured>>,
 ) -> MetricRecord {
-    let epoch = loads.epoch_at(at);
-    let containers: Vec<ContainerMetric> = group
-        .request
-        .container
-        .iter()
-        .zip(&group.containers)
-        .zip(shares(group))
-        .filter_map(|((spec, run), (share_cpu, share_memory))| {
-            let (from, to) = run_span(&run.state, at)?;
-            if let Some(measured) = measured {
-                let (cpu, memory) =
-                    measured_figures(measured.get(&spec.name), share_cpu, share_memory);
-                return Some(ContainerMetric {
-                    name: spec.name.clone(),
-                    cpu: Some(cpu),
-                    memory: Some(memory),
-                });
-            }
-            let running = run.state.is_running();
-            let cores = if running {
-                Loads::cores(epoch, group, &spec.name, share_cpu)
-            } else {
-                0.0
-            };
-            let working_set = Loads::rule(epoch, group, &spec.name)
-                .find_map(|rule| rule.memory_bytes)
-                .map_or_else(
-                    || share_memory * GIB * default_fraction(group, &spec.name, "memory", 0.2, 0.4),
-                    |bytes| {
-                        #[allow(clippy::cast_precision_loss)]
-                        let bytes = bytes as f64;
-                        bytes
-                    },
-                );
-            Some(ContainerMetric {
-                name: spec.name.clone(),
-                cpu: Some(CpuMetric {
-                    usage_nano_cores: to_i64(cores * 1e9),
-                    usage_core_nano_seconds: to_i64(
-                        loads.used(group, &spec.name, share_cpu, from, to),
-                    ),
-                    load: to_i64(if share_cpu > 0.0 {
-                        cores / share_cpu * 100.0
-                    } else {
-                        0.0
-                    }),
-                    limit: to_i64(share_cpu * 1000.0),
-                }),
-                memory: Some(memory(share_memory * GIB, working_set)),
-            })
-        })
-        .collect();
-    let sum = |f: fn(&ContainerMetric) -> i64| containers.iter().map(f).sum::<i64>();
-    let total_cpu = CpuMetric {
-        usage_nano_cores: sum(|c| c.cpu.as_ref().map_or(0, |cpu| cpu.usage_nano_cores)),
-        usage_core_nano_seconds: sum(|c| {
-            c.cpu.as_ref().map_or(0, |cpu| cpu.usage_core_nano_seconds)
-        }),
-        load: to_i64(if group.cpu > 0.0 {
-            #[allow(clippy::cast_precision_loss)]
-            let nano_cores = sum(|c| c.cpu.as_ref().map_or(0, |cpu| cpu.usage_nano_cores)) as f64;
-            nano_cores / 1e9 / group.cpu * 100.0
-        } else {
-            0.0
-        }),
-        limit: to_i64(group.cpu * 1000.0),
-    };
-    let total_memory = MemoryMetric {
-        usage_bytes: sum(|c| c.memory.as_ref().map_or(0, |m| m.usage_bytes)),
-        working_set: sum(|c| c.memory.as_ref().map_or(0, |m| m.working_set)),
-        rss: sum(|c| c.memory.as_ref().map_or(0, |m| m.rss)),
-        cache: sum(|c| c.memory.as_ref().map_or(0, |m| m.cache)),
-        available_bytes: (to_i64(group.memory * GIB)
-            - sum(|c| c.memory.as_ref().map_or(0, |m| m.working_set)))
-        .max(0),
-    };
-    let elapsed_s = (at - group.provisioned_at.unwrap_or(group.created_at)).max(0) / 1_000;
+    let containers = container_metrics(group, loads, at, measured);
     let net_draw =
         rng::SplitMix::new(rng::stable_hash(format!("{}/net", group.id).as_bytes())).next_f64();
     MetricRecord {
         timestamp: rfc3339(at),
-        cpu: Some(total_cpu),
-        memory: Some(total_memory),
-        network: Some(NetworkMetric {
-            interfaces: vec![NetworkInterfaceMetric {
-                name: "eth0".into(),
-                rx_bytes: elapsed_s * to_i64(2_000.0 + 8_000.0 * net_draw),
-                rx_packets: elapsed_s * 20,
-                rx_errors: 0,
-                tx_bytes: elapsed_s * to_i64(1_000.0 + 4_000.0 * net_draw),
-                tx_packets: elapsed_s * 15,
-                tx_errors: 0,
-                ..NetworkInterfaceMetric::default()
-            }],
-        }),
-        filesystem: vec![FilesystemMetric {
-            fs_name: "/".into(),
-            usage: to_i64(0.5 * GIB + net_draw * GIB),
-            capacity: to_i64(30.0 * GIB),
-            available: to_i64(29.5 * GIB - net_draw * GIB),
-            category: "system".into(),
-        }],
+        cpu: Some(group_cpu(group, &containers)),
+        memory: Some(group_memory(group, &containers)),
+        network: Some(network(group, at, net_draw)),
+        filesystem: vec![filesystem(net_draw)],
         containers: if with_containers {
             containers
         } else {
             Vec::new()
         },
+    }
+}
+
+/// The figures of each container whose current run had started by `at`: the measured ones
+/// when given, else those modelled from `loads`.
+fn container_metrics(
+    group: &Group,
+    loads: &Loads,
+    at: Millis,
+    measured: Option<&BTreeMap<String, Measured>>,
+) -> Vec<ContainerMetric> {
+    let epoch = loads.epoch_at(at);
+    group
+        .request
+        .container
+        .iter()
+        .zip(&group.containers)
+        .zip(shares(group))
+        .filter_map(|((spec, run), share)| {
+            let span = run_span(&run.state, at)?;
+            Some(match measured {
+                Some(measured) => {
+                    let (cpu, memory) =
+                        measured_figures(measured.get(&spec.name), share.0, share.1);
+                    ContainerMetric {
+                        name: spec.name.clone(),
+                        cpu: Some(cpu),
+                        memory: Some(memory),
+                    }
+                }
+                None => {
+                    let running = run.state.is_running();
+                    modelled_metric(group, loads, epoch, &spec.name, running, share, span)
+                }
+            })
+        })
+        .collect()
+}
+
+/// A container's figures under the rules of `epoch`, its CPU counter integrated over `span`
+/// of its run.
+fn modelled_metric(
+    group: &Group,
+    loads: &Loads,
+    epoch: &Epoch,
+    name: &str,
+    running: bool,
+    (share_cpu, share_memory): (f64, f64),
+    (from, to): (Millis, Millis),
+) -> ContainerMetric {
+    let cores = if running {
+        Loads::cores(epoch, group, name, share_cpu)
+    } else {
+        0.0
+    };
+    let working_set = Loads::rule(epoch, group, name)
+        .find_map(|rule| rule.memory_bytes)
+        .map_or_else(
+            || share_memory * GIB * default_fraction(group, name, "memory", 0.2, 0.4),
+            |bytes| {
+                #[allow(clippy::cast_precision_loss)]
+                let bytes = bytes as f64;
+                bytes
+            },
+        );
+    ContainerMetric {
+        name: name.to_owned(),
+        cpu: Some(CpuMetric {
+            usage_nano_cores: to_i64(cores * 1e9),
+            usage_core_nano_seconds: to_i64(loads.used(group, name, share_cpu, from, to)),
+            load: to_i64(if share_cpu > 0.0 {
+                cores / share_cpu * 100.0
+            } else {
+                0.0
+            }),
+            limit: to_i64(share_cpu * 1000.0),
+        }),
+        memory: Some(memory(share_memory * GIB, working_set)),
+    }
+}
+
+/// The group's CPU: its containers' use summed, its load against the group's vCPUs.
+fn group_cpu(group: &Group, containers: &[ContainerMetric]) -> CpuMetric {
+    let sum = |f: fn(&CpuMetric) -> i64| {
+        containers
+            .iter()
+            .map(|c| c.cpu.as_ref().map_or(0, f))
+            .sum::<i64>()
+    };
+    CpuMetric {
+        usage_nano_cores: sum(|cpu| cpu.usage_nano_cores),
+        usage_core_nano_seconds: sum(|cpu| cpu.usage_core_nano_seconds),
+        load: to_i64(if group.cpu > 0.0 {
+            #[allow(clippy::cast_precision_loss)]
+            let nano_cores = sum(|cpu| cpu.usage_nano_cores) as f64;
+            nano_cores / 1e9 / group.cpu * 100.0
+        } else {
+            0.0
+        }),
+        limit: to_i64(group.cpu * 1000.0),
+    }
+}
+
+/// The group's memory: its containers' figures summed, available against the group's GiB.
+fn group_memory(group: &Group, containers: &[ContainerMetric]) -> MemoryMetric {
+    let sum = |f: fn(&MemoryMetric) -> i64| {
+        containers
+            .iter()
+            .map(|c| c.memory.as_ref().map_or(0, f))
+            .sum::<i64>()
+    };
+    MemoryMetric {
+        usage_bytes: sum(|m| m.usage_bytes),
+        working_set: sum(|m| m.working_set),
+        rss: sum(|m| m.rss),
+        cache: sum(|m| m.cache),
+        available_bytes: (to_i64(group.memory * GIB) - sum(|m| m.working_set)).max(0),
+    }
+}
+
+/// Traffic on `eth0`, growing steadily since the group was provisioned; `draw` sets its rate.
+fn network(group: &Group, at: Millis, draw: f64) -> NetworkMetric {
+    let elapsed_s = (at - group.provisioned_at.unwrap_or(group.created_at)).max(0) / 1_000;
+    NetworkMetric {
+        interfaces: vec![NetworkInterfaceMetric {
+            name: "eth0".into(),
+            rx_bytes: elapsed_s * to_i64(2_000.0 + 8_000.0 * draw),
+            rx_packets: elapsed_s * 20,
+            rx_errors: 0,
+            tx_bytes: elapsed_s * to_i64(1_000.0 + 4_000.0 * draw),
+            tx_packets: elapsed_s * 15,
+            tx_errors: 0,
+            ..NetworkInterfaceMetric::default()
+        }],
+    }
+}
+
+/// The root filesystem, a little used; `draw` sets how much.
+fn filesystem(draw: f64) -> FilesystemMetric {
+    FilesystemMetric {
+        fs_name: "/".into(),
+        usage: to_i64(0.5 * GIB + draw * GIB),
+        capacity: to_i64(30.0 * GIB),
+        available: to_i64(29.5 * GIB - draw * GIB),
+        category: "system".into(),
     }
 }
 
