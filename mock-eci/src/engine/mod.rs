@@ -17,7 +17,7 @@ use eci_proto::EciError;
 use eci_proto::error::codes;
 use eci_proto::status::{GroupStatus, RestartPolicy};
 use eci_proto::v20180808::{
-    ContainerGroup, CreateContainerGroupRequest, CreateImageCacheRequest,
+    Container, ContainerGroup, CreateContainerGroupRequest, CreateImageCacheRequest,
     DeleteContainerGroupRequest, DeleteImageCacheRequest, DescribeContainerGroupMetricRequest,
     DescribeContainerGroupMetricResponse, DescribeContainerGroupStatusRequest,
     DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest,
@@ -477,23 +477,8 @@ impl Engine {
             self.settings.init_duration_ms,
         )?;
         let fingerprint = fingerprint(&request);
-        if !request.client_token.is_empty() {
-            if let Some(existing) = self
-                .tokens
-                .get(&request.client_token)
-                .and_then(|id| self.groups.get(id))
-            {
-                if existing.fingerprint != fingerprint {
-                    return Err(EciError::new(
-                        codes::IDEMPOTENT_PARAMETER_MISMATCH,
-                        format!(
-                            "ClientToken {:?} was already used by a request with different parameters (group {}).",
-                            request.client_token, existing.id
-                        ),
-                    ));
-                }
-                return Ok(existing.id.clone());
-            }
+        if let Some(id) = self.replayed(&request, fingerprint)? {
+            return Ok(id);
         }
         if let Some((disk, holder)) = self.disk_holder(&request) {
             // A cloud disk is attached to one instance at a time (ReadWriteOnce).
@@ -505,29 +490,91 @@ impl Engine {
             ));
         }
         let strategy = placement::Strategy::parse(&request.schedule_strategy)?;
-        let images: Vec<&str> = request
-            .init_container
-            .iter()
-            .chain(&request.container)
-            .map(|container| container.image.as_str())
-            .collect();
-        let source = self.caches.source_for(
-            &request.image_snapshot_id,
-            request.auto_match_image_cache,
-            &images,
-        )?;
+        let source = self.image_source(&request)?;
         if request.dry_run {
             return Err(EciError::new(
                 codes::DRY_RUN_SUCCESS,
                 "Request validation has been passed with DryRun flag set.",
             ));
         }
+        let placed = self.placement(&request, strategy, fingerprint)?;
+        let id = self.next_group_id();
+        let mut cx = Cx {
+            settings: &self.settings,
+            timers: &mut self.timers,
+            now,
+        };
+        let mut group = Group::new(id.clone(), request, valid, fingerprint, &mut cx);
+        group.placement = Some(placed);
+        self.adopt_image_source(&mut group, source, now);
+        self.generation += 1;
+        self.index(&group);
+        self.groups.insert(id.clone(), group);
+        Ok(id)
+    }
+
+    /// The group an earlier create with the same `ClientToken` made, if any; reusing the
+    /// token for different parameters is an error.
+    fn replayed(
+        &self,
+        request: &CreateContainerGroupRequest,
+        fingerprint: u64,
+    ) -> Result<Option<String>, EciError> {
+        if request.client_token.is_empty() {
+            return Ok(None);
+        }
+        let Some(existing) = self
+            .tokens
+            .get(&request.client_token)
+            .and_then(|id| self.groups.get(id))
+        else {
+            return Ok(None);
+        };
+        if existing.fingerprint != fingerprint {
+            return Err(EciError::new(
+                codes::IDEMPOTENT_PARAMETER_MISMATCH,
+                format!(
+                    "ClientToken {:?} was already used by a request with different parameters (group {}).",
+                    request.client_token, existing.id
+                ),
+            ));
+        }
+        Ok(Some(existing.id.clone()))
+    }
+
+    /// How the group `request` creates gets its images: from the image cache it names or
+    /// matches, else from the registries.
+    fn image_source(
+        &self,
+        request: &CreateContainerGroupRequest,
+    ) -> Result<image_cache::ImageSource, EciError> {
+        let images: Vec<&str> = request
+            .init_container
+            .iter()
+            .chain(&request.container)
+            .map(|container| container.image.as_str())
+            .collect();
+        self.caches.source_for(
+            &request.image_snapshot_id,
+            request.auto_match_image_cache,
+            &images,
+        )
+    }
+
+    /// Where the group `request` creates lands; the draw differs between creates, so
+    /// identical requests still spread over a random strategy's vSwitches.
+    fn placement(
+        &self,
+        request: &CreateContainerGroupRequest,
+        strategy: placement::Strategy,
+        fingerprint: u64,
+    ) -> Result<placement::Placement, EciError> {
         let fallback = if request.zone_id.is_empty() {
             self.settings.zone.as_str()
         } else {
             request.zone_id.as_str()
         };
-        let placed = placement::place(
+        placement::place(
             &request.v_switch_id,
             strategy,
             fingerprint ^ rng::mix(self.settings.seed ^ self.id_counter),
@@ -536,9 +583,13 @@ impl Engine {
                 fallback,
                 no_stock: &self.settings.no_stock_zones,
             },
-        )?;
+        )
+    }
+
+    /// A fresh group id: `eci-`, two letters of the region, then a draw from the id counter.
+    fn next_group_id(&mut self) -> String {
         self.id_counter += 1;
-        let id = format!(
+        format!(
             "eci-{}{}",
             self.settings
                 .region
@@ -547,14 +598,17 @@ impl Engine {
                 .take(2)
                 .collect::<String>(),
             rng::base36(rng::mix(self.id_counter ^ rng::mix(self.settings.seed)), 13)
-        );
-        let mut cx = Cx {
-            settings: &self.settings,
-            timers: &mut self.timers,
-            now,
-        };
-        let mut group = Group::new(id.clone(), request, valid, fingerprint, &mut cx);
-        group.placement = Some(placed);
+        )
+    }
+
+    /// Gives the new `group` its image `source`: the event saying so, and the matched cache's
+    /// use recorded.
+    fn adopt_image_source(
+        &mut self,
+        group: &mut Group,
+        source: image_cache::ImageSource,
+        now: Millis,
+    ) {
         if let Some((kind, reason, message)) = source.event() {
             group.event(now, kind, reason, message);
         }
@@ -564,10 +618,6 @@ impl Engine {
             self.caches.matched(cache, now);
         }
         group.image_source = source;
-        self.generation += 1;
-        self.index(&group);
-        self.groups.insert(id.clone(), group);
-        Ok(id)
     }
 
     /// DescribeContainerGroups.
@@ -803,87 +853,10 @@ impl Engine {
         if !matches!(group.status, GroupStatus::Running | GroupStatus::Pending) {
             return Err(incorrect_status(group, "updated", "Running or Pending"));
         }
-        let mut updated = group.request.clone();
-        if !request.tag.is_empty() {
-            validate::tags(&request.tag, "Tag")?;
-            updated.tag.clone_from(&request.tag);
-        }
-        if !request.restart_policy.is_empty() {
-            updated.restart_policy.clone_from(&request.restart_policy);
-        }
-        if request.cpu.is_some() || request.memory.is_some() {
-            updated.cpu = request.cpu;
-            updated.memory = request.memory;
-        }
-        let incremental = match request.update_type.as_str() {
-            "" | "RenewUpdate" => false,
-            "IncrementalUpdate" => true,
-            other => {
-                return Err(validate::invalid(
-                    "UpdateType",
-                    format!("{other:?}; use RenewUpdate or IncrementalUpdate"),
-                ));
-            }
-        };
-        if !request.container.is_empty() {
-            if incremental {
-                for change in &request.container {
-                    let slot = updated
-                        .container
-                        .iter_mut()
-                        .find(|existing| existing.name == change.name)
-                        .ok_or_else(|| {
-                            validate::invalid(
-                                "Container.Name",
-                                format!("the group has no container {:?}", change.name),
-                            )
-                        })?;
-                    *slot = change.clone();
-                }
-            } else {
-                updated.container.clone_from(&request.container);
-            }
-        }
-        if !request.volume.is_empty() {
-            if incremental {
-                // Volumes are matched by name, like containers: the others stay as they are.
-                for change in &request.volume {
-                    let slot = updated
-                        .volume
-                        .iter_mut()
-                        .find(|existing| existing.name == change.name)
-                        .ok_or_else(|| {
-                            validate::invalid(
-                                "Volume.Name",
-                                format!("the group has no volume {:?}", change.name),
-                            )
-                        })?;
-                    *slot = with_kept_modes(slot, change.clone());
-                }
-            } else {
-                updated.volume = request
-                    .volume
-                    .iter()
-                    .map(|change| {
-                        match group.request.volume.iter().find(|v| v.name == change.name) {
-                            Some(before) => with_kept_modes(before, change.clone()),
-                            None => change.clone(),
-                        }
-                    })
-                    .collect();
-            }
-        }
+        let updated = updated_request(&group.request, request)?;
         let rewritten = rewritten_files(&group.request.volume, &updated.volume);
         let containers_changed = !request.container.is_empty()
             || (updated.volume != group.request.volume && rewritten.is_none());
-        if let Some(dns) = &request.dns_config {
-            updated.dns_config = Some(dns.clone());
-        }
-        if !request.image_registry_credential.is_empty() {
-            updated
-                .image_registry_credential
-                .clone_from(&request.image_registry_credential);
-        }
         let valid = validate::create(
             &updated,
             &self.settings.region,
@@ -1369,6 +1342,123 @@ fn not_found(id: &str) -> EciError {
         codes::CONTAINER_GROUP_NOT_FOUND,
         format!("The container group {id:?} does not exist."),
     )
+}
+
+/// The create request of a group, `before`, with the update `request` applied: what the update
+/// gives replaces what the group had, the rest stays.
+fn updated_request(
+    before: &CreateContainerGroupRequest,
+    request: &UpdateContainerGroupRequest,
+) -> Result<CreateContainerGroupRequest, EciError> {
+    let mut updated = before.clone();
+    if !request.tag.is_empty() {
+        validate::tags(&request.tag, "Tag")?;
+        updated.tag.clone_from(&request.tag);
+    }
+    if !request.restart_policy.is_empty() {
+        updated.restart_policy.clone_from(&request.restart_policy);
+    }
+    if request.cpu.is_some() || request.memory.is_some() {
+        updated.cpu = request.cpu;
+        updated.memory = request.memory;
+    }
+    let incremental = is_incremental(&request.update_type)?;
+    if !request.container.is_empty() {
+        update_containers(&mut updated.container, &request.container, incremental)?;
+    }
+    if !request.volume.is_empty() {
+        update_volumes(
+            &mut updated.volume,
+            &before.volume,
+            &request.volume,
+            incremental,
+        )?;
+    }
+    if let Some(dns) = &request.dns_config {
+        updated.dns_config = Some(dns.clone());
+    }
+    if !request.image_registry_credential.is_empty() {
+        updated
+            .image_registry_credential
+            .clone_from(&request.image_registry_credential);
+    }
+    Ok(updated)
+}
+
+/// `UpdateType`: whether the update changes only the containers and volumes it names
+/// (`IncrementalUpdate`) rather than replacing them all (`RenewUpdate`, the default).
+fn is_incremental(update_type: &str) -> Result<bool, EciError> {
+    match update_type {
+        "" | "RenewUpdate" => Ok(false),
+        "IncrementalUpdate" => Ok(true),
+        other => Err(validate::invalid(
+            "UpdateType",
+            format!("{other:?}; use RenewUpdate or IncrementalUpdate"),
+        )),
+    }
+}
+
+/// Applies the update's `changes` to `containers`: each replaces the container of its name
+/// when `incremental`, else they replace the list.
+fn update_containers(
+    containers: &mut Vec<Container>,
+    changes: &[Container],
+    incremental: bool,
+) -> Result<(), EciError> {
+    if !incremental {
+        *containers = changes.to_vec();
+        return Ok(());
+    }
+    for change in changes {
+        let slot = containers
+            .iter_mut()
+            .find(|existing| existing.name == change.name)
+            .ok_or_else(|| {
+                validate::invalid(
+                    "Container.Name",
+                    format!("the group has no container {:?}", change.name),
+                )
+            })?;
+        *slot = change.clone();
+    }
+    Ok(())
+}
+
+/// Applies the update's `changes` to `volumes` (the group's were `before`), keeping the file
+/// modes the update cannot give: each replaces the volume of its name when `incremental`, else
+/// they replace the list.
+fn update_volumes(
+    volumes: &mut Vec<Volume>,
+    before: &[Volume],
+    changes: &[Volume],
+    incremental: bool,
+) -> Result<(), EciError> {
+    if !incremental {
+        *volumes = changes
+            .iter()
+            .map(
+                |change| match before.iter().find(|v| v.name == change.name) {
+                    Some(before) => with_kept_modes(before, change.clone()),
+                    None => change.clone(),
+                },
+            )
+            .collect();
+        return Ok(());
+    }
+    // Volumes are matched by name, like containers: the others stay as they are.
+    for change in changes {
+        let slot = volumes
+            .iter_mut()
+            .find(|existing| existing.name == change.name)
+            .ok_or_else(|| {
+                validate::invalid(
+                    "Volume.Name",
+                    format!("the group has no volume {:?}", change.name),
+                )
+            })?;
+        *slot = with_kept_modes(slot, change.clone());
+    }
+    Ok(())
 }
 
 /// `after` with the file modes of `before`: UpdateContainerGroup has no `Mode` or
