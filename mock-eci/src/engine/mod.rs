@@ -31,7 +31,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{Millis, parse_rfc3339};
-use crate::engine::group::{Cx, Group, RunState, Which};
+use crate::engine::group::{ContainerRun, Cx, Group, RunState, Which};
 use crate::engine::logs::LogQuery;
 use crate::engine::timers::{Timer, TimerKind, Timers};
 use crate::rng;
@@ -905,88 +905,11 @@ impl Engine {
         let (spec, run) = group
             .find_container(&request.container_name)
             .ok_or_else(|| unknown_container(group, &request.container_name))?;
-        let tail = match request.tail {
-            None => 500,
-            Some(tail) if (1..=2000).contains(&tail) => usize::try_from(tail).unwrap_or(500),
-            Some(tail) => {
-                return Err(validate::invalid(
-                    "Tail",
-                    format!("{tail} is out of range; use 1 to 2000"),
-                ));
-            }
+        let query = log_query(request, now)?;
+        let content = match real {
+            Some(real) => logs::render_cri(real_log(real, run, request)?, query),
+            None => simulated_log(spec, run, request, now, query)?,
         };
-        let limit_bytes = match request.limit_bytes {
-            None => None,
-            Some(bytes) if (1..=1_048_576).contains(&bytes) => usize::try_from(bytes).ok(),
-            Some(bytes) => {
-                return Err(validate::invalid(
-                    "LimitBytes",
-                    format!("{bytes} is out of range; use 1 to 1048576"),
-                ));
-            }
-        };
-        let mut since = request
-            .since_seconds
-            .map(|seconds| {
-                if seconds > 0 {
-                    Ok(now - i64::from(seconds) * 1_000)
-                } else {
-                    Err(validate::invalid(
-                        "SinceSeconds",
-                        format!("{seconds} must be positive"),
-                    ))
-                }
-            })
-            .transpose()?;
-        if !request.start_time.is_empty() {
-            let start = parse_rfc3339(&request.start_time).ok_or_else(|| {
-                validate::invalid(
-                    "StartTime",
-                    format!("{:?} is not an RFC 3339 time", request.start_time),
-                )
-            })?;
-            since = Some(since.map_or(start, |s| s.max(start)));
-        }
-        let query = LogQuery {
-            since,
-            tail,
-            limit_bytes,
-            timestamps: request.timestamps,
-        };
-        if let Some(real) = real {
-            let text = if request.last_time {
-                // During a back-off the ended run's log is still the live one: the runtime
-                // sets it aside only when it starts the next run.
-                let ended_run_still_live = run.previous.is_some().then_some(real.current.as_str());
-                real.previous
-                    .as_deref()
-                    .or(ended_run_still_live)
-                    .ok_or_else(|| no_previous_log(&request.container_name))?
-            } else {
-                real.current.as_str()
-            };
-            return Ok(DescribeContainerLogResponse {
-                request_id: String::new(),
-                container_name: spec.name.clone(),
-                content: logs::render_cri(text, query),
-            });
-        }
-        let state: &RunState = if request.last_time {
-            run.previous
-                .as_ref()
-                .ok_or_else(|| no_previous_log(&request.container_name))?
-        } else {
-            &run.state
-        };
-        let content = logs::render(
-            &spec.name,
-            &spec.image,
-            state,
-            run.behaviour.log_interval_ms,
-            now,
-            &run.appended,
-            query,
-        );
         Ok(DescribeContainerLogResponse {
             request_id: String::new(),
             container_name: spec.name.clone(),
@@ -1003,20 +926,7 @@ impl Engine {
         self.advance(now);
         validate::region(&request.region_id, &self.settings.region)?;
         let group = self.group(&request.container_group_id)?;
-        if request.command.is_empty() {
-            return Err(validate::missing("Command"));
-        }
-        if request.command.len() > 20
-            || request
-                .command
-                .iter()
-                .any(|part| part.chars().count() > 256)
-        {
-            return Err(validate::invalid(
-                "Command",
-                "give at most 20 items of at most 256 characters",
-            ));
-        }
+        exec_command(&request.command)?;
         let (spec, run) = group
             .find_container(&request.container_name)
             .ok_or_else(|| unknown_container(group, &request.container_name))?;
@@ -1030,18 +940,7 @@ impl Engine {
             ));
         }
         let ip = group.ip.map(|ip| ip.to_string()).unwrap_or_default();
-        let cx = exec::ExecContext {
-            container: spec,
-            // `HostName` when the create named one; the group's name otherwise, as ECI does.
-            hostname: if group.request.host_name.is_empty() {
-                &group.request.container_group_name
-            } else {
-                &group.request.host_name
-            },
-            group_name: &group.request.container_group_name,
-            pod_ip: &ip,
-            now,
-        };
+        let cx = exec_context(group, spec, &ip, now);
         // Real mode runs the command in the container (the service does, for `Sync`); the
         // simulated runtime answers from its interpreter and runs nothing.
         let real = self.settings.real_runtime;
@@ -1050,19 +949,7 @@ impl Engine {
         } else {
             String::new()
         };
-        let pending = crate::engine::exec_session::PendingExec {
-            command: request.command.clone(),
-            tty: request.tty,
-            stdin: request.stdin.unwrap_or(true),
-            group: group.id.clone(),
-            container: spec.name.clone(),
-            target: if real {
-                crate::engine::exec_session::ExecTarget::Container
-            } else {
-                crate::engine::exec_session::ExecTarget::Simulated(exec::Simulation::of(cx))
-            },
-            expires: now + crate::engine::exec_session::SESSION_TTL_MS,
-        };
+        let pending = pending_exec(request, &group.id, cx, real);
         let session = format!(
             "{:016x}",
             rng::stable_hash(format!("{}/{}/{now}", group.id, spec.name).as_bytes())
@@ -1613,6 +1500,171 @@ fn finish_page(mut page: Vec<&Group>, limit: usize, total: usize) -> (Vec<&Group
         String::new()
     };
     (page, next_token, total)
+}
+
+/// What a DescribeContainerLog request selects: `Tail`, `LimitBytes`, and the later of
+/// `SinceSeconds` and `StartTime`.
+fn log_query(request: &DescribeContainerLogRequest, now: Millis) -> Result<LogQuery, EciError> {
+    let tail = match request.tail {
+        None => 500,
+        Some(tail) if (1..=2000).contains(&tail) => usize::try_from(tail).unwrap_or(500),
+        Some(tail) => {
+            return Err(validate::invalid(
+                "Tail",
+                format!("{tail} is out of range; use 1 to 2000"),
+            ));
+        }
+    };
+    let limit_bytes = match request.limit_bytes {
+        None => None,
+        Some(bytes) if (1..=1_048_576).contains(&bytes) => usize::try_from(bytes).ok(),
+        Some(bytes) => {
+            return Err(validate::invalid(
+                "LimitBytes",
+                format!("{bytes} is out of range; use 1 to 1048576"),
+            ));
+        }
+    };
+    Ok(LogQuery {
+        since: log_since(request, now)?,
+        tail,
+        limit_bytes,
+        timestamps: request.timestamps,
+    })
+}
+
+/// The earliest time a log request wants: the later of `SinceSeconds` before `now` and
+/// `StartTime`, when either is given.
+fn log_since(
+    request: &DescribeContainerLogRequest,
+    now: Millis,
+) -> Result<Option<Millis>, EciError> {
+    let since = request
+        .since_seconds
+        .map(|seconds| {
+            if seconds > 0 {
+                Ok(now - i64::from(seconds) * 1_000)
+            } else {
+                Err(validate::invalid(
+                    "SinceSeconds",
+                    format!("{seconds} must be positive"),
+                ))
+            }
+        })
+        .transpose()?;
+    if request.start_time.is_empty() {
+        return Ok(since);
+    }
+    let start = parse_rfc3339(&request.start_time).ok_or_else(|| {
+        validate::invalid(
+            "StartTime",
+            format!("{:?} is not an RFC 3339 time", request.start_time),
+        )
+    })?;
+    Ok(Some(since.map_or(start, |s| s.max(start))))
+}
+
+/// The synthetic log a request asks for: the current run's, or with `LastTime` the previous
+/// run's.
+fn simulated_log(
+    spec: &Container,
+    run: &ContainerRun,
+    request: &DescribeContainerLogRequest,
+    now: Millis,
+    query: LogQuery,
+) -> Result<String, EciError> {
+    let state: &RunState = if request.last_time {
+        run.previous
+            .as_ref()
+            .ok_or_else(|| no_previous_log(&request.container_name))?
+    } else {
+        &run.state
+    };
+    Ok(logs::render(
+        &spec.name,
+        &spec.image,
+        state,
+        run.behaviour.log_interval_ms,
+        now,
+        &run.appended,
+        query,
+    ))
+}
+
+/// The real log a request asks for: the current run's, or with `LastTime` the ended run's.
+fn real_log<'a>(
+    real: &'a logs::RealLogs,
+    run: &ContainerRun,
+    request: &DescribeContainerLogRequest,
+) -> Result<&'a str, EciError> {
+    if !request.last_time {
+        return Ok(real.current.as_str());
+    }
+    // During a back-off the ended run's log is still the live one: the runtime sets it aside
+    // only when it starts the next run.
+    let ended_run_still_live = run.previous.is_some().then_some(real.current.as_str());
+    real.previous
+        .as_deref()
+        .or(ended_run_still_live)
+        .ok_or_else(|| no_previous_log(&request.container_name))
+}
+
+/// `Command`: 1 to 20 items of at most 256 characters.
+fn exec_command(command: &[String]) -> Result<(), EciError> {
+    if command.is_empty() {
+        return Err(validate::missing("Command"));
+    }
+    if command.len() > 20 || command.iter().any(|part| part.chars().count() > 256) {
+        return Err(validate::invalid(
+            "Command",
+            "give at most 20 items of at most 256 characters",
+        ));
+    }
+    Ok(())
+}
+
+/// What a command run in `container` of `group` sees.
+fn exec_context<'a>(
+    group: &'a Group,
+    container: &'a Container,
+    pod_ip: &'a str,
+    now: Millis,
+) -> exec::ExecContext<'a> {
+    exec::ExecContext {
+        container,
+        // `HostName` when the create named one; the group's name otherwise, as ECI does.
+        hostname: if group.request.host_name.is_empty() {
+            &group.request.container_group_name
+        } else {
+            &group.request.host_name
+        },
+        group_name: &group.request.container_group_name,
+        pod_ip,
+        now,
+    }
+}
+
+/// An exec waiting for its WebSocket: it runs in the container itself in `real` mode, in the
+/// simulation otherwise.
+fn pending_exec(
+    request: &ExecContainerCommandRequest,
+    group: &str,
+    cx: exec::ExecContext<'_>,
+    real: bool,
+) -> exec_session::PendingExec {
+    exec_session::PendingExec {
+        command: request.command.clone(),
+        tty: request.tty,
+        stdin: request.stdin.unwrap_or(true),
+        group: group.to_owned(),
+        container: cx.container.name.clone(),
+        target: if real {
+            exec_session::ExecTarget::Container
+        } else {
+            exec_session::ExecTarget::Simulated(exec::Simulation::of(cx))
+        },
+        expires: cx.now + exec_session::SESSION_TTL_MS,
+    }
 }
 
 /// DescribeContainerLog's refusal of `LastTime` for a container that has not restarted.
