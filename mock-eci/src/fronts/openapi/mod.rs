@@ -316,82 +316,45 @@ fn error_response(error: &EciError) -> Response {
 }
 
 impl Front {
+    /// Refuses a request the real gateway would: wrong protocol, unknown caller, stale time,
+    /// bad signature or replayed nonce, in that order.
     fn check(&self, method: &str, params: &[(String, String)]) -> Result<(), EciError> {
-        let get = |name: &str| {
-            params
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        };
-        let required = |name: &str| {
-            get(name).ok_or_else(|| {
-                EciError::new(
-                    "MissingParameter",
-                    format!("The input parameter \"{name}\" that is mandatory for processing this request is not supplied."),
-                )
-            })
-        };
-        if required("Version")? != API_VERSION {
-            return Err(EciError::new(
-                "InvalidVersion",
-                format!("Specified parameter Version is not valid; ECI serves {API_VERSION}."),
-            ));
-        }
-        // The generated SDKs send `json`, the older ones `JSON`.
-        if !required("Format")?.eq_ignore_ascii_case("JSON") {
-            return Err(EciError::new(
-                "InvalidParameter.Format",
-                "this fake answers JSON only",
-            ));
-        }
-        if required("SignatureMethod")? != SIGNATURE_METHOD
-            || required("SignatureVersion")? != SIGNATURE_VERSION
-        {
-            return Err(EciError::new(
-                "InvalidParameter.SignatureMethod",
-                "Only HMAC-SHA1 signature version 1.0 is served.",
-            ));
-        }
-        if required("AccessKeyId")? != self.credentials.access_key_id {
-            return Err(EciError::new(
-                "InvalidAccessKeyId.NotFound",
-                "Specified access key is not found.",
-            ));
-        }
-        if let Some(token) = &self.credentials.security_token {
-            if get("SecurityToken") != Some(token.as_str()) {
-                return Err(EciError::new(
-                    "InvalidSecurityToken.Mismatch",
-                    "Specified SecurityToken is invalid.",
-                ));
-            }
-        }
-        let timestamp = required("Timestamp")?;
-        let sent = humantime::parse_rfc3339(timestamp).map_err(|_| {
-            EciError::new(
-                "InvalidTimeStamp.Format",
-                "Specified time stamp or date value is not well formatted.",
-            )
-        })?;
-        let now = SystemTime::now();
-        let skew = now
-            .duration_since(sent)
-            .or_else(|_| sent.duration_since(now))
-            .unwrap_or_default();
-        if skew > TIMESTAMP_WINDOW {
-            return Err(EciError::new(
-                "InvalidTimeStamp.Expired",
-                "Specified time stamp or date value is expired.",
-            ));
-        }
-        let nonce = required("SignatureNonce")?;
-        required("Signature")?;
+        check_protocol(params)?;
+        self.check_caller(params)?;
+        let now = check_timestamp(params)?;
+        let nonce = required(params, "SignatureNonce")?;
+        required(params, "Signature")?;
         verify(method, params, &self.credentials.access_key_secret).map_err(|expected| {
             EciError::new(
                 "SignatureDoesNotMatch",
                 format!("Specified signature is not matched with our calculation. server string to sign is:{expected}"),
             )
         })?;
+        self.remember_nonce(nonce, now)
+    }
+
+    /// The caller's `AccessKeyId`, and `SecurityToken` when the credentials have one, are
+    /// the served ones.
+    fn check_caller(&self, params: &[(String, String)]) -> Result<(), EciError> {
+        if required(params, "AccessKeyId")? != self.credentials.access_key_id {
+            return Err(EciError::new(
+                "InvalidAccessKeyId.NotFound",
+                "Specified access key is not found.",
+            ));
+        }
+        if let Some(token) = &self.credentials.security_token {
+            if param(params, "SecurityToken") != Some(token.as_str()) {
+                return Err(EciError::new(
+                    "InvalidSecurityToken.Mismatch",
+                    "Specified SecurityToken is invalid.",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records `nonce` as used at `now`; a nonce seen within the timestamp window is a replay.
+    fn remember_nonce(&self, nonce: &str, now: SystemTime) -> Result<(), EciError> {
         let mut nonces = self.nonces.lock().unwrap_or_else(PoisonError::into_inner);
         // Forget nonces older than the window once a minute, not on every request.
         if now.duration_since(nonces.pruned).unwrap_or_default() > NONCE_PRUNE_INTERVAL {
@@ -408,6 +371,73 @@ impl Front {
         }
         Ok(())
     }
+}
+
+/// The value of the parameter `name`, if given.
+fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    params
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The value of the parameter `name`, which must be given.
+fn required<'a>(params: &'a [(String, String)], name: &str) -> Result<&'a str, EciError> {
+    param(params, name).ok_or_else(|| {
+        EciError::new(
+            "MissingParameter",
+            format!("The input parameter \"{name}\" that is mandatory for processing this request is not supplied."),
+        )
+    })
+}
+
+/// `Version`, `Format` and the signature method are the ones served.
+fn check_protocol(params: &[(String, String)]) -> Result<(), EciError> {
+    if required(params, "Version")? != API_VERSION {
+        return Err(EciError::new(
+            "InvalidVersion",
+            format!("Specified parameter Version is not valid; ECI serves {API_VERSION}."),
+        ));
+    }
+    // The generated SDKs send `json`, the older ones `JSON`.
+    if !required(params, "Format")?.eq_ignore_ascii_case("JSON") {
+        return Err(EciError::new(
+            "InvalidParameter.Format",
+            "this fake answers JSON only",
+        ));
+    }
+    if required(params, "SignatureMethod")? != SIGNATURE_METHOD
+        || required(params, "SignatureVersion")? != SIGNATURE_VERSION
+    {
+        return Err(EciError::new(
+            "InvalidParameter.SignatureMethod",
+            "Only HMAC-SHA1 signature version 1.0 is served.",
+        ));
+    }
+    Ok(())
+}
+
+/// `Timestamp` is well formed and within the window of now; returns now.
+fn check_timestamp(params: &[(String, String)]) -> Result<SystemTime, EciError> {
+    let timestamp = required(params, "Timestamp")?;
+    let sent = humantime::parse_rfc3339(timestamp).map_err(|_| {
+        EciError::new(
+            "InvalidTimeStamp.Format",
+            "Specified time stamp or date value is not well formatted.",
+        )
+    })?;
+    let now = SystemTime::now();
+    let skew = now
+        .duration_since(sent)
+        .or_else(|_| sent.duration_since(now))
+        .unwrap_or_default();
+    if skew > TIMESTAMP_WINDOW {
+        return Err(EciError::new(
+            "InvalidTimeStamp.Expired",
+            "Specified time stamp or date value is expired.",
+        ));
+    }
+    Ok(now)
 }
 
 /// `params` as `action`'s request; documented parameters the contract does not carry are
