@@ -114,48 +114,90 @@ pub fn parse(
     container: &Container,
     default_exit_after: Option<Millis>,
 ) -> Result<Behaviour, BehaviourError> {
-    let env = |key: &str| {
-        container
+    let env = Env { container };
+    let exit = planned_exit(env, default_exit_after)?;
+    let pull_fails = env
+        .parsed::<bool>(PULL_FAIL, "true or false")?
+        .unwrap_or(false)
+        || registry_host(&container.image) == PULL_FAIL_REGISTRY;
+    let readiness = readiness(env)?;
+    Ok(Behaviour {
+        exit,
+        pull_fails,
+        readiness,
+        stop_after_ms: env.duration(STOP_AFTER)?,
+        log_interval_ms: env
+            .duration(LOG_INTERVAL)?
+            .filter(|interval| *interval > 0)
+            .unwrap_or(DEFAULT_LOG_INTERVAL_MS),
+    })
+}
+
+/// The reserved variables of one container.
+#[derive(Debug, Clone, Copy)]
+struct Env<'a> {
+    container: &'a Container,
+}
+
+impl<'a> Env<'a> {
+    /// The value of `key`; when it is given twice, the last one counts.
+    fn get(self, key: &str) -> Option<&'a str> {
+        self.container
             .environment_var
             .iter()
             .rev()
             .find(|var| var.key == key)
             .map(|var| var.value.as_str())
-    };
-    let fail = |key: &'static str, value: &str, expected: &'static str| BehaviourError {
-        container: container.name.clone(),
-        key,
-        value: value.to_owned(),
-        expected,
-    };
-    let duration = |key: &'static str| -> Result<Option<Millis>, BehaviourError> {
-        env(key)
+    }
+
+    /// The error for `key` set to `value` where `expected` was wanted.
+    fn fail(self, key: &'static str, value: &str, expected: &'static str) -> BehaviourError {
+        BehaviourError {
+            container: self.container.name.clone(),
+            key,
+            value: value.to_owned(),
+            expected,
+        }
+    }
+
+    /// The value of `key` parsed as a `T`, if set.
+    fn parsed<T: std::str::FromStr>(
+        self,
+        key: &'static str,
+        expected: &'static str,
+    ) -> Result<Option<T>, BehaviourError> {
+        self.get(key)
+            .map(|value| {
+                value
+                    .trim()
+                    .parse::<T>()
+                    .map_err(|_| self.fail(key, value, expected))
+            })
+            .transpose()
+    }
+
+    /// The value of `key` as a humantime duration, if set.
+    fn duration(self, key: &'static str) -> Result<Option<Millis>, BehaviourError> {
+        self.get(key)
             .map(|value| {
                 humantime::parse_duration(value.trim())
                     .map(millis)
-                    .map_err(|_| fail(key, value, "a duration such as 500ms, 5s or 2m"))
+                    .map_err(|_| self.fail(key, value, "a duration such as 500ms, 5s or 2m"))
             })
             .transpose()
-    };
+    }
+}
 
-    let code = env(EXIT_CODE)
-        .map(|value| {
-            value
-                .trim()
-                .parse::<i32>()
-                .map_err(|_| fail(EXIT_CODE, value, "an integer exit code"))
-        })
-        .transpose()?;
-    let after = duration(EXIT_AFTER)?;
-    let runs = env(EXIT_RUNS)
-        .map(|value| {
-            value
-                .trim()
-                .parse::<u32>()
-                .map_err(|_| fail(EXIT_RUNS, value, "a non-negative number of runs"))
-        })
-        .transpose()?;
-    let exit = match (code, after.or(default_exit_after)) {
+/// The exit the variables plan, if any; with `default_exit_after`, a container given none
+/// still exits (with code 0).
+fn planned_exit(
+    env: Env<'_>,
+    default_exit_after: Option<Millis>,
+) -> Result<Option<PlannedExit>, BehaviourError> {
+    let code = env.parsed::<i32>(EXIT_CODE, "an integer exit code")?;
+    let after = env.duration(EXIT_AFTER)?;
+    let runs = env.parsed::<u32>(EXIT_RUNS, "a non-negative number of runs")?;
+    Ok(match (code, after.or(default_exit_after)) {
         (None, None) => None,
         (code, after) => {
             let code = code.unwrap_or(0);
@@ -163,37 +205,24 @@ pub fn parse(
                 code,
                 after_ms: after.unwrap_or(0),
                 runs,
-                reason: env(EXIT_REASON)
+                reason: env
+                    .get(EXIT_REASON)
                     .map_or_else(|| default_reason(code).to_owned(), str::to_owned),
             })
         }
-    };
+    })
+}
 
-    let pull_fails = match env(PULL_FAIL) {
-        None => false,
-        Some(value) => value
-            .trim()
-            .parse::<bool>()
-            .map_err(|_| fail(PULL_FAIL, value, "true or false"))?,
-    } || registry_host(&container.image) == PULL_FAIL_REGISTRY;
-
-    let readiness = match env(READINESS).map(str::trim) {
+/// When the container turns ready: never with `fail`, else after `MOCK_ECI_READY_AFTER` or
+/// the readiness probe's initial delay.
+fn readiness(env: Env<'_>) -> Result<Readiness, BehaviourError> {
+    Ok(match env.get(READINESS).map(str::trim) {
         Some("fail") => Readiness::Never,
-        Some(other) if !other.is_empty() => return Err(fail(READINESS, other, "fail")),
+        Some(other) if !other.is_empty() => return Err(env.fail(READINESS, other, "fail")),
         _ => Readiness::After(
-            duration(READY_AFTER)?
-                .unwrap_or_else(|| probe_delay(container.readiness_probe.as_ref())),
+            env.duration(READY_AFTER)?
+                .unwrap_or_else(|| probe_delay(env.container.readiness_probe.as_ref())),
         ),
-    };
-
-    Ok(Behaviour {
-        exit,
-        pull_fails,
-        readiness,
-        stop_after_ms: duration(STOP_AFTER)?,
-        log_interval_ms: duration(LOG_INTERVAL)?
-            .filter(|interval| *interval > 0)
-            .unwrap_or(DEFAULT_LOG_INTERVAL_MS),
     })
 }
 

@@ -4,6 +4,8 @@
 //! `MOCK_ECI_LOG_INTERVAL` (default 1 s) while it runs, and `[<name>] exited with code <n>` when
 //! it ends. Lines are computed from the run's times, never stored, so logs cost no memory.
 
+use std::ops::RangeInclusive;
+
 use crate::clock::{Millis, rfc3339_nanos};
 use crate::engine::group::RunState;
 
@@ -43,9 +45,48 @@ pub fn render(
         } => (*started_at, *finished_at, Some(*exit_code)),
     };
     let interval = interval_ms.max(1);
+    let in_window =
+        |at: Millis| at >= started_at && at <= end && query.since.is_none_or(|s| at >= s);
+
+    // (time, order within an instant, text)
+    let mut lines: Vec<(Millis, u8, String)> =
+        heartbeat_numbers(started_at, end, exit.is_some(), interval, query)
+            .map(|k| {
+                let text = if k == 0 {
+                    format!("[{name}] starting {image}")
+                } else {
+                    format!("[{name}] heartbeat {k}")
+                };
+                (started_at + k * interval, 0, text)
+            })
+            .collect();
+    lines.extend(
+        appended
+            .iter()
+            .filter(|(at, _)| in_window(*at))
+            .map(|(at, text)| (*at, 1, text.clone())),
+    );
+    if let Some(code) = exit.filter(|_| in_window(end)) {
+        lines.push((end, 2, format!("[{name}] exited with code {code}")));
+    }
+    // Stable: appended lines keep the order they were written in.
+    lines.sort_by_key(|(at, order, _)| (*at, *order));
+    let first = lines.len().saturating_sub(query.tail);
+    joined(&lines[first..], query)
+}
+
+/// The numbers of the synthetic lines (0 is the start line, then the heartbeats) of a run
+/// from `started_at` to `end` that `query` can return.
+fn heartbeat_numbers(
+    started_at: Millis,
+    end: Millis,
+    exited: bool,
+    interval: Millis,
+    query: LogQuery,
+) -> RangeInclusive<Millis> {
     // Heartbeat k is written at started_at + k·interval; k = 0 is the start line.
     let last_k = (end - started_at).max(0) / interval;
-    let last_k = if exit.is_some() && started_at + last_k * interval == end && last_k > 0 {
+    let last_k = if exited && started_at + last_k * interval == end && last_k > 0 {
         last_k - 1 // the exit line takes that instant
     } else {
         last_k
@@ -63,36 +104,14 @@ pub fn render(
     // Only the newest `tail` synthetic lines can be among the newest `tail` of all: the rest
     // is never computed.
     let skip = (heartbeats - tail).max(0);
-    let in_window =
-        |at: Millis| at >= started_at && at <= end && query.since.is_none_or(|s| at >= s);
+    (first_k + skip)..=last_k
+}
 
-    // (time, order within an instant, text)
-    let mut lines: Vec<(Millis, u8, String)> = Vec::new();
-    if heartbeats > 0 {
-        for k in (first_k + skip)..=last_k {
-            let text = if k == 0 {
-                format!("[{name}] starting {image}")
-            } else {
-                format!("[{name}] heartbeat {k}")
-            };
-            lines.push((started_at + k * interval, 0, text));
-        }
-    }
-    lines.extend(
-        appended
-            .iter()
-            .filter(|(at, _)| in_window(*at))
-            .map(|(at, text)| (*at, 1, text.clone())),
-    );
-    if let Some(code) = exit.filter(|_| in_window(end)) {
-        lines.push((end, 2, format!("[{name}] exited with code {code}")));
-    }
-    // Stable: appended lines keep the order they were written in.
-    lines.sort_by_key(|(at, order, _)| (*at, *order));
-    let first = lines.len().saturating_sub(query.tail);
-
+/// The selected `lines` as the log's text: one a line, with timestamps if asked, cut at
+/// `limit_bytes`.
+fn joined(lines: &[(Millis, u8, String)], query: LogQuery) -> String {
     let mut out = String::new();
-    for (at, _, text) in &lines[first..] {
+    for (at, _, text) in lines {
         if query.timestamps {
             out.push_str(&rfc3339_nanos(*at));
             out.push(' ');
