@@ -512,16 +512,15 @@ pub fn certificate_names(webhook_service: &str, namespace: &str) -> Vec<String> 
     names
 }
 
-/// Serves the extender until `stop`: binding the address is retried (a previous leader on the
-/// same host may still hold it for a moment).
-async fn serve_extender(
-    config: WithSite<PlacementArgs>,
-    client: kube::Client,
-    served: Arc<extender::Extender>,
-    stop: CancellationToken,
-) {
-    let mut tasks: JoinSet<()> = JoinSet::new();
-    let material = loop {
+/// The extender's serving certificate, from its directory or the shared Secret: tried again
+/// every few seconds until there is one (the webhook's leader may not have written it yet), or
+/// `None` once `stop` is cancelled.
+async fn extender_certificate(
+    config: &WithSite<PlacementArgs>,
+    client: &kube::Client,
+    stop: &CancellationToken,
+) -> Option<Arc<rustls::sign::CertifiedKey>> {
+    loop {
         let attempt = match &config.args.placement_extender_cert_dir {
             Some(dir) => serving_cert::from_dir(dir),
             None => {
@@ -537,16 +536,30 @@ async fn serve_extender(
             }
         };
         match attempt.and_then(|m| m.certified_key()) {
-            Ok(key) => break key,
+            Ok(key) => return Some(key),
             Err(error) => {
                 warn!(error = %Chain(&error), "no certificate for the scheduler extender yet; retrying");
                 tokio::select! {
-                    () = stop.cancelled() => return,
+                    () = stop.cancelled() => return None,
                     () = tokio::time::sleep(Duration::from_secs(5)) => {}
                 }
             }
         }
+    }
+}
+
+/// Serves the extender until `stop`: binding the address is retried (a previous leader on the
+/// same host may still hold it for a moment).
+async fn serve_extender(
+    config: WithSite<PlacementArgs>,
+    client: kube::Client,
+    served: Arc<extender::Extender>,
+    stop: CancellationToken,
+) {
+    let Some(material) = extender_certificate(&config, &client, &stop).await else {
+        return;
     };
+    let mut tasks: JoinSet<()> = JoinSet::new();
     let certificate = Arc::new(ReloadableCertificate::new(material));
     if let Some(dir) = config.args.placement_extender_cert_dir.clone() {
         let (certificate, stop) = (Arc::clone(&certificate), stop.clone());
