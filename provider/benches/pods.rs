@@ -20,10 +20,10 @@
 //!   it has just churned);
 //! - `PODS_BENCH_DISRUPTION=none`: what is done to the daemons while the pods are created —
 //!   `kill9`: once half the pods are created, the middle replica is killed with SIGKILL and
-//!   started again at once (a crash); `rolling`: from the first create on, every replica in
-//!   turn, highest ordinal first as a StatefulSet's RollingUpdate goes, is stopped with SIGTERM
-//!   and started again, the next once its successor is ready (an upgrade). Pace the creates
-//!   (`PODS_BENCH_RATE`) so the rollout outlasts the disruption. Such a run also asserts, at
+//!   started again at once (a crash); `rolling`: every replica in turn, highest ordinal first
+//!   as a StatefulSet's RollingUpdate goes, is stopped with SIGTERM and started again, the
+//!   next once its successor is ready and a further share of the pods is created (replica k
+//!   of n once k/(n+1) of them are: the upgrade spans the rollout). Such a run also asserts, at
 //!   all Running, that nothing was lost, leaked or duplicated (the fault suite's invariants,
 //!   read from the apiserver and mock-eci), that no pod was ever seen failed, no container
 //!   restarted and no group deleted (a recreated pod would show as one). Its CPU and memory
@@ -411,8 +411,8 @@ enum Disruption {
     /// Once half the pods are created, the middle replica is killed with SIGKILL and started
     /// again at once.
     Kill9,
-    /// From the first create on, each replica in turn, highest ordinal first, is stopped with
-    /// SIGTERM and started again; the next once its successor is ready.
+    /// Each replica in turn, highest ordinal first, is stopped with SIGTERM and started again;
+    /// the next once its successor is ready and a further share of the pods is created.
     Rolling,
 }
 
@@ -998,11 +998,15 @@ async fn disrupt(
             ));
         }
         Disruption::Rolling => {
-            wait_for("the first create", bound, timeline, |t| {
-                !t.created.is_empty()
-            })
-            .await;
-            for replica in replicas.iter_mut().rev() {
+            // Spread over the rollout: replica k of n goes once k/(n+1) of the pods are
+            // created, so each replacement meets pods at every stage of their start.
+            let turns = replicas.len() + 1;
+            for (turn, replica) in replicas.iter_mut().rev().enumerate() {
+                let due = load.size * (turn + 1) / turns;
+                wait_for("the replica's turn", bound, timeline, |t| {
+                    t.created.len() >= due
+                })
+                .await;
                 let at = created();
                 let stopping = Instant::now();
                 let exit = h
