@@ -212,14 +212,15 @@ pub struct ControlPlaneOptions {
 }
 
 impl ControlPlaneOptions {
-    /// Defaults for `dir`: no ECS nodes, the upstream node grace (40 s), 120 s readiness bound,
-    /// a random Service range in 127.100.0.0–127.199.255.255.
+    /// Defaults for `dir`: no ECS nodes, the upstream node grace (40 s), a 300 s readiness bound
+    /// (generous: on a loaded CI machine a kube-apiserver took over 120 s to be ready), a random
+    /// Service range in 127.100.0.0–127.199.255.255.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
             ecs_nodes: 0,
             node_monitor_grace: Duration::from_secs(40),
-            ready_timeout: Duration::from_secs(120),
+            ready_timeout: Duration::from_secs(300),
             service_network: random_in(100..=199),
             metrics_server: false,
             placement_extender: false,
