@@ -213,7 +213,7 @@ pub struct ControlPlaneOptions {
 
 impl ControlPlaneOptions {
     /// Defaults for `dir`: no ECS nodes, the upstream node grace (40 s), a 300 s readiness bound
-    /// (generous: on a loaded CI machine a kube-apiserver took over 120 s to be ready), a random
+    /// (generous: on a loaded two-core machine several control planes start at once), a random
     /// Service range in 127.100.0.0–127.199.255.255.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
