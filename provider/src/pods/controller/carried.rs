@@ -9,23 +9,27 @@
 //! - Once an apply of ours wrote them, our field manager owns them on that subresource: every
 //!   later apply carries them again, since an apply that left them out would remove them.
 //! - New values wait ([`OwnAnnotations::Pending`]) for the pod's next status write; a pod that has
-//!   none after [`FLUSH_AFTER_POLLS`] status polls gets a write of its own (its status
-//!   as it shows, plus the annotations), so they never wait much longer than that.
+//!   none within [`FLUSH_AFTER_POLLS`] status poll intervals gets a write of its own (its status
+//!   as it shows, plus the annotations), so they never wait much longer than that. The wait is
+//!   a time, not a count: the pod's sync is queued for when it ends ([`OwnAnnotations::due_in`]),
+//!   so no poll has to look for pods whose values wait.
 //! - After a restart the values are not known: a pod already showing its group's id is taken
 //!   to carry ours ([`OwnAnnotations::adopt`]), so the first apply does not remove them.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
+use tokio::time::Instant;
 
 #[cfg(test)]
 use vne_core::to_eci::annotations::{EIP_ADDRESS, REQUEST_ID, VPC, ZONE};
 use vne_core::to_eci::annotations::{INSTANCE_ID, WRITTEN_BACK as OURS};
 
-/// Status polls a pod's new annotations wait for a status write before they get their own
-/// (2 s at the default 1 s poll). A longer wait saved no writes, only delayed the annotations
-/// (measured: docs/performance.md).
-pub(super) const FLUSH_AFTER_POLLS: u8 = 2;
+/// Status poll intervals a pod's new annotations wait for a status write before they get their
+/// own (2 s at the default 1 s poll). A longer wait saved no writes, only delayed the
+/// annotations (measured: docs/performance.md).
+pub(super) const FLUSH_AFTER_POLLS: u32 = 2;
 
 /// Whether annotations of ours wait for a status write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +38,7 @@ pub(super) enum Backlog {
     Empty,
     /// Some wait for the pod's next status write.
     Pending,
-    /// Some waited [`FLUSH_AFTER_POLLS`] polls: they are due a write of their own.
+    /// Some waited their whole wait: they are due a write of their own.
     Due,
 }
 
@@ -47,8 +51,8 @@ pub(super) enum OwnAnnotations {
     /// Nothing: no group yet, or annotations another writer made (they are left alone).
     #[default]
     Nothing,
-    /// To be written by the next apply; `polls` status polls went by without one.
-    Pending { values: Values, polls: u8 },
+    /// To be written by the next apply; queued `since` then.
+    Pending { values: Values, since: Instant },
     /// On the pod, owned by our applies: each one carries them again.
     Written(Values),
 }
@@ -63,8 +67,8 @@ impl OwnAnnotations {
     }
 
     /// New values for the pod, over those it carries already (a key left out of `values`
-    /// stays as it was): written by the next apply.
-    pub(super) fn queue(&mut self, values: Values) {
+    /// stays as it was): written by the next apply. `now`: when they are queued.
+    pub(super) fn queue(&mut self, values: Values, now: Instant) {
         let values = match self.values() {
             Some(known) if known.iter().any(|(key, _)| !has(&values, key)) => known
                 .iter()
@@ -75,7 +79,7 @@ impl OwnAnnotations {
                 .into(),
             _ => values,
         };
-        *self = Self::Pending { values, polls: 0 };
+        *self = Self::Pending { values, since: now };
     }
 
     /// An apply carrying `sent` was stored: pending values it carried are written now.
@@ -87,24 +91,29 @@ impl OwnAnnotations {
         }
     }
 
-    /// A status poll went by: whether the pending values are due a write of their own (once
-    /// they waited [`FLUSH_AFTER_POLLS`] polls, and again at every [`FLUSH_AFTER_POLLS`] polls
-    /// while they still wait).
-    pub(super) fn poll_passed(&mut self) -> bool {
-        let Self::Pending { polls, .. } = self else {
-            return false;
-        };
-        *polls = polls.saturating_add(1);
-        *polls >= FLUSH_AFTER_POLLS && *polls % FLUSH_AFTER_POLLS == 0
-    }
-
-    /// How long values wait for a write (see [`Backlog`]).
-    pub(super) fn backlog(&self) -> Backlog {
+    /// How long values wait for a write at `now`, `wait` being how long they may (see
+    /// [`Backlog`]).
+    pub(super) fn backlog(&self, now: Instant, wait: Duration) -> Backlog {
         match self {
-            Self::Pending { polls, .. } if *polls >= FLUSH_AFTER_POLLS => Backlog::Due,
+            Self::Pending { since, .. } if now.duration_since(*since) >= wait => Backlog::Due,
             Self::Pending { .. } => Backlog::Pending,
             Self::Nothing | Self::Written(_) => Backlog::Empty,
         }
+    }
+
+    /// How long from `now` until the pending values are next due a write of their own: at the
+    /// end of their `wait`, and again at every `wait` while they still wait (a write of theirs
+    /// failed). `None`: nothing waits.
+    pub(super) fn due_in(&self, now: Instant, wait: Duration) -> Option<Duration> {
+        let Self::Pending { since, .. } = self else {
+            return None;
+        };
+        let waited = now.duration_since(*since).as_nanos();
+        let wait_nanos = wait.as_nanos().max(1);
+        let left = wait_nanos - waited % wait_nanos;
+        Some(Duration::from_nanos(
+            u64::try_from(left).unwrap_or(u64::MAX),
+        ))
     }
 
     /// After a restart: a pod that shows `group` as its instance id carries our annotations
@@ -188,13 +197,16 @@ mod tests {
         values([(INSTANCE_ID, group)])
     }
 
+    const WAIT: Duration = Duration::from_secs(2);
+
     #[test]
     fn pending_values_are_written_by_the_apply_that_carried_them() {
         let mut carried = OwnAnnotations::default();
         assert_eq!(carried.values(), None, "nothing before a group");
         let sent = id("eci-1");
-        carried.queue(Arc::clone(&sent));
-        assert_eq!(carried.backlog(), Backlog::Pending);
+        let now = Instant::now();
+        carried.queue(Arc::clone(&sent), now);
+        assert_eq!(carried.backlog(now, WAIT), Backlog::Pending);
         assert_eq!(carried.values(), Some(&sent), "the next apply carries them");
         carried.stored(&sent);
         assert_eq!(carried, OwnAnnotations::Written(Arc::clone(&sent)));
@@ -205,25 +217,40 @@ mod tests {
     fn values_queued_while_an_apply_was_in_flight_stay_pending() {
         let mut carried = OwnAnnotations::default();
         let in_flight = id("eci-1");
-        carried.queue(Arc::clone(&in_flight));
+        let now = Instant::now();
+        carried.queue(Arc::clone(&in_flight), now);
         // The pod's annotation was changed meanwhile: the id is queued again.
         let newer = id("eci-1");
-        carried.queue(Arc::clone(&newer));
+        carried.queue(Arc::clone(&newer), now);
         carried.stored(&in_flight);
-        assert_eq!(carried.backlog(), Backlog::Pending, "{carried:?}");
+        assert_eq!(carried.backlog(now, WAIT), Backlog::Pending, "{carried:?}");
         assert_eq!(carried.values(), Some(&newer));
     }
 
     #[test]
-    fn pending_values_get_a_write_of_their_own_every_few_polls() {
+    fn pending_values_are_due_a_write_of_their_own_at_the_end_of_each_wait() {
         let mut carried = OwnAnnotations::default();
-        assert!(!carried.poll_passed(), "nothing pending");
-        carried.queue(id("eci-1"));
-        let every = usize::from(FLUSH_AFTER_POLLS);
-        let due: Vec<usize> = (1..=3 * every).filter(|_| carried.poll_passed()).collect();
-        assert_eq!(due, [every, 2 * every, 3 * every]);
+        let queued = Instant::now();
+        assert_eq!(carried.due_in(queued, WAIT), None, "nothing pending");
+        carried.queue(id("eci-1"), queued);
+        let second = Duration::from_secs(1);
+        // (time since queued, backlog, time left until due)
+        let table = [
+            (Duration::ZERO, Backlog::Pending, WAIT),
+            (second / 2, Backlog::Pending, WAIT - second / 2),
+            (WAIT, Backlog::Due, WAIT),
+            (WAIT + second / 2, Backlog::Due, WAIT - second / 2),
+            (3 * WAIT, Backlog::Due, WAIT),
+        ];
+        for (waited, backlog, left) in table {
+            let now = queued + waited;
+            assert_eq!(carried.backlog(now, WAIT), backlog, "{waited:?}");
+            assert_eq!(carried.due_in(now, WAIT), Some(left), "{waited:?}");
+        }
         carried.stored(&carried.values().cloned().unwrap());
-        assert!(!carried.poll_passed(), "written: nothing due");
+        let later = queued + 3 * WAIT;
+        assert_eq!(carried.backlog(later, WAIT), Backlog::Empty, "written");
+        assert_eq!(carried.due_in(later, WAIT), None, "written: nothing due");
     }
 
     #[test]
@@ -249,7 +276,7 @@ mod tests {
             "only our keys"
         );
         let queued = id("eci-1");
-        carried.queue(Arc::clone(&queued));
+        carried.queue(Arc::clone(&queued), Instant::now());
         carried.adopt("eci-1", lookup);
         assert_eq!(
             as_json(carried.values().unwrap()),

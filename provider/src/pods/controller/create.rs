@@ -923,7 +923,8 @@ impl PodController {
         if let Some(entry) = self.tracked().get_mut(uid)
             && entry.lifecycle.live_group() == Some(id)
         {
-            entry.carried.queue(values);
+            entry.carried.queue(values, tokio::time::Instant::now());
+            self.queue_annotation_write(uid, &entry.carried);
         }
     }
 
@@ -1251,46 +1252,55 @@ mod tests {
             ["PATCH", "GET"],
             "one apply, one read"
         );
+        let now = tokio::time::Instant::now();
+        let wait = controller.annotation_wait();
         assert!(
-            controller.tracked()["u-1"].carried.backlog() != carried::Backlog::Empty,
+            controller.tracked()["u-1"].carried.backlog(now, wait) != carried::Backlog::Empty,
             "still ours to write"
         );
     }
 
     /// A group that changes nothing after its create (no status write comes): its id gets a
-    /// write of its own after a few status polls, the pod's status re-stated as it shows. A
-    /// sync already queued for the pod is the one that carries it: no second one.
-    #[tokio::test]
-    async fn an_id_no_status_write_took_is_written_after_a_few_polls() {
+    /// write of its own once its wait ends, the pod's status re-stated as it shows. A sync that
+    /// comes sooner and writes nothing leaves it waiting, its own sync queued for the end.
+    #[tokio::test(start_paused = true)]
+    async fn an_id_no_status_write_took_is_written_when_its_wait_ends() {
         let (controller, bodies) = annotating();
+        let wait = controller.annotation_wait();
         queue_group_id(&controller, "").await;
-        let polls = |n: u8| (0..n).for_each(|_| controller.flush_carried());
-        let every = super::super::carried::FLUSH_AFTER_POLLS;
         let syncs = &controller.inner.syncs;
-        polls(every - 1);
         assert!(syncs.is_empty(), "it waits");
-        syncs.push("u-1".to_owned(), ());
-        polls(1);
         assert_eq!(
-            syncs.len(),
+            syncs.delayed_len(),
             1,
-            "due, and carried by the sync queued already"
+            "its sync is queued for the end of the wait"
         );
+        tokio::time::advance(wait / 2).await;
+        syncs.push("u-1".to_owned(), ());
         let (uid, ()) = syncs.try_next().unwrap();
         controller.sync_status(&uid).await;
         syncs.done(&uid);
-        let bodies = bodies.lock().unwrap().clone();
-        assert_eq!(bodies.len(), 1, "{bodies:?}");
+        assert!(bodies.lock().unwrap().is_empty(), "not due yet");
         assert_eq!(
-            bodies[0]["metadata"]["annotations"],
+            syncs.delayed_len(),
+            1,
+            "queued again for the end of the wait"
+        );
+        tokio::time::advance(wait / 2).await;
+        controller.sync_status("u-1").await;
+        let written = bodies.lock().unwrap().clone();
+        assert_eq!(written.len(), 1, "{written:?}");
+        assert_eq!(
+            written[0]["metadata"]["annotations"],
             json!({INSTANCE_ANNOTATION: "eci-1"})
         );
-        assert_eq!(bodies[0]["status"], json!({"phase": "Pending"}));
+        assert_eq!(written[0]["status"], json!({"phase": "Pending"}));
+        let now = tokio::time::Instant::now();
         assert_eq!(
-            controller.tracked()["u-1"].carried.backlog(),
+            controller.tracked()["u-1"].carried.backlog(now, wait),
             carried::Backlog::Empty
         );
         controller.sync_status("u-1").await;
-        assert_eq!(bodies.len(), 1, "nothing left to write");
+        assert_eq!(bodies.lock().unwrap().len(), 1, "nothing left to write");
     }
 }

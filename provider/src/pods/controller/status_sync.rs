@@ -3,7 +3,8 @@
 //!
 //! The sync is level-triggered: the polls store the group's latest state in the pod's entry,
 //! the watch stores the pod's latest copy, the creations store the annotations to carry; each
-//! of them only queues the pod. One [`PodController::sync_status`] then reads what is and
+//! of them only queues the pod (the creations for when the annotations fall due a write of
+//! their own, should no status write carry them sooner). One [`PodController::sync_status`] then reads what is and
 //! [`plan`] (pure) decides what to write. Only the sync (and writers that hold the pod's key in
 //! its queue) change what is recorded as written, so no write is ever recorded over a newer
 //! finding.
@@ -343,17 +344,19 @@ impl PodController {
         self.tracked().get(uid)?.carried.values().cloned()
     }
 
-    /// A status poll went by: pods whose annotations waited [`carried::FLUSH_AFTER_POLLS`]
-    /// polls for a status write are queued for a sync, which writes them (with the pod's
-    /// group state, if one waits, or the status as it shows).
-    pub(super) fn flush_carried(&self) {
-        let due: Vec<String> = self
-            .tracked()
-            .iter_mut()
-            .filter_map(|(uid, t)| t.carried.poll_passed().then(|| uid.clone()))
-            .collect();
-        for uid in due {
-            self.inner.syncs.push(uid, ());
+    /// How long the annotations of ours wait for a status write before they get one of their
+    /// own (see [`carried`]).
+    pub(super) fn annotation_wait(&self) -> Duration {
+        self.inner.config.args.pod_status_poll_interval * carried::FLUSH_AFTER_POLLS
+    }
+
+    /// Queues the pod's sync for when its waiting annotations fall due a write of their own
+    /// (nothing if none wait). A sync queued sooner carries them with the status it writes, and
+    /// if it writes none it queues this again.
+    pub(super) fn queue_annotation_write(&self, uid: &str, own: &carried::OwnAnnotations) {
+        let wait = self.annotation_wait();
+        if let Some(due) = own.due_in(tokio::time::Instant::now(), wait) {
+            self.inner.syncs.push_after(uid.to_owned(), (), due);
         }
     }
 
@@ -419,7 +422,6 @@ impl PodController {
                 continue;
             }
             seen_until = started;
-            self.flush_carried();
             if full {
                 last_full = started;
                 self.detect_vanished(&present).await;
@@ -600,7 +602,9 @@ impl PodController {
                 && pod.metadata.deletion_timestamp.is_none(),
             watched: entry.origin == super::Origin::Watched,
             written: entry.written,
-            annotations: entry.carried.backlog(),
+            annotations: entry
+                .carried
+                .backlog(tokio::time::Instant::now(), self.annotation_wait()),
             pod,
             group,
             events,
@@ -621,6 +625,9 @@ impl PodController {
         if decided.forget {
             entry.forget_status();
         }
+        // Annotations this sync did not write (it wrote nothing, or its write failed) get
+        // their own write when their wait ends.
+        self.queue_annotation_write(uid, &entry.carried);
     }
 
     /// Publishes a group's new ECI events as Events about its pod, in the background.
