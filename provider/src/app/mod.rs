@@ -115,12 +115,9 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
         error!(error = %format!("{failure:#}"), "stopping");
     }
     readiness.serving.store(false, Ordering::SeqCst);
-    if !tasks.shutdown(STOP_GRACE).await {
-        warn!(
-            grace = ?STOP_GRACE,
-            "some tasks did not stop in time; abandoning their in-flight work"
-        );
-    }
+    // Tasks that do not stop in time are named in the log and aborted, their in-flight work
+    // abandoned.
+    tasks.shutdown(STOP_GRACE).await;
     // Only now may a successor take the node over.
     if !lease_task.shutdown(LEASE_RELEASE_GRACE).await {
         warn!(grace = ?LEASE_RELEASE_GRACE, "the Lease was not released in time; a successor waits for it to expire");

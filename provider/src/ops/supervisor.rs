@@ -14,14 +14,22 @@
 //! - [`Supervisor::failure`] waits for a failure without stopping anything, for a caller that
 //!   waits for other things too; [`Supervisor::shutdown`] then stops the tasks and gives them a
 //!   grace period before aborting what is left.
+//! - A stop that drags names its cause: tasks still running [`SLOW_STOP`] after the stop are
+//!   named in the log (once), as are those a [`Supervisor::shutdown`] aborts.
 //! - Dropping a supervisor aborts what still runs.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::task::{Id, JoinError, JoinSet};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
+
+/// How long tasks may take to end after the stop before those still running are named in the
+/// log: an idle task ends at once, and in-flight work (a write, an ECI call) within a second
+/// or two.
+pub const SLOW_STOP: Duration = Duration::from_secs(2);
 
 /// Why a task failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +74,19 @@ pub struct Supervisor {
     running: JoinSet<anyhow::Result<()>>,
     names: HashMap<Id, (&'static str, Ending)>,
     stop: CancellationToken,
+    /// Where the stop is in naming the tasks that outlive it.
+    stopping: Stopping,
+}
+
+/// Whether the tasks that outlive the stop are to be named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopping {
+    /// Not stopped yet (as far as this supervisor has seen).
+    Running,
+    /// Stopped then: those still running at [`SLOW_STOP`] after it are named.
+    Since(Instant),
+    /// Named (or none was left to name).
+    Named,
 }
 
 impl Supervisor {
@@ -75,6 +96,7 @@ impl Supervisor {
             running: JoinSet::new(),
             names: HashMap::new(),
             stop: stop.child_token(),
+            stopping: Stopping::Running,
         }
     }
 
@@ -107,9 +129,22 @@ impl Supervisor {
         self.names.insert(id, (name, ending));
     }
 
-    /// The next task to end, judged: `None` when no task is left.
+    /// The next task to end, judged: `None` when no task is left. Meanwhile, notes the stop
+    /// and names the tasks that outlive it by [`SLOW_STOP`]. Cancel-safe.
     async fn next_ended(&mut self) -> Option<Result<(), TaskError>> {
-        let ended = self.running.join_next_with_id().await?;
+        let ended = loop {
+            let stop = self.stop.clone();
+            tokio::select! {
+                ended = self.running.join_next_with_id() => break ended?,
+                () = stop.cancelled(), if self.stopping == Stopping::Running => {
+                    self.stopping = Stopping::Since(Instant::now());
+                }
+                () = sleep_until_slow(self.stopping) => {
+                    warn!(tasks = ?self.still_running(), after = ?SLOW_STOP, "tasks still running after the stop");
+                    self.stopping = Stopping::Named;
+                }
+            }
+        };
         let id = match &ended {
             Ok((id, _)) => *id,
             Err(error) => error.id(),
@@ -170,9 +205,25 @@ impl Supervisor {
         })
         .await;
         if ended.is_err() {
+            warn!(tasks = ?self.still_running(), ?grace, "tasks aborted: they did not stop in time");
             self.running.abort_all();
         }
         ended.is_ok()
+    }
+
+    /// The names of the tasks still running, sorted.
+    fn still_running(&self) -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = self.names.values().map(|(name, _)| *name).collect();
+        names.sort_unstable();
+        names
+    }
+}
+
+/// Completes when the tasks still running after the stop are to be named; never otherwise.
+async fn sleep_until_slow(stopping: Stopping) {
+    match stopping {
+        Stopping::Since(at) => tokio::time::sleep_until(at + SLOW_STOP).await,
+        Stopping::Running | Stopping::Named => std::future::pending().await,
     }
 }
 
@@ -272,5 +323,29 @@ mod tests {
         assert!(!tasks.shutdown(Duration::from_millis(50)).await);
         // Aborted: what it held is released.
         assert!(gone.await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tasks_that_outlive_the_stop_are_named_once() {
+        let stop = CancellationToken::new();
+        let mut tasks = Supervisor::new(&stop);
+        tasks.spawn("stubborn", std::future::pending());
+        tasks.spawn("steady", steady(tasks.stop()));
+        assert_eq!(tasks.still_running(), ["steady", "stubborn"]);
+        stop.cancel();
+        assert!(
+            matches!(tasks.next_ended().await, Some(Ok(()))),
+            "steady ends"
+        );
+        let started = Instant::now();
+        let waited = tokio::time::timeout(2 * SLOW_STOP, tasks.next_ended()).await;
+        assert!(waited.is_err(), "the stubborn one never ends");
+        assert!(
+            matches!(tasks.stopping, Stopping::Named),
+            "{:?}",
+            tasks.stopping
+        );
+        assert!(started.elapsed() >= SLOW_STOP);
+        assert_eq!(tasks.still_running(), ["stubborn"], "what was named");
     }
 }
