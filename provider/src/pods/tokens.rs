@@ -1098,25 +1098,13 @@ impl Renewal {
         push: bool,
         sources: &Sources<'_>,
     ) -> Result<Vec<eci_proto::v20180808::Volume>, RefreshError> {
-        let config = &self.config;
-        // Only the volume fields matter here: volumes read neither Services nor DNS.
+        // Only the volume fields matter here: file volumes are never claims, and volumes read
+        // neither Services nor DNS.
         let cx = Context {
-            region: &config.site.region,
-            vswitch: &config.site.vswitch,
-            security_group: &config.site.security_group,
-            cluster_name: &config.site.cluster_name,
-            node_name: &config.site.node_name,
-            cluster_dns: &config.args.cluster_dns,
-            cluster_domain: &config.args.cluster_domain,
             config_maps: sources.config_maps,
             secrets: sources.secrets,
-            // File volumes are never claims.
-            claims: &BTreeMap::new(),
             service_account_tokens: sources.tokens,
-            default_spec: (2.0, 4.0),
-            apiserver: None,
-            services: &[],
-            kube_proxy: config.args.kube_proxy,
+            ..super::site_context(&self.config)
         };
         let built = if push {
             to_eci::file_volumes(pod, &cx)

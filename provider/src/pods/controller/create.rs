@@ -704,21 +704,13 @@ impl PodController {
             Vec::new()
         };
         let cx = Context {
-            region: &config.site.region,
-            vswitch: &config.site.vswitch,
-            security_group: &config.site.security_group,
-            cluster_name: &config.site.cluster_name,
-            node_name: &config.site.node_name,
-            cluster_dns: &config.args.cluster_dns,
-            cluster_domain: &config.args.cluster_domain,
             config_maps: &gathered.config_maps,
             secrets: &gathered.secrets,
             claims: &gathered.claims,
             service_account_tokens: &gathered.issued.tokens,
-            default_spec: (2.0, 4.0),
             apiserver: apiserver.as_ref(),
             services: &services,
-            kube_proxy: config.args.kube_proxy,
+            ..crate::pods::site_context(config)
         };
         to_eci::translate(pod, &cx).map_err(|rejection| {
             let message = rejection.to_string();
