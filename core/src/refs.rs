@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
     ServiceAccountTokenProjection, Volume,
@@ -30,6 +31,39 @@ impl TokenSource {
                 .unwrap_or(DEFAULT_TOKEN_SECONDS),
         }
     }
+
+    /// The TokenRequest a kubelet makes for this source: bound to `pod` (the token dies with
+    /// it), for the source's audience (none: the apiserver's own, which is what an empty list
+    /// means to TokenRequest) and validity.
+    pub fn request_for(&self, pod: &Pod) -> TokenRequest {
+        TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: if self.audience.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![self.audience.clone()]
+                },
+                expiration_seconds: Some(self.expiration_seconds),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: pod.metadata.name.clone(),
+                    uid: pod.metadata.uid.clone(),
+                }),
+            },
+            ..TokenRequest::default()
+        }
+    }
+}
+
+/// The service account a pod runs as, whose tokens it is given: `spec.serviceAccountName`,
+/// `default` when unset (what the apiserver's ServiceAccount admission fills in).
+pub fn service_account(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.service_account_name.clone())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "default".into())
 }
 
 /// A token issued for a [`TokenSource`]. Tokens are secrets: `Debug` never shows one.
@@ -650,6 +684,42 @@ mod tests {
         assert_eq!(refresh.config_maps, ["kube-root-ca.crt".to_owned()].into());
         assert!(refresh.secrets.is_empty());
         assert_eq!(refresh.tokens, refs.tokens);
+    }
+
+    #[test]
+    fn a_token_is_requested_for_the_pods_account_bound_to_the_pod() {
+        let pod = |spec: Value| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "web-0", "uid": "u-1"},
+                "spec": spec,
+            }))
+            .unwrap()
+        };
+        let named = pod(json!({"serviceAccountName": "builder", "containers": []}));
+        assert_eq!(service_account(&named), "builder");
+        for unnamed in [
+            json!({"containers": []}),
+            json!({"serviceAccountName": "", "containers": []}),
+        ] {
+            assert_eq!(service_account(&pod(unnamed)), "default");
+        }
+        // (audience, what TokenRequest is asked for)
+        for (audience, audiences) in [("", json!([])), ("vault", json!(["vault"]))] {
+            let source = TokenSource {
+                audience: audience.into(),
+                expiration_seconds: 3607,
+            };
+            let request = serde_json::to_value(source.request_for(&named)).unwrap();
+            assert_eq!(
+                request["spec"],
+                json!({
+                    "audiences": audiences,
+                    "expirationSeconds": 3607,
+                    "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "web-0", "uid": "u-1"},
+                }),
+                "{audience:?}"
+            );
+        }
     }
 
     #[test]

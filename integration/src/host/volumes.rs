@@ -11,13 +11,13 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, DownwardAPIVolumeFile, KeyToPath, Secret, ServiceAccount, Volume, VolumeProjection,
 };
 use kube::api::{Api, PostParams};
 
 use super::env::{self, EnvError, FieldContext};
+use vne_core::refs::{DEFAULT_TOKEN_SECONDS, TokenSource};
 
 /// A volume could not be materialised; the pod waits in `ContainerCreating` and it is retried.
 #[derive(Debug, thiserror::Error)]
@@ -106,8 +106,6 @@ pub enum VolumeError {
 
 /// Default file mode (0644) of secret, configMap, downwardAPI and projected volumes.
 const DEFAULT_MODE: i32 = 0o644;
-/// Token lifetime when the projection names none.
-const DEFAULT_TOKEN_SECONDS: i64 = 3600;
 /// Tokens are refreshed at the latest after a day, as the kubelet does.
 const MAX_TOKEN_AGE: Duration = Duration::from_secs(24 * 3600);
 
@@ -314,30 +312,13 @@ impl Volumes {
         }
         let pod = ctx.pod;
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        let service_account = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.service_account_name.clone())
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| "default".to_owned());
+        let service_account = vne_core::refs::service_account(pod);
         let seconds = expiration_seconds.unwrap_or(DEFAULT_TOKEN_SECONDS);
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: audience
-                    .filter(|a| !a.is_empty())
-                    .map(str::to_owned)
-                    .into_iter()
-                    .collect(),
-                expiration_seconds: Some(seconds),
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: pod.metadata.name.clone(),
-                    uid: pod.metadata.uid.clone(),
-                }),
-            },
-            ..TokenRequest::default()
-        };
+        let request = TokenSource {
+            audience: audience.unwrap_or_default().to_owned(),
+            expiration_seconds: seconds,
+        }
+        .request_for(pod);
         let api: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
         let issued = Instant::now();
         let answer = api

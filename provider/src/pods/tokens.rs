@@ -31,7 +31,6 @@ use base64::Engine as _;
 use eci_proto::EciError;
 use eci_proto::error::codes;
 use eci_proto::v20180808::{DescribeContainerGroupsRequest, UpdateContainerGroupRequest};
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -389,34 +388,12 @@ pub async fn issue(
     sources: &BTreeSet<TokenSource>,
 ) -> Result<Issued, TokenError> {
     let namespace = pod.namespace().unwrap_or_default();
-    let account = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.clone())
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "default".into());
+    let account = vne_core::refs::service_account(pod);
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
     let jitter = random_seconds(MAX_JITTER_SECONDS);
     let mut issued = Issued::default();
     for source in sources {
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                // No audience: the apiserver's own (what an empty list means to TokenRequest).
-                audiences: if source.audience.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![source.audience.clone()]
-                },
-                expiration_seconds: Some(source.expiration_seconds),
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: pod.metadata.name.clone(),
-                    uid: pod.metadata.uid.clone(),
-                }),
-            },
-            ..TokenRequest::default()
-        };
+        let request = source.request_for(pod);
         telemetry.kube_request("token_request");
         let answer = api
             .create_token_request(&account, &PostParams::default(), &request)
