@@ -202,10 +202,76 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
     result
 }
 
-#[allow(clippy::too_many_lines)] // one scenario, read top to bottom
 async fn churn(h: &mut Harness, args: &Args) -> anyhow::Result<Value> {
     let ns = h.create_namespace("churn").await?;
     let mock = h.start_mock_eci(MOCK).await?;
+    let (daemons, nodes) = start_replicas(h).await?;
+    say(&format!(
+        "{} daemons up (pids {:?}); churning {} pods/s with ~{} live for {:?}",
+        daemons.len(),
+        daemons.iter().map(|d| d.1).collect::<Vec<_>>(),
+        args.rate,
+        args.live,
+        args.duration
+    ));
+
+    let lifetime = Duration::from_secs_f64(f64::from(args.live) / args.rate);
+    let api: Api<Pod> = Api::namespaced(h.client(), &ns);
+    let counters = Arc::new(Counters::default());
+    let mut sampler = Sampler {
+        h,
+        ns: &ns,
+        admin: &mock.admin,
+        daemons: &daemons,
+        previous: vec![None; daemons.len()],
+        started: Instant::now(),
+    };
+    let churned = churn_pods(&mut sampler, &api, &nodes, &counters, args, lifetime).await?;
+    say("churn over; deleting what is left and waiting for the pods and groups to go");
+    let end = remove_leftovers(h, &api, &mock.admin, churned.alive).await;
+
+    // The fit starts 30 s after the ramp (one lifetime), once the deletions run too.
+    let warmup = lifetime + Duration::from_secs(30);
+    let fits = fit_slopes(&daemons, &churned.samples, warmup);
+    let mock_calls = mock_calls_total(&mock.admin).await;
+    Ok(json!({
+        "config": {
+            "duration_seconds": args.duration.as_secs_f64(),
+            "rate_per_second": args.rate,
+            "live": args.live,
+            "pod_lifetime_seconds": lifetime.as_secs_f64(),
+            "sample_every_seconds": args.sample_every.as_secs_f64(),
+            "fit_from_seconds": warmup.as_secs_f64(),
+            "replicas": daemons.len(),
+        },
+        "totals": {
+            "churn_seconds": churned.elapsed.as_secs_f64(),
+            "created": counters.created.load(Ordering::Relaxed),
+            "create_errors": counters.create_errors.load(Ordering::Relaxed),
+            "deleted": counters.deleted.load(Ordering::Relaxed),
+            "delete_errors": counters.delete_errors.load(Ordering::Relaxed),
+            "mock_eci_calls": mock_calls,
+        },
+        "end": {
+            "converge_seconds": end.converge.as_secs_f64(),
+            "settled": end.settled,
+            "pods_left": end.pods_left,
+            "groups_left": end.groups_left,
+        },
+        "thresholds": METRICS.iter().map(|(m, u, t)| json!({"metric": m, "unit": u, "threshold": format!("{t:?}")})).collect::<Vec<_>>(),
+        "slopes": fits.slopes,
+        "leaks": fits.leaks,
+        "inconclusive": fits.inconclusive,
+        "samples": churned.samples,
+    }))
+}
+
+/// A daemon replica: its process name, pid and metrics address.
+type Replica = (String, u32, String);
+
+/// Starts the two daemon replicas and waits for their nodes to be Ready; returns them and the
+/// nodes' names.
+async fn start_replicas(h: &mut Harness) -> anyhow::Result<(Vec<Replica>, Vec<String>)> {
     h.create_daemon_statefulset(2).await?;
     let mut daemons = Vec::new();
     for ordinal in 0..2 {
@@ -234,19 +300,51 @@ async fn churn(h: &mut Harness, args: &Args) -> anyhow::Result<Value> {
         )
         .await?;
     }
-    say(&format!(
-        "{} daemons up (pids {:?}); churning {} pods/s with ~{} live for {:?}",
-        daemons.len(),
-        daemons.iter().map(|d| d.1).collect::<Vec<_>>(),
-        args.rate,
-        args.live,
-        args.duration
-    ));
+    Ok((daemons, nodes))
+}
 
-    let lifetime = Duration::from_secs_f64(f64::from(args.live) / args.rate);
-    let api: Api<Pod> = Api::namespaced(h.client(), &ns);
-    let counters = Arc::new(Counters::default());
-    let started = Instant::now();
+/// Where and since when [`sample`] reads, with each daemon's previous reading (for rates).
+struct Sampler<'a> {
+    h: &'a Harness,
+    ns: &'a str,
+    admin: &'a str,
+    daemons: &'a [Replica],
+    previous: Vec<Option<(Instant, f64, f64)>>,
+    started: Instant,
+}
+
+impl Sampler<'_> {
+    async fn take(&mut self) -> Value {
+        sample(
+            self.h,
+            self.ns,
+            self.admin,
+            self.daemons,
+            &mut self.previous,
+            self.started,
+        )
+        .await
+    }
+}
+
+/// What the churn left: the pods still alive, the samples, and how long it ran.
+struct Churned {
+    alive: VecDeque<(String, Instant)>,
+    samples: Vec<Value>,
+    elapsed: Duration,
+}
+
+/// The churn itself: a pod created per tick (alternately on each node), each deleted once
+/// `lifetime` old, the daemons sampled every `--sample-every`, until `--duration` is over.
+async fn churn_pods(
+    sampler: &mut Sampler<'_>,
+    api: &Api<Pod>,
+    nodes: &[String],
+    counters: &Arc<Counters>,
+    args: &Args,
+    lifetime: Duration,
+) -> anyhow::Result<Churned> {
+    let started = sampler.started;
     let stop_at = started + args.duration;
     let mut alive: VecDeque<(String, Instant)> = VecDeque::new();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
@@ -254,7 +352,6 @@ async fn churn(h: &mut Harness, args: &Args) -> anyhow::Result<Value> {
     let mut sample_tick = tokio::time::interval(args.sample_every);
     sample_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut samples: Vec<Value> = Vec::new();
-    let mut previous: Vec<Option<(Instant, f64, f64)>> = vec![None; daemons.len()];
     let mut serial: u64 = 0;
     let mut tasks = tokio::task::JoinSet::new();
     loop {
@@ -266,52 +363,90 @@ async fn churn(h: &mut Harness, args: &Args) -> anyhow::Result<Value> {
                 }
                 while alive.front().is_some_and(|(_, born)| now.duration_since(*born) >= lifetime) {
                     if let Some((name, _)) = alive.pop_front() {
-                        let (api, counters) = (api.clone(), counters.clone());
-                        tasks.spawn(async move {
-                            match api.delete(&name, &DeleteParams::default()).await {
-                                Ok(_) => counters.deleted.fetch_add(1, Ordering::Relaxed),
-                                Err(_) => counters.delete_errors.fetch_add(1, Ordering::Relaxed),
-                            };
-                        });
+                        spawn_delete(&mut tasks, api, counters, name);
                     }
                 }
                 let node = &nodes[usize::try_from(serial % 2).unwrap_or(0)];
                 let name = format!("churn-{serial}");
                 serial += 1;
-                let pod = pod(&name, node)?;
-                let (api, counters) = (api.clone(), counters.clone());
-                tasks.spawn(async move {
-                    match api.create(&PostParams::default(), &pod).await {
-                        Ok(_) => counters.created.fetch_add(1, Ordering::Relaxed),
-                        Err(_) => counters.create_errors.fetch_add(1, Ordering::Relaxed),
-                    };
-                });
+                spawn_create(&mut tasks, api, counters, pod(&name, node)?);
                 alive.push_back((name, now));
                 while tasks.try_join_next().is_some() {}
             }
             _ = sample_tick.tick() => {
-                let sample = sample(h, &ns, &mock.admin, &daemons, &mut previous, started).await;
+                let sample = sampler.take().await;
                 say(&format!("t={:>4}s {}", sample["t"], brief(&sample)));
                 samples.push(sample);
             }
         }
     }
-    let churned = started.elapsed();
+    let elapsed = started.elapsed();
     while tasks.join_next().await.is_some() {}
-    samples.push(sample(h, &ns, &mock.admin, &daemons, &mut previous, started).await);
-    say("churn over; deleting what is left and waiting for the pods and groups to go");
+    samples.push(sampler.take().await);
+    Ok(Churned {
+        alive,
+        samples,
+        elapsed,
+    })
+}
 
+/// Deletes pod `name` in the background, counting the outcome.
+fn spawn_delete(
+    tasks: &mut tokio::task::JoinSet<()>,
+    api: &Api<Pod>,
+    counters: &Arc<Counters>,
+    name: String,
+) {
+    let (api, counters) = (api.clone(), counters.clone());
+    tasks.spawn(async move {
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => counters.deleted.fetch_add(1, Ordering::Relaxed),
+            Err(_) => counters.delete_errors.fetch_add(1, Ordering::Relaxed),
+        };
+    });
+}
+
+/// Creates `pod` in the background, counting the outcome.
+fn spawn_create(
+    tasks: &mut tokio::task::JoinSet<()>,
+    api: &Api<Pod>,
+    counters: &Arc<Counters>,
+    pod: Pod,
+) {
+    let (api, counters) = (api.clone(), counters.clone());
+    tasks.spawn(async move {
+        match api.create(&PostParams::default(), &pod).await {
+            Ok(_) => counters.created.fetch_add(1, Ordering::Relaxed),
+            Err(_) => counters.create_errors.fetch_add(1, Ordering::Relaxed),
+        };
+    });
+}
+
+/// How the end went: how long the pods and groups took to go, and what was left.
+struct End {
+    converge: Duration,
+    settled: bool,
+    pods_left: u64,
+    groups_left: u64,
+}
+
+/// Deletes the pods still `alive` and waits for every pod and group to go.
+async fn remove_leftovers(
+    h: &Harness,
+    api: &Api<Pod>,
+    admin: &str,
+    alive: VecDeque<(String, Instant)>,
+) -> End {
     let end = Instant::now();
-    for (name, _) in alive.drain(..) {
+    for (name, _) in alive {
         let _ = api.delete(&name, &DeleteParams::default()).await;
     }
-    let admin = mock.admin.clone();
     let settled = h
         .wait_for(
             "every churned pod and group gone",
             Duration::from_secs(300),
             |_| {
-                let (api, admin) = (api.clone(), admin.clone());
+                let (api, admin) = (api.clone(), admin.to_owned());
                 async move {
                     pods_in(&api).await.is_some_and(|p| p == 0)
                         && group_count(&admin).await.is_some_and(|g| g == 0)
@@ -319,15 +454,29 @@ async fn churn(h: &mut Harness, args: &Args) -> anyhow::Result<Value> {
             },
         )
         .await;
-    let converge = end.elapsed();
-    let pods_left = pods_in(&api).await.unwrap_or(u64::MAX);
-    let groups_left = group_count(&mock.admin).await.unwrap_or(u64::MAX);
+    End {
+        converge: end.elapsed(),
+        settled: settled.is_ok(),
+        pods_left: pods_in(api).await.unwrap_or(u64::MAX),
+        groups_left: group_count(admin).await.unwrap_or(u64::MAX),
+    }
+}
 
-    // The fit starts 30 s after the ramp (one lifetime), once the deletions run too.
-    let warmup = lifetime + Duration::from_secs(30);
-    let mut slopes = serde_json::Map::new();
-    let mut leaks = Vec::new();
-    let mut inconclusive = Vec::new();
+/// The slopes fitted per daemon and metric, and the leaks and inconclusive fits among them.
+struct Fits {
+    slopes: serde_json::Map<String, Value>,
+    leaks: Vec<String>,
+    inconclusive: Vec<String>,
+}
+
+/// Fits a slope to each daemon's each metric over the samples from `warmup` on, and judges it
+/// against the metric's threshold.
+fn fit_slopes(daemons: &[Replica], samples: &[Value], warmup: Duration) -> Fits {
+    let mut fits = Fits {
+        slopes: serde_json::Map::new(),
+        leaks: Vec::new(),
+        inconclusive: Vec::new(),
+    };
     for (index, (process, _, _)) in daemons.iter().enumerate() {
         let mut per_metric = serde_json::Map::new();
         for (metric, unit, threshold) in METRICS {
@@ -346,7 +495,7 @@ async fn churn(h: &mut Harness, args: &Args) -> anyhow::Result<Value> {
                 _ => "inconclusive",
             };
             if verdict == "leak" {
-                leaks.push(format!(
+                fits.leaks.push(format!(
                     "{process} {metric}: {:+.2} ± {:.2} {unit}/h over the limit {:.2}",
                     fit.as_ref().map_or(0.0, |f| f.slope_per_hour),
                     fit.as_ref().map_or(0.0, |f| f.stderr_per_hour),
@@ -354,58 +503,38 @@ async fn churn(h: &mut Harness, args: &Args) -> anyhow::Result<Value> {
                 ));
             }
             if verdict == "inconclusive" {
-                inconclusive.push(format!("{process} {metric}"));
+                fits.inconclusive.push(format!("{process} {metric}"));
             }
-            per_metric.insert(
-                (*metric).to_owned(),
-                json!({
-                    "unit": unit,
-                    "points": points.len(),
-                    "slope_per_hour": fit.as_ref().map(|f| f.slope_per_hour),
-                    "slope_stderr_per_hour": fit.as_ref().map(|f| f.stderr_per_hour),
-                    "mean": fit.as_ref().map(|f| f.mean),
-                    "min": fit.as_ref().map(|f| f.min),
-                    "max": fit.as_ref().map(|f| f.max),
-                    "first": points.first().map(|p| p.1),
-                    "last": points.last().map(|p| p.1),
-                    "limit_per_hour": limit,
-                    "verdict": verdict,
-                }),
-            );
+            let summary = fit_summary(unit, &points, fit.as_ref(), limit, verdict);
+            per_metric.insert((*metric).to_owned(), summary);
         }
-        slopes.insert(process.clone(), Value::Object(per_metric));
+        fits.slopes
+            .insert(process.clone(), Value::Object(per_metric));
     }
-    let mock_calls = mock_calls_total(&mock.admin).await;
-    Ok(json!({
-        "config": {
-            "duration_seconds": args.duration.as_secs_f64(),
-            "rate_per_second": args.rate,
-            "live": args.live,
-            "pod_lifetime_seconds": lifetime.as_secs_f64(),
-            "sample_every_seconds": args.sample_every.as_secs_f64(),
-            "fit_from_seconds": warmup.as_secs_f64(),
-            "replicas": daemons.len(),
-        },
-        "totals": {
-            "churn_seconds": churned.as_secs_f64(),
-            "created": counters.created.load(Ordering::Relaxed),
-            "create_errors": counters.create_errors.load(Ordering::Relaxed),
-            "deleted": counters.deleted.load(Ordering::Relaxed),
-            "delete_errors": counters.delete_errors.load(Ordering::Relaxed),
-            "mock_eci_calls": mock_calls,
-        },
-        "end": {
-            "converge_seconds": converge.as_secs_f64(),
-            "settled": settled.is_ok(),
-            "pods_left": pods_left,
-            "groups_left": groups_left,
-        },
-        "thresholds": METRICS.iter().map(|(m, u, t)| json!({"metric": m, "unit": u, "threshold": format!("{t:?}")})).collect::<Vec<_>>(),
-        "slopes": slopes,
-        "leaks": leaks,
-        "inconclusive": inconclusive,
-        "samples": samples,
-    }))
+    fits
+}
+
+/// One metric's fit as the summary shows it.
+fn fit_summary(
+    unit: &str,
+    points: &[(f64, f64)],
+    fit: Option<&Fit>,
+    limit: Option<f64>,
+    verdict: &str,
+) -> Value {
+    json!({
+        "unit": unit,
+        "points": points.len(),
+        "slope_per_hour": fit.map(|f| f.slope_per_hour),
+        "slope_stderr_per_hour": fit.map(|f| f.stderr_per_hour),
+        "mean": fit.map(|f| f.mean),
+        "min": fit.map(|f| f.min),
+        "max": fit.map(|f| f.max),
+        "first": points.first().map(|p| p.1),
+        "last": points.last().map(|p| p.1),
+        "limit_per_hour": limit,
+        "verdict": verdict,
+    })
 }
 
 #[derive(Debug, Default)]

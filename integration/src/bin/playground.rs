@@ -213,20 +213,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let begun = std::time::Instant::now();
     let mut phase = begun;
-    say("building or finding the upstream binaries (a cold build prints its progress)");
-    let mut options = ControlPlaneOptions::new(&dir);
-    options.ecs_nodes = args.ecs_nodes;
-    options.metrics_server = args.metrics_server;
-    options.placement_extender = args.placement_extender;
-    options.audit_log = args.audit_log;
-    let plane = tokio::select! {
-        plane = ControlPlane::start(options) => plane.context("start the control plane")?,
-        () = &mut stop => return Ok(()),
+    let Some(plane) = start_plane(&args, &dir, &mut stop, &mut phase).await? else {
+        return Ok(());
     };
-    done(
-        &format!("control plane ready at {}", plane.server()),
-        &mut phase,
-    );
     let client = plane.client().await?;
 
     say("building virtual-node-eci and mock-eci");
@@ -239,59 +228,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.runtime.resolved()
     };
     let real = match runtime {
-        Runtime::Real => {
-            say("real runtime: the network, the registry with busybox, mock-eci --runtime real");
-            let real = tokio::select! {
-                real = RealRuntime::start(&dir) => real.context("start the real runtime")?,
-                () = &mut stop => return Ok(()),
-            };
-            if let Some(agnhost) = &args.e2e_images {
-                let tools = E2eTools {
-                    agnhost: agnhost.clone(),
-                    busybox: args.e2e_busybox.clone(),
-                    curl: args.e2e_curl.clone(),
-                };
-                if let Err(error) = real.push_e2e_images(&tools).await {
-                    stop_real(real).await;
-                    return Err(error).context("push the end-to-end images");
-                }
-            }
-            done(
-                &format!(
-                    "mock-eci (real) at {}, pods on {}/16, groups on {}, registry {}",
-                    real.grpc(),
-                    real.pod_network(),
-                    real.groups_cidr(),
-                    real.registry()
-                ),
-                &mut phase,
-            );
-            Some(real)
-        }
+        Runtime::Real => match start_real(&args, &dir, &mut stop, &mut phase).await? {
+            Some(real) => Some(real),
+            None => return Ok(()),
+        },
         _ => None,
     };
     let bin_dir = daemon
         .parent()
         .context("the daemon binary has a directory")?
         .to_owned();
-    let agent = HostAgent::start(
-        client.clone(),
-        HostConfig {
-            node_name: HOST_NODE.into(),
-            images: BTreeMap::from([("virtual-node-eci".to_owned(), bin_dir)]),
-            dir: dir.join("host"),
-            api_host: "127.0.0.1".into(),
-            api_port: plane.api_port(),
-            restart_backoff: (Duration::from_secs(1), Duration::from_secs(30)),
-            // Random, like the Service range: two playgrounds (or test runs) rarely meet.
-            pod_network: real.as_ref().map_or_else(
-                || loopback_pod_network(integration::cluster::random_in(1..=99)),
-                RealRuntime::pod_network,
-            ),
-        },
-    )
-    .await;
-    let agent = match agent {
+    let agent = match start_agent(&client, &plane, &dir, bin_dir, real.as_ref()).await {
         Ok(agent) => agent,
         Err(error) => {
             if let Some(real) = real {
@@ -301,85 +248,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    let ready = async {
-        let mut env = format!(
-            "export KUBECONFIG={}\nexport PATH={}:$PATH\n",
-            plane.kubeconfig().display(),
-            plane
-                .upstream()
-                .path("kubectl")?
-                .parent()
-                .unwrap_or(Path::new("."))
-                .display()
-        );
-        if !args.bare {
-            let kubectl = plane.upstream().path("kubectl")?;
-            say("kubectl apply -k deploy/overlays/local");
-            // The daemons serve the extender where kube-scheduler calls it (the elected one).
-            let mut daemon_env = plane
-                .placement_extender()
-                .map(PlacementExtender::env)
-                .unwrap_or_default();
-            if let Some(real) = &real {
-                daemon_env.extend(real.daemon_env());
-                apply_local_overlay(
-                    kubectl,
-                    plane.kubeconfig(),
-                    &dir,
-                    args.replicas,
-                    &daemon_env,
-                    Mock::Outside,
-                )
-                .await?;
-                apply_eci_profile(&client, real.eci_profile()).await?;
-                say("waiting for the virtual nodes to be Ready");
-                wait_virtual_nodes(&client, args.replicas, Duration::from_secs(300)).await?;
-                done("the virtual nodes Ready", &mut phase);
-                let (link, prefix) = real.names();
-                env += &format!(
-                    "export MOCK_ECI_ADDR={}\nexport MOCK_ECI_ADMIN={}\nexport REGISTRY={}\n\
-                     export PLAYGROUND_LINK={link}\nexport PLAYGROUND_RUNTIME_PREFIX={prefix}\n",
-                    real.grpc(),
-                    real.admin_url(),
-                    real.registry(),
-                );
-            } else {
-                apply_local_overlay(
-                    kubectl,
-                    plane.kubeconfig(),
-                    &dir,
-                    args.replicas,
-                    &daemon_env,
-                    Mock::InCluster(&mock_eci_env()),
-                )
-                .await?;
-                say("waiting for mock-eci and the virtual nodes to be Ready");
-                let mock = wait_installed(&client, args.replicas, Duration::from_secs(300)).await?;
-                done("mock-eci and the virtual nodes Ready", &mut phase);
-                env += &format!(
-                    "export MOCK_ECI_ADDR={mock}:50051\nexport MOCK_ECI_ADMIN=http://{mock}:8080\n"
-                );
-            }
-        }
-        write_env(&dir, &env)?;
-        anyhow::Ok(())
+    let playground = Playground {
+        args: &args,
+        plane: &plane,
+        client: &client,
+        dir: &dir,
+        real: real.as_ref(),
     };
     let outcome = tokio::select! {
-        outcome = ready => Some(outcome),
+        outcome = playground.install(&mut phase) => Some(outcome),
         () = &mut stop => None,
     };
     if let Some(Ok(())) = outcome {
         say(&format!("ready in {:.1} s", begun.elapsed().as_secs_f64()));
-        match &real {
-            Some(real) => real_instructions(&dir, args.replicas, real.registry()),
-            None if !args.bare => instructions(
-                &dir,
-                args.replicas,
-                args.metrics_server,
-                plane.placement_extender(),
-            ),
-            None => {}
-        }
+        playground.instructions();
         stop.await;
     }
     say("stopping");
@@ -393,6 +275,207 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     outcome.unwrap_or(Ok(()))
+}
+
+/// What [`stop_signal`] returns: resolves when the playground is to stop.
+type Stop = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Starts the control plane `args` ask for; `None` when told to stop first.
+async fn start_plane(
+    args: &Args,
+    dir: &Path,
+    stop: &mut Stop,
+    phase: &mut std::time::Instant,
+) -> anyhow::Result<Option<ControlPlane>> {
+    say("building or finding the upstream binaries (a cold build prints its progress)");
+    let mut options = ControlPlaneOptions::new(dir);
+    options.ecs_nodes = args.ecs_nodes;
+    options.metrics_server = args.metrics_server;
+    options.placement_extender = args.placement_extender;
+    options.audit_log = args.audit_log;
+    let plane = tokio::select! {
+        plane = ControlPlane::start(options) => plane.context("start the control plane")?,
+        () = stop => return Ok(None),
+    };
+    done(&format!("control plane ready at {}", plane.server()), phase);
+    Ok(Some(plane))
+}
+
+/// Starts real mode (the network, the registry, mock-eci `--runtime real`) and pushes the
+/// end-to-end images when asked; `None` when told to stop first.
+async fn start_real(
+    args: &Args,
+    dir: &Path,
+    stop: &mut Stop,
+    phase: &mut std::time::Instant,
+) -> anyhow::Result<Option<RealRuntime>> {
+    say("real runtime: the network, the registry with busybox, mock-eci --runtime real");
+    let real = tokio::select! {
+        real = RealRuntime::start(dir) => real.context("start the real runtime")?,
+        () = stop => return Ok(None),
+    };
+    if let Some(agnhost) = &args.e2e_images {
+        let tools = E2eTools {
+            agnhost: agnhost.clone(),
+            busybox: args.e2e_busybox.clone(),
+            curl: args.e2e_curl.clone(),
+        };
+        if let Err(error) = real.push_e2e_images(&tools).await {
+            stop_real(real).await;
+            return Err(error).context("push the end-to-end images");
+        }
+    }
+    done(
+        &format!(
+            "mock-eci (real) at {}, pods on {}/16, groups on {}, registry {}",
+            real.grpc(),
+            real.pod_network(),
+            real.groups_cidr(),
+            real.registry()
+        ),
+        phase,
+    );
+    Ok(Some(real))
+}
+
+/// Starts the host node's agent, which runs the daemon images found in `bin_dir`.
+async fn start_agent(
+    client: &kube::Client,
+    plane: &ControlPlane,
+    dir: &Path,
+    bin_dir: PathBuf,
+    real: Option<&RealRuntime>,
+) -> Result<HostAgent, integration::host::HostError> {
+    HostAgent::start(
+        client.clone(),
+        HostConfig {
+            node_name: HOST_NODE.into(),
+            images: BTreeMap::from([("virtual-node-eci".to_owned(), bin_dir)]),
+            dir: dir.join("host"),
+            api_host: "127.0.0.1".into(),
+            api_port: plane.api_port(),
+            restart_backoff: (Duration::from_secs(1), Duration::from_secs(30)),
+            // Random, like the Service range: two playgrounds (or test runs) rarely meet.
+            pod_network: real.map_or_else(
+                || loopback_pod_network(integration::cluster::random_in(1..=99)),
+                RealRuntime::pod_network,
+            ),
+        },
+    )
+    .await
+}
+
+/// The running playground, as the install and the instructions need it.
+struct Playground<'a> {
+    args: &'a Args,
+    plane: &'a ControlPlane,
+    client: &'a kube::Client,
+    dir: &'a Path,
+    real: Option<&'a RealRuntime>,
+}
+
+impl Playground<'_> {
+    /// Installs `deploy/overlays/local` (unless bare), waits for it to be Ready, and writes
+    /// `DIR/env`.
+    async fn install(&self, phase: &mut std::time::Instant) -> anyhow::Result<()> {
+        let mut env = format!(
+            "export KUBECONFIG={}\nexport PATH={}:$PATH\n",
+            self.plane.kubeconfig().display(),
+            self.plane
+                .upstream()
+                .path("kubectl")?
+                .parent()
+                .unwrap_or(Path::new("."))
+                .display()
+        );
+        if !self.args.bare {
+            let kubectl = self.plane.upstream().path("kubectl")?;
+            say("kubectl apply -k deploy/overlays/local");
+            // The daemons serve the extender where kube-scheduler calls it (the elected one).
+            let mut daemon_env = self
+                .plane
+                .placement_extender()
+                .map(PlacementExtender::env)
+                .unwrap_or_default();
+            if let Some(real) = self.real {
+                daemon_env.extend(real.daemon_env());
+                env += &self.install_real(kubectl, &daemon_env, real, phase).await?;
+            } else {
+                env += &self.install_mock(kubectl, &daemon_env, phase).await?;
+            }
+        }
+        write_env(self.dir, &env)?;
+        Ok(())
+    }
+
+    /// The overlay with mock-eci outside the cluster (real mode); returns `DIR/env`'s lines
+    /// for it.
+    async fn install_real(
+        &self,
+        kubectl: &Path,
+        daemon_env: &[(String, String)],
+        real: &RealRuntime,
+        phase: &mut std::time::Instant,
+    ) -> anyhow::Result<String> {
+        let replicas = self.args.replicas;
+        let kubeconfig = self.plane.kubeconfig();
+        apply_local_overlay(
+            kubectl,
+            kubeconfig,
+            self.dir,
+            replicas,
+            daemon_env,
+            Mock::Outside,
+        )
+        .await?;
+        apply_eci_profile(self.client, real.eci_profile()).await?;
+        say("waiting for the virtual nodes to be Ready");
+        wait_virtual_nodes(self.client, replicas, Duration::from_secs(300)).await?;
+        done("the virtual nodes Ready", phase);
+        let (link, prefix) = real.names();
+        Ok(format!(
+            "export MOCK_ECI_ADDR={}\nexport MOCK_ECI_ADMIN={}\nexport REGISTRY={}\n\
+             export PLAYGROUND_LINK={link}\nexport PLAYGROUND_RUNTIME_PREFIX={prefix}\n",
+            real.grpc(),
+            real.admin_url(),
+            real.registry(),
+        ))
+    }
+
+    /// The overlay with mock-eci in the cluster; returns `DIR/env`'s lines for it.
+    async fn install_mock(
+        &self,
+        kubectl: &Path,
+        daemon_env: &[(String, String)],
+        phase: &mut std::time::Instant,
+    ) -> anyhow::Result<String> {
+        let replicas = self.args.replicas;
+        let mock_env = mock_eci_env();
+        let mock = Mock::InCluster(&mock_env);
+        let kubeconfig = self.plane.kubeconfig();
+        apply_local_overlay(kubectl, kubeconfig, self.dir, replicas, daemon_env, mock).await?;
+        say("waiting for mock-eci and the virtual nodes to be Ready");
+        let mock = wait_installed(self.client, replicas, Duration::from_secs(300)).await?;
+        done("mock-eci and the virtual nodes Ready", phase);
+        Ok(format!(
+            "export MOCK_ECI_ADDR={mock}:50051\nexport MOCK_ECI_ADMIN=http://{mock}:8080\n"
+        ))
+    }
+
+    /// Prints what to try, for the runtime it runs.
+    fn instructions(&self) {
+        let args = self.args;
+        match self.real {
+            Some(real) => real_instructions(self.dir, args.replicas, real.registry()),
+            None if !args.bare => instructions(
+                self.dir,
+                args.replicas,
+                args.metrics_server,
+                self.plane.placement_extender(),
+            ),
+            None => {}
+        }
+    }
 }
 
 /// Stops real mode's mock-eci, removes its network, and says whether anything was left.

@@ -259,6 +259,73 @@ fn display(path: &Path) -> String {
     path.display().to_string()
 }
 
+/// The files kube-apiserver's flags name.
+struct ApiserverFiles {
+    policy: PathBuf,
+    audit_log: PathBuf,
+    admission: PathBuf,
+}
+
+/// kube-apiserver's flags, but for the audit log's.
+fn apiserver_flags(
+    pki: &Pki,
+    options: &ControlPlaneOptions,
+    etcd_url: &str,
+    admission: &Path,
+    api_port: u16,
+) -> Vec<String> {
+    vec![
+        format!("--etcd-servers={etcd_url}"),
+        format!("--admission-control-config-file={}", display(admission)),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--secure-port={api_port}"),
+        format!("--tls-cert-file={}", display(&pki.apiserver.cert)),
+        format!("--tls-private-key-file={}", display(&pki.apiserver.key)),
+        format!("--client-ca-file={}", display(&pki.ca.cert)),
+        format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
+        format!(
+            "--service-account-key-file={}",
+            display(&pki.service_account.cert)
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            display(&pki.service_account.key)
+        ),
+        format!("--service-cluster-ip-range={}", options.service_cidr()),
+        "--authorization-mode=Node,RBAC".into(),
+        format!(
+            "--kubelet-client-certificate={}",
+            display(&pki.apiserver_kubelet_client.cert)
+        ),
+        format!(
+            "--kubelet-client-key={}",
+            display(&pki.apiserver_kubelet_client.key)
+        ),
+        "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+        format!(
+            "--requestheader-client-ca-file={}",
+            display(&pki.front_proxy_ca.cert)
+        ),
+        format!("--requestheader-allowed-names={}", pki::FRONT_PROXY_CLIENT),
+        "--requestheader-username-headers=X-Remote-User".into(),
+        "--requestheader-group-headers=X-Remote-Group".into(),
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+        format!(
+            "--proxy-client-cert-file={}",
+            display(&pki.front_proxy_client.cert)
+        ),
+        format!(
+            "--proxy-client-key-file={}",
+            display(&pki.front_proxy_client.key)
+        ),
+        // The `kubernetes` Endpoints would point at 127.0.0.1, which they may not.
+        "--endpoint-reconciler-type=none".into(),
+        "--allow-privileged=true".into(),
+        "--profiling=false".into(),
+    ]
+}
+
 /// A kubeconfig for `server` that authenticates with a client certificate.
 fn kubeconfig(server: &str, ca: &Path, user: &CertFiles, name: &str) -> String {
     json!({
@@ -380,6 +447,12 @@ impl ControlPlane {
         &mut self,
         options: &ControlPlaneOptions,
     ) -> Result<(), ClusterError> {
+        let etcd_url = self.start_etcd(options).await?;
+        self.start_apiserver(options, &etcd_url).await
+    }
+
+    /// Starts etcd and waits for it to be healthy; returns its client URL.
+    async fn start_etcd(&mut self, options: &ControlPlaneOptions) -> Result<String, ClusterError> {
         let (client_port, peer_port) = (free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -411,9 +484,45 @@ impl ControlPlane {
             }
         })
         .await?;
+        Ok(etcd_url)
+    }
 
-        let pki = self.pki.clone();
+    /// Starts kube-apiserver on the etcd at `etcd_url` and waits for it to be ready.
+    async fn start_apiserver(
+        &mut self,
+        options: &ControlPlaneOptions,
+        etcd_url: &str,
+    ) -> Result<(), ClusterError> {
         let apiserver = self.upstream.path("kube-apiserver")?.to_owned();
+        let files = self.write_apiserver_files()?;
+        let mut flags = apiserver_flags(
+            &self.pki,
+            options,
+            etcd_url,
+            &files.admission,
+            self.api_port,
+        );
+        if options.audit_log {
+            // The daemon's requests (see `audit_policy`), written as they complete ("blocking"
+            // mode: one small append per request, so the log is complete when a test reads it).
+            flags.extend([
+                format!("--audit-policy-file={}", display(&files.policy)),
+                format!("--audit-log-path={}", display(&files.audit_log)),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
+                "--audit-log-maxsize=200".into(),
+                "--audit-log-maxbackup=0".into(),
+                "--audit-log-maxage=0".into(),
+            ]);
+        }
+        write(&self.dir.join(etcd::APISERVER_ARGS_FILE), &flags.join("\n"))?;
+        self.spawn("kube-apiserver", &apiserver, &flags)?;
+        self.wait_apiserver_ready(options).await
+    }
+
+    /// Writes the apiserver's audit policy, webhook credentials and admission configuration
+    /// (and makes the audit log's directory).
+    fn write_apiserver_files(&self) -> Result<ApiserverFiles, ClusterError> {
         let policy = self.dir.join(AUDIT_POLICY);
         write(&policy, &audit_policy())?;
         let audit_log = self.dir.join(AUDIT_LOG);
@@ -426,75 +535,23 @@ impl ControlPlane {
         let credentials = self.dir.join(WEBHOOK_CREDENTIALS);
         write(
             &credentials,
-            &webhook_credentials(&pki.apiserver_kubelet_client),
+            &webhook_credentials(&self.pki.apiserver_kubelet_client),
         )?;
         let admission = self.dir.join(ADMISSION_CONFIGURATION);
         write(&admission, &admission_configuration(&credentials))?;
-        let mut flags = vec![
-            format!("--etcd-servers={etcd_url}"),
-            format!("--admission-control-config-file={}", display(&admission)),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            format!("--secure-port={}", self.api_port),
-            format!("--tls-cert-file={}", display(&pki.apiserver.cert)),
-            format!("--tls-private-key-file={}", display(&pki.apiserver.key)),
-            format!("--client-ca-file={}", display(&pki.ca.cert)),
-            format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
-            format!(
-                "--service-account-key-file={}",
-                display(&pki.service_account.cert)
-            ),
-            format!(
-                "--service-account-signing-key-file={}",
-                display(&pki.service_account.key)
-            ),
-            format!("--service-cluster-ip-range={}", options.service_cidr()),
-            "--authorization-mode=Node,RBAC".into(),
-            format!(
-                "--kubelet-client-certificate={}",
-                display(&pki.apiserver_kubelet_client.cert)
-            ),
-            format!(
-                "--kubelet-client-key={}",
-                display(&pki.apiserver_kubelet_client.key)
-            ),
-            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
-            format!(
-                "--requestheader-client-ca-file={}",
-                display(&pki.front_proxy_ca.cert)
-            ),
-            format!("--requestheader-allowed-names={}", pki::FRONT_PROXY_CLIENT),
-            "--requestheader-username-headers=X-Remote-User".into(),
-            "--requestheader-group-headers=X-Remote-Group".into(),
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
-            format!(
-                "--proxy-client-cert-file={}",
-                display(&pki.front_proxy_client.cert)
-            ),
-            format!(
-                "--proxy-client-key-file={}",
-                display(&pki.front_proxy_client.key)
-            ),
-            // The `kubernetes` Endpoints would point at 127.0.0.1, which they may not.
-            "--endpoint-reconciler-type=none".into(),
-            "--allow-privileged=true".into(),
-            "--profiling=false".into(),
-        ];
-        if options.audit_log {
-            // The daemon's requests (see `audit_policy`), written as they complete ("blocking"
-            // mode: one small append per request, so the log is complete when a test reads it).
-            flags.extend([
-                format!("--audit-policy-file={}", display(&policy)),
-                format!("--audit-log-path={}", display(&audit_log)),
-                "--audit-log-format=json".into(),
-                "--audit-log-mode=blocking".into(),
-                "--audit-log-maxsize=200".into(),
-                "--audit-log-maxbackup=0".into(),
-                "--audit-log-maxage=0".into(),
-            ]);
-        }
-        write(&self.dir.join(etcd::APISERVER_ARGS_FILE), &flags.join("\n"))?;
-        self.spawn("kube-apiserver", &apiserver, &flags)?;
+        Ok(ApiserverFiles {
+            policy,
+            audit_log,
+            admission,
+        })
+    }
+
+    /// Waits for the apiserver's `/readyz`.
+    async fn wait_apiserver_ready(
+        &mut self,
+        options: &ControlPlaneOptions,
+    ) -> Result<(), ClusterError> {
+        let pki = self.pki.clone();
         // /readyz is public (system:public-info-viewer); polled with a plain client so the
         // 500s of a starting apiserver are not logged as errors by kube-rs.
         let ca = std::fs::read(&pki.ca.cert).map_err(|source| ClusterError::Read {

@@ -275,6 +275,186 @@ fn push_example(
     }
 }
 
+/// Compares the daemons' `ok` create and delete calls (`ours`) with mock-eci's (`mock`), both
+/// since `expect`'s baseline when it has one.
+fn compare_call_counts(
+    expect: &Expect,
+    ours: CallCounts,
+    mock: CallCounts,
+    report: &mut Invariants,
+) {
+    let (ours, mock) = match expect.baseline {
+        Some((ours_then, mock_then)) => (ours - ours_then, mock - mock_then),
+        None => (ours, mock),
+    };
+    for (what, daemons, seen) in [
+        ("CreateContainerGroup ok", ours.create_ok, mock.create_ok),
+        ("DeleteContainerGroup ok", ours.delete_ok, mock.delete_ok),
+    ] {
+        let agree = if expect.exact_calls {
+            (daemons - seen).abs() < 0.5
+        } else {
+            daemons <= seen + 0.5
+        };
+        if !agree {
+            let relation = if expect.exact_calls { "=" } else { "≤" };
+            report.metric_mismatches.push(format!(
+                "{what}: the daemons count {daemons}, mock-eci {seen} (expected daemons {relation} mock-eci)"
+            ));
+        }
+    }
+}
+
+/// The report of one look being built, with how many examples of each kind it has seen (so
+/// [`push_example`] keeps only the first few).
+#[derive(Default)]
+struct Findings {
+    report: Invariants,
+    counts: BTreeMap<&'static str, usize>,
+}
+
+impl Findings {
+    /// Records an example of a `kind` of violation.
+    fn example(&mut self, kind: &'static str, text: String) {
+        push_example(&mut self.report.details, &mut self.counts, kind, text);
+    }
+
+    /// Pods bound to the run's nodes: running, terminating (or stuck so), without a group
+    /// (lost) or with more than one (duplicates).
+    fn check_bound_pods(&mut self, expect: &Expect, bound: &[Pod], groups: &[Group]) {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let mut by_uid: HashMap<&str, Vec<&Group>> = HashMap::new();
+        for group in groups {
+            by_uid.entry(group.uid.as_str()).or_default().push(group);
+        }
+        for pod in bound {
+            let uid = pod.uid().unwrap_or_default();
+            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            let own = by_uid.get(uid.as_str()).map_or(0, Vec::len);
+            if running_and_ready(pod) {
+                self.report.running += 1;
+            }
+            if let Some(deleted) = &pod.metadata.deletion_timestamp {
+                let over = now.duration_since(deleted.0).as_secs_f64();
+                if over <= expect.terminating_bound.as_secs_f64() {
+                    self.report.terminating += 1;
+                } else {
+                    self.report.stuck_terminating += 1;
+                    self.example(
+                        "stuck terminating",
+                        format!(
+                            "{key} on {} for {over:.0} s past its grace period ({own} group(s))",
+                            node_of(pod)
+                        ),
+                    );
+                }
+            } else if own == 0 {
+                self.report.pods_lost += 1;
+                self.example(
+                    "lost",
+                    format!(
+                        "{key} on {} has no group (phase {:?})",
+                        node_of(pod),
+                        pod.status.as_ref().and_then(|s| s.phase.clone())
+                    ),
+                );
+            }
+            if own > 1 {
+                self.report.duplicates += own - 1;
+                let ids: Vec<&str> = by_uid[uid.as_str()].iter().map(|g| g.id.as_str()).collect();
+                self.example("duplicate", format!("{key} has {own} groups: {ids:?}"));
+            }
+        }
+    }
+
+    /// Groups whose pod is gone, or is on another node than the group's tag (leaked).
+    fn check_groups(&mut self, bound: &[Pod], groups: &[Group]) {
+        let pods_by_uid: HashMap<String, &Pod> =
+            bound.iter().filter_map(|p| Some((p.uid()?, p))).collect();
+        for group in groups {
+            match pods_by_uid.get(&group.uid) {
+                None => {
+                    self.report.groups_leaked += 1;
+                    self.example(
+                        "leaked",
+                        format!(
+                            "{} ({}, node {}, status {}) has no pod",
+                            group.id, group.pod, group.node, group.status
+                        ),
+                    );
+                }
+                Some(pod) if node_of(pod) != group.node => {
+                    self.report.groups_leaked += 1;
+                    self.example(
+                        "leaked",
+                        format!(
+                            "{} ({}) is tagged for node {} but its pod is on {}",
+                            group.id,
+                            group.pod,
+                            group.node,
+                            node_of(pod)
+                        ),
+                    );
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// The case's own pods (`in_namespace`): all there, bound, running and ready, and no more.
+    fn check_case_pods(&mut self, expect: &Expect, in_namespace: &[Pod]) {
+        let live: Vec<&Pod> = in_namespace
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        if live.len() < expect.pods {
+            let missing = expect.pods - live.len();
+            self.report.pods_lost += missing;
+            self.example(
+                "lost",
+                format!(
+                    "{missing} of the {} pods expected in {} do not exist",
+                    expect.pods, expect.namespace
+                ),
+            );
+        }
+        for pod in &live {
+            let on_a_run_node = expect.nodes.iter().any(|n| n == node_of(pod));
+            if !on_a_run_node || !running_and_ready(pod) {
+                self.report.pods_not_running += 1;
+                let phase = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_default();
+                self.example(
+                    "not running",
+                    format!(
+                        "{}/{} on {:?}: phase {phase:?}, ready {}",
+                        expect.namespace,
+                        pod.name_any(),
+                        node_of(pod),
+                        condition_true(pod, "Ready")
+                    ),
+                );
+            }
+        }
+        if live.len() > expect.pods {
+            // More than the case made: a controller's replacement not yet gone, or a bug.
+            self.report.pods_not_running += live.len() - expect.pods;
+            self.example(
+                "not running",
+                format!(
+                    "{} pods in {} where {} were expected",
+                    live.len(),
+                    expect.namespace,
+                    expect.pods
+                ),
+            );
+        }
+    }
+}
+
 impl Harness {
     /// The name the daemons of this harness tag their groups with (`ECI_CLUSTER_NAME`).
     pub fn cluster_name(&self) -> String {
@@ -382,9 +562,7 @@ impl Harness {
 
     /// One look at the invariants (see the module's documentation).
     pub async fn check_invariants(&self, expect: &Expect) -> Result<Invariants, HarnessError> {
-        let mut report = Invariants::default();
-        let mut counts = BTreeMap::new();
-        let details = &mut report.details;
+        let mut findings = Findings::default();
 
         // Pods bound to the run's nodes, and the case's namespace.
         let all: Api<Pod> = Api::all(self.client());
@@ -400,218 +578,70 @@ impl Harness {
         // Groups next, so a pod created after the groups were read cannot look lost... but a
         // group created after the pods were read can look leaked: the next look settles it.
         let groups = self.run_groups().await?;
-        report.groups = groups.len();
-        report.pods = bound.len();
-        let now = k8s_openapi::jiff::Timestamp::now();
+        findings.report.groups = groups.len();
+        findings.report.pods = bound.len();
 
-        let mut by_uid: HashMap<&str, Vec<&Group>> = HashMap::new();
-        for group in &groups {
-            by_uid.entry(group.uid.as_str()).or_default().push(group);
-        }
-        let pods_by_uid: HashMap<String, &Pod> =
-            bound.iter().filter_map(|p| Some((p.uid()?, p))).collect();
+        findings.check_bound_pods(expect, &bound, &groups);
+        findings.check_groups(&bound, &groups);
+        findings.check_case_pods(expect, &in_namespace);
+        self.check_ready_nodes(expect, &mut findings).await?;
+        let mut report = findings.report;
+        self.check_daemon_metrics(expect, &bound, &mut report).await;
+        Ok(report)
+    }
 
-        for pod in &bound {
-            let uid = pod.uid().unwrap_or_default();
-            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-            let own = by_uid.get(uid.as_str()).map_or(0, Vec::len);
-            if running_and_ready(pod) {
-                report.running += 1;
-            }
-            if let Some(deleted) = &pod.metadata.deletion_timestamp {
-                let over = now.duration_since(deleted.0).as_secs_f64();
-                if over <= expect.terminating_bound.as_secs_f64() {
-                    report.terminating += 1;
-                } else {
-                    report.stuck_terminating += 1;
-                    push_example(
-                        details,
-                        &mut counts,
-                        "stuck terminating",
-                        format!(
-                            "{key} on {} for {over:.0} s past its grace period ({own} group(s))",
-                            node_of(pod)
-                        ),
-                    );
-                }
-            } else if own == 0 {
-                report.pods_lost += 1;
-                push_example(
-                    details,
-                    &mut counts,
-                    "lost",
-                    format!(
-                        "{key} on {} has no group (phase {:?})",
-                        node_of(pod),
-                        pod.status.as_ref().and_then(|s| s.phase.clone())
-                    ),
-                );
-            }
-            if own > 1 {
-                report.duplicates += own - 1;
-                let ids: Vec<&str> = by_uid[uid.as_str()].iter().map(|g| g.id.as_str()).collect();
-                push_example(
-                    details,
-                    &mut counts,
-                    "duplicate",
-                    format!("{key} has {own} groups: {ids:?}"),
-                );
-            }
-        }
-        for group in &groups {
-            match pods_by_uid.get(&group.uid) {
-                None => {
-                    report.groups_leaked += 1;
-                    push_example(
-                        details,
-                        &mut counts,
-                        "leaked",
-                        format!(
-                            "{} ({}, node {}, status {}) has no pod",
-                            group.id, group.pod, group.node, group.status
-                        ),
-                    );
-                }
-                Some(pod) if node_of(pod) != group.node => {
-                    report.groups_leaked += 1;
-                    push_example(
-                        details,
-                        &mut counts,
-                        "leaked",
-                        format!(
-                            "{} ({}) is tagged for node {} but its pod is on {}",
-                            group.id,
-                            group.pod,
-                            group.node,
-                            node_of(pod)
-                        ),
-                    );
-                }
-                Some(_) => {}
-            }
-        }
-
-        // The case's own pods: all there, bound, running and ready.
-        let live: Vec<&Pod> = in_namespace
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect();
-        if live.len() < expect.pods {
-            let missing = expect.pods - live.len();
-            report.pods_lost += missing;
-            push_example(
-                details,
-                &mut counts,
-                "lost",
-                format!(
-                    "{missing} of the {} pods expected in {} do not exist",
-                    expect.pods, expect.namespace
-                ),
-            );
-        }
-        for pod in &live {
-            let on_a_run_node = expect.nodes.iter().any(|n| n == node_of(pod));
-            if !on_a_run_node || !running_and_ready(pod) {
-                report.pods_not_running += 1;
-                let phase = pod
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.phase.clone())
-                    .unwrap_or_default();
-                push_example(
-                    details,
-                    &mut counts,
-                    "not running",
-                    format!(
-                        "{}/{} on {:?}: phase {phase:?}, ready {}",
-                        expect.namespace,
-                        pod.name_any(),
-                        node_of(pod),
-                        condition_true(pod, "Ready")
-                    ),
-                );
-            }
-        }
-        if live.len() > expect.pods {
-            // More than the case made: a controller's replacement not yet gone, or a bug.
-            report.pods_not_running += live.len() - expect.pods;
-            push_example(
-                details,
-                &mut counts,
-                "not running",
-                format!(
-                    "{} pods in {} where {} were expected",
-                    live.len(),
-                    expect.namespace,
-                    expect.pods
-                ),
-            );
-        }
-
-        // Nodes of live replicas.
+    /// Flags the replicas' nodes of `expect` that are not `Ready`.
+    async fn check_ready_nodes(
+        &self,
+        expect: &Expect,
+        findings: &mut Findings,
+    ) -> Result<(), HarnessError> {
         let nodes: Api<Node> = Api::all(self.client());
         for name in &expect.ready_nodes {
             let ready = nodes.get_opt(name).await?.is_some_and(|n| node_ready(&n));
             if !ready {
-                report.not_ready_nodes += 1;
-                push_example(details, &mut counts, "node", format!("{name} is not Ready"));
+                findings.report.not_ready_nodes += 1;
+                findings.example("node", format!("{name} is not Ready"));
             }
         }
+        Ok(())
+    }
 
-        // The daemons' counters against what was observed.
-        if !expect.daemons.is_empty() {
-            let processes: Vec<String> = expect.daemons.iter().map(|(p, _)| p.clone()).collect();
-            match self.call_counts(&processes).await {
-                None => report
+    /// The daemons' counters against what was observed: their `ok` ECI calls against
+    /// mock-eci's, and the pods each counts `Running` against the apiserver's `bound`.
+    async fn check_daemon_metrics(&self, expect: &Expect, bound: &[Pod], report: &mut Invariants) {
+        if expect.daemons.is_empty() {
+            return;
+        }
+        let processes: Vec<String> = expect.daemons.iter().map(|(p, _)| p.clone()).collect();
+        match self.call_counts(&processes).await {
+            None => report
+                .metric_mismatches
+                .push("a daemon's or mock-eci's /metrics did not answer".into()),
+            Some((ours, mock)) => compare_call_counts(expect, ours, mock, report),
+        }
+        for (process, node) in &expect.daemons {
+            let Some(text) = self.daemon_metrics(process).await else {
+                report
                     .metric_mismatches
-                    .push("a daemon's or mock-eci's /metrics did not answer".into()),
-                Some((ours, mock)) => {
-                    let (ours, mock) = match expect.baseline {
-                        Some((ours_then, mock_then)) => (ours - ours_then, mock - mock_then),
-                        None => (ours, mock),
-                    };
-                    for (what, daemons, seen) in [
-                        ("CreateContainerGroup ok", ours.create_ok, mock.create_ok),
-                        ("DeleteContainerGroup ok", ours.delete_ok, mock.delete_ok),
-                    ] {
-                        let agree = if expect.exact_calls {
-                            (daemons - seen).abs() < 0.5
-                        } else {
-                            daemons <= seen + 0.5
-                        };
-                        if !agree {
-                            let relation = if expect.exact_calls { "=" } else { "≤" };
-                            report.metric_mismatches.push(format!(
-                                "{what}: the daemons count {daemons}, mock-eci {seen} (expected daemons {relation} mock-eci)"
-                            ));
-                        }
-                    }
-                }
-            }
-            for (process, node) in &expect.daemons {
-                let Some(text) = self.daemon_metrics(process).await else {
-                    report
-                        .metric_mismatches
-                        .push(format!("{process}'s /metrics did not answer"));
-                    continue;
-                };
-                let counted = sample(&text, "virtual_node_eci_pods", r#"phase="Running""#);
-                let shown = bound
-                    .iter()
-                    .filter(|p| {
-                        node_of(p) == node
-                            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                    })
-                    .count();
-                #[allow(clippy::cast_precision_loss)]
-                if (counted - shown as f64).abs() > 0.5 {
-                    report.metric_mismatches.push(format!(
-                        "{process} counts {counted} pods Running, the apiserver shows {shown} on {node}"
-                    ));
-                }
+                    .push(format!("{process}'s /metrics did not answer"));
+                continue;
+            };
+            let counted = sample(&text, "virtual_node_eci_pods", r#"phase="Running""#);
+            let shown = bound
+                .iter()
+                .filter(|p| {
+                    node_of(p) == node
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+                .count();
+            #[allow(clippy::cast_precision_loss)]
+            if (counted - shown as f64).abs() > 0.5 {
+                report.metric_mismatches.push(format!(
+                    "{process} counts {counted} pods Running, the apiserver shows {shown} on {node}"
+                ));
             }
         }
-        Ok(report)
     }
 
     /// The pod status writes the daemons of `expect` made so far (their

@@ -8,7 +8,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, ObjectReference, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, ObjectReference, Pod, Probe, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType};
@@ -271,47 +271,10 @@ pub(crate) async fn run(
         let run = match prepare(&shared, &container).await {
             Ok(prepared) => {
                 last_failure = None;
-                let image = container.image.clone().unwrap_or_default();
-                shared
-                    .event(
-                        false,
-                        "Pulled",
-                        format!("Container image \"{image}\" already present on machine"),
-                    )
-                    .await;
-                let started = start(&shared, slot, &container, prepared, first, &pid_file);
-                match &started {
-                    Ok(_) => {
-                        let name = &container.name;
-                        shared
-                            .event(false, "Created", format!("Created container: {name}"))
-                            .await;
-                        shared
-                            .event(false, "Started", format!("Started container {name}"))
-                            .await;
-                    }
-                    Err(error) => {
-                        shared
-                            .event(true, "Failed", format!("Error: {error}"))
-                            .await;
-                    }
-                }
-                started
+                start_with_events(&shared, slot, &container, prepared, first, &pid_file).await
             }
             Err(not_started) => {
-                if last_failure.as_deref() != Some(not_started.message.as_str()) {
-                    last_failure = Some(not_started.message.clone());
-                    shared
-                        .event(true, "Failed", format!("Error: {}", not_started.message))
-                        .await;
-                }
-                debug!(container = %container.name, reason = not_started.reason, message = %not_started.message, "container not started");
-                shared.update(slot, |c| {
-                    c.state = RunState::Waiting {
-                        reason: not_started.reason.to_owned(),
-                        message: Some(not_started.message),
-                    };
-                });
+                show_not_started(&shared, slot, &container, not_started, &mut last_failure).await;
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_secs(2)) => continue,
                     _ = stop_requested(&mut stop) => return Outcome::Stopped,
@@ -341,56 +304,138 @@ pub(crate) async fn run(
         let exit_code = terminated.exit_code;
         info!(container = %container.name, exit_code, reason = %terminated.reason, "container ended");
         if stopped || !restarts(policy, exit_code) || stop.borrow().is_some() {
-            shared.update(slot, |c| {
-                c.state = RunState::Terminated(terminated);
-                c.ready = false;
-                c.started = false;
-            });
-            return match (stopped, exit_code) {
-                (true, _) => Outcome::Stopped,
-                (false, 0) => Outcome::Succeeded,
-                (false, _) => Outcome::Failed,
-            };
+            return finish(&shared, slot, terminated, stopped);
         }
         let delay = backoff.next_delay(started.elapsed());
-        let message = format!(
-            "back-off {} restarting failed container={} pod={}_{}({})",
-            humantime::format_duration(delay),
-            container.name,
-            shared.name,
-            shared.namespace,
-            shared.uid
-        );
-        shared.update(slot, |c| {
-            c.last_terminated = Some(terminated.clone());
-            c.ready = false;
-            c.started = false;
-            c.state = if delay.is_zero() {
-                RunState::Terminated(terminated)
-            } else {
-                RunState::Waiting {
-                    reason: "CrashLoopBackOff".into(),
-                    message: Some(message),
-                }
-            };
-        });
-        if !delay.is_zero() {
-            shared
-                .event(
-                    true,
-                    "BackOff",
-                    format!(
-                        "Back-off restarting failed container {} in pod {}_{}({})",
-                        container.name, shared.name, shared.namespace, shared.uid
-                    ),
-                )
-                .await;
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                _ = stop_requested(&mut stop) => return Outcome::Stopped,
-            }
+        if !back_off(&shared, slot, &container, terminated, delay, &mut stop).await {
+            return Outcome::Stopped;
         }
     }
+}
+
+/// Starts a prepared run, with the events kubelet emits for it.
+async fn start_with_events(
+    shared: &PodShared,
+    slot: Slot,
+    container: &Container,
+    prepared: Prepared,
+    first: bool,
+    pid_file: &Path,
+) -> Result<(tokio::process::Child, u32, Launch), ProcessError> {
+    let image = container.image.clone().unwrap_or_default();
+    shared
+        .event(
+            false,
+            "Pulled",
+            format!("Container image \"{image}\" already present on machine"),
+        )
+        .await;
+    let started = start(shared, slot, container, prepared, first, pid_file);
+    match &started {
+        Ok(_) => {
+            let name = &container.name;
+            shared
+                .event(false, "Created", format!("Created container: {name}"))
+                .await;
+            shared
+                .event(false, "Started", format!("Started container {name}"))
+                .await;
+        }
+        Err(error) => {
+            shared
+                .event(true, "Failed", format!("Error: {error}"))
+                .await;
+        }
+    }
+    started
+}
+
+/// Shows the container waiting and why, with an event when the reason is new.
+async fn show_not_started(
+    shared: &PodShared,
+    slot: Slot,
+    container: &Container,
+    not_started: NotStarted,
+    last_failure: &mut Option<String>,
+) {
+    if last_failure.as_deref() != Some(not_started.message.as_str()) {
+        *last_failure = Some(not_started.message.clone());
+        shared
+            .event(true, "Failed", format!("Error: {}", not_started.message))
+            .await;
+    }
+    debug!(container = %container.name, reason = not_started.reason, message = %not_started.message, "container not started");
+    shared.update(slot, |c| {
+        c.state = RunState::Waiting {
+            reason: not_started.reason.to_owned(),
+            message: Some(not_started.message),
+        };
+    });
+}
+
+/// Shows the container terminated for good, and says how its runner ended.
+fn finish(shared: &PodShared, slot: Slot, terminated: Terminated, stopped: bool) -> Outcome {
+    let exit_code = terminated.exit_code;
+    shared.update(slot, |c| {
+        c.state = RunState::Terminated(terminated);
+        c.ready = false;
+        c.started = false;
+    });
+    match (stopped, exit_code) {
+        (true, _) => Outcome::Stopped,
+        (false, 0) => Outcome::Succeeded,
+        (false, _) => Outcome::Failed,
+    }
+}
+
+/// Shows the container terminated, or in `CrashLoopBackOff` for `delay`, and waits that long;
+/// `false` when a stop is requested meanwhile.
+async fn back_off(
+    shared: &PodShared,
+    slot: Slot,
+    container: &Container,
+    terminated: Terminated,
+    delay: Duration,
+    stop: &mut watch::Receiver<Option<StopRequest>>,
+) -> bool {
+    let message = format!(
+        "back-off {} restarting failed container={} pod={}_{}({})",
+        humantime::format_duration(delay),
+        container.name,
+        shared.name,
+        shared.namespace,
+        shared.uid
+    );
+    shared.update(slot, |c| {
+        c.last_terminated = Some(terminated.clone());
+        c.ready = false;
+        c.started = false;
+        c.state = if delay.is_zero() {
+            RunState::Terminated(terminated)
+        } else {
+            RunState::Waiting {
+                reason: "CrashLoopBackOff".into(),
+                message: Some(message),
+            }
+        };
+    });
+    if !delay.is_zero() {
+        shared
+            .event(
+                true,
+                "BackOff",
+                format!(
+                    "Back-off restarting failed container {} in pod {}_{}({})",
+                    container.name, shared.name, shared.namespace, shared.uid
+                ),
+            )
+            .await;
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = stop_requested(stop) => return false,
+        }
+    }
+    true
 }
 
 /// Resolves once a stop is requested (or the pod worker is gone).
@@ -477,21 +522,8 @@ async fn supervise(
         http: &shared.ctx.http,
         tools: &shared.ctx.tools,
     };
-    if let Some(hook) = container
-        .lifecycle
-        .as_ref()
-        .and_then(|l| l.post_start.as_ref())
-    {
-        tokio::select! {
-            verdict = probe::hook(hook, target, shared.grace()) => {
-                if let Verdict::Failure(message) = verdict {
-                    warn!(container = %container.name, message, "postStart hook failed: container killed");
-                    let deadline = Instant::now() + shared.grace();
-                    return (terminate(shared, container, child, target, deadline, stop, false).await, false);
-                }
-            }
-            status = child.wait() => return (status.ok(), false),
-        }
+    if let Some(ended) = post_start(shared, container, child, target, stop).await {
+        return (ended, false);
     }
     let ended = tokio::select! {
         status = child.wait() => return (status.ok(), false),
@@ -540,6 +572,32 @@ async fn supervise(
                 false,
             )
         }
+    }
+}
+
+/// Runs the postStart hook, if any; `Some` with the exit status when the process ended
+/// meanwhile, or was killed because the hook failed.
+async fn post_start(
+    shared: &PodShared,
+    container: &Container,
+    child: &mut tokio::process::Child,
+    target: probe::Target<'_>,
+    stop: &mut watch::Receiver<Option<StopRequest>>,
+) -> Option<Option<ExitStatus>> {
+    let hook = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.post_start.as_ref())?;
+    tokio::select! {
+        verdict = probe::hook(hook, target, shared.grace()) => {
+            if let Verdict::Failure(message) = verdict {
+                warn!(container = %container.name, message, "postStart hook failed: container killed");
+                let deadline = Instant::now() + shared.grace();
+                return Some(terminate(shared, container, child, target, deadline, stop, false).await);
+            }
+            None
+        }
+        status = child.wait() => Some(status.ok()),
     }
 }
 
@@ -602,33 +660,8 @@ async fn probes(
     target: probe::Target<'_>,
 ) -> (String, Option<i64>) {
     if let Some(startup) = &container.startup_probe {
-        let timing = Timing::of(startup);
-        tokio::time::sleep(timing.initial_delay).await;
-        let mut thresholds = Thresholds::default();
-        loop {
-            let verdict = probe::probe_once(startup, target, timing.timeout).await;
-            let message = match &verdict {
-                Verdict::Success => String::new(),
-                Verdict::Failure(message) => message.clone(),
-            };
-            match thresholds.record(verdict == Verdict::Success, &timing) {
-                Some(true) => break,
-                Some(false) => {
-                    shared
-                        .event(
-                            true,
-                            "Unhealthy",
-                            format!("Startup probe failed: {message}"),
-                        )
-                        .await;
-                    return (
-                        "failed startup probe".to_owned(),
-                        startup.termination_grace_period_seconds,
-                    );
-                }
-                None => {}
-            }
-            tokio::time::sleep(timing.period).await;
+        if let Some(failed) = startup_probe(shared, startup, target).await {
+            return failed;
         }
         let no_readiness_probe = container.readiness_probe.is_none();
         shared.update(slot, |c| {
@@ -636,76 +669,126 @@ async fn probes(
             c.ready = no_readiness_probe;
         });
     }
-    let readiness = async {
-        let Some(readiness) = &container.readiness_probe else {
-            return std::future::pending::<()>().await;
-        };
-        let timing = Timing::of(readiness);
-        tokio::time::sleep(timing.initial_delay).await;
-        let mut thresholds = Thresholds::default();
-        loop {
-            let verdict = probe::probe_once(readiness, target, timing.timeout).await;
-            if let Verdict::Failure(message) = &verdict {
-                debug!(container = %container.name, message, "readiness probe failed");
-                shared
-                    .event(
-                        true,
-                        "Unhealthy",
-                        format!("Readiness probe failed: {message}"),
-                    )
-                    .await;
-            }
-            if let Some(ready) = thresholds.record(verdict == Verdict::Success, &timing) {
-                let changed = {
-                    let record = shared.record.lock();
-                    let current = match slot {
-                        Slot::Init(i) => record.init.get(i),
-                        Slot::Main(i) => record.containers.get(i),
-                    };
-                    current.is_some_and(|c| c.ready != ready)
-                };
-                if changed {
-                    info!(container = %container.name, ready, "readiness changed");
-                    shared.update(slot, |c| c.ready = ready);
-                }
-            }
-            tokio::time::sleep(timing.period).await;
-        }
-    };
-    let liveness = async {
-        let Some(liveness) = &container.liveness_probe else {
-            return std::future::pending::<(String, Option<i64>)>().await;
-        };
-        let timing = Timing::of(liveness);
-        tokio::time::sleep(timing.initial_delay).await;
-        let mut thresholds = Thresholds::default();
-        loop {
-            let verdict = probe::probe_once(liveness, target, timing.timeout).await;
-            let message = match &verdict {
-                Verdict::Success => String::new(),
-                Verdict::Failure(message) => message.clone(),
-            };
-            if verdict != Verdict::Success {
-                shared
-                    .event(
-                        true,
-                        "Unhealthy",
-                        format!("Liveness probe failed: {message}"),
-                    )
-                    .await;
-            }
-            if thresholds.record(verdict == Verdict::Success, &timing) == Some(false) {
-                return (
-                    "failed liveness probe".to_owned(),
-                    liveness.termination_grace_period_seconds,
-                );
-            }
-            tokio::time::sleep(timing.period).await;
-        }
-    };
     tokio::select! {
-        () = readiness => (String::new(), None),
-        message = liveness => message,
+        () = readiness_probe(shared, slot, container, target) => (String::new(), None),
+        message = liveness_probe(shared, container, target) => message,
+    }
+}
+
+/// Probes `startup` until it succeeds (`None`) or fails for good (why, and its grace period).
+async fn startup_probe(
+    shared: &PodShared,
+    startup: &Probe,
+    target: probe::Target<'_>,
+) -> Option<(String, Option<i64>)> {
+    let timing = Timing::of(startup);
+    tokio::time::sleep(timing.initial_delay).await;
+    let mut thresholds = Thresholds::default();
+    loop {
+        let verdict = probe::probe_once(startup, target, timing.timeout).await;
+        let message = match &verdict {
+            Verdict::Success => String::new(),
+            Verdict::Failure(message) => message.clone(),
+        };
+        match thresholds.record(verdict == Verdict::Success, &timing) {
+            Some(true) => return None,
+            Some(false) => {
+                shared
+                    .event(
+                        true,
+                        "Unhealthy",
+                        format!("Startup probe failed: {message}"),
+                    )
+                    .await;
+                return Some((
+                    "failed startup probe".to_owned(),
+                    startup.termination_grace_period_seconds,
+                ));
+            }
+            None => {}
+        }
+        tokio::time::sleep(timing.period).await;
+    }
+}
+
+/// Probes readiness for ever (or never, without a probe), showing each change.
+async fn readiness_probe(
+    shared: &PodShared,
+    slot: Slot,
+    container: &Container,
+    target: probe::Target<'_>,
+) {
+    let Some(readiness) = &container.readiness_probe else {
+        return std::future::pending::<()>().await;
+    };
+    let timing = Timing::of(readiness);
+    tokio::time::sleep(timing.initial_delay).await;
+    let mut thresholds = Thresholds::default();
+    loop {
+        let verdict = probe::probe_once(readiness, target, timing.timeout).await;
+        if let Verdict::Failure(message) = &verdict {
+            debug!(container = %container.name, message, "readiness probe failed");
+            shared
+                .event(
+                    true,
+                    "Unhealthy",
+                    format!("Readiness probe failed: {message}"),
+                )
+                .await;
+        }
+        if let Some(ready) = thresholds.record(verdict == Verdict::Success, &timing) {
+            let changed = {
+                let record = shared.record.lock();
+                let current = match slot {
+                    Slot::Init(i) => record.init.get(i),
+                    Slot::Main(i) => record.containers.get(i),
+                };
+                current.is_some_and(|c| c.ready != ready)
+            };
+            if changed {
+                info!(container = %container.name, ready, "readiness changed");
+                shared.update(slot, |c| c.ready = ready);
+            }
+        }
+        tokio::time::sleep(timing.period).await;
+    }
+}
+
+/// Probes liveness until it fails for good (never, without a probe): why, and its grace
+/// period.
+async fn liveness_probe(
+    shared: &PodShared,
+    container: &Container,
+    target: probe::Target<'_>,
+) -> (String, Option<i64>) {
+    let Some(liveness) = &container.liveness_probe else {
+        return std::future::pending::<(String, Option<i64>)>().await;
+    };
+    let timing = Timing::of(liveness);
+    tokio::time::sleep(timing.initial_delay).await;
+    let mut thresholds = Thresholds::default();
+    loop {
+        let verdict = probe::probe_once(liveness, target, timing.timeout).await;
+        let message = match &verdict {
+            Verdict::Success => String::new(),
+            Verdict::Failure(message) => message.clone(),
+        };
+        if verdict != Verdict::Success {
+            shared
+                .event(
+                    true,
+                    "Unhealthy",
+                    format!("Liveness probe failed: {message}"),
+                )
+                .await;
+        }
+        if thresholds.record(verdict == Verdict::Success, &timing) == Some(false) {
+            return (
+                "failed liveness probe".to_owned(),
+                liveness.termination_grace_period_seconds,
+            );
+        }
+        tokio::time::sleep(timing.period).await;
     }
 }
 

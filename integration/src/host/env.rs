@@ -7,7 +7,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapKeySelector, Container, EnvVarSource, Pod, Secret, SecretKeySelector,
+    Service,
+};
 use vne_core::downward::{self, DownwardError, FieldValue, Side};
 use vne_core::expansion::expand;
 use vne_core::quantity::Quantity;
@@ -152,7 +155,38 @@ pub(crate) fn resolve(
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     let mut env = OrderedEnv::default();
+    add_env_from(&mut env, container, sources)?;
 
+    for var in container.env.iter().flatten() {
+        let value = match &var.value_from {
+            None => {
+                let raw = var.value.as_deref().unwrap_or_default();
+                expand(raw, |name| {
+                    env.get(name).or_else(|| services.get(name).copied())
+                })
+            }
+            Some(source) => match source_value(ctx, container, sources, source, namespace)? {
+                Some(value) => value,
+                None => continue,
+            },
+        };
+        env.set(&var.name, value);
+    }
+
+    for (name, value) in service_env {
+        if env.get(name).is_none() {
+            env.set(name, value.clone());
+        }
+    }
+    Ok(env.into_vec())
+}
+
+/// Adds the variables of the container's `envFrom` ConfigMaps and Secrets, prefixed.
+fn add_env_from(
+    env: &mut OrderedEnv,
+    container: &Container,
+    sources: &EnvSources,
+) -> Result<(), EnvError> {
     for from in container.env_from.iter().flatten() {
         let prefix = from.prefix.as_deref().unwrap_or_default();
         if let Some(cm_ref) = &from.config_map_ref {
@@ -197,91 +231,90 @@ pub(crate) fn resolve(
             }
         }
     }
+    Ok(())
+}
 
-    for var in container.env.iter().flatten() {
-        let value = match &var.value_from {
-            None => {
-                let raw = var.value.as_deref().unwrap_or_default();
-                expand(raw, |name| {
-                    env.get(name).or_else(|| services.get(name).copied())
-                })
-            }
-            Some(source) => {
-                if let Some(field) = &source.field_ref {
-                    env_field_value(ctx, &field.field_path)?
-                } else if let Some(resource) = &source.resource_field_ref {
-                    let target = match resource.container_name.as_deref().filter(|n| !n.is_empty())
-                    {
-                        Some(name) => find_container(ctx.pod, name)?,
-                        None => container,
-                    };
-                    resource_value(
-                        target,
-                        &resource.resource,
-                        resource.divisor.as_ref().map(|d| d.0.as_str()),
-                    )?
-                } else if let Some(key_ref) = &source.config_map_key_ref {
-                    let optional = key_ref.optional == Some(true);
-                    match sources
-                        .config_maps
-                        .get(&key_ref.name)
-                        .and_then(Option::as_ref)
-                    {
-                        None if optional => continue,
-                        None => {
-                            return Err(EnvError::ConfigMapNotFound {
-                                name: key_ref.name.clone(),
-                            });
-                        }
-                        Some(cm) => match cm.data.as_ref().and_then(|d| d.get(&key_ref.key)) {
-                            Some(value) => value.clone(),
-                            None if optional => continue,
-                            None => {
-                                return Err(EnvError::ConfigMapKeyNotFound {
-                                    namespace: namespace.to_owned(),
-                                    name: key_ref.name.clone(),
-                                    key: key_ref.key.clone(),
-                                });
-                            }
-                        },
-                    }
-                } else if let Some(key_ref) = &source.secret_key_ref {
-                    let optional = key_ref.optional == Some(true);
-                    match sources.secrets.get(&key_ref.name).and_then(Option::as_ref) {
-                        None if optional => continue,
-                        None => {
-                            return Err(EnvError::SecretNotFound {
-                                name: key_ref.name.clone(),
-                            });
-                        }
-                        Some(secret) => {
-                            match secret.data.as_ref().and_then(|d| d.get(&key_ref.key)) {
-                                Some(value) => String::from_utf8_lossy(&value.0).into_owned(),
-                                None if optional => continue,
-                                None => {
-                                    return Err(EnvError::SecretKeyNotFound {
-                                        namespace: namespace.to_owned(),
-                                        name: key_ref.name.clone(),
-                                        key: key_ref.key.clone(),
-                                    });
-                                }
-                            }
-                        }
-                    }
-                } else {
-                    String::new()
-                }
-            }
+/// The value of a variable's `valueFrom`; `None` when an optional source or key is missing
+/// (the variable is left out).
+fn source_value(
+    ctx: FieldContext<'_>,
+    container: &Container,
+    sources: &EnvSources,
+    source: &EnvVarSource,
+    namespace: &str,
+) -> Result<Option<String>, EnvError> {
+    if let Some(field) = &source.field_ref {
+        env_field_value(ctx, &field.field_path).map(Some)
+    } else if let Some(resource) = &source.resource_field_ref {
+        let target = match resource.container_name.as_deref().filter(|n| !n.is_empty()) {
+            Some(name) => find_container(ctx.pod, name)?,
+            None => container,
         };
-        env.set(&var.name, value);
+        resource_value(
+            target,
+            &resource.resource,
+            resource.divisor.as_ref().map(|d| d.0.as_str()),
+        )
+        .map(Some)
+    } else if let Some(key_ref) = &source.config_map_key_ref {
+        config_map_key(sources, key_ref, namespace)
+    } else if let Some(key_ref) = &source.secret_key_ref {
+        secret_key(sources, key_ref, namespace)
+    } else {
+        Ok(Some(String::new()))
     }
+}
 
-    for (name, value) in service_env {
-        if env.get(name).is_none() {
-            env.set(name, value.clone());
-        }
+/// A `configMapKeyRef`'s value; `None` when it is optional and missing.
+fn config_map_key(
+    sources: &EnvSources,
+    key_ref: &ConfigMapKeySelector,
+    namespace: &str,
+) -> Result<Option<String>, EnvError> {
+    let optional = key_ref.optional == Some(true);
+    match sources
+        .config_maps
+        .get(&key_ref.name)
+        .and_then(Option::as_ref)
+    {
+        None if optional => Ok(None),
+        None => Err(EnvError::ConfigMapNotFound {
+            name: key_ref.name.clone(),
+        }),
+        Some(cm) => match cm.data.as_ref().and_then(|d| d.get(&key_ref.key)) {
+            Some(value) => Ok(Some(value.clone())),
+            None if optional => Ok(None),
+            None => Err(EnvError::ConfigMapKeyNotFound {
+                namespace: namespace.to_owned(),
+                name: key_ref.name.clone(),
+                key: key_ref.key.clone(),
+            }),
+        },
     }
-    Ok(env.into_vec())
+}
+
+/// A `secretKeyRef`'s value; `None` when it is optional and missing.
+fn secret_key(
+    sources: &EnvSources,
+    key_ref: &SecretKeySelector,
+    namespace: &str,
+) -> Result<Option<String>, EnvError> {
+    let optional = key_ref.optional == Some(true);
+    match sources.secrets.get(&key_ref.name).and_then(Option::as_ref) {
+        None if optional => Ok(None),
+        None => Err(EnvError::SecretNotFound {
+            name: key_ref.name.clone(),
+        }),
+        Some(secret) => match secret.data.as_ref().and_then(|d| d.get(&key_ref.key)) {
+            Some(value) => Ok(Some(String::from_utf8_lossy(&value.0).into_owned())),
+            None if optional => Ok(None),
+            None => Err(EnvError::SecretKeyNotFound {
+                namespace: namespace.to_owned(),
+                name: key_ref.name.clone(),
+                key: key_ref.key.clone(),
+            }),
+        },
+    }
 }
 
 /// The container's command line: `command` (else none: the image's default) and `args`, with

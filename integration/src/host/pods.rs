@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt as _, StreamExt as _};
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::{Container, Pod, PodCondition, PodSpec, PodStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -390,64 +390,10 @@ impl Worker {
             .dir
             .join("pods")
             .join(format!("{namespace}_{name}"));
-        let dir_error = |path: &std::path::Path, source| PodError::Dir {
-            pod: key.to_owned(),
-            path: path.to_owned(),
-            source,
-        };
-        std::fs::create_dir_all(&dir).map_err(|e| dir_error(&dir, e))?;
-        let volumes_dir = dir.join("volumes");
-        let _ = std::fs::remove_dir_all(&volumes_dir);
-        std::fs::create_dir_all(&volumes_dir).map_err(|e| dir_error(&volumes_dir, e))?;
-        for stale in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if stale.path().extension().is_some_and(|e| e == "pid") {
-                let _ = std::fs::remove_file(stale.path());
-            }
-        }
+        let volumes_dir = prepare_pod_dir(&dir, key)?;
 
         let init_specs = spec.init_containers.clone().unwrap_or_default();
-        let sidecar = |i: usize| init_specs[i].restart_policy.as_deref() == Some("Always");
-        let main_waiting = if init_specs.is_empty() {
-            "ContainerCreating"
-        } else {
-            "PodInitializing"
-        };
-        let record = PodRecord {
-            pod_ips: vec![ip.to_string()],
-            host_ip: HOST_IP.to_owned(),
-            start_time: Some(
-                pod.status
-                    .as_ref()
-                    .and_then(|s| s.start_time.as_ref())
-                    .map_or_else(Timestamp::now, |t| t.0),
-            ),
-            sandbox_ready: false,
-            init: init_specs
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    ContainerRecord::new(
-                        &c.name,
-                        c.image.as_deref().unwrap_or_default(),
-                        "PodInitializing",
-                        sidecar(i),
-                    )
-                })
-                .collect(),
-            containers: spec
-                .containers
-                .iter()
-                .map(|c| {
-                    ContainerRecord::new(
-                        &c.name,
-                        c.image.as_deref().unwrap_or_default(),
-                        main_waiting,
-                        false,
-                    )
-                })
-                .collect(),
-            ..PodRecord::default()
-        };
+        let record = initial_record(pod, &spec, &init_specs, ip);
         let (changes, _) = watch::channel(0u64);
         let shared = Arc::new(PodShared {
             ctx: Arc::clone(&self.ctx),
@@ -460,24 +406,7 @@ impl Worker {
             changes,
             pod: self.signals.pod.clone(),
         });
-
-        let hosts = HostsEntry {
-            path: shared.hosts_file(),
-            namespace: namespace.clone(),
-            pod_ip: ip.to_string(),
-            hostname: spec
-                .hostname
-                .clone()
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(|| name.clone()),
-            subdomain: spec.subdomain.clone().filter(|s| !s.is_empty()),
-            aliases: spec
-                .host_aliases
-                .iter()
-                .flatten()
-                .map(|a| (a.ip.clone(), a.hostnames.clone().unwrap_or_default()))
-                .collect(),
-        };
+        let hosts = hosts_entry(&shared, &spec, ip);
         self.ctx
             .hosts
             .register(key, hosts)
@@ -489,61 +418,17 @@ impl Worker {
 
         // Owned helpers: the status writer and the volume refresher.
         let mut aux: JoinSet<()> = JoinSet::new();
-        let writer_done = CancellationToken::new();
-        let (first_written, first_written_rx) = tokio::sync::oneshot::channel();
-        let writer = tokio::spawn(
-            status_writer(
-                Arc::clone(&shared),
-                api.clone(),
-                writer_done.clone(),
-                first_written,
-            )
-            .instrument(tracing::Span::current()),
-        );
-        let writer = tokio_util::task::AbortOnDropHandle::new(writer);
+        let (writer, first_written) = StatusTask::spawn(&shared, api);
         info!(ip = %ip, "pod accepted");
         // The IP is in the status before anything starts (bounded: an unreachable API server
         // does not hold the containers back for ever).
-        let _ = tokio::time::timeout(Duration::from_secs(10), first_written_rx).await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), first_written).await;
 
-        let mut volumes = Volumes::new(shared.volumes_dir());
-        let setup = tokio::select! {
-            refresh = setup_volumes(&shared, &mut volumes) => Ok(refresh),
-            deadline = self.signals.next() => Err(deadline),
-        };
-        let end = match setup {
-            Err(deadline) => End::Stop(deadline),
-            Ok(refresh) => {
-                aux.spawn(
-                    refresh_volumes(Arc::clone(&shared), volumes, refresh)
-                        .instrument(tracing::Span::current()),
-                );
-                self.run_containers(&shared, &init_specs).await
-            }
-        };
+        let end = self
+            .run_volumes_and_containers(&shared, &init_specs, &mut aux)
+            .await;
         aux.shutdown().await;
-
-        shared.update_record(|r| {
-            r.terminal = true;
-            if self.signals.shutdown_seen && !self.signals.gone_seen && matches!(end, End::Stop(_))
-            {
-                r.reason = Some((
-                    "Terminated".into(),
-                    "Pod was terminated in response to imminent node shutdown.".into(),
-                ));
-            }
-        });
-        let flush = if self.signals.shutdown_seen {
-            Duration::from_secs(3)
-        } else {
-            Duration::from_secs(15)
-        };
-        writer_done.cancel();
-        if self.signals.gone_seen {
-            drop(writer);
-        } else if tokio::time::timeout(flush, writer).await.is_err() {
-            warn!("final pod status not written in time");
-        }
+        self.write_final_status(&shared, end, writer).await;
         let _ = std::fs::remove_dir_all(&volumes_dir);
         info!(end = ?end, "pod's containers stopped");
 
@@ -563,165 +448,364 @@ impl Worker {
         Ok(())
     }
 
-    /// Init containers in order (sidecars kept running), then the containers, until they all
-    /// finish for good or a stop is requested; then stops them.
-    async fn run_containers(
+    /// Writes the volumes (unless a stop comes first), keeps them refreshed in `aux`, and runs
+    /// the containers.
+    async fn run_volumes_and_containers(
         &mut self,
         shared: &Arc<PodShared>,
-        init_specs: &[k8s_openapi::api::core::v1::Container],
+        init_specs: &[Container],
+        aux: &mut JoinSet<()>,
     ) -> End {
-        let n_main = shared.snapshot().containers.len();
-        let sidecar = |i: usize| init_specs[i].restart_policy.as_deref() == Some("Always");
-        let (stop_main, stop_main_rx) = watch::channel::<Option<StopRequest>>(None);
-        let (stop_side, stop_side_rx) = watch::channel::<Option<StopRequest>>(None);
-        let mut runners: JoinSet<(Slot, Outcome)> = JoinSet::new();
-        let mut side_running = 0usize;
-        let mut other_running = 0usize;
-        let mut next_init = 0usize;
-        let mut awaiting_sidecar: Option<usize> = None;
-        let mut mains_left = n_main;
-        let mut changes = shared.changes.subscribe();
+        let mut volumes = Volumes::new(shared.volumes_dir());
+        let setup = tokio::select! {
+            refresh = setup_volumes(shared, &mut volumes) => Ok(refresh),
+            deadline = self.signals.next() => Err(deadline),
+        };
+        match setup {
+            Err(deadline) => End::Stop(deadline),
+            Ok(refresh) => {
+                aux.spawn(
+                    refresh_volumes(Arc::clone(shared), volumes, refresh)
+                        .instrument(tracing::Span::current()),
+                );
+                self.run_containers(shared, init_specs).await
+            }
+        }
+    }
 
-        let spawn = |runners: &mut JoinSet<(Slot, Outcome)>,
-                     slot: Slot,
-                     rx: watch::Receiver<Option<StopRequest>>| {
-            let name = match slot {
-                Slot::Init(i) => init_specs[i].name.clone(),
-                Slot::Main(i) => shared
-                    .latest()
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.containers.get(i))
-                    .map(|c| c.name.clone())
-                    .unwrap_or_default(),
-            };
-            let span = info_span!("container", container = %name);
-            runners.spawn(
-                container::run(Arc::clone(shared), slot, rx)
-                    .map(move |outcome| (slot, outcome))
-                    .instrument(span),
-            );
-        };
-        // Starts the next init container, or the containers once all are done.
-        let advance = |runners: &mut JoinSet<(Slot, Outcome)>,
-                       next_init: &mut usize,
-                       awaiting: &mut Option<usize>,
-                       side_running: &mut usize,
-                       other_running: &mut usize| {
-            if *next_init < init_specs.len() {
-                let i = *next_init;
-                *next_init += 1;
-                if sidecar(i) {
-                    spawn(runners, Slot::Init(i), stop_side_rx.clone());
-                    *side_running += 1;
-                    *awaiting = Some(i);
-                } else {
-                    spawn(runners, Slot::Init(i), stop_main_rx.clone());
-                    *other_running += 1;
-                }
-                return;
+    /// Marks the record terminal (saying why at a node shutdown) and gives the status writer
+    /// a bounded time to write it, unless the pod is gone.
+    async fn write_final_status(&self, shared: &PodShared, end: End, writer: StatusTask) {
+        shared.update_record(|r| {
+            r.terminal = true;
+            if self.signals.shutdown_seen && !self.signals.gone_seen && matches!(end, End::Stop(_))
+            {
+                r.reason = Some((
+                    "Terminated".into(),
+                    "Pod was terminated in response to imminent node shutdown.".into(),
+                ));
             }
-            shared.update_record(|r| {
-                for c in &mut r.containers {
-                    if let RunState::Waiting { reason, .. } = &mut c.state {
-                        if reason == "PodInitializing" {
-                            "ContainerCreating".clone_into(reason);
-                        }
-                    }
-                }
-            });
-            for i in 0..n_main {
-                spawn(runners, Slot::Main(i), stop_main_rx.clone());
-                *other_running += 1;
-            }
+        });
+        let flush = if self.signals.shutdown_seen {
+            Duration::from_secs(3)
+        } else {
+            Duration::from_secs(15)
         };
-        advance(
-            &mut runners,
-            &mut next_init,
-            &mut awaiting_sidecar,
-            &mut side_running,
-            &mut other_running,
-        );
+        writer.done.cancel();
+        if self.signals.gone_seen {
+            drop(writer.task);
+        } else if tokio::time::timeout(flush, writer.task).await.is_err() {
+            warn!("final pod status not written in time");
+        }
+    }
+
+    /// Init containers in order (sidecars kept running), then the containers, until they all
+    /// finish for good or a stop is requested; then stops them.
+    async fn run_containers(&mut self, shared: &Arc<PodShared>, init_specs: &[Container]) -> End {
+        let mut runners = Runners::new(shared, init_specs);
+        let mut changes = shared.changes.subscribe();
+        runners.advance();
 
         let end = loop {
             tokio::select! {
                 deadline = self.signals.next() => break End::Stop(deadline),
-                Some(joined) = runners.join_next() => {
+                Some(joined) = runners.tasks.join_next() => {
                     let Ok((slot, outcome)) = joined else { continue };
-                    let is_sidecar = matches!(slot, Slot::Init(i) if sidecar(i));
-                    if is_sidecar {
-                        side_running -= 1;
-                        continue;
-                    }
-                    other_running -= 1;
-                    match (slot, outcome) {
-                        (Slot::Init(_), Outcome::Succeeded) => {
-                            advance(&mut runners, &mut next_init, &mut awaiting_sidecar, &mut side_running, &mut other_running);
-                        }
-                        (Slot::Init(_), _) => {
-                            shared.update_record(|r| r.init_failed = true);
-                            break End::Finished;
-                        }
-                        (Slot::Main(_), _) => {
-                            mains_left -= 1;
-                            if mains_left == 0 {
-                                break End::Finished;
-                            }
-                        }
+                    if let Some(end) = runners.exited(slot, outcome) {
+                        break end;
                     }
                 }
-                changed = changes.changed(), if awaiting_sidecar.is_some() => {
+                changed = changes.changed(), if runners.awaiting_sidecar.is_some() => {
                     if changed.is_err() {
                         continue;
                     }
-                    let started = awaiting_sidecar
-                        .and_then(|i| shared.snapshot().init.get(i).map(|c| c.started))
-                        .unwrap_or(true);
-                    if started {
-                        awaiting_sidecar = None;
-                        advance(&mut runners, &mut next_init, &mut awaiting_sidecar, &mut side_running, &mut other_running);
-                    }
+                    runners.advance_once_sidecar_started();
                 }
             }
         };
+        runners.stop(end, &mut self.signals).await;
+        end
+    }
+}
 
-        // Stop: containers first, then sidecars; a later, earlier deadline moves it.
+/// Makes the pod's directory `dir` and an empty `volumes` in it (returned), and removes the
+/// pid files an earlier incarnation left.
+fn prepare_pod_dir(dir: &std::path::Path, key: &str) -> Result<std::path::PathBuf, PodError> {
+    let dir_error = |path: &std::path::Path, source| PodError::Dir {
+        pod: key.to_owned(),
+        path: path.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| dir_error(dir, e))?;
+    let volumes_dir = dir.join("volumes");
+    let _ = std::fs::remove_dir_all(&volumes_dir);
+    std::fs::create_dir_all(&volumes_dir).map_err(|e| dir_error(&volumes_dir, e))?;
+    for stale in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if stale.path().extension().is_some_and(|e| e == "pid") {
+            let _ = std::fs::remove_file(stale.path());
+        }
+    }
+    Ok(volumes_dir)
+}
+
+/// The pod's record before anything runs: its IP and every container waiting.
+fn initial_record(pod: &Pod, spec: &PodSpec, init_specs: &[Container], ip: Ipv4Addr) -> PodRecord {
+    let sidecar = |i: usize| init_specs[i].restart_policy.as_deref() == Some("Always");
+    let main_waiting = if init_specs.is_empty() {
+        "ContainerCreating"
+    } else {
+        "PodInitializing"
+    };
+    PodRecord {
+        pod_ips: vec![ip.to_string()],
+        host_ip: HOST_IP.to_owned(),
+        start_time: Some(
+            pod.status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .map_or_else(Timestamp::now, |t| t.0),
+        ),
+        sandbox_ready: false,
+        init: init_specs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                ContainerRecord::new(
+                    &c.name,
+                    c.image.as_deref().unwrap_or_default(),
+                    "PodInitializing",
+                    sidecar(i),
+                )
+            })
+            .collect(),
+        containers: spec
+            .containers
+            .iter()
+            .map(|c| {
+                ContainerRecord::new(
+                    &c.name,
+                    c.image.as_deref().unwrap_or_default(),
+                    main_waiting,
+                    false,
+                )
+            })
+            .collect(),
+        ..PodRecord::default()
+    }
+}
+
+/// The pod's entry in the hosts files: its hostname, subdomain and host aliases.
+fn hosts_entry(shared: &PodShared, spec: &PodSpec, ip: Ipv4Addr) -> HostsEntry {
+    HostsEntry {
+        path: shared.hosts_file(),
+        namespace: shared.namespace.clone(),
+        pod_ip: ip.to_string(),
+        hostname: spec
+            .hostname
+            .clone()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| shared.name.clone()),
+        subdomain: spec.subdomain.clone().filter(|s| !s.is_empty()),
+        aliases: spec
+            .host_aliases
+            .iter()
+            .flatten()
+            .map(|a| (a.ip.clone(), a.hostnames.clone().unwrap_or_default()))
+            .collect(),
+    }
+}
+
+/// The pod's status writer, and the token telling it to write once more and end.
+struct StatusTask {
+    task: tokio_util::task::AbortOnDropHandle<()>,
+    done: CancellationToken,
+}
+
+impl StatusTask {
+    /// Starts [`status_writer`]; the receiver resolves once it wrote the first status.
+    fn spawn(
+        shared: &Arc<PodShared>,
+        api: &Api<Pod>,
+    ) -> (Self, tokio::sync::oneshot::Receiver<()>) {
+        let done = CancellationToken::new();
+        let (first_written, first_written_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(
+            status_writer(Arc::clone(shared), api.clone(), done.clone(), first_written)
+                .instrument(tracing::Span::current()),
+        );
+        let task = tokio_util::task::AbortOnDropHandle::new(task);
+        (Self { task, done }, first_written_rx)
+    }
+}
+
+/// A pod's containers while they run: their runner tasks, the stop requests (containers and
+/// sidecars are told apart), and how far the init sequence got.
+struct Runners<'a> {
+    shared: &'a Arc<PodShared>,
+    init_specs: &'a [Container],
+    tasks: JoinSet<(Slot, Outcome)>,
+    stop_main: watch::Sender<Option<StopRequest>>,
+    stop_main_rx: watch::Receiver<Option<StopRequest>>,
+    stop_side: watch::Sender<Option<StopRequest>>,
+    stop_side_rx: watch::Receiver<Option<StopRequest>>,
+    n_main: usize,
+    side_running: usize,
+    other_running: usize,
+    next_init: usize,
+    awaiting_sidecar: Option<usize>,
+    mains_left: usize,
+}
+
+impl<'a> Runners<'a> {
+    fn new(shared: &'a Arc<PodShared>, init_specs: &'a [Container]) -> Self {
+        let n_main = shared.snapshot().containers.len();
+        let (stop_main, stop_main_rx) = watch::channel::<Option<StopRequest>>(None);
+        let (stop_side, stop_side_rx) = watch::channel::<Option<StopRequest>>(None);
+        Self {
+            shared,
+            init_specs,
+            tasks: JoinSet::new(),
+            stop_main,
+            stop_main_rx,
+            stop_side,
+            stop_side_rx,
+            n_main,
+            side_running: 0,
+            other_running: 0,
+            next_init: 0,
+            awaiting_sidecar: None,
+            mains_left: n_main,
+        }
+    }
+
+    fn sidecar(&self, i: usize) -> bool {
+        self.init_specs[i].restart_policy.as_deref() == Some("Always")
+    }
+
+    fn spawn(&mut self, slot: Slot, rx: watch::Receiver<Option<StopRequest>>) {
+        let name = match slot {
+            Slot::Init(i) => self.init_specs[i].name.clone(),
+            Slot::Main(i) => self
+                .shared
+                .latest()
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.get(i))
+                .map(|c| c.name.clone())
+                .unwrap_or_default(),
+        };
+        let span = info_span!("container", container = %name);
+        self.tasks.spawn(
+            container::run(Arc::clone(self.shared), slot, rx)
+                .map(move |outcome| (slot, outcome))
+                .instrument(span),
+        );
+    }
+
+    /// Starts the next init container, or the containers once all are done.
+    fn advance(&mut self) {
+        if self.next_init < self.init_specs.len() {
+            let i = self.next_init;
+            self.next_init += 1;
+            if self.sidecar(i) {
+                self.spawn(Slot::Init(i), self.stop_side_rx.clone());
+                self.side_running += 1;
+                self.awaiting_sidecar = Some(i);
+            } else {
+                self.spawn(Slot::Init(i), self.stop_main_rx.clone());
+                self.other_running += 1;
+            }
+            return;
+        }
+        self.shared.update_record(|r| {
+            for c in &mut r.containers {
+                if let RunState::Waiting { reason, .. } = &mut c.state {
+                    if reason == "PodInitializing" {
+                        "ContainerCreating".clone_into(reason);
+                    }
+                }
+            }
+        });
+        for i in 0..self.n_main {
+            self.spawn(Slot::Main(i), self.stop_main_rx.clone());
+            self.other_running += 1;
+        }
+    }
+
+    /// Counts a runner's end and moves the sequence on; `Some` when the containers' phase is
+    /// over (every container finished, or an init container failed for good).
+    fn exited(&mut self, slot: Slot, outcome: Outcome) -> Option<End> {
+        let is_sidecar = matches!(slot, Slot::Init(i) if self.sidecar(i));
+        if is_sidecar {
+            self.side_running -= 1;
+            return None;
+        }
+        self.other_running -= 1;
+        match (slot, outcome) {
+            (Slot::Init(_), Outcome::Succeeded) => {
+                self.advance();
+                None
+            }
+            (Slot::Init(_), _) => {
+                self.shared.update_record(|r| r.init_failed = true);
+                Some(End::Finished)
+            }
+            (Slot::Main(_), _) => {
+                self.mains_left -= 1;
+                (self.mains_left == 0).then_some(End::Finished)
+            }
+        }
+    }
+
+    /// Moves on past the sidecar being waited for once it has started.
+    fn advance_once_sidecar_started(&mut self) {
+        let started = self
+            .awaiting_sidecar
+            .and_then(|i| self.shared.snapshot().init.get(i).map(|c| c.started))
+            .unwrap_or(true);
+        if started {
+            self.awaiting_sidecar = None;
+            self.advance();
+        }
+    }
+
+    /// Stops them: containers first, then sidecars; a later, earlier deadline moves it.
+    async fn stop(&mut self, end: End, signals: &mut Signals) {
         let mut deadline = match end {
             End::Stop(deadline) => deadline,
-            End::Finished => Instant::now() + shared.grace().max(MIN_GRACE),
+            End::Finished => Instant::now() + self.shared.grace().max(MIN_GRACE),
         };
-        stop_main.send_replace(Some(StopRequest { deadline }));
+        self.stop_main.send_replace(Some(StopRequest { deadline }));
         let mut sidecars_told = false;
         loop {
-            if other_running == 0 && !sidecars_told {
-                stop_side.send_replace(Some(StopRequest { deadline }));
+            if self.other_running == 0 && !sidecars_told {
+                self.stop_side.send_replace(Some(StopRequest { deadline }));
                 sidecars_told = true;
             }
-            if other_running == 0 && side_running == 0 {
+            if self.other_running == 0 && self.side_running == 0 {
                 break;
             }
             tokio::select! {
-                Some(joined) = runners.join_next() => {
+                Some(joined) = self.tasks.join_next() => {
                     match joined {
-                        Ok((Slot::Init(i), _)) if sidecar(i) => side_running -= 1,
-                        Ok(_) => other_running -= 1,
+                        Ok((Slot::Init(i), _)) if self.sidecar(i) => self.side_running -= 1,
+                        Ok(_) => self.other_running -= 1,
                         Err(_) => {
-                            side_running = side_running.min(runners.len());
-                            other_running = runners.len() - side_running;
+                            self.side_running = self.side_running.min(self.tasks.len());
+                            self.other_running = self.tasks.len() - self.side_running;
                         }
                     }
                 }
-                at = self.signals.next() => {
+                at = signals.next() => {
                     deadline = deadline.min(at);
-                    stop_main.send_replace(Some(StopRequest { deadline }));
+                    self.stop_main.send_replace(Some(StopRequest { deadline }));
                     if sidecars_told {
-                        stop_side.send_replace(Some(StopRequest { deadline }));
+                        self.stop_side.send_replace(Some(StopRequest { deadline }));
                     }
                 }
                 else => break,
             }
         }
-        end
     }
 }
 
@@ -803,21 +887,15 @@ async fn status_writer(
     done: CancellationToken,
     first_written: tokio::sync::oneshot::Sender<()>,
 ) {
-    let mut first_written = Some(first_written);
     let mut first = true;
     let mut changes = shared.changes.subscribe();
     let mut pod_changes = shared.pod.clone();
-    let mut previous: Vec<PodCondition> = shared
-        .latest()
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| status::OWNED_CONDITIONS.contains(&c.type_.as_str()))
-        .collect();
-    let mut last: Option<PodStatus> = None;
-    let mut retry = false;
+    let mut writes = StatusWrites {
+        first_written: Some(first_written),
+        previous: owned_conditions(&shared.latest()),
+        last: None,
+        retry: false,
+    };
     // Out of the service proxy whenever this writer ends (also when aborted).
     let _unready = Unready(&shared);
     let params = PatchParams {
@@ -834,59 +912,100 @@ async fn status_writer(
                 () = done.cancelled() => true,
                 changed = changes.changed() => changed.is_err(),
                 changed = pod_changes.changed() => changed.is_err(),
-                () = tokio::time::sleep(Duration::from_secs(1)), if retry => false,
+                () = tokio::time::sleep(Duration::from_secs(1)), if writes.retry => false,
             }
         };
-        if !finishing && last.is_some() {
+        if !finishing && writes.last.is_some() {
             // Coalesce bursts of changes.
             tokio::time::sleep(Duration::from_millis(30)).await;
         }
         let pod = shared.latest();
-        let status = status::pod_status(&pod, &shared.snapshot(), &previous, Timestamp::now());
-        if last.as_ref() != Some(&status) {
-            // The proxy learns readiness before the API shows it.
-            let ready = status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            let entry = shared
-                .pod_ip
-                .parse()
-                .ok()
-                .filter(|_| ready)
-                .map(|ip| (ip, shared.pod.clone()));
-            shared.ctx.ready.set(&shared.uid, entry);
-            let patch = json!({ "status": status });
-            match api
-                .patch_status(&shared.name, &params, &Patch::Strategic(patch))
-                .await
-            {
-                Ok(_) => {
-                    if let Some(tx) = first_written.take() {
-                        let _ = tx.send(());
-                    }
-                    debug!(
-                        phase = status.phase.as_deref().unwrap_or_default(),
-                        "pod status written"
-                    );
-                    previous = status.conditions.clone().unwrap_or_default();
-                    last = Some(status);
-                    retry = false;
-                }
-                Err(kube::Error::Api(response)) if response.code == 404 => return,
-                Err(error) => {
-                    warn!(error = %error, "pod status not written (retried)");
-                    retry = true;
-                }
-            }
+        let status =
+            status::pod_status(&pod, &shared.snapshot(), &writes.previous, Timestamp::now());
+        if writes.last.as_ref() != Some(&status)
+            && !writes.write(&shared, &api, &params, status).await
+        {
+            return;
         }
-        if finishing && !retry {
+        if finishing && !writes.retry {
             return;
         }
         if finishing {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+}
+
+/// The conditions of `pod` this agent owns, as last written (the base of the next status).
+fn owned_conditions(pod: &Pod) -> Vec<PodCondition> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| status::OWNED_CONDITIONS.contains(&c.type_.as_str()))
+        .collect()
+}
+
+/// What [`status_writer`] remembers between writes.
+struct StatusWrites {
+    /// Told once the first status is written.
+    first_written: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The owned conditions last written.
+    previous: Vec<PodCondition>,
+    /// The status last written.
+    last: Option<PodStatus>,
+    /// The last write failed: try again soon.
+    retry: bool,
+}
+
+impl StatusWrites {
+    /// Tells the service proxy the pod's readiness and patches `status`; `false` when the pod
+    /// is gone.
+    async fn write(
+        &mut self,
+        shared: &PodShared,
+        api: &Api<Pod>,
+        params: &PatchParams,
+        status: PodStatus,
+    ) -> bool {
+        // The proxy learns readiness before the API shows it.
+        let ready = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let entry = shared
+            .pod_ip
+            .parse()
+            .ok()
+            .filter(|_| ready)
+            .map(|ip| (ip, shared.pod.clone()));
+        shared.ctx.ready.set(&shared.uid, entry);
+        let patch = json!({ "status": status });
+        match api
+            .patch_status(&shared.name, params, &Patch::Strategic(patch))
+            .await
+        {
+            Ok(_) => {
+                if let Some(tx) = self.first_written.take() {
+                    let _ = tx.send(());
+                }
+                debug!(
+                    phase = status.phase.as_deref().unwrap_or_default(),
+                    "pod status written"
+                );
+                self.previous = status.conditions.clone().unwrap_or_default();
+                self.last = Some(status);
+                self.retry = false;
+            }
+            Err(kube::Error::Api(response)) if response.code == 404 => return false,
+            Err(error) => {
+                warn!(error = %error, "pod status not written (retried)");
+                self.retry = true;
+            }
+        }
+        true
     }
 }
 

@@ -170,27 +170,79 @@ pub(crate) fn pod_status(
     let phase = phase(record, restart_policy);
     let terminal_phase = matches!(phase, "Succeeded" | "Failed");
     let generation = pod.metadata.generation;
+    let mut conditions = Conditions {
+        previous,
+        now,
+        generation,
+        list: Vec::new(),
+    };
+    add_conditions(&mut conditions, pod, record, terminal_phase);
 
-    let mut conditions = Vec::new();
-    let mut condition = |type_: &str, ok: bool, reason: Option<String>, message: Option<String>| {
+    let statuses =
+        |records: &[ContainerRecord]| records.iter().map(container_status).collect::<Vec<_>>();
+    PodStatus {
+        phase: Some(phase.to_owned()),
+        conditions: Some(conditions.list),
+        host_ip: Some(record.host_ip.clone()),
+        host_ips: Some(vec![HostIP {
+            ip: record.host_ip.clone(),
+        }]),
+        pod_ip: record.pod_ips.first().cloned(),
+        pod_ips: (!record.pod_ips.is_empty()).then(|| {
+            record
+                .pod_ips
+                .iter()
+                .map(|ip| PodIP { ip: ip.clone() })
+                .collect()
+        }),
+        start_time: record.start_time.map(Time),
+        container_statuses: Some(statuses(&record.containers)),
+        init_container_statuses: (!record.init.is_empty()).then(|| statuses(&record.init)),
+        reason: record.reason.as_ref().map(|(reason, _)| reason.clone()),
+        message: record.reason.as_ref().map(|(_, message)| message.clone()),
+        observed_generation: generation,
+        ..PodStatus::default()
+    }
+}
+
+/// The owned conditions being built, with what carries their transition times over.
+struct Conditions<'a> {
+    previous: &'a [PodCondition],
+    now: Timestamp,
+    generation: Option<i64>,
+    list: Vec<PodCondition>,
+}
+
+impl Conditions<'_> {
+    /// Adds condition `type_`, True when `ok` (the reason and message only show when not).
+    fn add(&mut self, type_: &str, ok: bool, reason: Option<String>, message: Option<String>) {
         let status = if ok { "True" } else { "False" };
-        let since = previous
+        let since = self
+            .previous
             .iter()
             .find(|c| c.type_ == type_ && c.status == status)
             .and_then(|c| c.last_transition_time.clone())
-            .unwrap_or(Time(now));
-        conditions.push(PodCondition {
+            .unwrap_or(Time(self.now));
+        self.list.push(PodCondition {
             type_: type_.to_owned(),
             status: status.to_owned(),
             reason: if ok { None } else { reason },
             message: if ok { None } else { message },
             last_transition_time: Some(since),
             last_probe_time: None,
-            observed_generation: generation,
+            observed_generation: self.generation,
         });
-    };
+    }
+}
 
-    condition(
+/// `PodReadyToStartContainers`, `Initialized`, `ContainersReady` and `Ready`, in that order.
+fn add_conditions(
+    conditions: &mut Conditions<'_>,
+    pod: &Pod,
+    record: &PodRecord,
+    terminal_phase: bool,
+) {
+    conditions.add(
         "PodReadyToStartContainers",
         record.sandbox_ready && !terminal_phase,
         None,
@@ -211,7 +263,7 @@ pub(crate) fn pod_status(
         .collect();
     let initialized =
         incomplete_init.is_empty() || (terminal_phase && !record.init_failed && init_ran(record));
-    condition(
+    conditions.add(
         "Initialized",
         initialized,
         Some("ContainersNotInitialized".into()),
@@ -241,7 +293,7 @@ pub(crate) fn pod_status(
             )),
         )
     };
-    condition(
+    conditions.add(
         "ContainersReady",
         containers_ready,
         Some(not_ready_reason.clone()),
@@ -258,33 +310,7 @@ pub(crate) fn pod_status(
         ),
         (None, true) => (true, String::new(), None),
     };
-    condition("Ready", ready, Some(ready_reason), ready_message);
-
-    let statuses =
-        |records: &[ContainerRecord]| records.iter().map(container_status).collect::<Vec<_>>();
-    PodStatus {
-        phase: Some(phase.to_owned()),
-        conditions: Some(conditions),
-        host_ip: Some(record.host_ip.clone()),
-        host_ips: Some(vec![HostIP {
-            ip: record.host_ip.clone(),
-        }]),
-        pod_ip: record.pod_ips.first().cloned(),
-        pod_ips: (!record.pod_ips.is_empty()).then(|| {
-            record
-                .pod_ips
-                .iter()
-                .map(|ip| PodIP { ip: ip.clone() })
-                .collect()
-        }),
-        start_time: record.start_time.map(Time),
-        container_statuses: Some(statuses(&record.containers)),
-        init_container_statuses: (!record.init.is_empty()).then(|| statuses(&record.init)),
-        reason: record.reason.as_ref().map(|(reason, _)| reason.clone()),
-        message: record.reason.as_ref().map(|(_, message)| message.clone()),
-        observed_generation: generation,
-        ..PodStatus::default()
-    }
+    conditions.add("Ready", ready, Some(ready_reason), ready_message);
 }
 
 fn init_ran(record: &PodRecord) -> bool {
