@@ -2,12 +2,14 @@
 //! for every part of the workspace that has to honour it — the daemon translating pods for
 //! ECI, and the integration harness's host agent running pods as a kubelet would — and the
 //! daemon's pure logic: the translation of a pod into ECI's request and of ECI's answer back
-//! into the pod's status, and the pod's lifecycle on the node.
+//! into the pod's status, the pod's lifecycle on the node, and the placement decisions of the
+//! admission webhook (eci-profile's Selectors) and of ResourcePolicy.
 //!
 //! Nothing here does I/O, keeps state or knows about the API server or a runtime: each
-//! function takes Kubernetes objects (k8s-openapi's types), and ECI's wire types (`eci-proto`)
-//! where it speaks ECI, and gives values. The only crate of the workspace it depends on is
-//! `eci-proto`, a leaf with no I/O of its own; the others depend on it.
+//! function takes Kubernetes objects (k8s-openapi's types, and the custom resources defined
+//! here with kube's client-free `kube-core`), and ECI's wire types (`eci-proto`) where it speaks
+//! ECI, and gives values. The only crate of the workspace it depends on is `eci-proto`, a leaf
+//! with no I/O of its own; the others depend on it.
 //!
 //! - [`quantity`]: resource quantities, read and written back as the apiserver does;
 //! - [`requests`]: a pod's resource requests as the scheduler counts them;
@@ -18,15 +20,19 @@
 //! - [`refs`]: what a pod references that must be fetched before it can be translated;
 //! - [`to_eci`]: a pod as ECI's `CreateContainerGroupRequest`;
 //! - [`from_eci`]: a container group's status as the pod's status;
-//! - [`lifecycle`]: the life of one pod on a virtual node, a state machine of pure transitions.
+//! - [`lifecycle`]: the life of one pod on a virtual node, a state machine of pure transitions;
+//! - [`selector`]: eci-profile's `Selector` resource and the engine that places a pod by it;
+//! - [`placement`]: the `ResourcePolicy` resource and the decisions that place pods in its units.
 
 pub mod downward;
 pub mod expansion;
 pub mod from_eci;
 pub mod lifecycle;
+pub mod placement;
 pub mod quantity;
 pub mod refs;
 pub mod requests;
+pub mod selector;
 pub mod service_env;
 pub mod time;
 pub mod to_eci;

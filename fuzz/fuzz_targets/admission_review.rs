@@ -11,7 +11,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use virtual_node_eci::admission::cache::Caches;
 use virtual_node_eci::admission::review::Admission;
-use virtual_node_eci::admission::selector::engine::{Scope, Vnode};
+use vne_core::selector::engine::{Scope, Vnode};
 
 static ADMISSION: LazyLock<Admission> = LazyLock::new(|| Admission {
     caches: Arc::new(Caches::new(true)),

@@ -19,10 +19,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::NodeSelectorTerm;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use virtual_node_eci::k8s::quantity::Quantity;
-use virtual_node_eci::k8s::requests::Requests;
-use virtual_node_eci::placement::decide::{self, Destination, PodFacts, UnitView, VirtualNodes};
-use virtual_node_eci::placement::policy::{self, ResourcePolicySpec};
+use vne_core::placement::decide::{self, Destination, PodFacts, UnitView, VirtualNodes};
+use vne_core::placement::policy::{self, ResourcePolicySpec};
+use vne_core::quantity::Quantity;
+use vne_core::requests::Requests;
 
 fn requests(value: &Value) -> Requests {
     value

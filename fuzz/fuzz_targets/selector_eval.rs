@@ -18,12 +18,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use virtual_node_eci::admission::selector::crd::Selector;
-use virtual_node_eci::admission::selector::engine::{
+use vne_core::quantity::Quantity;
+use vne_core::selector::crd::Selector;
+use vne_core::selector::engine::{
     Capacity, Input, Origin, Resources, Rule, Scope, Vnode, decide, default_rules,
     pending_effect_patch, pod_requests, rule_from_selector, rules_from_profile, tolerates,
 };
-use virtual_node_eci::k8s::quantity::Quantity;
 
 fn resources(value: &Value) -> Resources {
     let get = |name: &str| {

@@ -546,7 +546,7 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
     );
     assert_eq!(
         normalized(crd),
-        normalized(&virtual_node_eci::admission::selector::crd::crd_json())
+        normalized(&vne_core::selector::crd::crd_json())
     );
     let crd = find(
         &objects,

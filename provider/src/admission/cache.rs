@@ -19,12 +19,12 @@ use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-
-use crate::admission::selector::crd::Selector;
-use crate::admission::selector::engine::{
+use vne_core::selector::crd::Selector;
+use vne_core::selector::engine::{
     Capacity, Resources, Route, Rule, default_rules, pod_requests, rules_from_profile,
 };
-use crate::admission::selector::seal::{self, SealKey};
+
+use crate::admission::seal::{self, SealKey};
 use crate::k8s::quantity::Quantity;
 use crate::k8s::shared_watch::{ClusterWatches, PAGE_SIZE};
 use crate::ops::events::EventPublisher;
@@ -175,7 +175,7 @@ pub async fn watch_selectors(
         }
         let mut rules = Vec::with_capacity(selectors.known.len());
         for selector in selectors.known.values() {
-            match crate::admission::selector::engine::rule_from_selector(selector) {
+            match vne_core::selector::engine::rule_from_selector(selector) {
                 Ok(rule) => rules.push(rule),
                 Err(problem) => report_invalid(selector, &problem, &mut reported, &recorder).await,
             }
@@ -800,10 +800,7 @@ mod tests {
     }
 
     fn mk_selector(namespace: &str, name: &str) -> Selector {
-        let mut selector = Selector::new(
-            name,
-            crate::admission::selector::crd::SelectorSpec::default(),
-        );
+        let mut selector = Selector::new(name, vne_core::selector::crd::SelectorSpec::default());
         selector.metadata.namespace = Some(namespace.into());
         selector
     }

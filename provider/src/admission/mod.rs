@@ -1,11 +1,12 @@
-//! Placement at admission: the eci-profile `Selector` engine (pure) and the HTTPS webhook the
-//! API server calls, with its registration, watch-fed caches and the
-//! normalNodePrefer spill watcher. May call `k8s`, `ops`, `config`.
+//! Placement at admission: the HTTPS webhook the API server calls, which runs the
+//! eci-profile `Selector` engine (pure, `vne_core::selector`) on watch-fed caches, with its
+//! registration, the seal on deferred Selector effects (`seal`) and the normalNodePrefer spill
+//! watcher. May call `k8s`, `ops`, `config`.
 
 pub mod cache;
 pub mod register;
 pub mod review;
-pub mod selector;
+pub mod seal;
 pub mod spill;
 pub mod webhook;
 pub mod webhook_callers;

@@ -5,13 +5,12 @@
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Toleration};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use vne_core::selector::engine::{
+    Decision, Input, PENDING_EFFECT_ANNOTATION, Scope, Vnode, decide,
+};
 
 use super::cache::Caches;
 use kube::ResourceExt;
-
-use crate::admission::selector::engine::{
-    Decision, Input, PENDING_EFFECT_ANNOTATION, Scope, Vnode, decide,
-};
 
 /// A request that is not a usable AdmissionReview (answered with 400).
 #[derive(Debug, thiserror::Error)]
@@ -299,8 +298,8 @@ fn review_policy(
         .and_then(|v| v.get("spec").cloned())
         .unwrap_or_default();
     let problems =
-        match serde_json::from_value::<crate::placement::policy::ResourcePolicySpec>(spec) {
-            Ok(spec) => crate::placement::policy::validate(&spec),
+        match serde_json::from_value::<vne_core::placement::policy::ResourcePolicySpec>(spec) {
+            Ok(spec) => vne_core::placement::policy::validate(&spec),
             // The schema refuses malformed specs with its own words.
             Err(_) => return allow,
         };
@@ -340,7 +339,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::admission::selector::engine::default_rules;
+    use vne_core::selector::engine::default_rules;
 
     fn admission() -> Admission {
         Admission {
@@ -522,14 +521,13 @@ mod tests {
     #[test]
     fn a_budget_warning_becomes_an_event_except_in_dry_runs() {
         let a = admission();
-        let selector: crate::admission::selector::crd::Selector = serde_json::from_value(json!({
+        let selector: vne_core::selector::crd::Selector = serde_json::from_value(json!({
             "apiVersion": "eci.aliyun.com/v1", "kind": "Selector",
             "metadata": {"name": "cap", "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z"},
             "spec": {"objectLabels": {}, "policy": {"namespaceResourceLimit": {"namespace": "default", "limits": {"cpu": "0"}}}},
         }))
         .unwrap();
-        let mut rules =
-            vec![crate::admission::selector::engine::rule_from_selector(&selector).unwrap()];
+        let mut rules = vec![vne_core::selector::engine::rule_from_selector(&selector).unwrap()];
         rules.extend(default_rules().into_iter().take(0));
         a.caches.set_selectors(rules);
         let mut with_request = pod(json!({}));
@@ -565,16 +563,16 @@ mod tests {
 
     #[test]
     fn a_deferred_effect_leaves_admission_sealed_and_without_a_key_not_at_all() {
-        use crate::admission::selector::seal::{Checked, SealKey};
+        use crate::admission::seal::{Checked, SealKey};
         let a = admission();
-        let selector: crate::admission::selector::crd::Selector = serde_json::from_value(json!({
+        let selector: vne_core::selector::crd::Selector = serde_json::from_value(json!({
             "apiVersion": "eci.aliyun.com/v1", "kind": "Selector",
             "metadata": {"name": "fair", "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z"},
             "spec": {"objectLabels": {}, "policy": {"fair": {}}, "effect": {"labels": {"eci": "true"}}},
         }))
         .unwrap();
         a.caches.set_selectors(vec![
-            crate::admission::selector::engine::rule_from_selector(&selector).unwrap(),
+            vne_core::selector::engine::rule_from_selector(&selector).unwrap(),
         ]);
         let object = pod(json!({}));
         let (out, _) = a

@@ -15,8 +15,8 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+use vne_core::selector::engine::{POLICY_ANNOTATION, Vnode, tolerates, vnode_toleration};
 
-use crate::admission::selector::engine::{POLICY_ANNOTATION, Vnode, tolerates, vnode_toleration};
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable as _};
+use vne_core::selector::engine::{Scope, Vnode};
 
 use crate::ops::supervisor::Supervisor;
 use anyhow::Context as _;
@@ -26,7 +27,6 @@ use super::register::Registration;
 use super::review::Admission;
 use super::webhook_callers::WebhookCallers;
 use super::{cache, register, spill};
-use crate::admission::selector::engine::{Scope, Vnode};
 use crate::config::{AdmissionArgs, SelectorScope, WithSite};
 use crate::k8s::serving_cert as webhook_cert;
 use crate::k8s::shared_watch::ClusterWatches;

@@ -10,9 +10,9 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorTerm, Pod, Toleration,
 };
+use vne_core::placement::decide::{self, Destination};
+use vne_core::placement::policy::{Resource, Unit};
 
-use super::decide::{self, Destination};
-use super::policy::{Resource, Unit};
 use super::state::{
     PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, REASON_ANNOTATION, RESERVATION_ANNOTATION,
     grant,

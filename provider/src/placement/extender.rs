@@ -29,8 +29,8 @@ use kube::runtime::events::{Event, EventType};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tracing::{debug, info};
+use vne_core::placement::decide::{self, Destination};
 
-use super::decide::{self, Destination};
 use super::state::{Grant, PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, PolicyEntry, Refusal};
 use crate::ops::events::EventPublisher;
 use crate::ops::metrics::{PlacementLabels, Telemetry, VerbLabels};

@@ -1,15 +1,13 @@
 //! ResourcePolicy placement (ACK-compatible `scheduling.alibabacloud.com/v1alpha1`): pods go
 //! to the first unit (node pool, then ECI) with room, capped per unit, and leave in reverse
-//! order on scale-in. The policy types and the decisions are pure (`policy`, `decide`); the
+//! order on scale-in. The policy types and the decisions are pure (`vne_core::placement`); the
 //! `state` index is fed by the policy watch and the replica's shared node and pod watches
 //! (`k8s::shared_watch`); the elected replica serves the scheduler `extender` and
 //! runs the `upkeep` (status counts, deletion costs); every replica answers the admission side
 //! (`admit`) for the webhook. May call `k8s`, `ops`, `config`.
 
 pub mod admit;
-pub mod decide;
 pub mod extender;
-pub mod policy;
 pub mod state;
 pub mod upkeep;
 
@@ -31,10 +29,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+use vne_core::placement::decide::VirtualNodes;
+use vne_core::placement::policy::ResourcePolicy;
 
 use self::admit::Enforcement;
-use self::decide::VirtualNodes;
-use self::policy::ResourcePolicy;
 use self::state::{PlacementIndex, PodEntry};
 use crate::config::{PlacementArgs, WithSite};
 use crate::k8s::access::{Access, Scope};

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use tracing::warn;
+use vne_core::placement::decide::{self, Choice, Destination, PodFacts, UnitView, VirtualNodes};
+use vne_core::placement::policy::ResourcePolicy;
 
-use super::decide::{self, Choice, Destination, PodFacts, UnitView, VirtualNodes};
-use super::policy::ResourcePolicy;
 use crate::k8s::quantity::Quantity;
 use crate::k8s::requests::{self, Requests};
 

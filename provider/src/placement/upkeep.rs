@@ -13,10 +13,10 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, info_span, warn};
+use vne_core::placement::decide;
+use vne_core::placement::policy::{self, ResourcePolicy, ResourcePolicyStatus, UnitStatus};
 
 use super::admit::Enforcement;
-use super::decide;
-use super::policy::{self, ResourcePolicy, ResourcePolicyStatus, UnitStatus};
 use super::state::{
     DELETION_COST_ANNOTATION, PLACED_BY_ANNOTATION, POLICY_ANNOTATION, PlacementIndex, PolicyEntry,
     REASON_ANNOTATION, UNIT_ANNOTATION,
@@ -286,7 +286,7 @@ async fn upkeep(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::decide::VirtualNodes;
+    use vne_core::placement::decide::VirtualNodes;
 
     fn index() -> PlacementIndex {
         let index = PlacementIndex::new(VirtualNodes::default());

@@ -2,10 +2,10 @@
 #![allow(clippy::needless_pass_by_value)]
 
 use serde_json::json;
+use vne_core::placement::decide::VirtualNodes;
+use vne_core::placement::policy::ResourcePolicy;
 
 use super::*;
-use crate::placement::decide::VirtualNodes;
-use crate::placement::policy::ResourcePolicy;
 use crate::placement::state::{DELETION_COST_ANNOTATION, UNIT_ANNOTATION};
 
 fn index() -> PlacementIndex {

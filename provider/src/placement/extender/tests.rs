@@ -1,9 +1,10 @@
 // Fixtures take `json!` values built inline by each caller.
 #![allow(clippy::needless_pass_by_value)]
 
+use vne_core::placement::decide::VirtualNodes;
+use vne_core::placement::policy::ResourcePolicy;
+
 use super::*;
-use crate::placement::decide::VirtualNodes;
-use crate::placement::policy::ResourcePolicy;
 
 fn index() -> PlacementIndex {
     let index = PlacementIndex::new(VirtualNodes::default());

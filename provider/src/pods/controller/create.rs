@@ -222,7 +222,8 @@ impl PodController {
     /// Only an effect the webhook sealed is applied: one a pod author wrote (or altered, or
     /// copied from another pod) is ignored, with a Warning Event and a log line.
     async fn apply_pending_effect(&self, pod: Arc<Pod>) -> Result<Arc<Pod>, Failure> {
-        use crate::admission::selector::{engine::PENDING_EFFECT_ANNOTATION, seal};
+        use crate::admission::seal;
+        use vne_core::selector::engine::PENDING_EFFECT_ANNOTATION;
         if !pod.annotations().contains_key(PENDING_EFFECT_ANNOTATION) {
             return Ok(pod);
         }

@@ -31,7 +31,7 @@ pub(super) enum Admission {
 /// them).
 fn annotations_as_bound(pod: &Pod) -> BTreeMap<String, String> {
     let mut annotations = pod.annotations().clone();
-    if let Some(patch) = crate::admission::selector::engine::pending_effect_patch(pod)
+    if let Some(patch) = vne_core::selector::engine::pending_effect_patch(pod)
         && let Some(changed) = patch
             .pointer("/metadata/annotations")
             .and_then(|a| a.as_object())

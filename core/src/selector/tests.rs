@@ -11,7 +11,7 @@ use super::engine::{
     SELECTOR_ANNOTATION, Scope, Vnode, decide, default_rules, pending_effect_patch, pod_requests,
     rule_from_selector, rules_from_profile,
 };
-use crate::k8s::quantity::Quantity;
+use crate::quantity::Quantity;
 
 #[allow(clippy::needless_pass_by_value)] // json! borrows
 fn mk_pod(namespace: &str, labels: Value, spec: Value) -> Pod {
@@ -567,7 +567,7 @@ fn configmap_selectors_and_defaults_reach_every_namespace_in_either_scope() {
 
 fn seed_profile() -> Vec<Rule> {
     let map: Value = serde_saphyr::from_str(include_str!(
-        "../../../../deploy/examples/eci-profile-configmap.yaml"
+        "../../../deploy/examples/eci-profile-configmap.yaml"
     ))
     .unwrap();
     rules_from_profile(map["data"]["selectors"].as_str().unwrap()).unwrap()
@@ -694,19 +694,19 @@ fn the_seed_examples_are_valid_selectors() {
     for (file, text) in [
         (
             "selector-fair.yaml",
-            include_str!("../../../../deploy/examples/selector-fair.yaml"),
+            include_str!("../../../deploy/examples/selector-fair.yaml"),
         ),
         (
             "selector-fair-with-namespace.yaml",
-            include_str!("../../../../deploy/examples/selector-fair-with-namespace.yaml"),
+            include_str!("../../../deploy/examples/selector-fair-with-namespace.yaml"),
         ),
         (
             "selector-normal-node-prefer.yaml",
-            include_str!("../../../../deploy/examples/selector-normal-node-prefer.yaml"),
+            include_str!("../../../deploy/examples/selector-normal-node-prefer.yaml"),
         ),
         (
             "selector-virtual-node-only.yaml",
-            include_str!("../../../../deploy/examples/selector-virtual-node-only.yaml"),
+            include_str!("../../../deploy/examples/selector-virtual-node-only.yaml"),
         ),
     ] {
         let selector: Selector =

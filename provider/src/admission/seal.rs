@@ -22,8 +22,7 @@ use kube::api::{Api, PostParams};
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use tokio::sync::OnceCell;
-
-use super::engine::{PENDING_EFFECT_ANNOTATION, PendingEffect};
+use vne_core::selector::engine::{PENDING_EFFECT_ANNOTATION, PendingEffect};
 
 /// The Secret (in the daemon's namespace) holding the key.
 pub const SECRET: &str = "virtual-node-eci-selector-seal";
@@ -131,7 +130,7 @@ impl SealKey {
                 "{PENDING_EFFECT_ANNOTATION}'s seal does not verify: altered, copied from another pod, or not written by the Selector webhook"
             ));
         }
-        Checked::Sealed(super::engine::effect_patch(&effect))
+        Checked::Sealed(vne_core::selector::engine::effect_patch(&effect))
     }
 }
 

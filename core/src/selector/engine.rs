@@ -17,13 +17,13 @@ use k8s_openapi::api::core::v1::{
     PreferredSchedulingTerm, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 use serde::{Deserialize, Serialize};
 
 use super::crd::{Effect, NamespaceResourceLimit, Policy, Selector};
 use super::labels;
-use crate::k8s::quantity::{Quantity, QuantityError};
-use crate::k8s::requests;
+use crate::quantity::{Quantity, QuantityError};
+use crate::requests;
 
 /// Annotation: which Selector placed the pod.
 pub const SELECTOR_ANNOTATION: &str = "virtual-node-eci.aliyun.com/selector";
@@ -723,7 +723,8 @@ pub struct PendingEffect {
     /// Annotations to add.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
-    /// The webhook's seal (see [`super::seal`]); empty until sealed.
+    /// The webhook's seal (the daemon's `admission::seal` signs and checks it); empty until
+    /// sealed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub seal: String,
 }
@@ -746,7 +747,8 @@ fn defer_effect(pod: &mut Pod, rule: &Rule) {
 
 /// What a pod's pending effect *claims* to add, unverified (or None when it has none or it
 /// cannot be read): for judging the pod as it would be bound, never for applying — a pod
-/// author can write the annotation; [`super::seal::SealKey::check`] says what to apply.
+/// author can write the annotation; the daemon's seal check (`admission::seal`) says what to
+/// apply.
 pub fn pending_effect_patch(pod: &Pod) -> Option<serde_json::Value> {
     let text = pod.annotations().get(PENDING_EFFECT_ANNOTATION)?;
     let pending: PendingEffect = serde_json::from_str(text).ok()?;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm};
 
 use super::policy::{NextUnits, Resource, ResourcePolicySpec, Unit};
-use crate::k8s::quantity::Quantity;
-use crate::k8s::requests::Requests;
+use crate::quantity::Quantity;
+use crate::requests::Requests;
 
 /// How virtual nodes are told apart (their label) and what pods need to run there (the
 /// toleration of their taint).
