@@ -196,15 +196,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
     let faults_exist = root.join("integration/tests/faults.rs").exists();
     if !args.skip_faults && faults_exist {
         for run in 1..=args.runs {
-            let out = work.join(format!("faults-run-{run}.jsonl"));
-            let _ = std::fs::remove_file(&out);
-            say(&format!("fault suite, run {run} of {}", args.runs));
-            let step = cargo(
-                &["test", "-p", "integration", "--test", "faults"],
-                &[("RELIABILITY_OUT", &out)],
-                &work.join(format!("faults-run-{run}.log")),
-            )?;
-            let records = json_lines(&out);
+            let (step, records) = fault_run(run, args.runs, &work)?;
             all_ok &= step.ok && records.iter().all(|r| r["passed"] == true);
             fault_runs.push((step, records));
         }
@@ -212,61 +204,21 @@ fn run(args: &Args) -> anyhow::Result<bool> {
 
     let mut security: Option<(Step, Vec<Value>)> = None;
     if !args.skip_security {
-        let out = work.join("security.jsonl");
-        let _ = std::fs::remove_file(&out);
-        say("security checks");
-        let step = cargo(
-            &["test", "-p", "integration", "--test", "security"],
-            &[("SECURITY_OUT", &out)],
-            &work.join("security.log"),
-        )?;
-        let records = json_lines(&out);
+        let (step, records) = run_checks(&SECURITY, &work)?;
         all_ok &= step.ok && records.iter().all(|r| r["status"] != "fail");
         security = Some((step, records));
     }
 
     let mut tenancy: Option<(Step, Vec<Value>)> = None;
     if !args.skip_tenancy {
-        let out = work.join("tenancy.jsonl");
-        let _ = std::fs::remove_file(&out);
-        say("hostile-tenant suite");
-        let step = cargo(
-            &["test", "-p", "integration", "--test", "tenancy"],
-            &[("TENANCY_OUT", &out)],
-            &work.join("tenancy.log"),
-        )?;
-        let records = json_lines(&out);
+        let (step, records) = run_checks(&TENANCY, &work)?;
         all_ok &= step.ok && records.iter().all(|r| r["status"] != "fail");
         tenancy = Some((step, records));
     }
 
     let mut churn: Option<(Step, Option<Value>)> = None;
     if !args.skip_churn {
-        let out = work.join("churn.json");
-        let _ = std::fs::remove_file(&out);
-        say(&format!("churn load for {:?}", args.churn_duration));
-        let duration = humantime::format_duration(args.churn_duration).to_string();
-        let out_arg = out.display().to_string();
-        let step = cargo(
-            &[
-                "run",
-                "-p",
-                "integration",
-                "--bin",
-                "churn",
-                "--release",
-                "--",
-                "--duration",
-                &duration,
-                "--out",
-                &out_arg,
-            ],
-            &[],
-            &work.join("churn.log"),
-        )?;
-        let summary = std::fs::read_to_string(&out)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok());
+        let (step, summary) = churn_load(args.churn_duration, &work)?;
         all_ok &= step.ok;
         churn = Some((step, summary));
     }
@@ -292,6 +244,88 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         started.elapsed().as_secs_f64() / 60.0
     ));
     Ok(all_ok)
+}
+
+/// Run `run` of `runs` of the fault suite: its step and the cases it recorded.
+fn fault_run(run: u32, runs: u32, work: &Path) -> anyhow::Result<(Step, Vec<Value>)> {
+    let out = work.join(format!("faults-run-{run}.jsonl"));
+    let _ = std::fs::remove_file(&out);
+    say(&format!("fault suite, run {run} of {runs}"));
+    let step = cargo(
+        &["test", "-p", "integration", "--test", "faults"],
+        &[("RELIABILITY_OUT", &out)],
+        &work.join(format!("faults-run-{run}.log")),
+    )?;
+    let records = json_lines(&out);
+    Ok((step, records))
+}
+
+/// A test binary that records one JSON object per check in the file its variable names.
+struct Checks {
+    /// The test binary, which also names its files in the work directory.
+    test: &'static str,
+    /// The variable naming its records' file.
+    out_var: &'static str,
+    /// What the progress line calls it.
+    title: &'static str,
+}
+
+/// The security checks.
+const SECURITY: Checks = Checks {
+    test: "security",
+    out_var: "SECURITY_OUT",
+    title: "security checks",
+};
+
+/// The hostile-tenant suite.
+const TENANCY: Checks = Checks {
+    test: "tenancy",
+    out_var: "TENANCY_OUT",
+    title: "hostile-tenant suite",
+};
+
+/// Runs `checks`: its step and the checks it recorded.
+fn run_checks(checks: &Checks, work: &Path) -> anyhow::Result<(Step, Vec<Value>)> {
+    let out = work.join(format!("{}.jsonl", checks.test));
+    let _ = std::fs::remove_file(&out);
+    say(checks.title);
+    let step = cargo(
+        &["test", "-p", "integration", "--test", checks.test],
+        &[(checks.out_var, &out)],
+        &work.join(format!("{}.log", checks.test)),
+    )?;
+    let records = json_lines(&out);
+    Ok((step, records))
+}
+
+/// Runs the churn load for `duration`: its step and the summary it wrote, if any.
+fn churn_load(duration: Duration, work: &Path) -> anyhow::Result<(Step, Option<Value>)> {
+    let out = work.join("churn.json");
+    let _ = std::fs::remove_file(&out);
+    say(&format!("churn load for {duration:?}"));
+    let duration = humantime::format_duration(duration).to_string();
+    let out_arg = out.display().to_string();
+    let step = cargo(
+        &[
+            "run",
+            "-p",
+            "integration",
+            "--bin",
+            "churn",
+            "--release",
+            "--",
+            "--duration",
+            &duration,
+            "--out",
+            &out_arg,
+        ],
+        &[],
+        &work.join("churn.log"),
+    )?;
+    let summary = std::fs::read_to_string(&out)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    Ok((step, summary))
 }
 
 // ---- facts about this build and machine ----
@@ -473,83 +507,9 @@ impl Report<'_> {
                 cases.push(case);
             }
         }
-        let passed = records.iter().filter(|(_, r)| r["passed"] == true).count();
-        let sum = |field: &str| -> u64 {
-            records
-                .iter()
-                .map(|(_, r)| r[field].as_u64().unwrap_or(0))
-                .sum()
-        };
-        let _ = writeln!(
-            md,
-            "`cargo test -p integration --test faults`, {} runs: {} case records, {passed} passed; in all, **{} pods lost, {} groups leaked, {} duplicates, {} pods stuck Terminating**.\n",
-            runs.len(),
-            records.len(),
-            sum("pods_lost"),
-            sum("groups_leaked"),
-            sum("duplicates"),
-            sum("stuck_terminating"),
-        );
-        let _ = writeln!(md, "| run | test binary | time |\n| --- | --- | --- |");
-        for (i, (step, records)) in runs.iter().enumerate() {
-            let _ = writeln!(
-                md,
-                "| {} | {} ({} records) | {:.0} s |",
-                i + 1,
-                if step.ok {
-                    "passed".to_owned()
-                } else {
-                    format!("FAILED: {}", step.status)
-                },
-                records.len(),
-                step.seconds
-            );
-        }
-        let _ = writeln!(md, "\n### What each case does\n");
-        for case in &cases {
-            let description = records
-                .iter()
-                .find(|(_, r)| r["case"] == case.as_str())
-                .and_then(|(_, r)| r["description"].as_str())
-                .unwrap_or_default();
-            let _ = writeln!(md, "- **{case}**: {description}");
-        }
-        let _ = writeln!(
-            md,
-            "\n### Per case and run\n\n| case | run | converged in (s) | pods lost | groups leaked | duplicates | stuck Terminating | result | notes |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-        );
-        for case in &cases {
-            for run in 1..=runs.len() {
-                match records
-                    .iter()
-                    .find(|(r, v)| *r == run && v["case"] == case.as_str())
-                {
-                    Some((_, v)) => {
-                        let _ = writeln!(
-                            md,
-                            "| {case} | {run} | {} | {} | {} | {} | {} | {} | {} |",
-                            number(&v["converge_seconds"], 1),
-                            cell(&v["pods_lost"]),
-                            cell(&v["groups_leaked"]),
-                            cell(&v["duplicates"]),
-                            cell(&v["stuck_terminating"]),
-                            if v["passed"] == true {
-                                "pass"
-                            } else {
-                                "**FAIL**"
-                            },
-                            cell(&v["notes"]),
-                        );
-                    }
-                    None => {
-                        let _ = writeln!(
-                            md,
-                            "| {case} | {run} | — | — | — | — | — | **no record** | the case ended before recording; see faults-run-{run}.log |"
-                        );
-                    }
-                }
-            }
-        }
+        fault_totals(md, runs, &records);
+        fault_cases(md, &cases, &records);
+        fault_matrix(md, &cases, &records, runs.len());
         for (i, (step, _)) in runs.iter().enumerate() {
             if !step.ok {
                 let _ = writeln!(
@@ -619,111 +579,14 @@ impl Report<'_> {
             },
             step.seconds
         );
-        let _ = writeln!(
-            md,
-            "| check | result | what it found |\n| --- | --- | --- |"
-        );
-        fn name(check: &str) -> &str {
-            match check {
-                "audit" => "no request of the daemon denied (apiserver audit log)",
-                "can-i" => "`kubectl auth can-i --list` = the documented RBAC",
-                "credentials" => "fake credentials in no log, Event, status or metric",
-                "tls" => "no plain HTTP, no TLS below 1.2",
-                other => other,
-            }
-        }
-        for record in records {
-            let check = record["check"].as_str().unwrap_or("?");
-            let status = record["status"].as_str().unwrap_or("?");
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} |",
-                name(check),
-                match status {
-                    "pass" => "pass".to_owned(),
-                    "not run" => "NOT RUN".to_owned(),
-                    other => format!("**{}**", other.to_uppercase()),
-                },
-                cell(&record["summary"])
-            );
-        }
-        for check in ["audit", "can-i", "credentials", "tls"] {
-            if !records.iter().any(|r| r["check"] == check) {
-                let _ = writeln!(
-                    md,
-                    "| {} | **no record** | the test ended before recording; see security.log |",
-                    name(check)
-                );
-            }
-        }
+        security_table(md, records);
         for record in records {
             let details = &record["details"];
             match record["check"].as_str() {
-                Some("audit") if details.is_object() => {
-                    let _ = writeln!(
-                        md,
-                        "\n**Audit.** {} requests of the daemon's user in the audit log; answers by code: {}. Denied: {}. Documented accesses the workload exercised ({} of {}): {}. Not exercised: {}. Made but not documented: {}.",
-                        details["requests"],
-                        cell(&details["by_code"]),
-                        list(&details["denied"]),
-                        details["exercised_documented"]
-                            .as_array()
-                            .map_or(0, Vec::len),
-                        details["documented_accesses"],
-                        list(&details["exercised_documented"]),
-                        list(&details["not_exercised_documented"]),
-                        list(&details["exercised_undocumented"]),
-                    );
-                }
-                Some("can-i") => {
-                    for scope in details.as_array().into_iter().flatten() {
-                        let _ = writeln!(
-                            md,
-                            "\n**can-i, {}.** {} granted beyond every service account's defaults, {} documented; extra: {}; missing: {}; defaults subtracted: {}.",
-                            cell(&scope["scope"]),
-                            scope["granted"],
-                            scope["documented"],
-                            list(&scope["extra"]),
-                            list(&scope["missing"]),
-                            list(&scope["defaults_subtracted"]),
-                        );
-                    }
-                }
-                Some("credentials") if details.is_object() => {
-                    let _ = writeln!(
-                        md,
-                        "\n**Credentials.** Sources scanned: {}. The secret, the STS token or a wrong one found: {}. The AccessKey id outside a daemon's credential-description line: {}; on such lines: {}.",
-                        details["sources"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .map(|s| format!("{} ({} bytes)", cell(&s["source"]), s["bytes"]))
-                            .collect::<Vec<_>>()
-                            .join("; "),
-                        list(&details["leaks"]),
-                        list(&details["access_key_id_elsewhere"]),
-                        details["access_key_id_lines"]
-                            .as_array()
-                            .map_or(0, Vec::len),
-                    );
-                }
-                Some("tls") => {
-                    let _ = writeln!(
-                        md,
-                        "\n**TLS.**\n\n| endpoint | plain HTTP | TLS 1.2 | TLS 1.1 | TLS 1.0 |\n| --- | --- | --- | --- | --- |"
-                    );
-                    for endpoint in details.as_array().into_iter().flatten() {
-                        let _ = writeln!(
-                            md,
-                            "| {} | {} | {} | {} | {} |",
-                            cell(&endpoint["endpoint"]),
-                            cell(&endpoint["plain_http"]),
-                            cell(&endpoint["tls1_2"]),
-                            cell(&endpoint["tls1_1"]),
-                            cell(&endpoint["tls1_0"]),
-                        );
-                    }
-                }
+                Some("audit") if details.is_object() => audit_details(md, details),
+                Some("can-i") => can_i_details(md, details),
+                Some("credentials") if details.is_object() => credentials_details(md, details),
+                Some("tls") => tls_details(md, details),
                 _ => {}
             }
         }
@@ -752,125 +615,14 @@ impl Report<'_> {
             );
             return;
         };
-        let config = &summary["config"];
-        let totals = &summary["totals"];
-        let end = &summary["end"];
-        let _ = writeln!(
-            md,
-            "`cargo run -p integration --bin churn --release -- --duration {}`: {} replicas (release builds), bare pods created at {}/s alternately on each virtual node and deleted {} s after their creation (~{} alive), for {} s; {} created ({} errors), {} deleted ({} errors); mock-eci answered {} calls. Afterwards the last pods were deleted: everything was gone after {} s ({} pods and {} groups left). Sampled every {} s; slopes are least-squares fits over the samples from t = {} s (after the ramp), per hour, ± their standard error.\n",
-            humantime::format_duration(Duration::from_secs_f64(
-                config["duration_seconds"].as_f64().unwrap_or(0.0)
-            )),
-            config["replicas"],
-            config["rate_per_second"],
-            number(&config["pod_lifetime_seconds"], 0),
-            config["live"],
-            number(&totals["churn_seconds"], 0),
-            totals["created"],
-            totals["create_errors"],
-            totals["deleted"],
-            totals["delete_errors"],
-            number(&totals["mock_eci_calls"], 0),
-            number(&end["converge_seconds"], 1),
-            end["pods_left"],
-            end["groups_left"],
-            number(&config["sample_every_seconds"], 0),
-            number(&config["fit_from_seconds"], 0),
-        );
-        let leaks = summary["leaks"].as_array().map_or(0, Vec::len);
-        let inconclusive = summary["inconclusive"].as_array().map_or(0, Vec::len);
-        let _ = writeln!(
-            md,
-            "{}{}\n",
-            if leaks == 0 {
-                "**No leak: no slope is above its limit by more than two standard errors.**"
-                    .to_owned()
-            } else {
-                format!("**{leaks} leak(s) flagged**: {}.", list(&summary["leaks"]))
-            },
-            if inconclusive == 0 {
-                " Every other slope is below its limit by more than two standard errors (flat)."
-                    .to_owned()
-            } else {
-                format!(
-                    " Inconclusive (the limit within two standard errors of the slope): {}.",
-                    list(&summary["inconclusive"])
-                )
-            }
-        );
-        let _ = writeln!(
-            md,
-            "| daemon | metric | mean | min | max | first → last | slope per hour | limit per hour | verdict |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-        );
-        for (daemon, metrics) in summary["slopes"].as_object().into_iter().flatten() {
-            for (metric, fit) in metrics.as_object().into_iter().flatten() {
-                let unit = fit["unit"].as_str().unwrap_or_default();
-                let _ = writeln!(
-                    md,
-                    "| {daemon} | {metric} ({unit}) | {} | {} | {} | {} → {} | {} ± {} | {} | {} |",
-                    number(&fit["mean"], 2),
-                    number(&fit["min"], 2),
-                    number(&fit["max"], 2),
-                    number(&fit["first"], 2),
-                    number(&fit["last"], 2),
-                    number(&fit["slope_per_hour"], 2),
-                    number(&fit["slope_stderr_per_hour"], 2),
-                    number(&fit["limit_per_hour"], 2),
-                    match fit["verdict"].as_str() {
-                        Some("leak") => "**leak**",
-                        Some(other) => other,
-                        None => "—",
-                    },
-                );
-            }
-        }
+        churn_totals(md, summary);
+        churn_verdict(md, summary);
+        churn_slopes(md, summary);
         let _ = writeln!(
             md,
             "\nLimits (from `integration/src/bin/churn.rs`): RSS 16 MiB/h — at 5 pods/s each daemon sees 9,000 pods an hour, so ~2 KiB kept per forgotten pod crosses it, while the allocator's drift over 10 minutes stays below; descriptors and established connections 60/h — one per 300 churned pods of a daemon; ECI call rate and CPU 20 % of their mean per hour (CPU at least 2 points of a core) — a steady churn should give steady rates, and one growing a fifth an hour means work growing with history, not load. A slope is a leak when it is above its limit by more than two standard errors, flat when below by as much, inconclusive in between.\n"
         );
-        let _ = writeln!(
-            md,
-            "<details><summary>every sample</summary>\n\n| t (s) | pods | groups | {} |\n| --- | --- | --- | {} |",
-            (0..config["replicas"].as_u64().unwrap_or(0))
-                .map(|i| format!("daemon {i}: RSS MiB / fds / TCP / ECI calls/s / CPU %"))
-                .collect::<Vec<_>>()
-                .join(" | "),
-            (0..config["replicas"].as_u64().unwrap_or(0))
-                .map(|_| "---")
-                .collect::<Vec<_>>()
-                .join(" | ")
-        );
-        for sample in summary["samples"].as_array().into_iter().flatten() {
-            let pods: u64 = sample["pods"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter_map(|(_, n)| n.as_u64())
-                .sum();
-            let daemons: Vec<String> = sample["daemons"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|d| {
-                    format!(
-                        "{} / {} / {} / {} / {}",
-                        number(&d["rss_mib"], 1),
-                        d["open_fds"],
-                        d["tcp_established"],
-                        number(&d["eci_calls_per_s"], 1),
-                        number(&d["cpu_percent"], 0)
-                    )
-                })
-                .collect();
-            let _ = writeln!(
-                md,
-                "| {} | {pods} | {} | {} |",
-                number(&sample["t"], 0),
-                cell(&sample["groups"]),
-                daemons.join(" | ")
-            );
-        }
-        let _ = writeln!(md, "\n</details>\n");
+        churn_samples(md, summary);
     }
 
     fn limits(&self, md: &mut String) {
@@ -888,6 +640,342 @@ impl Report<'_> {
 - **`E2E_KUBECONFIG` runs** have no audit log (that check says NOT RUN) and their figures depend on that cluster.\n"
         );
     }
+}
+
+/// The fault suite's sums over every run and case, and a line per run.
+fn fault_totals(md: &mut String, runs: &[(Step, Vec<Value>)], records: &[(usize, &Value)]) {
+    let passed = records.iter().filter(|(_, r)| r["passed"] == true).count();
+    let sum = |field: &str| -> u64 {
+        records
+            .iter()
+            .map(|(_, r)| r[field].as_u64().unwrap_or(0))
+            .sum()
+    };
+    let _ = writeln!(
+        md,
+        "`cargo test -p integration --test faults`, {} runs: {} case records, {passed} passed; in all, **{} pods lost, {} groups leaked, {} duplicates, {} pods stuck Terminating**.\n",
+        runs.len(),
+        records.len(),
+        sum("pods_lost"),
+        sum("groups_leaked"),
+        sum("duplicates"),
+        sum("stuck_terminating"),
+    );
+    let _ = writeln!(md, "| run | test binary | time |\n| --- | --- | --- |");
+    for (i, (step, records)) in runs.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "| {} | {} ({} records) | {:.0} s |",
+            i + 1,
+            if step.ok {
+                "passed".to_owned()
+            } else {
+                format!("FAILED: {}", step.status)
+            },
+            records.len(),
+            step.seconds
+        );
+    }
+}
+
+/// What each fault case does, from its first record's description.
+fn fault_cases(md: &mut String, cases: &[String], records: &[(usize, &Value)]) {
+    let _ = writeln!(md, "\n### What each case does\n");
+    for case in cases {
+        let description = records
+            .iter()
+            .find(|(_, r)| r["case"] == case.as_str())
+            .and_then(|(_, r)| r["description"].as_str())
+            .unwrap_or_default();
+        let _ = writeln!(md, "- **{case}**: {description}");
+    }
+}
+
+/// The table of every fault case in each of `runs` runs (a missing record says so).
+fn fault_matrix(md: &mut String, cases: &[String], records: &[(usize, &Value)], runs: usize) {
+    let _ = writeln!(
+        md,
+        "\n### Per case and run\n\n| case | run | converged in (s) | pods lost | groups leaked | duplicates | stuck Terminating | result | notes |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for case in cases {
+        for run in 1..=runs {
+            match records
+                .iter()
+                .find(|(r, v)| *r == run && v["case"] == case.as_str())
+            {
+                Some((_, v)) => {
+                    let _ = writeln!(
+                        md,
+                        "| {case} | {run} | {} | {} | {} | {} | {} | {} | {} |",
+                        number(&v["converge_seconds"], 1),
+                        cell(&v["pods_lost"]),
+                        cell(&v["groups_leaked"]),
+                        cell(&v["duplicates"]),
+                        cell(&v["stuck_terminating"]),
+                        if v["passed"] == true {
+                            "pass"
+                        } else {
+                            "**FAIL**"
+                        },
+                        cell(&v["notes"]),
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        md,
+                        "| {case} | {run} | — | — | — | — | — | **no record** | the case ended before recording; see faults-run-{run}.log |"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// What a security check verifies, for the report's table.
+fn check_name(check: &str) -> &str {
+    match check {
+        "audit" => "no request of the daemon denied (apiserver audit log)",
+        "can-i" => "`kubectl auth can-i --list` = the documented RBAC",
+        "credentials" => "fake credentials in no log, Event, status or metric",
+        "tls" => "no plain HTTP, no TLS below 1.2",
+        other => other,
+    }
+}
+
+/// The security checks' table: each record's result, then every check that left none.
+fn security_table(md: &mut String, records: &[Value]) {
+    let _ = writeln!(
+        md,
+        "| check | result | what it found |\n| --- | --- | --- |"
+    );
+    for record in records {
+        let check = record["check"].as_str().unwrap_or("?");
+        let status = record["status"].as_str().unwrap_or("?");
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} |",
+            check_name(check),
+            match status {
+                "pass" => "pass".to_owned(),
+                "not run" => "NOT RUN".to_owned(),
+                other => format!("**{}**", other.to_uppercase()),
+            },
+            cell(&record["summary"])
+        );
+    }
+    for check in ["audit", "can-i", "credentials", "tls"] {
+        if !records.iter().any(|r| r["check"] == check) {
+            let _ = writeln!(
+                md,
+                "| {} | **no record** | the test ended before recording; see security.log |",
+                check_name(check)
+            );
+        }
+    }
+}
+
+/// The audit check's findings.
+fn audit_details(md: &mut String, details: &Value) {
+    let _ = writeln!(
+        md,
+        "\n**Audit.** {} requests of the daemon's user in the audit log; answers by code: {}. Denied: {}. Documented accesses the workload exercised ({} of {}): {}. Not exercised: {}. Made but not documented: {}.",
+        details["requests"],
+        cell(&details["by_code"]),
+        list(&details["denied"]),
+        details["exercised_documented"]
+            .as_array()
+            .map_or(0, Vec::len),
+        details["documented_accesses"],
+        list(&details["exercised_documented"]),
+        list(&details["not_exercised_documented"]),
+        list(&details["exercised_undocumented"]),
+    );
+}
+
+/// The can-i check's findings, per scope.
+fn can_i_details(md: &mut String, details: &Value) {
+    for scope in details.as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "\n**can-i, {}.** {} granted beyond every service account's defaults, {} documented; extra: {}; missing: {}; defaults subtracted: {}.",
+            cell(&scope["scope"]),
+            scope["granted"],
+            scope["documented"],
+            list(&scope["extra"]),
+            list(&scope["missing"]),
+            list(&scope["defaults_subtracted"]),
+        );
+    }
+}
+
+/// The credential scan's findings.
+fn credentials_details(md: &mut String, details: &Value) {
+    let _ = writeln!(
+        md,
+        "\n**Credentials.** Sources scanned: {}. The secret, the STS token or a wrong one found: {}. The AccessKey id outside a daemon's credential-description line: {}; on such lines: {}.",
+        details["sources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| format!("{} ({} bytes)", cell(&s["source"]), s["bytes"]))
+            .collect::<Vec<_>>()
+            .join("; "),
+        list(&details["leaks"]),
+        list(&details["access_key_id_elsewhere"]),
+        details["access_key_id_lines"]
+            .as_array()
+            .map_or(0, Vec::len),
+    );
+}
+
+/// The TLS check's table, per endpoint.
+fn tls_details(md: &mut String, details: &Value) {
+    let _ = writeln!(
+        md,
+        "\n**TLS.**\n\n| endpoint | plain HTTP | TLS 1.2 | TLS 1.1 | TLS 1.0 |\n| --- | --- | --- | --- | --- |"
+    );
+    for endpoint in details.as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            cell(&endpoint["endpoint"]),
+            cell(&endpoint["plain_http"]),
+            cell(&endpoint["tls1_2"]),
+            cell(&endpoint["tls1_1"]),
+            cell(&endpoint["tls1_0"]),
+        );
+    }
+}
+
+/// What the churn load ran and its totals.
+fn churn_totals(md: &mut String, summary: &Value) {
+    let config = &summary["config"];
+    let totals = &summary["totals"];
+    let end = &summary["end"];
+    let _ = writeln!(
+        md,
+        "`cargo run -p integration --bin churn --release -- --duration {}`: {} replicas (release builds), bare pods created at {}/s alternately on each virtual node and deleted {} s after their creation (~{} alive), for {} s; {} created ({} errors), {} deleted ({} errors); mock-eci answered {} calls. Afterwards the last pods were deleted: everything was gone after {} s ({} pods and {} groups left). Sampled every {} s; slopes are least-squares fits over the samples from t = {} s (after the ramp), per hour, ± their standard error.\n",
+        humantime::format_duration(Duration::from_secs_f64(
+            config["duration_seconds"].as_f64().unwrap_or(0.0)
+        )),
+        config["replicas"],
+        config["rate_per_second"],
+        number(&config["pod_lifetime_seconds"], 0),
+        config["live"],
+        number(&totals["churn_seconds"], 0),
+        totals["created"],
+        totals["create_errors"],
+        totals["deleted"],
+        totals["delete_errors"],
+        number(&totals["mock_eci_calls"], 0),
+        number(&end["converge_seconds"], 1),
+        end["pods_left"],
+        end["groups_left"],
+        number(&config["sample_every_seconds"], 0),
+        number(&config["fit_from_seconds"], 0),
+    );
+}
+
+/// Whether any slope flagged a leak, and which were inconclusive.
+fn churn_verdict(md: &mut String, summary: &Value) {
+    let leaks = summary["leaks"].as_array().map_or(0, Vec::len);
+    let inconclusive = summary["inconclusive"].as_array().map_or(0, Vec::len);
+    let _ = writeln!(
+        md,
+        "{}{}\n",
+        if leaks == 0 {
+            "**No leak: no slope is above its limit by more than two standard errors.**".to_owned()
+        } else {
+            format!("**{leaks} leak(s) flagged**: {}.", list(&summary["leaks"]))
+        },
+        if inconclusive == 0 {
+            " Every other slope is below its limit by more than two standard errors (flat)."
+                .to_owned()
+        } else {
+            format!(
+                " Inconclusive (the limit within two standard errors of the slope): {}.",
+                list(&summary["inconclusive"])
+            )
+        }
+    );
+}
+
+/// The table of every daemon's metrics: spread, slope, limit and verdict.
+fn churn_slopes(md: &mut String, summary: &Value) {
+    let _ = writeln!(
+        md,
+        "| daemon | metric | mean | min | max | first → last | slope per hour | limit per hour | verdict |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for (daemon, metrics) in summary["slopes"].as_object().into_iter().flatten() {
+        for (metric, fit) in metrics.as_object().into_iter().flatten() {
+            let unit = fit["unit"].as_str().unwrap_or_default();
+            let _ = writeln!(
+                md,
+                "| {daemon} | {metric} ({unit}) | {} | {} | {} | {} → {} | {} ± {} | {} | {} |",
+                number(&fit["mean"], 2),
+                number(&fit["min"], 2),
+                number(&fit["max"], 2),
+                number(&fit["first"], 2),
+                number(&fit["last"], 2),
+                number(&fit["slope_per_hour"], 2),
+                number(&fit["slope_stderr_per_hour"], 2),
+                number(&fit["limit_per_hour"], 2),
+                match fit["verdict"].as_str() {
+                    Some("leak") => "**leak**",
+                    Some(other) => other,
+                    None => "—",
+                },
+            );
+        }
+    }
+}
+
+/// Every sample of the churn load, folded away.
+fn churn_samples(md: &mut String, summary: &Value) {
+    let config = &summary["config"];
+    let _ = writeln!(
+        md,
+        "<details><summary>every sample</summary>\n\n| t (s) | pods | groups | {} |\n| --- | --- | --- | {} |",
+        (0..config["replicas"].as_u64().unwrap_or(0))
+            .map(|i| format!("daemon {i}: RSS MiB / fds / TCP / ECI calls/s / CPU %"))
+            .collect::<Vec<_>>()
+            .join(" | "),
+        (0..config["replicas"].as_u64().unwrap_or(0))
+            .map(|_| "---")
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    for sample in summary["samples"].as_array().into_iter().flatten() {
+        let pods: u64 = sample["pods"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, n)| n.as_u64())
+            .sum();
+        let daemons: Vec<String> = sample["daemons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| {
+                format!(
+                    "{} / {} / {} / {} / {}",
+                    number(&d["rss_mib"], 1),
+                    d["open_fds"],
+                    d["tcp_established"],
+                    number(&d["eci_calls_per_s"], 1),
+                    number(&d["cpu_percent"], 0)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {pods} | {} | {} |",
+            number(&sample["t"], 0),
+            cell(&sample["groups"]),
+            daemons.join(" | ")
+        );
+    }
+    let _ = writeln!(md, "\n</details>\n");
 }
 
 fn list(value: &Value) -> String {

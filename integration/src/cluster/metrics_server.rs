@@ -11,6 +11,7 @@
 //! aggregator's availability check demands ready endpoints of `ClusterIP`-type Services only;
 //! the node port is allocated and never used (no kube-proxy here).
 
+use std::path::Path;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -20,7 +21,9 @@ use kube::api::{Api, PostParams};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::{ClusterError, ControlPlane, ControlPlaneOptions, display, kubeconfig, pki, write};
+use super::{
+    ClusterError, ControlPlane, ControlPlaneOptions, Pki, display, kubeconfig, pki, write,
+};
 use crate::process::free_port;
 
 /// The aggregated API metrics-server serves.
@@ -96,6 +99,91 @@ async fn grant(client: &kube::Client) -> Result<(), ClusterError> {
     .await
 }
 
+/// Creates metrics-server's Service on `port`; answers its ClusterIP, which metrics-server
+/// listens on itself (see the module's doc).
+async fn create_service(client: &kube::Client, port: u16) -> Result<String, ClusterError> {
+    let services: Api<Service> = Api::namespaced(client.clone(), SERVICE.0);
+    create(
+        &services,
+        json!({
+            "metadata": {"name": SERVICE.1, "labels": {"k8s-app": "metrics-server"}},
+            "spec": {
+                "type": "NodePort",
+                "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+            },
+        }),
+    )
+    .await?;
+    Ok(services
+        .get(SERVICE.1)
+        .await?
+        .spec
+        .and_then(|spec| spec.cluster_ip)
+        .unwrap_or_default())
+}
+
+/// metrics-server's flags: serving on `cluster_ip:port`, as its own user through `kubeconfig`.
+fn flags(pki: &Pki, cluster_ip: &str, port: u16, kubeconfig: &str) -> Vec<String> {
+    vec![
+        format!("--bind-address={cluster_ip}"),
+        format!("--secure-port={port}"),
+        // Signed by the cluster CA for metrics-server.kube-system.svc, the name the
+        // aggregator checks (the APIService's caBundle is that CA).
+        format!(
+            "--tls-cert-file={}",
+            display(&pki.metrics_server_serving.cert)
+        ),
+        format!(
+            "--tls-private-key-file={}",
+            display(&pki.metrics_server_serving.key)
+        ),
+        format!("--kubeconfig={kubeconfig}"),
+        format!("--authentication-kubeconfig={kubeconfig}"),
+        format!("--authorization-kubeconfig={kubeconfig}"),
+        // The virtual nodes serve their kubelet API with a self-signed certificate
+        // until their kubelet-serving CSR is approved (nothing in the fixture approves
+        // it) or KUBELET_CERT_DIR gives them one, so there is no CA to verify it with;
+        // the upstream manifests' test setting. Client authentication (metrics-server's
+        // certificate, authorized for nodes/metrics) still applies.
+        "--kubelet-insecure-tls".into(),
+        "--kubelet-preferred-address-types=InternalIP".into(),
+        // Every daemon of a test serves its kubelet API on 127.0.0.1 at a port of its
+        // own, which its Node advertises.
+        "--kubelet-use-node-status-port".into(),
+        format!("--metric-resolution={}s", RESOLUTION.as_secs()),
+        // Below 90 % of the resolution, as metrics-server requires.
+        "--kubelet-request-timeout=5s".into(),
+    ]
+}
+
+/// Registers the aggregated API [`API_SERVICE`] at the Service's `port`, trusting the
+/// cluster CA at `ca_cert`.
+async fn register_api_service(
+    client: &kube::Client,
+    ca_cert: &Path,
+    port: u16,
+) -> Result<(), ClusterError> {
+    let ca = std::fs::read(ca_cert).map_err(|source| ClusterError::Read {
+        path: ca_cert.to_path_buf(),
+        source,
+    })?;
+    create(
+        &Api::<APIService>::all(client.clone()),
+        json!({
+            "metadata": {"name": API_SERVICE, "labels": {"k8s-app": "metrics-server"}},
+            "spec": {
+                "group": "metrics.k8s.io",
+                "version": "v1beta1",
+                "service": {"namespace": SERVICE.0, "name": SERVICE.1, "port": port},
+                "caBundle": base64::engine::general_purpose::STANDARD.encode(ca),
+                "groupPriorityMinimum": 100,
+                "versionPriority": 100,
+            },
+        }),
+    )
+    .await
+}
+
 impl ControlPlane {
     /// Starts metrics-server and waits until the apiserver reports its API available.
     pub(super) async fn start_metrics_server(
@@ -105,90 +193,12 @@ impl ControlPlane {
         let client = self.client().await?;
         grant(&client).await?;
         let port = free_port()?;
-        let services: Api<Service> = Api::namespaced(client.clone(), SERVICE.0);
-        create(
-            &services,
-            json!({
-                "metadata": {"name": SERVICE.1, "labels": {"k8s-app": "metrics-server"}},
-                "spec": {
-                    "type": "NodePort",
-                    "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
-                },
-            }),
-        )
-        .await?;
-        let cluster_ip = services
-            .get(SERVICE.1)
-            .await?
-            .spec
-            .and_then(|spec| spec.cluster_ip)
-            .unwrap_or_default();
-        let pki = self.pki.clone();
-        let kubeconfig_path = self.dir.join("metrics-server.kubeconfig");
-        write(
-            &kubeconfig_path,
-            &kubeconfig(
-                &self.server(),
-                &pki.ca.cert,
-                &pki.metrics_server,
-                "metrics-server",
-            ),
-        )?;
-        let kubeconfig_path = display(&kubeconfig_path);
+        let cluster_ip = create_service(&client, port).await?;
+        let kubeconfig_path = self.write_metrics_server_kubeconfig()?;
         let program = self.upstream.path("metrics-server")?.to_owned();
-        self.spawn(
-            "metrics-server",
-            &program,
-            &[
-                format!("--bind-address={cluster_ip}"),
-                format!("--secure-port={port}"),
-                // Signed by the cluster CA for metrics-server.kube-system.svc, the name the
-                // aggregator checks (the APIService's caBundle is that CA).
-                format!(
-                    "--tls-cert-file={}",
-                    display(&pki.metrics_server_serving.cert)
-                ),
-                format!(
-                    "--tls-private-key-file={}",
-                    display(&pki.metrics_server_serving.key)
-                ),
-                format!("--kubeconfig={kubeconfig_path}"),
-                format!("--authentication-kubeconfig={kubeconfig_path}"),
-                format!("--authorization-kubeconfig={kubeconfig_path}"),
-                // The virtual nodes serve their kubelet API with a self-signed certificate
-                // until their kubelet-serving CSR is approved (nothing in the fixture approves
-                // it) or KUBELET_CERT_DIR gives them one, so there is no CA to verify it with;
-                // the upstream manifests' test setting. Client authentication (metrics-server's
-                // certificate, authorized for nodes/metrics) still applies.
-                "--kubelet-insecure-tls".into(),
-                "--kubelet-preferred-address-types=InternalIP".into(),
-                // Every daemon of a test serves its kubelet API on 127.0.0.1 at a port of its
-                // own, which its Node advertises.
-                "--kubelet-use-node-status-port".into(),
-                format!("--metric-resolution={}s", RESOLUTION.as_secs()),
-                // Below 90 % of the resolution, as metrics-server requires.
-                "--kubelet-request-timeout=5s".into(),
-            ],
-        )?;
-        let ca = std::fs::read(&pki.ca.cert).map_err(|source| ClusterError::Read {
-            path: pki.ca.cert.clone(),
-            source,
-        })?;
-        create(
-            &Api::<APIService>::all(client.clone()),
-            json!({
-                "metadata": {"name": API_SERVICE, "labels": {"k8s-app": "metrics-server"}},
-                "spec": {
-                    "group": "metrics.k8s.io",
-                    "version": "v1beta1",
-                    "service": {"namespace": SERVICE.0, "name": SERVICE.1, "port": port},
-                    "caBundle": base64::engine::general_purpose::STANDARD.encode(ca),
-                    "groupPriorityMinimum": 100,
-                    "versionPriority": 100,
-                },
-            }),
-        )
-        .await?;
+        let flags = flags(&self.pki, &cluster_ip, port, &kubeconfig_path);
+        self.spawn("metrics-server", &program, &flags)?;
+        register_api_service(&client, &self.pki.ca.cert, port).await?;
         let api_services: Api<APIService> = Api::all(client);
         self.wait_ready(
             "metrics-server (APIService v1beta1.metrics.k8s.io Available)",
@@ -199,6 +209,21 @@ impl ControlPlane {
             },
         )
         .await
+    }
+
+    /// Writes metrics-server's kubeconfig (its own client certificate); answers its path.
+    fn write_metrics_server_kubeconfig(&self) -> Result<String, ClusterError> {
+        let path = self.dir.join("metrics-server.kubeconfig");
+        write(
+            &path,
+            &kubeconfig(
+                &self.server(),
+                &self.pki.ca.cert,
+                &self.pki.metrics_server,
+                "metrics-server",
+            ),
+        )?;
+        Ok(display(&path))
     }
 }
 

@@ -2,7 +2,7 @@
 //! (mock-eci and the virtual-node-eci StatefulSet on the fixture's host node), then waits for
 //! mock-eci and the virtual nodes. Used by the playground and the end-to-end story.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -37,10 +37,35 @@ pub async fn apply_local_overlay(
     env: &[(String, String)],
     mock: Mock<'_>,
 ) -> Result<(), HarnessError> {
-    let io = |what: &str| {
-        let what = what.to_owned();
-        move |source| HarnessError::Io { what, source }
-    };
+    let (overlay, local) = overlay_paths(dir)?;
+    let mut kustomization = serde_json::json!({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [local],
+        "replicas": [{"name": "virtual-node-eci", "count": replicas}],
+    });
+    let patches = overlay_patches(env, mock);
+    if !patches.is_empty() {
+        kustomization["patches"] = serde_json::Value::Array(patches);
+    }
+    // JSON is YAML.
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        kustomization.to_string(),
+    )
+    .map_err(io("write the overlay"))?;
+    kubectl_apply_k(kubectl, kubeconfig, &overlay).await
+}
+
+/// Maps an I/O error to [`HarnessError::Io`] saying `what` failed.
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> HarnessError {
+    let what = what.to_owned();
+    move |source| HarnessError::Io { what, source }
+}
+
+/// Creates the overlay's directory under `dir`; answers it (canonical) and
+/// `deploy/overlays/local` as a path relative to it.
+fn overlay_paths(dir: &Path) -> Result<(PathBuf, String), HarnessError> {
     let overlay = dir.join("overlay");
     std::fs::create_dir_all(&overlay).map_err(io("create the overlay directory"))?;
     let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/overlays/local");
@@ -52,12 +77,12 @@ pub async fn apply_local_overlay(
         "{climb}{}",
         local.display().to_string().trim_start_matches('/')
     );
-    let mut kustomization = serde_json::json!({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [local],
-        "replicas": [{"name": "virtual-node-eci", "count": replicas}],
-    });
+    Ok((overlay, local))
+}
+
+/// The kustomization's patches: mock-eci's Deployment and Service deleted when it runs
+/// outside, then the daemon's and mock-eci's environment.
+fn overlay_patches(env: &[(String, String)], mock: Mock<'_>) -> Vec<serde_json::Value> {
     let mut patches = Vec::new();
     let mock_env = match mock {
         Mock::InCluster(mock_env) => mock_env,
@@ -81,33 +106,38 @@ pub async fn apply_local_overlay(
         if env.is_empty() {
             continue;
         }
-        // A strategic merge patch: `env` merges by name.
-        let env: Vec<_> = env
-            .iter()
-            .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
-            .collect();
-        let patch = serde_json::json!({
-            "apiVersion": "apps/v1",
-            "kind": kind,
-            "metadata": {"name": name, "namespace": "kube-system"},
-            "spec": {"template": {"spec": {"containers": [{"name": name, "env": env}]}}},
-        });
-        patches.push(serde_json::json!({"patch": patch.to_string()}));
+        patches.push(env_patch(kind, name, env));
     }
-    if !patches.is_empty() {
-        kustomization["patches"] = serde_json::Value::Array(patches);
-    }
-    // JSON is YAML.
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        kustomization.to_string(),
-    )
-    .map_err(io("write the overlay"))?;
+    patches
+}
+
+/// A strategic merge patch setting `env` in the container named `name` of `kind` `name`:
+/// `env` merges by name.
+fn env_patch(kind: &str, name: &str, env: &[(String, String)]) -> serde_json::Value {
+    let env: Vec<_> = env
+        .iter()
+        .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
+        .collect();
+    let patch = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": "kube-system"},
+        "spec": {"template": {"spec": {"containers": [{"name": name, "env": env}]}}},
+    });
+    serde_json::json!({"patch": patch.to_string()})
+}
+
+/// Runs `kubectl apply -k overlay`.
+async fn kubectl_apply_k(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    overlay: &Path,
+) -> Result<(), HarnessError> {
     let output = tokio::process::Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["apply", "-k"])
-        .arg(&overlay)
+        .arg(overlay)
         .output()
         .await
         .map_err(io("run kubectl apply -k"))?;

@@ -106,6 +106,29 @@ pub struct MockEciEndpoints {
     pub openapi_ca: Option<PathBuf>,
 }
 
+impl MockEciEndpoints {
+    /// The daemon's `ECI_*` backend variables: the OpenAPI front with the e2e AccessKey when
+    /// there is one, the gRPC API otherwise.
+    fn daemon_backend_env(&self) -> Vec<(String, String)> {
+        match (&self.openapi, &self.openapi_ca) {
+            (Some(endpoint), Some(ca)) => vec![
+                ("ECI_BACKEND".to_owned(), "openapi".to_owned()),
+                ("ECI_ENDPOINT".to_owned(), endpoint.clone()),
+                ("ECI_CA_FILE".to_owned(), ca.display().to_string()),
+                ("ECI_ACCESS_KEY".to_owned(), E2E_ACCESS_KEY_ID.to_owned()),
+                (
+                    "ECI_SECRET_KEY".to_owned(),
+                    E2E_ACCESS_KEY_SECRET.to_owned(),
+                ),
+            ],
+            _ => vec![(
+                "ECI_BACKEND".to_owned(),
+                format!("grpc://{}", self.grpc.trim_start_matches("http://")),
+            )],
+        }
+    }
+}
+
 /// A running end-to-end environment. Dropping it kills every process and removes its files.
 pub struct Harness {
     dir: tempfile::TempDir,
@@ -375,25 +398,32 @@ impl Harness {
             .clone()
             .ok_or_else(|| HarnessError::Setup("start mock-eci before the daemons".into()))?;
         let name = self.node_name(ordinal);
-        let backend = match (&mock.openapi, &mock.openapi_ca) {
-            (Some(endpoint), Some(ca)) => vec![
-                ("ECI_BACKEND".to_owned(), "openapi".to_owned()),
-                ("ECI_ENDPOINT".to_owned(), endpoint.clone()),
-                ("ECI_CA_FILE".to_owned(), ca.display().to_string()),
-                ("ECI_ACCESS_KEY".to_owned(), E2E_ACCESS_KEY_ID.to_owned()),
-                (
-                    "ECI_SECRET_KEY".to_owned(),
-                    E2E_ACCESS_KEY_SECRET.to_owned(),
-                ),
-            ],
-            _ => vec![(
-                "ECI_BACKEND".to_owned(),
-                format!("grpc://{}", mock.grpc.trim_start_matches("http://")),
-            )],
-        };
+        let env = self.daemon_env(&name, &mock, extra)?;
+        let program = binary("virtual-node-eci", "virtual-node-eci")?;
+        let process_name = self.daemon_process_name(&name);
+        self.spawn(&process_name, &program, &[], &env)?;
+        if let Some((_, port)) = env.iter().find(|(key, _)| key == "KUBELET_PORT") {
+            self.kubelet_ports
+                .push((process_name.clone(), port.parse().unwrap_or_default()));
+        }
+        if !self.node_names.contains(&name) {
+            self.node_names.push(name);
+        }
+        Ok(process_name)
+    }
+
+    /// The environment of the daemon serving node `name`: short test timings, a kubelet port
+    /// of its own, `mock`'s backend and the daemon's kubeconfig, then `extra` over them.
+    fn daemon_env(
+        &self,
+        name: &str,
+        mock: &MockEciEndpoints,
+        extra: &[(&str, &str)],
+    ) -> Result<Vec<(String, String)>, HarnessError> {
+        let backend = mock.daemon_backend_env();
         let kubelet_port = free_port()?;
         let mut env: Vec<(String, String)> = [
-            ("POD_NAME", name.as_str()),
+            ("POD_NAME", name),
             ("POD_NAMESPACE", "kube-system"),
             ("POD_IP", "127.0.0.1"),
             ("ECI_VSWITCH", "vsw-e2e"),
@@ -428,26 +458,21 @@ impl Harness {
                 env.push(((*key).to_owned(), (*value).to_owned()));
             }
         }
-        let program = binary("virtual-node-eci", "virtual-node-eci")?;
-        // Several processes may serve one node name over a test (restarts, duplicates).
-        let process_name = match self
+        Ok(env)
+    }
+
+    /// The process name for a new daemon serving node `name`: several processes may serve one
+    /// node name over a test (restarts, duplicates).
+    fn daemon_process_name(&self, name: &str) -> String {
+        match self
             .processes
             .iter()
-            .filter(|p| p.name().starts_with(&name))
+            .filter(|p| p.name().starts_with(name))
             .count()
         {
-            0 => name.clone(),
+            0 => name.to_owned(),
             n => format!("{name}.{n}"),
-        };
-        self.spawn(&process_name, &program, &[], &env)?;
-        if let Some((_, port)) = env.iter().find(|(key, _)| key == "KUBELET_PORT") {
-            self.kubelet_ports
-                .push((process_name.clone(), port.parse().unwrap_or_default()));
         }
-        if !self.node_names.contains(&name) {
-            self.node_names.push(name);
-        }
-        Ok(process_name)
     }
 
     /// Where the fixture's kube-scheduler calls the daemon's ResourcePolicy extender (filter,

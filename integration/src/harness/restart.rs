@@ -171,6 +171,56 @@ fn signal(pid: u32, name: &str) -> Result<(), HarnessError> {
     }
 }
 
+/// A running control-plane component, as [`Harness::restart_control_plane`] found it.
+struct Running {
+    /// The fixture's etcd client URL.
+    etcd_url: String,
+    pid: u32,
+    /// Its command line, program first.
+    args: Vec<String>,
+}
+
+/// Gives etcd's peer listener a fresh port in `args`: while etcd was down another process may
+/// have bound the old one (seen once: `bind: address already in use`, and the restarted etcd
+/// exited). Nothing connects to it in a one-member cluster, and the member's advertised peer
+/// URL comes from its data directory on a restart.
+fn fresh_peer_port(args: &mut [String]) -> Result<(), HarnessError> {
+    let fresh = format!(
+        "--listen-peer-urls=http://127.0.0.1:{}",
+        crate::process::free_port().map_err(|e| HarnessError::Setup(e.to_string()))?
+    );
+    for arg in args {
+        if arg.starts_with("--listen-peer-urls=") {
+            arg.clone_from(&fresh);
+        }
+    }
+    Ok(())
+}
+
+/// Starts `component` again with the command line `args` on the keeper thread, logging to
+/// `log_dir`.
+async fn respawn(
+    component: Component,
+    args: &[String],
+    log_dir: &Path,
+) -> Result<(), HarnessError> {
+    let name = format!("{}-restarted", component.binary());
+    let (reply, answer) = oneshot::channel();
+    keeper()
+        .send(SpawnRequest {
+            name,
+            program: PathBuf::from(&args[0]),
+            args: args[1..].to_vec(),
+            log_dir: log_dir.to_path_buf(),
+            reply,
+        })
+        .map_err(|_| HarnessError::Setup("the control-plane keeper thread is gone".into()))?;
+    answer
+        .await
+        .map_err(|_| HarnessError::Setup("the control-plane keeper thread is gone".into()))??;
+    Ok(())
+}
+
 impl Harness {
     /// The fixture apiserver's port (from the admin kubeconfig's server URL).
     fn api_port(&self) -> Result<u16, HarnessError> {
@@ -191,6 +241,27 @@ impl Harness {
         stop: Stop,
         timeout: Duration,
     ) -> Result<Restarted, HarnessError> {
+        let Running {
+            etcd_url,
+            pid,
+            mut args,
+        } = self.running(component)?;
+        if component == Component::Etcd {
+            fresh_peer_port(&mut args)?;
+        }
+        let signalled = Instant::now();
+        self.stop_component(component, pid, stop).await?;
+        let stopped_after = signalled.elapsed();
+        respawn(component, &args, &self.fixture_dir).await?;
+        self.wait_serving(component, &etcd_url, timeout).await?;
+        Ok(Restarted {
+            stopped_after,
+            serving_after: signalled.elapsed(),
+        })
+    }
+
+    /// The one running process of `component` in the fixture's control plane.
+    fn running(&self, component: Component) -> Result<Running, HarnessError> {
         if self.kind != super::ClusterKind::Fixture {
             return Err(HarnessError::Setup(
                 "restarting etcd or kube-apiserver needs the fixture's control plane, not E2E_KUBECONFIG's cluster".into(),
@@ -212,23 +283,20 @@ impl Harness {
                 found.len()
             )));
         };
-        let (pid, mut args) = (*pid, args.clone());
-        if component == Component::Etcd {
-            // The peer listener gets a fresh port: while etcd was down another process may
-            // have bound the old one (seen once: `bind: address already in use`, and the
-            // restarted etcd exited). Nothing connects to it in a one-member cluster, and the
-            // member's advertised peer URL comes from its data directory on a restart.
-            let fresh = format!(
-                "--listen-peer-urls=http://127.0.0.1:{}",
-                crate::process::free_port().map_err(|e| HarnessError::Setup(e.to_string()))?
-            );
-            for arg in &mut args {
-                if arg.starts_with("--listen-peer-urls=") {
-                    arg.clone_from(&fresh);
-                }
-            }
-        }
-        let signalled = Instant::now();
+        Ok(Running {
+            etcd_url,
+            pid: *pid,
+            args: args.clone(),
+        })
+    }
+
+    /// Stops `component`'s process `pid` as `stop` says and waits until it is gone.
+    async fn stop_component(
+        &self,
+        component: Component,
+        pid: u32,
+        stop: Stop,
+    ) -> Result<(), HarnessError> {
         match stop {
             Stop::Kill => signal(pid, "KILL")?,
             Stop::Term(grace) => {
@@ -250,24 +318,17 @@ impl Harness {
             Duration::from_secs(30),
             |_| async move { !alive(pid) },
         )
-        .await?;
-        let stopped_after = signalled.elapsed();
+        .await
+    }
 
-        let name = format!("{}-restarted", component.binary());
-        let (reply, answer) = oneshot::channel();
-        keeper()
-            .send(SpawnRequest {
-                name,
-                program: PathBuf::from(&args[0]),
-                args: args[1..].to_vec(),
-                log_dir: self.fixture_dir.clone(),
-                reply,
-            })
-            .map_err(|_| HarnessError::Setup("the control-plane keeper thread is gone".into()))?;
-        answer
-            .await
-            .map_err(|_| HarnessError::Setup("the control-plane keeper thread is gone".into()))??;
-
+    /// Waits up to `timeout` until the restarted `component` serves: etcd healthy at
+    /// `etcd_url` (after etcd), then the apiserver ready.
+    async fn wait_serving(
+        &self,
+        component: Component,
+        etcd_url: &str,
+        timeout: Duration,
+    ) -> Result<(), HarnessError> {
         if component == Component::Etcd {
             let health = format!("{etcd_url}/health");
             self.wait_for("etcd to be healthy again", timeout, |_| {
@@ -295,10 +356,6 @@ impl Harness {
                 Err(_) => false,
             }
         })
-        .await?;
-        Ok(Restarted {
-            stopped_after,
-            serving_after: signalled.elapsed(),
-        })
+        .await
     }
 }
