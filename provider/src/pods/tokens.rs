@@ -292,7 +292,10 @@ fn unix_now() -> i64 {
 
 /// The wait before attempt `attempt + 1` of a failing refresh: 1 s, doubling, at most 30 s.
 fn retry_delay(attempt: u32) -> Duration {
-    Duration::from_secs(1u64 << attempt.min(5)).min(MAX_RETRY_DELAY)
+    crate::ops::retry::nth(
+        crate::ops::retry::doubling(Duration::from_secs(1), MAX_RETRY_DELAY),
+        attempt,
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
