@@ -222,8 +222,15 @@ impl OrphanCollector {
         self.election.try_acquire(&count).await
     }
 
-    async fn cluster_groups(&self) -> Result<Vec<ContainerGroupStatus>, EciError> {
-        let mut groups = Vec::new();
+    /// The groups of this cluster whose node is gone and that name their pod, read a page at a
+    /// time: a page's groups are judged and dropped before the next is asked for, so what the
+    /// round holds is the orphans found, not every group of the cluster (thousands of full
+    /// statuses, each several KiB decoded). Each node is looked up once per round.
+    async fn orphan_candidates(&self) -> Result<Vec<Candidate>, RoundError> {
+        let cluster = &self.config.site.cluster_name;
+        let mut checked = BTreeSet::new();
+        let mut existing = BTreeSet::new();
+        let mut found = Vec::new();
         let mut next_token = String::new();
         loop {
             let page = self
@@ -232,43 +239,41 @@ impl OrphanCollector {
                     region_id: self.config.site.region.clone(),
                     tag: vec![Tag {
                         key: naming::TAG_CLUSTER.into(),
-                        value: self.config.site.cluster_name.clone(),
+                        value: cluster.clone(),
                     }],
                     limit: Some(200),
                     next_token: next_token.clone(),
                     ..DescribeContainerGroupStatusRequest::default()
                 })
-                .await?;
-            groups.extend(page.data);
+                .await
+                .map_err(RoundError::Eci)?;
+            let groups = of_cluster(page.data, cluster);
+            for node in nodes_of(&groups) {
+                if checked.insert(node.clone()) && self.node_exists(&node).await? {
+                    existing.insert(node);
+                }
+            }
+            found.extend(candidates(&groups, &existing));
             if page.next_token.is_empty() {
-                return Ok(groups);
+                return Ok(found);
             }
             next_token = page.next_token;
         }
     }
 
+    async fn node_exists(&self, node: &str) -> Result<bool, RoundError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        self.telemetry.kube_request("node_get");
+        let found = nodes.get_opt(node).await.map_err(RoundError::Kube)?;
+        Ok(found.is_some())
+    }
+
     /// One round; returns how many groups it deleted.
     pub async fn round(&self) -> Result<usize, RoundError> {
-        let groups = of_cluster(
-            self.cluster_groups().await.map_err(RoundError::Eci)?,
-            &self.config.site.cluster_name,
-        );
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let mut existing = BTreeSet::new();
-        for node in nodes_of(&groups) {
-            self.telemetry.kube_request("node_get");
-            if nodes
-                .get_opt(&node)
-                .await
-                .map_err(RoundError::Kube)?
-                .is_some()
-            {
-                existing.insert(node);
-            }
-        }
+        let orphans = self.orphan_candidates().await?;
         let mut deleted = 0;
         let mut kept: BTreeMap<String, usize> = BTreeMap::new();
-        for candidate in candidates(&groups, &existing) {
+        for candidate in orphans {
             if deleted >= self.config.args.orphan_gc_max_deletions {
                 info!(
                     limit = deleted,
