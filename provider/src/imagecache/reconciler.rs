@@ -39,6 +39,8 @@ use crate::ops::events::EventPublisher;
 use crate::ops::metrics::Telemetry;
 use vne_core::to_eci::naming::TAG_CLUSTER;
 
+/// How long a stopping controller's reconciles in flight may take to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// The election Lease (in the daemon's namespace) whose holder reconciles image caches.
 pub const LEASE: &str = "virtual-node-eci-imagecache";
 /// The finalizer held until the ECI cache is deleted.
@@ -217,8 +219,9 @@ impl ImageCacheReconciler {
             failures: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         async move {
-            Controller::new(api, watcher::Config::default())
-                .graceful_shutdown_on(async move { stop.cancelled().await })
+            let stopped = stop.clone();
+            let controller = Controller::new(api, watcher::Config::default())
+                .graceful_shutdown_on(async move { stopped.cancelled().await })
                 .run(reconcile, error_policy, context)
                 .for_each(|result| async move {
                     match result {
@@ -230,8 +233,20 @@ impl ImageCacheReconciler {
                         Err(error) => debug!(error = %Chain(&error), "image-cache controller"),
                         Ok(_) => {}
                     }
-                })
-                .await;
+                });
+            tokio::pin!(controller);
+            tokio::select! {
+                () = &mut controller => {}
+                () = stop.cancelled() => {
+                    // The graceful shutdown lets reconciles in flight finish, but a watch
+                    // retrying in back-off (the CRD not installed) keeps the stream from ending:
+                    // the stop would wait for ever. Reconciles are idempotent, so one cut short
+                    // after the grace is redone by the next leader.
+                    if tokio::time::timeout(SHUTDOWN_GRACE, controller).await.is_err() {
+                        debug!("the image-cache controller did not end within its grace; dropped");
+                    }
+                }
+            }
         }
     }
 }
