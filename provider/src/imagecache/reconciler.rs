@@ -25,6 +25,7 @@ use kube::runtime::watcher;
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use super::plan::{self, Build, Observed, Step};
@@ -218,11 +219,18 @@ impl ImageCacheReconciler {
             ),
             failures: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
+        // The reconciles in flight, so that a stop waits for them and for nothing else.
+        let in_flight = TaskTracker::new();
+        let tracked = in_flight.clone();
         async move {
             let stopped = stop.clone();
             let controller = Controller::new(api, watcher::Config::default())
                 .graceful_shutdown_on(async move { stopped.cancelled().await })
-                .run(reconcile, error_policy, context)
+                .run(
+                    move |cache, cx| tracked.track_future(reconcile(cache, cx)),
+                    error_policy,
+                    context,
+                )
                 .for_each(|result| async move {
                     match result {
                         // The watch (a missing CRD, a denied list): retried with back-off.
@@ -240,10 +248,18 @@ impl ImageCacheReconciler {
                 () = stop.cancelled() => {
                     // The graceful shutdown lets reconciles in flight finish, but a watch
                     // retrying in back-off (the CRD not installed) keeps the stream from ending:
-                    // the stop would wait for ever. Reconciles are idempotent, so one cut short
-                    // after the grace is redone by the next leader.
-                    if tokio::time::timeout(SHUTDOWN_GRACE, controller).await.is_err() {
-                        debug!("the image-cache controller did not end within its grace; dropped");
+                    // the stop would wait for ever. So the stop waits for the reconciles in
+                    // flight (still driven by the controller), within a grace, and drops the
+                    // rest. Reconciles are idempotent: one cut short is redone by the next leader.
+                    in_flight.close();
+                    let settled = async {
+                        tokio::select! {
+                            () = &mut controller => {}
+                            () = in_flight.wait() => {}
+                        }
+                    };
+                    if tokio::time::timeout(SHUTDOWN_GRACE, settled).await.is_err() {
+                        debug!("image-cache reconciles still ran after the grace; dropped");
                     }
                 }
             }
