@@ -4,6 +4,7 @@
 //! [`documented`] is the judge of both: the service's names, extracted from the official SDK.
 
 pub mod documented;
+pub mod form;
 pub mod naming;
 pub mod signature;
 
