@@ -20,7 +20,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use libfuzzer_sys::fuzz_target;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use virtual_node_eci::eci::openapi::form;
 use vne_core::refs::{Token, references};
 use vne_core::service_env;
 use vne_core::to_eci::{self, Context};
@@ -111,5 +110,5 @@ fuzz_target!(|data: &[u8]| {
         pod.metadata.uid.as_ref(),
         "the group's ClientToken is the pod's uid"
     );
-    let _ = form::create_container_group(&request).into_params();
+    let _ = eci_proto::openapi::form::encode(&request);
 });

@@ -12,10 +12,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use eci_proto::openapi::documented;
+use eci_proto::openapi::form;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
-use virtual_node_eci::eci::openapi::form;
 use vne_core::to_eci::annotations::{Handling, TABLE};
 use vne_core::to_eci::{self, Context};
 
@@ -56,8 +56,8 @@ fn sent(annotations: &BTreeMap<&str, &str>) -> BTreeSet<(String, String)> {
     };
     let request = to_eci::translate(&pod(annotations), &cx)
         .unwrap_or_else(|e| panic!("{annotations:?} rejected: {e}"));
-    form::create_container_group(&request)
-        .into_params()
+    form::encode(&request)
+        .expect("the request encodes")
         .into_iter()
         .map(|(key, value)| (documented::normalise_parameter(&key), value))
         .collect()

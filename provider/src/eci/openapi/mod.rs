@@ -2,7 +2,6 @@
 //! behind the same [`EciBackend`] trait as the gRPC client.
 
 pub mod credentials;
-pub mod form;
 pub mod response;
 
 use std::sync::Arc;
@@ -10,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use eci_proto::EciError;
 use eci_proto::openapi::API_VERSION;
+use eci_proto::openapi::form::{self, Request};
 use eci_proto::openapi::signature::{
     SIGNATURE_METHOD, SIGNATURE_VERSION, canonicalized_query, percent_encode, sign, string_to_sign,
 };
@@ -29,11 +29,11 @@ use eci_proto::v20180808::{
     UpdateImageCacheRequest, UpdateImageCacheResponse,
 };
 use futures::{StreamExt as _, TryStreamExt as _};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tracing::debug;
 
 use self::credentials::CredentialSource;
-use self::form::Form;
 use self::response::{StatusPage, group_status};
 use super::{EciBackend, Pacer, paging};
 
@@ -137,8 +137,21 @@ impl OpenApiBackend {
         &self.endpoint
     }
 
-    /// One signed call; the body of a successful answer.
-    async fn call(&self, action: &'static str, form: Form) -> Result<Value, EciError> {
+    /// `request`'s action, its answer read as the contract's `T`.
+    async fn invoke<R: Request + Sync, T: DeserializeOwned>(
+        &self,
+        request: &R,
+    ) -> Result<T, EciError> {
+        let body = self.call(request).await?;
+        response::parse(R::ACTION, body)
+    }
+
+    /// One signed call of `request`'s action; the body of a successful answer.
+    async fn call<R: Request + Sync>(&self, request: &R) -> Result<Value, EciError> {
+        let action = R::ACTION;
+        let params = form::encode(request).map_err(|error| {
+            EciError::new(client_codes::UNSUPPORTED, format!("{action}: {error}"))
+        })?;
         let credentials = self.credentials.current().await.map_err(|error| {
             EciError::new(
                 client_codes::CREDENTIALS_UNAVAILABLE,
@@ -148,7 +161,7 @@ impl OpenApiBackend {
         let now = SystemTime::now();
         let timestamp = humantime::format_rfc3339_seconds(now).to_string();
         let nonce = uuid::Uuid::new_v4().to_string();
-        let body = signed_body(action, form, &credentials, &timestamp, &nonce);
+        let body = signed_body(action, params, &credentials, &timestamp, &nonce);
         let response = self
             .http
             .post(format!("{}/", self.endpoint))
@@ -334,11 +347,10 @@ fn service_error(
 }
 
 macro_rules! actions {
-    ($($method:ident($request:ty) -> $response:ty = $action:literal;)+) => {
+    ($($method:ident($request:ty) -> $response:ty;)+) => {
         impl OpenApiBackend {
             $(async fn $method(&self, request: $request) -> Result<$response, EciError> {
-                let body = self.call($action, form::$method(&request)).await?;
-                response::parse($action, body)
+                self.invoke(&request).await
             })+
         }
 
@@ -361,49 +373,45 @@ macro_rules! actions {
             ) -> Result<UpdateContainerGroupResponse, EciError> {
                 if !request.container.is_empty() || !request.init_container.is_empty() {
                     // The daemon updates volumes and tags only; containers would need the
-                    // service's own spellings for this action, which form.rs does not write.
+                    // service's own spellings for this action, which the form encoder leaves out.
                     return Err(EciError::new(
                         client_codes::UNSUPPORTED,
                         "UpdateContainerGroup: this client does not update containers",
                     ));
                 }
-                let body = self
-                    .call("UpdateContainerGroup", form::update_container_group(&request))
-                    .await?;
-                response::parse("UpdateContainerGroup", body)
+                self.invoke(&request).await
             }
         }
     };
 }
 
 actions! {
-    create_container_group(CreateContainerGroupRequest) -> CreateContainerGroupResponse = "CreateContainerGroup";
-    describe_container_groups(DescribeContainerGroupsRequest) -> DescribeContainerGroupsResponse = "DescribeContainerGroups";
-    delete_container_group(DeleteContainerGroupRequest) -> DeleteContainerGroupResponse = "DeleteContainerGroup";
-    restart_container_group(RestartContainerGroupRequest) -> RestartContainerGroupResponse = "RestartContainerGroup";
-    describe_container_log(DescribeContainerLogRequest) -> DescribeContainerLogResponse = "DescribeContainerLog";
-    exec_container_command(ExecContainerCommandRequest) -> ExecContainerCommandResponse = "ExecContainerCommand";
-    describe_container_group_metric(DescribeContainerGroupMetricRequest) -> DescribeContainerGroupMetricResponse = "DescribeContainerGroupMetric";
-    describe_multi_container_group_metric(DescribeMultiContainerGroupMetricRequest) -> DescribeMultiContainerGroupMetricResponse = "DescribeMultiContainerGroupMetric";
+    create_container_group(CreateContainerGroupRequest) -> CreateContainerGroupResponse;
+    describe_container_groups(DescribeContainerGroupsRequest) -> DescribeContainerGroupsResponse;
+    delete_container_group(DeleteContainerGroupRequest) -> DeleteContainerGroupResponse;
+    restart_container_group(RestartContainerGroupRequest) -> RestartContainerGroupResponse;
+    describe_container_log(DescribeContainerLogRequest) -> DescribeContainerLogResponse;
+    exec_container_command(ExecContainerCommandRequest) -> ExecContainerCommandResponse;
+    describe_container_group_metric(DescribeContainerGroupMetricRequest) -> DescribeContainerGroupMetricResponse;
+    describe_multi_container_group_metric(DescribeMultiContainerGroupMetricRequest) -> DescribeMultiContainerGroupMetricResponse;
 }
 
 macro_rules! image_cache_actions {
-    ($($method:ident($request:ty) -> $response:ty = $action:literal;)+) => {
+    ($($method:ident($request:ty) -> $response:ty;)+) => {
         #[async_trait::async_trait]
         impl crate::eci::ImageCacheBackend for OpenApiBackend {
             $(async fn $method(&self, request: $request) -> Result<$response, EciError> {
-                let body = self.call($action, form::$method(&request)).await?;
-                response::parse($action, body)
+                self.invoke(&request).await
             })+
         }
     };
 }
 
 image_cache_actions! {
-    create_image_cache(CreateImageCacheRequest) -> CreateImageCacheResponse = "CreateImageCache";
-    describe_image_caches(DescribeImageCachesRequest) -> DescribeImageCachesResponse = "DescribeImageCaches";
-    update_image_cache(UpdateImageCacheRequest) -> UpdateImageCacheResponse = "UpdateImageCache";
-    delete_image_cache(DeleteImageCacheRequest) -> DeleteImageCacheResponse = "DeleteImageCache";
+    create_image_cache(CreateImageCacheRequest) -> CreateImageCacheResponse;
+    describe_image_caches(DescribeImageCachesRequest) -> DescribeImageCachesResponse;
+    update_image_cache(UpdateImageCacheRequest) -> UpdateImageCacheResponse;
+    delete_image_cache(DeleteImageCacheRequest) -> DeleteImageCacheResponse;
 }
 
 impl OpenApiBackend {
@@ -442,12 +450,7 @@ impl OpenApiBackend {
                 total_count: page.total_count,
             });
         }
-        let body = self
-            .call(
-                "DescribeContainerGroupStatus",
-                form::describe_container_group_status(&request),
-            )
-            .await?;
+        let body = self.call(&request).await?;
         let page = StatusPage::parse(body)?;
         let ids: Vec<String> = page
             .data
@@ -484,12 +487,11 @@ impl OpenApiBackend {
 /// over all of them.
 fn signed_body(
     action: &str,
-    form: Form,
+    mut params: Vec<(String, String)>,
     credentials: &credentials::Credentials,
     timestamp: &str,
     nonce: &str,
 ) -> String {
-    let mut params = form.into_params();
     for (name, value) in [
         ("Action", action),
         ("Version", API_VERSION),
