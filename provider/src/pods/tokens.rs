@@ -6,9 +6,8 @@
 //!   as the pod's service account.
 //! - **Refresh**: at 80 % of a token's lifetime or once it is 24 h old, whichever comes first, up
 //!   to 10 s early (the kubelet's rule and jitter, decided in [`vne_core::tokens`]), the tokens
-//!   that are due are issued again —
-//!   the others are read back from the group and kept, as the kubelet's token cache keeps
-//!   them — and the pod's token volumes are handed to the running group with
+//!   that are due are issued again — the others are read back from the group and kept, as the
+//!   kubelet's token cache keeps them — and the pod's token volumes are handed to the running group with
 //!   `UpdateContainerGroup` (`IncrementalUpdate`, the volumes by name as `ConfigFileVolume`s):
 //!   the files change in place, no container is restarted.
 //! - **One timer queue** for all pods (a pod waiting for its refresh is a few hundred bytes of
@@ -209,8 +208,8 @@ pub async fn issue(
         issued.tokens.insert(source.clone(), Token::new(token));
         let due = tokens::refresh_delay(Duration::ZERO, lifetime, jitter);
         issued.due.insert(source.clone(), due);
-        issued.refresh_in = Some(issued.refresh_in.map_or(due, |d| d.min(due)));
     }
+    issued.refresh_in = issued.due.values().min().copied();
     Ok(issued)
 }
 
@@ -277,7 +276,11 @@ pub enum Next {
     Done,
 }
 
-/// Every pod's next refresh, ordered by time; one entry per pod.
+/// Every pod's next refresh, ordered by time; one entry per pod. Not the crate's
+/// [`crate::pods::workqueue::WorkQueue`] nor a bare `DelayQueue`: a push is merged with what
+/// its pod had scheduled (the earlier time, the push's duty) where they let the latest value
+/// win — a retry timer firing would replace a waiting push — and inspections due together are
+/// taken as one batch (one describe call for up to 20 groups) where they hand out one key.
 #[derive(Debug, Default)]
 pub struct Schedule {
     due: BTreeMap<(Instant, u64), Entry>,
@@ -435,10 +438,10 @@ impl<W> Refresher<W> {
             }
         }
         for (source, (token, left)) in reused {
-            issued.refresh_in = Some(issued.refresh_in.map_or(left, |d| d.min(left)));
             issued.due.insert(source.clone(), left);
             issued.tokens.insert(source, token);
         }
+        issued.refresh_in = issued.due.values().min().copied();
         Ok(issued)
     }
 }
@@ -786,10 +789,7 @@ impl Renewal {
         for (source, (token, _)) in held {
             tokens.entry(source).or_insert(token);
         }
-        let next = match (issued.refresh_in, kept) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next = issued.refresh_in.into_iter().chain(kept).min();
         let sources = Sources {
             config_maps: &config_maps,
             secrets: &secrets,
