@@ -18,6 +18,7 @@
 //! - [`downward`]: downward API values (pod fields, container resources);
 //! - [`time`]: timestamps as the API writes them;
 //! - [`refs`]: what a pod references that must be fetched before it can be translated;
+//! - [`tokens`]: when service account tokens are issued again (the kubelet's refresh rule);
 //! - [`to_eci`]: a pod as ECI's `CreateContainerGroupRequest`;
 //! - [`from_eci`]: a container group's status as the pod's status;
 //! - [`lifecycle`]: the life of one pod on a virtual node, a state machine of pure transitions;
@@ -36,3 +37,4 @@ pub mod selector;
 pub mod service_env;
 pub mod time;
 pub mod to_eci;
+pub mod tokens;

@@ -5,9 +5,9 @@
 //!   `expirationSeconds` (default 3600), bound to the pod (`boundObjectRef` kind Pod, name, uid),
 //!   as the pod's service account.
 //! - **Refresh**: at 80 % of a token's lifetime or once it is 24 h old, whichever comes first, up
-//!   to 10 s early (the kubelet's rule and jitter), the tokens that are due are issued again —
-//!   the others are read back from the group and kept, as the kubelet's token cache keeps
-//!   them — and the pod's token volumes are handed to the running group with
+//!   to 10 s early (the kubelet's rule and jitter, decided in [`vne_core::tokens`]), the tokens
+//!   that are due are issued again — the others are read back from the group and kept, as the
+//!   kubelet's token cache keeps them — and the pod's token volumes are handed to the running group with
 //!   `UpdateContainerGroup` (`IncrementalUpdate`, the volumes by name as `ConfigFileVolume`s):
 //!   the files change in place, no container is restarted.
 //! - **One timer queue** for all pods (a pod waiting for its refresh is a few hundred bytes of
@@ -27,14 +27,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use base64::Engine as _;
 use eci_proto::EciError;
 use eci_proto::error::codes;
 use eci_proto::v20180808::{DescribeContainerGroupsRequest, UpdateContainerGroupRequest};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -48,12 +46,8 @@ use crate::ops::metrics::Telemetry;
 use crate::pods::sources::{Dependents, FileInputs, Seen, Source};
 use vne_core::refs::{self, Token, TokenSource};
 use vne_core::to_eci::{self, Context, Rejection};
+use vne_core::tokens::{self, MAX_JITTER_SECONDS, Unplaced};
 
-/// A token older than this is refreshed whatever its lifetime (the kubelet's `maxTTL`).
-pub const MAX_TOKEN_AGE: Duration = Duration::from_secs(24 * 60 * 60);
-/// Refreshes start up to this much early, so tokens issued together are not all refreshed in
-/// the same second (the kubelet's `maxJitter`).
-const MAX_JITTER_SECONDS: u64 = 10;
 /// Refreshes (or batches of inspections) in flight at once.
 const IN_FLIGHT: usize = 4;
 /// Groups described per call when inspecting adopted groups (the API's maximum).
@@ -136,151 +130,12 @@ impl RefreshError {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The kubelet's rule (pure)
+// The clock and the dice (the kubelet's rule itself is vne-core's)
 // ---------------------------------------------------------------------------------------------
 
-/// How long until a token should be refreshed: it is `age` old and valid for
-/// `lifetime_seconds`; due once 20 % of the lifetime is left (the kubelet's integer
-/// arithmetic) or once it is 24 h old, whichever comes first, `jitter` early; zero when past.
-pub fn refresh_delay(age: Duration, lifetime_seconds: i64, jitter: Duration) -> Duration {
-    let lifetime = u64::try_from(lifetime_seconds).unwrap_or(0);
-    let due = Duration::from_secs(lifetime - lifetime * 20 / 100).min(MAX_TOKEN_AGE);
-    due.saturating_sub(jitter).saturating_sub(age)
-}
-
-/// The claims of a JWT, when `text` is one (its payload decoded; nothing verified — the
-/// apiserver issued it and only its times are read).
-fn jwt_claims(text: &str) -> Option<Value> {
-    let mut parts = text.trim().split('.');
-    let (_, payload, _) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() {
-        return None;
-    }
-    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(payload.trim_end_matches('='))
-        .ok()?;
-    serde_json::from_slice(&payload).ok()
-}
-
-/// How long until a token found in an adopted group should be refreshed, from its claims:
-/// issued at `iat`, valid until `kubernetes.io.warnafter` when the apiserver extended it (a
-/// 3607 s `kube-api-access` token is issued for a year but is meant to be refreshed as 3607 s),
-/// else until `exp`. `None` when the claims are not of a token bound to the pod `pod_uid`.
-pub fn claims_refresh_delay(
-    claims: &Value,
-    pod_uid: &str,
-    now_unix: i64,
-    jitter: Duration,
-) -> Option<Duration> {
-    let kubernetes = claims.get("kubernetes.io")?;
-    if kubernetes.pointer("/pod/uid").and_then(Value::as_str) != Some(pod_uid) {
-        return None;
-    }
-    let issued = claims.get("iat").and_then(Value::as_i64)?;
-    let valid_until = kubernetes
-        .get("warnafter")
-        .and_then(Value::as_i64)
-        .or_else(|| claims.get("exp").and_then(Value::as_i64))?;
-    let age = Duration::from_secs(u64::try_from(now_unix - issued).unwrap_or(0));
-    Some(refresh_delay(age, valid_until - issued, jitter))
-}
-
-/// The earliest refresh of the tokens in an adopted group's volumes (`None`: none found).
-fn group_refresh_delay(
-    group: &eci_proto::v20180808::ContainerGroup,
-    pod_uid: &str,
-    now_unix: i64,
-    jitter: Duration,
-) -> Option<Duration> {
-    group
-        .volumes
-        .iter()
-        .filter_map(|v| v.config_file_volume.as_ref())
-        .flat_map(|v| &v.config_file_to_path)
-        .filter_map(|file| {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(&file.content)
-                .ok()?;
-            jwt_claims(std::str::from_utf8(&bytes).ok()?)
-        })
-        .filter_map(|claims| claims_refresh_delay(&claims, pod_uid, now_unix, jitter))
-        .min()
-}
-
-/// The tokens a group holds for the pod's sources, and how long until each is due (no
-/// jitter): every `serviceAccountToken` file of the pod's projected volumes, read back from
-/// the group's volume of the same name, when it is a JWT bound to the pod. A source whose file
-/// cannot be read is missing (and is issued again).
-pub fn held_tokens(
-    pod: &Pod,
-    group: &eci_proto::v20180808::ContainerGroup,
-    now_unix: i64,
-) -> BTreeMap<TokenSource, (Token, Duration)> {
-    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let mut held = BTreeMap::new();
-    for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
-        let Some(files) = group
-            .volumes
-            .iter()
-            .find(|v| v.name == volume.name)
-            .and_then(|v| v.config_file_volume.as_ref())
-        else {
-            continue;
-        };
-        for projection in volume
-            .projected
-            .iter()
-            .flat_map(|p| p.sources.iter().flatten())
-            .filter_map(|source| source.service_account_token.as_ref())
-        {
-            let token = files
-                .config_file_to_path
-                .iter()
-                .find(|file| file.path == projection.path)
-                .and_then(|file| {
-                    base64::engine::general_purpose::STANDARD
-                        .decode(&file.content)
-                        .ok()
-                })
-                .and_then(|bytes| String::from_utf8(bytes).ok());
-            let Some(token) = token else { continue };
-            let due = jwt_claims(&token)
-                .and_then(|claims| claims_refresh_delay(&claims, uid, now_unix, Duration::ZERO));
-            if let Some(due) = due {
-                held.entry(TokenSource::of(projection))
-                    .or_insert((Token::new(token), due));
-            }
-        }
-    }
-    held
-}
-
-/// What a refresh does: the sources to issue now (not held, or due within the jitter window)
-/// and, of the tokens kept, how long until the first is due.
-pub fn plan(
-    sources: &BTreeSet<TokenSource>,
-    held: &BTreeMap<TokenSource, (Token, Duration)>,
-) -> (BTreeSet<TokenSource>, Option<Duration>) {
-    let window = Duration::from_secs(MAX_JITTER_SECONDS);
-    let mut issue = BTreeSet::new();
-    let mut kept: Option<Duration> = None;
-    for source in sources {
-        match held.get(source) {
-            Some((_, due)) if *due > window => {
-                kept = Some(kept.map_or(*due, |k| k.min(*due)));
-            }
-            _ => {
-                issue.insert(source.clone());
-            }
-        }
-    }
-    (issue, kept)
-}
-
-/// A random delay below `limit_seconds` whole seconds (the kubelet's jitter is whole seconds).
+/// A random delay below `limit_seconds` whole seconds.
 fn random_seconds(limit_seconds: u64) -> Duration {
-    let random = uuid::Uuid::new_v4().as_u128();
-    Duration::from_secs(u64::try_from(random % u128::from(limit_seconds)).unwrap_or(0))
+    tokens::whole_seconds_below(uuid::Uuid::new_v4().as_u128(), limit_seconds)
 }
 
 /// Seconds since the epoch (the clock JWT times are in).
@@ -311,76 +166,6 @@ pub struct Issued {
     pub refresh_in: Option<Duration>,
     /// When each is due.
     pub due: BTreeMap<TokenSource, Duration>,
-}
-
-/// Tokens issued for pods whose group is not created yet, by pod UID (pure): a create that
-/// fails and is retried (a Secret still missing) reuses them instead of asking the apiserver
-/// for new ones at every attempt. A token is reused for the same pod UID and the same source
-/// (audience and validity) until its refresh point; the entry goes once the group exists (the
-/// refresher keeps the tokens from then on) or the pod is gone.
-#[derive(Debug, Default)]
-pub struct Unplaced {
-    by_pod: HashMap<String, BTreeMap<TokenSource, (Token, Instant)>>,
-}
-
-impl Unplaced {
-    /// Of `sources`, the tokens held for `uid` that are not due at `now` (each with its time
-    /// left) and the sources that need a new token.
-    pub fn reusable(
-        &self,
-        uid: &str,
-        sources: &BTreeSet<TokenSource>,
-        now: Instant,
-    ) -> (
-        BTreeMap<TokenSource, (Token, Duration)>,
-        BTreeSet<TokenSource>,
-    ) {
-        let held = self.by_pod.get(uid);
-        let mut reused = BTreeMap::new();
-        let mut missing = BTreeSet::new();
-        for source in sources {
-            match held.and_then(|held| held.get(source)) {
-                Some((token, due)) if *due > now => {
-                    reused.insert(source.clone(), (token.clone(), *due - now));
-                }
-                _ => {
-                    missing.insert(source.clone());
-                }
-            }
-        }
-        (reused, missing)
-    }
-
-    /// Keeps `token`, issued for `uid` and due at `due`.
-    pub fn keep(&mut self, uid: &str, source: TokenSource, token: Token, due: Instant) {
-        self.by_pod
-            .entry(uid.to_owned())
-            .or_default()
-            .insert(source, (token, due));
-    }
-
-    /// Drops the tokens due at `now` (a pod that never started does not keep them).
-    pub fn prune(&mut self, now: Instant) {
-        self.by_pod.retain(|_, held| {
-            held.retain(|_, (_, due)| *due > now);
-            !held.is_empty()
-        });
-    }
-
-    /// Drops `uid`'s tokens: its group exists, or it is gone.
-    pub fn forget(&mut self, uid: &str) {
-        self.by_pod.remove(uid);
-    }
-
-    /// Pods holding tokens.
-    pub fn len(&self) -> usize {
-        self.by_pod.len()
-    }
-
-    /// Whether no pod holds tokens.
-    pub fn is_empty(&self) -> bool {
-        self.by_pod.is_empty()
-    }
 }
 
 /// Issues one token per source for `pod`, as its service account, bound to it.
@@ -421,10 +206,10 @@ pub async fn issue(
                 account: account.clone(),
             })?;
         issued.tokens.insert(source.clone(), Token::new(token));
-        let due = refresh_delay(Duration::ZERO, lifetime, jitter);
+        let due = tokens::refresh_delay(Duration::ZERO, lifetime, jitter);
         issued.due.insert(source.clone(), due);
-        issued.refresh_in = Some(issued.refresh_in.map_or(due, |d| d.min(due)));
     }
+    issued.refresh_in = issued.due.values().min().copied();
     Ok(issued)
 }
 
@@ -491,7 +276,11 @@ pub enum Next {
     Done,
 }
 
-/// Every pod's next refresh, ordered by time; one entry per pod.
+/// Every pod's next refresh, ordered by time; one entry per pod. Not the crate's
+/// [`crate::pods::workqueue::WorkQueue`] nor a bare `DelayQueue`: a push is merged with what
+/// its pod had scheduled (the earlier time, the push's duty) where they let the latest value
+/// win — a retry timer firing would replace a waiting push — and inspections due together are
+/// taken as one batch (one describe call for up to 20 groups) where they hand out one key.
 #[derive(Debug, Default)]
 pub struct Schedule {
     due: BTreeMap<(Instant, u64), Entry>,
@@ -580,7 +369,7 @@ struct Shared<W> {
     work: W,
     schedule: Mutex<Schedule>,
     wake: Notify,
-    unplaced: Mutex<Unplaced>,
+    unplaced: Mutex<Unplaced<Instant>>,
     /// Which pods show which ConfigMaps and Secrets (shared with the work, which registers
     /// adopted pods when it reads them).
     dependents: Arc<Mutex<Dependents>>,
@@ -615,12 +404,12 @@ impl<W> Refresher<W> {
         self.shared.schedule.lock()
     }
 
-    fn unplaced(&self) -> MutexGuard<'_, Unplaced> {
+    fn unplaced(&self) -> MutexGuard<'_, Unplaced<Instant>> {
         self.shared.unplaced.lock()
     }
 
     /// The tokens for creating `pod`'s group: those issued at an earlier attempt for this
-    /// pod and still before their refresh point, and new ones for the rest (see [`Unplaced`]).
+    /// pod and still before their refresh point, and new ones for the rest (see [`tokens::Unplaced`]).
     pub async fn issue_for_create(
         &self,
         client: &kube::Client,
@@ -649,10 +438,10 @@ impl<W> Refresher<W> {
             }
         }
         for (source, (token, left)) in reused {
-            issued.refresh_in = Some(issued.refresh_in.map_or(left, |d| d.min(left)));
             issued.due.insert(source.clone(), left);
             issued.tokens.insert(source, token);
         }
+        issued.refresh_in = issued.due.values().min().copied();
         Ok(issued)
     }
 }
@@ -1000,10 +789,7 @@ impl Renewal {
         for (source, (token, _)) in held {
             tokens.entry(source).or_insert(token);
         }
-        let next = match (issued.refresh_in, kept) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next = issued.refresh_in.into_iter().chain(kept).min();
         let sources = Sources {
             config_maps: &config_maps,
             secrets: &secrets,
@@ -1065,8 +851,8 @@ impl Renewal {
         else {
             return Ok(None);
         };
-        let held = held_tokens(pod, group, unix_now());
-        let (due, kept) = plan(sources, &held);
+        let held = tokens::held_tokens(pod, group, unix_now());
+        let (due, kept) = tokens::plan(sources, &held);
         let jitter = random_seconds(MAX_JITTER_SECONDS);
         Ok(Some((due, kept.map(|k| k.saturating_sub(jitter)), held)))
     }
@@ -1176,7 +962,7 @@ impl Renewal {
             .iter()
             .map(|entry| match by_id.get(entry.group.as_str()) {
                 None => Next::Done,
-                Some(group) => match group_refresh_delay(
+                Some(group) => match tokens::group_refresh_delay(
                     group,
                     &entry.uid,
                     now_unix,
@@ -1199,171 +985,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    #[test]
-    fn the_kubelets_refresh_rule() {
-        let s = Duration::from_secs;
-        // (age, lifetime, jitter) → due in
-        for (age, lifetime, jitter, due) in [
-            (0, 600, 0, 480),        // 80 % of the API's minimum
-            (0, 3600, 0, 2880),      // the default
-            (0, 3607, 0, 2886),      // kube-api-access: 3607 − 721 (integer 20 %)
-            (0, 600, 7, 473),        // jitter: earlier, never later
-            (100, 600, 0, 380),      // an older token is due sooner
-            (479, 600, 0, 1),        //
-            (500, 600, 0, 0),        // overdue: now
-            (0, 172_800, 0, 86_400), // 48 h token: the 24 h age limit comes first
-            (0, 108_000, 0, 86_400), // 30 h: 80 % is 24 h exactly
-            (0, 0, 0, 0),            // nonsense lifetimes refresh at once
-            (0, -5, 0, 0),
-        ] {
-            assert_eq!(
-                refresh_delay(s(age), lifetime, s(jitter)),
-                s(due),
-                "age {age}, lifetime {lifetime}, jitter {jitter}"
-            );
-        }
-    }
-
-    fn jwt(claims: &Value) -> String {
-        let encode = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
-        format!(
-            "{}.{}.{}",
-            encode(br#"{"alg":"RS256"}"#),
-            encode(claims.to_string().as_bytes()),
-            encode(b"signature")
-        )
-    }
-
-    #[test]
-    fn adopted_tokens_are_scheduled_from_their_claims() {
-        let pod = |uid: &str| json!({"namespace": "shop", "pod": {"name": "web", "uid": uid}});
-        let now = 1_000_000;
-        let s = Duration::from_secs;
-        // (claims, pod uid asked about) → due in
-        let cases = [
-            // A 600 s token issued 100 s ago: 380 s left until 80 %.
-            (
-                json!({"iat": now - 100, "exp": now + 500, "kubernetes.io": pod("u1")}),
-                "u1",
-                Some(s(380)),
-            ),
-            // kube-api-access: issued for a year, meant as 3607 s (warnafter).
-            (
-                json!({"iat": now - 2000, "exp": now + 31_536_000, "kubernetes.io": {"warnafter": now + 1607, "pod": {"uid": "u1"}}}),
-                "u1",
-                Some(s(886)),
-            ),
-            // Past due.
-            (
-                json!({"iat": now - 590, "exp": now + 10, "kubernetes.io": pod("u1")}),
-                "u1",
-                Some(s(0)),
-            ),
-            // Another pod's token, or no pod binding: not ours to schedule.
-            (
-                json!({"iat": now, "exp": now + 600, "kubernetes.io": pod("u2")}),
-                "u1",
-                None,
-            ),
-            (
-                json!({"iat": now, "exp": now + 600, "sub": "system:serviceaccount:shop:default"}),
-                "u1",
-                None,
-            ),
-            (
-                json!({"exp": now + 600, "kubernetes.io": pod("u1")}),
-                "u1",
-                None,
-            ),
-        ];
-        for (claims, uid, due) in cases {
-            let read = jwt_claims(&jwt(&claims)).unwrap();
-            assert_eq!(
-                claims_refresh_delay(&read, uid, now, Duration::ZERO),
-                due,
-                "{claims}"
-            );
-        }
-        assert_eq!(jwt_claims("not a token"), None);
-        assert_eq!(jwt_claims("a.b.c.d"), None);
-
-        // In a group: the earliest token bound to the pod; other files are skipped.
-        let file = |content: &str| json!({"path": "f", "content": base64::engine::general_purpose::STANDARD.encode(content)});
-        let group: eci_proto::v20180808::ContainerGroup = serde_json::from_value(json!({
-            "container_group_id": "eci-1",
-            "volumes": [
-                {"name": "config", "type": "ConfigFileVolume", "config_file_volume": {"config_file_to_path": [file("debug: true")]}},
-                {"name": "api", "type": "ConfigFileVolume", "config_file_volume": {"config_file_to_path": [
-                    file(&jwt(&json!({"iat": now, "exp": now + 3600, "kubernetes.io": pod("u1")}))),
-                    file(&jwt(&json!({"iat": now, "exp": now + 600, "aud": ["vault"], "kubernetes.io": pod("u1")}))),
-                    file("ca.crt contents"),
-                ]}},
-            ],
-        }))
-        .unwrap();
-        assert_eq!(
-            group_refresh_delay(&group, "u1", now, Duration::ZERO),
-            Some(s(480))
-        );
-        assert_eq!(group_refresh_delay(&group, "u2", now, Duration::ZERO), None);
-    }
-
-    #[test]
-    fn only_due_tokens_are_issued_again() {
-        let now = 1_000_000;
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"namespace": "shop", "name": "web", "uid": "u1"},
-            "spec": {"containers": [{"name": "app", "image": "app"}], "volumes": [
-                {"name": "api", "projected": {"sources": [
-                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
-                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
-                {"name": "vault", "projected": {"sources": [
-                    {"serviceAccountToken": {"path": "token", "audience": "vault", "expirationSeconds": 600}}]}},
-                {"name": "lost", "projected": {"sources": [
-                    {"serviceAccountToken": {"path": "token", "audience": "lost"}}]}},
-            ]},
-        }))
-        .unwrap();
-        let bound = json!({"namespace": "shop", "pod": {"name": "web", "uid": "u1"}, "warnafter": now - 100 + 3607});
-        let api = jwt(&json!({"iat": now - 100, "exp": now + 31_536_000, "kubernetes.io": bound}));
-        let vault = jwt(
-            &json!({"iat": now - 475, "exp": now + 125, "aud": ["vault"], "kubernetes.io": {"pod": {"uid": "u1"}}}),
-        );
-        let file = |path: &str, content: &str| json!({"path": path, "content": base64::engine::general_purpose::STANDARD.encode(content)});
-        let group: eci_proto::v20180808::ContainerGroup = serde_json::from_value(json!({
-            "container_group_id": "eci-1",
-            "volumes": [
-                {"name": "api", "type": "ConfigFileVolume", "config_file_volume": {"config_file_to_path": [file("token", &api), file("ca.crt", "CA")]}},
-                {"name": "vault", "type": "ConfigFileVolume", "config_file_volume": {"config_file_to_path": [file("token", &vault)]}},
-                {"name": "lost", "type": "ConfigFileVolume", "config_file_volume": {"config_file_to_path": [file("token", "not a JWT")]}},
-            ],
-        }))
-        .unwrap();
-        let source = |audience: &str, expiration_seconds| TokenSource {
-            audience: audience.into(),
-            expiration_seconds,
-        };
-        let held = held_tokens(&pod, &group, now);
-        assert_eq!(held.len(), 2, "the unreadable one is not held");
-        let (token, due) = &held[&source("", 3607)];
-        assert_eq!(
-            (token.expose(), *due),
-            (api.as_str(), Duration::from_secs(2786))
-        );
-        assert_eq!(held[&source("vault", 600)].1, Duration::from_secs(5));
-        let sources = refs::token_volume_references(&pod).tokens;
-        let (issue, kept) = plan(&sources, &held);
-        assert_eq!(
-            issue,
-            [source("lost", 3600), source("vault", 600)].into(),
-            "due within the jitter window, or not readable"
-        );
-        assert_eq!(kept, Some(Duration::from_secs(2786)));
-        // Nothing held (a group whose files cannot be read): everything is issued.
-        let (issue, kept) = plan(&sources, &BTreeMap::new());
-        assert_eq!((issue, kept), (sources, None));
-    }
 
     fn entry(uid: &str, inspect: bool) -> Entry {
         Entry {
