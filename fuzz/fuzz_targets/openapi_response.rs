@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use virtual_node_eci::eci::openapi::response::{self, StatusPage};
 use virtual_node_eci::kubelet::logs;
-use virtual_node_eci::kubelet::resource_metrics::{
+use vne_core::kubelet_metrics::{
     NodeCounters, PodEntry, PodSample, pod_sample, resource_metrics, summary,
 };
 

@@ -7,13 +7,12 @@
 //! first scrape so a node nobody scrapes costs nothing), each pod's group as the pod
 //! controller records it ([`GroupDirectory`], never the pod's user-writable annotation). One refresh is served for
 //! [`CACHE_TTL`] and concurrent scrapes share it (single flight), so a refresh costs one ECI
-//! call per 20 running pods however many clients ask. Each sample carries the time ECI
-//! measured it; the node's figures are sums over its pods, with counters that never go back
-//! ([`sample::CounterSum`]).
+//! call per 20 running pods however many clients ask. What the figures are — each sample
+//! stamped with the time ECI measured it, the node's sums with counters that never go back, the
+//! two shapes they are served in — is `vne_core::kubelet_metrics`'s; this is its edge: the
+//! routes, the calls to ECI, the cache and the clock.
 
 mod index;
-mod render;
-mod sample;
 #[cfg(test)]
 mod tests;
 
@@ -35,13 +34,12 @@ use futures::StreamExt as _;
 use jiff::Timestamp;
 use tokio::time::Instant;
 use tracing::{debug, warn};
-
-pub use self::index::{PodEntry, PodIndex, SharedIndex};
-pub use self::render::{Summary, TEXT_CONTENT_TYPE, resource_metrics, summary};
-pub use self::sample::{
-    BATCH, ContainerSample, CounterSum, Cpu, Fs, Interface, Memory, NodeCounters, NodeSample,
-    PodSample, batches, pod_sample,
+use vne_core::kubelet_metrics::{
+    NodeCounters, NodeSample, PodEntry, PodSample, TEXT_CONTENT_TYPE, batches, merge, pod_sample,
+    resource_metrics, summary,
 };
+
+pub use self::index::{PodIndex, SharedIndex};
 use super::KubeletState;
 use crate::eci::Backend;
 use crate::k8s::access::{Access, Scope};
@@ -292,7 +290,7 @@ impl Inner {
             .map(|(group, pod)| (pod.uid.as_str(), group.as_str()))
             .collect();
         let group_of = |uid: &str| group_by_uid.get(uid).map(|group| (*group).to_owned());
-        let samples = sample::merge(
+        let samples = merge(
             fresh,
             &failed_groups,
             previous.as_ref().map_or(&[][..], |p| &p.pods),

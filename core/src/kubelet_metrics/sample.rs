@@ -1,13 +1,13 @@
-//! From ECI's metric records to the kubelet's figures (pure): the batches the groups are asked
-//! in, one record → one pod's sample, and the node's figures as sums over its pods — with
-//! counters that never go backwards although pods come, restart and go.
+//! From ECI's metric records to the kubelet's figures: the batches the groups are asked in,
+//! one record → one pod's sample, and the node's figures as sums over its pods — with counters
+//! that never go backwards although pods come, restart and go.
 
 use std::collections::{HashMap, HashSet};
 
 use eci_proto::v20180808::{ContainerMetric, CpuMetric, MemoryMetric, MetricRecord};
 use jiff::Timestamp;
 
-use super::index::PodEntry;
+use super::pods::PodEntry;
 
 /// Groups per `DescribeMultiContainerGroupMetric` call: the API's maximum.
 pub const BATCH: usize = 20;
@@ -410,7 +410,7 @@ impl NodeCounters {
 /// This scrape's samples: fresh ones, and for pods whose call failed, the previous sample
 /// when it is no older than `keep_until` allows (its old timestamp tells readers it is not
 /// new). Pods that left the node are dropped. Sorted by namespace and name.
-pub(super) fn merge(
+pub fn merge(
     fresh: Vec<PodSample>,
     failed_groups: &HashSet<String>,
     previous: &[PodSample],

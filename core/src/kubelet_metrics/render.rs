@@ -1,4 +1,4 @@
-//! The two shapes the figures are served in (pure): `/metrics/resource` in the Prometheus text
+//! The two shapes the figures are served in: `/metrics/resource` in the Prometheus text
 //! format as the kubelet writes it (metrics-server parses it with Prometheus' text parser), and
 //! `/stats/summary` as the kubelet's `statsapi.Summary` JSON.
 
