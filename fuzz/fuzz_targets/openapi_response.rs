@@ -43,7 +43,6 @@ fn pod() -> PodEntry {
         namespace: "default".into(),
         name: "web-0".into(),
         uid: "u-1".into(),
-        group_id: Some("eci-1".into()),
         running: true,
         start_time: Some(at),
         containers: vec![("app".into(), at), ("sidecar".into(), at)],

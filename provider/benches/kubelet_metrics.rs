@@ -132,7 +132,6 @@ async fn main() {
                 namespace: format!("ns-{}", i % 50),
                 name: format!("bench-pod-{i}"),
                 uid: format!("uid-{i}"),
-                group_id: None,
                 running: true,
                 start_time: Some(jiff::Timestamp::now()),
                 containers: vec![("app".into(), jiff::Timestamp::now())],

@@ -1,11 +1,15 @@
-//! A node's pods as the metrics need them: which run, when their containers started, and
-//! which ECI group backs each — a few strings per pod, never the `Pod`, so a daemon's index of
-//! them grows with the pod count, not with the size of the pods' specs.
+//! A node's pods as the metrics need them: which run, and when their containers started — a
+//! few strings per pod, never the `Pod`, so a daemon's index of them grows with the pod count,
+//! not with the size of the pods' specs — and which of them ECI can be asked about.
+
+use std::collections::HashMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-/// One pod of the node.
+/// One pod of the node. Which ECI group runs it is not here: the pod controller records that,
+/// never the pod's annotations (whoever may edit the pod writes those), and it is asked when
+/// the figures are read ([`by_group`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodEntry {
     /// Namespace.
@@ -14,9 +18,6 @@ pub struct PodEntry {
     pub name: String,
     /// UID.
     pub uid: String,
-    /// The ECI group backing it, as the pod controller records it: filled by a refresh,
-    /// never from the pod's annotations (whoever may edit the pod writes those).
-    pub group_id: Option<String>,
     /// `status.phase` is `Running`: only then does ECI have figures for it.
     pub running: bool,
     /// `status.startTime`.
@@ -46,7 +47,6 @@ impl PodEntry {
             namespace: metadata.namespace.clone().unwrap_or_default(),
             name: metadata.name.clone().unwrap_or_default(),
             uid: metadata.uid.clone()?,
-            group_id: None,
             running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
             start_time: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
             containers,
@@ -60,9 +60,17 @@ impl PodEntry {
             .find(|(container, _)| container == name)
             .map(|(_, at)| *at)
     }
+}
 
-    /// Whether ECI can be asked for its figures: its group is known and it runs.
-    pub fn measurable(&self) -> bool {
-        self.running && self.group_id.is_some()
-    }
+/// The pods ECI can be asked about, by the group that runs each: those that run and whose
+/// group `group_of` (the pod controller's record, by pod UID) knows. Two pods said to share a
+/// group (which a recorded group never is) are one entry: ECI answers once per group.
+pub fn by_group<'a>(
+    pods: impl IntoIterator<Item = &'a PodEntry>,
+    group_of: impl Fn(&str) -> Option<String>,
+) -> HashMap<String, PodEntry> {
+    pods.into_iter()
+        .filter(|pod| pod.running)
+        .filter_map(|pod| Some((group_of(&pod.uid)?, pod.clone())))
+        .collect()
 }

@@ -12,17 +12,15 @@ use super::pods::PodEntry;
 /// Groups per `DescribeMultiContainerGroupMetric` call: the API's maximum.
 pub const BATCH: usize = 20;
 
-/// The groups to ask for, `BATCH` a call: every measurable pod's group once, in a stable
-/// order (so the same pods land in the same calls from one scrape to the next).
-pub fn batches<'a>(pods: impl IntoIterator<Item = &'a PodEntry>) -> Vec<Vec<String>> {
-    let mut ids: Vec<String> = pods
-        .into_iter()
-        .filter(|pod| pod.measurable())
-        .filter_map(|pod| pod.group_id.clone())
-        .collect();
+/// The calls to make, `BATCH` groups a call: every group once, in a stable order (so the same
+/// pods land in the same calls from one scrape to the next).
+pub fn batches<'a>(groups: impl IntoIterator<Item = &'a str>) -> Vec<Vec<String>> {
+    let mut ids: Vec<&str> = groups.into_iter().collect();
     ids.sort_unstable();
     ids.dedup();
-    ids.chunks(BATCH).map(<[String]>::to_vec).collect()
+    ids.chunks(BATCH)
+        .map(|call| call.iter().map(|&id| id.to_owned()).collect())
+        .collect()
 }
 
 /// CPU figures of a pod or container.
@@ -407,26 +405,25 @@ impl NodeCounters {
     }
 }
 
-/// This scrape's samples: fresh ones, and for pods whose call failed, the previous sample
-/// when it is no older than `keep_until` allows (its old timestamp tells readers it is not
-/// new). Pods that left the node are dropped. Sorted by namespace and name.
+/// This scrape's samples: fresh ones, and for the pods whose call failed (`failed`, by UID),
+/// the previous sample while `keep` allows (its old timestamp tells readers it is not new).
+/// Other pods without a fresh sample — gone from the node, or stopped — are dropped. Sorted by
+/// namespace and name.
 pub fn merge(
     fresh: Vec<PodSample>,
-    failed_groups: &HashSet<String>,
+    failed: &HashSet<&str>,
     previous: &[PodSample],
-    group_of: impl Fn(&str) -> Option<String>,
     keep: impl Fn(&PodSample) -> bool,
 ) -> Vec<PodSample> {
-    let have: HashSet<String> = fresh.iter().map(|s| s.uid.clone()).collect();
+    let have: HashSet<&str> = fresh.iter().map(|s| s.uid.as_str()).collect();
+    let stand_ins: Vec<PodSample> = previous
+        .iter()
+        .filter(|old| !have.contains(old.uid.as_str()) && failed.contains(old.uid.as_str()))
+        .filter(|old| keep(old))
+        .cloned()
+        .collect();
     let mut out = fresh;
-    out.extend(
-        previous
-            .iter()
-            .filter(|old| !have.contains(&old.uid))
-            .filter(|old| group_of(&old.uid).is_some_and(|group| failed_groups.contains(&group)))
-            .filter(|old| keep(old))
-            .cloned(),
-    );
+    out.extend(stand_ins);
     out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     out
 }

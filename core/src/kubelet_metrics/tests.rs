@@ -1,4 +1,4 @@
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use eci_proto::v20180808::{
     ContainerMetric, CpuMetric, FilesystemMetric, MemoryMetric, MetricRecord,
@@ -14,12 +14,11 @@ fn at(seconds: i64) -> Timestamp {
     Timestamp::from_second(1_700_000_000 + seconds).expect("a valid time")
 }
 
-fn entry(namespace: &str, name: &str, group: Option<&str>, running: bool) -> PodEntry {
+fn entry(namespace: &str, name: &str, running: bool) -> PodEntry {
     PodEntry {
         namespace: namespace.into(),
         name: name.into(),
         uid: format!("uid-{name}"),
-        group_id: group.map(str::to_owned),
         running,
         start_time: Some(at(0)),
         containers: vec![("app".into(), at(1))],
@@ -82,6 +81,18 @@ fn record(time: &str, containers: &[(&str, i64, i64, i64)]) -> MetricRecord {
     }
 }
 
+/// The calls a scrape makes for `pods`, each with the group the pod controller recorded for it.
+fn calls_for(pods: &[(PodEntry, Option<String>)]) -> Vec<Vec<String>> {
+    let recorded: HashMap<&str, &String> = pods
+        .iter()
+        .filter_map(|(pod, group)| Some((pod.uid.as_str(), group.as_ref()?)))
+        .collect();
+    let measured = by_group(pods.iter().map(|(pod, _)| pod), |uid| {
+        recorded.get(uid).map(|group| (*group).clone())
+    });
+    batches(measured.keys().map(String::as_str))
+}
+
 #[test]
 fn batches_ask_for_each_running_group_once_twenty_a_call() {
     let cases: &[(usize, usize, &[usize])] = &[
@@ -94,23 +105,22 @@ fn batches_ask_for_each_running_group_once_twenty_a_call() {
         (3_000, 0, &[20; 150]),
     ];
     for (measurable, others, sizes) in cases {
-        let mut pods: Vec<PodEntry> = (0..*measurable)
-            .map(|i| entry("ns", &format!("p{i}"), Some(&format!("eci-{i:05}")), true))
+        let mut pods: Vec<(PodEntry, Option<String>)> = (0..*measurable)
+            .map(|i| {
+                let pod = entry("ns", &format!("p{i}"), true);
+                (pod, Some(format!("eci-{i:05}")))
+            })
             .collect();
         // Not running, or no group recorded yet: ECI has nothing for them.
         pods.extend((0..*others).map(|i| {
             if i % 2 == 0 {
-                entry(
-                    "ns",
-                    &format!("pending{i}"),
-                    Some(&format!("eci-p{i}")),
-                    false,
-                )
+                let pod = entry("ns", &format!("pending{i}"), false);
+                (pod, Some(format!("eci-p{i}")))
             } else {
-                entry("ns", &format!("new{i}"), None, true)
+                (entry("ns", &format!("new{i}"), true), None)
             }
         }));
-        let got = batches(&pods);
+        let got = calls_for(&pods);
         let got_sizes: Vec<usize> = got.iter().map(Vec::len).collect();
         assert_eq!(
             &got_sizes, sizes,
@@ -120,19 +130,24 @@ fn batches_ask_for_each_running_group_once_twenty_a_call() {
         assert_eq!(all.len(), *measurable, "each group once");
         // Stable: the same pods in another order give the same calls.
         pods.reverse();
-        assert_eq!(batches(&pods), got);
+        assert_eq!(calls_for(&pods), got);
     }
-    // Two pods naming one group (a stale annotation) cost one slot.
+    // Two pods said to share one group cost one slot.
     let pods = [
-        entry("ns", "a", Some("eci-1"), true),
-        entry("ns", "b", Some("eci-1"), true),
+        (entry("ns", "a", true), Some("eci-1".to_owned())),
+        (entry("ns", "b", true), Some("eci-1".to_owned())),
     ];
-    assert_eq!(batches(&pods), vec![vec!["eci-1".to_owned()]]);
+    assert_eq!(calls_for(&pods), vec![vec!["eci-1".to_owned()]]);
+    // Groups named twice are asked for once, in order.
+    assert_eq!(
+        batches(["eci-2", "eci-1", "eci-2"]),
+        vec![vec!["eci-1".to_owned(), "eci-2".to_owned()]]
+    );
 }
 
 #[test]
 fn a_record_becomes_a_sample_stamped_with_its_own_time() {
-    let pod = entry("ns", "web", Some("eci-1"), true);
+    let pod = entry("ns", "web", true);
     let older = record("2023-11-14T22:13:00Z", &[("app", 1, 1, 1)]);
     let newer = record(
         "2023-11-14T22:13:20Z",
@@ -401,14 +416,9 @@ fn previous_samples_stand_in_for_failed_calls_for_a_while() {
         pod_sample_of("old", -500, 1, 1),
     ];
     let fresh = vec![pod_sample_of("a", 20, 2, 2)];
-    let failed: HashSet<String> = ["eci-b", "eci-old"].map(str::to_owned).into();
-    let groups = |uid: &str| match uid {
-        "uid-a" => Some("eci-a".to_owned()),
-        "uid-b" => Some("eci-b".to_owned()),
-        "uid-old" => Some("eci-old".to_owned()),
-        _ => None, // "gone" left the node
-    };
-    let merged = merge(fresh, &failed, &previous, groups, |s| s.at >= at(0));
+    // b's and old's calls failed; "gone" left the node, so no call asked for it.
+    let failed: HashSet<&str> = ["uid-b", "uid-old"].into();
+    let merged = merge(fresh, &failed, &previous, |s| s.at >= at(0));
     let got: Vec<(&str, Timestamp)> = merged.iter().map(|s| (s.name.as_str(), s.at)).collect();
     assert_eq!(got, [("a", at(20)), ("b", at(10))]);
 }
@@ -611,10 +621,6 @@ fn pod(name: &str, uid: &str, phase: &str) -> Pod {
 #[test]
 fn a_pod_entry_keeps_what_the_metrics_need() {
     let entry = PodEntry::of(&pod("a", "u-a", "Running")).expect("an entry");
-    assert_eq!(
-        entry.group_id, None,
-        "the pod controller says which group runs a pod"
-    );
     assert!(entry.running);
     assert_eq!(entry.start_time, Some(at(0)));
     assert_eq!(

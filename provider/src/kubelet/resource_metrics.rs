@@ -35,8 +35,8 @@ use jiff::Timestamp;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 use vne_core::kubelet_metrics::{
-    NodeCounters, NodeSample, PodEntry, PodSample, TEXT_CONTENT_TYPE, batches, merge, pod_sample,
-    resource_metrics, summary,
+    NodeCounters, NodeSample, PodEntry, PodSample, TEXT_CONTENT_TYPE, batches, by_group, merge,
+    pod_sample, resource_metrics, summary,
 };
 
 pub use self::index::{PodIndex, SharedIndex};
@@ -242,21 +242,10 @@ impl Inner {
         if !self.index.read(PodIndex::listed) && !self.index.wait_listed(LIST_WAIT).await {
             return Err(MetricsError::NotListed);
         }
-        let pods: HashMap<String, PodEntry> = self.index.read(|index| {
-            index
-                .pods()
-                .filter(|pod| pod.running)
-                .filter_map(|pod| {
-                    let group = self.groups.group_of(&pod.uid)?;
-                    let entry = PodEntry {
-                        group_id: Some(group.clone()),
-                        ..pod.clone()
-                    };
-                    Some((group, entry))
-                })
-                .collect()
-        });
-        let batches = batches(pods.values());
+        let pods: HashMap<String, PodEntry> = self
+            .index
+            .read(|index| by_group(index.pods(), |uid| self.groups.group_of(uid)));
+        let batches = batches(pods.keys().map(String::as_str));
         let calls = batches.len();
         let answers: Vec<(Vec<String>, Result<_, MetricsError>)> = futures::stream::iter(batches)
             .map(|ids| async move {
@@ -267,7 +256,7 @@ impl Inner {
             .collect()
             .await;
         let mut fresh = Vec::with_capacity(pods.len());
-        let mut failed_groups = HashSet::new();
+        let mut failed = HashSet::new();
         let mut failed_calls = 0;
         let mut first_error = None;
         for (ids, answer) in answers {
@@ -278,23 +267,17 @@ impl Inner {
                 })),
                 Err(error) => {
                     failed_calls += 1;
-                    failed_groups.extend(ids);
+                    failed.extend(ids.iter().filter_map(|id| Some(pods.get(id)?.uid.as_str())));
                     first_error.get_or_insert(error);
                 }
             }
         }
         let previous = self.current.lock().clone();
         let now = Timestamp::now();
-        let group_by_uid: HashMap<&str, &str> = pods
-            .iter()
-            .map(|(group, pod)| (pod.uid.as_str(), group.as_str()))
-            .collect();
-        let group_of = |uid: &str| group_by_uid.get(uid).map(|group| (*group).to_owned());
         let samples = merge(
             fresh,
-            &failed_groups,
+            &failed,
             previous.as_ref().map_or(&[][..], |p| &p.pods),
-            group_of,
             |old| now.duration_since(old.at).unsigned_abs() < STALE_LIMIT,
         );
         let on_node: HashSet<String> = self

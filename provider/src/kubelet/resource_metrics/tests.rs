@@ -28,12 +28,11 @@ fn at(seconds: i64) -> Timestamp {
     Timestamp::from_second(1_700_000_000 + seconds).expect("a valid time")
 }
 
-fn entry(namespace: &str, name: &str, group: Option<&str>, running: bool) -> PodEntry {
+fn entry(namespace: &str, name: &str, running: bool) -> PodEntry {
     PodEntry {
         namespace: namespace.into(),
         name: name.into(),
         uid: format!("uid-{name}"),
-        group_id: group.map(str::to_owned),
         running,
         start_time: Some(at(0)),
         containers: vec![("app".into(), at(1))],
@@ -269,7 +268,7 @@ fn scraper_of(pods: usize, eci: Arc<FakeEci>, ttl: Duration) -> (Scraper, Arc<Sh
     let index = Arc::new(SharedIndex::default());
     index.write(|index| {
         for n in 0..pods {
-            index.upsert(entry("ns", &format!("p{n}"), None, true));
+            index.upsert(entry("ns", &format!("p{n}"), true));
         }
         index.mark_listed();
     });
@@ -414,7 +413,7 @@ async fn a_scrape_before_the_first_list_waits_for_it_then_gives_up() {
         async move {
             tokio::time::sleep(Duration::from_secs(1)).await;
             index.write(|index| {
-                index.upsert(entry("ns", "p1", Some("eci-1"), true));
+                index.upsert(entry("ns", "p1", true));
                 index.mark_listed();
             });
         }
