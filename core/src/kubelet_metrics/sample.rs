@@ -1,11 +1,15 @@
 //! From ECI's metric records to the kubelet's figures: the batches the groups are asked in,
 //! one record → one pod's sample, and the node's figures as sums over its pods — with counters
 //! that never go backwards although pods come, restart and go.
+//!
+//! The figures carry the kubelet's `statsapi` field names: `/stats/summary` writes them as they
+//! are, each beside its time (`render`).
 
 use std::collections::{HashMap, HashSet};
 
 use eci_proto::v20180808::{ContainerMetric, CpuMetric, MemoryMetric, MetricRecord};
 use jiff::Timestamp;
+use serde::Serialize;
 
 use super::pods::PodEntry;
 
@@ -23,30 +27,38 @@ pub fn batches<'a>(groups: impl IntoIterator<Item = &'a str>) -> Vec<Vec<String>
         .collect()
 }
 
-/// CPU figures of a pod or container.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// CPU figures of a pod or container (`statsapi.CPUStats` but its time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Cpu {
     /// Current usage in nanocores.
+    #[serde(rename = "usageNanoCores")]
     pub nano_cores: u64,
     /// Cumulative usage in core-nanoseconds (a counter).
+    #[serde(rename = "usageCoreNanoSeconds")]
     pub core_nanos: u64,
 }
 
-/// Memory figures of a pod or container.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Memory figures of a pod or container (`statsapi.MemoryStats` but its time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Memory {
-    /// Working set: what metrics-server and the HPA read.
-    pub working_set: u64,
-    /// Usage (working set plus inactive file pages).
-    pub usage: u64,
-    /// RSS.
-    pub rss: u64,
     /// Available until the limit, when ECI says.
+    #[serde(rename = "availableBytes", skip_serializing_if = "Option::is_none")]
     pub available: Option<u64>,
+    /// Usage (working set plus inactive file pages).
+    #[serde(rename = "usageBytes")]
+    pub usage: u64,
+    /// Working set: what metrics-server and the HPA read.
+    #[serde(rename = "workingSetBytes")]
+    pub working_set: u64,
+    /// RSS.
+    #[serde(rename = "rssBytes")]
+    pub rss: u64,
 }
 
-/// One network interface's counters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One network interface's counters (`statsapi.InterfaceStats`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Interface {
     /// e.g. `eth0`.
     pub name: String,
@@ -60,15 +72,18 @@ pub struct Interface {
     pub tx_errors: u64,
 }
 
-/// A filesystem's figures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// A filesystem's figures (`statsapi.FsStats` but its time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct Fs {
-    /// Bytes used.
-    pub used: u64,
-    /// Capacity.
-    pub capacity: u64,
     /// Bytes available.
+    #[serde(rename = "availableBytes")]
     pub available: u64,
+    /// Capacity.
+    #[serde(rename = "capacityBytes")]
+    pub capacity: u64,
+    /// Bytes used.
+    #[serde(rename = "usedBytes")]
+    pub used: u64,
 }
 
 /// One container's figures.
@@ -293,8 +308,8 @@ pub struct NodeCounters {
     at: Option<Timestamp>,
 }
 
-/// The node's figures: sums over its pods.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The node's figures: sums over its pods (the default: nothing measured yet).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeSample {
     /// The newest sample time among the pods (never earlier than the previous node sample);
     /// `None` before any pod was measured.
@@ -319,25 +334,6 @@ pub struct NodeSample {
     pub tx_errors: u128,
     /// The pods' ephemeral storage summed.
     pub fs: Option<Fs>,
-}
-
-impl NodeSample {
-    /// No figures at all (nothing measured yet).
-    pub fn empty() -> Self {
-        Self {
-            at: None,
-            nano_cores: 0,
-            core_nanos: 0,
-            working_set: 0,
-            usage: 0,
-            rss: 0,
-            rx_bytes: 0,
-            rx_errors: 0,
-            tx_bytes: 0,
-            tx_errors: 0,
-            fs: None,
-        }
-    }
 }
 
 impl NodeCounters {

@@ -545,7 +545,7 @@ fn resource_metrics_parse_as_metrics_server_reads_them() {
     }
     // Label values are escaped.
     let pods = [pod_sample_of("b\"quoted\\", 6, 20, 20)];
-    let text = resource_metrics(&NodeSample::empty(), &pods, false);
+    let text = resource_metrics(&NodeSample::default(), &pods, false);
     assert!(text.contains("pod=\"b\\\"quoted\\\\\""), "{text}");
 }
 
@@ -593,7 +593,7 @@ fn summary_has_the_kubelets_shape() {
 
     // Nothing measured yet: the node has only its name and start time.
     let empty =
-        serde_json::to_value(summary("vn-0", at(0), &NodeSample::empty(), &[], false)).unwrap();
+        serde_json::to_value(summary("vn-0", at(0), &NodeSample::default(), &[], false)).unwrap();
     assert_eq!(
         empty,
         json!({"node": {"nodeName": "vn-0", "startTime": "2023-11-14T22:13:20Z"}, "pods": []})

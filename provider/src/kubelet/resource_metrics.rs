@@ -390,7 +390,7 @@ async fn resource(source: &Source) -> Response {
         Err(error) => {
             warn!(error = %Chain(&error), "metrics: cannot read this node's figures");
             // What the kubelet answers when its stats provider fails: only the error gauge.
-            resource_metrics(&NodeSample::empty(), &[], true)
+            resource_metrics(&NodeSample::default(), &[], true)
         }
     };
     ([(header::CONTENT_TYPE, TEXT_CONTENT_TYPE)], text).into_response()
