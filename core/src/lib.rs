@@ -3,7 +3,8 @@
 //! ECI, and the integration harness's host agent running pods as a kubelet would — and the
 //! daemon's pure logic: the translation of a pod into ECI's request and of ECI's answer back
 //! into the pod's status, the pod's lifecycle on the node, and the placement decisions of the
-//! admission webhook (eci-profile's Selectors) and of ResourcePolicy.
+//! admission webhook (eci-profile's Selectors) and of ResourcePolicy, and the kubelet's
+//! resource metrics as computed from ECI's.
 //!
 //! Nothing here does I/O, keeps state or knows about the API server or a runtime: each
 //! function takes Kubernetes objects (k8s-openapi's types, and the custom resources defined
@@ -23,11 +24,14 @@
 //! - [`from_eci`]: a container group's status as the pod's status;
 //! - [`lifecycle`]: the life of one pod on a virtual node, a state machine of pure transitions;
 //! - [`selector`]: eci-profile's `Selector` resource and the engine that places a pod by it;
-//! - [`placement`]: the `ResourcePolicy` resource and the decisions that place pods in its units.
+//! - [`placement`]: the `ResourcePolicy` resource and the decisions that place pods in its units;
+//! - [`kubelet_metrics`]: ECI's metric records as the kubelet's `/metrics/resource` and
+//!   `/stats/summary` (what `kubectl top` and the HPA read through metrics-server).
 
 pub mod downward;
 pub mod expansion;
 pub mod from_eci;
+pub mod kubelet_metrics;
 pub mod lifecycle;
 pub mod placement;
 pub mod quantity;

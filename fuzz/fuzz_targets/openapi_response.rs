@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use virtual_node_eci::eci::openapi::response::{self, StatusPage};
 use virtual_node_eci::kubelet::logs;
-use virtual_node_eci::kubelet::resource_metrics::{
+use vne_core::kubelet_metrics::{
     NodeCounters, PodEntry, PodSample, pod_sample, resource_metrics, summary,
 };
 
@@ -43,7 +43,6 @@ fn pod() -> PodEntry {
         namespace: "default".into(),
         name: "web-0".into(),
         uid: "u-1".into(),
-        group_id: Some("eci-1".into()),
         running: true,
         start_time: Some(at),
         containers: vec![("app".into(), at), ("sidecar".into(), at)],

@@ -19,11 +19,10 @@ use eci_proto::v20180808::{Container, CreateContainerGroupRequest, Tag};
 use futures::StreamExt as _;
 use mock_eci::{MockConfig, MockServer};
 use virtual_node_eci::eci::{Backend, GrpcBackend, Paced};
-use virtual_node_eci::kubelet::resource_metrics::{
-    CACHE_TTL, PodEntry, Scraper, SharedIndex, resource_metrics, summary,
-};
+use virtual_node_eci::kubelet::resource_metrics::{CACHE_TTL, Scraper, SharedIndex};
 use virtual_node_eci::ops::metrics::Telemetry;
 use virtual_node_eci::pods::GroupDirectory;
+use vne_core::kubelet_metrics::{PodEntry, resource_metrics, summary};
 
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -133,7 +132,6 @@ async fn main() {
                 namespace: format!("ns-{}", i % 50),
                 name: format!("bench-pod-{i}"),
                 uid: format!("uid-{i}"),
-                group_id: None,
                 running: true,
                 start_time: Some(jiff::Timestamp::now()),
                 containers: vec![("app".into(), jiff::Timestamp::now())],

@@ -7,13 +7,12 @@
 //! first scrape so a node nobody scrapes costs nothing), each pod's group as the pod
 //! controller records it ([`GroupDirectory`], never the pod's user-writable annotation). One refresh is served for
 //! [`CACHE_TTL`] and concurrent scrapes share it (single flight), so a refresh costs one ECI
-//! call per 20 running pods however many clients ask. Each sample carries the time ECI
-//! measured it; the node's figures are sums over its pods, with counters that never go back
-//! ([`sample::CounterSum`]).
+//! call per 20 running pods however many clients ask. What the figures are — each sample
+//! stamped with the time ECI measured it, the node's sums with counters that never go back, the
+//! two shapes they are served in — is `vne_core::kubelet_metrics`'s; this is its edge: the
+//! routes, the calls to ECI, the cache and the clock.
 
 mod index;
-mod render;
-mod sample;
 #[cfg(test)]
 mod tests;
 
@@ -35,13 +34,12 @@ use futures::StreamExt as _;
 use jiff::Timestamp;
 use tokio::time::Instant;
 use tracing::{debug, warn};
-
-pub use self::index::{PodEntry, PodIndex, SharedIndex};
-pub use self::render::{Summary, TEXT_CONTENT_TYPE, resource_metrics, summary};
-pub use self::sample::{
-    BATCH, ContainerSample, CounterSum, Cpu, Fs, Interface, Memory, NodeCounters, NodeSample,
-    PodSample, batches, pod_sample,
+use vne_core::kubelet_metrics::{
+    NodeCounters, NodeSample, PodEntry, PodSample, TEXT_CONTENT_TYPE, batches, by_group, merge,
+    pod_sample, resource_metrics, summary,
 };
+
+pub use self::index::{PodIndex, SharedIndex};
 use super::KubeletState;
 use crate::eci::Backend;
 use crate::k8s::access::{Access, Scope};
@@ -244,21 +242,10 @@ impl Inner {
         if !self.index.read(PodIndex::listed) && !self.index.wait_listed(LIST_WAIT).await {
             return Err(MetricsError::NotListed);
         }
-        let pods: HashMap<String, PodEntry> = self.index.read(|index| {
-            index
-                .pods()
-                .filter(|pod| pod.running)
-                .filter_map(|pod| {
-                    let group = self.groups.group_of(&pod.uid)?;
-                    let entry = PodEntry {
-                        group_id: Some(group.clone()),
-                        ..pod.clone()
-                    };
-                    Some((group, entry))
-                })
-                .collect()
-        });
-        let batches = batches(pods.values());
+        let pods: HashMap<String, PodEntry> = self
+            .index
+            .read(|index| by_group(index.pods(), |uid| self.groups.group_of(uid)));
+        let batches = batches(pods.keys().map(String::as_str));
         let calls = batches.len();
         let answers: Vec<(Vec<String>, Result<_, MetricsError>)> = futures::stream::iter(batches)
             .map(|ids| async move {
@@ -269,7 +256,7 @@ impl Inner {
             .collect()
             .await;
         let mut fresh = Vec::with_capacity(pods.len());
-        let mut failed_groups = HashSet::new();
+        let mut failed = HashSet::new();
         let mut failed_calls = 0;
         let mut first_error = None;
         for (ids, answer) in answers {
@@ -280,23 +267,17 @@ impl Inner {
                 })),
                 Err(error) => {
                     failed_calls += 1;
-                    failed_groups.extend(ids);
+                    failed.extend(ids.iter().filter_map(|id| Some(pods.get(id)?.uid.as_str())));
                     first_error.get_or_insert(error);
                 }
             }
         }
         let previous = self.current.lock().clone();
         let now = Timestamp::now();
-        let group_by_uid: HashMap<&str, &str> = pods
-            .iter()
-            .map(|(group, pod)| (pod.uid.as_str(), group.as_str()))
-            .collect();
-        let group_of = |uid: &str| group_by_uid.get(uid).map(|group| (*group).to_owned());
-        let samples = sample::merge(
+        let samples = merge(
             fresh,
-            &failed_groups,
+            &failed,
             previous.as_ref().map_or(&[][..], |p| &p.pods),
-            group_of,
             |old| now.duration_since(old.at).unsigned_abs() < STALE_LIMIT,
         );
         let on_node: HashSet<String> = self
@@ -409,7 +390,7 @@ async fn resource(source: &Source) -> Response {
         Err(error) => {
             warn!(error = %Chain(&error), "metrics: cannot read this node's figures");
             // What the kubelet answers when its stats provider fails: only the error gauge.
-            resource_metrics(&NodeSample::empty(), &[], true)
+            resource_metrics(&NodeSample::default(), &[], true)
         }
     };
     ([(header::CONTENT_TYPE, TEXT_CONTENT_TYPE)], text).into_response()

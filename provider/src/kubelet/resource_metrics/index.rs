@@ -1,83 +1,20 @@
-//! This node's pods as the metrics need them: which pods run, and when their containers
-//! started (which ECI group backs each comes from the pod controller at refresh time). Filled
-//! by reading this node's shared pod watch (`spec.nodeName=<node>`, the pod controller's too)
-//! and kept slim (a few strings per pod, never the `Pod`), so it grows with the pod count, not
-//! with the size of the pods' specs.
+//! This node's pods as the metrics need them ([`PodEntry`]: which run, and when their
+//! containers started; which ECI group backs each comes from the pod controller at refresh
+//! time), filled by reading this node's shared pod watch (`spec.nodeName=<node>`, the pod
+//! controller's too).
 
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 use tracing::info;
+use vne_core::kubelet_metrics::PodEntry;
 
 use crate::k8s::shared_watch::Reader;
-
-/// One pod of this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodEntry {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// UID.
-    pub uid: String,
-    /// The ECI group backing it, as the pod controller records it: filled by a refresh,
-    /// never from the pod's annotations (whoever may edit the pod writes those).
-    pub group_id: Option<String>,
-    /// `status.phase` is `Running`: only then does ECI have figures for it.
-    pub running: bool,
-    /// `status.startTime`.
-    pub start_time: Option<Timestamp>,
-    /// Start times of its running containers (`state.running.startedAt`), by name.
-    pub containers: Vec<(String, Timestamp)>,
-}
-
-impl PodEntry {
-    /// The slim entry of `pod` (`None` without a UID, which a stored pod always has).
-    pub fn of(pod: &Pod) -> Option<Self> {
-        let metadata = &pod.metadata;
-        let status = pod.status.as_ref();
-        let containers = status
-            .and_then(|s| s.container_statuses.as_ref())
-            .map(|statuses| {
-                statuses
-                    .iter()
-                    .filter_map(|c| {
-                        let started = c.state.as_ref()?.running.as_ref()?.started_at.as_ref()?;
-                        Some((c.name.clone(), started.0))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        Some(Self {
-            namespace: metadata.namespace.clone().unwrap_or_default(),
-            name: metadata.name.clone().unwrap_or_default(),
-            uid: metadata.uid.clone()?,
-            group_id: None,
-            running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
-            start_time: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
-            containers,
-        })
-    }
-
-    /// When container `name` started, if it runs.
-    pub fn container_start(&self, name: &str) -> Option<Timestamp> {
-        self.containers
-            .iter()
-            .find(|(container, _)| container == name)
-            .map(|(_, at)| *at)
-    }
-
-    /// Whether ECI can be asked for its figures: its group is known and it runs.
-    pub fn measurable(&self) -> bool {
-        self.running && self.group_id.is_some()
-    }
-}
 
 /// The pods of this node by UID, with relists applied as a whole (what the watch's
 /// `Init`…`InitDone` brackets carry replaces everything, so pods deleted while the watch was

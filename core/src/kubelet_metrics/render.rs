@@ -1,4 +1,4 @@
-//! The two shapes the figures are served in (pure): `/metrics/resource` in the Prometheus text
+//! The two shapes the figures are served in: `/metrics/resource` in the Prometheus text
 //! format as the kubelet writes it (metrics-server parses it with Prometheus' text parser), and
 //! `/stats/summary` as the kubelet's `statsapi.Summary` JSON.
 
@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use jiff::Timestamp;
 use serde::Serialize;
 
-use super::sample::{ContainerSample, Cpu, Fs, Memory, NodeSample, PodSample};
+use super::sample::{ContainerSample, Cpu, Fs, Interface, Memory, NodeSample, PodSample};
 
 /// The content type the kubelet answers `/metrics/resource` with.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -270,13 +270,13 @@ pub struct NodeStats {
     node_name: String,
     start_time: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cpu: Option<CpuStats>,
+    cpu: Option<Stamped<Cpu>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    memory: Option<MemoryStats>,
+    memory: Option<Stamped<Memory>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     network: Option<NetworkStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    fs: Option<FsStats>,
+    fs: Option<Stamped<Fs>>,
 }
 
 /// `statsapi.PodStats`.
@@ -288,13 +288,13 @@ pub struct PodStats {
     start_time: Option<String>,
     containers: Vec<ContainerStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cpu: Option<CpuStats>,
+    cpu: Option<Stamped<Cpu>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    memory: Option<MemoryStats>,
+    memory: Option<Stamped<Memory>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     network: Option<NetworkStats>,
     #[serde(rename = "ephemeral-storage", skip_serializing_if = "Option::is_none")]
-    ephemeral_storage: Option<FsStats>,
+    ephemeral_storage: Option<Stamped<Fs>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -310,85 +310,35 @@ struct ContainerStats {
     name: String,
     start_time: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cpu: Option<CpuStats>,
+    cpu: Option<Stamped<Cpu>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    memory: Option<MemoryStats>,
+    memory: Option<Stamped<Memory>>,
 }
 
+/// Figures beside the time they were measured at, as each `statsapi` struct carries its `time`
+/// inline.
 #[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct CpuStats {
+struct Stamped<T> {
     time: String,
-    usage_nano_cores: u64,
-    usage_core_nano_seconds: u64,
+    #[serde(flatten)]
+    figures: T,
 }
 
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct MemoryStats {
-    time: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    available_bytes: Option<u64>,
-    usage_bytes: u64,
-    working_set_bytes: u64,
-    rss_bytes: u64,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct InterfaceStats {
-    name: String,
-    rx_bytes: u64,
-    rx_errors: u64,
-    tx_bytes: u64,
-    tx_errors: u64,
+fn stamped<T>(figures: T, at: Timestamp) -> Stamped<T> {
+    Stamped {
+        time: time(at),
+        figures,
+    }
 }
 
 /// The default interface inline (Go's embedded `InterfaceStats`), then all of them.
 #[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
 struct NetworkStats {
     time: String,
     #[serde(flatten)]
-    default: InterfaceStats,
+    default: Interface,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    interfaces: Vec<InterfaceStats>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct FsStats {
-    time: String,
-    available_bytes: u64,
-    capacity_bytes: u64,
-    used_bytes: u64,
-}
-
-fn cpu_stats(cpu: Cpu, at: Timestamp) -> CpuStats {
-    CpuStats {
-        time: time(at),
-        usage_nano_cores: cpu.nano_cores,
-        usage_core_nano_seconds: cpu.core_nanos,
-    }
-}
-
-fn memory_stats(memory: Memory, at: Timestamp) -> MemoryStats {
-    MemoryStats {
-        time: time(at),
-        available_bytes: memory.available,
-        usage_bytes: memory.usage,
-        working_set_bytes: memory.working_set,
-        rss_bytes: memory.rss,
-    }
-}
-
-fn fs_stats(fs: Fs, at: Timestamp) -> FsStats {
-    FsStats {
-        time: time(at),
-        available_bytes: fs.available,
-        capacity_bytes: fs.capacity,
-        used_bytes: fs.used,
-    }
+    interfaces: Vec<Interface>,
 }
 
 /// The interface ECI gives every group, which the kubelet would call the default one.
@@ -400,41 +350,23 @@ fn container_stats(container: &ContainerSample, at: Timestamp) -> ContainerStats
     ContainerStats {
         name: container.name.clone(),
         start_time: container.start_time.map(time),
-        cpu: container.cpu.map(|cpu| cpu_stats(cpu, at)),
-        memory: container.memory.map(|memory| memory_stats(memory, at)),
+        cpu: container.cpu.map(|cpu| stamped(cpu, at)),
+        memory: container.memory.map(|memory| stamped(memory, at)),
     }
 }
 
 fn pod_stats(pod: &PodSample, only_cpu_and_memory: bool) -> PodStats {
-    let network = (!only_cpu_and_memory && !pod.interfaces.is_empty()).then(|| {
-        let all: Vec<InterfaceStats> = pod
-            .interfaces
-            .iter()
-            .map(|i| InterfaceStats {
-                name: i.name.clone(),
-                rx_bytes: i.rx_bytes,
-                rx_errors: i.rx_errors,
-                tx_bytes: i.tx_bytes,
-                tx_errors: i.tx_errors,
-            })
-            .collect();
-        let default = all
-            .iter()
-            .position(|i| i.name == DEFAULT_INTERFACE)
-            .unwrap_or(0);
-        let d = &all[default];
-        NetworkStats {
+    let network = pod
+        .interfaces
+        .iter()
+        .find(|i| i.name == DEFAULT_INTERFACE)
+        .or(pod.interfaces.first())
+        .filter(|_| !only_cpu_and_memory)
+        .map(|default| NetworkStats {
             time: time(pod.at),
-            default: InterfaceStats {
-                name: d.name.clone(),
-                rx_bytes: d.rx_bytes,
-                rx_errors: d.rx_errors,
-                tx_bytes: d.tx_bytes,
-                tx_errors: d.tx_errors,
-            },
-            interfaces: all,
-        }
-    });
+            default: default.clone(),
+            interfaces: pod.interfaces.clone(),
+        });
     PodStats {
         pod_ref: PodReference {
             name: pod.name.clone(),
@@ -447,13 +379,13 @@ fn pod_stats(pod: &PodSample, only_cpu_and_memory: bool) -> PodStats {
             .iter()
             .map(|c| container_stats(c, pod.at))
             .collect(),
-        cpu: pod.cpu.map(|cpu| cpu_stats(cpu, pod.at)),
-        memory: pod.memory.map(|memory| memory_stats(memory, pod.at)),
+        cpu: pod.cpu.map(|cpu| stamped(cpu, pod.at)),
+        memory: pod.memory.map(|memory| stamped(memory, pod.at)),
         network,
         ephemeral_storage: pod
             .fs
             .filter(|_| !only_cpu_and_memory)
-            .map(|fs| fs_stats(fs, pod.at)),
+            .map(|fs| stamped(fs, pod.at)),
     }
 }
 
@@ -468,38 +400,36 @@ pub fn summary(
     only_cpu_and_memory: bool,
 ) -> Summary {
     let at = node.at;
+    let cpu = Cpu {
+        nano_cores: node.nano_cores,
+        core_nanos: clamp(node.core_nanos),
+    };
+    let memory = Memory {
+        available: None,
+        usage: node.usage,
+        working_set: node.working_set,
+        rss: node.rss,
+    };
+    let network = Interface {
+        name: DEFAULT_INTERFACE.to_owned(),
+        rx_bytes: clamp(node.rx_bytes),
+        rx_errors: clamp(node.rx_errors),
+        tx_bytes: clamp(node.tx_bytes),
+        tx_errors: clamp(node.tx_errors),
+    };
     let node = NodeStats {
         node_name: node_name.to_owned(),
         start_time: time(started),
-        cpu: at.map(|at| CpuStats {
+        cpu: at.map(|at| stamped(cpu, at)),
+        memory: at.map(|at| stamped(memory, at)),
+        network: at.filter(|_| !only_cpu_and_memory).map(|at| NetworkStats {
             time: time(at),
-            usage_nano_cores: node.nano_cores,
-            usage_core_nano_seconds: clamp(node.core_nanos),
-        }),
-        memory: at.map(|at| MemoryStats {
-            time: time(at),
-            available_bytes: None,
-            usage_bytes: node.usage,
-            working_set_bytes: node.working_set,
-            rss_bytes: node.rss,
-        }),
-        network: at.filter(|_| !only_cpu_and_memory).map(|at| {
-            let sum = InterfaceStats {
-                name: DEFAULT_INTERFACE.to_owned(),
-                rx_bytes: clamp(node.rx_bytes),
-                rx_errors: clamp(node.rx_errors),
-                tx_bytes: clamp(node.tx_bytes),
-                tx_errors: clamp(node.tx_errors),
-            };
-            NetworkStats {
-                time: time(at),
-                default: sum,
-                interfaces: Vec::new(),
-            }
+            default: network,
+            interfaces: Vec::new(),
         }),
         fs: at
             .filter(|_| !only_cpu_and_memory)
-            .and_then(|at| node.fs.map(|fs| fs_stats(fs, at))),
+            .and_then(|at| node.fs.map(|fs| stamped(fs, at))),
     };
     Summary {
         node,

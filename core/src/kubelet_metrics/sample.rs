@@ -1,54 +1,64 @@
-//! From ECI's metric records to the kubelet's figures (pure): the batches the groups are asked
-//! in, one record → one pod's sample, and the node's figures as sums over its pods — with
-//! counters that never go backwards although pods come, restart and go.
+//! From ECI's metric records to the kubelet's figures: the batches the groups are asked in,
+//! one record → one pod's sample, and the node's figures as sums over its pods — with counters
+//! that never go backwards although pods come, restart and go.
+//!
+//! The figures carry the kubelet's `statsapi` field names: `/stats/summary` writes them as they
+//! are, each beside its time (`render`).
 
 use std::collections::{HashMap, HashSet};
 
 use eci_proto::v20180808::{ContainerMetric, CpuMetric, MemoryMetric, MetricRecord};
 use jiff::Timestamp;
+use serde::Serialize;
 
-use super::index::PodEntry;
+use super::pods::PodEntry;
 
 /// Groups per `DescribeMultiContainerGroupMetric` call: the API's maximum.
 pub const BATCH: usize = 20;
 
-/// The groups to ask for, `BATCH` a call: every measurable pod's group once, in a stable
-/// order (so the same pods land in the same calls from one scrape to the next).
-pub fn batches<'a>(pods: impl IntoIterator<Item = &'a PodEntry>) -> Vec<Vec<String>> {
-    let mut ids: Vec<String> = pods
-        .into_iter()
-        .filter(|pod| pod.measurable())
-        .filter_map(|pod| pod.group_id.clone())
-        .collect();
+/// The calls to make, `BATCH` groups a call: every group once, in a stable order (so the same
+/// pods land in the same calls from one scrape to the next).
+pub fn batches<'a>(groups: impl IntoIterator<Item = &'a str>) -> Vec<Vec<String>> {
+    let mut ids: Vec<&str> = groups.into_iter().collect();
     ids.sort_unstable();
     ids.dedup();
-    ids.chunks(BATCH).map(<[String]>::to_vec).collect()
+    ids.chunks(BATCH)
+        .map(|call| call.iter().map(|&id| id.to_owned()).collect())
+        .collect()
 }
 
-/// CPU figures of a pod or container.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// CPU figures of a pod or container (`statsapi.CPUStats` but its time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Cpu {
     /// Current usage in nanocores.
+    #[serde(rename = "usageNanoCores")]
     pub nano_cores: u64,
     /// Cumulative usage in core-nanoseconds (a counter).
+    #[serde(rename = "usageCoreNanoSeconds")]
     pub core_nanos: u64,
 }
 
-/// Memory figures of a pod or container.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Memory figures of a pod or container (`statsapi.MemoryStats` but its time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Memory {
-    /// Working set: what metrics-server and the HPA read.
-    pub working_set: u64,
-    /// Usage (working set plus inactive file pages).
-    pub usage: u64,
-    /// RSS.
-    pub rss: u64,
     /// Available until the limit, when ECI says.
+    #[serde(rename = "availableBytes", skip_serializing_if = "Option::is_none")]
     pub available: Option<u64>,
+    /// Usage (working set plus inactive file pages).
+    #[serde(rename = "usageBytes")]
+    pub usage: u64,
+    /// Working set: what metrics-server and the HPA read.
+    #[serde(rename = "workingSetBytes")]
+    pub working_set: u64,
+    /// RSS.
+    #[serde(rename = "rssBytes")]
+    pub rss: u64,
 }
 
-/// One network interface's counters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One network interface's counters (`statsapi.InterfaceStats`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Interface {
     /// e.g. `eth0`.
     pub name: String,
@@ -62,15 +72,18 @@ pub struct Interface {
     pub tx_errors: u64,
 }
 
-/// A filesystem's figures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// A filesystem's figures (`statsapi.FsStats` but its time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct Fs {
-    /// Bytes used.
-    pub used: u64,
-    /// Capacity.
-    pub capacity: u64,
     /// Bytes available.
+    #[serde(rename = "availableBytes")]
     pub available: u64,
+    /// Capacity.
+    #[serde(rename = "capacityBytes")]
+    pub capacity: u64,
+    /// Bytes used.
+    #[serde(rename = "usedBytes")]
+    pub used: u64,
 }
 
 /// One container's figures.
@@ -295,8 +308,8 @@ pub struct NodeCounters {
     at: Option<Timestamp>,
 }
 
-/// The node's figures: sums over its pods.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The node's figures: sums over its pods (the default: nothing measured yet).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeSample {
     /// The newest sample time among the pods (never earlier than the previous node sample);
     /// `None` before any pod was measured.
@@ -321,25 +334,6 @@ pub struct NodeSample {
     pub tx_errors: u128,
     /// The pods' ephemeral storage summed.
     pub fs: Option<Fs>,
-}
-
-impl NodeSample {
-    /// No figures at all (nothing measured yet).
-    pub fn empty() -> Self {
-        Self {
-            at: None,
-            nano_cores: 0,
-            core_nanos: 0,
-            working_set: 0,
-            usage: 0,
-            rss: 0,
-            rx_bytes: 0,
-            rx_errors: 0,
-            tx_bytes: 0,
-            tx_errors: 0,
-            fs: None,
-        }
-    }
 }
 
 impl NodeCounters {
@@ -407,26 +401,25 @@ impl NodeCounters {
     }
 }
 
-/// This scrape's samples: fresh ones, and for pods whose call failed, the previous sample
-/// when it is no older than `keep_until` allows (its old timestamp tells readers it is not
-/// new). Pods that left the node are dropped. Sorted by namespace and name.
-pub(super) fn merge(
+/// This scrape's samples: fresh ones, and for the pods whose call failed (`failed`, by UID),
+/// the previous sample while `keep` allows (its old timestamp tells readers it is not new).
+/// Other pods without a fresh sample — gone from the node, or stopped — are dropped. Sorted by
+/// namespace and name.
+pub fn merge(
     fresh: Vec<PodSample>,
-    failed_groups: &HashSet<String>,
+    failed: &HashSet<&str>,
     previous: &[PodSample],
-    group_of: impl Fn(&str) -> Option<String>,
     keep: impl Fn(&PodSample) -> bool,
 ) -> Vec<PodSample> {
-    let have: HashSet<String> = fresh.iter().map(|s| s.uid.clone()).collect();
+    let have: HashSet<&str> = fresh.iter().map(|s| s.uid.as_str()).collect();
+    let stand_ins: Vec<PodSample> = previous
+        .iter()
+        .filter(|old| !have.contains(old.uid.as_str()) && failed.contains(old.uid.as_str()))
+        .filter(|old| keep(old))
+        .cloned()
+        .collect();
     let mut out = fresh;
-    out.extend(
-        previous
-            .iter()
-            .filter(|old| !have.contains(&old.uid))
-            .filter(|old| group_of(&old.uid).is_some_and(|group| failed_groups.contains(&group)))
-            .filter(|old| keep(old))
-            .cloned(),
-    );
+    out.extend(stand_ins);
     out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     out
 }
