@@ -3,6 +3,7 @@
 //! processes ([`host`]), and the harness the end-to-end tests drive ([`harness`]).
 
 pub mod cluster;
+pub mod daemon_figures;
 pub mod harness;
 pub mod host;
 pub mod images;

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use integration::daemon_figures::{Layout, daemon_figures};
 use integration::harness::{Harness, build_binaries, free_port};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -719,21 +720,7 @@ fn proc_sample(pid: u32) -> DaemonSample {
 }
 
 fn brief(sample: &Value) -> String {
-    let daemons: Vec<String> = sample["daemons"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|d| {
-            format!(
-                "[rss {:.1} MiB, fds {}, tcp {}, eci {:.1}/s, cpu {:.0}%]",
-                d["rss_mib"].as_f64().unwrap_or_default(),
-                d["open_fds"],
-                d["tcp_established"],
-                d["eci_calls_per_s"].as_f64().unwrap_or_default(),
-                d["cpu_percent"].as_f64().unwrap_or_default()
-            )
-        })
-        .collect();
+    let daemons = daemon_figures(sample, Layout::Brief);
     format!(
         "pods {} groups {} {}",
         sample["pods"],

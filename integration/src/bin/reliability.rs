@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use integration::daemon_figures::{CELL_FIGURES, Layout, daemon_figures};
 use serde_json::Value;
 
 /// Run the fault suite, the security checks and the churn load; write docs/reliability.md.
@@ -937,7 +938,7 @@ fn churn_samples(md: &mut String, summary: &Value) {
         md,
         "<details><summary>every sample</summary>\n\n| t (s) | pods | groups | {} |\n| --- | --- | --- | {} |",
         (0..config["replicas"].as_u64().unwrap_or(0))
-            .map(|i| format!("daemon {i}: RSS MiB / fds / TCP / ECI calls/s / CPU %"))
+            .map(|i| format!("daemon {i}: {CELL_FIGURES}"))
             .collect::<Vec<_>>()
             .join(" | "),
         (0..config["replicas"].as_u64().unwrap_or(0))
@@ -952,21 +953,7 @@ fn churn_samples(md: &mut String, summary: &Value) {
             .flatten()
             .filter_map(|(_, n)| n.as_u64())
             .sum();
-        let daemons: Vec<String> = sample["daemons"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|d| {
-                format!(
-                    "{} / {} / {} / {} / {}",
-                    number(&d["rss_mib"], 1),
-                    d["open_fds"],
-                    d["tcp_established"],
-                    number(&d["eci_calls_per_s"], 1),
-                    number(&d["cpu_percent"], 0)
-                )
-            })
-            .collect();
+        let daemons = daemon_figures(sample, Layout::Cell);
         let _ = writeln!(
             md,
             "| {} | {pods} | {} | {} |",
