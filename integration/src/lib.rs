@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod daemon_figures;
 pub mod harness;
 pub mod host;
+pub mod http_check;
 pub mod images;
 pub mod local_net;
 pub mod measure;

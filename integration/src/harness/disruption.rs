@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use super::{ClusterKind, Harness, HarnessError};
 use crate::cluster::etcd;
+use crate::http_check::HttpCheck;
 use crate::process::{Process, free_port};
 
 /// The process name of the second apiserver.
@@ -168,26 +169,13 @@ impl Harness {
             what: format!("read {}", second.ca.display()),
             source,
         })?;
-        let http = reqwest::Client::builder()
-            .add_root_certificate(
-                reqwest::Certificate::from_pem(&ca).map_err(|e| setup(e.to_string()))?,
-            )
-            .build()
+        let readyz = HttpCheck::trusting(&ca, format!("{}/readyz", second.server()))
             .map_err(|e| setup(e.to_string()))?;
-        let readyz = format!("{}/readyz", second.server());
         // A cold apiserver on a busy 2-core machine takes tens of seconds.
         self.wait_for(
             &format!("{SECOND_APISERVER} to be ready"),
             Duration::from_secs(180),
-            |_| {
-                let (http, readyz) = (http.clone(), readyz.clone());
-                async move {
-                    http.get(&readyz)
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status().is_success())
-                }
-            },
+            |_| readyz.clone().passes(),
         )
         .await
     }
