@@ -101,6 +101,17 @@ struct Step {
     log: PathBuf,
 }
 
+impl Step {
+    /// How the report names its end: `passed`, or `FAILED: <status>`.
+    fn outcome(&self) -> String {
+        if self.ok {
+            "passed".to_owned()
+        } else {
+            format!("FAILED: {}", self.status)
+        }
+    }
+}
+
 /// Runs `cargo args…` in the workspace with `envs`, its output into `log` (and a line per
 /// minute on stderr so a long run shows it is alive).
 fn cargo(args: &[&str], envs: &[(&str, &Path)], log: &Path) -> anyhow::Result<Step> {
@@ -534,11 +545,7 @@ impl Report<'_> {
         let _ = writeln!(
             md,
             "`cargo test -p integration --test tenancy` ({}, {:.0} s): a user bound only to the `admin` ClusterRole in their own namespace, acting with their own token, tries each attack through kubectl and the daemon's listeners.\n",
-            if step.ok {
-                "passed".to_owned()
-            } else {
-                format!("FAILED: {}", step.status)
-            },
+            step.outcome(),
             step.seconds
         );
         if records.is_empty() {
@@ -573,11 +580,7 @@ impl Report<'_> {
         let _ = writeln!(
             md,
             "`cargo test -p integration --test security` ({}, {:.0} s): the daemons run as `system:serviceaccount:kube-system:virtual-node-eci` with deploy/base's RBAC under the real authorizer.\n",
-            if step.ok {
-                "passed".to_owned()
-            } else {
-                format!("FAILED: {}", step.status)
-            },
+            step.outcome(),
             step.seconds
         );
         security_table(md, records);
@@ -668,11 +671,7 @@ fn fault_totals(md: &mut String, runs: &[(Step, Vec<Value>)], records: &[(usize,
             md,
             "| {} | {} ({} records) | {:.0} s |",
             i + 1,
-            if step.ok {
-                "passed".to_owned()
-            } else {
-                format!("FAILED: {}", step.status)
-            },
+            step.outcome(),
             records.len(),
             step.seconds
         );
@@ -979,5 +978,22 @@ fn list(value: &Value) -> String {
             .collect::<Vec<_>>()
             .join(", "),
         None => "—".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_ends_passed_or_failed_with_its_status() {
+        let step = |ok: bool| Step {
+            ok,
+            status: "exit status: 101".into(),
+            seconds: 1.0,
+            log: PathBuf::new(),
+        };
+        assert_eq!(step(true).outcome(), "passed");
+        assert_eq!(step(false).outcome(), "FAILED: exit status: 101");
     }
 }
