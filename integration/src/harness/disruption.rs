@@ -55,22 +55,7 @@ impl Harness {
             .process(name)
             .and_then(|p| p.pid())
             .ok_or_else(|| setup(format!("no running process called {name}")))?;
-        // `kill` keeps this crate free of unsafe signal calls.
-        let status = std::process::Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(pid.to_string())
-            .status()
-            .map_err(|source| HarnessError::Io {
-                what: format!("send SIG{signal} to {name}"),
-                source,
-            })?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(setup(format!(
-                "kill -{signal} {pid} ({name}) failed: {status}"
-            )))
-        }
+        send_signal(pid, signal, name)
     }
 
     /// Compacts the fixture's etcd up to its current revision and returns that revision.
@@ -187,5 +172,44 @@ impl Harness {
             .path("kube-apiserver")
             .map(Path::to_path_buf)
             .map_err(|e| setup(e.to_string()))
+    }
+}
+
+/// Sends `signal` (`TERM`, `STOP`, …) to process `pid`, called `name` in errors.
+pub(super) fn send_signal(pid: u32, signal: &str, name: &str) -> Result<(), HarnessError> {
+    // `kill` keeps this crate free of unsafe signal calls.
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(|source| HarnessError::Io {
+            what: format!("send SIG{signal} to {name} (pid {pid})"),
+            source,
+        })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(setup(format!(
+            "kill -{signal} {pid} ({name}) failed: {status}"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_reaches_a_live_process_and_not_a_reaped_one() {
+        // Signal 0 only checks that the process exists and may be signalled.
+        assert!(send_signal(std::process::id(), "0", "this test").is_ok());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let refused = send_signal(pid, "0", "true").unwrap_err();
+        assert!(
+            matches!(&refused, HarnessError::Setup(m) if m.starts_with(&format!("kill -0 {pid} (true) failed"))),
+            "{refused:?}"
+        );
     }
 }
