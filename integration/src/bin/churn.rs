@@ -294,12 +294,7 @@ async fn start_replicas(h: &mut Harness) -> anyhow::Result<(Vec<Replica>, Vec<St
     }
     let nodes: Vec<String> = (0..2).map(|o| h.node_name(o)).collect();
     for name in &nodes {
-        h.wait_for(
-            &format!("node {name} Ready"),
-            Duration::from_secs(120),
-            |h| async move { node_ready(h, name).await },
-        )
-        .await?;
+        h.wait_node_ready(name, Duration::from_secs(120)).await?;
     }
     Ok((daemons, nodes))
 }
@@ -556,18 +551,6 @@ fn pod(name: &str, node: &str) -> anyhow::Result<Pod> {
             "containers": [{"name": "app", "image": "registry.example.com/app:1"}],
         },
     }))?)
-}
-
-async fn node_ready(h: &Harness, name: &str) -> bool {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.client());
-    nodes
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|n| n.status)
-        .and_then(|s| s.conditions)
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 async fn pods_in(api: &Api<Pod>) -> Option<u64> {
