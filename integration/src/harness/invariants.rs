@@ -27,7 +27,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
-use super::{Harness, HarnessError};
+use super::{Harness, HarnessError, deploy};
 use crate::measure;
 
 /// The tag naming the cluster a group belongs to (`core/src/to_eci/naming.rs`).
@@ -99,6 +99,28 @@ pub struct CallCounts {
     pub create_ok: f64,
     /// `DeleteContainerGroup`.
     pub delete_ok: f64,
+}
+
+impl CallCounts {
+    /// The `ok` calls of the `*_calls_total` counter `family` in a Prometheus text exposition
+    /// (`virtual_node_eci_eci_calls_total` for a daemon, `mock_eci_calls_total` for mock-eci).
+    pub fn in_metrics(text: &str, family: &str) -> Self {
+        let ok = |action: &str| sample(text, family, &format!(r#"action="{action}",result="ok""#));
+        Self {
+            create_ok: ok("CreateContainerGroup"),
+            delete_ok: ok("DeleteContainerGroup"),
+        }
+    }
+}
+
+impl std::ops::Add for CallCounts {
+    type Output = Self;
+    fn add(self, other: Self) -> Self {
+        Self {
+            create_ok: self.create_ok + other.create_ok,
+            delete_ok: self.delete_ok + other.delete_ok,
+        }
+    }
 }
 
 impl std::ops::Sub for CallCounts {
@@ -234,15 +256,6 @@ fn node_of(pod: &Pod) -> &str {
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .unwrap_or_default()
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// The value of the sample `name{labels}` in a Prometheus text exposition (labels as written
@@ -508,30 +521,10 @@ impl Harness {
         let mut ours = CallCounts::default();
         for process in daemons {
             let text = self.daemon_metrics(process).await?;
-            ours.create_ok += sample(
-                &text,
-                "virtual_node_eci_eci_calls_total",
-                r#"action="CreateContainerGroup",result="ok""#,
-            );
-            ours.delete_ok += sample(
-                &text,
-                "virtual_node_eci_eci_calls_total",
-                r#"action="DeleteContainerGroup",result="ok""#,
-            );
+            ours = ours + CallCounts::in_metrics(&text, "virtual_node_eci_eci_calls_total");
         }
         let text = self.mock_metrics().await?;
-        let mock = CallCounts {
-            create_ok: sample(
-                &text,
-                "mock_eci_calls_total",
-                r#"action="CreateContainerGroup",result="ok""#,
-            ),
-            delete_ok: sample(
-                &text,
-                "mock_eci_calls_total",
-                r#"action="DeleteContainerGroup",result="ok""#,
-            ),
-        };
+        let mock = CallCounts::in_metrics(&text, "mock_eci_calls_total");
         Some((ours, mock))
     }
 
@@ -599,7 +592,10 @@ impl Harness {
     ) -> Result<(), HarnessError> {
         let nodes: Api<Node> = Api::all(self.client());
         for name in &expect.ready_nodes {
-            let ready = nodes.get_opt(name).await?.is_some_and(|n| node_ready(&n));
+            let ready = nodes
+                .get_opt(name)
+                .await?
+                .is_some_and(|n| deploy::is_ready(&n));
             if !ready {
                 findings.report.not_ready_nodes += 1;
                 findings.example("node", format!("{name} is not Ready"));
@@ -788,6 +784,26 @@ latency_seconds_bucket{action="b",le="+Inf"} 10
 latency_seconds_sum{action="a"} 3
 latency_seconds_count{action="a"} 10
 "#;
+
+    #[test]
+    fn ok_calls_are_read_per_family_and_add_up() {
+        let counts = CallCounts::in_metrics(TEXT, "mock_eci_calls_total");
+        assert_eq!(
+            counts,
+            CallCounts {
+                create_ok: 3.0,
+                delete_ok: 0.0
+            }
+        );
+        assert_eq!((counts + counts).create_ok, 6.0);
+        assert_eq!(
+            CallCounts::in_metrics(TEXT, "other_total"),
+            CallCounts {
+                create_ok: 9.0,
+                delete_ok: 0.0
+            }
+        );
+    }
 
     #[test]
     fn calls_are_counted_by_action_and_result() {
