@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use serde_json::Value;
 
+use super::mock_admin::tag;
 use super::{Harness, HarnessError, deploy};
 use crate::measure;
 
@@ -225,16 +225,6 @@ struct Group {
     node: String,
     pod: String,
     status: String,
-}
-
-fn tag<'a>(group: &'a Value, key: &str) -> &'a str {
-    group["tags"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|t| t["key"] == key)
-        .and_then(|t| t["value"].as_str())
-        .unwrap_or_default()
 }
 
 fn condition_true(pod: &Pod, kind: &str) -> bool {
