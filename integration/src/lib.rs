@@ -3,8 +3,10 @@
 //! processes ([`host`]), and the harness the end-to-end tests drive ([`harness`]).
 
 pub mod cluster;
+pub mod daemon_figures;
 pub mod harness;
 pub mod host;
+pub mod http_check;
 pub mod images;
 pub mod local_net;
 pub mod measure;

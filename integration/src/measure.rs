@@ -19,6 +19,11 @@ pub fn series(text: &str, name: &str) -> Vec<(Labels, f64)> {
         .collect()
 }
 
+/// Sum of all of `name`'s series (a counter over every label set).
+pub fn total(text: &str, name: &str) -> f64 {
+    series(text, name).into_iter().map(|(_, value)| value).sum()
+}
+
 /// `a="x",b="y"}` → {a: x, b: y} (the label values read here hold no quotes or commas).
 fn labels_of(text: &str) -> Labels {
     text.trim_end_matches('}')
@@ -180,6 +185,14 @@ other_total 7
         assert_eq!(requests.get("PUT leases"), Some(&1.0));
         assert_eq!(requests.len(), 3);
         assert_eq!(series(TEXT, "other_total"), [(Labels::new(), 7.0)]);
+    }
+
+    #[test]
+    fn a_total_sums_every_label_set_of_exactly_that_name() {
+        let text = "# HELP x\nvirtual_node_eci_eci_calls_total{action=\"a\",result=\"ok\"} 3\nvirtual_node_eci_eci_calls_total{action=\"b\",result=\"ok\"} 4.5\nvirtual_node_eci_eci_calls_totalx 9\n";
+        assert!((total(text, "virtual_node_eci_eci_calls_total") - 7.5).abs() < 1e-9);
+        assert!((total(TEXT, "apiserver_request_total") - 11.0).abs() < 1e-9);
+        assert!(total(TEXT, "absent_total").abs() < 1e-9);
     }
 
     #[test]

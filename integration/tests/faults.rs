@@ -1062,16 +1062,7 @@ async fn eci_outage_two_minutes(h: &mut Harness, report: &mut Report) -> Result<
         let mut sum = CallCounts::default();
         for daemon in &scene.daemons {
             let text = h.daemon_metrics(daemon).await.unwrap_or_default();
-            sum.create_ok += sample(
-                &text,
-                "virtual_node_eci_eci_calls_total",
-                r#"action="CreateContainerGroup",result="ok""#,
-            );
-            sum.delete_ok += sample(
-                &text,
-                "virtual_node_eci_eci_calls_total",
-                r#"action="DeleteContainerGroup",result="ok""#,
-            );
+            sum = sum + CallCounts::in_metrics(&text, "virtual_node_eci_eci_calls_total");
         }
         sum
     };

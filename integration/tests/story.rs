@@ -11,7 +11,7 @@ use std::time::Duration;
 use integration::harness::deploy::{
     Mock, VIRTUAL_NODE_SELECTOR, apply_local_overlay, is_ready, wait_installed,
 };
-use integration::harness::mock_admin::groups;
+use integration::harness::mock_admin::{groups, tag};
 use integration::harness::{ClusterKind, Harness, HarnessError};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
@@ -92,17 +92,6 @@ async fn wait_web_running(
         },
     )
     .await
-}
-
-fn tag(group: &Value, key: &str) -> String {
-    group["tags"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|t| t["key"] == key)
-        .and_then(|t| t["value"].as_str())
-        .unwrap_or_default()
-        .to_owned()
 }
 
 fn live(group: &Value) -> bool {
@@ -311,7 +300,7 @@ async fn story(h: &mut Harness) -> Result<(), HarnessError> {
                     .unwrap_or_default()
                     .iter()
                     .filter(|g| live(g))
-                    .map(|g| tag(g, "k8s.aliyun.com/pod-uid"))
+                    .map(|g| tag(g, "k8s.aliyun.com/pod-uid").to_owned())
                     .collect();
                 let distinct: BTreeSet<&String> = live.iter().collect();
                 live.len() == 4 && distinct.len() == 4 && live.iter().all(|u| uids.contains(u))

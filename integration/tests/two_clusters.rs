@@ -19,11 +19,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use integration::harness::deploy::is_ready;
-use integration::harness::mock_admin;
+use integration::harness::mock_admin::{self, tag};
 use integration::harness::{Harness, HarnessError};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(120);
 const MOCK: &[&str] = &[
@@ -57,16 +57,6 @@ struct Group {
     id: String,
     node: String,
     status: String,
-}
-
-fn tag<'a>(group: &'a Value, key: &str) -> &'a str {
-    group["tags"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|t| t["key"] == key)
-        .and_then(|t| t["value"].as_str())
-        .unwrap_or_default()
 }
 
 /// The live groups of namespace `ns` (deleted ones left out), by (cluster, pod name).

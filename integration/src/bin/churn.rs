@@ -29,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use integration::daemon_figures::{Layout, daemon_figures};
 use integration::harness::{Harness, build_binaries, free_port};
+use integration::measure;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
@@ -293,12 +295,7 @@ async fn start_replicas(h: &mut Harness) -> anyhow::Result<(Vec<Replica>, Vec<St
     }
     let nodes: Vec<String> = (0..2).map(|o| h.node_name(o)).collect();
     for name in &nodes {
-        h.wait_for(
-            &format!("node {name} Ready"),
-            Duration::from_secs(120),
-            |h| async move { node_ready(h, name).await },
-        )
-        .await?;
+        h.wait_node_ready(name, Duration::from_secs(120)).await?;
     }
     Ok((daemons, nodes))
 }
@@ -557,18 +554,6 @@ fn pod(name: &str, node: &str) -> anyhow::Result<Pod> {
     }))?)
 }
 
-async fn node_ready(h: &Harness, name: &str) -> bool {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.client());
-    nodes
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|n| n.status)
-        .and_then(|s| s.conditions)
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 async fn pods_in(api: &Api<Pod>) -> Option<u64> {
     api.list(&ListParams::default())
         .await
@@ -603,16 +588,6 @@ async fn group_count(admin: &str) -> Option<u64> {
     Some(groups.len() as u64)
 }
 
-/// The sum of a Prometheus counter's samples (every label set) in a text exposition.
-fn counter_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && !l.starts_with('#')
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn mock_calls_total(admin: &str) -> Option<f64> {
     let text = reqwest::get(format!("{admin}/metrics"))
         .await
@@ -620,7 +595,7 @@ async fn mock_calls_total(admin: &str) -> Option<f64> {
         .text()
         .await
         .ok()?;
-    Some(counter_sum(&text, "mock_eci_calls_total"))
+    Some(measure::total(&text, "mock_eci_calls_total"))
 }
 
 async fn sample(
@@ -639,7 +614,7 @@ async fn sample(
             Ok(response) => response.text().await.unwrap_or_default(),
             Err(_) => String::new(),
         };
-        sample.eci_calls_total = counter_sum(&text, "virtual_node_eci_eci_calls_total");
+        sample.eci_calls_total = measure::total(&text, "virtual_node_eci_eci_calls_total");
         if let Some((at, calls, cpu)) = previous[index] {
             let seconds = now.duration_since(at).as_secs_f64();
             if seconds > 0.0 {
@@ -719,21 +694,7 @@ fn proc_sample(pid: u32) -> DaemonSample {
 }
 
 fn brief(sample: &Value) -> String {
-    let daemons: Vec<String> = sample["daemons"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|d| {
-            format!(
-                "[rss {:.1} MiB, fds {}, tcp {}, eci {:.1}/s, cpu {:.0}%]",
-                d["rss_mib"].as_f64().unwrap_or_default(),
-                d["open_fds"],
-                d["tcp_established"],
-                d["eci_calls_per_s"].as_f64().unwrap_or_default(),
-                d["cpu_percent"].as_f64().unwrap_or_default()
-            )
-        })
-        .collect();
+    let daemons = daemon_figures(sample, Layout::Brief);
     format!(
         "pods {} groups {} {}",
         sample["pods"],
@@ -802,7 +763,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_line_fits_exactly_and_counters_sum_over_labels() {
+    fn a_line_fits_exactly() {
         let points: Vec<(f64, f64)> = (0..10)
             .map(|i| (f64::from(i) * 10.0, 5.0 + f64::from(i)))
             .collect();
@@ -811,7 +772,5 @@ mod tests {
         assert!(fit.stderr_per_hour.abs() < 1e-9);
         assert_eq!(fit.verdict(100.0), "leak");
         assert_eq!(fit.verdict(400.0), "flat");
-        let text = "# HELP x\nvirtual_node_eci_eci_calls_total{action=\"a\",result=\"ok\"} 3\nvirtual_node_eci_eci_calls_total{action=\"b\",result=\"ok\"} 4.5\nvirtual_node_eci_eci_calls_totalx 9\n";
-        assert!((counter_sum(text, "virtual_node_eci_eci_calls_total") - 7.5).abs() < 1e-9);
     }
 }

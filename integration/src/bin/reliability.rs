@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use integration::daemon_figures::{CELL_FIGURES, Layout, daemon_figures};
 use serde_json::Value;
 
 /// Run the fault suite, the security checks and the churn load; write docs/reliability.md.
@@ -98,6 +99,17 @@ struct Step {
     status: String,
     seconds: f64,
     log: PathBuf,
+}
+
+impl Step {
+    /// How the report names its end: `passed`, or `FAILED: <status>`.
+    fn outcome(&self) -> String {
+        if self.ok {
+            "passed".to_owned()
+        } else {
+            format!("FAILED: {}", self.status)
+        }
+    }
 }
 
 /// Runs `cargo args…` in the workspace with `envs`, its output into `log` (and a line per
@@ -533,11 +545,7 @@ impl Report<'_> {
         let _ = writeln!(
             md,
             "`cargo test -p integration --test tenancy` ({}, {:.0} s): a user bound only to the `admin` ClusterRole in their own namespace, acting with their own token, tries each attack through kubectl and the daemon's listeners.\n",
-            if step.ok {
-                "passed".to_owned()
-            } else {
-                format!("FAILED: {}", step.status)
-            },
+            step.outcome(),
             step.seconds
         );
         if records.is_empty() {
@@ -572,11 +580,7 @@ impl Report<'_> {
         let _ = writeln!(
             md,
             "`cargo test -p integration --test security` ({}, {:.0} s): the daemons run as `system:serviceaccount:kube-system:virtual-node-eci` with deploy/base's RBAC under the real authorizer.\n",
-            if step.ok {
-                "passed".to_owned()
-            } else {
-                format!("FAILED: {}", step.status)
-            },
+            step.outcome(),
             step.seconds
         );
         security_table(md, records);
@@ -667,11 +671,7 @@ fn fault_totals(md: &mut String, runs: &[(Step, Vec<Value>)], records: &[(usize,
             md,
             "| {} | {} ({} records) | {:.0} s |",
             i + 1,
-            if step.ok {
-                "passed".to_owned()
-            } else {
-                format!("FAILED: {}", step.status)
-            },
+            step.outcome(),
             records.len(),
             step.seconds
         );
@@ -937,7 +937,7 @@ fn churn_samples(md: &mut String, summary: &Value) {
         md,
         "<details><summary>every sample</summary>\n\n| t (s) | pods | groups | {} |\n| --- | --- | --- | {} |",
         (0..config["replicas"].as_u64().unwrap_or(0))
-            .map(|i| format!("daemon {i}: RSS MiB / fds / TCP / ECI calls/s / CPU %"))
+            .map(|i| format!("daemon {i}: {CELL_FIGURES}"))
             .collect::<Vec<_>>()
             .join(" | "),
         (0..config["replicas"].as_u64().unwrap_or(0))
@@ -952,21 +952,7 @@ fn churn_samples(md: &mut String, summary: &Value) {
             .flatten()
             .filter_map(|(_, n)| n.as_u64())
             .sum();
-        let daemons: Vec<String> = sample["daemons"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|d| {
-                format!(
-                    "{} / {} / {} / {} / {}",
-                    number(&d["rss_mib"], 1),
-                    d["open_fds"],
-                    d["tcp_established"],
-                    number(&d["eci_calls_per_s"], 1),
-                    number(&d["cpu_percent"], 0)
-                )
-            })
-            .collect();
+        let daemons = daemon_figures(sample, Layout::Cell);
         let _ = writeln!(
             md,
             "| {} | {pods} | {} | {} |",
@@ -992,5 +978,22 @@ fn list(value: &Value) -> String {
             .collect::<Vec<_>>()
             .join(", "),
         None => "—".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_ends_passed_or_failed_with_its_status() {
+        let step = |ok: bool| Step {
+            ok,
+            status: "exit status: 101".into(),
+            seconds: 1.0,
+            log: PathBuf::new(),
+        };
+        assert_eq!(step(true).outcome(), "passed");
+        assert_eq!(step(false).outcome(), "FAILED: exit status: 101");
     }
 }

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
+use crate::http_check::HttpCheck;
 use crate::process::{Process, ProcessError, free_port};
 pub use pki::{CertFiles, Pki, PkiError};
 pub use placement_extender::PlacementExtender;
@@ -474,16 +475,9 @@ impl ControlPlane {
         )?;
         // For tests in other processes (compaction, a second apiserver on the same etcd).
         write(&self.dir.join(etcd::URL_FILE), &etcd_url)?;
-        let health = format!("{etcd_url}/health");
-        self.wait_ready("etcd", options.ready_timeout, || {
-            let health = health.clone();
-            async move {
-                reqwest::get(&health)
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
-        })
-        .await?;
+        let health = HttpCheck::new(format!("{etcd_url}/health"));
+        self.wait_ready("etcd", options.ready_timeout, || health.clone().passes())
+            .await?;
         Ok(etcd_url)
     }
 
@@ -552,8 +546,7 @@ impl ControlPlane {
         options: &ControlPlaneOptions,
     ) -> Result<(), ClusterError> {
         let pki = self.pki.clone();
-        // /readyz is public (system:public-info-viewer); polled with a plain client so the
-        // 500s of a starting apiserver are not logged as errors by kube-rs.
+        // /readyz is public (system:public-info-viewer).
         let ca = std::fs::read(&pki.ca.cert).map_err(|source| ClusterError::Read {
             path: pki.ca.cert.clone(),
             source,
@@ -562,19 +555,10 @@ impl ControlPlane {
             ca: pki.ca.cert.clone(),
             source,
         };
-        let http = reqwest::Client::builder()
-            .add_root_certificate(reqwest::Certificate::from_pem(&ca).map_err(client_error)?)
-            .build()
-            .map_err(client_error)?;
-        let readyz = format!("{}/readyz", self.server());
+        let readyz =
+            HttpCheck::trusting(&ca, format!("{}/readyz", self.server())).map_err(client_error)?;
         self.wait_ready("kube-apiserver", options.ready_timeout, || {
-            let (http, readyz) = (http.clone(), readyz.clone());
-            async move {
-                http.get(&readyz)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
+            readyz.clone().passes()
         })
         .await
     }
@@ -670,11 +654,10 @@ impl ControlPlane {
     ) -> Result<(), ClusterError> {
         let port = free_port()?;
         self.spawn_kwok(port, options.node_monitor_grace)?;
-        let healthz = format!("http://127.0.0.1:{port}/healthz");
-        let http = reqwest::Client::new();
+        let healthz = HttpCheck::new(format!("http://127.0.0.1:{port}/healthz"))
+            .with_timeout(Duration::from_secs(2));
         self.wait_ready("kwok (its server)", options.ready_timeout, || {
-            let request = http.get(&healthz).timeout(Duration::from_secs(2));
-            async move { request.send().await.is_ok_and(|r| r.status().is_success()) }
+            healthz.clone().passes()
         })
         .await?;
         for ordinal in 0..options.ecs_nodes {

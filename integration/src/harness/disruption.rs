@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use super::{ClusterKind, Harness, HarnessError};
 use crate::cluster::etcd;
+use crate::http_check::HttpCheck;
 use crate::process::{Process, free_port};
 
 /// The process name of the second apiserver.
@@ -54,22 +55,7 @@ impl Harness {
             .process(name)
             .and_then(|p| p.pid())
             .ok_or_else(|| setup(format!("no running process called {name}")))?;
-        // `kill` keeps this crate free of unsafe signal calls.
-        let status = std::process::Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(pid.to_string())
-            .status()
-            .map_err(|source| HarnessError::Io {
-                what: format!("send SIG{signal} to {name}"),
-                source,
-            })?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(setup(format!(
-                "kill -{signal} {pid} ({name}) failed: {status}"
-            )))
-        }
+        send_signal(pid, signal, name)
     }
 
     /// Compacts the fixture's etcd up to its current revision and returns that revision.
@@ -168,26 +154,13 @@ impl Harness {
             what: format!("read {}", second.ca.display()),
             source,
         })?;
-        let http = reqwest::Client::builder()
-            .add_root_certificate(
-                reqwest::Certificate::from_pem(&ca).map_err(|e| setup(e.to_string()))?,
-            )
-            .build()
+        let readyz = HttpCheck::trusting(&ca, format!("{}/readyz", second.server()))
             .map_err(|e| setup(e.to_string()))?;
-        let readyz = format!("{}/readyz", second.server());
         // A cold apiserver on a busy 2-core machine takes tens of seconds.
         self.wait_for(
             &format!("{SECOND_APISERVER} to be ready"),
             Duration::from_secs(180),
-            |_| {
-                let (http, readyz) = (http.clone(), readyz.clone());
-                async move {
-                    http.get(&readyz)
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status().is_success())
-                }
-            },
+            |_| readyz.clone().passes(),
         )
         .await
     }
@@ -199,5 +172,44 @@ impl Harness {
             .path("kube-apiserver")
             .map(Path::to_path_buf)
             .map_err(|e| setup(e.to_string()))
+    }
+}
+
+/// Sends `signal` (`TERM`, `STOP`, …) to process `pid`, called `name` in errors.
+pub(super) fn send_signal(pid: u32, signal: &str, name: &str) -> Result<(), HarnessError> {
+    // `kill` keeps this crate free of unsafe signal calls.
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(|source| HarnessError::Io {
+            what: format!("send SIG{signal} to {name} (pid {pid})"),
+            source,
+        })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(setup(format!(
+            "kill -{signal} {pid} ({name}) failed: {status}"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_reaches_a_live_process_and_not_a_reaped_one() {
+        // Signal 0 only checks that the process exists and may be signalled.
+        assert!(send_signal(std::process::id(), "0", "this test").is_ok());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let refused = send_signal(pid, "0", "true").unwrap_err();
+        assert!(
+            matches!(&refused, HarnessError::Setup(m) if m.starts_with(&format!("kill -0 {pid} (true) failed"))),
+            "{refused:?}"
+        );
     }
 }

@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use serde_json::Value;
 
-use super::{Harness, HarnessError};
+use super::mock_admin::tag;
+use super::{Harness, HarnessError, deploy};
+use crate::measure;
 
 /// The tag naming the cluster a group belongs to (`core/src/to_eci/naming.rs`).
 pub const TAG_CLUSTER: &str = "k8s.aliyun.com/cluster";
@@ -98,6 +99,28 @@ pub struct CallCounts {
     pub create_ok: f64,
     /// `DeleteContainerGroup`.
     pub delete_ok: f64,
+}
+
+impl CallCounts {
+    /// The `ok` calls of the `*_calls_total` counter `family` in a Prometheus text exposition
+    /// (`virtual_node_eci_eci_calls_total` for a daemon, `mock_eci_calls_total` for mock-eci).
+    pub fn in_metrics(text: &str, family: &str) -> Self {
+        let ok = |action: &str| sample(text, family, &format!(r#"action="{action}",result="ok""#));
+        Self {
+            create_ok: ok("CreateContainerGroup"),
+            delete_ok: ok("DeleteContainerGroup"),
+        }
+    }
+}
+
+impl std::ops::Add for CallCounts {
+    type Output = Self;
+    fn add(self, other: Self) -> Self {
+        Self {
+            create_ok: self.create_ok + other.create_ok,
+            delete_ok: self.delete_ok + other.delete_ok,
+        }
+    }
 }
 
 impl std::ops::Sub for CallCounts {
@@ -204,16 +227,6 @@ struct Group {
     status: String,
 }
 
-fn tag<'a>(group: &'a Value, key: &str) -> &'a str {
-    group["tags"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|t| t["key"] == key)
-        .and_then(|t| t["value"].as_str())
-        .unwrap_or_default()
-}
-
 fn condition_true(pod: &Pod, kind: &str) -> bool {
     pod.status
         .as_ref()
@@ -233,15 +246,6 @@ fn node_of(pod: &Pod) -> &str {
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .unwrap_or_default()
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// The value of the sample `name{labels}` in a Prometheus text exposition (labels as written
@@ -507,30 +511,10 @@ impl Harness {
         let mut ours = CallCounts::default();
         for process in daemons {
             let text = self.daemon_metrics(process).await?;
-            ours.create_ok += sample(
-                &text,
-                "virtual_node_eci_eci_calls_total",
-                r#"action="CreateContainerGroup",result="ok""#,
-            );
-            ours.delete_ok += sample(
-                &text,
-                "virtual_node_eci_eci_calls_total",
-                r#"action="DeleteContainerGroup",result="ok""#,
-            );
+            ours = ours + CallCounts::in_metrics(&text, "virtual_node_eci_eci_calls_total");
         }
         let text = self.mock_metrics().await?;
-        let mock = CallCounts {
-            create_ok: sample(
-                &text,
-                "mock_eci_calls_total",
-                r#"action="CreateContainerGroup",result="ok""#,
-            ),
-            delete_ok: sample(
-                &text,
-                "mock_eci_calls_total",
-                r#"action="DeleteContainerGroup",result="ok""#,
-            ),
-        };
+        let mock = CallCounts::in_metrics(&text, "mock_eci_calls_total");
         Some((ours, mock))
     }
 
@@ -598,7 +582,10 @@ impl Harness {
     ) -> Result<(), HarnessError> {
         let nodes: Api<Node> = Api::all(self.client());
         for name in &expect.ready_nodes {
-            let ready = nodes.get_opt(name).await?.is_some_and(|n| node_ready(&n));
+            let ready = nodes
+                .get_opt(name)
+                .await?
+                .is_some_and(|n| deploy::is_ready(&n));
             if !ready {
                 findings.report.not_ready_nodes += 1;
                 findings.example("node", format!("{name} is not Ready"));
@@ -735,27 +722,10 @@ impl Harness {
 /// `mock_eci_calls_total`): action → result → count.
 pub fn calls_by_result(text: &str, family: &str) -> BTreeMap<String, BTreeMap<String, f64>> {
     let mut out: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-    let prefix = format!("{family}{{");
-    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
-        let Some((key, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let labels = key.trim_start_matches(&prefix).trim_end_matches('}');
-        let mut action = String::new();
-        let mut result = String::new();
-        for pair in labels.split(',') {
-            if let Some((k, v)) = pair.split_once('=') {
-                let v = v.trim_matches('"').to_owned();
-                match k {
-                    "action" => action = v,
-                    "result" => result = v,
-                    _ => {}
-                }
-            }
-        }
-        if let Ok(value) = value.parse::<f64>() {
-            *out.entry(action).or_default().entry(result).or_default() += value;
-        }
+    for (mut labels, value) in measure::series(text, family) {
+        let action = labels.remove("action").unwrap_or_default();
+        let result = labels.remove("result").unwrap_or_default();
+        *out.entry(action).or_default().entry(result).or_default() += value;
     }
     out
 }
@@ -763,29 +733,88 @@ pub fn calls_by_result(text: &str, family: &str) -> BTreeMap<String, BTreeMap<St
 /// The tail of a Prometheus histogram `family` summed over every label set: the largest
 /// finite bucket bound, the share of observations above it, and how many there were in all.
 pub fn histogram_tail(text: &str, family: &str) -> Option<(f64, f64, f64)> {
-    let prefix = format!("{family}_bucket{{");
-    let mut by_bound: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
-        let Some((key, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Some(le) = key.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
-            continue;
-        };
-        let bound = if le == "+Inf" {
-            f64::INFINITY
-        } else {
-            le.parse().unwrap_or(f64::NAN)
-        };
-        let entry = by_bound.entry(le.to_owned()).or_insert((bound, 0.0));
-        entry.1 += value.parse::<f64>().unwrap_or(0.0);
-    }
+    let by_bound = measure::grouped(text, &format!("{family}_bucket"), |labels| {
+        labels.get("le").cloned()
+    });
     let mut buckets: Vec<(f64, f64)> = by_bound
-        .into_values()
-        .filter(|(b, _)| !b.is_nan())
+        .into_iter()
+        .filter_map(|(le, count)| {
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((bound, count))
+        })
         .collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     let total = buckets.last()?.1;
     let (bound, below) = buckets.iter().rev().find(|(b, _)| b.is_finite())?;
     (total > 0.0).then(|| (*bound, (total - below) / total, total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"# HELP mock_eci_calls_total x
+# TYPE mock_eci_calls_total counter
+mock_eci_calls_total{action="CreateContainerGroup",result="ok"} 3
+mock_eci_calls_total{action="CreateContainerGroup",result="Throttling"} 2
+mock_eci_calls_total{action="DescribeContainerGroups",result="ok",zone="a"} 4.5
+mock_eci_calls_total{action="DescribeContainerGroups",result="ok",zone="b"} 1
+mock_eci_calls_totalx{action="CreateContainerGroup",result="ok"} 9
+other_total{action="CreateContainerGroup",result="ok"} 9
+latency_seconds_bucket{action="a",le="0.1"} 5
+latency_seconds_bucket{action="a",le="1"} 8
+latency_seconds_bucket{action="a",le="+Inf"} 10
+latency_seconds_bucket{action="b",le="0.1"} 0
+latency_seconds_bucket{action="b",le="1"} 1
+latency_seconds_bucket{action="b",le="+Inf"} 10
+latency_seconds_sum{action="a"} 3
+latency_seconds_count{action="a"} 10
+"#;
+
+    #[test]
+    fn ok_calls_are_read_per_family_and_add_up() {
+        let counts = CallCounts::in_metrics(TEXT, "mock_eci_calls_total");
+        assert_eq!(
+            counts,
+            CallCounts {
+                create_ok: 3.0,
+                delete_ok: 0.0
+            }
+        );
+        assert_eq!((counts + counts).create_ok, 6.0);
+        assert_eq!(
+            CallCounts::in_metrics(TEXT, "other_total"),
+            CallCounts {
+                create_ok: 9.0,
+                delete_ok: 0.0
+            }
+        );
+    }
+
+    #[test]
+    fn calls_are_counted_by_action_and_result() {
+        let calls = calls_by_result(TEXT, "mock_eci_calls_total");
+        let create = &calls["CreateContainerGroup"];
+        assert_eq!(create.get("ok"), Some(&3.0));
+        assert_eq!(create.get("Throttling"), Some(&2.0));
+        assert_eq!(calls["DescribeContainerGroups"].get("ok"), Some(&5.5));
+        assert_eq!(calls.len(), 2);
+        assert!(calls_by_result(TEXT, "absent_total").is_empty());
+    }
+
+    #[test]
+    fn a_histogram_tail_sums_buckets_over_label_sets() {
+        // 20 observations; 9 at most 1 s, so 11 of 20 above the largest finite bound.
+        assert_eq!(
+            histogram_tail(TEXT, "latency_seconds"),
+            Some((1.0, 11.0 / 20.0, 20.0))
+        );
+        assert_eq!(histogram_tail(TEXT, "absent_seconds"), None);
+        let empty = "h_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 0\n";
+        assert_eq!(histogram_tail(empty, "h"), None);
+    }
 }

@@ -19,6 +19,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
+use crate::http_check::HttpCheck;
+
 pub use crate::cluster::PlacementExtender;
 pub use crate::process::{Process, ProcessError, binary, build_binaries, free_port};
 pub use disruption::SecondApiserver;
@@ -523,20 +525,14 @@ impl Harness {
             self.dir.path(),
         )?;
         self.processes.push(process);
-        let health = format!(
-            "{}/healthz",
-            self.mock
-                .as_ref()
-                .map(|m| m.admin.clone())
-                .unwrap_or_default()
-        );
+        let admin = self
+            .mock
+            .as_ref()
+            .map(|m| m.admin.as_str())
+            .unwrap_or_default();
+        let health = HttpCheck::new(format!("{admin}/healthz"));
         self.wait_for("mock-eci to answer again", Duration::from_secs(30), |_| {
-            let health = health.clone();
-            async move {
-                reqwest::get(&health)
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
+            health.clone().passes()
         })
         .await
     }
@@ -692,14 +688,9 @@ impl Harness {
             openapi,
             openapi_ca,
         };
-        let health = format!("{}/healthz", endpoints.admin);
+        let health = HttpCheck::new(format!("{}/healthz", endpoints.admin));
         self.wait_for("mock-eci to answer", Duration::from_secs(30), |_| {
-            let health = health.clone();
-            async move {
-                reqwest::get(&health)
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
+            health.clone().passes()
         })
         .await?;
         self.mock = Some(endpoints.clone());

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::disruption::send_signal;
 use super::{Harness, HarnessError};
 use crate::cluster::etcd;
 use crate::process::{Process, ProcessError};
@@ -155,22 +156,6 @@ fn find(binary: &str, markers: &[String]) -> Vec<(u32, Vec<String>)> {
         .collect()
 }
 
-fn signal(pid: u32, name: &str) -> Result<(), HarnessError> {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .map_err(|source| HarnessError::Io {
-            what: format!("send SIG{name} to {pid}"),
-            source,
-        })?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(HarnessError::Setup(format!("kill -{name} {pid}: {status}")))
-    }
-}
-
 /// A running control-plane component, as [`Harness::restart_control_plane`] found it.
 struct Running {
     /// The fixture's etcd client URL.
@@ -298,9 +283,9 @@ impl Harness {
         stop: Stop,
     ) -> Result<(), HarnessError> {
         match stop {
-            Stop::Kill => signal(pid, "KILL")?,
+            Stop::Kill => send_signal(pid, "KILL", component.binary())?,
             Stop::Term(grace) => {
-                signal(pid, "TERM")?;
+                send_signal(pid, "TERM", component.binary())?;
                 let gone = self
                     .wait_for(
                         &format!("{} to stop after SIGTERM", component.binary()),
@@ -309,7 +294,7 @@ impl Harness {
                     )
                     .await;
                 if gone.is_err() {
-                    signal(pid, "KILL")?;
+                    send_signal(pid, "KILL", component.binary())?;
                 }
             }
         }

@@ -3,6 +3,7 @@
 //! (preStop, SIGTERM, SIGKILL at the deadline) when the pod worker asks.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::env::{self, EnvSources, FieldContext};
-use super::probe::{self, Thresholds, Timing, Verdict};
+use super::probe::{self, ProbeKind, Thresholds, Timing, Verdict};
 use super::process::{self, Launch, Mount, ProcessError};
 use super::status::{ContainerRecord, PodRecord, RunState, Terminated};
 use super::{Ctx, volumes};
@@ -527,7 +528,7 @@ async fn supervise(
     }
     let ended = tokio::select! {
         status = child.wait() => return (status.ok(), false),
-        message = probes(shared, slot, container, target) => Err(message),
+        restart = probes(shared, slot, container, target) => Err(restart),
         request = stop_requested(stop) => Ok(request),
     };
     match ended {
@@ -651,17 +652,22 @@ async fn terminate(
     child.wait().await.ok()
 }
 
-/// Runs the startup, readiness and liveness probes; returns (with why, and the failing
-/// probe's own grace period if it has one) when the container must be restarted.
+/// Why a container is restarted after a probe failed for good, and that probe's own
+/// `terminationGracePeriodSeconds` (which wins over the pod's).
+type Restart = (String, Option<i64>);
+
+/// Runs the startup, readiness and liveness probes; returns when the container must be
+/// restarted. Until the startup probe (if any) passes, the other two do not run.
 async fn probes(
     shared: &PodShared,
     slot: Slot,
     container: &Container,
     target: probe::Target<'_>,
-) -> (String, Option<i64>) {
+) -> Restart {
     if let Some(startup) = &container.startup_probe {
-        if let Some(failed) = startup_probe(shared, startup, target).await {
-            return failed;
+        let started = run_probe(shared, ProbeKind::Startup, startup, target, Some).await;
+        if !started {
+            return restart_after(ProbeKind::Startup, startup);
         }
         let no_readiness_probe = container.readiness_probe.is_none();
         shared.update(slot, |c| {
@@ -670,44 +676,8 @@ async fn probes(
         });
     }
     tokio::select! {
-        () = readiness_probe(shared, slot, container, target) => (String::new(), None),
-        message = liveness_probe(shared, container, target) => message,
-    }
-}
-
-/// Probes `startup` until it succeeds (`None`) or fails for good (why, and its grace period).
-async fn startup_probe(
-    shared: &PodShared,
-    startup: &Probe,
-    target: probe::Target<'_>,
-) -> Option<(String, Option<i64>)> {
-    let timing = Timing::of(startup);
-    tokio::time::sleep(timing.initial_delay).await;
-    let mut thresholds = Thresholds::default();
-    loop {
-        let verdict = probe::probe_once(startup, target, timing.timeout).await;
-        let message = match &verdict {
-            Verdict::Success => String::new(),
-            Verdict::Failure(message) => message.clone(),
-        };
-        match thresholds.record(verdict == Verdict::Success, &timing) {
-            Some(true) => return None,
-            Some(false) => {
-                shared
-                    .event(
-                        true,
-                        "Unhealthy",
-                        format!("Startup probe failed: {message}"),
-                    )
-                    .await;
-                return Some((
-                    "failed startup probe".to_owned(),
-                    startup.termination_grace_period_seconds,
-                ));
-            }
-            None => {}
-        }
-        tokio::time::sleep(timing.period).await;
+        never = readiness_probe(shared, slot, container, target) => match never {},
+        restart = liveness_probe(shared, container, target) => restart,
     }
 }
 
@@ -717,76 +687,78 @@ async fn readiness_probe(
     slot: Slot,
     container: &Container,
     target: probe::Target<'_>,
-) {
+) -> Infallible {
     let Some(readiness) = &container.readiness_probe else {
-        return std::future::pending::<()>().await;
+        return std::future::pending().await;
     };
-    let timing = Timing::of(readiness);
-    tokio::time::sleep(timing.initial_delay).await;
-    let mut thresholds = Thresholds::default();
-    loop {
-        let verdict = probe::probe_once(readiness, target, timing.timeout).await;
-        if let Verdict::Failure(message) = &verdict {
-            debug!(container = %container.name, message, "readiness probe failed");
-            shared
-                .event(
-                    true,
-                    "Unhealthy",
-                    format!("Readiness probe failed: {message}"),
-                )
-                .await;
-        }
-        if let Some(ready) = thresholds.record(verdict == Verdict::Success, &timing) {
-            let changed = {
-                let record = shared.record.lock();
-                let current = match slot {
-                    Slot::Init(i) => record.init.get(i),
-                    Slot::Main(i) => record.containers.get(i),
-                };
-                current.is_some_and(|c| c.ready != ready)
+    run_probe(shared, ProbeKind::Readiness, readiness, target, |ready| {
+        let changed = {
+            let record = shared.record.lock();
+            let current = match slot {
+                Slot::Init(i) => record.init.get(i),
+                Slot::Main(i) => record.containers.get(i),
             };
-            if changed {
-                info!(container = %container.name, ready, "readiness changed");
-                shared.update(slot, |c| c.ready = ready);
-            }
+            current.is_some_and(|c| c.ready != ready)
+        };
+        if changed {
+            info!(container = %container.name, ready, "readiness changed");
+            shared.update(slot, |c| c.ready = ready);
         }
-        tokio::time::sleep(timing.period).await;
-    }
+        None
+    })
+    .await
 }
 
-/// Probes liveness until it fails for good (never, without a probe): why, and its grace
-/// period.
+/// Probes liveness until it fails for good (never, without a probe).
 async fn liveness_probe(
     shared: &PodShared,
     container: &Container,
     target: probe::Target<'_>,
-) -> (String, Option<i64>) {
+) -> Restart {
     let Some(liveness) = &container.liveness_probe else {
-        return std::future::pending::<(String, Option<i64>)>().await;
+        return std::future::pending().await;
     };
-    let timing = Timing::of(liveness);
+    run_probe(shared, ProbeKind::Liveness, liveness, target, |alive| {
+        (!alive).then(|| restart_after(ProbeKind::Liveness, liveness))
+    })
+    .await
+}
+
+/// The restart that `failed`, a probe of `kind`, calls for.
+fn restart_after(kind: ProbeKind, failed: &Probe) -> Restart {
+    (
+        kind.restart_reason(),
+        failed.termination_grace_period_seconds,
+    )
+}
+
+/// Runs `probe` as the kubelet does: after `initialDelaySeconds`, once every `periodSeconds`,
+/// each try bounded by `timeoutSeconds`, counting consecutive results against
+/// `successThreshold` and `failureThreshold`. A failed try is logged, and reported as an
+/// `Unhealthy` event when `kind` says so; then, each time a threshold is met, `on_verdict`
+/// hears which (`true`: success) and ends the run by returning `Some`.
+async fn run_probe<T>(
+    shared: &PodShared,
+    kind: ProbeKind,
+    probe: &Probe,
+    target: probe::Target<'_>,
+    mut on_verdict: impl FnMut(bool) -> Option<T>,
+) -> T {
+    let timing = Timing::of(probe);
     tokio::time::sleep(timing.initial_delay).await;
     let mut thresholds = Thresholds::default();
     loop {
-        let verdict = probe::probe_once(liveness, target, timing.timeout).await;
-        let message = match &verdict {
-            Verdict::Success => String::new(),
-            Verdict::Failure(message) => message.clone(),
-        };
-        if verdict != Verdict::Success {
-            shared
-                .event(
-                    true,
-                    "Unhealthy",
-                    format!("Liveness probe failed: {message}"),
-                )
-                .await;
+        let verdict = probe::probe_once(probe, target, timing.timeout).await;
+        let met = thresholds.record(verdict == Verdict::Success, &timing);
+        if let Verdict::Failure(message) = &verdict {
+            debug!(container = %target.container.name, probe = kind.name(), message, "probe failed");
+            if kind.reports_failure(met) {
+                let note = format!("{} probe failed: {message}", kind.name());
+                shared.event(true, "Unhealthy", note).await;
+            }
         }
-        if thresholds.record(verdict == Verdict::Success, &timing) == Some(false) {
-            return (
-                "failed liveness probe".to_owned(),
-                liveness.termination_grace_period_seconds,
-            );
+        if let Some(ended) = met.and_then(&mut on_verdict) {
+            return ended;
         }
         tokio::time::sleep(timing.period).await;
     }

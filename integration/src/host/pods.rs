@@ -809,19 +809,28 @@ impl<'a> Runners<'a> {
     }
 }
 
+/// Writes the volumes once for the latest Pod object; when a token is next due.
+async fn sync_volumes(
+    shared: &PodShared,
+    volumes: &mut Volumes,
+) -> Result<Option<Instant>, VolumeError> {
+    let pod = shared.latest();
+    let pod_ips = [shared.pod_ip.clone()];
+    let fields = FieldContext {
+        pod: &pod,
+        pod_ips: &pod_ips,
+        host_ip: HOST_IP,
+    };
+    let next_token = volumes.sync(&shared.ctx.client, fields).await?;
+    Ok(next_token.map(Instant::from_std))
+}
+
 /// Writes the volumes, retrying (with the containers shown waiting and why) until it works.
 async fn setup_volumes(shared: &PodShared, volumes: &mut Volumes) -> Option<Instant> {
     let mut last_error: Option<String> = None;
     loop {
-        let pod = shared.latest();
-        let pod_ips = [shared.pod_ip.clone()];
-        let fields = FieldContext {
-            pod: &pod,
-            pod_ips: &pod_ips,
-            host_ip: HOST_IP,
-        };
-        match volumes.sync(&shared.ctx.client, fields).await {
-            Ok(refresh) => return refresh.map(Instant::from_std),
+        match sync_volumes(shared, volumes).await {
+            Ok(next_token) => return next_token,
             Err(error) => {
                 warn!(error = %error, "volumes not ready (retried)");
                 show_volume_error(shared, &error);
@@ -863,15 +872,8 @@ async fn refresh_volumes(
         let resync = Instant::now() + VOLUME_RESYNC;
         let at = next_token.map_or(resync, |t| t.min(resync));
         tokio::time::sleep_until(at).await;
-        let pod = shared.latest();
-        let pod_ips = [shared.pod_ip.clone()];
-        let fields = FieldContext {
-            pod: &pod,
-            pod_ips: &pod_ips,
-            host_ip: HOST_IP,
-        };
-        match volumes.sync(&shared.ctx.client, fields).await {
-            Ok(refresh) => next_token = refresh.map(Instant::from_std),
+        match sync_volumes(&shared, &mut volumes).await {
+            Ok(next) => next_token = next,
             Err(error) => {
                 debug!(error = %error, dir = %volumes.dir().display(), "volume refresh failed (retried)");
             }

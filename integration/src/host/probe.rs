@@ -119,6 +119,43 @@ impl Thresholds {
     }
 }
 
+/// Which of a container's probes runs: how its messages name it and which of its failures
+/// are reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProbeKind {
+    /// `startupProbe`: holds back the other two until it passes.
+    Startup,
+    /// `readinessProbe`: sets the container's readiness.
+    Readiness,
+    /// `livenessProbe`: restarts the container when it fails for good.
+    Liveness,
+}
+
+impl ProbeKind {
+    /// The name that starts its event messages (`Liveness probe failed: …`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Startup => "Startup",
+            Self::Readiness => "Readiness",
+            Self::Liveness => "Liveness",
+        }
+    }
+
+    /// Whether a failed try is reported as an `Unhealthy` event, given what
+    /// [`Thresholds::record`] made of it: every failed readiness or liveness try is, but a
+    /// startup probe is expected to fail while the container comes up, so only the try that
+    /// makes it fail for good is.
+    pub(crate) fn reports_failure(self, met: Option<bool>) -> bool {
+        self != Self::Startup || met == Some(false)
+    }
+
+    /// Why the container is restarted once this probe has failed for good (the `Killing`
+    /// event reads `Container <name> <reason>, will be restarted`).
+    pub(crate) fn restart_reason(self) -> String {
+        format!("failed {} probe", self.name().to_lowercase())
+    }
+}
+
 /// Resolves a probe port: a number, or the name of one of the container's ports.
 pub(crate) fn port(container: &Container, port: &IntOrString) -> Result<u16, ProbeError> {
     let number = match port {
@@ -346,6 +383,28 @@ mod tests {
                 Some(true)
             ]
         );
+    }
+
+    #[test]
+    fn probe_kinds_report_and_restart() {
+        let cases = [
+            (ProbeKind::Startup, None, false),
+            (ProbeKind::Startup, Some(true), false),
+            (ProbeKind::Startup, Some(false), true),
+            (ProbeKind::Readiness, None, true),
+            (ProbeKind::Readiness, Some(false), true),
+            (ProbeKind::Liveness, None, true),
+            (ProbeKind::Liveness, Some(false), true),
+        ];
+        for (kind, met, reported) in cases {
+            assert_eq!(kind.reports_failure(met), reported, "{kind:?} {met:?}");
+        }
+        assert_eq!(ProbeKind::Startup.restart_reason(), "failed startup probe");
+        assert_eq!(
+            ProbeKind::Liveness.restart_reason(),
+            "failed liveness probe"
+        );
+        assert_eq!(ProbeKind::Readiness.name(), "Readiness");
     }
 
     #[test]
