@@ -106,8 +106,6 @@ pub enum VolumeError {
 
 /// Default file mode (0644) of secret, configMap, downwardAPI and projected volumes.
 const DEFAULT_MODE: i32 = 0o644;
-/// Tokens are refreshed at the latest after a day, as the kubelet does.
-const MAX_TOKEN_AGE: Duration = Duration::from_secs(24 * 3600);
 
 /// Where a volume is on the host, and whether the kubelet mounts it read-only anyway.
 pub(crate) fn source(pod_volumes_dir: &Path, volume: &Volume) -> (PathBuf, bool) {
@@ -330,8 +328,9 @@ impl Volumes {
                 source: Box::new(source),
             })?;
         let token = answer.status.map(|s| s.token).unwrap_or_default();
-        let lifetime = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
-        let refresh_at = issued + refresh_after(lifetime);
+        // The kubelet's rule, as the daemon applies it (no jitter: one agent, few tokens).
+        let refresh_at =
+            issued + vne_core::tokens::refresh_delay(Duration::ZERO, seconds, Duration::ZERO);
         self.tokens.insert(
             key,
             CachedToken {
@@ -367,11 +366,6 @@ impl Volumes {
         self.written.insert(volume.to_owned(), now_written);
         Ok(())
     }
-}
-
-/// When to refresh a token of `lifetime`: at 80 % of it, and at least daily.
-pub(crate) fn refresh_after(lifetime: Duration) -> Duration {
-    (lifetime * 4 / 5).min(MAX_TOKEN_AGE)
 }
 
 fn safe_relative(path: &str) -> Option<&Path> {
@@ -737,21 +731,5 @@ mod tests {
         .unwrap();
         assert_eq!(files[0].data, b"ns");
         assert_eq!(files[1].data, b"a=\"b\"");
-    }
-
-    #[test]
-    fn token_refresh_times() {
-        assert_eq!(
-            refresh_after(Duration::from_secs(3600)),
-            Duration::from_secs(2880)
-        );
-        assert_eq!(
-            refresh_after(Duration::from_secs(600)),
-            Duration::from_secs(480)
-        );
-        assert_eq!(
-            refresh_after(Duration::from_secs(7 * 24 * 3600)),
-            MAX_TOKEN_AGE
-        );
     }
 }
