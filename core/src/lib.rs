@@ -23,7 +23,9 @@
 //! - [`to_eci`]: a pod as ECI's `CreateContainerGroupRequest`;
 //! - [`from_eci`]: a container group's status as the pod's status;
 //! - [`lifecycle`]: the life of one pod on a virtual node, a state machine of pure transitions;
-//! - [`selector`]: eci-profile's `Selector` resource and the engine that places a pod by it;
+//! - [`selector`]: eci-profile's `Selector` resource and the engine that places a pod by it
+//!   (with `LabelSelector` objects' semantics, [`selector::labels`]);
+//! - [`selector_text`]: label selectors written as text, as `kubectl -l` takes them;
 //! - [`placement`]: the `ResourcePolicy` resource and the decisions that place pods in its units;
 //! - [`kubelet_metrics`]: ECI's metric records as the kubelet's `/metrics/resource` and
 //!   `/stats/summary` (what `kubectl top` and the HPA read through metrics-server).
@@ -38,6 +40,7 @@ pub mod quantity;
 pub mod refs;
 pub mod requests;
 pub mod selector;
+pub mod selector_text;
 pub mod service_env;
 pub mod time;
 pub mod to_eci;

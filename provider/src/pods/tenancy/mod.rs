@@ -24,7 +24,7 @@ use std::fmt;
 
 use kube::core::{Selector, SelectorExt};
 
-use crate::k8s::label_selector::{self, SelectorError};
+use vne_core::selector_text::{self, SelectorError};
 
 /// The prefix of the annotations a policy key names (ConfigMap keys cannot hold a `/`).
 pub const ANNOTATION_PREFIX: &str = "k8s.aliyun.com/";
@@ -90,7 +90,7 @@ impl Written {
         let selector = match text {
             NOBODY => None,
             EVERYBODY => Some(Selector::default()),
-            _ => Some(label_selector::parse(text)?),
+            _ => Some(selector_text::parse(text)?),
         };
         Ok(Self {
             selector,
