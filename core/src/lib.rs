@@ -3,8 +3,9 @@
 //! ECI, and the integration harness's host agent running pods as a kubelet would — and the
 //! daemon's pure logic: the translation of a pod into ECI's request and of ECI's answer back
 //! into the pod's status, the pod's lifecycle on the node, and the placement decisions of the
-//! admission webhook (eci-profile's Selectors) and of ResourcePolicy, and the kubelet's
-//! resource metrics as computed from ECI's.
+//! admission webhook (eci-profile's Selectors) and of ResourcePolicy, which namespaces may run
+//! pods on the virtual nodes and use which ECI annotations, and the kubelet's resource metrics
+//! as computed from ECI's.
 //!
 //! Nothing here does I/O, keeps state or knows about the API server or a runtime: each
 //! function takes Kubernetes objects (k8s-openapi's types, and the custom resources defined
@@ -23,8 +24,12 @@
 //! - [`to_eci`]: a pod as ECI's `CreateContainerGroupRequest`;
 //! - [`from_eci`]: a container group's status as the pod's status;
 //! - [`lifecycle`]: the life of one pod on a virtual node, a state machine of pure transitions;
-//! - [`selector`]: eci-profile's `Selector` resource and the engine that places a pod by it;
+//! - [`selector`]: eci-profile's `Selector` resource and the engine that places a pod by it
+//!   (with `LabelSelector` objects' semantics, [`selector::labels`]);
+//! - [`selector_text`]: label selectors written as text, as `kubectl -l` takes them;
 //! - [`placement`]: the `ResourcePolicy` resource and the decisions that place pods in its units;
+//! - [`tenancy`]: the namespace scope and the annotation policy, judged before a pod's group is
+//!   created;
 //! - [`kubelet_metrics`]: ECI's metric records as the kubelet's `/metrics/resource` and
 //!   `/stats/summary` (what `kubectl top` and the HPA read through metrics-server).
 
@@ -38,7 +43,9 @@ pub mod quantity;
 pub mod refs;
 pub mod requests;
 pub mod selector;
+pub mod selector_text;
 pub mod service_env;
+pub mod tenancy;
 pub mod time;
 pub mod to_eci;
 pub mod tokens;

@@ -258,7 +258,7 @@ const WATCH_SITES: &[(&str, &[(&str, &str)])] = &[
         ],
     ),
     (
-        "pods/tenancy/feed.rs",
+        "pods/tenancy.rs",
         &[
             ("Namespace", "cluster"),
             ("ConfigMap", "metadata.name=<annotation policy>"),

@@ -1,4 +1,5 @@
 //! LabelSelector semantics (matchLabels and matchExpressions, ANDed), as the API server has them.
+//! Selectors written as text (`kubectl -l`) are [`crate::selector_text`]'s.
 
 use std::collections::BTreeMap;
 

@@ -273,7 +273,7 @@ impl PodsArgs {
     /// Which namespaces are served, and where the annotation policy lives.
     fn check_scope(&self) -> Result<(), ConfigError> {
         if let Some(text) = &self.namespace_selector
-            && let Err(error) = crate::k8s::label_selector::parse(text)
+            && let Err(error) = vne_core::selector_text::parse(text)
         {
             return Err(ConfigError {
                 flag: "--namespace-selector (NAMESPACE_SELECTOR)",

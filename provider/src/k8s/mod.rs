@@ -9,7 +9,6 @@
 pub mod access;
 pub mod callers;
 pub mod election;
-pub mod label_selector;
 pub mod serving_cert;
 pub mod shared_watch;
 pub mod write_share;

@@ -331,7 +331,7 @@ struct Inner {
     /// The Services ECI pods see in their environment (one watch).
     services: crate::pods::services::ServiceCache,
     /// The namespace scope and annotation policy, as currently known.
-    tenancy: crate::pods::tenancy::feed::PolicyFeed,
+    tenancy: crate::pods::tenancy::PolicyFeed,
     /// What ECI says of the daemon's configuration, shared with the node status.
     misconfig: Arc<crate::eci::misconfig::Monitor>,
     /// This node's pods: the replica's one watch of them (the kubelet API reads it too).
@@ -557,7 +557,7 @@ impl PodController {
                     Arc::clone(&telemetry),
                 ),
                 services: crate::pods::services::ServiceCache::new(),
-                tenancy: crate::pods::tenancy::feed::PolicyFeed::new(tenancy_settings(&config)),
+                tenancy: crate::pods::tenancy::PolicyFeed::new(tenancy_settings(&config)),
                 config,
                 client,
                 backend,
@@ -1074,14 +1074,14 @@ fn hash_of<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
 
 /// The administrators' settings of the namespace scope and annotation policy. A scope that
 /// does not parse (the configuration checks it first) selects no namespace: closed, not open.
-fn tenancy_settings(config: &WithSite<PodsArgs>) -> crate::pods::tenancy::feed::Settings {
-    use crate::pods::tenancy::Written;
+fn tenancy_settings(config: &WithSite<PodsArgs>) -> crate::pods::tenancy::Settings {
+    use vne_core::tenancy::Written;
     let given = |flag: &Option<String>| flag.clone().filter(|text| !text.trim().is_empty());
     let scope = given(&config.args.namespace_selector)
         .map(|text| Written::parse(&text).unwrap_or_else(|_| Written::nobody()));
     let policy = given(&config.args.annotation_policy_configmap)
         .map(|name| (config.site.pod_namespace.clone(), name));
-    crate::pods::tenancy::feed::Settings { scope, policy }
+    crate::pods::tenancy::Settings { scope, policy }
 }
 
 /// Pods that must not become container groups, and why.

@@ -1,7 +1,8 @@
 //! The administrators' say before a pod becomes a container group: the namespace scope and
-//! the annotation policy ([`crate::pods::tenancy`]). A refused pod stays Pending with a
-//! condition and a Warning Event, and nothing of it is read or created; it is judged again
-//! when the policy, its namespace's labels or the pod itself change.
+//! the annotation policy ([`vne_core::tenancy`], kept current by [`crate::pods::tenancy`]). A
+//! refused pod stays Pending with a condition and a Warning Event, and nothing of it is read
+//! or created; it is judged again when the policy, its namespace's labels or the pod itself
+//! change.
 
 use std::collections::BTreeMap;
 
@@ -12,9 +13,9 @@ use tracing::{debug, info, warn};
 
 use super::create::CreateJob;
 use super::{PodController, hash_of};
-use crate::pods::tenancy::specs::Size;
-use crate::pods::tenancy::{Asked, Clearance};
 use vne_core::lifecycle::{Effect, Lifecycle, Trigger};
+use vne_core::tenancy::specs::Size;
+use vne_core::tenancy::{Asked, Clearance};
 
 /// What to do with a pod after judging it.
 pub(super) enum Admission {

@@ -1,6 +1,8 @@
-//! Keeps what [`super::judge`] needs current: the policy ConfigMap (one watch of that one
-//! object) and the namespaces' labels (a kube-runtime reflector), each only when configured.
-//! Every change bumps a counter the pod controller waits on to judge held pods again.
+//! The namespace scope and the annotation policy at runtime: keeps what
+//! [`vne_core::tenancy::judge`] needs current — the policy ConfigMap (one watch of that one
+//! object) and the namespaces' labels (a kube-runtime reflector), each only when configured —
+//! and asks it. Every change bumps a counter the pod controller waits on to judge held pods
+//! again. The decisions, the policy's format and the refusal reasons are vne-core's.
 
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
@@ -15,7 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{AnnotationPolicy, Asked, Clearance, Labels, Policy, Written};
+use vne_core::tenancy::{AnnotationPolicy, Asked, Clearance, Labels, Policy, Written};
 
 /// Why the feed stopped.
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +101,7 @@ impl PolicyFeed {
             Some(ns) => Labels::Known(ns.metadata.labels.as_ref().unwrap_or(&empty)),
             None => Labels::Unknown,
         };
-        super::judge(
+        vne_core::tenancy::judge(
             asked,
             namespace,
             labels,

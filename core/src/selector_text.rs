@@ -1,8 +1,9 @@
 //! Label selectors written as text, the way `kubectl -l` takes them (`env=prod,team!=ops`,
 //! `tier in (a,b)`, `trusted`, `!sandbox`), turned into kube's [`Selector`] to match with.
-//! Flags and ConfigMap values hold selectors as text; kube parses none itself.
+//! Flags and ConfigMap values hold selectors as text; kube parses none itself. A
+//! `LabelSelector` object (matchLabels, matchExpressions) is [`crate::selector::labels`]'s.
 
-use kube::core::{Expression, Selector};
+use kube_core::{Expression, Selector};
 
 /// Why a selector's text is not one.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -132,7 +133,7 @@ fn value_of(text: &str) -> Result<String, SelectorError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::core::SelectorExt;
+    use kube_core::SelectorExt;
     use std::collections::BTreeMap;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

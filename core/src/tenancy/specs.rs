@@ -6,8 +6,8 @@
 
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 
-use crate::k8s::quantity::{self, Quantity};
-use crate::k8s::requests;
+use crate::quantity::{self, Quantity};
+use crate::requests;
 
 /// The vCPU counts ECI sells, smallest first.
 const VCPU_SIZES: &[f64] = &[

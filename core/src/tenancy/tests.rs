@@ -514,15 +514,13 @@ fn flat_yaml(text: &str, start: Option<&str>) -> BTreeMap<String, String> {
 
 #[test]
 fn the_shipped_policy_names_every_annotation_and_restricts_identity_network_and_others_resources() {
-    use vne_core::to_eci::annotations::{Handling, TABLE};
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let read = |path: &str| std::fs::read_to_string(format!("{root}/{path}")).expect(path);
+    use crate::to_eci::annotations::{Handling, TABLE};
     let kustomize = flat_yaml(
-        &read("deploy/base/annotation-policy.yaml"),
+        include_str!("../../../deploy/base/annotation-policy.yaml"),
         Some("\ndata:\n"),
     );
     let chart = flat_yaml(
-        &read("charts/virtual-node-eci/files/annotation-policy.yaml"),
+        include_str!("../../../charts/virtual-node-eci/files/annotation-policy.yaml"),
         None,
     );
     assert_eq!(kustomize, chart, "the chart ships the kustomize policy");
@@ -588,7 +586,7 @@ fn the_shipped_policy_names_every_annotation_and_restricts_identity_network_and_
 /// The annotation table is vne-core's; the prefix a policy can name is the annotation policy's.
 #[test]
 fn the_table_names_each_annotation_once_and_each_can_be_governed() {
-    use vne_core::to_eci::annotations::TABLE;
+    use crate::to_eci::annotations::TABLE;
     let mut keys: Vec<&str> = TABLE.iter().map(|e| e.key).collect();
     keys.sort_unstable();
     let count = keys.len();
@@ -598,10 +596,7 @@ fn the_table_names_each_annotation_once_and_each_can_be_governed() {
         // The annotation policy governs annotations under its prefix; only the two
         // Kubernetes bandwidth annotations (limits, not identity, network or billing) are not.
         assert!(
-            entry
-                .key
-                .starts_with(crate::pods::tenancy::ANNOTATION_PREFIX)
-                || entry.key.ends_with("-bandwidth"),
+            entry.key.starts_with(ANNOTATION_PREFIX) || entry.key.ends_with("-bandwidth"),
             "{} cannot be named by the annotation policy",
             entry.key
         );

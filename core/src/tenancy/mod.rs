@@ -13,18 +13,18 @@
 //!   size the daemon cannot compare (`unknown-size-instance-types`, default: all). Without a
 //!   policy everything is allowed everywhere, as in ack-virtual-node.
 //!
-//! The judgement ([`judge`]) is pure; [`feed`] keeps the policy and the namespace labels it
-//! needs current from watches. Owns no API call of its own besides those watches.
+//! The judgement ([`judge`]) is pure: it is given the policy and the namespace's labels. The
+//! daemon's pod controller keeps both current from watches and asks it before a pod's group
+//! is created.
 
-pub mod feed;
 pub mod specs;
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use kube::core::{Selector, SelectorExt};
+use kube_core::{Selector, SelectorExt};
 
-use crate::k8s::label_selector::{self, SelectorError};
+use crate::selector_text::{self, SelectorError};
 
 /// The prefix of the annotations a policy key names (ConfigMap keys cannot hold a `/`).
 pub const ANNOTATION_PREFIX: &str = "k8s.aliyun.com/";
@@ -90,7 +90,7 @@ impl Written {
         let selector = match text {
             NOBODY => None,
             EVERYBODY => Some(Selector::default()),
-            _ => Some(label_selector::parse(text)?),
+            _ => Some(selector_text::parse(text)?),
         };
         Ok(Self {
             selector,
@@ -249,7 +249,7 @@ struct Check<'a> {
 
 /// Whether an annotation is one the daemon writes back (never read from the pod).
 fn written_back(name: &str) -> bool {
-    use vne_core::to_eci::annotations::{Handling, entry};
+    use crate::to_eci::annotations::{Handling, entry};
     entry(name).is_some_and(|e| matches!(e.handling, Handling::WrittenBack(_)))
 }
 
