@@ -12,9 +12,13 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use virtual_node_eci::ops::metrics::{
-    EciLabels, PhaseLabels, PlacementLabels, ResultLabels, Telemetry, VerbLabels,
-};
+use virtual_node_eci::admission::AdmissionMetrics;
+use virtual_node_eci::app::telemetry::every_metric;
+use virtual_node_eci::fleet::FleetMetrics;
+use virtual_node_eci::node::NodeMetrics;
+use virtual_node_eci::ops::metrics::{EciLabels, MetricSet as _, ResultLabels};
+use virtual_node_eci::placement::extender::{PlacementLabels, PlacementMetrics, VerbLabels};
+use virtual_node_eci::pods::{PhaseLabels, PodMetrics};
 
 fn files() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/virtual-node-eci/files")
@@ -90,13 +94,18 @@ fn dashboard_queries() -> Vec<String> {
 /// Prometheus names the samples of each type). Labelled families appear once they have a
 /// series, as in a running daemon: each gets one here.
 fn served_series() -> BTreeSet<String> {
-    let telemetry = Telemetry::new();
+    let telemetry = every_metric();
     let result = |r: &str| ResultLabels { result: r.into() };
-    telemetry.eci_probes.get_or_create(&result("ok")).inc();
-    telemetry.lease_renewals.get_or_create(&result("ok")).inc();
-    telemetry.token_refreshes.get_or_create(&result("ok")).inc();
-    telemetry.drains.get_or_create(&result("drained")).inc();
-    telemetry
+    let node = NodeMetrics::of(&telemetry);
+    node.eci_probes.get_or_create(&result("ok")).inc();
+    node.lease_renewals.get_or_create(&result("ok")).inc();
+    let pods = PodMetrics::of(&telemetry);
+    pods.token_refreshes.get_or_create(&result("ok")).inc();
+    FleetMetrics::of(&telemetry)
+        .drains
+        .get_or_create(&result("drained"))
+        .inc();
+    AdmissionMetrics::of(&telemetry)
         .admission_reviews
         .get_or_create(&result("patched"))
         .inc();
@@ -108,13 +117,13 @@ fn served_series() -> BTreeSet<String> {
             result: "ok".into(),
         })
         .inc();
-    telemetry
-        .pods
+    pods.pods
         .get_or_create(&PhaseLabels {
             phase: "Running".into(),
         })
         .set(1);
-    telemetry
+    let placement = PlacementMetrics::of(&telemetry);
+    placement
         .placement_pods_placed
         .get_or_create(&PlacementLabels {
             policy: "default/p".into(),
@@ -122,7 +131,7 @@ fn served_series() -> BTreeSet<String> {
             by: "extender",
         })
         .inc();
-    telemetry
+    placement
         .placement_extender_seconds
         .get_or_create(&VerbLabels { verb: "filter" })
         .observe(0.001);

@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::AdmissionMetrics;
 use super::cache::Caches;
 use super::register::Registration;
 use super::review::Admission;
@@ -32,7 +33,7 @@ use crate::k8s::serving_cert as webhook_cert;
 use crate::k8s::shared_watch::ClusterWatches;
 use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
-use crate::ops::metrics::{ResultLabels, Telemetry};
+use crate::ops::metrics::{MetricSet as _, ResultLabels, Telemetry};
 
 /// How often the certificate files are checked for a renewal.
 const CERT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
@@ -53,7 +54,7 @@ fn limits() -> Limits {
 
 struct Served {
     admission: Admission,
-    telemetry: Arc<Telemetry>,
+    metrics: AdmissionMetrics,
     events: mpsc::Sender<(ObjectReference, String)>,
 }
 
@@ -88,11 +89,11 @@ async fn review(State(served): State<Arc<Served>>, body: Bytes) -> Response {
         }
     };
     served
-        .telemetry
+        .metrics
         .admission_seconds
         .observe(started.elapsed().as_secs_f64());
     served
-        .telemetry
+        .metrics
         .admission_reviews
         .get_or_create(&ResultLabels {
             result: result.into(),
@@ -327,7 +328,7 @@ fn served(
             scope,
             placement,
         },
-        telemetry: Arc::clone(telemetry),
+        metrics: AdmissionMetrics::of(telemetry),
         events: warnings,
     });
     (served, warnings_out)
@@ -557,7 +558,7 @@ mod tests {
                 scope: Scope::Cluster,
                 placement: None,
             },
-            telemetry: Arc::new(Telemetry::new()),
+            metrics: AdmissionMetrics::of(&Telemetry::new()),
             events: mpsc::channel(1).0,
         })
     }

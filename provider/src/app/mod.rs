@@ -6,6 +6,7 @@
 pub mod logging;
 pub mod rbac;
 pub mod signals;
+pub mod telemetry;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -69,7 +70,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> anyh
             "--eci-allow-insecure-endpoint (ECI_ALLOW_INSECURE_ENDPOINT) is set: ECI requests, the pods' Secret values and exec streams may travel unencrypted; use it only with a local mock-eci"
         );
     }
-    let telemetry = Arc::new(Telemetry::new());
+    let telemetry = Arc::new(telemetry::every_metric());
     let readiness = Arc::new(Readiness::default());
     let listeners = Listeners::bind(&settings).await?;
     let clients = Clients::connect().await?;

@@ -17,11 +17,12 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::FleetMetrics;
 use crate::config::{FleetArgs, WithSite};
 use crate::node::lease::LEASE_NAMESPACE;
 use crate::node::shape::{self, DECOMMISSION_ANNOTATION};
 use crate::ops::events::EventPublisher;
-use crate::ops::metrics::Telemetry;
+use crate::ops::metrics::{MetricSet as _, Telemetry};
 
 /// How often the drain looks at what is left.
 const ROUND: Duration = Duration::from_millis(500);
@@ -187,6 +188,7 @@ pub struct Decommission {
     client: kube::Client,
     config: WithSite<FleetArgs>,
     telemetry: std::sync::Arc<Telemetry>,
+    metrics: FleetMetrics,
     recorder: EventPublisher,
 }
 
@@ -218,6 +220,7 @@ impl Decommission {
             ),
             client,
             config,
+            metrics: FleetMetrics::of(&telemetry),
             telemetry,
         }
     }
@@ -325,16 +328,16 @@ impl Decommission {
                 Err(error) => return Err(self.api_error("list the node's pods")(error)),
             };
             let plan = plan(&pods, self.config.args.drain_evict_unmanaged_pods);
-            self.telemetry
+            self.metrics
                 .drain_pods_left
                 .set(i64::try_from(plan.left()).unwrap_or(i64::MAX));
             if plan.left() == 0 {
-                Telemetry::count(&self.telemetry.drains, "drained");
+                Telemetry::count(&self.metrics.drains, "drained");
                 info!(node = %self.config.site.node_name, elapsed = ?started.elapsed(), ignored = plan.ignored.len(), "drained: no pod is left on the node");
                 return Ok(DrainEnd::Drained);
             }
             if Instant::now() >= deadline {
-                Telemetry::count(&self.telemetry.drains, "timed_out");
+                Telemetry::count(&self.metrics.drains, "timed_out");
                 let left = plan.describe_left();
                 warn!(node = %self.config.site.node_name, %left, timeout = ?self.config.args.drain_timeout, "the drain deadline passed: leaving the node cordoned with its remaining pods");
                 self.node_event(

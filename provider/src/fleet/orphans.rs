@@ -18,11 +18,12 @@ use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::FleetMetrics;
 use crate::config::{FleetArgs, WithSite};
 use crate::eci::Backend;
 use crate::k8s::election::{self, Acquire, LeaseLock, Request};
 use crate::ops::chain::Chain;
-use crate::ops::metrics::Telemetry;
+use crate::ops::metrics::{MetricSet as _, Telemetry};
 use vne_core::to_eci::naming;
 
 /// Name of the election Lease (in the daemon's namespace).
@@ -126,6 +127,7 @@ pub struct OrphanCollector {
     backend: Backend,
     config: WithSite<FleetArgs>,
     telemetry: std::sync::Arc<Telemetry>,
+    metrics: FleetMetrics,
     election: LeaseLock,
 }
 
@@ -155,6 +157,7 @@ impl OrphanCollector {
             client,
             backend,
             config,
+            metrics: FleetMetrics::of(&telemetry),
             telemetry,
             election,
         }
@@ -312,7 +315,7 @@ impl OrphanCollector {
                 }
             }
             deleted += 1;
-            self.telemetry.orphan_groups_deleted.inc();
+            self.metrics.orphan_groups_deleted.inc();
             info!(
                 eci_id = %candidate.group_id,
                 node = %candidate.node,

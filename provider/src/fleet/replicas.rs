@@ -14,8 +14,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::FleetMetrics;
 use crate::node::shape::VNODE_LABEL;
-use crate::ops::metrics::Telemetry;
+use crate::ops::metrics::{MetricSet as _, Telemetry};
 
 /// Whether `node`'s replica is alive (pure): not being deleted, and not marked `Unknown` by
 /// the node lifecycle controller. `Ready=False` is written by a live replica (ECI is down),
@@ -52,6 +53,7 @@ pub async fn run(
     telemetry: Arc<Telemetry>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
+    let metrics = FleetMetrics::of(&telemetry);
     let nodes: Api<Node> = Api::all(client);
     let (store, writer) = reflector::store();
     let config = watcher::Config::default().labels(&selector(&region));
@@ -69,7 +71,7 @@ pub async fn run(
             Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
             Some(Ok(_)) => {
                 let live = live_count(store.state().iter().map(AsRef::as_ref));
-                telemetry.eci_quota_replicas.set(i64::from(live));
+                metrics.eci_quota_replicas.set(i64::from(live));
                 count.send_if_modified(|current| {
                     let changed = *current != live;
                     if changed {

@@ -14,12 +14,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::NodeMetrics;
 use crate::k8s::election::{Candidate, Claim, LeaseLock, Renewal, Request, SecondLook};
 pub use crate::k8s::election::{
     INSTANCE_ANNOTATION, RELEASED_ANNOTATION, RENEW_INTERVAL_ANNOTATION,
 };
 use crate::ops::chain::Chain;
-use crate::ops::metrics::{ResultLabels, Telemetry};
+use crate::ops::metrics::{MetricSet as _, ResultLabels, Telemetry};
 
 /// Namespace of node Leases.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -257,6 +258,7 @@ impl NodeLease {
         let mut ticks = tokio::time::interval(self.identity.renew_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await;
+        let metrics = NodeMetrics::of(telemetry);
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
@@ -269,7 +271,7 @@ impl NodeLease {
             }
             match self.renew(telemetry).await {
                 Ok(()) => {
-                    telemetry
+                    metrics
                         .lease_renewals
                         .get_or_create(&ResultLabels {
                             result: "ok".into(),
@@ -278,7 +280,7 @@ impl NodeLease {
                 }
                 Err(lost @ LeaseError::Lost { .. }) => return Err(lost),
                 Err(error) => {
-                    telemetry
+                    metrics
                         .lease_renewals
                         .get_or_create(&ResultLabels {
                             result: "error".into(),

@@ -19,12 +19,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::NodeMetrics;
 use super::shape;
 use crate::config::{NodeArgs, WithSite};
 use crate::eci::Backend;
 use crate::eci::misconfig::{Misconfiguration, Monitor};
 use crate::node::eci_health::{EciHealth, HealthTracker};
-use crate::ops::metrics::{ResultLabels, Telemetry};
+use crate::ops::metrics::{MetricSet as _, ResultLabels, Telemetry};
 
 /// Tag key carrying the cluster name on every container group.
 pub const CLUSTER_TAG: &str = "k8s.aliyun.com/cluster";
@@ -90,10 +91,11 @@ impl StatusReporter {
 
     /// Records a probe outcome.
     pub fn record(&mut self, outcome: Result<(), EciError>, telemetry: &Telemetry) {
+        let metrics = NodeMetrics::of(telemetry);
         match outcome {
             Ok(()) => {
                 self.tracker.record_success();
-                telemetry
+                metrics
                     .eci_probes
                     .get_or_create(&ResultLabels {
                         result: "ok".into(),
@@ -101,7 +103,7 @@ impl StatusReporter {
                     .inc();
             }
             Err(error) => {
-                telemetry
+                metrics
                     .eci_probes
                     .get_or_create(&ResultLabels {
                         result: error.code.clone(),
@@ -310,8 +312,9 @@ fn report_written(
     misconfigured: Option<&Misconfiguration>,
 ) {
     let ready = *health == EciHealth::Reachable;
-    telemetry.eci_reachable.set(i64::from(ready));
-    telemetry.node_ready.set(i64::from(ready));
+    let metrics = NodeMetrics::of(telemetry);
+    metrics.eci_reachable.set(i64::from(ready));
+    metrics.node_ready.set(i64::from(ready));
     if let EciHealth::Unreachable { error, .. } = health {
         warn!(node = %config.site.node_name, %error, "ECI unreachable: node NotReady (EciUnreachable)");
     }

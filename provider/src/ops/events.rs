@@ -44,6 +44,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -52,7 +55,7 @@ use tracing::debug;
 
 use crate::k8s::access::{Access, Scope};
 use crate::k8s::write_share::WriteShare;
-use crate::ops::metrics::Telemetry;
+use crate::ops::metrics::{MetricSet, Telemetry};
 
 /// How long a repeat still counts as the same series (as kube-runtime and client-go).
 const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
@@ -318,12 +321,39 @@ impl SeriesIndex {
     }
 }
 
+/// The background queue's metrics, shared by every publisher of the daemon.
+#[derive(Debug, Clone, Default)]
+pub struct EventMetrics {
+    /// Background events dropped because their queue was full.
+    pub events_dropped: Counter,
+    /// Background events queued and not yet being published.
+    pub events_waiting: Gauge,
+}
+
+impl MetricSet for EventMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "events_dropped",
+            "Events not published because the background queue was full (they are best-effort)",
+            metrics.events_dropped.clone(),
+        );
+        registry.register(
+            "events_waiting",
+            "Events queued for background publication and not yet sent (routine ones wait while pod writes do)",
+            metrics.events_waiting.clone(),
+        );
+        metrics
+    }
+}
+
 /// What the publisher shares with its background workers.
 struct Shared {
     client: kube::Client,
     reporter: Reporter,
     series: Mutex<SeriesIndex>,
     telemetry: Arc<Telemetry>,
+    metrics: EventMetrics,
     precedence: Option<Precedence>,
     /// This replica's share of [`MAX_WINDOW`], when the fleet divides it.
     share: Option<Arc<WriteShare>>,
@@ -375,6 +405,7 @@ impl EventPublisher {
             client,
             reporter,
             series: Mutex::new(SeriesIndex::new(SERIES_CAPACITY, Instant::now())),
+            metrics: EventMetrics::of(&telemetry),
             telemetry,
             precedence,
             share,
@@ -415,10 +446,10 @@ impl EventPublisher {
         };
         match queue.try_send(Queued::pack(event, regarding, Timestamp::now())) {
             Ok(()) => {
-                self.shared.telemetry.events_waiting.inc();
+                self.shared.metrics.events_waiting.inc();
             }
             Err(error) => {
-                self.shared.telemetry.events_dropped.inc();
+                self.shared.metrics.events_dropped.inc();
                 let reason = error.into_inner().reason;
                 debug!(%reason, "event queue full; event dropped");
             }
@@ -531,7 +562,7 @@ async fn drain(shared: Arc<Shared>, mut queues: Queues) {
             () = tokio::time::sleep_until(turn_at.unwrap_or(now)), if turn_at.is_some() => continue,
         };
         if let Some(queued) = next {
-            shared.telemetry.events_waiting.dec();
+            shared.metrics.events_waiting.dec();
             in_flight.spawn(Arc::clone(&shared).publish_queued(queued, routine));
         }
     }
@@ -865,7 +896,7 @@ mod tests {
         for i in 0..200 {
             publisher.publish_later(mk_event("Started", &format!("container {i}")), mk_ref("p"));
         }
-        assert_eq!(telemetry.events_waiting.get(), 200);
+        assert_eq!(EventMetrics::of(&telemetry).events_waiting.get(), 200);
         until_answered(&seen, 10).await;
         assert_eq!(seen.lock().most_in_flight, 1, "routine: one at a time");
 
@@ -891,8 +922,8 @@ mod tests {
             "routine events open up once pod writes do not wait: {:?}",
             &seen.in_flight_at_arrival[200..]
         );
-        assert_eq!(telemetry.events_dropped.get(), 0);
-        assert_eq!(telemetry.events_waiting.get(), 0);
+        assert_eq!(EventMetrics::of(&telemetry).events_dropped.get(), 0);
+        assert_eq!(EventMetrics::of(&telemetry).events_waiting.get(), 0);
     }
 
     /// Routine events yield from the first sight of waiting pod writes until [`YIELD_HOLD`]
@@ -949,7 +980,7 @@ mod tests {
             seen.lock().most_in_flight > 1,
             "the window opens once the bursts are over"
         );
-        assert_eq!(telemetry.events_dropped.get(), 0);
+        assert_eq!(EventMetrics::of(&telemetry).events_dropped.get(), 0);
     }
 
     /// A queued event is dated when it was observed, not when it is finally written.
@@ -985,7 +1016,7 @@ mod tests {
         }
         let took = started.elapsed();
         let seen = seen.lock();
-        assert_eq!(telemetry.events_dropped.get(), 0);
+        assert_eq!(EventMetrics::of(&telemetry).events_dropped.get(), 0);
         assert_eq!(
             seen.most_in_flight, MAX_WINDOW,
             "the window reached its ceiling"
@@ -1114,7 +1145,7 @@ mod tests {
             "alone, one at a time back to back: {alone} in 10 s"
         );
         assert_eq!(seen.lock().most_in_flight, 1);
-        assert_eq!(telemetry.events_dropped.get(), 0);
+        assert_eq!(EventMetrics::of(&telemetry).events_dropped.get(), 0);
         fleet.stop().await;
     }
 
@@ -1157,7 +1188,11 @@ mod tests {
             "after the first slow answers, one at a time: {:?}",
             seen.in_flight_at_arrival
         );
-        assert_eq!(telemetry.events_dropped.get(), 0, "slow, not lost");
+        assert_eq!(
+            EventMetrics::of(&telemetry).events_dropped.get(),
+            0,
+            "slow, not lost"
+        );
     }
 
     #[tokio::test(start_paused = true)]

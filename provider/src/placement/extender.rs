@@ -33,7 +33,13 @@ use vne_core::placement::decide::{self, Destination};
 
 use super::state::{Grant, PLACED_BY_ANNOTATION, PlacementIndex, PodEntry, PolicyEntry, Refusal};
 use crate::ops::events::EventPublisher;
-use crate::ops::metrics::{PlacementLabels, Telemetry, VerbLabels};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::ops::metrics::MetricSet;
 
 pub mod caller;
 
@@ -197,14 +203,76 @@ pub enum BindError {
     },
 }
 
+/// Labels of ResourcePolicy placements.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlacementLabels {
+    /// The policy (`namespace/name`).
+    pub policy: String,
+    /// The unit, 1-based.
+    pub unit: String,
+    /// `extender` (at bind) or `admission` (webhook-only placement).
+    pub by: &'static str,
+}
+
+/// Labels of the scheduler extender's calls.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabels {
+    /// `filter`, `prioritize` or `bind`.
+    pub verb: &'static str,
+}
+
+/// A histogram constructor a `Family` can hold.
+pub type HistogramMaker = fn() -> Histogram;
+
+fn extender_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
+}
+
+/// ResourcePolicy placement's metrics: what the extender placed, refused, and how fast.
+#[derive(Debug, Clone)]
+pub struct PlacementMetrics {
+    /// Pods placed by a ResourcePolicy, by policy, unit and how.
+    pub placement_pods_placed: Family<PlacementLabels, Counter>,
+    /// Binds refused because the unit filled up meanwhile (the scheduler retries the pod).
+    pub placement_bind_refusals: Counter,
+    /// Time to answer the scheduler extender, by verb.
+    pub placement_extender_seconds: Family<VerbLabels, Histogram, HistogramMaker>,
+}
+
+impl MetricSet for PlacementMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            placement_pods_placed: Family::default(),
+            placement_bind_refusals: Counter::default(),
+            placement_extender_seconds: Family::new_with_constructor(extender_histogram),
+        };
+        registry.register(
+            "placement_pods_placed",
+            "Pods placed in a ResourcePolicy unit, by policy, unit (1-based) and how (extender at bind, admission without one)",
+            metrics.placement_pods_placed.clone(),
+        );
+        registry.register(
+            "placement_bind_refusals",
+            "Scheduler binds refused because the ResourcePolicy unit reached its max meanwhile (the scheduler retries)",
+            metrics.placement_bind_refusals.clone(),
+        );
+        registry.register(
+            "placement_extender_seconds",
+            "Time to answer kube-scheduler's extender calls, by verb",
+            metrics.placement_extender_seconds.clone(),
+        );
+        metrics
+    }
+}
+
 /// What the handlers share.
 pub struct Extender {
     /// The index.
     pub index: Arc<PlacementIndex>,
     /// The API client (binds as the daemon).
     pub client: kube::Client,
-    /// Metrics.
-    pub telemetry: Arc<Telemetry>,
+    /// Placement's metrics.
+    pub metrics: PlacementMetrics,
     /// Events on pods.
     pub events: EventPublisher,
     /// The binds under way (see the `bind` handler).
@@ -243,8 +311,8 @@ pub fn router(extender: Arc<Extender>, callers: Arc<caller::CallerGuard>) -> Rou
         .with_state(extender)
 }
 
-fn observe(telemetry: &Telemetry, verb: &'static str, started: Instant) {
-    telemetry
+fn observe(metrics: &PlacementMetrics, verb: &'static str, started: Instant) {
+    metrics
         .placement_extender_seconds
         .get_or_create(&VerbLabels { verb })
         .observe(started.elapsed().as_secs_f64());
@@ -285,7 +353,7 @@ async fn filter(
     let started = Instant::now();
     settle(&extender.index, args.pod.as_ref()).await;
     let result = filter_nodes(&extender.index, &args, SystemTime::now());
-    observe(&extender.telemetry, "filter", started);
+    observe(&extender.metrics, "filter", started);
     axum::Json(result)
 }
 
@@ -362,7 +430,7 @@ async fn prioritize(
 ) -> axum::Json<Vec<HostPriority>> {
     let started = Instant::now();
     let result = prioritize_nodes(&extender.index, &args);
-    observe(&extender.telemetry, "prioritize", started);
+    observe(&extender.metrics, "prioritize", started);
     axum::Json(result)
 }
 
@@ -421,7 +489,7 @@ async fn bind(
             BindingResult { error }
         }
     };
-    observe(&extender.telemetry, "bind", started);
+    observe(&extender.metrics, "bind", started);
     axum::Json(result)
 }
 
@@ -441,7 +509,7 @@ impl Extender {
             .reserve_on_node(&policy, &entry, &args.node, &entry.uid)
             .map_err(|refusal| {
                 if matches!(refusal, Refusal::Full { .. }) {
-                    self.telemetry.placement_bind_refusals.inc();
+                    self.metrics.placement_bind_refusals.inc();
                 }
                 BindError::Refused(refusal)
             })?;
@@ -485,7 +553,7 @@ impl Extender {
         placement: &Grant,
         uid: &str,
     ) {
-        self.telemetry
+        self.metrics
             .placement_pods_placed
             .get_or_create(&PlacementLabels {
                 policy: policy.key.clone(),

@@ -42,7 +42,7 @@ use crate::k8s::serving_cert;
 use crate::k8s::shared_watch::{ClusterWatches, Reader};
 use crate::ops::chain::Chain;
 use crate::ops::events::EventPublisher;
-use crate::ops::metrics::Telemetry;
+use crate::ops::metrics::{MetricSet as _, Telemetry};
 
 /// The Service in front of the elected replica's extender (deploy/base/services.yaml); the
 /// shared serving certificate names it.
@@ -452,7 +452,7 @@ impl Leadership {
             let served = Arc::new(extender::Extender {
                 index: Arc::clone(&self.index),
                 client: self.client.clone(),
-                telemetry: Arc::clone(&self.telemetry),
+                metrics: extender::PlacementMetrics::of(&self.telemetry),
                 events: self.events.clone(),
                 binds: tokio_util::task::TaskTracker::new(),
             });

@@ -49,8 +49,9 @@ use crate::k8s::FIELD_MANAGER;
 use crate::k8s::shared_watch::SharedWatch;
 use crate::k8s::write_share::WriteShare;
 use crate::ops::events::EventPublisher;
-use crate::ops::metrics::Telemetry;
+use crate::ops::metrics::{MetricSet as _, Telemetry};
 use crate::ops::supervisor::Supervisor;
+use crate::pods::PodMetrics;
 use crate::pods::workqueue::WorkQueue;
 use create::{CreateJob, WriteBack};
 use vne_core::from_eci;
@@ -294,6 +295,7 @@ struct Inner {
     client: kube::Client,
     backend: Backend,
     telemetry: Arc<Telemetry>,
+    metrics: PodMetrics,
     events: EventPublisher,
     /// Shared with the readers of [`GroupDirectory`].
     pods: Arc<Mutex<HashMap<String, PodEntry>>>,
@@ -561,6 +563,7 @@ impl PodController {
                 config,
                 client,
                 backend,
+                metrics: PodMetrics::of(&telemetry),
                 telemetry,
                 pods: Arc::default(),
                 creations: Arc::default(),

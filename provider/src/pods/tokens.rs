@@ -42,7 +42,8 @@ use tracing::{debug, error, info, warn};
 use crate::config::{PodsArgs, WithSite};
 use crate::eci::{Backend, Lane};
 use crate::ops::chain::Chain;
-use crate::ops::metrics::Telemetry;
+use crate::ops::metrics::{MetricSet as _, Telemetry};
+use crate::pods::PodMetrics;
 use crate::pods::sources::{Dependents, FileInputs, Seen, Source};
 use vne_core::refs::{self, Token, TokenSource};
 use vne_core::to_eci::{self, Context, Rejection};
@@ -663,6 +664,7 @@ impl TokenRefresher {
             client,
             backend,
             config,
+            metrics: PodMetrics::of(&telemetry),
             telemetry,
             dependents: Arc::clone(&dependents),
         };
@@ -676,6 +678,7 @@ pub struct Renewal {
     backend: Backend,
     config: WithSite<PodsArgs>,
     telemetry: Arc<Telemetry>,
+    metrics: PodMetrics,
     dependents: Arc<Mutex<Dependents>>,
 }
 
@@ -724,7 +727,7 @@ impl Renewal {
             Err(failure) if failure.is_retryable() => "retry",
             Err(_) => "failed",
         };
-        Telemetry::count(&self.telemetry.token_refreshes, result);
+        Telemetry::count(&self.metrics.token_refreshes, result);
         match outcome {
             Ok(Some(delay)) => {
                 debug!(%pod, pod_uid = %entry.uid, eci_id = %entry.group, next_in = ?delay, "next token refresh scheduled");

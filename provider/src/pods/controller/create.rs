@@ -417,7 +417,7 @@ impl PodController {
         let pod = Arc::clone(pod);
         let id = created.group_id().to_owned();
         self.inner
-            .telemetry
+            .metrics
             .pod_create_seconds
             .observe(job.seen.elapsed().as_secs_f64());
         // Not when the pod began deleting meanwhile (or went).
@@ -476,7 +476,7 @@ impl PodController {
         retry: CreateJob,
         message: &str,
     ) -> Option<CreateJob> {
-        self.inner.telemetry.pod_create_retries.inc();
+        self.inner.metrics.pod_create_retries.inc();
         let (strategy, limit) = annotations::on_no_stock(pod.annotations());
         let waited = pod
             .creation_timestamp()
@@ -520,7 +520,7 @@ impl PodController {
         };
         match failure {
             Failure::Retry(message) => {
-                self.inner.telemetry.pod_create_retries.inc();
+                self.inner.metrics.pod_create_retries.inc();
                 let group_seen = self.has_group(uid);
                 if report_failure(job.attempt, group_seen) {
                     // Tell the user once the problem persists, then keep trying.
@@ -557,7 +557,7 @@ impl PodController {
         retry: CreateJob,
         failure: Failure,
     ) -> Option<CreateJob> {
-        self.inner.telemetry.pod_create_retries.inc();
+        self.inner.metrics.pod_create_retries.inc();
         let shown = explained(&failure);
         if shown != shown_before && !self.has_group(uid) {
             self.explain_waiting(pod, &failure).await;

@@ -282,7 +282,7 @@ impl PodController {
             };
             gone += 1;
             self.inner.tokens.forget(uid);
-            self.inner.telemetry.pods_deleted_during_watch_gap.inc();
+            self.inner.metrics.pods_deleted_during_watch_gap.inc();
             match tracked.lifecycle.into_group() {
                 Some(id) => {
                     info!(pod_uid = %uid, eci_id = %id, "the pod was deleted while nobody watched; deleting its container group");

@@ -487,12 +487,12 @@ impl PodController {
                 }
             }
         }
-        self.inner.telemetry.pods.clear();
+        self.inner.metrics.pods.clear();
         for (phase, count) in counts {
             self.inner
-                .telemetry
+                .metrics
                 .pods
-                .get_or_create(&crate::ops::metrics::PhaseLabels { phase })
+                .get_or_create(&crate::pods::PhaseLabels { phase })
                 .set(count);
         }
     }
@@ -539,7 +539,7 @@ impl PodController {
                     .await;
                 if let (Written::Stored(_), Some(at)) = (outcome, changed_at(group)) {
                     self.inner
-                        .telemetry
+                        .metrics
                         .pod_status_propagation_seconds
                         .observe(at.as_secs_f64());
                 }
