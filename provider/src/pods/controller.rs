@@ -1,6 +1,10 @@
 //! Runs the pods bound to this node as ECI container groups.
 //!
-//! - A watch of this node's pods (`spec.nodeName=<node>`) drives creation and deletion.
+//! - One level-triggered sync per pod ([`PodController::sync`]): a watch of this node's pods
+//!   (`spec.nodeName=<node>`), the status polls, a full listing's resync and the times
+//!   something falls due only store what they saw in the pod's entry and queue the pod; the
+//!   sync steps its [`Lifecycle`] by the copy kept (create, delete, stop, nothing) and writes
+//!   its status where it differs from its group's state.
 //! - Creation: fetch what the pod references, translate ([`vne_core::to_eci`]), create with
 //!   `ClientToken` = pod UID (idempotent across retries and restarts), retrying throttling and
 //!   server errors with back-off; a request that can never work fails the pod with
@@ -80,6 +84,9 @@ const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 /// the same time share DescribeContainerGroups calls of up to 20 ids: twice that many
 /// writers keep a call full under a burst while the previous one is in flight.
 const ANNOTATION_WRITERS: usize = 40;
+/// Pods synced at once. Twice the fleet's status writes: a sync takes a permit only to write,
+/// so syncs that write nothing go on while the writes' share is all taken.
+const SYNC_WORKERS: usize = 2 * STATUS_WRITERS;
 
 #[derive(Debug, Default)]
 struct PodEntry {
@@ -180,6 +187,22 @@ impl PodEntry {
         }
         self.keep(pod);
         self.origin = Origin::Answered(version);
+    }
+
+    /// After a restart: what a pod showing its group's id carries of ours stays on it. Read from
+    /// the copy the watch delivers, as the kept copy has no managed fields.
+    fn adopt_carried(&mut self, pod: &Pod) {
+        let Some(group) = self.lifecycle.live_group() else {
+            return;
+        };
+        let shown = pod.annotations();
+        // The id is checked against the group; the others count only if our writes own them
+        // (a pod author may have set them).
+        self.carried.adopt(group, |key| {
+            (key == INSTANCE_ANNOTATION || carried::written_by(pod, FIELD_MANAGER, key))
+                .then(|| shown.get(key).map(String::as_str))
+                .flatten()
+        });
     }
 
     /// What the pod shows is no longer known to be ours: the next full listing gives the
@@ -303,8 +326,8 @@ struct Inner {
     creations: Arc<WorkQueue<String, CreateJob>>,
     /// Group ids to record on their pods (namespace and name), by pod UID.
     annotations: Arc<WorkQueue<String, Annotation>>,
-    /// Pods whose status the status sync is to bring in line with their group, by pod UID
-    /// (see [`status_sync`]): the polls, the watch and the creations only queue them.
+    /// Pods to sync, by UID ([`PodController::sync`]): the watch, the polls, the annotation
+    /// writers and the times something falls due only queue them.
     syncs: Arc<WorkQueue<String, ()>>,
     /// Per-pod work started by the watch (deletions, skip explanations) and create back-off
     /// timers: owned, so a stop lets in-flight ECI calls finish before the process ends.
@@ -325,9 +348,6 @@ struct Inner {
     awaiting_removal: Mutex<HashMap<String, delete::AwaitingGone>>,
     /// DescribeContainerGroups lookups of single groups, sharing calls.
     group_reads: describe::ReadsByLookup,
-    /// Pods to step again from the copy their entry holds, by UID, each at its time: an active
-    /// deadline falling due (values given for later in one timer queue).
-    wakes: Arc<WorkQueue<String, ()>>,
     /// Keeps the groups' service account tokens fresh (one timer queue for all pods).
     tokens: crate::pods::tokens::TokenRefresher,
     /// The Services ECI pods see in their environment (one watch).
@@ -356,10 +376,10 @@ fn tag(group: &ContainerGroupStatus, key: &str) -> Option<String> {
         .map(|t| t.value.clone())
 }
 
-/// Whether this node's pod writes wait: states or instance ids to write, or every pod-removal
-/// turn taken. ECI's routine events yield to them: a pod's status is what its owner waits for,
-/// its events are not. (Creations waiting are left out: they wait for ECI's quota, not for the
-/// apiserver.)
+/// Whether this node's pod writes wait: pods to sync (most syncs write), instance ids to
+/// describe, or every pod-removal turn taken. ECI's routine events yield to them: a pod's
+/// status is what its owner waits for, its events are not. (Creations waiting are left out:
+/// they wait for ECI's quota, not for the apiserver.)
 fn pod_writes_waiting(
     annotations: &Arc<WorkQueue<String, Annotation>>,
     syncs: &Arc<WorkQueue<String, ()>>,
@@ -574,7 +594,6 @@ impl PodController {
                 deletions: Arc::default(),
                 pod_removals: Arc::default(),
                 awaiting_removal: Mutex::new(HashMap::new()),
-                wakes: Arc::default(),
                 group_reads: describe::ReadsByLookup::default(),
                 pod_tasks: TaskTracker::new(),
                 abandon: CancellationToken::new(),
@@ -681,23 +700,12 @@ impl PodController {
         self.adopt(&adopted);
         loops.spawn("watch", self.clone().watch_pods(adopted, stop.clone()));
         loops.spawn("poll", self.clone().poll_statuses(listed_at, stop.clone()));
-        loops.spawn("status syncs", self.clone().sync_statuses(stop.clone()));
+        loops.spawn("syncs", self.clone().sync_pods(stop.clone()));
         loops.spawn("creators", self.clone().create_groups(stop.clone()));
         loops.spawn("annotators", self.clone().annotate_pods(stop.clone()));
         loops.spawn("deleters", self.clone().delete_all(stop.clone()));
         loops.spawn("removals", self.clone().watch_removals(stop.clone()));
-        loops.spawn("requeues", self.clone().requeue_held(stop.clone()));
-        let this = self.clone();
-        loops.spawn("wakes", async move {
-            let wakes = Arc::clone(&this.inner.wakes);
-            wakes
-                .serve(1, &stop, move |uid, ()| {
-                    this.wake(&uid);
-                    std::future::ready(())
-                })
-                .await;
-            Ok(())
-        });
+        loops.spawn("requeues", self.clone().requeue_held(stop));
         let outcome = loops.join().await;
         self.finish_pod_tasks().await;
         outcome?;
@@ -858,80 +866,78 @@ impl PodController {
     }
 
     /// The watch delivers `pod` (`listed`: from a list, which shows the current state and
-    /// follows no order with our writes; see [`Origin`]).
+    /// follows no order with our writes; see [`Origin`]): the entry keeps it, unless it is
+    /// older than our answer, and the pod's sync decides what it asks for.
     fn observe_from(&self, pod: Arc<Pod>, listed: bool) {
         let Some(uid) = pod.uid() else { return };
-        let effect = {
+        {
             let mut tracked = self.tracked();
             let entry = tracked.entry(uid.clone()).or_default();
-            let delivery = entry.origin.deliver(slim::version_of(&pod), listed);
-            let effect = self.step(entry, &uid, &pod, delivery);
-            // An older copy than the answer kept would only make the next write conflict.
-            if delivery == Delivery::Keep {
-                entry.keep(&pod);
-                entry.origin = Origin::Watched;
+            // An older copy than the answer kept would only make the next write conflict, and
+            // it asks for nothing the kept copy does not.
+            if entry.origin.deliver(slim::version_of(&pod), listed) == Delivery::Older {
+                return;
             }
-            effect
-        };
+            entry.adopt_carried(&pod);
+            entry.keep(&pod);
+            entry.origin = Origin::Watched;
+        }
         // Labels and annotations shown in downward API files follow the pod, as the kubelet's.
         if pod.metadata.deletion_timestamp.is_none() {
             self.inner.tokens.pod_observed(&pod);
         }
-        self.act(pod, uid, effect);
+        self.inner.syncs.push(uid, ());
     }
 
-    /// Drives every tracked pod again from the copy its entry holds (a failed step may have
-    /// left a pod that nothing else wakes). Copies are unpacked outside the lock (the watch and
-    /// the polls wait on it); each is driven only if its entry still holds it: a pod removed
-    /// meanwhile is not there, and a newer copy stored meanwhile was driven as it came.
+    /// Queues every tracked pod's sync (after a full poll): a failed step may have left a pod
+    /// that nothing else wakes. A pod removed meanwhile has no entry, and its sync does
+    /// nothing.
     pub(super) fn resync(&self) {
-        let kept: Vec<(String, slim::PodCopy)> = self
-            .tracked()
-            .iter()
-            .filter_map(|(uid, entry)| Some((uid.clone(), entry.pod.clone()?)))
-            .collect();
-        for (uid, copy) in kept {
-            self.drive_kept(uid, &copy);
+        let tracked: Vec<String> = self.tracked().keys().cloned().collect();
+        for uid in tracked {
+            self.inner.syncs.push(uid, ());
         }
     }
 
-    /// Drives pod `uid` again from the copy its entry holds: its deadline fell due.
-    fn wake(&self, uid: &str) {
-        let kept = self.tracked().get(uid).and_then(|entry| entry.pod.clone());
-        if let Some(copy) = kept {
-            self.drive_kept(uid.to_owned(), &copy);
-        }
+    /// The sync workers: one pod at a time each. A worker takes a permit of this replica's
+    /// share of the status writes only to write (see [`Self::sync_status`]): the syncs that
+    /// write nothing (most of a burst's creations) never wait behind the writes.
+    pub(super) async fn sync_pods(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let this = self.clone();
+        self.inner
+            .syncs
+            .serve(SYNC_WORKERS, &stop, move |uid, ()| {
+                let this = this.clone();
+                async move { this.sync(&uid).await }
+            })
+            .await;
+        Ok(())
     }
 
-    /// Drives pod `uid` from `copy` (unpacked outside the lock) if its entry still holds it.
-    fn drive_kept(&self, uid: String, copy: &slim::PodCopy) {
-        let Some(pod) = copy.pod() else { return };
-        let effect = {
-            let mut tracked = self.tracked();
-            let Some(entry) = tracked.get_mut(&uid) else {
-                return;
-            };
-            if entry.pod.as_ref().map(slim::PodCopy::version) != Some(copy.version()) {
-                return;
-            }
-            self.step(entry, &uid, &pod, Delivery::Keep)
+    /// Brings pod `uid` in line with what is known of it, from what its entry holds: steps its
+    /// lifecycle by the copy kept, carries out the step ([`Self::act`]), brings its status in
+    /// line with its group ([`Self::sync_status`]), and queues it again for when something
+    /// falls due. Everything else only queues the pod, so this is the one place its lifecycle
+    /// moves by what the pod shows.
+    pub(super) async fn sync(&self, uid: &str) {
+        let Some(copy) = self.tracked().get(uid).and_then(|entry| entry.pod.clone()) else {
+            return;
         };
-        self.act(pod, uid, effect);
+        // Unpacked outside the lock: the watch and the polls wait on it.
+        let Some(pod) = copy.pod() else { return };
+        let Some((effect, deadline)) = self.step(uid, &pod) else {
+            return;
+        };
+        self.act(Arc::clone(&pod), uid.to_owned(), effect);
+        self.sync_status(uid, pod).await;
+        self.requeue(uid, deadline);
     }
 
-    /// Moves the pod's lifecycle on by what `pod` shows, and queues its status sync when the
-    /// copy asks for one (under the lock; the effect is [`Self::act`]'s).
-    fn step(
-        &self,
-        entry: &mut PodEntry,
-        uid: &str,
-        pod: &Pod,
-        delivery: Delivery,
-    ) -> Option<Effect> {
-        let terminating = pod.metadata.deletion_timestamp.is_some();
-        // Read before the copy is kept: a slimmed copy has no annotations.
+    /// Moves the pod's lifecycle on by what `pod`, its kept copy, shows: what to do, and when
+    /// its deadline is to be looked at (see [`deadline`]). `None`: the pod is not tracked.
+    fn step(&self, uid: &str, pod: &Pod) -> Option<(Option<Effect>, Option<SystemTime>)> {
         let observed = lifecycle::Observed {
-            terminating,
+            terminating: pod.metadata.deletion_timestamp.is_some(),
             finished: matches!(
                 pod.status.as_ref().and_then(|s| s.phase.as_deref()),
                 Some("Succeeded" | "Failed")
@@ -942,37 +948,25 @@ impl PodController {
                 .get(INSTANCE_ANNOTATION)
                 .map(String::as_str),
         };
+        let mut tracked = self.tracked();
+        let entry = tracked.get_mut(uid)?;
         let effect = entry.on(uid, Trigger::Observed(observed));
-        let effect = self.mind_deadline(entry, uid, pod, effect);
-        // After a restart: what a pod showing its group's id carries of ours stays on it.
-        if let Some(group) = entry.lifecycle.live_group() {
-            let shown = pod.annotations();
-            // The id is checked against the group; the others count only if our writes
-            // own them (a pod author may have set them).
-            entry.carried.adopt(group, |key| {
-                (key == INSTANCE_ANNOTATION || carried::written_by(pod, FIELD_MANAGER, key))
-                    .then(|| shown.get(key).map(String::as_str))
-                    .flatten()
-            });
+        Some(self.mind_deadline(entry, uid, pod, effect))
+    }
+
+    /// Queues the pod's next sync for the earlier of `deadline` and the end of its
+    /// annotations' wait (see [`carried`]). Each sync sets the time again, so one value given
+    /// for later serves both.
+    fn requeue(&self, uid: &str, deadline: Option<SystemTime>) {
+        let annotations = self.tracked().get(uid).and_then(|entry| {
+            entry
+                .carried
+                .due_in(tokio::time::Instant::now(), self.annotation_wait())
+        });
+        let deadline = deadline.map(|at| at.duration_since(SystemTime::now()).unwrap_or_default());
+        if let Some(after) = annotations.into_iter().chain(deadline).min() {
+            self.inner.syncs.push_after(uid.to_owned(), (), after);
         }
-        // What the pod's status is to be is the status sync's to decide: this copy asks for
-        // one when what it shows of ours is not what we last wrote (someone wrote over it —
-        // a process that served this node before and woke up late, a person), when
-        // readiness gates others set or the generation changed, or when a group state
-        // waited for the pod's first copy (adopted groups are polled before the watch
-        // lists their pods).
-        if delivery == Delivery::Keep
-            && entry.lifecycle.live_group().is_some()
-            && !terminating
-            && (entry.group.waits()
-                || entry
-                    .written
-                    .is_some_and(|written| shown(pod) != Some(written))
-                || from_eci::refresh(pod, SystemTime::now()).is_some())
-        {
-            self.inner.syncs.push(uid.to_owned(), ());
-        }
-        effect
     }
 
     /// Carries out what a lifecycle step decided for `pod`: queues, or a task of its own.
@@ -1375,12 +1369,26 @@ mod tests {
         )
     }
 
-    /// A resync (after a full poll) drives each tracked pod from the copy its entry holds at
-    /// that moment: a pod the watch removed is not brought back (else it is counted, and a
-    /// stale copy driven, forever), and the copy is neither replaced nor packed again (that
-    /// would cost a serialisation and an allocation per tracked pod on every full poll).
+    /// Runs every sync ready, as the workers would.
+    pub(super) async fn sync_all(controller: &PodController) {
+        while let Some((uid, ())) = controller.inner.syncs.try_next() {
+            controller.sync(&uid).await;
+            controller.inner.syncs.done(&uid);
+        }
+    }
+
+    fn status_writes(requests: &Mutex<Vec<String>>) -> usize {
+        let writes = requests.lock();
+        writes.iter().filter(|r| r.ends_with("/status")).count()
+    }
+
+    /// A resync (after a full poll) queues the sync of each tracked pod, which works from the
+    /// copy its entry holds at that moment: a pod the watch removed is not brought back (else
+    /// it is counted, and a stale copy driven, forever), and the copy is neither replaced nor
+    /// packed again (that would cost a serialisation and an allocation per tracked pod on
+    /// every full poll).
     #[tokio::test]
-    async fn a_resync_drives_what_the_entries_hold_and_brings_nothing_back() {
+    async fn a_resync_syncs_what_the_entries_hold_and_brings_nothing_back() {
         let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
         track(&controller, false);
         let pod = running_pod();
@@ -1388,6 +1396,8 @@ mod tests {
         let before = controller.tracked()["u-1"].pod.clone().unwrap();
         assert!(before.is_slim(), "a pod with a group is kept packed");
         controller.resync();
+        assert_eq!(controller.inner.syncs.len(), 1);
+        sync_all(&controller).await;
         let after = controller.tracked()["u-1"].pod.clone().unwrap();
         assert!(
             after.same_copy(&before),
@@ -1396,6 +1406,7 @@ mod tests {
 
         controller.forget(&pod);
         controller.resync();
+        sync_all(&controller).await;
         assert!(
             !controller.tracked().contains_key("u-1"),
             "a removed pod is not tracked again"
@@ -1403,10 +1414,10 @@ mod tests {
     }
 
     /// After a restart the first poll can find an adopted group before the watch lists its pod:
-    /// the state waits in the entry, and the pod's first copy queues the sync that applies it.
+    /// the state waits in the entry, and the sync the pod's first copy queues applies it.
     #[tokio::test]
     async fn a_state_polled_before_its_pods_first_copy_is_synced_when_the_copy_comes() {
-        let (controller, _) = controller(Arc::new(RefusingDeletes::default()));
+        let (controller, requests) = controller(Arc::new(RefusingDeletes::default()));
         controller
             .tracked()
             .entry("u-1".into())
@@ -1418,15 +1429,11 @@ mod tests {
             value: "u-1".into(),
         }];
         controller.queue_changed(vec![polled]);
-        let (uid, ()) = controller.inner.syncs.try_next().unwrap();
-        controller.sync_status(&uid).await;
-        controller.inner.syncs.done(&uid);
-        assert!(
-            controller.tracked()["u-1"].group.waits(),
-            "no pod to write to yet"
-        );
+        sync_all(&controller).await;
+        assert_eq!(status_writes(&requests), 0, "no pod to write to yet");
         controller.observe(running_pod());
-        assert_eq!(controller.inner.syncs.len(), 1, "the pod's copy queues it");
+        sync_all(&controller).await;
+        assert_eq!(status_writes(&requests), 1, "the pod's copy queues it");
     }
 
     /// A write's answer is newer than the copy the write was computed from, and nothing else:

@@ -1,5 +1,5 @@
-//! The pods bound to this node, run as ECI container groups: the controller (watch, create,
-//! status sync, delete) and what it shares; the pure translation both ways is vne-core's
+//! The pods bound to this node, run as ECI container groups: the controller (one sync per
+//! pod: create, status, delete) and what it shares; the pure translation both ways is vne-core's
 //! (`vne_core::to_eci`, `vne_core::from_eci`), as are the namespace scope and annotation policy
 //! `tenancy` keeps current (`vne_core::tenancy`). May call `k8s`, `eci`, `ops`, `config` and
 //! `vne_core`; nothing here knows about nodes or the fleet.

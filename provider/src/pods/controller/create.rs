@@ -1271,7 +1271,7 @@ mod tests {
         tokio::time::advance(wait / 2).await;
         syncs.push("u-1".to_owned(), ());
         let (uid, ()) = syncs.try_next().unwrap();
-        controller.sync_status(&uid).await;
+        controller.sync(&uid).await;
         syncs.done(&uid);
         assert!(bodies.lock().unwrap().is_empty(), "not due yet");
         assert_eq!(
@@ -1280,7 +1280,7 @@ mod tests {
             "queued again for the end of the wait"
         );
         tokio::time::advance(wait / 2).await;
-        controller.sync_status("u-1").await;
+        controller.sync("u-1").await;
         let written = bodies.lock().unwrap().clone();
         assert_eq!(written.len(), 1, "{written:?}");
         assert_eq!(
@@ -1293,7 +1293,7 @@ mod tests {
             controller.tracked()["u-1"].carried.backlog(now, wait),
             carried::Backlog::Empty
         );
-        controller.sync_status("u-1").await;
+        controller.sync("u-1").await;
         assert_eq!(bodies.lock().unwrap().len(), 1, "nothing left to write");
     }
 }

@@ -9,8 +9,8 @@
 //! [`ECI_FIRST`], so that where ECI enforces, its own ending (which keeps the group, and so the
 //! logs) reaches the pod first, and the controller acts only on a pod that still runs.
 //!
-//! A pod is stepped again when its deadline falls due: a value given for later in the
-//! controller's queue of wake-ups, set again by each of the pod's steps.
+//! A pod is synced again when its deadline falls due: each of its syncs gives the time to the
+//! controller's queue of syncs, as a value for later.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -50,35 +50,28 @@ pub(super) fn due_at(pod: &Pod) -> Option<SystemTime> {
 const AGAIN: Duration = Duration::from_secs(2);
 
 impl PodController {
-    /// Steps pod `uid` again at `at` (at once if `at` is past), replacing the time set before.
-    fn wake_at(&self, uid: &str, at: SystemTime) {
-        let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
-        self.inner.wakes.push_after(uid.to_owned(), (), wait);
-    }
-
-    /// After a pod's step: a running pod past its deadline is stopped, one before it gets a
-    /// timer (while the step has other work, the deadline waits for the next).
+    /// After a pod's step: a running pod past its deadline is stopped; one before it is given
+    /// the time to be synced again (while the step has other work, the deadline waits for the
+    /// next sync).
     pub(super) fn mind_deadline(
         &self,
         entry: &mut PodEntry,
         uid: &str,
         pod: &Pod,
         effect: Option<Effect>,
-    ) -> Option<Effect> {
+    ) -> (Option<Effect>, Option<SystemTime>) {
         if pod.metadata.deletion_timestamp.is_some() {
-            return effect;
+            return (effect, None);
         }
         let Some(due) = due_at(pod) else {
-            return effect;
+            return (effect, None);
         };
         let now = SystemTime::now();
         match effect {
-            None | Some(Effect::Nothing) if due <= now => entry.on(uid, Trigger::DeadlinePassed),
-            effect => {
-                let wake = if due > now { due } else { now + AGAIN };
-                self.wake_at(uid, wake);
-                effect
+            None | Some(Effect::Nothing) if due <= now => {
+                (entry.on(uid, Trigger::DeadlinePassed), None)
             }
+            effect => (effect, Some(if due > now { due } else { now + AGAIN })),
         }
     }
 
@@ -100,7 +93,7 @@ impl PodController {
                 self.event(&pod, EventType::Normal, DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
                     .await;
             }
-            Written::Failed => self.wake_at(&uid, now + AGAIN),
+            Written::Failed => self.inner.syncs.push_after(uid.clone(), (), AGAIN),
             Written::Unneeded => {}
         }
         if let Some(id) = group {

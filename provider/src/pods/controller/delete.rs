@@ -325,7 +325,7 @@ impl PodController {
             return;
         };
         self.inner.tokens.forget(&uid);
-        self.inner.wakes.forget(&uid);
+        self.inner.syncs.forget(&uid);
         match tracked.lifecycle {
             // Our own deletion of the pod is under way (a grace period of 0 brings the pod's
             // removal right after its deletionTimestamp): it deletes the group until ECI

@@ -1,13 +1,10 @@
-//! Statuses: incremental polling, and the status sync — one worker per pod at a time
-//! bringing the pod's status in line with its group's state (server-side apply of what we own).
+//! Statuses: incremental polling, and the status half of a pod's sync — bringing the pod's
+//! status in line with its group's state (server-side apply of what we own).
 //!
-//! The sync is level-triggered: the polls store the group's latest state in the pod's entry,
-//! the watch stores the pod's latest copy, the creations store the annotations to carry; each
-//! of them only queues the pod (the creations for when the annotations fall due a write of
-//! their own, should no status write carry them sooner). One [`PodController::sync_status`] then reads what is and
-//! [`plan`] (pure) decides what to write. Only the sync (and writers that hold the pod's key in
-//! its queue) change what is recorded as written, so no write is ever recorded over a newer
-//! finding.
+//! The polls store the group's latest state in the pod's entry and queue the pod; its sync
+//! ([`PodController::sync`], one worker per pod at a time) reads what is, and [`plan`] (pure)
+//! decides what to write. Only the sync (and writers that hold the pod's key in its queue)
+//! change what is recorded as written, so no write is ever recorded over a newer finding.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -23,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::carried::{self, Backlog};
-use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
+use super::{FIELD_MANAGER, PodController, hash_of, pod_key, shown, slim, tag};
 use vne_core::from_eci;
 use vne_core::lifecycle::{self, Lifecycle};
 use vne_core::to_eci::naming;
@@ -71,11 +68,6 @@ impl SeenGroup {
         self.unsynced
             .take()
             .map(|bytes| prost::Message::decode(&*bytes))
-    }
-
-    /// Whether a state waits for the sync.
-    pub(super) fn waits(&self) -> bool {
-        self.unsynced.is_some()
     }
 
     /// Forgets the state seen, so that the next poll showing the group hands it to the sync
@@ -456,25 +448,6 @@ impl PodController {
         }
     }
 
-    /// The status sync's workers: one pod at a time each, within this replica's share of the
-    /// fleet's status writes.
-    pub(super) async fn sync_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
-        let this = self.clone();
-        self.inner
-            .syncs
-            .serve_within(
-                STATUS_WRITERS,
-                self.inner.shares.statuses.permits(),
-                &stop,
-                move |uid, ()| {
-                    let this = this.clone();
-                    async move { this.sync_status(&uid).await }
-                },
-            )
-            .await;
-        Ok(())
-    }
-
     pub(super) fn count_phases(&self) {
         let mut counts: BTreeMap<String, i64> = BTreeMap::new();
         for kept in self.tracked().values().filter_map(|t| t.pod.as_ref()) {
@@ -497,11 +470,14 @@ impl PodController {
         }
     }
 
-    /// Brings the pod's status in line with what is known: reads the entry, lets [`plan`]
-    /// decide, writes, records what was written, then turns the group's new ECI events into
-    /// Events in the background.
-    pub(super) async fn sync_status(&self, uid: &str) {
-        let Some(found) = self.find(uid) else { return };
+    /// Brings the status of `pod` (its kept copy) in line with what is known: reads the
+    /// entry, lets [`plan`] decide, writes within this replica's share of the fleet's status
+    /// writes, records what was written, then turns the group's new ECI events into Events in
+    /// the background.
+    pub(super) async fn sync_status(&self, uid: &str, pod: Arc<Pod>) {
+        let Some(found) = self.find(uid, pod) else {
+            return;
+        };
         let now = SystemTime::now();
         let pod = &found.pod;
         let desired = found
@@ -530,6 +506,10 @@ impl PodController {
             annotations: found.annotations,
         };
         let decided = plan(facts);
+        let _permit = match decided.write {
+            Write::Apply | Write::Refresh => Some(self.inner.shares.statuses.acquire().await),
+            Write::Nothing | Write::Record => None,
+        };
         let written = match (decided.write, &found.group) {
             (Write::Apply, Some(group)) => {
                 let outcome = self
@@ -562,34 +542,27 @@ impl PodController {
 
     /// What the sync reads of a pod's entry (taking the group state it applies), with the
     /// lifecycle's `Found` step taken for that state.
-    fn find(&self, uid: &str) -> Option<Found> {
-        let (kept, unsynced) = {
-            let mut tracked = self.tracked();
-            let entry = tracked.get_mut(uid)?;
-            let kept = entry.pod.clone()?;
-            (kept, entry.group.take())
-        };
-        // Unpacked and decoded outside the lock: the watch and the polls wait on it.
-        let pod = kept.pod();
+    fn find(&self, uid: &str, pod: Arc<Pod>) -> Option<Found> {
+        let unsynced = self.tracked().get_mut(uid)?.group.take();
+        // Decoded outside the lock: the watch and the polls wait on it.
         let decoded = unsynced.map(|state| {
             state.inspect_err(|error| {
                 warn!(pod_uid = %uid, %error, "a group state kept for the sync does not decode; the next full listing hands it over again");
             })
         });
-        let lost = matches!(decoded, Some(Err(_))) || (pod.is_none() && decoded.is_some());
+        let lost = matches!(decoded, Some(Err(_)));
         // A group being deleted by ECI: its pod's deletion reports it.
         let group = decoded
             .and_then(Result::ok)
             .filter(|group| group.status != "Terminating");
         let mut tracked = self.tracked();
         let entry = tracked.get_mut(uid)?;
-        // Neither a copy that does not unpack nor a state that does not decode is expected of
-        // what this process packed and encoded; a state taken and not applied is forgotten,
-        // so that the next full listing hands it to the sync again.
+        // A state that does not decode is not expected of what this process encoded; a state
+        // taken and not applied is forgotten, so that the next full listing hands it to the
+        // sync again.
         if lost {
             entry.group.forget();
         }
-        let pod = pod?;
         let mut events = Vec::new();
         if let Some(group) = &group
             && !entry.lifecycle.is_deleting()
@@ -625,9 +598,6 @@ impl PodController {
         if decided.forget {
             entry.forget_status();
         }
-        // Annotations this sync did not write (it wrote nothing, or its write failed) get
-        // their own write when their wait ends.
-        self.queue_annotation_write(uid, &entry.carried);
     }
 
     /// Publishes a group's new ECI events as Events about its pod, in the background.
@@ -806,12 +776,13 @@ mod tests {
             },
             ..super::super::PodEntry::default()
         };
-        entry.keep(&Arc::new(pod));
+        let pod = Arc::new(pod);
+        entry.keep(&pod);
         assert!(entry.group.see(&group, 7));
         // A state whose encoding is corrupt: taken by the sync, never applied.
         entry.group.unsynced = Some(vec![0xff; 3].into_boxed_slice());
         controller.tracked().insert("u-1".into(), entry);
-        let found = controller.find("u-1").expect("the pod is kept");
+        let found = controller.find("u-1", pod).expect("the pod is kept");
         assert!(found.group.is_none(), "nothing decoded to apply");
         let mut tracked = controller.tracked();
         assert!(
