@@ -928,9 +928,10 @@ impl PodController {
         let Some((effect, deadline)) = self.step(uid, &pod) else {
             return;
         };
-        self.act(Arc::clone(&pod), uid.to_owned(), effect);
+        let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
+        let again = self.act(&pod, uid, effect).instrument(span).await;
         self.sync_status(uid, pod).await;
-        self.requeue(uid, deadline);
+        self.requeue(uid, deadline.into_iter().chain(again).min());
     }
 
     /// Moves the pod's lifecycle on by what `pod`, its kept copy, shows: what to do, and when
@@ -954,56 +955,55 @@ impl PodController {
         Some(self.mind_deadline(entry, uid, pod, effect))
     }
 
-    /// Queues the pod's next sync for the earlier of `deadline` and the end of its
-    /// annotations' wait (see [`carried`]). Each sync sets the time again, so one value given
-    /// for later serves both.
-    fn requeue(&self, uid: &str, deadline: Option<SystemTime>) {
+    /// Queues the pod's next sync for the earlier of `at` (its deadline, or a step to try
+    /// again) and the end of its annotations' wait (see [`carried`]). Each sync sets the time
+    /// again, so one value given for later serves them all.
+    fn requeue(&self, uid: &str, at: Option<SystemTime>) {
         let annotations = self.tracked().get(uid).and_then(|entry| {
             entry
                 .carried
                 .due_in(tokio::time::Instant::now(), self.annotation_wait())
         });
-        let deadline = deadline.map(|at| at.duration_since(SystemTime::now()).unwrap_or_default());
-        if let Some(after) = annotations.into_iter().chain(deadline).min() {
+        let at = at.map(|at| at.duration_since(SystemTime::now()).unwrap_or_default());
+        if let Some(after) = annotations.into_iter().chain(at).min() {
             self.inner.syncs.push_after(uid.to_owned(), (), after);
         }
     }
 
-    /// Carries out what a lifecycle step decided for `pod`: queues, or a task of its own.
-    fn act(&self, pod: Arc<Pod>, uid: String, effect: Option<Effect>) {
-        let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
+    /// Carries out what a lifecycle step decided for `pod`: queues the work that waits on ECI
+    /// or on a budget of its own (creations, instance ids, deletions), and writes what the pod
+    /// is to show itself (the sync holds the pod's key). When to try again, if a write failed.
+    async fn act(&self, pod: &Arc<Pod>, uid: &str, effect: Option<Effect>) -> Option<SystemTime> {
         match effect {
             None | Some(Effect::Nothing) => {}
             Some(Effect::Create) => {
-                self.inner.creations.push(uid, CreateJob::fresh());
+                self.inner
+                    .creations
+                    .push(uid.to_owned(), CreateJob::fresh());
             }
             Some(Effect::Annotate(id)) => {
                 if let Some(shown) = pod.annotations().get(INSTANCE_ANNOTATION) {
-                    warn!(pod = %pod_key(&pod), shown, eci_id = %id, "the pod's instance-id annotation was changed; writing the pod's own group back");
+                    warn!(shown, eci_id = %id, "the pod's instance-id annotation was changed; writing the pod's own group back");
                 }
-                let record = (pod_key_parts(&pod), WriteBack::new(&id, ""));
-                self.inner.annotations.push(uid, record);
+                let record = (pod_key_parts(pod), WriteBack::new(&id, ""));
+                self.inner.annotations.push(uid.to_owned(), record);
             }
             // The group as known now: the pod's removal may reach `forget` before the deletion
             // runs, and it leaves the group to this deletion.
             Some(Effect::Delete(group)) => {
-                let target = delete::DeletionTarget::of(&pod);
+                let target = delete::DeletionTarget::of(pod);
                 let deletion = delete::Deletion::of_pod(target, group.map(String::from));
-                self.queue_deletion(delete::DeletionKey::Pod(uid), deletion);
+                self.queue_deletion(delete::DeletionKey::Pod(uid.to_owned()), deletion);
             }
-            Some(Effect::Skip(reason)) => {
-                let explaining = self.clone();
-                self.spawn_pod_task(
-                    async move { explaining.explain_skip(&pod, reason).await }.instrument(span),
-                );
-            }
+            Some(Effect::Skip(reason)) => self.explain_skip(pod, reason).await,
             Some(Effect::DeleteGroup(id)) => self.delete_group_eventually(id.into()),
             Some(Effect::Stop(group)) => {
-                let stopping = self.clone();
-                let group = group.map(String::from);
-                self.spawn_pod_task(stopping.stop_at_deadline(pod, uid, group).instrument(span));
+                return self
+                    .stop_at_deadline(pod, uid, group.map(String::from))
+                    .await;
             }
         }
+        None
     }
 }
 
@@ -1434,6 +1434,34 @@ mod tests {
         controller.observe(running_pod());
         sync_all(&controller).await;
         assert_eq!(status_writes(&requests), 1, "the pod's copy queues it");
+    }
+
+    /// A pod that does not run on virtual nodes (here a DaemonSet's) is told so by its sync,
+    /// which holds its key: one status write, nothing queued for creation, and nothing more
+    /// for it however often it is synced.
+    #[tokio::test]
+    async fn a_pod_not_for_virtual_nodes_is_told_so_once_by_its_sync() {
+        let (controller, requests) = controller(Arc::new(RefusingDeletes::default()));
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "agent-0", "namespace": "default", "uid": "u-1",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "name": "agent", "uid": "ds-1"}]},
+            "spec": {"nodeName": "vn-0", "containers": [{"name": "app", "image": "nginx:1.27"}]},
+        }))
+        .unwrap();
+        controller.observe(Arc::new(pod));
+        sync_all(&controller).await;
+        controller.resync();
+        sync_all(&controller).await;
+        let written: Vec<String> = requests.lock().clone();
+        let status = "PATCH /api/v1/namespaces/default/pods/agent-0/status";
+        assert_eq!(
+            written.iter().filter(|r| *r == status).count(),
+            1,
+            "{written:?}"
+        );
+        assert!(controller.inner.creations.is_empty());
+        assert_eq!(controller.tracked()["u-1"].lifecycle, Lifecycle::GivenUp);
     }
 
     /// A write's answer is newer than the copy the write was computed from, and nothing else:

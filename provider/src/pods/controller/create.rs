@@ -202,9 +202,10 @@ impl CreateJob {
 }
 
 impl PodController {
+    /// Shows on the pod why it does not run on ECI (from its sync, which holds its key).
     pub(super) async fn explain_skip(&self, pod: &Pod, reason: &'static str) {
-        info!(pod = %pod_key(pod), reason, "not running this pod on ECI");
-        self.write_held(pod, |current| {
+        info!(reason, "not running this pod on ECI");
+        self.write_over(pod, |current| {
             Some(from_eci::with_phase(
                 current,
                 "Pending",

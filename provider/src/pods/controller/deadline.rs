@@ -12,7 +12,6 @@
 //! A pod is synced again when its deadline falls due: each of its syncs gives the time to the
 //! controller's queue of syncs, as a value for later.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -21,7 +20,7 @@ use tracing::info;
 
 use super::delete::{Deletion, DeletionKey};
 use super::status_sync::Written;
-use super::{PodController, PodEntry, pod_key};
+use super::{PodController, PodEntry};
 use vne_core::from_eci::{self, DEADLINE_EXCEEDED, DEADLINE_MESSAGE};
 use vne_core::lifecycle::{Effect, Trigger};
 
@@ -78,28 +77,36 @@ impl PodController {
     /// Fails `pod` for its deadline, as the kubelet does (phase Failed,
     /// [`from_eci::DEADLINE_EXCEEDED`], a Normal Event), then queues the graceful deletion of
     /// `group` (its containers get their grace period and preStop hooks), tried until ECI
-    /// accepts. A failed write is tried again by the pod's next step.
-    pub(super) async fn stop_at_deadline(self, pod: Arc<Pod>, uid: String, group: Option<String>) {
+    /// accepts. From the pod's sync, which holds its key: when to sync it again, should the
+    /// write fail.
+    pub(super) async fn stop_at_deadline(
+        &self,
+        pod: &Pod,
+        uid: &str,
+        group: Option<String>,
+    ) -> Option<SystemTime> {
         let now = SystemTime::now();
         let written = self
-            .write_held(&pod, |current| {
+            .write_over(pod, |current| {
                 due_at(current)
                     .map(|_| from_eci::stopped(current, DEADLINE_EXCEEDED, DEADLINE_MESSAGE, now))
             })
             .await;
-        match written {
+        let again = match written {
             Written::Stored(_) => {
-                info!(pod = %pod_key(&pod), eci_id = ?group, "the pod passed its active deadline; stopping its container group");
-                self.event(&pod, EventType::Normal, DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
+                info!(eci_id = ?group, "the pod passed its active deadline; stopping its container group");
+                self.event(pod, EventType::Normal, DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
                     .await;
+                None
             }
-            Written::Failed => self.inner.syncs.push_after(uid.clone(), (), AGAIN),
-            Written::Unneeded => {}
-        }
+            Written::Failed => Some(now + AGAIN),
+            Written::Unneeded => None,
+        };
         if let Some(id) = group {
             let deletion = Deletion::past_deadline(id);
-            self.queue_deletion(DeletionKey::Pod(uid), deletion);
+            self.queue_deletion(DeletionKey::Pod(uid.to_owned()), deletion);
         }
+        again
     }
 }
 

@@ -250,20 +250,28 @@ impl PodController {
         (body, carried)
     }
 
-    /// [`Self::write_status`] for the writers other than the status sync (a pod shown why it
-    /// does not run, a group found vanished): the pod's key in the sync's queue is held
-    /// meanwhile, so no sync writes beside it, and what was written of the group is
-    /// forgotten after, so that should the group exist after all, the next full listing hands
-    /// its state to the sync again.
+    /// [`Self::write_status`] for the writers other than the pod's sync (a creation that
+    /// failed, a group found vanished): the pod's key in the queue of syncs is held meanwhile,
+    /// so no sync writes beside it, and what was written of the group is forgotten after, so
+    /// that should the group exist after all, the next full listing hands its state to the
+    /// sync again.
     pub(super) async fn write_held(
         &self,
         pod: &Pod,
         compute: impl Fn(&Pod) -> Option<Value>,
     ) -> Written {
-        let uid = pod.uid().unwrap_or_default();
-        let _held = self.inner.syncs.hold(uid.clone()).await;
+        let _held = self.inner.syncs.hold(pod.uid().unwrap_or_default()).await;
+        self.write_over(pod, compute).await
+    }
+
+    /// [`Self::write_held`] for a writer that holds the pod's key already (its sync).
+    pub(super) async fn write_over(
+        &self,
+        pod: &Pod,
+        compute: impl Fn(&Pod) -> Option<Value>,
+    ) -> Written {
         let written = self.write_status(pod, compute).await;
-        if let Some(entry) = self.tracked().get_mut(&uid) {
+        if let Some(entry) = self.tracked().get_mut(&pod.uid().unwrap_or_default()) {
             entry.forget_status();
         }
         written
