@@ -37,6 +37,12 @@ pub enum Lifecycle {
         /// Whether its id is on the pod or queued to ride on its next status apply.
         annotated: bool,
     },
+    /// A full listing missed the pod's group and a read confirmed it gone: the pod's next sync
+    /// shows it lost, and nothing is created for it again.
+    Lost {
+        /// The group that vanished.
+        group: Box<str>,
+    },
     /// The pod passed its active deadline: it stays, Failed, and its group (`group`, while its
     /// deletion runs) is deleted; nothing is created for it again.
     Stopped {
@@ -81,8 +87,6 @@ pub enum Trigger<'a> {
     Found(&'a str),
     /// The namespace scope or the annotation policy refused the pod.
     Refused,
-    /// The policy or a namespace's labels changed.
-    PolicyChanged,
     /// A full listing missed the group and a direct read confirmed it gone.
     Vanished,
     /// The deletion's group deletion ended: ECI accepted it or knows no such group.
@@ -111,6 +115,8 @@ pub enum Effect {
     /// Fail the pod for its deadline and delete this group (the pod's, if the deletion is not
     /// under way already).
     Stop(Option<Box<str>>),
+    /// Fail the pod: this group vanished.
+    ShowLost(Box<str>),
 }
 
 /// A transition that cannot happen; the state stays as it was.
@@ -179,6 +185,7 @@ impl Lifecycle {
             Self::Held => "held",
             Self::Creating => "creating",
             Self::GivenUp => "given up",
+            Self::Lost { .. } => "group vanished",
             Self::Unanswered { .. } => "group found, create unanswered",
             Self::Created { .. } => "created",
             Self::Stopped { .. } => "stopped at its deadline",
@@ -200,7 +207,9 @@ impl Lifecycle {
         reason = "a transition table: each event's rows stay together"
     )]
     fn next(self, event: Trigger<'_>) -> Result<Step, Self> {
-        use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Stopped, Unanswered};
+        use Lifecycle::{
+            Created, Creating, Deleting, GivenUp, Held, Idle, Lost, Stopped, Unanswered,
+        };
         match (self, event) {
             // At start-up, before the watch: a pod listed twice (two groups under its UID
             // tag) keeps the later, as the listing comes.
@@ -236,7 +245,7 @@ impl Lifecycle {
                 group: id.into(),
                 annotated: false,
             }),
-            (Creating | GivenUp, Trigger::Found(id)) => stay(Unanswered {
+            (Creating | GivenUp | Lost { .. }, Trigger::Found(id)) => stay(Unanswered {
                 group: id.into(),
                 annotated: false,
             }),
@@ -247,11 +256,13 @@ impl Lifecycle {
                 stay(Created { group, annotated })
             }
             (state, Trigger::Refused) => stay(state),
-            (Held, Trigger::PolicyChanged) => go(Creating, Effect::Create),
-            (state, Trigger::PolicyChanged) => stay(state),
             (Deleting { .. }, Trigger::Vanished) => stay(Deleting { group: None }),
             (Stopped { .. }, Trigger::Vanished) => stay(Stopped { group: None }),
-            // A vanished group is not created again: the pod shows it lost.
+            // A vanished group is not created again: the pod's sync shows it lost.
+            (Unanswered { group, .. } | Created { group, .. }, Trigger::Vanished) => {
+                stay(Lost { group })
+            }
+            (state @ Lost { .. }, Trigger::Vanished) => stay(state),
             (_, Trigger::Vanished) => stay(GivenUp),
             (Deleting { .. }, Trigger::GroupDeleted) => stay(Deleting { group: None }),
             (Stopped { .. }, Trigger::GroupDeleted) => stay(Stopped { group: None }),
@@ -275,7 +286,7 @@ impl Lifecycle {
 
 /// A watch event's transition.
 fn observed(state: Lifecycle, pod: Observed<'_>) -> Result<Step, Lifecycle> {
-    use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Stopped, Unanswered};
+    use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Lost, Stopped, Unanswered};
     if pod.terminating {
         return match state {
             Deleting { .. } => stay(state),
@@ -295,6 +306,7 @@ fn observed(state: Lifecycle, pod: Observed<'_>) -> Result<Step, Lifecycle> {
         // write's answer kept just after the deletion began, shown again by a resync). A
         // create under way or given up is not started again.
         Deleting { .. } | Creating | GivenUp | Stopped { .. } => stay(state),
+        Lost { group } => go(GivenUp, Effect::ShowLost(group)),
         Created { group, annotated } => {
             let (annotated, effect) = annotation(group.clone(), annotated, pod.annotation);
             go(Created { group, annotated }, effect)
@@ -334,7 +346,6 @@ impl Trigger<'_> {
             Self::CreateFailed => "create failed",
             Self::Found(_) => "found",
             Self::Refused => "refused",
-            Self::PolicyChanged => "policy changed",
             Self::Vanished => "vanished",
             Self::GroupDeleted => "group deleted",
             Self::PodDeletionFailed => "pod deletion failed",

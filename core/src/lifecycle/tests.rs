@@ -2,7 +2,7 @@
 
 use super::*;
 
-use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Stopped, Unanswered};
+use Lifecycle::{Created, Creating, Deleting, GivenUp, Held, Idle, Lost, Stopped, Unanswered};
 
 /// The group the state holds, when it holds one.
 const OURS: &str = "eci-1";
@@ -37,12 +37,13 @@ fn deleting(group: Option<&str>) -> Lifecycle {
 }
 
 /// Every state, each group-holding one as after a create answered (annotated).
-fn states() -> [Lifecycle; 10] {
+fn states() -> [Lifecycle; 11] {
     [
         Idle,
         Held,
         Creating,
         GivenUp,
+        Lost { group: OURS.into() },
         unanswered(OURS, true),
         created(OURS, true),
         stopped(Some(OURS)),
@@ -60,7 +61,7 @@ const PLAIN: Observed<'static> = Observed {
 };
 
 /// Every event (the pod shown in each way that makes a difference).
-fn events() -> [(&'static str, Trigger<'static>); 17] {
+fn events() -> [(&'static str, Trigger<'static>); 16] {
     [
         ("adopted", Trigger::Adopted(NEW)),
         ("observed", Trigger::Observed(PLAIN)),
@@ -103,7 +104,6 @@ fn events() -> [(&'static str, Trigger<'static>); 17] {
         ("create failed", Trigger::CreateFailed),
         ("found", Trigger::Found(NEW)),
         ("refused", Trigger::Refused),
-        ("policy changed", Trigger::PolicyChanged),
         ("vanished", Trigger::Vanished),
         ("group deleted", Trigger::GroupDeleted),
         ("pod deletion failed", Trigger::PodDeletionFailed),
@@ -160,6 +160,15 @@ fn expected(event: &str, state: &Lifecycle) -> Outcome {
         }
         ("observed finished", Idle | Held) => same(state),
         ("observed unfit", Idle | Held) => to(GivenUp, Effect::Skip(UNFIT)),
+        // A vanished group's pod is shown lost once, by the sync after the listing.
+        (
+            "observed"
+            | "observed, no annotation"
+            | "observed, annotation written over"
+            | "observed finished"
+            | "observed unfit",
+            Lost { .. },
+        ) => to(GivenUp, Effect::ShowLost(OURS.into())),
         (
             "observed"
             | "observed, no annotation"
@@ -204,17 +213,19 @@ fn expected(event: &str, state: &Lifecycle) -> Outcome {
 
         // The status poll's find: the pod's group when none is known (a lost answer).
         ("found", Idle | Held) => to(created(NEW, false), nothing),
-        ("found", Creating | GivenUp) => to(unanswered(NEW, false), nothing),
+        ("found", Creating | GivenUp | Lost { .. }) => to(unanswered(NEW, false), nothing),
         ("found", _) => same(state),
 
         ("refused", Idle | Held | Creating | GivenUp) => to(Held, nothing),
         ("refused", Unanswered { .. }) => to(created(OURS, true), nothing),
         ("refused", _) => same(state),
-        ("policy changed", Held) => to(Creating, Effect::Create),
-        ("policy changed", _) => same(state),
 
         ("vanished", Deleting { .. }) => to(deleting(None), nothing),
         ("vanished", Stopped { .. }) => to(stopped(None), nothing),
+        ("vanished", Unanswered { .. } | Created { .. }) => {
+            to(Lost { group: OURS.into() }, nothing)
+        }
+        ("vanished", Lost { .. }) => same(state),
         ("vanished", _) => to(GivenUp, nothing),
         ("group deleted", Deleting { .. }) => to(deleting(None), nothing),
         ("group deleted", Stopped { .. }) => to(stopped(None), nothing),

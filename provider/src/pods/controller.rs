@@ -996,6 +996,7 @@ impl PodController {
                 self.queue_deletion(delete::DeletionKey::Pod(uid.to_owned()), deletion);
             }
             Some(Effect::Skip(reason)) => self.explain_skip(pod, reason).await,
+            Some(Effect::ShowLost(group)) => self.show_lost(pod, &group).await,
             Some(Effect::DeleteGroup(id)) => self.delete_group_eventually(id.into()),
             Some(Effect::Stop(group)) => {
                 return self

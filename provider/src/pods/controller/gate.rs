@@ -11,9 +11,8 @@ use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::create::CreateJob;
 use super::{PodController, hash_of};
-use vne_core::lifecycle::{Effect, Lifecycle, Trigger};
+use vne_core::lifecycle::{Lifecycle, Trigger};
 use vne_core::tenancy::specs::Size;
 use vne_core::tenancy::{Asked, Clearance};
 
@@ -91,7 +90,9 @@ impl PodController {
         }
     }
 
-    /// Judges the held pods again whenever the policy or a namespace's labels change.
+    /// Queues the held pods' syncs whenever the policy or a namespace's labels change: a held
+    /// pod's sync judges it again (its lifecycle's step from `Held` is a create, which asks the
+    /// policy first).
     pub(super) async fn requeue_held(self, stop: CancellationToken) -> anyhow::Result<()> {
         let mut changes = self.inner.tenancy.changes();
         loop {
@@ -101,12 +102,9 @@ impl PodController {
             }
             let held: Vec<String> = self
                 .tracked()
-                .iter_mut()
+                .iter()
                 .filter(|(_, t)| t.lifecycle == Lifecycle::Held)
-                .filter_map(|(uid, t)| {
-                    let effect = t.on(uid, Trigger::PolicyChanged)?;
-                    (effect == Effect::Create).then(|| uid.clone())
-                })
+                .map(|(uid, _)| uid.clone())
                 .collect();
             if !held.is_empty() {
                 debug!(
@@ -115,7 +113,7 @@ impl PodController {
                 );
             }
             for uid in held {
-                self.inner.creations.push(uid, CreateJob::fresh());
+                self.inner.syncs.push(uid, ());
             }
         }
     }

@@ -633,42 +633,48 @@ impl PodController {
         }
     }
 
-    /// Pods whose group is missing from a full listing, confirmed by a direct read, fail
-    /// with reason `NotFound`.
+    /// Pods whose group is missing from a full listing, confirmed by a direct read: their
+    /// lifecycle records it and their sync fails them with reason `NotFound`
+    /// ([`Self::show_lost`]).
     pub(super) async fn detect_vanished(&self, present: &HashSet<String>) {
-        let suspects: Vec<(String, String, slim::PodCopy)> = self
+        let suspects: Vec<(String, String)> = self
             .tracked()
             .iter()
             .filter_map(|(uid, t)| match &t.lifecycle {
-                Lifecycle::Created { group, .. } => {
-                    Some((uid.clone(), group.to_string(), t.pod.clone()?))
+                Lifecycle::Created { group, .. }
+                    if !present.contains(&**group)
+                        && !matches!(t.pod.as_ref()?.phase(), Some("Succeeded" | "Failed")) =>
+                {
+                    Some((uid.clone(), group.to_string()))
                 }
                 _ => None,
             })
-            .filter(|(_, id, kept)| {
-                !present.contains(id) && !matches!(kept.phase(), Some("Succeeded" | "Failed"))
-            })
             .collect();
         // One read for all of them (shared calls of up to 20 ids); a failed read says nothing.
-        let ids: Vec<String> = suspects.iter().map(|(_, id, _)| id.clone()).collect();
+        let ids: Vec<String> = suspects.iter().map(|(_, id)| id.clone()).collect();
         let mut reads = self
             .describe_groups(&ids, super::describe::Lookup::Existence)
             .await;
-        for (uid, id, kept) in suspects {
-            let Some(pod) = kept.pod() else { continue };
+        for (uid, id) in suspects {
             if let Some(Ok(None)) = reads.remove(&id) {
-                warn!(pod = %pod_key(&pod), eci_id = %id, "the container group vanished");
-                let message = format!("the ECI container group {id} no longer exists");
-                let now = SystemTime::now();
-                self.write_held(&pod, |current| {
-                    Some(from_eci::lost(current, "NotFound", &message, now))
-                })
-                .await;
-                self.event(&pod, EventType::Warning, "NotFound", &message)
-                    .await;
                 self.advance(&uid, lifecycle::Trigger::Vanished);
+                self.inner.syncs.push(uid, ());
             }
         }
+    }
+
+    /// Fails `pod` with reason `NotFound`: its group `id` vanished (from the pod's sync, which
+    /// holds its key).
+    pub(super) async fn show_lost(&self, pod: &Pod, id: &str) {
+        warn!(eci_id = %id, "the container group vanished");
+        let message = format!("the ECI container group {id} no longer exists");
+        let now = SystemTime::now();
+        self.write_over(pod, |current| {
+            Some(from_eci::lost(current, "NotFound", &message, now))
+        })
+        .await;
+        self.event(pod, EventType::Warning, "NotFound", &message)
+            .await;
     }
 }
 
