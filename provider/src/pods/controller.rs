@@ -3,8 +3,8 @@
 //! - One level-triggered sync per pod ([`PodController::sync`]): a watch of this node's pods
 //!   (`spec.nodeName=<node>`), the status polls, a full listing's resync and the times
 //!   something falls due only store what they saw in the pod's entry and queue the pod; the
-//!   sync steps its [`Lifecycle`] by the copy kept (create, delete, stop, nothing) and writes
-//!   its status where it differs from its group's state.
+//!   sync steps its [`Lifecycle`] by the copy kept (create, delete, stop, nothing) and queues
+//!   the pod's status write, which writes where the status differs from its group's state.
 //! - Creation: fetch what the pod references, translate ([`vne_core::to_eci`]), create with
 //!   `ClientToken` = pod UID (idempotent across retries and restarts), retrying throttling and
 //!   server errors with back-off; a request that can never work fails the pod with
@@ -84,9 +84,9 @@ const IN_FLIGHT_GRACE: Duration = Duration::from_secs(5);
 /// the same time share DescribeContainerGroups calls of up to 20 ids: twice that many
 /// writers keep a call full under a burst while the previous one is in flight.
 const ANNOTATION_WRITERS: usize = 40;
-/// Pods synced at once. Twice the fleet's status writes: a sync takes a permit only to write,
-/// so syncs that write nothing go on while the writes' share is all taken.
-const SYNC_WORKERS: usize = 2 * STATUS_WRITERS;
+/// Pods synced at once. A sync waits on nothing but the few writes it makes itself (a pod
+/// skipped, stopped or lost); the status writes have their own workers.
+const SYNC_WORKERS: usize = STATUS_WRITERS;
 
 #[derive(Debug, Default)]
 struct PodEntry {
@@ -329,6 +329,10 @@ struct Inner {
     /// Pods to sync, by UID ([`PodController::sync`]): the watch, the polls, the annotation
     /// writers and the times something falls due only queue them.
     syncs: Arc<WorkQueue<String, ()>>,
+    /// Pods whose status is to be brought in line with their group, by UID (see
+    /// [`status_sync`]): their syncs queue them. Served within this replica's share of the
+    /// fleet's status writes, so a pod that changed twice before its turn is written once.
+    statuses: Arc<WorkQueue<String, ()>>,
     /// Per-pod work started by the watch (deletions, skip explanations) and create back-off
     /// timers: owned, so a stop lets in-flight ECI calls finish before the process ends.
     pod_tasks: TaskTracker,
@@ -376,21 +380,21 @@ fn tag(group: &ContainerGroupStatus, key: &str) -> Option<String> {
         .map(|t| t.value.clone())
 }
 
-/// Whether this node's pod writes wait: pods to sync (most syncs write), instance ids to
-/// describe, or every pod-removal turn taken. ECI's routine events yield to them: a pod's
+/// Whether this node's pod writes wait: statuses or instance ids to write, or every pod-removal
+/// turn taken. ECI's routine events yield to them: a pod's
 /// status is what its owner waits for, its events are not. (Creations waiting are left out:
 /// they wait for ECI's quota, not for the apiserver.)
 fn pod_writes_waiting(
     annotations: &Arc<WorkQueue<String, Annotation>>,
-    syncs: &Arc<WorkQueue<String, ()>>,
+    statuses: &Arc<WorkQueue<String, ()>>,
     removals: &Arc<WriteShare>,
 ) -> crate::ops::events::Precedence {
-    let (annotations, syncs, removals) = (
+    let (annotations, statuses, removals) = (
         Arc::clone(annotations),
-        Arc::clone(syncs),
+        Arc::clone(statuses),
         Arc::clone(removals),
     );
-    Arc::new(move || !syncs.is_empty() || !annotations.is_empty() || removals.all_taken())
+    Arc::new(move || !statuses.is_empty() || !annotations.is_empty() || removals.all_taken())
 }
 
 /// This replica's shares of the apiserver writes the fleet makes together (see
@@ -560,9 +564,9 @@ impl PodController {
             instance: Some(config.site.node_name.clone()),
         };
         let annotations: Arc<WorkQueue<String, Annotation>> = Arc::default();
-        let syncs: Arc<WorkQueue<String, ()>> = Arc::default();
+        let statuses: Arc<WorkQueue<String, ()>> = Arc::default();
         let shares = Shares::new();
-        let precedence = pod_writes_waiting(&annotations, &syncs, &shares.removals);
+        let precedence = pod_writes_waiting(&annotations, &statuses, &shares.removals);
         Self {
             inner: Arc::new(Inner {
                 events: EventPublisher::yielding_to(
@@ -588,7 +592,8 @@ impl PodController {
                 pods: Arc::default(),
                 creations: Arc::default(),
                 annotations,
-                syncs,
+                syncs: Arc::default(),
+                statuses,
                 shares,
                 replicas,
                 deletions: Arc::default(),
@@ -701,6 +706,7 @@ impl PodController {
         loops.spawn("watch", self.clone().watch_pods(adopted, stop.clone()));
         loops.spawn("poll", self.clone().poll_statuses(listed_at, stop.clone()));
         loops.spawn("syncs", self.clone().sync_pods(stop.clone()));
+        loops.spawn("status writes", self.clone().write_statuses(stop.clone()));
         loops.spawn("creators", self.clone().create_groups(stop.clone()));
         loops.spawn("annotators", self.clone().annotate_pods(stop.clone()));
         loops.spawn("deleters", self.clone().delete_all(stop.clone()));
@@ -899,9 +905,8 @@ impl PodController {
         }
     }
 
-    /// The sync workers: one pod at a time each. A worker takes a permit of this replica's
-    /// share of the status writes only to write (see [`Self::sync_status`]): the syncs that
-    /// write nothing (most of a burst's creations) never wait behind the writes.
+    /// The sync workers: one pod at a time each. They never wait on the status writes (which
+    /// wait their turn in the fleet's share): a burst's creations are decided as its pods come.
     pub(super) async fn sync_pods(self, stop: CancellationToken) -> anyhow::Result<()> {
         let this = self.clone();
         self.inner
@@ -915,10 +920,10 @@ impl PodController {
     }
 
     /// Brings pod `uid` in line with what is known of it, from what its entry holds: steps its
-    /// lifecycle by the copy kept, carries out the step ([`Self::act`]), brings its status in
-    /// line with its group ([`Self::sync_status`]), and queues it again for when something
-    /// falls due. Everything else only queues the pod, so this is the one place its lifecycle
-    /// moves by what the pod shows.
+    /// lifecycle by the copy kept, carries out the step ([`Self::act`]), queues its status
+    /// write ([`Self::sync_status`] decides what it writes), and queues it again for when
+    /// something falls due. Everything else only queues the pod, so this is the one place its
+    /// lifecycle moves by what the pod shows.
     pub(super) async fn sync(&self, uid: &str) {
         let Some(copy) = self.tracked().get(uid).and_then(|entry| entry.pod.clone()) else {
             return;
@@ -930,7 +935,7 @@ impl PodController {
         };
         let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
         let again = self.act(&pod, uid, effect).instrument(span).await;
-        self.sync_status(uid, pod).await;
+        self.inner.statuses.push(uid.to_owned(), ());
         self.requeue(uid, deadline.into_iter().chain(again).min());
     }
 
@@ -972,7 +977,7 @@ impl PodController {
 
     /// Carries out what a lifecycle step decided for `pod`: queues the work that waits on ECI
     /// or on a budget of its own (creations, instance ids, deletions), and writes what the pod
-    /// is to show itself (the sync holds the pod's key). When to try again, if a write failed.
+    /// is to show itself. When to try again, if a write failed.
     async fn act(&self, pod: &Arc<Pod>, uid: &str, effect: Option<Effect>) -> Option<SystemTime> {
         match effect {
             None | Some(Effect::Nothing) => {}
@@ -1370,11 +1375,16 @@ mod tests {
         )
     }
 
-    /// Runs every sync ready, as the workers would.
+    /// Runs every sync ready, then every status write they queued, as the workers would.
     pub(super) async fn sync_all(controller: &PodController) {
-        while let Some((uid, ())) = controller.inner.syncs.try_next() {
+        let inner = &controller.inner;
+        while let Some((uid, ())) = inner.syncs.try_next() {
             controller.sync(&uid).await;
-            controller.inner.syncs.done(&uid);
+            inner.syncs.done(&uid);
+        }
+        while let Some((uid, ())) = inner.statuses.try_next() {
+            controller.sync_status(&uid).await;
+            inner.statuses.done(&uid);
         }
     }
 
@@ -1437,9 +1447,9 @@ mod tests {
         assert_eq!(status_writes(&requests), 1, "the pod's copy queues it");
     }
 
-    /// A pod that does not run on virtual nodes (here a DaemonSet's) is told so by its sync,
-    /// which holds its key: one status write, nothing queued for creation, and nothing more
-    /// for it however often it is synced.
+    /// A pod that does not run on virtual nodes (here a DaemonSet's) is told so by its sync:
+    /// one status write, nothing queued for creation, and nothing more for it however often it
+    /// is synced.
     #[tokio::test]
     async fn a_pod_not_for_virtual_nodes_is_told_so_once_by_its_sync() {
         let (controller, requests) = controller(Arc::new(RefusingDeletes::default()));

@@ -202,10 +202,10 @@ impl CreateJob {
 }
 
 impl PodController {
-    /// Shows on the pod why it does not run on ECI (from its sync, which holds its key).
+    /// Shows on the pod why it does not run on ECI (from its sync).
     pub(super) async fn explain_skip(&self, pod: &Pod, reason: &'static str) {
         info!(reason, "not running this pod on ECI");
-        self.write_over(pod, |current| {
+        self.write_held(pod, |current| {
             Some(from_eci::with_phase(
                 current,
                 "Pending",
@@ -1273,6 +1273,7 @@ mod tests {
         syncs.push("u-1".to_owned(), ());
         let (uid, ()) = syncs.try_next().unwrap();
         controller.sync(&uid).await;
+        controller.sync_status(&uid).await;
         syncs.done(&uid);
         assert!(bodies.lock().unwrap().is_empty(), "not due yet");
         assert_eq!(
@@ -1282,6 +1283,7 @@ mod tests {
         );
         tokio::time::advance(wait / 2).await;
         controller.sync("u-1").await;
+        controller.sync_status("u-1").await;
         let written = bodies.lock().unwrap().clone();
         assert_eq!(written.len(), 1, "{written:?}");
         assert_eq!(
@@ -1295,6 +1297,7 @@ mod tests {
             carried::Backlog::Empty
         );
         controller.sync("u-1").await;
+        controller.sync_status("u-1").await;
         assert_eq!(bodies.lock().unwrap().len(), 1, "nothing left to write");
     }
 }

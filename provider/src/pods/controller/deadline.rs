@@ -77,8 +77,7 @@ impl PodController {
     /// Fails `pod` for its deadline, as the kubelet does (phase Failed,
     /// [`from_eci::DEADLINE_EXCEEDED`], a Normal Event), then queues the graceful deletion of
     /// `group` (its containers get their grace period and preStop hooks), tried until ECI
-    /// accepts. From the pod's sync, which holds its key: when to sync it again, should the
-    /// write fail.
+    /// accepts. From the pod's sync: when to sync it again, should the write fail.
     pub(super) async fn stop_at_deadline(
         &self,
         pod: &Pod,
@@ -87,7 +86,7 @@ impl PodController {
     ) -> Option<SystemTime> {
         let now = SystemTime::now();
         let written = self
-            .write_over(pod, |current| {
+            .write_held(pod, |current| {
                 due_at(current)
                     .map(|_| from_eci::stopped(current, DEADLINE_EXCEEDED, DEADLINE_MESSAGE, now))
             })

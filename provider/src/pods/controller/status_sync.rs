@@ -1,10 +1,15 @@
-//! Statuses: incremental polling, and the status half of a pod's sync — bringing the pod's
-//! status in line with its group's state (server-side apply of what we own).
+//! Statuses: incremental polling, and the status writers — bringing a pod's status in line with
+//! its group's state (server-side apply of what we own).
 //!
-//! The polls store the group's latest state in the pod's entry and queue the pod; its sync
-//! ([`PodController::sync`], one worker per pod at a time) reads what is, and [`plan`] (pure)
-//! decides what to write. Only the sync (and writers that hold the pod's key in its queue)
-//! change what is recorded as written, so no write is ever recorded over a newer finding.
+//! The polls store the group's latest state in the pod's entry and queue the pod's sync
+//! ([`PodController::sync`]), which queues its status write. The status writers have a queue
+//! of their own, served within this replica's share of the fleet's status writes, as
+//! virtual-kubelet keeps pod status updates apart from its pod syncs: a burst's creations are
+//! decided as its pods come, never behind a backlog of writes, and a pod whose group changed
+//! twice before its turn is written once. The writer reads what is from the pod's entry and
+//! [`plan`] (pure) decides what to write. Only the writers (and writers that hold the
+//! pod's key in their queue) change what is recorded as written, so no write is ever recorded
+//! over a newer finding.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -20,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::carried::{self, Backlog};
-use super::{FIELD_MANAGER, PodController, hash_of, pod_key, shown, slim, tag};
+use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
 use vne_core::from_eci;
 use vne_core::lifecycle::{self, Lifecycle};
 use vne_core::to_eci::naming;
@@ -250,31 +255,43 @@ impl PodController {
         (body, carried)
     }
 
-    /// [`Self::write_status`] for the writers other than the pod's sync (a creation that
-    /// failed, a group found vanished): the pod's key in the queue of syncs is held meanwhile,
-    /// so no sync writes beside it, and what was written of the group is forgotten after, so
-    /// that should the group exist after all, the next full listing hands its state to the
-    /// sync again.
+    /// [`Self::write_status`] for the writers other than the status writers (a pod skipped,
+    /// stopped or lost, a creation that failed): the pod's key in the status writers' queue is
+    /// held meanwhile, so no status write goes beside it, and what was written of the group
+    /// is forgotten after, so that should the group exist after all, the next full listing
+    /// hands its state to the status writer again.
     pub(super) async fn write_held(
         &self,
         pod: &Pod,
         compute: impl Fn(&Pod) -> Option<Value>,
     ) -> Written {
-        let _held = self.inner.syncs.hold(pod.uid().unwrap_or_default()).await;
-        self.write_over(pod, compute).await
-    }
-
-    /// [`Self::write_held`] for a writer that holds the pod's key already (its sync).
-    pub(super) async fn write_over(
-        &self,
-        pod: &Pod,
-        compute: impl Fn(&Pod) -> Option<Value>,
-    ) -> Written {
+        let uid = pod.uid().unwrap_or_default();
+        let _held = self.inner.statuses.hold(uid.clone()).await;
         let written = self.write_status(pod, compute).await;
-        if let Some(entry) = self.tracked().get_mut(&pod.uid().unwrap_or_default()) {
+        if let Some(entry) = self.tracked().get_mut(&uid) {
             entry.forget_status();
         }
         written
+    }
+
+    /// The status writers: one pod at a time each, within this replica's share of the fleet's
+    /// status writes (a worker takes a pod only once it has a permit, so newer states pushed
+    /// meanwhile replace the one waiting).
+    pub(super) async fn write_statuses(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let this = self.clone();
+        self.inner
+            .statuses
+            .serve_within(
+                STATUS_WRITERS,
+                self.inner.shares.statuses.permits(),
+                &stop,
+                move |uid, ()| {
+                    let this = this.clone();
+                    async move { this.sync_status(&uid).await }
+                },
+            )
+            .await;
+        Ok(())
     }
 
     /// Shows on the pod why no group was created for it: `phase`, `reason` and `message` in
@@ -478,14 +495,11 @@ impl PodController {
         }
     }
 
-    /// Brings the status of `pod` (its kept copy) in line with what is known: reads the
-    /// entry, lets [`plan`] decide, writes within this replica's share of the fleet's status
-    /// writes, records what was written, then turns the group's new ECI events into Events in
-    /// the background.
-    pub(super) async fn sync_status(&self, uid: &str, pod: Arc<Pod>) {
-        let Some(found) = self.find(uid, pod) else {
-            return;
-        };
+    /// Brings the pod's status in line with what is known: reads the entry, lets [`plan`]
+    /// decide, writes, records what was written, then turns the group's new ECI events into
+    /// Events in the background.
+    pub(super) async fn sync_status(&self, uid: &str) {
+        let Some(found) = self.find(uid) else { return };
         let now = SystemTime::now();
         let pod = &found.pod;
         let desired = found
@@ -514,10 +528,6 @@ impl PodController {
             annotations: found.annotations,
         };
         let decided = plan(facts);
-        let _permit = match decided.write {
-            Write::Apply | Write::Refresh => Some(self.inner.shares.statuses.acquire().await),
-            Write::Nothing | Write::Record => None,
-        };
         let written = match (decided.write, &found.group) {
             (Write::Apply, Some(group)) => {
                 let outcome = self
@@ -548,29 +558,36 @@ impl PodController {
         self.publish_eci_events(pod, found.events);
     }
 
-    /// What the sync reads of a pod's entry (taking the group state it applies), with the
-    /// lifecycle's `Found` step taken for that state.
-    fn find(&self, uid: &str, pod: Arc<Pod>) -> Option<Found> {
-        let unsynced = self.tracked().get_mut(uid)?.group.take();
-        // Decoded outside the lock: the watch and the polls wait on it.
+    /// What the status sync reads of a pod's entry (taking the group state it applies), with
+    /// the lifecycle's `Found` step taken for that state.
+    fn find(&self, uid: &str) -> Option<Found> {
+        let (kept, unsynced) = {
+            let mut tracked = self.tracked();
+            let entry = tracked.get_mut(uid)?;
+            let kept = entry.pod.clone()?;
+            (kept, entry.group.take())
+        };
+        // Unpacked and decoded outside the lock: the watch and the polls wait on it.
+        let pod = kept.pod();
         let decoded = unsynced.map(|state| {
             state.inspect_err(|error| {
                 warn!(pod_uid = %uid, %error, "a group state kept for the sync does not decode; the next full listing hands it over again");
             })
         });
-        let lost = matches!(decoded, Some(Err(_)));
+        let lost = matches!(decoded, Some(Err(_))) || (pod.is_none() && decoded.is_some());
         // A group being deleted by ECI: its pod's deletion reports it.
         let group = decoded
             .and_then(Result::ok)
             .filter(|group| group.status != "Terminating");
         let mut tracked = self.tracked();
         let entry = tracked.get_mut(uid)?;
-        // A state that does not decode is not expected of what this process encoded; a state
-        // taken and not applied is forgotten, so that the next full listing hands it to the
-        // sync again.
+        // Neither a copy that does not unpack nor a state that does not decode is expected of
+        // what this process packed and encoded; a state taken and not applied is forgotten,
+        // so that the next full listing hands it to the sync again.
         if lost {
             entry.group.forget();
         }
+        let pod = pod?;
         let mut events = Vec::new();
         if let Some(group) = &group
             && !entry.lifecycle.is_deleting()
@@ -663,13 +680,12 @@ impl PodController {
         }
     }
 
-    /// Fails `pod` with reason `NotFound`: its group `id` vanished (from the pod's sync, which
-    /// holds its key).
+    /// Fails `pod` with reason `NotFound`: its group `id` vanished (from the pod's sync).
     pub(super) async fn show_lost(&self, pod: &Pod, id: &str) {
         warn!(eci_id = %id, "the container group vanished");
         let message = format!("the ECI container group {id} no longer exists");
         let now = SystemTime::now();
-        self.write_over(pod, |current| {
+        self.write_held(pod, |current| {
             Some(from_eci::lost(current, "NotFound", &message, now))
         })
         .await;
@@ -790,13 +806,12 @@ mod tests {
             },
             ..super::super::PodEntry::default()
         };
-        let pod = Arc::new(pod);
-        entry.keep(&pod);
+        entry.keep(&Arc::new(pod));
         assert!(entry.group.see(&group, 7));
         // A state whose encoding is corrupt: taken by the sync, never applied.
         entry.group.unsynced = Some(vec![0xff; 3].into_boxed_slice());
         controller.tracked().insert("u-1".into(), entry);
-        let found = controller.find("u-1", pod).expect("the pod is kept");
+        let found = controller.find("u-1").expect("the pod is kept");
         assert!(found.group.is_none(), "nothing decoded to apply");
         let mut tracked = controller.tracked();
         assert!(
