@@ -482,14 +482,14 @@ impl PodReader {
                 let uid = pod.uid().unwrap_or_default();
                 self.unseen.remove(&uid);
                 self.listed.insert(uid);
-                controller.observe_from(kept_copy(pod), true);
+                controller.observe_from(&kept_copy(pod), true);
             }
             watcher::Event::InitDone => self.settle(),
             watcher::Event::Apply(pod) => {
                 if let Some(uid) = pod.uid() {
                     self.unseen.remove(&uid);
                 }
-                controller.observe(kept_copy(pod));
+                controller.observe(&kept_copy(pod));
             }
             watcher::Event::Delete(pod) => controller.forget(pod),
         }
@@ -867,30 +867,30 @@ impl PodController {
         Ok(())
     }
 
-    fn observe(&self, pod: Arc<Pod>) {
+    fn observe(&self, pod: &Arc<Pod>) {
         self.observe_from(pod, false);
     }
 
     /// The watch delivers `pod` (`listed`: from a list, which shows the current state and
     /// follows no order with our writes; see [`Origin`]): the entry keeps it, unless it is
     /// older than our answer, and the pod's sync decides what it asks for.
-    fn observe_from(&self, pod: Arc<Pod>, listed: bool) {
+    fn observe_from(&self, pod: &Arc<Pod>, listed: bool) {
         let Some(uid) = pod.uid() else { return };
         {
             let mut tracked = self.tracked();
             let entry = tracked.entry(uid.clone()).or_default();
             // An older copy than the answer kept would only make the next write conflict, and
             // it asks for nothing the kept copy does not.
-            if entry.origin.deliver(slim::version_of(&pod), listed) == Delivery::Older {
+            if entry.origin.deliver(slim::version_of(pod), listed) == Delivery::Older {
                 return;
             }
-            entry.adopt_carried(&pod);
-            entry.keep(&pod);
+            entry.adopt_carried(pod);
+            entry.keep(pod);
             entry.origin = Origin::Watched;
         }
         // Labels and annotations shown in downward API files follow the pod, as the kubelet's.
         if pod.metadata.deletion_timestamp.is_none() {
-            self.inner.tokens.pod_observed(&pod);
+            self.inner.tokens.pod_observed(pod);
         }
         self.inner.syncs.push(uid, ());
     }
@@ -1442,7 +1442,7 @@ mod tests {
         controller.queue_changed(vec![polled]);
         sync_all(&controller).await;
         assert_eq!(status_writes(&requests), 0, "no pod to write to yet");
-        controller.observe(running_pod());
+        controller.observe(&running_pod());
         sync_all(&controller).await;
         assert_eq!(status_writes(&requests), 1, "the pod's copy queues it");
     }
@@ -1460,7 +1460,7 @@ mod tests {
             "spec": {"nodeName": "vn-0", "containers": [{"name": "app", "image": "nginx:1.27"}]},
         }))
         .unwrap();
-        controller.observe(Arc::new(pod));
+        controller.observe(&Arc::new(pod));
         sync_all(&controller).await;
         controller.resync();
         sync_all(&controller).await;
@@ -1774,7 +1774,7 @@ mod tests {
         let v = |s: &str| slim::version_of(&at_version(&pending, s));
 
         // The annotation's change (version 11) arrives late, still showing Pending.
-        controller.observe(at_version(&pending, "11"));
+        controller.observe(&at_version(&pending, "11"));
         assert_eq!(version(&controller), v("12"), "the answer stays");
         assert!(
             controller.inner.syncs.is_empty(),
@@ -1782,9 +1782,9 @@ mod tests {
         );
 
         // Our write's own event: the watch has caught up; what follows is newer.
-        controller.observe(at_version(&served(&running), "12"));
+        controller.observe(&at_version(&served(&running), "12"));
         assert_eq!(controller.tracked()["u-1"].origin, Origin::Watched);
-        controller.observe(at_version(&served(&running), "13"));
+        controller.observe(&at_version(&served(&running), "13"));
         assert_eq!(version(&controller), v("13"));
 
         // A write that changed nothing is answered at the version held: nothing to wait for.
