@@ -333,8 +333,9 @@ struct Inner {
     /// [`status_sync`]): their syncs queue them. Served within this replica's share of the
     /// fleet's status writes, so a pod that changed twice before its turn is written once.
     statuses: Arc<WorkQueue<String, ()>>,
-    /// Per-pod work started by the watch (deletions, skip explanations) and create back-off
-    /// timers: owned, so a stop lets in-flight ECI calls finish before the process ends.
+    /// Work beside the queues (a relist's settling, the sweep after a lost create answer, the
+    /// shared group reads): owned, so a stop lets in-flight ECI calls finish before the
+    /// process ends.
     pod_tasks: TaskTracker,
     /// Cancelled once in-flight work had its grace after a stop: what is still waiting then
     /// (a deletion waiting for its group to go) is left to the successor, which resumes it.
