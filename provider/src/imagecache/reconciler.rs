@@ -369,7 +369,7 @@ impl Context {
         let now = crate::k8s::rfc3339(SystemTime::now());
         let status = plan::status(&resource, observed, &step, created.as_deref(), &now);
         if Some(&status) != cache.status.as_ref() {
-            self.write_status(&name, &status)
+            self.apply_status(&name, &status)
                 .await
                 .map_err(ImageCacheError::Status)?;
             self.announce(cache, &status);
@@ -522,7 +522,7 @@ impl Context {
         Ok(out)
     }
 
-    async fn write_status(&self, name: &str, status: &ImageCacheStatus) -> Result<(), kube::Error> {
+    async fn apply_status(&self, name: &str, status: &ImageCacheStatus) -> Result<(), kube::Error> {
         let patch = json!({
             "apiVersion": "eci.alibabacloud.com/v1",
             "kind": "ImageCache",

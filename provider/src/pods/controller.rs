@@ -25,7 +25,7 @@ mod describe;
 mod eci_events;
 mod gate;
 mod misconfigured;
-mod status_sync;
+mod status_writes;
 
 use super::slim;
 
@@ -99,9 +99,9 @@ struct PodEntry {
     written: Option<u64>,
     /// The newest ECI event already turned into an Event.
     events: eci_events::EventWatermark,
-    /// The group's state as the polls last showed it, and whether the status sync has yet to
-    /// apply it (see [`status_sync::SeenGroup`]).
-    group: status_sync::SeenGroup,
+    /// The group's state as the polls last showed it, and whether the status writers have yet
+    /// to apply it (see [`status_writes::SeenGroup`]).
+    group: status_writes::SeenGroup,
     /// Hash of the refusal last shown on the pod, while the namespace scope or the
     /// annotation policy refuses it.
     held: Option<u64>,
@@ -206,7 +206,7 @@ impl PodEntry {
     }
 
     /// What the pod shows is no longer known to be ours: the next full listing gives the
-    /// status sync the group's state again, and it writes where they differ.
+    /// status writers the group's state again, and they write where they differ.
     fn forget_status(&mut self) {
         self.written = None;
         self.group.forget();
@@ -330,7 +330,7 @@ struct Inner {
     /// writers and the times something falls due only queue them.
     syncs: Arc<WorkQueue<String, ()>>,
     /// Pods whose status is to be brought in line with their group, by UID (see
-    /// [`status_sync`]): their syncs queue them. Served within this replica's share of the
+    /// [`status_writes`]): their syncs queue them. Served within this replica's share of the
     /// fleet's status writes, so a pod that changed twice before its turn is written once.
     statuses: Arc<WorkQueue<String, ()>>,
     /// Work beside the queues (a relist's settling, the sweep after a lost create answer, the
@@ -922,27 +922,35 @@ impl PodController {
 
     /// Brings pod `uid` in line with what is known of it, from what its entry holds: steps its
     /// lifecycle by the copy kept, carries out the step ([`Self::act`]), queues its status
-    /// write ([`Self::sync_status`] decides what it writes), and queues it again for when
-    /// something falls due. Everything else only queues the pod, so this is the one place its
-    /// lifecycle moves by what the pod shows.
+    /// write when the status writers have work for it ([`Self::write_status_of`] decides what
+    /// it writes), and queues it again for when something falls due. Everything else only
+    /// queues the pod, so this is the one place its lifecycle moves by what the pod shows.
     pub(super) async fn sync(&self, uid: &str) {
         let Some(copy) = self.tracked().get(uid).and_then(|entry| entry.pod.clone()) else {
             return;
         };
         // Unpacked outside the lock: the watch and the polls wait on it.
         let Some(pod) = copy.pod() else { return };
-        let Some((effect, deadline)) = self.step(uid, &pod) else {
+        let Some(Stepped {
+            effect,
+            deadline,
+            asks,
+        }) = self.step(uid, &pod)
+        else {
             return;
         };
         let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
         let again = self.act(&pod, uid, effect).instrument(span).await;
-        self.inner.statuses.push(uid.to_owned(), ());
+        if asks.want_a_write(&pod, SystemTime::now()) {
+            self.inner.statuses.push(uid.to_owned(), ());
+        }
         self.requeue(uid, deadline.into_iter().chain(again).min());
     }
 
-    /// Moves the pod's lifecycle on by what `pod`, its kept copy, shows: what to do, and when
-    /// its deadline is to be looked at (see [`deadline`]). `None`: the pod is not tracked.
-    fn step(&self, uid: &str, pod: &Pod) -> Option<(Option<Effect>, Option<SystemTime>)> {
+    /// Moves the pod's lifecycle on by what `pod`, its kept copy, shows: what to do, when its
+    /// deadline is to be looked at (see [`deadline`]), and what the status writers would find.
+    /// `None`: the pod is not tracked.
+    fn step(&self, uid: &str, pod: &Pod) -> Option<Stepped> {
         let observed = lifecycle::Observed {
             terminating: pod.metadata.deletion_timestamp.is_some(),
             finished: matches!(
@@ -955,10 +963,17 @@ impl PodController {
                 .get(INSTANCE_ANNOTATION)
                 .map(String::as_str),
         };
+        let now = tokio::time::Instant::now();
         let mut tracked = self.tracked();
         let entry = tracked.get_mut(uid)?;
         let effect = entry.on(uid, Trigger::Observed(observed));
-        Some(self.mind_deadline(entry, uid, pod, effect))
+        let (effect, deadline) = self.mind_deadline(entry, uid, pod, effect);
+        let asks = status_writes::Asks::of(entry, now, self.annotation_wait());
+        Some(Stepped {
+            effect,
+            deadline,
+            asks,
+        })
     }
 
     /// Queues the pod's next sync for the earlier of `at` (its deadline, or a step to try
@@ -1012,6 +1027,16 @@ impl PodController {
         }
         None
     }
+}
+
+/// What a pod's step decided ([`PodController::step`]).
+struct Stepped {
+    /// What to do.
+    effect: Option<Effect>,
+    /// When its deadline is to be looked at.
+    deadline: Option<SystemTime>,
+    /// What the status writers would find.
+    asks: status_writes::Asks,
 }
 
 enum Failure {
@@ -1384,7 +1409,7 @@ mod tests {
             inner.syncs.done(&uid);
         }
         while let Some((uid, ())) = inner.statuses.try_next() {
-            controller.sync_status(&uid).await;
+            controller.write_status_of(&uid).await;
             inner.statuses.done(&uid);
         }
     }
@@ -1446,6 +1471,49 @@ mod tests {
         controller.observe(&running_pod());
         sync_all(&controller).await;
         assert_eq!(status_writes(&requests), 1, "the pod's copy queues it");
+    }
+
+    /// Runs every sync ready, then every status write they queued: how many they queued.
+    async fn status_writes_queued(controller: &PodController) -> usize {
+        let inner = &controller.inner;
+        while let Some((uid, ())) = inner.syncs.try_next() {
+            controller.sync(&uid).await;
+            inner.syncs.done(&uid);
+        }
+        let queued = inner.statuses.len();
+        sync_all(controller).await;
+        queued
+    }
+
+    /// A sync queues a status write only for work the status writers have: not for a pod
+    /// showing what was written last (the echo of our own write, a resync), but for a pod
+    /// someone wrote over and for a group state polled.
+    #[tokio::test]
+    async fn a_sync_queues_a_status_write_only_for_work_the_writers_have() {
+        let (controller, requests) = controller(Arc::new(RefusingDeletes::default()));
+        track(&controller, false);
+        let pod = running_pod();
+        controller.observe(&pod);
+        controller.tracked().get_mut("u-1").unwrap().written = shown(&pod);
+        assert_eq!(status_writes_queued(&controller).await, 0, "it shows ours");
+        controller.resync();
+        assert_eq!(status_writes_queued(&controller).await, 0, "nothing new");
+
+        let mut written_over = (*pod).clone();
+        written_over.status.as_mut().unwrap().phase = Some("Pending".into());
+        written_over.metadata.resource_version = Some("7".into());
+        controller.observe(&Arc::new(written_over));
+        assert_eq!(status_writes_queued(&controller).await, 1, "written over");
+        assert_eq!(status_writes(&requests), 0, "no state to write back yet");
+
+        let mut polled = group("Running", true);
+        polled.tags = vec![Tag {
+            key: naming::TAG_POD_UID.into(),
+            value: "u-1".into(),
+        }];
+        controller.queue_changed(vec![polled]);
+        assert_eq!(status_writes_queued(&controller).await, 1, "a state to apply");
+        assert_eq!(status_writes(&requests), 1);
     }
 
     /// A pod that does not run on virtual nodes (here a DaemonSet's) is told so by its sync:

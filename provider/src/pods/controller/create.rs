@@ -1181,10 +1181,10 @@ mod tests {
         assert!(bodies.lock().unwrap().is_empty(), "no write of its own");
         let running = |_: &Pod| Some(json!({"phase": "Running"}));
         for _ in 0..2 {
-            let written = controller.write_status(&kept(&controller), running).await;
+            let written = controller.apply_status(&kept(&controller), running).await;
             assert!(matches!(
                 written,
-                super::super::status_sync::Written::Stored(_)
+                super::super::status_writes::Written::Stored(_)
             ));
         }
         let bodies = bodies.lock().unwrap().clone();
@@ -1238,9 +1238,9 @@ mod tests {
         controller.tracked().insert("u-1".into(), entry);
         queue_group_id(&controller, "").await;
         let written = controller
-            .write_status(&kept(&controller), |_| Some(json!({"phase": "Running"})))
+            .apply_status(&kept(&controller), |_| Some(json!({"phase": "Running"})))
             .await;
-        assert_eq!(written, super::super::status_sync::Written::Failed);
+        assert_eq!(written, super::super::status_writes::Written::Failed);
         assert_eq!(
             *requests.lock().unwrap(),
             ["PATCH", "GET"],
@@ -1273,7 +1273,7 @@ mod tests {
         syncs.push("u-1".to_owned(), ());
         let (uid, ()) = syncs.try_next().unwrap();
         controller.sync(&uid).await;
-        controller.sync_status(&uid).await;
+        controller.write_status_of(&uid).await;
         syncs.done(&uid);
         assert!(bodies.lock().unwrap().is_empty(), "not due yet");
         assert_eq!(
@@ -1283,7 +1283,7 @@ mod tests {
         );
         tokio::time::advance(wait / 2).await;
         controller.sync("u-1").await;
-        controller.sync_status("u-1").await;
+        controller.write_status_of("u-1").await;
         let written = bodies.lock().unwrap().clone();
         assert_eq!(written.len(), 1, "{written:?}");
         assert_eq!(
@@ -1297,7 +1297,7 @@ mod tests {
             carried::Backlog::Empty
         );
         controller.sync("u-1").await;
-        controller.sync_status("u-1").await;
+        controller.write_status_of("u-1").await;
         assert_eq!(bodies.lock().unwrap().len(), 1, "nothing left to write");
     }
 }

@@ -19,13 +19,13 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::delete::{Deletion, DeletionKey};
-use super::status_sync::Written;
+use super::status_writes::Written;
 use super::{PodController, PodEntry};
 use vne_core::from_eci::{self, DEADLINE_EXCEEDED, DEADLINE_MESSAGE};
 use vne_core::lifecycle::{Effect, Trigger};
 
 /// How long after a deadline ECI is given to end the group itself (it was created with that
-/// deadline), and the status sync to show it, before the controller stops the group: ten
+/// deadline), and the status writers to show it, before the controller stops the group: ten
 /// status polls at the default interval, room for a loaded apiserver's slower writes.
 pub(super) const ECI_FIRST: Duration = Duration::from_secs(10);
 

@@ -45,20 +45,20 @@ pub(super) enum Written {
 }
 
 /// The group's state as the polls last showed it. A state not applied yet is kept encoded
-/// (protobuf) until the sync takes it: decoded, a group is several times its encoding in
+/// (protobuf) until a status writer takes it: decoded, a group is several times its encoding in
 /// allocations, and a burst of creations keeps one per pod, a large share of the burst's peak
-/// memory (measured: docs/performance.md). Decoding it again costs the sync microseconds.
+/// memory (measured: docs/performance.md). Decoding it again costs the writer microseconds.
 #[derive(Debug, Default)]
 pub(in crate::pods) struct SeenGroup {
     /// The hash of the latest state seen ([`hash_of`] of its encoding).
     state: Option<u64>,
-    /// That state, encoded, until the sync applies it.
+    /// That state, encoded, until a status writer applies it.
     unsynced: Option<Box<[u8]>>,
 }
 
 impl SeenGroup {
-    /// Keeps `group` (hashed as `state`) for the sync unless it is the state seen last:
-    /// whether the pod's status needs a sync for it.
+    /// Keeps `group` (hashed as `state`) for the status writers unless it is the state seen
+    /// last: whether the pod needs a sync for it.
     pub(super) fn see(&mut self, group: &ContainerGroupStatus, state: u64) -> bool {
         if self.state == Some(state) {
             return false;
@@ -68,21 +68,79 @@ impl SeenGroup {
         true
     }
 
-    /// The state not applied yet, decoded (taken: the sync applies it once).
+    /// The state not applied yet, decoded (taken: a status writer applies it once).
     pub(super) fn take(&mut self) -> Option<Result<ContainerGroupStatus, prost::DecodeError>> {
         self.unsynced
             .take()
             .map(|bytes| prost::Message::decode(&*bytes))
     }
 
-    /// Forgets the state seen, so that the next poll showing the group hands it to the sync
-    /// again (after someone wrote over the pod, or a write failed).
+    /// Forgets the state seen, so that the next poll showing the group hands it to the
+    /// status writers again (after someone wrote over the pod, or a write failed).
     pub(super) fn forget(&mut self) {
         self.state = None;
     }
+
+    /// Whether a state waits for the status writers.
+    pub(super) fn waiting(&self) -> bool {
+        self.unsynced.is_some()
+    }
 }
 
-/// What the status sync finds, read from the pod's entry (see [`plan`]).
+/// What a pod's sync reads of its entry, after its step, to tell whether the status writers
+/// have work for the pod ([`Self::want_a_write`]): most syncs (a creation decided, the echo of
+/// our own write, a deletion begun, a resync) have none, and the writer would unpack the pod
+/// again only to find that out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Asks {
+    /// The pod has a group not being deleted.
+    live: bool,
+    /// A group state waits to be applied.
+    waiting: bool,
+    /// The fingerprint of the status last written, while the kept copy is the watch's.
+    written: Option<u64>,
+    /// Whether annotations of ours wait for a status write, and whether too long.
+    annotations: Backlog,
+}
+
+impl Asks {
+    /// Read from the pod's entry.
+    pub(super) fn of(entry: &super::PodEntry, now: tokio::time::Instant, wait: Duration) -> Self {
+        Self {
+            live: entry.lifecycle.live_group().is_some(),
+            waiting: entry.group.waiting(),
+            written: entry
+                .written
+                .filter(|_| entry.origin == super::Origin::Watched),
+            annotations: entry.carried.backlog(now, wait),
+        }
+    }
+
+    /// Whether [`plan`] would do anything for the pod as `pod` (its kept copy) shows it. A
+    /// waiting state always goes to the writers: they take it, publish its events and find out
+    /// whether the pod shows it already.
+    pub(super) fn want_a_write(&self, pod: &Pod, now: SystemTime) -> bool {
+        if self.waiting {
+            return true;
+        }
+        let live = self.live && pod.metadata.deletion_timestamp.is_none();
+        if !live {
+            return false;
+        }
+        let decided = plan(Facts {
+            live,
+            group: Unsynced::Nothing,
+            overwritten: self
+                .written
+                .is_some_and(|written| shown(pod) != Some(written)),
+            refresh: from_eci::refresh(pod, now).is_some(),
+            annotations: self.annotations,
+        });
+        decided.write != Write::Nothing || decided.forget
+    }
+}
+
+/// What a status writer finds, read from the pod's entry (see [`plan`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Facts {
     /// The pod has a group not being deleted, and no deletionTimestamp.
@@ -97,7 +155,7 @@ pub(super) struct Facts {
     pub(super) annotations: Backlog,
 }
 
-/// A group state the sync has not applied yet, compared with the pod.
+/// A group state not applied yet, compared with the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Unsynced {
     /// None (or one of a group being deleted by ECI, which its pod's deletion reports).
@@ -108,7 +166,7 @@ pub(super) enum Unsynced {
     Changed,
 }
 
-/// What the status sync writes.
+/// What a status writer writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Write {
     /// Nothing.
@@ -122,16 +180,16 @@ pub(super) enum Write {
     Refresh,
 }
 
-/// What one sync of a pod does.
+/// What a status writer does for a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Plan {
     pub(super) write: Write,
     /// Forget the group's state seen: someone wrote over the pod and no state is at hand, so
-    /// the next full listing hands it to the sync again.
+    /// the next full listing hands it to the writers again.
     pub(super) forget: bool,
 }
 
-/// The sync's decision (pure; the table test is its specification).
+/// A status writer's decision (pure; the table test is its specification).
 pub(super) fn plan(facts: Facts) -> Plan {
     if !facts.live {
         return Plan {
@@ -158,7 +216,7 @@ impl PodController {
     /// the pod (see [`carried`](super::carried)). It carries `pod`'s resourceVersion: on a
     /// conflict the pod is read again and the status computed again from it (a readiness
     /// gate may have changed meanwhile), up to three times.
-    pub(super) async fn write_status(
+    pub(super) async fn apply_status(
         &self,
         pod: &Pod,
         compute: impl Fn(&Pod) -> Option<Value>,
@@ -255,7 +313,7 @@ impl PodController {
         (body, carried)
     }
 
-    /// [`Self::write_status`] for the writers other than the status writers (a pod skipped,
+    /// [`Self::apply_status`] for the writers other than the status writers (a pod skipped,
     /// stopped or lost, a creation that failed): the pod's key in the status writers' queue is
     /// held meanwhile, so no status write goes beside it, and what was written of the group
     /// is forgotten after, so that should the group exist after all, the next full listing
@@ -267,7 +325,7 @@ impl PodController {
     ) -> Written {
         let uid = pod.uid().unwrap_or_default();
         let _held = self.inner.statuses.hold(uid.clone()).await;
-        let written = self.write_status(pod, compute).await;
+        let written = self.apply_status(pod, compute).await;
         if let Some(entry) = self.tracked().get_mut(&uid) {
             entry.forget_status();
         }
@@ -287,7 +345,7 @@ impl PodController {
                 &stop,
                 move |uid, ()| {
                     let this = this.clone();
-                    async move { this.sync_status(&uid).await }
+                    async move { this.write_status_of(&uid).await }
                 },
             )
             .await;
@@ -498,7 +556,7 @@ impl PodController {
     /// Brings the pod's status in line with what is known: reads the entry, lets [`plan`]
     /// decide, writes, records what was written, then turns the group's new ECI events into
     /// Events in the background.
-    pub(super) async fn sync_status(&self, uid: &str) {
+    pub(super) async fn write_status_of(&self, uid: &str) {
         let Some(found) = self.find(uid) else { return };
         let now = SystemTime::now();
         let pod = &found.pod;
@@ -531,7 +589,7 @@ impl PodController {
         let written = match (decided.write, &found.group) {
             (Write::Apply, Some(group)) => {
                 let outcome = self
-                    .write_status(pod, |current| {
+                    .apply_status(pod, |current| {
                         Some(from_eci::pod_status(current, group, now))
                     })
                     .await;
@@ -545,7 +603,7 @@ impl PodController {
             }
             (Write::Refresh, _) => {
                 let pending = found.annotations != Backlog::Empty;
-                self.write_status(pod, |current| {
+                self.apply_status(pod, |current| {
                     from_eci::refresh(current, now)
                         .or_else(|| pending.then(|| shown_status(current)))
                 })
@@ -558,7 +616,7 @@ impl PodController {
         self.publish_eci_events(pod, found.events);
     }
 
-    /// What the status sync reads of a pod's entry (taking the group state it applies), with
+    /// What a status writer reads of a pod's entry (taking the group state it applies), with
     /// the lifecycle's `Found` step taken for that state.
     fn find(&self, uid: &str) -> Option<Found> {
         let (kept, unsynced) = {
@@ -583,7 +641,7 @@ impl PodController {
         let entry = tracked.get_mut(uid)?;
         // Neither a copy that does not unpack nor a state that does not decode is expected of
         // what this process packed and encoded; a state taken and not applied is forgotten,
-        // so that the next full listing hands it to the sync again.
+        // so that the next full listing hands it to the writers again.
         if lost {
             entry.group.forget();
         }
