@@ -17,5 +17,7 @@ pub use self::sample::{
     PodSample, batches, merge, pod_sample,
 };
 
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fixtures;
 #[cfg(test)]
 mod tests;

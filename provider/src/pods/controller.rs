@@ -1512,7 +1512,11 @@ mod tests {
             value: "u-1".into(),
         }];
         controller.queue_changed(vec![polled]);
-        assert_eq!(status_writes_queued(&controller).await, 1, "a state to apply");
+        assert_eq!(
+            status_writes_queued(&controller).await,
+            1,
+            "a state to apply"
+        );
         assert_eq!(status_writes(&requests), 1);
     }
 

@@ -9,8 +9,14 @@ use base64::Engine as _;
 use eci_proto::v20180808::{Container, Volume};
 
 use crate::images::ImageRunConfig;
-use crate::sandbox::volumes::quantity_bytes;
 use crate::sandbox::{ContainerSpec, MountSpec, VolumeFile, VolumeSource, VolumeSpec};
+
+/// An emptyDir's `SizeLimit` in bytes, read as the apiserver reads quantities (a negative or
+/// unreadable one is none).
+fn size_limit(text: &str) -> Option<u64> {
+    let quantity = vne_core::quantity::Quantity::parse(text).ok()?;
+    u64::try_from(quantity.value_ceil()).ok()
+}
 
 /// A file's mode when neither it nor its volume says one (Kubernetes' default).
 const DEFAULT_FILE_MODE: u32 = 0o644;
@@ -27,7 +33,7 @@ pub fn volume(volume: &Volume) -> VolumeSpec {
             let empty = volume.empty_dir_volume.clone().unwrap_or_default();
             VolumeSource::EmptyDir {
                 memory: empty.medium == "Memory",
-                size_limit: quantity_bytes(&empty.size_limit),
+                size_limit: size_limit(&empty.size_limit),
             }
         }
         "ConfigFileVolume" => {
@@ -283,6 +289,21 @@ mod tests {
     use eci_proto::v20180808::{EnvironmentVar, FieldRef};
 
     use super::*;
+
+    #[test]
+    fn an_empty_dirs_size_limit_is_read_as_the_apiserver_reads_quantities() {
+        for (text, bytes) in [
+            ("512Mi", Some(512 << 20)),
+            ("1G", Some(1_000_000_000)),
+            ("1048576", Some(1 << 20)),
+            ("1.5Gi", Some(3 << 29)),
+            ("", None),
+            ("Gi", None),
+            ("-1Gi", None),
+        ] {
+            assert_eq!(size_limit(text), bytes, "{text:?}");
+        }
+    }
 
     fn words(list: &[&str]) -> Vec<String> {
         list.iter().map(|word| (*word).to_owned()).collect()

@@ -5,95 +5,25 @@ use std::time::Duration;
 
 use eci_proto::EciError;
 use eci_proto::v20180808::{
-    ContainerMetric, CpuMetric, CreateContainerGroupRequest, CreateContainerGroupResponse,
-    DeleteContainerGroupRequest, DeleteContainerGroupResponse, DescribeContainerGroupMetricRequest,
+    CreateContainerGroupRequest, CreateContainerGroupResponse, DeleteContainerGroupRequest,
+    DeleteContainerGroupResponse, DescribeContainerGroupMetricRequest,
     DescribeContainerGroupMetricResponse, DescribeContainerGroupStatusRequest,
     DescribeContainerGroupStatusResponse, DescribeContainerGroupsRequest,
     DescribeContainerGroupsResponse, DescribeContainerLogRequest, DescribeContainerLogResponse,
     DescribeMultiContainerGroupMetricRequest, DescribeMultiContainerGroupMetricResponse,
-    ExecContainerCommandRequest, ExecContainerCommandResponse, FilesystemMetric, MemoryMetric,
-    MetricRecord, MonitorData, NetworkInterfaceMetric, NetworkMetric, RestartContainerGroupRequest,
-    RestartContainerGroupResponse, UpdateContainerGroupRequest, UpdateContainerGroupResponse,
+    ExecContainerCommandRequest, ExecContainerCommandResponse, MonitorData,
+    RestartContainerGroupRequest, RestartContainerGroupResponse, UpdateContainerGroupRequest,
+    UpdateContainerGroupResponse,
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
 use serde_json::json;
 use vne_core::kubelet_metrics::BATCH;
+use vne_core::kubelet_metrics::fixtures::{entry, record};
 
 use super::*;
 use crate::pods::INSTANCE_ANNOTATION;
-
-fn at(seconds: i64) -> Timestamp {
-    Timestamp::from_second(1_700_000_000 + seconds).expect("a valid time")
-}
-
-fn entry(namespace: &str, name: &str, running: bool) -> PodEntry {
-    PodEntry {
-        namespace: namespace.into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        running,
-        start_time: Some(at(0)),
-        containers: vec![("app".into(), at(1))],
-    }
-}
-
-fn cpu_metric(nano_cores: i64, core_nanos: i64) -> CpuMetric {
-    CpuMetric {
-        usage_nano_cores: nano_cores,
-        usage_core_nano_seconds: core_nanos,
-        load: 0,
-        limit: 0,
-    }
-}
-
-fn memory_metric(working_set: i64) -> MemoryMetric {
-    MemoryMetric {
-        usage_bytes: working_set + 100,
-        working_set,
-        rss: working_set / 2,
-        cache: 0,
-        available_bytes: 1_000_000,
-    }
-}
-
-fn record(time: &str, containers: &[(&str, i64, i64, i64)]) -> MetricRecord {
-    MetricRecord {
-        timestamp: time.into(),
-        cpu: None,
-        memory: None,
-        network: Some(NetworkMetric {
-            interfaces: vec![NetworkInterfaceMetric {
-                name: "eth0".into(),
-                rx_bytes: 1_000,
-                rx_packets: 10,
-                rx_errors: 1,
-                tx_bytes: 500,
-                tx_packets: 5,
-                tx_errors: 0,
-                ..NetworkInterfaceMetric::default()
-            }],
-        }),
-        filesystem: vec![FilesystemMetric {
-            fs_name: "/".into(),
-            usage: 10,
-            capacity: 100,
-            available: 90,
-            category: "system".into(),
-        }],
-        containers: containers
-            .iter()
-            .map(
-                |(name, nano_cores, core_nanos, working_set)| ContainerMetric {
-                    name: (*name).into(),
-                    cpu: Some(cpu_metric(*nano_cores, *core_nanos)),
-                    memory: Some(memory_metric(*working_set)),
-                },
-            )
-            .collect(),
-    }
-}
 
 fn pod(name: &str, uid: &str, phase: &str, group: Option<&str>) -> Pod {
     let mut annotations = serde_json::Map::new();
