@@ -289,9 +289,7 @@ async fn a_tenant_cannot_choose_the_ram_role_or_security_group_under_the_shared_
         let uid = refused_pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
         let groups = mock_admin::groups(&mock.admin).await?;
         let created = groups.iter().any(|g| {
-            g["tags"].as_array().into_iter().flatten().any(|t| {
-                t["key"] == "k8s.aliyun.com/pod-uid" && t["value"].as_str() == Some(uid.as_str())
-            })
+            mock_admin::tag(g, "k8s.aliyun.com/pod-uid") == uid
         });
         let still_pending = h
             .pod_json(ns, "escalate")
@@ -819,13 +817,9 @@ async fn tenant_creates(
 /// mock-eci's group of the pod with `uid`, if any.
 async fn group_of(admin: &str, uid: &str) -> Result<Option<Value>, HarnessError> {
     let groups = mock_admin::groups(admin).await?;
-    Ok(groups.into_iter().find(|g| {
-        g["tags"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|t| t["key"] == "k8s.aliyun.com/pod-uid" && t["value"].as_str() == Some(uid))
-    }))
+    Ok(groups
+        .into_iter()
+        .find(|g| mock_admin::tag(g, "k8s.aliyun.com/pod-uid") == uid))
 }
 
 /// Waits until `ns/name` is Pending, refused with `reason` saying each of `naming` (its

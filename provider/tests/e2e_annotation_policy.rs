@@ -45,13 +45,7 @@ async fn groups_of(admin: &str, uid: &str) -> usize {
     let groups = mock_admin::groups(admin).await.unwrap();
     groups
         .iter()
-        .filter(|g| {
-            g["tags"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|t| t["key"] == "k8s.aliyun.com/pod-uid" && t["value"].as_str() == Some(uid))
-        })
+        .filter(|g| mock_admin::tag(g, "k8s.aliyun.com/pod-uid") == uid)
         .count()
 }
 

@@ -279,23 +279,12 @@ async fn group_ids(h: &Harness) -> BTreeSet<String> {
         .collect()
 }
 
-fn group_tag(group: &Value, key: &str) -> String {
-    group["tags"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|t| t["key"] == key)
-        .and_then(|t| t["value"].as_str())
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// Pod uids that have a group, and the pods' uids: equal when nothing leaked or went missing.
 async fn groups_match_pods(h: &Harness, ns: &str) -> bool {
     let grouped: BTreeSet<String> = groups(h)
         .await
         .iter()
-        .map(|g| group_tag(g, TAG_POD_UID))
+        .map(|g| mock_admin::tag(g, TAG_POD_UID).to_owned())
         .collect();
     let pods: BTreeSet<String> = pods(h, ns)
         .await
@@ -436,7 +425,7 @@ async fn scale_in_drains_the_highest_replica_honours_budgets_and_leaves_nothing_
         h.wait_for("mock-eci to hold exactly the groups of the remaining pods", WAIT, |h| groups_match_pods(h, ns))
             .await?;
         assert!(
-            groups(h).await.iter().all(|g| group_tag(g, TAG_NODE) != last),
+            groups(h).await.iter().all(|g| mock_admin::tag(g, TAG_NODE) != last),
             "no group is left for the removed node"
         );
         Ok(())
@@ -735,7 +724,7 @@ async fn an_unfinished_drain_keeps_the_node_cordoned_scale_out_readopts_and_the_
         let bare_group = groups(h)
             .await
             .into_iter()
-            .find(|g| group_tag(g, TAG_POD_NAME) == "bare")
+            .find(|g| mock_admin::tag(g, TAG_POD_NAME) == "bare")
             .unwrap()["container_group_id"]
             .clone();
 
@@ -814,7 +803,7 @@ async fn an_unfinished_drain_keeps_the_node_cordoned_scale_out_readopts_and_the_
         let adopted = groups(h)
             .await
             .into_iter()
-            .find(|g| group_tag(g, TAG_POD_NAME) == "bare")
+            .find(|g| mock_admin::tag(g, TAG_POD_NAME) == "bare")
             .unwrap();
         assert_eq!(adopted["container_group_id"], bare_group);
 
@@ -863,7 +852,7 @@ async fn an_unfinished_drain_keeps_the_node_cordoned_scale_out_readopts_and_the_
         })
         .await?;
         assert!(
-            groups(h).await.iter().all(|g| group_tag(g, TAG_NODE) != last),
+            groups(h).await.iter().all(|g| mock_admin::tag(g, TAG_NODE) != last),
             "nothing of the removed node is left in ECI"
         );
         Ok(())

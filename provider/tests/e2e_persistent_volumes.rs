@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use integration::harness::mock_admin::{created_with, groups};
+use integration::harness::mock_admin::{created_with, groups, tag};
 use integration::harness::{EciApi, Harness, HarnessError};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -119,13 +119,7 @@ async fn groups_of(admin: &str, uid: &str) -> usize {
         .await
         .unwrap()
         .iter()
-        .filter(|g| {
-            g["tags"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|t| t["key"] == "k8s.aliyun.com/pod-uid" && t["value"].as_str() == Some(uid))
-        })
+        .filter(|g| tag(g, "k8s.aliyun.com/pod-uid") == uid)
         .count()
 }
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use integration::harness::mock_admin::groups;
+use integration::harness::mock_admin::{groups, tag};
 use integration::harness::{Harness, HarnessError, run_scenario};
 use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -73,21 +73,13 @@ async fn wait_running(h: &Harness, ns: &str, name: &str) -> Result<Value, Harnes
     Ok(pod(h, ns, name).await.unwrap())
 }
 
-fn tag(group: &Value, key: &str) -> Option<String> {
-    group["tags"]
-        .as_array()?
-        .iter()
-        .find(|t| t["key"] == key)
-        .map(|t| t["value"].as_str().unwrap_or_default().to_owned())
-}
-
 /// The group of pod `name` (mock-eci's view, as DescribeContainerGroups shows it).
 async fn group_of(admin: &str, name: &str) -> Value {
     groups(admin)
         .await
         .unwrap()
         .into_iter()
-        .find(|g| tag(g, "k8s.aliyun.com/pod-name").as_deref() == Some(name))
+        .find(|g| tag(g, "k8s.aliyun.com/pod-name") == name)
         .unwrap_or_else(|| panic!("no group for pod {name}"))
 }
 
@@ -222,7 +214,7 @@ async fn pods_see_the_apiserver_and_their_namespaces_services() {
         assert_eq!(with_prefix(&env, "BACKEND_"), [("BACKEND_SERVICE_PORT".into(), "mine".into())], "no service links: {env:?}");
 
         // ECI_KUBE_PROXY's default reaches ECI.
-        assert_eq!(tag(&linked, KUBE_PROXY_TAG).as_deref(), Some("true"), "{linked}");
+        assert_eq!(tag(&linked, KUBE_PROXY_TAG), "true", "{linked}");
         Ok(())
     })
     .await;
@@ -257,14 +249,14 @@ async fn kube_proxy_off_and_a_configured_apiserver_address_reach_eci() {
 
         let plain = group_of(&mock.admin, "plain").await;
         assert_eq!(
-            tag(&plain, KUBE_PROXY_TAG).as_deref(),
-            Some("false"),
+            tag(&plain, KUBE_PROXY_TAG),
+            "false",
             "ECI_KUBE_PROXY=false reaches ECI: {plain}"
         );
         let wants = group_of(&mock.admin, "wants-proxy").await;
         assert_eq!(
-            tag(&wants, KUBE_PROXY_TAG).as_deref(),
-            Some("true"),
+            tag(&wants, KUBE_PROXY_TAG),
+            "true",
             "the pod's annotation wins: {wants}"
         );
         let env = env_of(&plain);

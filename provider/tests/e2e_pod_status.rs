@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use integration::harness::mock_admin::groups;
+use integration::harness::mock_admin::{groups, tag};
 use integration::harness::run_scenario;
 use integration::harness::{ClusterKind, Harness, HarnessError};
 use k8s_openapi::api::core::v1::Pod;
@@ -157,14 +157,9 @@ async fn group_pods(admin: &str) -> BTreeSet<String> {
         .await
         .unwrap()
         .iter()
-        .filter_map(|g| {
-            g["tags"]
-                .as_array()?
-                .iter()
-                .find(|t| t["key"] == "k8s.aliyun.com/pod-name")?["value"]
-                .as_str()
-                .map(str::to_owned)
-        })
+        .map(|g| tag(g, "k8s.aliyun.com/pod-name"))
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
         .collect()
 }
 

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use integration::harness::mock_admin::{created_with, groups};
+use integration::harness::mock_admin::{created_with, groups, tag};
 use integration::harness::{EciApi, Harness, HarnessError};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -564,14 +564,7 @@ async fn wait_all_running(h: &Harness, ns: &str, count: usize) -> Result<(), Har
 
 /// The pod a group was created for, from its tag.
 fn pod_name_of(group: &Value) -> &str {
-    group["tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["key"] == "k8s.aliyun.com/pod-name")
-        .unwrap()["value"]
-        .as_str()
-        .unwrap()
+    tag(group, "k8s.aliyun.com/pod-name")
 }
 
 fn pod_names_of(groups: &[Value]) -> Vec<String> {
