@@ -977,8 +977,9 @@ impl PodController {
     }
 
     /// Queues the pod's next sync for the earlier of `at` (its deadline, or a step to try
-    /// again) and the end of its annotations' wait (see [`carried`]). Each sync sets the time
-    /// again, so one value given for later serves them all.
+    /// again) and the end of its annotations' wait (see [`carried`]), or for a time asked
+    /// before that is sooner still: the sync works out the next time again, and a time asked
+    /// elsewhere (annotations queued) never puts a deadline off.
     fn requeue(&self, uid: &str, at: Option<SystemTime>) {
         let annotations = self.tracked().get(uid).and_then(|entry| {
             entry
@@ -987,7 +988,7 @@ impl PodController {
         });
         let at = at.map(|at| at.duration_since(SystemTime::now()).unwrap_or_default());
         if let Some(after) = annotations.into_iter().chain(at).min() {
-            self.inner.syncs.push_after(uid.to_owned(), (), after);
+            self.inner.syncs.push_by(uid.to_owned(), (), after);
         }
     }
 

@@ -18,7 +18,7 @@
 //! retry waiting out its back-off, or a wait for a grace period, is then a value in one timer
 //! queue (tokio-util's `DelayQueue`) rather than a task of its own, however many keys wait.
 //! The timers run while the queue is served. A value pushed now supersedes one waiting for its
-//! time.
+//! time; [`WorkQueue::push_by`] keeps the earliest time asked for a key.
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -119,6 +119,26 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         }
         drop(state);
         self.delayed.notify_one();
+    }
+
+    /// Queues `value` for `key` once `delay` has passed or sooner: a value already given for
+    /// an earlier time keeps that time (and takes `value`). For work that reads what is when it
+    /// runs (a level-triggered sync): several times asked for one key, the earliest wins, as in
+    /// kube-runtime's scheduler.
+    pub fn push_by(&self, key: K, value: V, delay: Duration) {
+        let mut state = self.state();
+        let State {
+            delayed, timers, ..
+        } = &mut *state;
+        let at = tokio::time::Instant::now() + delay.min(LONGEST_DELAY);
+        if let Some((timer, held)) = delayed.get_mut(&key)
+            && timers.deadline(timer) <= at
+        {
+            *held = value;
+            return;
+        }
+        drop(state);
+        self.push_after(key, value, delay);
     }
 
     /// Queues now each value given for later that `pick` picks (what it waited for came
@@ -733,6 +753,30 @@ mod tests {
         assert_eq!(given.elapsed(), Duration::from_secs(20));
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(worked.try_recv().is_err(), "each value worked on once");
+        stop.cancel();
+        serving.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_value_pushed_by_a_time_keeps_an_earlier_one() {
+        let queue = Arc::new(WorkQueue::default());
+        let stop = CancellationToken::new();
+        let (serving, mut worked) = report_work(&queue, &stop);
+        let given = tokio::time::Instant::now();
+        queue.push_by("a", 1, Duration::from_secs(5));
+        queue.push_by("a", 2, Duration::from_secs(20));
+        assert_eq!(worked.recv().await, Some(("a", 2)), "the latest value");
+        assert_eq!(
+            given.elapsed(),
+            Duration::from_secs(5),
+            "at the earlier time"
+        );
+        queue.push_by("b", 1, Duration::from_secs(20));
+        queue.push_by("b", 2, Duration::from_secs(5));
+        assert_eq!(worked.recv().await, Some(("b", 2)));
+        assert_eq!(given.elapsed(), Duration::from_secs(10), "moved sooner");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(worked.try_recv().is_err(), "each key worked on once");
         stop.cancel();
         serving.await.unwrap();
     }

@@ -914,11 +914,17 @@ impl PodController {
             }
         }
         let values = carried::values(values.iter().map(|(key, value)| (*key, value.as_str())));
-        if let Some(entry) = self.tracked().get_mut(uid)
-            && entry.lifecycle.live_group() == Some(id)
-        {
-            entry.carried.queue(values, tokio::time::Instant::now());
-            self.queue_annotation_write(uid, &entry.carried);
+        let queued = match self.tracked().get_mut(uid) {
+            Some(entry) if entry.lifecycle.live_group() == Some(id) => {
+                entry.carried.queue(values, tokio::time::Instant::now());
+                true
+            }
+            _ => false,
+        };
+        // The sync that falls due when they waited too long writes them, unless a status
+        // write carries them first.
+        if queued {
+            self.requeue(uid, None);
         }
     }
 

@@ -425,16 +425,6 @@ impl PodController {
         self.inner.config.args.pod_status_poll_interval * carried::FLUSH_AFTER_POLLS
     }
 
-    /// Queues the pod's sync for when its waiting annotations fall due a write of their own
-    /// (nothing if none wait). A sync queued sooner carries them with the status it writes, and
-    /// if it writes none it queues this again.
-    pub(super) fn queue_annotation_write(&self, uid: &str, own: &carried::OwnAnnotations) {
-        let wait = self.annotation_wait();
-        if let Some(due) = own.due_in(tokio::time::Instant::now(), wait) {
-            self.inner.syncs.push_after(uid.to_owned(), (), due);
-        }
-    }
-
     /// Keeps the copy of a pod the API just returned for a write computed from the copy at
     /// version `basis` (see [`super::PodEntry::keep_answer`]).
     pub(super) fn remember(&self, uid: &str, pod: Pod, basis: u64) {
