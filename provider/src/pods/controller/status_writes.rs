@@ -97,8 +97,10 @@ pub(super) struct Asks {
     live: bool,
     /// A group state waits to be applied.
     waiting: bool,
-    /// The fingerprint of the status last written, while the kept copy is the watch's.
+    /// The fingerprint of the status last written.
     written: Option<u64>,
+    /// The kept copy is the watch's (not our own write's answer).
+    watched: bool,
     /// Whether annotations of ours wait for a status write, and whether too long.
     annotations: Backlog,
 }
@@ -109,9 +111,8 @@ impl Asks {
         Self {
             live: entry.lifecycle.live_group().is_some(),
             waiting: entry.group.waiting(),
-            written: entry
-                .written
-                .filter(|_| entry.origin == super::Origin::Watched),
+            written: entry.written,
+            watched: entry.origin == super::Origin::Watched,
             annotations: entry.carried.backlog(now, wait),
         }
     }
@@ -130,9 +131,7 @@ impl Asks {
         let decided = plan(Facts {
             live,
             group: Unsynced::Nothing,
-            overwritten: self
-                .written
-                .is_some_and(|written| shown(pod) != Some(written)),
+            overwritten: written_over(self.watched, self.written, || shown(pod)),
             refresh: from_eci::refresh(pod, now).is_some(),
             annotations: self.annotations,
         });
@@ -558,7 +557,7 @@ impl PodController {
         let shown = shown(pod);
         // Before our first write (an adopted pod after a restart), or after someone wrote over
         // ours, the pod's own status is what a new state is compared with.
-        let overwritten = found.watched && found.written.is_some() && shown != found.written;
+        let overwritten = written_over(found.watched, found.written, || shown);
         let basis = if overwritten || found.written.is_none() {
             shown
         } else {
@@ -776,6 +775,12 @@ fn last_writer(pod: &Pod) -> Option<String> {
         last.operation.as_deref().unwrap_or_default(),
         last.subresource.as_deref().unwrap_or_default(),
     ))
+}
+
+/// Whether someone wrote over the status we last wrote (`written`), as the pod `shown` tells.
+/// Only a copy the watch delivered can tell: our own write's answer shows ours.
+fn written_over(watched: bool, written: Option<u64>, shown: impl FnOnce() -> Option<u64>) -> bool {
+    watched && written.is_some_and(|written| shown() != Some(written))
 }
 
 /// The status fields and conditions of ours the pod shows (for a write that changes none).
