@@ -18,6 +18,8 @@ use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
+
+use super::read_pod::ReadPod;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -116,13 +118,19 @@ where
     }
 
     /// Watches `api` with `config` (its page size set to [`PAGE_SIZE`] unless given) for the
-    /// readers, from the first one's arrival until `stop`.
-    pub async fn run(
+    /// readers, from the first one's arrival until `stop`. The objects are decoded as `R`
+    /// (`K` itself, or a leaner decoding of it such as [`ReadPod`](super::read_pod::ReadPod)).
+    pub async fn run<R>(
         self: Arc<Self>,
-        api: Api<K>,
+        api: Api<R>,
         config: watcher::Config,
         stop: CancellationToken,
-    ) -> Result<(), Error> {
+    ) -> Result<(), Error>
+    where
+        R: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+        R::DynamicType: Default,
+        K: From<R>,
+    {
         let config = watcher::Config {
             page_size: config.page_size.or(Some(PAGE_SIZE)),
             ..config
@@ -158,7 +166,7 @@ where
                     if std::mem::take(&mut failing) {
                         info!(what = self.what, "the shared watch recovered");
                     }
-                    self.deliver(&event);
+                    self.deliver(&decoded_as(event));
                 }
                 Some(Err(error)) if failing => {
                     debug!(what = self.what, %error, "the shared watch still fails; retrying");
@@ -169,6 +177,17 @@ where
                 }
             }
         }
+    }
+}
+
+/// `event` with its objects as `K`.
+fn decoded_as<R, K: From<R>>(event: watcher::Event<R>) -> watcher::Event<K> {
+    match event {
+        watcher::Event::Apply(object) => watcher::Event::Apply(object.into()),
+        watcher::Event::Delete(object) => watcher::Event::Delete(object.into()),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(object) => watcher::Event::InitApply(object.into()),
+        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
 
@@ -198,16 +217,17 @@ impl Default for ClusterWatches {
 }
 
 impl ClusterWatches {
-    /// Runs both (each from its first reader on) until `stop`.
+    /// Runs both (each from its first reader on) until `stop`. Pods are decoded without other
+    /// managers' managed fields, which no reader reads.
     pub async fn run(self, client: kube::Client, stop: CancellationToken) -> Result<(), Error> {
         let pods = Arc::clone(&self.pods).run(
-            Api::all(client.clone()),
+            Api::<ReadPod>::all(client.clone()),
             watcher::Config::default(),
             stop.clone(),
         );
         let nodes = self
             .nodes
-            .run(Api::all(client), watcher::Config::default(), stop);
+            .run(Api::<Node>::all(client), watcher::Config::default(), stop);
         tokio::try_join!(pods, nodes).map(|((), ())| ())
     }
 }
