@@ -1,8 +1,8 @@
 //! Pods as this daemon reads them in bulk (its node's watch, its status applies' answers):
-//! whole, except the managed fields of other managers. The daemon reads only its own entry
-//! (which annotations its writes own, after a restart); every other manager's field set would
-//! be decoded into a tree of JSON values for nothing, and at scale that is a large part of the
-//! daemon's CPU per pod (docs/performance.md).
+//! whole, except the managed fields. Of those the daemon reads only which annotations its own
+//! writes own (after a restart), so only its own entries are kept, with only their metadata
+//! field set; every other field set would be decoded into a tree of JSON values for nothing,
+//! and that was most of the CPU a pod's decoding took (docs/performance.md).
 //!
 //! The decoding mirrors k8s-openapi's `ObjectMeta` field by field (its own deserializer has no
 //! way to skip a field); the tests hold it to k8s-openapi's for every field but that one.
@@ -14,7 +14,7 @@ use std::fmt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    ManagedFieldsEntry, ObjectMeta, OwnerReference, Time,
+    FieldsV1, ManagedFieldsEntry, ObjectMeta, OwnerReference, Time,
 };
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -188,9 +188,10 @@ impl<'de> Deserialize<'de> for OwnEntry {
                         Field::FieldsType => entry.fields_type = map.next_value()?,
                         Field::Subresource => entry.subresource = map.next_value()?,
                         // The apiserver writes `manager` first; an entry that names it later
-                        // is read whole and judged at its end.
+                        // is read and judged at its end.
                         Field::FieldsV1 if entry.manager.is_none() || ours(&entry) => {
-                            entry.fields_v1 = map.next_value()?;
+                            let fields: Option<MetadataFields> = map.next_value()?;
+                            entry.fields_v1 = fields.map(|fields| fields.0);
                         }
                         Field::FieldsV1 | Field::Other => {
                             map.next_value::<IgnoredAny>()?;
@@ -204,6 +205,41 @@ impl<'de> Deserialize<'de> for OwnEntry {
         deserializer.deserialize_map(EntryVisitor)
     }
 }
+
+/// A field set with only its `f:metadata` part: which labels and annotations the entry owns,
+/// all the daemon reads of its own entries (its status field set is the larger part).
+struct MetadataFields(FieldsV1);
+
+impl<'de> Deserialize<'de> for MetadataFields {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SetVisitor;
+
+        impl<'de> Visitor<'de> for SetVisitor {
+            type Value = MetadataFields;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field set")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MetadataFields, A::Error> {
+                let mut kept = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == METADATA {
+                        kept.insert(key, map.next_value()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(MetadataFields(FieldsV1(serde_json::Value::Object(kept))))
+            }
+        }
+
+        deserializer.deserialize_map(SetVisitor)
+    }
+}
+
+/// The metadata part of a field set.
+const METADATA: &str = "f:metadata";
 
 #[cfg(test)]
 mod tests {
@@ -234,7 +270,8 @@ mod tests {
                      "fieldsV1": {"f:spec": {"f:containers": {"k:{\"name\":\"c\"}": {".": {}}}}}},
                     {"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": "v1",
                      "time": "2026-12-01T10:01:00Z", "fieldsType": "FieldsV1",
-                     "fieldsV1": {"f:metadata": {"f:annotations": {"f:k8s.aliyun.com/eci-instance-id": {}}}},
+                     "fieldsV1": {"f:metadata": {"f:annotations": {"f:k8s.aliyun.com/eci-instance-id": {}}},
+                                  "f:status": {"f:phase": {}, "f:podIP": {}}},
                      "subresource": "status"}
                 ]
             },
@@ -245,11 +282,17 @@ mod tests {
         })
     }
 
-    /// k8s-openapi's own decoding, other managers' entries removed afterwards.
+    /// k8s-openapi's own decoding, other managers' entries and the non-metadata part of ours
+    /// removed afterwards.
     fn reference(value: serde_json::Value) -> Pod {
         let mut pod: Pod = serde_json::from_value(value).unwrap();
         if let Some(entries) = pod.metadata.managed_fields.as_mut() {
             entries.retain(ours);
+            for fields in entries.iter_mut().filter_map(|e| e.fields_v1.as_mut()) {
+                if let Some(set) = fields.0.as_object_mut() {
+                    set.retain(|key, _| key == METADATA);
+                }
+            }
         }
         pod
     }
@@ -266,11 +309,17 @@ mod tests {
         let entries = pod.metadata.managed_fields.as_deref().unwrap();
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].subresource.as_deref(), Some("status"));
-        assert!(entries[0].fields_v1.is_some());
+        let owned = &entries[0].fields_v1.as_ref().unwrap().0;
+        assert!(
+            owned
+                .pointer("/f:metadata/f:annotations/f:k8s.aliyun.com~1eci-instance-id")
+                .is_some()
+        );
+        assert_eq!(owned.pointer("/f:status"), None);
     }
 
     #[test]
-    fn an_entry_naming_its_manager_after_its_fields_is_judged_whole() {
+    fn an_entry_naming_its_manager_after_its_fields_is_judged_at_its_end() {
         let mut value = served();
         value["metadata"]["managedFields"] = json!([
             {"fieldsV1": {"f:status": {}}, "manager": FIELD_MANAGER, "operation": "Apply"},
