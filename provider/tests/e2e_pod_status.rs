@@ -594,7 +594,7 @@ async fn the_shared_pod_watch_relists_without_the_pods_deleted_in_a_compacted_ga
         watch.subscribe(recording_reader(ns.clone(), Arc::clone(&seen)));
         let stop = tokio_util::sync::CancellationToken::new();
         let running = tokio::spawn(Arc::clone(&watch).run(
-            Api::<Pod>::all(client),
+            Api::all(client),
             kube::runtime::watcher::Config::default(),
             stop.clone(),
         ));

@@ -28,7 +28,6 @@ use crate::fleet::membership::{Membership, StopKind};
 use crate::fleet::orphans::OrphanCollector;
 use crate::fleet::replicas;
 use crate::imagecache::reconciler::ImageCacheReconciler;
-use crate::k8s::read_pod::ReadPod;
 use crate::k8s::shared_watch::{ClusterWatches, SharedWatch, bound_to};
 use crate::kubelet;
 use crate::node::guard as node_watch;
@@ -319,10 +318,8 @@ impl Areas<'_> {
             let (watch, client, stop) = (Arc::clone(&node_pods), self.client.clone(), stop.clone());
             let this_node = bound_to(&self.settings.site.node_name);
             tasks.spawn_critical("this node's pod watch", async move {
-                // Decoded with only our own managed fields, all the daemon reads of them.
-                let pods: Api<ReadPod> = Api::all(client);
                 watch
-                    .run(pods, this_node, stop)
+                    .run(Api::all(client), this_node, stop)
                     .await
                     .map_err(anyhow::Error::from)
             });

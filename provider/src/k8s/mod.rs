@@ -3,14 +3,12 @@
 //! the serving certificate shared through a Secret (webhook, scheduler extender), and who is
 //! calling a listener (`callers`: client certificates, TokenReview, SubjectAccessReview), and
 //! the one pod and node watch per replica the areas share (`shared_watch`), and a replica's
-//! share of the apiserver writes the fleet makes together (`write_share`), and pods decoded
-//! without other managers' managed fields (`read_pod`).
+//! share of the apiserver writes the fleet makes together (`write_share`).
 //! A leaf: it calls no area.
 
 pub mod access;
 pub mod callers;
 pub mod election;
-pub mod read_pod;
 pub mod serving_cert;
 pub mod shared_watch;
 pub mod write_share;

@@ -18,8 +18,6 @@ use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
-
-use super::read_pod::ReadPod;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -118,19 +116,13 @@ where
     }
 
     /// Watches `api` with `config` (its page size set to [`PAGE_SIZE`] unless given) for the
-    /// readers, from the first one's arrival until `stop`. The objects are decoded as `R`
-    /// (`K` itself, or a leaner decoding of it such as [`ReadPod`](super::read_pod::ReadPod)).
-    pub async fn run<R>(
+    /// readers, from the first one's arrival until `stop`.
+    pub async fn run(
         self: Arc<Self>,
-        api: Api<R>,
+        api: Api<K>,
         config: watcher::Config,
         stop: CancellationToken,
-    ) -> Result<(), Error>
-    where
-        R: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-        R::DynamicType: Default,
-        K: From<R>,
-    {
+    ) -> Result<(), Error> {
         let config = watcher::Config {
             page_size: config.page_size.or(Some(PAGE_SIZE)),
             ..config
@@ -166,7 +158,7 @@ where
                     if std::mem::take(&mut failing) {
                         info!(what = self.what, "the shared watch recovered");
                     }
-                    self.deliver(&decoded_as(event));
+                    self.deliver(&event);
                 }
                 Some(Err(error)) if failing => {
                     debug!(what = self.what, %error, "the shared watch still fails; retrying");
@@ -177,17 +169,6 @@ where
                 }
             }
         }
-    }
-}
-
-/// `event` with its objects as `K`.
-fn decoded_as<R, K: From<R>>(event: watcher::Event<R>) -> watcher::Event<K> {
-    match event {
-        watcher::Event::Apply(object) => watcher::Event::Apply(object.into()),
-        watcher::Event::Delete(object) => watcher::Event::Delete(object.into()),
-        watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitApply(object) => watcher::Event::InitApply(object.into()),
-        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
 
@@ -217,17 +198,16 @@ impl Default for ClusterWatches {
 }
 
 impl ClusterWatches {
-    /// Runs both (each from its first reader on) until `stop`. Pods are decoded without other
-    /// managers' managed fields, which no reader reads.
+    /// Runs both (each from its first reader on) until `stop`.
     pub async fn run(self, client: kube::Client, stop: CancellationToken) -> Result<(), Error> {
         let pods = Arc::clone(&self.pods).run(
-            Api::<ReadPod>::all(client.clone()),
+            Api::all(client.clone()),
             watcher::Config::default(),
             stop.clone(),
         );
         let nodes = self
             .nodes
-            .run(Api::<Node>::all(client), watcher::Config::default(), stop);
+            .run(Api::all(client), watcher::Config::default(), stop);
         tokio::try_join!(pods, nodes).map(|((), ())| ())
     }
 }

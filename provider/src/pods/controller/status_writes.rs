@@ -26,7 +26,6 @@ use tracing::{debug, warn};
 
 use super::carried::{self, Backlog};
 use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
-use crate::k8s::read_pod::ReadPod;
 use vne_core::from_eci;
 use vne_core::lifecycle::{self, Lifecycle};
 use vne_core::to_eci::naming;
@@ -221,11 +220,10 @@ impl PodController {
         pod: &Pod,
         compute: impl Fn(&Pod) -> Option<Value>,
     ) -> Written {
-        let namespace = pod.namespace().unwrap_or_default();
-        let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), &namespace);
-        // The answers are decoded with only our own managed fields; a conflict's read (rare)
-        // keeps every manager's, to say who wrote last.
-        let answers: Api<ReadPod> = Api::namespaced(self.inner.client.clone(), &namespace);
+        let api: Api<Pod> = Api::namespaced(
+            self.inner.client.clone(),
+            &pod.namespace().unwrap_or_default(),
+        );
         let uid = pod.uid().unwrap_or_default();
         let name = pod.name_any();
         // Forced: a field someone else wrote with the same meaning (the scheduler's
@@ -248,11 +246,8 @@ impl PodController {
             };
             let (body, carried) = self.apply_body(basis, &uid, &status);
             self.inner.telemetry.kube_request("pod_status_patch");
-            match answers
-                .patch_status(&name, &params, &Patch::Apply(body))
-                .await
-            {
-                Ok(ReadPod(updated)) => {
+            match api.patch_status(&name, &params, &Patch::Apply(body)).await {
+                Ok(updated) => {
                     if let Some(t) = self.tracked().get_mut(&uid)
                         && let Some(values) = &carried
                     {
