@@ -356,7 +356,7 @@ pub const CREATING: &str = "Creating";
 /// `ContainerInstanceCreated` for a group in ECI status `status`: False while ECI is still
 /// placing it (reason `Creating`, as ACK shows it) or when it could not (`ScheduleFailed`),
 /// True from the moment it has an instance. A pod whose create was refused outright never
-/// gets here: the controller writes that condition itself (`show_not_created`).
+/// gets here: the controller writes that condition itself (its "not created" notice).
 ///
 /// A spot instance ECI announced it will reclaim (a Warning `SpotToBeReleased` event, about 3
 /// minutes ahead) stays True with reason `SpotToBeReleased` and the service's message, as ACK

@@ -25,6 +25,7 @@ mod describe;
 mod eci_events;
 mod gate;
 mod misconfigured;
+mod notice;
 mod status_writes;
 
 use super::slim;
@@ -45,7 +46,7 @@ use kube::runtime::watcher;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{info, info_span, warn};
 
 use crate::config::{PodsArgs, WithSite};
 use crate::eci::Backend;
@@ -110,6 +111,9 @@ struct PodEntry {
     origin: Origin,
     /// The annotations of ours the pod's status applies carry (see [`carried`]).
     carried: carried::OwnAnnotations,
+    /// What the pod is to show in place of its group's state, until a status writer writes
+    /// it (boxed: most pods never have one).
+    notice: Option<Box<notice::Notice>>,
 }
 
 /// Where the kept copy of a pod came from. The apiserver answers a write with the object as
@@ -940,11 +944,11 @@ impl PodController {
             return;
         };
         let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
-        let again = self.act(&pod, uid, effect).instrument(span).await;
+        span.in_scope(|| self.act(&pod, uid, effect));
         if asks.want_a_write(&pod, SystemTime::now()) {
             self.inner.statuses.push(uid.to_owned(), ());
         }
-        self.requeue(uid, deadline.into_iter().chain(again).min());
+        self.requeue(uid, deadline);
     }
 
     /// Moves the pod's lifecycle on by what `pod`, its kept copy, shows: what to do, when its
@@ -993,9 +997,9 @@ impl PodController {
     }
 
     /// Carries out what a lifecycle step decided for `pod`: queues the work that waits on ECI
-    /// or on a budget of its own (creations, instance ids, deletions), and writes what the pod
-    /// is to show itself. When to try again, if a write failed.
-    async fn act(&self, pod: &Arc<Pod>, uid: &str, effect: Option<Effect>) -> Option<SystemTime> {
+    /// or on a budget of its own (creations, instance ids, deletions) and what the pod is to
+    /// show ([`notice`]).
+    fn act(&self, pod: &Arc<Pod>, uid: &str, effect: Option<Effect>) {
         match effect {
             None | Some(Effect::Nothing) => {}
             Some(Effect::Create) => {
@@ -1017,16 +1021,11 @@ impl PodController {
                 let deletion = delete::Deletion::of_pod(target, group.map(String::from));
                 self.queue_deletion(delete::DeletionKey::Pod(uid.to_owned()), deletion);
             }
-            Some(Effect::Skip(reason)) => self.explain_skip(pod, reason).await,
-            Some(Effect::ShowLost(group)) => self.show_lost(pod, &group).await,
+            Some(Effect::Skip(reason)) => self.explain_skip(pod, reason),
+            Some(Effect::ShowLost(group)) => self.show_lost(pod, &group),
             Some(Effect::DeleteGroup(id)) => self.delete_group_eventually(id.into()),
-            Some(Effect::Stop(group)) => {
-                return self
-                    .stop_at_deadline(pod, uid, group.map(String::from))
-                    .await;
-            }
+            Some(Effect::Stop(group)) => self.stop_at_deadline(pod, uid, group.map(String::from)),
         }
-        None
     }
 }
 
@@ -1585,9 +1584,10 @@ mod tests {
         // version and origin save a conflict, a read and up to two writes per pod; the
         // annotations the status applies carry save a pod write per pod, and when they were
         // queued lets their own write be queued for when it falls due rather than looked for
-        // by every poll. The bound makes growing it a choice.
+        // by every poll; the notice (a pointer) is what lets the status writers be the one
+        // writer of pod status. The bound makes growing it a choice.
         assert!(
-            std::mem::size_of::<PodEntry>() <= 224,
+            std::mem::size_of::<PodEntry>() <= 232,
             "{}",
             std::mem::size_of::<PodEntry>()
         );

@@ -10,10 +10,6 @@
 //! A held key is released however its work ends, a panic included: a bug in one pod's work
 //! never leaves that pod stuck, and the panic is reported, not lost.
 //!
-//! Work on a key that does not go through the queue (another writer of the same pod) can
-//! [`WorkQueue::hold`] the key: it waits for the worker holding it, and no worker takes the key
-//! until it is released.
-//!
 //! A value can also be given for later ([`WorkQueue::push_after`], client-go's `AddAfter`): a
 //! retry waiting out its back-off, or a wait for a grace period, is then a value in one timer
 //! queue (tokio-util's `DelayQueue`) rather than a task of its own, however many keys wait.
@@ -55,8 +51,6 @@ struct State<K, V> {
 pub struct WorkQueue<K, V> {
     state: Mutex<State<K, V>>,
     ready: Notify,
-    /// Notified whenever a key is released (for [`WorkQueue::hold`]).
-    released: Notify,
     /// Notified whenever a value is given for later (its timer may be the next due).
     delayed: Notify,
 }
@@ -72,7 +66,6 @@ impl<K: Eq + Hash + Clone, V> Default for WorkQueue<K, V> {
                 timers: DelayQueue::new(),
             }),
             ready: Notify::new(),
-            released: Notify::new(),
             delayed: Notify::new(),
         }
     }
@@ -248,24 +241,6 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
         if ready {
             self.ready.notify_one();
         }
-        self.released.notify_waiters();
-    }
-
-    /// Holds `key` for work outside the queue: waits until no worker (or other holder) has it,
-    /// then keeps workers off it until the returned guard drops. A value pushed meanwhile
-    /// waits, as it does for a worker.
-    pub async fn hold(&self, key: K) -> Held<'_, K, V> {
-        loop {
-            // Registered before looking, so a release between the look and the wait is not
-            // missed.
-            let released = self.released.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
-            if self.state().working.insert(key.clone()) {
-                return Held { queue: self, key };
-            }
-            released.await;
-        }
     }
 
     /// Runs `workers` workers until `stop` and returns once every one has returned: each takes
@@ -395,7 +370,7 @@ impl<K: Eq + Hash + Clone, V> WorkQueue<K, V> {
     }
 }
 
-/// A key a worker or [`WorkQueue::hold`] holds: released when dropped, so also when its work
+/// A key a worker holds: released when dropped, so also when its work
 /// panics or is aborted.
 #[derive(Debug)]
 pub struct Held<'a, K: Eq + Hash + Clone, V> {
@@ -437,28 +412,6 @@ mod tests {
         assert!(queue.is_busy(&"a"), "worked on");
         queue.done(&key);
         assert!(!queue.is_busy(&"a"), "done");
-    }
-
-    #[test]
-    fn a_key_held_outside_the_queue_waits_for_its_worker_and_keeps_workers_off() {
-        use futures::FutureExt as _;
-        let queue = WorkQueue::default();
-        queue.push("a", 1);
-        let (key, _) = queue.try_next().unwrap();
-        let hold = queue.hold("a");
-        tokio::pin!(hold);
-        assert!(
-            hold.as_mut().now_or_never().is_none(),
-            "a worker has the key"
-        );
-        queue.done(&key);
-        let held = hold.now_or_never().expect("released by its worker");
-        queue.push("a", 2);
-        queue.push("b", 1);
-        assert_eq!(queue.try_next(), Some(("b", 1)), "\"a\" is held");
-        assert_eq!(queue.try_next(), None);
-        drop(held);
-        assert_eq!(queue.try_next(), Some(("a", 2)), "ready once released");
     }
 
     #[test]

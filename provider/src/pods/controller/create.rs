@@ -20,11 +20,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::gate::Admission;
+use super::notice::Notice;
 use super::{
     ANNOTATION_WRITERS, Failure, INSTANCE_ANNOTATION, PROVIDER_FAILED, PodController, backoff,
     carried, misconfigured, pod_key, pod_key_parts, retry_delays,
 };
-use vne_core::from_eci;
 use vne_core::lifecycle::{Effect, Trigger};
 use vne_core::refs;
 use vne_core::to_eci::{self, Context, annotations, naming};
@@ -203,19 +203,12 @@ impl CreateJob {
 
 impl PodController {
     /// Shows on the pod why it does not run on ECI (from its sync).
-    pub(super) async fn explain_skip(&self, pod: &Pod, reason: &'static str) {
+    pub(super) fn explain_skip(&self, pod: &Pod, reason: &'static str) {
         info!(reason, "not running this pod on ECI");
-        self.write_held(pod, |current| {
-            Some(from_eci::with_phase(
-                current,
-                "Pending",
-                "NotSupportedOnVirtualNode",
-                reason,
-            ))
-        })
-        .await;
-        self.event(pod, EventType::Warning, "NotSupportedOnVirtualNode", reason)
-            .await;
+        self.show(
+            pod,
+            Notice::phase("Pending", "NotSupportedOnVirtualNode", reason),
+        );
     }
 
     /// A Selector's effect deferred to binding (fair, normalNodePrefer) lands on the pod now,
@@ -398,7 +391,7 @@ impl PodController {
                 Ok((created, left_out)) => {
                     self.on_created(uid, &pod, job, created, &left_out).await
                 }
-                Err(failure) => self.on_failure(uid, &pod, job, failure).await,
+                Err(failure) => self.on_failure(uid, &pod, job, failure),
             }
         }
         .instrument(span)
@@ -469,7 +462,7 @@ impl PodController {
     }
 
     /// No zone had stock: the pod waits (told once) or fails, as its fail strategy says.
-    async fn on_no_stock(
+    fn on_no_stock(
         &self,
         uid: &str,
         pod: &Pod,
@@ -487,8 +480,10 @@ impl PodController {
             StockVerdict::Wait(shown) => {
                 let group_seen = self.has_group(uid);
                 if job.shown != Explained::NoStock && !group_seen {
-                    self.show_not_created(pod, "Pending", NO_STOCK, &shown)
-                        .await;
+                    self.show(
+                        pod,
+                        Notice::not_created("Pending", NO_STOCK, NO_STOCK, &shown),
+                    );
                 }
                 debug!(attempt = job.attempt, "no zone has stock; retrying");
                 Some(CreateJob {
@@ -498,15 +493,15 @@ impl PodController {
             }
             StockVerdict::Fail(why) => {
                 warn!(%why, "no zone has stock; failing the pod");
-                self.show_not_created_as(pod, "Failed", PROVIDER_FAILED, NO_STOCK, &why)
-                    .await;
+                let notice = Notice::not_created("Failed", PROVIDER_FAILED, NO_STOCK, &why);
+                self.show(pod, notice);
                 None
             }
         }
     }
 
     /// A create failed: the retry to queue (explained on the pod once), or none.
-    async fn on_failure(
+    fn on_failure(
         &self,
         uid: &str,
         pod: &Arc<Pod>,
@@ -525,7 +520,7 @@ impl PodController {
                 let group_seen = self.has_group(uid);
                 if report_failure(job.attempt, group_seen) {
                     // Tell the user once the problem persists, then keep trying.
-                    self.set_provider_failed(&pod, &message, false).await;
+                    self.set_provider_failed(&pod, &message, false);
                 }
                 debug!(%message, attempt = job.attempt, "create failed; retrying");
                 Some(retry)
@@ -533,67 +528,60 @@ impl PodController {
             Failure::Permanent(message) => {
                 warn!(%message, "this pod cannot run on ECI");
                 self.advance(uid, Trigger::CreateFailed);
-                self.set_provider_failed(&pod, &message, true).await;
+                self.set_provider_failed(&pod, &message, true);
                 None
             }
             Failure::InvalidAnnotation(message) => {
                 warn!(%message, "the pod's annotation is malformed; not creating its group");
                 self.advance(uid, Trigger::CreateFailed);
-                self.set_invalid_annotation(&pod, &message).await;
+                self.set_invalid_annotation(&pod, &message);
                 None
             }
-            Failure::NoStock(message) => self.on_no_stock(uid, &pod, job, retry, &message).await,
-            waiting => self.on_waiting(uid, &pod, job.shown, retry, waiting).await,
+            Failure::NoStock(message) => self.on_no_stock(uid, &pod, job, retry, &message),
+            waiting => self.on_waiting(uid, &pod, job.shown, retry, &waiting),
         }
     }
 
     /// A failure the pod waits out — ECI refusing the daemon's configuration or the pod's own
     /// parameters, missing references, a disk another group holds: shown on the pod once per
     /// distinct reason (not at every retry), never over a group found meanwhile.
-    async fn on_waiting(
+    fn on_waiting(
         &self,
         uid: &str,
         pod: &Pod,
         shown_before: Explained,
         retry: CreateJob,
-        failure: Failure,
+        failure: &Failure,
     ) -> Option<CreateJob> {
         self.inner.metrics.pod_create_retries.inc();
-        let shown = explained(&failure);
+        let shown = explained(failure);
         if shown != shown_before && !self.has_group(uid) {
-            self.explain_waiting(pod, &failure).await;
+            self.explain_waiting(pod, failure);
         }
         debug!(attempt = retry.attempt, reason = %failure.message(), "the pod waits; retrying");
         Some(CreateJob { shown, ..retry })
     }
 
     /// Shows on the pod why it waits (see [`Self::on_waiting`]).
-    async fn explain_waiting(&self, pod: &Pod, failure: &Failure) {
+    fn explain_waiting(&self, pod: &Pod, failure: &Failure) {
         match failure {
-            Failure::Misconfigured(found) => self.explain_misconfiguration(pod, found).await,
-            Failure::Refused(refusal) => self.explain_refusal(pod, refusal).await,
-            Failure::Absent(absent) => self.explain_absent(pod, absent).await,
+            Failure::Misconfigured(found) => self.explain_misconfiguration(pod, found),
+            Failure::Refused(refusal) => self.explain_refusal(pod, refusal),
+            Failure::Absent(absent) => self.explain_absent(pod, absent),
             Failure::DiskInUse(message) => {
                 let message = disk_in_use_message(message);
                 info!(%message, "a disk the pod mounts is another group's; it waits");
-                self.show_not_created_as(
-                    pod,
+                let notice = Notice::not_created(
                     "Pending",
                     "ContainerCreating",
                     FAILED_ATTACH_VOLUME,
                     &message,
-                )
-                .await;
+                );
+                self.show(pod, notice);
             }
             Failure::ContainerConfig { container, message } => {
                 info!(%container, %message, "a container's settings cannot be resolved; the pod waits");
-                self.show_not_created_with(
-                    pod,
-                    |current| from_eci::container_config_error(current, container, message),
-                    from_eci::CREATE_CONTAINER_CONFIG_ERROR,
-                    message,
-                )
-                .await;
+                self.show(pod, Notice::container_config(container, message));
             }
             Failure::Retry(_)
             | Failure::Permanent(_)
@@ -931,39 +919,31 @@ impl PodController {
     /// A malformed annotation: the pod is Failed with the condition ACK users watch
     /// (`ContainerInstanceCreated=False`, reason `InvalidAnnotation`, the message naming the
     /// annotation and what it accepts) and a Warning Event; nothing is created.
-    async fn set_invalid_annotation(&self, pod: &Pod, message: &str) {
-        self.show_not_created(pod, "Failed", annotations::INVALID, message)
-            .await;
+    fn set_invalid_annotation(&self, pod: &Pod, message: &str) {
+        let invalid = annotations::INVALID;
+        self.show(
+            pod,
+            Notice::not_created("Failed", invalid, invalid, message),
+        );
     }
 
     /// References the pod needs are missing: it stays Pending with the condition ACK users
     /// watch (`ContainerInstanceCreated=False`, the first one's reason) and the kubelet's pod
     /// reason for a container it cannot configure, and a Warning Event names each.
-    async fn explain_absent(&self, pod: &Pod, absent: &[refs::Absent]) {
+    fn explain_absent(&self, pod: &Pod, absent: &[refs::Absent]) {
         let Some(first) = absent.first() else { return };
         let message = super::absent_message(absent);
         info!(%message, "references the pod needs are missing; it waits");
-        self.show_not_created_as(pod, "Pending", first.pod_reason(), first.reason(), &message)
-            .await;
+        let notice = Notice::not_created("Pending", first.pod_reason(), first.reason(), &message);
+        self.show(pod, notice);
         for other in &absent[1..] {
-            self.event(pod, EventType::Warning, other.reason(), &other.to_string())
-                .await;
+            self.publish_later(pod, EventType::Warning, other.reason(), &other.to_string());
         }
     }
 
-    pub(super) async fn set_provider_failed(&self, pod: &Pod, message: &str, permanent: bool) {
+    pub(super) fn set_provider_failed(&self, pod: &Pod, message: &str, permanent: bool) {
         let phase = if permanent { "Failed" } else { "Pending" };
-        self.write_held(pod, |current| {
-            Some(from_eci::with_phase(
-                current,
-                phase,
-                PROVIDER_FAILED,
-                message,
-            ))
-        })
-        .await;
-        self.event(pod, EventType::Warning, PROVIDER_FAILED, message)
-            .await;
+        self.show(pod, Notice::phase(phase, PROVIDER_FAILED, message));
     }
 }
 

@@ -1,7 +1,7 @@
 //! A pod's `activeDeadlineSeconds`, enforced as the kubelet enforces it
 //! (`pkg/kubelet/active_deadline.go`): measured from the pod's `status.startTime`, passed once
 //! the time since is at least the deadline; the pod then fails with reason
-//! [`from_eci::DEADLINE_EXCEEDED`] and its message, and a Normal Event says so.
+//! [`vne_core::from_eci::DEADLINE_EXCEEDED`] and its message, and a Normal Event says so.
 //!
 //! ECI takes `ActiveDeadlineSeconds` only at CreateContainerGroup (UpdateContainerGroup has
 //! no such parameter: proto/sdk/names.tsv), and ends the group itself when it passes. A
@@ -15,13 +15,11 @@
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::delete::{Deletion, DeletionKey};
-use super::status_writes::Written;
+use super::notice::Notice;
 use super::{PodController, PodEntry};
-use vne_core::from_eci::{self, DEADLINE_EXCEEDED, DEADLINE_MESSAGE};
 use vne_core::lifecycle::{Effect, Trigger};
 
 /// How long after a deadline ECI is given to end the group itself (it was created with that
@@ -45,7 +43,7 @@ pub(super) fn due_at(pod: &Pod) -> Option<SystemTime> {
 }
 
 /// How soon a pod whose deadline passed is looked at again when its step had other work to do
-/// first, or the failure's write did not land.
+/// first.
 const AGAIN: Duration = Duration::from_secs(2);
 
 impl PodController {
@@ -74,38 +72,17 @@ impl PodController {
         }
     }
 
-    /// Fails `pod` for its deadline, as the kubelet does (phase Failed,
-    /// [`from_eci::DEADLINE_EXCEEDED`], a Normal Event), then queues the graceful deletion of
-    /// `group` (its containers get their grace period and preStop hooks), tried until ECI
-    /// accepts. From the pod's sync: when to sync it again, should the write fail.
-    pub(super) async fn stop_at_deadline(
-        &self,
-        pod: &Pod,
-        uid: &str,
-        group: Option<String>,
-    ) -> Option<SystemTime> {
-        let now = SystemTime::now();
-        let written = self
-            .write_held(pod, |current| {
-                due_at(current)
-                    .map(|_| from_eci::stopped(current, DEADLINE_EXCEEDED, DEADLINE_MESSAGE, now))
-            })
-            .await;
-        let again = match written {
-            Written::Stored(_) => {
-                info!(eci_id = ?group, "the pod passed its active deadline; stopping its container group");
-                self.event(pod, EventType::Normal, DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
-                    .await;
-                None
-            }
-            Written::Failed => Some(now + AGAIN),
-            Written::Unneeded => None,
-        };
+    /// Fails `pod` for its deadline, as the kubelet does (phase Failed, reason
+    /// [`vne_core::from_eci::DEADLINE_EXCEEDED`], a Normal Event; the status writers write it),
+    /// and queues the graceful deletion of `group` (its containers get their grace period and
+    /// preStop hooks), tried until ECI accepts. From the pod's sync.
+    pub(super) fn stop_at_deadline(&self, pod: &Pod, uid: &str, group: Option<String>) {
+        self.show(pod, Notice::stopped());
         if let Some(id) = group {
+            info!(eci_id = %id, "the pod passed its active deadline; stopping its container group");
             let deletion = Deletion::past_deadline(id);
             self.queue_deletion(DeletionKey::Pod(uid.to_owned()), deletion);
         }
-        again
     }
 }
 

@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::notice::Notice;
 use super::{PodController, hash_of};
 use vne_core::lifecycle::{Lifecycle, Trigger};
 use vne_core::tenancy::specs::Size;
@@ -82,8 +83,10 @@ impl PodController {
                 };
                 if new {
                     warn!(reason, %message, "refusing the pod");
-                    self.show_not_created(pod, "Pending", reason, &message)
-                        .await;
+                    self.show(
+                        pod,
+                        Notice::not_created("Pending", reason, reason, &message),
+                    );
                 }
                 Admission::Held
             }

@@ -18,12 +18,11 @@
 use eci_proto::EciError;
 use eci_proto::v20180808::{CreateContainerGroupRequest, CreateContainerGroupResponse};
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::events::EventType;
 use tracing::warn;
 
+use super::notice::Notice;
 use super::{Failure, PodController};
 use crate::eci::misconfig::{self, ErrorClass, Misconfiguration, Problem};
-use vne_core::from_eci;
 use vne_core::to_eci::{ANNOTATION_KUBE_PROXY, naming};
 
 /// The action whose answers are judged here.
@@ -293,29 +292,27 @@ impl PodController {
 
     /// Shows the misconfiguration on the pod (Pending, reason and message, an Event): once per
     /// wait, not at every retry.
-    pub(super) async fn explain_misconfiguration(&self, pod: &Pod, found: &Misconfiguration) {
+    pub(super) fn explain_misconfiguration(&self, pod: &Pod, found: &Misconfiguration) {
         let reason = found.problem.reason();
         let message = format!(
             "{}; the pod stays Pending and is created once ECI accepts the configuration",
             found.describe()
         );
         warn!(code = %found.code, request_id = %found.request_id, "ECI refuses this daemon's configuration; the pod waits");
-        self.write_held(pod, |current| {
-            Some(from_eci::with_phase(current, "Pending", reason, &message))
-        })
-        .await;
-        self.event(pod, EventType::Warning, reason, &message).await;
+        self.show(pod, Notice::phase("Pending", reason, &message));
     }
 
     /// Shows a refusal of the pod's own parameters on the pod: Pending with the service's code
     /// as reason, the `ContainerInstanceCreated=False` condition, a Warning Event. Once per
     /// refusal, not at every retry.
-    pub(super) async fn explain_refusal(&self, pod: &Pod, refusal: &PodRefusal) {
+    pub(super) fn explain_refusal(&self, pod: &Pod, refusal: &PodRefusal) {
         let reason = refusal.code.as_str();
         let message = refusal.describe();
         warn!(code = %refusal.code, request_id = %refusal.request_id, chosen = ?refusal.chosen, "ECI refuses a parameter the pod chose; the pod waits");
-        self.show_not_created(pod, "Pending", reason, &message)
-            .await;
+        self.show(
+            pod,
+            Notice::not_created("Pending", reason, reason, &message),
+        );
     }
 }
 

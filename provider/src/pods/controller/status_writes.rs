@@ -7,9 +7,10 @@
 //! virtual-kubelet keeps pod status updates apart from its pod syncs: a burst's creations are
 //! decided as its pods come, never behind a backlog of writes, and a pod whose group changed
 //! twice before its turn is written once. The writer reads what is from the pod's entry and
-//! [`plan`] (pure) decides what to write. Only the writers (and writers that hold the
-//! pod's key in their queue) change what is recorded as written, so no write is ever recorded
-//! over a newer finding.
+//! [`plan`] (pure) decides what to write. The writers are the one writer of pod status: what a
+//! pod is to show in place of its group's state waits in its entry for them too
+//! ([`notice`](super::notice)). So only they change what is recorded as written, one pod at a
+//! time, and no write is ever recorded over a newer finding.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -25,12 +26,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::carried::{self, Backlog};
+use super::notice::Notice;
 use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
 use vne_core::from_eci;
 use vne_core::lifecycle::{self, Lifecycle};
 use vne_core::to_eci::naming;
-
-use vne_core::from_eci::INSTANCE_CREATED;
 
 /// What a status write came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,25 +312,6 @@ impl PodController {
         (body, carried)
     }
 
-    /// [`Self::apply_status`] for the writers other than the status writers (a pod skipped,
-    /// stopped or lost, a creation that failed): the pod's key in the status writers' queue is
-    /// held meanwhile, so no status write goes beside it, and what was written of the group
-    /// is forgotten after, so that should the group exist after all, the next full listing
-    /// hands its state to the status writer again.
-    pub(super) async fn write_held(
-        &self,
-        pod: &Pod,
-        compute: impl Fn(&Pod) -> Option<Value>,
-    ) -> Written {
-        let uid = pod.uid().unwrap_or_default();
-        let _held = self.inner.statuses.hold(uid.clone()).await;
-        let written = self.apply_status(pod, compute).await;
-        if let Some(entry) = self.tracked().get_mut(&uid) {
-            entry.forget_status();
-        }
-        written
-    }
-
     /// The status writers: one pod at a time each, within this replica's share of the fleet's
     /// status writes (a worker takes a pod only once it has a permit, so newer states pushed
     /// meanwhile replace the one waiting).
@@ -351,66 +332,62 @@ impl PodController {
         Ok(())
     }
 
-    /// Shows on the pod why no group was created for it: `phase`, `reason` and `message` in
-    /// its status, the `ContainerInstanceCreated=False` condition, one Warning Event. Not the
-    /// group's state: once a group exists, its state is written over this.
-    pub(super) async fn show_not_created(
-        &self,
-        pod: &Pod,
-        phase: &str,
-        reason: &str,
-        message: &str,
-    ) {
-        self.show_not_created_as(pod, phase, reason, reason, message)
-            .await;
+    /// Keeps `notice` for `pod`'s status writer, which writes it (see [`notice`](super::notice)).
+    pub(super) fn show(&self, pod: &Pod, notice: Notice) {
+        let Some(uid) = pod.uid() else { return };
+        match self.tracked().get_mut(&uid) {
+            Some(entry) => entry.notice = Some(Box::new(notice)),
+            None => return,
+        }
+        self.inner.statuses.push(uid, ());
     }
 
-    /// [`Self::show_not_created`] with a pod reason other than the condition's (a pod that
-    /// failed for lack of stock is `ProviderFailed`, its condition says `NoStock`, as ACK
-    /// shows them).
-    pub(super) async fn show_not_created_as(
-        &self,
-        pod: &Pod,
-        phase: &str,
-        pod_reason: &str,
-        reason: &str,
-        message: &str,
-    ) {
-        self.show_not_created_with(
-            pod,
-            |current| from_eci::with_phase(current, phase, pod_reason, message),
-            reason,
-            message,
-        )
-        .await;
-    }
-
-    /// [`Self::show_not_created_as`] with the status made by `status_of` from the pod's.
-    pub(super) async fn show_not_created_with(
-        &self,
-        pod: &Pod,
-        status_of: impl Fn(&Pod) -> serde_json::Value,
-        reason: &str,
-        message: &str,
-    ) {
-        let now = crate::k8s::rfc3339(SystemTime::now());
-        self.write_held(pod, |current| {
-            let mut status = status_of(current);
-            let condition = json!({
-                "type": INSTANCE_CREATED, "status": "False", "reason": reason,
-                "message": message, "lastTransitionTime": now,
-            });
-            match status["conditions"].as_array_mut() {
-                Some(conditions) => {
-                    conditions.retain(|c| c["type"] != INSTANCE_CREATED);
-                    conditions.push(condition);
-                }
-                None => status["conditions"] = json!([condition]),
+    /// Writes the pod's notice, when one waits and still applies, then tells its Event. What
+    /// was written of the group is forgotten: should the group exist after all, the next full
+    /// listing hands its state to the writers again. A notice not written stays, unless a newer
+    /// one came meanwhile, and is tried again after a back-off.
+    async fn write_notice(&self, uid: &str) {
+        let (notice, kept) = {
+            let mut tracked = self.tracked();
+            let Some(entry) = tracked.get_mut(uid) else {
+                return;
+            };
+            let Some(notice) = entry.notice.take() else {
+                return;
+            };
+            if notice.before_group() && entry.lifecycle.group().is_some() {
+                return;
             }
-            Some(status)
-        })
-        .await;
-        self.event(pod, EventType::Warning, reason, message).await;
+            let Some(kept) = entry.pod.clone() else {
+                return;
+            };
+            (notice, kept)
+        };
+        let Some(pod) = kept.pod() else { return };
+        let written = self
+            .apply_status(&pod, |current| notice.status(current))
+            .await;
+        let mut tracked = self.tracked();
+        let Some(entry) = tracked.get_mut(uid) else {
+            return;
+        };
+        entry.forget_status();
+        match written {
+            Written::Stored(_) => {
+                drop(tracked);
+                let (kind, reason, note) = notice.event();
+                self.publish_later(&pod, kind, reason, note);
+            }
+            // Unless a newer notice came meanwhile (queued already).
+            Written::Failed if entry.notice.is_none() => {
+                let mut notice = notice;
+                let delay = notice.failed();
+                entry.notice = Some(notice);
+                drop(tracked);
+                self.inner.statuses.push_after(uid.to_owned(), (), delay);
+            }
+            Written::Failed | Written::Unneeded => {}
+        }
     }
 
     /// The annotations of ours the pod's next status apply carries.
@@ -432,20 +409,17 @@ impl PodController {
         }
     }
 
+    /// Publishes an Event about `pod` in the background.
+    pub(super) fn publish_later(&self, pod: &Pod, kind: EventType, reason: &str, note: &str) {
+        let event = reconcile_event(kind, reason, note);
+        self.inner.events.publish_later(event, pod.object_ref(&()));
+    }
+
+    /// Publishes an Event about `pod` and waits for the API's answer.
     pub(super) async fn event(&self, pod: &Pod, kind: EventType, reason: &str, note: &str) {
-        let event = Event {
-            type_: kind,
-            reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(error) = self
-            .inner
-            .events
-            .publish(&event, &pod.object_ref(&()))
-            .await
-        {
+        let event = reconcile_event(kind, reason, note);
+        let regarding = pod.object_ref(&());
+        if let Err(error) = self.inner.events.publish(&event, &regarding).await {
             debug!(%error, "could not publish an event");
         }
     }
@@ -546,6 +520,7 @@ impl PodController {
     /// decide, writes, records what was written, then turns the group's new ECI events into
     /// Events in the background.
     pub(super) async fn write_status_of(&self, uid: &str) {
+        self.write_notice(uid).await;
         let Some(found) = self.find(uid) else { return };
         let now = SystemTime::now();
         let pod = &found.pod;
@@ -677,23 +652,13 @@ impl PodController {
         if events.is_empty() {
             return;
         }
-        let regarding = pod.object_ref(&());
         for event in events {
             let kind = if event.r#type == "Warning" {
                 EventType::Warning
             } else {
                 EventType::Normal
             };
-            self.inner.events.publish_later(
-                Event {
-                    type_: kind,
-                    reason: event.reason,
-                    note: Some(event.message.chars().take(1000).collect()),
-                    action: "Reconcile".into(),
-                    secondary: None,
-                },
-                regarding.clone(),
-            );
+            self.publish_later(pod, kind, &event.reason, &event.message);
         }
     }
 
@@ -728,16 +693,20 @@ impl PodController {
     }
 
     /// Fails `pod` with reason `NotFound`: its group `id` vanished (from the pod's sync).
-    pub(super) async fn show_lost(&self, pod: &Pod, id: &str) {
+    pub(super) fn show_lost(&self, pod: &Pod, id: &str) {
         warn!(eci_id = %id, "the container group vanished");
-        let message = format!("the ECI container group {id} no longer exists");
-        let now = SystemTime::now();
-        self.write_held(pod, |current| {
-            Some(from_eci::lost(current, "NotFound", &message, now))
-        })
-        .await;
-        self.event(pod, EventType::Warning, "NotFound", &message)
-            .await;
+        self.show(pod, Notice::lost(id));
+    }
+}
+
+/// An Event of ours about a pod (its note cut to the API's limit).
+fn reconcile_event(kind: EventType, reason: &str, note: &str) -> Event {
+    Event {
+        type_: kind,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
     }
 }
 
