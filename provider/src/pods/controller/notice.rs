@@ -18,7 +18,7 @@ use vne_core::from_eci::{self, DEADLINE_EXCEEDED, DEADLINE_MESSAGE, INSTANCE_CRE
 use super::deadline::due_at;
 
 /// A notice: what the pod's status and its Event say.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub(super) struct Notice {
     kind: Kind,
     message: String,
@@ -28,7 +28,8 @@ pub(super) struct Notice {
     failures: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the notice says of the pod.
+#[derive(Debug, PartialEq, Eq)]
 enum Kind {
     /// A phase, reason and message (a pod skipped, or waiting on the daemon's configuration).
     Phase { phase: &'static str, reason: String },
