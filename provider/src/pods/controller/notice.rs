@@ -18,7 +18,7 @@ use vne_core::from_eci::{self, DEADLINE_EXCEEDED, DEADLINE_MESSAGE, INSTANCE_CRE
 use super::deadline::due_at;
 
 /// A notice: what the pod's status and its Event say.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) struct Notice {
     kind: Kind,
     message: String,
@@ -29,7 +29,7 @@ pub(super) struct Notice {
 }
 
 /// What the notice says of the pod.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum Kind {
     /// A phase, reason and message (a pod skipped, or waiting on the daemon's configuration).
     Phase { phase: &'static str, reason: String },
