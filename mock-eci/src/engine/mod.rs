@@ -9,8 +9,8 @@
 //! May call: its own parts and the shared leaves (`clock`, `rng`, `settings`, `actions`). Never
 //! `service` or `fronts` (`tests/layout.rs` checks it).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::Ipv4Addr;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::Bound;
 
 use eci_proto::EciError;
@@ -262,6 +262,31 @@ impl Engine {
     /// No groups.
     pub fn is_empty(&self) -> bool {
         self.groups.is_empty()
+    }
+
+    /// The TCP ports the running groups' containers declare, at the groups' IPs (the port
+    /// echo's listeners, asked twice a second). Read from the groups as kept, not rendered:
+    /// rendering every group in full was most of a large playground's mock-eci CPU.
+    pub fn running_tcp_ports(&mut self, now: Millis) -> HashSet<SocketAddr> {
+        self.advance(now);
+        self.groups
+            .values()
+            .filter(|group| group.status == GroupStatus::Running)
+            .filter_map(|group| Some((group.ip?, group)))
+            .flat_map(|(ip, group)| {
+                group
+                    .request
+                    .container
+                    .iter()
+                    .flat_map(|container| &container.port)
+                    .filter(|port| {
+                        port.protocol.is_empty() || port.protocol.eq_ignore_ascii_case("TCP")
+                    })
+                    .filter_map(move |port| {
+                        Some(SocketAddr::new(ip.into(), u16::try_from(port.port).ok()?))
+                    })
+            })
+            .collect()
     }
 
     /// Every group in full (admin view, tests).
@@ -1921,6 +1946,52 @@ mod tests {
         assert!(
             error.code.starts_with(codes::INVALID_PARAMETER),
             "{error:?}"
+        );
+    }
+
+    #[test]
+    fn the_port_echo_wants_the_tcp_ports_of_running_groups_at_their_ips() {
+        use eci_proto::v20180808::Port;
+        let with_ports = |name: &str, ports: &[(i32, &str)]| {
+            let mut request = mk_request(name, "vn-0");
+            request.container[0].port = ports
+                .iter()
+                .map(|(port, protocol)| Port {
+                    port: *port,
+                    protocol: (*protocol).into(),
+                })
+                .collect();
+            request
+        };
+        let mut engine = Engine::new(Settings::default());
+        let web = engine
+            .create(
+                with_ports("web", &[(80, "TCP"), (53, "UDP"), (8080, "")]),
+                0,
+            )
+            .unwrap();
+        // Created later: still provisioning (2 to 4 s by default) when asked.
+        let late = engine
+            .create(with_ports("late", &[(81, "TCP")]), 9_000)
+            .unwrap();
+        let at = |engine: &Engine, id: &str, port: u16| {
+            SocketAddr::new(engine.group(id).unwrap().ip.unwrap().into(), port)
+        };
+        assert_eq!(
+            engine.running_tcp_ports(10_000),
+            HashSet::from([at(&engine, &web, 80), at(&engine, &web, 8080)]),
+            "UDP and a pending group left out"
+        );
+        let delete = DeleteContainerGroupRequest {
+            region_id: "cn-hangzhou".into(),
+            container_group_id: web,
+            ..DeleteContainerGroupRequest::default()
+        };
+        engine.delete(&delete, 10_000).unwrap();
+        assert_eq!(
+            engine.running_tcp_ports(60_000),
+            HashSet::from([at(&engine, &late, 81)]),
+            "a deleted group's ports go, a group that came to run has its own"
         );
     }
 

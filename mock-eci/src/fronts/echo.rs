@@ -19,37 +19,12 @@ use crate::service::MockEci;
 /// How often the listeners follow the groups.
 const RECONCILE_EVERY: Duration = Duration::from_millis(500);
 
-/// The addresses running groups declare.
-pub fn wanted(mock: &MockEci) -> HashSet<SocketAddr> {
-    mock.groups()
-        .into_iter()
-        .filter(|group| group.status == "Running")
-        .filter_map(|group| {
-            let ip = group.intranet_ip.parse().ok()?;
-            Some(
-                group
-                    .containers
-                    .into_iter()
-                    .flat_map(|container| container.ports)
-                    .filter(|port| {
-                        port.protocol.is_empty() || port.protocol.eq_ignore_ascii_case("TCP")
-                    })
-                    .filter_map(move |port| {
-                        Some(SocketAddr::new(ip, u16::try_from(port.port).ok()?))
-                    })
-                    .collect::<Vec<_>>(),
-            )
-        })
-        .flatten()
-        .collect()
-}
-
 /// Keeps the echo listeners in step with the groups until `stop`.
 pub async fn run(mock: MockEci, mut stop: watch::Receiver<bool>) {
     let mut listening: HashMap<SocketAddr, JoinHandle<()>> = HashMap::new();
     let mut refused: HashSet<SocketAddr> = HashSet::new();
     loop {
-        let wanted = wanted(&mock);
+        let wanted = mock.running_tcp_ports();
         listening.retain(|addr, task| {
             let keep = wanted.contains(addr);
             if !keep {

@@ -5,6 +5,8 @@
 //!
 //! May call: the `engine` and the shared leaves. Never a front (`tests/layout.rs` checks it).
 
+use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -206,6 +208,12 @@ impl MockEci {
     pub fn groups(&self) -> Vec<ContainerGroup> {
         let now = self.now();
         self.engine().all_groups(now)
+    }
+
+    /// The TCP ports the running groups declare, at their IPs.
+    pub fn running_tcp_ports(&self) -> HashSet<SocketAddr> {
+        let now = self.now();
+        self.engine().running_tcp_ports(now)
     }
 
     /// The request group `id` was created with (updates applied): every parameter the fake
