@@ -1309,8 +1309,9 @@ impl std::fmt::Display for Probes {
 }
 
 /// Probes `port` once a TLS 1.2 handshake completes there (the webhook serves once its
-/// certificate is shared through its Secret; the extender once a daemon is elected), again (at most three rounds) while a
-/// round finds no listener; a listener's answer, whatever it is, is what gets judged.
+/// certificate is shared through its Secret; the extender once a daemon is elected), and again
+/// (at most three rounds) while a round finds no listener: a listener's answer, whatever it
+/// is, is what gets judged.
 async fn probe_endpoint(h: &Harness, name: &str, port: u16) -> Result<Probes, HarnessError> {
     const ROUNDS: u32 = 3;
     let mut rounds = 0;
