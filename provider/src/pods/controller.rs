@@ -155,7 +155,11 @@ impl PodEntry {
     /// Stores the latest copy of the pod; once its group exists, only what the controller
     /// still reads of it (memory per pod matters at thousands of pods).
     fn keep(&mut self, pod: &Arc<Pod>) {
-        if self.pod.as_ref().is_some_and(|kept| kept.is(pod)) {
+        if self
+            .pod
+            .as_ref()
+            .is_some_and(|kept| kept.is(pod) || kept.packs_version_of(pod))
+        {
             return;
         }
         self.pod = Some(if self.lifecycle.group().is_some() {
@@ -1115,8 +1119,10 @@ fn tenancy_settings(config: &WithSite<PodsArgs>) -> crate::pods::tenancy::Settin
 
 /// Pods that must not become container groups, and why.
 fn not_for_virtual_nodes(pod: &Pod) -> Option<&'static str> {
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    if annotations.contains_key("kubernetes.io/config.mirror") {
+    if pod
+        .annotations()
+        .contains_key("kubernetes.io/config.mirror")
+    {
         return Some("static (mirror) pods belong to a kubelet and do not run on virtual nodes");
     }
     let daemon_set = pod

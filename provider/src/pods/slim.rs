@@ -78,6 +78,14 @@ impl PodCopy {
         matches!(self, Self::Whole(kept) if Arc::ptr_eq(kept, pod))
     }
 
+    /// Whether this is a packed copy of `pod`'s very version (the watch bringing the version
+    /// a write of ours was answered with): packing `pod` again would give the same copy.
+    /// A resourceVersion names one state of an object, so equal versions hold equal pods.
+    pub(super) fn packs_version_of(&self, pod: &Pod) -> bool {
+        matches!(self, Self::Packed(packed)
+            if pod.metadata.resource_version.is_some() && packed.version == version_of(pod))
+    }
+
     /// Whether `other` is this very copy (not merely an equal one): a later copy of the pod
     /// replaced it if not.
     #[cfg(test)]
@@ -355,6 +363,29 @@ mod tests {
         assert!(whole.is(&shared) && !whole.is_slim() && !packed.is(&shared));
         assert_eq!(whole.phase(), Some("Running"));
         assert!(Arc::ptr_eq(&whole.pod().unwrap(), &shared));
+    }
+
+    #[test]
+    fn a_packed_copy_stands_for_its_version_only_and_only_for_a_versioned_pod() {
+        let pod = mk_pod();
+        let packed = PodCopy::packed(&pod);
+        assert!(packed.packs_version_of(&pod), "the same version");
+
+        let mut newer = pod.clone();
+        newer.metadata.resource_version = Some("43".into());
+        assert!(!packed.packs_version_of(&newer), "another version");
+
+        let mut unversioned = pod.clone();
+        unversioned.metadata.resource_version = None;
+        let packed_unversioned = PodCopy::packed(&unversioned);
+        assert!(
+            !packed_unversioned.packs_version_of(&unversioned),
+            "without a version nothing tells two copies apart"
+        );
+        assert!(
+            !PodCopy::whole(&Arc::new(pod.clone())).packs_version_of(&pod),
+            "a whole copy is packed once its group exists"
+        );
     }
 
     #[test]
