@@ -384,7 +384,7 @@ mod tests {
         );
         assert!(
             !PodCopy::whole(&Arc::new(pod.clone())).packs_version_of(&pod),
-            "a whole copy is packed once its group exists"
+            "a whole copy never stands for a packed one"
         );
     }
 
