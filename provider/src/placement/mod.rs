@@ -37,7 +37,7 @@ use self::state::{PlacementIndex, PodEntry};
 use crate::config::{PlacementArgs, WithSite};
 use crate::k8s::access::{Access, Scope};
 use crate::k8s::callers;
-use crate::k8s::election::{Candidate, LeaseLock, ROLE_RENEW_INTERVAL, Request, Standing};
+use crate::k8s::election::{Candidate, HeldBy, LeaseLock, ROLE_RENEW_INTERVAL, Request, Standing};
 use crate::k8s::serving_cert;
 use crate::k8s::shared_watch::{ClusterWatches, Reader};
 use crate::ops::chain::Chain;
@@ -350,36 +350,31 @@ impl Leadership {
             }
             let count = |request| self.telemetry.kube_request(operation(request));
             let held = term.as_ref().map(|held| &held.lease);
-            let attempt = lock.contend(held, &count).await.map(|standing| match standing {
-                Standing::Leading(lease) => Some(*lease),
-                Standing::Following(other) => {
-                    if let Some(other) = other {
-                        debug!(holder = %other.holder.identity, "another replica serves placement");
-                    }
-                    None
-                }
-            });
-            match attempt {
-                Ok(Some(lease)) => {
+            match lock.contend(held, &count).await {
+                Ok(Standing::Leading(lease)) => {
                     if let Some(held) = term.as_mut() {
-                        held.lease = lease;
+                        held.lease = *lease;
                     } else {
                         info!(lease = LEASE, "elected to serve ResourcePolicy placement");
-                        term = Some(self.begin(lease).await);
+                        term = Some(self.begin(*lease).await);
                     }
                     self.set_enforcement(&self.own_enforcement());
                 }
-                Ok(None) => {
+                Ok(Standing::Following(holder)) => {
                     if let Some(ended) = term.take() {
                         warn!("lost the placement election; no longer serving the extender");
                         self.end(ended, false, &lock).await;
                     }
-                    self.set_enforcement(&self.others_enforcement(&lock, &count).await);
+                    if let Some(holder) = &holder {
+                        debug!(holder = %holder.holder.identity, "another replica serves placement");
+                    }
+                    let next = self.others_enforcement(holder.as_ref(), &lock, &count);
+                    self.set_enforcement(&next.await);
                 }
                 Err(error) => {
                     warn!(error = %Chain(&error), "cannot take part in the placement election; retrying");
                     if term.is_none() {
-                        self.set_enforcement(&self.others_enforcement(&lock, &count).await);
+                        self.set_enforcement(&self.others_enforcement(None, &lock, &count).await);
                     }
                 }
             }
@@ -401,14 +396,19 @@ impl Leadership {
         }
     }
 
-    /// While another replica leads (or nobody does).
+    /// While another replica leads (or nobody does). `holder`: whom this round's own read found
+    /// holding the Lease, unexpired; that settles it without reading the Lease a second time.
     async fn others_enforcement(
         &self,
+        holder: Option<&HeldBy>,
         lock: &LeaseLock,
         count: &crate::k8s::election::Count<'_>,
     ) -> Enforcement {
         if !self.config.args.placement_extender {
             return self.own_enforcement();
+        }
+        if holder.is_some() {
+            return Enforcement::Extender;
         }
         match lock.observe(count).await {
             Ok(Some(lease)) => {
