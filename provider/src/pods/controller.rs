@@ -26,9 +26,8 @@ mod eci_events;
 mod gate;
 mod misconfigured;
 mod notice;
+mod slim;
 mod status_writes;
-
-use super::slim;
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, HashSet};
@@ -933,49 +932,48 @@ impl PodController {
     /// write when the status writers have work for it ([`Self::write_status_of`] decides what
     /// it writes), and queues it again for when something falls due. Everything else only
     /// queues the pod, so this is the one place its lifecycle moves by what the pod shows.
+    /// The step reads the copy's [`slim::Glance`]; the copy is unpacked only for a step that
+    /// acts (most do not: watch echoes, repeated polls, resyncs).
     pub(super) async fn sync(&self, uid: &str) {
         let Some(copy) = self.tracked().get(uid).and_then(|entry| entry.pod.clone()) else {
             return;
         };
-        // Unpacked outside the lock: the watch and the polls wait on it.
-        let Some(pod) = copy.pod() else { return };
+        let glance = copy.glance();
         let Some(Stepped {
             effect,
             deadline,
             asks,
-        }) = self.step(uid, &pod)
+        }) = self.step(uid, &glance)
         else {
             return;
         };
-        let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
-        span.in_scope(|| self.act(&pod, uid, effect));
-        if asks.want_a_write(&pod, SystemTime::now()) {
+        if !matches!(effect, None | Some(Effect::Nothing)) {
+            // Unpacked outside the lock: the watch and the polls wait on it.
+            let Some(pod) = copy.pod() else { return };
+            let span = info_span!("reconcile", pod = %pod_key(&pod), uid = %uid);
+            span.in_scope(|| self.act(&pod, uid, effect));
+        }
+        if asks.want_a_write(&glance) {
             self.inner.statuses.push(uid.to_owned(), ());
         }
         self.requeue(uid, deadline);
     }
 
-    /// Moves the pod's lifecycle on by what `pod`, its kept copy, shows: what to do, when its
-    /// deadline is to be looked at (see [`deadline`]), and what the status writers would find.
-    /// `None`: the pod is not tracked.
-    fn step(&self, uid: &str, pod: &Pod) -> Option<Stepped> {
+    /// Moves the pod's lifecycle on by what its kept copy shows (`glance`): what to do, when
+    /// its deadline is to be looked at (see [`deadline`]), and what the status writers would
+    /// find. `None`: the pod is not tracked.
+    fn step(&self, uid: &str, glance: &slim::Glance) -> Option<Stepped> {
         let observed = lifecycle::Observed {
-            terminating: pod.metadata.deletion_timestamp.is_some(),
-            finished: matches!(
-                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            ),
-            unfit: not_for_virtual_nodes(pod),
-            annotation: pod
-                .annotations()
-                .get(INSTANCE_ANNOTATION)
-                .map(String::as_str),
+            terminating: glance.terminating,
+            finished: glance.finished(),
+            unfit: glance.unfit,
+            annotation: glance.instance_id.as_deref(),
         };
         let now = tokio::time::Instant::now();
         let mut tracked = self.tracked();
         let entry = tracked.get_mut(uid)?;
         let effect = entry.on(uid, Trigger::Observed(observed));
-        let (effect, deadline) = self.mind_deadline(entry, uid, pod, effect);
+        let (effect, deadline) = self.mind_deadline(entry, uid, glance, effect);
         let asks = status_writes::Asks::of(entry, now, self.annotation_wait());
         Some(Stepped {
             effect,
@@ -1591,9 +1589,10 @@ mod tests {
         // annotations the status applies carry save a pod write per pod, and when they were
         // queued lets their own write be queued for when it falls due rather than looked for
         // by every poll; the notice (a pointer) is what lets the status writers be the one
-        // writer of pod status. The bound makes growing it a choice.
+        // writer of pod status; the packed copy's glance is what lets a sync that acts on
+        // nothing skip unpacking it. The bound makes growing it a choice.
         assert!(
-            std::mem::size_of::<PodEntry>() <= 232,
+            std::mem::size_of::<PodEntry>() <= 296,
             "{}",
             std::mem::size_of::<PodEntry>()
         );

@@ -6,7 +6,6 @@
 
 mod controller;
 pub mod services;
-mod slim;
 pub mod sources;
 pub mod tenancy;
 pub mod tokens;

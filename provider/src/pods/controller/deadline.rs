@@ -19,6 +19,7 @@ use tracing::info;
 
 use super::delete::{Deletion, DeletionKey};
 use super::notice::Notice;
+use super::slim::Glance;
 use super::{PodController, PodEntry};
 use vne_core::lifecycle::{Effect, Trigger};
 
@@ -54,13 +55,13 @@ impl PodController {
         &self,
         entry: &mut PodEntry,
         uid: &str,
-        pod: &Pod,
+        glance: &Glance,
         effect: Option<Effect>,
     ) -> (Option<Effect>, Option<SystemTime>) {
-        if pod.metadata.deletion_timestamp.is_some() {
+        if glance.terminating {
             return (effect, None);
         }
-        let Some(due) = due_at(pod) else {
+        let Some(due) = glance.deadline_due else {
             return (effect, None);
         };
         let now = SystemTime::now();

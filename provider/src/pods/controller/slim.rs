@@ -16,12 +16,14 @@
 //! unpacked for the few steps that need it (a status write, a deletion, an Event).
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::error;
 
+use super::deadline;
 use vne_core::to_eci::annotations::WRITTEN_BACK;
 
 /// The controller's copy of a pod.
@@ -36,7 +38,7 @@ pub(super) enum PodCopy {
 /// A slim pod as compressed JSON, with the fields read without unpacking it.
 #[derive(Debug, Clone)]
 pub(super) struct Packed {
-    phase: Option<Box<str>>,
+    glance: Glance,
     /// The hash of its resourceVersion.
     version: u64,
     /// The JSON, LZ4-compressed against [`DICTIONARY`] (its length first).
@@ -60,10 +62,7 @@ impl PodCopy {
         let slimmed = slim(pod);
         match serde_json::to_vec(&slimmed) {
             Ok(json) => Self::Packed(Packed {
-                phase: slimmed
-                    .status
-                    .and_then(|s| s.phase)
-                    .map(String::into_boxed_str),
+                glance: Glance::of(&slimmed),
                 version: version_of(pod),
                 compressed: lz4_flex::block::compress_prepend_size_with_dict(&json, DICTIONARY)
                     .into(),
@@ -106,7 +105,16 @@ impl PodCopy {
     pub(super) fn phase(&self) -> Option<&str> {
         match self {
             Self::Whole(pod) => pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Self::Packed(packed) => packed.phase.as_deref(),
+            Self::Packed(packed) => packed.glance.phase.as_deref(),
+        }
+    }
+
+    /// What a sync reads of the pod: taken when a copy is packed, so a sync that finds
+    /// nothing to do (most of them) never unpacks it.
+    pub(super) fn glance(&self) -> Glance {
+        match self {
+            Self::Whole(pod) => Glance::of(pod),
+            Self::Packed(packed) => packed.glance.clone(),
         }
     }
 
@@ -131,6 +139,53 @@ impl PodCopy {
                 }
             },
         }
+    }
+}
+
+/// What a pod's sync reads of it ([`PodCopy::glance`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Glance {
+    pub(super) phase: Option<Box<str>>,
+    /// It has a deletionTimestamp.
+    pub(super) terminating: bool,
+    /// Why it must not become a container group, if it must not.
+    pub(super) unfit: Option<&'static str>,
+    /// Its instance-id annotation.
+    pub(super) instance_id: Option<Box<str>>,
+    /// When its active deadline falls due ([`deadline::due_at`]).
+    pub(super) deadline_due: Option<SystemTime>,
+    /// The fingerprint of the status of ours it shows ([`super::shown`]).
+    pub(super) shown: Option<u64>,
+    /// Its readiness gates or generation changed what its status is to be
+    /// ([`vne_core::from_eci::refresh`], which depends on the pod alone for that).
+    pub(super) refresh: bool,
+}
+
+impl Glance {
+    pub(super) fn of(pod: &Pod) -> Self {
+        Self {
+            phase: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .map(Box::from),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            unfit: super::not_for_virtual_nodes(pod),
+            instance_id: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|all| all.get(super::INSTANCE_ANNOTATION))
+                .map(|id| Box::from(id.as_str())),
+            deadline_due: deadline::due_at(pod),
+            shown: super::shown(pod),
+            refresh: vne_core::from_eci::refresh(pod, SystemTime::now()).is_some(),
+        }
+    }
+
+    /// It finished (phase Succeeded or Failed).
+    pub(super) fn finished(&self) -> bool {
+        matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
 }
 
@@ -363,6 +418,46 @@ mod tests {
         assert!(whole.is(&shared) && !whole.is_slim() && !packed.is(&shared));
         assert_eq!(whole.phase(), Some("Running"));
         assert!(Arc::ptr_eq(&whole.pod().unwrap(), &shared));
+    }
+
+    /// A sync steps by the glance and unpacks only to act: what it reads of a packed copy
+    /// must be what it would read of the copy unpacked, and a whole copy's what the pod shows.
+    #[test]
+    fn a_glance_reads_what_the_unpacked_copy_shows() {
+        let mut running = mk_pod();
+        running.metadata.deletion_timestamp = None;
+        running
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(super::super::INSTANCE_ANNOTATION.into(), "eci-1".into());
+        let spec = running.spec.as_mut().unwrap();
+        spec.active_deadline_seconds = Some(60);
+        let status = running.status.as_mut().unwrap();
+        status.start_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-11-21T09:00:00Z".parse().unwrap(),
+        ));
+        let mut failed = running.clone();
+        failed.status.as_mut().unwrap().phase = Some("Failed".into());
+        for pod in [mk_pod(), running, failed] {
+            let packed = PodCopy::packed(&pod);
+            let unpacked = packed.pod().unwrap();
+            assert_eq!(packed.glance(), Glance::of(&unpacked));
+            assert_eq!(
+                PodCopy::whole(&Arc::new(pod.clone())).glance(),
+                Glance::of(&pod)
+            );
+        }
+        let mut gated = mk_pod();
+        let conditions = gated.status.as_mut().unwrap().conditions.as_mut().unwrap();
+        conditions.push(
+            serde_json::from_value(json!({"type": "ContainersReady", "status": "True"})).unwrap(),
+        );
+        let glance = PodCopy::packed(&gated).glance();
+        assert!(glance.terminating && !glance.finished() && glance.instance_id.is_none());
+        // Its readiness gate is not met while Ready shows True: its status is to be refreshed.
+        assert!(glance.refresh && glance.shown.is_some());
+        assert!(!PodCopy::packed(&mk_pod()).glance().refresh);
     }
 
     #[test]

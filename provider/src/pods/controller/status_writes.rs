@@ -27,6 +27,7 @@ use tracing::{debug, warn};
 
 use super::carried::{self, Backlog};
 use super::notice::Notice;
+use super::slim::Glance;
 use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
 use vne_core::from_eci;
 use vne_core::lifecycle::{self, Lifecycle};
@@ -117,22 +118,22 @@ impl Asks {
         }
     }
 
-    /// Whether [`plan`] would do anything for the pod as `pod` (its kept copy) shows it. A
+    /// Whether [`plan`] would do anything for the pod as `glance` (of its kept copy) shows it. A
     /// waiting state always goes to the writers: they take it, publish its events and find out
     /// whether the pod shows it already.
-    pub(super) fn want_a_write(&self, pod: &Pod, now: SystemTime) -> bool {
+    pub(super) fn want_a_write(&self, glance: &Glance) -> bool {
         if self.waiting {
             return true;
         }
-        let live = self.live && pod.metadata.deletion_timestamp.is_none();
+        let live = self.live && !glance.terminating;
         if !live {
             return false;
         }
         let decided = plan(Facts {
             live,
             group: Unsynced::Nothing,
-            overwritten: written_over(self.watched, self.written, || shown(pod)),
-            refresh: from_eci::refresh(pod, now).is_some(),
+            overwritten: written_over(self.watched, self.written, || glance.shown),
+            refresh: glance.refresh,
             annotations: self.annotations,
         });
         decided.write != Write::Nothing || decided.forget
