@@ -128,14 +128,26 @@ fn command_line(pid: u32) -> Option<Vec<String>> {
     (!args.is_empty()).then_some(args)
 }
 
-/// Whether the process is still running (a zombie waiting for its parent to reap it is not).
+/// Whether the process is still running: one of its threads is (a zombie waiting for its
+/// parent to reap it is not). Every thread counts, not only the first: killed, a
+/// multi-threaded program's first thread can be a zombie while the others are still exiting,
+/// and its files — etcd's listening sockets among them — stay open until the last is gone (a
+/// restarted etcd once found its port still bound that way, and exited).
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        // `pid (comm) S …`: the state follows the last `)`.
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    threads.filter_map(Result::ok).any(|thread| {
+        std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| runs(&stat))
     })
+}
+
+/// Whether a thread whose `/proc/…/stat` reads `stat` runs: `pid (comm) S …`, the state
+/// after the last `)`, is neither zombie nor dead.
+fn runs(stat: &str) -> bool {
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state != "Z" && state != "X")
 }
 
 /// Running processes whose program is called `binary` and whose command line has every one of
@@ -342,5 +354,26 @@ impl Harness {
             }
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_runs_while_any_thread_does_and_not_once_reaped() {
+        assert!(runs("42 (etcd) S 1 42 42 0 -1"));
+        assert!(
+            runs("42 (a) b) R 1"),
+            "the state follows the last parenthesis"
+        );
+        assert!(!runs("42 (etcd) Z 1 42 42 0 -1"));
+        assert!(!runs("42 (etcd) X 1"));
+        assert!(alive(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!alive(pid));
     }
 }
