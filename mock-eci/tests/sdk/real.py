@@ -162,6 +162,17 @@ class RealRun(Run):
     def sandbox_checks(self, group_id, group):
         self.until("DescribeContainerLog", "the log is what the container printed",
                    lambda: self.log(group_id), lambda text: f"started real on {HOST_NAME}" in text)
+
+        def app_state():
+            answer = self.describe(ids=[group_id])
+            groups = (answer.body.container_groups or []) if answer else []
+            apps = [c for c in (groups[0].containers or []) if c.name == "app"] if groups else []
+            return apps[0].current_state.state if apps and apps[0].current_state else None
+
+        # A client execs into a container it sees Running: its output can reach the log before
+        # the service reports the state it is in.
+        self.until("DescribeContainerGroups", "the container app shows Running",
+                   app_state, lambda state: state == "Running")
         expectations = [
             (["cat", "/etc/hostname"], "the sandbox's host name is HostName", HOST_NAME),
             (["cat", "/etc/app/app.conf"], "the ConfigFileVolume's file is mounted", "mode=real"),

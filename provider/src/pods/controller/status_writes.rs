@@ -27,7 +27,6 @@ use tracing::{debug, warn};
 
 use super::carried::{self, Backlog};
 use super::notice::Notice;
-use super::slim::Glance;
 use super::{FIELD_MANAGER, PodController, STATUS_WRITERS, hash_of, pod_key, shown, slim, tag};
 use vne_core::from_eci;
 use vne_core::lifecycle::{self, Lifecycle};
@@ -121,7 +120,7 @@ impl Asks {
     /// Whether [`plan`] would do anything for the pod as `glance` (of its kept copy) shows it. A
     /// waiting state always goes to the writers: they take it, publish its events and find out
     /// whether the pod shows it already.
-    pub(super) fn want_a_write(&self, glance: &Glance) -> bool {
+    pub(super) fn want_a_write(&self, glance: &slim::Glance) -> bool {
         if self.waiting {
             return true;
         }
