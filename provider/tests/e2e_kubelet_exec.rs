@@ -603,16 +603,27 @@ async fn one_namespace_looping_exec_leaves_another_its_exec_and_its_logs_within_
         })
         .await?;
 
+        let quiet_pods = Api::<Pod>::namespaced(h.client(), &quiet);
+        let app_log = kube::api::LogParams {
+            container: Some("app".into()),
+            ..kube::api::LogParams::default()
+        };
         let mut took = Vec::new();
         for _ in 0..3 {
             let asked = Instant::now();
             let exec = kubectl(h, &["exec", "-n", &quiet, "box", "--", "printenv", "GREETING"], b"").await;
             took.push(("exec", asked.elapsed()));
             assert_eq!((exec.code, exec.stdout.as_str()), (Some(0), "hello from the pod\n"), "{}", exec.stderr);
+            // Asked from this process, not a kubectl of its own: forty kubectl processes
+            // starting over and over hold the two cores, and a further one's start (seconds
+            // there) is not the replica's share. The call still crosses the apiserver, the
+            // kubelet server and the share.
             let asked = Instant::now();
-            let logs = kubectl(h, &["logs", "--request-timeout=30s", "-n", &quiet, "box", "-c", "app"], b"").await;
+            let logs = quiet_pods.logs("box", &app_log).await;
             took.push(("logs", asked.elapsed()));
-            assert_eq!(logs.code, Some(0), "{}", logs.stderr);
+            if let Err(e) = logs {
+                panic!("the quiet namespace's logs: {e}");
+            }
         }
         let before = served.load(std::sync::atomic::Ordering::SeqCst);
         h.wait_for("the loops are still served", WAIT, |_| async move {
@@ -631,7 +642,7 @@ async fn one_namespace_looping_exec_leaves_another_its_exec_and_its_logs_within_
         for (what, elapsed) in took.into_iter().filter(|(what, _)| *what == "logs") {
             assert!(
                 elapsed < Duration::from_secs(2),
-                "another namespace's kubectl {what} took {elapsed:?} (the issue's bound: 2 s)"
+                "another namespace's {what} took {elapsed:?} (the issue's bound: 2 s)"
             );
         }
         Ok(())
