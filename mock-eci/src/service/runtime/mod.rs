@@ -139,11 +139,8 @@ impl RealRuntime {
         let live = self.sandbox.log_path(group, container).ok()?;
         let archived = self.archive.join(group).join(container).join("log");
         for path in [live, archived] {
-            if let Ok(current) = tokio::fs::read_to_string(&path).await {
-                let previous = tokio::fs::read_to_string(path.with_extension("previous"))
-                    .await
-                    .ok();
-                return Some(RealLogs { current, previous });
+            if let Some(logs) = read_logs(&path).await {
+                return Some(logs);
             }
         }
         None
@@ -943,6 +940,24 @@ fn group_spec(
     }
 }
 
+/// The log at `log` and the previous run's beside it (`log.previous`). The current log is
+/// read first: a restart renames it to the previous one and the next run creates it again, so
+/// a reader between the two finds only the previous log, which is then the ended run's whole
+/// output and the current run's is still empty.
+async fn read_logs(log: &Path) -> Option<RealLogs> {
+    let current = tokio::fs::read_to_string(log).await.ok();
+    let previous = tokio::fs::read_to_string(log.with_extension("previous"))
+        .await
+        .ok();
+    match (current, previous) {
+        (None, None) => None,
+        (current, previous) => Some(RealLogs {
+            current: current.unwrap_or_default(),
+            previous,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -962,5 +977,31 @@ mod tests {
             assert_eq!(cpu_rate(before, (later, nanos)), expected, "{before:?}");
         }
         assert_eq!(cpu_rate(Some((later, 1)), (later, 2)), 0, "no time passed");
+    }
+
+    #[tokio::test]
+    async fn a_restart_between_setting_the_log_aside_and_the_next_run_keeps_the_ended_runs_log() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let log = dir.path().join("log");
+        assert_eq!(read_logs(&log).await, None, "no run yet");
+        std::fs::write(&log, "run 1\n").expect("write");
+        let first = RealLogs {
+            current: "run 1\n".into(),
+            previous: None,
+        };
+        assert_eq!(read_logs(&log).await, Some(first));
+        // The restart has renamed the log; the next run has not created its own.
+        std::fs::rename(&log, dir.path().join("log.previous")).expect("rename");
+        let between = RealLogs {
+            current: String::new(),
+            previous: Some("run 1\n".into()),
+        };
+        assert_eq!(read_logs(&log).await, Some(between));
+        std::fs::write(&log, "run 2\n").expect("write");
+        let second = RealLogs {
+            current: "run 2\n".into(),
+            previous: Some("run 1\n".into()),
+        };
+        assert_eq!(read_logs(&log).await, Some(second));
     }
 }
