@@ -10,6 +10,7 @@ pub mod http_check;
 pub mod images;
 pub mod local_net;
 pub mod measure;
+pub mod proc_stat;
 pub mod process;
 pub mod real_mode;
 pub mod registry;

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::proc_stat::{ProcStat, TICKS_PER_SECOND};
+
 /// Labels of one series, by name.
 pub type Labels = BTreeMap<String, String>;
 
@@ -92,16 +94,10 @@ pub async fn apiserver_metrics(client: &kube::Client) -> Result<String, kube::Er
 /// CPU seconds (user + system) process `pid` used so far; 0 when it is gone.
 pub fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // utime and stime are the 14th and 15th fields, the 12th and 13th after the command name
-    // (which may hold spaces, so split after its closing parenthesis).
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-    let ticks: f64 = fields.get(11..13).map_or(0.0, |t| {
-        t.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
-    });
-    // USER_HZ is 100 on Linux.
-    ticks / 100.0
+    let ticks = ProcStat::parse(&stat)
+        .and_then(|s| s.cpu_ticks())
+        .unwrap_or(0);
+    ticks as f64 / TICKS_PER_SECOND
 }
 
 /// The processes under `root` (its children, theirs, …) whose command name is `name`, as
@@ -139,8 +135,7 @@ pub fn descendants_named(root: u32, name: &str) -> Vec<u32> {
 /// The parent's pid, the 2nd field after the command name of `/proc/<pid>/stat`.
 fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    ProcStat::parse(&stat)?.parent()
 }
 
 /// A `/proc/<pid>/status` figure in KiB (`field` with its colon, e.g. `VmHWM:`); 0 when the

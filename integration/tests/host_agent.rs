@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use integration::cluster::{ControlPlane, ControlPlaneOptions};
 use integration::host::{HOST_LABEL, HOST_TAINT_KEY, HostAgent, HostConfig};
+use integration::proc_stat::ProcStat;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::core::v1::{
@@ -112,12 +113,7 @@ fn read_pid(root: &Path, pod: &str, container: &str) -> Option<u32> {
 
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            stat.rsplit_once(')')
-                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+        .is_ok_and(|stat| ProcStat::parse(&stat).is_some_and(|s| s.runs()))
 }
 
 /// Runs `command` inside the mount namespace of process `pid` (what the container sees).

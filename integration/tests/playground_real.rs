@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use integration::proc_stat::ProcStat;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, PostParams};
@@ -711,23 +712,13 @@ async fn top_against_proc(session: &Session, at: (&str, &str, &str)) -> (u64, u6
     (cpu, memory, u64::try_from(given).unwrap_or(u64::MAX))
 }
 
-/// The clock ticks (10 ms) of CPU the first process of the container at `at` has used: the
-/// utime and stime fields of its /proc/1/stat, counted after the parenthesised command name.
+/// The clock ticks (10 ms) of CPU the first process of the container at `at` has used, from
+/// its /proc/1/stat.
 async fn cpu_ticks(session: &Session, at: (&str, &str, &str)) -> u64 {
     let stat = session.exec(at, &["cat", "/proc/1/stat"]).await;
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let tick = |i: usize| -> u64 {
-        let field = fields
-            .get(i)
-            .unwrap_or_else(|| panic!("/proc/1/stat: {stat}"));
-        field
-            .parse()
-            .unwrap_or_else(|_| panic!("/proc/1/stat: {stat}"))
-    };
-    // After the name: state, ppid, pgrp, session, tty_nr, tpgid, flags, minflt, cminflt,
-    // majflt, cmajflt, utime, stime (proc(5)).
-    tick(11) + tick(12)
+    ProcStat::parse(&stat)
+        .and_then(|s| s.cpu_ticks())
+        .unwrap_or_else(|| panic!("/proc/1/stat: {stat}"))
 }
 
 /// What a pod sees, through the apiserver on the real-runtime playground: env with the

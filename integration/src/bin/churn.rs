@@ -671,24 +671,11 @@ fn proc_sample(pid: u32) -> DaemonSample {
             }
         }
     }
-    // utime and stime, fields 14 and 15 of /proc/<pid>/stat (after the parenthesised name).
-    let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
-    let ticks: f64 = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| {
-            rest.split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|f| f.parse::<f64>().ok())
-                .sum()
-        })
-        .unwrap_or(0.0);
     DaemonSample {
         rss_mib: rss_kib / 1024.0,
         open_fds,
         tcp_established,
-        // USER_HZ is 100 on every Linux this runs on.
-        cpu_seconds: ticks / 100.0,
+        cpu_seconds: measure::cpu_seconds(pid),
         ..DaemonSample::default()
     }
 }

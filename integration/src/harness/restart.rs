@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::disruption::send_signal;
 use super::{Harness, HarnessError};
 use crate::cluster::etcd;
+use crate::proc_stat::ProcStat;
 use crate::process::{Process, ProcessError};
 
 /// A component of the fixture's control plane that [`Harness::restart_control_plane`]
@@ -138,16 +139,9 @@ fn alive(pid: u32) -> bool {
         return false;
     };
     threads.filter_map(Result::ok).any(|thread| {
-        std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| runs(&stat))
+        std::fs::read_to_string(thread.path().join("stat"))
+            .is_ok_and(|stat| ProcStat::parse(&stat).is_some_and(|s| s.runs()))
     })
-}
-
-/// Whether a thread whose `/proc/…/stat` reads `stat` runs: `pid (comm) S …`, the state
-/// after the last `)`, is neither zombie nor dead.
-fn runs(stat: &str) -> bool {
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .is_some_and(|state| state != "Z" && state != "X")
 }
 
 /// Running processes whose program is called `binary` and whose command line has every one of
@@ -362,14 +356,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_process_runs_while_any_thread_does_and_not_once_reaped() {
-        assert!(runs("42 (etcd) S 1 42 42 0 -1"));
-        assert!(
-            runs("42 (a) b) R 1"),
-            "the state follows the last parenthesis"
-        );
-        assert!(!runs("42 (etcd) Z 1 42 42 0 -1"));
-        assert!(!runs("42 (etcd) X 1"));
+    fn this_process_is_alive_and_a_reaped_child_is_not() {
         assert!(alive(std::process::id()));
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
