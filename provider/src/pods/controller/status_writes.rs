@@ -131,7 +131,7 @@ impl Asks {
         let decided = plan(Facts {
             live,
             group: Unsynced::Nothing,
-            overwritten: written_over(self.watched, self.written, || glance.shown),
+            overwritten: written_over(self.watched, self.written, glance.shown),
             refresh: glance.refresh,
             annotations: self.annotations,
         });
@@ -532,7 +532,7 @@ impl PodController {
         let shown = shown(pod);
         // Before our first write (an adopted pod after a restart), or after someone wrote over
         // ours, the pod's own status is what a new state is compared with.
-        let overwritten = written_over(found.watched, found.written, || shown);
+        let overwritten = written_over(found.watched, found.written, shown);
         let basis = if overwritten || found.written.is_none() {
             shown
         } else {
@@ -748,8 +748,8 @@ fn last_writer(pod: &Pod) -> Option<String> {
 
 /// Whether someone wrote over the status we last wrote (`written`), as the pod `shown` tells.
 /// Only a copy the watch delivered can tell: our own write's answer shows ours.
-fn written_over(watched: bool, written: Option<u64>, shown: impl FnOnce() -> Option<u64>) -> bool {
-    watched && written.is_some_and(|written| shown() != Some(written))
+fn written_over(watched: bool, written: Option<u64>, shown: Option<u64>) -> bool {
+    watched && written.is_some_and(|written| shown != Some(written))
 }
 
 /// The status fields and conditions of ours the pod shows (for a write that changes none).
