@@ -336,6 +336,12 @@ impl Harness {
             })
             .await?;
         }
+        self.wait_ready(timeout).await
+    }
+
+    /// Waits up to `timeout` until kube-apiserver says it is ready (`/readyz`, which checks
+    /// its etcd too).
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), HarnessError> {
         self.wait_for("kube-apiserver to be ready", timeout, |h| async move {
             let request = http::Request::get("/readyz").body(Vec::new());
             match request {
