@@ -54,11 +54,12 @@ echo "built ${#targets[@]} targets in $(($(date +%s) - start)) s"
 
 logs=target/fuzz-logs
 mkdir -p "$logs"
-failed=()
-for target in "${targets[@]}"; do
-  work=target/corpus/$target
+
+# One target's run: its summary line on stdout, or on failure the fuzzer's last words, and
+# the exit status of the run.
+run_target() {
+  local target=$1 work=target/corpus/$1 log=$logs/$1.log
   mkdir -p "$work" "corpus/$target"
-  log=$logs/$target.log
   # -timeout: an input that takes 30 s is a hang (a request the daemon would never answer).
   if cargo +nightly fuzz run "${flags[@]}" "$target" "$work" "corpus/$target" -- \
     -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 >"$log" 2>&1; then
@@ -67,14 +68,37 @@ for target in "${targets[@]}"; do
     units=$(find "$work" -type f | wc -l)
     echo "$target: ${runs:-?} inputs in ${seconds} s (${rate:-?}/s), no crash; $units inputs in $work"
   else
-    failed+=("$target")
-    echo "$target: FAILED — the fuzzer's last words ($log):" >&2
-    grep -E 'panicked at|ERROR: |SUMMARY: ' "$log" | head -n 5 >&2 || true
-    tail -n 30 "$log" >&2
+    echo "$target: FAILED — the fuzzer's last words ($log):"
+    grep -E 'panicked at|ERROR: |SUMMARY: ' "$log" | head -n 5 || true
+    tail -n 30 "$log"
     artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
     if [[ -n $artifact ]]; then
-      echo "$target: the input is $artifact; replay from fuzz/: cargo +nightly fuzz run ${flags[*]} $target $artifact" >&2
+      echo "$target: the input is $artifact; replay from fuzz/: cargo +nightly fuzz run ${flags[*]} $target $artifact"
     fi
+    return 1
+  fi
+}
+
+# libFuzzer runs a target on one core: as many targets at once as there are cores, each for
+# its full time. Each one's report is printed in the targets' order once all have run.
+parallel=$(nproc)
+for target in "${targets[@]}"; do
+  while (($(jobs -rp | wc -l) >= parallel)); do
+    wait -n || true
+  done
+  rm -f "$logs/$target.rc"
+  {
+    if run_target "$target" >"$logs/$target.summary" 2>&1; then echo 0; else echo 1; fi >"$logs/$target.rc"
+  } &
+done
+wait
+failed=()
+for target in "${targets[@]}"; do
+  if [[ $(cat "$logs/$target.rc" 2>/dev/null) == 0 ]]; then
+    cat "$logs/$target.summary"
+  else
+    failed+=("$target")
+    cat "$logs/$target.summary" >&2
   fi
 done
 if ((${#failed[@]} > 0)); then
