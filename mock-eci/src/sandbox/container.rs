@@ -278,6 +278,9 @@ impl Container {
     }
 }
 
+/// How many timestamped chunks may wait for the log file.
+const LOG_CHANNEL: usize = 64;
+
 /// Copies both streams into the log file, each chunk timestamped as it arrives, until both
 /// close (the container and everything it started have exited).
 async fn pump(
@@ -285,12 +288,21 @@ async fn pump(
     stderr: impl AsyncRead + Unpin,
     mut file: tokio::fs::File,
 ) -> std::io::Result<()> {
-    let (sender, mut receiver) = mpsc::channel::<Vec<u8>>(64);
+    let (sender, mut receiver) = mpsc::channel::<Vec<u8>>(LOG_CHANNEL);
     let out = read_chunks(stdout, Stream::Stdout, sender.clone());
     let err = read_chunks(stderr, Stream::Stderr, sender);
+    // Every line waiting is written at once: each write of a `tokio::fs::File` is a trip to
+    // the blocking pool, and one trip per line left a chatty container's log far behind its
+    // output on a busy machine.
     let write = async {
-        while let Some(line) = receiver.recv().await {
-            file.write_all(&line).await?;
+        let mut lines = Vec::with_capacity(LOG_CHANNEL);
+        let mut batch = Vec::new();
+        while receiver.recv_many(&mut lines, LOG_CHANNEL).await > 0 {
+            batch.clear();
+            lines
+                .drain(..)
+                .for_each(|line| batch.extend_from_slice(&line));
+            file.write_all(&batch).await?;
         }
         file.flush().await
     };
