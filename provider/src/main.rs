@@ -13,10 +13,10 @@ use virtual_node_eci::config::Config;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let config = Config::parse();
     logging::init(config.ops.log_format);
+    let worker_threads = config.ops.worker_threads;
     let settings = match config.settings() {
         Ok(settings) => settings,
         Err(error) => {
@@ -24,7 +24,18 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match Box::pin(app::run(settings, signals::shutdown_signal())).await {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        runtime.worker_threads(worker_threads);
+    }
+    let runtime = match runtime.enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!("cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(Box::pin(app::run(settings, signals::shutdown_signal()))) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("virtual-node-eci stopped: {error:#}");

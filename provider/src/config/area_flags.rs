@@ -457,4 +457,12 @@ pub struct OpsArgs {
     /// Log format (level from RUST_LOG, default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+
+    /// How many threads run the daemon's tasks. Unset or 0: one per CPU the process may use
+    /// (its cgroup's CPU limit, else every core of the node). The manifests set it to the
+    /// pod's CPU request rounded up (the downward API's requests.cpu; 0 without a request), so
+    /// that a replica sized for a tenth of a core does not wake a thread on every core of its
+    /// node.
+    #[arg(long, env = "WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
 }
