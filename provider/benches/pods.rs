@@ -28,6 +28,9 @@
 //!   read from the apiserver and mock-eci), that no pod was ever seen failed, no container
 //!   restarted and no group deleted (a recreated pod would show as one). Its CPU and memory
 //!   figures count the processes alive at the end only;
+//! - `PODS_BENCH_WORKER_THREADS=1`: each daemon's `WORKER_THREADS`. 1 is what the manifests
+//!   give a replica (their CPU request, 100m, rounded up); 0 starts a worker per core, as a
+//!   replica without a CPU request does;
 //! - `PODS_BENCH_OUT=path` or `-- --out path`: also write the figures as JSON.
 //!
 //! Each phase reports the time from the first create to every pod Running and from the first
@@ -709,6 +712,7 @@ async fn start_ours(h: &mut Harness, load: Load, quotas: bool) -> Vec<Replica> {
     }
     let per_node = load.size.div_ceil(load.replicas as usize);
     let quota_pods = (per_node + 100).to_string();
+    let worker_threads = env_or("PODS_BENCH_WORKER_THREADS", 1_usize).to_string();
     let mut replicas = Vec::new();
     for ordinal in 0..load.replicas {
         let port = integration::harness::free_port().unwrap();
@@ -720,6 +724,7 @@ async fn start_ours(h: &mut Harness, load: Load, quotas: bool) -> Vec<Replica> {
             ("METRICS_ADDR", addr.as_str()),
             ("ECI_QUOTA_POD", quota_pods.as_str()),
             ("RUST_LOG", "warn"),
+            ("WORKER_THREADS", worker_threads.as_str()),
             // The product's defaults, not the harness's test timings (1 s Lease renewals and
             // 250 ms probes would load the apiserver and ECI for nothing a user runs).
             ("LEASE_DURATION_SECONDS", ""),
