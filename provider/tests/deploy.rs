@@ -266,6 +266,9 @@ fn container_env(objects: &[Value], container: &Value) -> BTreeMap<String, Strin
                 );
                 expanded
             }
+            None if var["valueFrom"]["resourceFieldRef"].is_object() => {
+                resource_field(container, &var["valueFrom"]["resourceFieldRef"])
+            }
             None => match var["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap() {
                 "metadata.name" => "virtual-node-eci-0".into(),
                 "metadata.namespace" => "kube-system".into(),
@@ -276,6 +279,20 @@ fn container_env(objects: &[Value], container: &Value) -> BTreeMap<String, Strin
         env.insert(name, value);
     }
     env
+}
+
+/// A `resourceFieldRef` of the daemon's own container, resolved as the kubelet resolves it.
+fn resource_field(container: &Value, field: &Value) -> String {
+    assert_eq!(field["containerName"], container["name"], "{field}");
+    let typed: k8s_openapi::api::core::v1::Container =
+        serde_json::from_value(container.clone()).unwrap();
+    vne_core::downward::resource(
+        &typed,
+        field["resource"].as_str().unwrap(),
+        field["divisor"].as_str(),
+        |_, _| panic!("{field} reads a resource the container does not set"),
+    )
+    .unwrap()
 }
 
 fn env_value(objects: &[Value], container: &Value, name: &str) -> String {
@@ -410,6 +427,10 @@ fn check_overlay(overlay: &str) -> Vec<Value> {
     let labels = &template["metadata"]["labels"];
     let container = &template["spec"]["containers"][0];
     let config = daemon_config(&objects, container);
+    assert_eq!(
+        config.ops.worker_threads, 1,
+        "{overlay}: the CPU request (100m) rounds up to one worker thread"
+    );
     let settings = config
         .clone()
         .settings()

@@ -755,11 +755,12 @@ async fn an_unfinished_drain_keeps_the_node_cordoned_scale_out_readopts_and_the_
             pods(h, ns)
                 .await
                 .iter()
-                .filter(|p| node_of(p) == last)
+                .filter(|p| node_of(p) == last && p.metadata.deletion_timestamp.is_none())
                 .map(ResourceExt::name_any)
                 .collect::<Vec<_>>(),
             ["bare"],
-            "the managed pod was evicted from the node"
+            "the managed pod was evicted from the node (gone, or still terminating if the short \
+             deadline cut its graceful exit short)"
         );
         // Its ReplicaSet replaced it on the node that stays.
         h.wait_for("the managed pod's replacement running on the first node", WAIT, |h| {
